@@ -1,0 +1,45 @@
+import Foundation
+
+/// Times `body` once and returns seconds elapsed (monotonic clock).
+func seconds(_ body: () async throws -> Void) async rethrows -> Double {
+  let clock = ContinuousClock()
+  let start = clock.now
+  try await body()
+  let elapsed = clock.now - start
+  return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+}
+
+/// Runs `body` `repeats` times and returns the best (shortest) time; the first run warms up too.
+func best(repeats: Int = 3, _ body: () async throws -> Void) async rethrows -> Double {
+  var result = Double.infinity
+  for _ in 0..<repeats { result = min(result, try await seconds(body)) }
+  return result
+}
+
+/// One line of the report: a measured rate, its baseline's rate, the ratio and the goal.
+struct Comparison {
+  var name: String
+  var count: Int
+  var seconds: Double
+  var baselineName: String
+  var baselineSeconds: Double
+  /// The lowest acceptable ratio (throughput / baseline throughput), if the issue set one.
+  var goal: Double?
+
+  var rate: Double { Double(count) / seconds }
+  var baselineRate: Double { Double(count) / baselineSeconds }
+  var ratio: Double { baselineSeconds / seconds }
+
+  func print() {
+    let goalText = goal.map { String(format: " (goal >= %.2fx: %@)", $0, ratio >= $0 ? "met" : "MISSED") } ?? ""
+    Swift.print(
+      String(
+        format: "%-48@ %10.0f/s  vs %-34@ %10.0f/s  ratio %.2fx%@",
+        name as NSString, rate, baselineName as NSString, baselineRate, ratio, goalText))
+  }
+}
+
+/// Prints a section heading.
+func section(_ title: String) {
+  print("\n== \(title) ==")
+}

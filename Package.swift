@@ -1,0 +1,56 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let package = Package(
+  name: "Conveyor",
+  platforms: [.macOS(.v15), .iOS(.v18), .tvOS(.v18), .watchOS(.v11)],
+  products: [
+    .library(name: "Conveyor", targets: ["Conveyor"]),
+    .library(name: "ConveyorSQLite", targets: ["ConveyorSQLite"]),
+    .library(name: "ConveyorNetworking", targets: ["ConveyorNetworking"]),
+    .executable(name: "conveyor", targets: ["conveyor"]),
+  ],
+  targets: [
+    // System libraries (Debian: libsqlite3-dev).
+    .systemLibrary(
+      name: "CSQLite",
+      pkgConfig: "sqlite3",
+      providers: [.apt(["libsqlite3-dev"]), .brew(["sqlite3"])]
+    ),
+
+    // Core: operations, pipelines, the queue engine, the JobStore protocol, the in-memory store.
+    .target(name: "Conveyor"),
+    .target(name: "ConveyorSQLite", dependencies: ["Conveyor", "CSQLite"]),
+    .target(name: "ConveyorNetworking", dependencies: ["Conveyor"]),
+    .executableTarget(
+      name: "conveyor",
+      dependencies: ["Conveyor", "ConveyorSQLite", "ConveyorNetworking"]
+    ),
+
+    // Test support: the JobStore conformance suite every store runs, and a worker process
+    // the multi-process and crash tests start.
+    .target(name: "ConveyorTestSupport", dependencies: ["Conveyor"], path: "Tests/ConveyorTestSupport"),
+    .executableTarget(
+      name: "conveyor-test-worker",
+      dependencies: ["Conveyor", "ConveyorSQLite"],
+      path: "Tests/TestWorker"
+    ),
+
+    .testTarget(name: "ConveyorTests", dependencies: ["Conveyor", "ConveyorTestSupport"]),
+    .testTarget(
+      name: "ConveyorSQLiteTests",
+      dependencies: ["Conveyor", "ConveyorSQLite", "ConveyorTestSupport", "CSQLite"]
+    ),
+    .testTarget(
+      name: "ConveyorNetworkingTests",
+      dependencies: ["Conveyor", "ConveyorNetworking", "ConveyorSQLite", "ConveyorTestSupport"]
+    ),
+  ]
+)
+
+// Shared Swift settings, declared once and applied to every Swift target.
+for target in package.targets where target.type != .system {
+  var settings = target.swiftSettings ?? []
+  settings.append(.swiftLanguageMode(.v6))
+  target.swiftSettings = settings
+}
