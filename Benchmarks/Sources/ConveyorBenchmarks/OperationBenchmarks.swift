@@ -1,0 +1,3 @@
+func runOperationBenchmarks() async throws {
+  section("Operation: not written yet")
+}

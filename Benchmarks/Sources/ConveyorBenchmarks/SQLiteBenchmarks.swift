@@ -1,0 +1,3 @@
+func runSQLiteBenchmarks() async throws {
+  section("SQLite: not written yet")
+}
