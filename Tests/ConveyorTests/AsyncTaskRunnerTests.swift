@@ -61,7 +61,8 @@ struct AsyncTaskRunnerTests {
     let tasks = (0..<5).map { recordedTask($0, delay: 3, recorder: recorder) }
     let runner = AsyncTaskRunner<Int, PipeTestError>(tasks, callbackQueue: queue)
     let onQueue = PipeCounter()
-    let (result, calls) = await pipeAwaitCompletion { (done: @escaping @Sendable (Result<[Int], any Error>) -> Void) in
+    let (result, calls) = await pipeAwaitCompletion {
+      (done: @escaping @Sendable (Result<[Int], any Error>) -> Void) in
       runner.execute { result in
         if DispatchQueue.getSpecific(key: key) == "callback" { onQueue.increment() }
         done(result)
@@ -78,7 +79,8 @@ struct AsyncTaskRunnerTests {
     let recorder = PipeRecorder()
     let tasks = (0..<6).map { recordedTask($0, delay: 1, recorder: recorder, failing: $0 == 2) }
     let runner = AsyncTaskRunner<Int, PipeTestError>(tasks)
-    let (result, calls) = await pipeAwaitCompletion { (done: @escaping @Sendable (Result<[Int], any Error>) -> Void) in
+    let (result, calls) = await pipeAwaitCompletion {
+      (done: @escaping @Sendable (Result<[Int], any Error>) -> Void) in
       runner.execute(completion: done)
     }
     #expect(throws: PipeTestError.boom(2)) { try result.get() }
@@ -100,7 +102,8 @@ struct AsyncTaskRunnerTests {
     }
     let runner = AsyncTaskRunner<Int, any Error>(tasks)
     let other = Task { try await runner.run() }  // same runner, a second independent run
-    let (result, calls) = await pipeAwaitCompletion { (done: @escaping @Sendable (Result<[Int], any Error>) -> Void) in
+    let (result, calls) = await pipeAwaitCompletion {
+      (done: @escaping @Sendable (Result<[Int], any Error>) -> Void) in
       let handle = runner.execute(completion: done)
       Task {
         await thirdStarted.wait()

@@ -23,7 +23,8 @@ struct AsyncTaskTests {
   @Test func asyncClosureTaskRunsAndExecutes() async throws {
     let task = AnyAsyncTask<Int, Never> { 6 * 7 }
     #expect(await task.run() == 42)
-    let (result, calls) = await pipeAwaitCompletion { (done: @escaping @Sendable (Result<Int, any Error>) -> Void) in
+    let (result, calls) = await pipeAwaitCompletion {
+      (done: @escaping @Sendable (Result<Int, any Error>) -> Void) in
       task.execute { result in done(.success(result.get())) }
     }
     #expect(try result.get() == 42)
@@ -48,7 +49,8 @@ struct AsyncTaskTests {
       }
     })
     #expect(await task.run() == 1)
-    let (result, calls) = await pipeAwaitCompletion { (done: @escaping @Sendable (Result<Int, any Error>) -> Void) in
+    let (result, calls) = await pipeAwaitCompletion {
+      (done: @escaping @Sendable (Result<Int, any Error>) -> Void) in
       task.execute { result in done(.success(result.get())) }
     }
     #expect(try result.get() == 1)

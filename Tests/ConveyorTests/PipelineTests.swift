@@ -62,7 +62,8 @@ func pipeAwaitCompletion<Value: Sendable>(
   _ start: (@escaping @Sendable (Result<Value, any Error>) -> Void) -> Void
 ) async -> (result: Result<Value, any Error>, calls: Int) {
   let calls = PipeCounter()
-  let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<Value, any Error>, Never>) in
+  let result = await withCheckedContinuation {
+    (continuation: CheckedContinuation<Result<Value, any Error>, Never>) in
     start { result in
       if calls.increment() == 1 { continuation.resume(returning: result) }
     }
@@ -115,10 +116,16 @@ struct PipelineTests {
     queue.setSpecific(key: key, value: "callback")
     let onQueue = PipeCounter()
     let pipeline = Pipeline(defaultValue: 2, callbackQueue: queue)
-    let (result, calls) = await pipeAwaitCompletion { (done: @escaping @Sendable (Result<Int, any Error>) -> Void) in
-      pipeline.executeOperations([{ $0 * 3 }, Pipeline.step { value, finish in
-        DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(5)) { finish(.success(value + 1)) }
-      }]) { result in
+    let (result, calls) = await pipeAwaitCompletion {
+      (done: @escaping @Sendable (Result<Int, any Error>) -> Void) in
+      pipeline.executeOperations([
+        { $0 * 3 },
+        Pipeline.step { value, finish in
+          DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(5)) {
+            finish(.success(value + 1))
+          }
+        },
+      ]) { result in
         if DispatchQueue.getSpecific(key: key) == "callback" { onQueue.increment() }
         done(result)
       }
@@ -130,7 +137,8 @@ struct PipelineTests {
 
   @Test func executeOperationsReportsTheError() async throws {
     let pipeline = Pipeline(defaultValue: 1)
-    let (result, calls) = await pipeAwaitCompletion { (done: @escaping @Sendable (Result<Int, any Error>) -> Void) in
+    let (result, calls) = await pipeAwaitCompletion {
+      (done: @escaping @Sendable (Result<Int, any Error>) -> Void) in
       pipeline.executeOperations([{ $0 }, { _ in throw PipeTestError.boom(1) }, { $0 }], completion: done)
     }
     #expect(throws: PipeTestError.boom(1)) { try result.get() }
@@ -309,7 +317,8 @@ struct PipelineTests {
       .then { $0 * 2 }
       .then { "\($0) characters, doubled" }
     #expect(try await pipeline.run("four") == "8 characters, doubled")
-    let (result, calls) = await pipeAwaitCompletion { (done: @escaping @Sendable (Result<String, any Error>) -> Void) in
+    let (result, calls) = await pipeAwaitCompletion {
+      (done: @escaping @Sendable (Result<String, any Error>) -> Void) in
       pipeline.execute("abc", completion: done)
     }
     #expect(try result.get() == "6 characters, doubled")

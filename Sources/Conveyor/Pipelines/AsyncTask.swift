@@ -33,7 +33,8 @@ extension AsyncTask {
   /// A completion called more than once is honoured the first time only. Cancelling the awaiting
   /// Swift task does not interrupt a completion-handler task; this waits for its completion.
   public func run() async throws(Failure) -> Output {
-    let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<Output, Failure>, Never>) in
+    let result = await withCheckedContinuation {
+      (continuation: CheckedContinuation<Result<Output, Failure>, Never>) in
       let once = ResumeOnce(continuation)
       execute { once.resume(returning: $0) }
     }
@@ -74,7 +75,8 @@ public struct AnyAsyncTask<Output: Sendable, Failure: Error>: AsyncTask {
   /// Wraps another task.
   ///
   /// - Parameter task: The task to forward to; its own ``AsyncTask/run()`` is used when awaited.
-  public init<Wrapped: AsyncTask>(_ task: Wrapped) where Wrapped.Output == Output, Wrapped.Failure == Failure {
+  public init<Wrapped: AsyncTask>(_ task: Wrapped)
+  where Wrapped.Output == Output, Wrapped.Failure == Failure {
     self.body = .async { () async throws(Failure) -> Output in try await task.run() }
   }
 

@@ -83,14 +83,19 @@ public struct AsyncTaskRunner<Output: Sendable, Failure: Error>: Sendable {
   }
 
   private func runSequentially() async throws -> [Output] {
-    var values: [Output] = []
-    values.reserveCapacity(tasks.count)
-    for task in tasks {
-      try Task.checkCancellation()
-      values.append(try await task.run())
+    let cancelled = CancellationFlag()  // one handler per run, an atomic load per task
+    return try await withTaskCancellationHandler {
+      var values: [Output] = []
+      values.reserveCapacity(tasks.count)
+      for task in tasks {
+        if cancelled.isSet { throw CancellationError() }
+        values.append(try await task.run())
+      }
+      if cancelled.isSet { throw CancellationError() }
+      return values
+    } onCancel: {
+      cancelled.set()
     }
-    try Task.checkCancellation()
-    return values
   }
 
   private func runConcurrently(width: Int) async throws -> [Output] {

@@ -1,4 +1,5 @@
 import Dispatch
+import Synchronization
 
 /// Folds a value through asynchronous steps: each step receives the previous step's value.
 ///
@@ -63,6 +64,7 @@ public struct Pipeline<Value: Sendable>: Sendable {
   ///
   /// - Returns: The last step's value (``defaultValue`` if there are no steps).
   /// - Throws: The first step error, or `CancellationError` if the awaiting task was cancelled.
+  @inlinable
   public func run() async throws -> Value {
     try await Self.fold(steps, from: defaultValue)
   }
@@ -72,6 +74,7 @@ public struct Pipeline<Value: Sendable>: Sendable {
   /// - Parameter initial: The value the first step receives.
   /// - Returns: The last step's value.
   /// - Throws: The first step error, or `CancellationError` if the awaiting task was cancelled.
+  @inlinable
   public func run(from initial: Value) async throws -> Value {
     try await Self.fold(steps, from: initial)
   }
@@ -104,7 +107,8 @@ public struct Pipeline<Value: Sendable>: Sendable {
     Self.start(operations, from: defaultValue, on: callbackQueue, completion: completion)
   }
 
-  private static func start(
+  @inlinable
+  static func start(
     _ steps: [Step],
     from initial: Value,
     on queue: DispatchQueue,
@@ -122,15 +126,47 @@ public struct Pipeline<Value: Sendable>: Sendable {
       })
   }
 
-  /// The hot path: one await per step and one cheap cancellation check; no lock, no task.
-  private static func fold(_ steps: [Step], from initial: Value) async throws -> Value {
-    var value = initial
-    for step in steps {
-      if Task.isCancelled { throw CancellationError() }
-      value = try await step(value)
+  /// The hot path: one await per step, no task and no lock per step.
+  ///
+  /// Cancellation is checked before every step and after the last one through an atomic flag
+  /// that one cancellation handler per run sets: a relaxed load instead of `Task.isCancelled`,
+  /// which costs a runtime call per step (half the time of a trivial step). Inlinable so that it
+  /// is specialised for the caller's `Value` (unspecialised generic code costs as much again).
+  @inlinable
+  static func fold(_ steps: [Step], from initial: Value) async throws -> Value {
+    let cancelled = CancellationFlag()
+    return try await withTaskCancellationHandler {
+      var value = initial
+      for step in steps {
+        if cancelled.isSet { throw CancellationError() }
+        value = try await step(value)
+      }
+      if cancelled.isSet { throw CancellationError() }
+      return value
+    } onCancel: {
+      cancelled.set()
     }
-    if Task.isCancelled { throw CancellationError() }
-    return value
+  }
+}
+
+/// A flag a task cancellation handler sets and a loop reads cheaply.
+@usableFromInline
+final class CancellationFlag: Sendable {
+  @usableFromInline let flag = Atomic(false)
+
+  @usableFromInline
+  init() {}
+
+  /// Whether the handler has run.
+  @inlinable
+  var isSet: Bool {
+    flag.load(ordering: .relaxed)
+  }
+
+  /// Called from the cancellation handler.
+  @usableFromInline
+  func set() {
+    flag.store(true, ordering: .relaxed)
   }
 }
 

@@ -6,6 +6,7 @@
 public struct RunHandle: Sendable, Hashable {
   private let task: Task<Void, Never>
 
+  @usableFromInline
   init(_ task: Task<Void, Never>) {
     self.task = task
   }
