@@ -338,4 +338,27 @@ struct PipelineTests {
     await #expect(throws: PipeTestError.boom(3)) { try await pipeline.run(3) }
     #expect(recorder.all == ["first"])
   }
+
+  @Test(.timeLimit(.minutes(1)))
+  func typedPipelineCancelledInTheMiddleNeverStartsTheNextStep() async throws {
+    let recorder = PipeRecorder()
+    let started = PipeSignal()
+    let release = PipeSignal()
+    let pipeline = Pipeline.start(with: { (value: Int) -> Int in
+      recorder.record("first")
+      started.fire()
+      await release.wait()
+      return value + 1
+    })
+    .then { value -> String in
+      recorder.record("second")
+      return "\(value)"
+    }
+    let run = Task { try await pipeline.run(1) }
+    await started.wait()
+    run.cancel()
+    release.fire()
+    await #expect(throws: CancellationError.self) { try await run.value }
+    #expect(recorder.all == ["first"])
+  }
 }

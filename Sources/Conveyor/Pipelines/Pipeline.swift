@@ -194,11 +194,16 @@ extension Pipeline {
 public struct TypedPipeline<Input: Sendable, Output: Sendable>: Sendable {
   private let body: @Sendable (Input) async throws -> Output
 
-  init(_ body: @escaping @Sendable (Input) async throws -> Output) {
-    self.body = { input in
+  /// Starts with `first`, checking cancellation before it.
+  init(_ first: @escaping @Sendable (Input) async throws -> Output) {
+    self.init(body: { input in
       if Task.isCancelled { throw CancellationError() }
-      return try await body(input)
-    }
+      return try await first(input)
+    })
+  }
+
+  private init(body: @escaping @Sendable (Input) async throws -> Output) {
+    self.body = body
   }
 
   /// Returns a pipeline with `step` appended.
@@ -208,7 +213,12 @@ public struct TypedPipeline<Input: Sendable, Output: Sendable>: Sendable {
     _ step: @escaping @Sendable (Output) async throws -> Next
   ) -> TypedPipeline<Input, Next> {
     let body = self.body
-    return TypedPipeline<Input, Next> { input in try await step(try await body(input)) }
+    return TypedPipeline<Input, Next>(body: { input in
+      let value = try await body(input)
+      // Checked between steps: a cancelled run never starts `step`.
+      if Task.isCancelled { throw CancellationError() }
+      return try await step(value)
+    })
   }
 
   /// Runs the steps from `input`.
