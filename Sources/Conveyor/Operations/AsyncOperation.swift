@@ -35,7 +35,9 @@ import Synchronization
 // @unchecked Sendable: every mutable property lives in `state`, a `Mutex`; `body` is immutable.
 open class AsyncOperation<Success: Sendable, Failure: Error>: Operation, @unchecked Sendable {
   /// The work given to a closure initialiser; nil for subclasses that override `main()`.
-  private enum Body {
+  /// Boxed so the designated initialiser takes no function type (a subclass with
+  /// `Failure == Never` would otherwise crash Swift 6.3's vtable thunk emission).
+  enum Body {
     case handler(@Sendable (AsyncOperation<Success, Failure>) -> Void)
     case work(TaskPriority?, @Sendable () async throws(Failure) -> Success)
   }
@@ -63,9 +65,10 @@ open class AsyncOperation<Success: Sendable, Failure: Error>: Operation, @unchec
   ///   DispatchQueue.global().async { operation.finish(returning: 42) }
   /// }
   /// ```
-  public init(_ body: @escaping @Sendable (_ operation: AsyncOperation<Success, Failure>) -> Void) {
-    self.body = .handler(body)
-    super.init()
+  public convenience init(
+    _ body: @escaping @Sendable (_ operation: AsyncOperation<Success, Failure>) -> Void
+  ) {
+    self.init(body: .handler(body))
   }
 
   /// Creates an operation that runs `work` in a new `Task` when started and finishes with what
@@ -84,10 +87,14 @@ open class AsyncOperation<Success: Sendable, Failure: Error>: Operation, @unchec
   ///   return 42
   /// }
   /// ```
-  public init(
+  public convenience init(
     priority: TaskPriority? = nil, _ work: @escaping @Sendable () async throws(Failure) -> Success
   ) {
-    self.body = .work(priority, work)
+    self.init(body: .work(priority, work))
+  }
+
+  init(body: Body) {
+    self.body = body
     super.init()
   }
 

@@ -30,7 +30,13 @@ import Synchronization
 // @unchecked Sendable: every mutable property lives in `state`, a `Mutex`; `work` is immutable.
 open class SyncOperation<Success: Sendable, Failure: Error>: Operation, @unchecked Sendable {
   private let state = Mutex(OperationStateMachine<Success, Failure>())
-  private let work: (@Sendable () throws(Failure) -> Success)?
+  private let work: Work?
+
+  /// The closure form's work, boxed so the designated initialiser takes no function type (a
+  /// subclass with `Failure == Never` would otherwise crash Swift 6.3's vtable thunk emission).
+  struct Work: Sendable {
+    var run: @Sendable () throws(Failure) -> Success
+  }
 
   /// Creates an operation for a subclass that overrides `execute()`.
   public override init() {
@@ -45,7 +51,11 @@ open class SyncOperation<Success: Sendable, Failure: Error>: Operation, @uncheck
   /// ```swift
   /// let op = SyncOperation<Int, Never> { 6 * 7 }
   /// ```
-  public init(_ work: @escaping @Sendable () throws(Failure) -> Success) {
+  public convenience init(_ work: @escaping @Sendable () throws(Failure) -> Success) {
+    self.init(work: Work(run: work))
+  }
+
+  init(work: Work) {
     self.work = work
     super.init()
   }
@@ -59,7 +69,7 @@ open class SyncOperation<Success: Sendable, Failure: Error>: Operation, @uncheck
     guard let work else {
       preconditionFailure("\(type(of: self)) must override execute() or use init(_:)")
     }
-    return try work()
+    return try work.run()
   }
 
   // MARK: Configuration
