@@ -170,6 +170,10 @@ open class AsyncOperation<Success: Sendable, Failure: Error>: Operation, @unchec
   /// returns.
   open override var isAsynchronous: Bool { true }
 
+  /// Whether `cancel()` decided the outcome. False if the operation had already finished when
+  /// `cancel()` was called: a late cancel changes nothing.
+  open override var isCancelled: Bool { state.withLock { $0.isCancelled } }
+
   /// Whether `main()` has been called and the operation has not finished yet.
   open override var isExecuting: Bool { state.withLock { $0.phase == .executing } }
 

@@ -140,6 +140,10 @@ open class SyncOperation<Success: Sendable, Failure: Error>: Operation, @uncheck
 
   // MARK: Operation
 
+  /// Whether `cancel()` decided the outcome. False if the operation had already finished when
+  /// `cancel()` was called: a late cancel changes nothing.
+  open override var isCancelled: Bool { state.withLock { $0.isCancelled } }
+
   /// Whether `execute()` is running.
   open override var isExecuting: Bool { state.withLock { $0.phase == .executing } }
 
