@@ -44,10 +44,11 @@ struct OperationQueueTests {
     second.addDependency(first)
     for operation in [second, first] { queue.addOperation(operation) }
     await withCheckedContinuation { continuation in
-      DispatchQueue.global().async {
+      // A thread of its own: blocking one of Dispatch's few workers would delay the operations.
+      Thread {
         queue.waitUntilAllOperationsAreFinished()
         continuation.resume()
-      }
+      }.start()
     }
     #expect(log.entries == ["a", "b"])
     #expect(first.isFinished && second.isFinished)
