@@ -11,7 +11,9 @@ import Testing
 @Suite("Operations on OperationQueue", .timeLimit(.minutes(1)))
 struct OperationQueueTests {
   /// An async operation that appends `name` to `log` and finishes later on another queue.
-  private func delayed(_ name: String, _ log: Log, after seconds: Double = 0.01) -> AsyncOperation<String, Never> {
+  private func delayed(_ name: String, _ log: Log, after seconds: Double = 0.01) -> AsyncOperation<
+    String, Never
+  > {
     AsyncOperation { operation in
       DispatchQueue.global().asyncAfter(deadline: .now() + seconds) {
         log.append(name)
