@@ -14,7 +14,7 @@ struct OperationConcurrencyTests {
     let operation = AsyncOperation<Int, Never> { _ in }
     operation.callbackQueue = callbacks
     operation.successHandler = { _ in handled.increment() }
-    DispatchQueue.concurrentPerform(iterations: 1000) { index in
+    await concurrentlyPerform(iterations: 1000) { index in
       if index.isMultiple(of: 10) { operation.start() }
       operation.finish(returning: index)
     }
@@ -35,7 +35,7 @@ struct OperationConcurrencyTests {
       operation.failureHandler = { _ in handled.increment() }
       return operation
     }
-    DispatchQueue.concurrentPerform(iterations: count * 4) { index in
+    await concurrentlyPerform(iterations: count * 4) { index in
       let operation = operations[index / 4]
       switch index % 4 {
       case 0: operation.start()
@@ -68,7 +68,7 @@ struct OperationConcurrencyTests {
       operation.successHandler = { _ in handled.increment() }
       return operation
     }
-    DispatchQueue.concurrentPerform(iterations: count * 3) { index in
+    await concurrentlyPerform(iterations: count * 3) { index in
       let operation = operations[index / 3]
       if index % 3 == 2 { operation.cancel() } else { operation.start() }
     }
@@ -97,13 +97,15 @@ struct OperationConcurrencyTests {
       next.addDependency(previous)
     }
     for operation in operations { queue.addOperation(operation) }
-    DispatchQueue.concurrentPerform(iterations: 1000) { index in
+    await concurrentlyPerform(iterations: 1000) { index in
       if index.isMultiple(of: 7) { operations[index].cancel() }
     }
     for operation in operations { _ = try? await operation.value }
     #expect(await eventually { queue.operationCount == 0 })
-    await drain(callbacks)
     let succeeded = operations.filter { $0.result != nil }.count
+    // `value` can return (on another thread) just before the handler is dispatched.
+    #expect(await eventually { handled.value == succeeded })
+    await drain(callbacks)
     #expect(handled.value == succeeded)
     #expect(operations.allSatisfy { $0.isFinished })
     #expect(operations.allSatisfy { $0.isCancelled != ($0.result != nil) })

@@ -11,7 +11,9 @@ import Testing
 @Suite("Operations on OperationQueue", .timeLimit(.minutes(1)))
 struct OperationQueueTests {
   /// An async operation that appends `name` to `log` and finishes later on another queue.
-  private func delayed(_ name: String, _ log: Log, after seconds: Double = 0.01) -> AsyncOperation<String, Never> {
+  private func delayed(_ name: String, _ log: Log, after seconds: Double = 0.01) -> AsyncOperation<
+    String, Never
+  > {
     AsyncOperation { operation in
       DispatchQueue.global().asyncAfter(deadline: .now() + seconds) {
         log.append(name)
@@ -44,10 +46,11 @@ struct OperationQueueTests {
     second.addDependency(first)
     for operation in [second, first] { queue.addOperation(operation) }
     await withCheckedContinuation { continuation in
-      DispatchQueue.global().async {
+      // A thread of its own: blocking one of Dispatch's few workers would delay the operations.
+      Thread {
         queue.waitUntilAllOperationsAreFinished()
         continuation.resume()
-      }
+      }.start()
     }
     #expect(log.entries == ["a", "b"])
     #expect(first.isFinished && second.isFinished)

@@ -124,11 +124,11 @@ struct AsyncOperationTests {
   @Test func handlerWorkCanObserveIsCancelled() async {
     let observed = Counter()
     let operation = AsyncOperation<Int, Never> { operation in
-      DispatchQueue.global().async {
+      Thread {
         while !operation.isCancelled { usleep(100) }
         observed.increment()
         operation.finish(returning: 1)  // ignored: already cancelled
-      }
+      }.start()
     }
     operation.start()
     operation.cancel()
@@ -247,19 +247,16 @@ struct SyncOperationTests {
 
   @Test func cancelDuringExecuteDiscardsTheValue() async {
     let callbacks = DispatchQueue(label: "test.callbacks")
-    let entered = DispatchSemaphore(value: 0)
     let operationBox = Mutex<SyncOperation<Int, Never>?>(nil)
     let operation = SyncOperation<Int, Never> {
-      entered.signal()
       while operationBox.withLock({ $0?.isCancelled }) != true { usleep(100) }
       return 1
     }
     operationBox.withLock { $0 = operation }
     operation.callbackQueue = callbacks
     operation.successHandler = { _ in Issue.record("success handler ran") }
-    DispatchQueue.global().async { operation.start() }
-    entered.wait()
-    #expect(operation.isExecuting)
+    Thread { operation.start() }.start()
+    #expect(await eventually { operation.isExecuting })
     operation.cancel()
     await #expect(throws: OperationError<Never>.cancelled) { try await operation.value }
     #expect(await eventually { operation.isFinished })

@@ -181,4 +181,3 @@ enum OperationDriver {
     }
   }
 }
-

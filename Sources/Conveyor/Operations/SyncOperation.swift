@@ -76,7 +76,8 @@ open class SyncOperation<Success: Sendable, Failure: Error>: Operation, @uncheck
 
   /// Called with the value when the operation succeeds; never after `cancel()`.
   ///
-  /// Set it before the operation finishes: it is read once, when the outcome is decided.
+  /// Set it before the operation finishes: it is read once, when the outcome is decided, and
+  /// dispatched to `callbackQueue` just after. Waiters on another thread may see the value first.
   public var successHandler: (@Sendable (Success) -> Void)? {
     get { state.withLock { $0.successHandler } }
     set { state.withLock { $0.successHandler = newValue } }

@@ -45,3 +45,14 @@ func eventually(
   }
   return condition()
 }
+
+/// Runs `DispatchQueue.concurrentPerform` on a Dispatch thread, so the test does not block one of
+/// the few threads of Swift's cooperative pool while it runs.
+func concurrentlyPerform(iterations: Int, _ body: @escaping @Sendable (Int) -> Void) async {
+  await withCheckedContinuation { continuation in
+    DispatchQueue.global().async {
+      DispatchQueue.concurrentPerform(iterations: iterations, execute: body)
+      continuation.resume()
+    }
+  }
+}
