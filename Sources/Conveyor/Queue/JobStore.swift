@@ -182,11 +182,14 @@ public struct ClaimBatch: Sendable, Hashable {
   public var claimed: [JobRecord]
   /// Settlements that did not apply because the worker no longer held the job.
   public var staleSettlements: [JobID]
+  /// Whether the queue's stored pause flag was set (in which case nothing was claimed).
+  public var paused: Bool
 
   /// Creates a batch.
-  public init(claimed: [JobRecord], staleSettlements: [JobID] = []) {
+  public init(claimed: [JobRecord], staleSettlements: [JobID] = [], paused: Bool = false) {
     self.claimed = claimed
     self.staleSettlements = staleSettlements
+    self.paused = paused
   }
 }
 
@@ -233,7 +236,8 @@ public protocol JobStore: Sendable {
   ///
   /// Claiming picks pending jobs with `runAt <= now`, highest priority first, then earliest run
   /// date, then lowest ID; each claimed job has its attempt count raised by one and becomes
-  /// running. A paused queue applies the settlements but claims nothing. `limit` may be 0.
+  /// running. A paused queue applies the settlements but claims nothing and reports
+  /// ``ClaimBatch/paused``. `limit` may be 0.
   func settleAndClaim(
     _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, now: Date
   ) async throws -> ClaimBatch
