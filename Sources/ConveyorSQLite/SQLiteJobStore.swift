@@ -169,9 +169,8 @@ public final class SQLiteJobStore: JobStore {
         for settlement in settlements {
           if try !Self.settle(settlement, queue: queue, db: db) { stale.append(settlement.id) }
         }
-        guard limit > 0, try db.scalar(SQL.isPaused, .text(queue)) == nil else {
-          return ClaimBatch(claimed: [], staleSettlements: stale)
-        }
+        let paused = try db.scalar(SQL.isPaused, .text(queue)) != nil
+        guard limit > 0, !paused else { return ClaimBatch(claimed: [], staleSettlements: stale, paused: paused) }
         // Select the IDs first, then update row by row: the one-statement
         // `UPDATE … WHERE id IN (SELECT …) RETURNING` form was several times slower.
         var ids: [Int64] = []
