@@ -170,7 +170,9 @@ public final class SQLiteJobStore: JobStore {
           if try !Self.settle(settlement, queue: queue, db: db) { stale.append(settlement.id) }
         }
         let paused = try db.scalar(SQL.isPaused, .text(queue)) != nil
-        guard limit > 0, !paused else { return ClaimBatch(claimed: [], staleSettlements: stale, paused: paused) }
+        guard limit > 0, !paused else {
+          return ClaimBatch(claimed: [], staleSettlements: stale, paused: paused)
+        }
         // Select the IDs first, then update row by row: the one-statement
         // `UPDATE … WHERE id IN (SELECT …) RETURNING` form was several times slower.
         var ids: [Int64] = []

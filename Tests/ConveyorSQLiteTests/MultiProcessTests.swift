@@ -10,7 +10,9 @@ struct MultiProcessTests {
     let store = try SQLiteJobStore(path: path)
     var ids = Set<Int64>()
     for start in stride(from: 0, to: count, by: 500) {
-      let jobs = (start..<min(start + 500, count)).map { NewJob(payload: payload("job \($0)"), runAt: Date()) }
+      let jobs = (start..<min(start + 500, count)).map {
+        NewJob(payload: payload("job \($0)"), runAt: Date())
+      }
       ids.formUnion(try await store.enqueue(jobs, queue: "jobs", now: Date()).map(\.id.rawValue))
     }
     return ids
@@ -44,7 +46,9 @@ struct MultiProcessTests {
     let database = folder.path("crash.sqlite")
     let ids = try await enqueue(300, into: database)
     let options = ["--lease-ms", "1000", "--handle-ms", "2", "--batch", "5"]
-    let victim = try WorkerProcess(database: database, folder: folder, name: "victim", extra: ["--lease-ms", "1000", "--handle-ms", "40", "--batch", "5"])
+    let victim = try WorkerProcess(
+      database: database, folder: folder, name: "victim",
+      extra: ["--lease-ms", "1000", "--handle-ms", "40", "--batch", "5"])
     try await waitForLines(victim.progress, count: 12)
     victim.kill()
     #expect(await victim.exitStatus() != 0)

@@ -31,7 +31,8 @@ struct OpeningTests {
   @Test func newFileGetsSchemaAndPrivatePermissions() async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("new.sqlite")
-    let store = try SQLiteJobStore(path: path, options: .init(synchronous: .full, busyTimeout: .milliseconds(250)))
+    let store = try SQLiteJobStore(
+      path: path, options: .init(synchronous: .full, busyTimeout: .milliseconds(250)))
     _ = try await store.enqueue([NewJob(payload: payload("a"), runAt: epoch)], queue: "jobs", now: epoch)
     #expect(try posixPermissions(path) & 0o777 == 0o600)
     #expect(try posixPermissions(path + "-wal") & 0o077 == 0)
@@ -99,7 +100,8 @@ struct OpeningTests {
     #expect(sqlite3_open(folder.path("jobs.sqlite"), &db) == SQLITE_OK)
     defer { sqlite3_close(db) }
     #expect(sqlite3_exec(db, "BEGIN IMMEDIATE", nil, nil, nil) == SQLITE_OK)
-    let quick = try SQLiteJobStore(path: folder.path("jobs.sqlite"), options: .init(busyTimeout: .milliseconds(50)))
+    let quick = try SQLiteJobStore(
+      path: folder.path("jobs.sqlite"), options: .init(busyTimeout: .milliseconds(50)))
     let error = await #expect(throws: SQLiteError.self) {
       try await quick.enqueue([NewJob(payload: payload(secret), runAt: epoch)], queue: "jobs", now: epoch)
     }
@@ -125,9 +127,13 @@ struct OpeningTests {
       #expect(!url.path.contains("cache"))
     #endif
     for bad in ["", "a/b", "..", ".", "naïve", "with space", String(repeating: "x", count: 129)] {
-      let error = #expect(throws: SQLiteJobStoreError.self) { try SQLiteJobStore.defaultDatabaseURL(name: bad) }
+      let error = #expect(throws: SQLiteJobStoreError.self) {
+        try SQLiteJobStore.defaultDatabaseURL(name: bad)
+      }
       #expect(error?.code == .invalidName)
     }
-    #expect(throws: Never.self) { try SQLiteJobStore.defaultDatabaseURL(name: String(repeating: "x", count: 128)) }
+    #expect(throws: Never.self) {
+      try SQLiteJobStore.defaultDatabaseURL(name: String(repeating: "x", count: 128))
+    }
   }
 }

@@ -37,8 +37,11 @@ struct SQLiteJobStoreTests {
       Date(timeIntervalSince1970: 4_102_444_800.999), Date(timeIntervalSince1970: -86_400.5),
     ]
     for runAt in dates {
-      let id = try await store.enqueue([NewJob(payload: payload("x"), runAt: runAt)], queue: "d", now: runAt)[0].id
-      let record = try #require(try await store.jobs(queue: "d", status: nil, after: nil, limit: 100).first { $0.id == id })
+      let id = try await store.enqueue([NewJob(payload: payload("x"), runAt: runAt)], queue: "d", now: runAt)[
+        0
+      ].id
+      let record = try #require(
+        try await store.jobs(queue: "d", status: nil, after: nil, limit: 100).first { $0.id == id })
       #expect(record.runAt == runAt)
       #expect(record.createdAt == runAt)
     }
@@ -58,28 +61,41 @@ struct SQLiteJobStoreTests {
     #expect(first.map(\.inserted) == [true, false, true])
     #expect(first[1].id == first[0].id)
     // Another queue has its own keys.
-    #expect(try await store.enqueue([NewJob(payload: payload("d"), runAt: epoch, deduplicationKey: "k")], queue: "q2", now: epoch)[0].inserted)
+    #expect(
+      try await store.enqueue(
+        [NewJob(payload: payload("d"), runAt: epoch, deduplicationKey: "k")], queue: "q2", now: epoch)[0]
+        .inserted)
     // Running jobs still deduplicate; handled ones no longer do.
-    let claimed = try await store.settleAndClaim([], queue: "jobs", limit: 1, lease: lease(), now: epoch).claimed
+    let claimed = try await store.settleAndClaim([], queue: "jobs", limit: 1, lease: lease(), now: epoch)
+      .claimed
     #expect(claimed.map(\.id) == [first[0].id])
-    #expect(try await store.enqueue([NewJob(payload: payload("e"), runAt: epoch, deduplicationKey: "k")], queue: "jobs", now: epoch)[0] == EnqueueResult(id: first[0].id, inserted: false))
+    #expect(
+      try await store.enqueue(
+        [NewJob(payload: payload("e"), runAt: epoch, deduplicationKey: "k")], queue: "jobs", now: epoch)[0]
+        == EnqueueResult(id: first[0].id, inserted: false))
     _ = try await store.settleAndClaim(
-      [JobSettlement(id: first[0].id, owner: "w1", action: .complete)], queue: "jobs", limit: 0, lease: lease(), now: epoch)
-    let again = try await store.enqueue([NewJob(payload: payload("f"), runAt: epoch, deduplicationKey: "k")], queue: "jobs", now: epoch)[0]
+      [JobSettlement(id: first[0].id, owner: "w1", action: .complete)], queue: "jobs", limit: 0,
+      lease: lease(), now: epoch)
+    let again = try await store.enqueue(
+      [NewJob(payload: payload("f"), runAt: epoch, deduplicationKey: "k")], queue: "jobs", now: epoch)[0]
     #expect(again.inserted && again.id > first[2].id)
   }
 
   @Test func settlementsApplyOnlyForTheLeaseOwner() async throws {
     let folder = try TemporaryFolder()
     let store = try makeStore(folder)
-    let ids = try await store.enqueue((0..<4).map { NewJob(payload: payload("\($0)"), runAt: epoch) }, queue: "jobs", now: epoch).map(\.id)
-    let claimed = try await store.settleAndClaim([], queue: "jobs", limit: 4, lease: lease(), now: epoch).claimed
+    let ids = try await store.enqueue(
+      (0..<4).map { NewJob(payload: payload("\($0)"), runAt: epoch) }, queue: "jobs", now: epoch
+    ).map(\.id)
+    let claimed = try await store.settleAndClaim([], queue: "jobs", limit: 4, lease: lease(), now: epoch)
+      .claimed
     #expect(claimed.map(\.id) == ids)
     let later = epoch.addingTimeInterval(1)
     let batch = try await store.settleAndClaim(
       [
         JobSettlement(id: ids[0], owner: "w1", action: .complete),
-        JobSettlement(id: ids[1], owner: "w1", action: .retry(at: epoch.addingTimeInterval(30), error: "boom")),
+        JobSettlement(
+          id: ids[1], owner: "w1", action: .retry(at: epoch.addingTimeInterval(30), error: "boom")),
         JobSettlement(id: ids[2], owner: "w1", action: .kill(error: "bad")),
         JobSettlement(id: ids[3], owner: "intruder", action: .complete),
         JobSettlement(id: JobID(999), owner: "w1", action: .complete),
@@ -89,24 +105,32 @@ struct SQLiteJobStoreTests {
     let all = try await store.jobs(queue: "jobs", status: nil, after: nil, limit: 10)
     #expect(all.map(\.id) == [ids[1], ids[2], ids[3]])
     #expect(all[0].status == .pending && all[0].lastError == "boom" && all[0].attempts == 1)
-    #expect(all[0].runAt == epoch.addingTimeInterval(30) && all[0].leaseOwner == nil && all[0].leaseExpiresAt == nil)
+    #expect(
+      all[0].runAt == epoch.addingTimeInterval(30) && all[0].leaseOwner == nil && all[0].leaseExpiresAt == nil
+    )
     #expect(all[1].status == .dead && all[1].lastError == "bad")
     #expect(all[2].status == .running && all[2].leaseOwner == "w1")
 
     // Release gives the attempt back.
     let released = try await store.settleAndClaim(
-      [JobSettlement(id: ids[3], owner: "w1", action: .release)], queue: "jobs", limit: 0, lease: lease(), now: later)
+      [JobSettlement(id: ids[3], owner: "w1", action: .release)], queue: "jobs", limit: 0, lease: lease(),
+      now: later)
     #expect(released.staleSettlements.isEmpty)
-    let record = try #require(try await store.jobs(queue: "jobs", status: .pending, after: ids[2], limit: 10).first)
+    let record = try #require(
+      try await store.jobs(queue: "jobs", status: .pending, after: ids[2], limit: 10).first)
     #expect(record.id == ids[3] && record.attempts == 0 && record.status == .pending)
   }
 
   @Test func heartbeatAndRescue() async throws {
     let folder = try TemporaryFolder()
     let store = try makeStore(folder)
-    let ids = try await store.enqueue((0..<2).map { NewJob(payload: payload("\($0)"), runAt: epoch) }, queue: "jobs", now: epoch).map(\.id)
-    _ = try await store.settleAndClaim([], queue: "jobs", limit: 2, lease: lease(until: epoch.addingTimeInterval(5)), now: epoch)
-    let held = try await store.heartbeat(ids + [JobID(12345)], queue: "jobs", lease: lease(until: epoch.addingTimeInterval(20)))
+    let ids = try await store.enqueue(
+      (0..<2).map { NewJob(payload: payload("\($0)"), runAt: epoch) }, queue: "jobs", now: epoch
+    ).map(\.id)
+    _ = try await store.settleAndClaim(
+      [], queue: "jobs", limit: 2, lease: lease(until: epoch.addingTimeInterval(5)), now: epoch)
+    let held = try await store.heartbeat(
+      ids + [JobID(12345)], queue: "jobs", lease: lease(until: epoch.addingTimeInterval(20)))
     #expect(held == ids)
     #expect(try await store.heartbeat(ids, queue: "jobs", lease: lease("other")).isEmpty)
     #expect(try await store.nextWakeDate(queue: "jobs") == epoch.addingTimeInterval(20))
@@ -118,7 +142,8 @@ struct SQLiteJobStoreTests {
     #expect(records.allSatisfy { $0.runAt == rescueTime && $0.leaseOwner == nil })
     // The old owner's settlement is now stale; a new claim raises attempts again.
     let batch = try await store.settleAndClaim(
-      [JobSettlement(id: ids[0], owner: "w1", action: .complete)], queue: "jobs", limit: 1, lease: lease("w2", until: rescueTime.addingTimeInterval(60)), now: rescueTime)
+      [JobSettlement(id: ids[0], owner: "w1", action: .complete)], queue: "jobs", limit: 1,
+      lease: lease("w2", until: rescueTime.addingTimeInterval(60)), now: rescueTime)
     #expect(batch.staleSettlements == [ids[0]])
     #expect(batch.claimed.map(\.attempts) == [2])
   }
@@ -133,23 +158,29 @@ struct SQLiteJobStoreTests {
     // Another connection on the same file sees the flag.
     let other = try makeStore(folder)
     #expect(try await other.isPaused(queue: "jobs"))
-    #expect(try await other.settleAndClaim([], queue: "jobs", limit: 5, lease: lease(), now: epoch).claimed.isEmpty)
+    #expect(
+      try await other.settleAndClaim([], queue: "jobs", limit: 5, lease: lease(), now: epoch).claimed.isEmpty)
     #expect(try await store.queueNames() == ["idle", "jobs"])
     try await other.setPaused(false, queue: "jobs")
     try await other.setPaused(false, queue: "idle")
     #expect(try await store.isPaused(queue: "jobs") == false)
     #expect(try await store.queueNames() == ["jobs"])
-    #expect(try await store.settleAndClaim([], queue: "jobs", limit: 5, lease: lease(), now: epoch).claimed.count == 1)
+    #expect(
+      try await store.settleAndClaim([], queue: "jobs", limit: 5, lease: lease(), now: epoch).claimed.count
+        == 1)
   }
 
   @Test func removeClearAndRequeue() async throws {
     let folder = try TemporaryFolder()
     let store = try makeStore(folder)
-    let ids = try await store.enqueue((0..<6).map { NewJob(payload: payload("\($0)"), runAt: epoch) }, queue: "jobs", now: epoch).map(\.id)
+    let ids = try await store.enqueue(
+      (0..<6).map { NewJob(payload: payload("\($0)"), runAt: epoch) }, queue: "jobs", now: epoch
+    ).map(\.id)
     _ = try await store.enqueue([NewJob(payload: payload("other"), runAt: epoch)], queue: "other", now: epoch)
     _ = try await store.settleAndClaim([], queue: "jobs", limit: 3, lease: lease(), now: epoch)
     _ = try await store.settleAndClaim(
-      ids[0..<2].map { JobSettlement(id: $0, owner: "w1", action: .kill(error: "x")) }, queue: "jobs", limit: 0, lease: lease(), now: epoch)
+      ids[0..<2].map { JobSettlement(id: $0, owner: "w1", action: .kill(error: "x")) }, queue: "jobs",
+      limit: 0, lease: lease(), now: epoch)
     #expect(try await store.counts(queue: "jobs", now: epoch) == JobCounts(ready: 3, running: 1, dead: 2))
     #expect(try await store.requeueDead([ids[0], ids[3]], queue: "jobs", now: epoch) == 1)
     #expect(try await store.remove([ids[5], JobID(999)], queue: "jobs") == 1)
@@ -169,7 +200,10 @@ struct SQLiteJobStoreTests {
   @Test func listingIsPaged() async throws {
     let folder = try TemporaryFolder()
     let store = try makeStore(folder)
-    let ids = try await store.enqueue((0..<2_500).map { NewJob(payload: payload("\($0)"), priority: $0 % 3, runAt: epoch) }, queue: "jobs", now: epoch).map(\.id)
+    let ids = try await store.enqueue(
+      (0..<2_500).map { NewJob(payload: payload("\($0)"), priority: $0 % 3, runAt: epoch) }, queue: "jobs",
+      now: epoch
+    ).map(\.id)
     var seen: [JobID] = []
     var after: JobID?
     while true {
@@ -181,7 +215,9 @@ struct SQLiteJobStoreTests {
     }
     #expect(seen == ids)
     // Claims are bounded by the limit too.
-    #expect(try await store.settleAndClaim([], queue: "jobs", limit: 7, lease: lease(), now: epoch).claimed.count == 7)
+    #expect(
+      try await store.settleAndClaim([], queue: "jobs", limit: 7, lease: lease(), now: epoch).claimed.count
+        == 7)
     #expect(try await store.jobs(queue: "jobs", status: .running, after: nil, limit: 100).count == 7)
   }
 
@@ -197,7 +233,9 @@ struct SQLiteJobStoreTests {
       sqlite3_prepare_v2(db, "EXPLAIN QUERY PLAN " + sql, -1, &statement, nil)
       defer { sqlite3_finalize(statement) }
       var lines: [String] = []
-      while sqlite3_step(statement) == SQLITE_ROW { lines.append(String(cString: sqlite3_column_text(statement, 3))) }
+      while sqlite3_step(statement) == SQLITE_ROW {
+        lines.append(String(cString: sqlite3_column_text(statement, 3)))
+      }
       return lines.joined(separator: "; ")
     }
     for status in [nil, JobStatus.pending, .running, .dead] {
@@ -213,7 +251,8 @@ struct SQLiteJobStoreTests {
     let folder = try TemporaryFolder()
     let store = try makeStore(folder)
     for round in 0..<20 {
-      _ = try await store.enqueue([NewJob(payload: payload("\(round)"), runAt: epoch)], queue: "jobs", now: epoch)
+      _ = try await store.enqueue(
+        [NewJob(payload: payload("\(round)"), runAt: epoch)], queue: "jobs", now: epoch)
       _ = try await store.settleAndClaim([], queue: "jobs", limit: 1, lease: lease(), now: epoch)
     }
     let cached = try await store.cachedStatementCount()

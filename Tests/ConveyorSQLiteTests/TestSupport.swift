@@ -66,7 +66,8 @@ func testWorkerURL() throws -> URL {
     runner.deleteLastPathComponent()
     candidates.append(runner.appendingPathComponent("conveyor-test-worker"))
   }
-  candidates.append(Bundle.main.bundleURL.deletingLastPathComponent().appendingPathComponent("conveyor-test-worker"))
+  candidates.append(
+    Bundle.main.bundleURL.deletingLastPathComponent().appendingPathComponent("conveyor-test-worker"))
   // Fall back to the package's default debug build folder.
   let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
     .deletingLastPathComponent()
