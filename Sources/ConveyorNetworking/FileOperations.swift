@@ -100,7 +100,9 @@ public enum FileOperation {
   ///   - url: What to remove.
   ///   - ignoreMissing: Succeed when nothing is there. Default false: fail with
   ///     ``FileOperationError/sourceMissing(path:)``.
-  public static func remove(_ url: URL, ignoreMissing: Bool = false) -> SyncOperation<Void, FileOperationError> {
+  public static func remove(_ url: URL, ignoreMissing: Bool = false) -> SyncOperation<
+    Void, FileOperationError
+  > {
     SyncOperation { () throws(FileOperationError) in
       try FileOperations.remove(url, ignoreMissing: ignoreMissing)
     }

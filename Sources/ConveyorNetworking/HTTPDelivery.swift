@@ -106,7 +106,8 @@ public struct HTTPDelivery: Sendable {
     let what = "\(request.method) \(request.url.redactedForLogs)"
     switch error {
     case .httpStatus(let status):
-      let reason = "\(what): HTTP \(status.statusCode)" + (status.bodyExcerpt.isEmpty ? "" : ": \(status.bodyText)")
+      let reason =
+        "\(what): HTTP \(status.statusCode)" + (status.bodyExcerpt.isEmpty ? "" : ": \(status.bodyText)")
       guard retryableStatusCodes.contains(status.statusCode) else { return .discard(reason: reason) }
       if let header = status.header("Retry-After"), let delay = Self.retryAfter(header, now: now()) {
         return .retry(after: min(delay, maximumRetryAfter), reason: reason)
@@ -134,12 +135,16 @@ public struct HTTPDelivery: Sendable {
     if !trimmed.isEmpty, trimmed.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) {
       return .seconds(Int64(trimmed) ?? .max)  // too many digits: capped by the caller
     }
+    // asctime pads the day with a space ("Nov  6"); one space between fields suits every format.
+    let collapsed = trimmed.split(separator: " ", omittingEmptySubsequences: true).joined(separator: " ")
     let formatter = DateFormatter()
     formatter.locale = Locale(identifier: "en_US_POSIX")
     formatter.timeZone = TimeZone(identifier: "GMT")
-    for format in ["EEE, dd MMM yyyy HH:mm:ss zzz", "EEEE, dd-MMM-yy HH:mm:ss zzz", "EEE MMM d HH:mm:ss yyyy"] {
+    for format in [
+      "EEE, dd MMM yyyy HH:mm:ss zzz", "EEEE, dd-MMM-yy HH:mm:ss zzz", "EEE MMM d HH:mm:ss yyyy",
+    ] {
       formatter.dateFormat = format
-      if let date = formatter.date(from: trimmed) {
+      if let date = formatter.date(from: collapsed) {
         let seconds = max(0, date.timeIntervalSince(now))
         return .milliseconds(Int64((seconds * 1000).rounded(.up)))
       }

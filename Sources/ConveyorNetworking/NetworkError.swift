@@ -31,7 +31,8 @@ public enum NetworkError: Error, Hashable, CustomStringConvertible, CustomDebugS
   case httpStatus(HTTPStatus)
   /// The answer was not a valid HTTP response (garbage on the wire, or a non-HTTP URL scheme).
   case invalidResponse(String)
-  /// The server closed the connection without answering, or the task ended with no result.
+  /// The server closed the connection without answering (as reported on Linux; Apple platforms
+  /// may report a transport error), or the task ended with neither a result nor an error.
   case emptyResponse
   /// The operation's `prepareRequest` (or its `prepare` closure) threw; nothing was sent.
   case preparation(Underlying)
@@ -166,13 +167,22 @@ public enum NetworkError: Error, Hashable, CustomStringConvertible, CustomDebugS
     } else {
       code = .unknown
     }
+    let message = nsError.localizedDescription
+    // swift-corelibs-foundation reports curl's messages: "Empty reply from server" (-1011) when
+    // the connection closed without an answer, and "Received HTTP/0.9 when not allowed" (-1002)
+    // when the answer was not HTTP. Apple platforms report those as other codes (often
+    // `.networkConnectionLost`), which stay transport errors.
     switch code {
-    case .badServerResponse:
-      return .invalidResponse("the server's answer is not valid HTTP (URLError \(code.rawValue))")
     case .zeroByteResource:
       return .emptyResponse
+    case .badServerResponse where message.localizedCaseInsensitiveContains("empty reply"):
+      return .emptyResponse
+    case .badServerResponse:
+      return .invalidResponse("the server's answer is not valid HTTP: \(message)")
+    case .unsupportedURL where message.contains("HTTP/0.9"):
+      return .invalidResponse("the server's answer is not valid HTTP: \(message)")
     default:
-      return .transport(Transport(code: code, message: nsError.localizedDescription))
+      return .transport(Transport(code: code, message: message))
     }
   }
 }
