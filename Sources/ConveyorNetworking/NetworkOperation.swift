@@ -23,6 +23,9 @@ import Synchronization
 ///    ``evaluate(_:response:)`` makes the value.
 ///
 /// `cancel()` cancels the task; neither handler runs and waiters get `OperationError.cancelled`.
+///
+/// On Linux the request's `timeoutInterval` is rounded up to whole seconds, because
+/// swift-corelibs-foundation truncates it (a 0.5 s timeout would fire at once).
 // @unchecked Sendable: mutable settings live in `settings` and the running task in `slot`,
 // both `Mutex`es; the rest is immutable. The superclass guards its own state.
 open class NetworkOperation<Success: Sendable, TaskResult>: AsyncOperation<Success, NetworkError>,
@@ -147,13 +150,18 @@ open class NetworkOperation<Success: Sendable, TaskResult>: AsyncOperation<Succe
 
   /// Prepares the request, makes the task and resumes it; subclasses override the steps, not this.
   open override func main() {
-    let prepared: URLRequest
+    var prepared: URLRequest
     do {
       prepared = try prepareRequest(request)
     } catch {
       finish(throwing: error)
       return
     }
+    #if !canImport(Darwin)
+      // swift-corelibs-foundation truncates the timeout to whole seconds: 0.5 s would time out at
+      // once, 1.5 s after 1 s. Round up so a request never gets less time than asked for.
+      prepared.timeoutInterval = prepared.timeoutInterval.rounded(.up)
+    #endif
     let task = createTask(with: prepared, using: session)
     let keep = slot.withLock { slot -> Bool in
       if slot.cancelled { return false }

@@ -138,7 +138,11 @@ struct FileOperationTests {
     try FileManager.default.createDirectory(at: locked, withIntermediateDirectories: false)
     try FileManager.default.setAttributes([.posixPermissions: 0o500], ofItemAtPath: locked.path)
     defer {
-      _ = try? FileManager.default.setAttributes([.posixPermissions: 0o700], ofItemAtPath: locked.path)
+      do {
+        try FileManager.default.setAttributes([.posixPermissions: 0o700], ofItemAtPath: locked.path)
+      } catch {
+        Issue.record("could not unlock \(locked.path): \(error)")
+      }
     }
     let error = await fileError(FileOperation.write(Data("x".utf8), to: locked.appendingPathComponent("f")))
     guard case .permissionDenied = error else {

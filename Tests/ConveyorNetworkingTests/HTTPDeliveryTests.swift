@@ -31,7 +31,7 @@ struct HTTPDeliveryTests {
     async throws -> (JobResult, TestHTTPServer)
   {
     let server = try TestHTTPServer(always: reply)
-    var delivery = HTTPDelivery()
+    var delivery = HTTPDelivery(session: NetworkSession())
     delivery.now = { fixedNow }
     let item = try request(server)
     let configured = delivery

@@ -10,9 +10,13 @@ import Testing
   import FoundationNetworking
 #endif
 
-/// Deterministic bytes: 0, 1, …, 250, 0, 1, …
+/// Deterministic bytes: 0, 1, …, 250, 0, 1, … (built by blocks: a per-byte loop takes seconds in
+/// debug builds and would hold a cooperative thread that long).
 func pattern(_ count: Int) -> Data {
-  Data((0..<count).map { UInt8($0 % 251) })
+  let block = Data((0..<251).map { UInt8($0) })
+  var data = Data(capacity: count)
+  while data.count < count { data.append(block.prefix(count - data.count)) }
+  return data
 }
 
 @Suite("Download operations", .timeLimit(.minutes(1)))
@@ -114,7 +118,7 @@ struct NetworkDownloadTests {
     let folder = try TemporaryFolder()
     let destination = folder.file("partial.bin")
     let operation = NetworkDownloadOperation(
-      request: URLRequest(url: server.url("/slow")), destination: destination)
+      request: URLRequest(url: server.url("/slow")), destination: destination, session: NetworkSession())
     let progress = Log<Int64>()
     let afterCancel = Atomic<Bool>(false)
     operation.progressHandler = { written, _ in
@@ -145,7 +149,8 @@ struct NetworkDownloadTests {
     defer { server.stop() }
     let folder = try TemporaryFolder()
     let operation = NetworkDownloadOperation(
-      request: URLRequest(url: server.url("/slow")), destination: folder.file("x.bin"))
+      request: URLRequest(url: server.url("/slow")), destination: folder.file("x.bin"),
+      session: NetworkSession())
     let started = Atomic<Bool>(false)
     operation.progressHandler = { _, _ in started.store(true, ordering: .releasing) }
     let task = Task { try await operation.run() }

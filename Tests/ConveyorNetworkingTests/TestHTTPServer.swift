@@ -106,6 +106,9 @@ final class TestHTTPServer: Sendable {
   /// Stops accepting and closes the listening socket (waits up to 2 s for that); connections in
   /// progress finish on their own threads.
   func stop() {
+    // Wake the accept loop's poll at once; the socket stays open (and its number ours) until
+    // the loop sees `stopped` and closes it.
+    shutdown(listener, Int32(SHUT_RDWR))
     guard !stopped.exchange(true, ordering: .acquiringAndReleasing) else { return }
     _ = acceptDone.wait(timeout: .now() + 2)
   }
