@@ -32,7 +32,8 @@ import Synchronization
 ///   }
 /// }
 /// ```
-// @unchecked Sendable: every mutable property lives in `state`, a `Mutex`; `body` is immutable.
+// @unchecked Sendable: mutable state lives in `control` (one atomic byte) and `state` (a
+// `Mutex`, the lock for outcome, waiters, handlers and task); `body` is immutable.
 open class AsyncOperation<Success: Sendable, Failure: Error>: Operation, @unchecked Sendable {
   /// The work given to a closure initialiser; nil for subclasses that override `main()`.
   /// Boxed so the designated initialiser takes no function type (a subclass with

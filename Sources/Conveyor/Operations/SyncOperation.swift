@@ -27,7 +27,8 @@ import Synchronization
 ///   override func execute() -> Int { (1...10).reduce(0, +) }
 /// }
 /// ```
-// @unchecked Sendable: every mutable property lives in `state`, a `Mutex`; `work` is immutable.
+// @unchecked Sendable: mutable state lives in `control` (one atomic byte) and `state` (a
+// `Mutex`, the lock for outcome, waiters and handlers); `work` is immutable.
 open class SyncOperation<Success: Sendable, Failure: Error>: Operation, @unchecked Sendable {
   private let control = OperationControl()
   private let state = Mutex(OperationStateMachine<Success, Failure>())
