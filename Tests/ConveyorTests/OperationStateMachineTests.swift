@@ -2,62 +2,71 @@ import Testing
 
 @testable import Conveyor
 
-@Suite("OperationStateMachine")
+@Suite("OperationControl and OperationStateMachine")
 struct OperationStateMachineTests {
   typealias Machine = OperationStateMachine<Int, TestError>
 
   @Test func startsOnce() {
-    var machine = Machine()
-    let first = machine.start()
-    let second = machine.start()
+    let control = OperationControl()
+    let first = control.claimStart()
+    let second = control.claimStart()
     #expect(first == .run)
     #expect(second == .ignore)
   }
 
-  @Test func cancelledBeforeStartFinishesWithoutRunning() throws {
-    var machine = Machine()
-    let completion = machine.complete(.failure(.cancelled), finishesNow: true)
-    let decided = try #require(completion)
-    #expect(!decided.publishFinished)  // not started: the queue's start() finishes it
-    #expect(decided.deliver == nil)
-    let action = machine.start()
+  @Test func cancelledBeforeStartFinishesWithoutRunning() {
+    let control = OperationControl()
+    let started = control.claimOutcome(cancelling: true)
+    #expect(started == false)  // not started: the queue's start() finishes it
+    let (cancelled, decided, finished) = (control.isCancelled, control.isDecided, control.isFinished)
+    #expect(cancelled && decided && !finished)
+    let action = control.claimStart()
     #expect(action == .finishWithoutRunning)
-    #expect(machine.isCancelled)
-    #expect(machine.result == nil)
   }
 
-  @Test func outcomeIsDecidedOnce() throws {
-    var machine = Machine()
-    machine.successHandler = { _ in }
-    _ = machine.start()
-    let completion = machine.complete(.success(1), finishesNow: true)
-    let decided = try #require(completion)
-    #expect(decided.publishFinished)
-    #expect(decided.deliver != nil)
-    let second = machine.complete(.success(2), finishesNow: true)
-    let cancel = machine.complete(.failure(.cancelled), finishesNow: true)
+  @Test func outcomeIsClaimedOnce() {
+    let control = OperationControl()
+    _ = control.claimStart()
+    let first = control.claimOutcome(cancelling: false)
+    let second = control.claimOutcome(cancelling: true)
+    #expect(first == true)
     #expect(second == nil)
-    #expect(cancel == nil)
-    #expect(try machine.result?.get() == 1)
-    #expect(machine.successHandler == nil)  // released once used
+    let cancelled = control.isCancelled
+    #expect(!cancelled)
   }
 
-  @Test func synchronousOperationsPublishFinishWhenStartReturns() throws {
-    var machine = Machine()
-    _ = machine.start()
-    let completion = machine.complete(.failure(.failed(TestError(code: 1))), finishesNow: false)
-    let decided = try #require(completion)
-    #expect(!decided.publishFinished)
-  }
-
-  @Test func phaseOnlyMovesForward() {
-    var machine = Machine()
-    machine.publish(.finished)
-    machine.publish(.executing)
-    #expect(machine.phase == .finished)
-    let first = machine.claimFinish()
-    let second = machine.claimFinish()
+  @Test func finishedWinsOverExecuting() {
+    let control = OperationControl()
+    control.publishFinished()
+    control.publishExecuting()
+    let (finished, executing) = (control.isFinished, control.isExecuting)
+    #expect(finished && !executing)
+    let first = control.claimFinish()
+    let second = control.claimFinish()
     #expect(first)
     #expect(!second)
+  }
+
+  @Test func outcomeIsRecordedOnceAndHandlersReleased() throws {
+    var machine = Machine()
+    machine.successHandler = { _ in }
+    let completion = machine.complete(.success(1))
+    let decided = try #require(completion)
+    #expect(decided.deliver != nil)
+    #expect(decided.task == nil)
+    let second = machine.complete(.success(2))
+    #expect(second == nil)
+    #expect(try machine.result?.get() == 1)
+    #expect(machine.successHandler == nil)
+  }
+
+  @Test func cancellationHasNoResultAndNoHandler() throws {
+    var machine = Machine()
+    machine.successHandler = { _ in }
+    machine.failureHandler = { _ in }
+    let completion = machine.complete(.failure(.cancelled))
+    let decided = try #require(completion)
+    #expect(decided.deliver == nil)
+    #expect(machine.result == nil)
   }
 }

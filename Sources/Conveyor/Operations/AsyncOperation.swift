@@ -32,7 +32,8 @@ import Synchronization
 ///   }
 /// }
 /// ```
-// @unchecked Sendable: every mutable property lives in `state`, a `Mutex`; `body` is immutable.
+// @unchecked Sendable: mutable state lives in `control` (one atomic byte) and `state` (a
+// `Mutex`, the lock for outcome, waiters, handlers and task); `body` is immutable.
 open class AsyncOperation<Success: Sendable, Failure: Error>: Operation, @unchecked Sendable {
   /// The work given to a closure initialiser; nil for subclasses that override `main()`.
   /// Boxed so the designated initialiser takes no function type (a subclass with
@@ -42,6 +43,7 @@ open class AsyncOperation<Success: Sendable, Failure: Error>: Operation, @unchec
     case work(TaskPriority?, @Sendable () async throws(Failure) -> Success)
   }
 
+  private let control = OperationControl()
   private let state = Mutex(OperationStateMachine<Success, Failure>())
   private let body: Body?
 
@@ -173,29 +175,29 @@ open class AsyncOperation<Success: Sendable, Failure: Error>: Operation, @unchec
 
   /// Whether `cancel()` decided the outcome. False if the operation had already finished when
   /// `cancel()` was called: a late cancel changes nothing.
-  open override var isCancelled: Bool { state.withLock { $0.isCancelled } }
+  open override var isCancelled: Bool { control.isCancelled }
 
   /// Whether `main()` has been called and the operation has not finished yet.
-  open override var isExecuting: Bool { state.withLock { $0.phase == .executing } }
+  open override var isExecuting: Bool { control.isExecuting }
 
   /// Whether the operation finished, failed or was cancelled and started (dependents may run).
-  open override var isFinished: Bool { state.withLock { $0.phase == .finished } }
+  open override var isFinished: Bool { control.isFinished }
 
   /// Runs `main()` once; an operation cancelled before starting finishes without running it.
   ///
   /// Calling it again, from any thread, does nothing.
   public final override func start() {
-    switch state.withLock({ $0.start() }) {
+    switch control.claimStart() {
     case .ignore:
       return
     case .finishWithoutRunning:
-      OperationDriver.publishFinished(self, state, wasExecuting: false)
+      OperationDriver.publishFinished(self, control, wasExecuting: false)
     case .run:
-      OperationDriver.publishExecuting(self, state)
-      if state.withLock({ $0.outcome == nil }) {
+      OperationDriver.publishExecuting(self, control)
+      if !control.isDecided {
         main()
       } else {
-        OperationDriver.publishFinished(self, state, wasExecuting: true)
+        OperationDriver.publishFinished(self, control, wasExecuting: true)
       }
     }
   }
@@ -225,13 +227,11 @@ open class AsyncOperation<Success: Sendable, Failure: Error>: Operation, @unchec
   ///
   /// Ignored if the operation already finished. Subclasses that override it must call `super`.
   open override func cancel() {
-    let completion = state.withLock { $0.complete(.failure(.cancelled), finishesNow: true) }
-    guard let completion else { return }
+    guard let started = control.claimOutcome(cancelling: true) else { return }
+    let completion = state.withLock { $0.complete(.failure(.cancelled)) }
     super.cancel()
-    if completion.publishFinished {
-      OperationDriver.publishFinished(self, state, wasExecuting: true)
-    }
-    OperationDriver.deliver(completion)
+    if started { OperationDriver.publishFinished(self, control, wasExecuting: true) }
+    if let completion { OperationDriver.deliver(completion) }
   }
 
   /// Finishes the operation with `value`; ignored if it already finished or was cancelled.
@@ -250,11 +250,9 @@ open class AsyncOperation<Success: Sendable, Failure: Error>: Operation, @unchec
   }
 
   private func complete(_ outcome: OperationStateMachine<Success, Failure>.Outcome) {
-    let completion = state.withLock { $0.complete(outcome, finishesNow: true) }
-    guard let completion else { return }
-    if completion.publishFinished {
-      OperationDriver.publishFinished(self, state, wasExecuting: true)
-    }
-    OperationDriver.deliver(completion)
+    guard let started = control.claimOutcome(cancelling: false) else { return }
+    let completion = state.withLock { $0.complete(outcome) }
+    if started { OperationDriver.publishFinished(self, control, wasExecuting: true) }
+    if let completion { OperationDriver.deliver(completion) }
   }
 }

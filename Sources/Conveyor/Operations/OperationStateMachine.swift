@@ -12,32 +12,96 @@ import Synchronization
   let defaultOperationCallbackQueue = DispatchQueue(label: "conveyor.callbacks")
 #endif
 
-/// The state of one typed operation: a pure value the operation keeps inside a `Mutex`.
+/// The control word of one typed operation: which of start, outcome and `isFinished` were
+/// claimed, and what `isExecuting` / `isFinished` report.
 ///
-/// Each mutating method decides one transition and returns what the caller must do outside the
-/// lock (post KVO notifications, resume waiters, call handlers). Nothing here calls out.
-struct OperationStateMachine<Success: Sendable, Failure: Error> {
-  typealias Outcome = Result<Success, OperationError<Failure>>
-  typealias Waiter = CheckedContinuation<Outcome, Never>
-
-  /// What `isExecuting` / `isFinished` report. It only moves forward.
-  enum Phase: Int, Comparable {
-    case pending
-    case executing
-    case finished
-
-    static func < (lhs: Phase, rhs: Phase) -> Bool { lhs.rawValue < rhs.rawValue }
-  }
-
+/// One atomic byte, not generic, so the hot path (`OperationQueue` reads `isExecuting` and
+/// `isFinished` several times per operation) needs no lock and no generic metadata. Every
+/// transition is one read-modify-write of the same word, so they are totally ordered: of a
+/// racing `start()` and `cancel()`, the later one always sees the earlier.
+struct OperationControl: ~Copyable {
   /// What `start()` must do next.
-  enum StartAction {
+  enum StartAction: Equatable {
     /// Already started: do nothing (an operation never runs twice).
     case ignore
-    /// Cancelled before it started: post `isFinished` without running `main()`.
+    /// Its outcome was decided (cancelled) before it started: post `isFinished` without running
+    /// `main()`.
     case finishWithoutRunning
     /// Post `isExecuting` and run `main()`.
     case run
   }
+
+  private static let started: UInt8 = 1 << 0
+  private static let decided: UInt8 = 1 << 1
+  private static let cancelled: UInt8 = 1 << 2
+  private static let finishClaimed: UInt8 = 1 << 3
+  private static let executing: UInt8 = 1 << 4
+  private static let finished: UInt8 = 1 << 5
+
+  private let bits = Atomic<UInt8>(0)
+
+  private var current: UInt8 { bits.load(ordering: .acquiring) }
+
+  /// What `isExecuting` reports: `.executing` was published and `.finished` was not.
+  var isExecuting: Bool { current & (Self.executing | Self.finished) == Self.executing }
+
+  /// What `isFinished` reports.
+  var isFinished: Bool { current & Self.finished != 0 }
+
+  /// Whether `cancel()` decided the outcome.
+  var isCancelled: Bool { current & Self.cancelled != 0 }
+
+  /// Whether the outcome was decided (finished, failed or cancelled).
+  var isDecided: Bool { current & Self.decided != 0 }
+
+  /// Claims the one start.
+  func claimStart() -> StartAction {
+    let old = bits.bitwiseOr(Self.started, ordering: .acquiringAndReleasing).oldValue
+    if old & Self.started != 0 { return .ignore }
+    return old & Self.decided != 0 ? .finishWithoutRunning : .run
+  }
+
+  /// Claims the one outcome; nil if it was already decided, else whether the operation had
+  /// started (a started asynchronous operation then publishes `isFinished`).
+  ///
+  /// - Parameter cancelling: Whether the outcome is a cancellation.
+  func claimOutcome(cancelling: Bool) -> Bool? {
+    let claim = Self.decided | (cancelling ? Self.cancelled : 0)
+    var old = current
+    while old & Self.decided == 0 {
+      let (exchanged, original) = bits.compareExchange(
+        expected: old, desired: old | claim, ordering: .acquiringAndReleasing)
+      if exchanged { return old & Self.started != 0 }
+      old = original
+    }
+    return nil
+  }
+
+  /// Claims the one `isFinished` notification; false if another thread already claimed it.
+  func claimFinish() -> Bool {
+    bits.bitwiseOr(Self.finishClaimed, ordering: .acquiringAndReleasing).oldValue
+      & Self.finishClaimed == 0
+  }
+
+  /// Makes `isExecuting` true (unless already finished).
+  func publishExecuting() {
+    bits.bitwiseOr(Self.executing, ordering: .acquiringAndReleasing)
+  }
+
+  /// Makes `isFinished` true and `isExecuting` false, for good.
+  func publishFinished() {
+    bits.bitwiseOr(Self.finished, ordering: .acquiringAndReleasing)
+  }
+}
+
+/// The typed state of one operation, kept inside a `Mutex`: outcome, waiters, handlers and the
+/// task running the work. Touched once or twice per operation, never on the hot path.
+///
+/// Each mutating method returns what the caller must do outside the lock (resume waiters, call
+/// handlers, cancel the task). Nothing here calls out.
+struct OperationStateMachine<Success: Sendable, Failure: Error> {
+  typealias Outcome = Result<Success, OperationError<Failure>>
+  typealias Waiter = CheckedContinuation<Outcome, Never>
 
   /// What the caller must do after the outcome was decided.
   struct Completion {
@@ -46,12 +110,8 @@ struct OperationStateMachine<Success: Sendable, Failure: Error> {
     var deliver: (@Sendable () -> Void)?
     var callbackQueue: DispatchQueue
     var task: Task<Void, Never>?
-    var publishFinished: Bool
   }
 
-  private(set) var phase = Phase.pending
-  private(set) var started = false
-  private(set) var finishClaimed = false
   private(set) var outcome: Outcome?
   private var waiters: [Waiter] = []
   private var task: Task<Void, Never>?
@@ -68,52 +128,26 @@ struct OperationStateMachine<Success: Sendable, Failure: Error> {
     }
   }
 
-  var isCancelled: Bool {
-    if case .failure(.cancelled) = outcome { return true }
-    return false
-  }
-
-  /// Claims the one start.
-  mutating func start() -> StartAction {
-    if started { return .ignore }
-    started = true
-    return outcome == nil ? .run : .finishWithoutRunning
-  }
-
-  /// Moves the published phase forward (never back).
-  mutating func publish(_ newPhase: Phase) {
-    phase = max(phase, newPhase)
-  }
-
-  /// Claims the one `isFinished` notification; false if another thread already claimed it.
-  mutating func claimFinish() -> Bool {
-    if finishClaimed { return false }
-    finishClaimed = true
-    return true
-  }
-
-  /// Decides the outcome once; nil if it was already decided (the call is ignored).
+  /// Records the outcome once (the caller claimed it in `OperationControl`); nil if it was
+  /// already recorded.
   ///
-  /// - Parameters:
-  ///   - newOutcome: The success, failure or cancellation.
-  ///   - finishesNow: Whether a started operation publishes `isFinished` now (asynchronous
-  ///     operations) or when `start()` returns (synchronous ones).
-  mutating func complete(_ newOutcome: Outcome, finishesNow: Bool) -> Completion? {
+  /// - Parameter newOutcome: The success, failure or cancellation.
+  mutating func complete(_ newOutcome: Outcome) -> Completion? {
     if outcome != nil { return nil }
     outcome = newOutcome
     var deliver: (@Sendable () -> Void)?
+    var cancelled = false
     switch newOutcome {
     case .success(let value):
       if let handler = successHandler { deliver = { handler(value) } }
     case .failure(.failed(let error)):
       if let handler = failureHandler { deliver = { handler(error) } }
     case .failure(.cancelled):
-      break
+      cancelled = true
     }
     let completion = Completion(
       outcome: newOutcome, waiters: waiters, deliver: deliver, callbackQueue: callbackQueue,
-      task: isCancelled ? task : nil,
-      publishFinished: finishesNow && started)
+      task: cancelled ? task : nil)
     waiters = []
     task = nil
     successHandler = nil
@@ -138,24 +172,21 @@ struct OperationStateMachine<Success: Sendable, Failure: Error> {
 
 /// The steps both operation classes share, run outside the state lock.
 enum OperationDriver {
-  /// Posts `isExecuting` around moving the phase to `.executing`.
-  static func publishExecuting<Success, Failure>(
-    _ operation: Operation, _ state: borrowing Mutex<OperationStateMachine<Success, Failure>>
-  ) {
+  /// Posts `isExecuting` around making it true.
+  static func publishExecuting(_ operation: Operation, _ control: borrowing OperationControl) {
     operation.willChangeValue(forKey: "isExecuting")
-    state.withLock { $0.publish(.executing) }
+    control.publishExecuting()
     operation.didChangeValue(forKey: "isExecuting")
   }
 
-  /// Posts `isFinished` (and `isExecuting`) once, around moving the phase to `.finished`.
-  static func publishFinished<Success, Failure>(
-    _ operation: Operation, _ state: borrowing Mutex<OperationStateMachine<Success, Failure>>,
-    wasExecuting: Bool
+  /// Posts `isFinished` (and `isExecuting`) once, around making it true.
+  static func publishFinished(
+    _ operation: Operation, _ control: borrowing OperationControl, wasExecuting: Bool
   ) {
-    guard state.withLock({ $0.claimFinish() }) else { return }
+    guard control.claimFinish() else { return }
     if wasExecuting { operation.willChangeValue(forKey: "isExecuting") }
     operation.willChangeValue(forKey: "isFinished")
-    state.withLock { $0.publish(.finished) }
+    control.publishFinished()
     if wasExecuting { operation.didChangeValue(forKey: "isExecuting") }
     operation.didChangeValue(forKey: "isFinished")
   }

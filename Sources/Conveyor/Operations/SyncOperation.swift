@@ -27,8 +27,10 @@ import Synchronization
 ///   override func execute() -> Int { (1...10).reduce(0, +) }
 /// }
 /// ```
-// @unchecked Sendable: every mutable property lives in `state`, a `Mutex`; `work` is immutable.
+// @unchecked Sendable: mutable state lives in `control` (one atomic byte) and `state` (a
+// `Mutex`, the lock for outcome, waiters and handlers); `work` is immutable.
 open class SyncOperation<Success: Sendable, Failure: Error>: Operation, @unchecked Sendable {
+  private let control = OperationControl()
   private let state = Mutex(OperationStateMachine<Success, Failure>())
   private let work: Work?
 
@@ -143,26 +145,26 @@ open class SyncOperation<Success: Sendable, Failure: Error>: Operation, @uncheck
 
   /// Whether `cancel()` decided the outcome. False if the operation had already finished when
   /// `cancel()` was called: a late cancel changes nothing.
-  open override var isCancelled: Bool { state.withLock { $0.isCancelled } }
+  open override var isCancelled: Bool { control.isCancelled }
 
   /// Whether `execute()` is running.
-  open override var isExecuting: Bool { state.withLock { $0.phase == .executing } }
+  open override var isExecuting: Bool { control.isExecuting }
 
   /// Whether `execute()` returned, or the operation was cancelled and then started.
-  open override var isFinished: Bool { state.withLock { $0.phase == .finished } }
+  open override var isFinished: Bool { control.isFinished }
 
   /// Runs `main()` once, synchronously; an operation cancelled before starting finishes without
   /// running it. Calling it again, from any thread, does nothing.
   public final override func start() {
-    switch state.withLock({ $0.start() }) {
+    switch control.claimStart() {
     case .ignore:
       return
     case .finishWithoutRunning:
-      OperationDriver.publishFinished(self, state, wasExecuting: false)
+      OperationDriver.publishFinished(self, control, wasExecuting: false)
     case .run:
-      OperationDriver.publishExecuting(self, state)
-      if state.withLock({ $0.outcome == nil }) { main() }
-      OperationDriver.publishFinished(self, state, wasExecuting: true)
+      OperationDriver.publishExecuting(self, control)
+      if !control.isDecided { main() }
+      OperationDriver.publishFinished(self, control, wasExecuting: true)
     }
   }
 
@@ -182,15 +184,15 @@ open class SyncOperation<Success: Sendable, Failure: Error>: Operation, @uncheck
   ///
   /// Ignored if the operation already finished. Subclasses that override it must call `super`.
   open override func cancel() {
-    let completion = state.withLock { $0.complete(.failure(.cancelled), finishesNow: false) }
-    guard let completion else { return }
+    guard control.claimOutcome(cancelling: true) != nil else { return }
+    let completion = state.withLock { $0.complete(.failure(.cancelled)) }
     super.cancel()
-    OperationDriver.deliver(completion)
+    if let completion { OperationDriver.deliver(completion) }
   }
 
   private func complete(_ outcome: OperationStateMachine<Success, Failure>.Outcome) {
-    let completion = state.withLock { $0.complete(outcome, finishesNow: false) }
-    guard let completion else { return }
-    OperationDriver.deliver(completion)
+    guard control.claimOutcome(cancelling: false) != nil else { return }
+    let completion = state.withLock { $0.complete(outcome) }
+    if let completion { OperationDriver.deliver(completion) }
   }
 }
