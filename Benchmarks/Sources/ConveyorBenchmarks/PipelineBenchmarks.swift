@@ -1,3 +1,66 @@
+import Conveyor
+
+/// A step the optimiser cannot see through: an `async` closure called through an array.
+private typealias BenchStep = @Sendable (Int) async throws -> Int
+
 func runPipelineBenchmarks() async throws {
-  section("Pipeline: not written yet")
+  section("Pipeline")
+  let count = 100_000
+  let steps: [BenchStep] = Array(repeating: { $0 &+ 1 }, count: count)
+  let pipeline = Pipeline(defaultValue: 0, steps: steps)
+
+  // Baseline: the same 100k awaits of the same closures in a plain loop.
+  var baselineResult = 0
+  let baseline = try await best(repeats: 5) {
+    var value = 0
+    for step in steps { value = try await step(value) }
+    baselineResult = value
+  }
+
+  var pipelineResult = 0
+  let measured = try await best(repeats: 5) {
+    pipelineResult = try await pipeline.run()
+  }
+  precondition(baselineResult == count && pipelineResult == count, "benchmark computed the wrong value")
+
+  Comparison(
+    name: "Pipeline.run, 100k async steps",
+    count: count,
+    seconds: measured,
+    baselineName: "plain loop of 100k awaits",
+    baselineSeconds: baseline,
+    goal: 0.5
+  ).print()
+
+  // Completion-handler form: one Task per run, not per step.
+  let handlerSeconds = try await best(repeats: 5) {
+    let value = try await withCheckedThrowingContinuation { continuation in
+      pipeline.execute { continuation.resume(with: $0) }
+    }
+    precondition(value == count)
+  }
+  Comparison(
+    name: "Pipeline.execute(completion:), 100k steps",
+    count: count,
+    seconds: handlerSeconds,
+    baselineName: "plain loop of 100k awaits",
+    baselineSeconds: baseline,
+    goal: 0.5
+  ).print()
+
+  // The sequential runner over 100k async closure tasks.
+  let tasks = (0..<count).map { index in AnyAsyncTask<Int, Never> { index } }
+  let runner = AsyncTaskRunner<Int, Never>(tasks)
+  let runnerSeconds = try await best(repeats: 5) {
+    let values = try await runner.run()
+    precondition(values.count == count)
+  }
+  Comparison(
+    name: "AsyncTaskRunner.run, 100k sequential tasks",
+    count: count,
+    seconds: runnerSeconds,
+    baselineName: "plain loop of 100k awaits",
+    baselineSeconds: baseline,
+    goal: nil
+  ).print()
 }

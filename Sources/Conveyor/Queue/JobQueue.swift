@@ -1,0 +1,719 @@
+import Foundation
+import Synchronization
+
+/// A durable queue of `Codable` jobs: committed before ``add(_:priority:delay:)`` returns, retried
+/// by policy, paused and resumed, and handed out again when a worker dies (at-least-once, with
+/// leases).
+///
+/// ```swift
+/// struct Email: Queueable { var to: String; var body: String }
+///
+/// let store = try SQLiteJobStore(path: "outbox.sqlite")
+/// let queue = try JobQueue<Email>(
+///   configuration: .init(identifier: "emails", maxAttempts: 5), store: store
+/// ) { email, context in
+///   try await mailer.send(email)  // a thrown error retries by policy
+///   return .handled
+/// }
+/// try await queue.add(Email(to: "ada@example.com", body: "Hello"))
+/// ```
+///
+/// ## Semantics
+/// - A job is claimed under a lease, heartbeated while its handler runs, and deleted when handled.
+///   If the worker vanishes, the job is handed out again after ``JobQueueConfiguration/leaseDuration``,
+///   so a handler may see a job more than once: make handlers idempotent.
+/// - Ready jobs run by priority (higher first), then run date, then arrival. A job waiting for its
+///   retry never blocks a ready one. With `concurrency` 1, jobs of equal priority run in FIFO order.
+/// - ``pause()`` is stored: every worker on the same store stops claiming; running handlers finish.
+/// - An item that no longer decodes (its type changed) becomes a dead job carrying the decode
+///   error; the queue goes on.
+/// - The queue keeps itself alive while started; call ``shutdown(gracePeriod:)`` to stop it.
+public final class JobQueue<Item: Queueable>: Sendable {
+  /// An async handler: returns what to do with the job; a thrown error means retry by policy.
+  public typealias Handler = @Sendable (Item, JobContext) async throws -> JobResult
+
+  /// The queue's settings.
+  public let configuration: JobQueueConfiguration
+  /// The store holding the queue's jobs.
+  public let store: any JobStore
+
+  private let handler: Handler?
+  private let core = Mutex(Core())
+  private let wake: WakeSignal
+  private let owner: String
+  private var identifier: String { configuration.identifier }
+  private var clock: any JobClock { configuration.clock }
+
+  /// Creates a queue whose jobs an async closure handles.
+  ///
+  /// - Parameters:
+  ///   - configuration: the settings; validated here.
+  ///   - store: where jobs live, e.g. `SQLiteJobStore` or ``InMemoryJobStore``.
+  ///   - handler: called for each job with the decoded item; return ``JobResult/handled``,
+  ///     ``JobResult/retry``, ``JobResult/retry(after:reason:)`` or ``JobResult/discard(reason:)``.
+  /// - Throws: ``JobQueueError`` when the configuration is invalid.
+  public init(
+    configuration: JobQueueConfiguration, store: any JobStore, handler: @escaping Handler
+  ) throws(JobQueueError) {
+    try configuration.validate()
+    self.configuration = configuration
+    self.store = store
+    self.handler = handler
+    self.wake = WakeSignal(clock: configuration.clock)
+    self.owner = Self.makeOwnerID()
+    if configuration.autoStart { start() }
+  }
+
+  /// Creates a queue whose jobs a delegate handles (the seed library's shape).
+  ///
+  /// The queue holds the delegate weakly; while it is gone, no job is claimed.
+  public init<Delegate: JobQueueDelegate>(
+    configuration: JobQueueConfiguration, store: any JobStore, delegate: Delegate
+  ) throws(JobQueueError) where Delegate.Item == Item {
+    try configuration.validate()
+    self.configuration = configuration
+    self.store = store
+    self.handler = nil
+    self.wake = WakeSignal(clock: configuration.clock)
+    self.owner = Self.makeOwnerID()
+    let box = DelegateBox(delegate)
+    core.withLock { $0.delegate = box }
+    if configuration.autoStart { start() }
+  }
+
+  // MARK: Adding
+
+  /// Commits an item as a new job; returns after the store committed it.
+  ///
+  /// - Parameters:
+  ///   - item: the item; encoded as JSON.
+  ///   - priority: higher runs first among ready jobs. Default 0.
+  ///   - delay: the job is not handed out before this much time has passed.
+  /// - Returns: the job's ID, or the ID of the pending or running job with the same
+  ///   ``Queueable/deduplicationKey``.
+  @discardableResult
+  public func add(_ item: Item, priority: Int = 0, delay: Duration = .zero) async throws -> JobID {
+    try await add(contentsOf: [item], priority: priority, delay: delay)[0]
+  }
+
+  /// Commits an item to run at a date.
+  @discardableResult
+  public func add(_ item: Item, priority: Int = 0, runAt date: Date) async throws -> JobID {
+    let encoded = try encode(item)
+    let job = NewJob(
+      payload: encoded, priority: priority, runAt: date, deduplicationKey: item.deduplicationKey)
+    return try await commit([job])[0]
+  }
+
+  /// Commits several items in one transaction: all are stored or none.
+  ///
+  /// - Returns: one ID per item, in order.
+  @discardableResult
+  public func add<Items: Sequence<Item>>(
+    contentsOf items: Items, priority: Int = 0, delay: Duration = .zero
+  ) async throws -> [JobID] {
+    let runAt = clock.now().adding(delay)
+    let jobs = try items.map { item in
+      NewJob(
+        payload: try encode(item), priority: priority, runAt: runAt, deduplicationKey: item.deduplicationKey)
+    }
+    if jobs.isEmpty { return [] }
+    return try await commit(jobs)
+  }
+
+  private func commit(_ jobs: [NewJob]) async throws -> [JobID] {
+    let results = try await store.enqueue(jobs, queue: identifier, now: clock.now())
+    let subscribers = core.withLock { core in
+      core.enqueueGeneration &+= 1
+      core.reportedFinished = false
+      return core.subscribers.isEmpty ? [] : Array(core.subscribers.values)
+    }
+    for result in results where result.inserted {
+      for subscriber in subscribers { subscriber.yield(.enqueued(result.id)) }
+    }
+    wake.signal()
+    return results.map(\.id)
+  }
+
+  private func encode(_ item: Item) throws(JobQueueError) -> Data {
+    do {
+      return try JSONEncoder().encode(item)
+    } catch {
+      throw .encodingFailed(String(describing: error))
+    }
+  }
+
+  // MARK: Control
+
+  /// Starts claiming and handling jobs; does nothing if already started.
+  ///
+  /// With ``JobQueueConfiguration/autoStart`` (the default) the queue starts on creation.
+  public func start() {
+    let started = core.withLock { core -> Bool in
+      guard core.loop == nil else { return false }
+      core.running = true
+      core.stopping = false
+      core.loop = Task { await self.runLoop() }
+      return true
+    }
+    if started {
+      log(.info, "queue started")
+      publishState()
+    }
+  }
+
+  /// Stops claiming new jobs on every worker of the store; running handlers finish.
+  ///
+  /// The flag is stored, so it survives restarts until ``resume()``.
+  public func pause() async throws {
+    try await store.setPaused(true, queue: identifier)
+    core.withLock { $0.paused = true }
+    log(.info, "queue paused")
+    publishState()
+  }
+
+  /// Clears the stored pause flag and wakes the queue.
+  public func resume() async throws {
+    try await store.setPaused(false, queue: identifier)
+    core.withLock { $0.paused = false }
+    log(.info, "queue resumed")
+    publishState()
+    wake.signal()
+  }
+
+  /// Stops the queue: no new claims, running handlers get `gracePeriod` to finish, then their tasks
+  /// are cancelled. Jobs claimed but not started are given back; a handler cancelled by the
+  /// shutdown has its job retried at once (the attempt counts). Returns when the queue has stopped.
+  ///
+  /// The grace period is measured in real time, whatever the configured clock.
+  public func shutdown(gracePeriod: Duration = .seconds(30)) async {
+    let loop = core.withLock { core -> Task<Void, Never>? in
+      core.stopping = true
+      return core.loop
+    }
+    wake.signal()
+    guard let loop else { return }
+    await withTaskGroup(of: Void.self) { group in
+      group.addTask { await loop.value }
+      group.addTask {
+        do {
+          try await Task.sleep(for: gracePeriod)
+          loop.cancel()
+        } catch {}
+      }
+      await group.next()
+      group.cancelAll()
+    }
+    await loop.value
+  }
+
+  /// What the queue is doing now.
+  public var state: JobQueueState { core.withLock { $0.state } }
+
+  /// How many jobs the queue holds, by status.
+  public func count() async throws -> JobCounts {
+    try await store.counts(queue: identifier, now: clock.now())
+  }
+
+  /// Lists the queue's jobs in ID order, a page at a time.
+  ///
+  /// - Parameters:
+  ///   - status: only jobs with this status; nil for all.
+  ///   - after: only jobs with a greater ID (pass the last ID of the previous page).
+  ///   - limit: the page size.
+  public func jobs(in status: JobStatus? = nil, after: JobID? = nil, limit: Int = 100) async throws
+    -> [JobRecord]
+  {
+    try await store.jobs(queue: identifier, status: status, after: after, limit: limit)
+  }
+
+  /// Decodes a listed job's item.
+  public func item(of record: JobRecord) throws -> Item {
+    try JSONDecoder().decode(Item.self, from: record.payload)
+  }
+
+  /// Deletes jobs whatever their status; returns how many existed. A running job's handler is not
+  /// interrupted, but its outcome is then ignored.
+  @discardableResult
+  public func remove(_ ids: [JobID]) async throws -> Int {
+    try await store.remove(ids, queue: identifier)
+  }
+
+  /// Deletes a job; returns whether it existed.
+  @discardableResult
+  public func remove(_ id: JobID) async throws -> Bool {
+    try await remove([id]) == 1
+  }
+
+  /// Deletes every pending and dead job (running ones finish and are deleted if handled); returns
+  /// how many were deleted.
+  @discardableResult
+  public func clear() async throws -> Int {
+    try await store.clear(queue: identifier, statuses: [.pending, .dead])
+  }
+
+  /// Makes dead jobs pending again with their attempts reset; nil re-queues every dead job.
+  @discardableResult
+  public func requeueDead(_ ids: [JobID]? = nil) async throws -> Int {
+    let count = try await store.requeueDead(ids, queue: identifier, now: clock.now())
+    if count > 0 {
+      core.withLock { core in
+        core.enqueueGeneration &+= 1
+        core.reportedFinished = false
+      }
+      wake.signal()
+    }
+    return count
+  }
+
+  /// Deletes dead jobs; returns how many.
+  @discardableResult
+  public func purgeDead() async throws -> Int {
+    try await store.clear(queue: identifier, statuses: [.dead])
+  }
+
+  /// Returns when the queue has no pending or running job left (dead jobs do not count).
+  ///
+  /// The queue must be started, or this waits until it is.
+  public func waitUntilFinished() async {
+    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+      let done = core.withLock { core -> Bool in
+        if core.reportedFinished { return true }
+        core.finishWaiters.append(continuation)
+        return false
+      }
+      if done { continuation.resume() } else { wake.signal() }
+    }
+  }
+
+  /// What happens in the queue, as it happens. Each access starts a new subscription that receives
+  /// events from then on; consume it, or let it go (events are buffered until read).
+  public var events: AsyncStream<JobQueueEvent> {
+    let (stream, continuation) = AsyncStream.makeStream(of: JobQueueEvent.self)
+    let token = UUID()
+    core.withLock { $0.subscribers[token] = continuation }
+    continuation.onTermination = { [weak self] _ in
+      _ = self?.core.withLock { $0.subscribers.removeValue(forKey: token) }
+    }
+    return stream
+  }
+
+  // MARK: The worker loop
+
+  private func runLoop() async {
+    var timing = LoopTiming(now: clock.now(), leaseDuration: configuration.leaseDuration)
+    var failures = 0
+    await withTaskGroup(of: Void.self) { group in
+      while !Task.isCancelled {
+        let hasHandler = handler != nil || core.withLock { $0.delegate?.isAlive() == true }
+        guard let step = core.withLock({ $0.takeStep(configuration: configuration) }) else { break }
+        let now = clock.now()
+        do {
+          try await maintainLeases(timing: &timing, now: now)
+          let canClaim = !step.stop && !step.paused && hasHandler && step.buffered == 0
+          let limit = canClaim ? step.freeSlots + configuration.prefetch : 0
+          var claimedAny = false
+          var paused = step.paused
+          if !step.settlements.isEmpty || limit > 0 {
+            let batch = try await settleAndClaim(step.settlements, limit: limit, now: now)
+            claimedAny = !batch.claimed.isEmpty
+            paused = batch.paused
+            if batch.paused != step.paused {
+              core.withLock { $0.paused = batch.paused }
+              publishState()
+            }
+          }
+          failures = 0
+          startHandlers(in: &group)
+          let (idle, free) = core.withLock { core in
+            (
+              core.inFlight.isEmpty && core.buffer.isEmpty && core.settlements.isEmpty,
+              core.freeSlots(configuration)
+            )
+          }
+          if claimedAny && free > 0 && !step.stop { continue }  // more may be ready: claim again
+          var deadline = timing.nextMaintenance(holding: !idle)
+          if idle && !step.stop {
+            if !paused && hasHandler { try await reportFinishedIfEmpty(generation: step.generation) }
+            if let next = try await store.nextWakeDate(queue: identifier) { deadline = min(deadline, next) }
+            deadline = min(deadline, now.adding(configuration.pollInterval))
+          }
+          await wake.wait(until: deadline)
+        } catch {
+          failures += 1
+          let backoff = Duration.milliseconds(min(5_000, 50 << min(failures, 7)))
+          log(.warning, "store error, retrying in \(backoff): \(error)", ["failures": String(failures)])
+          await wake.wait(until: clock.now().adding(backoff))
+        }
+      }
+      // Cancelled after the grace period: handlers were cancelled with the loop; wait for them.
+      await group.waitForAll()
+    }
+    await finalFlush()
+    wake.disarm()
+    core.withLock { core in
+      core.loop = nil
+      core.running = false
+    }
+    log(.info, "queue stopped")
+    publishState()
+  }
+
+  /// Heartbeats held jobs and rescues expired leases when their times come.
+  private func maintainLeases(timing: inout LoopTiming, now: Date) async throws {
+    if now >= timing.nextRescue {
+      let rescued = try await store.rescueExpiredLeases(queue: identifier, now: now)
+      if rescued > 0 { log(.warning, "handed out \(rescued) job(s) whose worker stopped heart-beating") }
+      timing.nextRescue = now.adding(configuration.leaseDuration / 2)
+    }
+    if now >= timing.nextHeartbeat {
+      timing.nextHeartbeat = now.adding(configuration.leaseDuration / 3)
+      let held = core.withLock { Array($0.inFlight) + $0.buffer.map(\.id) }
+      guard !held.isEmpty else { return }
+      let lease = Lease(owner: owner, expiresAt: now.adding(configuration.leaseDuration))
+      let kept = Set(try await store.heartbeat(held, queue: identifier, lease: lease))
+      for id in held where !kept.contains(id) {
+        log(.warning, "lost the lease on a job; another worker may run it", ["job": id.description])
+      }
+    }
+  }
+
+  private func settleAndClaim(_ pending: [PendingSettlement], limit: Int, now: Date) async throws
+    -> ClaimBatch
+  {
+    let lease = Lease(owner: owner, expiresAt: now.adding(configuration.leaseDuration))
+    let batch: ClaimBatch
+    do {
+      batch = try await store.settleAndClaim(
+        pending.map(\.settlement), queue: identifier, limit: limit, lease: lease, now: now)
+    } catch {
+      core.withLock { $0.settlements.insert(contentsOf: pending, at: 0) }
+      throw error
+    }
+    let stale = Set(batch.staleSettlements)
+    let subscribers = core.withLock { core in
+      core.buffer.append(contentsOf: batch.claimed)
+      if !batch.claimed.isEmpty { core.reportedFinished = false }
+      return Array(core.subscribers.values)
+    }
+    for item in pending {
+      if stale.contains(item.settlement.id) {
+        log(
+          .warning, "a job's outcome was not recorded: it was removed or its lease passed to another worker",
+          ["job": item.settlement.id.description])
+        continue
+      }
+      if let event = item.event { for subscriber in subscribers { subscriber.yield(event) } }
+    }
+    return batch
+  }
+
+  private func startHandlers(in group: inout TaskGroup<Void>) {
+    let jobs = core.withLock { core -> [JobRecord] in
+      let free = core.freeSlots(configuration)
+      guard free > 0, !core.stopping else { return [] }
+      let taken = Array(core.buffer.prefix(free))
+      core.buffer.removeFirst(taken.count)
+      for job in taken { core.inFlight.insert(job.id) }
+      return taken
+    }
+    guard !jobs.isEmpty else { return }
+    publishState()
+    for job in jobs {
+      group.addTask { await self.process(job) }
+    }
+  }
+
+  private func process(_ record: JobRecord) async {
+    emit(.started(record.id, attempt: record.attempts))
+    let context = JobContext(
+      id: record.id, queue: identifier, attempts: record.attempts, createdAt: record.createdAt,
+      lastError: record.lastError)
+    let outcome: Outcome
+    do {
+      let item = try JSONDecoder().decode(Item.self, from: record.payload)
+      outcome = .result(try await handle(item, context))
+    } catch let error as DecodingError {
+      outcome = .undecodable(String(describing: error))
+    } catch {
+      outcome = .thrown(error)
+    }
+    let pending = settlement(for: record, outcome: outcome)
+    core.withLock { core in
+      core.inFlight.remove(record.id)
+      core.settlements.append(pending)
+    }
+    publishState()
+    wake.signal()
+  }
+
+  private func handle(_ item: Item, _ context: JobContext) async throws -> JobResult {
+    if let handler { return try await handler(item, context) }
+    guard let delegate = core.withLock({ $0.delegate?.handle }) else {
+      return .retry(after: .zero, reason: "the queue's delegate was released")
+    }
+    return await delegate(self, item, context.attempts)
+  }
+
+  private enum Outcome {
+    case result(JobResult)
+    case thrown(any Error)
+    case undecodable(String)
+  }
+
+  private func settlement(for record: JobRecord, outcome: Outcome) -> PendingSettlement {
+    let now = clock.now()
+    func done(_ action: JobSettlement.Action, _ event: JobQueueEvent) -> PendingSettlement {
+      PendingSettlement(settlement: JobSettlement(id: record.id, owner: owner, action: action), event: event)
+    }
+    func retry(after delay: Duration?, reason: String?) -> PendingSettlement {
+      if let max = configuration.maxAttempts, record.attempts >= max {
+        let why = "gave up after \(record.attempts) attempt(s)" + (reason.map { ": \($0)" } ?? "")
+        log(.error, "job is dead", ["job": record.id.description, "reason": why])
+        return done(.kill(error: why), .died(record.id, reason: why))
+      }
+      let date = now.adding(delay ?? configuration.retryPolicy.delay(afterAttempt: record.attempts))
+      log(.info, "job will be retried", ["job": record.id.description, "attempt": String(record.attempts)])
+      return done(.retry(at: date, error: reason), .retryScheduled(record.id, at: date, error: reason))
+    }
+    switch outcome {
+    case .undecodable(let message):
+      let why = "undecodable payload (did the item type change?): \(message)"
+      log(.error, "job is dead", ["job": record.id.description, "reason": "undecodable payload"])
+      return done(.kill(error: why), .died(record.id, reason: why))
+    case .thrown(let error):
+      if Task.isCancelled && core.withLock({ $0.stopping }) {
+        return done(
+          .retry(at: now, error: "interrupted by shutdown"),
+          .retryScheduled(record.id, at: now, error: "interrupted by shutdown"))
+      }
+      return retry(after: nil, reason: String(describing: error))
+    case .result(let result):
+      switch result.kind {
+      case .handled:
+        return done(.complete, .succeeded(record.id))
+      case .retry(let delay, let reason):
+        return retry(after: delay, reason: reason ?? "handler asked to retry")
+      case .discard(let reason):
+        log(.warning, "job discarded", ["job": record.id.description])
+        return done(.kill(error: reason), .died(record.id, reason: reason))
+      }
+    }
+  }
+
+  /// Marks the queue finished when the store holds no pending or running job, unless a job was
+  /// added since `generation` was read.
+  private func reportFinishedIfEmpty(generation: UInt64) async throws {
+    guard !core.withLock({ $0.reportedFinished }) else { return }
+    let counts = try await store.counts(queue: identifier, now: clock.now())
+    guard counts.unfinished == 0 else { return }
+    let notify = core.withLock { core -> FinishNotification? in
+      guard core.enqueueGeneration == generation, !core.reportedFinished else { return nil }
+      core.reportedFinished = true
+      defer { core.finishWaiters = [] }
+      return FinishNotification(
+        waiters: core.finishWaiters, subscribers: Array(core.subscribers.values), delegate: core.delegate)
+    }
+    guard let notify else { return }
+    log(.debug, "queue finished")
+    for subscriber in notify.subscribers { subscriber.yield(.finished) }
+    notify.delegate?.finished(self)
+    for waiter in notify.waiters { waiter.resume() }
+  }
+
+  /// Records outstanding outcomes and gives back claimed jobs that never started.
+  private func finalFlush() async {
+    let (pending, buffered) = core.withLock { core in
+      defer {
+        core.settlements = []
+        core.buffer = []
+      }
+      return (core.settlements, core.buffer)
+    }
+    let owner = self.owner
+    let releases = buffered.map {
+      PendingSettlement(settlement: JobSettlement(id: $0.id, owner: owner, action: .release), event: nil)
+    }
+    guard !(pending + releases).isEmpty else { return }
+    let store = self.store
+    let identifier = self.identifier
+    let now = clock.now()
+    let lease = Lease(owner: owner, expiresAt: now)
+    // An unstructured task: the loop may be cancelled, the flush must still run.
+    let flush = Task {
+      try await store.settleAndClaim(
+        (pending + releases).map(\.settlement), queue: identifier, limit: 0, lease: lease, now: now)
+    }
+    do {
+      _ = try await flush.value
+      let subscribers = core.withLock { Array($0.subscribers.values) }
+      for item in pending { if let event = item.event { for s in subscribers { s.yield(event) } } }
+    } catch {
+      log(
+        .error, "could not record outcomes at shutdown; the jobs will run again after their lease: \(error)")
+    }
+  }
+
+  // MARK: Events, state, logging
+
+  private func emit(_ event: JobQueueEvent) {
+    let subscribers = core.withLock { Array($0.subscribers.values) }
+    for subscriber in subscribers { subscriber.yield(event) }
+  }
+
+  private func publishState() {
+    let (changed, subscribers) = core.withLock {
+      core -> (JobQueueState?, [AsyncStream<JobQueueEvent>.Continuation]) in
+      let state = core.computedState
+      guard state != core.state else { return (nil, []) }
+      core.state = state
+      return (state, Array(core.subscribers.values))
+    }
+    if let changed { for subscriber in subscribers { subscriber.yield(.stateChanged(changed)) } }
+  }
+
+  private func log(_ level: LogRecord.Level, _ message: String, _ metadata: [String: String] = [:]) {
+    guard let sink = configuration.log else { return }
+    var fields = metadata
+    fields["queue"] = identifier
+    sink(LogRecord(level: level, message: message, metadata: fields))
+  }
+
+  private static func makeOwnerID() -> String {
+    let host = ProcessInfo.processInfo.hostName
+    let pid = ProcessInfo.processInfo.processIdentifier
+    return "\(host):\(pid):\(UUID().uuidString.prefix(8))"
+  }
+}
+
+// MARK: - Internal state
+
+extension JobQueue {
+  fileprivate struct PendingSettlement: Sendable {
+    var settlement: JobSettlement
+    var event: JobQueueEvent?
+  }
+
+  /// What the loop needs for one turn, taken under the lock.
+  fileprivate struct Step {
+    var stop: Bool
+    var paused: Bool
+    var buffered: Int
+    var freeSlots: Int
+    var settlements: [PendingSettlement]
+    var generation: UInt64
+  }
+
+  fileprivate struct FinishNotification {
+    var waiters: [CheckedContinuation<Void, Never>]
+    var subscribers: [AsyncStream<JobQueueEvent>.Continuation]
+    var delegate: DelegateBox?
+  }
+
+  fileprivate struct LoopTiming {
+    var nextRescue: Date
+    var nextHeartbeat: Date
+
+    init(now: Date, leaseDuration: Duration) {
+      nextRescue = now
+      nextHeartbeat = now.adding(leaseDuration / 3)
+    }
+
+    func nextMaintenance(holding: Bool) -> Date {
+      holding ? min(nextRescue, nextHeartbeat) : nextRescue
+    }
+  }
+
+  /// The delegate, held weakly, with its calls bound to the concrete type.
+  fileprivate final class DelegateBox: Sendable {
+    let handle: @Sendable (JobQueue<Item>, Item, Int) async -> JobResult
+    let finished: @Sendable (JobQueue<Item>) -> Void
+    let isAlive: @Sendable () -> Bool
+
+    init<Delegate: JobQueueDelegate>(_ delegate: Delegate) where Delegate.Item == Item {
+      handle = { [weak delegate] queue, item, attempts in
+        guard let delegate else { return .retry(after: .zero, reason: "the queue's delegate was released") }
+        return await withCheckedContinuation { continuation in
+          let once = Mutex(false)
+          delegate.queue(queue, handle: item, attempts: attempts) { result in
+            let first = once.withLock { fired -> Bool in
+              defer { fired = true }
+              return !fired
+            }
+            if first { continuation.resume(returning: result) }
+          }
+        }
+      }
+      finished = { [weak delegate] queue in delegate?.queueFinished(queue) }
+      isAlive = { [weak delegate] in delegate != nil }
+    }
+  }
+
+  fileprivate struct Core: Sendable {
+    var loop: Task<Void, Never>?
+    var running = false
+    var stopping = false
+    var paused = false
+    var state = JobQueueState.stopped
+    var inFlight: Set<JobID> = []
+    var buffer: [JobRecord] = []
+    var settlements: [PendingSettlement] = []
+    var subscribers: [UUID: AsyncStream<JobQueueEvent>.Continuation] = [:]
+    var finishWaiters: [CheckedContinuation<Void, Never>] = []
+    var reportedFinished = false
+    var enqueueGeneration: UInt64 = 0
+    var delegate: DelegateBox?
+
+    var computedState: JobQueueState {
+      if !running { return .stopped }
+      if paused { return .paused }
+      return inFlight.isEmpty ? .idle : .running
+    }
+
+    func freeSlots(_ configuration: JobQueueConfiguration) -> Int {
+      max(0, configuration.concurrency - inFlight.count)
+    }
+
+    /// Takes what the loop needs for one turn; nil when the loop should end (stopping with no
+    /// handler running). Outcomes are held back while claimed jobs wait in the prefetch buffer, so
+    /// they are recorded together with the next claim.
+    mutating func takeStep(configuration: JobQueueConfiguration) -> Step? {
+      if stopping && inFlight.isEmpty { return nil }
+      let flush = buffer.isEmpty || stopping || settlements.count >= max(1, configuration.prefetch)
+      defer { if flush { settlements = [] } }
+      return Step(
+        stop: stopping, paused: paused, buffered: buffer.count, freeSlots: freeSlots(configuration),
+        settlements: flush ? settlements : [], generation: enqueueGeneration)
+    }
+  }
+}
+
+/// Handles a queue's jobs through callbacks: the seed library's delegate shape.
+///
+/// ```swift
+/// final class Uploader: JobQueueDelegate {
+///   func queue(_ queue: JobQueue<Upload>, handle item: Upload, attempts: Int,
+///              completion: @escaping @Sendable (JobResult) -> Void) {
+///     upload(item) { ok in completion(ok ? .handled : .retry) }
+///   }
+///   func queueFinished(_ queue: JobQueue<Upload>) { print("all uploaded") }
+/// }
+/// ```
+public protocol JobQueueDelegate<Item>: AnyObject, Sendable {
+  /// The queue's item type.
+  associatedtype Item: Queueable
+
+  /// Handles one job; call `completion` exactly once (later calls are ignored). `attempts` is 1
+  /// the first time.
+  func queue(
+    _ queue: JobQueue<Item>, handle item: Item, attempts: Int,
+    completion: @escaping @Sendable (JobResult) -> Void)
+
+  /// Called when no pending or running job is left.
+  func queueFinished(_ queue: JobQueue<Item>)
+}
+
+extension JobQueueDelegate {
+  /// Does nothing.
+  public func queueFinished(_ queue: JobQueue<Item>) {}
+}

@@ -1,0 +1,176 @@
+import Foundation
+
+/// How a ``JobQueue`` behaves: a `Sendable` struct of settings with defaults.
+///
+/// ```swift
+/// var configuration = JobQueueConfiguration(identifier: "api-requests")
+/// configuration.concurrency = 4
+/// configuration.retryPolicy = .exponential(initial: .seconds(2), maximum: .seconds(120))
+/// configuration.maxAttempts = 8
+/// ```
+public struct JobQueueConfiguration: Sendable {
+  /// The queue's name in its store: 1–128 characters of `A-Z a-z 0-9 . _ -`.
+  public var identifier: String
+  /// The delay before a failed job runs again. Default: 15 seconds, fixed.
+  public var retryPolicy: RetryPolicy
+  /// Attempts after which a failing job is dead (kept, inspectable, re-queueable). Nil: unlimited.
+  public var maxAttempts: Int?
+  /// Jobs handled at once by this queue instance. 1 (the default) keeps FIFO order.
+  public var concurrency: Int
+  /// Extra ready jobs claimed in the same store transaction beyond the free handler slots, held
+  /// under this worker's lease until a slot frees. 0 (the default) claims only what can run now,
+  /// which shares work fairly between workers; a larger value trades fairness for fewer
+  /// transactions.
+  public var prefetch: Int
+  /// Whether the queue starts working as soon as it is created. Default true; false waits for
+  /// ``JobQueue/start()``.
+  public var autoStart: Bool
+  /// On iOS, tvOS and visionOS, ask the system for background time while jobs are running.
+  /// Elsewhere this has no effect. Default true.
+  public var canRunInBackground: Bool
+  /// How long a claimed job stays with this worker without a heartbeat. The queue heartbeats every
+  /// third of it while a handler runs; a job whose worker died is handed out again after it.
+  /// Default 60 seconds.
+  public var leaseDuration: Duration
+  /// How often an idle worker looks for jobs that other processes added. Jobs added through this
+  /// queue instance wake it at once. Default 1 second.
+  public var pollInterval: Duration
+  /// The time source. Default: ``SystemJobClock``.
+  public var clock: any JobClock
+  /// Receives the queue's log records. Payloads are never logged. Default: nil (silent).
+  public var log: (@Sendable (LogRecord) -> Void)?
+
+  /// Creates a configuration with the defaults above.
+  public init(
+    identifier: String, retryPolicy: RetryPolicy = .fixed(.seconds(15)), maxAttempts: Int? = nil,
+    concurrency: Int = 1, prefetch: Int = 0, autoStart: Bool = true, canRunInBackground: Bool = true,
+    leaseDuration: Duration = .seconds(60), pollInterval: Duration = .seconds(1),
+    clock: any JobClock = SystemJobClock(), log: (@Sendable (LogRecord) -> Void)? = nil
+  ) {
+    self.identifier = identifier
+    self.retryPolicy = retryPolicy
+    self.maxAttempts = maxAttempts
+    self.concurrency = concurrency
+    self.prefetch = prefetch
+    self.autoStart = autoStart
+    self.canRunInBackground = canRunInBackground
+    self.leaseDuration = leaseDuration
+    self.pollInterval = pollInterval
+    self.clock = clock
+    self.log = log
+  }
+
+  /// Checks every setting; throws ``JobQueueError`` naming the first bad one and how to fix it.
+  public func validate() throws(JobQueueError) {
+    try Self.validate(identifier: identifier)
+    if let maxAttempts, maxAttempts < 1 {
+      throw .invalidConfiguration("maxAttempts must be at least 1 (or nil for unlimited), got \(maxAttempts)")
+    }
+    if concurrency < 1 || concurrency > 10_000 {
+      throw .invalidConfiguration("concurrency must be between 1 and 10000, got \(concurrency)")
+    }
+    if prefetch < 0 || prefetch > 10_000 {
+      throw .invalidConfiguration("prefetch must be between 0 and 10000, got \(prefetch)")
+    }
+    if leaseDuration < .milliseconds(30) {
+      throw .invalidConfiguration("leaseDuration must be at least 30 ms, got \(leaseDuration)")
+    }
+    if pollInterval <= .zero {
+      throw .invalidConfiguration("pollInterval must be positive, got \(pollInterval)")
+    }
+  }
+
+  /// Checks a queue identifier: 1–128 characters of `A-Z a-z 0-9 . _ -`.
+  public static func validate(identifier: String) throws(JobQueueError) {
+    let allowed = identifier.utf8.allSatisfy { byte in
+      (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A)
+        || byte == 0x2E || byte == 0x5F || byte == 0x2D
+    }
+    guard !identifier.isEmpty, identifier.utf8.count <= 128, allowed else {
+      throw .invalidIdentifier(identifier)
+    }
+  }
+}
+
+/// Errors a ``JobQueue`` reports before touching the store.
+public enum JobQueueError: Error, Hashable, CustomStringConvertible {
+  /// The identifier is empty, longer than 128 characters, or has a character outside
+  /// `A-Z a-z 0-9 . _ -`.
+  case invalidIdentifier(String)
+  /// A configuration value is out of range; the text names it.
+  case invalidConfiguration(String)
+  /// The item could not be encoded as JSON; nothing was stored.
+  case encodingFailed(String)
+
+  /// Says what is wrong and what to do.
+  public var description: String {
+    switch self {
+    case .invalidIdentifier(let identifier):
+      "invalid queue identifier \"\(identifier)\": use 1 to 128 characters from A-Z, a-z, 0-9, '.', '_' and '-'"
+    case .invalidConfiguration(let message): "invalid queue configuration: \(message)"
+    case .encodingFailed(let message): "could not encode the item as JSON (nothing was stored): \(message)"
+    }
+  }
+}
+
+/// One log message from a queue.
+public struct LogRecord: Sendable, Hashable {
+  /// How much the message matters.
+  public enum Level: Int, Sendable, Hashable, Comparable {
+    /// Step-by-step detail.
+    case debug
+    /// Normal events worth keeping.
+    case info
+    /// Something went wrong and was handled (a lost lease, a retried store error).
+    case warning
+    /// Something went wrong that needs a person.
+    case error
+
+    /// Orders by severity.
+    public static func < (lhs: Level, rhs: Level) -> Bool { lhs.rawValue < rhs.rawValue }
+  }
+
+  /// The severity.
+  public var level: Level
+  /// The message; never contains payloads.
+  public var message: String
+  /// Structured fields such as `queue` and `job`.
+  public var metadata: [String: String]
+
+  /// Creates a record.
+  public init(level: Level, message: String, metadata: [String: String] = [:]) {
+    self.level = level
+    self.message = message
+    self.metadata = metadata
+  }
+}
+
+/// What a queue is doing.
+public enum JobQueueState: String, Sendable, Hashable, Codable {
+  /// Not started, or shut down.
+  case stopped
+  /// Started, with no handler running.
+  case idle
+  /// At least one handler is running.
+  case running
+  /// Paused: no new job is claimed (by any worker on the store); running handlers finish.
+  case paused
+}
+
+/// Something that happened in a queue, as reported by ``JobQueue/events``.
+public enum JobQueueEvent: Sendable, Hashable {
+  /// A job was committed (not reported for an item deduplicated onto an existing job).
+  case enqueued(JobID)
+  /// A handler started on a job; `attempt` is 1 the first time.
+  case started(JobID, attempt: Int)
+  /// A job was handled and deleted.
+  case succeeded(JobID)
+  /// A job will run again at the date; `error` is the recorded reason.
+  case retryScheduled(JobID, at: Date, error: String?)
+  /// A job is dead: attempts exhausted, discarded, or undecodable.
+  case died(JobID, reason: String)
+  /// No pending or running job is left in the queue.
+  case finished
+  /// The queue's ``JobQueueState`` changed.
+  case stateChanged(JobQueueState)
+}

@@ -1,0 +1,100 @@
+import Conveyor
+import Foundation
+import Synchronization
+
+/// A condition that did not come true in time.
+public struct TimedOut: Error, CustomStringConvertible {
+  /// What was awaited.
+  public var description: String
+}
+
+/// Polls `condition` every few milliseconds until it holds, or throws after `timeout` (real time).
+public func eventually(
+  _ what: String, timeout: Duration = .seconds(10), _ condition: @Sendable () async throws -> Bool
+) async throws {
+  let deadline = ContinuousClock.now + timeout
+  while ContinuousClock.now < deadline {
+    if try await condition() { return }
+    try await Task.sleep(for: .milliseconds(2))
+  }
+  throw TimedOut(description: "timed out waiting for: \(what)")
+}
+
+/// Records a queue's events as they happen, for tests to wait on.
+public final class EventRecorder: Sendable {
+  private let recorded = Log<JobQueueEvent>()
+  private let task: Task<Void, Never>
+
+  /// Starts recording `events`.
+  public init(_ events: AsyncStream<JobQueueEvent>) {
+    let recorded = self.recorded
+    task = Task {
+      for await event in events { recorded.append(event) }
+    }
+  }
+
+  deinit { task.cancel() }
+
+  /// Every event so far.
+  public var events: [JobQueueEvent] { recorded.all }
+
+  /// Waits until the events satisfy `condition`.
+  public func wait(
+    for what: String, timeout: Duration = .seconds(10),
+    _ condition: @escaping @Sendable ([JobQueueEvent]) -> Bool
+  ) async throws {
+    try await eventually(what, timeout: timeout) { condition(self.events) }
+  }
+
+  /// How many events match.
+  public func count(where predicate: (JobQueueEvent) -> Bool) -> Int {
+    events.filter(predicate).count
+  }
+}
+
+/// A thread-safe list, for handlers to record what they saw.
+public final class Log<Element: Sendable>: Sendable {
+  private let items = Mutex<[Element]>([])
+
+  /// Creates an empty log.
+  public init() {}
+
+  /// Appends an element.
+  public func append(_ element: Element) { items.withLock { $0.append(element) } }
+
+  /// Everything appended so far.
+  public var all: [Element] { items.withLock { $0 } }
+
+  /// How many elements.
+  public var count: Int { items.withLock { $0.count } }
+}
+
+/// A gate handlers wait on until a test opens it.
+public final class Gate: Sendable {
+  private let state = Mutex<(open: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
+
+  /// Creates a closed gate.
+  public init() {}
+
+  /// Suspends until the gate is open.
+  public func wait() async {
+    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+      let open = state.withLock { state -> Bool in
+        if state.open { return true }
+        state.waiters.append(continuation)
+        return false
+      }
+      if open { continuation.resume() }
+    }
+  }
+
+  /// Opens the gate for every waiter, now and later.
+  public func open() {
+    let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+      state.open = true
+      defer { state.waiters = [] }
+      return state.waiters
+    }
+    for waiter in waiters { waiter.resume() }
+  }
+}

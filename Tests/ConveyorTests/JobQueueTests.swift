@@ -1,0 +1,513 @@
+import Conveyor
+import ConveyorTestSupport
+import Foundation
+import Synchronization
+import Testing
+
+struct Request: Queueable, Hashable {
+  var name: String
+  var key: String? = nil
+  var deduplicationKey: String? { key }
+}
+
+/// The seed library's delegate, answering `.retry` the first time it sees "retry-once".
+final class SeedDelegate: JobQueueDelegate {
+  let handled = Log<String>()
+  let attemptsSeen = Log<String>()
+  let finishedCount = Mutex(0)
+
+  func queue(
+    _ queue: JobQueue<Request>, handle item: Request, attempts: Int,
+    completion: @escaping @Sendable (JobResult) -> Void
+  ) {
+    attemptsSeen.append("\(item.name)#\(attempts)")
+    DispatchQueue.global().async {
+      if item.name == "retry-once" && attempts == 1 {
+        completion(.retry)
+      } else {
+        self.handled.append(item.name)
+        completion(.handled)
+        completion(.retry)  // a second call is ignored
+      }
+    }
+  }
+
+  func queueFinished(_ queue: JobQueue<Request>) {
+    finishedCount.withLock { $0 += 1 }
+  }
+}
+
+@Suite("JobQueue")
+struct JobQueueTests {
+  let clock = ManualJobClock()
+
+  func configuration(
+    _ identifier: String = "jobs", concurrency: Int = 1, autoStart: Bool = true,
+    retry: RetryPolicy = .fixed(.seconds(15)), maxAttempts: Int? = nil, lease: Duration = .seconds(60)
+  ) -> JobQueueConfiguration {
+    JobQueueConfiguration(
+      identifier: identifier, retryPolicy: retry, maxAttempts: maxAttempts, concurrency: concurrency,
+      autoStart: autoStart, leaseDuration: lease, clock: clock)
+  }
+
+  @Test("the seed scenario: api-requests, start, retry after 30 s, pause, resume, finished")
+  func seedScenario() async throws {
+    let store = InMemoryJobStore()
+    let delegate = SeedDelegate()
+    let queue = try JobQueue<Request>(
+      configuration: configuration("api-requests", autoStart: false, retry: .fixed(.seconds(30))),
+      store: store, delegate: delegate)
+    let events = EventRecorder(queue.events)
+    #expect(queue.state == .stopped)
+    for name in ["first", "retry-once", "third"] { try await queue.add(Request(name: name)) }
+    try await Task.sleep(for: .milliseconds(20))
+    #expect(delegate.handled.all.isEmpty, "nothing runs before start()")
+
+    queue.start()
+    try await eventually("first and third handled") { delegate.handled.all == ["first", "third"] }
+    #expect(delegate.attemptsSeen.all == ["first#1", "retry-once#1", "third#1"], "handled in order")
+    try await eventually("idle while the retry waits") { queue.state == .idle }
+    #expect(try await queue.count() == JobCounts(scheduled: 1))
+
+    clock.advance(by: .seconds(29))
+    try await Task.sleep(for: .milliseconds(30))
+    #expect(delegate.handled.count == 2, "not before the 30 s interval")
+
+    try await queue.pause()
+    #expect(queue.state == .paused)
+    clock.advance(by: .seconds(2))
+    try await Task.sleep(for: .milliseconds(50))
+    #expect(delegate.handled.count == 2, "a paused queue runs no retries")
+    #expect(try await store.isPaused(queue: "api-requests"), "the pause is stored")
+
+    try await queue.resume()
+    try await eventually("retried item handled") { delegate.handled.all == ["first", "third", "retry-once"] }
+    #expect(delegate.attemptsSeen.all.last == "retry-once#2", "attempt count raised")
+    try await eventually("queueFinished") { delegate.finishedCount.withLock { $0 } >= 1 }
+    #expect(try await queue.count().total == 0)
+    #expect(events.events.contains(.stateChanged(.running)))
+    #expect(events.events.contains(.stateChanged(.paused)))
+    #expect(events.events.contains(.finished))
+    await queue.shutdown()
+    #expect(queue.state == .stopped)
+  }
+
+  @Test("start() starts an idle queue that was created stopped")
+  func startStartsIdleQueue() async throws {
+    let handled = Log<String>()
+    let queue = try JobQueue<Request>(
+      configuration: configuration(autoStart: false), store: InMemoryJobStore()
+    ) {
+      item, _ in
+      handled.append(item.name)
+      return .handled
+    }
+    queue.start()
+    try await eventually("idle") { queue.state == .idle }
+    try await queue.add(Request(name: "a"))
+    try await eventually("handled") { handled.all == ["a"] }
+    await queue.waitUntilFinished()
+    await queue.shutdown()
+  }
+
+  @Test("a job waiting for its retry never blocks a ready one")
+  func retryDoesNotBlock() async throws {
+    let handled = Log<String>()
+    let queue = try JobQueue<Request>(configuration: configuration(), store: InMemoryJobStore()) {
+      item, ctx in
+      if item.name == "flaky" && ctx.attempts == 1 { return .retry }
+      handled.append(item.name)
+      return .handled
+    }
+    try await queue.add(Request(name: "flaky"))
+    for index in 0..<5 { try await queue.add(Request(name: "ready-\(index)")) }
+    try await eventually("all ready handled") { handled.count == 5 }
+    #expect(handled.all == (0..<5).map { "ready-\($0)" })
+    clock.advance(by: .seconds(15))
+    try await eventually("flaky handled after its interval") { handled.all.last == "flaky" }
+    await queue.shutdown()
+  }
+
+  @Test("thrown errors retry by policy and are recorded; maxAttempts makes the job dead")
+  func thrownErrorsAndDeadJobs() async throws {
+    struct Boom: Error, CustomStringConvertible { var description: String { "boom" } }
+    let attempts = Log<Int>()
+    let queue = try JobQueue<Request>(
+      configuration: configuration(retry: .fixed(.seconds(10)), maxAttempts: 3), store: InMemoryJobStore()
+    ) { _, ctx in
+      attempts.append(ctx.attempts)
+      throw Boom()
+    }
+    let events = EventRecorder(queue.events)
+    let id = try await queue.add(Request(name: "doomed"))
+    try await eventually("first attempt") { attempts.count == 1 }
+    try await events.wait(for: "retry scheduled") {
+      $0.contains { if case .retryScheduled = $0 { true } else { false } }
+    }
+    let pending = try await queue.jobs(in: .pending)
+    #expect(pending.first?.lastError == "boom", "the error is recorded")
+    #expect(pending.first?.runAt == clock.now().addingTimeInterval(10), "retry after the fixed interval")
+    clock.advance(by: .seconds(10))
+    try await eventually("second attempt") { attempts.count == 2 }
+    try await eventually("second retry recorded") { try await queue.count().scheduled == 1 }
+    clock.advance(by: .seconds(10))
+    try await events.wait(for: "died") { $0.contains { if case .died(id, _) = $0 { true } else { false } } }
+    #expect(attempts.all == [1, 2, 3])
+    let dead = try await queue.jobs(in: .dead)
+    #expect(dead.map(\.id) == [id])
+    #expect(dead.first?.lastError?.contains("gave up after 3 attempt(s): boom") == true)
+    #expect(try queue.item(of: dead[0]) == Request(name: "doomed"), "a dead job keeps its item")
+
+    #expect(try await queue.requeueDead() == 1)
+    try await eventually("re-queued job runs again") { attempts.count == 4 }
+    #expect(attempts.all.last == 1, "attempts reset by re-queueing")
+    clock.advance(by: .seconds(10))
+    try await eventually("second attempt after requeue") { attempts.count == 5 }
+    clock.advance(by: .seconds(10))
+    try await eventually("dead again") { try await queue.count().dead == 1 }
+    #expect(try await queue.purgeDead() == 1)
+    #expect(try await queue.count().total == 0)
+    await queue.shutdown()
+  }
+
+  @Test("retry(after:) overrides the policy; discard makes the job dead with its reason")
+  func resultOverrides() async throws {
+    let seen = Log<String>()
+    let queue = try JobQueue<Request>(
+      configuration: configuration(retry: .fixed(.seconds(1000))), store: InMemoryJobStore()
+    ) {
+      item, ctx in
+      seen.append("\(item.name)#\(ctx.attempts)")
+      switch item.name {
+      case "later": return ctx.attempts == 1 ? .retry(after: .seconds(5), reason: "busy") : .handled
+      default: return .discard(reason: "not wanted")
+      }
+    }
+    try await queue.add(Request(name: "later"))
+    try await queue.add(Request(name: "drop"))
+    try await eventually("both tried") { seen.count == 2 }
+    try await eventually("drop is dead") { try await queue.count().dead == 1 }
+    #expect(try await queue.jobs(in: .dead).first?.lastError == "not wanted")
+    #expect(try await queue.jobs(in: .pending).first?.lastError == "busy")
+    clock.advance(by: .seconds(5))
+    try await eventually("later handled after 5 s, not 1000 s") { seen.all.contains("later#2") }
+    await queue.shutdown()
+  }
+
+  @Test("retry policies: fixed, exponential with cap and deterministic jitter, custom")
+  func retryPolicies() {
+    #expect(RetryPolicy.fixed(.seconds(30)).delay(afterAttempt: 7) == .seconds(30))
+    let noJitter = RetryPolicy.exponential(
+      initial: .seconds(1), multiplier: 2, maximum: .seconds(10), jitter: 0)
+    #expect((1...6).map { noJitter.delay(afterAttempt: $0) } == [1, 2, 4, 8, 10, 10].map { .seconds($0) })
+    let halfJitter = RetryPolicy.exponential(
+      initial: .seconds(4), multiplier: 3, maximum: .seconds(100), jitter: 0.5, random: { 0.5 })
+    #expect(halfJitter.delay(afterAttempt: 1) == .seconds(3), "4 s shortened by 0.5 × 0.5")
+    #expect(halfJitter.delay(afterAttempt: 2) == .seconds(9), "12 s shortened by a quarter")
+    #expect(halfJitter.delay(afterAttempt: 9) == .seconds(75), "capped at 100 s, then jittered")
+    let custom = RetryPolicy.custom { .seconds($0 * 10) }
+    #expect(custom.delay(afterAttempt: 3) == .seconds(30))
+  }
+
+  @Test("configuration is validated with errors that say what to do")
+  func validation() throws {
+    for bad in ["", "has space", "slash/name", String(repeating: "x", count: 129), "émoji"] {
+      #expect(throws: JobQueueError.invalidIdentifier(bad)) {
+        try JobQueue<Request>(configuration: .init(identifier: bad), store: InMemoryJobStore()) { _, _ in
+          .handled
+        }
+      }
+    }
+    #expect(JobQueueError.invalidIdentifier("a b").description.contains("A-Z, a-z, 0-9"))
+    var config = JobQueueConfiguration(identifier: "ok.name_1-2")
+    try config.validate()
+    config.concurrency = 0
+    #expect(throws: JobQueueError.self) { try config.validate() }
+    config.concurrency = 1
+    config.maxAttempts = 0
+    #expect(throws: JobQueueError.self) { try config.validate() }
+    #expect(JobQueueConfiguration(identifier: "x").retryPolicy.delay(afterAttempt: 1) == .seconds(15))
+    #expect(JobQueueConfiguration(identifier: "x").leaseDuration == .seconds(60))
+    #expect(JobQueueConfiguration(identifier: "x").concurrency == 1)
+  }
+
+  @Test("delayed jobs wait; higher priority runs first")
+  func delayAndPriority() async throws {
+    let handled = Log<String>()
+    let queue = try JobQueue<Request>(
+      configuration: configuration(autoStart: false), store: InMemoryJobStore()
+    ) {
+      item, _ in
+      handled.append(item.name)
+      return .handled
+    }
+    try await queue.add(Request(name: "delayed"), delay: .seconds(60))
+    try await queue.add(Request(name: "normal"))
+    try await queue.add(Request(name: "urgent"), priority: 10)
+    try await queue.add(Request(name: "low"), priority: -5)
+    queue.start()
+    try await eventually("ready ones handled") { handled.count == 3 }
+    #expect(handled.all == ["urgent", "normal", "low"])
+    clock.advance(by: .seconds(60))
+    try await eventually("delayed handled") { handled.count == 4 }
+    await queue.shutdown()
+  }
+
+  @Test("concurrency N runs N at once and never one job twice")
+  func concurrency() async throws {
+    let running = Mutex((now: 0, peak: 0))
+    let handled = Log<String>()
+    let queue = try JobQueue<Request>(configuration: configuration(concurrency: 4), store: InMemoryJobStore())
+    {
+      item, _ in
+      running.withLock {
+        $0.now += 1
+        $0.peak = max($0.peak, $0.now)
+      }
+      try await Task.sleep(for: .milliseconds(5))
+      running.withLock { $0.now -= 1 }
+      handled.append(item.name)
+      return .handled
+    }
+    try await queue.add(contentsOf: (0..<200).map { Request(name: "j\($0)") })
+    await queue.waitUntilFinished()
+    #expect(handled.count == 200)
+    #expect(Set(handled.all).count == 200, "no job handled twice")
+    #expect(running.withLock { $0.peak } == 4, "four at once, never more")
+    await queue.shutdown()
+  }
+
+  @Test("removing or clearing while a job runs neither loses nor double-handles another")
+  func removeWhileRunning() async throws {
+    let gate = Gate()
+    let handled = Log<String>()
+    let queue = try JobQueue<Request>(configuration: configuration(), store: InMemoryJobStore()) { item, _ in
+      if item.name == "blocker" { await gate.wait() }
+      handled.append(item.name)
+      return .handled
+    }
+    let blocker = try await queue.add(Request(name: "blocker"))
+    let doomed = try await queue.add(Request(name: "doomed"))
+    try await queue.add(Request(name: "keeper"))
+    try await eventually("blocker running") { queue.state == .running }
+    #expect(try await queue.remove(doomed))
+    #expect(try await queue.remove(blocker), "a running job can be removed")
+    gate.open()
+    await queue.waitUntilFinished()
+    #expect(handled.all == ["blocker", "keeper"], "the removed pending job never ran; the rest ran once")
+
+    let gate2 = Gate()
+    let queue2 = try JobQueue<Request>(configuration: configuration("second"), store: InMemoryJobStore()) {
+      item, _ in
+      await gate2.wait()
+      handled.append(item.name)
+      return .handled
+    }
+    try await queue2.add(contentsOf: [Request(name: "running"), Request(name: "p1"), Request(name: "p2")])
+    try await eventually("running") { queue2.state == .running }
+    #expect(try await queue2.clear() == 2, "clear deletes the pending jobs")
+    gate2.open()
+    await queue2.waitUntilFinished()
+    #expect(handled.all.suffix(1) == ["running"], "the running job finished once")
+    await queue.shutdown()
+    await queue2.shutdown()
+  }
+
+  @Test("an undecodable payload becomes a dead job with the decode error; the rest go on")
+  func undecodable() async throws {
+    let store = InMemoryJobStore()
+    _ = try await store.enqueue(
+      [NewJob(payload: Data(#"{"unexpected":1}"#.utf8), runAt: clock.now())], queue: "jobs", now: clock.now())
+    let handled = Log<String>()
+    let queue = try JobQueue<Request>(configuration: configuration(), store: store) { item, _ in
+      handled.append(item.name)
+      return .handled
+    }
+    try await queue.add(Request(name: "fine"))
+    try await eventually("fine handled") { handled.all == ["fine"] }
+    try await eventually("dead") { try await queue.count().dead == 1 }
+    let dead = try await queue.jobs(in: .dead)
+    #expect(dead.first?.lastError?.contains("undecodable payload") == true)
+    #expect(dead.first?.payload == Data(#"{"unexpected":1}"#.utf8), "the payload is kept as it was")
+    await queue.shutdown()
+  }
+
+  @Test("a slow handler that heartbeats keeps its job; a vanished worker's job is handed out again")
+  func leases() async throws {
+    let store = InMemoryJobStore()
+    let gate = Gate()
+    let seenA = Log<JobID>()
+    let seenB = Log<JobID>()
+    let queueA = try JobQueue<Request>(configuration: configuration(lease: .seconds(30)), store: store) {
+      _, ctx in
+      seenA.append(ctx.id)
+      await gate.wait()
+      return .handled
+    }
+    let queueB = try JobQueue<Request>(configuration: configuration(lease: .seconds(30)), store: store) {
+      _, ctx in
+      seenB.append(ctx.id)
+      return .handled
+    }
+    let id = try await queueA.add(Request(name: "slow"))
+    try await eventually("someone started it") { seenA.count + seenB.count == 1 }
+    let slowQueueSawIt = seenA.count == 1
+    // Move time in steps smaller than the lease: the holder heartbeats every 10 s.
+    for _ in 0..<12 {
+      clock.advance(by: .seconds(5))
+      try await Task.sleep(for: .milliseconds(15))
+    }
+    if slowQueueSawIt {
+      #expect(seenB.count == 0, "a job whose lease is heartbeated is not handed out again")
+    }
+    gate.open()
+    try await eventually("done") { try await store.counts(queue: "jobs", now: clock.now()).total == 0 }
+    #expect(seenA.all + seenB.all == [id])
+    await queueA.shutdown()
+
+    // A worker that vanished: its claim is never settled nor heartbeated.
+    let ghost = try await store.enqueue(
+      [NewJob(payload: try JSONEncoder().encode(Request(name: "orphan")), runAt: clock.now())], queue: "jobs",
+      now: clock.now())[0].id
+    let batch = try await store.settleAndClaim(
+      [], queue: "jobs", limit: 1,
+      lease: Lease(owner: "ghost", expiresAt: clock.now().addingTimeInterval(30)),
+      now: clock.now())
+    #expect(batch.claimed.map(\.id) == [ghost])
+    clock.advance(by: .seconds(29))
+    try await Task.sleep(for: .milliseconds(30))
+    #expect(!seenB.all.contains(ghost), "not before the lease ends")
+    clock.advance(by: .seconds(31))
+    try await eventually("rescued and handled by B") { seenB.all.contains(ghost) }
+    await queueB.shutdown()
+  }
+
+  @Test("events report enqueued, started, succeeded, retry scheduled, died, finished and state")
+  func events() async throws {
+    let queue = try JobQueue<Request>(configuration: configuration(maxAttempts: 1), store: InMemoryJobStore())
+    {
+      item, _ in item.name == "ok" ? .handled : .retry
+    }
+    let events = EventRecorder(queue.events)
+    let ok = try await queue.add(Request(name: "ok"))
+    let bad = try await queue.add(Request(name: "bad"))
+    await queue.waitUntilFinished()
+    try await events.wait(for: "finished") { $0.contains(.finished) }
+    let all = events.events
+    #expect(all.contains(.enqueued(ok)) && all.contains(.enqueued(bad)))
+    #expect(all.contains(.started(ok, attempt: 1)) && all.contains(.succeeded(ok)))
+    #expect(
+      all.contains {
+        if case .died(bad, let reason) = $0 { reason.contains("gave up after 1") } else { false }
+      })
+    #expect(all.contains(.stateChanged(.running)) && all.contains(.stateChanged(.idle)))
+    let started = all.firstIndex(of: .started(ok, attempt: 1))
+    let succeeded = all.firstIndex(of: .succeeded(ok))
+    #expect(started != nil && succeeded != nil && started! < succeeded!)
+    await queue.shutdown()
+  }
+
+  @Test("a deduplication key collapses items while one is waiting")
+  func deduplication() async throws {
+    let queue = try JobQueue<Request>(
+      configuration: configuration(autoStart: false), store: InMemoryJobStore()
+    ) {
+      _, _ in .handled
+    }
+    let first = try await queue.add(Request(name: "a", key: "user-1"))
+    let second = try await queue.add(Request(name: "b", key: "user-1"))
+    let other = try await queue.add(Request(name: "c", key: "user-2"))
+    #expect(first == second && first != other)
+    #expect(try await queue.count().ready == 2)
+    queue.start()
+    await queue.waitUntilFinished()
+    #expect(try await queue.add(Request(name: "d", key: "user-1")) != first, "a handled key is free again")
+    await queue.shutdown()
+  }
+
+  @Test("pause is obeyed by every worker on the store; in-flight jobs finish")
+  func pauseAcrossWorkers() async throws {
+    let store = InMemoryJobStore()
+    let gate = Gate()
+    let handled = Log<String>()
+    let a = try JobQueue<Request>(configuration: configuration(), store: store) { item, _ in
+      if item.name == "first" { await gate.wait() }
+      handled.append(item.name)
+      return .handled
+    }
+    try await a.add(Request(name: "first"))
+    try await eventually("first running") { a.state == .running }
+    try await a.pause()
+    try await a.add(Request(name: "second"))
+    gate.open()
+    try await eventually("in-flight job finished") { handled.all == ["first"] }
+    let b = try JobQueue<Request>(configuration: configuration(), store: store) { item, _ in
+      handled.append("b:" + item.name)
+      return .handled
+    }
+    clock.advance(by: .seconds(5))
+    try await Task.sleep(for: .milliseconds(50))
+    #expect(handled.all == ["first"], "no worker claims while the store says paused")
+    try await b.resume()
+    try await eventually("second handled after resume") { handled.count == 2 }
+    await a.shutdown()
+    await b.shutdown()
+  }
+
+  @Test("shutdown lets running handlers finish and gives back claimed jobs that never started")
+  func gracefulShutdown() async throws {
+    let store = InMemoryJobStore()
+    let gate = Gate()
+    let handled = Log<String>()
+    var config = configuration()
+    config.prefetch = 5
+    let queue = try JobQueue<Request>(configuration: config, store: store) { item, _ in
+      await gate.wait()
+      handled.append(item.name)
+      return .handled
+    }
+    try await queue.add(contentsOf: (0..<6).map { Request(name: "j\($0)") })
+    try await eventually("running") { queue.state == .running }
+    let shutdown = Task { await queue.shutdown(gracePeriod: .seconds(10)) }
+    try await Task.sleep(for: .milliseconds(20))
+    gate.open()
+    await shutdown.value
+    #expect(handled.all == ["j0"], "only the started job ran")
+    let counts = try await store.counts(queue: "jobs", now: clock.now())
+    #expect(counts == JobCounts(ready: 5), "the other five are pending again: \(counts)")
+    let records = try await store.jobs(queue: "jobs", status: nil, after: nil, limit: 10)
+    #expect(records.allSatisfy { $0.attempts == 0 }, "given back without counting an attempt")
+  }
+
+  @Test("a handler that ignores the grace period is cancelled and its job retried at once")
+  func shutdownCancelsAfterGrace() async throws {
+    let store = InMemoryJobStore()
+    let queue = try JobQueue<Request>(configuration: configuration(), store: store) { _, _ in
+      try await Task.sleep(for: .seconds(600))
+      return .handled
+    }
+    try await queue.add(Request(name: "stuck"))
+    try await eventually("running") { queue.state == .running }
+    await queue.shutdown(gracePeriod: .milliseconds(50))
+    let record = try await store.jobs(queue: "jobs", status: nil, after: nil, limit: 1).first
+    #expect(record?.status == .pending && record?.lastError == "interrupted by shutdown")
+    #expect(record?.attempts == 1)
+  }
+
+  @Test("a stored job survives the queue: a new queue on the same store handles it")
+  func restartPicksUp() async throws {
+    let store = InMemoryJobStore()
+    let first = try JobQueue<Request>(configuration: configuration(autoStart: false), store: store) { _, _ in
+      .handled
+    }
+    try await first.add(Request(name: "later"))
+    let handled = Log<String>()
+    let second = try JobQueue<Request>(configuration: configuration(), store: store) { item, _ in
+      handled.append(item.name)
+      return .handled
+    }
+    await second.waitUntilFinished()
+    #expect(handled.all == ["later"])
+    await second.shutdown()
+  }
+}
