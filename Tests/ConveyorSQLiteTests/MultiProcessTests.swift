@@ -4,14 +4,19 @@ import Testing
 
 @testable import ConveyorSQLite
 
+/// The item the worker's `JobQueue<TestJob>` decodes.
+struct TestJob: Codable {
+  var number: Int
+}
+
 @Suite("SQLiteJobStore across processes", .serialized)
 struct MultiProcessTests {
   func enqueue(_ count: Int, into path: String) async throws -> Set<Int64> {
     let store = try SQLiteJobStore(path: path)
     var ids = Set<Int64>()
     for start in stride(from: 0, to: count, by: 500) {
-      let jobs = (start..<min(start + 500, count)).map {
-        NewJob(payload: payload("job \($0)"), runAt: Date())
+      let jobs = try (start..<min(start + 500, count)).map {
+        NewJob(payload: try JSONEncoder().encode(TestJob(number: $0)), runAt: Date())
       }
       ids.formUnion(try await store.enqueue(jobs, queue: "jobs", now: Date()).map(\.id.rawValue))
     }
@@ -45,10 +50,10 @@ struct MultiProcessTests {
     let folder = try TemporaryFolder()
     let database = folder.path("crash.sqlite")
     let ids = try await enqueue(300, into: database)
-    let options = ["--lease-ms", "1000", "--handle-ms", "2", "--batch", "5"]
+    let options = ["--lease-ms", "1000", "--handle-ms", "2", "--concurrency", "5"]
     let victim = try WorkerProcess(
       database: database, folder: folder, name: "victim",
-      extra: ["--lease-ms", "1000", "--handle-ms", "40", "--batch", "5"])
+      extra: ["--lease-ms", "1000", "--handle-ms", "40", "--concurrency", "5"])
     try await waitForLines(victim.progress, count: 12)
     victim.kill()
     #expect(await victim.exitStatus() != 0)
@@ -69,7 +74,7 @@ struct MultiProcessTests {
     let folder = try TemporaryFolder()
     let database = folder.path("restart.sqlite")
     let ids = try await enqueue(1_000, into: database)
-    let extra = ["--lease-ms", "1500", "--handle-ms", "1", "--batch", "10"]
+    let extra = ["--lease-ms", "1500", "--handle-ms", "1", "--concurrency", "10"]
     let steady = try WorkerProcess(database: database, folder: folder, name: "steady", extra: extra)
     let victim = try WorkerProcess(database: database, folder: folder, name: "victim", extra: extra)
     try await waitForLines(victim.progress, count: 50)

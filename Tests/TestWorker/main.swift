@@ -1,9 +1,12 @@
 // A worker process for the SQLite multi-process and crash tests.
 //
 //   conveyor-test-worker work --database PATH --queue NAME --output FILE
-//                             [--progress FILE] [--batch N] [--lease-ms MS] [--handle-ms MS]
+//                             [--progress FILE] [--concurrency N] [--prefetch N] [--lease-ms MS]
+//                             [--handle-ms MS]
 //
-// Handles jobs until the queue holds no pending or running job. For every job it appends
+// Runs a JobQueue<TestJob> on the SQLite file until the queue holds no pending or running job
+// (jobs held by a killed worker count until their lease runs out and they are handled here).
+// For every job it appends
 // "<id>\n" to --progress (if given) when the handler starts, then sleeps --handle-ms, then appends
 // "<id>\n" to --output. Each append is one write(2), so it survives SIGKILL of this process.
 import Conveyor
@@ -22,7 +25,8 @@ struct Arguments {
   var queue = "jobs"
   var output = ""
   var progress: String?
-  var batch = 10
+  var concurrency = 4
+  var prefetch = 0
   var leaseMilliseconds = 30_000
   var handleMilliseconds = 0
 
@@ -36,7 +40,8 @@ struct Arguments {
       case "--queue": queue = value
       case "--output": output = value
       case "--progress": progress = value
-      case "--batch": batch = Int(value) ?? batch
+      case "--concurrency": concurrency = Int(value) ?? concurrency
+      case "--prefetch": prefetch = Int(value) ?? prefetch
       case "--lease-ms": leaseMilliseconds = Int(value) ?? leaseMilliseconds
       case "--handle-ms": handleMilliseconds = Int(value) ?? handleMilliseconds
       default: throw Failure("unknown option \(flag)")
@@ -54,7 +59,7 @@ struct Failure: Error, CustomStringConvertible {
 }
 
 /// Appends lines to a file with one unbuffered write per line.
-final class LineFile {
+final class LineFile: Sendable {
   let descriptor: Int32
 
   init(path: String) throws {
@@ -71,34 +76,29 @@ final class LineFile {
   }
 }
 
+/// The item the tests enqueue: `{"number": n}`.
+struct TestJob: Queueable {
+  var number: Int
+}
+
 func work(_ arguments: Arguments) async throws {
   let store = try await SQLiteJobStore.open(path: arguments.database)
   let output = try LineFile(path: arguments.output)
   let progress = try arguments.progress.map { try LineFile(path: $0) }
-  let owner = "test-worker-\(getpid())-\(UUID().uuidString)"
-  let leaseDuration = Double(arguments.leaseMilliseconds) / 1000
-  var settlements: [JobSettlement] = []
-  while true {
-    let now = Date()
-    let batch = try await store.settleAndClaim(
-      settlements, queue: arguments.queue, limit: arguments.batch,
-      lease: Lease(owner: owner, expiresAt: now.addingTimeInterval(leaseDuration)), now: now)
-    settlements = []
-    if batch.claimed.isEmpty {
-      if try await store.rescueExpiredLeases(queue: arguments.queue, now: Date()) > 0 { continue }
-      if try await store.counts(queue: arguments.queue, now: Date()).unfinished == 0 { return }
-      try await Task.sleep(for: .milliseconds(20))
-      continue
-    }
-    for job in batch.claimed {
-      try progress?.append(job.id.description)
-      if arguments.handleMilliseconds > 0 {
-        try await Task.sleep(for: .milliseconds(arguments.handleMilliseconds))
-      }
-      try output.append(job.id.description)
-      settlements.append(JobSettlement(id: job.id, owner: owner, action: .complete))
-    }
+  let handleDuration = Duration.milliseconds(arguments.handleMilliseconds)
+  let configuration = JobQueueConfiguration(
+    identifier: arguments.queue, concurrency: arguments.concurrency, prefetch: arguments.prefetch,
+    leaseDuration: .milliseconds(arguments.leaseMilliseconds), pollInterval: .milliseconds(20))
+  let queue = try JobQueue<TestJob>(configuration: configuration, store: store) { _, context in
+    try progress?.append(context.id.description)
+    if handleDuration > .zero { try await Task.sleep(for: handleDuration) }
+    try output.append(context.id.description)
+    return .handled
   }
+  await queue.waitUntilFinished()
+  await queue.shutdown(gracePeriod: .seconds(5))
+  let counts = try await store.counts(queue: arguments.queue, now: Date())
+  guard counts.unfinished == 0 else { throw Failure("finished with \(counts) left") }
 }
 
 do {
