@@ -265,9 +265,14 @@ open class NetworkDataOperation<Success: Sendable>: NetworkOperation<Success, Da
   }
 
   /// Makes a data task on `session` reporting to ``complete(with:response:error:)``.
+  ///
+  /// The evaluation runs on a global queue, not on the session's serial delegate queue, so a slow
+  /// decode does not hold up the session's other tasks.
   open override func createTask(with request: URLRequest, using session: NetworkSession) -> URLSessionTask {
     session.dataTask(with: request) { data, response, error in
-      self.complete(with: data, response: response, error: error)
+      DispatchQueue.global().async {
+        self.complete(with: data, response: response, error: error)
+      }
     }
   }
 
@@ -302,7 +307,8 @@ extension NetworkDataOperation where Success == Data {
 /// A network operation that downloads the response body to a temporary file and evaluates it.
 ///
 /// The evaluate closure gets the temporary file's URL and must move (or read) the file before it
-/// returns: the file is deleted afterwards. The convenience initialiser
+/// returns: the file is deleted afterwards. It runs on the session's serial delegate queue (the
+/// file only exists during that callback), so keep it short: move the file, do the rest later. The convenience initialiser
 /// ``init(request:destination:overwrite:session:)`` moves it to a destination for you.
 ///
 /// ```swift

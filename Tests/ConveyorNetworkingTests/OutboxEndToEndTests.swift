@@ -70,6 +70,39 @@ struct OutboxEndToEndTests {
     #expect(counts.total == 0)
   }
 
+  @Test func aRequestWaitingForItsRetryDoesNotHoldBackTheOthers() async throws {
+    // The server is down for its first two answers, whatever they are: GET and POST get 503 and
+    // wait 50 ms; DELETE, ready meanwhile, goes first. FIFO holds among first attempts and among
+    // jobs on the same retry schedule, not across a retry.
+    let answered = Mutex(0)
+    let server = try TestHTTPServer { _, _ in
+      let count = answered.withLock { count -> Int in
+        count += 1
+        return count
+      }
+      return count <= 2 ? .status(503, "down") : .ok()
+    }
+    defer { server.stop() }
+    let folder = try TemporaryFolder()
+    var configuration = JobQueueConfiguration(identifier: "api-outbox")
+    configuration.retryPolicy = .fixed(.milliseconds(50))
+    configuration.autoStart = false
+    let outbox = try JobQueue(
+      configuration: configuration, store: try SQLiteJobStore(path: folder.file("o.sqlite").path),
+      delivery: HTTPDelivery())
+    try await outbox.add(contentsOf: [
+      .get(server.url("/items")), .post(server.url("/items"), form: ["name": "pencil"]),
+      .delete(server.url("/items/42")),
+    ])
+    outbox.start()
+    try await within(.seconds(10), "outbox finished") { await outbox.waitUntilFinished() }
+    await outbox.shutdown(gracePeriod: .seconds(1))
+    #expect(
+      server.requests.map { "\($0.method) \($0.path)" } == [
+        "GET /items", "POST /items", "DELETE /items/42", "GET /items", "POST /items",
+      ])
+  }
+
   @Test func aRejectedRequestIsDeadWithStatusAndBodyAndTheRestGoOn() async throws {
     let server = try TestHTTPServer { request, _ in
       request.path == "/bad" ? .status(422, "quantity must be positive") : .ok()

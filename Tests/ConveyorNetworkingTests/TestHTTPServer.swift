@@ -287,21 +287,46 @@ func closedPort() throws -> UInt16 {
   return port
 }
 
-/// Runs `body`, failing with `TimedOut` if it takes longer than `limit` (the body is cancelled).
+/// Runs `body`, throwing if it takes longer than `limit`. On time-out the body is cancelled and
+/// not waited for, so even work that ignores cancellation (a non-cancellable continuation) cannot
+/// hang the test.
 func within<T: Sendable>(
   _ limit: Duration = .seconds(15), _ what: String = "operation",
   _ body: @escaping @Sendable () async throws -> T
 ) async throws -> T {
-  try await withThrowingTaskGroup(of: T?.self) { group in
-    group.addTask { try await body() }
-    group.addTask {
-      try await Task.sleep(for: limit)
-      return nil
+  try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+    let pending = PendingContinuation(continuation)
+    let work = Task {
+      let outcome: Result<T, any Error>
+      do {
+        outcome = .success(try await body())
+      } catch {
+        outcome = .failure(error)
+      }
+      pending.take()?.resume(with: outcome)
     }
-    defer { group.cancelAll() }
-    guard let first = try await group.next(), let value = first else {
-      throw ServerError("timed out after \(limit): \(what)")
+    Task {
+      do {
+        try await Task.sleep(for: limit)
+      } catch {
+        return
+      }
+      guard let waiter = pending.take() else { return }
+      work.cancel()
+      waiter.resume(throwing: ServerError("timed out after \(limit): \(what)"))
     }
-    return value
+  }
+}
+
+/// A continuation that whoever comes first takes and resumes.
+private final class PendingContinuation<T: Sendable>: Sendable {
+  private let continuation: Mutex<CheckedContinuation<T, any Error>?>
+
+  init(_ continuation: CheckedContinuation<T, any Error>) {
+    self.continuation = Mutex(continuation)
+  }
+
+  func take() -> CheckedContinuation<T, any Error>? {
+    continuation.withLock { $0.take() }
   }
 }
