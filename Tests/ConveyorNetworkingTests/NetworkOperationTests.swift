@@ -269,6 +269,41 @@ struct NetworkOperationTests {
     try await Task.sleep(for: .seconds(2.2))  // the late answer must not reach a handler
   }
 
+  @Test func cancelRacingCompletionNeverRunsAHandlerAfterCancel() async throws {
+    let server = try TestHTTPServer(always: .ok("x"))
+    defer { server.stop() }
+    let session = NetworkSession()
+    let successes = Log<Int>()
+    let failures = Log<Int>()
+    var operations: [NetworkDataOperation<Data>] = []
+    for index in 0..<60 {
+      let operation = NetworkDataOperation(
+        request: URLRequest(url: server.url("/\(index)")), session: session)
+      operation.successHandler = { _ in successes.append(index) }
+      operation.failureHandler = { _ in failures.append(index) }
+      operation.start()
+      if index % 3 != 0 {
+        // Cancel at different points: before the answer, around it, after it.
+        try await Task.sleep(for: .microseconds(Int64(index % 7) * 300))
+        operation.cancel()
+      }
+      operations.append(operation)
+    }
+    let finished = operations
+    for operation in finished { _ = try await failure(of: operation) }
+    try await Task.sleep(for: .milliseconds(200))  // handlers run on the callback queue
+    #expect(failures.all.isEmpty)
+    for (index, operation) in finished.enumerated() {
+      if operation.isCancelled {
+        #expect(operation.result == nil)
+        #expect(!successes.all.contains(index), "operation \(index) was cancelled but its handler ran")
+      } else {
+        #expect(successes.all.filter { $0 == index }.count == 1, "operation \(index) succeeded")
+      }
+    }
+    #expect(finished.enumerated().allSatisfy { $0.offset % 3 != 0 || !$0.element.isCancelled })
+  }
+
   @Test func postSendsTheBody() async throws {
     let server = try TestHTTPServer(always: .status(201, "created"))
     defer { server.stop() }
