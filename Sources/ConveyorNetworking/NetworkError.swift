@@ -15,12 +15,13 @@ import Foundation
 /// ```swift
 /// do {
 ///   let data = try await NetworkDataOperation(request: request).run()
-/// } catch .failed(.httpStatus(let status)) where status.statusCode == 404 {
-///   print("missing:", status.bodyText)
-/// } catch .failed(let error) {
-///   print("failed:", error)
-/// } catch .cancelled {
-///   print("cancelled")
+///   print(data.count, "bytes")
+/// } catch {
+///   switch error {
+///   case .failed(.httpStatus(let status)) where status.statusCode == 404: print("missing:", status.bodyText)
+///   case .failed(let failure): print("failed:", failure, failure.isTransient ? "(try again)" : "")
+///   case .cancelled: print("cancelled")
+///   }
 /// }
 /// ```
 public enum NetworkError: Error, Hashable, CustomStringConvertible, CustomDebugStringConvertible {
