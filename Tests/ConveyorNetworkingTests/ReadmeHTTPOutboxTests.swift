@@ -5,6 +5,10 @@ import Foundation
 import Synchronization
 import Testing
 
+#if canImport(FoundationNetworking)
+  import FoundationNetworking
+#endif
+
 // The README's "HTTP outbox" example, verbatim from here to the end marker.
 
 /// Queues three API calls durably and delivers them, retrying until the server takes them.
@@ -25,6 +29,27 @@ func sendOutbox(api: URL, databasePath: String) async throws {
     print("gave up on job \(job.id): \(job.lastError ?? "")")
   }
   await outbox.shutdown()
+}
+
+/// An item of the example API.
+struct CatalogItem: Decodable, Sendable {
+  var name: String
+}
+
+/// Fetches one item as JSON, then downloads its photo into `folder`.
+func fetchItem(api: URL, into folder: URL) async throws -> (CatalogItem, URL) {
+  let fetch = NetworkDataOperation(request: URLRequest(url: api.appendingPathComponent("items/42"))) {
+    data, _ in try JSONDecoder().decode(CatalogItem.self, from: data)
+  }
+  let item = try await fetch.run()  // throws OperationError<NetworkError>
+
+  let download = NetworkDownloadOperation(
+    request: URLRequest(url: api.appendingPathComponent("items/42/photo")),
+    destination: folder.appendingPathComponent("photo.jpg"))
+  download.progressHandler = { written, expected in
+    print("photo: \(written) of \(expected.map(String.init) ?? "?") bytes")
+  }
+  return (item, try await download.run())
 }
 
 // End of the README example.
@@ -52,5 +77,16 @@ struct ReadmeHTTPOutboxTests {
       calls.sorted() == ["DELETE /api/items/42", "GET /api/items", "GET /api/items", "POST /api/items"])
     let gets = server.requests.filter { $0.method == "GET" }
     #expect(gets[0].header("idempotency-key") == gets[1].header("idempotency-key"))
+  }
+
+  @Test func theOperationsExampleFetchesAndDownloads() async throws {
+    let server = try TestHTTPServer { request, _ in
+      request.path == "/api/items/42" ? .ok(#"{"name":"pencil"}"#) : Reply(body: pattern(70_000))
+    }
+    defer { server.stop() }
+    let folder = try TemporaryFolder()
+    let (item, photo) = try await within { try await fetchItem(api: server.url("/api"), into: folder.url) }
+    #expect(item.name == "pencil")
+    #expect(try Data(contentsOf: photo) == pattern(70_000))
   }
 }
