@@ -13,12 +13,16 @@ import Foundation
 /// | 408, 425, 429, 5xx with `Retry-After` (seconds or HTTP date) | `.retry(after:reason:)`, capped at ``maximumRetryAfter`` |
 /// | the same without `Retry-After`; transport errors, timeouts, invalid or empty responses | `.retry(reason:)`: the queue's retry policy |
 /// | any other status (4xx, unfollowed 3xx) | `.discard(reason:)` with the status and a body excerpt: the job is dead |
+/// | ``prepare`` threw | `.retry(reason:)` |
 /// | a malformed or unsupported URL | `.discard(reason:)` |
 ///
 /// Each attempt carries an `Idempotency-Key` header derived from the job (the same on every
 /// retry, see ``idempotencyKey(for:)``), so a receiver can drop a request it already processed:
 /// the queue delivers at least once. Redirects are followed by `URLSession`; the final response
-/// decides. Reasons recorded as the job's last error name the status, never the request body.
+/// decides (as `URLSession` does, a 301, 302 or 303 turns a `POST` into a `GET`). Reasons recorded
+/// as the job's last error name the method, the URL without its query, the status and the start
+/// of the response body; never the request's headers or body. The response body of an attempt
+/// is held in memory: this is meant for APIs answering briefly.
 ///
 /// ```swift
 /// let outbox = try JobQueue(
@@ -41,6 +45,16 @@ public struct HTTPDelivery: Sendable {
   public var reasonBodyLimit: Int
   /// The current date, for `Retry-After` given as an HTTP date. Default `Date()`.
   public var now: @Sendable () -> Date
+  /// Adjusts each attempt's request just before it is sent, e.g. to add a fresh access token, so
+  /// that secrets are not stored in the job (items are stored as plain JSON). A throw retries the
+  /// job by policy with the error as the reason. Default nil.
+  ///
+  /// ```swift
+  /// delivery.prepare = { request in
+  ///   request.setValue("Bearer \(try tokens.current())", forHTTPHeaderField: "Authorization")
+  /// }
+  /// ```
+  public var prepare: (@Sendable (inout URLRequest) throws -> Void)?
 
   /// Creates a delivery handler with the defaults above.
   ///
@@ -53,6 +67,7 @@ public struct HTTPDelivery: Sendable {
     self.idempotencyKeyHeader = "Idempotency-Key"
     self.reasonBodyLimit = 512
     self.now = { Date() }
+    self.prepare = nil
   }
 
   /// The key sent in ``idempotencyKeyHeader``: `"<queue>-<job id>-<created at, ms since 1970>"`.
@@ -84,6 +99,7 @@ public struct HTTPDelivery: Sendable {
     ) { _, _ in () }
     operation.acceptedStatusCodes = acceptedStatusCodes
     operation.bodyExcerptLimit = reasonBodyLimit
+    operation.prepare = prepare
     do {
       try await operation.run()
       return .handled
@@ -115,7 +131,7 @@ public struct HTTPDelivery: Sendable {
       return .retry(reason: reason)
     case .transport(let transport) where !error.isTransient:
       return .discard(reason: "\(what): \(transport.message)")
-    case .preparation, .evaluation:
+    case .evaluation:
       return .discard(reason: "\(what): \(error)")
     default:
       return .retry(reason: "\(what): \(error)")

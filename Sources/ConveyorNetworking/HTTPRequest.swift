@@ -7,7 +7,9 @@ import Foundation
 
 /// An HTTP request stored as a job: what a durable outbox keeps until the server took it.
 ///
-/// Deliver jobs with ``HTTPDelivery`` (or the `JobQueue` initialiser taking one).
+/// Deliver jobs with ``HTTPDelivery`` (or the `JobQueue` initialiser taking one). The item is
+/// stored as plain JSON, headers included: add credentials at send time with
+/// ``HTTPDelivery/prepare`` instead.
 ///
 /// ```swift
 /// let request = try HTTPRequest.post(

@@ -146,6 +146,25 @@ struct HTTPDeliveryTests {
     #expect(server.requests.map(\.path) == ["/old", "/gone"])
   }
 
+  @Test func prepareAddsSecretsAtSendTimeAndAThrowRetries() async throws {
+    struct TokenUnavailable: Error {}
+    let server = try TestHTTPServer(always: .ok())
+    defer { server.stop() }
+    var delivery = HTTPDelivery(session: NetworkSession())
+    delivery.prepare = { request in request.setValue("Bearer s3cret", forHTTPHeaderField: "Authorization") }
+    let configured = delivery
+    let item = HTTPRequest.get(server.url("/me"))
+    #expect(try await within { await configured.deliver(item, context: context()) } == .handled)
+    #expect(server.requests.first?.header("authorization") == "Bearer s3cret")
+    #expect(!String(decoding: try JSONEncoder().encode(item), as: UTF8.self).contains("s3cret"))
+
+    delivery.prepare = { _ in throw TokenUnavailable() }
+    let failing = delivery
+    let result = try await within { await failing.deliver(item, context: context()) }
+    #expect(result.description.hasPrefix("retry: GET \(server.url("/me")): could not prepare the request"))
+    #expect(server.requests.count == 1)
+  }
+
   @Test func retryAfterParsing() {
     let now = fixedNow
     #expect(HTTPDelivery.retryAfter("0", now: now) == .zero)
