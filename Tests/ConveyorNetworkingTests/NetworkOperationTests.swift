@@ -198,6 +198,7 @@ struct NetworkOperationTests {
   }
 
   @Test func subclassOverridesPrepareRequest() async throws {
+    // @unchecked Sendable: no stored properties; the superclasses guard theirs with `Mutex`es.
     final class Versioned: NetworkDataOperation<Data>, @unchecked Sendable {
       override func prepareRequest(_ request: URLRequest) throws(NetworkError) -> URLRequest {
         var request = try super.prepareRequest(request)
