@@ -213,6 +213,46 @@ struct NetworkOperationTests {
     #expect(server.requests.first?.header("api-version") == "2")
   }
 
+  @Test func subclassMakesItsOwnTaskThroughCreateTask() async throws {
+    // An upload operation: the override point makes an upload task and reports to complete(…).
+    // @unchecked Sendable: `body` is immutable; the superclasses guard theirs with `Mutex`es.
+    final class Upload: NetworkOperation<String, Data>, @unchecked Sendable {
+      let body: Data
+      init(request: URLRequest, body: Data, session: NetworkSession) {
+        self.body = body
+        super.init(request: request, session: session)
+      }
+      override func createTask(with request: URLRequest, using session: NetworkSession) -> URLSessionTask {
+        session.urlSession.uploadTask(with: request, from: body) { data, response, error in
+          self.complete(with: data, response: response, error: error)
+        }
+      }
+      override func evaluate(_ result: Data, response: HTTPURLResponse) throws(NetworkError) -> String {
+        String(decoding: result, as: UTF8.self)
+      }
+      override func bodyExcerpt(of result: Data, limit: Int) -> (bytes: Data, truncated: Bool) {
+        (Data(result.prefix(limit)), result.count > limit)
+      }
+    }
+    let server = try TestHTTPServer { request, _ in
+      request.path == "/full" ? .status(507, "disk full") : .status(201, "stored \(request.body.count) bytes")
+    }
+    defer { server.stop() }
+    var request = URLRequest(url: server.url("/upload"))
+    request.httpMethod = "PUT"
+    let upload = Upload(request: request, body: pattern(10_000), session: NetworkSession())
+    #expect(try await within { try await upload.run() } == "stored 10000 bytes")
+    #expect(server.requests.first?.method == "PUT")
+    #expect(server.requests.first?.body == pattern(10_000))
+
+    request.url = server.url("/full")
+    let full = Upload(request: request, body: Data("x".utf8), session: NetworkSession())
+    let error = try networkError(try await failure(of: full))
+    guard case .httpStatus(let status) = error else { throw ServerError("got \(error)") }
+    #expect(status.statusCode == 507)
+    #expect(status.bodyText == "disk full")
+  }
+
   @Test func slowServerTimesOut() async throws {
     let server = try TestHTTPServer(always: Reply(body: Data("late".utf8), delay: .seconds(3)))
     defer { server.stop() }
