@@ -144,7 +144,7 @@ open class NetworkOperation<Success: Sendable, TaskResult>: AsyncOperation<Succe
   /// `result` holds, e.g. delete a temporary file. Default: nothing.
   ///
   /// - Parameter result: The task's result.
-  open func discard(_ result: TaskResult) {}
+  open func cleanUp(_ result: TaskResult) {}
 
   // MARK: Running
 
@@ -193,7 +193,7 @@ open class NetworkOperation<Success: Sendable, TaskResult>: AsyncOperation<Succe
   ///   - error: The task's error, if any.
   public final func complete(with result: TaskResult?, response: URLResponse?, error: (any Error)?) {
     slot.withLock { $0.task = nil }
-    defer { if let result { discard(result) } }
+    defer { if let result { cleanUp(result) } }
     if isCancelled { return }
     if let error {
       finish(throwing: .fromTask(error))
@@ -389,7 +389,7 @@ open class NetworkDownloadOperation<Success: Sendable>: NetworkOperation<Success
 
   /// Deletes the temporary file if the evaluation left it in place. URLSession on Apple
   /// platforms deletes it too; swift-corelibs-foundation does not.
-  open override func discard(_ result: URL) {
+  open override func cleanUp(_ result: URL) {
     guard FileManager.default.fileExists(atPath: result.path) else { return }
     do {
       try FileManager.default.removeItem(at: result)
