@@ -2,6 +2,7 @@ import CSQLiteBench
 import Conveyor
 import ConveyorSQLite
 import Foundation
+import Synchronization
 
 // SQLite store benchmarks: every store figure is compared with a raw sqlite3 baseline doing the
 // same work with the fastest correct at-least-once pattern, measured in the same run.
@@ -151,7 +152,44 @@ private func seconds(since start: ContinuousClock.Instant) -> Double {
 
 /// The item the engine benchmarks drain.
 private struct BenchItem: Queueable {
-  var number: Int
+  var url: String
+  var attempt: Int
+  var body: String
+}
+
+/// Counts handled jobs and reports when a sample is done.
+private final class SampleCounter: Sendable {
+  let handled = Atomic<Int>(0)
+  let target: Int
+  let done: AsyncStream<Void>.Continuation
+  let stream: AsyncStream<Void>
+
+  init(target: Int) {
+    self.target = target
+    (stream, done) = AsyncStream.makeStream(of: Void.self)
+  }
+
+  func count() {
+    if handled.wrappingAdd(1, ordering: .relaxed).newValue == target { done.yield() }
+  }
+}
+
+/// Seconds for a `JobQueue` worker (concurrency 4, prefetch 96, no-op handler) to handle `sample`
+/// jobs of `store`, whatever else it holds; the queue is shut down afterwards.
+private func queueDrainSample(_ store: SQLiteJobStore, sample: Int) async throws -> Double {
+  let counter = SampleCounter(target: sample)
+  let configuration = JobQueueConfiguration(
+    identifier: "bench", concurrency: 4, prefetch: 96, autoStart: false)
+  let queue = try JobQueue<BenchItem>(configuration: configuration, store: store) { _, _ in
+    counter.count()
+    return .handled
+  }
+  let start = ContinuousClock.now
+  queue.start()
+  for await _ in counter.stream { break }
+  let elapsed = seconds(since: start)
+  await queue.shutdown(gracePeriod: .seconds(5))
+  return elapsed
 }
 
 /// `JobQueue` on `SQLiteJobStore` with a no-op handler, against the raw loops.
@@ -163,7 +201,9 @@ private func runEngineBenchmarks(newPath: () -> String) async throws {
   func drainQueue(concurrency: Int, prefetch: Int) async throws -> Double {
     let store = try SQLiteJobStore(path: newPath())
     let payloads = try (0..<1_000).map {
-      NewJob(payload: try JSONEncoder().encode(BenchItem(number: $0)), runAt: benchEpoch)
+      NewJob(
+        payload: try JSONEncoder().encode(BenchItem(url: "https://example.com/\($0)", attempt: 1, body: "hi")),
+        runAt: benchEpoch)
     }
     for _ in 0..<(count / 1_000) { _ = try await store.enqueue(payloads, queue: "bench", now: benchEpoch) }
     let configuration = JobQueueConfiguration(
@@ -221,15 +261,21 @@ private func runLargeQueueBenchmark(path: String, smallPath: String) async throw
   print(String(format: "filled %d jobs in %.1f s (%.0f/s, 1000 per call)", total, fill, Double(total) / fill))
   let fillPeak = peakMemoryKB()
   resetPeakMemory()
-  // Three samples of 10k from the 1M queue, against three fresh 10k queues; best of each.
+  // Three samples of 10k from the 1M queue, against three fresh 10k queues; best of each. First
+  // through the store's claim loop, then through a JobQueue worker.
   var largeDrain = Double.infinity
   var smallDrain = Double.infinity
+  var largeQueueDrain = Double.infinity
+  var smallQueueDrain = Double.infinity
   for round in 0..<3 {
     largeDrain = min(
       largeDrain, try await seconds { try await drainStore(store, batch: 100, expected: sample) })
     let small = try await filledStore(smallPath + "-\(round)", synchronous: .normal, count: sample)
     smallDrain = min(
       smallDrain, try await seconds { try await drainStore(small, batch: 100, expected: sample) })
+    largeQueueDrain = min(largeQueueDrain, try await queueDrainSample(store, sample: sample))
+    let smallForQueue = try await filledStore(smallPath + "-q\(round)", synchronous: .normal, count: sample)
+    smallQueueDrain = min(smallQueueDrain, try await queueDrainSample(smallForQueue, sample: sample))
   }
   let counts = try await store.counts(queue: "bench", now: benchEpoch)
   var listed = 0
@@ -245,9 +291,13 @@ private func runLargeQueueBenchmark(path: String, smallPath: String) async throw
     name: "drain 10k of 1M pending, 100 per call", count: sample, seconds: largeDrain,
     baselineName: "drain 10k of 10k pending", baselineSeconds: smallDrain, goal: 0.8
   ).print()
+  Comparison(
+    name: "JobQueue drain 10k of 1M pending (c4, p96)", count: sample, seconds: largeQueueDrain,
+    baselineName: "JobQueue drain 10k of 10k pending", baselineSeconds: smallQueueDrain, goal: 0.8
+  ).print()
   print(
     String(
-      format: "peak RSS (VmHWM) with 1M pending while draining 30k, counting, listing %d: %.1f MB "
+      format: "peak RSS (VmHWM) with 1M pending while draining 60k, counting, listing %d: %.1f MB "
         + "(goal < 64 MB: %@; peak while filling: %.1f MB); %d left",
       listed, Double(peak) / 1024, peak < 64 * 1024 ? "met" : "MISSED", Double(fillPeak) / 1024,
       counts.unfinished))
