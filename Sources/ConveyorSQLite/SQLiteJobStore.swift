@@ -1,1 +1,501 @@
 import Conveyor
+import Foundation
+
+#if canImport(Glibc)
+  import Glibc
+#elseif canImport(Musl)
+  import Musl
+#elseif canImport(Darwin)
+  import Darwin
+#endif
+
+/// A durable ``JobStore`` in one SQLite file, shared safely by several processes.
+///
+/// The file uses write-ahead logging, so readers never block the writer; every change is one
+/// `BEGIN IMMEDIATE` transaction, so processes on the same file take turns through SQLite's lock
+/// (waiting up to ``Options/busyTimeout``). Handled jobs are deleted; dead jobs are kept.
+/// All sqlite3 calls run on a serial dispatch queue owned by the store, never on Swift's
+/// cooperative thread pool.
+///
+/// ```swift
+/// let store = try SQLiteJobStore(path: SQLiteJobStore.defaultDatabaseURL(name: "outbox").path)
+/// let results = try await store.enqueue([NewJob(payload: data, runAt: .now)], queue: "mail", now: .now)
+/// ```
+///
+/// Opening a file that is not a Conveyor database (another application's SQLite file, a file of
+/// another kind, a damaged file, or one written by a newer Conveyor) throws
+/// ``SQLiteJobStoreError`` and leaves the file byte-for-byte untouched.
+public final class SQLiteJobStore: JobStore {
+  /// How hard SQLite works to make each commit survive a power loss.
+  public enum Synchronous: String, Sendable, Hashable, CaseIterable {
+    /// WAL with `synchronous=NORMAL`: a commit survives a crash of the process; a power loss may
+    /// undo the last commits, never corrupt the file. The default.
+    case normal = "NORMAL"
+    /// WAL with `synchronous=FULL`: every commit is flushed to the disk before it returns.
+    case full = "FULL"
+  }
+
+  /// How the store opens its file.
+  public struct Options: Sendable, Hashable {
+    /// The durability of each commit. Default ``Synchronous/normal``.
+    public var synchronous: Synchronous
+    /// How long a call waits for another connection's lock before failing with `SQLITE_BUSY`.
+    /// Default 5 seconds.
+    public var busyTimeout: Duration
+
+    /// Creates options.
+    ///
+    /// - Parameters:
+    ///   - synchronous: The durability of each commit.
+    ///   - busyTimeout: How long to wait for another connection's lock.
+    public init(synchronous: Synchronous = .normal, busyTimeout: Duration = .seconds(5)) {
+      self.synchronous = synchronous
+      self.busyTimeout = busyTimeout
+    }
+  }
+
+  /// The `PRAGMA application_id` marking a Conveyor database: the bytes "Cnvy".
+  public static let applicationID: Int32 = 0x436E_7679
+  /// The schema version this build writes and reads (`PRAGMA user_version`).
+  public static let schemaVersion: Int32 = 1
+
+  /// The database file's path.
+  public let path: String
+  /// The options the store was opened with.
+  public let options: Options
+  private let connection: SerializedConnection
+
+  /// Opens the Conveyor database at `path`, creating it (mode 0600) when it does not exist.
+  ///
+  /// Blocks the calling thread while the file is opened and checked; from an `async` context
+  /// prefer ``open(path:options:)``.
+  ///
+  /// - Parameters:
+  ///   - path: The database file. Its folder must exist.
+  ///   - options: Durability and lock-wait settings.
+  /// - Throws: ``SQLiteJobStoreError`` when the file is not a usable Conveyor database (the file
+  ///   is left untouched), or ``SQLiteError`` when SQLite fails.
+  public init(path: String, options: Options = .init()) throws {
+    self.path = path
+    self.options = options
+    try Self.createFileIfMissing(path)
+    let raw = try Connection(path: path, create: false)
+    connection = SerializedConnection(label: "Conveyor.SQLiteJobStore \(path)", connection: raw)
+    try connection.sync { try Self.prepare($0, path: path, options: options) }
+  }
+
+  /// Opens the database named `name` at ``defaultDatabaseURL(name:)``.
+  ///
+  /// - Parameters:
+  ///   - name: The database name, `[A-Za-z0-9._-]`, 1 to 128 characters. Default "conveyor".
+  ///   - options: Durability and lock-wait settings.
+  public convenience init(name: String = "conveyor", options: Options = .init()) throws {
+    try self.init(path: Self.defaultDatabaseURL(name: name).path, options: options)
+  }
+
+  /// Opens the Conveyor database at `path` without blocking the caller's thread.
+  ///
+  /// - Parameters:
+  ///   - path: The database file. Its folder must exist.
+  ///   - options: Durability and lock-wait settings.
+  public static func open(path: String, options: Options = .init()) async throws -> SQLiteJobStore {
+    try await withCheckedThrowingContinuation { continuation in
+      DispatchQueue.global().async {
+        continuation.resume(with: Result { try SQLiteJobStore(path: path, options: options) })
+      }
+    }
+  }
+
+  /// The default location of the database named `name`, creating its folder (mode 0700).
+  ///
+  /// Linux: `$XDG_DATA_HOME/conveyor/<name>.sqlite`, falling back to
+  /// `~/.local/share/conveyor/<name>.sqlite`. Apple platforms: `Application Support/conveyor/`.
+  /// Never a cache folder, which the system may purge.
+  ///
+  /// - Parameter name: `[A-Za-z0-9._-]`, 1 to 128 characters, not "." or "..". Default "conveyor".
+  /// - Throws: ``SQLiteJobStoreError`` with code `invalidName` or `cannotCreate`.
+  public static func defaultDatabaseURL(name: String = "conveyor") throws -> URL {
+    try validate(name: name)
+    let folder = try defaultFolder()
+    do {
+      try FileManager.default.createDirectory(
+        at: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+    } catch {
+      throw SQLiteJobStoreError(
+        code: .cannotCreate, path: folder.path,
+        message: "cannot create the database folder (\(error.localizedDescription)); "
+          + "check the permissions of its parent or pass an explicit path")
+    }
+    return folder.appendingPathComponent("\(name).sqlite", isDirectory: false)
+  }
+
+  // MARK: - JobStore
+
+  /// Commits new jobs to a queue in one transaction, in order, skipping duplicates by key.
+  public func enqueue(_ jobs: [NewJob], queue: String, now: Date) async throws -> [EnqueueResult] {
+    if jobs.isEmpty { return [] }
+    let created = millis(now)
+    return try await connection.perform { db in
+      try db.transaction(immediate: true) {
+        var results: [EnqueueResult] = []
+        results.reserveCapacity(jobs.count)
+        for job in jobs {
+          if let key = job.deduplicationKey,
+            let existing = try db.scalar(SQL.findDuplicate, .text(queue), .text(key))
+          {
+            results.append(EnqueueResult(id: JobID(existing), inserted: false))
+            continue
+          }
+          try db.run(
+            SQL.insert, .text(queue), .blob(job.payload), .integer(Int64(job.priority)),
+            .integer(millis(job.runAt)), .integer(created),
+            job.deduplicationKey.map(SQLiteValue.text) ?? .null)
+          results.append(EnqueueResult(id: JobID(db.lastInsertRowID), inserted: true))
+        }
+        return results
+      }
+    }
+  }
+
+  /// Applies settlements, then claims up to `limit` ready jobs, in one `BEGIN IMMEDIATE` transaction.
+  public func settleAndClaim(
+    _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, now: Date
+  ) async throws -> ClaimBatch {
+    let nowMillis = millis(now)
+    let expires = millis(lease.expiresAt)
+    return try await connection.perform { db in
+      try db.transaction(immediate: true) {
+        var stale: [JobID] = []
+        for settlement in settlements {
+          if try !Self.settle(settlement, queue: queue, db: db) { stale.append(settlement.id) }
+        }
+        let paused = try db.scalar(SQL.isPaused, .text(queue)) != nil
+        guard limit > 0, !paused else {
+          return ClaimBatch(claimed: [], staleSettlements: stale, paused: paused)
+        }
+        // Read the ready rows first, then update them one by one (no `RETURNING`, no
+        // `UPDATE … WHERE id IN (SELECT …)`: both were several times slower).
+        var claimed: [JobRecord] = []
+        claimed.reserveCapacity(min(limit, 1_024))
+        try db.query(SQL.selectReady, .text(queue), .integer(nowMillis), .integer(Int64(limit))) {
+          claimed.append(try Self.record($0))
+        }
+        for index in claimed.indices {
+          let id = claimed[index].id.rawValue
+          let changed = try db.run(
+            SQL.claim, .integer(nowMillis), .text(lease.owner), .integer(expires), .integer(id))
+          guard changed == 1 else {
+            throw SQLiteError(code: .error, message: "claimed job \(id) vanished inside its transaction")
+          }
+          claimed[index].status = .running
+          claimed[index].attempts += 1
+          claimed[index].runAt = date(nowMillis)
+          claimed[index].leaseOwner = lease.owner
+          claimed[index].leaseExpiresAt = date(expires)
+        }
+        return ClaimBatch(claimed: claimed, staleSettlements: stale)
+      }
+    }
+  }
+
+  /// Extends the lease on jobs `lease.owner` holds; returns the IDs it still holds.
+  public func heartbeat(_ ids: [JobID], queue: String, lease: Lease) async throws -> [JobID] {
+    if ids.isEmpty { return [] }
+    let expires = millis(lease.expiresAt)
+    return try await connection.perform { db in
+      try db.transaction(immediate: true) {
+        try ids.filter {
+          try db.run(
+            SQL.heartbeat, .integer(expires), .integer($0.rawValue), .text(queue), .text(lease.owner)) > 0
+        }
+      }
+    }
+  }
+
+  /// Returns running jobs whose lease ran out before `now` to pending, ready at `now`.
+  public func rescueExpiredLeases(queue: String, now: Date) async throws -> Int {
+    let nowMillis = millis(now)
+    return try await connection.perform { db in
+      try db.run(SQL.rescue, .integer(nowMillis), .text(queue), .integer(nowMillis))
+    }
+  }
+
+  /// Counts the queue's jobs by status, reading each count from its partial index.
+  public func counts(queue: String, now: Date) async throws -> JobCounts {
+    let nowMillis = millis(now)
+    return try await connection.perform { db in
+      try db.transaction(immediate: false) {
+        JobCounts(
+          ready: Int(try db.scalar(SQL.countReady, .text(queue), .integer(nowMillis)) ?? 0),
+          scheduled: Int(try db.scalar(SQL.countScheduled, .text(queue), .integer(nowMillis)) ?? 0),
+          running: Int(try db.scalar(SQL.countRunning, .text(queue)) ?? 0),
+          dead: Int(try db.scalar(SQL.countDead, .text(queue)) ?? 0))
+      }
+    }
+  }
+
+  /// Lists jobs in ID order, one page at a time; only the page is read into memory.
+  public func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
+    guard limit > 0 else { return [] }
+    let sql = SQL.list(status)
+    let after = after?.rawValue ?? Int64.min
+    return try await connection.perform { db in
+      var records: [JobRecord] = []
+      try db.query(sql, .text(queue), .integer(after), .integer(Int64(limit))) {
+        records.append(try Self.record($0))
+      }
+      return records
+    }
+  }
+
+  /// Deletes the given jobs whatever their status; returns how many existed.
+  public func remove(_ ids: [JobID], queue: String) async throws -> Int {
+    if ids.isEmpty { return 0 }
+    return try await connection.perform { db in
+      try db.transaction(immediate: true) {
+        try ids.reduce(0) { $0 + (try db.run(SQL.remove, .integer($1.rawValue), .text(queue))) }
+      }
+    }
+  }
+
+  /// Deletes every job of the queue whose status is in `statuses`; returns how many.
+  public func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int {
+    if statuses.isEmpty { return 0 }
+    return try await connection.perform { db in
+      try db.transaction(immediate: true) {
+        try statuses.reduce(0) { $0 + (try db.run(SQL.clear($1), .text(queue))) }
+      }
+    }
+  }
+
+  /// Makes dead jobs pending again, ready at `now`, attempts reset to zero; returns how many.
+  public func requeueDead(_ ids: [JobID]?, queue: String, now: Date) async throws -> Int {
+    let nowMillis = millis(now)
+    return try await connection.perform { db in
+      try db.transaction(immediate: true) {
+        guard let ids else { return try db.run(SQL.requeueAll, .integer(nowMillis), .text(queue)) }
+        return try ids.reduce(0) {
+          $0 + (try db.run(SQL.requeueOne, .integer(nowMillis), .text(queue), .integer($1.rawValue)))
+        }
+      }
+    }
+  }
+
+  /// Stores whether the queue is paused; every process on the file obeys it at its next claim.
+  public func setPaused(_ paused: Bool, queue: String) async throws {
+    _ = try await connection.perform { db in
+      if paused {
+        try db.run(SQL.pause, .text(queue))
+      } else {
+        try db.run(SQL.resume, .text(queue))
+      }
+    }
+  }
+
+  /// Whether the queue is paused.
+  public func isPaused(queue: String) async throws -> Bool {
+    try await connection.perform { db in try db.scalar(SQL.isPaused, .text(queue)) != nil }
+  }
+
+  /// The earliest pending run date or running lease expiry of the queue; nil when it holds neither.
+  public func nextWakeDate(queue: String) async throws -> Date? {
+    try await connection.perform { db in
+      try db.transaction(immediate: false) {
+        let runAt = try db.scalar(SQL.nextRunAt, .text(queue))
+        let expiry = try db.scalar(SQL.nextExpiry, .text(queue))
+        return [runAt, expiry].compactMap { $0 }.min().map(date)
+      }
+    }
+  }
+
+  /// The names of queues that hold jobs or are paused, sorted.
+  public func queueNames() async throws -> [String] {
+    try await connection.perform { db in
+      var names: [String] = []
+      try db.query(SQL.queueNames) { names.append($0.text(0) ?? "") }
+      return names
+    }
+  }
+
+  /// The number of prepared statements the connection holds (tests check they are reused).
+  func cachedStatementCount() async throws -> Int {
+    try await connection.perform { $0.cachedStatementCount }
+  }
+
+  // MARK: - Settling and decoding
+
+  /// Applies one settlement; false when the owner no longer holds the job.
+  private static func settle(_ settlement: JobSettlement, queue: String, db: Connection) throws -> Bool {
+    let id = SQLiteValue.integer(settlement.id.rawValue)
+    let owner = SQLiteValue.text(settlement.owner)
+    let changed: Int
+    switch settlement.action {
+    case .complete:
+      changed = try db.run(SQL.complete, id, .text(queue), owner)
+    case .retry(let at, let error):
+      changed = try db.run(
+        SQL.retry, .integer(millis(at)), error.map(SQLiteValue.text) ?? .null, id, .text(queue), owner)
+    case .kill(let error):
+      changed = try db.run(SQL.kill, .text(error), id, .text(queue), owner)
+    case .release:
+      changed = try db.run(SQL.release, id, .text(queue), owner)
+    }
+    return changed > 0
+  }
+
+  /// Decodes a row selected with ``SQL/columns``.
+  private static func record(_ row: Statement) throws -> JobRecord {
+    let statusText = row.text(3) ?? ""
+    guard let status = JobStatus(rawValue: statusText) else {
+      throw SQLiteError(
+        code: .corrupt, message: "job \(row.int64(0)) has an unknown status '\(statusText)'", sql: row.sql)
+    }
+    return JobRecord(
+      id: JobID(row.int64(0)), queue: row.text(1) ?? "", payload: row.data(2), status: status,
+      priority: row.int(4), attempts: row.int(5), runAt: date(row.int64(6)), createdAt: date(row.int64(7)),
+      lastError: row.text(8), deduplicationKey: row.text(9), leaseOwner: row.text(10),
+      leaseExpiresAt: row.isNull(11) ? nil : date(row.int64(11)))
+  }
+}
+
+// MARK: - Opening
+
+extension SQLiteJobStore {
+  /// Creates an empty file with mode 0600 when none exists, so SQLite never creates it 0644.
+  fileprivate static func createFileIfMissing(_ path: String) throws {
+    let descriptor = createExclusively(path)
+    if descriptor >= 0 {
+      close(descriptor)
+    } else if errno != EEXIST {
+      let reason = String(cString: strerror(errno))
+      throw SQLiteJobStoreError(
+        code: .cannotCreate, path: path,
+        message: "cannot create the database file (\(reason)); check that its folder exists and is writable")
+    }
+  }
+
+  /// Checks the file is a Conveyor database (or empty), sets the pragmas, installs the schema.
+  ///
+  /// Nothing is written before the file is known to be empty or a Conveyor database.
+  fileprivate static func prepare(_ db: Connection, path: String, options: Options) throws {
+    try db.execute("PRAGMA busy_timeout = \(milliseconds(options.busyTimeout))")
+    switch try inspect(db, path: path) {
+    case .conveyor:
+      break
+    case .empty:
+      try db.execute("PRAGMA journal_mode = WAL")
+      try db.transaction(immediate: true) {
+        // Another process may have installed the schema while this one waited for the lock.
+        if try inspect(db, path: path) == .empty { try db.execute(SQL.schema) }
+      }
+    }
+    try db.execute("PRAGMA journal_mode = WAL")
+    try db.execute("PRAGMA synchronous = \(options.synchronous.rawValue)")
+    try db.execute("PRAGMA foreign_keys = ON")
+  }
+
+  private enum FileKind { case empty, conveyor }
+
+  /// Reads the header and schema without writing; throws for anything but an empty or a Conveyor file.
+  private static func inspect(_ db: Connection, path: String) throws -> FileKind {
+    let applicationID: Int64
+    let version: Int64
+    let objects: Int64
+    do {
+      applicationID = try db.scalar("PRAGMA application_id") ?? 0
+      version = try db.scalar("PRAGMA user_version") ?? 0
+      objects = try db.scalar("SELECT count(*) FROM sqlite_master") ?? 0
+    } catch let error as SQLiteError {
+      switch error.code {
+      case .notADatabase:
+        throw SQLiteJobStoreError(
+          code: .notADatabase, path: path,
+          message: "this file is not an SQLite database, so it was left untouched; "
+            + "pass the path of a Conveyor database, or a new path to create one")
+      case .corrupt:
+        throw SQLiteJobStoreError(
+          code: .corrupt, path: path,
+          message: "this database is damaged (\(error.message)); it was left untouched. "
+            + "Restore it from a backup, or move it aside so a new database is created")
+      default:
+        throw error
+      }
+    }
+    if applicationID == 0 && version == 0 && objects == 0 { return .empty }
+    guard applicationID == Int64(Self.applicationID) else {
+      throw SQLiteJobStoreError(
+        code: .foreignDatabase, path: path,
+        message: "this is another application's SQLite database (application_id \(applicationID), "
+          + "\(objects) schema objects), so it was left untouched; choose another path for Conveyor")
+    }
+    guard version <= Int64(Self.schemaVersion) else {
+      throw SQLiteJobStoreError(
+        code: .newerSchema, path: path,
+        message: "this Conveyor database has schema version \(version), newer than the version "
+          + "\(Self.schemaVersion) this build knows; it was left untouched. Upgrade Conveyor to open it")
+    }
+    guard version == Int64(Self.schemaVersion) else {
+      throw SQLiteJobStoreError(
+        code: .unsupportedSchema, path: path,
+        message: "this Conveyor database has schema version \(version), which this build cannot "
+          + "open; it was left untouched. Move it aside so a new database is created")
+    }
+    return .conveyor
+  }
+
+  private static func validate(name: String) throws {
+    let allowed = Set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-".utf8)
+    let valid =
+      (1...128).contains(name.utf8.count) && name.utf8.allSatisfy(allowed.contains) && name != "."
+      && name != ".."
+    guard valid else {
+      throw SQLiteJobStoreError(
+        code: .invalidName, path: name,
+        message: "a database name must be 1 to 128 characters from A-Z, a-z, 0-9, '.', '_' and '-' "
+          + "(and not '.' or '..'); pass a name such as \"conveyor\" or an explicit path")
+    }
+  }
+
+  private static func defaultFolder() throws -> URL {
+    #if canImport(Darwin)
+      do {
+        let support = try FileManager.default.url(
+          for: .applicationSupportDirectory, in: .userDomainMask, appropriateFor: nil, create: true)
+        return support.appendingPathComponent("conveyor", isDirectory: true)
+      } catch {
+        throw SQLiteJobStoreError(
+          code: .cannotCreate, path: "Application Support",
+          message: "cannot locate Application Support (\(error.localizedDescription)); pass an explicit path")
+      }
+    #else
+      let environment = ProcessInfo.processInfo.environment
+      if let data = environment["XDG_DATA_HOME"], data.hasPrefix("/") {
+        return URL(fileURLWithPath: data, isDirectory: true).appendingPathComponent("conveyor")
+      }
+      let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? NSHomeDirectory()
+      return URL(fileURLWithPath: home, isDirectory: true)
+        .appendingPathComponent(".local/share/conveyor", isDirectory: true)
+    #endif
+  }
+}
+
+/// Opens `path` for creation only, failing with `EEXIST` when it exists; mode 0600.
+private func createExclusively(_ path: String) -> Int32 {
+  open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+}
+
+/// Whole milliseconds since 1970, rounded to the nearest: how the store keeps dates.
+func millis(_ date: Date) -> Int64 {
+  Int64((date.timeIntervalSince1970 * 1000).rounded())
+}
+
+/// The date `milliseconds` after 1970.
+func date(_ milliseconds: Int64) -> Date {
+  Date(timeIntervalSince1970: Double(milliseconds) / 1000)
+}
+
+/// A duration in whole milliseconds, clamped to `Int32`.
+private func milliseconds(_ duration: Duration) -> Int32 {
+  let (seconds, attoseconds) = duration.components
+  return Int32(clamping: seconds * 1000 + attoseconds / 1_000_000_000_000_000)
+}

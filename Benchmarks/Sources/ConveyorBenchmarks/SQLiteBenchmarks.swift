@@ -1,3 +1,450 @@
+import CSQLiteBench
+import Conveyor
+import ConveyorSQLite
+import Foundation
+
+// SQLite store benchmarks: every store figure is compared with a raw sqlite3 baseline doing the
+// same work with the fastest correct at-least-once pattern, measured in the same run.
+
+/// Runs the SQLite benchmarks.
 func runSQLiteBenchmarks() async throws {
-  section("SQLite: not written yet")
+  let folder = FileManager.default.temporaryDirectory
+    .appendingPathComponent("conveyor-sqlite-bench-\(UUID().uuidString)", isDirectory: true)
+  try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+  // Every store and connection is closed when `run` returns, before the folder goes.
+  defer { removeBenchmarkFolder(folder) }
+  try await runSQLiteBenchmarks(in: folder)
+}
+
+private func runSQLiteBenchmarks(in folder: URL) async throws {
+  var fileNumber = 0
+  func newPath() -> String {
+    fileNumber += 1
+    return folder.appendingPathComponent("bench-\(fileNumber).sqlite").path
+  }
+
+  // CONVEYOR_BENCH_SQLITE=raw-drain|store-drain runs one loop alone, for a profiler.
+  if let only = ProcessInfo.processInfo.environment["CONVEYOR_BENCH_SQLITE"] {
+    let count = 5_000
+    if only == "raw-large" {
+      for total in [10_000, 1_000_000, 10_000] {
+        let raw = try RawQueue(path: newPath(), synchronous: "NORMAL")
+        try raw.insert(count: total, perTransaction: 1_000)
+        let rate = Double(10_000) / (try await seconds { try raw.drain(batch: 100, expected: 10_000, stopAt: 10_000) })
+        print(String(format: "raw drain 10k of %d: %.0f/s", total, rate))
+      }
+    } else if only == "store-large" {
+      for total in [10_000, 1_000_000, 10_000] {
+        let store = try await filledStore(newPath(), synchronous: .normal, count: total)
+        let rate = Double(10_000) / (try await seconds { try await drainStore(store, batch: 100, expected: 10_000) })
+        print(String(format: "store drain 10k of %d: %.0f/s", total, rate))
+      }
+    } else if only == "raw-drain" {
+      let raw = try RawQueue(path: newPath(), synchronous: "NORMAL")
+      try raw.insert(count: count, perTransaction: 1_000)
+      print(String(format: "raw drain: %.0f/s", Double(count) / (try await seconds { try raw.drain(batch: 1, expected: count) })))
+    } else {
+      let store = try await filledStore(newPath(), synchronous: .normal, count: count)
+      print(String(format: "store drain: %.0f/s", Double(count) / (try await seconds { try await drainStore(store, batch: 1, expected: count) })))
+    }
+    return
+  }
+
+  // First, while the process is small, so its peak memory is the large queue's.
+  try await runLargeQueueBenchmark(path: newPath(), smallPath: newPath())
+
+  for synchronous in [SQLiteJobStore.Synchronous.normal, .full] {
+    let mode = synchronous.rawValue
+    section("SQLite store vs raw sqlite3, synchronous=\(mode)")
+    let singles = synchronous == .normal ? 20_000 : 2_000
+    let batched = synchronous == .normal ? 100_000 : 20_000
+
+    // Enqueue, one job per transaction.
+    let rawInsertOne = try await best {
+      let raw = try RawQueue(path: newPath(), synchronous: mode)
+      try raw.insert(count: singles, perTransaction: 1)
+    }
+    let storeInsertOne = try await best {
+      let store = try SQLiteJobStore(path: newPath(), options: .init(synchronous: synchronous))
+      let job = NewJob(payload: benchPayload, runAt: benchEpoch)
+      for _ in 0..<singles { _ = try await store.enqueue([job], queue: "bench", now: benchEpoch) }
+    }
+    Comparison(
+      name: "store enqueue, 1 per call (\(mode))", count: singles, seconds: storeInsertOne,
+      baselineName: "raw insert, 1 per transaction", baselineSeconds: rawInsertOne, goal: 0.8
+    ).print()
+
+    // Enqueue, 100 jobs per transaction.
+    let rawInsertBatch = try await best {
+      let raw = try RawQueue(path: newPath(), synchronous: mode)
+      try raw.insert(count: batched, perTransaction: 100)
+    }
+    let storeInsertBatch = try await best {
+      let store = try SQLiteJobStore(path: newPath(), options: .init(synchronous: synchronous))
+      let jobs = Array(repeating: NewJob(payload: benchPayload, runAt: benchEpoch), count: 100)
+      for _ in 0..<(batched / 100) { _ = try await store.enqueue(jobs, queue: "bench", now: benchEpoch) }
+    }
+    Comparison(
+      name: "store enqueue, 100 per call (\(mode))", count: batched, seconds: storeInsertBatch,
+      baselineName: "raw insert, 100 per transaction", baselineSeconds: rawInsertBatch, goal: 0.5
+    ).print()
+
+    // Claim and complete, one job per transaction (completing the previous, claiming the next).
+    let rawDrainOne = try await best {
+      let raw = try RawQueue(path: newPath(), synchronous: mode)
+      try raw.insert(count: singles, perTransaction: 1_000)
+      return raw
+    } measure: { try $0.drain(batch: 1, expected: singles) }
+    let storeDrainOne = try await best {
+      try await filledStore(newPath(), synchronous: synchronous, count: singles)
+    } measure: { try await drainStore($0, batch: 1, expected: singles) }
+    Comparison(
+      name: "store claim+complete, 1 per call (\(mode))", count: singles, seconds: storeDrainOne,
+      baselineName: "raw claim+complete, 1 per txn", baselineSeconds: rawDrainOne, goal: nil
+    ).print()
+
+    // Claim and complete, 100 jobs per transaction.
+    let rawDrainBatch = try await best {
+      let raw = try RawQueue(path: newPath(), synchronous: mode)
+      try raw.insert(count: batched, perTransaction: 1_000)
+      return raw
+    } measure: { try $0.drain(batch: 100, expected: batched) }
+    let storeDrainBatch = try await best {
+      try await filledStore(newPath(), synchronous: synchronous, count: batched)
+    } measure: { try await drainStore($0, batch: 100, expected: batched) }
+    Comparison(
+      name: "store claim+complete, 100 per call (\(mode))", count: batched, seconds: storeDrainBatch,
+      baselineName: "raw claim+complete, 100 per txn", baselineSeconds: rawDrainBatch, goal: 0.5
+    ).print()
+  }
+
+  try await runEngineBenchmarks(newPath: newPath)
+}
+
+/// The item the engine benchmarks drain.
+private struct BenchItem: Queueable {
+  var number: Int
+}
+
+/// `JobQueue` on `SQLiteJobStore` with a no-op handler, against the raw loops.
+private func runEngineBenchmarks(newPath: () -> String) async throws {
+  section("JobQueue on SQLiteJobStore (no-op handler, synchronous=NORMAL)")
+  let count = 20_000
+  let rawOne = try await best {
+    let raw = try RawQueue(path: newPath(), synchronous: "NORMAL")
+    try raw.insert(count: count, perTransaction: 1_000)
+    return raw
+  } measure: { try $0.drain(batch: 1, expected: count) }
+  let rawBatch = try await best {
+    let raw = try RawQueue(path: newPath(), synchronous: "NORMAL")
+    try raw.insert(count: count, perTransaction: 1_000)
+    return raw
+  } measure: { try $0.drain(batch: 100, expected: count) }
+
+  func drainQueue(concurrency: Int, prefetch: Int) async throws -> Double {
+    try await best {
+      let store = try SQLiteJobStore(path: newPath())
+      let payloads = try (0..<1_000).map {
+        NewJob(payload: try JSONEncoder().encode(BenchItem(number: $0)), runAt: benchEpoch)
+      }
+      for _ in 0..<(count / 1_000) { _ = try await store.enqueue(payloads, queue: "bench", now: benchEpoch) }
+      return store
+    } measure: { store in
+      let configuration = JobQueueConfiguration(
+        identifier: "bench", concurrency: concurrency, prefetch: prefetch, autoStart: false)
+      let queue = try JobQueue<BenchItem>(configuration: configuration, store: store) { _, _ in .handled }
+      queue.start()
+      await queue.waitUntilFinished()
+      await queue.shutdown(gracePeriod: .seconds(5))
+      let left = try await store.counts(queue: "bench", now: Date()).unfinished
+      guard left == 0 else { throw BenchmarkFailure("\(left) jobs left") }
+    }
+  }
+  let one = try await drainQueue(concurrency: 1, prefetch: 0)
+  Comparison(
+    name: "JobQueue drain, concurrency 1", count: count, seconds: one,
+    baselineName: "raw claim+complete, 1 per txn", baselineSeconds: rawOne, goal: 0.7
+  ).print()
+  let four = try await drainQueue(concurrency: 4, prefetch: 0)
+  Comparison(
+    name: "JobQueue drain, concurrency 4", count: count, seconds: four,
+    baselineName: "JobQueue drain, concurrency 1", baselineSeconds: one, goal: 1.0
+  ).print()
+  let batched = try await drainQueue(concurrency: 4, prefetch: 96)
+  Comparison(
+    name: "JobQueue drain, concurrency 4, prefetch 96", count: count, seconds: batched,
+    baselineName: "raw claim+complete, 100 per txn", baselineSeconds: rawBatch, goal: 0.5
+  ).print()
+}
+
+/// Peak memory and drain speed with 1,000,000 pending jobs, against the same drain at 10,000.
+private func runLargeQueueBenchmark(path: String, smallPath: String) async throws {
+  section("SQLite store with 1,000,000 pending jobs")
+  let total = 1_000_000
+  let sample = 10_000
+  let store = try SQLiteJobStore(path: path)
+  let jobs = Array(repeating: NewJob(payload: benchPayload, runAt: benchEpoch), count: 1_000)
+  let fill = try await seconds {
+    for _ in 0..<(total / 1_000) { _ = try await store.enqueue(jobs, queue: "bench", now: benchEpoch) }
+  }
+  print(String(format: "filled %d jobs in %.1f s (%.0f/s, 1000 per call)", total, fill, Double(total) / fill))
+  let fillPeak = peakMemoryKB()
+  resetPeakMemory()
+  // Three samples of 10k from the 1M queue, against three fresh 10k queues; best of each.
+  var largeDrain = Double.infinity
+  var smallDrain = Double.infinity
+  for round in 0..<3 {
+    largeDrain = min(largeDrain, try await seconds { try await drainStore(store, batch: 100, expected: sample) })
+    let small = try await filledStore(smallPath + "-\(round)", synchronous: .normal, count: sample)
+    smallDrain = min(smallDrain, try await seconds { try await drainStore(small, batch: 100, expected: sample) })
+  }
+  let counts = try await store.counts(queue: "bench", now: benchEpoch)
+  var listed = 0
+  var after: JobID?
+  while listed < 50_000 {
+    let page = try await store.jobs(queue: "bench", status: .pending, after: after, limit: 1_000)
+    guard let last = page.last else { break }
+    listed += page.count
+    after = last.id
+  }
+  let peak = peakMemoryKB()
+  Comparison(
+    name: "drain 10k of 1M pending, 100 per call", count: sample, seconds: largeDrain,
+    baselineName: "drain 10k of 10k pending", baselineSeconds: smallDrain, goal: 0.8
+  ).print()
+  print(
+    String(
+      format: "peak RSS (VmHWM) with 1M pending while draining 30k, counting, listing %d: %.1f MB "
+        + "(goal < 64 MB: %@; peak while filling: %.1f MB); %d left",
+      listed, Double(peak) / 1024, peak < 64 * 1024 ? "met" : "MISSED", Double(fillPeak) / 1024,
+      counts.unfinished))
+}
+
+let benchEpoch = Date(timeIntervalSince1970: 1_700_000_000)
+/// A small JSON-like payload, typical of a queued request.
+let benchPayload = Data(#"{"url":"https://example.com/hook","attempt":1,"body":"hello, world"}"#.utf8)
+
+/// The best of `repeats` timings of `measure`, each after an untimed `setup`.
+private func best<Fixture>(
+  repeats: Int = 3, setup: () async throws -> Fixture, measure: (Fixture) async throws -> Void
+) async throws -> Double {
+  var result = Double.infinity
+  for _ in 0..<repeats {
+    let fixture = try await setup()
+    result = min(result, try await seconds { try await measure(fixture) })
+  }
+  return result
+}
+
+private func filledStore(_ path: String, synchronous: SQLiteJobStore.Synchronous, count: Int) async throws
+  -> SQLiteJobStore
+{
+  let store = try SQLiteJobStore(path: path, options: .init(synchronous: synchronous))
+  let jobs = Array(repeating: NewJob(payload: benchPayload, runAt: benchEpoch), count: 1_000)
+  var left = count
+  while left > 0 {
+    _ = try await store.enqueue(Array(jobs.prefix(left)), queue: "bench", now: benchEpoch)
+    left -= min(left, 1_000)
+  }
+  return store
+}
+
+/// Claims and completes `expected` jobs, `batch` per call, completing each batch with the next claim.
+private func drainStore(_ store: SQLiteJobStore, batch: Int, expected: Int) async throws {
+  let lease = Lease(owner: "bench", expiresAt: benchEpoch.addingTimeInterval(3_600))
+  var settlements: [JobSettlement] = []
+  var handled = 0
+  while handled < expected {
+    let claimed = try await store.settleAndClaim(
+      settlements, queue: "bench", limit: batch, lease: lease, now: benchEpoch
+    ).claimed
+    if claimed.isEmpty { break }
+    handled += claimed.count
+    settlements = claimed.map { JobSettlement(id: $0.id, owner: "bench", action: .complete) }
+  }
+  _ = try await store.settleAndClaim(settlements, queue: "bench", limit: 0, lease: lease, now: benchEpoch)
+  guard handled == expected else { throw BenchmarkFailure("drained \(handled) of \(expected)") }
+}
+
+struct BenchmarkFailure: Error, CustomStringConvertible {
+  var description: String
+  init(_ description: String) { self.description = description }
+}
+
+/// Removes the folder; a queue shutting down may still be closing its store, so try twice.
+private func removeBenchmarkFolder(_ folder: URL) {
+  for attempt in 1...2 {
+    do {
+      try FileManager.default.removeItem(at: folder)
+      return
+    } catch {
+      if attempt == 2 { print("could not remove \(folder.path): \(error)") }
+      Thread.sleep(forTimeInterval: 0.5)
+    }
+  }
+}
+
+/// Resets the kernel's peak-RSS counter (Linux: writing 5 to /proc/self/clear_refs).
+private func resetPeakMemory() {
+  #if os(Linux)
+    do { try "5".write(toFile: "/proc/self/clear_refs", atomically: false, encoding: .utf8) } catch {
+      print("could not reset VmHWM: \(error)")
+    }
+  #endif
+}
+
+/// Peak resident memory in KiB (VmHWM), or 0 where /proc is not available.
+private func peakMemoryKB() -> Int {
+  guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8) else { return 0 }
+  for line in status.split(separator: "\n") where line.hasPrefix("VmHWM:") {
+    return Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") ?? 0
+  }
+  return 0
+}
+
+// MARK: - Raw baseline
+
+/// The same schema and work through the sqlite3 C API with no wrapper: prepared statements,
+/// WAL, one `BEGIN IMMEDIATE` transaction that completes the previous batch and claims the next
+/// (`SELECT … LIMIT n`, then `UPDATE … WHERE id = ?`, no `RETURNING`).
+private final class RawQueue {
+  let db: OpaquePointer
+  private var statements: [String: OpaquePointer] = [:]
+
+  init(path: String, synchronous: String) throws {
+    var handle: OpaquePointer?
+    guard sqlite3_open(path, &handle) == SQLITE_OK, let handle else { throw BenchmarkFailure("open \(path)") }
+    db = handle
+    try exec("PRAGMA journal_mode = WAL; PRAGMA synchronous = \(synchronous); PRAGMA busy_timeout = 5000")
+    try exec(
+      """
+      CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL, payload BLOB NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('pending', 'running', 'dead')),
+        priority INTEGER NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0,
+        run_at INTEGER NOT NULL, created_at INTEGER NOT NULL, last_error TEXT, dedup_key TEXT,
+        lease_owner TEXT, lease_expires_at INTEGER);
+      CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE status = 'pending';
+      CREATE INDEX jobs_dedup ON jobs (queue, dedup_key)
+        WHERE dedup_key IS NOT NULL AND status IN ('pending', 'running');
+      CREATE INDEX jobs_lease ON jobs (queue, lease_expires_at) WHERE status = 'running';
+      CREATE INDEX jobs_dead ON jobs (queue, id) WHERE status = 'dead';
+      """)
+  }
+
+  deinit {
+    for statement in statements.values { sqlite3_finalize(statement) }
+    sqlite3_close(db)
+  }
+
+  func exec(_ sql: String) throws {
+    guard sqlite3_exec(db, sql, nil, nil, nil) == SQLITE_OK else {
+      throw BenchmarkFailure(String(cString: sqlite3_errmsg(db)))
+    }
+  }
+
+  func statement(_ sql: String) throws -> OpaquePointer {
+    if let statement = statements[sql] { return statement }
+    var statement: OpaquePointer?
+    guard sqlite3_prepare_v2(db, sql, -1, &statement, nil) == SQLITE_OK, let statement else {
+      throw BenchmarkFailure(String(cString: sqlite3_errmsg(db)))
+    }
+    statements[sql] = statement
+    return statement
+  }
+
+  func step(_ statement: OpaquePointer) throws -> Bool {
+    switch sqlite3_step(statement) {
+    case SQLITE_ROW: return true
+    case SQLITE_DONE: return false
+    default: throw BenchmarkFailure(String(cString: sqlite3_errmsg(db)))
+    }
+  }
+
+  func insert(count: Int, perTransaction: Int) throws {
+    let begin = try statement("BEGIN IMMEDIATE")
+    let commit = try statement("COMMIT")
+    let insert = try statement(
+      "INSERT INTO jobs (queue, payload, status, priority, run_at, created_at, dedup_key) "
+        + "VALUES (?, ?, 'pending', ?, ?, ?, ?)")
+    let millis = Int64(benchEpoch.timeIntervalSince1970 * 1000)
+    var done = 0
+    while done < count {
+      _ = try step(begin)
+      sqlite3_reset(begin)
+      for _ in 0..<min(perTransaction, count - done) {
+        sqlite3_bind_text(insert, 1, "bench", -1, bench_sqlite_transient())
+        benchPayload.withUnsafeBytes {
+          _ = sqlite3_bind_blob(insert, 2, $0.baseAddress, Int32($0.count), bench_sqlite_transient())
+        }
+        sqlite3_bind_int64(insert, 3, 0)
+        sqlite3_bind_int64(insert, 4, millis)
+        sqlite3_bind_int64(insert, 5, millis)
+        sqlite3_bind_null(insert, 6)
+        _ = try step(insert)
+        sqlite3_reset(insert)
+        _ = sqlite3_last_insert_rowid(db)
+        done += 1
+      }
+      _ = try step(commit)
+      sqlite3_reset(commit)
+    }
+  }
+
+  /// Claims `batch` jobs per transaction, completing the previous batch in the same transaction.
+  func drain(batch: Int, expected: Int, stopAt: Int = .max) throws {
+    let begin = try statement("BEGIN IMMEDIATE")
+    let commit = try statement("COMMIT")
+    let complete = try statement(
+      "DELETE FROM jobs WHERE id = ? AND queue = ? AND status = 'running' AND lease_owner = ?")
+    let select = try statement(
+      "SELECT id, payload, attempts FROM jobs WHERE queue = ? AND status = 'pending' AND run_at <= ? "
+        + "ORDER BY priority DESC, run_at, id LIMIT ?")
+    let claim = try statement(
+      "UPDATE jobs SET status = 'running', attempts = attempts + 1, run_at = ?, lease_owner = ?, "
+        + "lease_expires_at = ? WHERE id = ?")
+    let now = Int64(benchEpoch.timeIntervalSince1970 * 1000)
+    var previous: [Int64] = []
+    var ids: [Int64] = []
+    var handled = 0
+    while true {
+      _ = try step(begin)
+      sqlite3_reset(begin)
+      for id in previous {
+        sqlite3_bind_int64(complete, 1, id)
+        sqlite3_bind_text(complete, 2, "bench", -1, bench_sqlite_transient())
+        sqlite3_bind_text(complete, 3, "raw", -1, bench_sqlite_transient())
+        _ = try step(complete)
+        sqlite3_reset(complete)
+        guard sqlite3_changes(db) == 1 else { throw BenchmarkFailure("stale completion") }
+      }
+      ids.removeAll(keepingCapacity: true)
+      sqlite3_bind_text(select, 1, "bench", -1, bench_sqlite_transient())
+      sqlite3_bind_int64(select, 2, now)
+      sqlite3_bind_int64(select, 3, Int64(batch))
+      while try step(select) {
+        ids.append(sqlite3_column_int64(select, 0))
+        let bytes = Int(sqlite3_column_bytes(select, 1))
+        _ = Data(bytes: sqlite3_column_blob(select, 1), count: bytes)
+        _ = sqlite3_column_int64(select, 2)
+      }
+      sqlite3_reset(select)
+      for id in ids {
+        sqlite3_bind_int64(claim, 1, now)
+        sqlite3_bind_text(claim, 2, "raw", -1, bench_sqlite_transient())
+        sqlite3_bind_int64(claim, 3, now + 3_600_000)
+        sqlite3_bind_int64(claim, 4, id)
+        _ = try step(claim)
+        sqlite3_reset(claim)
+        guard sqlite3_changes(db) == 1 else { throw BenchmarkFailure("claim lost") }
+      }
+      _ = try step(commit)
+      sqlite3_reset(commit)
+      handled += ids.count
+      previous = ids
+      if ids.isEmpty || handled >= stopAt { break }
+    }
+    if handled >= stopAt { return }
+    guard handled == expected else { throw BenchmarkFailure("raw drained \(handled) of \(expected)") }
+  }
 }

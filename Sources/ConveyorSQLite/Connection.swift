@@ -1,0 +1,201 @@
+import CSQLite
+import Foundation
+
+/// A value bound to a statement parameter.
+enum SQLiteValue {
+  case integer(Int64)
+  case text(String)
+  case blob(Data)
+  case null
+}
+
+/// One open sqlite3 handle and its prepared statements.
+///
+/// Not thread-safe and not `Sendable`: exactly one owner uses it at a time (``SerializedConnection``
+/// confines it to one serial dispatch queue). Statements are prepared once per SQL text and reused;
+/// `deinit` finalises them, then closes the handle.
+final class Connection {
+  /// The sqlite3 handle; immutable for the connection's life.
+  let handle: OpaquePointer
+  private var statements: [String: Statement] = [:]
+
+  /// Opens (and creates when `create` is true) the database file at `path`.
+  init(path: String, create: Bool) throws {
+    var db: OpaquePointer?
+    let flags =
+      SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0) | SQLITE_OPEN_NOMUTEX
+      | SQLITE_OPEN_EXRESCODE
+    let rc = sqlite3_open_v2(path, &db, flags, nil)
+    guard let db else { throw SQLiteError(code: .init(rawValue: rc), message: "cannot open \(path)") }
+    guard rc == SQLITE_OK else {
+      let error = SQLiteError(code: .init(rawValue: rc), message: String(cString: sqlite3_errmsg(db)))
+      sqlite3_close_v2(db)
+      throw error
+    }
+    handle = db
+    sqlite3_extended_result_codes(db, 1)
+  }
+
+  deinit {
+    // Statements must be finalised before the handle closes; close_v2 defers if one leaked.
+    statements.removeAll()
+    sqlite3_close_v2(handle)
+  }
+
+  /// The number of statements currently prepared and cached (for leak checks in tests).
+  var cachedStatementCount: Int { statements.count }
+
+  /// Returns the cached prepared statement for `sql`, preparing it on first use.
+  func statement(_ sql: String) throws -> Statement {
+    if let statement = statements[sql] { return statement }
+    let statement = try Statement(connection: self, sql: sql)
+    statements[sql] = statement
+    return statement
+  }
+
+  /// Runs `sql` (one or several statements, no parameters) without caching it.
+  func execute(_ sql: String) throws {
+    let rc = sqlite3_exec(handle, sql, nil, nil, nil)
+    guard rc == SQLITE_OK else { throw error(rc, sql: sql) }
+  }
+
+  /// Runs a cached statement with `values` to completion; returns the rows it changed.
+  @discardableResult
+  func run(_ sql: String, _ values: SQLiteValue...) throws -> Int {
+    let statement = try statement(sql)
+    try statement.bind(values)
+    defer { statement.reset() }
+    while try statement.step() {}
+    return Int(sqlite3_changes(handle))
+  }
+
+  /// Runs a cached query with `values`, calling `row` for each result row.
+  func query(_ sql: String, _ values: SQLiteValue..., row: (Statement) throws -> Void) throws {
+    let statement = try statement(sql)
+    try statement.bind(values)
+    defer { statement.reset() }
+    while try statement.step() { try row(statement) }
+  }
+
+  /// Runs a cached query and returns its first row's first column as an integer (nil for no row or NULL).
+  func scalar(_ sql: String, _ values: SQLiteValue...) throws -> Int64? {
+    let statement = try statement(sql)
+    try statement.bind(values)
+    defer { statement.reset() }
+    guard try statement.step(), !statement.isNull(0) else { return nil }
+    return statement.int64(0)
+  }
+
+  /// The rowid of the most recent successful insert.
+  var lastInsertRowID: Int64 { sqlite3_last_insert_rowid(handle) }
+
+  /// Whether no transaction is open.
+  var isAutocommit: Bool { sqlite3_get_autocommit(handle) != 0 }
+
+  /// Runs `body` in a transaction (`BEGIN IMMEDIATE` when `immediate`, else deferred), committing
+  /// when it returns and rolling back when it throws.
+  func transaction<T>(immediate: Bool, _ body: () throws -> T) throws -> T {
+    try run(immediate ? "BEGIN IMMEDIATE" : "BEGIN DEFERRED")
+    do {
+      let result = try body()
+      try run("COMMIT")
+      return result
+    } catch {
+      rollbackIfNeeded()
+      throw error
+    }
+  }
+
+  /// Rolls back the open transaction, if any.
+  ///
+  /// Called only while another error is already being thrown; a failing rollback leaves SQLite to
+  /// roll back when the connection next begins or closes, so its result code adds nothing.
+  func rollbackIfNeeded() {
+    if !isAutocommit { sqlite3_exec(handle, "ROLLBACK", nil, nil, nil) }
+  }
+
+  /// Builds an error from a result code and the connection's current message.
+  func error(_ rc: Int32, sql: String?) -> SQLiteError {
+    SQLiteError(code: .init(rawValue: rc), message: String(cString: sqlite3_errmsg(handle)), sql: sql)
+  }
+}
+
+/// A prepared statement owned by one ``Connection``; `deinit` finalises it.
+final class Statement {
+  let handle: OpaquePointer
+  let sql: String
+  private let database: OpaquePointer
+
+  init(connection: Connection, sql: String) throws {
+    var statement: OpaquePointer?
+    let rc = sqlite3_prepare_v3(
+      connection.handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil)
+    guard rc == SQLITE_OK, let statement else { throw connection.error(rc, sql: sql) }
+    handle = statement
+    database = connection.handle
+    self.sql = sql
+  }
+
+  deinit { sqlite3_finalize(handle) }
+
+  /// Binds `values` to parameters 1…n.
+  func bind(_ values: [SQLiteValue]) throws {
+    for (offset, value) in values.enumerated() {
+      let index = Int32(offset + 1)
+      let rc: Int32
+      switch value {
+      case .integer(let number):
+        rc = sqlite3_bind_int64(handle, index, number)
+      case .text(let text):
+        rc = sqlite3_bind_text(handle, index, text, -1, conveyor_sqlite_transient())
+      case .blob(let data):
+        if data.isEmpty {
+          rc = sqlite3_bind_zeroblob(handle, index, 0)
+        } else {
+          rc = data.withUnsafeBytes {
+            sqlite3_bind_blob(handle, index, $0.baseAddress, Int32($0.count), conveyor_sqlite_transient())
+          }
+        }
+      case .null:
+        rc = sqlite3_bind_null(handle, index)
+      }
+      guard rc == SQLITE_OK else { throw error(rc) }
+    }
+  }
+
+  /// Advances to the next row: true when a row is available, false when done.
+  func step() throws -> Bool {
+    switch sqlite3_step(handle) {
+    case SQLITE_ROW: return true
+    case SQLITE_DONE: return false
+    case let rc: throw error(rc)
+    }
+  }
+
+  /// Resets the statement for reuse and clears its bindings.
+  ///
+  /// `sqlite3_reset` repeats the result of the last step, which ``step()`` already threw.
+  func reset() {
+    sqlite3_reset(handle)
+    sqlite3_clear_bindings(handle)
+  }
+
+  func isNull(_ column: Int32) -> Bool { sqlite3_column_type(handle, column) == SQLITE_NULL }
+  func int64(_ column: Int32) -> Int64 { sqlite3_column_int64(handle, column) }
+  func int(_ column: Int32) -> Int { Int(sqlite3_column_int64(handle, column)) }
+
+  func text(_ column: Int32) -> String? {
+    guard let pointer = sqlite3_column_text(handle, column) else { return nil }
+    return String(cString: pointer)
+  }
+
+  func data(_ column: Int32) -> Data {
+    let count = Int(sqlite3_column_bytes(handle, column))
+    guard count > 0, let pointer = sqlite3_column_blob(handle, column) else { return Data() }
+    return Data(bytes: pointer, count: count)
+  }
+
+  private func error(_ rc: Int32) -> SQLiteError {
+    SQLiteError(code: .init(rawValue: rc), message: String(cString: sqlite3_errmsg(database)), sql: sql)
+  }
+}

@@ -1,0 +1,120 @@
+import Conveyor
+
+/// The store's schema and statements.
+///
+/// Statuses are written as literals, not parameters, so SQLite can use the partial indexes.
+enum SQL {
+  static let schema = """
+    CREATE TABLE jobs (
+      id INTEGER PRIMARY KEY AUTOINCREMENT,
+      queue TEXT NOT NULL,
+      payload BLOB NOT NULL,
+      status TEXT NOT NULL CHECK (status IN ('pending', 'running', 'dead')),
+      priority INTEGER NOT NULL DEFAULT 0,
+      attempts INTEGER NOT NULL DEFAULT 0,
+      run_at INTEGER NOT NULL,
+      created_at INTEGER NOT NULL,
+      last_error TEXT,
+      dedup_key TEXT,
+      lease_owner TEXT,
+      lease_expires_at INTEGER
+    );
+    CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE status = 'pending';
+    CREATE INDEX jobs_dedup ON jobs (queue, dedup_key)
+      WHERE dedup_key IS NOT NULL AND status IN ('pending', 'running');
+    CREATE INDEX jobs_lease ON jobs (queue, lease_expires_at) WHERE status = 'running';
+    CREATE INDEX jobs_dead ON jobs (queue, id) WHERE status = 'dead';
+    CREATE TABLE queues (name TEXT PRIMARY KEY, paused INTEGER NOT NULL DEFAULT 1) WITHOUT ROWID;
+    PRAGMA application_id = \(SQLiteJobStore.applicationID);
+    PRAGMA user_version = \(SQLiteJobStore.schemaVersion);
+    """
+
+  /// The columns ``SQLiteJobStore`` decodes a ``JobRecord`` from, in order.
+  static let columns = """
+    id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key, \
+    lease_owner, lease_expires_at
+    """
+
+  static let findDuplicate = """
+    SELECT id FROM jobs WHERE queue = ? AND dedup_key = ? AND status IN ('pending', 'running') LIMIT 1
+    """
+  static let insert = """
+    INSERT INTO jobs (queue, payload, status, priority, run_at, created_at, dedup_key)
+    VALUES (?, ?, 'pending', ?, ?, ?, ?)
+    """
+
+  static let isPaused = "SELECT paused FROM queues WHERE name = ? AND paused = 1"
+  static let pause = "INSERT OR REPLACE INTO queues (name, paused) VALUES (?, 1)"
+  static let resume = "DELETE FROM queues WHERE name = ?"
+
+  static let selectReady = """
+    SELECT \(columns) FROM jobs WHERE queue = ? AND status = 'pending' AND run_at <= ?
+    ORDER BY priority DESC, run_at, id LIMIT ?
+    """
+  /// No `RETURNING`: SQLite buffers returned rows in an ephemeral table whose page cache is
+  /// allocated and freed per statement, which dominated the claim's cost.
+  static let claim = """
+    UPDATE jobs SET status = 'running', attempts = attempts + 1, run_at = ?, lease_owner = ?,
+    lease_expires_at = ? WHERE id = ?
+    """
+
+  private static let held = "id = ? AND queue = ? AND status = 'running' AND lease_owner = ?"
+  static let complete = "DELETE FROM jobs WHERE \(held)"
+  static let retry = """
+    UPDATE jobs SET status = 'pending', run_at = ?, last_error = coalesce(?, last_error),
+    lease_owner = NULL, lease_expires_at = NULL WHERE \(held)
+    """
+  static let kill = """
+    UPDATE jobs SET status = 'dead', last_error = ?, lease_owner = NULL, lease_expires_at = NULL
+    WHERE \(held)
+    """
+  static let release = """
+    UPDATE jobs SET status = 'pending', attempts = max(attempts - 1, 0), lease_owner = NULL,
+    lease_expires_at = NULL WHERE \(held)
+    """
+  static let heartbeat = "UPDATE jobs SET lease_expires_at = ? WHERE \(held)"
+  static let rescue = """
+    UPDATE jobs SET status = 'pending', run_at = ?, lease_owner = NULL, lease_expires_at = NULL
+    WHERE queue = ? AND status = 'running' AND lease_expires_at < ?
+    """
+
+  static let countReady =
+    "SELECT count(*) FROM jobs WHERE queue = ? AND status = 'pending' AND run_at <= ?"
+  static let countScheduled =
+    "SELECT count(*) FROM jobs WHERE queue = ? AND status = 'pending' AND run_at > ?"
+  static let countRunning = "SELECT count(*) FROM jobs WHERE queue = ? AND status = 'running'"
+  static let countDead = "SELECT count(*) FROM jobs WHERE queue = ? AND status = 'dead'"
+
+  static let nextRunAt = "SELECT min(run_at) FROM jobs WHERE queue = ? AND status = 'pending'"
+  static let nextExpiry =
+    "SELECT min(lease_expires_at) FROM jobs WHERE queue = ? AND status = 'running'"
+  static let queueNames = "SELECT queue FROM jobs UNION SELECT name FROM queues ORDER BY 1"
+
+  /// A page of jobs in ID order. `+status` keeps SQLite on the rowid order (no sort of every
+  /// pending job); dead jobs have their own small index in ID order.
+  static func list(_ status: JobStatus?) -> String {
+    let filter: String
+    switch status {
+    case nil: filter = ""
+    case .pending: filter = "AND +status = 'pending'"
+    case .running: filter = "AND +status = 'running'"
+    case .dead: filter = "AND status = 'dead'"
+    }
+    return "SELECT \(columns) FROM jobs WHERE queue = ? AND id > ? \(filter) ORDER BY id LIMIT ?"
+  }
+
+  static let remove = "DELETE FROM jobs WHERE id = ? AND queue = ?"
+
+  static func clear(_ status: JobStatus) -> String {
+    "DELETE FROM jobs WHERE queue = ? AND status = '\(status.rawValue)'"
+  }
+
+  static let requeueAll = """
+    UPDATE jobs SET status = 'pending', run_at = ?, attempts = 0, lease_owner = NULL,
+    lease_expires_at = NULL WHERE queue = ? AND status = 'dead'
+    """
+  static let requeueOne = """
+    UPDATE jobs SET status = 'pending', run_at = ?, attempts = 0, lease_owner = NULL,
+    lease_expires_at = NULL WHERE queue = ? AND status = 'dead' AND id = ?
+    """
+}

@@ -1,0 +1,90 @@
+import Conveyor
+import Foundation
+import Testing
+
+@testable import ConveyorSQLite
+
+/// The item the worker's `JobQueue<TestJob>` decodes.
+struct TestJob: Codable {
+  var number: Int
+}
+
+@Suite("SQLiteJobStore across processes", .serialized)
+struct MultiProcessTests {
+  func enqueue(_ count: Int, into path: String) async throws -> Set<Int64> {
+    let store = try SQLiteJobStore(path: path)
+    var ids = Set<Int64>()
+    for start in stride(from: 0, to: count, by: 500) {
+      let jobs = try (start..<min(start + 500, count)).map {
+        NewJob(payload: try JSONEncoder().encode(TestJob(number: $0)), runAt: Date())
+      }
+      ids.formUnion(try await store.enqueue(jobs, queue: "jobs", now: Date()).map(\.id.rawValue))
+    }
+    return ids
+  }
+
+  /// Waits until `path` lists at least `count` IDs.
+  func waitForLines(_ path: String, count: Int) async throws {
+    let deadline = ContinuousClock.now + .seconds(60)
+    while try readIDs(path).count < count {
+      guard ContinuousClock.now < deadline else { throw TestFailure("no progress in \(path)") }
+      try await Task.sleep(for: .milliseconds(5))
+    }
+  }
+
+  @Test func threeWorkersHandleEveryJobOnce() async throws {
+    let folder = try TemporaryFolder()
+    let database = folder.path("shared.sqlite")
+    let ids = try await enqueue(5_000, into: database)
+    let workers = try (0..<3).map { try WorkerProcess(database: database, folder: folder, name: "w\($0)") }
+    for worker in workers { #expect(await worker.exitStatus() == 0) }
+    let handled = try workers.flatMap { try readIDs($0.output) }
+    #expect(handled.count == 5_000, "no job handled twice")
+    #expect(Set(handled) == ids, "every job handled")
+    #expect(workers.allSatisfy { (try? readIDs($0.output).isEmpty) == false }, "every worker took part")
+    let store = try SQLiteJobStore(path: database)
+    #expect(try await store.counts(queue: "jobs", now: Date()).total == 0)
+  }
+
+  @Test func anotherWorkerFinishesAfterOneIsKilledMidJob() async throws {
+    let folder = try TemporaryFolder()
+    let database = folder.path("crash.sqlite")
+    let ids = try await enqueue(300, into: database)
+    let options = ["--lease-ms", "1000", "--handle-ms", "2", "--concurrency", "5"]
+    let victim = try WorkerProcess(
+      database: database, folder: folder, name: "victim",
+      extra: ["--lease-ms", "1000", "--handle-ms", "40", "--concurrency", "5"])
+    try await waitForLines(victim.progress, count: 12)
+    victim.kill()
+    #expect(await victim.exitStatus() != 0)
+    let started = try readIDs(victim.progress)
+    let finished = Set(try readIDs(victim.output))
+    #expect(started.contains { !finished.contains($0) }, "killed inside a handler")
+    let survivor = try WorkerProcess(database: database, folder: folder, name: "survivor", extra: options)
+    #expect(await survivor.exitStatus() == 0)
+    let handled = try readIDs(victim.output) + readIDs(survivor.output)
+    #expect(Set(handled) == ids, "zero lost")
+    // Only jobs of the killed worker's last batch can run twice.
+    #expect(handled.count - ids.count <= 5)
+    let store = try SQLiteJobStore(path: database)
+    #expect(try await store.counts(queue: "jobs", now: Date()).total == 0)
+  }
+
+  @Test func restartedWorkerRecoversAfterConcurrentKill() async throws {
+    let folder = try TemporaryFolder()
+    let database = folder.path("restart.sqlite")
+    let ids = try await enqueue(1_000, into: database)
+    let extra = ["--lease-ms", "1500", "--handle-ms", "1", "--concurrency", "10"]
+    let steady = try WorkerProcess(database: database, folder: folder, name: "steady", extra: extra)
+    let victim = try WorkerProcess(database: database, folder: folder, name: "victim", extra: extra)
+    try await waitForLines(victim.progress, count: 50)
+    victim.kill()
+    #expect(await victim.exitStatus() != 0)
+    let restarted = try WorkerProcess(database: database, folder: folder, name: "restarted", extra: extra)
+    #expect(await steady.exitStatus() == 0)
+    #expect(await restarted.exitStatus() == 0)
+    let handled = try [steady, victim, restarted].flatMap { try readIDs($0.output) }
+    #expect(Set(handled) == ids, "zero lost")
+    #expect(handled.count - ids.count <= 10)
+  }
+}

@@ -1,0 +1,139 @@
+import CSQLite
+import Conveyor
+import Foundation
+import Testing
+
+@testable import ConveyorSQLite
+
+@Suite("SQLiteJobStore opening")
+struct OpeningTests {
+  /// Opening `path` fails with `code` and leaves the file byte-for-byte as it was.
+  func expectRefused(_ path: String, _ code: SQLiteJobStoreError.Code) throws {
+    let before = try fileBytes(path)
+    let error = #expect(throws: SQLiteJobStoreError.self) { try SQLiteJobStore(path: path) }
+    #expect(error?.code == code)
+    #expect(error?.description.contains(path) == true)
+    #expect(error?.message.contains("untouched") == true)
+    #expect(try fileBytes(path) == before)
+    #expect(!FileManager.default.fileExists(atPath: path + "-wal"))
+  }
+
+  /// Creates a plain SQLite file with `sql`, using the C API directly.
+  func makeSQLiteFile(_ path: String, _ sql: String) throws {
+    var db: OpaquePointer?
+    guard sqlite3_open(path, &db) == SQLITE_OK else { throw TestFailure("open failed") }
+    defer { sqlite3_close(db) }
+    guard sqlite3_exec(db, sql, nil, nil, nil) == SQLITE_OK else {
+      throw TestFailure(String(cString: sqlite3_errmsg(db)))
+    }
+  }
+
+  @Test func newFileGetsSchemaAndPrivatePermissions() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("new.sqlite")
+    let store = try SQLiteJobStore(
+      path: path, options: .init(synchronous: .full, busyTimeout: .milliseconds(250)))
+    _ = try await store.enqueue([NewJob(payload: payload("a"), runAt: epoch)], queue: "jobs", now: epoch)
+    #expect(try posixPermissions(path) & 0o777 == 0o600)
+    #expect(try posixPermissions(path + "-wal") & 0o077 == 0)
+    // Reopening an existing Conveyor file keeps its jobs.
+    let again = try await SQLiteJobStore.open(path: path)
+    #expect(try await again.counts(queue: "jobs", now: epoch).ready == 1)
+  }
+
+  @Test func emptyExistingFileGetsSchema() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("empty.sqlite")
+    #expect(FileManager.default.createFile(atPath: path, contents: Data()))
+    let store = try SQLiteJobStore(path: path)
+    #expect(try await store.counts(queue: "jobs", now: epoch).total == 0)
+  }
+
+  @Test func notADatabaseIsRefusedAndUntouched() throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("notes.txt")
+    try Data(String(repeating: "These are my notes, not a database.\n", count: 200).utf8)
+      .write(to: URL(fileURLWithPath: path))
+    try expectRefused(path, .notADatabase)
+  }
+
+  @Test func foreignDatabaseIsRefusedAndUntouched() throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("other.sqlite")
+    try makeSQLiteFile(path, "CREATE TABLE contacts(name TEXT); INSERT INTO contacts VALUES ('Ada');")
+    try expectRefused(path, .foreignDatabase)
+    let withApplicationID = folder.path("other-app.sqlite")
+    try makeSQLiteFile(withApplicationID, "PRAGMA application_id = 42;")
+    try expectRefused(withApplicationID, .foreignDatabase)
+  }
+
+  @Test func newerSchemaIsRefusedAndUntouched() throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("future.sqlite")
+    do { _ = try SQLiteJobStore(path: path) }
+    try makeSQLiteFile(path, "PRAGMA user_version = \(SQLiteJobStore.schemaVersion + 1);")
+    try expectRefused(path, .newerSchema)
+  }
+
+  @Test func corruptDatabaseIsRefusedAndUntouched() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("corrupt.sqlite")
+    do {
+      let store = try SQLiteJobStore(path: path)
+      _ = try await store.enqueue([NewJob(payload: payload("a"), runAt: epoch)], queue: "jobs", now: epoch)
+    }
+    #expect(!FileManager.default.fileExists(atPath: path + "-wal"), "closing checkpoints the log")
+    // Overwrite the schema table's page header on page 1 (after the 100-byte file header).
+    var bytes = try fileBytes(path)
+    for offset in 100..<140 { bytes[offset] = 0xEE }
+    try bytes.write(to: URL(fileURLWithPath: path))
+    try expectRefused(path, .corrupt)
+  }
+
+  @Test func errorsNameTheSQLButNotTheValues() async throws {
+    let folder = try TemporaryFolder()
+    let store = try makeStore(folder)
+    let secret = "secret-payload-\(UUID())"
+    _ = try await store.enqueue([NewJob(payload: payload(secret), runAt: epoch)], queue: "jobs", now: epoch)
+    // A second connection holds the write lock, so this store's write times out.
+    var db: OpaquePointer?
+    #expect(sqlite3_open(folder.path("jobs.sqlite"), &db) == SQLITE_OK)
+    defer { sqlite3_close(db) }
+    #expect(sqlite3_exec(db, "BEGIN IMMEDIATE", nil, nil, nil) == SQLITE_OK)
+    let quick = try SQLiteJobStore(
+      path: folder.path("jobs.sqlite"), options: .init(busyTimeout: .milliseconds(50)))
+    let error = await #expect(throws: SQLiteError.self) {
+      try await quick.enqueue([NewJob(payload: payload(secret), runAt: epoch)], queue: "jobs", now: epoch)
+    }
+    #expect(error?.code == .busy)
+    #expect(error.map { SQLiteError.Code.busy ~= $0.code } == true)
+    #expect(error?.sql == "BEGIN IMMEDIATE")
+    #expect(error?.description.contains("busy timeout") == true)
+    #expect(error?.description.contains(secret) == false)
+    sqlite3_exec(db, "ROLLBACK", nil, nil, nil)
+  }
+
+  @Test func defaultLocationFollowsXDGAndValidatesNames() throws {
+    let folder = try TemporaryFolder()
+    #if !canImport(Darwin)
+      let previous = ProcessInfo.processInfo.environment["XDG_DATA_HOME"]
+      setenv("XDG_DATA_HOME", folder.path("data"), 1)
+      defer {
+        if let previous { setenv("XDG_DATA_HOME", previous, 1) } else { unsetenv("XDG_DATA_HOME") }
+      }
+      let url = try SQLiteJobStore.defaultDatabaseURL(name: "outbox")
+      #expect(url.path == folder.path("data/conveyor/outbox.sqlite"))
+      #expect(try posixPermissions(folder.path("data/conveyor")) & 0o777 == 0o700)
+      #expect(!url.path.contains("cache"))
+    #endif
+    for bad in ["", "a/b", "..", ".", "naïve", "with space", String(repeating: "x", count: 129)] {
+      let error = #expect(throws: SQLiteJobStoreError.self) {
+        try SQLiteJobStore.defaultDatabaseURL(name: bad)
+      }
+      #expect(error?.code == .invalidName)
+    }
+    #expect(throws: Never.self) {
+      try SQLiteJobStore.defaultDatabaseURL(name: String(repeating: "x", count: 128))
+    }
+  }
+}

@@ -1,0 +1,124 @@
+import Conveyor
+import Foundation
+import Testing
+
+@testable import ConveyorSQLite
+
+#if canImport(Glibc)
+  import Glibc
+#elseif canImport(Darwin)
+  import Darwin
+#endif
+
+/// A fresh temporary folder per test, removed when the value is released.
+final class TemporaryFolder: Sendable {
+  let url: URL
+
+  init() throws {
+    url = FileManager.default.temporaryDirectory
+      .appendingPathComponent("conveyor-sqlite-tests-\(UUID().uuidString)", isDirectory: true)
+    try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+  }
+
+  deinit {
+    // A leftover temporary folder is harmless; removal failing must not fail the test.
+    _ = try? FileManager.default.removeItem(at: url)
+  }
+
+  func path(_ name: String) -> String { url.appendingPathComponent(name).path }
+}
+
+/// A store on a new file in its own temporary folder.
+func makeStore(
+  _ folder: TemporaryFolder, name: String = "jobs.sqlite", options: SQLiteJobStore.Options = .init()
+) throws -> SQLiteJobStore {
+  try SQLiteJobStore(path: folder.path(name), options: options)
+}
+
+/// A fixed, millisecond-aligned clock origin.
+let epoch = Date(timeIntervalSince1970: 1_700_000_000)
+
+func payload(_ text: String) -> Data { Data(text.utf8) }
+
+func lease(_ owner: String = "w1", until: Date = epoch.addingTimeInterval(60)) -> Lease {
+  Lease(owner: owner, expiresAt: until)
+}
+
+/// SHA-free fingerprint of a file: its bytes (the files in these tests are small).
+func fileBytes(_ path: String) throws -> Data {
+  try Data(contentsOf: URL(fileURLWithPath: path))
+}
+
+func posixPermissions(_ path: String) throws -> Int {
+  let attributes = try FileManager.default.attributesOfItem(atPath: path)
+  return (attributes[.posixPermissions] as? NSNumber)?.intValue ?? -1
+}
+
+/// Locates the `conveyor-test-worker` executable built next to the test bundle.
+func testWorkerURL() throws -> URL {
+  var candidates: [URL] = []
+  if let override = ProcessInfo.processInfo.environment["CONVEYOR_TEST_WORKER"] {
+    candidates.append(URL(fileURLWithPath: override))
+  }
+  // The test runner (an .xctest executable on Linux, a bundle on Apple) lives in the build folder.
+  var runner = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+  for _ in 0..<4 {
+    runner.deleteLastPathComponent()
+    candidates.append(runner.appendingPathComponent("conveyor-test-worker"))
+  }
+  candidates.append(
+    Bundle.main.bundleURL.deletingLastPathComponent().appendingPathComponent("conveyor-test-worker"))
+  // Fall back to the package's default debug build folder.
+  let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+    .deletingLastPathComponent()
+  candidates.append(packageRoot.appendingPathComponent(".build/debug/conveyor-test-worker"))
+  for candidate in candidates where FileManager.default.isExecutableFile(atPath: candidate.path) {
+    return candidate
+  }
+  throw TestFailure(
+    "conveyor-test-worker not found (looked in \(candidates.map(\.path))); "
+      + "run `swift build --product conveyor-test-worker` or set CONVEYOR_TEST_WORKER")
+}
+
+struct TestFailure: Error, CustomStringConvertible {
+  var description: String
+  init(_ description: String) { self.description = description }
+}
+
+/// A started worker process.
+final class WorkerProcess: @unchecked Sendable {
+  // Safe: `process` is configured before `run()` and afterwards only read; Foundation's Process
+  // is thread-safe for `processIdentifier`, `terminationStatus` and `waitUntilExit`.
+  let process = Process()
+  let output: String
+  let progress: String
+
+  init(database: String, folder: TemporaryFolder, name: String, extra: [String] = []) throws {
+    output = folder.path("\(name).handled")
+    progress = folder.path("\(name).progress")
+    process.executableURL = try testWorkerURL()
+    process.arguments =
+      ["work", "--database", database, "--queue", "jobs", "--output", output, "--progress", progress] + extra
+    try process.run()
+  }
+
+  /// Waits for the process to exit without blocking the cooperative pool; returns its status.
+  func exitStatus() async -> Int32 {
+    await withCheckedContinuation { continuation in
+      DispatchQueue.global().async {
+        self.process.waitUntilExit()
+        continuation.resume(returning: self.process.terminationStatus)
+      }
+    }
+  }
+
+  func kill() { _ = sendSIGKILL(process.processIdentifier) }
+}
+
+private func sendSIGKILL(_ pid: Int32) -> Int32 { kill(pid, SIGKILL) }
+
+/// The IDs listed one per line in `path` (missing file: none).
+func readIDs(_ path: String) throws -> [Int64] {
+  guard FileManager.default.fileExists(atPath: path) else { return [] }
+  return try String(contentsOfFile: path, encoding: .utf8).split(separator: "\n").compactMap { Int64($0) }
+}
