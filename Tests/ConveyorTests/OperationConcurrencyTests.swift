@@ -1,0 +1,113 @@
+import Dispatch
+import Foundation
+import Testing
+
+@testable import Conveyor
+
+/// Races `start()`, `finish(…)` and `cancel()` from many threads and checks that each operation
+/// completes exactly once.
+@Suite("Operation races", .timeLimit(.minutes(1)))
+struct OperationConcurrencyTests {
+  @Test func manyConcurrentFinishesCallTheHandlerOnce() async throws {
+    let callbacks = DispatchQueue(label: "test.callbacks")
+    let handled = Counter()
+    let operation = AsyncOperation<Int, Never> { _ in }
+    operation.callbackQueue = callbacks
+    operation.successHandler = { _ in handled.increment() }
+    await concurrentlyPerform(iterations: 1000) { index in
+      if index.isMultiple(of: 10) { operation.start() }
+      operation.finish(returning: index)
+    }
+    await drain(callbacks)
+    #expect(handled.value == 1)
+    #expect(operation.isFinished && !operation.isExecuting)
+    #expect(operation.result != nil)
+  }
+
+  @Test func startFinishAndCancelRaceOnThousandOperations() async {
+    let callbacks = DispatchQueue(label: "test.callbacks")
+    let handled = Counter()
+    let count = 1000
+    let operations = (0..<count).map { _ in
+      let operation = AsyncOperation<Int, TestError> { _ in }
+      operation.callbackQueue = callbacks
+      operation.successHandler = { _ in handled.increment() }
+      operation.failureHandler = { _ in handled.increment() }
+      return operation
+    }
+    await concurrentlyPerform(iterations: count * 4) { index in
+      let operation = operations[index / 4]
+      switch index % 4 {
+      case 0: operation.start()
+      case 1: operation.finish(returning: index)
+      case 2: operation.finish(throwing: TestError(code: index))
+      default: if index.isMultiple(of: 8) { operation.cancel() }
+      }
+    }
+    for operation in operations { operation.start() }  // harmless if already started
+    await drain(callbacks)
+    let completed = operations.filter { $0.result != nil }.count
+    let cancelled = operations.filter { $0.isCancelled }.count
+    #expect(completed + cancelled == count)
+    #expect(handled.value == completed)
+    #expect(operations.allSatisfy { $0.isFinished && !$0.isExecuting })
+    #expect(operations.allSatisfy { !($0.isCancelled && $0.result != nil) })
+  }
+
+  @Test func syncOperationsRacingStartAndCancel() async {
+    let callbacks = DispatchQueue(label: "test.callbacks")
+    let handled = Counter()
+    let executed = Counter()
+    let count = 1000
+    let operations = (0..<count).map { _ in
+      let operation = SyncOperation<Int, Never> {
+        executed.increment()
+        return 1
+      }
+      operation.callbackQueue = callbacks
+      operation.successHandler = { _ in handled.increment() }
+      return operation
+    }
+    await concurrentlyPerform(iterations: count * 3) { index in
+      let operation = operations[index / 3]
+      if index % 3 == 2 { operation.cancel() } else { operation.start() }
+    }
+    await drain(callbacks)
+    let succeeded = operations.filter { $0.result != nil }.count
+    #expect(executed.value <= count)
+    #expect(handled.value == succeeded)
+    #expect(operations.allSatisfy { $0.isFinished })
+    #expect(operations.allSatisfy { $0.isCancelled != ($0.result != nil) })
+  }
+
+  @Test func raceOnAnOperationQueue() async throws {
+    let queue = OperationQueue()
+    queue.maxConcurrentOperationCount = 8
+    let callbacks = DispatchQueue(label: "test.callbacks")
+    let handled = Counter()
+    let operations = (0..<1000).map { index in
+      let operation = AsyncOperation<Int, Never> { operation in
+        DispatchQueue.global().async { operation.finish(returning: index) }
+      }
+      operation.callbackQueue = callbacks
+      operation.successHandler = { _ in handled.increment() }
+      return operation
+    }
+    for (previous, next) in zip(operations, operations.dropFirst()) where next.hashValue % 3 == 0 {
+      next.addDependency(previous)
+    }
+    for operation in operations { queue.addOperation(operation) }
+    await concurrentlyPerform(iterations: 1000) { index in
+      if index.isMultiple(of: 7) { operations[index].cancel() }
+    }
+    for operation in operations { _ = try? await operation.value }
+    #expect(await eventually { queue.operationCount == 0 })
+    let succeeded = operations.filter { $0.result != nil }.count
+    // `value` can return (on another thread) just before the handler is dispatched.
+    #expect(await eventually { handled.value == succeeded })
+    await drain(callbacks)
+    #expect(handled.value == succeeded)
+    #expect(operations.allSatisfy { $0.isFinished })
+    #expect(operations.allSatisfy { $0.isCancelled != ($0.result != nil) })
+  }
+}
