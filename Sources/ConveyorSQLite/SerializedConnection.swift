@@ -31,7 +31,8 @@ final class SerializedConnection: @unchecked Sendable {
     try Task.checkCancellation()
     let operation = Operation()
     return try await withTaskCancellationHandler {
-      try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+      try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<T, any Error>) in
+        // Every path below resumes the continuation exactly once.
         queue.async {
           guard operation.start() else {
             continuation.resume(throwing: CancellationError())

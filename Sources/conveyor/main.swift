@@ -1,1 +1,3 @@
-print("conveyor")
+import Foundation
+
+exit(await CLI.main(CommandLine.arguments))

@@ -137,3 +137,18 @@ struct OpeningTests {
     }
   }
 }
+
+@Suite("SQLiteJobStore opening races")
+struct OpeningRaceTests {
+  @Test func concurrentOpensOfANewFileInstallTheSchemaOnce() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("race.sqlite")
+    let stores = try await withThrowingTaskGroup(of: SQLiteJobStore.self) { group in
+      for _ in 0..<4 { group.addTask { try await SQLiteJobStore.open(path: path) } }
+      return try await group.reduce(into: []) { $0.append($1) }
+    }
+    #expect(stores.count == 4)
+    _ = try await stores[0].enqueue([NewJob(payload: payload("a"), runAt: epoch)], queue: "jobs", now: epoch)
+    for store in stores { #expect(try await store.counts(queue: "jobs", now: epoch).ready == 1) }
+  }
+}

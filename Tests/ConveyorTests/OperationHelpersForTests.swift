@@ -19,7 +19,7 @@ final class Counter: Sendable {
 }
 
 /// A thread-safe log of names, in the order they were appended.
-final class Log: Sendable {
+final class NameLog: Sendable {
   private let storage = Mutex<[String]>([])
 
   var entries: [String] { storage.withLock { $0 } }

@@ -11,7 +11,7 @@ import Testing
 @Suite("Operations on OperationQueue", .timeLimit(.minutes(1)))
 struct OperationQueueTests {
   /// An async operation that appends `name` to `log` and finishes later on another queue.
-  private func delayed(_ name: String, _ log: Log, after seconds: Double = 0.01) -> AsyncOperation<
+  private func delayed(_ name: String, _ log: NameLog, after seconds: Double = 0.01) -> AsyncOperation<
     String, Never
   > {
     AsyncOperation { operation in
@@ -23,7 +23,7 @@ struct OperationQueueTests {
   }
 
   @Test func chainOfAsyncDependenciesRunsInOrder() async throws {
-    let log = Log()
+    let log = NameLog()
     let queue = OperationQueue()
     queue.maxConcurrentOperationCount = 4
     let operations = (0..<5).map { delayed("op\($0)", log) }
@@ -36,7 +36,7 @@ struct OperationQueueTests {
   }
 
   @Test func waitUntilAllOperationsAreFinishedReturns() async {
-    let log = Log()
+    let log = NameLog()
     let queue = OperationQueue()
     let first = delayed("a", log)
     let second = SyncOperation<Int, Never> {
@@ -91,7 +91,7 @@ struct OperationQueueTests {
     let queue = OperationQueue()
     queue.maxConcurrentOperationCount = 1
     queue.isSuspended = true
-    let log = Log()
+    let log = NameLog()
     let priorities: [(String, Operation.QueuePriority)] = [
       ("veryLow", .veryLow), ("normal", .normal), ("veryHigh", .veryHigh), ("high", .high),
     ]

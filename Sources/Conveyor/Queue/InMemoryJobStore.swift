@@ -46,8 +46,7 @@ public final class InMemoryJobStore: JobStore {
   public func settleAndClaim(
     _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, now: Date
   ) async throws -> ClaimBatch {
-    state.withLock { state in
-      var queueState = state.queues[queue] ?? QueueState()
+    withQueue(queue) { queueState in
       var stale: [JobID] = []
       for settlement in settlements where !queueState.settle(settlement, now: now) {
         stale.append(settlement.id)
@@ -56,9 +55,7 @@ public final class InMemoryJobStore: JobStore {
       if !queueState.paused && limit > 0 {
         claimed = queueState.claim(limit: limit, lease: lease, now: now)
       }
-      let paused = queueState.paused
-      state.queues[queue] = queueState
-      return ClaimBatch(claimed: claimed, staleSettlements: stale, paused: paused)
+      return ClaimBatch(claimed: claimed, staleSettlements: stale, paused: queueState.paused)
     }
   }
 
@@ -80,14 +77,12 @@ public final class InMemoryJobStore: JobStore {
 
   /// Returns expired leases to pending; see ``JobStore/rescueExpiredLeases(queue:now:)``.
   public func rescueExpiredLeases(queue: String, now: Date) async throws -> Int {
-    state.withLock { state in
-      guard var queueState = state.queues[queue] else { return 0 }
+    withQueue(queue) { queueState in
       let expired = queueState.running.filter { id in
         guard let expiry = queueState.jobs[id]?.leaseExpiresAt else { return false }
         return expiry < now
       }
-      for id in expired { queueState.makePending(id, runAt: now, error: nil) }
-      state.queues[queue] = queueState
+      for id in expired { queueState.makePending(id, runAt: now, error: queueState.jobs[id]?.lastError) }
       return expired.count
     }
   }
@@ -131,19 +126,16 @@ public final class InMemoryJobStore: JobStore {
 
   /// Deletes jobs by status; see ``JobStore/clear(queue:statuses:)``.
   public func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int {
-    state.withLock { state in
-      guard var queueState = state.queues[queue] else { return 0 }
+    withQueue(queue) { queueState in
       let doomed = queueState.jobs.values.filter { statuses.contains($0.status) }.map(\.id)
       for id in doomed { queueState.delete(id) }
-      state.queues[queue] = queueState
       return doomed.count
     }
   }
 
   /// Re-queues dead jobs; see ``JobStore/requeueDead(_:queue:now:)``.
   public func requeueDead(_ ids: [JobID]?, queue: String, now: Date) async throws -> Int {
-    state.withLock { state in
-      guard var queueState = state.queues[queue] else { return 0 }
+    withQueue(queue) { queueState in
       let candidates = ids.map { Array(Set($0)) } ?? Array(queueState.jobs.keys)
       var count = 0
       for id in candidates where queueState.jobs[id]?.status == .dead {
@@ -151,7 +143,6 @@ public final class InMemoryJobStore: JobStore {
         queueState.makePending(id, runAt: now, error: queueState.jobs[id]?.lastError)
         count += 1
       }
-      state.queues[queue] = queueState
       return count
     }
   }
@@ -168,12 +159,7 @@ public final class InMemoryJobStore: JobStore {
 
   /// The next date a worker is needed; see ``JobStore/nextWakeDate(queue:)``.
   public func nextWakeDate(queue: String) async throws -> Date? {
-    state.withLock { state in
-      guard var queueState = state.queues[queue] else { return nil }
-      let date = queueState.nextWakeDate()
-      state.queues[queue] = queueState
-      return date
-    }
+    withQueue(queue) { $0.nextWakeDate() }
   }
 
   /// Names of queues with jobs or a pause flag; see ``JobStore/queueNames()``.
@@ -185,6 +171,11 @@ public final class InMemoryJobStore: JobStore {
 }
 
 extension InMemoryJobStore {
+  /// Runs `body` on a queue's state in place (no copy of its jobs), under the lock.
+  private func withQueue<R>(_ queue: String, _ body: (inout QueueState) -> R) -> R {
+    state.withLock { state in body(&state.queues[queue, default: QueueState()]) }
+  }
+
   fileprivate struct State: Sendable {
     var nextID: Int64 = 0
     var queues: [String: QueueState] = [:]

@@ -39,6 +39,8 @@ public final class JobQueue<Item: Queueable>: Sendable {
 
   private let handler: Handler?
   private let core = Mutex(Core())
+  private let encoder = JSONEncoder()
+  private let decoder = JSONDecoder()
   private let wake: WakeSignal
   private let owner: String
   private var identifier: String { configuration.identifier }
@@ -132,12 +134,12 @@ public final class JobQueue<Item: Queueable>: Sendable {
       for subscriber in subscribers { subscriber.yield(.enqueued(result.id)) }
     }
     wake.signal()
-    return results.map(\.id)
+    return results.map { $0.id }
   }
 
   private func encode(_ item: Item) throws(JobQueueError) -> Data {
     do {
-      return try JSONEncoder().encode(item)
+      return try encoder.encode(item)
     } catch {
       throw .encodingFailed(String(describing: error))
     }
@@ -229,7 +231,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
 
   /// Decodes a listed job's item.
   public func item(of record: JobRecord) throws -> Item {
-    try JSONDecoder().decode(Item.self, from: record.payload)
+    try decoder.decode(Item.self, from: record.payload)
   }
 
   /// Deletes jobs whatever their status; returns how many existed. A running job's handler is not
@@ -305,7 +307,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
     var failures = 0
     await withTaskGroup(of: Void.self) { group in
       while !Task.isCancelled {
-        let hasHandler = handler != nil || core.withLock { $0.delegate?.isAlive() == true }
+        let hasHandler = handlerAvailable
         guard let step = core.withLock({ $0.takeStep(configuration: configuration) }) else { break }
         let now = clock.now()
         do {
@@ -327,7 +329,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
           startHandlers(in: &group)
           let (idle, free) = core.withLock { core in
             (
-              core.inFlight.isEmpty && core.buffer.isEmpty && core.settlements.isEmpty,
+              core.workers == 0 && core.buffer.isEmpty && core.settlements.isEmpty,
               core.freeSlots(configuration)
             )
           }
@@ -368,7 +370,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
     }
     if now >= timing.nextHeartbeat {
       timing.nextHeartbeat = now.adding(configuration.leaseDuration / 3)
-      let held = core.withLock { Array($0.inFlight) + $0.buffer.map(\.id) }
+      let held = core.withLock { Array($0.inFlight) + $0.buffer.ids }
       guard !held.isEmpty else { return }
       let lease = Lease(owner: owner, expiresAt: now.adding(configuration.leaseDuration))
       let kept = Set(try await store.heartbeat(held, queue: identifier, lease: lease))
@@ -385,14 +387,14 @@ public final class JobQueue<Item: Queueable>: Sendable {
     let batch: ClaimBatch
     do {
       batch = try await store.settleAndClaim(
-        pending.map(\.settlement), queue: identifier, limit: limit, lease: lease, now: now)
+        pending.map { $0.settlement }, queue: identifier, limit: limit, lease: lease, now: now)
     } catch {
       core.withLock { $0.settlements.insert(contentsOf: pending, at: 0) }
       throw error
     }
-    let stale = Set(batch.staleSettlements)
+    let stale = batch.staleSettlements.isEmpty ? [] : Set(batch.staleSettlements)
     let subscribers = core.withLock { core in
-      core.buffer.append(contentsOf: batch.claimed)
+      core.buffer.append(batch.claimed)
       if !batch.claimed.isEmpty { core.reportedFinished = false }
       return Array(core.subscribers.values)
     }
@@ -408,43 +410,96 @@ public final class JobQueue<Item: Queueable>: Sendable {
     return batch
   }
 
+  /// Starts a worker task for each free slot that has a claimed job waiting.
   private func startHandlers(in group: inout TaskGroup<Void>) {
     let jobs = core.withLock { core -> [JobRecord] in
-      let free = core.freeSlots(configuration)
-      guard free > 0, !core.stopping else { return [] }
-      let taken = Array(core.buffer.prefix(free))
-      core.buffer.removeFirst(taken.count)
-      for job in taken { core.inFlight.insert(job.id) }
+      var taken: [JobRecord] = []
+      while core.workers < configuration.concurrency, !core.stopping, let job = core.buffer.popFirst() {
+        core.inFlight.insert(job.id)
+        core.workers += 1
+        taken.append(job)
+      }
       return taken
     }
     guard !jobs.isEmpty else { return }
     publishState()
     for job in jobs {
-      group.addTask { await self.process(job) }
+      group.addTask { await self.work(startingWith: job) }
     }
   }
 
-  private func process(_ record: JobRecord) async {
-    emit(.started(record.id, attempt: record.attempts))
+  private enum WorkerStep {
+    case run(JobRecord)
+    case claim([PendingSettlement])
+    case exit
+  }
+
+  /// A worker: handles a job, then the next claimed one, and when none is left records its
+  /// outcomes and claims its next job itself in one store call, so a busy queue needs neither a
+  /// task per job nor a round trip through the loop. It ends when nothing is ready.
+  private func work(startingWith first: JobRecord) async {
+    var next: JobRecord? = first
+    while let record = next {
+      let pending = await process(record)
+      let canClaim = handlerAvailable
+      let step = core.withLock { core -> WorkerStep in
+        core.inFlight.remove(record.id)
+        core.settlements.append(pending)
+        if !core.stopping, let job = core.buffer.popFirst() {
+          core.inFlight.insert(job.id)
+          return .run(job)
+        }
+        guard !core.stopping, !core.paused, canClaim else { return .exit }
+        defer { core.settlements = [] }
+        return .claim(core.settlements)
+      }
+      switch step {
+      case .run(let job):
+        next = job
+      case .exit:
+        next = nil
+      case .claim(let settlements):
+        do {
+          let batch = try await settleAndClaim(
+            settlements, limit: 1 + configuration.prefetch, now: clock.now())
+          if batch.paused { core.withLock { $0.paused = true } }
+        } catch {
+          log(.warning, "store error while claiming; the queue will retry: \(error)")
+        }
+        next = core.withLock { core -> JobRecord? in
+          guard !core.stopping, let job = core.buffer.popFirst() else { return nil }
+          core.inFlight.insert(job.id)
+          return job
+        }
+      }
+    }
+    core.withLock { $0.workers -= 1 }
+    publishState()
+    wake.signal()
+  }
+
+  /// Whether a handler exists to run jobs: always for the closure form; while the delegate lives
+  /// for the delegate form.
+  private var handlerAvailable: Bool {
+    handler != nil || core.withLock { $0.delegate?.isAlive() == true }
+  }
+
+  private func process(_ record: JobRecord) async -> PendingSettlement {
+    if core.withLock({ !$0.subscribers.isEmpty }) { emit(.started(record.id, attempt: record.attempts)) }
+    let item: Item
+    do {
+      item = try decoder.decode(Item.self, from: record.payload)
+    } catch {
+      return settlement(for: record, outcome: .undecodable(String(describing: error)))
+    }
     let context = JobContext(
       id: record.id, queue: identifier, attempts: record.attempts, createdAt: record.createdAt,
       lastError: record.lastError)
-    let outcome: Outcome
     do {
-      let item = try JSONDecoder().decode(Item.self, from: record.payload)
-      outcome = .result(try await handle(item, context))
-    } catch let error as DecodingError {
-      outcome = .undecodable(String(describing: error))
+      return settlement(for: record, outcome: .result(try await handle(item, context)))
     } catch {
-      outcome = .thrown(error)
+      return settlement(for: record, outcome: .thrown(error))
     }
-    let pending = settlement(for: record, outcome: outcome)
-    core.withLock { core in
-      core.inFlight.remove(record.id)
-      core.settlements.append(pending)
-    }
-    publishState()
-    wake.signal()
   }
 
   private func handle(_ item: Item, _ context: JobContext) async throws -> JobResult {
@@ -526,9 +581,9 @@ public final class JobQueue<Item: Queueable>: Sendable {
     let (pending, buffered) = core.withLock { core in
       defer {
         core.settlements = []
-        core.buffer = []
+        core.buffer = JobBuffer()
       }
-      return (core.settlements, core.buffer)
+      return (core.settlements, core.buffer.all)
     }
     let owner = self.owner
     let releases = buffered.map {
@@ -542,7 +597,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
     // An unstructured task: the loop may be cancelled, the flush must still run.
     let flush = Task {
       try await store.settleAndClaim(
-        (pending + releases).map(\.settlement), queue: identifier, limit: 0, lease: lease, now: now)
+        (pending + releases).map { $0.settlement }, queue: identifier, limit: 0, lease: lease, now: now)
     }
     do {
       _ = try await flush.value
@@ -604,6 +659,31 @@ extension JobQueue {
     var generation: UInt64
   }
 
+  /// Claimed jobs waiting for a free slot, first in first out.
+  fileprivate struct JobBuffer: Sendable {
+    private var storage: [JobRecord] = []
+    private var head = 0
+
+    var isEmpty: Bool { head == storage.count }
+    var count: Int { storage.count - head }
+    var ids: [JobID] { storage[head...].map { $0.id } }
+    var all: [JobRecord] { Array(storage[head...]) }
+
+    mutating func append(_ jobs: [JobRecord]) {
+      if head > 0 && head == storage.count {
+        storage.removeAll(keepingCapacity: true)
+        head = 0
+      }
+      storage.append(contentsOf: jobs)
+    }
+
+    mutating func popFirst() -> JobRecord? {
+      guard head < storage.count else { return nil }
+      defer { head += 1 }
+      return storage[head]
+    }
+  }
+
   fileprivate struct FinishNotification {
     var waiters: [CheckedContinuation<Void, Never>]
     var subscribers: [AsyncStream<JobQueueEvent>.Continuation]
@@ -655,8 +735,11 @@ extension JobQueue {
     var stopping = false
     var paused = false
     var state = JobQueueState.stopped
+    /// Jobs being handled, for heartbeats.
     var inFlight: Set<JobID> = []
-    var buffer: [JobRecord] = []
+    /// Worker tasks running; each holds one of the `concurrency` slots.
+    var workers = 0
+    var buffer = JobBuffer()
     var settlements: [PendingSettlement] = []
     var subscribers: [UUID: AsyncStream<JobQueueEvent>.Continuation] = [:]
     var finishWaiters: [CheckedContinuation<Void, Never>] = []
@@ -667,18 +750,18 @@ extension JobQueue {
     var computedState: JobQueueState {
       if !running { return .stopped }
       if paused { return .paused }
-      return inFlight.isEmpty ? .idle : .running
+      return workers == 0 ? .idle : .running
     }
 
     func freeSlots(_ configuration: JobQueueConfiguration) -> Int {
-      max(0, configuration.concurrency - inFlight.count)
+      max(0, configuration.concurrency - workers)
     }
 
     /// Takes what the loop needs for one turn; nil when the loop should end (stopping with no
     /// handler running). Outcomes are held back while claimed jobs wait in the prefetch buffer, so
     /// they are recorded together with the next claim.
     mutating func takeStep(configuration: JobQueueConfiguration) -> Step? {
-      if stopping && inFlight.isEmpty { return nil }
+      if stopping && workers == 0 { return nil }
       let flush = buffer.isEmpty || stopping || settlements.count >= max(1, configuration.prefetch)
       defer { if flush { settlements = [] } }
       return Step(

@@ -1,0 +1,165 @@
+import Conveyor
+import ConveyorSQLite
+import Foundation
+import Synchronization
+
+#if canImport(Glibc)
+  import Glibc
+#elseif canImport(Darwin)
+  import Darwin
+#endif
+
+/// `conveyor work`: runs the outbox queue, reports progress, stops gracefully on SIGINT/SIGTERM.
+final class Worker: Sendable {
+  struct Options: Sendable {
+    enum Output: Sendable { case live, lines, json }
+    var concurrency = 1
+    var maxAttempts = 10
+    var leaseDuration: Duration = .seconds(60)
+    var retryPolicy: RetryPolicy = .exponential(initial: .seconds(1), maximum: .seconds(300))
+    var untilEmpty = false
+    var output = Output.lines
+    var gracePeriod: Duration = .seconds(30)
+  }
+
+  struct Tally: Sendable {
+    var succeeded = 0
+    var retried = 0
+    var died = 0
+  }
+
+  let queue: JobQueue<OutboxJob>
+  let options: Options
+  private let tally = Mutex(Tally())
+
+  init(store: any JobStore, queue name: String, options: Options) throws {
+    self.options = options
+    let configuration = JobQueueConfiguration(
+      identifier: name, retryPolicy: options.retryPolicy, maxAttempts: options.maxAttempts,
+      concurrency: options.concurrency, autoStart: false, leaseDuration: options.leaseDuration)
+    queue = try JobQueue<OutboxJob>(configuration: configuration, store: store) { job, context in
+      await job.handle(context)
+    }
+  }
+
+  /// Works until stopped (or until the queue is empty with `untilEmpty`); returns the exit code.
+  func run() async -> Int32 {
+    let events = queue.events
+    let reporter = Task { await self.report(events) }
+    let signals = SignalWatcher { [queue, options] count in
+      if count == 1 {
+        printError("conveyor: stopping; running jobs get \(options.gracePeriod) to finish (again to force)")
+        Task { await queue.shutdown(gracePeriod: options.gracePeriod) }
+      } else {
+        exit(130)
+      }
+    }
+    queue.start()
+    if options.untilEmpty {
+      await queue.waitUntilFinished()
+      await queue.shutdown(gracePeriod: options.gracePeriod)
+    } else {
+      await waitUntilStopped()
+    }
+    signals.cancel()
+    try? await Task.sleep(for: .milliseconds(20))  // let the last events print
+    reporter.cancel()
+    let tally = self.tally.withLock { $0 }
+    if options.output == .live { print("") }
+    if options.output != .json {
+      print("done: \(tally.succeeded) delivered, \(tally.retried) retries scheduled, \(tally.died) dead")
+    }
+    return options.untilEmpty && tally.died > 0 ? ExitCode.failure.rawValue : ExitCode.success.rawValue
+  }
+
+  private func waitUntilStopped() async {
+    for await event in queue.events {
+      if case .stateChanged(.stopped) = event { return }
+    }
+  }
+
+  private func report(_ events: AsyncStream<JobQueueEvent>) async {
+    for await event in events {
+      let tally = self.tally.withLock { tally -> Tally in
+        switch event {
+        case .succeeded: tally.succeeded += 1
+        case .retryScheduled: tally.retried += 1
+        case .died: tally.died += 1
+        default: break
+        }
+        return tally
+      }
+      switch options.output {
+      case .json:
+        do { try printJSON(EventLine(event)) } catch { printError("conveyor: could not encode an event: \(error)") }
+      case .lines:
+        if let line = Self.describe(event) { print(line) }
+      case .live:
+        if case .died = event, let line = Self.describe(event) { print("\r\u{1B}[K" + line) }
+        let text = "\r\u{1B}[K[\(queue.configuration.identifier)] \(tally.succeeded) delivered, \(tally.retried) retries, \(tally.died) dead"
+        FileHandle.standardOutput.write(Data(text.utf8))
+      }
+    }
+  }
+
+  static func describe(_ event: JobQueueEvent) -> String? {
+    switch event {
+    case .started(let id, let attempt): "job \(id): attempt \(attempt) started"
+    case .succeeded(let id): "job \(id): done"
+    case .retryScheduled(let id, let date, let error):
+      "job \(id): retry at \(timestamp(date))" + (error.map { " (\($0))" } ?? "")
+    case .died(let id, let reason): "job \(id): dead: \(reason)"
+    case .finished: "queue empty"
+    case .enqueued, .stateChanged: nil
+    }
+  }
+}
+
+/// One `work --json` line.
+struct EventLine: Encodable {
+  var event: String
+  var job: Int64?
+  var attempt: Int?
+  var at: String?
+  var error: String?
+  var state: String?
+
+  init(_ event: JobQueueEvent) {
+    switch event {
+    case .enqueued(let id): self.event = "enqueued"; job = id.rawValue
+    case .started(let id, let attempt): self.event = "started"; job = id.rawValue; self.attempt = attempt
+    case .succeeded(let id): self.event = "succeeded"; job = id.rawValue
+    case .retryScheduled(let id, let date, let error):
+      self.event = "retry_scheduled"; job = id.rawValue; at = timestamp(date); self.error = error
+    case .died(let id, let reason): self.event = "died"; job = id.rawValue; error = reason
+    case .finished: self.event = "finished"
+    case .stateChanged(let state): self.event = "state"; self.state = state.rawValue
+    }
+  }
+}
+
+/// Calls `handler` with a running count for each SIGINT or SIGTERM, instead of dying.
+final class SignalWatcher {
+  private let sources: [any DispatchSourceSignal]
+
+  init(_ handler: @escaping @Sendable (Int) -> Void) {
+    let count = Mutex(0)
+    let queue = DispatchQueue(label: "conveyor.signals")
+    sources = [SIGINT, SIGTERM].map { number in
+      signal(number, SIG_IGN)
+      let source = DispatchSource.makeSignalSource(signal: number, queue: queue)
+      source.setEventHandler {
+        handler(count.withLock { value in
+          value += 1
+          return value
+        })
+      }
+      source.resume()
+      return source
+    }
+  }
+
+  func cancel() {
+    for source in sources { source.cancel() }
+  }
+}

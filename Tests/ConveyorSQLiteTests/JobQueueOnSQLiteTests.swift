@@ -1,0 +1,63 @@
+import Conveyor
+import Foundation
+import Synchronization
+import Testing
+
+@testable import ConveyorSQLite
+
+/// A message the in-process queue tests enqueue.
+private struct Message: Queueable {
+  var text: String
+}
+
+@Suite("JobQueue on SQLiteJobStore")
+struct JobQueueOnSQLiteTests {
+  @Test func handledJobsAreDeletedAndDeadJobsKeptAcrossReopen() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("queue.sqlite")
+    let seen = Mutex<[String: Int]>([:])
+    do {
+      let store = try SQLiteJobStore(path: path)
+      let configuration = JobQueueConfiguration(
+        identifier: "messages", retryPolicy: .fixed(.milliseconds(10)), maxAttempts: 2, concurrency: 2)
+      let queue = try JobQueue<Message>(configuration: configuration, store: store) { message, context in
+        seen.withLock { $0[message.text, default: 0] += 1 }
+        switch message.text {
+        case "fails": throw TestFailure("always fails")
+        case "flaky" where context.attempts == 1: return .retry
+        default: return .handled
+        }
+      }
+      try await queue.add(contentsOf: (0..<20).map { Message(text: "ok \($0)") })
+      try await queue.add(Message(text: "flaky"))
+      try await queue.add(Message(text: "fails"))
+      await queue.waitUntilFinished()
+      await queue.shutdown(gracePeriod: .seconds(5))
+    }
+    #expect(seen.withLock { $0["flaky"] } == 2)
+    #expect(seen.withLock { $0["fails"] } == 2)
+    #expect(seen.withLock { $0.count } == 22)
+
+    // Reopened from the file: only the dead job is left, with its error.
+    let reopened = try SQLiteJobStore(path: path)
+    #expect(try await reopened.counts(queue: "messages", now: Date()) == JobCounts(dead: 1))
+    let dead = try #require(
+      try await reopened.jobs(queue: "messages", status: .dead, after: nil, limit: 10).first)
+    #expect(dead.attempts == 2)
+    #expect(dead.lastError?.contains("always fails") == true)
+    #expect(try JSONDecoder().decode(Message.self, from: dead.payload).text == "fails")
+  }
+
+  @Test func cancellingARunningCallInterruptsIt() async throws {
+    let folder = try TemporaryFolder()
+    let connection = SerializedConnection(
+      label: "test", connection: try Connection(path: folder.path("interrupt.sqlite"), create: true))
+    let endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+    let task = Task { try await connection.perform { try $0.scalar(endless) } }
+    try await Task.sleep(for: .milliseconds(100))
+    task.cancel()
+    await #expect(throws: CancellationError.self) { try await task.value }
+    // The interrupt does not leak into the next call.
+    #expect(try await connection.perform { try $0.scalar("SELECT 42") } == 42)
+  }
+}
