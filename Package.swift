@@ -24,8 +24,12 @@ let package = Package(
     .target(name: "ConveyorNetworking", dependencies: ["Conveyor"]),
     .executableTarget(
       name: "conveyor",
-      dependencies: ["Conveyor", "ConveyorSQLite", "ConveyorNetworking"]
+      dependencies: ["Conveyor", "ConveyorSQLite", "ConveyorNetworking", "LoopbackHTTPServer"]
     ),
+
+    // A small HTTP/1.1 server on 127.0.0.1 that the networking tests and `conveyor demo` use, so
+    // both run without any network. Not a product.
+    .target(name: "LoopbackHTTPServer"),
 
     // Test support: the JobStore conformance suite every store runs, and a worker process
     // the multi-process and crash tests start.
@@ -42,8 +46,14 @@ let package = Package(
       dependencies: ["Conveyor", "ConveyorSQLite", "ConveyorTestSupport", "CSQLite"]
     ),
     .testTarget(
+      name: "ConveyorCLITests",
+      dependencies: ["conveyor", "LoopbackHTTPServer", "ConveyorTestSupport"]
+    ),
+    .testTarget(
       name: "ConveyorNetworkingTests",
-      dependencies: ["Conveyor", "ConveyorNetworking", "ConveyorSQLite", "ConveyorTestSupport"]
+      dependencies: [
+        "Conveyor", "ConveyorNetworking", "ConveyorSQLite", "ConveyorTestSupport", "LoopbackHTTPServer",
+      ]
     ),
   ]
 )

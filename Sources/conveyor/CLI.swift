@@ -59,7 +59,7 @@ enum CLI {
       let context = Context(database: database, queue: queueName)
       switch command {
       case "help", "--help", "-h":
-        print(usage)
+        output(usage)
         return ExitCode.success.rawValue
       case "add": return try await add(&arguments, context)
       case "work": return try await work(&arguments, context)
@@ -72,7 +72,7 @@ enum CLI {
         try arguments.finish()
         let queue = try context.controlQueue()
         if command == "pause" { try await queue.pause() } else { try await queue.resume() }
-        print("queue \(context.queue) \(command == "pause" ? "paused" : "resumed")")
+        output("queue \(context.queue) \(command == "pause" ? "paused" : "resumed")")
         return ExitCode.success.rawValue
       case "demo": return try await Demo.run(&arguments)
       default:
@@ -121,6 +121,41 @@ enum CLI {
     let key = try arguments.option("--key")
     let job: OutboxJob
     switch kind {
+    case "http":
+      let method = try arguments.required("HTTP method (GET, POST, PUT, PATCH, DELETE, ...)").uppercased()
+      guard method.allSatisfy({ $0.isLetter }), !method.isEmpty else {
+        throw UsageError(description: "\"\(method)\" is not an HTTP method")
+      }
+      let headerLines = try arguments.options(["-H", "--header"])
+      let data = try arguments.option("--data")
+      let dataFile = try arguments.option("--data-file")
+      let timeout = try arguments.seconds("--timeout")
+      let urlText = try arguments.required("URL")
+      guard let url = URL(string: urlText), let scheme = url.scheme?.lowercased(), ["http", "https"].contains(scheme),
+        url.host != nil
+      else {
+        throw UsageError(description: "\"\(urlText)\" is not an http:// or https:// URL")
+      }
+      var headers: [String: String] = [:]
+      for line in headerLines {
+        guard let colon = line.firstIndex(of: ":"), colon != line.startIndex else {
+          throw UsageError(description: "header \"\(line)\" must look like 'Name: value'")
+        }
+        headers[String(line[..<colon]).trimmingCharacters(in: .whitespaces)] =
+          String(line[line.index(after: colon)...]).trimmingCharacters(in: .whitespaces)
+      }
+      if data != nil && dataFile != nil { throw UsageError(description: "use --data or --data-file, not both") }
+      var body = data.map { Data($0.utf8) }
+      if let dataFile {
+        guard let contents = FileManager.default.contents(atPath: dataFile) else {
+          throw UsageError(description: "cannot read --data-file \"\(dataFile)\"")
+        }
+        body = contents
+      }
+      job = OutboxJob(
+        kind: .http(
+          HTTPRequest(method: method, url: url, headers: headers, body: body, timeout: timeout?.secondsValue)),
+        key: key)
     case "exec":
       let directory = try arguments.option("--cwd")
       let timeout = try arguments.seconds("--timeout")
@@ -139,7 +174,7 @@ enum CLI {
     try arguments.finish()
     let queue = try context.controlQueue()
     let id = try await queue.add(job, priority: priority, delay: delay)
-    print(id)
+    output(id.description)
     return ExitCode.success.rawValue
   }
 
@@ -177,12 +212,12 @@ enum CLI {
       }
       try printJSON(Status(database: store.path, queue: context.queue, paused: paused, counts: counts))
     } else {
-      print("database  \(store.path)")
-      print("queue     \(context.queue)\(paused ? " (paused)" : "")")
-      print("ready     \(counts.ready)")
-      print("scheduled \(counts.scheduled)")
-      print("running   \(counts.running)")
-      print("dead      \(counts.dead)")
+      output("database  \(store.path)")
+      output("queue     \(context.queue)\(paused ? " (paused)" : "")")
+      output("ready     \(counts.ready)")
+      output("scheduled \(counts.scheduled)")
+      output("running   \(counts.running)")
+      output("dead      \(counts.dead)")
     }
     return ExitCode.success.rawValue
   }
@@ -201,7 +236,7 @@ enum CLI {
     let queue = try context.controlQueue()
     var printed = 0
     var after: JobID?
-    if !json { print(pad("ID", 8) + pad("STATUS", 9) + pad("TRIES", 6) + pad("RUN AT", 21) + "JOB") }
+    if !json { output(pad("ID", 8) + pad("STATUS", 9) + pad("TRIES", 6) + pad("RUN AT", 21) + "JOB") }
     while printed < limit {
       let page = try await queue.jobs(in: status, after: after, limit: min(500, limit - printed))
       if page.isEmpty { break }
@@ -211,10 +246,10 @@ enum CLI {
         if json {
           try printJSON(ListedJob(record, summary: summary))
         } else {
-          print(
+          output(
             pad(record.id.description, 8) + pad(record.status.rawValue, 9) + pad(String(record.attempts), 6)
               + pad(timestamp(record.runAt), 21) + summary)
-          if let error = record.lastError { print(String(repeating: " ", count: 8) + "last error: \(error)") }
+          if let error = record.lastError { output(String(repeating: " ", count: 8) + "last error: \(error)") }
         }
       }
       printed += page.count
@@ -228,7 +263,7 @@ enum CLI {
     let ids = try jobIDs(&arguments)
     guard all || !ids.isEmpty else { throw UsageError(description: "name dead job IDs to retry, or --all") }
     let count = try await context.controlQueue().requeueDead(all ? nil : ids)
-    print("re-queued \(count) dead job(s)")
+    output("re-queued \(count) dead job(s)")
     if !all && count < ids.count { printError("conveyor: \(ids.count - count) of the IDs were not dead jobs") }
     return ExitCode.success.rawValue
   }
@@ -237,7 +272,7 @@ enum CLI {
     let ids = try jobIDs(&arguments)
     guard !ids.isEmpty else { throw UsageError(description: "name the job IDs to remove") }
     let count = try await context.controlQueue().remove(ids)
-    print("removed \(count) job(s)")
+    output("removed \(count) job(s)")
     return count == ids.count ? ExitCode.success.rawValue : ExitCode.failure.rawValue
   }
 
@@ -246,7 +281,7 @@ enum CLI {
     try arguments.finish()
     let queue = try context.controlQueue()
     let count = all ? try await queue.clear() : try await queue.purgeDead()
-    print("deleted \(count) \(all ? "" : "dead ")job(s)")
+    output("deleted \(count) \(all ? "" : "dead ")job(s)")
     return ExitCode.success.rawValue
   }
 
@@ -290,7 +325,7 @@ func printError(_ message: String) {
 func printJSON(_ value: some Encodable) throws {
   let encoder = JSONEncoder()
   encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-  print(String(decoding: try encoder.encode(value), as: UTF8.self))
+  output(String(decoding: try encoder.encode(value), as: UTF8.self))
 }
 
 func pad(_ text: String, _ width: Int) -> String {
@@ -305,4 +340,10 @@ extension Duration {
   var secondsValue: Double {
     Double(components.seconds) + Double(components.attoseconds) / 1e18
   }
+}
+
+/// Writes a line to standard output at once (unbuffered), so `conveyor work --json | …` and the
+/// demo's child worker are read as events happen, not when a buffer fills.
+func output(_ text: String = "") {
+  FileHandle.standardOutput.write(Data((text + "\n").utf8))
 }

@@ -5,6 +5,7 @@ import Foundation
 /// One job of the command-line outbox: an HTTP request or a shell command.
 struct OutboxJob: Queueable, Hashable {
   enum Kind: Codable, Sendable, Hashable {
+    case http(HTTPRequest)
     case exec(ShellCommand)
   }
 
@@ -17,17 +18,30 @@ struct OutboxJob: Queueable, Hashable {
   /// A one-line description for listings; never includes bodies or header values.
   var summary: String {
     switch kind {
+    case .http(let request): "http \(request.method) \(Self.withoutSecrets(request.url))"
     case .exec(let command): "exec " + command.arguments.map(Self.quoted).joined(separator: " ")
     }
   }
 
-  func handle(_ context: JobContext) async -> JobResult {
+  func handle(_ context: JobContext, delivery: HTTPDelivery) async -> JobResult {
     switch kind {
+    case .http(let request): await delivery.deliver(request, context: context)
     case .exec(let command): await command.run()
     }
   }
 
+  /// The URL without user info and query, which may hold credentials.
+  private static func withoutSecrets(_ url: URL) -> String {
+    guard var components = URLComponents(url: url, resolvingAgainstBaseURL: false) else { return "(URL)" }
+    components.user = nil
+    components.password = nil
+    let hadQuery = components.query != nil
+    components.query = nil
+    return (components.string ?? "(URL)") + (hadQuery ? "?…" : "")
+  }
+
   private static func quoted(_ word: String) -> String {
-    word.contains(where: { $0 == " " || $0 == "\"" || $0 == "'" }) ? "'\(word)'" : word
+    guard word.contains(where: { $0 == " " || $0 == "\"" || $0 == "'" || $0 == "\\" }) else { return word }
+    return "\"" + word.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"") + "\""
   }
 }

@@ -1,4 +1,5 @@
 import Conveyor
+import ConveyorNetworking
 import ConveyorSQLite
 import Foundation
 import Synchronization
@@ -37,8 +38,9 @@ final class Worker: Sendable {
     let configuration = JobQueueConfiguration(
       identifier: name, retryPolicy: options.retryPolicy, maxAttempts: options.maxAttempts,
       concurrency: options.concurrency, autoStart: false, leaseDuration: options.leaseDuration)
+    let delivery = HTTPDelivery()
     queue = try JobQueue<OutboxJob>(configuration: configuration, store: store) { job, context in
-      await job.handle(context)
+      await job.handle(context, delivery: delivery)
     }
   }
 
@@ -65,9 +67,9 @@ final class Worker: Sendable {
     try? await Task.sleep(for: .milliseconds(20))  // let the last events print
     reporter.cancel()
     let tally = self.tally.withLock { $0 }
-    if options.output == .live { print("") }
+    if options.output == .live { output("") }
     if options.output != .json {
-      print("done: \(tally.succeeded) delivered, \(tally.retried) retries scheduled, \(tally.died) dead")
+      output("done: \(tally.succeeded) delivered, \(tally.retried) retries scheduled, \(tally.died) dead")
     }
     return options.untilEmpty && tally.died > 0 ? ExitCode.failure.rawValue : ExitCode.success.rawValue
   }
@@ -93,9 +95,9 @@ final class Worker: Sendable {
       case .json:
         do { try printJSON(EventLine(event)) } catch { printError("conveyor: could not encode an event: \(error)") }
       case .lines:
-        if let line = Self.describe(event) { print(line) }
+        if let line = Self.describe(event) { output(line) }
       case .live:
-        if case .died = event, let line = Self.describe(event) { print("\r\u{1B}[K" + line) }
+        if case .died = event, let line = Self.describe(event) { output("\r\u{1B}[K" + line) }
         let text = "\r\u{1B}[K[\(queue.configuration.identifier)] \(tally.succeeded) delivered, \(tally.retried) retries, \(tally.died) dead"
         FileHandle.standardOutput.write(Data(text.utf8))
       }

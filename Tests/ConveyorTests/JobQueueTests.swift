@@ -511,3 +511,108 @@ struct JobQueueTests {
     await second.shutdown()
   }
 }
+
+/// A store that fails its first `failures` claims, to test that the worker loop survives storage
+/// errors without losing or repeating jobs.
+final class FlakyStore: JobStore {
+  let base = InMemoryJobStore()
+  let failuresLeft: Mutex<Int>
+
+  struct Failure: Error, CustomStringConvertible {
+    var description: String { "disk I/O error (injected)" }
+  }
+
+  init(failures: Int) { failuresLeft = Mutex(failures) }
+
+  func settleAndClaim(
+    _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, now: Date
+  ) async throws -> ClaimBatch {
+    let fail = failuresLeft.withLock { left -> Bool in
+      defer { left = max(0, left - 1) }
+      return left > 0
+    }
+    if fail { throw Failure() }
+    return try await base.settleAndClaim(settlements, queue: queue, limit: limit, lease: lease, now: now)
+  }
+
+  func enqueue(_ jobs: [NewJob], queue: String, now: Date) async throws -> [EnqueueResult] {
+    try await base.enqueue(jobs, queue: queue, now: now)
+  }
+  func heartbeat(_ ids: [JobID], queue: String, lease: Lease) async throws -> [JobID] {
+    try await base.heartbeat(ids, queue: queue, lease: lease)
+  }
+  func rescueExpiredLeases(queue: String, now: Date) async throws -> Int {
+    try await base.rescueExpiredLeases(queue: queue, now: now)
+  }
+  func counts(queue: String, now: Date) async throws -> JobCounts { try await base.counts(queue: queue, now: now) }
+  func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
+    try await base.jobs(queue: queue, status: status, after: after, limit: limit)
+  }
+  func remove(_ ids: [JobID], queue: String) async throws -> Int { try await base.remove(ids, queue: queue) }
+  func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int {
+    try await base.clear(queue: queue, statuses: statuses)
+  }
+  func requeueDead(_ ids: [JobID]?, queue: String, now: Date) async throws -> Int {
+    try await base.requeueDead(ids, queue: queue, now: now)
+  }
+  func setPaused(_ paused: Bool, queue: String) async throws { try await base.setPaused(paused, queue: queue) }
+  func isPaused(queue: String) async throws -> Bool { try await base.isPaused(queue: queue) }
+  func nextWakeDate(queue: String) async throws -> Date? { try await base.nextWakeDate(queue: queue) }
+  func queueNames() async throws -> [String] { try await base.queueNames() }
+}
+
+@Suite("JobQueue under failure")
+struct JobQueueFailureTests {
+  @Test("storage errors are logged and retried; no job is lost or handled twice")
+  func storageErrors() async throws {
+    let store = FlakyStore(failures: 3)
+    let logged = Log<LogRecord>()
+    let handled = Log<String>()
+    var configuration = JobQueueConfiguration(identifier: "flaky", concurrency: 2, autoStart: false)
+    configuration.log = { logged.append($0) }
+    let queue = try JobQueue<Request>(configuration: configuration, store: store) { item, _ in
+      handled.append(item.name)
+      return .handled
+    }
+    try await queue.add(contentsOf: (0..<20).map { Request(name: "job-\($0)") })
+    queue.start()
+    await queue.waitUntilFinished()
+    #expect(handled.all.sorted() == (0..<20).map { "job-\($0)" }.sorted(), "every job handled exactly once")
+    let warnings = logged.all.filter { $0.level == .warning && $0.message.contains("disk I/O error (injected)") }
+    #expect(warnings.count >= 1, "store errors are logged")
+    #expect(logged.all.allSatisfy { $0.metadata["queue"] == "flaky" })
+    await queue.shutdown()
+  }
+
+  @Test("log records never carry payloads")
+  func logsHaveNoPayloads() async throws {
+    let logged = Log<LogRecord>()
+    var configuration = JobQueueConfiguration(identifier: "private", maxAttempts: 1)
+    configuration.log = { logged.append($0) }
+    let queue = try JobQueue<Request>(configuration: configuration, store: InMemoryJobStore()) { _, _ in
+      .discard(reason: "rejected")
+    }
+    try await queue.add(Request(name: "secret-token-123"))
+    await queue.waitUntilFinished()
+    await queue.shutdown()
+    #expect(!logged.all.isEmpty)
+    for record in logged.all {
+      #expect(!record.message.contains("secret-token-123"))
+      #expect(!record.metadata.values.contains { $0.contains("secret-token-123") })
+    }
+  }
+
+  @Test("a released delegate stops the queue from claiming; jobs stay stored")
+  func releasedDelegate() async throws {
+    let store = InMemoryJobStore()
+    var delegate: SeedDelegate? = SeedDelegate()
+    let queue = try JobQueue<Request>(
+      configuration: .init(identifier: "weak", autoStart: false), store: store, delegate: delegate!)
+    delegate = nil
+    try await queue.add(Request(name: "kept"))
+    queue.start()
+    try await Task.sleep(for: .milliseconds(50))
+    #expect(try await queue.count() == JobCounts(ready: 1), "nothing claimed without a delegate")
+    await queue.shutdown()
+  }
+}

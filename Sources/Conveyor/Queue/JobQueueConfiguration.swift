@@ -25,8 +25,10 @@ public struct JobQueueConfiguration: Sendable {
   /// Whether the queue starts working as soon as it is created. Default true; false waits for
   /// ``JobQueue/start()``.
   public var autoStart: Bool
-  /// On iOS, tvOS and visionOS, ask the system for background time while jobs are running.
-  /// Elsewhere this has no effect. Default true.
+  /// Whether the queue may ask iOS, tvOS or visionOS for background time while jobs run.
+  /// Default true. This build does not act on it yet on any platform (it is kept so that
+  /// configurations written for the seed library compile); a job interrupted by suspension is
+  /// handed out again after its lease, as after a crash.
   public var canRunInBackground: Bool
   /// How long a claimed job stays with this worker without a heartbeat. The queue heartbeats every
   /// third of it while a handler runs; a job whose worker died is handed out again after it.
