@@ -58,7 +58,9 @@ public struct LoopbackReply: Sendable {
   }
 
   /// A reply with a status, a text body and headers.
-  public static func status(_ status: Int, _ body: String = "", headers: [(String, String)] = []) -> LoopbackReply {
+  public static func status(_ status: Int, _ body: String = "", headers: [(String, String)] = [])
+    -> LoopbackReply
+  {
     LoopbackReply(status: status, headers: headers, body: Data(body.utf8))
   }
 
@@ -299,7 +301,6 @@ public final class LoopbackHTTPServer: Sendable {
     }
   }
 }
-
 
 /// The server could not start: the text names the failing socket call and errno.
 public struct LoopbackServerError: Error, CustomStringConvertible {

@@ -12,7 +12,6 @@ struct ServerError: Error, CustomStringConvertible {
   init(_ description: String) { self.description = description }
 }
 
-
 extension Duration {
   var timeInterval: TimeInterval {
     Double(components.seconds) + Double(components.attoseconds) / 1e18

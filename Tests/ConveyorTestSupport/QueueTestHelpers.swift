@@ -6,6 +6,9 @@ import Synchronization
 public struct TimedOut: Error, CustomStringConvertible {
   /// What was awaited.
   public var description: String
+
+  /// Creates the error.
+  public init(description: String) { self.description = description }
 }
 
 /// Polls `condition` every few milliseconds until it holds, or throws after `timeout` (real time).

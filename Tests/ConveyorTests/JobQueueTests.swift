@@ -87,7 +87,7 @@ struct JobQueueTests {
     #expect(try await queue.count().total == 0)
     #expect(events.events.contains(.stateChanged(.running)))
     #expect(events.events.contains(.stateChanged(.paused)))
-    #expect(events.events.contains(.finished))
+    try await events.wait(for: "finished event") { $0.contains(.finished) }
     await queue.shutdown()
     #expect(queue.state == .stopped)
   }
@@ -544,7 +544,9 @@ final class FlakyStore: JobStore {
   func rescueExpiredLeases(queue: String, now: Date) async throws -> Int {
     try await base.rescueExpiredLeases(queue: queue, now: now)
   }
-  func counts(queue: String, now: Date) async throws -> JobCounts { try await base.counts(queue: queue, now: now) }
+  func counts(queue: String, now: Date) async throws -> JobCounts {
+    try await base.counts(queue: queue, now: now)
+  }
   func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
     try await base.jobs(queue: queue, status: status, after: after, limit: limit)
   }
@@ -555,7 +557,9 @@ final class FlakyStore: JobStore {
   func requeueDead(_ ids: [JobID]?, queue: String, now: Date) async throws -> Int {
     try await base.requeueDead(ids, queue: queue, now: now)
   }
-  func setPaused(_ paused: Bool, queue: String) async throws { try await base.setPaused(paused, queue: queue) }
+  func setPaused(_ paused: Bool, queue: String) async throws {
+    try await base.setPaused(paused, queue: queue)
+  }
   func isPaused(queue: String) async throws -> Bool { try await base.isPaused(queue: queue) }
   func nextWakeDate(queue: String) async throws -> Date? { try await base.nextWakeDate(queue: queue) }
   func queueNames() async throws -> [String] { try await base.queueNames() }
@@ -578,7 +582,9 @@ struct JobQueueFailureTests {
     queue.start()
     await queue.waitUntilFinished()
     #expect(handled.all.sorted() == (0..<20).map { "job-\($0)" }.sorted(), "every job handled exactly once")
-    let warnings = logged.all.filter { $0.level == .warning && $0.message.contains("disk I/O error (injected)") }
+    let warnings = logged.all.filter {
+      $0.level == .warning && $0.message.contains("disk I/O error (injected)")
+    }
     #expect(warnings.count >= 1, "store errors are logged")
     #expect(logged.all.allSatisfy { $0.metadata["queue"] == "flaky" })
     await queue.shutdown()

@@ -31,7 +31,8 @@ struct Comparison {
   var ratio: Double { baselineSeconds / seconds }
 
   func print() {
-    let goalText = goal.map { String(format: " (goal >= %.2fx: %@)", $0, ratio >= $0 ? "met" : "MISSED") } ?? ""
+    let goalText =
+      goal.map { String(format: " (goal >= %.2fx: %@)", $0, ratio >= $0 ? "met" : "MISSED") } ?? ""
     Swift.print(
       String(
         format: "%-48@ %10.0f/s  vs %-34@ %10.0f/s  ratio %.2fx%@",
