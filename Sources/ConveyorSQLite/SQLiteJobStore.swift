@@ -14,8 +14,7 @@ import Foundation
 /// The file uses write-ahead logging, so readers never block the writer; every change is one
 /// `BEGIN IMMEDIATE` transaction, so processes on the same file take turns through SQLite's lock
 /// (waiting up to ``Options/busyTimeout``). Handled jobs are deleted; dead jobs are kept.
-/// All sqlite3 calls run on a serial dispatch queue owned by the store, never on Swift's
-/// cooperative thread pool.
+/// All sqlite3 calls run on a thread owned by the store, never on Swift's cooperative thread pool.
 ///
 /// ```swift
 /// let store = try SQLiteJobStore(path: SQLiteJobStore.defaultDatabaseURL(name: "outbox").path)
@@ -80,8 +79,8 @@ public final class SQLiteJobStore: JobStore {
     self.options = options
     try Self.createFileIfMissing(path)
     let raw = try Connection(path: path, create: false)
-    connection = SerializedConnection(label: "Conveyor.SQLiteJobStore \(path)", connection: raw)
-    try connection.sync { try Self.prepare($0, path: path, options: options) }
+    try Self.prepare(raw, path: path, options: options)
+    connection = SerializedConnection(label: "Conveyor.SQLiteJobStore", connection: raw)
   }
 
   /// Opens the database named `name` at ``defaultDatabaseURL(name:)``.

@@ -28,6 +28,15 @@ private func runSQLiteBenchmarks(in folder: URL) async throws {
   // one loop alone, for a profiler.
   if let only = ProcessInfo.processInfo.environment["CONVEYOR_BENCH_SQLITE"] {
     if only == "engine" { return try await runEngineBenchmarks(newPath: newPath) }
+    if only == "hop" {
+      let store = try SQLiteJobStore(path: newPath())
+      for _ in 0..<3 {
+        let start = ContinuousClock.now
+        for _ in 0..<20_000 { _ = try await store.isPaused(queue: "bench") }
+        print(String(format: "isPaused round trip: %.1f us", seconds(since: start) / 20_000 * 1e6))
+      }
+      return
+    }
     let time =
       only == "raw-drain"
       ? try await rawDrain(newPath(), "NORMAL", 5_000, batch: 1)
@@ -202,7 +211,8 @@ private func runEngineBenchmarks(newPath: () -> String) async throws {
     let store = try SQLiteJobStore(path: newPath())
     let payloads = try (0..<1_000).map {
       NewJob(
-        payload: try JSONEncoder().encode(BenchItem(url: "https://example.com/\($0)", attempt: 1, body: "hi")),
+        payload: try JSONEncoder().encode(
+          BenchItem(url: "https://example.com/\($0)", attempt: 1, body: "hi")),
         runAt: benchEpoch)
     }
     for _ in 0..<(count / 1_000) { _ = try await store.enqueue(payloads, queue: "bench", now: benchEpoch) }
