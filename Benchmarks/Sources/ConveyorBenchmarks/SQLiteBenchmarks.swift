@@ -24,10 +24,20 @@ private func runSQLiteBenchmarks(in folder: URL) async throws {
     return folder.appendingPathComponent("bench-\(fileNumber).sqlite").path
   }
 
-  // CONVEYOR_BENCH_SQLITE=engine runs only the JobQueue section; raw-drain or store-drain runs
-  // one loop alone, for a profiler.
+  // CONVEYOR_BENCH_SQLITE=engine runs only the JobQueue section; raw-drain, store-drain,
+  // raw-insert, store-insert or hop (one cheap store call) run one loop alone, for a profiler.
   if let only = ProcessInfo.processInfo.environment["CONVEYOR_BENCH_SQLITE"] {
     if only == "engine" { return try await runEngineBenchmarks(newPath: newPath) }
+    if only == "store-insert" || only == "raw-insert" {
+      for _ in 0..<3 {
+        let time =
+          only == "raw-insert"
+          ? try rawInsert(newPath(), "NORMAL", 20_000, batch: 1)
+          : try await storeInsert(newPath(), .normal, 20_000, batch: 1)
+        print(String(format: "%@: %.0f/s", only, 20_000 / time))
+      }
+      return
+    }
     if only == "hop" {
       let store = try SQLiteJobStore(path: newPath())
       for _ in 0..<3 {
