@@ -1,0 +1,145 @@
+import Foundation
+import Synchronization
+
+#if canImport(FoundationNetworking)
+  import FoundationNetworking
+#endif
+
+/// A `URLSession` whose delegate reports each task's result, and a download's progress, to the
+/// closure given when the task was made. Network operations run on one.
+///
+/// Why not a plain `URLSession`: on Linux (swift-corelibs-foundation) per-task delegates are
+/// ignored and `URLSessionTask.progress` never moves, so download progress is only seen by the
+/// session's own delegate. `NetworkSession` is that delegate, on Apple platforms and Linux alike.
+///
+/// ```swift
+/// let configuration = URLSessionConfiguration.default
+/// configuration.httpAdditionalHeaders = ["User-Agent": "my-app/1.0"]
+/// let session = NetworkSession(configuration: configuration)
+/// let operation = NetworkDataOperation(request: URLRequest(url: url), session: session)
+/// ```
+///
+/// Redirects are followed as `URLSession` follows them (the operation sees the final response).
+/// Tasks made directly on ``urlSession`` without these methods get no callbacks here.
+public final class NetworkSession: Sendable {
+  /// A session with the default configuration, shared by operations given no other.
+  public static let shared = NetworkSession()
+
+  /// The underlying session. Its delegate belongs to `NetworkSession`; do not replace it.
+  public let urlSession: URLSession
+  private let router: TaskRouter
+
+  /// Creates a session.
+  ///
+  /// - Parameter configuration: timeouts, headers, caching, cookies; copied by `URLSession`.
+  public init(configuration: URLSessionConfiguration = .default) {
+    let router = TaskRouter()
+    let delegateQueue = OperationQueue()
+    delegateQueue.maxConcurrentOperationCount = 1
+    delegateQueue.name = "conveyor.network-session"
+    self.router = router
+    self.urlSession = URLSession(configuration: configuration, delegate: router, delegateQueue: delegateQueue)
+  }
+
+  deinit {
+    // A session keeps its delegate alive until invalidated; running tasks still finish.
+    urlSession.finishTasksAndInvalidate()
+  }
+
+  /// Makes a suspended data task whose body, response and error go to `completion` once.
+  ///
+  /// - Parameters:
+  ///   - request: The request.
+  ///   - completion: Called on the session's delegate queue with the whole body (nil on error),
+  ///     the response and the error.
+  /// - Returns: The task; call `resume()` to start it.
+  public func dataTask(
+    with request: URLRequest,
+    completion: @escaping @Sendable (Data?, URLResponse?, (any Error)?) -> Void
+  ) -> URLSessionDataTask {
+    let task = urlSession.dataTask(with: request)
+    router.register(task.taskIdentifier, .data(body: Data(), completion: completion))
+    return task
+  }
+
+  /// Makes a suspended download task.
+  ///
+  /// - Parameters:
+  ///   - request: The request.
+  ///   - progress: Called on the session's delegate queue with the bytes written so far and the
+  ///     expected total (nil when the server did not say).
+  ///   - completion: Called once on the session's delegate queue. On success it gets the
+  ///     temporary file, which exists only until `completion` returns (move it away inside), and
+  ///     the response; on failure nil, the response if any, and the error.
+  /// - Returns: The task; call `resume()` to start it.
+  public func downloadTask(
+    with request: URLRequest,
+    progress: (@Sendable (_ written: Int64, _ expected: Int64?) -> Void)? = nil,
+    completion: @escaping @Sendable (URL?, URLResponse?, (any Error)?) -> Void
+  ) -> URLSessionDownloadTask {
+    let task = urlSession.downloadTask(with: request)
+    router.register(task.taskIdentifier, .download(progress: progress, completion: completion))
+    return task
+  }
+
+  /// Cancels every task and invalidates the session; it cannot make tasks afterwards.
+  public func invalidateAndCancel() {
+    urlSession.invalidateAndCancel()
+  }
+}
+
+/// The session delegate: routes callbacks to the closures registered per task identifier.
+private final class TaskRouter: NSObject, Sendable, URLSessionDataDelegate, URLSessionDownloadDelegate {
+  enum Entry {
+    case data(body: Data, completion: @Sendable (Data?, URLResponse?, (any Error)?) -> Void)
+    case download(
+      progress: (@Sendable (Int64, Int64?) -> Void)?,
+      completion: @Sendable (URL?, URLResponse?, (any Error)?) -> Void)
+  }
+
+  private let entries = Mutex<[Int: Entry]>([:])
+
+  func register(_ identifier: Int, _ entry: Entry) {
+    entries.withLock { $0[identifier] = entry }
+  }
+
+  func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
+    entries.withLock { entries in
+      guard case .data(var body, let completion) = entries[dataTask.taskIdentifier] else { return }
+      entries[dataTask.taskIdentifier] = nil  // keep `body` uniquely referenced while appending
+      body.append(data)
+      entries[dataTask.taskIdentifier] = .data(body: body, completion: completion)
+    }
+  }
+
+  func urlSession(
+    _ session: URLSession, downloadTask: URLSessionDownloadTask, didWriteData bytesWritten: Int64,
+    totalBytesWritten: Int64, totalBytesExpectedToWrite: Int64
+  ) {
+    let entry = entries.withLock { $0[downloadTask.taskIdentifier] }
+    guard case .download(let progress?, _) = entry else { return }
+    progress(totalBytesWritten, totalBytesExpectedToWrite > 0 ? totalBytesExpectedToWrite : nil)
+  }
+
+  func urlSession(
+    _ session: URLSession, downloadTask: URLSessionDownloadTask, didFinishDownloadingTo location: URL
+  ) {
+    // The file is deleted when this method returns (on Apple platforms), so the completion runs
+    // here, synchronously; `didCompleteWithError` then finds no entry.
+    let entry = entries.withLock { $0.removeValue(forKey: downloadTask.taskIdentifier) }
+    guard case .download(_, let completion) = entry else { return }
+    completion(location, downloadTask.response, nil)
+  }
+
+  func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: (any Error)?) {
+    let entry = entries.withLock { $0.removeValue(forKey: task.taskIdentifier) }
+    switch entry {
+    case .data(let body, let completion)?:
+      completion(error == nil ? body : nil, task.response, error)
+    case .download(_, let completion)?:
+      completion(nil, task.response, error)
+    case nil:
+      break
+    }
+  }
+}

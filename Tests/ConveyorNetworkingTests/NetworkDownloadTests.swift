@@ -1,0 +1,184 @@
+import Conveyor
+import ConveyorTestSupport
+import Foundation
+import Synchronization
+import Testing
+
+@testable import ConveyorNetworking
+
+#if canImport(FoundationNetworking)
+  import FoundationNetworking
+#endif
+
+/// Deterministic bytes: 0, 1, …, 250, 0, 1, … (built by blocks: a per-byte loop takes seconds in
+/// debug builds and would hold a cooperative thread that long).
+func pattern(_ count: Int) -> Data {
+  let block = Data((0..<251).map { UInt8($0) })
+  var data = Data(capacity: count)
+  while data.count < count { data.append(block.prefix(count - data.count)) }
+  return data
+}
+
+@Suite("Download operations", .timeLimit(.minutes(1)))
+struct NetworkDownloadTests {
+  @Test func downloadMovesTheFileAndReportsProgress() async throws {
+    let body = pattern(1_000_000)
+    let server = try TestHTTPServer(always: Reply(body: body, chunkSize: 100_000, pause: .milliseconds(5)))
+    defer { server.stop() }
+    let folder = try TemporaryFolder()
+    let destination = folder.file("download.bin")
+    let operation = NetworkDownloadOperation(
+      request: URLRequest(url: server.url("/file")), destination: destination)
+    let progress = Log<(Int64, Int64?)>()
+    operation.progressHandler = { written, expected in progress.append((written, expected)) }
+
+    let file = try await within { try await operation.run() }
+
+    #expect(file == destination)
+    #expect(try Data(contentsOf: destination) == body)
+    let reports = progress.all
+    #expect(reports.count >= 2)
+    #expect(reports.last?.0 == 1_000_000)
+    #expect(reports.allSatisfy { $0.1 == 1_000_000 })
+    #expect(zip(reports, reports.dropFirst()).allSatisfy { $0.0 <= $1.0 })
+  }
+
+  @Test func evaluationGetsTheTemporaryFileWhichIsGoneAfterwards() async throws {
+    let server = try TestHTTPServer(always: .ok("temporary"))
+    defer { server.stop() }
+    let seen = Log<URL>()
+    let operation = NetworkDownloadOperation<String>(request: URLRequest(url: server.url("/t"))) {
+      location, _ in
+      seen.append(location)
+      return try String(contentsOf: location, encoding: .utf8)
+    }
+    #expect(try await within { try await operation.run() } == "temporary")
+    let location = try #require(seen.all.first)
+    #expect(!FileManager.default.fileExists(atPath: location.path))
+  }
+
+  @Test func failedEvaluationDeletesTheTemporaryFile() async throws {
+    struct Nope: Error {}
+    let server = try TestHTTPServer(always: .ok("x"))
+    defer { server.stop() }
+    let seen = Log<URL>()
+    let operation = NetworkDownloadOperation<Int>(request: URLRequest(url: server.url("/t"))) { location, _ in
+      seen.append(location)
+      throw Nope()
+    }
+    let error = try networkError(try await failure(of: operation))
+    guard case .evaluation(let underlying) = error else { throw ServerError("got \(error)") }
+    #expect(underlying.error is Nope)
+    let location = try #require(seen.all.first)
+    #expect(!FileManager.default.fileExists(atPath: location.path))
+  }
+
+  @Test func existingDestinationIsNotOverwrittenUnlessAsked() async throws {
+    let server = try TestHTTPServer(always: .ok("new"))
+    defer { server.stop() }
+    let folder = try TemporaryFolder()
+    let destination = folder.file("f.txt")
+    try Data("old".utf8).write(to: destination)
+
+    let careful = NetworkDownloadOperation(
+      request: URLRequest(url: server.url("/f")), destination: destination)
+    let error = try networkError(try await failure(of: careful))
+    guard case .evaluation(let underlying) = error else { throw ServerError("got \(error)") }
+    #expect(underlying.error as? FileOperationError == .destinationExists(path: destination.path))
+    #expect(try Data(contentsOf: destination) == Data("old".utf8))
+
+    let overwriting = NetworkDownloadOperation(
+      request: URLRequest(url: server.url("/f")), destination: destination, overwrite: true)
+    _ = try await within { try await overwriting.run() }
+    #expect(try Data(contentsOf: destination) == Data("new".utf8))
+  }
+
+  @Test func downloadOfAnErrorStatusKeepsAnExcerptFromTheFile() async throws {
+    let server = try TestHTTPServer(
+      always: .status(403, "forbidden: " + String(repeating: "z", count: 10_000)))
+    defer { server.stop() }
+    let folder = try TemporaryFolder()
+    let operation = NetworkDownloadOperation(
+      request: URLRequest(url: server.url("/private")), destination: folder.file("never"))
+    operation.bodyExcerptLimit = 100
+    let error = try networkError(try await failure(of: operation))
+    guard case .httpStatus(let status) = error else { throw ServerError("got \(error)") }
+    #expect(status.statusCode == 403)
+    #expect(status.bodyExcerpt.count == 100)
+    #expect(status.bodyText.hasPrefix("forbidden: zzz"))
+    #expect(status.bodyIsTruncated)
+    #expect(!FileManager.default.fileExists(atPath: folder.file("never").path))
+  }
+
+  @Test func cancelInTheMiddleOfADownloadStopsItAndRunsNoHandler() async throws {
+    // 8 MB in 64 KB pieces every 20 ms: about 2.5 s if nobody stops it.
+    let server = try TestHTTPServer(
+      always: Reply(body: pattern(8_000_000), chunkSize: 65_536, pause: .milliseconds(20)))
+    defer { server.stop() }
+    let folder = try TemporaryFolder()
+    let destination = folder.file("partial.bin")
+    let operation = NetworkDownloadOperation(
+      request: URLRequest(url: server.url("/slow")), destination: destination, session: NetworkSession())
+    let progress = Log<Int64>()
+    let afterCancel = Atomic<Bool>(false)
+    operation.progressHandler = { written, _ in
+      if afterCancel.load(ordering: .acquiring) { Issue.record("progress after cancel") }
+      progress.append(written)
+    }
+    operation.successHandler = { _ in Issue.record("success handler ran") }
+    operation.failureHandler = { _ in Issue.record("failure handler ran") }
+
+    operation.start()
+    try await eventually("some bytes arrived") { progress.count > 0 }
+    afterCancel.store(true, ordering: .releasing)
+    let cancelledAt = ContinuousClock.now
+    operation.cancel()
+
+    #expect(try await failure(of: operation) == .cancelled)
+    #expect(ContinuousClock.now - cancelledAt < .seconds(1))
+    #expect(operation.isFinished)
+    #expect(operation.result == nil)
+    try await Task.sleep(for: .milliseconds(300))
+    #expect(!FileManager.default.fileExists(atPath: destination.path))
+    #expect((progress.all.last ?? 0) < 8_000_000)
+  }
+
+  @Test func cancellingTheAwaitingTaskCancelsTheDownload() async throws {
+    let server = try TestHTTPServer(
+      always: Reply(body: pattern(4_000_000), chunkSize: 65_536, pause: .milliseconds(20)))
+    defer { server.stop() }
+    let folder = try TemporaryFolder()
+    let operation = NetworkDownloadOperation(
+      request: URLRequest(url: server.url("/slow")), destination: folder.file("x.bin"),
+      session: NetworkSession())
+    let started = Atomic<Bool>(false)
+    operation.progressHandler = { _, _ in started.store(true, ordering: .releasing) }
+    let task = Task { try await operation.run() }
+    try await eventually("download started") { started.load(ordering: .acquiring) }
+    task.cancel()
+    let outcome = try await within(.seconds(3)) { await task.result }
+    guard case .failure(let error) = outcome else { throw ServerError("the download finished") }
+    #expect(error as? OperationError<NetworkError> == .cancelled)
+    #expect(operation.isCancelled)
+  }
+
+  @Test func progressWithoutContentLengthHasNoExpectedTotal() async throws {
+    // No Content-Length: the body ends when the connection closes.
+    let body = pattern(300_000)
+    let server = try TestHTTPServer { _, _ in
+      var raw = Data("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n".utf8)
+      raw.append(body)
+      return Reply(raw: raw)
+    }
+    defer { server.stop() }
+    let folder = try TemporaryFolder()
+    let operation = NetworkDownloadOperation(
+      request: URLRequest(url: server.url("/stream")), destination: folder.file("s.bin"))
+    let expectations = Log<Int64?>()
+    operation.progressHandler = { _, expected in expectations.append(expected) }
+    let file = try await within { try await operation.run() }
+    #expect(try Data(contentsOf: file) == body)
+    #expect(expectations.count > 0)
+    #expect(expectations.all.allSatisfy { $0 == nil })
+  }
+}
