@@ -85,7 +85,21 @@ enum SQL {
   static let countRunning = "SELECT count(*) FROM jobs WHERE queue = ? AND status = 'running'"
   static let countDead = "SELECT count(*) FROM jobs WHERE queue = ? AND status = 'dead'"
 
-  static let nextRunAt = "SELECT min(run_at) FROM jobs WHERE queue = ? AND status = 'pending'"
+  /// The earliest pending run date. The ready index is ordered by priority first, so a plain
+  /// `min(run_at)` would read every pending job; this walks the distinct priorities instead (one
+  /// index seek each) and takes the earliest run date of each.
+  static let nextRunAt = """
+    WITH RECURSIVE levels(priority) AS (
+      SELECT max(priority) FROM jobs WHERE queue = ?1 AND status = 'pending'
+      UNION ALL
+      SELECT (SELECT max(priority) FROM jobs
+              WHERE queue = ?1 AND status = 'pending' AND priority < levels.priority)
+      FROM levels WHERE levels.priority IS NOT NULL
+    )
+    SELECT min((SELECT min(run_at) FROM jobs
+                WHERE queue = ?1 AND status = 'pending' AND priority = levels.priority))
+    FROM levels WHERE levels.priority IS NOT NULL
+    """
   static let nextExpiry =
     "SELECT min(lease_expires_at) FROM jobs WHERE queue = ? AND status = 'running'"
   static let queueNames = "SELECT queue FROM jobs UNION SELECT name FROM queues ORDER BY 1"

@@ -297,7 +297,13 @@ private func runLargeQueueBenchmark(path: String, smallPath: String) async throw
     let smallForQueue = try await filledStore(smallPath + "-q\(round)", synchronous: .normal, count: sample)
     smallQueueDrain = min(smallQueueDrain, try await queueDrainSample(smallForQueue, sample: sample))
   }
-  let counts = try await store.counts(queue: "bench", now: benchEpoch)
+  var counts = JobCounts()
+  let countTime = try await seconds { counts = try await store.counts(queue: "bench", now: benchEpoch) }
+  let wakeTime = try await seconds { _ = try await store.nextWakeDate(queue: "bench") }
+  print(
+    String(
+      format: "with %d pending: counts() %.1f ms, nextWakeDate() %.2f ms", counts.unfinished,
+      countTime * 1000, wakeTime * 1000))
   var listed = 0
   var after: JobID?
   while listed < 50_000 {
