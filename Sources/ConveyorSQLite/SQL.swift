@@ -104,14 +104,15 @@ enum SQL {
     "SELECT min(lease_expires_at) FROM jobs WHERE queue = ? AND status = 'running'"
   static let queueNames = "SELECT queue FROM jobs UNION SELECT name FROM queues ORDER BY 1"
 
-  /// A page of jobs in ID order. `+status` keeps SQLite on the rowid order (no sort of every
-  /// pending job); dead jobs have their own small index in ID order.
+  /// A page of jobs in ID order. For pending jobs `+status` keeps SQLite on the rowid order (no
+  /// sort of every pending job); running jobs (few: those under a lease) come from their partial
+  /// index and are sorted; dead jobs have their own index in ID order.
   static func list(_ status: JobStatus?) -> String {
     let filter: String
     switch status {
     case nil: filter = ""
     case .pending: filter = "AND +status = 'pending'"
-    case .running: filter = "AND +status = 'running'"
+    case .running: filter = "AND status = 'running'"
     case .dead: filter = "AND status = 'dead'"
     }
     return "SELECT \(columns) FROM jobs WHERE queue = ? AND id > ? \(filter) ORDER BY id LIMIT ?"
