@@ -78,10 +78,10 @@ enum SQL {
     WHERE queue = ? AND status = 'running' AND lease_expires_at < ?
     """
 
-  static let countReady =
-    "SELECT count(*) FROM jobs WHERE queue = ? AND status = 'pending' AND run_at <= ?"
-  static let countScheduled =
-    "SELECT count(*) FROM jobs WHERE queue = ? AND status = 'pending' AND run_at > ?"
+  /// Pending jobs, and how many of them are scheduled after the given date, in one index scan.
+  static let countPending = """
+    SELECT count(*), coalesce(sum(run_at > ?), 0) FROM jobs WHERE queue = ? AND status = 'pending'
+    """
   static let countRunning = "SELECT count(*) FROM jobs WHERE queue = ? AND status = 'running'"
   static let countDead = "SELECT count(*) FROM jobs WHERE queue = ? AND status = 'dead'"
 
