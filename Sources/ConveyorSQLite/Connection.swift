@@ -12,7 +12,7 @@ enum SQLiteValue {
 /// One open sqlite3 handle and its prepared statements.
 ///
 /// Not thread-safe and not `Sendable`: exactly one owner uses it at a time (``SerializedConnection``
-/// confines it to one serial dispatch queue). Statements are prepared once per SQL text and reused;
+/// confines it to one dedicated thread). Statements are prepared once per SQL text and reused;
 /// `deinit` finalises them, then closes the handle.
 final class Connection {
   /// The sqlite3 handle; immutable for the connection's life.

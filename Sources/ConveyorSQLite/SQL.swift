@@ -78,26 +78,41 @@ enum SQL {
     WHERE queue = ? AND status = 'running' AND lease_expires_at < ?
     """
 
-  static let countReady =
-    "SELECT count(*) FROM jobs WHERE queue = ? AND status = 'pending' AND run_at <= ?"
-  static let countScheduled =
-    "SELECT count(*) FROM jobs WHERE queue = ? AND status = 'pending' AND run_at > ?"
+  /// Pending jobs, and how many of them are scheduled after the given date, in one index scan.
+  static let countPending = """
+    SELECT count(*), coalesce(sum(run_at > ?), 0) FROM jobs WHERE queue = ? AND status = 'pending'
+    """
   static let countRunning = "SELECT count(*) FROM jobs WHERE queue = ? AND status = 'running'"
   static let countDead = "SELECT count(*) FROM jobs WHERE queue = ? AND status = 'dead'"
 
-  static let nextRunAt = "SELECT min(run_at) FROM jobs WHERE queue = ? AND status = 'pending'"
+  /// The earliest pending run date. The ready index is ordered by priority first, so a plain
+  /// `min(run_at)` would read every pending job; this walks the distinct priorities instead (one
+  /// index seek each) and takes the earliest run date of each.
+  static let nextRunAt = """
+    WITH RECURSIVE levels(priority) AS (
+      SELECT max(priority) FROM jobs WHERE queue = ?1 AND status = 'pending'
+      UNION ALL
+      SELECT (SELECT max(priority) FROM jobs
+              WHERE queue = ?1 AND status = 'pending' AND priority < levels.priority)
+      FROM levels WHERE levels.priority IS NOT NULL
+    )
+    SELECT min((SELECT min(run_at) FROM jobs
+                WHERE queue = ?1 AND status = 'pending' AND priority = levels.priority))
+    FROM levels WHERE levels.priority IS NOT NULL
+    """
   static let nextExpiry =
     "SELECT min(lease_expires_at) FROM jobs WHERE queue = ? AND status = 'running'"
   static let queueNames = "SELECT queue FROM jobs UNION SELECT name FROM queues ORDER BY 1"
 
-  /// A page of jobs in ID order. `+status` keeps SQLite on the rowid order (no sort of every
-  /// pending job); dead jobs have their own small index in ID order.
+  /// A page of jobs in ID order. For pending jobs `+status` keeps SQLite on the rowid order (no
+  /// sort of every pending job); running jobs (few: those under a lease) come from their partial
+  /// index and are sorted; dead jobs have their own index in ID order.
   static func list(_ status: JobStatus?) -> String {
     let filter: String
     switch status {
     case nil: filter = ""
     case .pending: filter = "AND +status = 'pending'"
-    case .running: filter = "AND +status = 'running'"
+    case .running: filter = "AND status = 'running'"
     case .dead: filter = "AND status = 'dead'"
     }
     return "SELECT \(columns) FROM jobs WHERE queue = ? AND id > ? \(filter) ORDER BY id LIMIT ?"

@@ -1,39 +1,36 @@
 import CSQLite
-import Dispatch
 import Synchronization
 
-/// Confines one ``Connection`` to a dedicated serial dispatch queue and bridges it to `async`.
+/// Confines one ``Connection`` to a dedicated thread and bridges it to `async`.
 ///
 /// Blocking sqlite3 calls never run on Swift's cooperative thread pool: every use of the
-/// connection is a block on `queue`. Cancelling the awaiting task calls `sqlite3_interrupt` when
-/// its block is running, and skips the block when it has not started.
+/// connection is a block on `thread`, which runs them one at a time. Cancelling the awaiting task
+/// calls `sqlite3_interrupt` when its block is running, and skips the block when it has not started.
 ///
 /// `@unchecked Sendable` is safe because `connection` is only touched from blocks running on the
-/// serial `queue` (or through `queue.sync`); the one exception, `sqlite3_interrupt`, is documented
-/// as safe to call from any thread while the handle is open, and the handle is an immutable `let`
-/// closed only in `deinit`, when no operation can be running.
+/// serial `thread` (the owner hands over a connection nobody else uses); the one exception,
+/// `sqlite3_interrupt`, is documented as safe to call from any thread while the handle is open,
+/// and the handle is an immutable `let` closed only in `deinit`, when no block can be running.
 final class SerializedConnection: @unchecked Sendable {
-  private let queue: DispatchQueue
+  private let thread: StoreThread
   private let connection: Connection
 
+  /// Takes over `connection`, which the caller must not use afterwards.
   init(label: String, connection: Connection) {
-    self.queue = DispatchQueue(label: label)
+    self.thread = StoreThread(name: label)
     self.connection = connection
   }
 
-  /// Runs `body` on the queue and waits for it, blocking the calling thread.
-  func sync<T>(_ body: (Connection) throws -> T) rethrows -> T {
-    try queue.sync { try body(connection) }
-  }
+  deinit { thread.stop() }
 
-  /// Runs `body` on the queue without blocking the calling thread.
+  /// Runs `body` on the connection's thread without blocking the calling thread.
   func perform<T: Sendable>(_ body: @escaping @Sendable (Connection) throws -> T) async throws -> T {
     try Task.checkCancellation()
     let operation = Operation()
     return try await withTaskCancellationHandler {
       try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<T, any Error>) in
         // Every path below resumes the continuation exactly once.
-        queue.async {
+        thread.submit {
           guard operation.start() else {
             continuation.resume(throwing: CancellationError())
             return

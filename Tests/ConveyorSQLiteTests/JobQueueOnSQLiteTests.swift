@@ -61,3 +61,29 @@ struct JobQueueOnSQLiteTests {
     #expect(try await connection.perform { try $0.scalar("SELECT 42") } == 42)
   }
 }
+
+/// The README's SQLite example, as written there except for the database location.
+private struct Email: Queueable {
+  var to: String
+  var body: String
+}
+
+@Suite("README: SQLite store")
+struct SQLiteReadmeTests {
+  @Test func readmeExampleRuns() async throws {
+    let folder = try TemporaryFolder()
+    let sent = Mutex<[String]>([])
+    // README: let store = try SQLiteJobStore(name: "outbox")
+    let store = try SQLiteJobStore(path: folder.path("outbox.sqlite"))
+    let queue = try JobQueue<Email>(
+      configuration: .init(identifier: "emails", maxAttempts: 5, concurrency: 4), store: store
+    ) { email, context in
+      sent.withLock { $0.append(email.to) }  // README: try await mailer.send(email)
+      return .handled
+    }
+    try await queue.add(Email(to: "ada@example.com", body: "Hello"))
+    await queue.waitUntilFinished()
+    await queue.shutdown(gracePeriod: .seconds(5))
+    #expect(sent.withLock { $0 } == ["ada@example.com"])
+  }
+}

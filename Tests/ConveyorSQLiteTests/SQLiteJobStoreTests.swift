@@ -238,13 +238,32 @@ struct SQLiteJobStoreTests {
       }
       return lines.joined(separator: "; ")
     }
-    for status in [nil, JobStatus.pending, .running, .dead] {
+    #expect(plan(SQL.list(.running)).contains("jobs_lease"), "\(plan(SQL.list(.running)))")
+    for status in [nil, JobStatus.pending, .dead] {
       #expect(!plan(SQL.list(status)).contains("TEMP B-TREE"), "\(status as Any): \(plan(SQL.list(status)))")
     }
     #expect(plan(SQL.selectReady).contains("jobs_ready"))
     #expect(!plan(SQL.selectReady).contains("TEMP B-TREE"))
     #expect(plan(SQL.findDuplicate).contains("jobs_dedup"))
     #expect(plan(SQL.rescue).contains("jobs_lease"))
+    #expect(!plan(SQL.nextRunAt).contains("SCAN jobs"), "\(plan(SQL.nextRunAt))")
+  }
+
+  @Test func nextWakeDateAcrossPriorities() async throws {
+    let folder = try TemporaryFolder()
+    let store = try makeStore(folder)
+    #expect(try await store.nextWakeDate(queue: "jobs") == nil)
+    let jobs = [(5, 50.0), (5, 40.0), (-3, 7.0), (0, 30.0), (-3, 9.0), (100, 60.0)].map {
+      NewJob(payload: payload("x"), priority: $0.0, runAt: epoch.addingTimeInterval($0.1))
+    }
+    _ = try await store.enqueue(jobs, queue: "jobs", now: epoch)
+    _ = try await store.enqueue([NewJob(payload: payload("y"), runAt: epoch)], queue: "other", now: epoch)
+    #expect(try await store.nextWakeDate(queue: "jobs") == epoch.addingTimeInterval(7))
+    _ = try await store.settleAndClaim(
+      [], queue: "jobs", limit: 10, lease: lease(until: epoch.addingTimeInterval(8)),
+      now: epoch.addingTimeInterval(8))
+    // Only the -3 job at 9 s is pending now (the one at 7 s runs, its lease ends at 8 s).
+    #expect(try await store.nextWakeDate(queue: "jobs") == epoch.addingTimeInterval(8))
   }
 
   @Test func statementsArePreparedOnce() async throws {

@@ -24,10 +24,29 @@ private func runSQLiteBenchmarks(in folder: URL) async throws {
     return folder.appendingPathComponent("bench-\(fileNumber).sqlite").path
   }
 
-  // CONVEYOR_BENCH_SQLITE=engine runs only the JobQueue section; raw-drain or store-drain runs
-  // one loop alone, for a profiler.
+  // CONVEYOR_BENCH_SQLITE=engine runs only the JobQueue section; raw-drain, store-drain,
+  // raw-insert, store-insert or hop (one cheap store call) run one loop alone, for a profiler.
   if let only = ProcessInfo.processInfo.environment["CONVEYOR_BENCH_SQLITE"] {
     if only == "engine" { return try await runEngineBenchmarks(newPath: newPath) }
+    if only == "store-insert" || only == "raw-insert" {
+      for _ in 0..<3 {
+        let time =
+          only == "raw-insert"
+          ? try rawInsert(newPath(), "NORMAL", 20_000, batch: 1)
+          : try await storeInsert(newPath(), .normal, 20_000, batch: 1)
+        print(String(format: "%@: %.0f/s", only, 20_000 / time))
+      }
+      return
+    }
+    if only == "hop" {
+      let store = try SQLiteJobStore(path: newPath())
+      for _ in 0..<3 {
+        let start = ContinuousClock.now
+        for _ in 0..<20_000 { _ = try await store.isPaused(queue: "bench") }
+        print(String(format: "isPaused round trip: %.1f us", seconds(since: start) / 20_000 * 1e6))
+      }
+      return
+    }
     let time =
       only == "raw-drain"
       ? try await rawDrain(newPath(), "NORMAL", 5_000, batch: 1)
@@ -202,7 +221,8 @@ private func runEngineBenchmarks(newPath: () -> String) async throws {
     let store = try SQLiteJobStore(path: newPath())
     let payloads = try (0..<1_000).map {
       NewJob(
-        payload: try JSONEncoder().encode(BenchItem(url: "https://example.com/\($0)", attempt: 1, body: "hi")),
+        payload: try JSONEncoder().encode(
+          BenchItem(url: "https://example.com/\($0)", attempt: 1, body: "hi")),
         runAt: benchEpoch)
     }
     for _ in 0..<(count / 1_000) { _ = try await store.enqueue(payloads, queue: "bench", now: benchEpoch) }
@@ -277,7 +297,13 @@ private func runLargeQueueBenchmark(path: String, smallPath: String) async throw
     let smallForQueue = try await filledStore(smallPath + "-q\(round)", synchronous: .normal, count: sample)
     smallQueueDrain = min(smallQueueDrain, try await queueDrainSample(smallForQueue, sample: sample))
   }
-  let counts = try await store.counts(queue: "bench", now: benchEpoch)
+  var counts = JobCounts()
+  let countTime = try await seconds { counts = try await store.counts(queue: "bench", now: benchEpoch) }
+  let wakeTime = try await seconds { _ = try await store.nextWakeDate(queue: "bench") }
+  print(
+    String(
+      format: "with %d pending: counts() %.1f ms, nextWakeDate() %.2f ms", counts.unfinished,
+      countTime * 1000, wakeTime * 1000))
   var listed = 0
   var after: JobID?
   while listed < 50_000 {
