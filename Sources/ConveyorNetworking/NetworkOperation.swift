@@ -264,7 +264,7 @@ open class NetworkDataOperation<Success: Sendable>: NetworkOperation<Success, Da
     super.init(request: request, session: session)
   }
 
-  /// Makes a data task on `session` reporting to ``complete(with:response:error:)``.
+  /// Makes a data task on `session` reporting to ``NetworkOperation/complete(with:response:error:)``.
   ///
   /// The evaluation runs on a global queue, not on the session's serial delegate queue, so a slow
   /// decode does not hold up the session's other tasks.
@@ -352,7 +352,7 @@ open class NetworkDownloadOperation<Success: Sendable>: NetworkOperation<Success
     set { progress.withLock { $0 = newValue } }
   }
 
-  /// Makes a download task on `session` reporting to ``complete(with:response:error:)``.
+  /// Makes a download task on `session` reporting to ``NetworkOperation/complete(with:response:error:)``.
   open override func createTask(with request: URLRequest, using session: NetworkSession) -> URLSessionTask {
     let handler = progressHandler.map { handler in
       { @Sendable [weak self] (written: Int64, expected: Int64?) in
@@ -407,7 +407,7 @@ extension NetworkDownloadOperation where Success == URL {
   ///   - request: The request.
   ///   - destination: Where the file goes; its folder must exist.
   ///   - overwrite: Whether an existing file at `destination` is replaced. Default false: it
-  ///     fails with ``NetworkError/evaluation(_:)`` wrapping ``FileOperationError/destinationExists(_:)``.
+  ///     fails with ``NetworkError/evaluation(_:)`` wrapping ``FileOperationError/destinationExists(path:)``.
   ///   - session: The session; ``NetworkSession/shared`` by default.
   public convenience init(
     request: URLRequest, destination: URL, overwrite: Bool = false, session: NetworkSession = .shared

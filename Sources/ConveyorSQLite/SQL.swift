@@ -29,7 +29,7 @@ enum SQL {
     PRAGMA user_version = \(SQLiteJobStore.schemaVersion);
     """
 
-  /// The columns ``SQLiteJobStore`` decodes a ``JobRecord`` from, in order.
+  /// The columns ``SQLiteJobStore`` decodes a `JobRecord` from, in order.
   static let columns = """
     id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key, \
     lease_owner, lease_expires_at

@@ -9,7 +9,7 @@ import Foundation
   import Darwin
 #endif
 
-/// A durable ``JobStore`` in one SQLite file, shared safely by several processes.
+/// A durable `JobStore` in one SQLite file, shared safely by several processes.
 ///
 /// The file uses write-ahead logging, so readers never block the writer; every change is one
 /// `BEGIN IMMEDIATE` transaction, so processes on the same file take turns through SQLite's lock

@@ -336,8 +336,13 @@ public final class JobQueue<Item: Queueable>: Sendable {
           if claimedAny && free > 0 && !step.stop { continue }  // more may be ready: claim again
           var deadline = timing.nextMaintenance(holding: !idle)
           if idle && !step.stop {
-            if !paused && hasHandler { try await reportFinishedIfEmpty(generation: step.generation) }
-            if let next = try await store.nextWakeDate(queue: identifier) { deadline = min(deadline, next) }
+            // No pending and no running job has no next wake date: that is "finished", found with
+            // an index seek rather than a count of every job.
+            if let next = try await store.nextWakeDate(queue: identifier) {
+              deadline = min(deadline, next)
+            } else if !paused && hasHandler {
+              reportFinished(generation: step.generation)
+            }
             deadline = min(deadline, now.adding(configuration.pollInterval))
           }
           await wake.wait(until: deadline)
@@ -556,12 +561,9 @@ public final class JobQueue<Item: Queueable>: Sendable {
     }
   }
 
-  /// Marks the queue finished when the store holds no pending or running job, unless a job was
-  /// added since `generation` was read.
-  private func reportFinishedIfEmpty(generation: UInt64) async throws {
-    guard !core.withLock({ $0.reportedFinished }) else { return }
-    let counts = try await store.counts(queue: identifier, now: clock.now())
-    guard counts.unfinished == 0 else { return }
+  /// Marks the queue finished (the store holds no pending or running job) and tells everyone
+  /// waiting, unless a job was added since `generation` was read or it was already reported.
+  private func reportFinished(generation: UInt64) {
     let notify = core.withLock { core -> FinishNotification? in
       guard core.enqueueGeneration == generation, !core.reportedFinished else { return nil }
       core.reportedFinished = true
