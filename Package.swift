@@ -43,7 +43,7 @@ let package = Package(
     .testTarget(name: "ConveyorTests", dependencies: ["Conveyor", "ConveyorTestSupport"]),
     .testTarget(
       name: "ConveyorSQLiteTests",
-      dependencies: ["Conveyor", "ConveyorSQLite", "ConveyorTestSupport", "CSQLite"]
+      dependencies: ["Conveyor", "ConveyorSQLite", "ConveyorTestSupport", "CSQLite", "conveyor-test-worker"]
     ),
     .testTarget(
       name: "ConveyorCLITests",
