@@ -5,7 +5,9 @@ let selected = Set(arguments.isEmpty ? ["all"] : arguments)
 func wants(_ name: String) -> Bool { selected.contains("all") || selected.contains(name) }
 
 print("Conveyor benchmarks (release build expected; ratios compare runs made in this process)")
+// SQLite first: its peak-memory figure is the process's high-water mark, which the other
+// sections (100k operations at once) would otherwise raise.
+if wants("sqlite") { try await runSQLiteBenchmarks() }
 if wants("operations") { try await runOperationBenchmarks() }
 if wants("pipelines") { try await runPipelineBenchmarks() }
-if wants("sqlite") { try await runSQLiteBenchmarks() }
 if wants("queue") { try await runQueueBenchmarks() }
