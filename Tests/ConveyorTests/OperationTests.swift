@@ -309,3 +309,14 @@ struct SyncOperationTests {
     #expect(operation.result == nil)
   }
 }
+
+@Suite("OperationError")
+struct OperationErrorTests {
+  @Test func describesCancellationAndFailure() {
+    #expect(OperationError<TestError>.cancelled.description == "cancelled")
+    #expect(
+      OperationError.failed(TestError(code: 4)).description == "failed: \(TestError(code: 4))")
+    #expect(String(describing: OperationError.failed(TestError(code: 4))) == "failed: TestError(code: 4)")
+    #expect("\(OperationError<Never>.cancelled)" == "cancelled")
+  }
+}
