@@ -47,9 +47,9 @@ open class AsyncOperation<Success: Sendable, Failure: Error>: TypedOperation<Suc
   private let body: Body?
 
   /// Creates an operation for a subclass that overrides `main()`.
-  public init() {
+  public override init() {
     body = nil
-    super.init(finishesWhenDecided: true)
+    super.init()
   }
 
   /// Creates an operation that runs `body` when started; `body` must eventually call
@@ -96,7 +96,7 @@ open class AsyncOperation<Success: Sendable, Failure: Error>: TypedOperation<Suc
 
   init(body: Body) {
     self.body = body
-    super.init(finishesWhenDecided: true)
+    super.init()
   }
 
   // MARK: Operation
@@ -104,6 +104,8 @@ open class AsyncOperation<Success: Sendable, Failure: Error>: TypedOperation<Suc
   /// Always true: the operation is finished by `finish(…)` or `cancel()`, not when `main()`
   /// returns.
   open override var isAsynchronous: Bool { true }
+
+  override final var finishesWhenDecided: Bool { true }
 
   /// Starts the work. Subclasses override it (without calling `super`) and call
   /// `finish(returning:)` or `finish(throwing:)` once the work is done, from any thread.

@@ -40,9 +40,9 @@ open class SyncOperation<Success: Sendable, Failure: Error>: TypedOperation<Succ
   }
 
   /// Creates an operation for a subclass that overrides `execute()`.
-  public init() {
+  public override init() {
     work = nil
-    super.init(finishesWhenDecided: false)
+    super.init()
   }
 
   /// Creates an operation that runs `work` when started.
@@ -58,7 +58,7 @@ open class SyncOperation<Success: Sendable, Failure: Error>: TypedOperation<Succ
 
   init(work: Work) {
     self.work = work
-    super.init(finishesWhenDecided: false)
+    super.init()
   }
 
   /// The work. Subclasses override it (without calling `super`); it runs at most once, on the

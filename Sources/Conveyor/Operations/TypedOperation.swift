@@ -7,19 +7,24 @@ import Synchronization
 ///
 /// Not meant to be used or subclassed directly (it has no public initialiser): subclass
 /// ``AsyncOperation`` and override `main()`, or ``SyncOperation`` and override `execute()`.
-// @unchecked Sendable: mutable state lives in `control` (one atomic byte) and `state` (a
-// `Mutex`, the lock for outcome, waiters, handlers and task); `finishesWhenDecided` is immutable.
+// @unchecked Sendable: all mutable state lives in `control` (one atomic byte) and `state` (a
+// `Mutex`, the lock for outcome, waiters, handlers and task).
 open class TypedOperation<Success: Sendable, Failure: Error>: Operation, @unchecked Sendable {
   private let control = OperationControl()
   private let state = Mutex(OperationStateMachine<Success, Failure>())
-  /// When a started operation becomes `isFinished`: true as soon as its outcome is decided
-  /// (`AsyncOperation`), false when `main()` returns (`SyncOperation`).
-  private let finishesWhenDecided: Bool
 
-  init(finishesWhenDecided: Bool) {
-    self.finishesWhenDecided = finishesWhenDecided
+  /// Internal, so only this module's subclasses can be created. It overrides `Operation.init()`
+  /// (rather than taking the finishing policy as an argument) so that the subclasses, which
+  /// override it in turn, still inherit `Operation`'s convenience initialisers, as they did
+  /// before this class existed.
+  override init() {
     super.init()
   }
+
+  /// When a started operation becomes `isFinished`: false (here and in `SyncOperation`) when
+  /// `main()` returns; true (`AsyncOperation`) as soon as `finish(…)` or `cancel()` decides its
+  /// outcome.
+  var finishesWhenDecided: Bool { false }
 
   // MARK: Configuration
 
