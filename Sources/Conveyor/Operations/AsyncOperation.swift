@@ -105,6 +105,7 @@ open class AsyncOperation<Success: Sendable, Failure: Error>: TypedOperation<Suc
   /// returns.
   open override var isAsynchronous: Bool { true }
 
+  /// True: a started operation becomes `isFinished` as soon as its outcome is decided.
   override final var finishesWhenDecided: Bool { true }
 
   /// Starts the work. Subclasses override it (without calling `super`) and call
