@@ -187,6 +187,28 @@ struct AsyncOperationTests {
     await #expect(throws: OperationError.failed(TestError(code: -1))) { try await Doubler(-1).run() }
   }
 
+  @Test func subclassWithNeverFailureOverridingMain() async throws {
+    final class Tick: AsyncOperation<Int, Never>, @unchecked Sendable {
+      override func main() {
+        DispatchQueue.global().async { self.finish(returning: 1) }
+      }
+    }
+    let tick = Tick()
+    #expect(tick.isAsynchronous)
+    #expect(try await tick.run() == 1)
+    #expect(tick.isFinished && !tick.isExecuting)
+    #expect(tick.result == .success(1))
+  }
+
+  @Test func finishedWhenDecidedNotWhenMainReturns() async throws {
+    let operation = AsyncOperation<Int, Never> { _ in }
+    operation.start()
+    #expect(operation.isExecuting && !operation.isFinished)  // main() returned, still running
+    operation.finish(returning: 3)
+    #expect(operation.isFinished && !operation.isExecuting)
+    #expect(try await operation.value == 3)
+  }
+
   @Test func completionBlockRunsAfterFinish() async {
     let operation = AsyncOperation<Int, Never> { $0.finish(returning: 1) }
     await confirmation { completed in
@@ -245,6 +267,29 @@ struct SyncOperationTests {
     #expect(ran.value == 0)
   }
 
+  @Test func cancelDuringExecuteFinishesWhenExecuteReturns() async {
+    let release = Mutex(false)
+    let operationBox = Mutex<SyncOperation<Int, Never>?>(nil)
+    let sawCancel = Counter()
+    let operation = SyncOperation<Int, Never> {
+      while operationBox.withLock({ $0?.isCancelled }) != true { usleep(100) }
+      sawCancel.increment()
+      while !release.withLock({ $0 }) { usleep(100) }
+      return 1
+    }
+    operationBox.withLock { $0 = operation }
+    Thread { operation.start() }.start()
+    #expect(await eventually { operation.isExecuting })
+    operation.cancel()
+    await #expect(throws: OperationError<Never>.cancelled) { try await operation.value }
+    #expect(await eventually { sawCancel.value == 1 })
+    #expect(operation.isExecuting && !operation.isFinished)  // execute() has not returned yet
+    release.withLock { $0 = true }
+    #expect(await eventually { operation.isFinished })
+    #expect(!operation.isExecuting)
+    #expect(operation.result == nil)
+  }
+
   @Test func cancelDuringExecuteDiscardsTheValue() async {
     let callbacks = DispatchQueue(label: "test.callbacks")
     let operationBox = Mutex<SyncOperation<Int, Never>?>(nil)
@@ -262,5 +307,16 @@ struct SyncOperationTests {
     #expect(await eventually { operation.isFinished })
     await drain(callbacks)
     #expect(operation.result == nil)
+  }
+}
+
+@Suite("OperationError")
+struct OperationErrorTests {
+  @Test func describesCancellationAndFailure() {
+    #expect(OperationError<TestError>.cancelled.description == "cancelled")
+    #expect(
+      OperationError.failed(TestError(code: 4)).description == "failed: \(TestError(code: 4))")
+    #expect(String(describing: OperationError.failed(TestError(code: 4))) == "failed: TestError(code: 4)")
+    #expect("\(OperationError<Never>.cancelled)" == "cancelled")
   }
 }

@@ -1,6 +1,5 @@
 import Dispatch
 import Foundation
-import Synchronization
 
 /// A `Foundation.Operation` whose work finishes later and produces a typed `Success` or `Failure`.
 ///
@@ -32,9 +31,11 @@ import Synchronization
 ///   }
 /// }
 /// ```
-// @unchecked Sendable: mutable state lives in `control` (one atomic byte) and `state` (a
-// `Mutex`, the lock for outcome, waiters, handlers and task); `body` is immutable.
-open class AsyncOperation<Success: Sendable, Failure: Error>: Operation, @unchecked Sendable {
+// @unchecked Sendable: adds only the immutable `body`; the shared state is guarded by
+// `TypedOperation`'s `control` (one atomic byte) and `state` (a `Mutex`).
+open class AsyncOperation<Success: Sendable, Failure: Error>: TypedOperation<Success, Failure>,
+  @unchecked Sendable
+{
   /// The work given to a closure initialiser; nil for subclasses that override `main()`.
   /// Boxed so the designated initialiser takes no function type (a subclass with
   /// `Failure == Never` would otherwise crash Swift 6.3's vtable thunk emission).
@@ -43,8 +44,6 @@ open class AsyncOperation<Success: Sendable, Failure: Error>: Operation, @unchec
     case work(TaskPriority?, @Sendable () async throws(Failure) -> Success)
   }
 
-  private let control = OperationControl()
-  private let state = Mutex(OperationStateMachine<Success, Failure>())
   private let body: Body?
 
   /// Creates an operation for a subclass that overrides `main()`.
@@ -100,107 +99,14 @@ open class AsyncOperation<Success: Sendable, Failure: Error>: Operation, @unchec
     super.init()
   }
 
-  // MARK: Configuration
-
-  /// Called with the value when the operation succeeds; never after `cancel()`.
-  ///
-  /// Set it before the operation finishes: it is read once, when the outcome is decided, and
-  /// dispatched to `callbackQueue` just after. Waiters on another thread may see the value first.
-  public var successHandler: (@Sendable (Success) -> Void)? {
-    get { state.withLock { $0.successHandler } }
-    set { state.withLock { $0.successHandler = newValue } }
-  }
-
-  /// Called with the error when the operation fails; never after `cancel()`.
-  ///
-  /// Set it before the operation finishes: it is read once, when the outcome is decided.
-  public var failureHandler: (@Sendable (Failure) -> Void)? {
-    get { state.withLock { $0.failureHandler } }
-    set { state.withLock { $0.failureHandler = newValue } }
-  }
-
-  /// The queue `successHandler` and `failureHandler` run on.
-  ///
-  /// Defaults to `DispatchQueue.main` on Apple platforms. On Linux the default is one shared
-  /// serial queue labelled `conveyor.callbacks`, because `DispatchQueue.main` does not run in
-  /// command-line tools or test runners there unless something calls `dispatchMain()`.
-  public var callbackQueue: DispatchQueue {
-    get { state.withLock { $0.callbackQueue } }
-    set { state.withLock { $0.callbackQueue = newValue } }
-  }
-
-  // MARK: Outcome
-
-  /// The result once the operation succeeded or failed; nil while pending and after `cancel()`.
-  public var result: Result<Success, Failure>? {
-    state.withLock { $0.result }
-  }
-
-  /// The value, waiting until the outcome is decided. Never starts the operation.
-  ///
-  /// Use it for an operation added to an `OperationQueue` (or started elsewhere); use `run()`
-  /// to start a standalone one. Cancelling the waiting task does not cancel the operation (as
-  /// with `Task.value`); it keeps waiting.
-  ///
-  /// - Throws: `OperationError.failed` with the operation's error, or `.cancelled`.
-  public var value: Success {
-    get async throws(OperationError<Failure>) {
-      try await OperationDriver.outcome(state).get()
-    }
-  }
-
-  /// Starts the operation if nobody has, then returns its value.
-  ///
-  /// Meant for standalone operations. It never starts an operation twice; but on an operation
-  /// already in an `OperationQueue` it would start it without waiting for its dependencies, so
-  /// await `value` there instead. Cancelling the calling task cancels the operation.
-  ///
-  /// - Throws: `OperationError.failed` with the operation's error, or `.cancelled`.
-  @discardableResult
-  public func run() async throws(OperationError<Failure>) -> Success {
-    let outcome = await withTaskCancellationHandler {
-      start()
-      return await OperationDriver.outcome(state)
-    } onCancel: {
-      cancel()
-    }
-    return try outcome.get()
-  }
-
   // MARK: Operation
 
   /// Always true: the operation is finished by `finish(…)` or `cancel()`, not when `main()`
   /// returns.
   open override var isAsynchronous: Bool { true }
 
-  /// Whether `cancel()` decided the outcome. False if the operation had already finished when
-  /// `cancel()` was called: a late cancel changes nothing.
-  open override var isCancelled: Bool { control.isCancelled }
-
-  /// Whether `main()` has been called and the operation has not finished yet.
-  open override var isExecuting: Bool { control.isExecuting }
-
-  /// Whether the operation finished, failed or was cancelled and started (dependents may run).
-  open override var isFinished: Bool { control.isFinished }
-
-  /// Runs `main()` once; an operation cancelled before starting finishes without running it.
-  ///
-  /// Calling it again, from any thread, does nothing.
-  public final override func start() {
-    switch control.claimStart() {
-    case .ignore:
-      return
-    case .finishWithoutRunning:
-      OperationDriver.publishFinished(self, control, wasExecuting: false)
-    case .run:
-      OperationDriver.publishExecuting(self, control)
-      if !control.isDecided {
-        main()
-      } else {
-        OperationDriver.publishFinished(self, control, wasExecuting: true)
-      }
-    }
-  }
+  /// True: a started operation becomes `isFinished` as soon as its outcome is decided.
+  override final var finishesWhenDecided: Bool { true }
 
   /// Starts the work. Subclasses override it (without calling `super`) and call
   /// `finish(returning:)` or `finish(throwing:)` once the work is done, from any thread.
@@ -216,22 +122,10 @@ open class AsyncOperation<Success: Sendable, Failure: Error>: Operation, @unchec
           self.finish(throwing: error)
         }
       }
-      if !state.withLock({ $0.attach(task) }) { task.cancel() }
+      if !attach(task) { task.cancel() }
     case nil:
       preconditionFailure("\(type(of: self)) must override main() or use a closure initialiser")
     }
-  }
-
-  /// Cancels the operation: it produces no result, its handlers do not run, waiters get
-  /// `OperationError.cancelled`, and a started operation becomes finished at once.
-  ///
-  /// Ignored if the operation already finished. Subclasses that override it must call `super`.
-  open override func cancel() {
-    guard let started = control.claimOutcome(cancelling: true) else { return }
-    let completion = state.withLock { $0.complete(.failure(.cancelled)) }
-    super.cancel()
-    if started { OperationDriver.publishFinished(self, control, wasExecuting: true) }
-    if let completion { OperationDriver.deliver(completion) }
   }
 
   /// Finishes the operation with `value`; ignored if it already finished or was cancelled.
@@ -247,12 +141,5 @@ open class AsyncOperation<Success: Sendable, Failure: Error>: Operation, @unchec
   ///   `OperationError.failed(error)`.
   public final func finish(throwing error: Failure) {
     complete(.failure(.failed(error)))
-  }
-
-  private func complete(_ outcome: OperationStateMachine<Success, Failure>.Outcome) {
-    guard let started = control.claimOutcome(cancelling: false) else { return }
-    let completion = state.withLock { $0.complete(outcome) }
-    if started { OperationDriver.publishFinished(self, control, wasExecuting: true) }
-    if let completion { OperationDriver.deliver(completion) }
   }
 }

@@ -22,3 +22,13 @@ public enum OperationError<Failure: Error>: Error {
 }
 
 extension OperationError: Equatable where Failure: Equatable {}
+
+extension OperationError: CustomStringConvertible {
+  /// `cancelled`, or `failed: ` followed by the operation's error.
+  public var description: String {
+    switch self {
+    case .failed(let error): "failed: \(error)"
+    case .cancelled: "cancelled"
+    }
+  }
+}

@@ -1,0 +1,167 @@
+import Dispatch
+import Foundation
+import Synchronization
+
+/// What ``AsyncOperation`` and ``SyncOperation`` share: a `Foundation.Operation` that produces a
+/// typed `Success` or `Failure` once, with handlers, `async` waiting and cancellation.
+///
+/// Not meant to be used or subclassed directly (it has no public initialiser): subclass
+/// ``AsyncOperation`` and override `main()`, or ``SyncOperation`` and override `execute()`.
+// @unchecked Sendable: all mutable state lives in `control` (one atomic byte) and `state` (a
+// `Mutex`, the lock for outcome, waiters, handlers and task).
+open class TypedOperation<Success: Sendable, Failure: Error>: Operation, @unchecked Sendable {
+  private let control = OperationControl()
+  private let state = Mutex(OperationStateMachine<Success, Failure>())
+
+  /// Internal, so only this module's subclasses can be created. It overrides `Operation.init()`
+  /// (rather than taking the finishing policy as an argument) so that the subclasses, which
+  /// override it in turn, still inherit `Operation`'s convenience initialisers, as they did
+  /// before this class existed.
+  override init() {
+    super.init()
+  }
+
+  /// When a started operation becomes `isFinished`: false (here and in `SyncOperation`) when
+  /// `main()` returns; true (`AsyncOperation`) as soon as `finish(…)` or `cancel()` decides its
+  /// outcome.
+  var finishesWhenDecided: Bool { false }
+
+  // MARK: Configuration
+
+  /// Called with the value when the operation succeeds; never after `cancel()`.
+  ///
+  /// Set it before the operation finishes: it is read once, when the outcome is decided, and
+  /// dispatched to `callbackQueue` just after. Waiters on another thread may see the value first.
+  public var successHandler: (@Sendable (Success) -> Void)? {
+    get { state.withLock { $0.successHandler } }
+    set { state.withLock { $0.successHandler = newValue } }
+  }
+
+  /// Called with the error when the operation fails; never after `cancel()`.
+  ///
+  /// Set it before the operation finishes: it is read once, when the outcome is decided.
+  public var failureHandler: (@Sendable (Failure) -> Void)? {
+    get { state.withLock { $0.failureHandler } }
+    set { state.withLock { $0.failureHandler = newValue } }
+  }
+
+  /// The queue `successHandler` and `failureHandler` run on.
+  ///
+  /// Defaults to `DispatchQueue.main` on Apple platforms. On Linux the default is one shared
+  /// serial queue labelled `conveyor.callbacks`, because `DispatchQueue.main` does not run in
+  /// command-line tools or test runners there unless something calls `dispatchMain()`.
+  public var callbackQueue: DispatchQueue {
+    get { state.withLock { $0.callbackQueue } }
+    set { state.withLock { $0.callbackQueue = newValue } }
+  }
+
+  // MARK: Outcome
+
+  /// The result once the operation succeeded or failed; nil while pending and after `cancel()`.
+  public var result: Result<Success, Failure>? {
+    state.withLock { $0.result }
+  }
+
+  /// The value, waiting until the outcome is decided. Never starts the operation.
+  ///
+  /// Use it for an operation added to an `OperationQueue` (or started elsewhere); use `run()`
+  /// to start a standalone one. After `cancel()` it returns at once, even while the work (a
+  /// `SyncOperation`'s `execute()`, for instance) is still winding down. Cancelling the waiting
+  /// task does not cancel the operation (as with `Task.value`); it keeps waiting.
+  ///
+  /// - Throws: `OperationError.failed` with the operation's error, or `.cancelled`.
+  public var value: Success {
+    get async throws(OperationError<Failure>) {
+      try await OperationDriver.outcome(state).get()
+    }
+  }
+
+  /// Starts the operation on the calling task if nobody has, then returns its value.
+  ///
+  /// Meant for standalone operations. It never starts an operation twice; but on an operation
+  /// already in an `OperationQueue` it would start it without waiting for its dependencies, so
+  /// await `value` there instead. Cancelling the calling task cancels the operation.
+  ///
+  /// A `SyncOperation`'s `execute()` blocks the calling thread, so keep it short or use
+  /// `AsyncOperation` for long work.
+  ///
+  /// - Throws: `OperationError.failed` with the operation's error, or `.cancelled`.
+  @discardableResult
+  public func run() async throws(OperationError<Failure>) -> Success {
+    let outcome = await withTaskCancellationHandler {
+      start()
+      return await OperationDriver.outcome(state)
+    } onCancel: {
+      cancel()
+    }
+    return try outcome.get()
+  }
+
+  // MARK: Operation
+
+  /// Whether `cancel()` decided the outcome. False if the operation had already finished when
+  /// `cancel()` was called: a late cancel changes nothing.
+  open override var isCancelled: Bool { control.isCancelled }
+
+  /// Whether `main()` has been called and the operation has not finished yet (for a
+  /// `SyncOperation`: whether `execute()` is running).
+  open override var isExecuting: Bool { control.isExecuting }
+
+  /// Whether the operation finished, failed or was cancelled and started (dependents may run).
+  ///
+  /// A started `SyncOperation` finishes when `execute()` returns, even if cancelled while it ran.
+  open override var isFinished: Bool { control.isFinished }
+
+  /// Runs `main()` once; an operation cancelled before starting finishes without running it.
+  ///
+  /// Calling it again, from any thread, does nothing. A `SyncOperation` runs `main()`
+  /// synchronously and finishes when it returns; an `AsyncOperation` finishes when `finish(…)` or
+  /// `cancel()` decides its outcome.
+  public final override func start() {
+    switch control.claimStart() {
+    case .ignore:
+      return
+    case .finishWithoutRunning:
+      OperationDriver.publishFinished(self, control, wasExecuting: false)
+    case .run:
+      OperationDriver.publishExecuting(self, control)
+      let runs = !control.isDecided
+      if runs { main() }
+      if !runs || !finishesWhenDecided {
+        OperationDriver.publishFinished(self, control, wasExecuting: true)
+      }
+    }
+  }
+
+  /// Cancels the operation: it produces no result, its handlers do not run and waiters get
+  /// `OperationError.cancelled` at once. A started `AsyncOperation` becomes finished at once; a
+  /// running `SyncOperation` when its `execute()`, which sees `isCancelled`, returns.
+  ///
+  /// Ignored if the operation already finished. Subclasses that override it must call `super`.
+  open override func cancel() {
+    guard let started = control.claimOutcome(cancelling: true) else { return }
+    let completion = state.withLock { $0.complete(.failure(.cancelled)) }
+    super.cancel()
+    if started && finishesWhenDecided {
+      OperationDriver.publishFinished(self, control, wasExecuting: true)
+    }
+    if let completion { OperationDriver.deliver(completion) }
+  }
+
+  /// Records `outcome` unless the outcome was already decided, then finishes (if the operation
+  /// finishes when decided), calls the handler and resumes waiters.
+  final func complete(_ outcome: OperationStateMachine<Success, Failure>.Outcome) {
+    guard let started = control.claimOutcome(cancelling: false) else { return }
+    let completion = state.withLock { $0.complete(outcome) }
+    if started && finishesWhenDecided {
+      OperationDriver.publishFinished(self, control, wasExecuting: true)
+    }
+    if let completion { OperationDriver.deliver(completion) }
+  }
+
+  /// Keeps the task running the work so `cancel()` can cancel it; false if already decided (the
+  /// caller then cancels the task itself).
+  final func attach(_ task: Task<Void, Never>) -> Bool {
+    state.withLock { $0.attach(task) }
+  }
+}
