@@ -63,7 +63,9 @@ struct Arguments {
   mutating func integer(_ names: String..., in range: ClosedRange<Int>) throws -> Int? {
     guard let text = try options(names).last else { return nil }
     guard let value = Int(text), range.contains(value) else {
-      throw UsageError(description: "\(names[0]) must be a whole number in \(range.lowerBound)...\(range.upperBound), got \"\(text)\"")
+      throw UsageError(
+        description:
+          "\(names[0]) must be a whole number in \(range.lowerBound)...\(range.upperBound), got \"\(text)\"")
     }
     return value
   }

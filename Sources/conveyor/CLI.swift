@@ -51,7 +51,8 @@ enum CLI {
   static func main(_ commandLine: [String]) async -> Int32 {
     var arguments = Arguments(Array(commandLine.dropFirst()))
     do {
-      let database = try arguments.option("--database", "-d")
+      let database =
+        try arguments.option("--database", "-d")
         ?? ProcessInfo.processInfo.environment["CONVEYOR_DATABASE"].flatMap { $0.isEmpty ? nil : $0 }
       let queueName = try arguments.option("--queue", "-q") ?? "outbox"
       try JobQueueConfiguration.validate(identifier: queueName)
@@ -131,7 +132,8 @@ enum CLI {
       let dataFile = try arguments.option("--data-file")
       let timeout = try arguments.seconds("--timeout")
       let urlText = try arguments.required("URL")
-      guard let url = URL(string: urlText), let scheme = url.scheme?.lowercased(), ["http", "https"].contains(scheme),
+      guard let url = URL(string: urlText), let scheme = url.scheme?.lowercased(),
+        ["http", "https"].contains(scheme),
         url.host != nil
       else {
         throw UsageError(description: "\"\(urlText)\" is not an http:// or https:// URL")
@@ -144,7 +146,9 @@ enum CLI {
         headers[String(line[..<colon]).trimmingCharacters(in: .whitespaces)] =
           String(line[line.index(after: colon)...]).trimmingCharacters(in: .whitespaces)
       }
-      if data != nil && dataFile != nil { throw UsageError(description: "use --data or --data-file, not both") }
+      if data != nil && dataFile != nil {
+        throw UsageError(description: "use --data or --data-file, not both")
+      }
       var body = data.map { Data($0.utf8) }
       if let dataFile {
         guard let contents = FileManager.default.contents(atPath: dataFile) else {
@@ -166,7 +170,8 @@ enum CLI {
       while let word = arguments.next() { words.append(word) }
       guard !words.isEmpty else { throw UsageError(description: "missing the command after --") }
       job = OutboxJob(
-        kind: .exec(ShellCommand(arguments: words, workingDirectory: directory, timeout: timeout?.secondsValue)),
+        kind: .exec(
+          ShellCommand(arguments: words, workingDirectory: directory, timeout: timeout?.secondsValue)),
         key: key)
     default:
       throw UsageError(description: "unknown job kind \"\(kind)\": use http or exec")
@@ -249,7 +254,9 @@ enum CLI {
           output(
             pad(record.id.description, 8) + pad(record.status.rawValue, 9) + pad(String(record.attempts), 6)
               + pad(timestamp(record.runAt), 21) + summary)
-          if let error = record.lastError { output(String(repeating: " ", count: 8) + "last error: \(error)") }
+          if let error = record.lastError {
+            output(String(repeating: " ", count: 8) + "last error: \(error)")
+          }
         }
       }
       printed += page.count
@@ -264,7 +271,9 @@ enum CLI {
     guard all || !ids.isEmpty else { throw UsageError(description: "name dead job IDs to retry, or --all") }
     let count = try await context.controlQueue().requeueDead(all ? nil : ids)
     output("re-queued \(count) dead job(s)")
-    if !all && count < ids.count { printError("conveyor: \(ids.count - count) of the IDs were not dead jobs") }
+    if !all && count < ids.count {
+      printError("conveyor: \(ids.count - count) of the IDs were not dead jobs")
+    }
     return ExitCode.success.rawValue
   }
 

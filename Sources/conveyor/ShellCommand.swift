@@ -20,7 +20,8 @@ struct ShellCommand: Codable, Sendable, Hashable {
     }
     let output: URL
     do {
-      output = FileManager.default.temporaryDirectory.appendingPathComponent("conveyor-exec-\(UUID().uuidString)")
+      output = FileManager.default.temporaryDirectory.appendingPathComponent(
+        "conveyor-exec-\(UUID().uuidString)")
       guard FileManager.default.createFile(atPath: output.path, contents: nil) else {
         return .retry(reason: "could not create a temporary file for the command's output")
       }
@@ -89,7 +90,8 @@ struct ShellCommand: Codable, Sendable, Hashable {
   /// The last lines of the command's output, for the job's recorded error.
   private static func tail(of file: URL) -> String {
     guard let data = FileManager.default.contents(atPath: file.path), !data.isEmpty else { return "" }
-    let text = String(decoding: data.suffix(400), as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+    let text = String(decoding: data.suffix(400), as: UTF8.self).trimmingCharacters(
+      in: .whitespacesAndNewlines)
     return text.isEmpty ? "" : "; output: \(text)"
   }
 

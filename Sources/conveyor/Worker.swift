@@ -93,12 +93,15 @@ final class Worker: Sendable {
       }
       switch options.output {
       case .json:
-        do { try printJSON(EventLine(event)) } catch { printError("conveyor: could not encode an event: \(error)") }
+        do { try printJSON(EventLine(event)) } catch {
+          printError("conveyor: could not encode an event: \(error)")
+        }
       case .lines:
         if let line = Self.describe(event) { output(line) }
       case .live:
         if case .died = event, let line = Self.describe(event) { output("\r\u{1B}[K" + line) }
-        let text = "\r\u{1B}[K[\(queue.configuration.identifier)] \(tally.succeeded) delivered, \(tally.retried) retries, \(tally.died) dead"
+        let text =
+          "\r\u{1B}[K[\(queue.configuration.identifier)] \(tally.succeeded) delivered, \(tally.retried) retries, \(tally.died) dead"
         FileHandle.standardOutput.write(Data(text.utf8))
       }
     }
@@ -128,14 +131,29 @@ struct EventLine: Encodable {
 
   init(_ event: JobQueueEvent) {
     switch event {
-    case .enqueued(let id): self.event = "enqueued"; job = id.rawValue
-    case .started(let id, let attempt): self.event = "started"; job = id.rawValue; self.attempt = attempt
-    case .succeeded(let id): self.event = "succeeded"; job = id.rawValue
+    case .enqueued(let id):
+      self.event = "enqueued"
+      job = id.rawValue
+    case .started(let id, let attempt):
+      self.event = "started"
+      job = id.rawValue
+      self.attempt = attempt
+    case .succeeded(let id):
+      self.event = "succeeded"
+      job = id.rawValue
     case .retryScheduled(let id, let date, let error):
-      self.event = "retry_scheduled"; job = id.rawValue; at = timestamp(date); self.error = error
-    case .died(let id, let reason): self.event = "died"; job = id.rawValue; error = reason
+      self.event = "retry_scheduled"
+      job = id.rawValue
+      at = timestamp(date)
+      self.error = error
+    case .died(let id, let reason):
+      self.event = "died"
+      job = id.rawValue
+      error = reason
     case .finished: self.event = "finished"
-    case .stateChanged(let state): self.event = "state"; self.state = state.rawValue
+    case .stateChanged(let state):
+      self.event = "state"
+      self.state = state.rawValue
     }
   }
 }
@@ -151,10 +169,11 @@ final class SignalWatcher {
       signal(number, SIG_IGN)
       let source = DispatchSource.makeSignalSource(signal: number, queue: queue)
       source.setEventHandler {
-        handler(count.withLock { value in
-          value += 1
-          return value
-        })
+        handler(
+          count.withLock { value in
+            value += 1
+            return value
+          })
       }
       source.resume()
       return source
