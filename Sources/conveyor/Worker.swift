@@ -23,6 +23,7 @@ final class Worker: Sendable {
     var gracePeriod: Duration = .seconds(30)
   }
 
+  /// Outcomes counted during one `run`.
   struct Tally: Sendable {
     var succeeded = 0
     var retried = 0
@@ -31,7 +32,6 @@ final class Worker: Sendable {
 
   let queue: JobQueue<OutboxJob>
   let options: Options
-  private let tally = Mutex(Tally())
 
   init(store: any JobStore, queue name: String, options: Options) throws {
     self.options = options
@@ -44,10 +44,12 @@ final class Worker: Sendable {
     }
   }
 
-  /// Works until stopped (or until the queue is empty with `untilEmpty`); returns the exit code.
+  /// Works until stopped by SIGINT/SIGTERM (or, with `untilEmpty`, until no pending or running
+  /// job is left); returns the exit code.
   func run() async -> Int32 {
+    // Subscribed before the queue starts, so no event is missed; the queue's last event is its
+    // stop, after every job's outcome, so the tally is complete when `report` returns.
     let events = queue.events
-    let reporter = Task { await self.report(events) }
     let signals = SignalWatcher { [queue, options] count in
       if count == 1 {
         printError("conveyor: stopping; running jobs get \(options.gracePeriod) to finish (again to force)")
@@ -57,16 +59,8 @@ final class Worker: Sendable {
       }
     }
     queue.start()
-    if options.untilEmpty {
-      await queue.waitUntilFinished()
-      await queue.shutdown(gracePeriod: options.gracePeriod)
-    } else {
-      await waitUntilStopped()
-    }
+    let tally = await report(events)
     signals.cancel()
-    try? await Task.sleep(for: .milliseconds(20))  // let the last events print
-    reporter.cancel()
-    let tally = self.tally.withLock { $0 }
     if options.output == .live { output("") }
     if options.output != .json {
       output("done: \(tally.succeeded) delivered, \(tally.retried) retries scheduled, \(tally.died) dead")
@@ -74,22 +68,16 @@ final class Worker: Sendable {
     return options.untilEmpty && tally.died > 0 ? ExitCode.failure.rawValue : ExitCode.success.rawValue
   }
 
-  private func waitUntilStopped() async {
-    for await event in queue.events {
-      if case .stateChanged(.stopped) = event { return }
-    }
-  }
-
-  private func report(_ events: AsyncStream<JobQueueEvent>) async {
+  /// Prints and counts events until the queue stops; with `untilEmpty`, stops the queue when it
+  /// reports that it is finished.
+  private func report(_ events: AsyncStream<JobQueueEvent>) async -> Tally {
+    var tally = Tally()
     for await event in events {
-      let tally = self.tally.withLock { tally -> Tally in
-        switch event {
-        case .succeeded: tally.succeeded += 1
-        case .retryScheduled: tally.retried += 1
-        case .died: tally.died += 1
-        default: break
-        }
-        return tally
+      switch event {
+      case .succeeded: tally.succeeded += 1
+      case .retryScheduled: tally.retried += 1
+      case .died: tally.died += 1
+      default: break
       }
       switch options.output {
       case .json:
@@ -104,7 +92,15 @@ final class Worker: Sendable {
           "\r\u{1B}[K[\(queue.configuration.identifier)] \(tally.succeeded) delivered, \(tally.retried) retries, \(tally.died) dead"
         FileHandle.standardOutput.write(Data(text.utf8))
       }
+      switch event {
+      case .finished where options.untilEmpty:
+        Task { [queue, options] in await queue.shutdown(gracePeriod: options.gracePeriod) }
+      case .stateChanged(.stopped):
+        return tally
+      default: break
+      }
     }
+    return tally
   }
 
   static func describe(_ event: JobQueueEvent) -> String? {
