@@ -1,0 +1,146 @@
+import Foundation
+import Synchronization
+
+#if canImport(Glibc)
+  import Glibc
+#elseif canImport(Darwin)
+  import Darwin
+#endif
+
+/// A command started with `posix_spawn` in a clean signal state: default dispositions, nothing
+/// blocked, in a process group of its own.
+///
+/// `Foundation.Process` on Linux passes the spawning thread's signal mask on, and the worker's
+/// threads block almost every signal, so a command started that way ignored `SIGTERM` (its
+/// timeout could not stop it) and could not use signals itself. Its own process group keeps a
+/// terminal's Ctrl-C for the worker, which then lets running commands finish, and lets a timeout
+/// stop the command's children too.
+final class ChildProcess: Sendable {
+  /// How a command ended.
+  enum Status: Equatable {
+    case exited(Int32)
+    case signalled(Int32)
+  }
+
+  /// Why the command could not be started.
+  struct StartError: Error, CustomStringConvertible {
+    var description: String
+  }
+
+  /// The process ID, which is also its process group ID.
+  let pid: pid_t
+  private let state = Mutex(State())
+
+  private struct State {
+    /// Set once the process is reaped: from then on its ID may belong to another process.
+    var reaped = false
+    /// Set when `stop(after:)` signalled it.
+    var stopped = false
+  }
+
+  /// Starts `executable` with `arguments` (the first is the program's name), standard input from
+  /// `/dev/null`, and standard output and error on `output`.
+  init(executable: String, arguments: [String], directory: String?, output: Int32) throws {
+    #if canImport(Darwin)
+      var actions: posix_spawn_file_actions_t?
+      var attributes: posix_spawnattr_t?
+    #else
+      var actions = posix_spawn_file_actions_t()
+      var attributes = posix_spawnattr_t()
+    #endif
+    try Self.check(posix_spawn_file_actions_init(&actions), "posix_spawn_file_actions_init")
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    try Self.check(posix_spawnattr_init(&attributes), "posix_spawnattr_init")
+    defer { posix_spawnattr_destroy(&attributes) }
+
+    try Self.check(posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0), "stdin")
+    try Self.check(posix_spawn_file_actions_adddup2(&actions, output, 1), "stdout")
+    try Self.check(posix_spawn_file_actions_adddup2(&actions, output, 2), "stderr")
+    if let directory { try Self.check(Self.addChangeDirectory(&actions, directory), "working directory") }
+    var nothing = sigset_t()
+    sigemptyset(&nothing)
+    try Self.check(posix_spawnattr_setsigmask(&attributes, &nothing), "signal mask")
+    var everything = sigset_t()
+    sigfillset(&everything)
+    sigdelset(&everything, SIGKILL)
+    sigdelset(&everything, SIGSTOP)
+    try Self.check(posix_spawnattr_setsigdefault(&attributes, &everything), "signal dispositions")
+    try Self.check(posix_spawnattr_setpgroup(&attributes, 0), "process group")
+    let flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP
+    try Self.check(posix_spawnattr_setflags(&attributes, Int16(flags)), "flags")
+
+    let argv = arguments.map { strdup($0) } + [nil]
+    let environment = ProcessInfo.processInfo.environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+    defer { for pointer in argv + environment { free(pointer) } }
+    var pid = pid_t()
+    try Self.check(posix_spawn(&pid, executable, &actions, &attributes, argv, environment), executable)
+    self.pid = pid
+  }
+
+  #if canImport(Darwin)
+    private static func addChangeDirectory(_ actions: inout posix_spawn_file_actions_t?, _ path: String)
+      -> Int32
+    {
+      posix_spawn_file_actions_addchdir_np(&actions, path)
+    }
+  #else
+    /// `posix_spawn_file_actions_addchdir_np` (glibc 2.29 and later), looked up at run time: the
+    /// Glibc module does not declare GNU extensions. ENOSYS when the C library lacks it.
+    private static func addChangeDirectory(_ actions: inout posix_spawn_file_actions_t, _ path: String)
+      -> Int32
+    {
+      typealias AddChangeDirectory =
+        @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, UnsafePointer<CChar>) -> Int32
+      guard let library = dlopen(nil, RTLD_NOW) else { return ENOSYS }
+      defer { dlclose(library) }
+      guard let symbol = dlsym(library, "posix_spawn_file_actions_addchdir_np") else { return ENOSYS }
+      return unsafeBitCast(symbol, to: AddChangeDirectory.self)(&actions, path)
+    }
+  #endif
+
+  private static func check(_ result: Int32, _ what: String) throws {
+    guard result == 0 else { throw StartError(description: "\(what): \(String(cString: strerror(result)))") }
+  }
+
+  /// Whether `stop(after:)` had to signal the command.
+  var wasStopped: Bool { state.withLock { $0.stopped } }
+
+  /// After `seconds`, sends SIGTERM to the command's process group if it is still running, and
+  /// SIGKILL 5 seconds later if it is still running then.
+  func stop(after seconds: Double) {
+    DispatchQueue.global().asyncAfter(deadline: .now() + seconds) { [self] in
+      guard signalGroup(SIGTERM) else { return }
+      state.withLock { $0.stopped = true }
+      DispatchQueue.global().asyncAfter(deadline: .now() + 5) { [self] in _ = signalGroup(SIGKILL) }
+    }
+  }
+
+  /// Signals the process group unless the process was reaped; returns whether it signalled.
+  private func signalGroup(_ signal: Int32) -> Bool {
+    state.withLock { state in
+      guard !state.reaped else { return false }
+      kill(-pid, signal)
+      return true
+    }
+  }
+
+  /// Waits (on a thread of its own, as waiting blocks) until the command exits, and reaps it.
+  func waitForExit() async -> Status {
+    await withCheckedContinuation { continuation in
+      Thread.detachNewThread { [self] in
+        // Wait without reaping first: until it is reaped under the lock, `signalGroup` cannot
+        // hit a process that reused the ID.
+        var info = siginfo_t()
+        while waitid(P_PID, id_t(pid), &info, WEXITED | WNOWAIT) == -1 && errno == EINTR {}
+        var status: Int32 = 0
+        state.withLock { state in
+          while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
+          state.reaped = true
+        }
+        // The wait(2) status word: the low 7 bits are the signal, or 0 and the exit code above.
+        let signal = status & 0x7F
+        continuation.resume(returning: signal == 0 ? .exited((status >> 8) & 0xFF) : .signalled(signal))
+      }
+    }
+  }
+}
