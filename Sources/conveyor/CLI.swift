@@ -140,11 +140,8 @@ enum CLI {
       }
       var headers: [String: String] = [:]
       for line in headerLines {
-        guard let colon = line.firstIndex(of: ":"), colon != line.startIndex else {
-          throw UsageError(description: "header \"\(line)\" must look like 'Name: value'")
-        }
-        headers[String(line[..<colon]).trimmingCharacters(in: .whitespaces)] =
-          String(line[line.index(after: colon)...]).trimmingCharacters(in: .whitespaces)
+        let (name, value) = try header(line)
+        headers[name] = value
       }
       if data != nil && dataFile != nil {
         throw UsageError(description: "use --data or --data-file, not both")
@@ -292,6 +289,24 @@ enum CLI {
     let count = all ? try await queue.clear() : try await queue.purgeDead()
     output("deleted \(count) \(all ? "" : "dead ")job(s)")
     return ExitCode.success.rawValue
+  }
+
+  /// Splits `Name: value`; the name must be an HTTP token and the value a single line.
+  static func header(_ line: String) throws -> (name: String, value: String) {
+    let tokenCharacters = Set("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    guard let colon = line.firstIndex(of: ":") else {
+      throw UsageError(description: "header \"\(line)\" must look like 'Name: value'")
+    }
+    let name = String(line[..<colon])
+    let value = String(line[line.index(after: colon)...]).trimmingCharacters(in: .whitespaces)
+    guard !name.isEmpty, name.allSatisfy({ tokenCharacters.contains($0) }) else {
+      throw UsageError(
+        description: "header \"\(line)\" must look like 'Name: value', with a name of letters, digits and -")
+    }
+    guard !value.contains(where: { $0 == "\r" || $0 == "\n" || $0 == "\0" }) else {
+      throw UsageError(description: "the value of header \"\(name)\" must be a single line")
+    }
+    return (name, value)
   }
 
   static func jobIDs(_ arguments: inout Arguments) throws -> [JobID] {
