@@ -1,0 +1,89 @@
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+  import Glibc
+#elseif canImport(Darwin)
+  import Darwin
+#endif
+
+/// `conveyor work` as a long-running process: JSON lines, signals, and a worker killed mid-job.
+@Suite struct WorkerLifecycleTests {
+  @Test func workJSONPrintsOneEventObjectPerLine() async throws {
+    let sandbox = try Sandbox()
+    let id = try await sandbox.add(["exec", "--", "true"])
+    let work = try await sandbox.run(["work", "--until-empty", "--json"])
+    #expect(work.status == 0, "\(work)")
+    let events = try work.objects()
+    #expect(events.allSatisfy { $0["event"] is String })
+    let names = events.compactMap { $0["event"] as? String }
+    #expect(names.filter { $0 != "state" } == ["started", "succeeded", "finished"])
+    #expect(
+      events.contains {
+        $0["event"] as? String == "started" && $0["job"] as? Int == id && $0["attempt"] as? Int == 1
+      })
+    #expect(events.last?["event"] as? String == "state" && events.last?["state"] as? String == "stopped")
+    #expect(!work.stdout.contains("done:"), "the summary line is not JSON")
+  }
+
+  @Test(arguments: [SIGINT, SIGTERM])
+  func aSignalStopsWorkAfterTheRunningCommandFinishes(signal: Int32) async throws {
+    let sandbox = try Sandbox()
+    let marker = sandbox.path("finished.txt")
+    let id = try await sandbox.add(["exec", "--", "sh", "-c", "sleep 1; touch '\(marker)'"])
+    try await sandbox.add(["exec", "--delay", "600", "--", "true"])
+
+    let worker = try sandbox.start(["work", "--json"])
+    try await worker.waitForLine("the job to start") { $0.contains(#""event":"started""#) }
+    worker.signal(signal)
+    let stopped = try await worker.waitForExit(timeout: .seconds(15))
+    #expect(stopped.status == 0, "\(stopped)")
+    #expect(stopped.stderr.contains("stopping"))
+    let events = try stopped.objects()
+    #expect(events.contains { $0["event"] as? String == "succeeded" && $0["job"] as? Int == id })
+    #expect(FileManager.default.fileExists(atPath: marker))
+    // Nothing lost, nothing left held: the delayed job still waits.
+    #expect(try await sandbox.counts() == counts(scheduled: 1))
+  }
+
+  @Test func aKilledWorkersJobIsFinishedByTheNextWorker() async throws {
+    let sandbox = try Sandbox()
+    let id = try await sandbox.add(["exec", "--", "sleep", "5"])
+
+    let doomed = try sandbox.start(["work", "--lease", "1", "--json"])
+    try await doomed.waitForLine("the job to start") { $0.contains(#""event":"started""#) }
+    doomed.signal(SIGKILL)
+    let killed = try await doomed.waitForExit(timeout: .seconds(5))
+    #expect(killed.status == 128 + SIGKILL)
+    #expect(try await sandbox.counts() == counts(running: 1), "the job is still held by the dead worker")
+
+    let rescuer = try await sandbox.run(
+      ["work", "--until-empty", "--lease", "1", "--json"], timeout: .seconds(20))
+    #expect(rescuer.status == 0, "\(rescuer)")
+    let events = try rescuer.objects()
+    let started = events.filter { $0["event"] as? String == "started" }
+    #expect(started.map { $0["job"] as? Int } == [id])
+    #expect(started.first?["attempt"] as? Int == 2)
+    #expect(events.contains { $0["event"] as? String == "succeeded" && $0["job"] as? Int == id })
+    #expect(try await sandbox.counts() == counts())
+  }
+
+  @Test func demoShowsRetriesDeadJobsAndRecovery() async throws {
+    let sandbox = try Sandbox()
+    let demo = try await sandbox.run(["demo"], withDatabase: false, timeout: .seconds(40))
+    #expect(demo.status == 0, "\(demo)")
+    let lines = demo.lines
+    // The job the killed child worker held is taken over (its second attempt) and done.
+    let slowLine = try #require(lines.first { $0.hasSuffix("exec sleep 2") })
+    let slow = try #require(slowLine.split(separator: " ").dropFirst().first.map(String.init))
+    #expect(lines.contains { $0.contains("started job \(slow)") })
+    #expect(lines.contains("job \(slow): attempt 2 started"))
+    #expect(lines.contains("job \(slow): done"))
+    // The failing command is kept as a dead job with its error.
+    #expect(
+      lines.contains {
+        $0.contains("dead after 3 attempts") && $0.hasSuffix("exit status 3; output: disk full")
+      })
+    #expect(demo.stdout.contains("the same key on every retry"))
+  }
+}
