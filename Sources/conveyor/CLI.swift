@@ -45,7 +45,8 @@ enum CLI {
                         $XDG_DATA_HOME/conveyor/conveyor.sqlite)
       --queue NAME      queue name (default: outbox)
 
-    Exit codes: 0 success, 1 jobs failed (work --until-empty), 2 usage error, 3 database error.
+    Exit codes: 0 success, 1 jobs died (work --until-empty) or IDs not found (remove),
+                2 usage error, 3 database error.
     """
 
   static func main(_ commandLine: [String]) async -> Int32 {
@@ -106,9 +107,10 @@ enum CLI {
     }
 
     /// A queue for inspecting and controlling jobs; it never claims any.
-    func controlQueue() throws -> JobQueue<OutboxJob> {
+    func controlQueue(store: SQLiteJobStore? = nil) throws -> JobQueue<OutboxJob> {
       try JobQueue<OutboxJob>(
-        configuration: JobQueueConfiguration(identifier: queue, autoStart: false), store: try openStore()
+        configuration: JobQueueConfiguration(identifier: queue, autoStart: false),
+        store: try store ?? openStore()
       ) { _, _ in .retry(after: .zero) }
     }
   }
@@ -202,7 +204,7 @@ enum CLI {
     let json = arguments.flag("--json")
     try arguments.finish()
     let store = try context.openStore()
-    let queue = try context.controlQueue()
+    let queue = try context.controlQueue(store: store)
     let counts = try await queue.count()
     let paused = try await store.isPaused(queue: context.queue)
     if json {
@@ -266,6 +268,7 @@ enum CLI {
     let all = arguments.flag("--all")
     let ids = try jobIDs(&arguments)
     guard all || !ids.isEmpty else { throw UsageError(description: "name dead job IDs to retry, or --all") }
+    guard !all || ids.isEmpty else { throw UsageError(description: "name job IDs or use --all, not both") }
     let count = try await context.controlQueue().requeueDead(all ? nil : ids)
     output("re-queued \(count) dead job(s)")
     if !all && count < ids.count {
@@ -279,6 +282,10 @@ enum CLI {
     guard !ids.isEmpty else { throw UsageError(description: "name the job IDs to remove") }
     let count = try await context.controlQueue().remove(ids)
     output("removed \(count) job(s)")
+    if count < ids.count {
+      printError(
+        "conveyor: \(ids.count - count) of the IDs were not found (already removed, or in another queue)")
+    }
     return count == ids.count ? ExitCode.success.rawValue : ExitCode.failure.rawValue
   }
 
@@ -309,13 +316,14 @@ enum CLI {
     return (name, value)
   }
 
+  /// Takes the remaining words as job IDs, each once, in order.
   static func jobIDs(_ arguments: inout Arguments) throws -> [JobID] {
     var ids: [JobID] = []
     while let word = arguments.next() {
       guard let value = Int64(word), value > 0 else {
         throw UsageError(description: "\"\(word)\" is not a job ID (a positive whole number)")
       }
-      ids.append(JobID(value))
+      if !ids.contains(JobID(value)) { ids.append(JobID(value)) }
     }
     return ids
   }
