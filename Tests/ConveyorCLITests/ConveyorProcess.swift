@@ -193,23 +193,27 @@ final class Sandbox {
   }
 
   /// Starts `conveyor --database <database> arguments…` (or without `--database` when
-  /// `withDatabase` is false).
-  func start(_ arguments: [String], withDatabase: Bool = true) throws -> RunningConveyor {
+  /// `withDatabase` is false), with `extraEnvironment` added to the environment.
+  func start(
+    _ arguments: [String], withDatabase: Bool = true, extraEnvironment: [String: String] = [:]
+  ) throws -> RunningConveyor {
     guard let executable = ConveyorBinary.url else {
       throw HarnessError(description: "cannot find the built conveyor executable; run swift build first")
     }
     let running = try RunningConveyor(
       executable: executable, arguments: (withDatabase ? ["--database", database] : []) + arguments,
-      environment: environment, folder: folder)
+      environment: environment.merging(extraEnvironment) { $1 }, folder: folder)
     started.append(running)
     return running
   }
 
   /// Runs `conveyor` to completion (killing it after `timeout`).
   func run(
-    _ arguments: [String], withDatabase: Bool = true, timeout: Duration = .seconds(20)
+    _ arguments: [String], withDatabase: Bool = true, extraEnvironment: [String: String] = [:],
+    timeout: Duration = .seconds(20)
   ) async throws -> Outcome {
-    try await start(arguments, withDatabase: withDatabase).waitForExit(timeout: timeout)
+    try await start(arguments, withDatabase: withDatabase, extraEnvironment: extraEnvironment)
+      .waitForExit(timeout: timeout)
   }
 
   /// Runs a command that must succeed, and returns its outcome.

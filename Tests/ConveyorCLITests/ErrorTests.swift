@@ -42,6 +42,8 @@ import Testing
     Mistake(arguments: ["retry", "abc"], message: #""abc" is not a job ID (a positive whole number)"#),
     Mistake(arguments: ["remove", "12x"], message: #""12x" is not a job ID (a positive whole number)"#),
     Mistake(arguments: ["retry"], message: "name dead job IDs to retry, or --all"),
+    Mistake(arguments: ["retry", "--all", "3"], message: "name job IDs or use --all, not both"),
+    Mistake(arguments: ["remove"], message: "name the job IDs to remove"),
     Mistake(arguments: ["status", "--database"], message: "--database needs a value"),
   ]
 
@@ -87,6 +89,8 @@ import Testing
     #expect(outcome.stderr.contains("\(sandbox.database): this file is not an SQLite database"))
     #expect(outcome.stderr.contains("left untouched"))
     #expect(FileManager.default.contents(atPath: sandbox.database) == bytes)
+    #expect(!FileManager.default.fileExists(atPath: sandbox.database + "-wal"))
+    #expect(!FileManager.default.fileExists(atPath: sandbox.database + "-shm"))
   }
 
   @Test func anotherApplicationsSQLiteDatabaseIsLeftUntouchedAndExitsThree() async throws {

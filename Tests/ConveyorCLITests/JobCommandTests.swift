@@ -38,6 +38,22 @@ import Testing
     #expect(try await sandbox.counts() == counts(ready: 1))
   }
 
+  @Test func theDatabaseComesFromTheEnvironmentWithoutDatabase() async throws {
+    let sandbox = try Sandbox()
+    let fromVariable = sandbox.path("from-variable.sqlite")
+    let variable = ["CONVEYOR_DATABASE": fromVariable]
+    let added = try await sandbox.run(
+      ["add", "exec", "--", "true"], withDatabase: false, extraEnvironment: variable)
+    #expect(added.status == 0, "\(added)")
+    let status = try await sandbox.run(["status", "--json"], withDatabase: false, extraEnvironment: variable)
+    #expect(try status.object()["database"] as? String == fromVariable)
+    #expect(try await sandbox.counts() == counts(), "--database wins over CONVEYOR_DATABASE")
+
+    // Neither: the default file in the data folder ($XDG_DATA_HOME, the sandbox's in these tests).
+    let fallback = try await sandbox.run(["status", "--json"], withDatabase: false)
+    #expect(try fallback.object()["database"] as? String == sandbox.path("xdg-data/conveyor/conveyor.sqlite"))
+  }
+
   @Test func queuesAreSeparate() async throws {
     let sandbox = try Sandbox()
     try await sandbox.add(["exec", "--", "echo", "one"])
@@ -153,9 +169,14 @@ import Testing
     let missing = try await sandbox.run(["remove", String(ids[0])])
     #expect(missing.status == 1, "\(missing)")
     #expect(missing.stdout == "removed 0 job(s)\n")
+    #expect(missing.stderr.contains("1 of the IDs were not found"))
+    let repeated = try await sandbox.run(["remove", String(ids[1]), String(ids[1])])
+    #expect(repeated.status == 0, "an ID named twice is removed once: \(repeated)")
+    #expect(repeated.stdout == "removed 1 job(s)\n")
+    #expect(try await sandbox.listed().map { $0["id"] as? Int } == [ids[2]])
 
     let pending = try await sandbox.add(["exec", "--", "true"])
-    #expect(try await sandbox.succeed(["purge"]).stdout == "deleted 2 dead job(s)\n")
+    #expect(try await sandbox.succeed(["purge"]).stdout == "deleted 1 dead job(s)\n")
     #expect(try await sandbox.listed().map { $0["id"] as? Int } == [pending])
     try await sandbox.add(["exec", "--delay", "600", "--", "true"])
     #expect(try await sandbox.succeed(["purge", "--all"]).stdout == "deleted 2 job(s)\n")
