@@ -7,8 +7,8 @@ import Synchronization
   import Darwin
 #endif
 
-/// A command started with `posix_spawn` in a clean signal state: default dispositions, nothing
-/// blocked, in a process group of its own.
+/// A command started with `posix_spawn` in a clean state: default signal dispositions, nothing
+/// blocked, in a process group of its own, with only standard input, output and error open.
 ///
 /// `Foundation.Process` on Linux passes the spawning thread's signal mask on, and the worker's
 /// threads block almost every signal, so a command started that way ignored `SIGTERM` (its
@@ -57,6 +57,12 @@ final class ChildProcess: Sendable {
     try Self.check(posix_spawn_file_actions_adddup2(&actions, output, 1), "stdout")
     try Self.check(posix_spawn_file_actions_adddup2(&actions, output, 2), "stderr")
     if let directory { try Self.check(Self.addChangeDirectory(&actions, directory), "working directory") }
+    #if canImport(Darwin)
+      let closeOthers = POSIX_SPAWN_CLOEXEC_DEFAULT
+    #else
+      try Self.check(Self.addCloseFrom(&actions, 3), "closing other descriptors")
+      let closeOthers: Int32 = 0
+    #endif
     var nothing = sigset_t()
     sigemptyset(&nothing)
     try Self.check(posix_spawnattr_setsigmask(&attributes, &nothing), "signal mask")
@@ -66,7 +72,7 @@ final class ChildProcess: Sendable {
     sigdelset(&everything, SIGSTOP)
     try Self.check(posix_spawnattr_setsigdefault(&attributes, &everything), "signal dispositions")
     try Self.check(posix_spawnattr_setpgroup(&attributes, 0), "process group")
-    let flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP
+    let flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP | closeOthers
     try Self.check(posix_spawnattr_setflags(&attributes, Int16(flags)), "flags")
 
     let argv = arguments.map { strdup($0) } + [nil]
@@ -84,17 +90,34 @@ final class ChildProcess: Sendable {
       posix_spawn_file_actions_addchdir_np(&actions, path)
     }
   #else
-    /// `posix_spawn_file_actions_addchdir_np` (glibc 2.29 and later), looked up at run time: the
-    /// Glibc module does not declare GNU extensions. ENOSYS when the C library lacks it.
+    /// `posix_spawn_file_actions_addchdir_np` (glibc 2.29 and later); ENOSYS without it.
     private static func addChangeDirectory(_ actions: inout posix_spawn_file_actions_t, _ path: String)
       -> Int32
     {
-      typealias AddChangeDirectory =
+      typealias Function =
         @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, UnsafePointer<CChar>) -> Int32
-      guard let library = dlopen(nil, RTLD_NOW) else { return ENOSYS }
+      guard let function = gnuFunction("posix_spawn_file_actions_addchdir_np", as: Function.self) else {
+        return ENOSYS
+      }
+      return function(&actions, path)
+    }
+
+    /// `posix_spawn_file_actions_addclosefrom_np` (glibc 2.34 and later), so the command does not
+    /// inherit the worker's descriptors (a pipe held by a command keeps its reader waiting). An
+    /// older glibc lacks it: the command then inherits descriptors not marked close-on-exec.
+    private static func addCloseFrom(_ actions: inout posix_spawn_file_actions_t, _ first: Int32) -> Int32 {
+      typealias Function = @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32
+      guard let function = gnuFunction("posix_spawn_file_actions_addclosefrom_np", as: Function.self) else {
+        return 0
+      }
+      return function(&actions, first)
+    }
+
+    /// A GNU extension of glibc, looked up at run time: the Glibc module does not declare them.
+    private static func gnuFunction<Function>(_ name: String, as type: Function.Type) -> Function? {
+      guard let library = dlopen(nil, RTLD_NOW) else { return nil }
       defer { dlclose(library) }
-      guard let symbol = dlsym(library, "posix_spawn_file_actions_addchdir_np") else { return ENOSYS }
-      return unsafeBitCast(symbol, to: AddChangeDirectory.self)(&actions, path)
+      return dlsym(library, name).map { unsafeBitCast($0, to: type) }
     }
   #endif
 
