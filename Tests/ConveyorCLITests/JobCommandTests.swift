@@ -221,6 +221,29 @@ import Testing
     #expect(!FileManager.default.fileExists(atPath: marker))
   }
 
+  #if os(Linux)
+    @Test func commandsGetOnlyStandardDescriptorsAndNoBlockedSignals() async throws {
+      let sandbox = try Sandbox()
+      let status = sandbox.path("status.txt")
+      let descriptors = sandbox.path("descriptors.txt")
+      try await sandbox.add(["exec", "--", "sh", "-c", "exec cat /proc/self/status > '\(status)'"])
+      try await sandbox.add(["exec", "--", "sh", "-c", "exec ls /proc/self/fd > '\(descriptors)'"])
+      #expect(try await sandbox.run(["work", "--until-empty"]).status == 0)
+      func lines(_ path: String) -> [String] {
+        String(decoding: FileManager.default.contents(atPath: path) ?? Data(), as: UTF8.self)
+          .split(separator: "\n").map(String.init)
+      }
+      // Standard input, output and error, and the folder ls reads.
+      #expect(lines(descriptors) == ["0", "1", "2", "3"], "inherited descriptors")
+      #expect(lines(status).contains("SigBlk:\t0000000000000000"), "\(lines(status))")
+      // Bit n - 1 stands for signal n; glibc keeps its internal signals 32 and 33 as it likes.
+      let ignored = try #require(lines(status).first { $0.hasPrefix("SigIgn:") })
+      let mask = try #require(
+        UInt64(ignored.dropFirst("SigIgn:".count).trimmingCharacters(in: .whitespaces), radix: 16))
+      #expect(mask & 0x7FFF_FFFF == 0, "ignored signals: \(ignored)")
+    }
+  #endif
+
   @Test func aMissingProgramIsDeadAtOnce() async throws {
     let sandbox = try Sandbox()
     try await sandbox.add(["exec", "--", "conveyor-test-no-such-program"])

@@ -46,6 +46,43 @@ import Testing
     #expect(try await sandbox.counts() == counts(scheduled: 1))
   }
 
+  @Test func aSecondSignalForcesExit130AndTheJobStaysStored() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--", "sleep", "3"])
+    let worker = try sandbox.start(["work", "--json"])
+    try await worker.waitForLine("the job to start") { $0.contains(#""event":"started""#) }
+    worker.signal(SIGTERM)
+    try await worker.waitForLine("the queue to stop claiming") { _ in worker.stderr.contains("stopping") }
+    worker.signal(SIGINT)
+    let forced = try await worker.waitForExit(timeout: .seconds(2))
+    #expect(forced.status == 130, "\(forced)")
+    #expect(try await sandbox.counts() == counts(running: 1), "the job waits for its lease to run out")
+  }
+
+  @Test func concurrencyRunsCommandsSideBySide() async throws {
+    let sandbox = try Sandbox()
+    for name in ["a", "b"] {
+      try await sandbox.add(["exec", "--", "sh", "-c", "sleep 0.5; touch '\(sandbox.path(name))'"])
+    }
+    let work = try await sandbox.run(["work", "--until-empty", "--concurrency", "2", "--json"])
+    #expect(work.status == 0, "\(work)")
+    let names = try work.objects().compactMap { $0["event"] as? String }.filter { $0 != "state" }
+    #expect(Array(names.prefix(2)) == ["started", "started"], "both start before either finishes: \(names)")
+    #expect(FileManager.default.fileExists(atPath: sandbox.path("a")))
+    #expect(FileManager.default.fileExists(atPath: sandbox.path("b")))
+  }
+
+  @Test func higherPriorityJobsRunFirst() async throws {
+    let sandbox = try Sandbox()
+    let low = try await sandbox.add(["exec", "--", "true"])
+    let high = try await sandbox.add(["exec", "--priority", "5", "--", "true"])
+    let middle = try await sandbox.add(["exec", "--priority", "1", "--", "true"])
+    let work = try await sandbox.run(["work", "--until-empty", "--json"])
+    #expect(work.status == 0, "\(work)")
+    let started = try work.objects().filter { $0["event"] as? String == "started" }.map { $0["job"] as? Int }
+    #expect(started == [high, middle, low])
+  }
+
   @Test func aKilledWorkersJobIsFinishedByTheNextWorker() async throws {
     let sandbox = try Sandbox()
     let id = try await sandbox.add(["exec", "--", "sleep", "5"])
