@@ -31,6 +31,9 @@ final class ChildProcess: Sendable {
   let pid: pid_t
   private let state = Mutex(State())
 
+  /// The commands started and not yet reaped, by process ID.
+  private static let running = Mutex<[pid_t: ChildProcess]>([:])
+
   private struct State {
     /// Set once the process is reaped: from then on its ID may belong to another process.
     var reaped = false
@@ -81,6 +84,13 @@ final class ChildProcess: Sendable {
     var pid = pid_t()
     try Self.check(posix_spawn(&pid, executable, &actions, &attributes, argv, environment), executable)
     self.pid = pid
+    Self.running.withLock { $0[pid] = self }
+  }
+
+  /// Sends SIGKILL to every running command's process group: the worker is exiting at once and
+  /// their jobs will run again, so they must not go on running unwatched.
+  static func killAll() {
+    for child in running.withLock({ Array($0.values) }) { _ = child.signalGroup(SIGKILL) }
   }
 
   #if canImport(Darwin)
@@ -160,6 +170,7 @@ final class ChildProcess: Sendable {
           while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
           state.reaped = true
         }
+        Self.running.withLock { $0[pid] = nil }
         // The wait(2) status word: the low 7 bits are the signal, or 0 and the exit code above.
         let signal = status & 0x7F
         continuation.resume(returning: signal == 0 ? .exited((status >> 8) & 0xFF) : .signalled(signal))

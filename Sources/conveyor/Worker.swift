@@ -55,6 +55,7 @@ final class Worker: Sendable {
         printError("conveyor: stopping; running jobs get \(options.gracePeriod) to finish (again to force)")
         Task { await queue.shutdown(gracePeriod: options.gracePeriod) }
       } else {
+        ChildProcess.killAll()
         exit(130)
       }
     }
