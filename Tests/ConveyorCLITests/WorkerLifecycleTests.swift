@@ -46,9 +46,10 @@ import Testing
     #expect(try await sandbox.counts() == counts(scheduled: 1))
   }
 
-  @Test func aSecondSignalForcesExit130AndTheJobStaysStored() async throws {
+  @Test func aSecondSignalForcesExit130StopsTheCommandAndKeepsTheJob() async throws {
     let sandbox = try Sandbox()
-    try await sandbox.add(["exec", "--", "sleep", "3"])
+    let marker = sandbox.path("finished.txt")
+    try await sandbox.add(["exec", "--", "sh", "-c", "sleep 1; touch '\(marker)'"])
     let worker = try sandbox.start(["work", "--json"])
     try await worker.waitForLine("the job to start") { $0.contains(#""event":"started""#) }
     worker.signal(SIGTERM)
@@ -57,6 +58,8 @@ import Testing
     let forced = try await worker.waitForExit(timeout: .seconds(2))
     #expect(forced.status == 130, "\(forced)")
     #expect(try await sandbox.counts() == counts(running: 1), "the job waits for its lease to run out")
+    try await Task.sleep(for: .milliseconds(1500))
+    #expect(!FileManager.default.fileExists(atPath: marker), "the command went on after the worker exited")
   }
 
   @Test func concurrencyRunsCommandsSideBySide() async throws {
