@@ -25,6 +25,14 @@ struct ShellCommand: Codable, Sendable, Hashable {
     guard let executable = Self.resolve(program) else {
       return .discard(reason: "command not found: \(program) (not in PATH, or not executable)")
     }
+    if let workingDirectory {
+      var isDirectory: ObjCBool = false
+      guard FileManager.default.fileExists(atPath: workingDirectory, isDirectory: &isDirectory),
+        isDirectory.boolValue
+      else {
+        return .retry(reason: "the working directory \(workingDirectory) does not exist")
+      }
+    }
     let output = FileManager.default.temporaryDirectory.appendingPathComponent(
       "conveyor-exec-\(UUID().uuidString)")
     guard
