@@ -244,6 +244,18 @@ import Testing
     }
   #endif
 
+  @Test func aMissingWorkingDirectoryIsNamedInTheError() async throws {
+    let sandbox = try Sandbox()
+    let missing = sandbox.path("not-made-yet")
+    try await sandbox.add(["exec", "--cwd", missing, "--", "true"])
+    let work = try await sandbox.run(["work", "--until-empty", "--max-attempts", "1"])
+    #expect(work.status == 1, "\(work)")
+    let dead = try await sandbox.listed(["--status", "dead"])
+    #expect(
+      (dead.first?["lastError"] as? String)?.contains("the working directory \(missing) does not exist")
+        == true)
+  }
+
   @Test func aMissingProgramIsDeadAtOnce() async throws {
     let sandbox = try Sandbox()
     try await sandbox.add(["exec", "--", "conveyor-test-no-such-program"])
