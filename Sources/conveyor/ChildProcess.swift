@@ -20,6 +20,8 @@ final class ChildProcess: Sendable {
   enum Status: Equatable {
     case exited(Int32)
     case signalled(Int32)
+    /// Waiting failed with this `errno`; how the command ended is unknown.
+    case unknown(Int32)
   }
 
   /// Why the command could not be started.
@@ -29,17 +31,19 @@ final class ChildProcess: Sendable {
 
   /// The process ID, which is also its process group ID.
   let pid: pid_t
-  private let state = Mutex(State())
+  /// Set when `stop(after:)` signalled the command.
+  private let stopped = Mutex(false)
 
-  /// The commands started and not yet reaped, by process ID.
-  private static let running = Mutex<[pid_t: ChildProcess]>([:])
-
-  private struct State {
-    /// Set once the process is reaped: from then on its ID may belong to another process.
-    var reaped = false
-    /// Set when `stop(after:)` signalled it.
-    var stopped = false
+  /// The commands of this process. Commands are started, signalled and reaped under its lock, so
+  /// a signal never hits a process that reused a reaped command's ID, and `killAll` misses none.
+  private struct Registry {
+    /// Started and not yet reaped.
+    var running: Set<pid_t> = []
+    /// Set by `killAll`: no command starts after it.
+    var closed = false
   }
+
+  private static let registry = Mutex(Registry())
 
   /// Starts `executable` with `arguments` (the first is the program's name), standard input from
   /// `/dev/null`, and standard output and error on `output`.
@@ -82,15 +86,23 @@ final class ChildProcess: Sendable {
     let environment = ProcessInfo.processInfo.environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
     defer { for pointer in argv + environment { free(pointer) } }
     var pid = pid_t()
-    try Self.check(posix_spawn(&pid, executable, &actions, &attributes, argv, environment), executable)
+    let result = Self.registry.withLock { registry -> Int32 in
+      guard !registry.closed else { return ECANCELED }
+      let result = posix_spawn(&pid, executable, &actions, &attributes, argv, environment)
+      if result == 0 { registry.running.insert(pid) }
+      return result
+    }
+    try Self.check(result, executable)
     self.pid = pid
-    Self.running.withLock { $0[pid] = self }
   }
 
-  /// Sends SIGKILL to every running command's process group: the worker is exiting at once and
-  /// their jobs will run again, so they must not go on running unwatched.
+  /// Sends SIGKILL to every running command's process group, and starts no command after: the
+  /// worker is exiting at once and their jobs will run again, so they must not go on unwatched.
   static func killAll() {
-    for child in running.withLock({ Array($0.values) }) { _ = child.signalGroup(SIGKILL) }
+    registry.withLock { registry in
+      registry.closed = true
+      for pid in registry.running { kill(-pid, SIGKILL) }
+    }
   }
 
   #if canImport(Darwin)
@@ -136,22 +148,24 @@ final class ChildProcess: Sendable {
   }
 
   /// Whether `stop(after:)` had to signal the command.
-  var wasStopped: Bool { state.withLock { $0.stopped } }
+  var wasStopped: Bool { stopped.withLock { $0 } }
 
   /// After `seconds`, sends SIGTERM to the command's process group if it is still running, and
   /// SIGKILL 5 seconds later if it is still running then.
   func stop(after seconds: Double) {
     DispatchQueue.global().asyncAfter(deadline: .now() + seconds) { [self] in
-      guard signalGroup(SIGTERM) else { return }
-      state.withLock { $0.stopped = true }
+      guard signalGroup(SIGTERM, stopping: true) else { return }
       DispatchQueue.global().asyncAfter(deadline: .now() + 5) { [self] in _ = signalGroup(SIGKILL) }
     }
   }
 
   /// Signals the process group unless the process was reaped; returns whether it signalled.
-  private func signalGroup(_ signal: Int32) -> Bool {
-    state.withLock { state in
-      guard !state.reaped else { return false }
+  /// `stopping` marks the command as stopped in the same step, so `wasStopped` is set by the time
+  /// `waitForExit` returns.
+  private func signalGroup(_ signal: Int32, stopping: Bool = false) -> Bool {
+    Self.registry.withLock { registry in
+      guard registry.running.contains(pid) else { return false }
+      if stopping { stopped.withLock { $0 = true } }
       kill(-pid, signal)
       return true
     }
@@ -166,14 +180,17 @@ final class ChildProcess: Sendable {
         var info = siginfo_t()
         while waitid(P_PID, id_t(pid), &info, WEXITED | WNOWAIT) == -1 && errno == EINTR {}
         var status: Int32 = 0
-        state.withLock { state in
-          while waitpid(pid, &status, 0) == -1 && errno == EINTR {}
-          state.reaped = true
+        let failure = Self.registry.withLock { registry -> Int32? in
+          var result: pid_t
+          repeat { result = waitpid(pid, &status, 0) } while result == -1 && errno == EINTR
+          registry.running.remove(pid)
+          return result == -1 ? errno : nil
         }
-        Self.running.withLock { $0[pid] = nil }
         // The wait(2) status word: the low 7 bits are the signal, or 0 and the exit code above.
         let signal = status & 0x7F
-        continuation.resume(returning: signal == 0 ? .exited((status >> 8) & 0xFF) : .signalled(signal))
+        continuation.resume(
+          returning: failure.map(Status.unknown)
+            ?? (signal == 0 ? .exited((status >> 8) & 0xFF) : .signalled(signal)))
       }
     }
   }

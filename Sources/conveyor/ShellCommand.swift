@@ -70,6 +70,8 @@ struct ShellCommand: Codable, Sendable, Hashable {
       return .discard(reason: "exit status \(code)" + excerpt)
     case .exited(let code): return .retry(reason: "exit status \(code)" + excerpt)
     case .signalled(let signal): return .retry(reason: "terminated by signal \(signal)" + excerpt)
+    case .unknown(let error):
+      return .retry(reason: "lost track of the command: \(String(cString: strerror(error)))" + excerpt)
     }
   }
 
