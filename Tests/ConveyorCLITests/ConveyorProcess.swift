@@ -108,18 +108,11 @@ final class RunningConveyor {
     kill(process.processIdentifier, number)
   }
 
-  /// Waits until a complete line of standard output satisfies `predicate`, and returns it; fails
-  /// (and kills the process) if that takes longer than `timeout` or the process exits first.
-  @discardableResult
-  func waitForLine(
-    _ what: String, timeout: Duration = .seconds(15), where predicate: (String) -> Bool
-  ) async throws -> String {
+  /// Waits until `condition` holds; fails (and kills the process) if that takes longer than
+  /// `timeout` or the process exits first.
+  func waitUntil(_ what: String, timeout: Duration = .seconds(15), _ condition: () -> Bool) async throws {
     let deadline = ContinuousClock.now + timeout
-    while true {
-      let lines = stdout.split(separator: "\n", omittingEmptySubsequences: true)
-      // A line without its newline may still be half written.
-      let complete = stdout.hasSuffix("\n") ? lines : lines.dropLast()
-      if let line = complete.first(where: { predicate(String($0)) }) { return String(line) }
+    while !condition() {
       if !process.isRunning || ContinuousClock.now >= deadline {
         let exited = !process.isRunning
         kill(process.processIdentifier, SIGKILL)
@@ -129,6 +122,24 @@ final class RunningConveyor {
       }
       try await Task.sleep(for: .milliseconds(20))
     }
+  }
+
+  /// Waits until a complete line of standard output satisfies `predicate`, and returns it; fails
+  /// as `waitUntil` does.
+  @discardableResult
+  func waitForLine(
+    _ what: String, timeout: Duration = .seconds(15), where predicate: (String) -> Bool
+  ) async throws -> String {
+    var found: String?
+    try await waitUntil(what, timeout: timeout) {
+      let text = stdout
+      var lines = text.split(separator: "\n").map(String.init)
+      // The last line may still be half written.
+      if !text.hasSuffix("\n"), !lines.isEmpty { lines.removeLast() }
+      found = lines.first(where: predicate)
+      return found != nil
+    }
+    return found ?? ""
   }
 
   /// Waits for the process to exit; kills it and fails if that takes longer than `timeout`.

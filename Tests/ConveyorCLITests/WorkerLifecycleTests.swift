@@ -49,16 +49,18 @@ import Testing
   @Test func aSecondSignalForcesExit130StopsTheCommandAndKeepsTheJob() async throws {
     let sandbox = try Sandbox()
     let marker = sandbox.path("finished.txt")
-    try await sandbox.add(["exec", "--", "sh", "-c", "sleep 1; touch '\(marker)'"])
+    let running = sandbox.path("running.txt")
+    try await sandbox.add(["exec", "--", "sh", "-c", "touch '\(running)'; sleep 3; touch '\(marker)'"])
     let worker = try sandbox.start(["work", "--json"])
-    try await worker.waitForLine("the job to start") { $0.contains(#""event":"started""#) }
+    try await worker.waitUntil("the command to run") { FileManager.default.fileExists(atPath: running) }
+    let started = ContinuousClock.now
     worker.signal(SIGTERM)
-    try await worker.waitForLine("the queue to stop claiming") { _ in worker.stderr.contains("stopping") }
+    try await worker.waitUntil("the queue to stop claiming") { worker.stderr.contains("stopping") }
     worker.signal(SIGINT)
     let forced = try await worker.waitForExit(timeout: .seconds(2))
     #expect(forced.status == 130, "\(forced)")
     #expect(try await sandbox.counts() == counts(running: 1), "the job waits for its lease to run out")
-    try await Task.sleep(for: .milliseconds(1500))
+    try await Task.sleep(until: started + .milliseconds(3500))
     #expect(!FileManager.default.fileExists(atPath: marker), "the command went on after the worker exited")
   }
 
