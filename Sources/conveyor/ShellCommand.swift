@@ -22,7 +22,7 @@ struct ShellCommand: Codable, Sendable, Hashable {
   /// (the worker's shutdown grace period ran out) terminates the command and retries the job.
   func run() async -> JobResult {
     guard let program = arguments.first else { return .discard(reason: "empty command") }
-    guard let executable = Self.resolve(program) else {
+    guard let executable = Self.resolve(program, in: workingDirectory) else {
       return .discard(reason: "command not found: \(program) (not in PATH, or not executable)")
     }
     if let workingDirectory {
@@ -83,10 +83,15 @@ struct ShellCommand: Codable, Sendable, Hashable {
     return text.isEmpty ? "" : "; output: \(text)"
   }
 
-  static func resolve(_ program: String) -> URL? {
+  /// The program's file: a path with a `/` is taken relative to `directory` (as a shell run in
+  /// that directory would), a bare name is looked up in `PATH`.
+  static func resolve(_ program: String, in directory: String?) -> URL? {
     let manager = FileManager.default
     if program.contains("/") {
-      return manager.isExecutableFile(atPath: program) ? URL(fileURLWithPath: program) : nil
+      let base = directory.map { URL(fileURLWithPath: $0, isDirectory: true) }
+      let file = URL(fileURLWithPath: program, relativeTo: program.hasPrefix("/") ? nil : base)
+        .standardizedFileURL
+      return manager.isExecutableFile(atPath: file.path) ? file : nil
     }
     let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/local/bin:/usr/bin:/bin"
     for folder in path.split(separator: ":") where !folder.isEmpty {
