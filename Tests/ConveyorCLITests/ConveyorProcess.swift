@@ -194,11 +194,13 @@ final class Sandbox {
   /// A path inside the sandbox folder.
   func path(_ name: String) -> String { folder.appendingPathComponent(name).path }
 
-  /// The environment for `conveyor`: no `CONVEYOR_DATABASE`, and a data folder inside the sandbox
-  /// so a missing `--database` never touches the real default database.
+  /// The environment for `conveyor`: no `CONVEYOR_DATABASE`, a data folder inside the sandbox so
+  /// a missing `--database` never touches the real default database, and no proxy between the
+  /// tool and the loopback server.
   private var environment: [String: String] {
     var environment = ProcessInfo.processInfo.environment
     environment["CONVEYOR_DATABASE"] = nil
+    for name in environment.keys where name.lowercased().hasSuffix("_proxy") { environment[name] = nil }
     environment["XDG_DATA_HOME"] = path("xdg-data")
     return environment
   }

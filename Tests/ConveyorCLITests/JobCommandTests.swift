@@ -244,6 +244,20 @@ import Testing
     }
   #endif
 
+  @Test func aRelativeProgramPathIsFoundInTheWorkingDirectory() async throws {
+    let sandbox = try Sandbox()
+    let script = sandbox.path("tools/hello.sh")
+    try FileManager.default.createDirectory(
+      atPath: sandbox.path("tools"), withIntermediateDirectories: true)
+    try Data("#!/bin/sh\necho \"hello from $(pwd)\" > out.txt\n".utf8).write(to: URL(fileURLWithPath: script))
+    try FileManager.default.setAttributes([.posixPermissions: 0o755], ofItemAtPath: script)
+    try await sandbox.add(["exec", "--cwd", sandbox.path("tools"), "--", "./hello.sh"])
+    let work = try await sandbox.run(["work", "--until-empty"])
+    #expect(work.status == 0, "\(work)")
+    let written = FileManager.default.contents(atPath: sandbox.path("tools/out.txt")) ?? Data()
+    #expect(String(decoding: written, as: UTF8.self).hasPrefix("hello from "))
+  }
+
   @Test func aMissingWorkingDirectoryIsNamedInTheError() async throws {
     let sandbox = try Sandbox()
     let missing = sandbox.path("not-made-yet")
