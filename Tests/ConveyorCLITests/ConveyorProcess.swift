@@ -91,8 +91,16 @@ final class RunningConveyor {
     process.arguments = arguments
     process.environment = environment
     process.standardInput = FileHandle.nullDevice
-    process.standardOutput = try FileHandle(forWritingTo: stdoutFile)
-    process.standardError = try FileHandle(forWritingTo: stderrFile)
+    let output = try FileHandle(forWritingTo: stdoutFile)
+    let errors = try FileHandle(forWritingTo: stderrFile)
+    // The child has its own copies once started; ours would only pile up in the test process.
+    defer {
+      for handle in [output, errors] {
+        do { try handle.close() } catch { print("could not close an output file: \(error)") }
+      }
+    }
+    process.standardOutput = output
+    process.standardError = errors
     try process.run()
   }
 
