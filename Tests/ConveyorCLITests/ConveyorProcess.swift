@@ -17,6 +17,14 @@ enum ConveyorBinary {
   /// The executable, found next to the test bundle in the build folder.
   static let url: URL? = locate()
 
+  /// `url`, or an error saying to build it.
+  static func required() throws -> URL {
+    guard let url else {
+      throw HarnessError(description: "cannot find the built conveyor executable; run swift build first")
+    }
+    return url
+  }
+
   /// Looks for `conveyor` in the folders the test runner may live in: the folder of the running
   /// executable (Linux: the `.xctest` runner sits in the build folder), the folder holding the
   /// loaded `.xctest` bundle (Apple platforms), and the package's `.build/debug` found from this
@@ -218,15 +226,28 @@ final class Sandbox {
   func start(
     _ arguments: [String], withDatabase: Bool = true, extraEnvironment: [String: String] = [:]
   ) throws -> RunningConveyor {
-    guard let executable = ConveyorBinary.url else {
-      throw HarnessError(description: "cannot find the built conveyor executable; run swift build first")
-    }
     let running = try RunningConveyor(
-      executable: executable, arguments: (withDatabase ? ["--database", database] : []) + arguments,
+      executable: try ConveyorBinary.required(),
+      arguments: (withDatabase ? ["--database", database] : []) + arguments,
       environment: environment.merging(extraEnvironment) { $1 }, folder: folder)
     started.append(running)
     return running
   }
+
+  #if os(Linux)
+    /// Runs `conveyor --database <database> arguments…` on a pseudo-terminal, through util-linux
+    /// `script`, which passes the exit status on (`-e`).
+    func runOnTerminal(_ arguments: [String], timeout: Duration = .seconds(20)) async throws -> Outcome {
+      let words = [try ConveyorBinary.required().path, "--database", database] + arguments
+      let command = words.map { "'" + $0.replacingOccurrences(of: "'", with: "'\\''") + "'" }
+      let running = try RunningConveyor(
+        executable: URL(fileURLWithPath: "/usr/bin/script"),
+        arguments: ["-qec", command.joined(separator: " "), "/dev/null"], environment: environment,
+        folder: folder)
+      started.append(running)
+      return try await running.waitForExit(timeout: timeout)
+    }
+  #endif
 
   /// Runs `conveyor` to completion (killing it after `timeout`).
   func run(

@@ -26,6 +26,20 @@ import Testing
     #expect(!work.stdout.contains("done:"), "the summary line is not JSON")
   }
 
+  #if os(Linux)
+    @Test(.enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/script")))
+    func workOnATerminalShowsLiveCounts() async throws {
+      let sandbox = try Sandbox()
+      try await sandbox.add(["exec", "--", "true"])
+      try await sandbox.add(["exec", "--", "false"])
+      let work = try await sandbox.runOnTerminal(["work", "--until-empty", "--max-attempts", "1"])
+      #expect(work.status == 1, "\(work)")
+      #expect(work.stdout.contains("\r\u{1B}[K[outbox] 1 delivered, 0 retries, 1 dead"))
+      #expect(work.stdout.contains("\r\u{1B}[Kjob 2: dead: gave up after 1 attempt(s): exit status 1"))
+      #expect(work.stdout.contains("done: 1 delivered, 0 retries scheduled, 1 dead"))
+    }
+  #endif
+
   @Test(arguments: [SIGINT, SIGTERM])
   func aSignalStopsWorkAfterTheRunningCommandFinishes(signal: Int32) async throws {
     let sandbox = try Sandbox()
