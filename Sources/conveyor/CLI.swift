@@ -55,6 +55,7 @@ enum CLI {
       let database =
         try arguments.option("--database", "-d")
         ?? ProcessInfo.processInfo.environment["CONVEYOR_DATABASE"].flatMap { $0.isEmpty ? nil : $0 }
+      if database == "" { throw UsageError(description: "--database needs a file path") }
       let queueName = try arguments.option("--queue", "-q") ?? "outbox"
       try JobQueueConfiguration.validate(identifier: queueName)
       let command = arguments.next() ?? "help"
@@ -102,6 +103,12 @@ enum CLI {
       if database.hasPrefix("postgres://") || database.hasPrefix("postgresql://") {
         throw UsageError(
           description: "PostgreSQL databases are not supported by this build yet; pass a SQLite file path")
+      }
+      var isDirectory: ObjCBool = false
+      if FileManager.default.fileExists(atPath: database, isDirectory: &isDirectory), isDirectory.boolValue {
+        throw DatabaseError(
+          description: "\(database) is a folder; pass the path of a database file in it, e.g. "
+            + URL(fileURLWithPath: database).appendingPathComponent("conveyor.sqlite").path)
       }
       return try SQLiteJobStore(path: database)
     }
@@ -327,6 +334,11 @@ enum CLI {
     }
     return ids
   }
+}
+
+/// A database path that cannot be used, found before SQLite opens it: exit code 3.
+struct DatabaseError: Error, CustomStringConvertible {
+  var description: String
 }
 
 /// A job as `list --json` prints it.
