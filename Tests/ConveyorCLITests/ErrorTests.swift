@@ -45,6 +45,7 @@ import Testing
     Mistake(arguments: ["retry", "--all", "3"], message: "name job IDs or use --all, not both"),
     Mistake(arguments: ["remove"], message: "name the job IDs to remove"),
     Mistake(arguments: ["status", "--database"], message: "--database needs a value"),
+    Mistake(arguments: ["--database", "", "status"], message: "--database needs a file path"),
   ]
 
   @Test(arguments: mistakes)
@@ -66,6 +67,15 @@ import Testing
       #expect(outcome.stderr.contains("PostgreSQL databases are not supported by this build"))
       #expect(outcome.stderr.contains("pass a SQLite file path"))
     }
+  }
+
+  @Test func aFolderAsTheDatabaseExitsThreeNamingAFileToUse() async throws {
+    let sandbox = try Sandbox()
+    let outcome = try await sandbox.run(["--database", sandbox.folder.path, "status"], withDatabase: false)
+    #expect(outcome.status == 3, "\(outcome)")
+    #expect(
+      outcome.stderr.contains("\(sandbox.folder.path) is a folder; pass the path of a database file in it"))
+    #expect(outcome.stderr.contains(sandbox.path("conveyor.sqlite")))
   }
 
   @Test func helpPrintsUsage() async throws {
