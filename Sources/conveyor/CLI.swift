@@ -139,7 +139,7 @@ enum CLI {
       let headerLines = try arguments.options(["-H", "--header"])
       let data = try arguments.option("--data")
       let dataFile = try arguments.option("--data-file")
-      let timeout = try arguments.seconds("--timeout")
+      let timeout = try arguments.seconds("--timeout", allowingZero: false)
       let urlText = try arguments.required("URL")
       guard let url = URL(string: urlText), let scheme = url.scheme?.lowercased(),
         ["http", "https"].contains(scheme),
@@ -168,7 +168,7 @@ enum CLI {
         key: key)
     case "exec":
       let directory = try arguments.option("--cwd")
-      let timeout = try arguments.seconds("--timeout")
+      let timeout = try arguments.seconds("--timeout", allowingZero: false)
       guard arguments.next() == "--" else {
         throw UsageError(description: "put the command after --, e.g. conveyor add exec -- echo hello")
       }
@@ -194,7 +194,7 @@ enum CLI {
   static func work(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
     let concurrency = try arguments.integer("--concurrency", "-c", in: 1...1000) ?? 1
     let maxAttempts = try arguments.integer("--max-attempts", in: 1...1_000_000) ?? 10
-    let lease = try arguments.seconds("--lease") ?? .seconds(60)
+    let lease = try arguments.seconds("--lease", allowingZero: false) ?? .seconds(60)
     let untilEmpty = arguments.flag("--until-empty")
     let json = arguments.flag("--json")
     try arguments.finish()
