@@ -35,6 +35,17 @@ import Testing
       message: #"--concurrency must be a whole number in 1...1000, got "0""#),
     Mistake(
       arguments: ["work", "--lease", "soon"], message: #"--lease must be a number of seconds, got "soon""#),
+    Mistake(
+      arguments: ["work", "--lease", "0"], message: #"--lease must be a number of seconds above 0, got "0""#),
+    Mistake(
+      arguments: ["add", "exec", "--timeout", "0", "--", "true"],
+      message: #"--timeout must be a number of seconds above 0, got "0""#),
+    Mistake(
+      arguments: ["add", "exec", "--delay", "-1", "--", "true"],
+      message: "--delay must be a number of seconds"),
+    Mistake(
+      arguments: ["add", "exec", "--delay", "1e300", "--", "true"],
+      message: "--delay must be a number of seconds"),
     Mistake(arguments: ["work", "--forever"], message: #"unexpected argument "--forever""#),
     Mistake(arguments: ["--queue", "bad name", "status"], message: #"invalid queue identifier "bad name""#),
     Mistake(
