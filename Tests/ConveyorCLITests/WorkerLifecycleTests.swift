@@ -91,6 +91,26 @@ import Testing
     #expect(FileManager.default.fileExists(atPath: sandbox.path("b")))
   }
 
+  @Test func twoWorkerProcessesShareTheDatabaseAndRunEachJobOnce() async throws {
+    let sandbox = try Sandbox()
+    let log = sandbox.path("log.txt")
+    for number in 1...12 {
+      try await sandbox.add(["exec", "--", "sh", "-c", "echo \(number) >> '\(log)'; sleep 0.1"])
+    }
+    let workers = try (0..<2).map { _ in try sandbox.start(["work", "--until-empty", "--json"]) }
+    var delivered = 0
+    for worker in workers {
+      let outcome = try await worker.waitForExit()
+      #expect(outcome.status == 0, "\(outcome)")
+      delivered += try outcome.objects().filter { $0["event"] as? String == "succeeded" }.count
+    }
+    #expect(delivered == 12)
+    let lines = String(decoding: FileManager.default.contents(atPath: log) ?? Data(), as: UTF8.self)
+      .split(separator: "\n").compactMap { Int($0) }
+    #expect(lines.sorted() == Array(1...12), "each job ran once")
+    #expect(try await sandbox.counts() == counts())
+  }
+
   @Test func higherPriorityJobsRunFirst() async throws {
     let sandbox = try Sandbox()
     let low = try await sandbox.add(["exec", "--", "true"])
