@@ -95,14 +95,12 @@ import Testing
 
   @Test func anUnreachableServerFailsTheAttempt() async throws {
     let sandbox = try Sandbox()
-    // A port that was just free: nothing listens on it once the server stops.
-    let server = try LoopbackHTTPServer { _, _ in .ok() }
-    let url = server.url("/gone").absoluteString
-    server.stop()
-    try await sandbox.add(["http", "GET", url])
+    // Port 1 (tcpmux) is privileged and unused: the connection is refused. A port freed by a
+    // stopped server could be taken at once by another test's server.
+    try await sandbox.add(["http", "GET", "http://127.0.0.1:1/gone"])
     let work = try await sandbox.run(["work", "--until-empty", "--max-attempts", "1", "--json"])
     #expect(work.status == 1, "\(work)")
     let died = try #require(try work.objects().first { $0["event"] as? String == "died" })
-    #expect((died["error"] as? String)?.contains("GET http://127.0.0.1") == true)
+    #expect((died["error"] as? String)?.contains("GET http://127.0.0.1:1/gone") == true, "\(died)")
   }
 }
