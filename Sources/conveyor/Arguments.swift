@@ -63,18 +63,25 @@ struct Arguments {
   mutating func integer(_ names: String..., in range: ClosedRange<Int>) throws -> Int? {
     guard let text = try options(names).last else { return nil }
     guard let value = Int(text), range.contains(value) else {
-      throw UsageError(description: "\(names[0]) must be a whole number in \(range.lowerBound)...\(range.upperBound), got \"\(text)\"")
+      throw UsageError(
+        description:
+          "\(names[0]) must be a whole number in \(range.lowerBound)...\(range.upperBound), got \"\(text)\"")
     }
     return value
   }
 
-  /// Parses a duration option given in seconds (fractions allowed).
-  mutating func seconds(_ names: String...) throws -> Duration? {
+  /// Parses a duration option given in seconds (fractions allowed, to the millisecond); zero is
+  /// refused unless `allowingZero`.
+  mutating func seconds(_ names: String..., allowingZero: Bool = true) throws -> Duration? {
     guard let text = try options(names).last else { return nil }
-    guard let value = Double(text), value >= 0, value.isFinite else {
+    guard let value = Double(text), value >= 0, value < 1e12 else {
       throw UsageError(description: "\(names[0]) must be a number of seconds, got \"\(text)\"")
     }
-    return .milliseconds(Int64((value * 1000).rounded()))
+    let milliseconds = Int64((value * 1000).rounded())
+    guard allowingZero || milliseconds > 0 else {
+      throw UsageError(description: "\(names[0]) must be a number of seconds above 0, got \"\(text)\"")
+    }
+    return .milliseconds(milliseconds)
   }
 
   /// Fails if anything is left that no command consumed.

@@ -45,14 +45,17 @@ enum CLI {
                         $XDG_DATA_HOME/conveyor/conveyor.sqlite)
       --queue NAME      queue name (default: outbox)
 
-    Exit codes: 0 success, 1 jobs failed (work --until-empty), 2 usage error, 3 database error.
+    Exit codes: 0 success, 1 jobs died (work --until-empty) or IDs not found (remove),
+                2 usage error, 3 database error.
     """
 
   static func main(_ commandLine: [String]) async -> Int32 {
     var arguments = Arguments(Array(commandLine.dropFirst()))
     do {
-      let database = try arguments.option("--database", "-d")
+      let database =
+        try arguments.option("--database", "-d")
         ?? ProcessInfo.processInfo.environment["CONVEYOR_DATABASE"].flatMap { $0.isEmpty ? nil : $0 }
+      if database == "" { throw UsageError(description: "--database needs a file path") }
       let queueName = try arguments.option("--queue", "-q") ?? "outbox"
       try JobQueueConfiguration.validate(identifier: queueName)
       let command = arguments.next() ?? "help"
@@ -101,13 +104,20 @@ enum CLI {
         throw UsageError(
           description: "PostgreSQL databases are not supported by this build yet; pass a SQLite file path")
       }
+      var isDirectory: ObjCBool = false
+      if FileManager.default.fileExists(atPath: database, isDirectory: &isDirectory), isDirectory.boolValue {
+        throw DatabaseError(
+          description: "\(database) is a folder; pass the path of a database file in it, e.g. "
+            + URL(fileURLWithPath: database).appendingPathComponent("conveyor.sqlite").path)
+      }
       return try SQLiteJobStore(path: database)
     }
 
     /// A queue for inspecting and controlling jobs; it never claims any.
-    func controlQueue() throws -> JobQueue<OutboxJob> {
+    func controlQueue(store: SQLiteJobStore? = nil) throws -> JobQueue<OutboxJob> {
       try JobQueue<OutboxJob>(
-        configuration: JobQueueConfiguration(identifier: queue, autoStart: false), store: try openStore()
+        configuration: JobQueueConfiguration(identifier: queue, autoStart: false),
+        store: try store ?? openStore()
       ) { _, _ in .retry(after: .zero) }
     }
   }
@@ -129,22 +139,22 @@ enum CLI {
       let headerLines = try arguments.options(["-H", "--header"])
       let data = try arguments.option("--data")
       let dataFile = try arguments.option("--data-file")
-      let timeout = try arguments.seconds("--timeout")
+      let timeout = try arguments.seconds("--timeout", allowingZero: false)
       let urlText = try arguments.required("URL")
-      guard let url = URL(string: urlText), let scheme = url.scheme?.lowercased(), ["http", "https"].contains(scheme),
+      guard let url = URL(string: urlText), let scheme = url.scheme?.lowercased(),
+        ["http", "https"].contains(scheme),
         url.host != nil
       else {
         throw UsageError(description: "\"\(urlText)\" is not an http:// or https:// URL")
       }
       var headers: [String: String] = [:]
       for line in headerLines {
-        guard let colon = line.firstIndex(of: ":"), colon != line.startIndex else {
-          throw UsageError(description: "header \"\(line)\" must look like 'Name: value'")
-        }
-        headers[String(line[..<colon]).trimmingCharacters(in: .whitespaces)] =
-          String(line[line.index(after: colon)...]).trimmingCharacters(in: .whitespaces)
+        let (name, value) = try header(line)
+        headers[name] = value
       }
-      if data != nil && dataFile != nil { throw UsageError(description: "use --data or --data-file, not both") }
+      if data != nil && dataFile != nil {
+        throw UsageError(description: "use --data or --data-file, not both")
+      }
       var body = data.map { Data($0.utf8) }
       if let dataFile {
         guard let contents = FileManager.default.contents(atPath: dataFile) else {
@@ -158,7 +168,7 @@ enum CLI {
         key: key)
     case "exec":
       let directory = try arguments.option("--cwd")
-      let timeout = try arguments.seconds("--timeout")
+      let timeout = try arguments.seconds("--timeout", allowingZero: false)
       guard arguments.next() == "--" else {
         throw UsageError(description: "put the command after --, e.g. conveyor add exec -- echo hello")
       }
@@ -166,7 +176,8 @@ enum CLI {
       while let word = arguments.next() { words.append(word) }
       guard !words.isEmpty else { throw UsageError(description: "missing the command after --") }
       job = OutboxJob(
-        kind: .exec(ShellCommand(arguments: words, workingDirectory: directory, timeout: timeout?.secondsValue)),
+        kind: .exec(
+          ShellCommand(arguments: words, workingDirectory: directory, timeout: timeout?.secondsValue)),
         key: key)
     default:
       throw UsageError(description: "unknown job kind \"\(kind)\": use http or exec")
@@ -183,7 +194,7 @@ enum CLI {
   static func work(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
     let concurrency = try arguments.integer("--concurrency", "-c", in: 1...1000) ?? 1
     let maxAttempts = try arguments.integer("--max-attempts", in: 1...1_000_000) ?? 10
-    let lease = try arguments.seconds("--lease") ?? .seconds(60)
+    let lease = try arguments.seconds("--lease", allowingZero: false) ?? .seconds(60)
     let untilEmpty = arguments.flag("--until-empty")
     let json = arguments.flag("--json")
     try arguments.finish()
@@ -200,7 +211,7 @@ enum CLI {
     let json = arguments.flag("--json")
     try arguments.finish()
     let store = try context.openStore()
-    let queue = try context.controlQueue()
+    let queue = try context.controlQueue(store: store)
     let counts = try await queue.count()
     let paused = try await store.isPaused(queue: context.queue)
     if json {
@@ -249,7 +260,9 @@ enum CLI {
           output(
             pad(record.id.description, 8) + pad(record.status.rawValue, 9) + pad(String(record.attempts), 6)
               + pad(timestamp(record.runAt), 21) + summary)
-          if let error = record.lastError { output(String(repeating: " ", count: 8) + "last error: \(error)") }
+          if let error = record.lastError {
+            output(String(repeating: " ", count: 8) + "last error: \(error)")
+          }
         }
       }
       printed += page.count
@@ -262,9 +275,12 @@ enum CLI {
     let all = arguments.flag("--all")
     let ids = try jobIDs(&arguments)
     guard all || !ids.isEmpty else { throw UsageError(description: "name dead job IDs to retry, or --all") }
+    guard !all || ids.isEmpty else { throw UsageError(description: "name job IDs or use --all, not both") }
     let count = try await context.controlQueue().requeueDead(all ? nil : ids)
     output("re-queued \(count) dead job(s)")
-    if !all && count < ids.count { printError("conveyor: \(ids.count - count) of the IDs were not dead jobs") }
+    if !all && count < ids.count {
+      printError("conveyor: \(ids.count - count) of the IDs were not dead jobs")
+    }
     return ExitCode.success.rawValue
   }
 
@@ -273,6 +289,10 @@ enum CLI {
     guard !ids.isEmpty else { throw UsageError(description: "name the job IDs to remove") }
     let count = try await context.controlQueue().remove(ids)
     output("removed \(count) job(s)")
+    if count < ids.count {
+      printError(
+        "conveyor: \(ids.count - count) of the IDs were not found (already removed, or in another queue)")
+    }
     return count == ids.count ? ExitCode.success.rawValue : ExitCode.failure.rawValue
   }
 
@@ -285,16 +305,40 @@ enum CLI {
     return ExitCode.success.rawValue
   }
 
+  /// Splits `Name: value`; the name must be an HTTP token and the value a single line.
+  static func header(_ line: String) throws -> (name: String, value: String) {
+    let tokenCharacters = Set("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    guard let colon = line.firstIndex(of: ":") else {
+      throw UsageError(description: "header \"\(line)\" must look like 'Name: value'")
+    }
+    let name = String(line[..<colon])
+    let value = String(line[line.index(after: colon)...]).trimmingCharacters(in: .whitespaces)
+    guard !name.isEmpty, name.allSatisfy({ tokenCharacters.contains($0) }) else {
+      throw UsageError(
+        description: "header \"\(line)\" must look like 'Name: value', with a name of letters, digits and -")
+    }
+    guard !value.contains(where: { $0 == "\r" || $0 == "\n" || $0 == "\0" }) else {
+      throw UsageError(description: "the value of header \"\(name)\" must be a single line")
+    }
+    return (name, value)
+  }
+
+  /// Takes the remaining words as job IDs, each once, in order.
   static func jobIDs(_ arguments: inout Arguments) throws -> [JobID] {
     var ids: [JobID] = []
     while let word = arguments.next() {
       guard let value = Int64(word), value > 0 else {
         throw UsageError(description: "\"\(word)\" is not a job ID (a positive whole number)")
       }
-      ids.append(JobID(value))
+      if !ids.contains(JobID(value)) { ids.append(JobID(value)) }
     }
     return ids
   }
+}
+
+/// A database path that cannot be used, found before SQLite opens it: exit code 3.
+struct DatabaseError: Error, CustomStringConvertible {
+  var description: String
 }
 
 /// A job as `list --json` prints it.

@@ -59,7 +59,8 @@ enum Demo {
       OutboxJob(kind: .http(.post(server.url("/orders"), form: ["sku": "A-42", "quantity": "2"])), key: nil),
       OutboxJob(kind: .http(.delete(server.url("/orders/41"))), key: nil),
       OutboxJob(kind: .exec(ShellCommand(arguments: ["echo", "hello from the outbox"])), key: nil),
-      OutboxJob(kind: .exec(ShellCommand(arguments: ["sh", "-c", "echo 'disk full' >&2; exit 3"])), key: nil),
+      OutboxJob(
+        kind: .exec(ShellCommand(arguments: ["sh", "-c", "echo 'disk full' >&2; exit 3"])), key: nil),
     ]
     var ids: [JobID] = []
     for job in jobs {
@@ -72,7 +73,8 @@ enum Demo {
     _ = await worker.run()
 
     heading("3. Crash recovery: a worker process is killed with SIGKILL in the middle of a job")
-    let slow = try await outbox.add(OutboxJob(kind: .exec(ShellCommand(arguments: ["sleep", "2"])), key: nil))
+    let slow = try await outbox.add(
+      OutboxJob(kind: .exec(ShellCommand(arguments: ["sleep", "2"])), key: nil))
     output("  job \(slow)  exec sleep 2")
     let child = try startChildWorker(database: database)
     output("  worker process \(child.process.processIdentifier) started job \(try child.waitForStart())")

@@ -2,6 +2,12 @@ import Conveyor
 import Foundation
 import Synchronization
 
+#if canImport(Glibc)
+  import Glibc
+#elseif canImport(Darwin)
+  import Darwin
+#endif
+
 /// A shell command stored as a job: run without a shell, by argument vector.
 struct ShellCommand: Codable, Sendable, Hashable {
   /// The program and its arguments; the program is looked up in `PATH` unless it has a `/`.
@@ -12,91 +18,80 @@ struct ShellCommand: Codable, Sendable, Hashable {
   var timeout: Double?
 
   /// Runs the command; exit status 0 is handled, 126/127 and a missing program are dead (retrying
-  /// cannot help), anything else, a signal or the timeout is retried by policy.
+  /// cannot help), anything else, a signal or the timeout is retried by policy. A cancelled task
+  /// (the worker's shutdown grace period ran out) terminates the command and retries the job.
   func run() async -> JobResult {
     guard let program = arguments.first else { return .discard(reason: "empty command") }
-    guard let executable = Self.resolve(program) else {
+    guard let executable = Self.resolve(program, in: workingDirectory) else {
       return .discard(reason: "command not found: \(program) (not in PATH, or not executable)")
     }
-    let output: URL
-    do {
-      output = FileManager.default.temporaryDirectory.appendingPathComponent("conveyor-exec-\(UUID().uuidString)")
-      guard FileManager.default.createFile(atPath: output.path, contents: nil) else {
-        return .retry(reason: "could not create a temporary file for the command's output")
+    if let workingDirectory {
+      var isDirectory: ObjCBool = false
+      guard FileManager.default.fileExists(atPath: workingDirectory, isDirectory: &isDirectory),
+        isDirectory.boolValue
+      else {
+        return .retry(reason: "the working directory \(workingDirectory) does not exist")
       }
     }
+    let output = FileManager.default.temporaryDirectory.appendingPathComponent(
+      "conveyor-exec-\(UUID().uuidString)")
+    guard
+      FileManager.default.createFile(
+        atPath: output.path, contents: nil, attributes: [.posixPermissions: 0o600])
+    else {
+      return .retry(reason: "could not create a temporary file for the command's output")
+    }
     defer { removeQuietly(output) }
-    let process = Process()
-    process.executableURL = executable
-    process.arguments = Array(arguments.dropFirst())
-    if let workingDirectory { process.currentDirectoryURL = URL(fileURLWithPath: workingDirectory) }
+    let descriptor = open(output.path, O_WRONLY | O_CLOEXEC)
+    guard descriptor >= 0 else {
+      return .retry(reason: "could not open the command's output file: \(String(cString: strerror(errno)))")
+    }
+    let child: ChildProcess
     do {
-      let handle = try FileHandle(forWritingTo: output)
-      // Our copy of the descriptor; the child has its own. A failed close cannot lose data here.
-      defer { do { try handle.close() } catch {} }
-      process.standardOutput = handle
-      process.standardError = handle
-      process.standardInput = FileHandle.nullDevice
-      let status = try await Self.runToExit(process, timeout: timeout)
-      let excerpt = Self.tail(of: output)
-      switch status {
-      case .exited(0): return .handled
-      case .exited(let code) where code == 126 || code == 127:
-        return .discard(reason: "exit status \(code)" + excerpt)
-      case .exited(let code): return .retry(reason: "exit status \(code)" + excerpt)
-      case .signalled(let signal): return .retry(reason: "terminated by signal \(signal)" + excerpt)
-      case .timedOut: return .retry(reason: "timed out after \(timeout ?? 0) s" + excerpt)
-      }
+      // The child has its own copies of the descriptor; ours is only needed to start it.
+      defer { close(descriptor) }
+      child = try ChildProcess(
+        executable: executable.path, arguments: arguments, directory: workingDirectory, output: descriptor)
     } catch {
       return .retry(reason: "could not start \(program): \(error)")
     }
-  }
-
-  enum Status: Equatable {
-    case exited(Int32)
-    case signalled(Int32)
-    case timedOut
-  }
-
-  private static func runToExit(_ process: Process, timeout: Double?) async throws -> Status {
-    let timedOut = TimeoutFlag()
-    try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-      process.terminationHandler = { _ in continuation.resume() }
-      do {
-        try process.run()
-      } catch {
-        process.terminationHandler = nil
-        continuation.resume(throwing: error)
-        return
-      }
-      if let timeout {
-        DispatchQueue.global().asyncAfter(deadline: .now() + timeout) {
-          if process.isRunning {
-            timedOut.set()
-            process.terminate()
-          }
-        }
-      }
+    if let timeout { child.stop(after: timeout) }
+    let status = await withTaskCancellationHandler {
+      await child.waitForExit()
+    } onCancel: {
+      child.stop(after: 0)
     }
-    if timedOut.isSet { return .timedOut }
-    switch process.terminationReason {
-    case .exit: return .exited(process.terminationStatus)
-    case .uncaughtSignal: return .signalled(process.terminationStatus)
-    @unknown default: return .exited(process.terminationStatus)
+    let excerpt = Self.tail(of: output)
+    if Task.isCancelled { return .retry(reason: "stopped by the worker's shutdown" + excerpt) }
+    if child.wasStopped { return .retry(reason: "timed out after \(timeout ?? 0) s" + excerpt) }
+    switch status {
+    case .exited(0): return .handled
+    case .exited(let code) where code == 126 || code == 127:
+      return .discard(reason: "exit status \(code)" + excerpt)
+    case .exited(let code): return .retry(reason: "exit status \(code)" + excerpt)
+    case .signalled(let signal): return .retry(reason: "terminated by signal \(signal)" + excerpt)
+    case .unknown(let error):
+      return .retry(reason: "lost track of the command: \(String(cString: strerror(error)))" + excerpt)
     }
   }
 
   /// The last lines of the command's output, for the job's recorded error.
   private static func tail(of file: URL) -> String {
     guard let data = FileManager.default.contents(atPath: file.path), !data.isEmpty else { return "" }
-    let text = String(decoding: data.suffix(400), as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+    let text = String(decoding: data.suffix(400), as: UTF8.self).trimmingCharacters(
+      in: .whitespacesAndNewlines)
     return text.isEmpty ? "" : "; output: \(text)"
   }
 
-  static func resolve(_ program: String) -> URL? {
+  /// The program's file: a path with a `/` is taken relative to `directory` (as a shell run in
+  /// that directory would), a bare name is looked up in `PATH`.
+  static func resolve(_ program: String, in directory: String?) -> URL? {
     let manager = FileManager.default
     if program.contains("/") {
-      return manager.isExecutableFile(atPath: program) ? URL(fileURLWithPath: program) : nil
+      let base = directory.map { URL(fileURLWithPath: $0, isDirectory: true) }
+      let file = URL(fileURLWithPath: program, relativeTo: program.hasPrefix("/") ? nil : base)
+        .standardizedFileURL
+      return manager.isExecutableFile(atPath: file.path) ? file : nil
     }
     let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/local/bin:/usr/bin:/bin"
     for folder in path.split(separator: ":") where !folder.isEmpty {
@@ -110,11 +105,4 @@ struct ShellCommand: Codable, Sendable, Hashable {
 /// Removes a temporary file; a failure only leaves a file in the temporary folder.
 func removeQuietly(_ url: URL) {
   do { try FileManager.default.removeItem(at: url) } catch {}
-}
-
-/// Set once from a timer, read after the process exits.
-final class TimeoutFlag: Sendable {
-  private let value = Mutex(false)
-  func set() { value.withLock { $0 = true } }
-  var isSet: Bool { value.withLock { $0 } }
 }

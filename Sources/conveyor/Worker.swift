@@ -23,6 +23,7 @@ final class Worker: Sendable {
     var gracePeriod: Duration = .seconds(30)
   }
 
+  /// Outcomes counted during one `run`.
   struct Tally: Sendable {
     var succeeded = 0
     var retried = 0
@@ -31,7 +32,6 @@ final class Worker: Sendable {
 
   let queue: JobQueue<OutboxJob>
   let options: Options
-  private let tally = Mutex(Tally())
 
   init(store: any JobStore, queue name: String, options: Options) throws {
     self.options = options
@@ -44,29 +44,24 @@ final class Worker: Sendable {
     }
   }
 
-  /// Works until stopped (or until the queue is empty with `untilEmpty`); returns the exit code.
+  /// Works until stopped by SIGINT/SIGTERM (or, with `untilEmpty`, until no pending or running
+  /// job is left); returns the exit code.
   func run() async -> Int32 {
+    // Subscribed before the queue starts, so no event is missed; the queue's last event is its
+    // stop, after every job's outcome, so the tally is complete when `report` returns.
     let events = queue.events
-    let reporter = Task { await self.report(events) }
     let signals = SignalWatcher { [queue, options] count in
       if count == 1 {
         printError("conveyor: stopping; running jobs get \(options.gracePeriod) to finish (again to force)")
         Task { await queue.shutdown(gracePeriod: options.gracePeriod) }
       } else {
+        ChildProcess.killAll()
         exit(130)
       }
     }
     queue.start()
-    if options.untilEmpty {
-      await queue.waitUntilFinished()
-      await queue.shutdown(gracePeriod: options.gracePeriod)
-    } else {
-      await waitUntilStopped()
-    }
+    let tally = await report(events)
     signals.cancel()
-    try? await Task.sleep(for: .milliseconds(20))  // let the last events print
-    reporter.cancel()
-    let tally = self.tally.withLock { $0 }
     if options.output == .live { output("") }
     if options.output != .json {
       output("done: \(tally.succeeded) delivered, \(tally.retried) retries scheduled, \(tally.died) dead")
@@ -74,34 +69,39 @@ final class Worker: Sendable {
     return options.untilEmpty && tally.died > 0 ? ExitCode.failure.rawValue : ExitCode.success.rawValue
   }
 
-  private func waitUntilStopped() async {
-    for await event in queue.events {
-      if case .stateChanged(.stopped) = event { return }
-    }
-  }
-
-  private func report(_ events: AsyncStream<JobQueueEvent>) async {
+  /// Prints and counts events until the queue stops; with `untilEmpty`, stops the queue when it
+  /// reports that it is finished.
+  private func report(_ events: AsyncStream<JobQueueEvent>) async -> Tally {
+    var tally = Tally()
     for await event in events {
-      let tally = self.tally.withLock { tally -> Tally in
-        switch event {
-        case .succeeded: tally.succeeded += 1
-        case .retryScheduled: tally.retried += 1
-        case .died: tally.died += 1
-        default: break
-        }
-        return tally
+      switch event {
+      case .succeeded: tally.succeeded += 1
+      case .retryScheduled: tally.retried += 1
+      case .died: tally.died += 1
+      default: break
       }
       switch options.output {
       case .json:
-        do { try printJSON(EventLine(event)) } catch { printError("conveyor: could not encode an event: \(error)") }
+        do { try printJSON(EventLine(event)) } catch {
+          printError("conveyor: could not encode an event: \(error)")
+        }
       case .lines:
         if let line = Self.describe(event) { output(line) }
       case .live:
         if case .died = event, let line = Self.describe(event) { output("\r\u{1B}[K" + line) }
-        let text = "\r\u{1B}[K[\(queue.configuration.identifier)] \(tally.succeeded) delivered, \(tally.retried) retries, \(tally.died) dead"
+        let text =
+          "\r\u{1B}[K[\(queue.configuration.identifier)] \(tally.succeeded) delivered, \(tally.retried) retries, \(tally.died) dead"
         FileHandle.standardOutput.write(Data(text.utf8))
       }
+      switch event {
+      case .finished where options.untilEmpty:
+        Task { [queue, options] in await queue.shutdown(gracePeriod: options.gracePeriod) }
+      case .stateChanged(.stopped):
+        return tally
+      default: break
+      }
     }
+    return tally
   }
 
   static func describe(_ event: JobQueueEvent) -> String? {
@@ -128,14 +128,29 @@ struct EventLine: Encodable {
 
   init(_ event: JobQueueEvent) {
     switch event {
-    case .enqueued(let id): self.event = "enqueued"; job = id.rawValue
-    case .started(let id, let attempt): self.event = "started"; job = id.rawValue; self.attempt = attempt
-    case .succeeded(let id): self.event = "succeeded"; job = id.rawValue
+    case .enqueued(let id):
+      self.event = "enqueued"
+      job = id.rawValue
+    case .started(let id, let attempt):
+      self.event = "started"
+      job = id.rawValue
+      self.attempt = attempt
+    case .succeeded(let id):
+      self.event = "succeeded"
+      job = id.rawValue
     case .retryScheduled(let id, let date, let error):
-      self.event = "retry_scheduled"; job = id.rawValue; at = timestamp(date); self.error = error
-    case .died(let id, let reason): self.event = "died"; job = id.rawValue; error = reason
+      self.event = "retry_scheduled"
+      job = id.rawValue
+      at = timestamp(date)
+      self.error = error
+    case .died(let id, let reason):
+      self.event = "died"
+      job = id.rawValue
+      error = reason
     case .finished: self.event = "finished"
-    case .stateChanged(let state): self.event = "state"; self.state = state.rawValue
+    case .stateChanged(let state):
+      self.event = "state"
+      self.state = state.rawValue
     }
   }
 }
@@ -151,10 +166,11 @@ final class SignalWatcher {
       signal(number, SIG_IGN)
       let source = DispatchSource.makeSignalSource(signal: number, queue: queue)
       source.setEventHandler {
-        handler(count.withLock { value in
-          value += 1
-          return value
-        })
+        handler(
+          count.withLock { value in
+            value += 1
+            return value
+          })
       }
       source.resume()
       return source

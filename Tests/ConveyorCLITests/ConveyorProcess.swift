@@ -1,0 +1,302 @@
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+  import Glibc
+#elseif canImport(Darwin)
+  import Darwin
+#endif
+
+/// A failure of the test harness itself (no binary, a process that did not exit in time, …).
+struct HarnessError: Error, CustomStringConvertible {
+  var description: String
+}
+
+/// The built `conveyor` executable these tests run.
+enum ConveyorBinary {
+  /// The executable, found next to the test bundle in the build folder.
+  static let url: URL? = locate()
+
+  /// `url`, or an error saying to build it.
+  static func required() throws -> URL {
+    guard let url else {
+      throw HarnessError(description: "cannot find the built conveyor executable; run swift build first")
+    }
+    return url
+  }
+
+  /// Looks for `conveyor` in the folders the test runner may live in: the folder of the running
+  /// executable (Linux: the `.xctest` runner sits in the build folder), the folder holding the
+  /// loaded `.xctest` bundle (Apple platforms), and the package's `.build/debug` found from this
+  /// source file.
+  private static func locate() -> URL? {
+    var folders: [URL] = []
+    if let first = CommandLine.arguments.first {
+      folders.append(URL(fileURLWithPath: first).resolvingSymlinksInPath().deletingLastPathComponent())
+    }
+    folders.append(Bundle.main.bundleURL)
+    folders.append(Bundle.main.bundleURL.deletingLastPathComponent())
+    for bundle in Bundle.allBundles where bundle.bundleURL.pathExtension == "xctest" {
+      folders.append(bundle.bundleURL.deletingLastPathComponent())
+    }
+    let packageRoot = URL(fileURLWithPath: #filePath)
+      .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+    folders.append(packageRoot.appendingPathComponent(".build/debug"))
+    for folder in folders {
+      let candidate = folder.appendingPathComponent("conveyor")
+      if FileManager.default.isExecutableFile(atPath: candidate.path) { return candidate }
+    }
+    return nil
+  }
+}
+
+/// What a finished `conveyor` process left behind.
+struct Outcome: CustomStringConvertible {
+  /// The exit status, or 128 + the signal number if a signal ended the process.
+  var status: Int32
+  var stdout: String
+  var stderr: String
+
+  var description: String { "exit status \(status)\n--- stdout:\n\(stdout)\n--- stderr:\n\(stderr)" }
+
+  /// Standard output split into non-empty lines.
+  var lines: [String] { stdout.split(separator: "\n").map(String.init) }
+
+  /// Standard output as one JSON object.
+  func object() throws -> [String: Any] {
+    try jsonObject(stdout)
+  }
+
+  /// Standard output as JSON lines, one object each.
+  func objects() throws -> [[String: Any]] {
+    try lines.map(jsonObject)
+  }
+}
+
+/// Parses one JSON object, failing with the text when it is not one.
+func jsonObject(_ text: String) throws -> [String: Any] {
+  guard let object = try JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any] else {
+    throw HarnessError(description: "not a JSON object: \(text)")
+  }
+  return object
+}
+
+/// A started `conveyor` process whose output goes to files, so it can be read while it runs.
+final class RunningConveyor {
+  let process: Process
+  private let stdoutFile: URL
+  private let stderrFile: URL
+
+  init(executable: URL, arguments: [String], environment: [String: String], folder: URL) throws {
+    let name = UUID().uuidString
+    stdoutFile = folder.appendingPathComponent("\(name).stdout")
+    stderrFile = folder.appendingPathComponent("\(name).stderr")
+    guard FileManager.default.createFile(atPath: stdoutFile.path, contents: nil),
+      FileManager.default.createFile(atPath: stderrFile.path, contents: nil)
+    else { throw HarnessError(description: "cannot create output files in \(folder.path)") }
+    process = Process()
+    process.executableURL = executable
+    process.arguments = arguments
+    process.environment = environment
+    process.standardInput = FileHandle.nullDevice
+    let output = try FileHandle(forWritingTo: stdoutFile)
+    let errors = try FileHandle(forWritingTo: stderrFile)
+    // The child has its own copies once started; ours would only pile up in the test process.
+    defer {
+      for handle in [output, errors] {
+        do { try handle.close() } catch { print("could not close an output file: \(error)") }
+      }
+    }
+    process.standardOutput = output
+    process.standardError = errors
+    try process.run()
+  }
+
+  var stdout: String { Self.read(stdoutFile) }
+  var stderr: String { Self.read(stderrFile) }
+
+  private static func read(_ file: URL) -> String {
+    String(decoding: FileManager.default.contents(atPath: file.path) ?? Data(), as: UTF8.self)
+  }
+
+  /// Sends a signal to the process (not to its children).
+  func signal(_ number: Int32) {
+    kill(process.processIdentifier, number)
+  }
+
+  /// Waits until `condition` holds; fails (and kills the process) if that takes longer than
+  /// `timeout` or the process exits first.
+  func waitUntil(_ what: String, timeout: Duration = .seconds(15), _ condition: () -> Bool) async throws {
+    let deadline = ContinuousClock.now + timeout
+    while !condition() {
+      if !process.isRunning || ContinuousClock.now >= deadline {
+        let exited = !process.isRunning
+        kill(process.processIdentifier, SIGKILL)
+        throw HarnessError(
+          description: "\(exited ? "exited" : "timed out") waiting for \(what)\n--- stdout:\n\(stdout)\n"
+            + "--- stderr:\n\(stderr)")
+      }
+      try await Task.sleep(for: .milliseconds(20))
+    }
+  }
+
+  /// Waits until a complete line of standard output satisfies `predicate`, and returns it; fails
+  /// as `waitUntil` does.
+  @discardableResult
+  func waitForLine(
+    _ what: String, timeout: Duration = .seconds(15), where predicate: (String) -> Bool
+  ) async throws -> String {
+    var found: String?
+    try await waitUntil(what, timeout: timeout) {
+      let text = stdout
+      var lines = text.split(separator: "\n").map(String.init)
+      // The last line may still be half written.
+      if !text.hasSuffix("\n"), !lines.isEmpty { lines.removeLast() }
+      found = lines.first(where: predicate)
+      return found != nil
+    }
+    return found ?? ""
+  }
+
+  /// Waits for the process to exit; kills it and fails if that takes longer than `timeout`.
+  func waitForExit(timeout: Duration = .seconds(20)) async throws -> Outcome {
+    let deadline = ContinuousClock.now + timeout
+    while process.isRunning {
+      if ContinuousClock.now >= deadline {
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+        throw HarnessError(
+          description: "conveyor \(process.arguments ?? []) did not exit within \(timeout); killed it\n"
+            + "--- stdout:\n\(stdout)\n--- stderr:\n\(stderr)")
+      }
+      try await Task.sleep(for: .milliseconds(10))
+    }
+    process.waitUntilExit()
+    let signalled = process.terminationReason == .uncaughtSignal
+    return Outcome(
+      status: signalled ? 128 + process.terminationStatus : process.terminationStatus, stdout: stdout,
+      stderr: stderr)
+  }
+}
+
+/// A test's own temporary folder and database file; removed, and its processes killed, when
+/// the test is done.
+final class Sandbox {
+  let folder: URL
+  /// The database every `run`/`start` passes with `--database`.
+  let database: String
+  private var started: [RunningConveyor] = []
+
+  init() throws {
+    folder = FileManager.default.temporaryDirectory
+      .appendingPathComponent("conveyor-cli-tests-\(UUID().uuidString)")
+    try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+    database = folder.appendingPathComponent("jobs.sqlite").path
+  }
+
+  deinit {
+    for running in started where running.process.isRunning {
+      kill(running.process.processIdentifier, SIGKILL)
+      running.process.waitUntilExit()
+    }
+    do {
+      try FileManager.default.removeItem(at: folder)
+    } catch {
+      // Only leaves a folder in the temporary directory.
+      print("could not remove \(folder.path): \(error)")
+    }
+  }
+
+  /// A path inside the sandbox folder.
+  func path(_ name: String) -> String { folder.appendingPathComponent(name).path }
+
+  /// The environment for `conveyor`: no `CONVEYOR_DATABASE`, a data folder inside the sandbox so
+  /// a missing `--database` never touches the real default database, and no proxy between the
+  /// tool and the loopback server.
+  private var environment: [String: String] {
+    var environment = ProcessInfo.processInfo.environment
+    environment["CONVEYOR_DATABASE"] = nil
+    for name in environment.keys where name.lowercased().hasSuffix("_proxy") { environment[name] = nil }
+    environment["XDG_DATA_HOME"] = path("xdg-data")
+    return environment
+  }
+
+  /// Starts `conveyor --database <database> arguments…` (or without `--database` when
+  /// `withDatabase` is false), with `extraEnvironment` added to the environment.
+  func start(
+    _ arguments: [String], withDatabase: Bool = true, extraEnvironment: [String: String] = [:]
+  ) throws -> RunningConveyor {
+    let running = try RunningConveyor(
+      executable: try ConveyorBinary.required(),
+      arguments: (withDatabase ? ["--database", database] : []) + arguments,
+      environment: environment.merging(extraEnvironment) { $1 }, folder: folder)
+    started.append(running)
+    return running
+  }
+
+  #if os(Linux)
+    /// Runs `conveyor --database <database> arguments…` on a pseudo-terminal, through util-linux
+    /// `script`, which passes the exit status on (`-e`).
+    func runOnTerminal(_ arguments: [String], timeout: Duration = .seconds(20)) async throws -> Outcome {
+      let words = [try ConveyorBinary.required().path, "--database", database] + arguments
+      let command = words.map { "'" + $0.replacingOccurrences(of: "'", with: "'\\''") + "'" }
+      let running = try RunningConveyor(
+        executable: URL(fileURLWithPath: "/usr/bin/script"),
+        arguments: ["-qec", command.joined(separator: " "), "/dev/null"], environment: environment,
+        folder: folder)
+      started.append(running)
+      return try await running.waitForExit(timeout: timeout)
+    }
+  #endif
+
+  /// Runs `conveyor` to completion (killing it after `timeout`).
+  func run(
+    _ arguments: [String], withDatabase: Bool = true, extraEnvironment: [String: String] = [:],
+    timeout: Duration = .seconds(20)
+  ) async throws -> Outcome {
+    try await start(arguments, withDatabase: withDatabase, extraEnvironment: extraEnvironment)
+      .waitForExit(timeout: timeout)
+  }
+
+  /// Runs a command that must succeed, and returns its outcome.
+  @discardableResult
+  func succeed(_ arguments: [String], sourceLocation: SourceLocation = #_sourceLocation) async throws
+    -> Outcome
+  {
+    let outcome = try await run(arguments)
+    #expect(outcome.status == 0, "conveyor \(arguments): \(outcome)", sourceLocation: sourceLocation)
+    return outcome
+  }
+
+  /// `conveyor add …`; returns the printed job ID.
+  @discardableResult
+  func add(_ arguments: [String], sourceLocation: SourceLocation = #_sourceLocation) async throws -> Int {
+    let outcome = try await succeed(["add"] + arguments, sourceLocation: sourceLocation)
+    let text = outcome.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+    guard let id = Int(text), id > 0 else {
+      throw HarnessError(description: "add did not print a job ID: \(outcome)")
+    }
+    return id
+  }
+
+  /// The counts `status --json` reports.
+  func counts(sourceLocation: SourceLocation = #_sourceLocation) async throws -> [String: Int] {
+    let status = try await succeed(["status", "--json"], sourceLocation: sourceLocation).object()
+    guard let counts = status["counts"] as? [String: Int] else {
+      throw HarnessError(description: "status --json has no counts: \(status)")
+    }
+    return counts
+  }
+
+  /// The jobs `list --json` prints, with extra options.
+  func listed(_ options: [String] = [], sourceLocation: SourceLocation = #_sourceLocation) async throws
+    -> [[String: Any]]
+  {
+    try await succeed(["list", "--json"] + options, sourceLocation: sourceLocation).objects()
+  }
+}
+
+/// Counts with every status zero but those given.
+func counts(ready: Int = 0, scheduled: Int = 0, running: Int = 0, dead: Int = 0) -> [String: Int] {
+  ["ready": ready, "scheduled": scheduled, "running": running, "dead": dead]
+}

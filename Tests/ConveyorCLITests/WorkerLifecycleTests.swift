@@ -1,0 +1,165 @@
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+  import Glibc
+#elseif canImport(Darwin)
+  import Darwin
+#endif
+
+/// `conveyor work` as a long-running process: JSON lines, signals, and a worker killed mid-job.
+@Suite struct WorkerLifecycleTests {
+  @Test func workJSONPrintsOneEventObjectPerLine() async throws {
+    let sandbox = try Sandbox()
+    let id = try await sandbox.add(["exec", "--", "true"])
+    let work = try await sandbox.run(["work", "--until-empty", "--json"])
+    #expect(work.status == 0, "\(work)")
+    let events = try work.objects()
+    #expect(events.allSatisfy { $0["event"] is String })
+    let names = events.compactMap { $0["event"] as? String }
+    #expect(names.filter { $0 != "state" } == ["started", "succeeded", "finished"])
+    #expect(
+      events.contains {
+        $0["event"] as? String == "started" && $0["job"] as? Int == id && $0["attempt"] as? Int == 1
+      })
+    #expect(events.last?["event"] as? String == "state" && events.last?["state"] as? String == "stopped")
+    #expect(!work.stdout.contains("done:"), "the summary line is not JSON")
+  }
+
+  #if os(Linux)
+    @Test(.enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/script")))
+    func workOnATerminalShowsLiveCounts() async throws {
+      let sandbox = try Sandbox()
+      try await sandbox.add(["exec", "--", "true"])
+      try await sandbox.add(["exec", "--", "false"])
+      let work = try await sandbox.runOnTerminal(["work", "--until-empty", "--max-attempts", "1"])
+      #expect(work.status == 1, "\(work)")
+      #expect(work.stdout.contains("\r\u{1B}[K[outbox] 1 delivered, 0 retries, 1 dead"))
+      #expect(work.stdout.contains("\r\u{1B}[Kjob 2: dead: gave up after 1 attempt(s): exit status 1"))
+      #expect(work.stdout.contains("done: 1 delivered, 0 retries scheduled, 1 dead"))
+    }
+  #endif
+
+  @Test(arguments: [SIGINT, SIGTERM])
+  func aSignalStopsWorkAfterTheRunningCommandFinishes(signal: Int32) async throws {
+    let sandbox = try Sandbox()
+    let marker = sandbox.path("finished.txt")
+    let id = try await sandbox.add(["exec", "--", "sh", "-c", "sleep 1; touch '\(marker)'"])
+    try await sandbox.add(["exec", "--delay", "600", "--", "true"])
+
+    let worker = try sandbox.start(["work", "--json"])
+    try await worker.waitForLine("the job to start") { $0.contains(#""event":"started""#) }
+    worker.signal(signal)
+    let stopped = try await worker.waitForExit(timeout: .seconds(15))
+    #expect(stopped.status == 0, "\(stopped)")
+    #expect(stopped.stderr.contains("stopping"))
+    let events = try stopped.objects()
+    #expect(events.contains { $0["event"] as? String == "succeeded" && $0["job"] as? Int == id })
+    #expect(FileManager.default.fileExists(atPath: marker))
+    // Nothing lost, nothing left held: the delayed job still waits.
+    #expect(try await sandbox.counts() == counts(scheduled: 1))
+  }
+
+  @Test func aSecondSignalForcesExit130StopsTheCommandAndKeepsTheJob() async throws {
+    let sandbox = try Sandbox()
+    let marker = sandbox.path("finished.txt")
+    let running = sandbox.path("running.txt")
+    try await sandbox.add(["exec", "--", "sh", "-c", "touch '\(running)'; sleep 3; touch '\(marker)'"])
+    let worker = try sandbox.start(["work", "--json"])
+    try await worker.waitUntil("the command to run") { FileManager.default.fileExists(atPath: running) }
+    let started = ContinuousClock.now
+    worker.signal(SIGTERM)
+    try await worker.waitUntil("the queue to stop claiming") { worker.stderr.contains("stopping") }
+    worker.signal(SIGINT)
+    let forced = try await worker.waitForExit(timeout: .seconds(2))
+    #expect(forced.status == 130, "\(forced)")
+    #expect(try await sandbox.counts() == counts(running: 1), "the job waits for its lease to run out")
+    try await Task.sleep(until: started + .milliseconds(3500))
+    #expect(!FileManager.default.fileExists(atPath: marker), "the command went on after the worker exited")
+  }
+
+  @Test func concurrencyRunsCommandsSideBySide() async throws {
+    let sandbox = try Sandbox()
+    for name in ["a", "b"] {
+      try await sandbox.add(["exec", "--", "sh", "-c", "sleep 0.5; touch '\(sandbox.path(name))'"])
+    }
+    let work = try await sandbox.run(["work", "--until-empty", "--concurrency", "2", "--json"])
+    #expect(work.status == 0, "\(work)")
+    let names = try work.objects().compactMap { $0["event"] as? String }.filter { $0 != "state" }
+    #expect(Array(names.prefix(2)) == ["started", "started"], "both start before either finishes: \(names)")
+    #expect(FileManager.default.fileExists(atPath: sandbox.path("a")))
+    #expect(FileManager.default.fileExists(atPath: sandbox.path("b")))
+  }
+
+  @Test func twoWorkerProcessesShareTheDatabaseAndRunEachJobOnce() async throws {
+    let sandbox = try Sandbox()
+    let log = sandbox.path("log.txt")
+    for number in 1...12 {
+      try await sandbox.add(["exec", "--", "sh", "-c", "echo \(number) >> '\(log)'; sleep 0.1"])
+    }
+    let workers = try (0..<2).map { _ in try sandbox.start(["work", "--until-empty", "--json"]) }
+    var delivered = 0
+    for worker in workers {
+      let outcome = try await worker.waitForExit()
+      #expect(outcome.status == 0, "\(outcome)")
+      delivered += try outcome.objects().filter { $0["event"] as? String == "succeeded" }.count
+    }
+    #expect(delivered == 12)
+    let lines = String(decoding: FileManager.default.contents(atPath: log) ?? Data(), as: UTF8.self)
+      .split(separator: "\n").compactMap { Int($0) }
+    #expect(lines.sorted() == Array(1...12), "each job ran once")
+    #expect(try await sandbox.counts() == counts())
+  }
+
+  @Test func higherPriorityJobsRunFirst() async throws {
+    let sandbox = try Sandbox()
+    let low = try await sandbox.add(["exec", "--", "true"])
+    let high = try await sandbox.add(["exec", "--priority", "5", "--", "true"])
+    let middle = try await sandbox.add(["exec", "--priority", "1", "--", "true"])
+    let work = try await sandbox.run(["work", "--until-empty", "--json"])
+    #expect(work.status == 0, "\(work)")
+    let started = try work.objects().filter { $0["event"] as? String == "started" }.map { $0["job"] as? Int }
+    #expect(started == [high, middle, low])
+  }
+
+  @Test func aKilledWorkersJobIsFinishedByTheNextWorker() async throws {
+    let sandbox = try Sandbox()
+    let id = try await sandbox.add(["exec", "--", "sleep", "5"])
+
+    let doomed = try sandbox.start(["work", "--lease", "1", "--json"])
+    try await doomed.waitForLine("the job to start") { $0.contains(#""event":"started""#) }
+    doomed.signal(SIGKILL)
+    let killed = try await doomed.waitForExit(timeout: .seconds(5))
+    #expect(killed.status == 128 + SIGKILL)
+    #expect(try await sandbox.counts() == counts(running: 1), "the job is still held by the dead worker")
+
+    let rescuer = try await sandbox.run(
+      ["work", "--until-empty", "--lease", "1", "--json"], timeout: .seconds(20))
+    #expect(rescuer.status == 0, "\(rescuer)")
+    let events = try rescuer.objects()
+    let started = events.filter { $0["event"] as? String == "started" }
+    #expect(started.map { $0["job"] as? Int } == [id])
+    #expect(started.first?["attempt"] as? Int == 2)
+    #expect(events.contains { $0["event"] as? String == "succeeded" && $0["job"] as? Int == id })
+    #expect(try await sandbox.counts() == counts())
+  }
+
+  @Test func demoShowsRetriesDeadJobsAndRecovery() async throws {
+    let sandbox = try Sandbox()
+    let demo = try await sandbox.run(["demo"], withDatabase: false, timeout: .seconds(40))
+    #expect(demo.status == 0, "\(demo)")
+    let lines = demo.lines
+    // The job the killed child worker held is taken over (its second attempt) and done.
+    let slowLine = try #require(lines.first { $0.hasSuffix("exec sleep 2") })
+    let slow = try #require(slowLine.split(separator: " ").dropFirst().first.map(String.init))
+    #expect(lines.contains { $0.contains("started job \(slow)") })
+    #expect(lines.contains("job \(slow): attempt 2 started"))
+    #expect(lines.contains("job \(slow): done"))
+    // The failing command is kept as a dead job with its error.
+    #expect(
+      lines.contains {
+        $0.contains("dead after 3 attempts") && $0.hasSuffix("exit status 3; output: disk full")
+      })
+    #expect(demo.stdout.contains("the same key on every retry"))
+  }
+}
