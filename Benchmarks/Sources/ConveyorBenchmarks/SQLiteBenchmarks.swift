@@ -248,6 +248,15 @@ private func runEngineBenchmarks(newPath: () -> String) async throws {
     name: "JobQueue drain, concurrency 1", count: count, seconds: one,
     baselineName: "raw claim+complete, 1 per txn", baselineSeconds: rawOne, goal: 0.7
   ).print()
+  let (onePrefetched, rawOneAgain) = try await interleaved {
+    try await drainQueue(concurrency: 1, prefetch: 1)
+  } baseline: {
+    try await rawDrain(newPath(), "NORMAL", count, batch: 1)
+  }
+  Comparison(
+    name: "JobQueue drain, concurrency 1, prefetch 1", count: count, seconds: onePrefetched,
+    baselineName: "raw claim+complete, 1 per txn", baselineSeconds: rawOneAgain, goal: nil
+  ).print()
   let (four, oneAgain) = try await interleaved {
     try await drainQueue(concurrency: 4, prefetch: 0)
   } baseline: {
