@@ -622,3 +622,34 @@ struct JobQueueFailureTests {
     await queue.shutdown()
   }
 }
+
+@Suite("JobQueue pause across instances")
+struct JobQueuePauseAcrossInstancesTests {
+  @Test("a queue notices a pause and a resume stored by another instance (another process)")
+  func pauseAndResumeFromElsewhere() async throws {
+    let clock = ManualJobClock()
+    let store = InMemoryJobStore()
+    let handled = Log<String>()
+    let worker = try JobQueue<Request>(
+      configuration: .init(identifier: "shared", clock: clock), store: store
+    ) { item, _ in
+      handled.append(item.name)
+      return .handled
+    }
+    let control = try JobQueue<Request>(
+      configuration: .init(identifier: "shared", autoStart: false, clock: clock), store: store
+    ) { _, _ in .handled }
+    try await control.pause()
+    clock.advance(by: .seconds(1))  // the worker's next look at the store
+    try await eventually("worker sees the stored pause") { worker.state == .paused }
+    try await control.add(Request(name: "while-paused"))
+    clock.advance(by: .seconds(1))
+    try await Task.sleep(for: .milliseconds(30))
+    #expect(handled.all.isEmpty, "nothing runs while the store says paused")
+    try await control.resume()
+    clock.advance(by: .seconds(1))
+    try await eventually("worker sees the resume and runs the job") { handled.all == ["while-paused"] }
+    #expect(worker.state != .paused)
+    await worker.shutdown()
+  }
+}

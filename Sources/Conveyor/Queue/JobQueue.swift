@@ -312,11 +312,13 @@ public final class JobQueue<Item: Queueable>: Sendable {
         let now = clock.now()
         do {
           try await maintainLeases(timing: &timing, now: now)
-          let canClaim = !step.stop && !step.paused && hasHandler && step.buffered == 0
+          // The store's pause flag is the authority (another process may have set or cleared
+          // it), so a paused queue still asks; the store then claims nothing.
+          let canClaim = !step.stop && hasHandler && step.buffered == 0
           let limit = canClaim ? step.freeSlots + configuration.prefetch : 0
           var claimedAny = false
           var paused = step.paused
-          if !step.settlements.isEmpty || limit > 0 {
+          if !step.settlements.isEmpty || limit > 0 || step.paused {
             let batch = try await settleAndClaim(step.settlements, limit: limit, now: now)
             claimedAny = !batch.claimed.isEmpty
             paused = batch.paused
@@ -335,15 +337,18 @@ public final class JobQueue<Item: Queueable>: Sendable {
           }
           if claimedAny && free > 0 && !step.stop { continue }  // more may be ready: claim again
           var deadline = timing.nextMaintenance(holding: !idle)
-          if idle && !step.stop {
-            // No pending and no running job has no next wake date: that is "finished", found with
-            // an index seek rather than a count of every job.
-            if let next = try await store.nextWakeDate(queue: identifier) {
-              deadline = min(deadline, next)
-            } else if !paused && hasHandler {
-              reportFinished(generation: step.generation)
-            }
+          if paused {
+            // Look again for the flag being cleared, by this or another process.
             deadline = min(deadline, now.adding(configuration.pollInterval))
+          } else if idle && !step.stop {
+            if let next = try await store.nextWakeDate(queue: identifier) {
+              // No pending and no running job has no next wake date: that is "finished", found
+              // with an index seek rather than a count of every job.
+              deadline = min(deadline, next, now.adding(configuration.pollInterval))
+            } else {
+              if hasHandler { reportFinished(generation: step.generation) }
+              deadline = min(deadline, now.adding(configuration.pollInterval))
+            }
           }
           await wake.wait(until: deadline)
         } catch {
@@ -419,7 +424,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
   private func startHandlers(in group: inout TaskGroup<Void>) {
     let jobs = core.withLock { core -> [JobRecord] in
       var taken: [JobRecord] = []
-      while core.workers < configuration.concurrency, !core.stopping, let job = core.buffer.popFirst() {
+      while core.workers < configuration.concurrency, !core.stopping, !core.paused, let job = core.buffer.popFirst() {
         core.inFlight.insert(job.id)
         core.workers += 1
         taken.append(job)
@@ -450,7 +455,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
       let step = core.withLock { core -> WorkerStep in
         core.inFlight.remove(record.id)
         core.settlements.append(pending)
-        if !core.stopping, let job = core.buffer.popFirst() {
+        if !core.stopping, !core.paused, let job = core.buffer.popFirst() {
           core.inFlight.insert(job.id)
           return .run(job)
         }
@@ -467,12 +472,15 @@ public final class JobQueue<Item: Queueable>: Sendable {
         do {
           let batch = try await settleAndClaim(
             settlements, limit: 1 + configuration.prefetch, now: clock.now())
-          if batch.paused { core.withLock { $0.paused = true } }
+          if batch.paused {
+            core.withLock { $0.paused = true }
+            publishState()
+          }
         } catch {
           log(.warning, "store error while claiming; the queue will retry: \(error)")
         }
         next = core.withLock { core -> JobRecord? in
-          guard !core.stopping, let job = core.buffer.popFirst() else { return nil }
+          guard !core.stopping, !core.paused, let job = core.buffer.popFirst() else { return nil }
           core.inFlight.insert(job.id)
           return job
         }
