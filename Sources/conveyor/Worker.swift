@@ -35,9 +35,18 @@ final class Worker: Sendable {
 
   init(store: any JobStore, queue name: String, options: Options) throws {
     self.options = options
-    let configuration = JobQueueConfiguration(
+    var configuration = JobQueueConfiguration(
       identifier: name, retryPolicy: options.retryPolicy, maxAttempts: options.maxAttempts,
       concurrency: options.concurrency, autoStart: false, leaseDuration: options.leaseDuration)
+    // Storage trouble (the worker retries it with backoff) and lost leases go to standard error;
+    // a job's own outcome is already reported by the event lines.
+    configuration.log = { record in
+      guard record.level >= .warning, record.metadata["reason"] == nil, record.message != "job discarded"
+      else { return }
+      let fields = record.metadata.filter { $0.key != "queue" }.sorted { $0.key < $1.key }
+        .map { "\($0.key)=\($0.value)" }.joined(separator: " ")
+      printError("conveyor: \(record.level): \(record.message)" + (fields.isEmpty ? "" : " (\(fields))"))
+    }
     let delivery = HTTPDelivery()
     queue = try JobQueue<OutboxJob>(configuration: configuration, store: store) { job, context in
       await job.handle(context, delivery: delivery)

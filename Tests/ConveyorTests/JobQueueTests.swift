@@ -517,12 +517,16 @@ struct JobQueueTests {
 final class FlakyStore: JobStore {
   let base = InMemoryJobStore()
   let failuresLeft: Mutex<Int>
+  let rescueFailuresLeft: Mutex<Int>
 
   struct Failure: Error, CustomStringConvertible {
     var description: String { "disk I/O error (injected)" }
   }
 
-  init(failures: Int) { failuresLeft = Mutex(failures) }
+  init(failures: Int, rescueFailures: Int = 0) {
+    failuresLeft = Mutex(failures)
+    rescueFailuresLeft = Mutex(rescueFailures)
+  }
 
   func settleAndClaim(
     _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, now: Date
@@ -542,7 +546,12 @@ final class FlakyStore: JobStore {
     try await base.heartbeat(ids, queue: queue, lease: lease)
   }
   func rescueExpiredLeases(queue: String, now: Date) async throws -> Int {
-    try await base.rescueExpiredLeases(queue: queue, now: now)
+    let fail = rescueFailuresLeft.withLock { left -> Bool in
+      defer { left = max(0, left - 1) }
+      return left > 0
+    }
+    if fail { throw Failure() }
+    return try await base.rescueExpiredLeases(queue: queue, now: now)
   }
   func counts(queue: String, now: Date) async throws -> JobCounts {
     try await base.counts(queue: queue, now: now)
@@ -651,5 +660,108 @@ struct JobQueuePauseAcrossInstancesTests {
     try await eventually("worker sees the resume and runs the job") { handled.all == ["while-paused"] }
     #expect(worker.state != .paused)
     await worker.shutdown()
+  }
+}
+
+/// A delegate that never calls its completion.
+final class SilentDelegate: JobQueueDelegate {
+  let calls = Log<String>()
+
+  func queue(
+    _ queue: JobQueue<Request>, handle item: Request, attempts: Int,
+    completion: @escaping @Sendable (JobResult) -> Void
+  ) {
+    calls.append(item.name)
+  }
+}
+
+@Suite("JobQueue edge cases")
+struct JobQueueEdgeCaseTests {
+  @Test("a job whose worker died during its last allowed attempt becomes dead, not handed out forever")
+  func abandonedJobsRespectMaxAttempts() async throws {
+    let clock = ManualJobClock()
+    let store = InMemoryJobStore()
+    let handled = Log<String>()
+    _ = try await store.enqueue(
+      [NewJob(payload: try JSONEncoder().encode(Request(name: "poison")), runAt: clock.now())],
+      queue: "crashy", now: clock.now())
+    // A worker claims it (attempt 1 of 1) and dies.
+    _ = try await store.settleAndClaim(
+      [], queue: "crashy", limit: 1,
+      lease: Lease(owner: "dead-worker", expiresAt: clock.now().addingTimeInterval(10)),
+      now: clock.now())
+    let queue = try JobQueue<Request>(
+      configuration: .init(identifier: "crashy", maxAttempts: 1, leaseDuration: .seconds(10), clock: clock),
+      store: store
+    ) { item, _ in
+      handled.append(item.name)
+      return .handled
+    }
+    clock.advance(by: .seconds(11))
+    try await eventually("dead") { try await queue.count().dead == 1 }
+    #expect(handled.all.isEmpty, "the handler is not called past maxAttempts")
+    let dead = try await queue.jobs(in: .dead)
+    #expect(dead.first?.lastError?.contains("worker stopped") == true)
+    await queue.shutdown()
+  }
+
+  @Test("with prefetch and a short lease, held jobs stay leased: none is handled twice")
+  func prefetchKeepsLeases() async throws {
+    let handled = Log<String>()
+    let queue = try JobQueue<Request>(
+      configuration: .init(identifier: "prefetch", prefetch: 4, leaseDuration: .milliseconds(150)),
+      store: InMemoryJobStore()
+    ) { item, _ in
+      try await Task.sleep(for: .milliseconds(40))
+      handled.append(item.name)
+      return .handled
+    }
+    try await queue.add(contentsOf: (0..<8).map { Request(name: "j\($0)") })
+    await queue.waitUntilFinished()
+    #expect(handled.all == (0..<8).map { "j\($0)" }, "each job once, in order")
+    await queue.shutdown()
+  }
+
+  @Test("a failing lease rescue loses no recorded outcome")
+  func rescueFailuresLoseNothing() async throws {
+    let store = FlakyStore(failures: 0, rescueFailures: 3)
+    let handled = Log<String>()
+    let queue = try JobQueue<Request>(
+      configuration: .init(identifier: "rescue", concurrency: 2, leaseDuration: .milliseconds(60)),
+      store: store
+    ) { item, _ in
+      try await Task.sleep(for: .milliseconds(15))
+      handled.append(item.name)
+      return .handled
+    }
+    try await queue.add(contentsOf: (0..<10).map { Request(name: "j\($0)") })
+    await queue.waitUntilFinished()
+    #expect(handled.all.sorted() == (0..<10).map { "j\($0)" }.sorted(), "each job handled exactly once")
+    await queue.shutdown()
+  }
+
+  @Test("waitUntilFinished returns when its task is cancelled")
+  func waitIsCancellable() async throws {
+    let queue = try JobQueue<Request>(
+      configuration: .init(identifier: "never", autoStart: false), store: InMemoryJobStore()
+    ) { _, _ in .handled }
+    try await queue.add(Request(name: "waits"))
+    let waiter = Task { await queue.waitUntilFinished() }
+    try await Task.sleep(for: .milliseconds(20))
+    waiter.cancel()
+    try await eventually("the waiter returned") { await waiter.value == () }
+  }
+
+  @Test("shutdown ends a delegate call that never completes; its job is retried")
+  func silentDelegateShutdown() async throws {
+    let store = InMemoryJobStore()
+    let delegate = SilentDelegate()
+    let queue = try JobQueue<Request>(
+      configuration: .init(identifier: "silent"), store: store, delegate: delegate)
+    try await queue.add(Request(name: "stuck"))
+    try await eventually("called") { delegate.calls.count == 1 }
+    await queue.shutdown(gracePeriod: .milliseconds(50))
+    let record = try await store.jobs(queue: "silent", status: nil, after: nil, limit: 1).first
+    #expect(record?.status == .pending && record?.lastError == "interrupted by shutdown")
   }
 }

@@ -184,10 +184,13 @@ public final class JobQueue<Item: Queueable>: Sendable {
   }
 
   /// Stops the queue: no new claims, running handlers get `gracePeriod` to finish, then their tasks
-  /// are cancelled. Jobs claimed but not started are given back; a handler cancelled by the
-  /// shutdown has its job retried at once (the attempt counts). Returns when the queue has stopped.
+  /// are cancelled (at once if the calling task is cancelled). Jobs claimed but not started are
+  /// given back; a handler that throws after the cancellation has its job retried at once (the
+  /// attempt counts). Returns when the queue has stopped, which means after every handler
+  /// returned: a handler that ignores cancellation is waited for.
   ///
-  /// The grace period is measured in real time, whatever the configured clock.
+  /// The grace period is measured in real time, whatever the configured clock. Event streams do
+  /// not end (the queue may be started again): stop reading at `.stateChanged(.stopped)`.
   public func shutdown(gracePeriod: Duration = .seconds(30)) async {
     let loop = core.withLock { core -> Task<Void, Never>? in
       core.stopping = true
@@ -198,10 +201,10 @@ public final class JobQueue<Item: Queueable>: Sendable {
     await withTaskGroup(of: Void.self) { group in
       group.addTask { await loop.value }
       group.addTask {
-        do {
-          try await Task.sleep(for: gracePeriod)
-          loop.cancel()
-        } catch {}
+        // Ends early when the loop stopped first (then cancelling it does nothing) or when the
+        // caller is cancelled (then the handlers are cancelled at once).
+        do { try await Task.sleep(for: gracePeriod) } catch {}
+        loop.cancel()
       }
       await group.next()
       group.cancelAll()
@@ -274,17 +277,25 @@ public final class JobQueue<Item: Queueable>: Sendable {
     try await store.clear(queue: identifier, statuses: [.dead])
   }
 
-  /// Returns when the queue has no pending or running job left (dead jobs do not count).
+  /// Returns when the queue has no pending or running job left (dead jobs do not count), or when
+  /// the calling task is cancelled.
   ///
-  /// The queue must be started, or this waits until it is.
+  /// The queue must be started and not paused for jobs to finish: on a stopped or paused queue
+  /// this waits until it is started or resumed and its jobs are done (cancel the task to stop
+  /// waiting).
   public func waitUntilFinished() async {
-    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-      let done = core.withLock { core -> Bool in
-        if core.reportedFinished { return true }
-        core.finishWaiters.append(continuation)
-        return false
+    let token = UUID()
+    await withTaskCancellationHandler {
+      await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+        let done = core.withLock { core -> Bool in
+          if core.reportedFinished || Task.isCancelled { return true }
+          core.finishWaiters[token] = continuation
+          return false
+        }
+        if done { continuation.resume() } else { wake.signal() }
       }
-      if done { continuation.resume() } else { wake.signal() }
+    } onCancel: {
+      core.withLock { $0.finishWaiters.removeValue(forKey: token) }?.resume()
     }
   }
 
@@ -308,10 +319,11 @@ public final class JobQueue<Item: Queueable>: Sendable {
     await withTaskGroup(of: Void.self) { group in
       while !Task.isCancelled {
         let hasHandler = handlerAvailable
-        guard let step = core.withLock({ $0.takeStep(configuration: configuration) }) else { break }
         let now = clock.now()
         do {
+          // Before taking outcomes out of the shared state, so a failure here loses none.
           try await maintainLeases(timing: &timing, now: now)
+          guard let step = core.withLock({ $0.takeStep(configuration: configuration) }) else { break }
           // The store's pause flag is the authority (another process may have set or cleared
           // it), so a paused queue still asks; the store then claims nothing.
           let canClaim = !step.stop && hasHandler && step.buffered == 0
@@ -380,11 +392,19 @@ public final class JobQueue<Item: Queueable>: Sendable {
     }
     if now >= timing.nextHeartbeat {
       timing.nextHeartbeat = now.adding(configuration.leaseDuration / 3)
-      let held = core.withLock { Array($0.inFlight) + $0.buffer.ids }
+      // Jobs being handled, claimed jobs waiting for a slot, and handled jobs whose outcome is
+      // not recorded yet: all are still this worker's until their outcome is stored.
+      let held = core.withLock { core in
+        Array(core.inFlight) + core.buffer.ids + core.settlements.map { $0.settlement.id }
+      }
       guard !held.isEmpty else { return }
       let lease = Lease(owner: owner, expiresAt: now.adding(configuration.leaseDuration))
       let kept = Set(try await store.heartbeat(held, queue: identifier, lease: lease))
-      for id in held where !kept.contains(id) {
+      let lost = Set(held.filter { !kept.contains($0) })
+      guard !lost.isEmpty else { return }
+      // A waiting job whose lease is gone (removed, or handed to another worker) must not start.
+      core.withLock { $0.buffer.removeAll { lost.contains($0.id) } }
+      for id in lost {
         log(.warning, "lost the lease on a job; another worker may run it", ["job": id.description])
       }
     }
@@ -424,7 +444,9 @@ public final class JobQueue<Item: Queueable>: Sendable {
   private func startHandlers(in group: inout TaskGroup<Void>) {
     let jobs = core.withLock { core -> [JobRecord] in
       var taken: [JobRecord] = []
-      while core.workers < configuration.concurrency, !core.stopping, !core.paused, let job = core.buffer.popFirst() {
+      while core.workers < configuration.concurrency, !core.stopping, !core.paused,
+        let job = core.buffer.popFirst()
+      {
         core.inFlight.insert(job.id)
         core.workers += 1
         taken.append(job)
@@ -439,7 +461,8 @@ public final class JobQueue<Item: Queueable>: Sendable {
   }
 
   private enum WorkerStep {
-    case run(JobRecord)
+    /// Handle the next buffered job; `flush` asks the loop to record the outcomes so far.
+    case run(JobRecord, flush: Bool)
     case claim([PendingSettlement])
     case exit
   }
@@ -457,15 +480,16 @@ public final class JobQueue<Item: Queueable>: Sendable {
         core.settlements.append(pending)
         if !core.stopping, !core.paused, let job = core.buffer.popFirst() {
           core.inFlight.insert(job.id)
-          return .run(job)
+          return .run(job, flush: core.settlements.count >= max(1, configuration.prefetch))
         }
         guard !core.stopping, !core.paused, canClaim else { return .exit }
         defer { core.settlements = [] }
         return .claim(core.settlements)
       }
       switch step {
-      case .run(let job):
+      case .run(let job, let flush):
         next = job
+        if flush { wake.signal() }
       case .exit:
         next = nil
       case .claim(let settlements):
@@ -499,6 +523,12 @@ public final class JobQueue<Item: Queueable>: Sendable {
 
   private func process(_ record: JobRecord) async -> PendingSettlement {
     if core.withLock({ !$0.subscribers.isEmpty }) { emit(.started(record.id, attempt: record.attempts)) }
+    // A claim counts an attempt before the handler runs, so a job past the limit here had a worker
+    // that died during its last allowed attempt (a crash, a kill, an out-of-memory): dead, or a
+    // job that crashes its worker would be handed out forever.
+    if let max = configuration.maxAttempts, record.attempts > max {
+      return settlement(for: record, outcome: .abandoned(limit: max))
+    }
     let item: Item
     do {
       item = try decoder.decode(Item.self, from: record.payload)
@@ -527,6 +557,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
     case result(JobResult)
     case thrown(any Error)
     case undecodable(String)
+    case abandoned(limit: Int)
   }
 
   private func settlement(for record: JobRecord, outcome: Outcome) -> PendingSettlement {
@@ -545,6 +576,11 @@ public final class JobQueue<Item: Queueable>: Sendable {
       return done(.retry(at: date, error: reason), .retryScheduled(record.id, at: date, error: reason))
     }
     switch outcome {
+    case .abandoned(let limit):
+      let why =
+        "gave up after \(limit) attempt(s): the worker stopped (crashed or was killed) during the last one"
+      log(.error, "job is dead", ["job": record.id.description, "reason": "worker lost"])
+      return done(.kill(error: why), .died(record.id, reason: why))
     case .undecodable(let message):
       let why = "undecodable payload (did the item type change?): \(message)"
       log(.error, "job is dead", ["job": record.id.description, "reason": "undecodable payload"])
@@ -575,9 +611,10 @@ public final class JobQueue<Item: Queueable>: Sendable {
     let notify = core.withLock { core -> FinishNotification? in
       guard core.enqueueGeneration == generation, !core.reportedFinished else { return nil }
       core.reportedFinished = true
-      defer { core.finishWaiters = [] }
+      defer { core.finishWaiters = [:] }
       return FinishNotification(
-        waiters: core.finishWaiters, subscribers: Array(core.subscribers.values), delegate: core.delegate)
+        waiters: Array(core.finishWaiters.values), subscribers: Array(core.subscribers.values),
+        delegate: core.delegate)
     }
     guard let notify else { return }
     log(.debug, "queue finished")
@@ -687,6 +724,11 @@ extension JobQueue {
       storage.append(contentsOf: jobs)
     }
 
+    mutating func removeAll(where shouldRemove: (JobRecord) -> Bool) {
+      storage = storage[head...].filter { !shouldRemove($0) }
+      head = 0
+    }
+
     mutating func popFirst() -> JobRecord? {
       guard head < storage.count else { return nil }
       defer { head += 1 }
@@ -723,15 +765,29 @@ extension JobQueue {
     init<Delegate: JobQueueDelegate>(_ delegate: Delegate) where Delegate.Item == Item {
       handle = { [weak delegate] queue, item, attempts in
         guard let delegate else { return .retry(after: .zero, reason: "the queue's delegate was released") }
-        return await withCheckedContinuation { continuation in
-          let once = Mutex(false)
-          delegate.queue(queue, handle: item, attempts: attempts) { result in
-            let first = once.withLock { fired -> Bool in
-              defer { fired = true }
-              return !fired
-            }
-            if first { continuation.resume(returning: result) }
+        // The first of the delegate's completion and the task's cancellation (at the end of a
+        // shutdown's grace period) decides; the other is ignored.
+        let decided = Mutex(false)
+        let pending = Mutex<CheckedContinuation<JobResult, Never>?>(nil)
+        let decide: @Sendable (JobResult) -> Void = { result in
+          let first = decided.withLock { fired -> Bool in
+            defer { fired = true }
+            return !fired
           }
+          if first { pending.withLock { $0.take() }?.resume(returning: result) }
+        }
+        return await withTaskCancellationHandler {
+          await withCheckedContinuation { continuation in
+            pending.withLock { $0 = continuation }
+            if decided.withLock({ $0 }) || Task.isCancelled {
+              pending.withLock { $0.take() }?.resume(
+                returning: .retry(after: .zero, reason: "interrupted by shutdown"))
+              return
+            }
+            delegate.queue(queue, handle: item, attempts: attempts, completion: decide)
+          }
+        } onCancel: {
+          decide(.retry(after: .zero, reason: "interrupted by shutdown"))
         }
       }
       finished = { [weak delegate] queue in delegate?.queueFinished(queue) }
@@ -752,7 +808,7 @@ extension JobQueue {
     var buffer = JobBuffer()
     var settlements: [PendingSettlement] = []
     var subscribers: [UUID: AsyncStream<JobQueueEvent>.Continuation] = [:]
-    var finishWaiters: [CheckedContinuation<Void, Never>] = []
+    var finishWaiters: [UUID: CheckedContinuation<Void, Never>] = [:]
     var reportedFinished = false
     var enqueueGeneration: UInt64 = 0
     var delegate: DelegateBox?
@@ -767,16 +823,14 @@ extension JobQueue {
       max(0, configuration.concurrency - workers)
     }
 
-    /// Takes what the loop needs for one turn; nil when the loop should end (stopping with no
-    /// handler running). Outcomes are held back while claimed jobs wait in the prefetch buffer, so
-    /// they are recorded together with the next claim.
+    /// Takes what the loop needs for one turn, including every outcome not yet recorded; nil when
+    /// the loop should end (stopping with no worker running).
     mutating func takeStep(configuration: JobQueueConfiguration) -> Step? {
       if stopping && workers == 0 { return nil }
-      let flush = buffer.isEmpty || stopping || settlements.count >= max(1, configuration.prefetch)
-      defer { if flush { settlements = [] } }
+      defer { settlements = [] }
       return Step(
         stop: stopping, paused: paused, buffered: buffer.count, freeSlots: freeSlots(configuration),
-        settlements: flush ? settlements : [], generation: enqueueGeneration)
+        settlements: settlements, generation: enqueueGeneration)
     }
   }
 }
