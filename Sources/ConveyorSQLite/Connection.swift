@@ -36,6 +36,26 @@ final class Connection {
     sqlite3_extended_result_codes(db, 1)
   }
 
+  /// Opens `path` read-only as an immutable file: SQLite takes no lock and reads, creates or
+  /// changes no journal, WAL or shared-memory file, so whatever the file is, it stays untouched.
+  /// For looking at a file before deciding to open it for writing.
+  init(inspecting path: String) throws {
+    var allowed = CharacterSet.urlPathAllowed
+    allowed.remove(charactersIn: "?#%")
+    let escaped = path.addingPercentEncoding(withAllowedCharacters: allowed) ?? path
+    var db: OpaquePointer?
+    let flags = SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE
+    let rc = sqlite3_open_v2("file:\(escaped)?immutable=1", &db, flags, nil)
+    guard let db else { throw SQLiteError(code: .init(rawValue: rc), message: "cannot open \(path)") }
+    guard rc == SQLITE_OK else {
+      let error = SQLiteError(code: .init(rawValue: rc), message: String(cString: sqlite3_errmsg(db)))
+      sqlite3_close_v2(db)
+      throw error
+    }
+    handle = db
+    sqlite3_extended_result_codes(db, 1)
+  }
+
   deinit {
     // Statements must be finalised before the handle closes; close_v2 defers if one leaked.
     statements.removeAll()

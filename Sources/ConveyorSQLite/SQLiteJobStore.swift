@@ -1,3 +1,4 @@
+import CSQLite
 import Conveyor
 import Foundation
 
@@ -78,6 +79,7 @@ public final class SQLiteJobStore: JobStore {
     self.path = path
     self.options = options
     try Self.createFileIfMissing(path)
+    try Self.refuseForeignFile(path)
     let raw = try Connection(path: path, create: false)
     try Self.prepare(raw, path: path, options: options)
     connection = SerializedConnection(label: "Conveyor.SQLiteJobStore", connection: raw)
@@ -380,12 +382,27 @@ extension SQLiteJobStore {
     }
   }
 
+  /// Throws for a file that is not empty and not a Conveyor database, looking at it through an
+  /// immutable read-only connection: a read-write connection could roll back another
+  /// application's hot journal or checkpoint its WAL file on close, changing the file it refuses.
+  fileprivate static func refuseForeignFile(_ path: String) throws {
+    let attributes = try? FileManager.default.attributesOfItem(atPath: path)  // absent: SQLite says why below
+    guard let size = attributes?[.size] as? Int, size > 0 else { return }
+    _ = try inspect(try Connection(inspecting: path), path: path)
+  }
+
   /// Checks the file is a Conveyor database (or empty), sets the pragmas, installs the schema.
   ///
   /// Nothing is written before the file is known to be empty or a Conveyor database.
   fileprivate static func prepare(_ db: Connection, path: String, options: Options) throws {
+    // Until the file is known to be ours, closing must not checkpoint a WAL file into it (a
+    // foreign database whose content is still only in its WAL file looks empty to
+    // `refuseForeignFile`).
+    conveyor_sqlite_db_config_no_checkpoint_on_close(db.handle, 1)
     try db.execute("PRAGMA busy_timeout = \(milliseconds(options.busyTimeout))")
-    switch try inspect(db, path: path) {
+    let kind = try inspect(db, path: path)
+    conveyor_sqlite_db_config_no_checkpoint_on_close(db.handle, 0)  // ours (or empty) from here
+    switch kind {
     case .conveyor:
       break
     case .empty:

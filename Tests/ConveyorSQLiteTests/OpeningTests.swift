@@ -67,6 +67,34 @@ struct OpeningTests {
     try expectRefused(withApplicationID, .foreignDatabase)
   }
 
+  /// Another application crashed with its changes only in its WAL file: opening it must neither
+  /// checkpoint that WAL into the database nor delete it.
+  @Test(arguments: ["only in the WAL", "partly checkpointed"])
+  func foreignDatabaseWithAPendingWALIsRefusedAndUntouched(_ shape: String) throws {
+    let folder = try TemporaryFolder()
+    let original = folder.path("app.sqlite")
+    let copy = folder.path("crashed.sqlite")
+    var db: OpaquePointer?
+    guard sqlite3_open(original, &db) == SQLITE_OK else { throw TestFailure("open failed") }
+    defer { sqlite3_close(db) }
+    let setup =
+      shape == "only in the WAL"
+      ? "PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=0; CREATE TABLE notes(x); INSERT INTO notes VALUES(1);"
+      : "CREATE TABLE notes(x); PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=0; INSERT INTO notes VALUES(2);"
+    guard sqlite3_exec(db, setup, nil, nil, nil) == SQLITE_OK else {
+      throw TestFailure(String(cString: sqlite3_errmsg(db)))
+    }
+    // The state a crash leaves: the database file and its WAL, copied while the app has it open.
+    try FileManager.default.copyItem(atPath: original, toPath: copy)
+    try FileManager.default.copyItem(atPath: original + "-wal", toPath: copy + "-wal")
+    let before = (try fileBytes(copy), try fileBytes(copy + "-wal"))
+    #expect(!before.1.isEmpty, "the WAL holds the app's changes")
+    let error = #expect(throws: SQLiteJobStoreError.self) { try SQLiteJobStore(path: copy) }
+    #expect(error?.code == .foreignDatabase)
+    #expect(try fileBytes(copy) == before.0, "the database file is unchanged")
+    #expect(try fileBytes(copy + "-wal") == before.1, "the WAL file is unchanged and still there")
+  }
+
   @Test func newerSchemaIsRefusedAndUntouched() throws {
     let folder = try TemporaryFolder()
     let path = folder.path("future.sqlite")
