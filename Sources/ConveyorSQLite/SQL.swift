@@ -47,9 +47,18 @@ enum SQL {
   static let pause = "INSERT OR REPLACE INTO queues (name, paused) VALUES (?, 1)"
   static let resume = "DELETE FROM queues WHERE name = ?"
 
+  /// Claims walk the priority levels from the highest down, each an index seek, and read the
+  /// ready rows of one level at a time in (run_at, id) order: one query ordered by
+  /// (priority DESC, run_at, id) with `run_at <= ?` would scan every not-yet-due job of every
+  /// higher priority on each claim.
+  static let topPriority = "SELECT max(priority) FROM jobs WHERE queue = ? AND status = 'pending'"
+  static let lowerPriority = """
+    SELECT max(priority) FROM jobs WHERE queue = ? AND status = 'pending' AND priority < ?
+    """
   static let selectReady = """
-    SELECT \(columns) FROM jobs WHERE queue = ? AND status = 'pending' AND run_at <= ?
-    ORDER BY priority DESC, run_at, id LIMIT ?
+    SELECT \(columns) FROM jobs
+    WHERE queue = ? AND status = 'pending' AND priority = ? AND run_at <= ?
+    ORDER BY run_at, id LIMIT ?
     """
   /// No `RETURNING`: SQLite buffers returned rows in an ephemeral table whose page cache is
   /// allocated and freed per statement, which dominated the claim's cost.

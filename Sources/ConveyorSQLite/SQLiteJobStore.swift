@@ -178,8 +178,15 @@ public final class SQLiteJobStore: JobStore {
         // `UPDATE … WHERE id IN (SELECT …)`: both were several times slower).
         var claimed: [JobRecord] = []
         claimed.reserveCapacity(min(limit, 1_024))
-        try db.query(SQL.selectReady, .text(queue), .integer(nowMillis), .integer(Int64(limit))) {
-          claimed.append(try Self.record($0))
+        var level = try db.scalar(SQL.topPriority, .text(queue))
+        while let priority = level, claimed.count < limit {
+          try db.query(
+            SQL.selectReady, .text(queue), .integer(priority), .integer(nowMillis),
+            .integer(Int64(limit - claimed.count))
+          ) { claimed.append(try Self.record($0)) }
+          if claimed.count < limit {
+            level = try db.scalar(SQL.lowerPriority, .text(queue), .integer(priority))
+          }
         }
         for index in claimed.indices {
           let id = claimed[index].id.rawValue

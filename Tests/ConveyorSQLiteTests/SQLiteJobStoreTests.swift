@@ -244,6 +244,11 @@ struct SQLiteJobStoreTests {
     }
     #expect(plan(SQL.selectReady).contains("jobs_ready"))
     #expect(!plan(SQL.selectReady).contains("TEMP B-TREE"))
+    // The claim seeks to one priority level and a run-date range: it never scans later jobs.
+    #expect(
+      plan(SQL.selectReady).contains("priority=? AND run_at<?"), "\(plan(SQL.selectReady))")
+    #expect(!plan(SQL.topPriority).contains("SCAN"), "\(plan(SQL.topPriority))")
+    #expect(!plan(SQL.lowerPriority).contains("SCAN"), "\(plan(SQL.lowerPriority))")
     #expect(plan(SQL.findDuplicate).contains("jobs_dedup"))
     #expect(plan(SQL.rescue).contains("jobs_lease"))
     #expect(!plan(SQL.nextRunAt).contains("SCAN jobs"), "\(plan(SQL.nextRunAt))")
