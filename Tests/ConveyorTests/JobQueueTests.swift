@@ -344,22 +344,26 @@ struct JobQueueTests {
       await gate.wait()
       return .handled
     }
-    let queueB = try JobQueue<Request>(configuration: configuration(lease: .seconds(30)), store: store) {
-      _, ctx in
+    let queueB = try JobQueue<Request>(
+      configuration: configuration(autoStart: false, lease: .seconds(30)), store: store
+    ) { _, ctx in
       seenB.append(ctx.id)
       return .handled
     }
     let id = try await queueA.add(Request(name: "slow"))
-    try await eventually("someone started it") { seenA.count + seenB.count == 1 }
-    let slowQueueSawIt = seenA.count == 1
-    // Move time in steps smaller than the lease: the holder heartbeats every 10 s.
+    try await eventually("A started it") { seenA.count == 1 }
+    queueB.start()
+    // Move time past two leases in steps: A heartbeats every 10 s, so its lease never has less
+    // than 20 s left, and B (which rescues expired leases) never gets the job.
     for _ in 0..<12 {
       clock.advance(by: .seconds(5))
-      try await Task.sleep(for: .milliseconds(15))
+      try await eventually("A heartbeated in time") {
+        let running = try await store.jobs(queue: "jobs", status: .running, after: nil, limit: 1)
+        guard let expiry = running.first?.leaseExpiresAt else { return false }
+        return expiry.timeIntervalSince(clock.now()) >= 20
+      }
     }
-    if slowQueueSawIt {
-      #expect(seenB.count == 0, "a job whose lease is heartbeated is not handed out again")
-    }
+    #expect(seenB.count == 0, "a job whose lease is heartbeated is not handed out again")
     gate.open()
     try await eventually("done") { try await store.counts(queue: "jobs", now: clock.now()).total == 0 }
     #expect(seenA.all + seenB.all == [id])
@@ -469,7 +473,7 @@ struct JobQueueTests {
     try await queue.add(contentsOf: (0..<6).map { Request(name: "j\($0)") })
     try await eventually("running") { queue.state == .running }
     let shutdown = Task { await queue.shutdown(gracePeriod: .seconds(10)) }
-    try await Task.sleep(for: .milliseconds(20))
+    try await Task.sleep(for: .milliseconds(200))  // shutdown has begun before j0 can finish
     gate.open()
     await shutdown.value
     #expect(handled.all == ["j0"], "only the started job ran")
