@@ -391,10 +391,18 @@ extension SQLiteJobStore {
 
   /// Throws for a file that is not empty and not a Conveyor database, looking at it through an
   /// immutable read-only connection: a read-write connection could roll back another
-  /// application's hot journal or checkpoint its WAL file on close, changing the file it refuses.
+  /// application's hot journal, changing the file it refuses.
+  ///
+  /// A file with a WAL file beside it is left to the read-write check in `prepare`: an immutable
+  /// connection ignores the WAL, so it could see a Conveyor database that another process is
+  /// creating half-written. That check reads through the WAL and never checkpoints it on close
+  /// before the file is known to be ours.
   fileprivate static func refuseForeignFile(_ path: String) throws {
-    let attributes = try? FileManager.default.attributesOfItem(atPath: path)  // absent: SQLite says why below
-    guard let size = attributes?[.size] as? Int, size > 0 else { return }
+    let manager = FileManager.default
+    // Sizes only decide whether to look now; a file that cannot be read is reported by SQLite.
+    let size = (try? manager.attributesOfItem(atPath: path))?[.size] as? Int ?? 0
+    let walSize = (try? manager.attributesOfItem(atPath: path + "-wal"))?[.size] as? Int ?? 0
+    guard size > 0, walSize == 0 else { return }
     _ = try inspect(try Connection(inspecting: path), path: path)
   }
 

@@ -713,10 +713,10 @@ struct JobQueueEdgeCaseTests {
   func prefetchKeepsLeases() async throws {
     let handled = Log<String>()
     let queue = try JobQueue<Request>(
-      configuration: .init(identifier: "prefetch", prefetch: 4, leaseDuration: .milliseconds(150)),
+      configuration: .init(identifier: "prefetch", prefetch: 4, leaseDuration: .milliseconds(900)),
       store: InMemoryJobStore()
     ) { item, _ in
-      try await Task.sleep(for: .milliseconds(40))
+      try await Task.sleep(for: .milliseconds(150))  // 8 jobs: longer than the lease in all
       handled.append(item.name)
       return .handled
     }

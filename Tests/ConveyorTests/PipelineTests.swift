@@ -288,13 +288,14 @@ struct PipelineTests {
         Pipeline.step { value, finish in
           started.fire()
           // Completes long after the cancel; the run must not wait for it nor report it.
-          DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(300)) {
+          // (1.5 s: far longer than a loaded machine takes to deliver the cancel.)
+          DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(1_500)) {
             late.increment()
             finish(.success(value))
           }
         })
     let seen = PipeRecorder()
-    let (result, calls) = await pipeAwaitCompletion(grace: .milliseconds(400)) {
+    let (result, calls) = await pipeAwaitCompletion(grace: .milliseconds(1_700)) {
       (done: @escaping @Sendable (Result<Int, any Error>) -> Void) in
       let handle = pipeline.execute { result in
         seen.record("late completions so far: \(late.value)")

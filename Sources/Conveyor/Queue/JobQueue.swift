@@ -383,30 +383,36 @@ public final class JobQueue<Item: Queueable>: Sendable {
     publishState()
   }
 
-  /// Heartbeats held jobs and rescues expired leases when their times come.
+  /// Heartbeats held jobs, then rescues expired leases, when their times come. Heartbeats go
+  /// first so that a worker that was slow to get here never rescues (and runs again) its own jobs.
   private func maintainLeases(timing: inout LoopTiming, now: Date) async throws {
+    if now >= timing.nextHeartbeat {
+      try await heartbeat(now: now)
+      timing.nextHeartbeat = now.adding(configuration.leaseDuration / 3)
+    }
     if now >= timing.nextRescue {
       let rescued = try await store.rescueExpiredLeases(queue: identifier, now: now)
       if rescued > 0 { log(.warning, "handed out \(rescued) job(s) whose worker stopped heart-beating") }
       timing.nextRescue = now.adding(configuration.leaseDuration / 2)
     }
-    if now >= timing.nextHeartbeat {
-      timing.nextHeartbeat = now.adding(configuration.leaseDuration / 3)
-      // Jobs being handled, claimed jobs waiting for a slot, and handled jobs whose outcome is
-      // not recorded yet: all are still this worker's until their outcome is stored.
-      let held = core.withLock { core in
-        Array(core.inFlight) + core.buffer.ids + core.settlements.map { $0.settlement.id }
-      }
-      guard !held.isEmpty else { return }
-      let lease = Lease(owner: owner, expiresAt: now.adding(configuration.leaseDuration))
-      let kept = Set(try await store.heartbeat(held, queue: identifier, lease: lease))
-      let lost = Set(held.filter { !kept.contains($0) })
-      guard !lost.isEmpty else { return }
-      // A waiting job whose lease is gone (removed, or handed to another worker) must not start.
-      core.withLock { $0.buffer.removeAll { lost.contains($0.id) } }
-      for id in lost {
-        log(.warning, "lost the lease on a job; another worker may run it", ["job": id.description])
-      }
+  }
+
+  /// Extends the lease on every job this worker holds; drops waiting jobs whose lease is gone.
+  private func heartbeat(now: Date) async throws {
+    // Jobs being handled, claimed jobs waiting for a slot, and handled jobs whose outcome is not
+    // recorded yet: all are still this worker's until their outcome is stored.
+    let held = core.withLock { core in
+      Array(core.inFlight) + core.buffer.ids + core.settlements.map { $0.settlement.id }
+    }
+    guard !held.isEmpty else { return }
+    let lease = Lease(owner: owner, expiresAt: now.adding(configuration.leaseDuration))
+    let kept = Set(try await store.heartbeat(held, queue: identifier, lease: lease))
+    let lost = Set(held.filter { !kept.contains($0) })
+    guard !lost.isEmpty else { return }
+    // A waiting job whose lease is gone (removed, or handed to another worker) must not start.
+    core.withLock { $0.buffer.removeAll { lost.contains($0.id) } }
+    for id in lost {
+      log(.warning, "lost the lease on a job; another worker may run it", ["job": id.description])
     }
   }
 
@@ -748,7 +754,7 @@ extension JobQueue {
 
     init(now: Date, leaseDuration: Duration) {
       nextRescue = now
-      nextHeartbeat = now.adding(leaseDuration / 3)
+      nextHeartbeat = now
     }
 
     func nextMaintenance(holding: Bool) -> Date {
