@@ -278,13 +278,7 @@ open class NetworkDataOperation<Success: Sendable>: NetworkOperation<Success, Da
 
   /// Runs the evaluate closure.
   open override func evaluate(_ result: Data, response: HTTPURLResponse) throws(NetworkError) -> Success {
-    do {
-      return try evaluator.evaluate(result, response)
-    } catch let error as NetworkError {
-      throw error
-    } catch {
-      throw .evaluation(NetworkError.Underlying(error))
-    }
+    try NetworkError.wrappingEvaluation { try evaluator.evaluate(result, response) }
   }
 
   /// The first `limit` bytes of the body.
@@ -367,13 +361,7 @@ open class NetworkDownloadOperation<Success: Sendable>: NetworkOperation<Success
 
   /// Runs the evaluate closure.
   open override func evaluate(_ result: URL, response: HTTPURLResponse) throws(NetworkError) -> Success {
-    do {
-      return try evaluator.evaluate(result, response)
-    } catch let error as NetworkError {
-      throw error
-    } catch {
-      throw .evaluation(NetworkError.Underlying(error))
-    }
+    try NetworkError.wrappingEvaluation { try evaluator.evaluate(result, response) }
   }
 
   /// The first `limit` bytes of the downloaded file.
@@ -427,5 +415,19 @@ extension HTTPURLResponse {
       headers[String(describing: key)] = String(describing: value)
     }
     return headers
+  }
+}
+
+extension NetworkError {
+  /// Runs an evaluate closure: a `NetworkError` it throws passes through, any other error becomes
+  /// ``NetworkError/evaluation(_:)``.
+  static func wrappingEvaluation<Success>(_ body: () throws -> Success) throws(NetworkError) -> Success {
+    do {
+      return try body()
+    } catch let error as NetworkError {
+      throw error
+    } catch {
+      throw .evaluation(NetworkError.Underlying(error))
+    }
   }
 }

@@ -21,19 +21,10 @@ final class Connection {
 
   /// Opens (and creates when `create` is true) the database file at `path`.
   init(path: String, create: Bool) throws {
-    var db: OpaquePointer?
     let flags =
       SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0) | SQLITE_OPEN_NOMUTEX
       | SQLITE_OPEN_EXRESCODE
-    let rc = sqlite3_open_v2(path, &db, flags, nil)
-    guard let db else { throw SQLiteError(code: .init(rawValue: rc), message: "cannot open \(path)") }
-    guard rc == SQLITE_OK else {
-      let error = SQLiteError(code: .init(rawValue: rc), message: String(cString: sqlite3_errmsg(db)))
-      sqlite3_close_v2(db)
-      throw error
-    }
-    handle = db
-    sqlite3_extended_result_codes(db, 1)
+    handle = try Self.open(path, flags: flags, describing: path)
   }
 
   /// Opens `path` read-only as an immutable file: SQLite takes no lock and reads, creates or
@@ -43,17 +34,23 @@ final class Connection {
     var allowed = CharacterSet.urlPathAllowed
     allowed.remove(charactersIn: "?#%")
     let escaped = path.addingPercentEncoding(withAllowedCharacters: allowed) ?? path
-    var db: OpaquePointer?
     let flags = SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE
-    let rc = sqlite3_open_v2("file:\(escaped)?immutable=1", &db, flags, nil)
+    handle = try Self.open("file:\(escaped)?immutable=1", flags: flags, describing: path)
+  }
+
+  /// Opens a handle with extended result codes, or throws with SQLite's message.
+  private static func open(_ filename: String, flags: Int32, describing path: String) throws -> OpaquePointer
+  {
+    var db: OpaquePointer?
+    let rc = sqlite3_open_v2(filename, &db, flags, nil)
     guard let db else { throw SQLiteError(code: .init(rawValue: rc), message: "cannot open \(path)") }
     guard rc == SQLITE_OK else {
       let error = SQLiteError(code: .init(rawValue: rc), message: String(cString: sqlite3_errmsg(db)))
       sqlite3_close_v2(db)
       throw error
     }
-    handle = db
     sqlite3_extended_result_codes(db, 1)
+    return db
   }
 
   deinit {
