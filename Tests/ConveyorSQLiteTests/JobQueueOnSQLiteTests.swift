@@ -87,3 +87,54 @@ struct SQLiteReadmeTests {
     #expect(sent.withLock { $0 } == ["ada@example.com"])
   }
 }
+
+/// The item type as an older release stored it.
+private struct ReminderV1: Queueable {
+  var text: String
+}
+
+/// The item type after a change that old payloads no longer decode into.
+private struct ReminderV2: Queueable {
+  var text: String
+  var dueInDays: Int
+}
+
+@Suite("JobQueue on SQLiteJobStore: changed item types")
+struct ChangedItemTypeTests {
+  @Test("a payload the new item type cannot decode becomes a dead job with the error; the rest go on")
+  func undecodablePayloadsAreKeptAsDeadJobs() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("reminders.sqlite")
+    let oldPayload: Data
+    do {
+      // An older release queued these and stopped.
+      let old = try JobQueue<ReminderV1>(
+        configuration: .init(identifier: "reminders", autoStart: false), store: try SQLiteJobStore(path: path)
+      ) { _, _ in .handled }
+      try await old.add(ReminderV1(text: "call the bank"))
+      oldPayload = try #require(try await old.jobs().first?.payload)
+    }
+    let handled = Mutex<[String]>([])
+    let store = try SQLiteJobStore(path: path)
+    let queue = try JobQueue<ReminderV2>(
+      configuration: .init(identifier: "reminders", autoStart: false), store: store
+    ) { reminder, _ in
+      handled.withLock { $0.append(reminder.text) }
+      return .handled
+    }
+    try await queue.add(ReminderV2(text: "water the plants", dueInDays: 2))
+    queue.start()
+    await queue.waitUntilFinished()
+    await queue.shutdown()
+    #expect(handled.withLock { $0 } == ["water the plants"], "the decodable job still ran")
+
+    // Reopen: the dead job is stored, with the decode error and its payload as it was.
+    let reopened = try SQLiteJobStore(path: path)
+    let dead = try await reopened.jobs(queue: "reminders", status: .dead, after: nil, limit: 10)
+    #expect(dead.count == 1)
+    #expect(dead.first?.payload == oldPayload)
+    #expect(dead.first?.lastError?.contains("undecodable payload") == true)
+    #expect(dead.first?.lastError?.contains("dueInDays") == true, "the error names the missing field")
+    #expect(try await reopened.counts(queue: "reminders", now: Date()) == JobCounts(dead: 1))
+  }
+}
