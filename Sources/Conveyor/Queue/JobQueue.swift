@@ -38,7 +38,9 @@ public final class JobQueue<Item: Queueable>: Sendable {
   public let store: any JobStore
 
   private let handler: Handler?
-  private let core = Mutex(Core())
+  /// The delegate form's delegate (held weakly inside); nil for the closure form.
+  private let delegateBox: DelegateBox?
+  private let core = Mutex(QueueCore())
   private let encoder = JSONEncoder()
   private let decoder = JSONDecoder()
   private let wake: WakeSignal
@@ -61,6 +63,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
     self.configuration = configuration
     self.store = store
     self.handler = handler
+    self.delegateBox = nil
     self.wake = WakeSignal(clock: configuration.clock)
     self.owner = Self.makeOwnerID()
     if configuration.autoStart { start() }
@@ -76,10 +79,9 @@ public final class JobQueue<Item: Queueable>: Sendable {
     self.configuration = configuration
     self.store = store
     self.handler = nil
+    self.delegateBox = DelegateBox(delegate)
     self.wake = WakeSignal(clock: configuration.clock)
     self.owner = Self.makeOwnerID()
-    let box = DelegateBox(delegate)
-    core.withLock { $0.delegate = box }
     if configuration.autoStart { start() }
   }
 
@@ -466,13 +468,6 @@ public final class JobQueue<Item: Queueable>: Sendable {
     }
   }
 
-  private enum WorkerStep {
-    /// Handle the next buffered job; `flush` asks the loop to record the outcomes so far.
-    case run(JobRecord, flush: Bool)
-    case claim([PendingSettlement])
-    case exit
-  }
-
   /// A worker: handles a job, then the next claimed one, and when none is left records its
   /// outcomes and claims its next job itself in one store call, so a busy queue needs neither a
   /// task per job nor a round trip through the loop. It ends when nothing is ready.
@@ -524,7 +519,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
   /// Whether a handler exists to run jobs: always for the closure form; while the delegate lives
   /// for the delegate form.
   private var handlerAvailable: Bool {
-    handler != nil || core.withLock { $0.delegate?.isAlive() == true }
+    handler != nil || delegateBox?.isAlive() == true
   }
 
   private func process(_ record: JobRecord) async -> PendingSettlement {
@@ -553,17 +548,10 @@ public final class JobQueue<Item: Queueable>: Sendable {
 
   private func handle(_ item: Item, _ context: JobContext) async throws -> JobResult {
     if let handler { return try await handler(item, context) }
-    guard let delegate = core.withLock({ $0.delegate?.handle }) else {
+    guard let delegate = delegateBox?.handle else {
       return .retry(after: .zero, reason: "the queue's delegate was released")
     }
     return await delegate(self, item, context.attempts)
-  }
-
-  private enum Outcome {
-    case result(JobResult)
-    case thrown(any Error)
-    case undecodable(String)
-    case abandoned(limit: Int)
   }
 
   private func settlement(for record: JobRecord, outcome: Outcome) -> PendingSettlement {
@@ -619,13 +607,12 @@ public final class JobQueue<Item: Queueable>: Sendable {
       core.reportedFinished = true
       defer { core.finishWaiters = [:] }
       return FinishNotification(
-        waiters: Array(core.finishWaiters.values), subscribers: Array(core.subscribers.values),
-        delegate: core.delegate)
+        waiters: Array(core.finishWaiters.values), subscribers: Array(core.subscribers.values))
     }
     guard let notify else { return }
     log(.debug, "queue finished")
     for subscriber in notify.subscribers { subscriber.yield(.finished) }
-    notify.delegate?.finished(self)
+    delegateBox?.finished(self)
     for waiter in notify.waiters { waiter.resume() }
   }
 
@@ -694,74 +681,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
   }
 }
 
-// MARK: - Internal state
-
 extension JobQueue {
-  fileprivate struct PendingSettlement: Sendable {
-    var settlement: JobSettlement
-    var event: JobQueueEvent?
-  }
-
-  /// What the loop needs for one turn, taken under the lock.
-  fileprivate struct Step {
-    var stop: Bool
-    var paused: Bool
-    var buffered: Int
-    var freeSlots: Int
-    var settlements: [PendingSettlement]
-    var generation: UInt64
-  }
-
-  /// Claimed jobs waiting for a free slot, first in first out.
-  fileprivate struct JobBuffer: Sendable {
-    private var storage: [JobRecord] = []
-    private var head = 0
-
-    var isEmpty: Bool { head == storage.count }
-    var count: Int { storage.count - head }
-    var ids: [JobID] { storage[head...].map { $0.id } }
-    var all: [JobRecord] { Array(storage[head...]) }
-
-    mutating func append(_ jobs: [JobRecord]) {
-      if head > 0 && head == storage.count {
-        storage.removeAll(keepingCapacity: true)
-        head = 0
-      }
-      storage.append(contentsOf: jobs)
-    }
-
-    mutating func removeAll(where shouldRemove: (JobRecord) -> Bool) {
-      storage = storage[head...].filter { !shouldRemove($0) }
-      head = 0
-    }
-
-    mutating func popFirst() -> JobRecord? {
-      guard head < storage.count else { return nil }
-      defer { head += 1 }
-      return storage[head]
-    }
-  }
-
-  fileprivate struct FinishNotification {
-    var waiters: [CheckedContinuation<Void, Never>]
-    var subscribers: [AsyncStream<JobQueueEvent>.Continuation]
-    var delegate: DelegateBox?
-  }
-
-  fileprivate struct LoopTiming {
-    var nextRescue: Date
-    var nextHeartbeat: Date
-
-    init(now: Date, leaseDuration: Duration) {
-      nextRescue = now
-      nextHeartbeat = now
-    }
-
-    func nextMaintenance(holding: Bool) -> Date {
-      holding ? min(nextRescue, nextHeartbeat) : nextRescue
-    }
-  }
-
   /// The delegate, held weakly, with its calls bound to the concrete type.
   fileprivate final class DelegateBox: Sendable {
     let handle: @Sendable (JobQueue<Item>, Item, Int) async -> JobResult
@@ -800,44 +720,127 @@ extension JobQueue {
       isAlive = { [weak delegate] in delegate != nil }
     }
   }
+}
 
-  fileprivate struct Core: Sendable {
-    var loop: Task<Void, Never>?
-    var running = false
-    var stopping = false
-    var paused = false
-    var state = JobQueueState.stopped
-    /// Jobs being handled, for heartbeats.
-    var inFlight: Set<JobID> = []
-    /// Worker tasks running; each holds one of the `concurrency` slots.
-    var workers = 0
-    var buffer = JobBuffer()
-    var settlements: [PendingSettlement] = []
-    var subscribers: [UUID: AsyncStream<JobQueueEvent>.Continuation] = [:]
-    var finishWaiters: [UUID: CheckedContinuation<Void, Never>] = [:]
-    var reportedFinished = false
-    var enqueueGeneration: UInt64 = 0
-    var delegate: DelegateBox?
+// MARK: - Internal state
+//
+// Declared outside the generic `JobQueue<Item>`: types nested in a generic class are generic too,
+// and the run-time metadata lookups for them showed up on every job in profiles.
 
-    var computedState: JobQueueState {
-      if !running { return .stopped }
-      if paused { return .paused }
-      return workers == 0 ? .idle : .running
+private struct PendingSettlement: Sendable {
+  var settlement: JobSettlement
+  var event: JobQueueEvent?
+}
+
+/// What the loop needs for one turn, taken under the lock.
+private struct Step {
+  var stop: Bool
+  var paused: Bool
+  var buffered: Int
+  var freeSlots: Int
+  var settlements: [PendingSettlement]
+  var generation: UInt64
+}
+
+/// Claimed jobs waiting for a free slot, first in first out.
+private struct JobBuffer: Sendable {
+  private var storage: [JobRecord] = []
+  private var head = 0
+
+  var isEmpty: Bool { head == storage.count }
+  var count: Int { storage.count - head }
+  var ids: [JobID] { storage[head...].map { $0.id } }
+  var all: [JobRecord] { Array(storage[head...]) }
+
+  mutating func append(_ jobs: [JobRecord]) {
+    if head > 0 && head == storage.count {
+      storage.removeAll(keepingCapacity: true)
+      head = 0
     }
+    storage.append(contentsOf: jobs)
+  }
 
-    func freeSlots(_ configuration: JobQueueConfiguration) -> Int {
-      max(0, configuration.concurrency - workers)
-    }
+  mutating func removeAll(where shouldRemove: (JobRecord) -> Bool) {
+    storage = storage[head...].filter { !shouldRemove($0) }
+    head = 0
+  }
 
-    /// Takes what the loop needs for one turn, including every outcome not yet recorded; nil when
-    /// the loop should end (stopping with no worker running).
-    mutating func takeStep(configuration: JobQueueConfiguration) -> Step? {
-      if stopping && workers == 0 { return nil }
-      defer { settlements = [] }
-      return Step(
-        stop: stopping, paused: paused, buffered: buffer.count, freeSlots: freeSlots(configuration),
-        settlements: settlements, generation: enqueueGeneration)
-    }
+  mutating func popFirst() -> JobRecord? {
+    guard head < storage.count else { return nil }
+    defer { head += 1 }
+    return storage[head]
+  }
+}
+
+private enum WorkerStep {
+  /// Handle the next buffered job; `flush` asks the loop to record the outcomes so far.
+  case run(JobRecord, flush: Bool)
+  case claim([PendingSettlement])
+  case exit
+}
+
+/// How a handler call ended.
+private enum Outcome {
+  case result(JobResult)
+  case thrown(any Error)
+  case undecodable(String)
+  case abandoned(limit: Int)
+}
+
+private struct FinishNotification {
+  var waiters: [CheckedContinuation<Void, Never>]
+  var subscribers: [AsyncStream<JobQueueEvent>.Continuation]
+}
+
+private struct LoopTiming {
+  var nextRescue: Date
+  var nextHeartbeat: Date
+
+  init(now: Date, leaseDuration: Duration) {
+    nextRescue = now
+    nextHeartbeat = now
+  }
+
+  func nextMaintenance(holding: Bool) -> Date {
+    holding ? min(nextRescue, nextHeartbeat) : nextRescue
+  }
+}
+
+private struct QueueCore: Sendable {
+  var loop: Task<Void, Never>?
+  var running = false
+  var stopping = false
+  var paused = false
+  var state = JobQueueState.stopped
+  /// Jobs being handled, for heartbeats.
+  var inFlight: Set<JobID> = []
+  /// Worker tasks running; each holds one of the `concurrency` slots.
+  var workers = 0
+  var buffer = JobBuffer()
+  var settlements: [PendingSettlement] = []
+  var subscribers: [UUID: AsyncStream<JobQueueEvent>.Continuation] = [:]
+  var finishWaiters: [UUID: CheckedContinuation<Void, Never>] = [:]
+  var reportedFinished = false
+  var enqueueGeneration: UInt64 = 0
+
+  var computedState: JobQueueState {
+    if !running { return .stopped }
+    if paused { return .paused }
+    return workers == 0 ? .idle : .running
+  }
+
+  func freeSlots(_ configuration: JobQueueConfiguration) -> Int {
+    max(0, configuration.concurrency - workers)
+  }
+
+  /// Takes what the loop needs for one turn, including every outcome not yet recorded; nil when
+  /// the loop should end (stopping with no worker running).
+  mutating func takeStep(configuration: JobQueueConfiguration) -> Step? {
+    if stopping && workers == 0 { return nil }
+    defer { settlements = [] }
+    return Step(
+      stop: stopping, paused: paused, buffered: buffer.count, freeSlots: freeSlots(configuration),
+      settlements: settlements, generation: enqueueGeneration)
   }
 }
 
