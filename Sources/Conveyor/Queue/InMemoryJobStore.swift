@@ -189,19 +189,39 @@ extension InMemoryJobStore {
     var runAt: Date
   }
 
+  /// Orders entries for claiming: priority descending, then run date, then ID.
+  fileprivate struct ClaimOrder: Comparable, Sendable {
+    var entry: Entry
+    init(_ entry: Entry) { self.entry = entry }
+
+    static func < (a: ClaimOrder, b: ClaimOrder) -> Bool {
+      if a.entry.priority != b.entry.priority { return a.entry.priority > b.entry.priority }
+      if a.entry.runAt != b.entry.runAt { return a.entry.runAt < b.entry.runAt }
+      return a.entry.id < b.entry.id
+    }
+
+    static func == (a: ClaimOrder, b: ClaimOrder) -> Bool { !(a < b) && !(b < a) }
+  }
+
+  /// Orders entries by run date, then ID.
+  fileprivate struct RunDateOrder: Comparable, Sendable {
+    var entry: Entry
+    init(_ entry: Entry) { self.entry = entry }
+
+    static func < (a: RunDateOrder, b: RunDateOrder) -> Bool {
+      a.entry.runAt != b.entry.runAt ? a.entry.runAt < b.entry.runAt : a.entry.id < b.entry.id
+    }
+
+    static func == (a: RunDateOrder, b: RunDateOrder) -> Bool { !(a < b) && !(b < a) }
+  }
+
   fileprivate struct QueueState: Sendable {
     var jobs: [JobID: JobRecord] = [:]
     var paused = false
-    /// Pending jobs by (priority descending, run date, ID): the claim order.
-    var ready = Heap<Entry> { (a: Entry, b: Entry) -> Bool in
-      if a.priority != b.priority { return a.priority > b.priority }
-      if a.runAt != b.runAt { return a.runAt < b.runAt }
-      return a.id < b.id
-    }
+    /// Pending jobs in claim order: priority descending, run date, ID.
+    var ready = Heap<ClaimOrder>()
     /// Pending jobs not yet ready, by run date.
-    var scheduled = Heap<Entry> { (a: Entry, b: Entry) -> Bool in
-      a.runAt != b.runAt ? a.runAt < b.runAt : a.id < b.id
-    }
+    var scheduled = Heap<RunDateOrder>()
     var running: Set<JobID> = []
     var dedup: [String: JobID] = [:]
 
@@ -214,21 +234,21 @@ extension InMemoryJobStore {
     mutating func insertPending(_ record: JobRecord) {
       jobs[record.id] = record
       if let key = record.deduplicationKey { dedup[key] = record.id }
-      scheduled.push(Entry(id: record.id, priority: record.priority, runAt: record.runAt))
+      scheduled.push(RunDateOrder(Entry(id: record.id, priority: record.priority, runAt: record.runAt)))
     }
 
     /// Moves scheduled entries whose date has come into the ready heap.
     mutating func promote(now: Date) {
-      while let top = scheduled.peek, top.runAt <= now {
+      while let top = scheduled.peek?.entry, top.runAt <= now {
         scheduled.pop()
-        if isCurrent(top) { ready.push(top) }
+        if isCurrent(top) { ready.push(ClaimOrder(top)) }
       }
     }
 
     mutating func claim(limit: Int, lease: Lease, now: Date) -> [JobRecord] {
       promote(now: now)
       var claimed: [JobRecord] = []
-      while claimed.count < limit, let entry = ready.pop() {
+      while claimed.count < limit, let entry = ready.pop()?.entry {
         guard isCurrent(entry), var record = jobs[entry.id] else { continue }
         record.status = .running
         record.attempts += 1
@@ -287,10 +307,10 @@ extension InMemoryJobStore {
     }
 
     mutating func nextWakeDate() -> Date? {
-      while let top = ready.peek, !isCurrent(top) { ready.pop() }
-      while let top = scheduled.peek, !isCurrent(top) { scheduled.pop() }
+      while let top = ready.peek?.entry, !isCurrent(top) { ready.pop() }
+      while let top = scheduled.peek?.entry, !isCurrent(top) { scheduled.pop() }
       let leaseExpiry = running.compactMap { jobs[$0]?.leaseExpiresAt }.min()
-      return [ready.peek?.runAt, scheduled.peek?.runAt, leaseExpiry].compactMap { $0 }.min()
+      return [ready.peek?.entry.runAt, scheduled.peek?.entry.runAt, leaseExpiry].compactMap { $0 }.min()
     }
   }
 }

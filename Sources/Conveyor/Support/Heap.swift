@@ -1,11 +1,11 @@
-/// A binary min-heap ordered by a comparison closure.
-struct Heap<Element: Sendable>: Sendable {
+/// A binary min-heap: `peek` and `pop` give the smallest element by `<`.
+///
+/// The order comes from `Comparable` rather than a stored closure, so the comparisons are
+/// specialised and inlined in the hot claim path.
+struct Heap<Element: Comparable & Sendable>: Sendable {
   private var storage: [Element] = []
-  private let areInIncreasingOrder: @Sendable (Element, Element) -> Bool
 
-  init(by areInIncreasingOrder: @escaping @Sendable (Element, Element) -> Bool) {
-    self.areInIncreasingOrder = areInIncreasingOrder
-  }
+  init() {}
 
   var count: Int { storage.count }
   var isEmpty: Bool { storage.isEmpty }
@@ -16,7 +16,7 @@ struct Heap<Element: Sendable>: Sendable {
     var child = storage.count - 1
     while child > 0 {
       let parent = (child - 1) / 2
-      guard areInIncreasingOrder(storage[child], storage[parent]) else { break }
+      guard storage[child] < storage[parent] else { break }
       storage.swapAt(child, parent)
       child = parent
     }
@@ -32,8 +32,8 @@ struct Heap<Element: Sendable>: Sendable {
       let left = 2 * parent + 1
       let right = left + 1
       var best = parent
-      if left < storage.count && areInIncreasingOrder(storage[left], storage[best]) { best = left }
-      if right < storage.count && areInIncreasingOrder(storage[right], storage[best]) { best = right }
+      if left < storage.count && storage[left] < storage[best] { best = left }
+      if right < storage.count && storage[right] < storage[best] { best = right }
       if best == parent { break }
       storage.swapAt(parent, best)
       parent = best
