@@ -398,12 +398,15 @@ extension SQLiteJobStore {
   /// creating half-written. That check reads through the WAL and never checkpoints it on close
   /// before the file is known to be ours.
   fileprivate static func refuseForeignFile(_ path: String) throws {
-    let manager = FileManager.default
-    // Sizes only decide whether to look now; a file that cannot be read is reported by SQLite.
-    let size = (try? manager.attributesOfItem(atPath: path))?[.size] as? Int ?? 0
-    let walSize = (try? manager.attributesOfItem(atPath: path + "-wal"))?[.size] as? Int ?? 0
-    guard size > 0, walSize == 0 else { return }
+    guard fileSize(path) > 0, fileSize(path + "-wal") == 0 else { return }
     _ = try inspect(try Connection(inspecting: path), path: path)
+  }
+
+  /// The size of the file at `path`, or 0 when it cannot be examined (missing, no permission):
+  /// the size only decides whether to look before opening, and SQLite reports an unreadable file.
+  private static func fileSize(_ path: String) -> Int64 {
+    var info = stat()
+    return stat(path, &info) == 0 ? Int64(info.st_size) : 0
   }
 
   /// Checks the file is a Conveyor database (or empty), sets the pragmas, installs the schema.

@@ -37,6 +37,18 @@ final class SeedDelegate: JobQueueDelegate {
   }
 }
 
+/// A queue whose handler records each item's name and handles it.
+func recordingQueue(
+  _ configuration: JobQueueConfiguration, store: any JobStore
+) throws -> (JobQueue<Request>, Log<String>) {
+  let handled = Log<String>()
+  let queue = try JobQueue<Request>(configuration: configuration, store: store) { item, _ in
+    handled.append(item.name)
+    return .handled
+  }
+  return (queue, handled)
+}
+
 @Suite("JobQueue")
 struct JobQueueTests {
   let clock = ManualJobClock()
@@ -94,14 +106,7 @@ struct JobQueueTests {
 
   @Test("start() starts an idle queue that was created stopped")
   func startStartsIdleQueue() async throws {
-    let handled = Log<String>()
-    let queue = try JobQueue<Request>(
-      configuration: configuration(autoStart: false), store: InMemoryJobStore()
-    ) {
-      item, _ in
-      handled.append(item.name)
-      return .handled
-    }
+    let (queue, handled) = try recordingQueue(configuration(autoStart: false), store: InMemoryJobStore())
     queue.start()
     try await eventually("idle") { queue.state == .idle }
     try await queue.add(Request(name: "a"))
@@ -233,14 +238,7 @@ struct JobQueueTests {
 
   @Test("delayed jobs wait; higher priority runs first")
   func delayAndPriority() async throws {
-    let handled = Log<String>()
-    let queue = try JobQueue<Request>(
-      configuration: configuration(autoStart: false), store: InMemoryJobStore()
-    ) {
-      item, _ in
-      handled.append(item.name)
-      return .handled
-    }
+    let (queue, handled) = try recordingQueue(configuration(autoStart: false), store: InMemoryJobStore())
     try await queue.add(Request(name: "delayed"), delay: .seconds(60))
     try await queue.add(Request(name: "normal"))
     try await queue.add(Request(name: "urgent"), priority: 10)
