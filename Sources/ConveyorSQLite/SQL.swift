@@ -29,6 +29,12 @@ enum SQL {
     PRAGMA user_version = \(SQLiteJobStore.schemaVersion);
     """
 
+  /// The application id, schema version and number of schema objects, read in one snapshot.
+  static let inspect = """
+    SELECT (SELECT application_id FROM pragma_application_id),
+      (SELECT user_version FROM pragma_user_version), (SELECT count(*) FROM sqlite_master)
+    """
+
   /// The columns ``SQLiteJobStore`` decodes a `JobRecord` from, in order.
   static let columns = """
     id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key, \

@@ -78,7 +78,7 @@ public final class SQLiteJobStore: JobStore {
   public init(path: String, options: Options = .init()) throws {
     self.path = path
     self.options = options
-    try Self.createFileIfMissing(path)
+    try Self.createIfMissing(path)
     try Self.refuseForeignFile(path)
     let raw = try Connection(path: path, create: false)
     try Self.prepare(raw, path: path, options: options)
@@ -376,12 +376,40 @@ public final class SQLiteJobStore: JobStore {
 // MARK: - Opening
 
 extension SQLiteJobStore {
-  /// Creates an empty file with mode 0600 when none exists, so SQLite never creates it 0644.
-  fileprivate static func createFileIfMissing(_ path: String) throws {
+  /// Creates a complete, empty Conveyor database at `path` when no file is there.
+  ///
+  /// The database is built in a new file beside `path` (mode 0600, so SQLite never creates it
+  /// 0644) and hard-linked into place, which fails rather than replaces when another process got
+  /// there first. So a file at `path` is never a Conveyor database half-made by a concurrent
+  /// open. Where the file system has no hard links, an empty file is created instead and
+  /// ``prepare(_:path:options:)`` installs the schema under SQLite's locks. A crash mid-build can
+  /// leave a `<name>.new-<UUID>` file beside the database, never the database itself.
+  fileprivate static func createIfMissing(_ path: String) throws {
+    var info = stat()
+    guard stat(path, &info) != 0, errno == ENOENT else { return }
+    let building = "\(path).new-\(UUID().uuidString)"
+    try createEmptyFile(building)
+    defer { for suffix in ["", "-wal", "-shm", "-journal"] { unlink(building + suffix) } }
+    try build(building)
+    if link(building, path) != 0 && errno != EEXIST {
+      try createEmptyFile(path, mayExist: true)
+    }
+  }
+
+  /// Installs the schema in a file only this process knows, and leaves it in WAL mode with
+  /// everything checkpointed into the file (the connection closes before this returns).
+  private static func build(_ path: String) throws {
+    let db = try Connection(path: path, create: false)
+    try db.transaction(immediate: true) { try db.execute(SQL.schema) }
+    try db.execute("PRAGMA journal_mode = WAL")
+  }
+
+  /// Creates an empty file with mode 0600; with `mayExist`, an existing file is no error.
+  private static func createEmptyFile(_ path: String, mayExist: Bool = false) throws {
     let descriptor = createExclusively(path)
     if descriptor >= 0 {
       close(descriptor)
-    } else if errno != EEXIST {
+    } else if !(mayExist && errno == EEXIST) {
       let reason = String(cString: strerror(errno))
       throw SQLiteJobStoreError(
         code: .cannotCreate, path: path,
@@ -420,19 +448,34 @@ extension SQLiteJobStore {
     try db.execute("PRAGMA busy_timeout = \(milliseconds(options.busyTimeout))")
     let kind = try inspect(db, path: path)
     conveyor_sqlite_db_config_no_checkpoint_on_close(db.handle, 0)  // ours (or empty) from here
-    switch kind {
-    case .conveyor:
-      break
-    case .empty:
-      try db.execute("PRAGMA journal_mode = WAL")
+    if kind == .empty {
       try db.transaction(immediate: true) {
         // Another process may have installed the schema while this one waited for the lock.
         if try inspect(db, path: path) == .empty { try db.execute(SQL.schema) }
       }
     }
-    try db.execute("PRAGMA journal_mode = WAL")
+    try switchToWAL(db, within: options.busyTimeout)
     try db.execute("PRAGMA synchronous = \(options.synchronous.rawValue)")
     try db.execute("PRAGMA foreign_keys = ON")
+  }
+
+  /// Sets WAL mode, retrying for up to `timeout` while another connection holds a lock: SQLite
+  /// answers a journal-mode change that needs the exclusive lock with `SQLITE_BUSY` at once,
+  /// without calling the busy handler. On a database already in WAL mode it is a no-op.
+  private static func switchToWAL(_ db: Connection, within timeout: Duration) throws {
+    let deadline = ContinuousClock.now + timeout
+    var pause = Duration.milliseconds(1)
+    while true {
+      do {
+        return try db.execute("PRAGMA journal_mode = WAL")
+      } catch let error as SQLiteError
+        where (error.code.primary == .busy || error.code.primary == .locked)
+        && ContinuousClock.now + pause < deadline
+      {
+        Thread.sleep(forTimeInterval: pause / .seconds(1))
+        pause = min(pause * 2, .milliseconds(50))
+      }
+    }
   }
 
   private enum FileKind { case empty, conveyor }
@@ -443,9 +486,11 @@ extension SQLiteJobStore {
     let version: Int64
     let objects: Int64
     do {
-      applicationID = try db.scalar("PRAGMA application_id") ?? 0
-      version = try db.scalar("PRAGMA user_version") ?? 0
-      objects = try db.scalar("SELECT count(*) FROM sqlite_master") ?? 0
+      // One statement, so one snapshot: read separately, the header and the schema could come
+      // from before and after another process installs the schema.
+      var header: (Int64, Int64, Int64) = (0, 0, 0)
+      try db.query(SQL.inspect) { header = ($0.int64(0), $0.int64(1), $0.int64(2)) }
+      (applicationID, version, objects) = header
     } catch let error as SQLiteError {
       switch error.code {
       case .notADatabase:

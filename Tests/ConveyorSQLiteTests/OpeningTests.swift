@@ -168,15 +168,42 @@ struct OpeningTests {
 
 @Suite("SQLiteJobStore opening races")
 struct OpeningRaceTests {
+  /// Each round races four opens of one new file. One open installs the schema while the others
+  /// inspect the file; an inspection that read the header and the schema in separate snapshots
+  /// once took a half-seen new database for another application's (CI, 2026-11-29).
   @Test func concurrentOpensOfANewFileInstallTheSchemaOnce() async throws {
     let folder = try TemporaryFolder()
-    let path = folder.path("race.sqlite")
-    let stores = try await withThrowingTaskGroup(of: SQLiteJobStore.self) { group in
-      for _ in 0..<4 { group.addTask { try await SQLiteJobStore.open(path: path) } }
-      return try await group.reduce(into: []) { $0.append($1) }
+    for round in 0..<40 {
+      let path = folder.path("race-\(round).sqlite")
+      let stores = try await withThrowingTaskGroup(of: SQLiteJobStore.self) { group in
+        for _ in 0..<4 { group.addTask { try await SQLiteJobStore.open(path: path) } }
+        return try await group.reduce(into: []) { $0.append($1) }
+      }
+      #expect(stores.count == 4)
+      _ = try await stores[0].enqueue(
+        [NewJob(payload: payload("a"), runAt: epoch)], queue: "jobs", now: epoch)
+      for store in stores { #expect(try await store.counts(queue: "jobs", now: epoch).ready == 1) }
     }
-    #expect(stores.count == 4)
-    _ = try await stores[0].enqueue([NewJob(payload: payload("a"), runAt: epoch)], queue: "jobs", now: epoch)
-    for store in stores { #expect(try await store.counts(queue: "jobs", now: epoch).ready == 1) }
+    let leftovers = try FileManager.default.contentsOfDirectory(atPath: folder.path("."))
+      .filter { $0.contains(".new-") }
+    #expect(leftovers == [], "the files a new database is built in are removed")
+  }
+
+  /// An empty file made beforehand (by `touch`, say) gets its schema from whichever open takes
+  /// the write lock first; the others wait for it, including for the switch to WAL mode, which
+  /// SQLite refuses at once while another connection holds a lock.
+  @Test func concurrentOpensOfAnEmptyFileInstallTheSchemaOnce() async throws {
+    let folder = try TemporaryFolder()
+    for round in 0..<40 {
+      let path = folder.path("empty-\(round).sqlite")
+      #expect(FileManager.default.createFile(atPath: path, contents: Data()))
+      let stores = try await withThrowingTaskGroup(of: SQLiteJobStore.self) { group in
+        for _ in 0..<4 { group.addTask { try await SQLiteJobStore.open(path: path) } }
+        return try await group.reduce(into: []) { $0.append($1) }
+      }
+      _ = try await stores[0].enqueue(
+        [NewJob(payload: payload("a"), runAt: epoch)], queue: "jobs", now: epoch)
+      for store in stores { #expect(try await store.counts(queue: "jobs", now: epoch).ready == 1) }
+    }
   }
 }
