@@ -31,7 +31,7 @@ enum CLI {
       add exec [--cwd DIR] [--timeout S] -- PROGRAM [ARGUMENTS...]
                add options: [--delay S] [--priority N] [--key KEY]; prints the job ID
       work     [--concurrency N] [--until-empty] [--json] [--max-attempts N] [--lease S]
-               handle jobs until SIGINT/SIGTERM (or until none is left with --until-empty)
+               handle jobs until SIGINT/SIGTERM/SIGHUP (or until none is left with --until-empty)
       status   [--json]                      counts by status, and whether the queue is paused
       list     [--status pending|running|dead] [--limit N] [--json]
       retry    ID... | --all                 re-queue dead jobs

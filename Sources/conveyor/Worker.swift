@@ -10,7 +10,7 @@ import Synchronization
   import Darwin
 #endif
 
-/// `conveyor work`: runs the outbox queue, reports progress, stops gracefully on SIGINT/SIGTERM.
+/// `conveyor work`: runs the outbox queue, reports progress, stops gracefully on SIGINT, SIGTERM or SIGHUP.
 final class Worker: Sendable {
   struct Options: Sendable {
     enum Output: Sendable { case live, lines, json }
@@ -53,7 +53,7 @@ final class Worker: Sendable {
     }
   }
 
-  /// Works until stopped by SIGINT/SIGTERM (or, with `untilEmpty`, until no pending or running
+  /// Works until stopped by SIGINT, SIGTERM or SIGHUP (or, with `untilEmpty`, until no pending or running
   /// job is left); returns the exit code.
   func run() async -> Int32 {
     // Subscribed before the queue starts, so no event is missed; the queue's last event is its
@@ -164,14 +164,17 @@ struct EventLine: Encodable {
   }
 }
 
-/// Calls `handler` with a running count for each SIGINT or SIGTERM, instead of dying.
+/// Calls `handler` with a running count for each SIGINT, SIGTERM or SIGHUP, instead of dying.
+///
+/// SIGHUP counts as a stop request because it usually means the terminal running `work` closed:
+/// running commands still get their grace period instead of being cut off with their jobs held.
 final class SignalWatcher {
   private let sources: [any DispatchSourceSignal]
 
   init(_ handler: @escaping @Sendable (Int) -> Void) {
     let count = Mutex(0)
     let queue = DispatchQueue(label: "conveyor.signals")
-    sources = [SIGINT, SIGTERM].map { number in
+    sources = [SIGINT, SIGTERM, SIGHUP].map { number in
       signal(number, SIG_IGN)
       let source = DispatchSource.makeSignalSource(signal: number, queue: queue)
       source.setEventHandler {

@@ -40,7 +40,7 @@ import Testing
     }
   #endif
 
-  @Test(arguments: [SIGINT, SIGTERM])
+  @Test(arguments: [SIGINT, SIGTERM, SIGHUP])
   func aSignalStopsWorkAfterTheRunningCommandFinishes(signal: Int32) async throws {
     let sandbox = try Sandbox()
     let marker = sandbox.path("finished.txt")
