@@ -15,9 +15,11 @@ enum SQLiteValue {
 /// confines it to one dedicated thread). Statements are prepared once per SQL text and reused;
 /// `deinit` finalises them, then closes the handle.
 final class Connection {
-  /// The sqlite3 handle; immutable for the connection's life.
+  /// The sqlite3 handle; immutable for the connection's life; not to be used after ``close()``.
   let handle: OpaquePointer
   private var statements: [String: Statement] = [:]
+  /// Whether ``close()`` ran.
+  private(set) var isClosed = false
 
   /// Opens (and creates when `create` is true) the database file at `path`.
   init(path: String, create: Bool) throws {
@@ -53,11 +55,19 @@ final class Connection {
     return db
   }
 
-  deinit {
+  /// Finalises the statements and closes the handle; later calls to ``close()`` do nothing.
+  ///
+  /// In WAL mode the last connection to a database checkpoints the WAL file into the database
+  /// and deletes it as it closes (unless checkpoint-on-close was turned off).
+  func close() {
+    guard !isClosed else { return }
+    isClosed = true
     // Statements must be finalised before the handle closes; close_v2 defers if one leaked.
     statements.removeAll()
     sqlite3_close_v2(handle)
   }
+
+  deinit { close() }
 
   /// The number of statements currently prepared and cached (for leak checks in tests).
   var cachedStatementCount: Int { statements.count }

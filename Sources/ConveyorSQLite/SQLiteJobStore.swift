@@ -82,7 +82,11 @@ public final class SQLiteJobStore: JobStore {
     try Self.refuseForeignFile(path)
     let raw = try Connection(path: path, create: false)
     try Self.prepare(raw, path: path, options: options)
-    connection = SerializedConnection(label: "Conveyor.SQLiteJobStore", connection: raw)
+    connection = SerializedConnection(label: "Conveyor.SQLiteJobStore", connection: raw) {
+      SQLiteJobStoreError(
+        code: .closed, path: path,
+        message: "this store was closed; open the database again to use it")
+    }
   }
 
   /// Opens the database named `name` at ``defaultDatabaseURL(name:)``.
@@ -107,6 +111,18 @@ public final class SQLiteJobStore: JobStore {
     }
   }
 
+  /// Closes the database once the calls already made have finished, and returns when it is closed.
+  ///
+  /// Closing the last connection to the file folds its WAL file into it and deletes the WAL and
+  /// shared-memory files, so the database is one self-contained file afterwards (for copying or
+  /// moving it, say). Calls made after `close()` throw ``SQLiteJobStoreError`` with code
+  /// ``SQLiteJobStoreError/Code/closed``; closing again does nothing. Without `close()`, the
+  /// database closes shortly after the store is released. Stop every ``JobQueue`` using the store
+  /// first: a running queue's calls would fail.
+  public func close() async {
+    await connection.close()
+  }
+
   /// The default location of the database named `name`, creating its folder (mode 0700).
   ///
   /// Linux: `$XDG_DATA_HOME/conveyor/<name>.sqlite`, falling back to
@@ -116,8 +132,14 @@ public final class SQLiteJobStore: JobStore {
   /// - Parameter name: `[A-Za-z0-9._-]`, 1 to 128 characters, not "." or "..". Default "conveyor".
   /// - Throws: ``SQLiteJobStoreError`` with code `invalidName` or `cannotCreate`.
   public static func defaultDatabaseURL(name: String = "conveyor") throws -> URL {
+    try defaultDatabaseURL(name: name, environment: ProcessInfo.processInfo.environment)
+  }
+
+  /// ``defaultDatabaseURL(name:)`` reading `XDG_DATA_HOME` and `HOME` from `environment`, so
+  /// tests need not change the process's environment while other threads read it.
+  static func defaultDatabaseURL(name: String, environment: [String: String]) throws -> URL {
     try validate(name: name)
-    let folder = try defaultFolder()
+    let folder = try defaultFolder(environment: environment)
     do {
       try FileManager.default.createDirectory(
         at: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
@@ -408,7 +430,7 @@ extension SQLiteJobStore {
   private static func createEmptyFile(_ path: String, mayExist: Bool = false) throws {
     let descriptor = createExclusively(path)
     if descriptor >= 0 {
-      close(descriptor)
+      closeDescriptor(descriptor)
     } else if !(mayExist && errno == EEXIST) {
       let reason = String(cString: strerror(errno))
       throw SQLiteJobStoreError(
@@ -542,7 +564,7 @@ extension SQLiteJobStore {
     }
   }
 
-  private static func defaultFolder() throws -> URL {
+  private static func defaultFolder(environment: [String: String]) throws -> URL {
     #if canImport(Darwin)
       do {
         let support = try FileManager.default.url(
@@ -554,7 +576,6 @@ extension SQLiteJobStore {
           message: "cannot locate Application Support (\(error.localizedDescription)); pass an explicit path")
       }
     #else
-      let environment = ProcessInfo.processInfo.environment
       if let data = environment["XDG_DATA_HOME"], data.hasPrefix("/") {
         return URL(fileURLWithPath: data, isDirectory: true).appendingPathComponent("conveyor")
       }
@@ -563,6 +584,11 @@ extension SQLiteJobStore {
         .appendingPathComponent(".local/share/conveyor", isDirectory: true)
     #endif
   }
+}
+
+/// Closes a file descriptor (`close` inside the store's methods names ``SQLiteJobStore/close()``).
+private func closeDescriptor(_ descriptor: Int32) {
+  close(descriptor)
 }
 
 /// Opens `path` for creation only, failing with `EEXIST` when it exists; mode 0600.

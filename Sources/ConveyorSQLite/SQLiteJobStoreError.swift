@@ -1,4 +1,4 @@
-/// An error opening or locating a ``SQLiteJobStore`` database, saying what to do about it.
+/// An error opening, locating or using a closed ``SQLiteJobStore`` database, saying what to do.
 ///
 /// When opening fails with this error the file is left exactly as it was: Conveyor never
 /// rewrites, migrates down or wipes a file it does not recognise.
@@ -28,6 +28,8 @@ public struct SQLiteJobStoreError: Error, Sendable, Hashable, CustomStringConver
     public static let invalidName = Code(rawValue: "invalidName")
     /// The database folder or file could not be created.
     public static let cannotCreate = Code(rawValue: "cannotCreate")
+    /// The store was closed with ``SQLiteJobStore/close()``.
+    public static let closed = Code(rawValue: "closed")
   }
 
   /// What kind of failure.

@@ -9,21 +9,40 @@ import Synchronization
 ///
 /// `@unchecked Sendable` is safe because `connection` is only touched from blocks running on the
 /// serial `thread` (the owner hands over a connection nobody else uses); the one exception,
-/// `sqlite3_interrupt`, is documented as safe to call from any thread while the handle is open,
-/// and the handle is an immutable `let` closed only in `deinit`, when no block can be running.
+/// `sqlite3_interrupt`, is documented as safe to call from any thread while the handle is open.
+/// It is only called while a `perform` block runs, and such a block starts only on an open
+/// connection; the handle closes in a block of its own (``close()``) or in `deinit`, when no
+/// block can be running.
 final class SerializedConnection: @unchecked Sendable {
   private let thread: StoreThread
   private let connection: Connection
 
-  /// Takes over `connection`, which the caller must not use afterwards.
-  init(label: String, connection: Connection) {
+  /// What a call made after ``close()`` throws.
+  private let closedError: @Sendable () -> any Error
+
+  /// Takes over `connection`, which the caller must not use afterwards; calls made after
+  /// ``close()`` throw `closedError()`.
+  init(label: String, connection: Connection, closedError: @escaping @Sendable () -> any Error) {
     self.thread = StoreThread(name: label)
     self.connection = connection
+    self.closedError = closedError
   }
 
   deinit { thread.stop() }
 
-  /// Runs `body` on the connection's thread without blocking the calling thread.
+  /// Closes the connection after every block submitted before, and returns once it is closed.
+  /// Blocks submitted afterwards fail with `closedError` and never touch the connection.
+  func close() async {
+    await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
+      thread.submit {
+        self.connection.close()
+        continuation.resume()
+      }
+    }
+  }
+
+  /// Runs `body` on the connection's thread without blocking the calling thread; throws
+  /// `closedError()` once ``close()`` ran.
   func perform<T: Sendable>(_ body: @escaping @Sendable (Connection) throws -> T) async throws -> T {
     try Task.checkCancellation()
     let operation = Operation()
@@ -31,6 +50,11 @@ final class SerializedConnection: @unchecked Sendable {
       try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<T, any Error>) in
         // Every path below resumes the continuation exactly once.
         thread.submit {
+          // Checked before the operation starts, so a cancellation never interrupts a closed handle.
+          guard !self.connection.isClosed else {
+            continuation.resume(throwing: self.closedError())
+            return
+          }
           guard operation.start() else {
             continuation.resume(throwing: CancellationError())
             return

@@ -211,11 +211,11 @@ import Testing
   @Test func aCommandPastItsTimeoutIsStopped() async throws {
     let sandbox = try Sandbox()
     let marker = sandbox.path("finished.txt")
-    try await sandbox.add(["exec", "--timeout", "0.5", "--", "sh", "-c", "sleep 5; touch '\(marker)'"])
+    try await sandbox.add(["exec", "--timeout", "0.5", "--", "sh", "-c", "sleep 60; touch '\(marker)'"])
     let began = ContinuousClock.now
     let work = try await sandbox.run(["work", "--until-empty", "--max-attempts", "1", "--json"])
     #expect(work.status == 1, "\(work)")
-    #expect(ContinuousClock.now - began < .seconds(4), "the command ran past its timeout")
+    #expect(ContinuousClock.now - began < .seconds(30), "the command ran past its timeout")
     let died = try #require(try work.objects().first { $0["event"] as? String == "died" })
     #expect((died["error"] as? String)?.contains("timed out after 0.5 s") == true)
     #expect(!FileManager.default.fileExists(atPath: marker))

@@ -84,8 +84,15 @@ import Testing
 
   @Test func concurrencyRunsCommandsSideBySide() async throws {
     let sandbox = try Sandbox()
-    for name in ["a", "b"] {
-      try await sandbox.add(["exec", "--", "sh", "-c", "sleep 0.5; touch '\(sandbox.path(name))'"])
+    // Each command waits (up to 10 s) for the other to start before it finishes, so a slow
+    // machine cannot make the order a matter of luck.
+    for (name, other) in [("a", "b"), ("b", "a")] {
+      let script = """
+        touch '\(sandbox.path("up-" + name))'; i=0
+        while [ ! -e '\(sandbox.path("up-" + other))' ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+        touch '\(sandbox.path(name))'
+        """
+      try await sandbox.add(["exec", "--", "sh", "-c", script])
     }
     let work = try await sandbox.run(["work", "--until-empty", "--concurrency", "2", "--json"])
     #expect(work.status == 0, "\(work)")

@@ -95,7 +95,7 @@ struct HTTPDeliveryTests {
   }
 
   @Test func transportErrorsAreRetried() async throws {
-    let port = try closedPort()
+    let port = closedPort()
     let url = URL(string: "http://127.0.0.1:\(port)/x")!
     let result = try await within { await HTTPDelivery().deliver(.get(url), context: context()) }
     #expect(result.description.hasPrefix("retry: GET \(url): transport error"))

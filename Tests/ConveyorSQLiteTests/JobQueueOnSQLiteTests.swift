@@ -51,7 +51,8 @@ struct JobQueueOnSQLiteTests {
   @Test func cancellingARunningCallInterruptsIt() async throws {
     let folder = try TemporaryFolder()
     let connection = SerializedConnection(
-      label: "test", connection: try Connection(path: folder.path("interrupt.sqlite"), create: true))
+      label: "test", connection: try Connection(path: folder.path("interrupt.sqlite"), create: true),
+      closedError: { TestFailure("closed") })
     let endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
     let task = Task { try await connection.perform { try $0.scalar(endless) } }
     try await Task.sleep(for: .milliseconds(100))

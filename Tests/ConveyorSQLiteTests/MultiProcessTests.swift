@@ -36,7 +36,12 @@ struct MultiProcessTests {
     let folder = try TemporaryFolder()
     let database = folder.path("shared.sqlite")
     let ids = try await enqueue(5_000, into: database)
-    let workers = try (0..<3).map { try WorkerProcess(database: database, folder: folder, name: "w\($0)") }
+    // 2 ms per job, 2 at a time: one worker alone would need about 5 s, so a worker that starts
+    // late on a loaded machine still finds work and "every worker took part" holds.
+    let workers = try (0..<3).map {
+      try WorkerProcess(
+        database: database, folder: folder, name: "w\($0)", extra: ["--handle-ms", "2", "--concurrency", "2"])
+    }
     for worker in workers { #expect(await worker.exitStatus() == 0) }
     let handled = try workers.flatMap { try readIDs($0.output) }
     #expect(handled.count == 5_000, "no job handled twice")
@@ -75,8 +80,10 @@ struct MultiProcessTests {
     let database = folder.path("restart.sqlite")
     let ids = try await enqueue(1_000, into: database)
     let extra = ["--lease-ms", "1500", "--handle-ms", "1", "--concurrency", "10"]
-    let steady = try WorkerProcess(database: database, folder: folder, name: "steady", extra: extra)
+    // The victim starts first, so the steady worker cannot drain everything before it gets going.
     let victim = try WorkerProcess(database: database, folder: folder, name: "victim", extra: extra)
+    try await waitForLines(victim.progress, count: 1)
+    let steady = try WorkerProcess(database: database, folder: folder, name: "steady", extra: extra)
     try await waitForLines(victim.progress, count: 50)
     victim.kill()
     #expect(await victim.exitStatus() != 0)

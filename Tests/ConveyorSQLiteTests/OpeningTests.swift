@@ -95,10 +95,10 @@ struct OpeningTests {
     #expect(try fileBytes(copy + "-wal") == before.1, "the WAL file is unchanged and still there")
   }
 
-  @Test func newerSchemaIsRefusedAndUntouched() throws {
+  @Test func newerSchemaIsRefusedAndUntouched() async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("future.sqlite")
-    do { _ = try SQLiteJobStore(path: path) }
+    try await SQLiteJobStore.open(path: path).close()
     try makeSQLiteFile(path, "PRAGMA user_version = \(SQLiteJobStore.schemaVersion + 1);")
     try expectRefused(path, .newerSchema)
   }
@@ -106,10 +106,9 @@ struct OpeningTests {
   @Test func corruptDatabaseIsRefusedAndUntouched() async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("corrupt.sqlite")
-    do {
-      let store = try SQLiteJobStore(path: path)
-      _ = try await store.enqueue([NewJob(payload: payload("a"), runAt: epoch)], queue: "jobs", now: epoch)
-    }
+    let store = try await SQLiteJobStore.open(path: path)
+    _ = try await store.enqueue([NewJob(payload: payload("a"), runAt: epoch)], queue: "jobs", now: epoch)
+    await store.close()
     #expect(!FileManager.default.fileExists(atPath: path + "-wal"), "closing checkpoints the log")
     // Overwrite the schema table's page header on page 1 (after the 100-byte file header).
     var bytes = try fileBytes(path)
@@ -144,15 +143,15 @@ struct OpeningTests {
   @Test func defaultLocationFollowsXDGAndValidatesNames() throws {
     let folder = try TemporaryFolder()
     #if !canImport(Darwin)
-      let previous = ProcessInfo.processInfo.environment["XDG_DATA_HOME"]
-      setenv("XDG_DATA_HOME", folder.path("data"), 1)
-      defer {
-        if let previous { setenv("XDG_DATA_HOME", previous, 1) } else { unsetenv("XDG_DATA_HOME") }
-      }
-      let url = try SQLiteJobStore.defaultDatabaseURL(name: "outbox")
+      // The environment is passed in, not set: tests in parallel threads read the real one.
+      let url = try SQLiteJobStore.defaultDatabaseURL(
+        name: "outbox", environment: ["XDG_DATA_HOME": folder.path("data"), "HOME": "/nonexistent"])
       #expect(url.path == folder.path("data/conveyor/outbox.sqlite"))
       #expect(try posixPermissions(folder.path("data/conveyor")) & 0o777 == 0o700)
       #expect(!url.path.contains("cache"))
+      let fallback = try SQLiteJobStore.defaultDatabaseURL(
+        name: "outbox", environment: ["XDG_DATA_HOME": "relative/ignored", "HOME": folder.path("home")])
+      #expect(fallback.path == folder.path("home/.local/share/conveyor/outbox.sqlite"))
     #endif
     for bad in ["", "a/b", "..", ".", "naïve", "with space", String(repeating: "x", count: 129)] {
       let error = #expect(throws: SQLiteJobStoreError.self) {
@@ -163,6 +162,56 @@ struct OpeningTests {
     #expect(throws: Never.self) {
       try SQLiteJobStore.defaultDatabaseURL(name: String(repeating: "x", count: 128))
     }
+  }
+}
+
+@Suite("SQLiteJobStore closing")
+struct ClosingTests {
+  @Test func closeFoldsTheLogIntoTheFileAndLaterCallsSaySo() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("closing.sqlite")
+    let store = try await SQLiteJobStore.open(path: path)
+    _ = try await store.enqueue([NewJob(payload: payload("kept"), runAt: epoch)], queue: "jobs", now: epoch)
+    #expect(FileManager.default.fileExists(atPath: path + "-wal"))
+    await store.close()
+    #expect(!FileManager.default.fileExists(atPath: path + "-wal"), "the WAL is folded into the file")
+    #expect(!FileManager.default.fileExists(atPath: path + "-shm"))
+    let error = await #expect(throws: SQLiteJobStoreError.self) {
+      try await store.counts(queue: "jobs", now: epoch)
+    }
+    #expect(error?.code == .closed)
+    #expect(error?.description == "\(path): this store was closed; open the database again to use it")
+    await store.close()  // again: nothing happens
+    // The single file holds everything: a copy of it alone opens with the job in it.
+    let copy = folder.path("copy.sqlite")
+    try FileManager.default.copyItem(atPath: path, toPath: copy)
+    let reopened = try await SQLiteJobStore.open(path: copy)
+    #expect(try await reopened.counts(queue: "jobs", now: epoch).ready == 1)
+  }
+
+  /// Calls made before `close()` finish first; none is cut off or lost.
+  @Test func closeWaitsForTheCallsAlreadyMade() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("busy.sqlite")
+    let store = try await SQLiteJobStore.open(path: path)
+    let writes = (0..<20).map { index in
+      Task {
+        try await store.enqueue(
+          [NewJob(payload: payload("\(index)"), runAt: epoch)], queue: "jobs", now: epoch)
+      }
+    }
+    await store.close()
+    var committed = 0
+    for write in writes {
+      do {
+        _ = try await write.value
+        committed += 1
+      } catch let error as SQLiteJobStoreError {
+        #expect(error.code == .closed)
+      }
+    }
+    let reopened = try await SQLiteJobStore.open(path: path)
+    #expect(try await reopened.counts(queue: "jobs", now: epoch).ready == committed)
   }
 }
 

@@ -1,4 +1,5 @@
 import Conveyor
+import ConveyorTestSupport
 import Dispatch
 import Synchronization
 import Testing
@@ -92,10 +93,16 @@ struct AsyncTaskRunnerTests {
   func cancellingInTheMiddleStopsTheRunAndOnlyThatRun() async throws {
     let recorder = PipeRecorder()
     let thirdStarted = PipeSignal()
+    // Both runs hold at the third task until the cancel is made, so the cancelled run cannot
+    // finish first on a slow machine.
+    let cancelled = Gate()
     let tasks = (0..<10).map { index in
       AnyAsyncTask<Int, any Error> {
         recorder.record("start \(index)")
-        if index == 2 { thirdStarted.fire() }
+        if index == 2 {
+          thirdStarted.fire()
+          await cancelled.wait()
+        }
         try await Task.sleep(for: .milliseconds(10))
         return index
       }
@@ -108,6 +115,7 @@ struct AsyncTaskRunnerTests {
       Task {
         await thirdStarted.wait()
         handle.cancel()
+        cancelled.open()
       }
     }
     #expect(throws: CancellationError.self) { try result.get() }

@@ -1,8 +1,9 @@
-import Conveyor
 import ConveyorTestSupport
 import Foundation
 import Synchronization
 import Testing
+
+@testable import Conveyor
 
 struct Request: Queueable, Hashable {
   var name: String
@@ -471,7 +472,7 @@ struct JobQueueTests {
     try await queue.add(contentsOf: (0..<6).map { Request(name: "j\($0)") })
     try await eventually("running") { queue.state == .running }
     let shutdown = Task { await queue.shutdown(gracePeriod: .seconds(10)) }
-    try await Task.sleep(for: .milliseconds(200))  // shutdown has begun before j0 can finish
+    try await eventually("shutdown has begun") { queue.isStopping }  // before j0 can finish
     gate.open()
     await shutdown.value
     #expect(handled.all == ["j0"], "only the started job ran")

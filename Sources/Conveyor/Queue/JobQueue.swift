@@ -217,6 +217,9 @@ public final class JobQueue<Item: Queueable>: Sendable {
   /// What the queue is doing now.
   public var state: JobQueueState { core.withLock { $0.state } }
 
+  /// Whether ``shutdown(gracePeriod:)`` has begun (for tests that must act after it has).
+  var isStopping: Bool { core.withLock { $0.stopping } }
+
   /// How many jobs the queue holds, by status.
   public func count() async throws -> JobCounts {
     try await store.counts(queue: identifier, now: clock.now())
