@@ -410,11 +410,11 @@ extension SQLiteJobStore {
     var info = stat()
     guard stat(path, &info) != 0, errno == ENOENT else { return }
     let building = "\(path).new-\(UUID().uuidString)"
-    try createEmptyFile(building)
+    try createEmptyFile(building, reportingAs: path)
     defer { for suffix in ["", "-wal", "-shm", "-journal"] { unlink(building + suffix) } }
     try build(building)
     if link(building, path) != 0 && errno != EEXIST {
-      try createEmptyFile(path, mayExist: true)
+      try createEmptyFile(path, reportingAs: path, mayExist: true)
     }
   }
 
@@ -426,15 +426,18 @@ extension SQLiteJobStore {
     try db.execute("PRAGMA journal_mode = WAL")
   }
 
-  /// Creates an empty file with mode 0600; with `mayExist`, an existing file is no error.
-  private static func createEmptyFile(_ path: String, mayExist: Bool = false) throws {
+  /// Creates an empty file with mode 0600; with `mayExist`, an existing file is no error. An
+  /// error names `reported`, the database path the caller asked for.
+  private static func createEmptyFile(_ path: String, reportingAs reported: String, mayExist: Bool = false)
+    throws
+  {
     let descriptor = createExclusively(path)
     if descriptor >= 0 {
       closeDescriptor(descriptor)
     } else if !(mayExist && errno == EEXIST) {
       let reason = String(cString: strerror(errno))
       throw SQLiteJobStoreError(
-        code: .cannotCreate, path: path,
+        code: .cannotCreate, path: reported,
         message: "cannot create the database file (\(reason)); check that its folder exists and is writable")
     }
   }

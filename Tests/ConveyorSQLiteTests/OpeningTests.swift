@@ -140,6 +140,16 @@ struct OpeningTests {
     sqlite3_exec(db, "ROLLBACK", nil, nil, nil)
   }
 
+  @Test func aMissingFolderIsAClearErrorNamingThePath() throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("missing/jobs.sqlite")
+    let error = #expect(throws: SQLiteJobStoreError.self) { try SQLiteJobStore(path: path) }
+    #expect(error?.code == .cannotCreate)
+    #expect(error?.description.hasPrefix("\(path): cannot create the database file (") == true)
+    #expect(error?.message.contains("check that its folder exists") == true)
+    #expect(try FileManager.default.contentsOfDirectory(atPath: folder.path(".")).isEmpty)
+  }
+
   @Test func defaultLocationFollowsXDGAndValidatesNames() throws {
     let folder = try TemporaryFolder()
     #if !canImport(Darwin)
