@@ -117,7 +117,7 @@ public final class SQLiteJobStore: JobStore {
   /// shared-memory files, so the database is one self-contained file afterwards (for copying or
   /// moving it, say). Calls made after `close()` throw ``SQLiteJobStoreError`` with code
   /// ``SQLiteJobStoreError/Code/closed``; closing again does nothing. Without `close()`, the
-  /// database closes shortly after the store is released. Stop every ``JobQueue`` using the store
+  /// database closes shortly after the store is released. Stop every `JobQueue` using the store
   /// first: a running queue's calls would fail.
   public func close() async {
     await connection.close()
