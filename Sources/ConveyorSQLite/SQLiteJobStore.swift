@@ -310,10 +310,17 @@ public final class SQLiteJobStore: JobStore {
     let nowMillis = millis(now)
     return try await connection.perform { db in
       try db.transaction(immediate: true) {
-        guard let ids else { return try db.run(SQL.requeueAll, .integer(nowMillis), .text(queue)) }
-        return try ids.reduce(0) {
-          $0 + (try db.run(SQL.requeueOne, .integer(nowMillis), .text(queue), .integer($1.rawValue)))
+        // One at a time, oldest first: of dead jobs sharing a key only the first may go back.
+        func requeue(_ id: Int64) throws -> Int {
+          try db.run(SQL.requeueOne, .integer(nowMillis), .text(queue), .integer(id))
         }
+        guard let ids else {
+          var keyed: [Int64] = []
+          try db.query(SQL.deadWithKey, .text(queue)) { keyed.append($0.int64(0)) }
+          let unkeyed = try db.run(SQL.requeueAllWithoutKey, .integer(nowMillis), .text(queue))
+          return try keyed.reduce(unkeyed) { try $0 + requeue($1) }
+        }
+        return try Set(ids).sorted().reduce(0) { try $0 + requeue($1.rawValue) }
       }
     }
   }

@@ -279,7 +279,9 @@ enum CLI {
     let count = try await context.controlQueue().requeueDead(all ? nil : ids)
     output("re-queued \(count) dead job(s)")
     if !all && count < ids.count {
-      printError("conveyor: \(ids.count - count) of the IDs were not dead jobs")
+      printError(
+        "conveyor: \(ids.count - count) of the IDs were not re-queued: not dead jobs, or dead jobs "
+          + "whose --key a waiting or running job holds")
     }
     return ExitCode.success.rawValue
   }

@@ -157,7 +157,7 @@ import Testing
     #expect(try await sandbox.counts() == counts(ready: 1, dead: 2))
     let notDead = try await sandbox.succeed(["retry", String(ids[0]), String(ids[1])])
     #expect(notDead.stdout == "re-queued 1 dead job(s)\n")
-    #expect(notDead.stderr.contains("1 of the IDs were not dead jobs"))
+    #expect(notDead.stderr.contains("1 of the IDs were not re-queued: not dead jobs"))
     #expect(try await sandbox.succeed(["retry", "--all"]).stdout == "re-queued 1 dead job(s)\n")
     #expect(try await sandbox.counts() == counts(ready: 3))
     let retried = try await sandbox.listed()

@@ -289,6 +289,32 @@ public enum JobStoreConformance {
       try expect(try await store.requeueDead(nil, queue: "q", now: at(5)) == 2, "the rest")
       try expect(try await store.counts(queue: "q", now: at(5)) == JobCounts(ready: 4), "all pending")
     },
+    check("a dead job whose key a live job holds stays dead; of dead twins the oldest goes back") { store in
+      let dead = try await store.enqueue(
+        [job("a", key: "k"), job("b", key: "twin")], queue: "q", now: at(0)
+      ).map(\.id)
+      let first = try await claim(store, limit: 2)
+      _ = try await claim(
+        store, limit: 0,
+        settling: first.claimed.map { JobSettlement(id: $0.id, owner: "w1", action: .kill(error: "e")) })
+      let live = try await store.enqueue([job("a again", key: "k")], queue: "q", now: at(1))[0]
+      try expect(live.inserted, "a dead job holds no key")
+      let twin = try await store.enqueue([job("b again", key: "twin")], queue: "q", now: at(1))[0].id
+      let second = try await claim(store, limit: 2)
+      try expect(second.claimed.map(\.id) == [live.id, twin], "both run")
+      _ = try await claim(
+        store, limit: 0,
+        settling: [JobSettlement(id: twin, owner: "w1", action: .kill(error: "e"))])
+      // Now "a" (key k) has a running twin; "b" and "b again" are dead twins.
+      let byID = try await store.requeueDead([dead[0]], queue: "q", now: at(5))
+      try expect(byID == 0, "held key: stays dead")
+      try expect(try await store.requeueDead(nil, queue: "q", now: at(5)) == 1, "one of the twins")
+      let pending = try await store.jobs(queue: "q", status: .pending, after: nil, limit: 10)
+      try expect(pending.map(\.id) == [dead[1]], "the oldest twin")
+      try expect(
+        try await store.counts(queue: "q", now: at(5)) == JobCounts(ready: 1, running: 1, dead: 2),
+        "the rest stay dead")
+    },
     check("nextWakeDate reports the earliest run date or lease expiry") { store in
       try expect(try await store.nextWakeDate(queue: "q") == nil, "empty: nil")
       _ = try await store.enqueue([job("a", at: 50), job("b", at: 20)], queue: "q", now: at(0))

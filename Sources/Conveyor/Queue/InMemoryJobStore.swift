@@ -136,9 +136,12 @@ public final class InMemoryJobStore: JobStore {
   /// Re-queues dead jobs; see ``JobStore/requeueDead(_:queue:now:)``.
   public func requeueDead(_ ids: [JobID]?, queue: String, now: Date) async throws -> Int {
     withQueue(queue) { queueState in
-      let candidates = ids.map { Array(Set($0)) } ?? Array(queueState.jobs.keys)
+      // Oldest first, so of dead jobs sharing a deduplication key the oldest is the one re-queued.
+      let candidates = (ids.map { Array(Set($0)) } ?? Array(queueState.jobs.keys)).sorted()
       var count = 0
-      for id in candidates where queueState.jobs[id]?.status == .dead {
+      for id in candidates {
+        guard let record = queueState.jobs[id], record.status == .dead else { continue }
+        if let key = record.deduplicationKey, queueState.dedup[key] != nil { continue }
         queueState.jobs[id]?.attempts = 0
         queueState.makePending(id, runAt: now, error: queueState.jobs[id]?.lastError)
         count += 1

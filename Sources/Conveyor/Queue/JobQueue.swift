@@ -263,6 +263,10 @@ public final class JobQueue<Item: Queueable>: Sendable {
   }
 
   /// Makes dead jobs pending again with their attempts reset; nil re-queues every dead job.
+  ///
+  /// Returns how many were re-queued. A dead job whose deduplication key is held by a waiting or
+  /// running job stays dead, so the same work is not queued twice (see
+  /// ``JobStore/requeueDead(_:queue:now:)``).
   @discardableResult
   public func requeueDead(_ ids: [JobID]? = nil) async throws -> Int {
     let count = try await store.requeueDead(ids, queue: identifier, now: clock.now())

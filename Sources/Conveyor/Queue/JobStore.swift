@@ -264,6 +264,10 @@ public protocol JobStore: Sendable {
 
   /// Makes dead jobs pending again, ready at `now`, attempts reset to zero; `ids` nil means every
   /// dead job of the queue. Returns how many. Jobs that are not dead are left alone.
+  ///
+  /// A dead job whose deduplication key a pending or running job holds stays dead: re-queueing it
+  /// would run the same work twice. Of dead jobs sharing a key, the oldest (lowest ID) is
+  /// re-queued and the others stay dead.
   func requeueDead(_ ids: [JobID]?, queue: String, now: Date) async throws -> Int
 
   /// Stores whether the queue is paused; every worker on the store obeys it.
