@@ -410,13 +410,33 @@ extension SQLiteJobStore {
   /// The database is built in a new file beside `path` (mode 0600, so SQLite never creates it
   /// 0644) and hard-linked into place, which fails rather than replaces when another process got
   /// there first. So a file at `path` is never a Conveyor database half-made by a concurrent
-  /// open. Where the file system has no hard links, an empty file is created instead and
-  /// ``prepare(_:path:options:)`` installs the schema under SQLite's locks. A crash mid-build can
-  /// leave a `<name>.new-<UUID>` file beside the database, never the database itself.
+  /// open.
+  ///
+  /// An empty file is created instead, and ``prepare(_:path:options:)`` installs the schema
+  /// under SQLite's locks, when the file system has no hard links, and when a `-wal` or
+  /// `-journal` file of a deleted database is still beside `path`: SQLite discards those only
+  /// beside an empty database, and would replay them into a complete one.
+  ///
+  /// A crash mid-build can leave a hidden `.conveyor-new-…` file (and its `-journal`) in the
+  /// folder. Delete it, never open it: right after the link it is a second name of the database.
   fileprivate static func createIfMissing(_ path: String) throws {
     var info = stat()
-    guard stat(path, &info) != 0, errno == ENOENT else { return }
-    let building = "\(path).new-\(UUID().uuidString)"
+    guard stat(path, &info) != 0 else { return }
+    guard errno == ENOENT else {
+      let reason = String(cString: strerror(errno))
+      throw SQLiteJobStoreError(
+        code: .cannotCreate, path: path,
+        message:
+          "cannot examine the database file (\(reason)); check that its folder exists and is accessible")
+    }
+    if stat(path + "-wal", &info) == 0 || stat(path + "-journal", &info) == 0 {
+      return try createEmptyFile(path, reportingAs: path, mayExist: true)
+    }
+    // A short name in the same folder: `link` needs the same file system, and a name derived
+    // from a long database name could pass the file system's limit.
+    let folder = (path as NSString).deletingLastPathComponent
+    let random = String(UInt64.random(in: 0...UInt64.max), radix: 16)
+    let building = (folder.isEmpty ? "" : folder + "/") + ".conveyor-new-\(random)"
     try createEmptyFile(building, reportingAs: path)
     defer { for suffix in ["", "-wal", "-shm", "-journal"] { unlink(building + suffix) } }
     try build(building)

@@ -150,6 +150,41 @@ struct OpeningTests {
     #expect(try FileManager.default.contentsOfDirectory(atPath: folder.path(".")).isEmpty)
   }
 
+  /// A deleted database's WAL file left beside its path (`rm jobs.sqlite` after a crash) must not
+  /// be replayed into the new database: its jobs would come back, or the file would be damaged.
+  @Test func aLeftoverWALOfADeletedDatabaseIsNotReplayedIntoANewOne() async throws {
+    let folder = try TemporaryFolder()
+    let old = folder.path("old.sqlite")
+    let store = try await SQLiteJobStore.open(path: old)
+    _ = try await store.enqueue(
+      (0..<5).map { NewJob(payload: payload("\($0)"), runAt: epoch) }, queue: "jobs", now: epoch)
+    let path = folder.path("jobs.sqlite")
+    try FileManager.default.copyItem(atPath: old + "-wal", toPath: path + "-wal")
+    let fresh = try await SQLiteJobStore.open(path: path)
+    #expect(try await fresh.counts(queue: "jobs", now: epoch).total == 0, "none of the old jobs")
+    _ = try await fresh.enqueue([NewJob(payload: payload("new"), runAt: epoch)], queue: "jobs", now: epoch)
+    #expect(try await fresh.counts(queue: "jobs", now: epoch).ready == 1)
+  }
+
+  @Test func longFileNamesWork() async throws {
+    let folder = try TemporaryFolder()
+    // 240 bytes: with "-journal" or "-wal" added, still within the usual 255-byte limit.
+    let path = folder.path(String(repeating: "n", count: 233) + ".sqlite")
+    let store = try await SQLiteJobStore.open(path: path)
+    _ = try await store.enqueue([NewJob(payload: payload("a"), runAt: epoch)], queue: "jobs", now: epoch)
+    #expect(try await store.counts(queue: "jobs", now: epoch).ready == 1)
+  }
+
+  @Test func aPathThroughAFileIsAClearError() throws {
+    let folder = try TemporaryFolder()
+    let file = folder.path("plain.txt")
+    #expect(FileManager.default.createFile(atPath: file, contents: Data("x".utf8)))
+    let path = file + "/jobs.sqlite"
+    let error = #expect(throws: SQLiteJobStoreError.self) { try SQLiteJobStore(path: path) }
+    #expect(error?.code == .cannotCreate)
+    #expect(error?.description.hasPrefix("\(path): cannot examine the database file (") == true)
+  }
+
   @Test func defaultLocationFollowsXDGAndValidatesNames() throws {
     let folder = try TemporaryFolder()
     #if !canImport(Darwin)
@@ -244,7 +279,7 @@ struct OpeningRaceTests {
       for store in stores { #expect(try await store.counts(queue: "jobs", now: epoch).ready == 1) }
     }
     let leftovers = try FileManager.default.contentsOfDirectory(atPath: folder.path("."))
-      .filter { $0.contains(".new-") }
+      .filter { $0.contains("conveyor-new") }
     #expect(leftovers == [], "the files a new database is built in are removed")
   }
 
