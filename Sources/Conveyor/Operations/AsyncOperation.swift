@@ -24,7 +24,11 @@ import Foundation
 ///
 /// Subclassing:
 ///
+/// A subclass repeats `@unchecked Sendable` (the base class is); it stays safe while the
+/// subclass adds no mutable state, or guards what it adds with a lock such as a `Mutex`.
+///
 /// ```swift
+/// // @unchecked Sendable: no stored properties; AsyncOperation guards its own state.
 /// final class Tick: AsyncOperation<Int, Never>, @unchecked Sendable {
 ///   override func main() {
 ///     DispatchQueue.global().asyncAfter(deadline: .now() + 0.1) { self.finish(returning: 1) }

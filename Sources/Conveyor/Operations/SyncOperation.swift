@@ -21,7 +21,11 @@ import Foundation
 ///
 /// Subclassing:
 ///
+/// A subclass repeats `@unchecked Sendable` (the base class is); it stays safe while the
+/// subclass adds no mutable state, or guards what it adds with a lock such as a `Mutex`.
+///
 /// ```swift
+/// // @unchecked Sendable: no stored properties; SyncOperation guards its own state.
 /// final class Sum: SyncOperation<Int, Never>, @unchecked Sendable {
 ///   override func execute() -> Int { (1...10).reduce(0, +) }
 /// }

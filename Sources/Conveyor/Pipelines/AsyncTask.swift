@@ -33,13 +33,20 @@ extension AsyncTask {
   /// A completion called more than once is honoured the first time only. Cancelling the awaiting
   /// Swift task does not interrupt a completion-handler task; this waits for its completion.
   public func run() async throws(Failure) -> Output {
-    let result = await withCheckedContinuation {
-      (continuation: CheckedContinuation<Result<Output, Failure>, Never>) in
-      let once = ResumeOnce(continuation)
-      execute { once.resume(returning: $0) }
-    }
-    return try result.get()
+    try await firstResult(of: execute)
   }
+}
+
+/// Awaits the first result a completion-handler `execute` reports; later ones are ignored.
+func firstResult<Output: Sendable, Failure: Error>(
+  of execute: (@escaping @Sendable (Result<Output, Failure>) -> Void) -> Void
+) async throws(Failure) -> Output {
+  let result = await withCheckedContinuation {
+    (continuation: CheckedContinuation<Result<Output, Failure>, Never>) in
+    let once = ResumeOnce(continuation)
+    execute { once.resume(returning: $0) }
+  }
+  return try result.get()
 }
 
 /// An ``AsyncTask`` made from a closure, either `async` or completion-handler based.
@@ -111,12 +118,7 @@ public struct AnyAsyncTask<Output: Sendable, Failure: Error>: AsyncTask {
     case .async(let body):
       return try await body()
     case .callback(let execute):
-      let result = await withCheckedContinuation {
-        (continuation: CheckedContinuation<Result<Output, Failure>, Never>) in
-        let once = ResumeOnce(continuation)
-        execute { once.resume(returning: $0) }
-      }
-      return try result.get()
+      return try await firstResult(of: execute)
     }
   }
 }

@@ -69,17 +69,7 @@ public struct AsyncTaskRunner<Output: Sendable, Failure: Error>: Sendable {
   /// - Returns: A handle whose ``RunHandle/cancel()`` cancels this run only.
   @discardableResult
   public func execute(completion: @escaping @Sendable (Result<[Output], any Error>) -> Void) -> RunHandle {
-    let queue = callbackQueue
-    return RunHandle(
-      Task {
-        let result: Result<[Output], any Error>
-        do {
-          result = .success(try await run())
-        } catch {
-          result = .failure(error)
-        }
-        queue.async { completion(result) }
-      })
+    RunHandle.start(on: callbackQueue, completion: completion) { try await run() }
   }
 
   private func runSequentially() async throws -> [Output] {

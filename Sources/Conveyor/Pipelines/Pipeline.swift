@@ -114,16 +114,7 @@ public struct Pipeline<Value: Sendable>: Sendable {
     on queue: DispatchQueue,
     completion: @escaping @Sendable (Result<Value, any Error>) -> Void
   ) -> RunHandle {
-    RunHandle(
-      Task {
-        let result: Result<Value, any Error>
-        do {
-          result = .success(try await fold(steps, from: initial))
-        } catch {
-          result = .failure(error)
-        }
-        queue.async { completion(result) }
-      })
+    RunHandle.start(on: queue, completion: completion) { try await fold(steps, from: initial) }
   }
 
   /// The hot path: one await per step, no task and no lock per step.
@@ -244,15 +235,6 @@ public struct TypedPipeline<Input: Sendable, Output: Sendable>: Sendable {
     callbackQueue: DispatchQueue = .global(),
     completion: @escaping @Sendable (Result<Output, any Error>) -> Void
   ) -> RunHandle {
-    RunHandle(
-      Task {
-        let result: Result<Output, any Error>
-        do {
-          result = .success(try await run(input))
-        } catch {
-          result = .failure(error)
-        }
-        callbackQueue.async { completion(result) }
-      })
+    RunHandle.start(on: callbackQueue, completion: completion) { try await run(input) }
   }
 }
