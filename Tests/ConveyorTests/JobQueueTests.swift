@@ -755,12 +755,16 @@ struct JobQueueEdgeCaseTests {
     try await eventually("the waiter returned") { await waiter.value == () }
   }
 
-  @Test("shutdown ends a delegate call that never completes; its job is retried")
-  func silentDelegateShutdown() async throws {
+  /// With `maxAttempts` 1 the interrupted attempt is the last allowed one: an interruption by
+  /// shutdown is not the job's failure, so it is retried, not dead, as for a closure handler.
+  @Test(
+    "shutdown ends a delegate call that never completes; its job is retried",
+    arguments: [nil, 1] as [Int?])
+  func silentDelegateShutdown(maxAttempts: Int?) async throws {
     let store = InMemoryJobStore()
     let delegate = SilentDelegate()
     let queue = try JobQueue<Request>(
-      configuration: .init(identifier: "silent"), store: store, delegate: delegate)
+      configuration: .init(identifier: "silent", maxAttempts: maxAttempts), store: store, delegate: delegate)
     try await queue.add(Request(name: "stuck"))
     try await eventually("called") { delegate.calls.count == 1 }
     await queue.shutdown(gracePeriod: .milliseconds(50))

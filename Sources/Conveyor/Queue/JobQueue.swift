@@ -558,7 +558,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
     guard let delegate = delegateBox?.handle else {
       return .retry(after: .zero, reason: "the queue's delegate was released")
     }
-    return await delegate(self, item, context.attempts)
+    return try await delegate(self, item, context.attempts)
   }
 
   private func settlement(for record: JobRecord, outcome: Outcome) -> PendingSettlement {
@@ -691,36 +691,17 @@ public final class JobQueue<Item: Queueable>: Sendable {
 extension JobQueue {
   /// The delegate, held weakly, with its calls bound to the concrete type.
   fileprivate final class DelegateBox: Sendable {
-    let handle: @Sendable (JobQueue<Item>, Item, Int) async -> JobResult
+    let handle: @Sendable (JobQueue<Item>, Item, Int) async throws -> JobResult
     let finished: @Sendable (JobQueue<Item>) -> Void
     let isAlive: @Sendable () -> Bool
 
     init<Delegate: JobQueueDelegate>(_ delegate: Delegate) where Delegate.Item == Item {
       handle = { [weak delegate] queue, item, attempts in
         guard let delegate else { return .retry(after: .zero, reason: "the queue's delegate was released") }
-        // The first of the delegate's completion and the task's cancellation (at the end of a
-        // shutdown's grace period) decides; the other is ignored.
-        let decided = Mutex(false)
-        let pending = Mutex<CheckedContinuation<JobResult, Never>?>(nil)
-        let decide: @Sendable (JobResult) -> Void = { result in
-          let first = decided.withLock { fired -> Bool in
-            defer { fired = true }
-            return !fired
-          }
-          if first { pending.withLock { $0.take() }?.resume(returning: result) }
-        }
-        return await withTaskCancellationHandler {
-          await withCheckedContinuation { continuation in
-            pending.withLock { $0 = continuation }
-            if decided.withLock({ $0 }) || Task.isCancelled {
-              pending.withLock { $0.take() }?.resume(
-                returning: .retry(after: .zero, reason: "interrupted by shutdown"))
-              return
-            }
-            delegate.queue(queue, handle: item, attempts: attempts, completion: decide)
-          }
-        } onCancel: {
-          decide(.retry(after: .zero, reason: "interrupted by shutdown"))
+        // The task's cancellation (at the end of a shutdown's grace period) throws, as a closure
+        // handler's would, and goes through the same shutdown rule; a later completion is ignored.
+        return try await awaitCallback { done in
+          delegate.queue(queue, handle: item, attempts: attempts) { done(.success($0)) }
         }
       }
       finished = { [weak delegate] queue in delegate?.queueFinished(queue) }
