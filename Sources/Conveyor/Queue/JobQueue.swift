@@ -637,19 +637,12 @@ public final class JobQueue<Item: Queueable>: Sendable {
       PendingSettlement(settlement: JobSettlement(id: $0.id, owner: owner, action: .release), event: nil)
     }
     guard !(pending + releases).isEmpty else { return }
-    let store = self.store
-    let identifier = self.identifier
     let now = clock.now()
-    let lease = Lease(owner: owner, expiresAt: now)
-    // An unstructured task: the loop may be cancelled, the flush must still run.
-    let flush = Task {
-      try await store.settleAndClaim(
-        (pending + releases).map { $0.settlement }, queue: identifier, limit: 0, lease: lease, now: now)
-    }
+    // An unstructured task: the loop may be cancelled, the flush must still run. The shared
+    // settle-and-claim reports only outcomes the store accepted, and keeps them on failure.
+    let flush = Task { try await self.settleAndClaim(pending + releases, limit: 0, now: now) }
     do {
       _ = try await flush.value
-      let subscribers = core.withLock { Array($0.subscribers.values) }
-      for item in pending { if let event = item.event { for s in subscribers { s.yield(event) } } }
     } catch {
       log(
         .error, "could not record outcomes at shutdown; the jobs will run again after their lease: \(error)")
