@@ -87,6 +87,8 @@ public final class LoopbackHTTPServer: Sendable {
   private let responder: Responder
   private let log = Mutex<[LoopbackRequest]>([])
   private let stopped = Atomic<Bool>(false)
+  /// Set by the first ``stop()``, before it touches the listener; later calls do nothing.
+  private let stopRequested = Atomic<Bool>(false)
   private let acceptDone: DispatchSemaphore
 
   /// Starts listening on 127.0.0.1, on a port the system picks.
@@ -130,8 +132,6 @@ public final class LoopbackHTTPServer: Sendable {
     try self.init { _, _ in reply }
   }
 
-  deinit { stopped.store(true, ordering: .releasing) }
-
   /// `http://127.0.0.1:<port><path>`.
   public func url(_ path: String) -> URL { URL(string: "http://127.0.0.1:\(port)\(path)")! }
 
@@ -141,10 +141,13 @@ public final class LoopbackHTTPServer: Sendable {
   /// Stops accepting and closes the listening socket (waits up to 2 s for that); connections in
   /// progress finish on their own threads.
   public func stop() {
+    // Only the first call acts: once the loop has closed the listener, its number may belong to
+    // another socket.
+    guard !stopRequested.exchange(true, ordering: .acquiringAndReleasing) else { return }
     // Wake the accept loop's poll at once; the socket stays open (and its number ours) until
     // the loop sees `stopped` and closes it.
     shutdown(listener, Int32(SHUT_RDWR))
-    guard !stopped.exchange(true, ordering: .acquiringAndReleasing) else { return }
+    stopped.store(true, ordering: .releasing)
     _ = acceptDone.wait(timeout: .now() + 2)
   }
 
