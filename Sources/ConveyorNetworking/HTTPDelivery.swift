@@ -14,7 +14,7 @@ import Foundation
 /// | the same without `Retry-After`; transport errors, timeouts, invalid or empty responses | `.retry(reason:)`: the queue's retry policy |
 /// | any other status (4xx, unfollowed 3xx) | `.discard(reason:)` with the status and a body excerpt: the job is dead |
 /// | ``prepare`` threw | `.retry(reason:)` |
-/// | a malformed or unsupported URL | `.discard(reason:)` |
+/// | a malformed or unsupported URL, or a server demanding authentication | `.discard(reason:)` |
 ///
 /// Each attempt carries an `Idempotency-Key` header derived from the job (the same on every
 /// retry, see ``idempotencyKey(for:)``), so a receiver can drop a request it already processed:
@@ -62,7 +62,7 @@ public struct HTTPDelivery: Sendable {
   public init(session: NetworkSession = .shared) {
     self.session = session
     self.acceptedStatusCodes = Set(200..<300)
-    self.retryableStatusCodes = Set([408, 425, 429]).union(500..<600)
+    self.retryableStatusCodes = NetworkError.transientStatusCodes
     self.maximumRetryAfter = .seconds(86_400)
     self.idempotencyKeyHeader = "Idempotency-Key"
     self.reasonBodyLimit = 512
@@ -131,8 +131,6 @@ public struct HTTPDelivery: Sendable {
       return .retry(reason: reason)
     case .transport(let transport) where !error.isTransient:
       return .discard(reason: "\(what): \(transport.message)")
-    case .evaluation:
-      return .discard(reason: "\(what): \(error)")
     default:
       return .retry(reason: "\(what): \(error)")
     }

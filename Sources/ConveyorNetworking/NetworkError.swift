@@ -144,14 +144,18 @@ public enum NetworkError: Error, Hashable, CustomStringConvertible, CustomDebugS
     return description + "; body: " + String(decoding: excerpt, as: UTF8.self) + (truncated ? "…" : "")
   }
 
+  /// The HTTP statuses after which trying again later may succeed: 408, 425, 429 and 5xx.
+  public static let transientStatusCodes: Set<Int> = Set([408, 425, 429]).union(500..<600)
+
   /// Whether trying again later may succeed: transport failures (except a malformed or
-  /// unsupported URL), invalid and empty responses, and the statuses 408, 425, 429 and 5xx.
+  /// unsupported URL, and a server demanding authentication), invalid and empty responses, and
+  /// the ``transientStatusCodes``.
   public var isTransient: Bool {
     switch self {
     case .transport(let transport):
       ![.badURL, .unsupportedURL, .userAuthenticationRequired].contains(transport.code)
     case .httpStatus(let status):
-      [408, 425, 429].contains(status.statusCode) || (500..<600).contains(status.statusCode)
+      Self.transientStatusCodes.contains(status.statusCode)
     case .invalidResponse, .emptyResponse: true
     case .preparation, .evaluation: false
     }

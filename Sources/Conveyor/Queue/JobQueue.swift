@@ -323,7 +323,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
   // MARK: The worker loop
 
   private func runLoop() async {
-    var timing = LoopTiming(now: clock.now(), leaseDuration: configuration.leaseDuration)
+    var timing = LoopTiming(now: clock.now())
     var failures = 0
     await withTaskGroup(of: Void.self) { group in
       while !Task.isCancelled {
@@ -530,7 +530,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
   }
 
   private func process(_ record: JobRecord) async -> PendingSettlement {
-    if core.withLock({ !$0.subscribers.isEmpty }) { emit(.started(record.id, attempt: record.attempts)) }
+    emit(.started(record.id, attempt: record.attempts))
     // A claim counts an attempt before the handler runs, so a job past the limit here had a worker
     // that died during its last allowed attempt (a crash, a kill, an out-of-memory): dead, or a
     // job that crashes its worker would be handed out forever.
@@ -777,7 +777,7 @@ private struct LoopTiming {
   var nextRescue: Date
   var nextHeartbeat: Date
 
-  init(now: Date, leaseDuration: Duration) {
+  init(now: Date) {
     nextRescue = now
     nextHeartbeat = now
   }

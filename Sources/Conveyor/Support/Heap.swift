@@ -7,8 +7,6 @@ struct Heap<Element: Comparable & Sendable>: Sendable {
 
   init() {}
 
-  var count: Int { storage.count }
-  var isEmpty: Bool { storage.isEmpty }
   var peek: Element? { storage.first }
 
   mutating func push(_ element: Element) {
