@@ -1,4 +1,5 @@
 import Conveyor
+import ConveyorTestSupport
 import Foundation
 import Synchronization
 import Testing
@@ -54,8 +55,15 @@ struct JobQueueOnSQLiteTests {
       label: "test", connection: try Connection(path: folder.path("interrupt.sqlite"), create: true),
       closedError: { TestFailure("closed") })
     let endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
-    let task = Task { try await connection.perform { try $0.scalar(endless) } }
-    try await Task.sleep(for: .milliseconds(100))
+    let started = Atomic<Bool>(false)
+    let task = Task {
+      try await connection.perform {
+        started.store(true, ordering: .releasing)
+        return try $0.scalar(endless)
+      }
+    }
+    // Cancelled while running (a block cancelled before it starts is skipped, not interrupted).
+    try await eventually("the query is running") { started.load(ordering: .acquiring) }
     task.cancel()
     await #expect(throws: CancellationError.self) { try await task.value }
     // The interrupt does not leak into the next call.

@@ -166,6 +166,30 @@ struct OpeningTests {
     #expect(try await fresh.counts(queue: "jobs", now: epoch).ready == 1)
   }
 
+  /// The same for another application's hot rollback journal left beside a new path: rolling it
+  /// back into a new Conveyor database would write that application's pages into it.
+  @Test func aLeftoverJournalIsNotRolledBackIntoANewDatabase() async throws {
+    let folder = try TemporaryFolder()
+    let other = folder.path("other.sqlite")
+    var db: OpaquePointer?
+    guard sqlite3_open(other, &db) == SQLITE_OK else { throw TestFailure("open failed") }
+    defer { sqlite3_close(db) }
+    // A transaction bigger than a two-page cache spills to the file: the journal is hot.
+    let setup = """
+      PRAGMA cache_size = 2; CREATE TABLE notes(x); BEGIN;
+      WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
+      INSERT INTO notes SELECT randomblob(200) FROM n;
+      """
+    guard sqlite3_exec(db, setup, nil, nil, nil) == SQLITE_OK else {
+      throw TestFailure(String(cString: sqlite3_errmsg(db)))
+    }
+    let path = folder.path("jobs.sqlite")
+    try FileManager.default.copyItem(atPath: other + "-journal", toPath: path + "-journal")
+    let fresh = try await SQLiteJobStore.open(path: path)
+    _ = try await fresh.enqueue([NewJob(payload: payload("new"), runAt: epoch)], queue: "jobs", now: epoch)
+    #expect(try await fresh.counts(queue: "jobs", now: epoch).ready == 1)
+  }
+
   @Test func longFileNamesWork() async throws {
     let folder = try TemporaryFolder()
     // 240 bytes: with "-journal" or "-wal" added, still within the usual 255-byte limit.
@@ -234,8 +258,9 @@ struct ClosingTests {
     #expect(try await reopened.counts(queue: "jobs", now: epoch).ready == 1)
   }
 
-  /// Calls made before `close()` finish first; none is cut off or lost.
-  @Test func closeWaitsForTheCallsAlreadyMade() async throws {
+  /// Calls racing with `close()` either complete or fail with `.closed`: none is cut off halfway,
+  /// and every one that reported success is in the file.
+  @Test func callsRacingWithCloseCompleteOrSayClosed() async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("busy.sqlite")
     let store = try await SQLiteJobStore.open(path: path)
