@@ -47,7 +47,7 @@ let package = Package(
     ),
     .testTarget(
       name: "ConveyorCLITests",
-      dependencies: ["conveyor", "LoopbackHTTPServer", "ConveyorTestSupport"]
+      dependencies: ["conveyor", "LoopbackHTTPServer"]
     ),
     .testTarget(
       name: "ConveyorNetworkingTests",

@@ -405,24 +405,3 @@ func transportMessage(_ error: NetworkError) -> String {
   if case .transport(let transport) = error { return transport.message }
   return ""
 }
-
-/// A fresh temporary folder per test, removed when released.
-final class TemporaryFolder: Sendable {
-  let url: URL
-
-  init() throws {
-    url = FileManager.default.temporaryDirectory
-      .appendingPathComponent("conveyor-networking-tests-\(UUID().uuidString)", isDirectory: true)
-    try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
-  }
-
-  deinit {
-    do {
-      try FileManager.default.removeItem(at: url)
-    } catch {
-      print("note: could not remove the temporary folder \(url.path): \(error)")
-    }
-  }
-
-  func file(_ name: String) -> URL { url.appendingPathComponent(name) }
-}

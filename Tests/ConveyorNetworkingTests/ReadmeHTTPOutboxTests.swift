@@ -1,6 +1,7 @@
 import Conveyor
 import ConveyorNetworking
 import ConveyorSQLite
+import ConveyorTestSupport
 import Foundation
 import Synchronization
 import Testing

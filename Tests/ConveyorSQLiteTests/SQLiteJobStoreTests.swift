@@ -1,5 +1,6 @@
 import CSQLite
 import Conveyor
+import ConveyorTestSupport
 import Foundation
 import Testing
 

@@ -1,4 +1,5 @@
 import Conveyor
+import ConveyorTestSupport
 import Foundation
 import Testing
 
@@ -9,24 +10,6 @@ import Testing
 #elseif canImport(Darwin)
   import Darwin
 #endif
-
-/// A fresh temporary folder per test, removed when the value is released.
-final class TemporaryFolder: Sendable {
-  let url: URL
-
-  init() throws {
-    url = FileManager.default.temporaryDirectory
-      .appendingPathComponent("conveyor-sqlite-tests-\(UUID().uuidString)", isDirectory: true)
-    try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
-  }
-
-  deinit {
-    // A leftover temporary folder is harmless; removal failing must not fail the test.
-    _ = try? FileManager.default.removeItem(at: url)
-  }
-
-  func path(_ name: String) -> String { url.appendingPathComponent(name).path }
-}
 
 /// A store on a new file in its own temporary folder.
 func makeStore(
