@@ -23,6 +23,31 @@ public func eventually(
   throw TimedOut(description: "timed out waiting for: \(what)")
 }
 
+/// Polls `condition` until it holds or `timeout` passes; returns whether it held, for `#expect`.
+public func eventually(timeout: Duration = .seconds(5), _ condition: @Sendable () -> Bool) async -> Bool {
+  (try? await eventually("the condition", timeout: timeout, condition)) != nil
+}
+
+/// A thread-safe counter.
+public final class Counter: Sendable {
+  private let state = Mutex(0)
+
+  /// Creates a counter at zero.
+  public init() {}
+
+  /// Adds one and returns the new value.
+  @discardableResult
+  public func increment() -> Int {
+    state.withLock {
+      $0 += 1
+      return $0
+    }
+  }
+
+  /// The current value.
+  public var value: Int { state.withLock { $0 } }
+}
+
 /// Records a queue's events as they happen, for tests to wait on.
 public final class EventRecorder: Sendable {
   private let recorded = Log<JobQueueEvent>()

@@ -8,13 +8,13 @@ import Testing
 private func recordedTask(
   _ index: Int,
   delay: Int,
-  recorder: PipeRecorder,
+  recorder: Log<String>,
   failing: Bool = false
 ) -> AnyAsyncTask<Int, PipeTestError> {
   AnyAsyncTask(execute: { done in
-    recorder.record("start \(index)")
+    recorder.append("start \(index)")
     DispatchQueue(label: "task.\(index)").asyncAfter(deadline: .now() + .milliseconds(delay)) {
-      recorder.record("end \(index)")
+      recorder.append("end \(index)")
       done(failing ? .failure(.boom(index)) : .success(index))
     }
   })
@@ -44,7 +44,7 @@ private final class InFlight: Sendable {
 struct AsyncTaskRunnerTests {
   @Test(.timeLimit(.minutes(1)))
   func sequentialRunStartsEachTaskOnlyAfterThePreviousCompleted() async throws {
-    let recorder = PipeRecorder()
+    let recorder = Log<String>()
     // Later tasks are quicker: had they started together, they would end first.
     let count = 12
     let tasks = (0..<count).map { recordedTask($0, delay: (count - $0) * 2, recorder: recorder) }
@@ -58,10 +58,10 @@ struct AsyncTaskRunnerTests {
     let key = DispatchSpecificKey<String>()
     let queue = DispatchQueue(label: "runner.callback")
     queue.setSpecific(key: key, value: "callback")
-    let recorder = PipeRecorder()
+    let recorder = Log<String>()
     let tasks = (0..<5).map { recordedTask($0, delay: 3, recorder: recorder) }
     let runner = AsyncTaskRunner<Int, PipeTestError>(tasks, callbackQueue: queue)
-    let onQueue = PipeCounter()
+    let onQueue = Counter()
     let (result, calls) = await pipeAwaitCompletion {
       (done: @escaping @Sendable (Result<[Int], any Error>) -> Void) in
       runner.execute { result in
@@ -77,7 +77,7 @@ struct AsyncTaskRunnerTests {
 
   @Test(.timeLimit(.minutes(1)))
   func sequentialFirstErrorStopsAndLaterTasksNeverStart() async throws {
-    let recorder = PipeRecorder()
+    let recorder = Log<String>()
     let tasks = (0..<6).map { recordedTask($0, delay: 1, recorder: recorder, failing: $0 == 2) }
     let runner = AsyncTaskRunner<Int, PipeTestError>(tasks)
     let (result, calls) = await pipeAwaitCompletion {
@@ -91,16 +91,16 @@ struct AsyncTaskRunnerTests {
 
   @Test(.timeLimit(.minutes(1)))
   func cancellingInTheMiddleStopsTheRunAndOnlyThatRun() async throws {
-    let recorder = PipeRecorder()
-    let thirdStarted = PipeSignal()
+    let recorder = Log<String>()
+    let thirdStarted = Gate()
     // Both runs hold at the third task until the cancel is made, so the cancelled run cannot
     // finish first on a slow machine.
     let cancelled = Gate()
     let tasks = (0..<10).map { index in
       AnyAsyncTask<Int, any Error> {
-        recorder.record("start \(index)")
+        recorder.append("start \(index)")
         if index == 2 {
-          thirdStarted.fire()
+          thirdStarted.open()
           await cancelled.wait()
         }
         try await Task.sleep(for: .milliseconds(10))
@@ -144,12 +144,12 @@ struct AsyncTaskRunnerTests {
   @Test(.timeLimit(.minutes(1)))
   func concurrentRunWithSeveralFailuresCompletesOnceAndStartsNothingMore() async throws {
     for _ in 0..<50 {
-      let started = PipeRecorder()
+      let started = Log<String>()
       let width = 5
       // The first `width` tasks all fail at about the same moment; the rest must never start.
       let tasks = (0..<20).map { index in
         AnyAsyncTask<Int, any Error> {
-          started.record("\(index)")
+          started.append("\(index)")
           if index < width {
             await Task.yield()
             throw PipeTestError.boom(index)
@@ -171,25 +171,25 @@ struct AsyncTaskRunnerTests {
 
   @Test(.timeLimit(.minutes(1)))
   func concurrentFailureCancelsTheRunningTasks() async throws {
-    let recorder = PipeRecorder()
-    let sleeperStarted = PipeSignal()
+    let recorder = Log<String>()
+    let sleeperStarted = Gate()
     let tasks: [any AsyncTask<Int, any Error>] = [
       AnyAsyncTask {
         await sleeperStarted.wait()
         throw PipeTestError.boom(0)
       },
       AnyAsyncTask {
-        sleeperStarted.fire()
+        sleeperStarted.open()
         do {
           try await Task.sleep(for: .seconds(30))
         } catch {
-          recorder.record(error is CancellationError ? "cancelled" : "other")
+          recorder.append(error is CancellationError ? "cancelled" : "other")
           throw error
         }
         return 1
       },
       AnyAsyncTask {
-        recorder.record("third started")
+        recorder.append("third started")
         return 2
       },
     ]

@@ -1,4 +1,5 @@
 import Conveyor
+import ConveyorTestSupport
 import Dispatch
 import Testing
 
@@ -64,9 +65,9 @@ struct AsyncTaskTests {
   }
 
   @Test func asyncClosureTaskSeesCancellationOfTheAwaitingTask() async throws {
-    let started = PipeSignal()
+    let started = Gate()
     let task = AnyAsyncTask<Bool, any Error> {
-      started.fire()
+      started.open()
       try await Task.sleep(for: .seconds(30))
       return true
     }

@@ -1,3 +1,4 @@
+import ConveyorTestSupport
 import Dispatch
 import Foundation
 import Synchronization
@@ -11,7 +12,7 @@ import Testing
 @Suite("Operations on OperationQueue", .timeLimit(.minutes(1)))
 struct OperationQueueTests {
   /// An async operation that appends `name` to `log` and finishes later on another queue.
-  private func delayed(_ name: String, _ log: NameLog, after seconds: Double = 0.01) -> AsyncOperation<
+  private func delayed(_ name: String, _ log: Log<String>, after seconds: Double = 0.01) -> AsyncOperation<
     String, Never
   > {
     AsyncOperation { operation in
@@ -23,20 +24,20 @@ struct OperationQueueTests {
   }
 
   @Test func chainOfAsyncDependenciesRunsInOrder() async throws {
-    let log = NameLog()
+    let log = Log<String>()
     let queue = OperationQueue()
     queue.maxConcurrentOperationCount = 4
     let operations = (0..<5).map { delayed("op\($0)", log) }
     for (previous, next) in zip(operations, operations.dropFirst()) { next.addDependency(previous) }
     for operation in operations.reversed() { queue.addOperation(operation) }
     #expect(try await operations.last!.value == "op4")
-    #expect(log.entries == ["op0", "op1", "op2", "op3", "op4"])
+    #expect(log.all == ["op0", "op1", "op2", "op3", "op4"])
     #expect(await eventually { queue.operationCount == 0 })
     #expect(operations.allSatisfy { $0.isFinished && !$0.isExecuting })
   }
 
   @Test func waitUntilAllOperationsAreFinishedReturns() async {
-    let log = NameLog()
+    let log = Log<String>()
     let queue = OperationQueue()
     let first = delayed("a", log)
     let second = SyncOperation<Int, Never> {
@@ -52,7 +53,7 @@ struct OperationQueueTests {
         continuation.resume()
       }.start()
     }
-    #expect(log.entries == ["a", "b"])
+    #expect(log.all == ["a", "b"])
     #expect(first.isFinished && second.isFinished)
   }
 
@@ -91,7 +92,7 @@ struct OperationQueueTests {
     let queue = OperationQueue()
     queue.maxConcurrentOperationCount = 1
     queue.isSuspended = true
-    let log = NameLog()
+    let log = Log<String>()
     let priorities: [(String, Operation.QueuePriority)] = [
       ("veryLow", .veryLow), ("normal", .normal), ("veryHigh", .veryHigh), ("high", .high),
     ]
@@ -106,7 +107,7 @@ struct OperationQueueTests {
     for operation in operations { queue.addOperation(operation) }
     queue.isSuspended = false
     for operation in operations { try await operation.value }
-    #expect(log.entries == ["veryHigh", "high", "normal", "veryLow"])
+    #expect(log.all == ["veryHigh", "high", "normal", "veryLow"])
   }
 
   @Test func maxConcurrentOperationCountHoldsForAsyncOperations() async throws {

@@ -1,4 +1,5 @@
 import Conveyor
+import ConveyorTestSupport
 import Dispatch
 import Foundation
 import Testing

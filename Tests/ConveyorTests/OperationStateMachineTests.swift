@@ -1,3 +1,4 @@
+import ConveyorTestSupport
 import Testing
 
 @testable import Conveyor

@@ -1,3 +1,4 @@
+import ConveyorTestSupport
 import Dispatch
 import Foundation
 import Synchronization

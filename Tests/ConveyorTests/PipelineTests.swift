@@ -9,60 +9,12 @@ enum PipeTestError: Error, Equatable {
   case boom(Int)
 }
 
-/// A thread-safe event log for ordering assertions.
-final class PipeRecorder: Sendable {
-  private let events = Mutex<[String]>([])
-
-  func record(_ event: String) {
-    events.withLock { $0.append(event) }
-  }
-
-  var all: [String] {
-    events.withLock { $0 }
-  }
-}
-
-/// A thread-safe counter.
-final class PipeCounter: Sendable {
-  private let state = Mutex(0)
-
-  @discardableResult
-  func increment() -> Int {
-    state.withLock {
-      $0 += 1
-      return $0
-    }
-  }
-
-  var value: Int {
-    state.withLock { $0 }
-  }
-}
-
-/// A one-shot signal a step can raise and a test can await.
-final class PipeSignal: Sendable {
-  private let stream: AsyncStream<Void>
-  private let continuation: AsyncStream<Void>.Continuation
-
-  init() {
-    (stream, continuation) = AsyncStream<Void>.makeStream()
-  }
-
-  func fire() {
-    continuation.yield()
-  }
-
-  func wait() async {
-    for await _ in stream { return }
-  }
-}
-
 /// Awaits a completion-handler call, counting how many times it fires (after a grace period).
 func pipeAwaitCompletion<Value: Sendable>(
   grace: Duration = .milliseconds(50),
   _ start: (@escaping @Sendable (Result<Value, any Error>) -> Void) -> Void
 ) async -> (result: Result<Value, any Error>, calls: Int) {
-  let calls = PipeCounter()
+  let calls = Counter()
   let result = await withCheckedContinuation {
     (continuation: CheckedContinuation<Result<Value, any Error>, Never>) in
     start { result in
@@ -93,18 +45,18 @@ struct PipelineTests {
   }
 
   @Test func firstErrorStopsTheRunAndLaterStepsNeverStart() async throws {
-    let recorder = PipeRecorder()
+    let recorder = Log<String>()
     let pipeline = Pipeline(defaultValue: 0)
       .then {
-        recorder.record("a")
+        recorder.append("a")
         return $0 + 1
       }
       .then { _ in
-        recorder.record("b")
+        recorder.append("b")
         throw PipeTestError.boom(2)
       }
       .then {
-        recorder.record("c")
+        recorder.append("c")
         return $0
       }
     await #expect(throws: PipeTestError.boom(2)) { try await pipeline.run() }
@@ -115,7 +67,7 @@ struct PipelineTests {
     let key = DispatchSpecificKey<String>()
     let queue = DispatchQueue(label: "pipeline.callback")
     queue.setSpecific(key: key, value: "callback")
-    let onQueue = PipeCounter()
+    let onQueue = Counter()
     let pipeline = Pipeline(defaultValue: 2, callbackQueue: queue)
     let (result, calls) = await pipeAwaitCompletion {
       (done: @escaping @Sendable (Result<Int, any Error>) -> Void) in
@@ -207,19 +159,19 @@ struct PipelineTests {
         return value + 1
       }
       .then { $0 * 10 }
-    let results = PipeRecorder()
-    let finished = PipeCounter()
-    let allDone = PipeSignal()
+    let results = Log<String>()
+    let finished = Counter()
+    let allDone = Gate()
     let runs = 100
     var handles: [RunHandle] = []
     for start in 0..<runs {
       handles.append(
         pipeline.execute(from: start) { result in
           switch result {
-          case .success(let value): results.record("\(start)=\(value)")
-          case .failure(let error): results.record("\(start)!\(error is CancellationError)")
+          case .success(let value): results.append("\(start)=\(value)")
+          case .failure(let error): results.append("\(start)!\(error is CancellationError)")
           }
-          if finished.increment() == runs { allDone.fire() }
+          if finished.increment() == runs { allDone.open() }
         })
     }
     for (index, handle) in handles.enumerated() where index.isMultiple(of: 2) { handle.cancel() }
@@ -232,23 +184,23 @@ struct PipelineTests {
 
   @Test(.timeLimit(.minutes(1)))
   func cancellingTheAwaitingTaskCancelsTheRunningStep() async throws {
-    let recorder = PipeRecorder()
-    let started = PipeSignal()
+    let recorder = Log<String>()
+    let started = Gate()
     let pipeline = Pipeline(defaultValue: 0)
       .then { $0 + 1 }
       .then { value in
-        recorder.record("sleeping")
-        started.fire()
+        recorder.append("sleeping")
+        started.open()
         do {
           try await Task.sleep(for: .seconds(30))
         } catch {
-          recorder.record(error is CancellationError ? "saw cancellation" : "other error")
+          recorder.append(error is CancellationError ? "saw cancellation" : "other error")
           throw error
         }
         return value
       }
       .then { value in
-        recorder.record("after")
+        recorder.append("after")
         return value
       }
     let run = Task { try await pipeline.run() }
@@ -260,36 +212,36 @@ struct PipelineTests {
 
   @Test(.timeLimit(.minutes(1)))
   func aStepIgnoringCancellationStillEndsTheRunWithCancellation() async throws {
-    let recorder = PipeRecorder()
-    let started = PipeSignal()
-    let release = PipeSignal()
+    let recorder = Log<String>()
+    let started = Gate()
+    let release = Gate()
     let pipeline = Pipeline(defaultValue: 0)
       .then { value in
-        started.fire()
+        started.open()
         await release.wait()
-        recorder.record("cancelled=\(Task.isCancelled)")
+        recorder.append("cancelled=\(Task.isCancelled)")
         return value + 1
       }
       .then { value in
-        recorder.record("after")
+        recorder.append("after")
         return value
       }
     let run = Task { try await pipeline.run() }
     await started.wait()
     run.cancel()
-    release.fire()
+    release.open()
     await #expect(throws: CancellationError.self) { try await run.value }
     #expect(recorder.all == ["cancelled=true"])
   }
 
   @Test(.timeLimit(.minutes(1)))
   func handleCancelEndsAPendingCallbackStepAtOnce() async throws {
-    let started = PipeSignal()
-    let late = PipeCounter()
+    let started = Gate()
+    let late = Counter()
     let pipeline = Pipeline(defaultValue: 0)
       .then(
         Pipeline.step { value, finish in
-          started.fire()
+          started.open()
           // Completes long after the cancel; the run must not wait for it nor report it.
           // (1.5 s: far longer than a loaded machine takes to deliver the cancel.)
           DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(1_500)) {
@@ -297,11 +249,11 @@ struct PipelineTests {
             finish(.success(value))
           }
         })
-    let seen = PipeRecorder()
+    let seen = Log<String>()
     let (result, calls) = await pipeAwaitCompletion(grace: .zero) {
       (done: @escaping @Sendable (Result<Int, any Error>) -> Void) in
       let handle = pipeline.execute { result in
-        seen.record("late completions so far: \(late.value)")
+        seen.append("late completions so far: \(late.value)")
         done(result)
       }
       Task {
@@ -332,13 +284,13 @@ struct PipelineTests {
   }
 
   @Test func typedPipelineStopsAtTheFirstError() async throws {
-    let recorder = PipeRecorder()
+    let recorder = Log<String>()
     let pipeline = Pipeline.start(with: { (value: Int) -> String in
-      recorder.record("first")
+      recorder.append("first")
       throw PipeTestError.boom(value)
     })
     .then { text -> Int in
-      recorder.record("second")
+      recorder.append("second")
       return text.count
     }
     await #expect(throws: PipeTestError.boom(3)) { try await pipeline.run(3) }
@@ -347,23 +299,23 @@ struct PipelineTests {
 
   @Test(.timeLimit(.minutes(1)))
   func typedPipelineCancelledInTheMiddleNeverStartsTheNextStep() async throws {
-    let recorder = PipeRecorder()
-    let started = PipeSignal()
-    let release = PipeSignal()
+    let recorder = Log<String>()
+    let started = Gate()
+    let release = Gate()
     let pipeline = Pipeline.start(with: { (value: Int) -> Int in
-      recorder.record("first")
-      started.fire()
+      recorder.append("first")
+      started.open()
       await release.wait()
       return value + 1
     })
     .then { value -> String in
-      recorder.record("second")
+      recorder.append("second")
       return "\(value)"
     }
     let run = Task { try await pipeline.run(1) }
     await started.wait()
     run.cancel()
-    release.fire()
+    release.open()
     await #expect(throws: CancellationError.self) { try await run.value }
     #expect(recorder.all == ["first"])
   }
