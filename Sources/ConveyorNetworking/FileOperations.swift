@@ -141,11 +141,14 @@ enum FileOperations {
       }
       return
     }
-    do throws(FileOperationError) {
-      try rename(source, to: destination)
-    } catch .other(_, let message) where message.contains("cross-device") || message.contains("EXDEV") {
+    switch renameStatus(source, to: destination) {
+    case 0:
+      return
+    case EXDEV:  // another file system: copy (atomically), then remove the source
       try copy(from: source, to: destination, overwrite: true)
       try remove(source, ignoreMissing: true)
+    case let code:
+      throw posixError(code, path: destination.path, source: source.path)
     }
   }
 
@@ -201,6 +204,12 @@ enum FileOperations {
   }
 
   private static func rename(_ source: URL, to destination: URL) throws(FileOperationError) {
+    let code = renameStatus(source, to: destination)
+    if code != 0 { throw posixError(code, path: destination.path, source: source.path) }
+  }
+
+  /// Renames with libc's `rename`; returns 0 or the `errno` it failed with.
+  private static func renameStatus(_ source: URL, to destination: URL) -> Int32 {
     #if canImport(Darwin)
       let result = Darwin.rename(source.path, destination.path)
     #elseif canImport(Glibc)
@@ -208,7 +217,7 @@ enum FileOperations {
     #else
       let result = Musl.rename(source.path, destination.path)
     #endif
-    if result != 0 { throw posixError(errno, path: destination.path, source: source.path) }
+    return result == 0 ? 0 : errno
   }
 
   /// Removes a temporary file of ours that is no longer needed.
@@ -262,7 +271,6 @@ enum FileOperations {
     case ENOENT: return .sourceMissing(path: source ?? path)
     case EEXIST: return .destinationExists(path: path)
     case EACCES, EPERM, EROFS: return .permissionDenied(path: path, message: message)
-    case EXDEV: return .other(path: path, message: "EXDEV: \(message)")
     default: return .other(path: path, message: message)
     }
   }

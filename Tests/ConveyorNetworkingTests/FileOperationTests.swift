@@ -79,6 +79,18 @@ struct FileOperationTests {
     #expect(!exists("c"))
   }
 
+  /// `rename` fails with EXDEV between file systems; an overwriting move then copies and removes.
+  @Test(.enabled(if: onAnotherFileSystem("/dev/shm"), "needs /dev/shm on another file system"))
+  func anOverwritingMoveAcrossFileSystemsCopiesThenRemoves() async throws {
+    let other = try TemporaryFolder(prefix: "conveyor-move-test", in: URL(fileURLWithPath: "/dev/shm"))
+    let source = other.file("x")
+    try Data("across".utf8).write(to: source)
+    try put("y", "old")
+    try await FileOperation.move(from: source, to: folder.file("y"), overwrite: true).run()
+    #expect(try text("y") == "across")
+    #expect(!FileManager.default.fileExists(atPath: source.path))
+  }
+
   @Test func moveOfAMissingSourceFails() async throws {
     #expect(
       await fileError(FileOperation.move(from: folder.file("nope"), to: folder.file("b"), overwrite: true))
@@ -151,4 +163,14 @@ struct FileOperationTests {
       return
     }
   }
+}
+
+/// Whether `path` exists on a different file system (device) from the temporary directory.
+func onAnotherFileSystem(_ path: String) -> Bool {
+  var there = stat()
+  var here = stat()
+  guard stat(path, &there) == 0, stat(FileManager.default.temporaryDirectory.path, &here) == 0 else {
+    return false
+  }
+  return there.st_dev != here.st_dev
 }

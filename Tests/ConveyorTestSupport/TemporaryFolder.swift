@@ -5,10 +5,10 @@ public final class TemporaryFolder: Sendable {
   /// The folder.
   public let url: URL
 
-  /// Creates `<temporary directory>/<prefix>-<UUID>`.
-  public init(prefix: String = "conveyor-tests") throws {
-    url = FileManager.default.temporaryDirectory
-      .appendingPathComponent("\(prefix)-\(UUID().uuidString)", isDirectory: true)
+  /// Creates `<base>/<prefix>-<UUID>`; `base` is the temporary directory by default.
+  public init(prefix: String = "conveyor-tests", in base: URL = FileManager.default.temporaryDirectory) throws
+  {
+    url = base.appendingPathComponent("\(prefix)-\(UUID().uuidString)", isDirectory: true)
     try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
   }
 
