@@ -103,10 +103,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
   /// Commits an item to run at a date.
   @discardableResult
   public func add(_ item: Item, priority: Int = 0, runAt date: Date) async throws -> JobID {
-    let encoded = try encode(item)
-    let job = NewJob(
-      payload: encoded, priority: priority, runAt: date, deduplicationKey: item.deduplicationKey)
-    return try await commit([job])[0]
+    try await commit(newJobs([item], priority: priority, runAt: date))[0]
   }
 
   /// Commits several items in one transaction: all are stored or none.
@@ -116,20 +113,22 @@ public final class JobQueue<Item: Queueable>: Sendable {
   public func add<Items: Sequence<Item>>(
     contentsOf items: Items, priority: Int = 0, delay: Duration = .zero
   ) async throws -> [JobID] {
-    let runAt = clock.now().adding(delay)
-    let jobs = try items.map { item in
+    let jobs = try newJobs(items, priority: priority, runAt: clock.now().adding(delay))
+    if jobs.isEmpty { return [] }
+    return try await commit(jobs)
+  }
+
+  private func newJobs<Items: Sequence<Item>>(_ items: Items, priority: Int, runAt: Date) throws -> [NewJob] {
+    try items.map { item in
       NewJob(
         payload: try encode(item), priority: priority, runAt: runAt, deduplicationKey: item.deduplicationKey)
     }
-    if jobs.isEmpty { return [] }
-    return try await commit(jobs)
   }
 
   private func commit(_ jobs: [NewJob]) async throws -> [JobID] {
     let results = try await store.enqueue(jobs, queue: identifier, now: clock.now())
     let subscribers = core.withLock { core in
-      core.enqueueGeneration &+= 1
-      core.reportedFinished = false
+      core.noteNewWork()
       return core.subscribers.isEmpty ? [] : Array(core.subscribers.values)
     }
     for result in results where result.inserted {
@@ -271,10 +270,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
   public func requeueDead(_ ids: [JobID]? = nil) async throws -> Int {
     let count = try await store.requeueDead(ids, queue: identifier, now: clock.now())
     if count > 0 {
-      core.withLock { core in
-        core.enqueueGeneration &+= 1
-        core.reportedFinished = false
-      }
+      core.withLock { $0.noteNewWork() }
       wake.signal()
     }
     return count
@@ -808,6 +804,12 @@ private struct QueueCore: Sendable {
     if !running { return .stopped }
     if paused { return .paused }
     return workers == 0 ? .idle : .running
+  }
+
+  /// Jobs were added or re-queued: whoever waits for "finished" must look again.
+  mutating func noteNewWork() {
+    enqueueGeneration &+= 1
+    reportedFinished = false
   }
 
   func freeSlots(_ configuration: JobQueueConfiguration) -> Int {
