@@ -139,18 +139,21 @@ enum SQL {
     "DELETE FROM jobs WHERE queue = ? AND status = '\(status.rawValue)'"
   }
 
+  /// What re-queueing sets; the first parameter is the run date.
+  private static let requeued = """
+    UPDATE jobs SET status = 'pending', run_at = ?, attempts = 0, lease_owner = NULL,
+    lease_expires_at = NULL
+    """
   /// Re-queues every dead job without a deduplication key (the keyed ones go one at a time).
   static let requeueAllWithoutKey = """
-    UPDATE jobs SET status = 'pending', run_at = ?, attempts = 0, lease_owner = NULL,
-    lease_expires_at = NULL WHERE queue = ? AND status = 'dead' AND dedup_key IS NULL
+    \(requeued) WHERE queue = ? AND status = 'dead' AND dedup_key IS NULL
     """
   static let deadWithKey = """
     SELECT id FROM jobs WHERE queue = ? AND status = 'dead' AND dedup_key IS NOT NULL ORDER BY id
     """
   /// Re-queues one dead job unless a pending or running job holds its deduplication key.
   static let requeueOne = """
-    UPDATE jobs SET status = 'pending', run_at = ?, attempts = 0, lease_owner = NULL,
-    lease_expires_at = NULL WHERE queue = ? AND status = 'dead' AND id = ?
+    \(requeued) WHERE queue = ? AND status = 'dead' AND id = ?
     AND (dedup_key IS NULL OR NOT EXISTS (
       SELECT 1 FROM jobs AS live WHERE live.queue = jobs.queue AND live.dedup_key = jobs.dedup_key
       AND live.status IN ('pending', 'running')))

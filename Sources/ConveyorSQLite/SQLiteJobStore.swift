@@ -78,8 +78,8 @@ public final class SQLiteJobStore: JobStore {
   public init(path: String, options: Options = .init()) throws {
     self.path = path
     self.options = options
-    try Self.createIfMissing(path)
-    try Self.refuseForeignFile(path)
+    // A database this call built and linked into place is known to be ours.
+    if try !Self.createIfMissing(path) { try Self.refuseForeignFile(path) }
     let raw = try Connection(path: path, create: false)
     try Self.prepare(raw, path: path, options: options)
     connection = SerializedConnection(label: "Conveyor.SQLiteJobStore", connection: raw) {
@@ -419,9 +419,11 @@ extension SQLiteJobStore {
   ///
   /// A crash mid-build can leave a hidden `.conveyor-new-…` file (and its `-journal`) in the
   /// folder. Delete it, never open it: right after the link it is a second name of the database.
-  fileprivate static func createIfMissing(_ path: String) throws {
+  ///
+  /// - Returns: Whether the file at `path` is a complete database this call built.
+  fileprivate static func createIfMissing(_ path: String) throws -> Bool {
     var info = stat()
-    guard stat(path, &info) != 0 else { return }
+    guard stat(path, &info) != 0 else { return false }
     guard errno == ENOENT else {
       let reason = String(cString: strerror(errno))
       throw SQLiteJobStoreError(
@@ -430,7 +432,8 @@ extension SQLiteJobStore {
           "cannot examine the database file (\(reason)); check that its folder exists and is accessible")
     }
     if stat(path + "-wal", &info) == 0 || stat(path + "-journal", &info) == 0 {
-      return try createEmptyFile(path, reportingAs: path, mayExist: true)
+      try createEmptyFile(path, reportingAs: path, mayExist: true)
+      return false
     }
     // A short name in the same folder: `link` needs the same file system, and a name derived
     // from a long database name could pass the file system's limit.
@@ -440,9 +443,9 @@ extension SQLiteJobStore {
     try createEmptyFile(building, reportingAs: path)
     defer { for suffix in ["", "-wal", "-shm", "-journal"] { unlink(building + suffix) } }
     try build(building)
-    if link(building, path) != 0 && errno != EEXIST {
-      try createEmptyFile(path, reportingAs: path, mayExist: true)
-    }
+    if link(building, path) == 0 { return true }
+    if errno != EEXIST { try createEmptyFile(path, reportingAs: path, mayExist: true) }
+    return false
   }
 
   /// Installs the schema in a file only this process knows, and leaves it in WAL mode with
