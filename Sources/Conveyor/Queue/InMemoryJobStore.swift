@@ -91,7 +91,8 @@ public final class InMemoryJobStore: JobStore {
   public func counts(queue: String, now: Date) async throws -> JobCounts {
     state.withLock { state in
       var counts = JobCounts()
-      for record in (state.queues[queue]?.jobs.values).map(Array.init) ?? [] {
+      guard let jobs = state.queues[queue]?.jobs else { return counts }
+      for record in jobs.values {
         switch record.status {
         case .pending where record.runAt <= now: counts.ready += 1
         case .pending: counts.scheduled += 1
