@@ -1,5 +1,6 @@
 import CSQLite
 import Foundation
+import Synchronization
 
 /// A value bound to a statement parameter.
 enum SQLiteValue {
@@ -20,6 +21,11 @@ final class Connection {
   private var statements: [String: Statement] = [:]
   /// Whether ``close()`` ran.
   private(set) var isClosed = false
+  /// While set, every statement on this connection stops with `SQLITE_INTERRUPT`, including one
+  /// that starts after it was set (which `sqlite3_interrupt` alone misses when it arrives between
+  /// statements). Read by a progress handler every 1,000 virtual-machine instructions; safe to
+  /// set from any thread.
+  let interruption = InterruptFlag()
 
   /// Opens (and creates when `create` is true) the database file at `path`.
   init(path: String, create: Bool) throws {
@@ -27,6 +33,11 @@ final class Connection {
       SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0) | SQLITE_OPEN_NOMUTEX
       | SQLITE_OPEN_EXRESCODE
     handle = try Self.open(path, flags: flags, describing: path)
+    // The flag lives as long as the connection, and the handle closes in `close()`/`deinit`.
+    sqlite3_progress_handler(
+      handle, 1_000,
+      { flag in Unmanaged<InterruptFlag>.fromOpaque(flag!).takeUnretainedValue().isSet ? 1 : 0 },
+      Unmanaged.passUnretained(interruption).toOpaque())
   }
 
   /// Opens `path` read-only as an immutable file: SQLite takes no lock and reads, creates or
@@ -225,4 +236,18 @@ final class Statement {
   private func error(_ rc: Int32) -> SQLiteError {
     SQLiteError(code: .init(rawValue: rc), message: String(cString: sqlite3_errmsg(database)), sql: sql)
   }
+}
+
+/// A flag one thread sets and the connection's progress handler reads.
+final class InterruptFlag: Sendable {
+  private let value = Atomic<Bool>(false)
+
+  /// Whether the flag is set.
+  var isSet: Bool { value.load(ordering: .acquiring) }
+
+  /// Sets the flag.
+  func set() { value.store(true, ordering: .releasing) }
+
+  /// Clears the flag.
+  func clear() { value.store(false, ordering: .releasing) }
 }

@@ -9,7 +9,8 @@ import Synchronization
 ///
 /// `@unchecked Sendable` is safe because `connection` is only touched from blocks running on the
 /// serial `thread` (the owner hands over a connection nobody else uses); the one exception,
-/// `sqlite3_interrupt`, is documented as safe to call from any thread while the handle is open.
+/// `sqlite3_interrupt`, is documented as safe to call from any thread while the handle is open,
+/// and the connection's `interruption` flag is an atomic.
 /// It is only called while a `perform` block runs, and such a block starts only on an open
 /// connection; the handle closes in a block of its own (``close()``) or in `deinit`, when no
 /// block can be running.
@@ -55,6 +56,8 @@ final class SerializedConnection: @unchecked Sendable {
             continuation.resume(throwing: self.closedError())
             return
           }
+          // Cleared before the operation starts: a cancellation from now on is this block's.
+          self.connection.interruption.clear()
           guard operation.start() else {
             continuation.resume(throwing: CancellationError())
             return
@@ -69,7 +72,10 @@ final class SerializedConnection: @unchecked Sendable {
         }
       }
     } onCancel: {
-      operation.cancel { sqlite3_interrupt(self.connection.handle) }
+      operation.cancel {
+        self.connection.interruption.set()  // for a statement that has not started yet
+        sqlite3_interrupt(self.connection.handle)
+      }
     }
   }
 
@@ -101,8 +107,9 @@ final class SerializedConnection: @unchecked Sendable {
     /// Marks the operation cancelled and, when its block is running, calls `interrupt`.
     ///
     /// `interrupt` runs under the lock, so the block cannot finish and let the next block start
-    /// meanwhile: the interrupt never reaches another operation. SQLite clears an interrupt that
-    /// arrives between two statements when the next statement starts with none active.
+    /// meanwhile: the interrupt never reaches another operation. `sqlite3_interrupt` is lost when
+    /// it arrives between two statements, so `interrupt` also sets the connection's
+    /// ``Connection/interruption`` flag, which stops the statements that start later.
     func cancel(interrupt: () -> Void) {
       state.withLock { state in
         state.cancelled = true

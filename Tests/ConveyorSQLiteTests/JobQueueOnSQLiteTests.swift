@@ -49,22 +49,30 @@ struct JobQueueOnSQLiteTests {
     #expect(try JSONDecoder().decode(Message.self, from: dead.payload).text == "fails")
   }
 
-  @Test func cancellingARunningCallInterruptsIt() async throws {
+  /// A call cancelled while its block runs is interrupted, whether the cancellation lands while
+  /// a statement runs or just before the statement starts (where `sqlite3_interrupt` alone is
+  /// lost and the endless query below would never end). The time limit turns a miss into a failure.
+  @Test(.timeLimit(.minutes(1)), arguments: ["while the statement runs", "before the statement starts"])
+  func cancellingARunningCallInterruptsIt(_ moment: String) async throws {
     let folder = try TemporaryFolder()
     let connection = SerializedConnection(
       label: "test", connection: try Connection(path: folder.path("interrupt.sqlite"), create: true),
       closedError: { TestFailure("closed") })
     let endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
     let started = Atomic<Bool>(false)
+    let cancelled = DispatchSemaphore(value: 0)
+    let holdUntilCancelled = moment == "before the statement starts"
     let task = Task {
       try await connection.perform {
         started.store(true, ordering: .releasing)
+        if holdUntilCancelled { cancelled.wait() }
         return try $0.scalar(endless)
       }
     }
-    // Cancelled while running (a block cancelled before it starts is skipped, not interrupted).
-    try await eventually("the query is running") { started.load(ordering: .acquiring) }
+    try await eventually("the block is running") { started.load(ordering: .acquiring) }
+    if !holdUntilCancelled { try await Task.sleep(for: .milliseconds(50)) }
     task.cancel()
+    cancelled.signal()
     await #expect(throws: CancellationError.self) { try await task.value }
     // The interrupt does not leak into the next call.
     #expect(try await connection.perform { try $0.scalar("SELECT 42") } == 42)
