@@ -3,13 +3,29 @@ import Conveyor
 /// The store's schema and statements.
 ///
 /// Statuses are written as literals, not parameters, so SQLite can use the partial indexes.
+///
+/// A waiting job is stored `ready` once its run date has come and `scheduled` before that; a
+/// claim first promotes the scheduled jobs that fell due (a range of `jobs_scheduled`), so the
+/// ready index is ordered by priority and run date alone and a claim reads its first entries,
+/// however many priority levels or not-yet-due jobs there are.
+///
+/// Which index each statement uses:
+/// - `jobs_ready (queue, priority DESC, run_at, id) WHERE status = 'ready'`: claims
+///   (``selectReady``), and "is anything ready" (``anyReady``).
+/// - `jobs_scheduled (queue, run_at) WHERE status = 'scheduled'`: promotion (``promote``), the
+///   next run date (``nextScheduled``), and the ready/scheduled split of ``countScheduled``.
+/// - `jobs_status (queue, status, id)`: listings by status in ID order, counts by status,
+///   rescues and the next lease expiry (the few running jobs), `EXISTS` in ``queueNames``.
+/// - `jobs_dedup (queue, dedup_key) WHERE … waiting`: the duplicate check of an enqueue.
+/// - The primary key: every settlement, heartbeat and claim update by `id`.
 enum SQL {
-  static let schema = """
+  /// The schema of version 2 (claim tokens, ready and scheduled states, the `queues` table).
+  static let tables = """
     CREATE TABLE jobs (
       id INTEGER PRIMARY KEY AUTOINCREMENT,
       queue TEXT NOT NULL,
       payload BLOB NOT NULL,
-      status TEXT NOT NULL CHECK (status IN ('pending', 'running', 'dead')),
+      status TEXT NOT NULL CHECK (status IN ('ready', 'scheduled', 'running', 'dead')),
       priority INTEGER NOT NULL DEFAULT 0,
       attempts INTEGER NOT NULL DEFAULT 0,
       run_at INTEGER NOT NULL,
@@ -17,16 +33,59 @@ enum SQL {
       last_error TEXT,
       dedup_key TEXT,
       lease_owner TEXT,
-      lease_expires_at INTEGER
+      lease_expires_at INTEGER,
+      claim_token INTEGER NOT NULL DEFAULT 0
     );
-    CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE status = 'pending';
+    """
+  static let indexes = """
+    CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE status = 'ready';
+    CREATE INDEX jobs_scheduled ON jobs (queue, run_at) WHERE status = 'scheduled';
     CREATE INDEX jobs_dedup ON jobs (queue, dedup_key)
-      WHERE dedup_key IS NOT NULL AND status IN ('pending', 'running');
-    CREATE INDEX jobs_lease ON jobs (queue, lease_expires_at) WHERE status = 'running';
-    CREATE INDEX jobs_dead ON jobs (queue, id) WHERE status = 'dead';
-    CREATE TABLE queues (name TEXT PRIMARY KEY, paused INTEGER NOT NULL DEFAULT 1) WITHOUT ROWID;
+      WHERE dedup_key IS NOT NULL AND status IN ('ready', 'scheduled');
+    CREATE INDEX jobs_status ON jobs (queue, status, id);
+    """
+  static let queuesTable = """
+    CREATE TABLE queues (name TEXT PRIMARY KEY, paused INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
+    """
+  static let schema = """
+    \(tables)
+    \(indexes)
+    \(queuesTable)
     PRAGMA application_id = \(SQLiteJobStore.applicationID);
     PRAGMA user_version = \(SQLiteJobStore.schemaVersion);
+    """
+
+  /// Version 1 to 2, in one transaction: the table is rebuilt (SQLite cannot change a `CHECK`
+  /// constraint in place). Waiting jobs become `scheduled` and the first claim promotes those
+  /// that are due; running jobs keep their leases with claim token 0, which their (old) workers
+  /// cannot present, so their outcomes are refused and the jobs run again after the lease.
+  /// The caller carries the `AUTOINCREMENT` counter over, so IDs are never reused.
+  static let migrate1to2 = """
+    ALTER TABLE jobs RENAME TO jobs_v1;
+    DROP INDEX IF EXISTS jobs_ready;
+    DROP INDEX IF EXISTS jobs_dedup;
+    DROP INDEX IF EXISTS jobs_lease;
+    DROP INDEX IF EXISTS jobs_dead;
+    \(tables)
+    INSERT INTO jobs (id, queue, payload, status, priority, attempts, run_at, created_at, last_error,
+      dedup_key, lease_owner, lease_expires_at, claim_token)
+    SELECT id, queue, payload, CASE status WHEN 'pending' THEN 'scheduled' ELSE status END, priority,
+      attempts, run_at, created_at, last_error, dedup_key, lease_owner, lease_expires_at, 0
+    FROM jobs_v1;
+    DROP TABLE jobs_v1;
+    \(indexes)
+    ALTER TABLE queues RENAME TO queues_v1;
+    \(queuesTable)
+    INSERT INTO queues (name, paused) SELECT name, paused FROM queues_v1;
+    INSERT OR IGNORE INTO queues (name) SELECT DISTINCT queue FROM jobs;
+    DROP TABLE queues_v1;
+    PRAGMA user_version = 2;
+    """
+  static let sequence = "SELECT seq FROM sqlite_sequence WHERE name = ?"
+  static let setSequence = """
+    INSERT INTO sqlite_sequence (name, seq) SELECT 'jobs', 0
+    WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'jobs');
+    UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'jobs';
     """
 
   /// The application id, schema version and number of schema objects, read in one snapshot.
@@ -38,110 +97,112 @@ enum SQL {
   /// The columns ``SQLiteJobStore`` decodes a `JobRecord` from, in order.
   static let columns = """
     id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key, \
-    lease_owner, lease_expires_at
+    lease_owner, lease_expires_at, claim_token
     """
 
+  /// The oldest waiting job with the key. Running jobs do not count: one that is running may
+  /// have read old data, so a new job with its key must run after it.
   static let findDuplicate = """
-    SELECT id FROM jobs WHERE queue = ? AND dedup_key = ? AND status IN ('pending', 'running') LIMIT 1
+    SELECT min(id) FROM jobs WHERE queue = ? AND dedup_key = ? AND status IN ('ready', 'scheduled')
     """
+  /// The status is a parameter here: an insert maintains the partial indexes row by row.
   static let insert = """
     INSERT INTO jobs (queue, payload, status, priority, run_at, created_at, dedup_key)
-    VALUES (?, ?, 'pending', ?, ?, ?, ?)
+    VALUES (?, ?, ?, ?, ?, ?, ?)
     """
+  /// Every queue with jobs has a row, so ``queueNames`` never reads the jobs table.
+  static let noteQueue = "INSERT OR IGNORE INTO queues (name) VALUES (?)"
 
-  static let isPaused = "SELECT paused FROM queues WHERE name = ? AND paused = 1"
-  static let pause = "INSERT OR REPLACE INTO queues (name, paused) VALUES (?, 1)"
-  static let resume = "DELETE FROM queues WHERE name = ?"
+  static let isPaused = "SELECT 1 FROM queues WHERE name = ? AND paused = 1"
+  static let pause = """
+    INSERT INTO queues (name, paused) VALUES (?, 1) ON CONFLICT (name) DO UPDATE SET paused = 1
+    """
+  static let resume = "UPDATE queues SET paused = 0 WHERE name = ?"
 
-  /// Claims walk the priority levels from the highest down, each an index seek, and read the
-  /// ready rows of one level at a time in (run_at, id) order: one query ordered by
-  /// (priority DESC, run_at, id) with `run_at <= ?` would scan every not-yet-due job of every
-  /// higher priority on each claim.
-  static let topPriority = "SELECT max(priority) FROM jobs WHERE queue = ? AND status = 'pending'"
-  static let lowerPriority = """
-    SELECT max(priority) FROM jobs WHERE queue = ? AND status = 'pending' AND priority < ?
+  /// Scheduled jobs whose run date has come become ready (a range of `jobs_scheduled`).
+  static let promote = """
+    UPDATE jobs SET status = 'ready' WHERE queue = ? AND status = 'scheduled' AND run_at <= ?
     """
   static let selectReady = """
-    SELECT \(columns) FROM jobs
-    WHERE queue = ? AND status = 'pending' AND priority = ? AND run_at <= ?
-    ORDER BY run_at, id LIMIT ?
+    SELECT \(columns) FROM jobs WHERE queue = ? AND status = 'ready'
+    ORDER BY priority DESC, run_at, id LIMIT ?
     """
   /// No `RETURNING`: SQLite buffers returned rows in an ephemeral table whose page cache is
-  /// allocated and freed per statement, which dominated the claim's cost.
+  /// allocated and freed per statement, which dominated the claim's cost. The run date is kept,
+  /// so a job given back or rescued keeps its place; the attempt count saturates instead of
+  /// overflowing into a floating-point value.
   static let claim = """
-    UPDATE jobs SET status = 'running', attempts = attempts + 1, run_at = ?, lease_owner = ?,
-    lease_expires_at = ? WHERE id = ?
+    UPDATE jobs SET status = 'running',
+    attempts = CASE WHEN attempts < 9223372036854775807 THEN attempts + 1 ELSE attempts END,
+    claim_token = claim_token + 1, lease_owner = ?, lease_expires_at = ? WHERE id = ?
     """
 
-  private static let held = "id = ? AND queue = ? AND status = 'running' AND lease_owner = ?"
+  /// The fence: an outcome or heartbeat applies only to the job's current claim.
+  private static let held = "id = ? AND status = 'running' AND claim_token = ?"
   static let complete = "DELETE FROM jobs WHERE \(held)"
+  /// Parameters: run date, now, error, then the claim.
   static let retry = """
-    UPDATE jobs SET status = 'pending', run_at = ?, last_error = coalesce(?, last_error),
-    lease_owner = NULL, lease_expires_at = NULL WHERE \(held)
+    UPDATE jobs SET status = CASE WHEN ?1 <= ?2 THEN 'ready' ELSE 'scheduled' END, run_at = ?1,
+    last_error = coalesce(?3, last_error), lease_owner = NULL, lease_expires_at = NULL
+    WHERE id = ?4 AND status = 'running' AND claim_token = ?5
     """
   static let kill = """
     UPDATE jobs SET status = 'dead', last_error = ?, lease_owner = NULL, lease_expires_at = NULL
     WHERE \(held)
     """
+  /// Back to ready in its old place (its run date was at or before the claim), the attempt
+  /// its claim counted given back.
   static let release = """
-    UPDATE jobs SET status = 'pending', attempts = max(attempts - 1, 0), lease_owner = NULL,
-    lease_expires_at = NULL WHERE \(held)
+    UPDATE jobs SET status = 'ready', attempts = max(attempts - 1, 0),
+    last_error = coalesce(?, last_error), lease_owner = NULL, lease_expires_at = NULL WHERE \(held)
     """
   static let heartbeat = "UPDATE jobs SET lease_expires_at = ? WHERE \(held)"
+  /// Running jobs are few (those under a lease), read from `jobs_status`.
   static let rescue = """
-    UPDATE jobs SET status = 'pending', run_at = ?, lease_owner = NULL, lease_expires_at = NULL
-    WHERE queue = ? AND status = 'running' AND lease_expires_at < ?
+    UPDATE jobs SET status = 'ready', lease_owner = NULL, lease_expires_at = NULL
+    WHERE queue = ? AND status = 'running' AND lease_expires_at <= ?
     """
 
-  /// Pending jobs, and how many of them are scheduled after the given date, in one index scan.
-  static let countPending = """
-    SELECT count(*), coalesce(sum(run_at > ?), 0) FROM jobs WHERE queue = ? AND status = 'pending'
+  static func count(_ status: String) -> String {
+    "SELECT count(*) FROM jobs WHERE queue = ? AND status = '\(status)'"
+  }
+  /// Scheduled jobs already due (counted as ready until a claim promotes them).
+  static let countDue = """
+    SELECT count(*) FROM jobs WHERE queue = ? AND status = 'scheduled' AND run_at <= ?
     """
-  static let countRunning = "SELECT count(*) FROM jobs WHERE queue = ? AND status = 'running'"
-  static let countDead = "SELECT count(*) FROM jobs WHERE queue = ? AND status = 'dead'"
 
-  /// The earliest pending run date. The ready index is ordered by priority first, so a plain
-  /// `min(run_at)` would read every pending job; this walks the distinct priorities instead (one
-  /// index seek each) and takes the earliest run date of each.
-  static let nextRunAt = """
-    WITH RECURSIVE levels(priority) AS (
-      SELECT max(priority) FROM jobs WHERE queue = ?1 AND status = 'pending'
-      UNION ALL
-      SELECT (SELECT max(priority) FROM jobs
-              WHERE queue = ?1 AND status = 'pending' AND priority < levels.priority)
-      FROM levels WHERE levels.priority IS NOT NULL
-    )
-    SELECT min((SELECT min(run_at) FROM jobs
-                WHERE queue = ?1 AND status = 'pending' AND priority = levels.priority))
-    FROM levels WHERE levels.priority IS NOT NULL
+  /// Any ready job: its run date is at or before now.
+  static let anyReady = "SELECT run_at FROM jobs WHERE queue = ? AND status = 'ready' LIMIT 1"
+  static let nextScheduled = "SELECT min(run_at) FROM jobs WHERE queue = ? AND status = 'scheduled'"
+  static let nextExpiry = "SELECT min(lease_expires_at) FROM jobs WHERE queue = ? AND status = 'running'"
+  static let queueNames = """
+    SELECT name FROM queues
+    WHERE paused = 1 OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name) ORDER BY name
     """
-  static let nextExpiry =
-    "SELECT min(lease_expires_at) FROM jobs WHERE queue = ? AND status = 'running'"
-  static let queueNames = "SELECT queue FROM jobs UNION SELECT name FROM queues ORDER BY 1"
 
-  /// A page of jobs in ID order. For pending jobs `+status` keeps SQLite on the rowid order (no
-  /// sort of every pending job); running jobs (few: those under a lease) come from their partial
-  /// index and are sorted; dead jobs have their own index in ID order.
-  static func list(_ status: JobStatus?) -> String {
-    let filter: String
+  /// A page of one stored status in ID order: a range of `jobs_status`.
+  static func list(_ status: String) -> String {
+    "SELECT \(columns) FROM jobs WHERE queue = ? AND status = '\(status)' AND id > ? ORDER BY id LIMIT ?"
+  }
+
+  /// The stored statuses a public status covers.
+  static func stored(_ status: JobStatus) -> [String] {
     switch status {
-    case nil: filter = ""
-    case .pending: filter = "AND +status = 'pending'"
-    case .running: filter = "AND status = 'running'"
-    case .dead: filter = "AND status = 'dead'"
+    case .pending: ["ready", "scheduled"]
+    case .running: ["running"]
+    case .dead: ["dead"]
     }
-    return "SELECT \(columns) FROM jobs WHERE queue = ? AND id > ? \(filter) ORDER BY id LIMIT ?"
   }
 
   static let remove = "DELETE FROM jobs WHERE id = ? AND queue = ?"
 
-  static func clear(_ status: JobStatus) -> String {
-    "DELETE FROM jobs WHERE queue = ? AND status = '\(status.rawValue)'"
+  static func clear(_ status: String) -> String {
+    "DELETE FROM jobs WHERE queue = ? AND status = '\(status)'"
   }
 
   /// What re-queueing sets; the first parameter is the run date.
   private static let requeued = """
-    UPDATE jobs SET status = 'pending', run_at = ?, attempts = 0, lease_owner = NULL,
+    UPDATE jobs SET status = 'ready', run_at = ?, attempts = 0, lease_owner = NULL,
     lease_expires_at = NULL
     """
   /// Re-queues every dead job without a deduplication key (the keyed ones go one at a time).
@@ -151,11 +212,11 @@ enum SQL {
   static let deadWithKey = """
     SELECT id FROM jobs WHERE queue = ? AND status = 'dead' AND dedup_key IS NOT NULL ORDER BY id
     """
-  /// Re-queues one dead job unless a pending or running job holds its deduplication key.
+  /// Re-queues one dead job unless a waiting job holds its deduplication key.
   static let requeueOne = """
     \(requeued) WHERE queue = ? AND status = 'dead' AND id = ?
     AND (dedup_key IS NULL OR NOT EXISTS (
       SELECT 1 FROM jobs AS live WHERE live.queue = jobs.queue AND live.dedup_key = jobs.dedup_key
-      AND live.status IN ('pending', 'running')))
+      AND live.status IN ('ready', 'scheduled')))
     """
 }

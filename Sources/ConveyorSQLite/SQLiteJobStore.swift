@@ -57,7 +57,10 @@ public final class SQLiteJobStore: JobStore {
   /// The `PRAGMA application_id` marking a Conveyor database: the bytes "Cnvy".
   public static let applicationID: Int32 = 0x436E_7679
   /// The schema version this build writes and reads (`PRAGMA user_version`).
-  public static let schemaVersion: Int32 = 1
+  ///
+  /// Version 2 added claim tokens and the ready/scheduled states. A version 1 database is
+  /// migrated when it is opened, in one transaction, keeping every job.
+  public static let schemaVersion: Int32 = 2
 
   /// The database file's path.
   public let path: String
@@ -155,11 +158,12 @@ public final class SQLiteJobStore: JobStore {
   // MARK: - JobStore
 
   /// Commits new jobs to a queue in one transaction, in order, skipping duplicates by key.
-  public func enqueue(_ jobs: [NewJob], queue: String, now: Date) async throws -> [EnqueueResult] {
+  public func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
     if jobs.isEmpty { return [] }
-    let created = millis(now)
     return try await connection.perform { db in
       try db.transaction(immediate: true) {
+        let now = millis(clock.now())
+        try db.run(SQL.noteQueue, .text(queue))
         var results: [EnqueueResult] = []
         results.reserveCapacity(jobs.count)
         for job in jobs {
@@ -169,9 +173,10 @@ public final class SQLiteJobStore: JobStore {
             results.append(EnqueueResult(id: JobID(existing), inserted: false))
             continue
           }
+          let runAt = Self.runAt(job.runTime, now: now)
           try db.run(
-            SQL.insert, .text(queue), .blob(job.payload), .integer(Int64(job.priority)),
-            .integer(millis(job.runAt)), .integer(created),
+            SQL.insert, .text(queue), .blob(job.payload), .text(runAt <= now ? "ready" : "scheduled"),
+            .integer(Int64(job.priority)), .integer(runAt), .integer(now),
             job.deduplicationKey.map(SQLiteValue.text) ?? .null)
           results.append(EnqueueResult(id: JobID(db.lastInsertRowID), inserted: true))
         }
@@ -180,46 +185,50 @@ public final class SQLiteJobStore: JobStore {
     }
   }
 
+  private static func runAt(_ runTime: RunTime, now: Int64) -> Int64 {
+    switch runTime {
+    case .now: now
+    case .after(let delay): millis(now, adding: delay)
+    case .at(let date): millis(date)
+    }
+  }
+
   /// Applies settlements, then claims up to `limit` ready jobs, in one `BEGIN IMMEDIATE` transaction.
+  ///
+  /// The clock is read once the transaction holds the write lock, so a wait for the lock never
+  /// shortens the lease.
   public func settleAndClaim(
-    _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, now: Date
+    _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, clock: any JobClock
   ) async throws -> ClaimBatch {
-    let nowMillis = millis(now)
-    let expires = millis(lease.expiresAt)
-    return try await connection.perform { db in
+    try await connection.perform { db in
       try db.transaction(immediate: true) {
+        let now = millis(clock.now())
         var stale: [JobID] = []
         for settlement in settlements {
-          if try !Self.settle(settlement, queue: queue, db: db) { stale.append(settlement.id) }
+          if try !Self.settle(settlement, now: now, db: db) { stale.append(settlement.id) }
         }
         let paused = try db.scalar(SQL.isPaused, .text(queue)) != nil
         guard limit > 0, !paused else {
           return ClaimBatch(claimed: [], staleSettlements: stale, paused: paused)
         }
+        try db.run(SQL.promote, .text(queue), .integer(now))
+        let expires = millis(now, adding: lease.duration)
         // Read the ready rows first, then update them one by one (no `RETURNING`, no
         // `UPDATE … WHERE id IN (SELECT …)`: both were several times slower).
         var claimed: [JobRecord] = []
         claimed.reserveCapacity(min(limit, 1_024))
-        var level = try db.scalar(SQL.topPriority, .text(queue))
-        while let priority = level, claimed.count < limit {
-          try db.query(
-            SQL.selectReady, .text(queue), .integer(priority), .integer(nowMillis),
-            .integer(Int64(limit - claimed.count))
-          ) { claimed.append(try Self.record($0)) }
-          if claimed.count < limit {
-            level = try db.scalar(SQL.lowerPriority, .text(queue), .integer(priority))
-          }
+        try db.query(SQL.selectReady, .text(queue), .integer(Int64(limit))) {
+          claimed.append(try Self.record($0))
         }
         for index in claimed.indices {
           let id = claimed[index].id.rawValue
-          let changed = try db.run(
-            SQL.claim, .integer(nowMillis), .text(lease.owner), .integer(expires), .integer(id))
+          let changed = try db.run(SQL.claim, .text(lease.owner), .integer(expires), .integer(id))
           guard changed == 1 else {
             throw SQLiteError(code: .error, message: "claimed job \(id) vanished inside its transaction")
           }
           claimed[index].status = .running
-          claimed[index].attempts += 1
-          claimed[index].runAt = date(nowMillis)
+          if claimed[index].attempts < Int.max { claimed[index].attempts += 1 }
+          claimed[index].claimToken &+= 1
           claimed[index].leaseOwner = lease.owner
           claimed[index].leaseExpiresAt = date(expires)
         }
@@ -228,60 +237,64 @@ public final class SQLiteJobStore: JobStore {
     }
   }
 
-  /// Extends the lease on jobs `lease.owner` holds; returns the IDs it still holds.
-  public func heartbeat(_ ids: [JobID], queue: String, lease: Lease) async throws -> [JobID] {
-    if ids.isEmpty { return [] }
-    let expires = millis(lease.expiresAt)
+  /// Extends the leases of the given claims; returns those still current.
+  public func heartbeat(_ claims: [ClaimReference], queue: String, lease: Lease, clock: any JobClock)
+    async throws -> [ClaimReference]
+  {
+    if claims.isEmpty { return [] }
     return try await connection.perform { db in
       try db.transaction(immediate: true) {
-        try ids.filter {
-          try db.run(
-            SQL.heartbeat, .integer(expires), .integer($0.rawValue), .text(queue), .text(lease.owner)) > 0
+        let expires = millis(millis(clock.now()), adding: lease.duration)
+        return try claims.filter {
+          try db.run(SQL.heartbeat, .integer(expires), .integer($0.id.rawValue), .integer($0.token)) > 0
         }
       }
     }
   }
 
-  /// Returns running jobs whose lease ran out before `now` to pending, ready at `now`.
-  public func rescueExpiredLeases(queue: String, now: Date) async throws -> Int {
-    let nowMillis = millis(now)
-    return try await connection.perform { db in
-      try db.run(SQL.rescue, .integer(nowMillis), .text(queue), .integer(nowMillis))
+  /// Makes running jobs whose lease ran out ready again, in their old place; returns how many.
+  public func rescueExpiredLeases(queue: String, clock: any JobClock) async throws -> Int {
+    try await connection.perform { db in
+      try db.transaction(immediate: true) {
+        try db.run(SQL.rescue, .text(queue), .integer(millis(clock.now())))
+      }
     }
   }
 
-  /// Counts the queue's jobs by status, reading each count from its partial index.
+  /// Counts the queue's jobs by status, each count a range of an index.
   ///
-  /// Counting reads every pending job's index entry: about 0.15 s per million pending jobs.
-  public func counts(queue: String, now: Date) async throws -> JobCounts {
-    let nowMillis = millis(now)
-    return try await connection.perform { db in
+  /// Counting reads every counted job's index entry: about 0.15 s per million jobs.
+  public func counts(queue: String, clock: any JobClock) async throws -> JobCounts {
+    try await connection.perform { db in
       try db.transaction(immediate: false) {
-        var pending = 0
-        var scheduled = 0
-        try db.query(SQL.countPending, .integer(nowMillis), .text(queue)) {
-          pending = $0.int(0)
-          scheduled = $0.int(1)
+        let now = millis(clock.now())
+        func count(_ status: String) throws -> Int {
+          Int(try db.scalar(SQL.count(status), .text(queue)) ?? 0)
         }
+        let due = Int(try db.scalar(SQL.countDue, .text(queue), .integer(now)) ?? 0)
         return JobCounts(
-          ready: pending - scheduled, scheduled: scheduled,
-          running: Int(try db.scalar(SQL.countRunning, .text(queue)) ?? 0),
-          dead: Int(try db.scalar(SQL.countDead, .text(queue)) ?? 0))
+          ready: try count("ready") + due, scheduled: try count("scheduled") - due,
+          running: try count("running"), dead: try count("dead"))
       }
     }
   }
 
-  /// Lists jobs in ID order, one page at a time; only the page is read into memory.
+  /// Lists jobs in ID order, one page at a time; reads at most one page per stored status.
   public func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
     guard limit > 0 else { return [] }
-    let sql = SQL.list(status)
+    let stored = status.map(SQL.stored) ?? ["ready", "scheduled", "running", "dead"]
     let after = after?.rawValue ?? Int64.min
     return try await connection.perform { db in
-      var records: [JobRecord] = []
-      try db.query(sql, .text(queue), .integer(after), .integer(Int64(limit))) {
-        records.append(try Self.record($0))
+      try db.transaction(immediate: false) {
+        var records: [JobRecord] = []
+        for name in stored {
+          try db.query(SQL.list(name), .text(queue), .integer(after), .integer(Int64(limit))) {
+            records.append(try Self.record($0))
+          }
+        }
+        records.sort { $0.id < $1.id }
+        return Array(records.prefix(limit))
       }
-      return records
     }
   }
 
@@ -290,34 +303,35 @@ public final class SQLiteJobStore: JobStore {
     if ids.isEmpty { return 0 }
     return try await connection.perform { db in
       try db.transaction(immediate: true) {
-        try ids.reduce(0) { $0 + (try db.run(SQL.remove, .integer($1.rawValue), .text(queue))) }
+        try Set(ids).reduce(0) { $0 + (try db.run(SQL.remove, .integer($1.rawValue), .text(queue))) }
       }
     }
   }
 
   /// Deletes every job of the queue whose status is in `statuses`; returns how many.
   public func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int {
-    if statuses.isEmpty { return 0 }
+    let stored = statuses.flatMap(SQL.stored)
+    if stored.isEmpty { return 0 }
     return try await connection.perform { db in
       try db.transaction(immediate: true) {
-        try statuses.reduce(0) { $0 + (try db.run(SQL.clear($1), .text(queue))) }
+        try stored.reduce(0) { $0 + (try db.run(SQL.clear($1), .text(queue))) }
       }
     }
   }
 
-  /// Makes dead jobs pending again, ready at `now`, attempts reset to zero; returns how many.
-  public func requeueDead(_ ids: [JobID]?, queue: String, now: Date) async throws -> Int {
-    let nowMillis = millis(now)
-    return try await connection.perform { db in
+  /// Makes dead jobs ready again, now, attempts reset to zero; returns how many.
+  public func requeueDead(_ ids: [JobID]?, queue: String, clock: any JobClock) async throws -> Int {
+    try await connection.perform { db in
       try db.transaction(immediate: true) {
+        let now = millis(clock.now())
         // One at a time, oldest first: of dead jobs sharing a key only the first may go back.
         func requeue(_ id: Int64) throws -> Int {
-          try db.run(SQL.requeueOne, .integer(nowMillis), .text(queue), .integer(id))
+          try db.run(SQL.requeueOne, .integer(now), .text(queue), .integer(id))
         }
         guard let ids else {
           var keyed: [Int64] = []
           try db.query(SQL.deadWithKey, .text(queue)) { keyed.append($0.int64(0)) }
-          let unkeyed = try db.run(SQL.requeueAllWithoutKey, .integer(nowMillis), .text(queue))
+          let unkeyed = try db.run(SQL.requeueAllWithoutKey, .integer(now), .text(queue))
           return try keyed.reduce(unkeyed) { try $0 + requeue($1) }
         }
         return try Set(ids).sorted().reduce(0) { try $0 + requeue($1.rawValue) }
@@ -328,11 +342,7 @@ public final class SQLiteJobStore: JobStore {
   /// Stores whether the queue is paused; every process on the file obeys it at its next claim.
   public func setPaused(_ paused: Bool, queue: String) async throws {
     _ = try await connection.perform { db in
-      if paused {
-        try db.run(SQL.pause, .text(queue))
-      } else {
-        try db.run(SQL.resume, .text(queue))
-      }
+      try db.run(paused ? SQL.pause : SQL.resume, .text(queue))
     }
   }
 
@@ -341,23 +351,46 @@ public final class SQLiteJobStore: JobStore {
     try await connection.perform { db in try db.scalar(SQL.isPaused, .text(queue)) != nil }
   }
 
-  /// The earliest pending run date or running lease expiry of the queue; nil when it holds neither.
-  public func nextWakeDate(queue: String) async throws -> Date? {
+  /// When the queue next needs a worker: a ready job (or the earliest scheduled run date) and the
+  /// earliest lease expiry.
+  public func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
     try await connection.perform { db in
       try db.transaction(immediate: false) {
-        let runAt = try db.scalar(SQL.nextRunAt, .text(queue))
+        let run = try db.scalar(SQL.anyReady, .text(queue)) ?? db.scalar(SQL.nextScheduled, .text(queue))
         let expiry = try db.scalar(SQL.nextExpiry, .text(queue))
-        return [runAt, expiry].compactMap { $0 }.min().map(date)
+        return WakeHint(nextRun: run.map(date), nextLeaseExpiry: expiry.map(date))
       }
     }
   }
 
-  /// The names of queues that hold jobs or are paused, sorted.
+  /// The names of queues that hold jobs or are paused, sorted; reads the `queues` table and one
+  /// index seek per queue.
   public func queueNames() async throws -> [String] {
     try await connection.perform { db in
       var names: [String] = []
       try db.query(SQL.queueNames) { names.append($0.text(0) ?? "") }
       return names
+    }
+  }
+
+  /// The busy timeout: a queue's lease must be longer.
+  public var maximumLockWait: Duration { options.busyTimeout }
+
+  /// The SQLite virtual-machine steps a claim of one job reads (promotion and selection), without
+  /// changing anything: tests check that a claim's cost does not grow with the backlog.
+  func claimSteps(queue: String, now: Date) async throws -> Int {
+    try await connection.perform { db in
+      let statements = [SQL.promote, SQL.selectReady]
+      for sql in statements {
+        _ = sqlite3_stmt_status(try db.statement(sql).handle, SQLITE_STMTSTATUS_VM_STEP, 1)
+      }
+      try db.execute("SAVEPOINT measure")
+      defer { try? db.execute("ROLLBACK TO measure; RELEASE measure") }
+      try db.run(SQL.promote, .text(queue), .integer(millis(now)))
+      try db.query(SQL.selectReady, .text(queue), .integer(1)) { _ in }
+      return try statements.reduce(0) {
+        $0 + Int(sqlite3_stmt_status(try db.statement($1).handle, SQLITE_STMTSTATUS_VM_STEP, 1))
+      }
     }
   }
 
@@ -368,21 +401,22 @@ public final class SQLiteJobStore: JobStore {
 
   // MARK: - Settling and decoding
 
-  /// Applies one settlement; false when the owner no longer holds the job.
-  private static func settle(_ settlement: JobSettlement, queue: String, db: Connection) throws -> Bool {
-    let id = SQLiteValue.integer(settlement.id.rawValue)
-    let owner = SQLiteValue.text(settlement.owner)
+  /// Applies one settlement; false when its claim is no longer current.
+  private static func settle(_ settlement: JobSettlement, now: Int64, db: Connection) throws -> Bool {
+    let id = SQLiteValue.integer(settlement.claim.id.rawValue)
+    let token = SQLiteValue.integer(settlement.claim.token)
     let changed: Int
     switch settlement.action {
     case .complete:
-      changed = try db.run(SQL.complete, id, .text(queue), owner)
-    case .retry(let at, let error):
+      changed = try db.run(SQL.complete, id, token)
+    case .retry(let delay, let error):
       changed = try db.run(
-        SQL.retry, .integer(millis(at)), error.map(SQLiteValue.text) ?? .null, id, .text(queue), owner)
+        SQL.retry, .integer(millis(now, adding: delay)), .integer(now), error.map(SQLiteValue.text) ?? .null,
+        id, token)
     case .kill(let error):
-      changed = try db.run(SQL.kill, .text(error), id, .text(queue), owner)
-    case .release:
-      changed = try db.run(SQL.release, id, .text(queue), owner)
+      changed = try db.run(SQL.kill, .text(error), id, token)
+    case .release(let error):
+      changed = try db.run(SQL.release, error.map(SQLiteValue.text) ?? .null, id, token)
     }
     return changed > 0
   }
@@ -390,7 +424,12 @@ public final class SQLiteJobStore: JobStore {
   /// Decodes a row selected with ``SQL/columns``.
   private static func record(_ row: Statement) throws -> JobRecord {
     let statusText = row.text(3) ?? ""
-    guard let status = JobStatus(rawValue: statusText) else {
+    let status: JobStatus
+    switch statusText {
+    case "ready", "scheduled": status = .pending
+    case "running": status = .running
+    case "dead": status = .dead
+    default:
       throw SQLiteError(
         code: .corrupt, message: "job \(row.int64(0)) has an unknown status '\(statusText)'", sql: row.sql)
     }
@@ -398,7 +437,7 @@ public final class SQLiteJobStore: JobStore {
       id: JobID(row.int64(0)), queue: row.text(1) ?? "", payload: row.data(2), status: status,
       priority: row.int(4), attempts: row.int(5), runAt: date(row.int64(6)), createdAt: date(row.int64(7)),
       lastError: row.text(8), deduplicationKey: row.text(9), leaseOwner: row.text(10),
-      leaseExpiresAt: row.isNull(11) ? nil : date(row.int64(11)))
+      leaseExpiresAt: row.isNull(11) ? nil : date(row.int64(11)), claimToken: row.int64(12))
   }
 }
 
@@ -503,10 +542,14 @@ extension SQLiteJobStore {
     try db.execute("PRAGMA busy_timeout = \(milliseconds(options.busyTimeout))")
     let kind = try inspect(db, path: path)
     conveyor_sqlite_db_config_no_checkpoint_on_close(db.handle, 0)  // ours (or empty) from here
-    if kind == .empty {
+    if kind != .current {
       try db.transaction(immediate: true) {
-        // Another process may have installed the schema while this one waited for the lock.
-        if try inspect(db, path: path) == .empty { try db.execute(SQL.schema) }
+        // Another process may have installed or migrated the schema while this one waited.
+        switch try inspect(db, path: path) {
+        case .empty: try db.execute(SQL.schema)
+        case .version1: try migrateFromVersion1(db)
+        case .current: break
+        }
       }
     }
     try switchToWAL(db, within: options.busyTimeout)
@@ -533,7 +576,15 @@ extension SQLiteJobStore {
     }
   }
 
-  private enum FileKind { case empty, conveyor }
+  private enum FileKind { case empty, version1, current }
+
+  /// Rebuilds a version 1 database as version 2 inside the caller's transaction, keeping every
+  /// job and the `AUTOINCREMENT` counter (so no ID of a deleted job is ever reused).
+  private static func migrateFromVersion1(_ db: Connection) throws {
+    let sequence = try db.scalar(SQL.sequence, .text("jobs")) ?? 0
+    try db.execute(SQL.migrate1to2)
+    try db.execute(SQL.setSequence.replacingOccurrences(of: "?", with: String(sequence)))
+  }
 
   /// Reads the header and schema without writing; throws for anything but an empty or a Conveyor file.
   private static func inspect(_ db: Connection, path: String) throws -> FileKind {
@@ -575,13 +626,14 @@ extension SQLiteJobStore {
         message: "this Conveyor database has schema version \(version), newer than the version "
           + "\(Self.schemaVersion) this build knows; it was left untouched. Upgrade Conveyor to open it")
     }
+    if version == 1 { return .version1 }
     guard version == Int64(Self.schemaVersion) else {
       throw SQLiteJobStoreError(
         code: .unsupportedSchema, path: path,
         message: "this Conveyor database has schema version \(version), which this build cannot "
           + "open; it was left untouched. Move it aside so a new database is created")
     }
-    return .conveyor
+    return .current
   }
 
   private static func validate(name: String) throws {
@@ -629,18 +681,19 @@ private func createExclusively(_ path: String) -> Int32 {
   open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
 }
 
-/// Whole milliseconds since 1970, rounded to the nearest: how the store keeps dates.
-func millis(_ date: Date) -> Int64 {
-  Int64((date.timeIntervalSince1970 * 1000).rounded())
+/// Whole milliseconds since 1970, rounded and clamped: how the store keeps dates.
+func millis(_ date: Date) -> Int64 { JobStoreTime.milliseconds(date) }
+
+/// `milliseconds` moved by `duration`, both clamped as every store clamps them.
+func millis(_ milliseconds: Int64, adding duration: Duration) -> Int64 {
+  JobStoreTime.milliseconds(
+    JobStoreTime.date(JobStoreTime.date(milliseconds: milliseconds), adding: duration))
 }
 
 /// The date `milliseconds` after 1970.
-func date(_ milliseconds: Int64) -> Date {
-  Date(timeIntervalSince1970: Double(milliseconds) / 1000)
-}
+func date(_ milliseconds: Int64) -> Date { JobStoreTime.date(milliseconds: milliseconds) }
 
 /// A duration in whole milliseconds, clamped to `Int32`.
 private func milliseconds(_ duration: Duration) -> Int32 {
-  let (seconds, attoseconds) = duration.components
-  return Int32(clamping: seconds * 1000 + attoseconds / 1_000_000_000_000_000)
+  Int32(clamping: JobStoreTime.milliseconds(duration))
 }

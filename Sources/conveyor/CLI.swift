@@ -98,8 +98,11 @@ enum CLI {
     var database: String?
     var queue: String
 
-    func openStore() throws -> SQLiteJobStore {
-      guard let database else { return try SQLiteJobStore(name: "conveyor") }
+    /// Opens the store. `busyTimeout` is how long a call waits for another process's lock; a
+    /// worker's lease must be at least twice as long.
+    func openStore(busyTimeout: Duration = .seconds(5)) throws -> SQLiteJobStore {
+      let options = SQLiteJobStore.Options(busyTimeout: busyTimeout)
+      guard let database else { return try SQLiteJobStore(name: "conveyor", options: options) }
       if database.hasPrefix("postgres://") || database.hasPrefix("postgresql://") {
         throw UsageError(
           description: "PostgreSQL databases are not supported by this build yet; pass a SQLite file path")
@@ -110,7 +113,7 @@ enum CLI {
           description: "\(database) is a folder; pass the path of a database file in it, e.g. "
             + URL(fileURLWithPath: database).appendingPathComponent("conveyor.sqlite").path)
       }
-      return try SQLiteJobStore(path: database)
+      return try SQLiteJobStore(path: database, options: options)
     }
 
     /// A queue for inspecting and controlling jobs; it never claims any.
@@ -184,8 +187,12 @@ enum CLI {
     }
     try arguments.finish()
     let queue = try context.controlQueue()
-    let id = try await queue.add(job, priority: priority, delay: delay)
-    output(id.description)
+    let result = try await queue.add(job, priority: priority, delay: delay)
+    output(result.id.description)
+    if !result.inserted {
+      FileHandle.standardError.write(
+        Data("conveyor: not stored: job \(result.id) with the same --key is already waiting\n".utf8))
+    }
     return ExitCode.success.rawValue
   }
 
@@ -201,7 +208,9 @@ enum CLI {
     let options = Worker.Options(
       concurrency: concurrency, maxAttempts: maxAttempts, leaseDuration: lease, untilEmpty: untilEmpty,
       output: json ? .json : (isatty(STDOUT_FILENO) == 1 ? .live : .lines))
-    let worker = try Worker(store: try context.openStore(), queue: context.queue, options: options)
+    // A short lease needs a short lock wait: a worker waiting longer could lose a running job.
+    let store = try context.openStore(busyTimeout: min(.seconds(5), lease / 2))
+    let worker = try Worker(store: store, queue: context.queue, options: options)
     return await worker.run()
   }
 

@@ -43,7 +43,8 @@ enum Demo {
     output("database  \(database)")
     output("endpoint  http://127.0.0.1:\(server.port)  (answers 503, then 429 Retry-After: 1, then 200)")
 
-    let store = try SQLiteJobStore(path: database)
+    // The demo's 1 s lease needs a lock wait of at most half of it.
+    let store = try SQLiteJobStore(path: database, options: .init(busyTimeout: .milliseconds(500)))
     var options = Worker.Options()
     options.retryPolicy = .exponential(initial: .milliseconds(200), maximum: .seconds(2), jitter: 0)
     options.maxAttempts = 3
@@ -64,7 +65,7 @@ enum Demo {
     ]
     var ids: [JobID] = []
     for job in jobs {
-      let id = try await outbox.add(job)
+      let id = try await outbox.add(job).id
       ids.append(id)
       output("  job \(id)  \(job.summary)")
     }
@@ -74,7 +75,8 @@ enum Demo {
 
     heading("3. Crash recovery: a worker process is killed with SIGKILL in the middle of a job")
     let slow = try await outbox.add(
-      OutboxJob(kind: .exec(ShellCommand(arguments: ["sleep", "2"])), key: nil))
+      OutboxJob(kind: .exec(ShellCommand(arguments: ["sleep", "2"])), key: nil)
+    ).id
     output("  job \(slow)  exec sleep 2")
     let child = try startChildWorker(database: database)
     output("  worker process \(child.process.processIdentifier) started job \(try child.waitForStart())")

@@ -141,7 +141,7 @@ struct OutboxEndToEndTests {
     let outbox = try JobQueue(
       configuration: configuration, store: InMemoryJobStore(), delivery: HTTPDelivery())
     let events = EventRecorder(outbox.events)
-    let id = try await outbox.add(.get(server.url("/limited")))
+    let id = try await outbox.add(.get(server.url("/limited"))).id
     try await events.wait(for: "retry scheduled") {
       $0.contains { if case .retryScheduled = $0 { true } else { false } }
     }

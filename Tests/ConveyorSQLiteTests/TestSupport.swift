@@ -23,8 +23,8 @@ let epoch = Date(timeIntervalSince1970: 1_700_000_000)
 
 func payload(_ text: String) -> Data { Data(text.utf8) }
 
-func lease(_ owner: String = "w1", until: Date = epoch.addingTimeInterval(60)) -> Lease {
-  Lease(owner: owner, expiresAt: until)
+func lease(_ owner: String = "w1", for duration: Duration = .seconds(60)) -> Lease {
+  Lease(owner: owner, duration: duration)
 }
 
 /// SHA-free fingerprint of a file: its bytes (the files in these tests are small).

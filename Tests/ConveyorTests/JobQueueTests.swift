@@ -145,7 +145,7 @@ struct JobQueueTests {
       throw Boom()
     }
     let events = EventRecorder(queue.events)
-    let id = try await queue.add(Request(name: "doomed"))
+    let id = try await queue.add(Request(name: "doomed")).id
     try await eventually("first attempt") { attempts.count == 1 }
     try await events.wait(for: "retry scheduled") {
       $0.contains { if case .retryScheduled = $0 { true } else { false } }
@@ -285,8 +285,8 @@ struct JobQueueTests {
       handled.append(item.name)
       return .handled
     }
-    let blocker = try await queue.add(Request(name: "blocker"))
-    let doomed = try await queue.add(Request(name: "doomed"))
+    let blocker = try await queue.add(Request(name: "blocker")).id
+    let doomed = try await queue.add(Request(name: "doomed")).id
     try await queue.add(Request(name: "keeper"))
     try await eventually("blocker running") { queue.state == .running }
     #expect(try await queue.remove(doomed))
@@ -349,7 +349,7 @@ struct JobQueueTests {
       seenB.append(ctx.id)
       return .handled
     }
-    let id = try await queueA.add(Request(name: "slow"))
+    let id = try await queueA.add(Request(name: "slow")).id
     try await eventually("A started it") { seenA.count == 1 }
     queueB.start()
     // Move time past two leases in steps: A heartbeats every 10 s, so its lease never has less
@@ -374,8 +374,7 @@ struct JobQueueTests {
       now: clock.now())[0].id
     let batch = try await store.settleAndClaim(
       [], queue: "jobs", limit: 1,
-      lease: Lease(owner: "ghost", expiresAt: clock.now().addingTimeInterval(30)),
-      now: clock.now())
+      lease: Lease(owner: "ghost", duration: .seconds(30)), now: clock.now())
     #expect(batch.claimed.map(\.id) == [ghost])
     clock.advance(by: .seconds(29))
     try await Task.sleep(for: .milliseconds(30))
@@ -392,8 +391,8 @@ struct JobQueueTests {
       item, _ in item.name == "ok" ? .handled : .retry
     }
     let events = EventRecorder(queue.events)
-    let ok = try await queue.add(Request(name: "ok"))
-    let bad = try await queue.add(Request(name: "bad"))
+    let ok = try await queue.add(Request(name: "ok")).id
+    let bad = try await queue.add(Request(name: "bad")).id
     await queue.waitUntilFinished()
     try await events.wait(for: "finished") { $0.contains(.finished) }
     let all = events.events
@@ -420,11 +419,34 @@ struct JobQueueTests {
     let first = try await queue.add(Request(name: "a", key: "user-1"))
     let second = try await queue.add(Request(name: "b", key: "user-1"))
     let other = try await queue.add(Request(name: "c", key: "user-2"))
-    #expect(first == second && first != other)
+    #expect(first.inserted && !second.inserted && other.inserted, "add says whether it stored the item")
+    #expect(first.id == second.id && first.id != other.id)
     #expect(try await queue.count().ready == 2)
     queue.start()
     await queue.waitUntilFinished()
-    #expect(try await queue.add(Request(name: "d", key: "user-1")) != first, "a handled key is free again")
+    let again = try await queue.add(Request(name: "d", key: "user-1"))
+    #expect(again.inserted && again.id != first.id, "a handled key is free again")
+    await queue.shutdown()
+  }
+
+  @Test("an item whose key matches a running job is stored and runs after it, with its newer data")
+  func deduplicationAgainstARunningJob() async throws {
+    let gate = Gate()
+    let handled = Log<String>()
+    let queue = try JobQueue<Request>(configuration: configuration(), store: InMemoryJobStore()) { item, _ in
+      if item.name == "old" { await gate.wait() }
+      handled.append(item.name)
+      return .handled
+    }
+    let old = try await queue.add(Request(name: "old", key: "profile-7"))
+    try await eventually("the old job runs") { queue.state == .running }
+    let new = try await queue.add(Request(name: "new", key: "profile-7"))
+    #expect(new.inserted && new.id != old.id, "stored, not matched to the running job")
+    let duplicate = try await queue.add(Request(name: "newer", key: "profile-7"))
+    #expect(!duplicate.inserted && duplicate.id == new.id, "the waiting job deduplicates")
+    gate.open()
+    await queue.waitUntilFinished()
+    #expect(handled.all == ["old", "new"], "the newer item runs after the running one")
     await queue.shutdown()
   }
 
@@ -482,7 +504,7 @@ struct JobQueueTests {
     #expect(records.allSatisfy { $0.attempts == 0 }, "given back without counting an attempt")
   }
 
-  @Test("a handler that ignores the grace period is cancelled and its job retried at once")
+  @Test("a handler that ignores the grace period is cancelled and its job given back, attempt unused")
   func shutdownCancelsAfterGrace() async throws {
     let store = InMemoryJobStore()
     let queue = try JobQueue<Request>(configuration: configuration(), store: store) { _, _ in
@@ -494,7 +516,40 @@ struct JobQueueTests {
     await queue.shutdown(gracePeriod: .milliseconds(50))
     let record = try await store.jobs(queue: "jobs", status: nil, after: nil, limit: 1).first
     #expect(record?.status == .pending && record?.lastError == "interrupted by shutdown")
-    #expect(record?.attempts == 1)
+    #expect(record?.attempts == 0, "a shutdown is not an attempt")
+  }
+
+  @Test(
+    "shutdown is not a crash: a job interrupted on its last allowed attempt runs again after a restart",
+    arguments: [1, 3])
+  func shutdownOnTheLastAttempt(maxAttempts: Int) async throws {
+    let store = InMemoryJobStore()
+    let attempts = Log<Int>()
+    // Attempts before the last one fail; the last one is interrupted by a shutdown.
+    let first = try JobQueue<Request>(
+      configuration: configuration(retry: .fixed(.zero), maxAttempts: maxAttempts), store: store
+    ) { _, context in
+      attempts.append(context.attempts)
+      if context.attempts < maxAttempts { return .retry(after: .zero) }
+      try await Task.sleep(for: .seconds(600))
+      return .handled
+    }
+    try await first.add(Request(name: "report"))
+    try await eventually("last attempt running") {
+      attempts.all.last == maxAttempts && first.state == .running
+    }
+    await first.shutdown(gracePeriod: .milliseconds(20))
+    let handled = Log<Int>()
+    let second = try JobQueue<Request>(
+      configuration: configuration(maxAttempts: maxAttempts), store: store
+    ) { _, context in
+      handled.append(context.attempts)
+      return .handled
+    }
+    await second.waitUntilFinished()
+    #expect(handled.all == [maxAttempts], "run again as attempt \(maxAttempts), not declared dead")
+    #expect(try await store.counts(queue: "jobs", now: clock.now()) == JobCounts(), "handled, not dead")
+    await second.shutdown()
   }
 
   @Test("a stored job survives the queue: a new queue on the same store handles it")
@@ -515,73 +570,20 @@ struct JobQueueTests {
   }
 }
 
-/// A store that fails its first `failures` claims, to test that the worker loop survives storage
-/// errors without losing or repeating jobs.
-final class FlakyStore: JobStore {
-  let base = InMemoryJobStore()
-  let failuresLeft: Mutex<Int>
-  let rescueFailuresLeft: Mutex<Int>
-
-  struct Failure: Error, CustomStringConvertible {
-    var description: String { "disk I/O error (injected)" }
-  }
-
-  init(failures: Int, rescueFailures: Int = 0) {
-    failuresLeft = Mutex(failures)
-    rescueFailuresLeft = Mutex(rescueFailures)
-  }
-
-  func settleAndClaim(
-    _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, now: Date
-  ) async throws -> ClaimBatch {
-    let fail = failuresLeft.withLock { left -> Bool in
-      defer { left = max(0, left - 1) }
-      return left > 0
-    }
-    if fail { throw Failure() }
-    return try await base.settleAndClaim(settlements, queue: queue, limit: limit, lease: lease, now: now)
-  }
-
-  func enqueue(_ jobs: [NewJob], queue: String, now: Date) async throws -> [EnqueueResult] {
-    try await base.enqueue(jobs, queue: queue, now: now)
-  }
-  func heartbeat(_ ids: [JobID], queue: String, lease: Lease) async throws -> [JobID] {
-    try await base.heartbeat(ids, queue: queue, lease: lease)
-  }
-  func rescueExpiredLeases(queue: String, now: Date) async throws -> Int {
-    let fail = rescueFailuresLeft.withLock { left -> Bool in
-      defer { left = max(0, left - 1) }
-      return left > 0
-    }
-    if fail { throw Failure() }
-    return try await base.rescueExpiredLeases(queue: queue, now: now)
-  }
-  func counts(queue: String, now: Date) async throws -> JobCounts {
-    try await base.counts(queue: queue, now: now)
-  }
-  func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
-    try await base.jobs(queue: queue, status: status, after: after, limit: limit)
-  }
-  func remove(_ ids: [JobID], queue: String) async throws -> Int { try await base.remove(ids, queue: queue) }
-  func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int {
-    try await base.clear(queue: queue, statuses: statuses)
-  }
-  func requeueDead(_ ids: [JobID]?, queue: String, now: Date) async throws -> Int {
-    try await base.requeueDead(ids, queue: queue, now: now)
-  }
-  func setPaused(_ paused: Bool, queue: String) async throws {
-    try await base.setPaused(paused, queue: queue)
-  }
-  func isPaused(queue: String) async throws -> Bool { try await base.isPaused(queue: queue) }
-  func nextWakeDate(queue: String) async throws -> Date? { try await base.nextWakeDate(queue: queue) }
-  func queueNames() async throws -> [String] { try await base.queueNames() }
+/// A store that fails its first `failures` claims and `rescueFailures` rescues, to test that the
+/// worker loop survives storage errors without losing or repeating jobs.
+func flakyStore(failures: Int, rescueFailures: Int = 0) -> InstrumentedJobStore {
+  let store = InstrumentedJobStore()
+  store.fail("settleAndClaim", times: failures)
+  store.fail("rescue", times: rescueFailures)
+  return store
 }
 
 @Suite("JobQueue under failure")
 struct JobQueueFailureTests {
   @Test("storage errors are logged and retried; no job is lost or handled twice")
   func storageErrors() async throws {
-    let store = FlakyStore(failures: 3)
+    let store = flakyStore(failures: 3)
     let logged = Log<LogRecord>()
     let handled = Log<String>()
     var configuration = JobQueueConfiguration(identifier: "flaky", concurrency: 2, autoStart: false)
@@ -691,8 +693,7 @@ struct JobQueueEdgeCaseTests {
     // A worker claims it (attempt 1 of 1) and dies.
     _ = try await store.settleAndClaim(
       [], queue: "crashy", limit: 1,
-      lease: Lease(owner: "dead-worker", expiresAt: clock.now().addingTimeInterval(10)),
-      now: clock.now())
+      lease: Lease(owner: "dead-worker", duration: .seconds(10)), now: clock.now())
     let queue = try JobQueue<Request>(
       configuration: .init(identifier: "crashy", maxAttempts: 1, leaseDuration: .seconds(10), clock: clock),
       store: store
@@ -727,7 +728,7 @@ struct JobQueueEdgeCaseTests {
 
   @Test("a failing lease rescue loses no recorded outcome")
   func rescueFailuresLoseNothing() async throws {
-    let store = FlakyStore(failures: 0, rescueFailures: 3)
+    let store = flakyStore(failures: 0, rescueFailures: 3)
     let handled = Log<String>()
     let queue = try JobQueue<Request>(
       configuration: .init(identifier: "rescue", concurrency: 2, leaseDuration: .milliseconds(60)),

@@ -82,7 +82,8 @@ struct TestJob: Queueable {
 }
 
 func work(_ arguments: Arguments) async throws {
-  let store = try await SQLiteJobStore.open(path: arguments.database)
+  let store = try await SQLiteJobStore.open(
+    path: arguments.database, options: .init(busyTimeout: .milliseconds(arguments.leaseMilliseconds / 2)))
   let output = try LineFile(path: arguments.output)
   let progress = try arguments.progress.map { try LineFile(path: $0) }
   let handleDuration = Duration.milliseconds(arguments.handleMilliseconds)
@@ -97,7 +98,7 @@ func work(_ arguments: Arguments) async throws {
   }
   await queue.waitUntilFinished()
   await queue.shutdown(gracePeriod: .seconds(5))
-  let counts = try await store.counts(queue: arguments.queue, now: Date())
+  let counts = try await store.counts(queue: arguments.queue, clock: SystemJobClock())
   guard counts.unfinished == 0 else { throw Failure("finished with \(counts) left") }
 }
 

@@ -20,76 +20,92 @@ public final class InMemoryJobStore: JobStore {
   /// Creates an empty store.
   public init() {}
 
-  /// Commits new jobs; see ``JobStore/enqueue(_:queue:now:)``.
-  public func enqueue(_ jobs: [NewJob], queue: String, now: Date) async throws -> [EnqueueResult] {
+  /// Commits new jobs; see ``JobStore/enqueue(_:queue:clock:)``.
+  public func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
     state.withLock { state in
+      let now = JobStoreTime.normalized(clock.now())
       var results: [EnqueueResult] = []
       results.reserveCapacity(jobs.count)
       for job in jobs {
-        if let key = job.deduplicationKey, let existing = state.queues[queue]?.dedup[key] {
+        if let key = job.deduplicationKey, let existing = state.queues[queue]?.dedup[key]?.min() {
           results.append(EnqueueResult(id: existing, inserted: false))
           continue
         }
         state.nextID += 1
         let record = JobRecord(
           id: JobID(state.nextID), queue: queue, payload: job.payload, status: .pending,
-          priority: job.priority, attempts: 0, runAt: job.runAt, createdAt: now,
+          priority: job.priority, attempts: 0, runAt: Self.runDate(job.runTime, now: now), createdAt: now,
           deduplicationKey: job.deduplicationKey)
-        state.queues[queue, default: QueueState()].insertPending(record)
+        state.queues[queue, default: QueueState()].insertWaiting(record)
         results.append(EnqueueResult(id: record.id, inserted: true))
       }
       return results
     }
   }
 
-  /// Settles and claims; see ``JobStore/settleAndClaim(_:queue:limit:lease:now:)``.
+  static func runDate(_ runTime: RunTime, now: Date) -> Date {
+    switch runTime {
+    case .now: now
+    case .after(let delay): JobStoreTime.date(now, adding: delay)
+    case .at(let date): JobStoreTime.normalized(date)
+    }
+  }
+
+  /// Settles and claims; see ``JobStore/settleAndClaim(_:queue:limit:lease:clock:)``.
   public func settleAndClaim(
-    _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, now: Date
+    _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, clock: any JobClock
   ) async throws -> ClaimBatch {
     withQueue(queue) { queueState in
+      let now = JobStoreTime.normalized(clock.now())
       var stale: [JobID] = []
       for settlement in settlements where !queueState.settle(settlement, now: now) {
         stale.append(settlement.id)
       }
       var claimed: [JobRecord] = []
       if !queueState.paused && limit > 0 {
-        claimed = queueState.claim(limit: limit, lease: lease, now: now)
+        let expiry = JobStoreTime.date(now, adding: lease.duration)
+        claimed = queueState.claim(limit: limit, owner: lease.owner, expiry: expiry, now: now)
       }
       return ClaimBatch(claimed: claimed, staleSettlements: stale, paused: queueState.paused)
     }
   }
 
-  /// Extends leases; see ``JobStore/heartbeat(_:queue:lease:)``.
-  public func heartbeat(_ ids: [JobID], queue: String, lease: Lease) async throws -> [JobID] {
-    state.withLock { state in
-      var held: [JobID] = []
-      for id in ids {
-        guard var record = state.queues[queue]?.jobs[id], record.status == .running,
-          record.leaseOwner == lease.owner
-        else { continue }
-        record.leaseExpiresAt = lease.expiresAt
-        state.queues[queue]?.jobs[id] = record
-        held.append(id)
+  /// Extends leases; see ``JobStore/heartbeat(_:queue:lease:clock:)``.
+  public func heartbeat(_ claims: [ClaimReference], queue: String, lease: Lease, clock: any JobClock)
+    async throws -> [ClaimReference]
+  {
+    withQueue(queue) { queueState in
+      let now = JobStoreTime.normalized(clock.now())
+      let expiry = JobStoreTime.date(now, adding: lease.duration)
+      return claims.filter { claim in
+        // A lapsed lease nobody rescued yet is still this claim's: renewing it is safe.
+        guard queueState.isCurrent(claim) else { return false }
+        queueState.jobs[claim.id]?.leaseExpiresAt = expiry
+        return true
       }
-      return held
     }
   }
 
-  /// Returns expired leases to pending; see ``JobStore/rescueExpiredLeases(queue:now:)``.
-  public func rescueExpiredLeases(queue: String, now: Date) async throws -> Int {
+  /// Returns expired leases to ready; see ``JobStore/rescueExpiredLeases(queue:clock:)``.
+  public func rescueExpiredLeases(queue: String, clock: any JobClock) async throws -> Int {
     withQueue(queue) { queueState in
+      let now = JobStoreTime.normalized(clock.now())
       let expired = queueState.running.filter { id in
         guard let expiry = queueState.jobs[id]?.leaseExpiresAt else { return false }
-        return expiry < now
+        return expiry <= now
       }
-      for id in expired { queueState.makePending(id, runAt: now, error: queueState.jobs[id]?.lastError) }
+      for id in expired {
+        guard let record = queueState.jobs[id] else { continue }
+        queueState.makeWaiting(id, runAt: record.runAt, error: record.lastError)
+      }
       return expired.count
     }
   }
 
-  /// Counts jobs by status; see ``JobStore/counts(queue:now:)``.
-  public func counts(queue: String, now: Date) async throws -> JobCounts {
+  /// Counts jobs by status; see ``JobStore/counts(queue:clock:)``.
+  public func counts(queue: String, clock: any JobClock) async throws -> JobCounts {
     state.withLock { state in
+      let now = JobStoreTime.normalized(clock.now())
       var counts = JobCounts()
       guard let jobs = state.queues[queue]?.jobs else { return counts }
       for record in jobs.values {
@@ -109,10 +125,11 @@ public final class InMemoryJobStore: JobStore {
     -> [JobRecord]
   {
     state.withLock { state in
-      let all = state.queues[queue]?.jobs.values.filter { record in
+      guard limit > 0, let jobs = state.queues[queue]?.jobs else { return [] }
+      let matching = jobs.values.filter { record in
         (status == nil || record.status == status) && (after.map { record.id > $0 } ?? true)
       }
-      return Array((all ?? []).sorted { $0.id < $1.id }.prefix(max(0, limit)))
+      return Array(matching.sorted { $0.id < $1.id }.prefix(limit))
     }
   }
 
@@ -134,17 +151,18 @@ public final class InMemoryJobStore: JobStore {
     }
   }
 
-  /// Re-queues dead jobs; see ``JobStore/requeueDead(_:queue:now:)``.
-  public func requeueDead(_ ids: [JobID]?, queue: String, now: Date) async throws -> Int {
+  /// Re-queues dead jobs; see ``JobStore/requeueDead(_:queue:clock:)``.
+  public func requeueDead(_ ids: [JobID]?, queue: String, clock: any JobClock) async throws -> Int {
     withQueue(queue) { queueState in
+      let now = JobStoreTime.normalized(clock.now())
       // Oldest first, so of dead jobs sharing a deduplication key the oldest is the one re-queued.
       let candidates = (ids.map { Array(Set($0)) } ?? Array(queueState.jobs.keys)).sorted()
       var count = 0
       for id in candidates {
         guard let record = queueState.jobs[id], record.status == .dead else { continue }
-        if let key = record.deduplicationKey, queueState.dedup[key] != nil { continue }
+        if let key = record.deduplicationKey, queueState.dedup[key]?.isEmpty == false { continue }
         queueState.jobs[id]?.attempts = 0
-        queueState.makePending(id, runAt: now, error: queueState.jobs[id]?.lastError)
+        queueState.makeWaiting(id, runAt: now, error: record.lastError)
         count += 1
       }
       return count
@@ -161,9 +179,9 @@ public final class InMemoryJobStore: JobStore {
     state.withLock { $0.queues[queue]?.paused ?? false }
   }
 
-  /// The next date a worker is needed; see ``JobStore/nextWakeDate(queue:)``.
-  public func nextWakeDate(queue: String) async throws -> Date? {
-    withQueue(queue) { $0.nextWakeDate() }
+  /// When a worker is next needed; see ``JobStore/nextWake(queue:clock:)``.
+  public func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
+    withQueue(queue) { $0.nextWake() }
   }
 
   /// Names of queues with jobs or a pause flag; see ``JobStore/queueNames()``.
@@ -227,7 +245,8 @@ extension InMemoryJobStore {
     /// Pending jobs not yet ready, by run date.
     var scheduled = Heap<RunDateOrder>()
     var running: Set<JobID> = []
-    var dedup: [String: JobID] = [:]
+    /// Waiting jobs by deduplication key (usually one; a retried job can wait beside a newer one).
+    var dedup: [String: Set<JobID>] = [:]
 
     func isCurrent(_ entry: Entry) -> Bool {
       guard let record = jobs[entry.id] else { return false }
@@ -235,9 +254,15 @@ extension InMemoryJobStore {
         && record.priority == entry.priority
     }
 
-    mutating func insertPending(_ record: JobRecord) {
+    /// Whether `claim` is the job's current claim: running under the same token.
+    func isCurrent(_ claim: ClaimReference) -> Bool {
+      guard let record = jobs[claim.id] else { return false }
+      return record.status == .running && record.claimToken == claim.token
+    }
+
+    mutating func insertWaiting(_ record: JobRecord) {
       jobs[record.id] = record
-      if let key = record.deduplicationKey { dedup[key] = record.id }
+      if let key = record.deduplicationKey { dedup[key, default: []].insert(record.id) }
       scheduled.push(RunDateOrder(Entry(id: record.id, priority: record.priority, runAt: record.runAt)))
     }
 
@@ -249,15 +274,17 @@ extension InMemoryJobStore {
       }
     }
 
-    mutating func claim(limit: Int, lease: Lease, now: Date) -> [JobRecord] {
+    mutating func claim(limit: Int, owner: String, expiry: Date, now: Date) -> [JobRecord] {
       promote(now: now)
       var claimed: [JobRecord] = []
       while claimed.count < limit, let entry = ready.pop()?.entry {
         guard isCurrent(entry), var record = jobs[entry.id] else { continue }
+        stopWaiting(record)
         record.status = .running
-        record.attempts += 1
-        record.leaseOwner = lease.owner
-        record.leaseExpiresAt = lease.expiresAt
+        record.attempts = record.attempts == Int.max ? Int.max : record.attempts + 1
+        record.claimToken &+= 1
+        record.leaseOwner = owner
+        record.leaseExpiresAt = expiry
         jobs[record.id] = record
         running.insert(record.id)
         claimed.append(record)
@@ -265,33 +292,30 @@ extension InMemoryJobStore {
       return claimed
     }
 
-    /// Applies a settlement if the owner still holds the job; returns whether it applied.
+    /// Applies a settlement if its claim is current; returns whether it applied.
     mutating func settle(_ settlement: JobSettlement, now: Date) -> Bool {
-      guard let record = jobs[settlement.id], record.status == .running,
-        record.leaseOwner == settlement.owner
-      else { return false }
+      guard isCurrent(settlement.claim), let record = jobs[settlement.id] else { return false }
       switch settlement.action {
       case .complete:
         delete(record.id)
-      case .retry(let date, let error):
-        makePending(record.id, runAt: date, error: error)
+      case .retry(let delay, let error):
+        makeWaiting(record.id, runAt: JobStoreTime.date(now, adding: delay), error: error ?? record.lastError)
       case .kill(let error):
         running.remove(record.id)
-        if let key = record.deduplicationKey, dedup[key] == record.id { dedup[key] = nil }
         var dead = record
         dead.status = .dead
         dead.lastError = error
         dead.leaseOwner = nil
         dead.leaseExpiresAt = nil
         jobs[record.id] = dead
-      case .release:
+      case .release(let error):
         jobs[record.id]?.attempts = max(0, record.attempts - 1)
-        makePending(record.id, runAt: record.runAt, error: record.lastError)
+        makeWaiting(record.id, runAt: record.runAt, error: error ?? record.lastError)
       }
       return true
     }
 
-    mutating func makePending(_ id: JobID, runAt: Date, error: String?) {
+    mutating func makeWaiting(_ id: JobID, runAt: Date, error: String?) {
       guard var record = jobs[id] else { return }
       running.remove(id)
       record.status = .pending
@@ -299,22 +323,31 @@ extension InMemoryJobStore {
       record.lastError = error
       record.leaseOwner = nil
       record.leaseExpiresAt = nil
-      insertPending(record)
+      insertWaiting(record)
+    }
+
+    /// Drops a waiting job's hold on its deduplication key (it is starting or going away).
+    mutating func stopWaiting(_ record: JobRecord) {
+      guard let key = record.deduplicationKey else { return }
+      dedup[key]?.remove(record.id)
+      if dedup[key]?.isEmpty == true { dedup[key] = nil }
     }
 
     @discardableResult
     mutating func delete(_ id: JobID) -> Bool {
-      guard let record = jobs.removeValue(forKey: id) else { return false }
+      guard let record = jobs[id] else { return false }
+      if record.status == .pending { stopWaiting(record) }
+      jobs[id] = nil
       running.remove(id)
-      if let key = record.deduplicationKey, dedup[key] == id { dedup[key] = nil }
       return true
     }
 
-    mutating func nextWakeDate() -> Date? {
+    mutating func nextWake() -> WakeHint {
       while let top = ready.peek?.entry, !isCurrent(top) { ready.pop() }
       while let top = scheduled.peek?.entry, !isCurrent(top) { scheduled.pop() }
       let leaseExpiry = running.compactMap { jobs[$0]?.leaseExpiresAt }.min()
-      return [ready.peek?.entry.runAt, scheduled.peek?.entry.runAt, leaseExpiry].compactMap { $0 }.min()
+      let nextRun = [ready.peek?.entry.runAt, scheduled.peek?.entry.runAt].compactMap { $0 }.min()
+      return WakeHint(nextRun: nextRun, nextLeaseExpiry: leaseExpiry)
     }
   }
 }

@@ -11,6 +11,30 @@ public protocol JobClock: Sendable {
   /// Suspends until `now()` reaches `deadline`; throws `CancellationError` if the task is
   /// cancelled first.
   func sleep(until deadline: Date) async throws
+  /// A reading of a clock that never jumps (a step of the wall clock does not move it), for
+  /// measuring intervals: the queue times heartbeats, polls and rescues with it.
+  func uptime() -> Duration
+  /// Suspends until ``uptime()`` reaches `deadline`; throws `CancellationError` if the task is
+  /// cancelled first.
+  func sleep(untilUptime deadline: Duration) async throws
+}
+
+extension JobClock {
+  /// The wall clock's reading since 1970: right for clocks that only move forward.
+  public func uptime() -> Duration {
+    .milliseconds(JobStoreTime.milliseconds(now()))
+  }
+
+  /// Sleeps until the wall clock shows the date `deadline` after 1970: right for clocks that only
+  /// move forward.
+  public func sleep(untilUptime deadline: Duration) async throws {
+    try await sleep(until: Date(timeIntervalSince1970: deadline.seconds))
+  }
+
+  /// Sleeps for `duration` of ``uptime()``, which a step of the wall clock does not affect.
+  public func sleep(for duration: Duration) async throws {
+    try await sleep(untilUptime: uptime() + duration)
+  }
 }
 
 /// The system clock.
@@ -21,10 +45,72 @@ public struct SystemJobClock: JobClock {
   /// `Date()`.
   public func now() -> Date { Date() }
 
-  /// Sleeps with `Task.sleep` until the deadline.
+  /// Sleeps until the wall clock shows `deadline` (measured once, then monotonically).
   public func sleep(until deadline: Date) async throws {
     let interval = deadline.timeIntervalSinceNow
-    if interval > 0 { try await Task.sleep(for: .milliseconds(Int64((interval * 1000).rounded(.up)))) }
+    guard interval > 0 else { return try Task.checkCancellation() }
+    let capped = min(interval, JobStoreTime.longestDelay.seconds)
+    try await sleep(for: .milliseconds(Int64((capped * 1000).rounded(.up))))
+  }
+
+  /// Time since an arbitrary start, on the monotonic `ContinuousClock`.
+  public func uptime() -> Duration { Self.origin.duration(to: .now) }
+
+  /// Sleeps until ``uptime()`` reaches `deadline`, on a Dispatch timer (monotonic).
+  ///
+  /// The timer fires on a Dispatch queue of its own, not on Swift's cooperative pool, so a task
+  /// that prefers its own executor (the queue's lease keeper) wakes on time however busy the pool
+  /// is.
+  public func sleep(untilUptime deadline: Duration) async throws {
+    try await DispatchSleep.sleep(for: deadline - uptime())
+  }
+
+  private static let origin = ContinuousClock.now
+}
+
+/// A cancellable sleep on a Dispatch timer (monotonic, independent of the cooperative pool).
+enum DispatchSleep {
+  private static let timers = DispatchQueue(label: "Conveyor.timers")
+
+  private final class Sleeper: Sendable {
+    private let state = Mutex<(CheckedContinuation<Void, any Error>?, cancelled: Bool)>((nil, false))
+
+    func install(_ continuation: CheckedContinuation<Void, any Error>) -> Bool {
+      state.withLock { state in
+        if state.cancelled { return false }
+        state.0 = continuation
+        return true
+      }
+    }
+
+    func finish(_ result: Result<Void, any Error>) {
+      let continuation = state.withLock { state -> CheckedContinuation<Void, any Error>? in
+        if case .failure = result { state.cancelled = true }
+        defer { state.0 = nil }
+        return state.0
+      }
+      continuation?.resume(with: result)
+    }
+  }
+
+  static func sleep(for duration: Duration) async throws {
+    try Task.checkCancellation()
+    guard duration > .zero else { return }
+    let (seconds, attoseconds) = min(duration, JobStoreTime.longestDelay).components
+    let nanoseconds = seconds * 1_000_000_000 + attoseconds / 1_000_000_000
+    let sleeper = Sleeper()
+    try await withTaskCancellationHandler {
+      try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+        guard sleeper.install(continuation) else {
+          return continuation.resume(throwing: CancellationError())
+        }
+        timers.asyncAfter(deadline: .now() + .nanoseconds(Int(nanoseconds))) {
+          sleeper.finish(.success(()))
+        }
+      }
+    } onCancel: {
+      sleeper.finish(.failure(CancellationError()))
+    }
   }
 }
 
@@ -37,16 +123,38 @@ public struct SystemJobClock: JobClock {
 /// // ... a job answered `.retry` waits for its 15 s interval:
 /// clock.advance(by: .seconds(15))
 /// ```
+///
+/// It keeps two readings, as a computer does: the wall clock (``now()``), which ``step(by:)`` can
+/// move back or forward as an administrator or NTP would, and a monotonic one (``uptime()``)
+/// that only ``advance(by:)`` moves.
 public final class ManualJobClock: JobClock {
+  private enum Deadline {
+    case wall(Date)
+    case monotonic(Duration)
+  }
+
   private struct Sleeper {
-    var deadline: Date
+    var deadline: Deadline
     var continuation: CheckedContinuation<Void, any Error>
   }
 
   private struct State {
     var now: Date
+    var elapsed: Duration = .zero
     var sleepers: [UInt64: Sleeper] = [:]
     var nextToken: UInt64 = 0
+
+    func isDue(_ deadline: Deadline) -> Bool {
+      switch deadline {
+      case .wall(let date): date <= now
+      case .monotonic(let instant): instant <= elapsed
+      }
+    }
+
+    mutating func takeDue() -> [CheckedContinuation<Void, any Error>] {
+      let tokens = sleepers.filter { isDue($0.value.deadline) }.map(\.key)
+      return tokens.compactMap { sleepers.removeValue(forKey: $0)?.continuation }
+    }
   }
 
   private let state: Mutex<State>
@@ -56,22 +164,45 @@ public final class ManualJobClock: JobClock {
     state = Mutex(State(now: start))
   }
 
-  /// The clock's current date.
+  /// The clock's current wall-clock date.
   public func now() -> Date { state.withLock { $0.now } }
 
-  /// Moves the clock forward and wakes every sleeper whose deadline has come.
+  /// Moves time forward (both readings) and wakes every sleeper whose deadline has come. A
+  /// negative duration does nothing.
   public func advance(by duration: Duration) {
-    let due = state.withLock { state -> [CheckedContinuation<Void, any Error>] in
-      state.now = state.now.adding(duration)
-      let now = state.now
-      let tokens = state.sleepers.filter { $0.value.deadline <= now }.map(\.key)
-      return tokens.compactMap { state.sleepers.removeValue(forKey: $0)?.continuation }
+    guard duration > .zero else { return }
+    let due = state.withLock { state in
+      state.now = state.now.addingTimeInterval(duration.seconds)
+      state.elapsed += duration
+      return state.takeDue()
     }
     for continuation in due { continuation.resume() }
   }
 
-  /// Suspends until ``advance(by:)`` moves the clock to `deadline`.
+  /// Steps the wall clock only, forward or back, as a clock adjustment would; monotonic sleeps
+  /// (``sleep(for:)``) are not affected.
+  public func step(by duration: Duration) {
+    let due = state.withLock { state in
+      state.now = state.now.addingTimeInterval(duration.seconds)
+      return state.takeDue()
+    }
+    for continuation in due { continuation.resume() }
+  }
+
+  /// Suspends until the wall clock reaches `deadline`.
   public func sleep(until deadline: Date) async throws {
+    try await sleep(.wall(deadline))
+  }
+
+  /// The total of every ``advance(by:)`` so far (``step(by:)`` does not count).
+  public func uptime() -> Duration { state.withLock { $0.elapsed } }
+
+  /// Suspends until ``advance(by:)`` has moved ``uptime()`` to `deadline`.
+  public func sleep(untilUptime deadline: Duration) async throws {
+    try await sleep(.monotonic(deadline))
+  }
+
+  private func sleep(_ deadline: Deadline) async throws {
     let token = state.withLock { state -> UInt64 in
       state.nextToken += 1
       return state.nextToken
@@ -80,7 +211,7 @@ public final class ManualJobClock: JobClock {
       try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
         let outcome = state.withLock { state -> Result<Void, any Error>? in
           if Task.isCancelled { return .failure(CancellationError()) }
-          if deadline <= state.now { return .success(()) }
+          if state.isDue(deadline) { return .success(()) }
           state.sleepers[token] = Sleeper(deadline: deadline, continuation: continuation)
           return nil
         }

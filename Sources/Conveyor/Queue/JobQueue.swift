@@ -37,21 +37,22 @@ public final class JobQueue<Item: Queueable>: Sendable {
   /// The store holding the queue's jobs.
   public let store: any JobStore
 
-  private let handler: Handler?
+  let handler: Handler?
   /// The delegate form's delegate (held weakly inside); nil for the closure form.
-  private let delegateBox: DelegateBox?
-  private let core = Mutex(QueueCore())
-  private let encoder = JSONEncoder()
-  private let decoder = JSONDecoder()
-  private let wake: WakeSignal
-  private let owner: String
-  private var identifier: String { configuration.identifier }
-  private var clock: any JobClock { configuration.clock }
+  let delegateBox: DelegateBox?
+  let core: Mutex<QueueCore>
+  let encoder = JSONEncoder()
+  let decoder = JSONDecoder()
+  let wake: WakeSignal
+  let owner: String
+  var identifier: String { configuration.identifier }
+  var clock: any JobClock { configuration.clock }
+  var lease: Lease { Lease(owner: owner, duration: configuration.leaseDuration) }
 
   /// Creates a queue whose jobs an async closure handles.
   ///
   /// - Parameters:
-  ///   - configuration: the settings; validated here.
+  ///   - configuration: the settings; validated here (against the store's lock wait too).
   ///   - store: where jobs live, e.g. `SQLiteJobStore` or ``InMemoryJobStore``.
   ///   - handler: called for each job with the decoded item; return ``JobResult/handled``,
   ///     ``JobResult/retry``, ``JobResult/retry(after:reason:)`` or ``JobResult/discard(reason:)``.
@@ -59,29 +60,32 @@ public final class JobQueue<Item: Queueable>: Sendable {
   public init(
     configuration: JobQueueConfiguration, store: any JobStore, handler: @escaping Handler
   ) throws(JobQueueError) {
-    try configuration.validate()
+    try configuration.validate(for: store)
     self.configuration = configuration
     self.store = store
     self.handler = handler
     self.delegateBox = nil
     self.wake = WakeSignal(clock: configuration.clock)
     self.owner = Self.makeOwnerID()
+    self.core = Mutex(QueueCore(configuration))
     if configuration.autoStart { start() }
   }
 
   /// Creates a queue whose jobs a delegate handles (the seed library's shape).
   ///
-  /// The queue holds the delegate weakly; while it is gone, no job is claimed.
+  /// The queue holds the delegate weakly; while it is gone, no job is claimed, and a job whose
+  /// handler would have run is given back without using an attempt.
   public init<Delegate: JobQueueDelegate>(
     configuration: JobQueueConfiguration, store: any JobStore, delegate: Delegate
   ) throws(JobQueueError) where Delegate.Item == Item {
-    try configuration.validate()
+    try configuration.validate(for: store)
     self.configuration = configuration
     self.store = store
     self.handler = nil
     self.delegateBox = DelegateBox(delegate)
     self.wake = WakeSignal(clock: configuration.clock)
     self.owner = Self.makeOwnerID()
+    self.core = Mutex(QueueCore(configuration))
     if configuration.autoStart { start() }
   }
 
@@ -92,50 +96,62 @@ public final class JobQueue<Item: Queueable>: Sendable {
   /// - Parameters:
   ///   - item: the item; encoded as JSON.
   ///   - priority: higher runs first among ready jobs. Default 0.
-  ///   - delay: the job is not handed out before this much time has passed.
-  /// - Returns: the job's ID, or the ID of the pending or running job with the same
-  ///   ``Queueable/deduplicationKey``.
+  ///   - delay: the job is not handed out before this much time has passed (negative counts as
+  ///     zero; more than 100 years counts as 100 years).
+  /// - Returns: the job's ID and whether it was stored. When a *waiting* job already has the
+  ///   item's ``Queueable/deduplicationKey``, nothing is stored and that job's ID comes back with
+  ///   `inserted` false. A job that is already running does not count: it may have read old data,
+  ///   so the new item is stored and runs after it.
   @discardableResult
-  public func add(_ item: Item, priority: Int = 0, delay: Duration = .zero) async throws -> JobID {
+  public func add(_ item: Item, priority: Int = 0, delay: Duration = .zero) async throws -> EnqueueResult {
     try await add(contentsOf: [item], priority: priority, delay: delay)[0]
   }
 
-  /// Commits an item to run at a date.
+  /// Commits an item to run at a date (a date already past runs at once).
+  ///
+  /// - Throws: ``JobQueueError/invalidSchedule(_:)`` for a date that is not finite.
   @discardableResult
-  public func add(_ item: Item, priority: Int = 0, runAt date: Date) async throws -> JobID {
-    try await commit(newJobs([item], priority: priority, runAt: date))[0]
+  public func add(_ item: Item, priority: Int = 0, runAt date: Date) async throws -> EnqueueResult {
+    guard date.timeIntervalSince1970.isFinite else {
+      throw JobQueueError.invalidSchedule(
+        "the run date \(date) is not a finite date; pass a real date or a delay")
+    }
+    return try await commit(newJobs([item], priority: priority, runTime: .at(date)))[0]
   }
 
   /// Commits several items in one transaction: all are stored or none.
   ///
-  /// - Returns: one ID per item, in order.
+  /// - Returns: one result per item, in order (see ``add(_:priority:delay:)``).
   @discardableResult
   public func add<Items: Sequence<Item>>(
     contentsOf items: Items, priority: Int = 0, delay: Duration = .zero
-  ) async throws -> [JobID] {
-    let jobs = try newJobs(items, priority: priority, runAt: clock.now().adding(delay))
+  ) async throws -> [EnqueueResult] {
+    let jobs = try newJobs(items, priority: priority, runTime: delay > .zero ? .after(delay) : .now)
     if jobs.isEmpty { return [] }
     return try await commit(jobs)
   }
 
-  private func newJobs<Items: Sequence<Item>>(_ items: Items, priority: Int, runAt: Date) throws -> [NewJob] {
+  private func newJobs<Items: Sequence<Item>>(_ items: Items, priority: Int, runTime: RunTime) throws
+    -> [NewJob]
+  {
     try items.map { item in
       NewJob(
-        payload: try encode(item), priority: priority, runAt: runAt, deduplicationKey: item.deduplicationKey)
+        payload: try encode(item), priority: priority, runTime: runTime,
+        deduplicationKey: item.deduplicationKey)
     }
   }
 
-  private func commit(_ jobs: [NewJob]) async throws -> [JobID] {
-    let results = try await store.enqueue(jobs, queue: identifier, now: clock.now())
+  private func commit(_ jobs: [NewJob]) async throws -> [EnqueueResult] {
+    let results = try await store.enqueue(jobs, queue: identifier, clock: clock)
     let subscribers = core.withLock { core in
-      core.noteNewWork()
+      core.state.noteNewWork()
       return core.subscribers.isEmpty ? [] : Array(core.subscribers.values)
     }
     for result in results where result.inserted {
       for subscriber in subscribers { subscriber.yield(.enqueued(result.id)) }
     }
     wake.signal()
-    return results.map { $0.id }
+    return results
   }
 
   private func encode(_ item: Item) throws(JobQueueError) -> Data {
@@ -153,9 +169,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
   /// With ``JobQueueConfiguration/autoStart`` (the default) the queue starts on creation.
   public func start() {
     let started = core.withLock { core -> Bool in
-      guard core.loop == nil else { return false }
-      core.running = true
-      core.stopping = false
+      guard core.loop == nil, core.state.start() else { return false }
       core.loop = Task { await self.runLoop() }
       return true
     }
@@ -170,7 +184,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
   /// The flag is stored, so it survives restarts until ``resume()``.
   public func pause() async throws {
     try await store.setPaused(true, queue: identifier)
-    core.withLock { $0.paused = true }
+    core.withLock { $0.state.paused = true }
     log(.info, "queue paused")
     publishState()
   }
@@ -178,23 +192,26 @@ public final class JobQueue<Item: Queueable>: Sendable {
   /// Clears the stored pause flag and wakes the queue.
   public func resume() async throws {
     try await store.setPaused(false, queue: identifier)
-    core.withLock { $0.paused = false }
+    core.withLock { $0.state.paused = false }
     log(.info, "queue resumed")
     publishState()
     wake.signal()
   }
 
   /// Stops the queue: no new claims, running handlers get `gracePeriod` to finish, then their tasks
-  /// are cancelled (at once if the calling task is cancelled). Jobs claimed but not started are
-  /// given back; a handler that throws after the cancellation has its job retried at once (the
-  /// attempt counts). Returns when the queue has stopped, which means after every handler
-  /// returned: a handler that ignores cancellation is waited for.
+  /// are cancelled (at once if the calling task is cancelled). Returns when the queue has stopped,
+  /// which means after every handler returned: a handler that ignores cancellation is waited for.
+  ///
+  /// Shutdown is not a crash: jobs claimed but not started, and jobs whose handler was cancelled
+  /// by the shutdown and then threw or asked for a retry, are given back ready in their old
+  /// place without using up an attempt (the interruption is recorded as their last error). A
+  /// handler that finishes within the grace period is recorded as usual.
   ///
   /// The grace period is measured in real time, whatever the configured clock. Event streams do
   /// not end (the queue may be started again): stop reading at `.stateChanged(.stopped)`.
   public func shutdown(gracePeriod: Duration = .seconds(30)) async {
     let loop = core.withLock { core -> Task<Void, Never>? in
-      core.stopping = true
+      if core.state.running { core.state.stopping = true }
       return core.loop
     }
     wake.signal()
@@ -214,14 +231,14 @@ public final class JobQueue<Item: Queueable>: Sendable {
   }
 
   /// What the queue is doing now.
-  public var state: JobQueueState { core.withLock { $0.state } }
+  public var state: JobQueueState { core.withLock { $0.state.publishedState } }
 
   /// Whether ``shutdown(gracePeriod:)`` has begun (for tests that must act after it has).
-  var isStopping: Bool { core.withLock { $0.stopping } }
+  var isStopping: Bool { core.withLock { $0.state.stopping } }
 
   /// How many jobs the queue holds, by status.
   public func count() async throws -> JobCounts {
-    try await store.counts(queue: identifier, now: clock.now())
+    try await store.counts(queue: identifier, clock: clock)
   }
 
   /// Lists the queue's jobs in ID order, a page at a time.
@@ -254,23 +271,23 @@ public final class JobQueue<Item: Queueable>: Sendable {
     try await remove([id]) == 1
   }
 
-  /// Deletes every pending and dead job (running ones finish and are deleted if handled); returns
+  /// Deletes every waiting and dead job (running ones finish and are deleted if handled); returns
   /// how many were deleted.
   @discardableResult
   public func clear() async throws -> Int {
     try await store.clear(queue: identifier, statuses: [.pending, .dead])
   }
 
-  /// Makes dead jobs pending again with their attempts reset; nil re-queues every dead job.
+  /// Makes dead jobs ready again with their attempts reset; nil re-queues every dead job.
   ///
-  /// Returns how many were re-queued. A dead job whose deduplication key is held by a waiting or
-  /// running job stays dead, so the same work is not queued twice (see
-  /// ``JobStore/requeueDead(_:queue:now:)``).
+  /// Returns how many were re-queued. A dead job whose deduplication key is held by a waiting
+  /// job stays dead, so the same work is not queued twice (see
+  /// ``JobStore/requeueDead(_:queue:clock:)``).
   @discardableResult
   public func requeueDead(_ ids: [JobID]? = nil) async throws -> Int {
-    let count = try await store.requeueDead(ids, queue: identifier, now: clock.now())
+    let count = try await store.requeueDead(ids, queue: identifier, clock: clock)
     if count > 0 {
-      core.withLock { $0.noteNewWork() }
+      core.withLock { $0.state.noteNewWork() }
       wake.signal()
     }
     return count
@@ -282,25 +299,31 @@ public final class JobQueue<Item: Queueable>: Sendable {
     try await store.clear(queue: identifier, statuses: [.dead])
   }
 
-  /// Returns when the queue has no pending or running job left (dead jobs do not count), or when
-  /// the calling task is cancelled.
+  /// Returns when the store holds no waiting or running job of this queue (dead jobs do not
+  /// count), or when the calling task is cancelled.
   ///
-  /// The queue must be started and not paused for jobs to finish: on a stopped or paused queue
-  /// this waits until it is started or resumed and its jobs are done (cancel the task to stop
-  /// waiting).
+  /// The answer comes from the store, looked at after this call began, so jobs added by another
+  /// `JobQueue` instance or another process on the same store count too. The queue must be
+  /// started and not paused for jobs to finish: on a stopped or paused queue this waits until it
+  /// is started or resumed and its jobs are done (cancel the task to stop waiting).
   public func waitUntilFinished() async {
     let token = UUID()
     await withTaskCancellationHandler {
       await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-        let done = core.withLock { core -> Bool in
-          if core.reportedFinished || Task.isCancelled { return true }
-          core.finishWaiters[token] = continuation
+        let cancelled = core.withLock { core -> Bool in
+          if Task.isCancelled { return true }
+          core.state.addFinishWaiter(token)
+          core.finishContinuations[token] = continuation
           return false
         }
-        if done { continuation.resume() } else { wake.signal() }
+        if cancelled { continuation.resume() } else { wake.signal() }
       }
     } onCancel: {
-      core.withLock { $0.finishWaiters.removeValue(forKey: token) }?.resume()
+      let continuation = core.withLock { core in
+        core.state.finishWaiters[token] = nil
+        return core.finishContinuations.removeValue(forKey: token)
+      }
+      continuation?.resume()
     }
   }
 
@@ -316,354 +339,23 @@ public final class JobQueue<Item: Queueable>: Sendable {
     return stream
   }
 
-  // MARK: The worker loop
-
-  private func runLoop() async {
-    var timing = LoopTiming(now: clock.now())
-    var failures = 0
-    await withTaskGroup(of: Void.self) { group in
-      while !Task.isCancelled {
-        let hasHandler = handlerAvailable
-        let now = clock.now()
-        do {
-          // Before taking outcomes out of the shared state, so a failure here loses none.
-          try await maintainLeases(timing: &timing, now: now)
-          guard let step = core.withLock({ $0.takeStep(configuration: configuration) }) else { break }
-          // The store's pause flag is the authority (another process may have set or cleared
-          // it), so a paused queue still asks; the store then claims nothing.
-          let canClaim = !step.stop && hasHandler && step.buffered == 0
-          let limit = canClaim ? step.freeSlots + configuration.prefetch : 0
-          var claimedAny = false
-          var paused = step.paused
-          if !step.settlements.isEmpty || limit > 0 || step.paused {
-            let batch = try await settleAndClaim(step.settlements, limit: limit, now: now)
-            claimedAny = !batch.claimed.isEmpty
-            paused = batch.paused
-            if batch.paused != step.paused {
-              core.withLock { $0.paused = batch.paused }
-              publishState()
-            }
-          }
-          failures = 0
-          startHandlers(in: &group)
-          let (idle, free) = core.withLock { core in
-            (
-              core.workers == 0 && core.buffer.isEmpty && core.settlements.isEmpty,
-              core.freeSlots(configuration)
-            )
-          }
-          if claimedAny && free > 0 && !step.stop { continue }  // more may be ready: claim again
-          var deadline = timing.nextMaintenance(holding: !idle)
-          if paused {
-            // Look again for the flag being cleared, by this or another process.
-            deadline = min(deadline, now.adding(configuration.pollInterval))
-          } else if idle && !step.stop {
-            if let next = try await store.nextWakeDate(queue: identifier) {
-              // No pending and no running job has no next wake date: that is "finished", found
-              // with an index seek rather than a count of every job.
-              deadline = min(deadline, next, now.adding(configuration.pollInterval))
-            } else {
-              if hasHandler { reportFinished(generation: step.generation) }
-              deadline = min(deadline, now.adding(configuration.pollInterval))
-            }
-          }
-          await wake.wait(until: deadline)
-        } catch {
-          failures += 1
-          let backoff = Duration.milliseconds(min(5_000, 50 << min(failures, 7)))
-          log(.warning, "store error, retrying in \(backoff): \(error)", ["failures": String(failures)])
-          await wake.wait(until: clock.now().adding(backoff))
-        }
-      }
-      // Cancelled after the grace period: handlers were cancelled with the loop; wait for them.
-      await group.waitForAll()
-    }
-    await finalFlush()
-    wake.disarm()
-    core.withLock { core in
-      core.loop = nil
-      core.running = false
-    }
-    log(.info, "queue stopped")
-    publishState()
-  }
-
-  /// Heartbeats held jobs, then rescues expired leases, when their times come. Heartbeats go
-  /// first so that a worker that was slow to get here never rescues (and runs again) its own jobs.
-  private func maintainLeases(timing: inout LoopTiming, now: Date) async throws {
-    if now >= timing.nextHeartbeat {
-      try await heartbeat(now: now)
-      timing.nextHeartbeat = now.adding(configuration.leaseDuration / 3)
-    }
-    if now >= timing.nextRescue {
-      let rescued = try await store.rescueExpiredLeases(queue: identifier, now: now)
-      if rescued > 0 { log(.warning, "handed out \(rescued) job(s) whose worker stopped heart-beating") }
-      timing.nextRescue = now.adding(configuration.leaseDuration / 2)
-    }
-  }
-
-  /// Extends the lease on every job this worker holds; drops waiting jobs whose lease is gone.
-  private func heartbeat(now: Date) async throws {
-    // Jobs being handled, claimed jobs waiting for a slot, and handled jobs whose outcome is not
-    // recorded yet: all are still this worker's until their outcome is stored.
-    let held = core.withLock { core in
-      Array(core.inFlight) + core.buffer.ids + core.settlements.map { $0.settlement.id }
-    }
-    guard !held.isEmpty else { return }
-    let lease = Lease(owner: owner, expiresAt: now.adding(configuration.leaseDuration))
-    let kept = Set(try await store.heartbeat(held, queue: identifier, lease: lease))
-    let lost = Set(held.filter { !kept.contains($0) })
-    guard !lost.isEmpty else { return }
-    // A waiting job whose lease is gone (removed, or handed to another worker) must not start.
-    core.withLock { $0.buffer.removeAll { lost.contains($0.id) } }
-    for id in lost {
-      log(.warning, "lost the lease on a job; another worker may run it", ["job": id.description])
-    }
-  }
-
-  private func settleAndClaim(_ pending: [PendingSettlement], limit: Int, now: Date) async throws
-    -> ClaimBatch
-  {
-    let lease = Lease(owner: owner, expiresAt: now.adding(configuration.leaseDuration))
-    let batch: ClaimBatch
-    do {
-      batch = try await store.settleAndClaim(
-        pending.map { $0.settlement }, queue: identifier, limit: limit, lease: lease, now: now)
-    } catch {
-      core.withLock { $0.settlements.insert(contentsOf: pending, at: 0) }
-      throw error
-    }
-    let stale = batch.staleSettlements.isEmpty ? [] : Set(batch.staleSettlements)
-    let subscribers = core.withLock { core in
-      core.buffer.append(batch.claimed)
-      if !batch.claimed.isEmpty { core.reportedFinished = false }
-      return Array(core.subscribers.values)
-    }
-    for item in pending {
-      if stale.contains(item.settlement.id) {
-        log(
-          .warning, "a job's outcome was not recorded: it was removed or its lease passed to another worker",
-          ["job": item.settlement.id.description])
-        continue
-      }
-      if let event = item.event { for subscriber in subscribers { subscriber.yield(event) } }
-    }
-    return batch
-  }
-
-  /// Starts a worker task for each free slot that has a claimed job waiting.
-  private func startHandlers(in group: inout TaskGroup<Void>) {
-    let jobs = core.withLock { core -> [JobRecord] in
-      var taken: [JobRecord] = []
-      while core.workers < configuration.concurrency, !core.stopping, !core.paused,
-        let job = core.buffer.popFirst()
-      {
-        core.inFlight.insert(job.id)
-        core.workers += 1
-        taken.append(job)
-      }
-      return taken
-    }
-    guard !jobs.isEmpty else { return }
-    publishState()
-    for job in jobs {
-      group.addTask { await self.work(startingWith: job) }
-    }
-  }
-
-  /// A worker: handles a job, then the next claimed one, and when none is left records its
-  /// outcomes and claims its next job itself in one store call, so a busy queue needs neither a
-  /// task per job nor a round trip through the loop. It ends when nothing is ready.
-  private func work(startingWith first: JobRecord) async {
-    var next: JobRecord? = first
-    while let record = next {
-      let pending = await process(record)
-      let canClaim = handlerAvailable
-      let step = core.withLock { core -> WorkerStep in
-        core.inFlight.remove(record.id)
-        core.settlements.append(pending)
-        if !core.stopping, !core.paused, let job = core.buffer.popFirst() {
-          core.inFlight.insert(job.id)
-          return .run(job, flush: core.settlements.count >= max(1, configuration.prefetch))
-        }
-        guard !core.stopping, !core.paused, canClaim else { return .exit }
-        defer { core.settlements = [] }
-        return .claim(core.settlements)
-      }
-      switch step {
-      case .run(let job, let flush):
-        next = job
-        if flush { wake.signal() }
-      case .exit:
-        next = nil
-      case .claim(let settlements):
-        do {
-          let batch = try await settleAndClaim(
-            settlements, limit: 1 + configuration.prefetch, now: clock.now())
-          if batch.paused {
-            core.withLock { $0.paused = true }
-            publishState()
-          }
-        } catch {
-          log(.warning, "store error while claiming; the queue will retry: \(error)")
-        }
-        next = core.withLock { core -> JobRecord? in
-          guard !core.stopping, !core.paused, let job = core.buffer.popFirst() else { return nil }
-          core.inFlight.insert(job.id)
-          return job
-        }
-      }
-    }
-    core.withLock { $0.workers -= 1 }
-    publishState()
-    wake.signal()
-  }
-
-  /// Whether a handler exists to run jobs: always for the closure form; while the delegate lives
-  /// for the delegate form.
-  private var handlerAvailable: Bool {
-    handler != nil || delegateBox?.isAlive() == true
-  }
-
-  private func process(_ record: JobRecord) async -> PendingSettlement {
-    emit(.started(record.id, attempt: record.attempts))
-    // A claim counts an attempt before the handler runs, so a job past the limit here had a worker
-    // that died during its last allowed attempt (a crash, a kill, an out-of-memory): dead, or a
-    // job that crashes its worker would be handed out forever.
-    if let max = configuration.maxAttempts, record.attempts > max {
-      return settlement(for: record, outcome: .abandoned(limit: max))
-    }
-    let item: Item
-    do {
-      item = try decoder.decode(Item.self, from: record.payload)
-    } catch {
-      return settlement(for: record, outcome: .undecodable(String(describing: error)))
-    }
-    let context = JobContext(
-      id: record.id, queue: identifier, attempts: record.attempts, createdAt: record.createdAt,
-      lastError: record.lastError)
-    do {
-      return settlement(for: record, outcome: .result(try await handle(item, context)))
-    } catch {
-      return settlement(for: record, outcome: .thrown(error))
-    }
-  }
-
-  private func handle(_ item: Item, _ context: JobContext) async throws -> JobResult {
-    if let handler { return try await handler(item, context) }
-    guard let delegate = delegateBox?.handle else {
-      return .retry(after: .zero, reason: "the queue's delegate was released")
-    }
-    return try await delegate(self, item, context.attempts)
-  }
-
-  private func settlement(for record: JobRecord, outcome: Outcome) -> PendingSettlement {
-    let now = clock.now()
-    func done(_ action: JobSettlement.Action, _ event: JobQueueEvent) -> PendingSettlement {
-      PendingSettlement(settlement: JobSettlement(id: record.id, owner: owner, action: action), event: event)
-    }
-    func retry(after delay: Duration?, reason: String?) -> PendingSettlement {
-      if let max = configuration.maxAttempts, record.attempts >= max {
-        let why = "gave up after \(record.attempts) attempt(s)" + (reason.map { ": \($0)" } ?? "")
-        log(.error, "job is dead", ["job": record.id.description, "reason": why])
-        return done(.kill(error: why), .died(record.id, reason: why))
-      }
-      let date = now.adding(delay ?? configuration.retryPolicy.delay(afterAttempt: record.attempts))
-      log(.info, "job will be retried", ["job": record.id.description, "attempt": String(record.attempts)])
-      return done(.retry(at: date, error: reason), .retryScheduled(record.id, at: date, error: reason))
-    }
-    switch outcome {
-    case .abandoned(let limit):
-      let why =
-        "gave up after \(limit) attempt(s): the worker stopped (crashed or was killed) during the last one"
-      log(.error, "job is dead", ["job": record.id.description, "reason": "worker lost"])
-      return done(.kill(error: why), .died(record.id, reason: why))
-    case .undecodable(let message):
-      let why = "undecodable payload (did the item type change?): \(message)"
-      log(.error, "job is dead", ["job": record.id.description, "reason": "undecodable payload"])
-      return done(.kill(error: why), .died(record.id, reason: why))
-    case .thrown(let error):
-      if Task.isCancelled && core.withLock({ $0.stopping }) {
-        return done(
-          .retry(at: now, error: "interrupted by shutdown"),
-          .retryScheduled(record.id, at: now, error: "interrupted by shutdown"))
-      }
-      return retry(after: nil, reason: String(describing: error))
-    case .result(let result):
-      switch result.kind {
-      case .handled:
-        return done(.complete, .succeeded(record.id))
-      case .retry(let delay, let reason):
-        return retry(after: delay, reason: reason ?? "handler asked to retry")
-      case .discard(let reason):
-        log(.warning, "job discarded", ["job": record.id.description])
-        return done(.kill(error: reason), .died(record.id, reason: reason))
-      }
-    }
-  }
-
-  /// Marks the queue finished (the store holds no pending or running job) and tells everyone
-  /// waiting, unless a job was added since `generation` was read or it was already reported.
-  private func reportFinished(generation: UInt64) {
-    let notify = core.withLock { core -> FinishNotification? in
-      guard core.enqueueGeneration == generation, !core.reportedFinished else { return nil }
-      core.reportedFinished = true
-      defer { core.finishWaiters = [:] }
-      return FinishNotification(
-        waiters: Array(core.finishWaiters.values), subscribers: Array(core.subscribers.values))
-    }
-    guard let notify else { return }
-    log(.debug, "queue finished")
-    for subscriber in notify.subscribers { subscriber.yield(.finished) }
-    delegateBox?.finished(self)
-    for waiter in notify.waiters { waiter.resume() }
-  }
-
-  /// Records outstanding outcomes and gives back claimed jobs that never started.
-  private func finalFlush() async {
-    let (pending, buffered) = core.withLock { core in
-      defer {
-        core.settlements = []
-        core.buffer = JobBuffer()
-      }
-      return (core.settlements, core.buffer.all)
-    }
-    let owner = self.owner
-    let releases = buffered.map {
-      PendingSettlement(settlement: JobSettlement(id: $0.id, owner: owner, action: .release), event: nil)
-    }
-    guard !(pending + releases).isEmpty else { return }
-    let now = clock.now()
-    // An unstructured task: the loop may be cancelled, the flush must still run. The shared
-    // settle-and-claim reports only outcomes the store accepted, and keeps them on failure.
-    let flush = Task { try await self.settleAndClaim(pending + releases, limit: 0, now: now) }
-    do {
-      _ = try await flush.value
-    } catch {
-      log(
-        .error, "could not record outcomes at shutdown; the jobs will run again after their lease: \(error)")
-    }
-  }
-
   // MARK: Events, state, logging
 
-  private func emit(_ event: JobQueueEvent) {
+  func emit(_ event: JobQueueEvent) {
     let subscribers = core.withLock { Array($0.subscribers.values) }
     for subscriber in subscribers { subscriber.yield(event) }
   }
 
-  private func publishState() {
+  func publishState() {
     let (changed, subscribers) = core.withLock {
       core -> (JobQueueState?, [AsyncStream<JobQueueEvent>.Continuation]) in
-      let state = core.computedState
-      guard state != core.state else { return (nil, []) }
-      core.state = state
+      guard let state = core.state.stateToPublish() else { return (nil, []) }
       return (state, Array(core.subscribers.values))
     }
     if let changed { for subscriber in subscribers { subscriber.yield(.stateChanged(changed)) } }
   }
 
-  private func log(_ level: LogRecord.Level, _ message: String, _ metadata: [String: String] = [:]) {
+  func log(_ level: LogRecord.Level, _ message: String, _ metadata: [String: String] = [:]) {
     guard let sink = configuration.log else { return }
     var fields = metadata
     fields["queue"] = identifier
@@ -677,16 +369,31 @@ public final class JobQueue<Item: Queueable>: Sendable {
   }
 }
 
+/// The queue's locked storage: the state machine, and what it cannot hold as plain values
+/// (tasks and continuations).
+struct QueueCore: Sendable {
+  var state: QueueState
+  var loop: Task<Void, Never>?
+  var subscribers: [UUID: AsyncStream<JobQueueEvent>.Continuation] = [:]
+  var finishContinuations: [UUID: CheckedContinuation<Void, Never>] = [:]
+
+  init(_ configuration: JobQueueConfiguration) {
+    state = QueueState(
+      limits: .init(concurrency: configuration.concurrency, prefetch: configuration.prefetch))
+  }
+}
+
 extension JobQueue {
   /// The delegate, held weakly, with its calls bound to the concrete type.
-  fileprivate final class DelegateBox: Sendable {
-    let handle: @Sendable (JobQueue<Item>, Item, Int) async throws -> JobResult
+  final class DelegateBox: Sendable {
+    /// Handles a job; nil when the delegate is gone.
+    let handle: @Sendable (JobQueue<Item>, Item, Int) async throws -> JobResult?
     let finished: @Sendable (JobQueue<Item>) -> Void
     let isAlive: @Sendable () -> Bool
 
     init<Delegate: JobQueueDelegate>(_ delegate: Delegate) where Delegate.Item == Item {
       handle = { [weak delegate] queue, item, attempts in
-        guard let delegate else { return .retry(after: .zero, reason: "the queue's delegate was released") }
+        guard let delegate else { return nil }
         // The task's cancellation (at the end of a shutdown's grace period) throws, as a closure
         // handler's would, and goes through the same shutdown rule; a later completion is ignored.
         return try await awaitCallback { done in
@@ -696,134 +403,6 @@ extension JobQueue {
       finished = { [weak delegate] queue in delegate?.queueFinished(queue) }
       isAlive = { [weak delegate] in delegate != nil }
     }
-  }
-}
-
-// MARK: - Internal state
-//
-// Declared outside the generic `JobQueue<Item>`: types nested in a generic class are generic too,
-// and the run-time metadata lookups for them showed up on every job in profiles.
-
-private struct PendingSettlement: Sendable {
-  var settlement: JobSettlement
-  var event: JobQueueEvent?
-}
-
-/// What the loop needs for one turn, taken under the lock.
-private struct Step {
-  var stop: Bool
-  var paused: Bool
-  var buffered: Int
-  var freeSlots: Int
-  var settlements: [PendingSettlement]
-  var generation: UInt64
-}
-
-/// Claimed jobs waiting for a free slot, first in first out.
-private struct JobBuffer: Sendable {
-  private var storage: [JobRecord] = []
-  private var head = 0
-
-  var isEmpty: Bool { head == storage.count }
-  var count: Int { storage.count - head }
-  var ids: [JobID] { storage[head...].map { $0.id } }
-  var all: [JobRecord] { Array(storage[head...]) }
-
-  mutating func append(_ jobs: [JobRecord]) {
-    if head > 0 && head == storage.count {
-      storage.removeAll(keepingCapacity: true)
-      head = 0
-    }
-    storage.append(contentsOf: jobs)
-  }
-
-  mutating func removeAll(where shouldRemove: (JobRecord) -> Bool) {
-    storage = storage[head...].filter { !shouldRemove($0) }
-    head = 0
-  }
-
-  mutating func popFirst() -> JobRecord? {
-    guard head < storage.count else { return nil }
-    defer { head += 1 }
-    return storage[head]
-  }
-}
-
-private enum WorkerStep {
-  /// Handle the next buffered job; `flush` asks the loop to record the outcomes so far.
-  case run(JobRecord, flush: Bool)
-  case claim([PendingSettlement])
-  case exit
-}
-
-/// How a handler call ended.
-private enum Outcome {
-  case result(JobResult)
-  case thrown(any Error)
-  case undecodable(String)
-  case abandoned(limit: Int)
-}
-
-private struct FinishNotification {
-  var waiters: [CheckedContinuation<Void, Never>]
-  var subscribers: [AsyncStream<JobQueueEvent>.Continuation]
-}
-
-private struct LoopTiming {
-  var nextRescue: Date
-  var nextHeartbeat: Date
-
-  init(now: Date) {
-    nextRescue = now
-    nextHeartbeat = now
-  }
-
-  func nextMaintenance(holding: Bool) -> Date {
-    holding ? min(nextRescue, nextHeartbeat) : nextRescue
-  }
-}
-
-private struct QueueCore: Sendable {
-  var loop: Task<Void, Never>?
-  var running = false
-  var stopping = false
-  var paused = false
-  var state = JobQueueState.stopped
-  /// Jobs being handled, for heartbeats.
-  var inFlight: Set<JobID> = []
-  /// Worker tasks running; each holds one of the `concurrency` slots.
-  var workers = 0
-  var buffer = JobBuffer()
-  var settlements: [PendingSettlement] = []
-  var subscribers: [UUID: AsyncStream<JobQueueEvent>.Continuation] = [:]
-  var finishWaiters: [UUID: CheckedContinuation<Void, Never>] = [:]
-  var reportedFinished = false
-  var enqueueGeneration: UInt64 = 0
-
-  var computedState: JobQueueState {
-    if !running { return .stopped }
-    if paused { return .paused }
-    return workers == 0 ? .idle : .running
-  }
-
-  /// Jobs were added or re-queued: whoever waits for "finished" must look again.
-  mutating func noteNewWork() {
-    enqueueGeneration &+= 1
-    reportedFinished = false
-  }
-
-  func freeSlots(_ configuration: JobQueueConfiguration) -> Int {
-    max(0, configuration.concurrency - workers)
-  }
-
-  /// Takes what the loop needs for one turn, including every outcome not yet recorded; nil when
-  /// the loop should end (stopping with no worker running).
-  mutating func takeStep(configuration: JobQueueConfiguration) -> Step? {
-    if stopping && workers == 0 { return nil }
-    defer { settlements = [] }
-    return Step(
-      stop: stopping, paused: paused, buffered: buffer.count, freeSlots: freeSlots(configuration),
-      settlements: settlements, generation: enqueueGeneration)
   }
 }
 

@@ -62,6 +62,22 @@ public struct JobQueueConfiguration: Sendable {
     self.log = log
   }
 
+  /// Checks every setting, and that the lease outlasts `store`'s longest lock wait; throws
+  /// ``JobQueueError`` naming the first bad one and how to fix it.
+  public func validate(for store: any JobStore) throws(JobQueueError) {
+    try validate()
+    let wait = store.maximumLockWait
+    if wait > .zero && leaseDuration < wait * 2 {
+      throw .invalidConfiguration(
+        "leaseDuration (\(leaseDuration)) must be at least twice the store's longest lock wait (\(wait), "
+          + "SQLiteJobStore.Options.busyTimeout): a worker waiting for the lock could lose a job it is "
+          + "still running. Lengthen the lease or shorten the busy timeout")
+    }
+  }
+
+  /// The longest lease, poll interval and delay accepted: one day.
+  public static let longestInterval = Duration.seconds(86_400)
+
   /// Checks every setting; throws ``JobQueueError`` naming the first bad one and how to fix it.
   public func validate() throws(JobQueueError) {
     try Self.validate(identifier: identifier)
@@ -74,11 +90,11 @@ public struct JobQueueConfiguration: Sendable {
     if prefetch < 0 || prefetch > 10_000 {
       throw .invalidConfiguration("prefetch must be between 0 and 10000, got \(prefetch)")
     }
-    if leaseDuration < .milliseconds(30) {
-      throw .invalidConfiguration("leaseDuration must be at least 30 ms, got \(leaseDuration)")
+    if leaseDuration < .milliseconds(30) || leaseDuration > Self.longestInterval {
+      throw .invalidConfiguration("leaseDuration must be between 30 ms and 1 day, got \(leaseDuration)")
     }
-    if pollInterval <= .zero {
-      throw .invalidConfiguration("pollInterval must be positive, got \(pollInterval)")
+    if pollInterval < .milliseconds(1) || pollInterval > Self.longestInterval {
+      throw .invalidConfiguration("pollInterval must be between 1 ms and 1 day, got \(pollInterval)")
     }
   }
 
@@ -103,6 +119,8 @@ public enum JobQueueError: Error, Hashable, CustomStringConvertible {
   case invalidConfiguration(String)
   /// The item could not be encoded as JSON; nothing was stored.
   case encodingFailed(String)
+  /// A run date that is not a finite date; nothing was stored. The text says what to pass.
+  case invalidSchedule(String)
 
   /// Says what is wrong and what to do.
   public var description: String {
@@ -111,6 +129,7 @@ public enum JobQueueError: Error, Hashable, CustomStringConvertible {
       "invalid queue identifier \"\(identifier)\": use 1 to 128 characters from A-Z, a-z, 0-9, '.', '_' and '-'"
     case .invalidConfiguration(let message): "invalid queue configuration: \(message)"
     case .encodingFailed(let message): "could not encode the item as JSON (nothing was stored): \(message)"
+    case .invalidSchedule(let message): "invalid schedule (nothing was stored): \(message)"
     }
   }
 }

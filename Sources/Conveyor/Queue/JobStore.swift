@@ -45,32 +45,50 @@ public enum JobStatus: String, Sendable, Codable, CaseIterable, Hashable {
   case dead
 }
 
+/// When a new job may first run.
+public enum RunTime: Sendable, Hashable {
+  /// As soon as a worker is free.
+  case now
+  /// This long after the store commits the job, measured by the store's clock while it holds its
+  /// lock (a database server's own clock for a shared store).
+  case after(Duration)
+  /// Not before this date.
+  case at(Date)
+}
+
 /// A job to insert into a store.
 public struct NewJob: Sendable, Hashable {
   /// The encoded item.
   public var payload: Data
   /// Higher runs first among ready jobs. Default 0.
   public var priority: Int
-  /// The job is not handed out before this date.
-  public var runAt: Date
-  /// When set, the job is not inserted while another pending or running job in the same queue has
-  /// the same key; the existing job's ID is returned instead.
+  /// When the job may first run.
+  public var runTime: RunTime
+  /// When set, the job is not inserted while another *waiting* job (ready or scheduled, not
+  /// running) in the same queue has the same key; the waiting job's ID is returned instead. A job
+  /// that is already running may have read old data, so a new job with its key is stored and runs
+  /// after it.
   public var deduplicationKey: String?
 
   /// Describes a job to insert.
-  public init(payload: Data, priority: Int = 0, runAt: Date, deduplicationKey: String? = nil) {
+  public init(payload: Data, priority: Int = 0, runTime: RunTime = .now, deduplicationKey: String? = nil) {
     self.payload = payload
     self.priority = priority
-    self.runAt = runAt
+    self.runTime = runTime
     self.deduplicationKey = deduplicationKey
+  }
+
+  /// Describes a job to insert that runs at a date.
+  public init(payload: Data, priority: Int = 0, runAt: Date, deduplicationKey: String? = nil) {
+    self.init(payload: payload, priority: priority, runTime: .at(runAt), deduplicationKey: deduplicationKey)
   }
 }
 
 /// The outcome of inserting one ``NewJob``.
 public struct EnqueueResult: Sendable, Hashable {
-  /// The new job's ID, or the ID of the pending or running job with the same deduplication key.
+  /// The new job's ID, or the ID of the waiting job with the same deduplication key.
   public var id: JobID
-  /// `false` when a job with the same deduplication key was already waiting or running.
+  /// `false` when a job with the same deduplication key was already waiting, so nothing was stored.
   public var inserted: Bool
 
   /// Creates a result.
@@ -92,9 +110,11 @@ public struct JobRecord: Sendable, Hashable, Identifiable {
   public var status: JobStatus
   /// Higher runs first among ready jobs.
   public var priority: Int
-  /// How many times the job was handed to a handler (counted when claimed).
+  /// How many times the job was handed to a handler (counted when claimed; a claim given back
+  /// unused, or interrupted by a shutdown, does not count).
   public var attempts: Int
-  /// The earliest date the job may run (for a running job: when it was claimed).
+  /// The earliest date the job may run. A claim leaves it as it was, so a job given back or
+  /// rescued keeps its place in the order.
   public var runAt: Date
   /// When the job was first committed.
   public var createdAt: Date
@@ -106,12 +126,15 @@ public struct JobRecord: Sendable, Hashable, Identifiable {
   public var leaseOwner: String?
   /// For a running job, when the lease runs out unless it is heartbeated.
   public var leaseExpiresAt: Date?
+  /// How many times the job has been claimed; never lowered. For a running job it identifies the
+  /// current claim (see ``claim``): an outcome or heartbeat applies only to that claim.
+  public var claimToken: Int64
 
   /// Creates a record.
   public init(
     id: JobID, queue: String, payload: Data, status: JobStatus, priority: Int, attempts: Int,
     runAt: Date, createdAt: Date, lastError: String? = nil, deduplicationKey: String? = nil,
-    leaseOwner: String? = nil, leaseExpiresAt: Date? = nil
+    leaseOwner: String? = nil, leaseExpiresAt: Date? = nil, claimToken: Int64 = 0
   ) {
     self.id = id
     self.queue = queue
@@ -125,62 +148,92 @@ public struct JobRecord: Sendable, Hashable, Identifiable {
     self.deduplicationKey = deduplicationKey
     self.leaseOwner = leaseOwner
     self.leaseExpiresAt = leaseExpiresAt
+    self.claimToken = claimToken
   }
+
+  /// The claim this record describes: the job and its ``claimToken``.
+  public var claim: ClaimReference { ClaimReference(id: id, token: claimToken) }
 }
 
-/// A worker's claim on jobs: who holds them and until when.
-public struct Lease: Sendable, Hashable {
-  /// Identifies the worker (unique per process and queue instance).
-  public var owner: String
-  /// The lease ends at this date unless heartbeated.
-  public var expiresAt: Date
+/// Names one claim of one job: the fencing token every outcome and heartbeat carries.
+///
+/// Each claim of a job gets a new token. A worker whose lease lapsed, and whose job was then
+/// handed out again (even to the same worker), holds an old token: its outcome and heartbeats are
+/// refused, so they can never settle the newer claim.
+public struct ClaimReference: Sendable, Hashable, CustomStringConvertible {
+  /// The job.
+  public var id: JobID
+  /// The claim's token (``JobRecord/claimToken`` when it was claimed).
+  public var token: Int64
 
-  /// Creates a lease.
-  public init(owner: String, expiresAt: Date) {
+  /// Creates a reference.
+  public init(id: JobID, token: Int64) {
+    self.id = id
+    self.token = token
+  }
+
+  /// `id#token`.
+  public var description: String { "\(id)#\(token)" }
+}
+
+/// What a worker asks for when it claims or heartbeats: who it is and how long a lease lasts.
+///
+/// The store computes each expiry from its own clock while it holds its lock, so the time spent
+/// waiting for the lock never shortens a lease (and a lease is never committed already expired).
+public struct Lease: Sendable, Hashable {
+  /// Identifies the worker (unique per process and queue instance); shown in listings.
+  public var owner: String
+  /// How long a claim or heartbeat keeps the job, from the moment the store commits it.
+  public var duration: Duration
+
+  /// Creates a lease request.
+  public init(owner: String, duration: Duration) {
     self.owner = owner
-    self.expiresAt = expiresAt
+    self.duration = duration
   }
 }
 
 /// What a worker reports for a job it holds.
 ///
-/// A settlement applies only while `owner` still holds the job's lease. A job whose lease ran out
-/// and was handed to another worker, or that was removed meanwhile, is left alone and its ID is
-/// reported in ``ClaimBatch/staleSettlements``.
+/// A settlement applies only while its claim is current: the job is running under the same
+/// ``ClaimReference/token``. A job whose lease ran out and was claimed again, or that was removed,
+/// is left alone and its ID is reported in ``ClaimBatch/staleSettlements``.
 public struct JobSettlement: Sendable, Hashable {
   /// What to do with the job.
   public enum Action: Sendable, Hashable {
     /// Handled: delete the job.
     case complete
-    /// Put the job back as pending, to run at the given date, recording the error if any.
-    case retry(at: Date, error: String?)
+    /// Put the job back as waiting, to run after `delay` (from the store's clock while it holds
+    /// its lock), recording the error if any.
+    case retry(after: Duration, error: String?)
     /// Mark the job dead with the given reason.
     case kill(error: String)
-    /// Give the job back untouched (it was claimed but never handed to a handler): pending again,
-    /// its attempt count lowered by the one its claim added.
-    case release
+    /// Give the job back: ready again in its old place, its attempt count lowered by the one its
+    /// claim added. For a job claimed but never started, and for a handler interrupted by a
+    /// shutdown (the attempt was not the job's fault), with `error` recorded when given.
+    case release(error: String?)
   }
 
-  /// The job settled.
-  public var id: JobID
-  /// The worker that holds the job.
-  public var owner: String
+  /// The claim settled.
+  public var claim: ClaimReference
   /// What to do.
   public var action: Action
 
+  /// The job settled.
+  public var id: JobID { claim.id }
+
   /// Creates a settlement.
-  public init(id: JobID, owner: String, action: Action) {
-    self.id = id
-    self.owner = owner
+  public init(claim: ClaimReference, action: Action) {
+    self.claim = claim
     self.action = action
   }
 }
 
-/// The result of ``JobStore/settleAndClaim(_:queue:limit:lease:now:)``.
+/// The result of ``JobStore/settleAndClaim(_:queue:limit:lease:clock:)``.
 public struct ClaimBatch: Sendable, Hashable {
   /// Jobs now held under the lease, in claim order (priority descending, run date, ID).
   public var claimed: [JobRecord]
-  /// Settlements that did not apply because the worker no longer held the job.
+  /// Settlements that did not apply because their claim was no longer current.
   public var staleSettlements: [JobID]
   /// Whether the queue's stored pause flag was set (in which case nothing was claimed).
   public var paused: Bool
@@ -195,9 +248,9 @@ public struct ClaimBatch: Sendable, Hashable {
 
 /// How many jobs a queue holds, by status.
 public struct JobCounts: Sendable, Hashable, Codable {
-  /// Pending jobs whose run date has come.
+  /// Waiting jobs whose run date has come.
   public var ready: Int
-  /// Pending jobs waiting for a later run date (a delay or a retry).
+  /// Waiting jobs whose run date is later (a delay or a retry).
   public var scheduled: Int
   /// Jobs held by a worker.
   public var running: Int
@@ -218,42 +271,67 @@ public struct JobCounts: Sendable, Hashable, Codable {
   public var total: Int { unfinished + dead }
 }
 
+/// When a queue next needs a worker, as ``JobStore/nextWake(queue:clock:)`` reports it.
+public struct WakeHint: Sendable, Hashable {
+  /// The earliest run date of a waiting job (in the past when one is ready), or nil.
+  public var nextRun: Date?
+  /// The earliest lease expiry of a running job, or nil.
+  public var nextLeaseExpiry: Date?
+
+  /// Creates a hint.
+  public init(nextRun: Date? = nil, nextLeaseExpiry: Date? = nil) {
+    self.nextRun = nextRun
+    self.nextLeaseExpiry = nextLeaseExpiry
+  }
+
+  /// True when the queue holds no waiting and no running job: it is finished.
+  public var isFinished: Bool { nextRun == nil && nextLeaseExpiry == nil }
+}
+
 /// Durable storage for job queues.
 ///
-/// A store holds any number of queues, each named by its identifier. Every method takes the
-/// current date from its caller (the queue's clock), so stores and tests agree on time. Every
-/// store must pass the shared conformance suite (`ConveyorTestSupport.JobStoreConformance`).
+/// A store holds any number of queues, each named by its identifier. Methods that need the time
+/// take the queue's ``JobClock`` and read it while they hold the store's lock, so a call that
+/// waited for the lock never commits a lease or run date computed before the wait. A store with a
+/// clock of its own (a database server) may use that instead, for every worker alike. Every store
+/// must pass the shared conformance suite (`ConveyorTestSupport.JobStoreConformance`).
 ///
 /// Methods that change jobs are atomic: when one throws, nothing it was asked to change changed.
+///
+/// A waiting job is *ready* once its run date has come and *scheduled* before that; ready jobs are
+/// handed out by priority (higher first), then run date, then ID.
 public protocol JobStore: Sendable {
   /// Commits new jobs to a queue in one transaction, in order.
   ///
   /// Returns one result per job, in the same order. A job whose deduplication key matches a
-  /// pending or running job of the queue (or an earlier job of the same batch) is not inserted.
-  func enqueue(_ jobs: [NewJob], queue: String, now: Date) async throws -> [EnqueueResult]
+  /// waiting (not running) job of the queue, or an earlier job of the same batch, is not inserted.
+  func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult]
 
   /// Applies settlements, then claims up to `limit` ready jobs under `lease`, in one transaction.
   ///
-  /// Claiming picks pending jobs with `runAt <= now`, highest priority first, then earliest run
-  /// date, then lowest ID; each claimed job has its attempt count raised by one and becomes
-  /// running. A paused queue applies the settlements but claims nothing and reports
+  /// Each claimed job becomes running with its attempt count and ``JobRecord/claimToken`` raised
+  /// by one and its lease ending `lease.duration` after the store's clock reading under its lock;
+  /// its run date is kept. A paused queue applies the settlements but claims nothing and reports
   /// ``ClaimBatch/paused``. `limit` may be 0.
   func settleAndClaim(
-    _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, now: Date
+    _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, clock: any JobClock
   ) async throws -> ClaimBatch
 
-  /// Extends the lease on jobs `lease.owner` holds; returns the IDs it still holds.
-  func heartbeat(_ ids: [JobID], queue: String, lease: Lease) async throws -> [JobID]
+  /// Extends the leases of the given claims to `lease.duration` from now; returns the claims that
+  /// are still current (the others lapsed, were claimed again, settled or removed).
+  func heartbeat(_ claims: [ClaimReference], queue: String, lease: Lease, clock: any JobClock)
+    async throws -> [ClaimReference]
 
-  /// Returns running jobs whose lease ran out before `now` to pending, ready at once; returns how
-  /// many. Their attempt count stays (the attempt was made).
-  func rescueExpiredLeases(queue: String, now: Date) async throws -> Int
+  /// Makes running jobs whose lease ran out (expiry at or before now) ready again, in their old
+  /// place; returns how many. Their attempt count stays: the attempt was made by a worker that
+  /// vanished.
+  func rescueExpiredLeases(queue: String, clock: any JobClock) async throws -> Int
 
   /// Counts the queue's jobs by status.
-  func counts(queue: String, now: Date) async throws -> JobCounts
+  func counts(queue: String, clock: any JobClock) async throws -> JobCounts
 
   /// Lists jobs in ID order, a page at a time: those with IDs greater than `after`, at most `limit`,
-  /// filtered by status when `status` is not nil.
+  /// filtered by status when `status` is not nil. Never reads more than the page from storage.
   func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord]
 
   /// Deletes the given jobs whatever their status; returns how many existed.
@@ -262,13 +340,13 @@ public protocol JobStore: Sendable {
   /// Deletes every job of the queue whose status is in `statuses`; returns how many.
   func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int
 
-  /// Makes dead jobs pending again, ready at `now`, attempts reset to zero; `ids` nil means every
-  /// dead job of the queue. Returns how many. Jobs that are not dead are left alone.
+  /// Makes dead jobs ready again, now, attempts reset to zero; `ids` nil means every dead job of
+  /// the queue. Returns how many. Jobs that are not dead are left alone.
   ///
-  /// A dead job whose deduplication key a pending or running job holds stays dead: re-queueing it
-  /// would run the same work twice. Of dead jobs sharing a key, the oldest (lowest ID) is
-  /// re-queued and the others stay dead.
-  func requeueDead(_ ids: [JobID]?, queue: String, now: Date) async throws -> Int
+  /// A dead job whose deduplication key a waiting job holds stays dead: re-queueing it would
+  /// queue the same work twice. Of dead jobs sharing a key, the oldest (lowest ID) is re-queued
+  /// and the others stay dead.
+  func requeueDead(_ ids: [JobID]?, queue: String, clock: any JobClock) async throws -> Int
 
   /// Stores whether the queue is paused; every worker on the store obeys it.
   func setPaused(_ paused: Bool, queue: String) async throws
@@ -276,10 +354,65 @@ public protocol JobStore: Sendable {
   /// Whether the queue is paused.
   func isPaused(queue: String) async throws -> Bool
 
-  /// The earliest date something will need a worker: the earliest pending run date, or the
-  /// earliest lease expiry of a running job. Nil when the queue holds neither.
-  func nextWakeDate(queue: String) async throws -> Date?
+  /// When something in the queue will next need a worker: the earliest waiting run date and the
+  /// earliest lease expiry, as dates of `clock`. Both nil when the queue holds neither a waiting
+  /// nor a running job.
+  func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint
 
   /// The names of queues that hold jobs or a stored pause flag, sorted.
   func queueNames() async throws -> [String]
+
+  /// The longest a call may wait for a lock held by another connection before it fails (SQLite's
+  /// busy timeout). A queue's lease must be longer, or a worker blocked on the lock could lose a
+  /// job it is still running. Default zero.
+  var maximumLockWait: Duration { get }
+}
+
+extension JobStore {
+  /// No lock waits: zero.
+  public var maximumLockWait: Duration { .zero }
+}
+
+/// Conversions every store uses, so all of them round and clamp times the same way.
+public enum JobStoreTime {
+  /// The latest date a store keeps: the end of year 9999. Later dates (and infinity) are clamped.
+  public static let latest = Date(timeIntervalSince1970: 253_402_300_799)
+  /// The earliest date a store keeps: the start of year 1. Earlier dates are clamped.
+  public static let earliest = Date(timeIntervalSince1970: -62_135_596_800)
+  /// The longest delay a store applies: 100 years. Longer ones are clamped.
+  public static let longestDelay = Duration.seconds(100 * 365 * 86_400)
+
+  /// Whole milliseconds since 1970, rounded to the nearest and clamped to
+  /// ``earliest``...``latest``; NaN becomes 1970-01-01.
+  public static func milliseconds(_ date: Date) -> Int64 {
+    let seconds = date.timeIntervalSince1970
+    guard seconds.isFinite else {
+      return seconds.isNaN ? 0 : milliseconds(seconds > 0 ? latest : earliest)
+    }
+    let clamped = min(max(seconds, earliest.timeIntervalSince1970), latest.timeIntervalSince1970)
+    return Int64((clamped * 1000).rounded())
+  }
+
+  /// The date `milliseconds` after 1970.
+  public static func date(milliseconds: Int64) -> Date {
+    Date(timeIntervalSince1970: Double(milliseconds) / 1000)
+  }
+
+  /// `date` rounded to whole milliseconds and clamped like ``milliseconds(_:)``.
+  public static func normalized(_ date: Date) -> Date {
+    Self.date(milliseconds: milliseconds(date))
+  }
+
+  /// A duration in whole milliseconds, clamped to 0...``longestDelay``.
+  public static func milliseconds(_ duration: Duration) -> Int64 {
+    let clamped = min(max(duration, .zero), longestDelay)
+    let (seconds, attoseconds) = clamped.components
+    return seconds * 1000 + attoseconds / 1_000_000_000_000_000
+  }
+
+  /// `date` moved by `duration` (clamped to 0...``longestDelay``), rounded to whole milliseconds.
+  public static func date(_ date: Date, adding duration: Duration) -> Date {
+    let base = milliseconds(date)
+    return Self.date(milliseconds: min(base &+ milliseconds(duration), milliseconds(latest)))
+  }
 }

@@ -1,0 +1,321 @@
+import Foundation
+
+// The worker loop and the workers: they carry out what `QueueState` decides.
+//
+// The loop records outcomes, claims jobs for free slots, starts workers, rescues expired leases
+// when one is due, looks for "finished", and otherwise sleeps until it is signalled, a job falls
+// due, a lease runs out, or `pollInterval` passes (other processes' jobs, the stored pause flag).
+// A worker handles its job, then records the outcome and claims its own next job in one store
+// call, so a busy queue needs no round trip through the loop. The lease keeper (its own file)
+// heartbeats on a thread of its own.
+
+extension JobQueue {
+  func runLoop() async {
+    let keeper = LeaseKeeper(
+      store: store, queue: identifier, lease: lease, clock: clock,
+      held: { [weak self] in self?.core.withLock { $0.state.heldClaims } ?? [] },
+      lost: { [weak self] claims in self?.lost(claims) },
+      log: { [weak self] level, message in self?.log(level, message) }
+    ).start()
+    var failures = 0
+    // A discarding group: finished workers are freed at once, so memory stays flat however many
+    // jobs pass through.
+    await withDiscardingTaskGroup { group in
+      while !Task.isCancelled {
+        do {
+          guard let wait = try await turn(group: &group) else { break }
+          failures = 0
+          if let wait { await self.wake.wait(for: wait) }
+        } catch {
+          failures += 1
+          let backoff = Duration.milliseconds(min(5_000, 50 << min(failures, 7)))
+          log(.warning, "store error, retrying in \(backoff): \(error)", ["failures": String(failures)])
+          await wake.wait(for: backoff)
+        }
+      }
+      // Cancelled after the grace period: handlers were cancelled with the loop; the group waits
+      // for them.
+    }
+    await finalFlush()
+    keeper.cancel()
+    core.withLock { core in
+      core.loop = nil
+      core.state.stopped()
+    }
+    log(.info, "queue stopped")
+    publishState()
+  }
+
+  /// One turn of the loop. Returns nil to end the loop, `.some(nil)` to turn again at once, or
+  /// how long to wait for a signal.
+  private func turn(group: inout DiscardingTaskGroup) async throws -> Duration?? {
+    let canHandle = handlerAvailable
+    guard let step = core.withLock({ $0.state.takeLoopStep(canHandle: canHandle) }) else { return nil }
+    var claimedAny = false
+    if step.needsStore {
+      let batch = try await settleAndClaim(step.settlements, limit: step.claimLimit)
+      claimedAny = !batch.claimed.isEmpty
+    }
+    startWorkers(in: &group)
+    if claimedAny && !step.stopping && core.withLock({ $0.state.freeSlots > 0 }) {
+      return .some(nil)  // more may be ready: claim again
+    }
+    if step.stopping { return configuration.pollInterval }
+    return try await nextWait(canHandle: canHandle)
+  }
+
+  /// Looks at the store: rescues expired leases when one is due, reports "finished", and says how
+  /// long the loop may sleep. Never returns a wait of zero for something it cannot act on, so an
+  /// idle queue does not spin.
+  private func nextWait(canHandle: Bool) async throws -> Duration?? {
+    let check = core.withLock { $0.state.beginFinishCheck() }
+    var hint = try await store.nextWake(queue: identifier, clock: clock)
+    var now = clock.now()
+    if let expiry = hint.nextLeaseExpiry, expiry <= now {
+      let rescued = try await store.rescueExpiredLeases(queue: identifier, clock: clock)
+      if rescued > 0 {
+        log(.warning, "handed out \(rescued) job(s) whose worker stopped heart-beating")
+        core.withLock { $0.state.sawWork() }
+        return .some(nil)
+      }
+      // Nothing was rescued (its worker heartbeated meanwhile): look again, but never spin on it.
+      hint = try await store.nextWake(queue: identifier, clock: clock)
+      now = clock.now()
+      if let expiry = hint.nextLeaseExpiry, expiry <= now { hint.nextLeaseExpiry = nil }
+    }
+    if hint.isFinished {
+      if canHandle { reportFinished(check) }
+    } else {
+      core.withLock { $0.state.sawWork() }
+    }
+    var wait = configuration.pollInterval
+    if let expiry = hint.nextLeaseExpiry { wait = min(wait, duration(from: now, to: expiry)) }
+    if let run = hint.nextRun, core.withLock({ $0.state.canClaim(canHandle: canHandle) }) {
+      let untilRun = duration(from: now, to: run)
+      if untilRun <= .zero { return .some(nil) }
+      wait = min(wait, untilRun)
+    }
+    return wait
+  }
+
+  /// The time from `now` to `date` (negative when `date` is past), in whole milliseconds.
+  private func duration(from now: Date, to date: Date) -> Duration {
+    let milliseconds = (date.timeIntervalSince(now) * 1000).rounded(.up)
+    let capped = min(max(milliseconds, -1e12), 1e12)
+    return .milliseconds(Int64(capped))
+  }
+
+  /// Heartbeats found claims gone: drop the ones not yet started, and say so.
+  private func lost(_ claims: Set<ClaimReference>) {
+    let stillHeld = core.withLock { core in
+      let held = Set(core.state.heldClaims)
+      core.state.lost(claims)
+      return claims.intersection(held)
+    }
+    for claim in stillHeld {
+      log(.warning, "lost the lease on a job; another worker may run it", ["job": claim.id.description])
+    }
+  }
+
+  /// Records outcomes and claims, publishing the events of the outcomes the store accepted; on
+  /// failure the outcomes are kept to be recorded next time.
+  func settleAndClaim(_ pending: [PendingSettlement], limit: Int) async throws -> ClaimBatch {
+    let batch: ClaimBatch
+    do {
+      batch = try await store.settleAndClaim(
+        pending.map(\.settlement), queue: identifier, limit: limit, lease: lease, clock: clock)
+    } catch {
+      core.withLock { $0.state.restore(pending) }
+      throw error
+    }
+    let stale = batch.staleSettlements.isEmpty ? [] : Set(batch.staleSettlements)
+    let (subscribers, pauseChanged) = core.withLock { core in
+      core.state.claimed(batch.claimed)
+      let changed = core.state.paused != batch.paused
+      core.state.paused = batch.paused
+      return (Array(core.subscribers.values), changed)
+    }
+    if pauseChanged { publishState() }
+    for item in pending {
+      if stale.contains(item.settlement.id) {
+        log(
+          .warning, "a job's outcome was not recorded: it was removed or its lease passed to another claim",
+          ["job": item.settlement.id.description])
+        continue
+      }
+      if let event = item.event { for subscriber in subscribers { subscriber.yield(event) } }
+    }
+    return batch
+  }
+
+  /// Starts a worker task for each free slot that has a claimed job waiting.
+  private func startWorkers(in group: inout DiscardingTaskGroup) {
+    let jobs = core.withLock { $0.state.takeJobsToStart() }
+    guard !jobs.isEmpty else { return }
+    publishState()
+    for job in jobs {
+      group.addTask { await self.work(startingWith: job) }
+    }
+  }
+
+  /// A worker: handles a job, then the next claimed one, and when none is left records its
+  /// outcomes and claims its next job itself in one store call. It ends when nothing is ready.
+  private func work(startingWith first: JobRecord) async {
+    var next: JobRecord? = first
+    while let record = next {
+      let outcome = await process(record)
+      let canHandle = handlerAvailable
+      let step = core.withLock { $0.state.workerFinished(record.id, outcome: outcome, canHandle: canHandle) }
+      switch step {
+      case .run(let job, let flush):
+        next = job
+        if flush { wake.signal() }
+      case .exit:
+        next = nil
+      case .claim(let settlements, let limit):
+        do {
+          _ = try await settleAndClaim(settlements, limit: limit)
+        } catch {
+          log(.warning, "store error while claiming; the queue will retry: \(error)")
+        }
+        next = core.withLock { $0.state.nextForWorker() }
+      }
+    }
+    core.withLock { $0.state.workerExited() }
+    publishState()
+    wake.signal()
+  }
+
+  /// Whether a handler exists to run jobs: always for the closure form; while the delegate lives
+  /// for the delegate form.
+  private var handlerAvailable: Bool {
+    handler != nil || delegateBox?.isAlive() == true
+  }
+
+  private func process(_ record: JobRecord) async -> PendingSettlement {
+    emit(.started(record.id, attempt: record.attempts))
+    // A claim counts an attempt before the handler runs, so a job past the limit here had a worker
+    // that vanished during its last allowed attempt (a crash, a kill, an out-of-memory): dead, or
+    // a job that crashes its worker would be handed out forever. A shutdown gives its attempt
+    // back, so it never gets here.
+    if let max = configuration.maxAttempts, record.attempts > max {
+      return settlement(for: record, outcome: .abandoned(limit: max))
+    }
+    let item: Item
+    do {
+      item = try decoder.decode(Item.self, from: record.payload)
+    } catch {
+      return settlement(for: record, outcome: .undecodable(String(describing: error)))
+    }
+    let context = JobContext(
+      id: record.id, queue: identifier, attempts: record.attempts, createdAt: record.createdAt,
+      lastError: record.lastError)
+    do {
+      guard let result = try await handle(item, context) else {
+        return settlement(for: record, outcome: .noHandler)
+      }
+      return settlement(for: record, outcome: .result(result))
+    } catch {
+      return settlement(for: record, outcome: .thrown(error))
+    }
+  }
+
+  /// Runs the handler; nil when the delegate is gone.
+  private func handle(_ item: Item, _ context: JobContext) async throws -> JobResult? {
+    if let handler { return try await handler(item, context) }
+    guard let delegate = delegateBox?.handle else { return nil }
+    return try await delegate(self, item, context.attempts)
+  }
+
+  /// Whether the handler was cut short by a shutdown: the queue is stopping and the handler's
+  /// task was cancelled (the grace period ran out).
+  private var interruptedByShutdown: Bool {
+    Task.isCancelled && core.withLock { $0.state.stopping }
+  }
+
+  private func settlement(for record: JobRecord, outcome: Outcome) -> PendingSettlement {
+    func done(_ action: JobSettlement.Action, _ event: JobQueueEvent?) -> PendingSettlement {
+      PendingSettlement(settlement: JobSettlement(claim: record.claim, action: action), event: event)
+    }
+    func release(_ why: String) -> PendingSettlement {
+      log(.info, "job given back: \(why)", ["job": record.id.description])
+      return done(.release(error: why), nil)
+    }
+    func retry(after delay: Duration?, reason: String?) -> PendingSettlement {
+      if interruptedByShutdown { return release("interrupted by shutdown") }
+      if let max = configuration.maxAttempts, record.attempts >= max {
+        let why = "gave up after \(record.attempts) attempt(s)" + (reason.map { ": \($0)" } ?? "")
+        log(.error, "job is dead", ["job": record.id.description, "reason": why])
+        return done(.kill(error: why), .died(record.id, reason: why))
+      }
+      let wait = delay ?? configuration.retryPolicy.delay(afterAttempt: record.attempts)
+      let date = JobStoreTime.date(clock.now(), adding: wait)
+      log(.info, "job will be retried", ["job": record.id.description, "attempt": String(record.attempts)])
+      return done(.retry(after: wait, error: reason), .retryScheduled(record.id, at: date, error: reason))
+    }
+    switch outcome {
+    case .abandoned(let limit):
+      let why =
+        "gave up after \(limit) attempt(s): the worker stopped (crashed or was killed) during the last one"
+      log(.error, "job is dead", ["job": record.id.description, "reason": "worker lost"])
+      return done(.kill(error: why), .died(record.id, reason: why))
+    case .undecodable(let message):
+      let why = "undecodable payload (did the item type change?): \(message)"
+      log(.error, "job is dead", ["job": record.id.description, "reason": "undecodable payload"])
+      return done(.kill(error: why), .died(record.id, reason: why))
+    case .noHandler:
+      return release("the queue's delegate was released before the job ran")
+    case .thrown(let error):
+      return retry(after: nil, reason: String(describing: error))
+    case .result(let result):
+      switch result.kind {
+      case .handled:
+        return done(.complete, .succeeded(record.id))
+      case .retry(let delay, let reason):
+        return retry(after: delay, reason: reason ?? "handler asked to retry")
+      case .discard(let reason):
+        log(.warning, "job discarded", ["job": record.id.description])
+        return done(.kill(error: reason), .died(record.id, reason: reason))
+      }
+    }
+  }
+
+  /// Publishes "finished" and releases `waitUntilFinished` callers, when the state allows.
+  private func reportFinished(_ check: FinishCheck) {
+    let (waiters, subscribers, publish) = core.withLock { core in
+      let (tokens, publish) = core.state.finishConfirmed(check)
+      let waiters = tokens.compactMap { core.finishContinuations.removeValue(forKey: $0) }
+      return (waiters, publish ? Array(core.subscribers.values) : [], publish)
+    }
+    if publish {
+      log(.debug, "queue finished")
+      for subscriber in subscribers { subscriber.yield(.finished) }
+      delegateBox?.finished(self)
+    }
+    for waiter in waiters { waiter.resume() }
+  }
+
+  /// Records outstanding outcomes and gives back claimed jobs that never started.
+  private func finalFlush() async {
+    let pending = core.withLock { $0.state.takeFinalFlush() }
+    guard !pending.isEmpty else { return }
+    // An unstructured task: the loop may be cancelled, the flush must still run. The shared
+    // settle-and-claim reports only outcomes the store accepted, and keeps them on failure.
+    let flush = Task { try await self.settleAndClaim(pending, limit: 0) }
+    do {
+      _ = try await flush.value
+    } catch {
+      log(
+        .error, "could not record outcomes at shutdown; the jobs will run again after their lease: \(error)")
+    }
+  }
+}
+
+/// How a handler call ended.
+private enum Outcome {
+  case result(JobResult)
+  case thrown(any Error)
+  case undecodable(String)
+  case abandoned(limit: Int)
+  case noHandler
+}

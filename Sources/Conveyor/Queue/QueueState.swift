@@ -1,0 +1,283 @@
+import Foundation
+
+// The queue's decisions as a plain value: what to claim, what to start, what each worker does
+// next, which claims are held, when "finished" may be reported. `JobQueue` keeps one behind a lock
+// and acts on what its methods return (it never decides anything itself); the unit tests drive it
+// with plain values.
+//
+// Declared outside the generic `JobQueue<Item>`: types nested in a generic class are generic too,
+// and the run-time metadata lookups for them showed up on every job in profiles.
+
+/// An outcome waiting to be recorded, and the event to publish once the store accepts it.
+struct PendingSettlement: Sendable, Hashable {
+  var settlement: JobSettlement
+  var event: JobQueueEvent?
+}
+
+/// What the loop does in one turn, taken under the lock.
+struct LoopStep: Sendable, Hashable {
+  /// Outcomes to record now (taken out of the state; give them back with
+  /// ``QueueState/restore(_:)`` if the store call fails).
+  var settlements: [PendingSettlement]
+  /// How many jobs to claim (0: none).
+  var claimLimit: Int
+  /// Whether the loop should ask the store at all (settlements, a claim, or a paused queue to
+  /// re-check).
+  var needsStore: Bool { !settlements.isEmpty || claimLimit > 0 || checkPause }
+  /// Whether the queue believes it is paused and must look at the stored flag again.
+  var checkPause: Bool
+  /// Whether the queue is stopping.
+  var stopping: Bool
+}
+
+/// What a worker does after finishing a job.
+enum WorkerStep: Sendable, Hashable {
+  /// Handle this claimed job next; `flush` asks the loop to record the outcomes so far.
+  case run(JobRecord, flush: Bool)
+  /// Record these outcomes and claim up to `limit` jobs in one store call.
+  case claim([PendingSettlement], limit: Int)
+  /// End the worker.
+  case exit
+}
+
+/// A look at the store for "finished", begun by ``QueueState/beginFinishCheck()``.
+struct FinishCheck: Sendable, Hashable {
+  var generation: UInt64
+  var epoch: UInt64
+}
+
+/// Claimed jobs waiting for a free slot, first in first out.
+struct JobBuffer: Sendable, Hashable {
+  private var storage: [JobRecord] = []
+  private var head = 0
+
+  var isEmpty: Bool { head == storage.count }
+  var count: Int { storage.count - head }
+  var claims: [ClaimReference] { storage[head...].map(\.claim) }
+  var all: [JobRecord] { Array(storage[head...]) }
+
+  mutating func append(_ jobs: [JobRecord]) {
+    if head > 0 && head == storage.count {
+      storage.removeAll(keepingCapacity: true)
+      head = 0
+    }
+    storage.append(contentsOf: jobs)
+  }
+
+  mutating func removeAll(where shouldRemove: (JobRecord) -> Bool) {
+    storage = storage[head...].filter { !shouldRemove($0) }
+    head = 0
+  }
+
+  mutating func removeAll() {
+    storage = []
+    head = 0
+  }
+
+  mutating func popFirst() -> JobRecord? {
+    guard head < storage.count else { return nil }
+    defer { head += 1 }
+    return storage[head]
+  }
+}
+
+/// The queue's state machine. Every method is a pure function of the state and its arguments.
+struct QueueState: Sendable {
+  /// Settings the decisions depend on.
+  struct Limits: Sendable, Hashable {
+    var concurrency: Int
+    var prefetch: Int
+  }
+
+  let limits: Limits
+  /// Started and not yet fully stopped.
+  var running = false
+  /// `shutdown` began: no new claims, no new handlers.
+  var stopping = false
+  /// The stored pause flag as last seen.
+  var paused = false
+  /// The state last published.
+  var publishedState = JobQueueState.stopped
+  /// Worker tasks running; each holds one of the `concurrency` slots.
+  var workers = 0
+  /// Jobs being handled, by ID, with their claims (for heartbeats).
+  var inFlight: [JobID: ClaimReference] = [:]
+  /// Claimed jobs waiting for a slot.
+  var buffer = JobBuffer()
+  /// Outcomes not yet recorded.
+  var settlements: [PendingSettlement] = []
+  /// Whether `.finished` was published since work was last seen.
+  var reportedFinished = false
+  /// Raised when this instance adds or re-queues jobs.
+  var enqueueGeneration: UInt64 = 0
+  /// Raised when the loop begins a look at the store for "finished".
+  var finishCheckEpoch: UInt64 = 0
+  /// `waitUntilFinished` callers, with the epoch at which they began waiting: only a check begun
+  /// after that may release them.
+  var finishWaiters: [UUID: UInt64] = [:]
+
+  init(limits: Limits) { self.limits = limits }
+
+  var freeSlots: Int { max(0, limits.concurrency - workers) }
+
+  /// Nothing held in this process: no worker, no claimed job waiting, no outcome unrecorded.
+  var holdsNothing: Bool { workers == 0 && buffer.isEmpty && settlements.isEmpty }
+
+  /// The state to publish.
+  var computedState: JobQueueState {
+    if !running { return .stopped }
+    if paused { return .paused }
+    return workers == 0 ? .idle : .running
+  }
+
+  /// The state if it changed since it was last published (and records it as published).
+  mutating func stateToPublish() -> JobQueueState? {
+    let state = computedState
+    guard state != publishedState else { return nil }
+    publishedState = state
+    return state
+  }
+
+  // MARK: Starting and stopping
+
+  /// Marks the queue started; false when it already was.
+  mutating func start() -> Bool {
+    guard !running else { return false }
+    running = true
+    stopping = false
+    return true
+  }
+
+  /// Marks the queue stopped after its loop ended.
+  mutating func stopped() {
+    running = false
+    stopping = false
+  }
+
+  /// Takes what the loop must record at shutdown: the outcomes and, as releases, the claimed
+  /// jobs that never started.
+  mutating func takeFinalFlush() -> [PendingSettlement] {
+    let releases = buffer.all.map {
+      PendingSettlement(settlement: JobSettlement(claim: $0.claim, action: .release(error: nil)), event: nil)
+    }
+    defer {
+      settlements = []
+      buffer.removeAll()
+    }
+    return settlements + releases
+  }
+
+  // MARK: The loop
+
+  /// What the loop does this turn; nil when it should end (stopping with no worker left).
+  mutating func takeLoopStep(canHandle: Bool) -> LoopStep? {
+    if stopping && workers == 0 { return nil }
+    // Claim only what can start now (plus prefetch), and only once the buffer is empty.
+    let canClaim = !stopping && canHandle && buffer.isEmpty && !paused
+    let limit = canClaim && freeSlots > 0 ? freeSlots + limits.prefetch : 0
+    defer { settlements = [] }
+    return LoopStep(settlements: settlements, claimLimit: limit, checkPause: paused, stopping: stopping)
+  }
+
+  /// Whether the loop may claim now: a slot is free and nothing stops it.
+  func canClaim(canHandle: Bool) -> Bool {
+    !stopping && !paused && canHandle && freeSlots > 0 && buffer.isEmpty
+  }
+
+  /// Claimed jobs arrived: they wait for a slot.
+  mutating func claimed(_ jobs: [JobRecord]) {
+    guard !jobs.isEmpty else { return }
+    buffer.append(jobs)
+    reportedFinished = false
+  }
+
+  /// A store call failed: its outcomes go back to be recorded first next time.
+  mutating func restore(_ pending: [PendingSettlement]) {
+    settlements.insert(contentsOf: pending, at: 0)
+  }
+
+  /// The claimed jobs that may start now, each taking a slot (and a worker).
+  mutating func takeJobsToStart() -> [JobRecord] {
+    var taken: [JobRecord] = []
+    while workers < limits.concurrency, !stopping, !paused, let job = buffer.popFirst() {
+      inFlight[job.id] = job.claim
+      workers += 1
+      taken.append(job)
+    }
+    return taken
+  }
+
+  // MARK: Workers
+
+  /// A worker finished `job` with `outcome`: what it does next.
+  mutating func workerFinished(_ job: JobID, outcome: PendingSettlement, canHandle: Bool) -> WorkerStep {
+    inFlight[job] = nil
+    settlements.append(outcome)
+    if !stopping, !paused, let next = buffer.popFirst() {
+      inFlight[next.id] = next.claim
+      return .run(next, flush: settlements.count >= max(1, limits.prefetch))
+    }
+    guard !stopping, !paused, canHandle else { return .exit }
+    defer { settlements = [] }
+    return .claim(settlements, limit: 1 + limits.prefetch)
+  }
+
+  /// The next claimed job for a worker that just claimed (nil: the worker ends).
+  mutating func nextForWorker() -> JobRecord? {
+    guard !stopping, !paused, let job = buffer.popFirst() else { return nil }
+    inFlight[job.id] = job.claim
+    return job
+  }
+
+  /// A worker ended.
+  mutating func workerExited() { workers -= 1 }
+
+  // MARK: Leases
+
+  /// Every claim this process still holds: jobs being handled, claimed jobs waiting for a slot,
+  /// and handled jobs whose outcome is not recorded yet.
+  var heldClaims: [ClaimReference] {
+    Array(inFlight.values) + buffer.claims + settlements.map(\.settlement.claim)
+  }
+
+  /// Heartbeats found these claims gone (lapsed and claimed again, or removed): a claimed job
+  /// that has not started must not start.
+  mutating func lost(_ claims: Set<ClaimReference>) {
+    buffer.removeAll { claims.contains($0.claim) }
+  }
+
+  // MARK: Finished
+
+  /// This instance added or re-queued jobs.
+  mutating func noteNewWork() {
+    enqueueGeneration &+= 1
+    reportedFinished = false
+  }
+
+  /// Registers a `waitUntilFinished` caller; it is released by the first finish check that
+  /// begins after now.
+  mutating func addFinishWaiter(_ token: UUID) {
+    finishWaiters[token] = finishCheckEpoch
+  }
+
+  /// The loop is about to look at the store for "finished".
+  mutating func beginFinishCheck() -> FinishCheck {
+    finishCheckEpoch &+= 1
+    return FinishCheck(generation: enqueueGeneration, epoch: finishCheckEpoch)
+  }
+
+  /// The store held no waiting and no running job during `check`. Returns the waiters to release
+  /// and whether to publish `.finished`; nothing when this instance added work since the check
+  /// began or holds work.
+  mutating func finishConfirmed(_ check: FinishCheck) -> (waiters: [UUID], publish: Bool) {
+    guard check.generation == enqueueGeneration, holdsNothing else { return ([], false) }
+    let released = finishWaiters.filter { $0.value < check.epoch }.map(\.key)
+    for token in released { finishWaiters[token] = nil }
+    let publish = !reportedFinished
+    reportedFinished = true
+    return (released, publish)
+  }
+
+  /// The store showed unfinished work: the next "finished" is news again.
+  mutating func sawWork() { reportedFinished = false }
+}

@@ -1,0 +1,118 @@
+import Conveyor
+import Foundation
+import Synchronization
+
+/// A `JobStore` that forwards to another, counting every call by name and failing chosen calls:
+/// tests see how often a queue touches its store, and how it survives storage errors.
+public final class InstrumentedJobStore: JobStore {
+  /// The store calls are forwarded to.
+  public let base: any JobStore
+
+  private struct State {
+    var calls: [String: Int] = [:]
+    var failures: [String: Int] = [:]
+  }
+  private let state = Mutex(State())
+
+  /// The error injected failures throw.
+  public struct InjectedFailure: Error, CustomStringConvertible {
+    /// Says it was injected.
+    public var description: String { "disk I/O error (injected)" }
+  }
+
+  /// Wraps `base`.
+  public init(_ base: any JobStore = InMemoryJobStore()) { self.base = base }
+
+  /// Calls so far, by method name (`enqueue`, `settleAndClaim`, `heartbeat`, `rescue`, `counts`,
+  /// `jobs`, `remove`, `clear`, `requeueDead`, `setPaused`, `isPaused`, `nextWake`, `queueNames`).
+  public var calls: [String: Int] { state.withLock { $0.calls } }
+
+  /// Every call so far.
+  public var totalCalls: Int { state.withLock { $0.calls.values.reduce(0, +) } }
+
+  /// Makes the next `count` calls of `method` throw ``InjectedFailure``.
+  public func fail(_ method: String, times count: Int) {
+    state.withLock { $0.failures[method] = count }
+  }
+
+  private func record(_ method: String) throws {
+    let fail = state.withLock { state -> Bool in
+      state.calls[method, default: 0] += 1
+      guard let left = state.failures[method], left > 0 else { return false }
+      state.failures[method] = left - 1
+      return true
+    }
+    if fail { throw InjectedFailure() }
+  }
+
+  public func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
+    try record("enqueue")
+    return try await base.enqueue(jobs, queue: queue, clock: clock)
+  }
+
+  public func settleAndClaim(
+    _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, clock: any JobClock
+  ) async throws -> ClaimBatch {
+    try record("settleAndClaim")
+    return try await base.settleAndClaim(settlements, queue: queue, limit: limit, lease: lease, clock: clock)
+  }
+
+  public func heartbeat(_ claims: [ClaimReference], queue: String, lease: Lease, clock: any JobClock)
+    async throws -> [ClaimReference]
+  {
+    try record("heartbeat")
+    return try await base.heartbeat(claims, queue: queue, lease: lease, clock: clock)
+  }
+
+  public func rescueExpiredLeases(queue: String, clock: any JobClock) async throws -> Int {
+    try record("rescue")
+    return try await base.rescueExpiredLeases(queue: queue, clock: clock)
+  }
+
+  public func counts(queue: String, clock: any JobClock) async throws -> JobCounts {
+    try record("counts")
+    return try await base.counts(queue: queue, clock: clock)
+  }
+
+  public func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
+    try record("jobs")
+    return try await base.jobs(queue: queue, status: status, after: after, limit: limit)
+  }
+
+  public func remove(_ ids: [JobID], queue: String) async throws -> Int {
+    try record("remove")
+    return try await base.remove(ids, queue: queue)
+  }
+
+  public func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int {
+    try record("clear")
+    return try await base.clear(queue: queue, statuses: statuses)
+  }
+
+  public func requeueDead(_ ids: [JobID]?, queue: String, clock: any JobClock) async throws -> Int {
+    try record("requeueDead")
+    return try await base.requeueDead(ids, queue: queue, clock: clock)
+  }
+
+  public func setPaused(_ paused: Bool, queue: String) async throws {
+    try record("setPaused")
+    try await base.setPaused(paused, queue: queue)
+  }
+
+  public func isPaused(queue: String) async throws -> Bool {
+    try record("isPaused")
+    return try await base.isPaused(queue: queue)
+  }
+
+  public func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
+    try record("nextWake")
+    return try await base.nextWake(queue: queue, clock: clock)
+  }
+
+  public func queueNames() async throws -> [String] {
+    try record("queueNames")
+    return try await base.queueNames()
+  }
+
+  public var maximumLockWait: Duration { base.maximumLockWait }
+}
