@@ -45,11 +45,13 @@ public final class InstrumentedJobStore: JobStore {
     if fail { throw InjectedFailure() }
   }
 
+  /// Counted, then forwarded to ``base``.
   public func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
     try record("enqueue")
     return try await base.enqueue(jobs, queue: queue, clock: clock)
   }
 
+  /// Counted, then forwarded to ``base``.
   public func settleAndClaim(
     _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, clock: any JobClock
   ) async throws -> ClaimBatch {
@@ -57,6 +59,7 @@ public final class InstrumentedJobStore: JobStore {
     return try await base.settleAndClaim(settlements, queue: queue, limit: limit, lease: lease, clock: clock)
   }
 
+  /// Counted, then forwarded to ``base``.
   public func heartbeat(_ claims: [ClaimReference], queue: String, lease: Lease, clock: any JobClock)
     async throws -> [ClaimReference]
   {
@@ -64,55 +67,66 @@ public final class InstrumentedJobStore: JobStore {
     return try await base.heartbeat(claims, queue: queue, lease: lease, clock: clock)
   }
 
+  /// Counted, then forwarded to ``base``.
   public func rescueExpiredLeases(queue: String, clock: any JobClock) async throws -> Int {
     try record("rescue")
     return try await base.rescueExpiredLeases(queue: queue, clock: clock)
   }
 
+  /// Counted, then forwarded to ``base``.
   public func counts(queue: String, clock: any JobClock) async throws -> JobCounts {
     try record("counts")
     return try await base.counts(queue: queue, clock: clock)
   }
 
+  /// Counted, then forwarded to ``base``.
   public func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
     try record("jobs")
     return try await base.jobs(queue: queue, status: status, after: after, limit: limit)
   }
 
+  /// Counted, then forwarded to ``base``.
   public func remove(_ ids: [JobID], queue: String) async throws -> Int {
     try record("remove")
     return try await base.remove(ids, queue: queue)
   }
 
+  /// Counted, then forwarded to ``base``.
   public func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int {
     try record("clear")
     return try await base.clear(queue: queue, statuses: statuses)
   }
 
+  /// Counted, then forwarded to ``base``.
   public func requeueDead(_ ids: [JobID]?, queue: String, clock: any JobClock) async throws -> Int {
     try record("requeueDead")
     return try await base.requeueDead(ids, queue: queue, clock: clock)
   }
 
+  /// Counted, then forwarded to ``base``.
   public func setPaused(_ paused: Bool, queue: String) async throws {
     try record("setPaused")
     try await base.setPaused(paused, queue: queue)
   }
 
+  /// Counted, then forwarded to ``base``.
   public func isPaused(queue: String) async throws -> Bool {
     try record("isPaused")
     return try await base.isPaused(queue: queue)
   }
 
+  /// Counted, then forwarded to ``base``.
   public func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
     try record("nextWake")
     return try await base.nextWake(queue: queue, clock: clock)
   }
 
+  /// Counted, then forwarded to ``base``.
   public func queueNames() async throws -> [String] {
     try record("queueNames")
     return try await base.queueNames()
   }
 
+  /// Counted, then forwarded to ``base``.
   public var maximumLockWait: Duration { base.maximumLockWait }
 }
