@@ -57,8 +57,9 @@ enum SQL {
 
   /// Version 1 to 2, in one transaction: the table is rebuilt (SQLite cannot change a `CHECK`
   /// constraint in place). Waiting jobs become `scheduled` and the first claim promotes those
-  /// that are due; running jobs keep their leases with claim token 0, which their (old) workers
-  /// cannot present, so their outcomes are refused and the jobs run again after the lease.
+  /// that are due; running jobs keep their leases (claim token 0) and run again once the lease
+  /// passes. Stop workers of the previous release before opening the file with this one: they
+  /// cannot claim from the new states.
   /// The caller carries the `AUTOINCREMENT` counter over, so IDs are never reused.
   static let migrate1to2 = """
     ALTER TABLE jobs RENAME TO jobs_v1;

@@ -64,8 +64,19 @@ final class Worker: Sendable {
         printError("conveyor: stopping; running jobs get \(options.gracePeriod) to finish (again to force)")
         Task { await queue.shutdown(gracePeriod: options.gracePeriod) }
       } else {
-        ChildProcess.killAll()
-        exit(130)
+        // Forced: cancel the running commands now (their jobs are given back without using an
+        // attempt), then exit. If giving them back takes too long (a stuck store), exit anyway:
+        // the jobs then run again after their lease.
+        printError("conveyor: stopping now")
+        DispatchQueue.global().asyncAfter(deadline: .now() + 3) {
+          ChildProcess.killAll()
+          exit(130)
+        }
+        Task {
+          await queue.shutdown(gracePeriod: .zero)
+          ChildProcess.killAll()
+          exit(130)
+        }
       }
     }
     queue.start()

@@ -76,10 +76,34 @@ import Testing
     worker.signal(SIGINT)
     let forced = try await worker.waitForExit(timeout: .seconds(5))
     #expect(forced.status == 130, "\(forced)")
-    #expect(try await sandbox.counts() == counts(running: 1), "the job waits for its lease to run out")
+    #expect(try await sandbox.counts() == counts(ready: 1), "the job is given back at once")
+    let listed = try await sandbox.listed()
+    #expect(listed.first?["attempts"] as? Int == 0, "the interrupted attempt is not counted: \(listed)")
     try? FileManager.default.removeItem(atPath: marker)
     try await Task.sleep(for: .seconds(1))
     #expect(!FileManager.default.fileExists(atPath: marker), "the command went on after the worker exited")
+  }
+
+  @Test func aStopOnTheLastAllowedAttemptGivesTheJobBackInsteadOfKillingIt() async throws {
+    let sandbox = try Sandbox()
+    let running = sandbox.path("running.txt")
+    try await sandbox.add(["exec", "--", "sh", "-c", "touch '\(running)'; while :; do sleep 0.1; done"])
+    // One allowed attempt, and a grace period the command outlives: the stop cancels it.
+    let worker = try sandbox.start(["work", "--json", "--max-attempts", "1"])
+    try await worker.waitUntil("the command to run") { FileManager.default.fileExists(atPath: running) }
+    worker.signal(SIGINT)
+    try await worker.waitUntil("the queue to stop claiming") { worker.stderr.contains("stopping") }
+    worker.signal(SIGINT)
+    _ = try await worker.waitForExit(timeout: .seconds(5))
+    #expect(try await sandbox.counts() == counts(ready: 1), "not dead: a stop is not a failed attempt")
+    // The next worker runs it (and finds it still failing only if the command fails).
+    try FileManager.default.removeItem(atPath: running)
+    let next = try sandbox.start(["work", "--json", "--max-attempts", "1"])
+    try await next.waitUntil("the command to run again") { FileManager.default.fileExists(atPath: running) }
+    next.signal(SIGINT)
+    next.signal(SIGINT)
+    _ = try await next.waitForExit(timeout: .seconds(5))
+    #expect(try await sandbox.counts() == counts(ready: 1), "given back again")
   }
 
   @Test func concurrencyRunsCommandsSideBySide() async throws {

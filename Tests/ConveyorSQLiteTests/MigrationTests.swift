@@ -1,0 +1,84 @@
+import CSQLite
+import Conveyor
+import ConveyorTestSupport
+import Foundation
+import Testing
+
+@testable import ConveyorSQLite
+
+/// A database written by the previous release (schema version 1) is migrated when opened, with
+/// every job kept.
+@Suite("SQLite schema migration")
+struct MigrationTests {
+  /// Version 1's schema, as the previous release wrote it.
+  static let version1 = """
+    CREATE TABLE jobs (
+      id INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL, payload BLOB NOT NULL,
+      status TEXT NOT NULL CHECK (status IN ('pending', 'running', 'dead')),
+      priority INTEGER NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0, run_at INTEGER NOT NULL,
+      created_at INTEGER NOT NULL, last_error TEXT, dedup_key TEXT, lease_owner TEXT, lease_expires_at INTEGER
+    );
+    CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE status = 'pending';
+    CREATE INDEX jobs_dedup ON jobs (queue, dedup_key)
+      WHERE dedup_key IS NOT NULL AND status IN ('pending', 'running');
+    CREATE INDEX jobs_lease ON jobs (queue, lease_expires_at) WHERE status = 'running';
+    CREATE INDEX jobs_dead ON jobs (queue, id) WHERE status = 'dead';
+    CREATE TABLE queues (name TEXT PRIMARY KEY, paused INTEGER NOT NULL DEFAULT 1) WITHOUT ROWID;
+    PRAGMA application_id = 1131312761;
+    PRAGMA user_version = 1;
+    """
+
+  struct SQLFailure: Error { var description: String }
+
+  func execute(_ path: String, _ sql: String) throws {
+    var db: OpaquePointer?
+    guard sqlite3_open(path, &db) == SQLITE_OK else { throw SQLFailure(description: "open") }
+    defer { sqlite3_close(db) }
+    var message: UnsafeMutablePointer<CChar>?
+    guard sqlite3_exec(db, sql, nil, nil, &message) == SQLITE_OK else {
+      throw SQLFailure(description: message.map { String(cString: $0) } ?? "exec failed")
+    }
+  }
+
+  @Test func aVersion1DatabaseIsMigratedWithEveryJobKept() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("old.sqlite")
+    let t = 1_700_000_000_000
+    try execute(
+      path,
+      Self.version1 + """
+        INSERT INTO jobs VALUES (1, 'mail', x'7b7d', 'pending', 0, 0, \(t), \(t), NULL, 'k', NULL, NULL);
+        INSERT INTO jobs VALUES (2, 'mail', x'7b7d', 'pending', 5, 2, \(t + 86_400_000_000), \(t), 'boom', NULL, NULL, NULL);
+        INSERT INTO jobs VALUES (3, 'mail', x'7b7d', 'running', 0, 1, \(t), \(t), NULL, NULL, 'gone:1', \(t + 60_000));
+        INSERT INTO jobs VALUES (4, 'mail', x'7b7d', 'dead', 0, 3, \(t), \(t), 'fatal', 'k', NULL, NULL);
+        INSERT INTO jobs VALUES (5, 'other', x'7b7d', 'pending', 0, 0, \(t), \(t), NULL, NULL, NULL, NULL);
+        INSERT INTO queues VALUES ('paused-queue', 1);
+        DELETE FROM jobs WHERE id = 5;
+        UPDATE sqlite_sequence SET seq = 41 WHERE name = 'jobs';
+        """)
+    let store = try SQLiteJobStore(path: path)
+    let now = FixedJobClock(Date(timeIntervalSince1970: 1_700_000_100))
+    let jobs = try await store.jobs(queue: "mail", status: nil, after: nil, limit: 10)
+    #expect(jobs.map(\.id.rawValue) == [1, 2, 3, 4])
+    #expect(jobs.map(\.status) == [.pending, .pending, .running, .dead])
+    #expect(jobs[1].lastError == "boom" && jobs[1].attempts == 2 && jobs[1].priority == 5)
+    #expect(jobs[3].deduplicationKey == "k" && jobs[3].lastError == "fatal")
+    #expect(try await store.counts(queue: "mail", clock: now) == JobCounts(ready: 1, scheduled: 1, running: 1, dead: 1))
+    #expect(try await store.queueNames() == ["mail", "paused-queue"])
+    #expect(try await store.isPaused(queue: "paused-queue"))
+    // The waiting job still holds its key; new IDs continue after the old counter (no reuse).
+    let dup = try await store.enqueue([NewJob(payload: Data("{}".utf8), deduplicationKey: "k")], queue: "mail", clock: now)
+    #expect(dup == [EnqueueResult(id: JobID(1), inserted: false)])
+    let new = try await store.enqueue([NewJob(payload: Data("{}".utf8))], queue: "mail", clock: now)
+    #expect(new.first?.id == JobID(42))
+    // The due jobs are claimed in order; the job a version 1 worker held runs again after its lease.
+    let claimed = try await store.settleAndClaim(
+      [], queue: "mail", limit: 5, lease: Lease(owner: "new", duration: .seconds(60)), clock: now)
+    #expect(claimed.claimed.map(\.id.rawValue) == [1, 42])
+    let later = FixedJobClock(Date(timeIntervalSince1970: 1_700_000_061))
+    #expect(try await store.rescueExpiredLeases(queue: "mail", clock: later) == 1)
+    // Opening again does nothing more.
+    let again = try SQLiteJobStore(path: path)
+    #expect(try await again.counts(queue: "mail", clock: later).total == 5)
+  }
+}

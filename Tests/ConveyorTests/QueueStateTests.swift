@@ -1,0 +1,149 @@
+import Foundation
+import Testing
+
+@testable import Conveyor
+
+/// The queue's decisions, driven with plain values: no store, no tasks, no clock.
+@Suite("QueueState")
+struct QueueStateTests {
+  func record(_ id: Int64, token: Int64 = 1) -> JobRecord {
+    JobRecord(
+      id: JobID(id), queue: "q", payload: Data(), status: .running, priority: 0, attempts: 1,
+      runAt: Date(timeIntervalSince1970: 0), createdAt: Date(timeIntervalSince1970: 0), claimToken: token)
+  }
+
+  func outcome(_ id: Int64, token: Int64 = 1) -> PendingSettlement {
+    PendingSettlement(
+      settlement: JobSettlement(claim: ClaimReference(id: JobID(id), token: token), action: .complete),
+      event: .succeeded(JobID(id)))
+  }
+
+  func started(concurrency: Int = 2, prefetch: Int = 0) -> QueueState {
+    var state = QueueState(limits: .init(concurrency: concurrency, prefetch: prefetch))
+    let started = state.start()
+    #expect(started)
+    return state
+  }
+
+  @Test func theLoopClaimsFreeSlotsPlusPrefetchOnlyWhenNothingIsBuffered() {
+    var state = started(concurrency: 3, prefetch: 2)
+    #expect(state.takeLoopStep(canHandle: true)?.claimLimit == 5)
+    state.claimed([record(1), record(2)])
+    #expect(state.takeLoopStep(canHandle: true)?.claimLimit == 0, "buffered jobs start first")
+    #expect(state.takeJobsToStart().map(\.id) == [JobID(1), JobID(2)])
+    #expect(state.takeLoopStep(canHandle: true)?.claimLimit == 3, "one slot free, plus prefetch")
+    #expect(state.takeLoopStep(canHandle: false)?.claimLimit == 0, "no handler: no claim")
+    state.paused = true
+    let paused = state.takeLoopStep(canHandle: true)
+    #expect(paused?.claimLimit == 0 && paused?.checkPause == true && paused?.needsStore == true)
+  }
+
+  @Test func startingRespectsConcurrencyAndTracksClaims() {
+    var state = started(concurrency: 2)
+    state.claimed([record(1, token: 4), record(2), record(3)])
+    #expect(state.takeJobsToStart().map(\.id) == [JobID(1), JobID(2)])
+    #expect(state.workers == 2 && state.freeSlots == 0)
+    #expect(state.inFlight[JobID(1)] == ClaimReference(id: JobID(1), token: 4))
+    #expect(Set(state.heldClaims.map(\.id)) == [JobID(1), JobID(2), JobID(3)], "buffered jobs are held too")
+    #expect(state.computedState == .running)
+  }
+
+  @Test func aWorkerRunsTheNextBufferedJobThenClaimsThenExits() {
+    var state = started(concurrency: 1, prefetch: 2)
+    state.claimed([record(1), record(2)])
+    _ = state.takeJobsToStart()
+    #expect(state.workerFinished(JobID(1), outcome: outcome(1), canHandle: true) == .run(record(2), flush: false))
+    #expect(state.heldClaims.contains(ClaimReference(id: JobID(1), token: 1)), "unrecorded outcome still held")
+    guard case .claim(let settlements, let limit) = state.workerFinished(JobID(2), outcome: outcome(2), canHandle: true)
+    else {
+      Issue.record("expected a claim")
+      return
+    }
+    #expect(settlements.map(\.settlement.id) == [JobID(1), JobID(2)] && limit == 3)
+    #expect(state.settlements.isEmpty, "taken out to be recorded")
+    #expect(state.nextForWorker() == nil)
+    state.workerExited()
+    #expect(state.workers == 0 && state.computedState == .idle)
+  }
+
+  @Test func stoppingPausingOrLosingTheHandlerEndsAWorker() {
+    for change in [{ (s: inout QueueState) in s.stopping = true }, { $0.paused = true }] {
+      var state = started(concurrency: 1)
+      state.claimed([record(1), record(2)])
+      _ = state.takeJobsToStart()
+      change(&state)
+      #expect(state.workerFinished(JobID(1), outcome: outcome(1), canHandle: true) == .exit)
+      #expect(state.settlements.count == 1, "the outcome waits for the loop")
+    }
+    var state = started(concurrency: 1)
+    state.claimed([record(1)])
+    _ = state.takeJobsToStart()
+    #expect(state.workerFinished(JobID(1), outcome: outcome(1), canHandle: false) == .exit)
+  }
+
+  @Test func lostClaimsAreNotStarted() {
+    var state = started(concurrency: 1)
+    state.claimed([record(1), record(2, token: 9), record(3)])
+    _ = state.takeJobsToStart()
+    state.lost([ClaimReference(id: JobID(2), token: 9), ClaimReference(id: JobID(3), token: 99)])
+    #expect(state.buffer.all.map(\.id) == [JobID(3)], "only the claim that matches is dropped")
+  }
+
+  @Test func aFinishWaiterIsReleasedOnlyByACheckBegunAfterItWaited() {
+    var state = started()
+    let early = state.beginFinishCheck()
+    let waiter = UUID()
+    state.addFinishWaiter(waiter)
+    let stale = state.finishConfirmed(early)
+    #expect(stale.waiters.isEmpty, "a check begun before the wait says nothing about jobs added since")
+    #expect(stale.publish, "but the queue itself was finished")
+    let fresh = state.beginFinishCheck()
+    #expect(state.finishConfirmed(fresh).waiters == [waiter])
+    #expect(state.finishWaiters.isEmpty)
+  }
+
+  @Test func newWorkOrHeldWorkCancelsAFinishCheck() {
+    var state = started()
+    state.addFinishWaiter(UUID())
+    let check = state.beginFinishCheck()
+    state.noteNewWork()
+    #expect(state.finishConfirmed(check).waiters.isEmpty, "a job added meanwhile")
+    let second = state.beginFinishCheck()
+    state.claimed([record(1)])
+    #expect(state.finishConfirmed(second).waiters.isEmpty, "a job held here")
+    _ = state.takeJobsToStart()
+    _ = state.workerFinished(JobID(1), outcome: outcome(1), canHandle: false)
+    state.workerExited()
+    _ = state.takeLoopStep(canHandle: true)
+    let third = state.beginFinishCheck()
+    #expect(state.finishConfirmed(third).waiters.count == 1)
+  }
+
+  @Test func finishedIsPublishedOncePerStretchOfWork() {
+    var state = started()
+    var check = state.beginFinishCheck()
+    #expect(state.finishConfirmed(check).publish)
+    check = state.beginFinishCheck()
+    #expect(!state.finishConfirmed(check).publish, "not twice")
+    state.sawWork()
+    check = state.beginFinishCheck()
+    #expect(state.finishConfirmed(check).publish, "again after work was seen")
+  }
+
+  @Test func theFinalFlushRecordsOutcomesAndGivesBackUnstartedJobs() {
+    var state = started(concurrency: 1)
+    state.claimed([record(1), record(2, token: 5)])
+    _ = state.takeJobsToStart()
+    _ = state.workerFinished(JobID(1), outcome: outcome(1), canHandle: true)
+    state.stopping = true
+    let flush = state.takeFinalFlush()
+    #expect(flush.count == 1 && flush[0].settlement.id == JobID(1), "the worker took job 2 already")
+    var other = started(concurrency: 1)
+    other.claimed([record(1), record(2, token: 5)])
+    other.stopping = true
+    let releases = other.takeFinalFlush()
+    #expect(releases.map(\.settlement.action) == [.release(error: nil), .release(error: nil)])
+    #expect(releases.map(\.settlement.claim.token) == [1, 5])
+    #expect(other.buffer.isEmpty && other.takeLoopStep(canHandle: true) == nil, "stopping, no worker: end")
+  }
+}
