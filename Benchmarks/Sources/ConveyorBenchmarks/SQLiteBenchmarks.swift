@@ -140,7 +140,7 @@ private func storeInsert(_ path: String, _ synchronous: SQLiteJobStore.Synchrono
   let store = try SQLiteJobStore(path: path, options: .init(synchronous: synchronous))
   let jobs = Array(repeating: NewJob(payload: benchPayload, runAt: benchEpoch), count: batch)
   let start = ContinuousClock.now
-  for _ in 0..<(count / batch) { _ = try await store.enqueue(jobs, queue: "bench", now: benchEpoch) }
+  for _ in 0..<(count / batch) { _ = try await store.enqueue(jobs, queue: "bench", clock: benchClock) }
   return seconds(since: start)
 }
 
@@ -225,7 +225,7 @@ private func runEngineBenchmarks(newPath: () -> String) async throws {
           BenchItem(url: "https://example.com/\($0)", attempt: 1, body: "hi")),
         runAt: benchEpoch)
     }
-    for _ in 0..<(count / 1_000) { _ = try await store.enqueue(payloads, queue: "bench", now: benchEpoch) }
+    for _ in 0..<(count / 1_000) { _ = try await store.enqueue(payloads, queue: "bench", clock: benchClock) }
     let configuration = JobQueueConfiguration(
       identifier: "bench", concurrency: concurrency, prefetch: prefetch, autoStart: false)
     let queue = try JobQueue<BenchItem>(configuration: configuration, store: store) { _, _ in .handled }
@@ -234,7 +234,7 @@ private func runEngineBenchmarks(newPath: () -> String) async throws {
     await queue.waitUntilFinished()
     let elapsed = seconds(since: start)
     await queue.shutdown(gracePeriod: .seconds(5))
-    let left = try await store.counts(queue: "bench", now: Date()).unfinished
+    let left = try await store.counts(queue: "bench", clock: benchClock).unfinished
     guard left == 0 else { throw BenchmarkFailure("\(left) jobs left") }
     return elapsed
   }
@@ -285,7 +285,7 @@ private func runLargeQueueBenchmark(path: String, smallPath: String) async throw
   let store = try SQLiteJobStore(path: path)
   let jobs = Array(repeating: NewJob(payload: benchPayload, runAt: benchEpoch), count: 1_000)
   let fill = try await seconds {
-    for _ in 0..<(total / 1_000) { _ = try await store.enqueue(jobs, queue: "bench", now: benchEpoch) }
+    for _ in 0..<(total / 1_000) { _ = try await store.enqueue(jobs, queue: "bench", clock: benchClock) }
   }
   print(String(format: "filled %d jobs in %.1f s (%.0f/s, 1000 per call)", total, fill, Double(total) / fill))
   let fillPeak = peakMemoryKB()
@@ -307,11 +307,11 @@ private func runLargeQueueBenchmark(path: String, smallPath: String) async throw
     smallQueueDrain = min(smallQueueDrain, try await queueDrainSample(smallForQueue, sample: sample))
   }
   var counts = JobCounts()
-  let countTime = try await seconds { counts = try await store.counts(queue: "bench", now: benchEpoch) }
-  let wakeTime = try await seconds { _ = try await store.nextWakeDate(queue: "bench") }
+  let countTime = try await seconds { counts = try await store.counts(queue: "bench", clock: benchClock) }
+  let wakeTime = try await seconds { _ = try await store.nextWake(queue: "bench", clock: benchClock) }
   print(
     String(
-      format: "with %d pending: counts() %.1f ms, nextWakeDate() %.2f ms", counts.unfinished,
+      format: "with %d pending: counts() %.1f ms, nextWake() %.2f ms", counts.unfinished,
       countTime * 1000, wakeTime * 1000))
   var listed = 0
   var after: JobID?
@@ -339,6 +339,8 @@ private func runLargeQueueBenchmark(path: String, smallPath: String) async throw
 }
 
 let benchEpoch = Date(timeIntervalSince1970: 1_700_000_000)
+/// The store calls' clock: the system clock (every benchmark job's run date, `benchEpoch`, is past).
+let benchClock = SystemJobClock()
 /// A small JSON-like payload, typical of a queued request.
 let benchPayload = Data(#"{"url":"https://example.com/hook","attempt":1,"body":"hello, world"}"#.utf8)
 
@@ -349,7 +351,7 @@ private func filledStore(_ path: String, synchronous: SQLiteJobStore.Synchronous
   let jobs = Array(repeating: NewJob(payload: benchPayload, runAt: benchEpoch), count: 1_000)
   var left = count
   while left > 0 {
-    _ = try await store.enqueue(Array(jobs.prefix(left)), queue: "bench", now: benchEpoch)
+    _ = try await store.enqueue(Array(jobs.prefix(left)), queue: "bench", clock: benchClock)
     left -= min(left, 1_000)
   }
   return store
@@ -357,18 +359,18 @@ private func filledStore(_ path: String, synchronous: SQLiteJobStore.Synchronous
 
 /// Claims and completes `expected` jobs, `batch` per call, completing each batch with the next claim.
 private func drainStore(_ store: SQLiteJobStore, batch: Int, expected: Int) async throws {
-  let lease = Lease(owner: "bench", expiresAt: benchEpoch.addingTimeInterval(3_600))
+  let lease = Lease(owner: "bench", duration: .seconds(3_600))
   var settlements: [JobSettlement] = []
   var handled = 0
   while handled < expected {
     let claimed = try await store.settleAndClaim(
-      settlements, queue: "bench", limit: batch, lease: lease, now: benchEpoch
+      settlements, queue: "bench", limit: batch, lease: lease, clock: benchClock
     ).claimed
     if claimed.isEmpty { break }
     handled += claimed.count
-    settlements = claimed.map { JobSettlement(id: $0.id, owner: "bench", action: .complete) }
+    settlements = claimed.map { JobSettlement(claim: $0.claim, action: .complete) }
   }
-  _ = try await store.settleAndClaim(settlements, queue: "bench", limit: 0, lease: lease, now: benchEpoch)
+  _ = try await store.settleAndClaim(settlements, queue: "bench", limit: 0, lease: lease, clock: benchClock)
   guard handled == expected else { throw BenchmarkFailure("drained \(handled) of \(expected)") }
 }
 

@@ -1,0 +1,397 @@
+import ConveyorTestSupport
+import Foundation
+import Synchronization
+import Testing
+
+@testable import Conveyor
+
+// Behaviour tests for the queue engine (issue 7), on the in-memory store, through the public API.
+// Each one failed on the engine before the rewrite (commit 496693a). None asserts on elapsed time:
+// they count store calls, or wait for conditions with timeouts the old engine blew through.
+
+/// The item these tests enqueue.
+struct EngineItem: Queueable, Hashable {
+  var number: Int
+  var text = ""
+}
+
+/// A delegate that handles every job; tests release it to see what the queue does without one.
+final class ForgettableDelegate: JobQueueDelegate {
+  let handled = Log<Int>()
+
+  func queue(
+    _ queue: JobQueue<EngineItem>, handle item: EngineItem, attempts: Int,
+    completion: @escaping @Sendable (JobResult) -> Void
+  ) {
+    handled.append(item.number)
+    completion(.handled)
+  }
+}
+
+/// A task executor on a thread of its own, so a test can act as "another process" while handlers
+/// keep every thread of the cooperative pool busy.
+final class DedicatedThreadExecutor: TaskExecutor {
+  private let jobs = Mutex<[UnownedJob]>([])
+  private let available = DispatchSemaphore(value: 0)
+
+  init(name: String) {
+    let thread = Thread { [self] in run() }
+    thread.name = name
+    thread.start()
+  }
+
+  func enqueue(_ job: consuming ExecutorJob) {
+    let job = UnownedJob(job)
+    jobs.withLock { $0.append(job) }
+    available.signal()
+  }
+
+  private func run() {
+    while true {
+      available.wait()
+      let job = jobs.withLock { $0.isEmpty ? nil : $0.removeFirst() }
+      job?.runSynchronously(on: asUnownedTaskExecutor())
+    }
+  }
+}
+
+/// A settable flag.
+final class Flag: Sendable {
+  private let state = Mutex(false)
+  init() {}
+  func set() { state.withLock { $0 = true } }
+  var isSet: Bool { state.withLock { $0 } }
+}
+
+@Suite("Queue engine")
+struct QueueEngineTests {
+  static let queueName = "engine"
+
+  func configuration(
+    concurrency: Int = 1, autoStart: Bool = true, lease: Duration = .seconds(60),
+    poll: Duration = .milliseconds(100), clock: any JobClock = SystemJobClock(),
+    retry: RetryPolicy = .fixed(.seconds(15)), maxAttempts: Int? = nil,
+    log: (@Sendable (LogRecord) -> Void)? = nil
+  ) -> JobQueueConfiguration {
+    JobQueueConfiguration(
+      identifier: Self.queueName, retryPolicy: retry, maxAttempts: maxAttempts, concurrency: concurrency,
+      autoStart: autoStart, leaseDuration: lease, pollInterval: poll, clock: clock, log: log)
+  }
+
+  func encoded(_ number: Int) throws -> Data { try JSONEncoder().encode(EngineItem(number: number)) }
+
+  // MARK: Nothing spins
+
+  @Test("an expired lease waiting to be rescued does not make an idle queue spin")
+  func noBusyLoopWhileAnExpiredLeaseWaits() async throws {
+    let base = InMemoryJobStore()
+    let clock = SystemJobClock()
+    _ = try await base.enqueue([NewJob(payload: try encoded(1))], queue: Self.queueName, clock: clock)
+    let ghost = try await base.settleAndClaim(
+      [], queue: Self.queueName, limit: 1, lease: Lease(owner: "ghost", duration: .milliseconds(300)),
+      clock: clock)
+    #expect(ghost.claimed.count == 1)
+
+    let store = InstrumentedJobStore(base)
+    let handled = Log<Int>()
+    let queue = try JobQueue<EngineItem>(configuration: configuration(poll: .milliseconds(200)), store: store) {
+      item, _ in
+      handled.append(item.number)
+      return .handled
+    }
+    try await Task.sleep(for: .seconds(2))
+    let calls = store.totalCalls
+    await queue.shutdown(gracePeriod: .seconds(1))
+    #expect(calls < 100, "store calls in 2 s: \(store.calls)")
+    #expect(handled.all == [1], "the ghost's job was rescued and handled")
+  }
+
+  @Test("a queue whose delegate was released does not spin, and charges no attempt")
+  func releasedDelegateDoesNotSpin() async throws {
+    let store = InstrumentedJobStore()
+    var delegate: ForgettableDelegate? = ForgettableDelegate()
+    weak let probe = delegate
+    let queue = try JobQueue<EngineItem>(
+      configuration: configuration(autoStart: false, poll: .milliseconds(200)), store: store, delegate: delegate!)
+    delegate = nil
+    #expect(probe == nil, "the queue holds its delegate weakly")
+    try await queue.add(EngineItem(number: 1))
+    try await queue.add(EngineItem(number: 2))
+
+    queue.start()
+    try await Task.sleep(for: .seconds(2))
+    let calls = store.totalCalls
+    #expect(calls < 100, "store calls in 2 s: \(store.calls)")
+    let jobs = try await store.base.jobs(queue: Self.queueName, status: nil, after: nil, limit: 10)
+    #expect(jobs.map(\.status) == [.pending, .pending], "nothing is dead or running")
+    #expect(jobs.map(\.attempts) == [0, 0], "no attempt was used")
+    await queue.shutdown(gracePeriod: .seconds(1))
+  }
+
+  // MARK: Nothing waits without reason
+
+  /// A queue of concurrency 2 whose handler blocks on `gate` for item 0 and records each start.
+  func busyQueue(
+    store: any JobStore, gate: Gate, started: Log<String>, retryFirst: Bool = false
+  ) throws -> JobQueue<EngineItem> {
+    try JobQueue<EngineItem>(
+      configuration: configuration(concurrency: 2, lease: .seconds(60), poll: .milliseconds(100)), store: store
+    ) { item, context in
+      started.append("\(item.number)#\(context.attempts)")
+      if item.number == 0 { await gate.wait() }
+      if retryFirst && item.number == 1 && context.attempts == 1 {
+        return .retry(after: .milliseconds(300))
+      }
+      return .handled
+    }
+  }
+
+  @Test("with one handler blocked, a delayed job starts within the poll interval")
+  func delayedJobStartsWhileAnotherHandlerRuns() async throws {
+    let gate = Gate()
+    defer { gate.open() }
+    let started = Log<String>()
+    let queue = try busyQueue(store: InMemoryJobStore(), gate: gate, started: started)
+    try await queue.add(EngineItem(number: 0))
+    try await eventually("the blocking job started") { started.all == ["0#1"] }
+    try await queue.add(EngineItem(number: 1), delay: .milliseconds(300))
+    try await eventually("the delayed job started", timeout: .seconds(5)) { started.all.contains("1#1") }
+    #expect(try await queue.count() == JobCounts(running: 1), "only the blocked job is left")
+    gate.open()
+    await queue.waitUntilFinished()
+    await queue.shutdown(gracePeriod: .seconds(1))
+  }
+
+  @Test("with one handler blocked, a retry starts within the poll interval")
+  func retryStartsWhileAnotherHandlerRuns() async throws {
+    let gate = Gate()
+    defer { gate.open() }
+    let started = Log<String>()
+    let queue = try busyQueue(store: InMemoryJobStore(), gate: gate, started: started, retryFirst: true)
+    try await queue.add(EngineItem(number: 0))
+    try await eventually("the blocking job started") { started.all == ["0#1"] }
+    try await queue.add(EngineItem(number: 1))
+    try await eventually("the retry ran", timeout: .seconds(5)) { started.all.contains("1#2") }
+    gate.open()
+    await queue.waitUntilFinished()
+    await queue.shutdown(gracePeriod: .seconds(1))
+  }
+
+  @Test("with one handler blocked, another instance's new job starts within the poll interval")
+  func otherInstancesJobStartsWhileAnotherHandlerRuns() async throws {
+    let gate = Gate()
+    defer { gate.open() }
+    let store = InMemoryJobStore()
+    let started = Log<String>()
+    let queue = try busyQueue(store: store, gate: gate, started: started)
+    let producer = try JobQueue<EngineItem>(configuration: configuration(autoStart: false), store: store) {
+      _, _ in .handled
+    }
+    try await queue.add(EngineItem(number: 0))
+    try await eventually("the blocking job started") { started.all == ["0#1"] }
+    try await producer.add(EngineItem(number: 1))
+    try await eventually("the other instance's job started", timeout: .seconds(5)) {
+      started.all.contains("1#1")
+    }
+    gate.open()
+    await queue.waitUntilFinished()
+    await queue.shutdown(gracePeriod: .seconds(1))
+  }
+
+  @Test("waitUntilFinished waits for jobs another instance added to the store")
+  func waitUntilFinishedCountsAnotherInstancesJobs() async throws {
+    let gate = Gate()
+    defer { gate.open() }
+    let store = InMemoryJobStore()
+    let started = Log<Int>()
+    let worker = try JobQueue<EngineItem>(configuration: configuration(poll: .milliseconds(100)), store: store) {
+      item, _ in
+      started.append(item.number)
+      await gate.wait()
+      return .handled
+    }
+    let producer = try JobQueue<EngineItem>(configuration: configuration(autoStart: false), store: store) {
+      _, _ in .handled
+    }
+    try await producer.add(EngineItem(number: 1))
+    let returned = Flag()
+    let waiter = Task {
+      await worker.waitUntilFinished()
+      returned.set()
+    }
+    try await eventually("the worker started the other instance's job") { started.all == [1] }
+    try await Task.sleep(for: .milliseconds(300))
+    #expect(!returned.isSet, "returned while the job was still running")
+    gate.open()
+    try await eventually("waitUntilFinished returned", timeout: .seconds(5)) { returned.isSet }
+    await waiter.value
+    #expect(try await worker.count() == JobCounts())
+    await worker.shutdown(gracePeriod: .seconds(1))
+  }
+
+  // MARK: Clocks
+
+  @Test("a wall-clock step back of an hour does not stop heartbeats")
+  func wallClockStepBackKeepsHeartbeating() async throws {
+    let clock = ManualJobClock()
+    let store = InstrumentedJobStore()
+    let gate = Gate()
+    defer { gate.open() }
+    let started = Log<String>()
+    let holder = try JobQueue<EngineItem>(
+      configuration: configuration(lease: .seconds(30), poll: .seconds(1), clock: clock), store: store
+    ) { _, _ in
+      started.append("holder")
+      await gate.wait()
+      return .handled
+    }
+    try await holder.add(EngineItem(number: 1))
+    try await eventually("the holder started the job") { started.all == ["holder"] }
+    let rival = try JobQueue<EngineItem>(
+      configuration: configuration(lease: .seconds(30), poll: .seconds(1), clock: clock), store: store
+    ) { _, _ in
+      started.append("rival")
+      return .handled
+    }
+
+    clock.step(by: .seconds(-3600))
+    let heartbeatsBefore = store.calls["heartbeat"] ?? 0
+    @Sendable func leaseAhead() async throws -> TimeInterval? {
+      let running = try await store.base.jobs(queue: Self.queueName, status: .running, after: nil, limit: 1)
+      return running.first?.leaseExpiresAt.map { $0.timeIntervalSince(clock.now()) }
+    }
+    // Three leases' worth, in 5 s steps; heartbeats are due every 10 s of monotonic time.
+    for step in 1...18 {
+      clock.advance(by: .seconds(5))
+      if step * 5 >= 20 {
+        try await eventually("the lease renewed from the stepped-back clock (at +\(step * 5) s)") {
+          guard let ahead = try await leaseAhead() else { return false }
+          return ahead > 15 && ahead <= 30
+        }
+      } else {
+        try await Task.sleep(for: .milliseconds(20))
+      }
+    }
+    let heartbeats = (store.calls["heartbeat"] ?? 0) - heartbeatsBefore
+    #expect(heartbeats >= 6, "heartbeats after the step: \(heartbeats)")
+    #expect(started.all == ["holder"], "the rival never got the job")
+    let running = try await store.base.jobs(queue: Self.queueName, status: .running, after: nil, limit: 1)
+    #expect(running.count == 1)
+    gate.open()
+    await holder.waitUntilFinished()
+    await rival.shutdown(gracePeriod: .seconds(1))
+    await holder.shutdown(gracePeriod: .seconds(1))
+  }
+
+  // MARK: Heartbeats off the cooperative pool
+
+  @Test("CPU-bound handlers filling the cooperative pool do not let leases lapse")
+  func heartbeatsSurviveCPUBoundHandlers() async throws {
+    let width = ProcessInfo.processInfo.activeProcessorCount
+    let lease = Duration.milliseconds(500)
+    let base = InMemoryJobStore()
+    let handled = Log<String>()
+    let finished = Counter()
+    let logs = Log<LogRecord>()
+    let handler: JobQueue<EngineItem>.Handler = { item, _ in
+      handled.append("\(item.number)")
+      // Spin without awaiting for three leases: this thread of the pool is not given back.
+      let end = ContinuousClock.now + lease * 3
+      while ContinuousClock.now < end {}
+      finished.increment()
+      return .handled
+    }
+    let worker = try JobQueue<EngineItem>(
+      configuration: configuration(
+        concurrency: width, autoStart: false, lease: lease, poll: .milliseconds(50),
+        log: { logs.append($0) }),
+      store: base, handler: handler)
+    try await worker.add(contentsOf: (1...width).map { EngineItem(number: $0) })
+    // Another process would rescue a lapsed lease within 50 ms; this one runs off the pool.
+    let rescues = Log<Int>()
+    let executor = DedicatedThreadExecutor(name: "QueueEngineTests.rescuer")
+    let rescuer = Task(executorPreference: executor) {
+      while !Task.isCancelled {
+        let rescued = (try? await base.rescueExpiredLeases(queue: Self.queueName, clock: SystemJobClock())) ?? 0
+        if rescued > 0 { rescues.append(rescued) }
+        Thread.sleep(forTimeInterval: 0.05)
+      }
+    }
+    let second = try JobQueue<EngineItem>(
+      configuration: configuration(concurrency: width, lease: lease, poll: .milliseconds(50)), store: base,
+      handler: handler)
+    worker.start()
+    try await eventually("every job finished", timeout: .seconds(60)) {
+      try await base.counts(queue: Self.queueName, clock: SystemJobClock()).unfinished == 0
+        && finished.value >= width
+    }
+    rescuer.cancel()
+    await second.shutdown(gracePeriod: .seconds(1))
+    await worker.shutdown(gracePeriod: .seconds(1))
+    #expect(rescues.all.isEmpty, "leases lapsed and were rescued: \(rescues.all)")
+    #expect(handled.all.sorted() == (1...width).map(String.init).sorted(), "each job handled exactly once")
+    let warnings = logs.all.filter { $0.level >= .warning }.map(\.message)
+    #expect(warnings.isEmpty, "\(warnings)")
+  }
+
+  // MARK: No traps
+
+  @Test("huge delays, run dates and retry delays are clamped, not trapped")
+  func hugeDelaysAreClamped() async throws {
+    let clock = SystemJobClock()
+    let store = InMemoryJobStore()
+    let queue = try JobQueue<EngineItem>(configuration: configuration(poll: .milliseconds(50)), store: store) {
+      item, context in
+      context.attempts == 1 ? .retry(after: .seconds(Int64.max)) : .handled
+    }
+    try await queue.add(EngineItem(number: 1), delay: .seconds(Int64.max))
+    try await queue.add(EngineItem(number: 2), runAt: .distantFuture)
+    try await queue.add(EngineItem(number: 3), runAt: Date(timeIntervalSince1970: 1e300))
+    try await queue.add(EngineItem(number: 4))
+    try await eventually("the retry is scheduled") {
+      try await queue.count() == JobCounts(scheduled: 4)
+    }
+    let latest = Date(timeIntervalSince1970: 253_402_300_799)  // the end of year 9999
+    let farAhead = clock.now().addingTimeInterval(50 * 365 * 86_400)
+    for job in try await queue.jobs() {
+      #expect(job.runAt > farAhead, "job \(job.id) runs at \(job.runAt)")
+      #expect(job.runAt <= latest, "job \(job.id) runs at \(job.runAt)")
+    }
+    await queue.shutdown(gracePeriod: .seconds(1))
+  }
+
+  @Test("a run date that is not a number is refused with invalidSchedule")
+  func nanRunDateIsRefused() async throws {
+    let store = InMemoryJobStore()
+    let queue = try JobQueue<EngineItem>(configuration: configuration(autoStart: false), store: store) {
+      _, _ in .handled
+    }
+    await #expect {
+      try await queue.add(EngineItem(number: 1), runAt: Date(timeIntervalSince1970: .nan))
+    } throws: { error in
+      guard case .invalidSchedule = error as? JobQueueError else { return false }
+      return true
+    }
+    #expect(try await queue.count() == JobCounts(), "nothing was stored")
+  }
+
+  @Test("a lease of Int64.max seconds is a configuration error")
+  func hugeLeaseIsRefused() throws {
+    #expect(throws: JobQueueError.self) {
+      try configuration(lease: .seconds(Int64.max)).validate()
+    }
+    #expect(throws: JobQueueError.self) {
+      _ = try JobQueue<EngineItem>(
+        configuration: configuration(autoStart: false, lease: .seconds(Int64.max)), store: InMemoryJobStore()
+      ) { _, _ in .handled }
+    }
+  }
+
+  @Test("an exponential retry policy with a huge maximum does not trap after attempt 200")
+  func exponentialWithHugeMaximum() {
+    let policy = RetryPolicy.exponential(maximum: .seconds(Int64.max), jitter: 0)
+    let delay = policy.delay(afterAttempt: 200)
+    #expect(delay > .seconds(50 * 365 * 86_400))
+    #expect(policy.delay(afterAttempt: 1) == .seconds(1))
+  }
+}
