@@ -63,11 +63,14 @@ struct MigrationTests {
     #expect(jobs.map(\.status) == [.pending, .pending, .running, .dead])
     #expect(jobs[1].lastError == "boom" && jobs[1].attempts == 2 && jobs[1].priority == 5)
     #expect(jobs[3].deduplicationKey == "k" && jobs[3].lastError == "fatal")
-    #expect(try await store.counts(queue: "mail", clock: now) == JobCounts(ready: 1, scheduled: 1, running: 1, dead: 1))
+    #expect(
+      try await store.counts(queue: "mail", clock: now)
+        == JobCounts(ready: 1, scheduled: 1, running: 1, dead: 1))
     #expect(try await store.queueNames() == ["mail", "paused-queue"])
     #expect(try await store.isPaused(queue: "paused-queue"))
     // The waiting job still holds its key; new IDs continue after the old counter (no reuse).
-    let dup = try await store.enqueue([NewJob(payload: Data("{}".utf8), deduplicationKey: "k")], queue: "mail", clock: now)
+    let dup = try await store.enqueue(
+      [NewJob(payload: Data("{}".utf8), deduplicationKey: "k")], queue: "mail", clock: now)
     #expect(dup == [EnqueueResult(id: JobID(1), inserted: false)])
     let new = try await store.enqueue([NewJob(payload: Data("{}".utf8))], queue: "mail", clock: now)
     #expect(new.first?.id == JobID(42))

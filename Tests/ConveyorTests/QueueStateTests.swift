@@ -52,9 +52,13 @@ struct QueueStateTests {
     var state = started(concurrency: 1, prefetch: 2)
     state.claimed([record(1), record(2)])
     _ = state.takeJobsToStart()
-    #expect(state.workerFinished(JobID(1), outcome: outcome(1), canHandle: true) == .run(record(2), flush: false))
-    #expect(state.heldClaims.contains(ClaimReference(id: JobID(1), token: 1)), "unrecorded outcome still held")
-    guard case .claim(let settlements, let limit) = state.workerFinished(JobID(2), outcome: outcome(2), canHandle: true)
+    #expect(
+      state.workerFinished(JobID(1), outcome: outcome(1), canHandle: true) == .run(record(2), flush: false))
+    #expect(
+      state.heldClaims.contains(ClaimReference(id: JobID(1), token: 1)), "unrecorded outcome still held")
+    guard
+      case .claim(let settlements, let limit) = state.workerFinished(
+        JobID(2), outcome: outcome(2), canHandle: true)
     else {
       Issue.record("expected a claim")
       return

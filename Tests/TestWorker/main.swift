@@ -9,6 +9,17 @@
 // For every job it appends
 // "<id>\n" to --progress (if given) when the handler starts, then sleeps --handle-ms, then appends
 // "<id>\n" to --output. Each append is one write(2), so it survives SIGKILL of this process.
+//
+//   conveyor-test-worker trickle --count N --payload-bytes B [--database PATH]
+//
+// Trickles N jobs with B-byte payloads through a JobQueue one at a time (add, wait until finished,
+// repeat), on the SQLite file when --database is given and in memory otherwise, after a warm-up,
+// and prints "rss-growth-kb <KB>": how much the resident memory grew meanwhile.
+//
+//   conveyor-test-worker retry-delay --attempt N --maximum-seconds S
+//
+// Prints "delay-seconds <s>", the delay `RetryPolicy.exponential(maximum: .seconds(S), jitter: 0)`
+// gives after attempt N (in a process of its own, so a trap fails only the test that asked).
 import Conveyor
 import ConveyorSQLite
 import Foundation
@@ -102,8 +113,71 @@ func work(_ arguments: Arguments) async throws {
   guard counts.unfinished == 0 else { throw Failure("finished with \(counts) left") }
 }
 
+/// The options of the `trickle` and `retry-delay` commands: `--name value` pairs.
+func options(_ arguments: ArraySlice<String>, allowed: Set<String>) throws -> [String: String] {
+  var result: [String: String] = [:]
+  var iterator = arguments.makeIterator()
+  while let flag = iterator.next() {
+    guard allowed.contains(flag), let value = iterator.next() else { throw Failure("bad option \(flag)") }
+    result[flag] = value
+  }
+  return result
+}
+
+/// The resident set size, in KB, from /proc/self/statm.
+func residentKilobytes() throws -> Int {
+  let statm = try String(contentsOfFile: "/proc/self/statm", encoding: .utf8)
+  let fields = statm.split(separator: " ")
+  guard fields.count > 1, let pages = Int(fields[1]) else { throw Failure("unreadable statm: \(statm)") }
+  return pages * Int(sysconf(Int32(_SC_PAGESIZE))) / 1024
+}
+
+/// The item `trickle` enqueues.
+struct PayloadJob: Queueable {
+  var number: Int
+  var text: String
+}
+
+func trickle(_ arguments: ArraySlice<String>) async throws {
+  let values = try options(arguments, allowed: ["--count", "--payload-bytes", "--database"])
+  guard let count = values["--count"].flatMap({ Int($0) }),
+    let bytes = values["--payload-bytes"].flatMap({ Int($0) })
+  else { throw Failure("usage: conveyor-test-worker trickle --count N --payload-bytes B [--database PATH]") }
+  let store: any JobStore =
+    try values["--database"].map { try SQLiteJobStore(path: $0) } ?? InMemoryJobStore()
+  let configuration = JobQueueConfiguration(identifier: "trickle", pollInterval: .milliseconds(50))
+  let queue = try JobQueue<PayloadJob>(configuration: configuration, store: store) { _, _ in .handled }
+  let text = String(repeating: "x", count: bytes)
+  func run(_ jobs: Int) async throws {
+    for number in 0..<jobs {
+      try await queue.add(PayloadJob(number: number, text: text))
+      await queue.waitUntilFinished()
+    }
+  }
+  try await run(max(200, count / 10))  // warm up: caches, pools, the store's pages
+  let before = try residentKilobytes()
+  try await run(count)
+  let after = try residentKilobytes()
+  await queue.shutdown(gracePeriod: .seconds(5))
+  print("rss-growth-kb \(after - before)")
+}
+
+func retryDelay(_ arguments: ArraySlice<String>) throws {
+  let values = try options(arguments, allowed: ["--attempt", "--maximum-seconds"])
+  guard let attempt = values["--attempt"].flatMap({ Int($0) }),
+    let maximum = values["--maximum-seconds"].flatMap({ Int64($0) })
+  else { throw Failure("usage: conveyor-test-worker retry-delay --attempt N --maximum-seconds S") }
+  let delay = RetryPolicy.exponential(maximum: .seconds(maximum), jitter: 0).delay(afterAttempt: attempt)
+  print("delay-seconds \(delay.components.seconds)")
+}
+
 do {
-  try await work(Arguments(Array(CommandLine.arguments.dropFirst())))
+  let arguments = Array(CommandLine.arguments.dropFirst())
+  switch arguments.first {
+  case "trickle": try await trickle(arguments.dropFirst())
+  case "retry-delay": try retryDelay(arguments.dropFirst())
+  default: try await work(Arguments(arguments))
+  }
 } catch {
   FileHandle.standardError.write(Data("conveyor-test-worker: \(error)\n".utf8))
   exit(1)

@@ -398,7 +398,7 @@ public enum JobStoreTime {
     Date(timeIntervalSince1970: Double(milliseconds) / 1000)
   }
 
-  /// `date` rounded to whole milliseconds and clamped like ``milliseconds(_:)``.
+  /// `date` rounded to whole milliseconds and clamped as stores keep it.
   public static func normalized(_ date: Date) -> Date {
     Self.date(milliseconds: milliseconds(date))
   }
