@@ -17,7 +17,9 @@ import Synchronization
 /// than the SQLite work of a small transaction.
 final class StoreThread: Sendable {
   private struct State {
-    var blocks: [@Sendable () -> Void] = []
+    /// Submitted blocks; a taken block's slot is emptied at once, so a finished call (and the
+    /// payloads it captured) is freed even while newer calls keep the list from running dry.
+    var blocks: [(@Sendable () -> Void)?] = []
     var next = 0
     var sleeping = false
     var stopped = false
@@ -68,11 +70,15 @@ final class StoreThread: Sendable {
         case sleep
       }
       let step = state.withLock { state -> Step in
-        if state.next < state.blocks.count {
-          let block = state.blocks[state.next]
+        if state.next < state.blocks.count, let block = state.blocks[state.next] {
+          state.blocks[state.next] = nil
           state.next += 1
           if state.next == state.blocks.count {
             state.blocks.removeAll(keepingCapacity: true)
+            state.next = 0
+          } else if state.next >= 1_024 && state.next * 2 >= state.blocks.count {
+            // A list that never runs dry is compacted, so its empty slots do not pile up.
+            state.blocks.removeFirst(state.next)
             state.next = 0
           }
           return .run(block)

@@ -101,6 +101,7 @@ import Testing
     let next = try sandbox.start(["work", "--json", "--max-attempts", "1"])
     try await next.waitUntil("the command to run again") { FileManager.default.fileExists(atPath: running) }
     next.signal(SIGINT)
+    try await next.waitUntil("the second worker to stop claiming") { next.stderr.contains("stopping") }
     next.signal(SIGINT)
     _ = try await next.waitForExit(timeout: .seconds(5))
     #expect(try await sandbox.counts() == counts(ready: 1), "given back again")
