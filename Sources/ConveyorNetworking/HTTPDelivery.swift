@@ -18,8 +18,10 @@ import Foundation
 ///
 /// Each attempt carries an `Idempotency-Key` header derived from the job (the same on every
 /// retry, see ``idempotencyKey(for:)``), so a receiver can drop a request it already processed:
-/// the queue delivers at least once. Redirects are followed by `URLSession`; the final response
-/// decides (as `URLSession` does, a 301, 302 or 303 turns a `POST` into a `GET`). Reasons recorded
+/// the queue delivers at least once. Redirects (301, 302, 303, 307, 308) are followed by
+/// `URLSession`; the final response decides (as `URLSession` does, a 301, 302 or 303 turns a
+/// `POST` into a `GET`). A redirect to another origin drops `Authorization`, `Cookie` and
+/// `Proxy-Authorization`, whether the item or ``prepare`` set them (see ``NetworkSession``). Reasons recorded
 /// as the job's last error name the method, the URL without its query, the status and the start
 /// of the response body; never the request's headers or body. The response body of an attempt
 /// is held in memory: this is meant for APIs answering briefly.
