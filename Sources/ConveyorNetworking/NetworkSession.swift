@@ -58,15 +58,17 @@ public final class NetworkSession: Sendable {
   ///
   /// - Parameters:
   ///   - request: The request.
-  ///   - completion: Called on the session's delegate queue with the whole body (nil on error),
-  ///     the response and the error.
+  ///   - limit: Keep at most this many bytes of the body; the rest is received and dropped, so a
+  ///     huge body takes no memory. Nil (the default) keeps the whole body.
+  ///   - completion: Called on the session's delegate queue with the body (nil on error), the
+  ///     response and the error.
   /// - Returns: The task; call `resume()` to start it.
   public func dataTask(
-    with request: URLRequest,
+    with request: URLRequest, keepingAtMost limit: Int? = nil,
     completion: @escaping @Sendable (Data?, URLResponse?, (any Error)?) -> Void
   ) -> URLSessionDataTask {
     let task = urlSession.dataTask(with: request)
-    router.register(task.taskIdentifier, .data(body: Data(), completion: completion))
+    router.register(task.taskIdentifier, .data(body: Data(), limit: limit, completion: completion))
     return task
   }
 
@@ -129,7 +131,7 @@ public final class NetworkSession: Sendable {
 /// The session delegate: routes callbacks to the closures registered per task identifier.
 private final class TaskRouter: NSObject, Sendable, URLSessionDataDelegate, URLSessionDownloadDelegate {
   enum Entry {
-    case data(body: Data, completion: @Sendable (Data?, URLResponse?, (any Error)?) -> Void)
+    case data(body: Data, limit: Int?, completion: @Sendable (Data?, URLResponse?, (any Error)?) -> Void)
     case download(
       progress: (@Sendable (Int64, Int64?) -> Void)?,
       completion: @Sendable (URL?, URLResponse?, (any Error)?) -> Void)
@@ -145,10 +147,12 @@ private final class TaskRouter: NSObject, Sendable, URLSessionDataDelegate, URLS
 
   func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
     entries.withLock { entries in
-      guard case .data(var body, let completion) = entries[dataTask.taskIdentifier] else { return }
+      guard case .data(var body, let limit, let completion) = entries[dataTask.taskIdentifier] else { return }
+      let room = limit.map { max(0, $0 - body.count) } ?? data.count
+      guard room > 0 else { return }
       entries[dataTask.taskIdentifier] = nil  // keep `body` uniquely referenced while appending
-      body.append(data)
-      entries[dataTask.taskIdentifier] = .data(body: body, completion: completion)
+      body.append(room < data.count ? data.prefix(room) : data)
+      entries[dataTask.taskIdentifier] = .data(body: body, limit: limit, completion: completion)
     }
   }
 
@@ -175,7 +179,7 @@ private final class TaskRouter: NSObject, Sendable, URLSessionDataDelegate, URLS
     let entry = entries.withLock { $0.removeValue(forKey: task.taskIdentifier) }
     let refused = unauthorized.withLock { $0.removeValue(forKey: task.taskIdentifier) }
     switch entry {
-    case .data(let body, let completion)?:
+    case .data(let body, _, let completion)?:
       if let refused {
         completion(Data(), refused, nil)  // the 401 itself; its body was not kept
       } else {
