@@ -45,7 +45,9 @@ final class Worker: Sendable {
       else { return }
       let fields = record.metadata.filter { $0.key != "queue" }.sorted { $0.key < $1.key }
         .map { "\($0.key)=\($0.value)" }.joined(separator: " ")
-      printError("conveyor: \(record.level): \(record.message)" + (fields.isEmpty ? "" : " (\(fields))"))
+      printError(
+        "conveyor: \(record.level): \(printable(record.message))"
+          + (fields.isEmpty ? "" : " (\(printable(fields)))"))
     }
     let delivery = HTTPDelivery()
     queue = try JobQueue<OutboxJob>(configuration: configuration, store: store) { job, context in
@@ -118,8 +120,8 @@ final class Worker: Sendable {
     case .started(let id, let attempt): "job \(id): attempt \(attempt) started"
     case .succeeded(let id): "job \(id): done"
     case .retryScheduled(let id, let date, let error):
-      "job \(id): retry at \(timestamp(date))" + (error.map { " (\($0))" } ?? "")
-    case .died(let id, let reason): "job \(id): dead: \(reason)"
+      "job \(id): retry at \(timestamp(date))" + (error.map { " (\(printable($0)))" } ?? "")
+    case .died(let id, let reason): "job \(id): dead: \(printable(reason))"
     case .finished: "queue empty"
     case .enqueued, .stateChanged: nil
     }

@@ -95,4 +95,208 @@ import Testing
     #expect((died["error"] as? String)?.contains("HTTP 401") == true, "\(died)")
     #expect(server.requests.count == 1)
   }
+
+  // MARK: 4, 5, 6, 10. requests that are not what they seem
+
+  struct Refusal: CustomTestStringConvertible, Sendable {
+    var arguments: [String]
+    var message: String
+    var testDescription: String { arguments.map { printableForTest($0) }.joined(separator: " ") }
+  }
+
+  static let refusals: [Refusal] = [
+    Refusal(arguments: ["GET\r\nX-Injected: 1", "http://127.0.0.1:9/"], message: "is not an HTTP method"),
+    Refusal(arguments: ["GÉT", "http://127.0.0.1:9/"], message: "is not an HTTP method"),
+    Refusal(
+      arguments: ["GET", "http://127.0.0.1:9/", "-H", "X-A: a\r\nX-Injected: 1"],
+      message: "control characters"),
+    Refusal(
+      arguments: ["GET", "http://127.0.0.1:9/", "-H", "X-A: a\u{1B}[2J"], message: "control characters"),
+    Refusal(
+      arguments: ["GET", "http://127.0.0.1:9/", "-H", "X\r\nY: 1"], message: "must look like 'Name: value'"),
+    Refusal(
+      arguments: ["POST", "http://127.0.0.1:9/", "-H", "Content-Length: 0", "--data", "abc"],
+      message: "cannot be given"),
+    Refusal(
+      arguments: ["POST", "http://127.0.0.1:9/", "-H", "Transfer-Encoding: chunked"],
+      message: "cannot be given"),
+    Refusal(
+      arguments: ["GET", "http://127.0.0.1:9/", "-H", "Host: evil.example"], message: "cannot be given"),
+    Refusal(arguments: ["GET", "http://127.0.0.1:99999/"], message: "a port is 1...65535"),
+    Refusal(arguments: ["GET", "http://127.0.0.1:9/", "--data", "x"], message: "cannot have a body"),
+    Refusal(arguments: ["GET", "ftp://127.0.0.1/"], message: "is not an http:// or https:// URL"),
+  ]
+
+  @Test(arguments: refusals)
+  func aRequestThatIsNotWhatItSeemsIsRefusedAtAdd(refusal: Refusal) async throws {
+    let sandbox = try Sandbox()
+    let outcome = try await sandbox.run(["add", "http"] + refusal.arguments)
+    #expect(outcome.status == 2, "\(outcome)")
+    #expect(outcome.stderr.contains(refusal.message), "\(outcome)")
+    #expect(!outcome.stderr.contains("\r") && !outcome.stderr.contains("\u{1B}"), "\(outcome)")
+    #expect(outcome.stdout.isEmpty)
+  }
+
+  @Test func anUpperCaseSchemeIsDeliveredAndRepeatedHeadersKeepEveryValue() async throws {
+    let sandbox = try Sandbox()
+    let server = try LoopbackHTTPServer { _, _ in .ok() }
+    defer { server.stop() }
+    try await sandbox.add([
+      "http", "POST", "HTTP://127.0.0.1:\(server.port)/upper", "-H", "X-A: 1", "-H", "x-a: 2", "-H",
+      "Cookie: a=1",
+      "-H", "Cookie: b=2", "--data", "x",
+    ])
+    let work = try await sandbox.run(["work", "--until-empty"])
+    #expect(work.status == 0, "\(work)")
+    let request = try #require(server.requests.first)
+    #expect(request.path == "/upper")
+    #expect(request.header("X-A") == "1, 2")
+    #expect(request.header("Cookie") == "a=1; b=2")
+  }
+
+  // MARK: 7. control characters from a server, a command or a payload
+
+  @Test func controlCharactersFromAServerAreEscapedInWorkAndList() async throws {
+    let sandbox = try Sandbox()
+    let hostile = "\u{1B}[2J\u{1B}]0;owned\u{07}\njob 99: done\r\u{9B}31m"
+    let server = try LoopbackHTTPServer { _, _ in .status(404, hostile) }
+    defer { server.stop() }
+    try await sandbox.add(["http", "GET", server.url("/x").absoluteString])
+    try await sandbox.add(["exec", "--", "sh", "-c", "printf '\\033[31mred\\njob 98: done\\n'; exit 127"])
+    let work = try await sandbox.run(["work", "--until-empty"])
+    #expect(work.status == 1, "\(work)")
+    let list = try await sandbox.succeed(["list"])
+    for text in [work.stdout, list.stdout] {
+      #expect(
+        !text.unicodeScalars.contains { $0.value == 0x1B || $0.value == 0x9B || $0.value == 0x07 }, "\(text)")
+      #expect(!text.contains("\r"))
+      #expect(
+        !text.split(separator: "\n").contains { $0.hasPrefix("job 99") || $0.hasPrefix("job 98") }, "\(text)")
+    }
+    #expect(list.stdout.contains(#"\u{1B}[2J"#), "\(list)")
+  }
+
+  // MARK: 8. options after a subcommand
+
+  @Test func curlsDashDAfterTheCommandIsAUsageErrorAndCreatesNothing() async throws {
+    let sandbox = try Sandbox()
+    let outcome = try await sandbox.run(
+      ["add", "http", "POST", "http://127.0.0.1:9/", "-d", #"{"a":1}"#], directory: sandbox.folder)
+    #expect(outcome.status == 2, "\(outcome)")
+    #expect(outcome.stderr.contains("-d is not an option of conveyor add http"), "\(outcome)")
+    #expect(outcome.stderr.contains("use --data"), "\(outcome)")
+    #expect(!FileManager.default.fileExists(atPath: sandbox.path(#"{"a":1}"#)))
+    #expect(!FileManager.default.fileExists(atPath: sandbox.database))
+    // Options may follow the operands.
+    try await sandbox.add(["http", "POST", "http://127.0.0.1:9/", "--data", #"{"a":1}"#, "--delay", "60"])
+    #expect(try await sandbox.counts() == counts(scheduled: 1))
+  }
+
+  // MARK: 14. no traps
+
+  @Test func aDataFileTooLargeIsRefusedWithoutReadingIt() async throws {
+    let sandbox = try Sandbox()
+    let big = sandbox.path("big.bin")
+    try #require(FileManager.default.createFile(atPath: big, contents: nil))
+    try #require(truncate(big, 1_600_000_000) == 0)  // sparse: no disk used
+    let outcome = try await sandbox.run(["add", "http", "POST", "http://127.0.0.1:9/", "--data-file", big])
+    #expect(outcome.status == 2, "\(outcome)")
+    #expect(outcome.stderr.contains("is larger than 64 MiB"), "\(outcome)")
+  }
+
+  @Test func aFullStandardOutputAfterAddReportsTheJobIDAndExitsOne() async throws {
+    let sandbox = try Sandbox()
+    guard let full = FileHandle(forWritingAtPath: "/dev/full") else { return }
+    defer { closeQuietly(full) }
+    let outcome = try await sandbox.run(["add", "exec", "--", "true"], standardOutput: full)
+    #expect(outcome.status == 1, "\(outcome)")
+    #expect(outcome.stderr.contains("job 1 was added, but its ID could not be written"), "\(outcome)")
+    let status = try await sandbox.run(["status"], standardOutput: full)
+    #expect(status.status == 1, "\(status)")
+    #expect(status.stderr.contains("could not write to standard output"), "\(status)")
+    #expect(try await sandbox.counts() == counts(ready: 1))
+  }
+
+  // MARK: 15. the store is closed on exit
+
+  @Test func theDatabaseIsOneSelfContainedFileAfterEachCommand() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--", "true"])
+    #expect(try await sandbox.run(["work", "--until-empty"]).status == 0)
+    for suffix in ["-wal", "-shm"] {
+      #expect(!FileManager.default.fileExists(atPath: sandbox.database + suffix), "\(suffix) left behind")
+    }
+  }
+
+  // MARK: 16. --cwd
+
+  @Test func aMissingWorkingDirectoryMakesTheJobDeadAtOnce() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--cwd", sandbox.path("nowhere"), "--", "true"])
+    let work = try await sandbox.run(["work", "--until-empty", "--json"])
+    #expect(work.status == 1, "\(work)")
+    let events = try work.objects()
+    #expect(!events.contains { $0["event"] as? String == "retry_scheduled" }, "\(work)")
+    #expect(events.contains { ($0["error"] as? String)?.contains("does not exist") == true }, "\(work)")
+  }
+
+  @Test func aRelativeWorkingDirectoryIsTakenFromWhereTheJobWasAdded() async throws {
+    let sandbox = try Sandbox()
+    let here = sandbox.folder.appendingPathComponent("here")
+    try FileManager.default.createDirectory(
+      at: here.appendingPathComponent("sub"), withIntermediateDirectories: true)
+    try await sandbox.succeed(["add", "exec", "--cwd", "sub", "--", "touch", "marker"], directory: here)
+    let work = try await sandbox.run(["work", "--until-empty"], directory: sandbox.folder)
+    #expect(work.status == 0, "\(work)")
+    #expect(FileManager.default.fileExists(atPath: here.appendingPathComponent("sub/marker").path))
+  }
+
+  // MARK: 17. help
+
+  @Test func eachCommandHasItsOwnHelp() async throws {
+    let sandbox = try Sandbox()
+    for (arguments, expected) in [
+      (["add", "http", "--help"], "Usage: conveyor add http [options] METHOD URL"),
+      (["add", "http", "POST", "-h"], "--data-file PATH"), (["work", "--help"], "--until-empty"),
+      (["list", "--help"], "--status STATUS"), (["help", "retry"], "Usage: conveyor retry"),
+      (["add", "--help"], "Usage: conveyor add exec"),
+    ] {
+      let outcome = try await sandbox.run(arguments, withDatabase: false)
+      #expect(outcome.status == 0, "\(arguments): \(outcome)")
+      #expect(outcome.stdout.contains(expected), "\(arguments): \(outcome)")
+    }
+    let overview = try await sandbox.run(["--help"], withDatabase: false)
+    for command in [
+      "add http", "add exec", "work", "status", "list", "retry", "remove", "purge", "pause", "resume", "demo",
+    ] {
+      #expect(overview.stdout.contains("\n  \(command) "), "\(command) missing from --help")
+    }
+    #expect(!FileManager.default.fileExists(atPath: sandbox.path("xdg-data/conveyor/conveyor.sqlite")))
+  }
+
+  // MARK: 19. consistent exit codes and status words
+
+  @Test func retryOfUnknownIDsExitsOneAndListTakesTheWordsStatusPrints() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--", "true"])
+    try await sandbox.add(["exec", "--delay", "3600", "--", "true"])
+    let retry = try await sandbox.run(["retry", "77"])
+    #expect(retry.status == 1, "\(retry)")
+    #expect(retry.stderr.contains("not found"), "\(retry)")
+    #expect(try await sandbox.listed(["--status", "ready"]).map { $0["id"] as? Int } == [1])
+    #expect(try await sandbox.listed(["--status", "scheduled"]).map { $0["id"] as? Int } == [2])
+    #expect(try await sandbox.listed(["--status", "pending"]).count == 2)
+    let table = try await sandbox.succeed(["list"]).stdout
+    #expect(table.contains("ready") && table.contains("scheduled"), "\(table)")
+  }
+}
+
+/// Control characters shown escaped in test names.
+func printableForTest(_ text: String) -> String {
+  text.unicodeScalars.map { $0.value < 0x20 ? $0.escaped(asASCII: true) : String($0) }.joined()
+}
+
+/// Closes a handle the test opened; a failure only leaks a descriptor in the test process.
+func closeQuietly(_ handle: FileHandle) {
+  do { try handle.close() } catch { print("could not close a file: \(error)") }
 }
