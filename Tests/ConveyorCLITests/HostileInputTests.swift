@@ -274,6 +274,75 @@ import Testing
     #expect(!FileManager.default.fileExists(atPath: sandbox.path("xdg-data/conveyor/conveyor.sqlite")))
   }
 
+  // MARK: 13. a command dies with its worker
+
+  @Test func aCommandAndItsChildrenDieWhenTheWorkerIsKilled() async throws {
+    let sandbox = try Sandbox()
+    let child = sandbox.path("child.pid")
+    let grandchild = sandbox.path("grandchild.pid")
+    try await sandbox.add([
+      "exec", "--timeout", "600", "--", "sh", "-c",
+      "sleep 300 & echo $! > '\(grandchild)'; echo $$ > '\(child)'; wait",
+    ])
+    let worker = try sandbox.start(["work"])
+    var pids: [pid_t] = []
+    try await worker.waitUntil("the command to start") {
+      pids = [child, grandchild].compactMap { path in
+        (FileManager.default.contents(atPath: path)).flatMap {
+          pid_t(String(decoding: $0, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines))
+        }
+      }
+      return pids.count == 2
+    }
+    defer { for pid in pids { kill(pid, SIGKILL) } }
+    worker.signal(SIGKILL)
+    _ = try await worker.waitForExit()
+    let deadline = ContinuousClock.now + .seconds(15)
+    while pids.contains(where: isAlive), ContinuousClock.now < deadline {
+      try await Task.sleep(for: .milliseconds(20))
+    }
+    #expect(
+      !pids.contains(where: isAlive), "still running after the worker was killed: \(pids.filter(isAlive))")
+  }
+
+  // MARK: 18. --until-empty and --until-idle
+
+  @Test func untilIdleStopsWhenNothingIsReadyAndLeavesScheduledJobs() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--", "true"])
+    try await sandbox.add(["exec", "--delay", "3600", "--", "true"])
+    let work = try await sandbox.run(["work", "--until-idle"])
+    #expect(work.status == 0, "\(work)")
+    #expect(work.stdout.contains("done: 1 delivered"), "\(work)")
+    #expect(try await sandbox.counts() == counts(scheduled: 1))
+    // A paused queue: nothing can run, so it stops at once and says why.
+    try await sandbox.add(["exec", "--", "true"])
+    try await sandbox.succeed(["pause"])
+    let paused = try await sandbox.run(["work", "--until-idle"])
+    #expect(paused.status == 0, "\(paused)")
+    #expect(paused.stderr.contains("is paused"), "\(paused)")
+    #expect(try await sandbox.counts() == counts(ready: 1, scheduled: 1))
+  }
+
+  @Test func untilEmptySaysWhatItWaitsFor() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--delay", "3600", "--", "true"])
+    let scheduled = try sandbox.start(["work", "--until-empty"])
+    try await scheduled.waitUntil("a note about the scheduled job") {
+      scheduled.stderr.contains("waiting for 1 scheduled job(s) (the next at ")
+    }
+    scheduled.signal(SIGTERM)
+    #expect(try await scheduled.waitForExit().status == 0)
+    try await sandbox.add(["exec", "--", "true"])
+    try await sandbox.succeed(["pause"])
+    let paused = try sandbox.start(["work", "--until-empty"])
+    try await paused.waitUntil("a note about the pause") {
+      paused.stderr.contains("is paused; --until-empty waits until 'conveyor resume'")
+    }
+    paused.signal(SIGTERM)
+    #expect(try await paused.waitForExit().status == 0)
+  }
+
   // MARK: 19. consistent exit codes and status words
 
   @Test func retryOfUnknownIDsExitsOneAndListTakesTheWordsStatusPrints() async throws {
@@ -299,4 +368,13 @@ func printableForTest(_ text: String) -> String {
 /// Closes a handle the test opened; a failure only leaks a descriptor in the test process.
 func closeQuietly(_ handle: FileHandle) {
   do { try handle.close() } catch { print("could not close a file: \(error)") }
+}
+
+/// Whether a process runs (a zombie, killed and waiting to be reaped, does not).
+func isAlive(_ pid: pid_t) -> Bool {
+  guard kill(pid, 0) == 0 else { return false }
+  guard let stat = FileManager.default.contents(atPath: "/proc/\(pid)/stat") else { return true }
+  let text = String(decoding: stat, as: UTF8.self)
+  guard let close = text.lastIndex(of: ")") else { return true }
+  return !text[text.index(after: close)...].trimmingCharacters(in: .whitespaces).hasPrefix("Z")
 }
