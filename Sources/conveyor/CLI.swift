@@ -403,11 +403,15 @@ enum CLI {
     let maxAttempts = try arguments.integer("--max-attempts", in: 1...1_000_000) ?? 10
     let lease = try arguments.seconds("--lease", allowingZero: false) ?? .seconds(60)
     let untilEmpty = arguments.flag("--until-empty")
+    let untilIdle = arguments.flag("--until-idle")
     let json = arguments.flag("--json")
     try arguments.finish()
+    if untilEmpty && untilIdle {
+      throw UsageError(description: "use --until-empty or --until-idle, not both")
+    }
     let options = Worker.Options(
       concurrency: concurrency, maxAttempts: maxAttempts, leaseDuration: lease, untilEmpty: untilEmpty,
-      output: json ? .json : (isatty(STDOUT_FILENO) == 1 ? .live : .lines))
+      untilIdle: untilIdle, output: json ? .json : (isatty(STDOUT_FILENO) == 1 ? .live : .lines))
     let worker = try Worker(store: try context.openStore(), queue: context.queue, options: options)
     return await worker.run()
   }
