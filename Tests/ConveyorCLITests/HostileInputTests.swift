@@ -274,6 +274,32 @@ import Testing
     #expect(!FileManager.default.fileExists(atPath: sandbox.path("xdg-data/conveyor/conveyor.sqlite")))
   }
 
+  // MARK: 11. bounded memory
+
+  @Test func hugeCommandOutputAndResponseBodiesAreNotHeldInMemory() async throws {
+    let time = URL(fileURLWithPath: "/usr/bin/time")
+    guard FileManager.default.isExecutableFile(atPath: time.path) else { return }  // GNU time measures
+    let sandbox = try Sandbox()
+    let body = Data(repeating: 0x65, count: 200_000_000)
+    let server = try LoopbackHTTPServer { _, _ in LoopbackReply(status: 500, body: body) }
+    defer { server.stop() }
+    try await sandbox.add(["exec", "--", "sh", "-c", "head -c 300000000 /dev/zero; exit 1"])
+    try await sandbox.add(["http", "GET", server.url("/huge").absoluteString])
+    let report = sandbox.path("rss.txt")
+    let running = try RunningConveyor(
+      executable: time,
+      arguments: [
+        "-f", "%M", "-o", report, try ConveyorBinary.required().path, "--database", sandbox.database, "work",
+        "--until-empty", "--max-attempts", "1",
+      ], environment: ProcessInfo.processInfo.environment, folder: sandbox.folder)
+    let outcome = try await running.waitForExit(timeout: .seconds(60))
+    #expect(outcome.stdout.contains("2 dead"), "\(outcome)")
+    let text = String(decoding: FileManager.default.contents(atPath: report) ?? Data(), as: UTF8.self)
+    let kilobytes = try #require(text.split(separator: "\n").compactMap { Int($0) }.last, "\(text)")
+    // The worker itself needs about 40 MB; holding either whole would take 200 to 300 MB more.
+    #expect(kilobytes < 120_000, "peak resident memory \(kilobytes) KB")
+  }
+
   // MARK: 13. a command dies with its worker
 
   @Test func aCommandAndItsChildrenDieWhenTheWorkerIsKilled() async throws {
