@@ -675,10 +675,24 @@ private func write(_ data: Data, to descriptor: Int32) -> String? {
   }
 }
 
+/// Prints `value` as one line of JSON. `JSONEncoder` escapes C0 control characters; the C1 ones
+/// (such as U+009B, a one-character CSI) and the line and paragraph separators are escaped here
+/// too, so no string in the output can act on a terminal or split a line.
 func printJSON(_ value: some Encodable) throws {
   let encoder = JSONEncoder()
   encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-  output(String(decoding: try encoder.encode(value), as: UTF8.self))
+  let text = String(decoding: try encoder.encode(value), as: UTF8.self)
+  var escaped = ""
+  for scalar in text.unicodeScalars {
+    if (0x7F...0x9F).contains(scalar.value) || scalar.value == 0x2028 || scalar.value == 0x2029 {
+      escaped +=
+        "\\u" + String(repeating: "0", count: 4 - String(scalar.value, radix: 16).count)
+        + String(scalar.value, radix: 16)
+    } else {
+      escaped.unicodeScalars.append(scalar)
+    }
+  }
+  output(escaped)
 }
 
 func pad(_ text: String, _ width: Int) -> String {

@@ -174,6 +174,13 @@ import Testing
         !text.split(separator: "\n").contains { $0.hasPrefix("job 99") || $0.hasPrefix("job 98") }, "\(text)")
     }
     #expect(list.stdout.contains(#"\u{1B}[2J"#), "\(list)")
+    let json = try await sandbox.succeed(["list", "--json"]).stdout
+    #expect(
+      !json.unicodeScalars.contains { $0.value < 0x20 && $0 != "\n" || (0x7F...0x9F).contains($0.value) })
+    let errors = try json.split(separator: "\n").map { try jsonObject(String($0)) }.compactMap {
+      $0["lastError"] as? String
+    }
+    #expect(errors.contains { $0.contains(hostile) }, "the JSON keeps the text exactly: \(json)")
   }
 
   // MARK: 8. options after a subcommand
