@@ -1,5 +1,6 @@
 import Conveyor
 import Foundation
+import Synchronization
 
 #if canImport(FoundationNetworking)
   import FoundationNetworking
@@ -15,14 +16,19 @@ import Foundation
 /// | any other status (4xx, unfollowed 3xx) | `.discard(reason:)` with the status and a body excerpt: the job is dead |
 /// | ``prepare`` threw | `.retry(reason:)` |
 /// | a malformed or unsupported URL, or a server demanding authentication | `.discard(reason:)` |
+/// | a request ``HTTPRequest/validate()`` refuses (nothing is sent) | `.discard(reason:)` |
 ///
 /// Each attempt carries an `Idempotency-Key` header derived from the job (the same on every
 /// retry, see ``idempotencyKey(for:)``), so a receiver can drop a request it already processed:
-/// the queue delivers at least once. Redirects are followed by `URLSession`; the final response
-/// decides (as `URLSession` does, a 301, 302 or 303 turns a `POST` into a `GET`). Reasons recorded
+/// the queue delivers at least once. Redirects (301, 302, 303, 307, 308) are followed by
+/// `URLSession`; the final response decides (as `URLSession` does, a 301, 302 or 303 turns a
+/// `POST` into a `GET`). A redirect to another origin drops `Authorization`, `Cookie` and
+/// `Proxy-Authorization`, whether the item or ``prepare`` set them (see ``NetworkSession``). Reasons recorded
 /// as the job's last error name the method, the URL without its query, the status and the start
-/// of the response body; never the request's headers or body. The response body of an attempt
-/// is held in memory: this is meant for APIs answering briefly.
+/// of the response body; never the request's headers or body. Only the first
+/// ``reasonBodyLimit`` bytes of a response body are kept; the rest is received and dropped. An
+/// item's ``HTTPRequest/timeout`` is a deadline for the whole attempt, however slowly the
+/// server keeps sending.
 ///
 /// ```swift
 /// let outbox = try JobQueue(
@@ -94,17 +100,44 @@ public struct HTTPDelivery: Sendable {
   ///   - context: The job's context (for the idempotency key and attempt number).
   /// - Returns: `.handled`, `.retry…` or `.discard(reason:)` as in the table above.
   public func deliver(_ request: HTTPRequest, context: JobContext) async -> JobResult {
+    do {
+      try request.validate()
+    } catch {
+      let method = HTTPRequest.isToken(request.method) ? request.method : HTTPRequest.quoted(request.method)
+      return .discard(reason: "\(method) \(request.url.redactedForLogs): invalid request: \(error)")
+    }
+    // Only the excerpt of the body is kept (one byte more tells that it was cut).
     let operation = NetworkDataOperation<Void>(
-      request: urlRequest(for: request, context: context), session: session
+      request: urlRequest(for: request, context: context), session: session,
+      bodyLimit: reasonBodyLimit + 1
     ) { _, _ in () }
     operation.acceptedStatusCodes = acceptedStatusCodes
     operation.bodyExcerptLimit = reasonBodyLimit
     operation.prepare = prepare
+    // URLSession's timeout only measures silence: a server sending a byte now and then would
+    // hold the job forever. The item's timeout is a deadline for the whole request.
+    let timedOut = DeadlineFlag()
+    let deadline = request.timeout.map { timeout in
+      Task {
+        do {
+          try await Task.sleep(for: .milliseconds(Int64((timeout * 1000).rounded(.up))))
+        } catch {
+          return  // the request ended first
+        }
+        timedOut.set()
+        operation.cancel()
+      }
+    }
+    defer { deadline?.cancel() }
     do {
       try await operation.run()
       return .handled
     } catch {
       switch error {
+      case .cancelled where timedOut.isSet:
+        return .retry(
+          reason:
+            "\(request.method) \(request.url.redactedForLogs): timed out after \(request.timeout ?? 0) s")
       case .cancelled: return .retry(reason: "\(request.method) \(request.url.redactedForLogs): cancelled")
       case .failed(let error): return result(for: error, request: request)
       }
@@ -180,4 +213,11 @@ extension JobQueue where Item == HTTPRequest {
   ) throws(JobQueueError) {
     try self.init(configuration: configuration, store: store, handler: delivery.handler)
   }
+}
+
+/// Set when an attempt's deadline passed and the attempt was cancelled for it.
+private final class DeadlineFlag: Sendable {
+  private let value = Atomic(false)
+  var isSet: Bool { value.load(ordering: .acquiring) }
+  func set() { value.store(true, ordering: .releasing) }
 }

@@ -239,7 +239,7 @@ open class NetworkOperation<Success: Sendable, TaskResult>: AsyncOperation<Succe
 /// }
 /// let user = try await operation.run()
 /// ```
-// @unchecked Sendable: adds only the immutable `evaluator`; see `NetworkOperation`.
+// @unchecked Sendable: adds only the immutable `evaluator` and `bodyLimit`; see `NetworkOperation`.
 open class NetworkDataOperation<Success: Sendable>: NetworkOperation<Success, Data>, @unchecked Sendable {
   /// Turns the body and response into the value.
   public typealias Evaluator = @Sendable (Data, HTTPURLResponse) throws -> Success
@@ -249,18 +249,25 @@ open class NetworkDataOperation<Success: Sendable>: NetworkOperation<Success, Da
   }
 
   private let evaluator: Box
+  /// The most bytes of the body kept in memory; nil for all of them.
+  public let bodyLimit: Int?
 
   /// Creates an operation that evaluates the body of an accepted response.
   ///
   /// - Parameters:
   ///   - request: The request.
   ///   - session: The session; ``NetworkSession/shared`` by default.
+  ///   - bodyLimit: Keep at most this many bytes of the body (the evaluator and the error's
+  ///     excerpt see only them; the rest is received and dropped), so a server cannot fill the
+  ///     memory. Nil (the default) keeps the whole body.
   ///   - evaluate: Makes the value; a thrown ``NetworkError`` is kept as is, any other error
   ///     becomes ``NetworkError/evaluation(_:)``.
   public init(
-    request: URLRequest, session: NetworkSession = .shared, evaluate: @escaping Evaluator
+    request: URLRequest, session: NetworkSession = .shared, bodyLimit: Int? = nil,
+    evaluate: @escaping Evaluator
   ) {
     self.evaluator = Box(evaluate: evaluate)
+    self.bodyLimit = bodyLimit.map { max(0, $0) }
     super.init(request: request, session: session)
   }
 
@@ -269,7 +276,7 @@ open class NetworkDataOperation<Success: Sendable>: NetworkOperation<Success, Da
   /// The evaluation runs on a global queue, not on the session's serial delegate queue, so a slow
   /// decode does not hold up the session's other tasks.
   open override func createTask(with request: URLRequest, using session: NetworkSession) -> URLSessionTask {
-    session.dataTask(with: request) { data, response, error in
+    session.dataTask(with: request, keepingAtMost: bodyLimit) { data, response, error in
       DispatchQueue.global().async {
         self.complete(with: data, response: response, error: error)
       }

@@ -19,7 +19,15 @@ import Synchronization
 /// let operation = NetworkDataOperation(request: URLRequest(url: url), session: session)
 /// ```
 ///
-/// Redirects are followed as `URLSession` follows them (the operation sees the final response).
+/// Redirects (301, 302, 303, 307, 308; at most 20 in a row) are followed as `URLSession` follows
+/// them, and the operation sees the final response. A redirect to another origin (scheme, host or
+/// port) drops the `Authorization`, `Cookie` and `Proxy-Authorization` headers, as curl and
+/// browsers do, so credentials meant for one server never reach another.
+///
+/// A `401` asking for credentials (`WWW-Authenticate`) is answered without any: the task ends
+/// with that response at once, instead of waiting for credentials forever (as
+/// swift-corelibs-foundation would).
+///
 /// Tasks made directly on ``urlSession`` without these methods get no callbacks here.
 public final class NetworkSession: Sendable {
   /// A session with the default configuration, shared by operations given no other.
@@ -50,15 +58,17 @@ public final class NetworkSession: Sendable {
   ///
   /// - Parameters:
   ///   - request: The request.
-  ///   - completion: Called on the session's delegate queue with the whole body (nil on error),
-  ///     the response and the error.
+  ///   - limit: Keep at most this many bytes of the body; the rest is received and dropped, so a
+  ///     huge body takes no memory. Nil (the default) keeps the whole body.
+  ///   - completion: Called on the session's delegate queue with the body (nil on error), the
+  ///     response and the error.
   /// - Returns: The task; call `resume()` to start it.
   public func dataTask(
-    with request: URLRequest,
+    with request: URLRequest, keepingAtMost limit: Int? = nil,
     completion: @escaping @Sendable (Data?, URLResponse?, (any Error)?) -> Void
   ) -> URLSessionDataTask {
     let task = urlSession.dataTask(with: request)
-    router.register(task.taskIdentifier, .data(body: Data(), completion: completion))
+    router.register(task.taskIdentifier, .data(body: Data(), limit: limit, completion: completion))
     return task
   }
 
@@ -82,6 +92,36 @@ public final class NetworkSession: Sendable {
     return task
   }
 
+  /// The headers a redirect to another origin drops: they carry credentials for the first one.
+  public static let credentialHeaders: Set<String> = ["authorization", "cookie", "proxy-authorization"]
+
+  /// The request to send for a redirect from `origin` to `request`: unchanged within one origin
+  /// (same scheme, host and port), without ``credentialHeaders`` to another.
+  ///
+  /// - Parameters:
+  ///   - request: The redirected request URLSession proposes.
+  ///   - origin: The URL that answered with the redirect.
+  /// - Returns: The request to send.
+  public static func redirect(_ request: URLRequest, from origin: URL?) -> URLRequest {
+    guard let origin, let target = request.url, !isSameOrigin(origin, target) else { return request }
+    var stripped = request
+    for name in (request.allHTTPHeaderFields ?? [:]).keys
+    where credentialHeaders.contains(name.lowercased()) {
+      stripped.setValue(nil, forHTTPHeaderField: name)
+    }
+    return stripped
+  }
+
+  /// Whether two URLs share scheme, host and port (the default port of the scheme if none).
+  static func isSameOrigin(_ first: URL, _ second: URL) -> Bool {
+    func origin(_ url: URL) -> (String, String, Int?) {
+      let scheme = url.scheme?.lowercased() ?? ""
+      let port = url.port ?? (scheme == "https" ? 443 : scheme == "http" ? 80 : nil)
+      return (scheme, url.host?.lowercased() ?? "", port)
+    }
+    return origin(first) == origin(second)
+  }
+
   /// Cancels every task and invalidates the session; it cannot make tasks afterwards.
   public func invalidateAndCancel() {
     urlSession.invalidateAndCancel()
@@ -91,13 +131,15 @@ public final class NetworkSession: Sendable {
 /// The session delegate: routes callbacks to the closures registered per task identifier.
 private final class TaskRouter: NSObject, Sendable, URLSessionDataDelegate, URLSessionDownloadDelegate {
   enum Entry {
-    case data(body: Data, completion: @Sendable (Data?, URLResponse?, (any Error)?) -> Void)
+    case data(body: Data, limit: Int?, completion: @Sendable (Data?, URLResponse?, (any Error)?) -> Void)
     case download(
       progress: (@Sendable (Int64, Int64?) -> Void)?,
       completion: @Sendable (URL?, URLResponse?, (any Error)?) -> Void)
   }
 
   private let entries = Mutex<[Int: Entry]>([:])
+  /// The 401 responses of tasks cancelled because they asked for credentials, by task identifier.
+  private let unauthorized = Mutex<[Int: URLResponse]>([:])
 
   func register(_ identifier: Int, _ entry: Entry) {
     entries.withLock { $0[identifier] = entry }
@@ -105,10 +147,12 @@ private final class TaskRouter: NSObject, Sendable, URLSessionDataDelegate, URLS
 
   func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
     entries.withLock { entries in
-      guard case .data(var body, let completion) = entries[dataTask.taskIdentifier] else { return }
+      guard case .data(var body, let limit, let completion) = entries[dataTask.taskIdentifier] else { return }
+      let room = limit.map { max(0, $0 - body.count) } ?? data.count
+      guard room > 0 else { return }
       entries[dataTask.taskIdentifier] = nil  // keep `body` uniquely referenced while appending
-      body.append(data)
-      entries[dataTask.taskIdentifier] = .data(body: body, completion: completion)
+      body.append(room < data.count ? data.prefix(room) : data)
+      entries[dataTask.taskIdentifier] = .data(body: body, limit: limit, completion: completion)
     }
   }
 
@@ -133,13 +177,45 @@ private final class TaskRouter: NSObject, Sendable, URLSessionDataDelegate, URLS
 
   func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: (any Error)?) {
     let entry = entries.withLock { $0.removeValue(forKey: task.taskIdentifier) }
+    let refused = unauthorized.withLock { $0.removeValue(forKey: task.taskIdentifier) }
     switch entry {
-    case .data(let body, let completion)?:
-      completion(error == nil ? body : nil, task.response, error)
+    case .data(let body, _, let completion)?:
+      if let refused {
+        completion(Data(), refused, nil)  // the 401 itself; its body was not kept
+      } else {
+        completion(error == nil ? body : nil, task.response, error)
+      }
     case .download(_, let completion)?:
-      completion(nil, task.response, error)
+      if let refused {
+        completion(nil, refused, URLError(.userAuthenticationRequired))
+      } else {
+        completion(nil, task.response, error)
+      }
     case nil:
       break
     }
+  }
+
+  func urlSession(
+    _ session: URLSession, task: URLSessionTask, willPerformHTTPRedirection response: HTTPURLResponse,
+    newRequest request: URLRequest, completionHandler: @escaping @Sendable (URLRequest?) -> Void
+  ) {
+    completionHandler(NetworkSession.redirect(request, from: response.url ?? task.currentRequest?.url))
+  }
+
+  func urlSession(
+    _ session: URLSession, task: URLSessionTask, didReceive challenge: URLAuthenticationChallenge,
+    completionHandler: @escaping @Sendable (URLSession.AuthChallengeDisposition, URLCredential?) -> Void
+  ) {
+    #if canImport(FoundationNetworking)
+      // swift-corelibs-foundation waits forever for a credential nobody gives. Keep the 401 and
+      // end the task; `didCompleteWithError` reports the 401 as the task's response.
+      if let response = challenge.failureResponse {
+        unauthorized.withLock { $0[task.taskIdentifier] = response }
+      }
+      completionHandler(.cancelAuthenticationChallenge, nil)
+    #else
+      completionHandler(.performDefaultHandling, nil)
+    #endif
   }
 }

@@ -184,14 +184,26 @@ final class Statement {
       switch value {
       case .integer(let number):
         rc = sqlite3_bind_int64(handle, index, number)
-      case .text(let text):
-        rc = sqlite3_bind_text(handle, index, text, -1, conveyor_sqlite_transient())
+      case .text(var text):
+        // With its byte length, so a NUL inside is kept (a C string would end there), and as a
+        // 64-bit length: SQLite answers SQLITE_TOOBIG for what it cannot store, never a trap.
+        if text.isEmpty {
+          rc = sqlite3_bind_text(handle, index, "", 0, conveyor_sqlite_transient())
+        } else {
+          rc = text.withUTF8 { bytes in
+            bytes.withMemoryRebound(to: CChar.self) {
+              sqlite3_bind_text64(
+                handle, index, $0.baseAddress, UInt64($0.count), conveyor_sqlite_transient(),
+                UInt8(SQLITE_UTF8))
+            }
+          }
+        }
       case .blob(let data):
         if data.isEmpty {
           rc = sqlite3_bind_zeroblob(handle, index, 0)
         } else {
           rc = data.withUnsafeBytes {
-            sqlite3_bind_blob(handle, index, $0.baseAddress, Int32($0.count), conveyor_sqlite_transient())
+            sqlite3_bind_blob64(handle, index, $0.baseAddress, UInt64($0.count), conveyor_sqlite_transient())
           }
         }
       case .null:
@@ -224,7 +236,9 @@ final class Statement {
 
   func text(_ column: Int32) -> String? {
     guard let pointer = sqlite3_column_text(handle, column) else { return nil }
-    return String(cString: pointer)
+    // By its byte length (asked for after the text, as SQLite requires): a NUL inside is kept.
+    let count = Int(sqlite3_column_bytes(handle, column))
+    return String(decoding: UnsafeBufferPointer(start: pointer, count: count), as: UTF8.self)
   }
 
   func data(_ column: Int32) -> Data {

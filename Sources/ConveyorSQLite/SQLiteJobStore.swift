@@ -81,6 +81,7 @@ public final class SQLiteJobStore: JobStore {
   public init(path: String, options: Options = .init()) throws {
     self.path = path
     self.options = options
+    try PathCheck.refuseSpecialFiles(path)
     // A database this call built and linked into place is known to be ours.
     if try !Self.createIfMissing(path) { try Self.refuseForeignFile(path) }
     let raw = try Connection(path: path, create: false)

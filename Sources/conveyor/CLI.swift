@@ -2,6 +2,7 @@ import Conveyor
 import ConveyorNetworking
 import ConveyorSQLite
 import Foundation
+import Synchronization
 
 #if canImport(Glibc)
   import Glibc
@@ -21,87 +22,254 @@ enum ExitCode: Int32 {
 }
 
 enum CLI {
-  static let usage = """
-    conveyor: a durable outbox for HTTP requests and shell commands.
+  /// Every command, as `conveyor --help` lists them and as each parses its words.
+  static let commands: [CommandSpec] = [
+    CommandSpec(
+      name: "add http", operands: "METHOD URL",
+      summary: "queue an HTTP request; prints the job ID",
+      options: [
+        OptionSpec(names: ["--header", "-H"], value: "'NAME: VALUE'", help: "a header; repeat for more"),
+        OptionSpec(names: ["--data"], value: "TEXT", help: "the body"),
+        OptionSpec(
+          names: ["--data-file"], value: "PATH", help: "the body, read from a file (at most 64 MiB)"),
+        OptionSpec(
+          names: ["--timeout"], value: "S", help: "seconds for the whole request before it is retried"),
+      ] + addOptions,
+      details: """
+        METHOD is a token such as GET, POST, PUT, PATCH, DELETE; URL starts with http:// or https://.
+        Content-Length, Transfer-Encoding and Host are set from the body and the URL. A header
+        given twice keeps both values, joined with ", ". A redirect to another host drops
+        Authorization, Cookie and Proxy-Authorization.
+        """),
+    CommandSpec(
+      name: "add exec", operands: "-- PROGRAM [ARGUMENTS...]",
+      summary: "queue a command, run without a shell; prints the job ID",
+      options: [
+        OptionSpec(
+          names: ["--cwd"], value: "DIR", help: "where it runs (a relative DIR is taken from here, now)"),
+        OptionSpec(names: ["--timeout"], value: "S", help: "seconds before it is stopped and retried"),
+      ] + addOptions, takesCommandAfterDashes: true),
+    CommandSpec(
+      name: "work", operands: "", summary: "handle jobs until SIGINT/SIGTERM/SIGHUP",
+      options: [
+        OptionSpec(names: ["--concurrency", "-c"], value: "N", help: "jobs at once (default 1)"),
+        OptionSpec(names: ["--max-attempts"], value: "N", help: "attempts before a job is dead (default 10)"),
+        OptionSpec(
+          names: ["--lease"], value: "S", help: "seconds a claim lasts without a heartbeat (default 60)"),
+        OptionSpec(
+          names: ["--until-empty"], value: nil,
+          help: "stop when no job is waiting or running (waits for scheduled retries)"),
+        OptionSpec(
+          names: ["--until-idle"], value: nil,
+          help: "stop when no job is ready or running (leaves scheduled jobs for later)"),
+        OptionSpec(names: ["--json"], value: nil, help: "one JSON object per event"),
+      ]),
+    CommandSpec(
+      name: "status", operands: "", summary: "counts by status, and whether the queue is paused",
+      options: [OptionSpec(names: ["--json"], value: nil, help: "as one JSON object")]),
+    CommandSpec(
+      name: "list", operands: "", summary: "jobs with their status and last error",
+      options: [
+        OptionSpec(
+          names: ["--status"], value: "STATUS", help: "ready, scheduled, pending (both), running or dead"),
+        OptionSpec(names: ["--limit", "-n"], value: "N", help: "at most N jobs (default 100)"),
+        OptionSpec(names: ["--json"], value: nil, help: "one JSON object per job"),
+      ]),
+    CommandSpec(
+      name: "retry", operands: "ID... | --all", summary: "re-queue dead jobs",
+      options: [OptionSpec(names: ["--all"], value: nil, help: "every dead job")]),
+    CommandSpec(name: "remove", operands: "ID...", summary: "delete jobs", options: []),
+    CommandSpec(
+      name: "purge", operands: "", summary: "delete dead jobs",
+      options: [OptionSpec(names: ["--all"], value: nil, help: "every job that is not running")]),
+    CommandSpec(name: "pause", operands: "", summary: "stop claiming jobs, for every worker", options: []),
+    CommandSpec(name: "resume", operands: "", summary: "claim jobs again", options: []),
+    CommandSpec(
+      name: "demo", operands: "", summary: "a self-contained run showing retries and recovery",
+      options: [OptionSpec(names: ["--keep"], value: nil, help: "keep the demo's database")]),
+    CommandSpec(name: "help", operands: "[COMMAND]", summary: "this help, or a command's", options: []),
+  ]
 
-    Usage: conveyor [--database PATH] [--queue NAME] COMMAND [options]
+  /// Options every `add` takes.
+  static let addOptions = [
+    OptionSpec(names: ["--delay"], value: "S", help: "run no sooner than S seconds from now"),
+    OptionSpec(names: ["--priority"], value: "N", help: "lower runs first (default 0)"),
+    OptionSpec(names: ["--key"], value: "KEY", help: "while a job with this key waits, return it instead"),
+  ]
 
-    Commands:
-      add http METHOD URL [-H 'Name: value']... [--data TEXT | --data-file PATH] [--timeout S]
-      add exec [--cwd DIR] [--timeout S] -- PROGRAM [ARGUMENTS...]
-               add options: [--delay S] [--priority N] [--key KEY]; prints the job ID
-      work     [--concurrency N] [--until-empty] [--json] [--max-attempts N] [--lease S]
-               handle jobs until SIGINT/SIGTERM/SIGHUP (or until none is left with --until-empty)
-      status   [--json]                      counts by status, and whether the queue is paused
-      list     [--status pending|running|dead] [--limit N] [--json]
-      retry    ID... | --all                 re-queue dead jobs
-      remove   ID...                         delete jobs
-      purge    [--all]                       delete dead jobs (--all: every job not running)
-      pause | resume                         stop or restart claiming, for every worker
-      demo                                   a self-contained run showing retries and recovery
+  static var usage: String {
+    let width = (commands.map(\.name.count).max() ?? 0) + 2
+    let list = commands.map {
+      "  " + $0.name.padding(toLength: width, withPad: " ", startingAt: 0) + $0.summary
+    }
+    return """
+      conveyor: a durable outbox for HTTP requests and shell commands.
 
-    Options:
-      --database PATH   SQLite file (default: $CONVEYOR_DATABASE, else
-                        $XDG_DATA_HOME/conveyor/conveyor.sqlite)
-      --queue NAME      queue name (default: outbox)
+      Usage: conveyor [--database PATH] [--queue NAME] COMMAND [options]
 
-    Exit codes: 0 success, 1 jobs died (work --until-empty) or IDs not found (remove),
-                2 usage error, 3 database error.
-    """
+      Commands:
+      \(list.joined(separator: "\n"))
+
+      Run 'conveyor COMMAND --help' for a command's options.
+
+      Global options (before the command):
+        --database, -d PATH   SQLite file (default: $CONVEYOR_DATABASE, else
+                              $XDG_DATA_HOME/conveyor/conveyor.sqlite)
+        --queue, -q NAME      queue name (default: outbox)
+
+      Exit codes: 0 success, 1 jobs died (work --until-empty/--until-idle), IDs not found
+                  (retry, remove) or output could not be written, 2 usage error, 3 database error.
+      """
+  }
 
   static func main(_ commandLine: [String]) async -> Int32 {
-    var arguments = Arguments(Array(commandLine.dropFirst()))
+    let context = Context()
+    let status: Int32
     do {
-      let database =
-        try arguments.option("--database", "-d")
-        ?? ProcessInfo.processInfo.environment["CONVEYOR_DATABASE"].flatMap { $0.isEmpty ? nil : $0 }
-      if database == "" { throw UsageError(description: "--database needs a file path") }
-      let queueName = try arguments.option("--queue", "-q") ?? "outbox"
-      try JobQueueConfiguration.validate(identifier: queueName)
-      let command = arguments.next() ?? "help"
-      let context = Context(database: database, queue: queueName)
-      switch command {
-      case "help", "--help", "-h":
+      status = try await run(Array(commandLine.dropFirst()), context)
+    } catch let error as UsageError {
+      printError("conveyor: \(printable(error.description))\nRun 'conveyor help' for usage.")
+      status = ExitCode.usage.rawValue
+    } catch let error as JobQueueError {
+      printError("conveyor: \(printable(error.description))")
+      status = ExitCode.usage.rawValue
+    } catch {
+      printError("conveyor: \(printable(String(describing: error)))")
+      status = ExitCode.storage.rawValue
+    }
+    // Closing checkpoints the WAL into the database file and removes the -wal and -shm files.
+    await context.close()
+    if let failure = OutputFailure.first, status == ExitCode.success.rawValue {
+      printError("conveyor: could not write to standard output: \(failure)")
+      return ExitCode.failure.rawValue
+    }
+    return status
+  }
+
+  /// Parses the global options and the command name, then runs the command.
+  static func run(_ words: [String], _ context: Context) async throws -> Int32 {
+    var index = 0
+    var database: String?
+    var queueName = "outbox"
+    // Global options: only before the command.
+    while index < words.count, words[index].hasPrefix("-"), words[index] != "-" {
+      let word = words[index]
+      if word == "--help" || word == "-h" {
         output(usage)
         return ExitCode.success.rawValue
-      case "add": return try await add(&arguments, context)
-      case "work": return try await work(&arguments, context)
-      case "status": return try await status(&arguments, context)
-      case "list": return try await list(&arguments, context)
-      case "retry": return try await retry(&arguments, context)
-      case "remove": return try await remove(&arguments, context)
-      case "purge": return try await purge(&arguments, context)
-      case "pause", "resume":
-        try arguments.finish()
-        let queue = try context.controlQueue()
-        if command == "pause" { try await queue.pause() } else { try await queue.resume() }
-        output("queue \(context.queue) \(command == "pause" ? "paused" : "resumed")")
-        return ExitCode.success.rawValue
-      case "demo": return try await Demo.run(&arguments)
-      default:
-        throw UsageError(description: "unknown command \"\(command)\"")
       }
-    } catch let error as UsageError {
-      printError("conveyor: \(error)\nRun 'conveyor help' for usage.")
-      return ExitCode.usage.rawValue
-    } catch let error as JobQueueError {
-      printError("conveyor: \(error)")
-      return ExitCode.usage.rawValue
-    } catch {
-      printError("conveyor: \(error)")
-      return ExitCode.storage.rawValue
+      let (name, inline): (String, String?) =
+        word.hasPrefix("--") && word.contains("=")
+        ? (String(word.prefix { $0 != "=" }), String(word.drop { $0 != "=" }.dropFirst())) : (word, nil)
+      guard Arguments.globalOptions.contains(name) else {
+        throw UsageError(description: "unknown option \"\(name)\"; options of a command go after its name")
+      }
+      let value: String
+      if let inline {
+        value = inline
+        index += 1
+      } else {
+        guard index + 1 < words.count else { throw UsageError(description: "\(name) needs a value") }
+        value = words[index + 1]
+        index += 2
+      }
+      if name == "--database" || name == "-d" { database = value } else { queueName = value }
+    }
+    database =
+      database ?? ProcessInfo.processInfo.environment["CONVEYOR_DATABASE"].flatMap { $0.isEmpty ? nil : $0 }
+    if database == "" { throw UsageError(description: "--database needs a file path") }
+    context.database = database
+    context.queue = queueName
+    guard index < words.count else {
+      output(usage)
+      return ExitCode.success.rawValue
+    }
+    var command = words[index]
+    index += 1
+    if command == "add" {
+      guard index < words.count, !words[index].hasPrefix("-") else {
+        if index < words.count, words[index] == "--help" || words[index] == "-h" {
+          output(spec("add http").help + "\n\n" + spec("add exec").help)
+          return ExitCode.success.rawValue
+        }
+        throw UsageError(description: "missing job kind (http or exec)")
+      }
+      let kind = words[index]
+      index += 1
+      guard kind == "http" || kind == "exec" else {
+        throw UsageError(description: "unknown job kind \"\(printable(kind))\": use http or exec")
+      }
+      command = "add \(kind)"
+    }
+    guard let commandSpec = commands.first(where: { $0.name == command }) else {
+      throw UsageError(description: "unknown command \"\(command)\"")
+    }
+    var arguments = try Arguments(Array(words[index...]), for: commandSpec)
+    if arguments.wantsHelp {
+      output(commandSpec.help)
+      return ExitCode.success.rawValue
+    }
+    if command == "help" {
+      let topic = arguments.next()
+      try arguments.finish()
+      guard let topic else {
+        output(usage)
+        return ExitCode.success.rawValue
+      }
+      let matching = commands.filter { $0.name == topic || $0.name.hasPrefix(topic + " ") }
+      guard !matching.isEmpty else { throw UsageError(description: "unknown command \"\(topic)\"") }
+      output(matching.map(\.help).joined(separator: "\n\n"))
+      return ExitCode.success.rawValue
+    }
+    try JobQueueConfiguration.validate(identifier: queueName)
+    switch command {
+    case "add http": return try await addHTTP(&arguments, context)
+    case "add exec": return try await addExec(&arguments, context)
+    case "work": return try await work(&arguments, context)
+    case "status": return try await status(&arguments, context)
+    case "list": return try await list(&arguments, context)
+    case "retry": return try await retry(&arguments, context)
+    case "remove": return try await remove(&arguments, context)
+    case "purge": return try await purge(&arguments, context)
+    case "pause", "resume":
+      try arguments.finish()
+      let queue = try context.controlQueue()
+      if command == "pause" { try await queue.pause() } else { try await queue.resume() }
+      output("queue \(context.queue) \(command == "pause" ? "paused" : "resumed")")
+      return ExitCode.success.rawValue
+    case "demo": return try await Demo.run(&arguments)
+    default:
+      throw UsageError(description: "unknown command \"\(command)\"")
     }
   }
 
-  /// Where the jobs are and which queue the command talks to.
-  struct Context {
-    var database: String?
-    var queue: String
+  /// The description of the command named `name`.
+  static func spec(_ name: String) -> CommandSpec {
+    commands.first { $0.name == name }!
+  }
 
-    /// Opens the store. `busyTimeout` is how long a call waits for another process's lock; a
-    /// worker's lease must be at least twice as long.
+  /// Where the jobs are and which queue the command talks to; closes the store it opened.
+  final class Context {
+    var database: String?
+    var queue = "outbox"
+    private var opened: SQLiteJobStore?
+
+    /// Opens the store once. `busyTimeout` is how long a call waits for another process's lock;
+    /// a worker's lease must be at least twice as long.
     func openStore(busyTimeout: Duration = .seconds(5)) throws -> SQLiteJobStore {
-      let options = SQLiteJobStore.Options(busyTimeout: busyTimeout)
+      if let opened { return opened }
+      let store = try makeStore(options: SQLiteJobStore.Options(busyTimeout: busyTimeout))
+      opened = store
+      return store
+    }
+
+    /// Closes the store, if one was opened.
+    func close() async {
+      await opened?.close()
+      opened = nil
+    }
+
+    private func makeStore(options: SQLiteJobStore.Options) throws -> SQLiteJobStore {
       guard let database else { return try SQLiteJobStore(name: "conveyor", options: options) }
       if database.hasPrefix("postgres://") || database.hasPrefix("postgresql://") {
         throw UsageError(
@@ -117,97 +285,139 @@ enum CLI {
     }
 
     /// A queue for inspecting and controlling jobs; it never claims any.
-    func controlQueue(store: SQLiteJobStore? = nil) throws -> JobQueue<OutboxJob> {
+    func controlQueue() throws -> JobQueue<OutboxJob> {
       try JobQueue<OutboxJob>(
         configuration: JobQueueConfiguration(identifier: queue, autoStart: false),
-        store: try store ?? openStore()
+        store: try openStore()
       ) { _, _ in .retry(after: .zero) }
     }
   }
 
   // MARK: add
 
-  static func add(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
-    let kind = try arguments.required("job kind (http or exec)")
+  /// The largest `--data-file` read: the body is stored in the job, and base64 in its JSON.
+  static let maximumBodySize = 64 << 20
+
+  static func addHTTP(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
+    let method = try arguments.required("HTTP method (GET, POST, PUT, PATCH, DELETE, ...)").uppercased()
+    let urlText = try arguments.required("URL")
+    try arguments.finish()
+    let url = try httpURL(urlText)
+    var headers: [String: String] = [:]
+    var names: [String: String] = [:]  // lower-cased name: the spelling first given
+    for line in arguments.options("--header") {
+      let (name, value) = try header(line)
+      let key = names[name.lowercased(), default: name]
+      names[name.lowercased()] = key
+      headers[key] = headers[key].map { $0 + (key.lowercased() == "cookie" ? "; " : ", ") + value } ?? value
+    }
+    let data = arguments.option("--data")
+    let dataFile = arguments.option("--data-file")
+    if data != nil && dataFile != nil {
+      throw UsageError(description: "use --data or --data-file, not both")
+    }
+    var body = data.map { Data($0.utf8) }
+    if let dataFile { body = try readBody(dataFile) }
+    let timeout = try arguments.seconds("--timeout", allowingZero: false)
+    let request = HTTPRequest(
+      method: method, url: url, headers: headers, body: body, timeout: timeout?.secondsValue)
+    do {
+      try request.validate()
+    } catch {
+      throw UsageError(description: error.description)
+    }
+    return try await add(OutboxJob(kind: .http(request), key: arguments.option("--key")), arguments, context)
+  }
+
+  static func addExec(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
+    guard arguments.next() == "--" else {
+      throw UsageError(description: "put the command after --, e.g. conveyor add exec -- echo hello")
+    }
+    var words: [String] = []
+    while let word = arguments.next() { words.append(word) }
+    guard !words.isEmpty else { throw UsageError(description: "missing the command after --") }
+    // A relative --cwd means the folder it names from here, where the command was typed, not
+    // from wherever a worker happens to run.
+    let directory = arguments.option("--cwd").map { URL(fileURLWithPath: $0).standardizedFileURL.path }
+    let timeout = try arguments.seconds("--timeout", allowingZero: false)
+    let command = ShellCommand(arguments: words, workingDirectory: directory, timeout: timeout?.secondsValue)
+    return try await add(OutboxJob(kind: .exec(command), key: arguments.option("--key")), arguments, context)
+  }
+
+  /// Stores `job` with the `add` options and prints its ID.
+  static func add(_ job: OutboxJob, _ arguments: Arguments, _ context: Context) async throws -> Int32 {
     let delay = try arguments.seconds("--delay") ?? .zero
     let priority = try arguments.integer("--priority", in: -1_000_000...1_000_000) ?? 0
-    let key = try arguments.option("--key")
-    let job: OutboxJob
-    switch kind {
-    case "http":
-      let method = try arguments.required("HTTP method (GET, POST, PUT, PATCH, DELETE, ...)").uppercased()
-      guard method.allSatisfy({ $0.isLetter }), !method.isEmpty else {
-        throw UsageError(description: "\"\(method)\" is not an HTTP method")
-      }
-      let headerLines = try arguments.options(["-H", "--header"])
-      let data = try arguments.option("--data")
-      let dataFile = try arguments.option("--data-file")
-      let timeout = try arguments.seconds("--timeout", allowingZero: false)
-      let urlText = try arguments.required("URL")
-      guard let url = URL(string: urlText), let scheme = url.scheme?.lowercased(),
-        ["http", "https"].contains(scheme),
-        url.host != nil
-      else {
-        throw UsageError(description: "\"\(urlText)\" is not an http:// or https:// URL")
-      }
-      var headers: [String: String] = [:]
-      for line in headerLines {
-        let (name, value) = try header(line)
-        headers[name] = value
-      }
-      if data != nil && dataFile != nil {
-        throw UsageError(description: "use --data or --data-file, not both")
-      }
-      var body = data.map { Data($0.utf8) }
-      if let dataFile {
-        guard let contents = FileManager.default.contents(atPath: dataFile) else {
-          throw UsageError(description: "cannot read --data-file \"\(dataFile)\"")
-        }
-        body = contents
-      }
-      job = OutboxJob(
-        kind: .http(
-          HTTPRequest(method: method, url: url, headers: headers, body: body, timeout: timeout?.secondsValue)),
-        key: key)
-    case "exec":
-      let directory = try arguments.option("--cwd")
-      let timeout = try arguments.seconds("--timeout", allowingZero: false)
-      guard arguments.next() == "--" else {
-        throw UsageError(description: "put the command after --, e.g. conveyor add exec -- echo hello")
-      }
-      var words: [String] = []
-      while let word = arguments.next() { words.append(word) }
-      guard !words.isEmpty else { throw UsageError(description: "missing the command after --") }
-      job = OutboxJob(
-        kind: .exec(
-          ShellCommand(arguments: words, workingDirectory: directory, timeout: timeout?.secondsValue)),
-        key: key)
-    default:
-      throw UsageError(description: "unknown job kind \"\(kind)\": use http or exec")
-    }
-    try arguments.finish()
     let queue = try context.controlQueue()
     let result = try await queue.add(job, priority: priority, delay: delay)
-    output(result.id.description)
+    let id = result.id
     if !result.inserted {
-      FileHandle.standardError.write(
-        Data("conveyor: not stored: job \(result.id) with the same --key is already waiting\n".utf8))
+      printError("conveyor: not stored: job \(id) with the same --key is already waiting")
+    }
+    if let failure = output(id.description) {
+      printError(
+        "conveyor: job \(id) was added, but its ID could not be written to standard output (\(failure))")
+      return ExitCode.failure.rawValue
     }
     return ExitCode.success.rawValue
+  }
+
+  /// Parses an `http://` or `https://` URL; the scheme may be given in any case.
+  static func httpURL(_ text: String) throws -> URL {
+    guard var components = URLComponents(string: text), let scheme = components.scheme?.lowercased(),
+      ["http", "https"].contains(scheme), components.host?.isEmpty == false
+    else {
+      throw UsageError(description: "\"\(printable(text))\" is not an http:// or https:// URL")
+    }
+    if let port = components.port, !(1...65_535).contains(port) {
+      throw UsageError(description: "\"\(printable(text))\" has port \(port); a port is 1...65535")
+    }
+    components.scheme = scheme
+    guard let url = components.url else {
+      throw UsageError(description: "\"\(printable(text))\" is not an http:// or https:// URL")
+    }
+    return url
+  }
+
+  /// Reads a `--data-file` of at most ``maximumBodySize`` bytes.
+  static func readBody(_ path: String) throws -> Data {
+    guard let handle = FileHandle(forReadingAtPath: path) else {
+      throw UsageError(description: "cannot read --data-file \"\(printable(path))\"")
+    }
+    defer { closeQuietly(handle) }
+    let contents: Data?
+    do {
+      contents = try handle.read(upToCount: maximumBodySize + 1)
+    } catch {
+      throw UsageError(
+        description: "cannot read --data-file \"\(printable(path))\": \(error.localizedDescription)")
+    }
+    let body = contents ?? Data()
+    guard body.count <= maximumBodySize else {
+      throw UsageError(
+        description:
+          "--data-file \"\(printable(path))\" is larger than \(maximumBodySize >> 20) MiB; "
+          + "an outbox job keeps its body in the database: send large files another way")
+    }
+    return body
   }
 
   // MARK: work
 
   static func work(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
-    let concurrency = try arguments.integer("--concurrency", "-c", in: 1...1000) ?? 1
+    let concurrency = try arguments.integer("--concurrency", in: 1...1000) ?? 1
     let maxAttempts = try arguments.integer("--max-attempts", in: 1...1_000_000) ?? 10
     let lease = try arguments.seconds("--lease", allowingZero: false) ?? .seconds(60)
     let untilEmpty = arguments.flag("--until-empty")
+    let untilIdle = arguments.flag("--until-idle")
     let json = arguments.flag("--json")
     try arguments.finish()
+    if untilEmpty && untilIdle {
+      throw UsageError(description: "use --until-empty or --until-idle, not both")
+    }
     let options = Worker.Options(
       concurrency: concurrency, maxAttempts: maxAttempts, leaseDuration: lease, untilEmpty: untilEmpty,
-      output: json ? .json : (isatty(STDOUT_FILENO) == 1 ? .live : .lines))
+      untilIdle: untilIdle, output: json ? .json : (isatty(STDOUT_FILENO) == 1 ? .live : .lines))
     // A short lease needs a short lock wait: a worker waiting longer could lose a running job.
     let store = try context.openStore(busyTimeout: min(.seconds(5), lease / 2))
     let worker = try Worker(store: store, queue: context.queue, options: options)
@@ -220,7 +430,7 @@ enum CLI {
     let json = arguments.flag("--json")
     try arguments.finish()
     let store = try context.openStore()
-    let queue = try context.controlQueue(store: store)
+    let queue = try context.controlQueue()
     let counts = try await queue.count()
     let paused = try await store.isPaused(queue: context.queue)
     if json {
@@ -242,40 +452,68 @@ enum CLI {
     return ExitCode.success.rawValue
   }
 
+  /// The words `list --status` takes: the stored statuses, and `status`'s two kinds of pending.
+  enum ListedStatus: String, CaseIterable {
+    case ready, scheduled, pending, running, dead
+
+    var stored: JobStatus {
+      switch self {
+      case .ready, .scheduled, .pending: .pending
+      case .running: .running
+      case .dead: .dead
+      }
+    }
+
+    /// Whether a record of ``stored`` status is listed, `now` telling ready from scheduled.
+    func includes(_ record: JobRecord, now: Date) -> Bool {
+      switch self {
+      case .ready: record.runAt <= now
+      case .scheduled: record.runAt > now
+      default: true
+      }
+    }
+  }
+
   static func list(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
-    let statusText = try arguments.option("--status")
-    let limit = try arguments.integer("--limit", "-n", in: 1...1_000_000) ?? 100
+    let statusText = arguments.option("--status")
+    let limit = try arguments.integer("--limit", in: 1...1_000_000) ?? 100
     let json = arguments.flag("--json")
     try arguments.finish()
     let status = try statusText.map { text in
-      guard let status = JobStatus(rawValue: text) else {
-        throw UsageError(description: "--status must be pending, running or dead, got \"\(text)\"")
+      guard let status = ListedStatus(rawValue: text) else {
+        throw UsageError(
+          description:
+            "--status must be ready, scheduled, pending, running or dead, got \"\(printable(text))\"")
       }
       return status
     }
     let queue = try context.controlQueue()
+    let now = Date()
     var printed = 0
     var after: JobID?
-    if !json { output(pad("ID", 8) + pad("STATUS", 9) + pad("TRIES", 6) + pad("RUN AT", 21) + "JOB") }
-    while printed < limit {
-      let page = try await queue.jobs(in: status, after: after, limit: min(500, limit - printed))
+    if !json { output(pad("ID", 8) + pad("STATUS", 10) + pad("TRIES", 6) + pad("RUN AT", 21) + "JOB") }
+    pages: while printed < limit {
+      let page = try await queue.jobs(in: status?.stored, after: after, limit: min(100, limit - printed))
       if page.isEmpty { break }
-      for record in page {
+      after = page.last?.id
+      for record in page where status?.includes(record, now: now) ?? true {
         let summary: String
-        do { summary = try queue.item(of: record).summary } catch { summary = "(undecodable payload)" }
+        do { summary = try OutboxJob.summary(of: record.payload) } catch { summary = "(undecodable payload)" }
+        let shownStatus =
+          record.status == .pending ? (record.runAt <= now ? "ready" : "scheduled") : record.status.rawValue
         if json {
           try printJSON(ListedJob(record, summary: summary))
         } else {
           output(
-            pad(record.id.description, 8) + pad(record.status.rawValue, 9) + pad(String(record.attempts), 6)
-              + pad(timestamp(record.runAt), 21) + summary)
+            pad(record.id.description, 8) + pad(shownStatus, 10) + pad(String(record.attempts), 6)
+              + pad(timestamp(record.runAt), 21) + printable(summary))
           if let error = record.lastError {
-            output(String(repeating: " ", count: 8) + "last error: \(error)")
+            output(String(repeating: " ", count: 8) + "last error: \(printable(error))")
           }
         }
+        printed += 1
+        if printed >= limit { break pages }
       }
-      printed += page.count
-      after = page.last?.id
     }
     return ExitCode.success.rawValue
   }
@@ -289,8 +527,9 @@ enum CLI {
     output("re-queued \(count) dead job(s)")
     if !all && count < ids.count {
       printError(
-        "conveyor: \(ids.count - count) of the IDs were not re-queued: not dead jobs, or dead jobs "
+        "conveyor: \(ids.count - count) of the IDs were not re-queued: not found, not dead, or dead jobs "
           + "whose --key a waiting or running job holds")
+      return ExitCode.failure.rawValue
     }
     return ExitCode.success.rawValue
   }
@@ -316,20 +555,28 @@ enum CLI {
     return ExitCode.success.rawValue
   }
 
-  /// Splits `Name: value`; the name must be an HTTP token and the value a single line.
+  /// Splits `Name: value`; the name must be an HTTP token (checked by Unicode scalar, so that a
+  /// CR LF pair, one `Character` in Swift, is seen). The value is checked by `HTTPRequest.validate`.
   static func header(_ line: String) throws -> (name: String, value: String) {
-    let tokenCharacters = Set("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-    guard let colon = line.firstIndex(of: ":") else {
-      throw UsageError(description: "header \"\(line)\" must look like 'Name: value'")
+    let tokenScalars = Set(
+      "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ".unicodeScalars)
+    guard let colon = line.unicodeScalars.firstIndex(of: ":") else {
+      throw UsageError(description: "header \"\(printable(line))\" must look like 'Name: value'")
     }
-    let name = String(line[..<colon])
-    let value = String(line[line.index(after: colon)...]).trimmingCharacters(in: .whitespaces)
-    guard !name.isEmpty, name.allSatisfy({ tokenCharacters.contains($0) }) else {
+    let name = String(line.unicodeScalars[..<colon])
+    let value = String(line.unicodeScalars[line.unicodeScalars.index(after: colon)...])
+      .trimmingCharacters(in: CharacterSet(charactersIn: " \t"))
+    guard !name.isEmpty, name.unicodeScalars.allSatisfy({ tokenScalars.contains($0) }) else {
       throw UsageError(
-        description: "header \"\(line)\" must look like 'Name: value', with a name of letters, digits and -")
+        description:
+          "header \"\(printable(line))\" must look like 'Name: value', with a name of letters, digits and -")
     }
-    guard !value.contains(where: { $0 == "\r" || $0 == "\n" || $0 == "\0" }) else {
-      throw UsageError(description: "the value of header \"\(name)\" must be a single line")
+    guard
+      value.unicodeScalars.allSatisfy({ $0 == "\t" || !($0.value < 0x20 || (0x7F...0x9F).contains($0.value)) }
+      )
+    else {
+      throw UsageError(
+        description: "the value of header \"\(name)\" must be a single line without control characters")
     }
     return (name, value)
   }
@@ -373,14 +620,87 @@ struct ListedJob: Encodable {
   }
 }
 
+/// Writes a line to standard error; a failure to do so has nowhere to be reported.
 func printError(_ message: String) {
-  FileHandle.standardError.write(Data((message + "\n").utf8))
+  _ = write(Data((message + "\n").utf8), to: STDERR_FILENO)
 }
 
+/// `text` with every control character escaped (`\n`, `\r`, `\t`, `\u{1B}`…), so that text from
+/// a server, a command or a payload can neither move the cursor, recolour the terminal nor fake
+/// a line of output.
+func printable(_ text: String) -> String {
+  guard text.unicodeScalars.contains(where: isControl) else { return text }
+  var result = ""
+  for scalar in text.unicodeScalars {
+    if isControl(scalar) {
+      switch scalar {
+      case "\n": result += "\\n"
+      case "\r": result += "\\r"
+      case "\t": result += "\\t"
+      default: result += "\\u{" + String(scalar.value, radix: 16, uppercase: true) + "}"
+      }
+    } else {
+      result.unicodeScalars.append(scalar)
+    }
+  }
+  return result
+}
+
+/// C0 and C1 control characters and DEL; also the line and paragraph separators.
+private func isControl(_ scalar: Unicode.Scalar) -> Bool {
+  scalar.value < 0x20 || (0x7F...0x9F).contains(scalar.value) || scalar.value == 0x2028
+    || scalar.value == 0x2029
+}
+
+/// The first failure to write to standard output, reported when the command ends.
+enum OutputFailure {
+  private static let failure = Mutex<String?>(nil)
+
+  static var first: String? { failure.withLock { $0 } }
+
+  static func record(_ reason: String) {
+    failure.withLock { $0 = $0 ?? reason }
+  }
+}
+
+/// Writes all of `data` to `descriptor`, retrying after interruptions; returns the error's text.
+private func write(_ data: Data, to descriptor: Int32) -> String? {
+  data.withUnsafeBytes { bytes -> String? in
+    var offset = 0
+    while offset < bytes.count {
+      #if canImport(Glibc)
+        let written = Glibc.write(descriptor, bytes.baseAddress! + offset, bytes.count - offset)
+      #else
+        let written = Darwin.write(descriptor, bytes.baseAddress! + offset, bytes.count - offset)
+      #endif
+      if written < 0 {
+        if errno == EINTR { continue }
+        return String(cString: strerror(errno))
+      }
+      offset += written
+    }
+    return nil
+  }
+}
+
+/// Prints `value` as one line of JSON. `JSONEncoder` escapes C0 control characters; the C1 ones
+/// (such as U+009B, a one-character CSI) and the line and paragraph separators are escaped here
+/// too, so no string in the output can act on a terminal or split a line.
 func printJSON(_ value: some Encodable) throws {
   let encoder = JSONEncoder()
   encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-  output(String(decoding: try encoder.encode(value), as: UTF8.self))
+  let text = String(decoding: try encoder.encode(value), as: UTF8.self)
+  var escaped = ""
+  for scalar in text.unicodeScalars {
+    if (0x7F...0x9F).contains(scalar.value) || scalar.value == 0x2028 || scalar.value == 0x2029 {
+      escaped +=
+        "\\u" + String(repeating: "0", count: 4 - String(scalar.value, radix: 16).count)
+        + String(scalar.value, radix: 16)
+    } else {
+      escaped.unicodeScalars.append(scalar)
+    }
+  }
+  output(escaped)
 }
 
 func pad(_ text: String, _ width: Int) -> String {
@@ -398,7 +718,11 @@ extension Duration {
 }
 
 /// Writes a line to standard output at once (unbuffered), so `conveyor work --json | …` and the
-/// demo's child worker are read as events happen, not when a buffer fills.
-func output(_ text: String = "") {
-  FileHandle.standardOutput.write(Data((text + "\n").utf8))
+/// demo's child worker are read as events happen, not when a buffer fills. A failure (a full
+/// disk, `>/dev/full`) is returned and recorded, and makes the command exit 1; it never traps.
+@discardableResult
+func output(_ text: String = "") -> String? {
+  guard let failure = write(Data((text + "\n").utf8), to: STDOUT_FILENO) else { return nil }
+  OutputFailure.record(failure)
+  return failure
 }

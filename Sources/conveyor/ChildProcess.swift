@@ -15,6 +15,13 @@ import Synchronization
 /// timeout could not stop it) and could not use signals itself. Its own process group keeps a
 /// terminal's Ctrl-C for the worker, which then lets running commands finish, and lets a timeout
 /// stop the command's children too.
+///
+/// On Linux the command does not outlive the worker, even one killed with SIGKILL: it starts
+/// under a supervisor (this executable, run as `conveyor \(supervisorWord) …`), the leader of the
+/// process group, which asks for a parent-death signal and, when the worker dies, kills the whole
+/// group. Otherwise the supervisor only waits for the command and exits as it did. Commands are
+/// spawned from one thread that never ends, because the parent-death signal fires when the thread
+/// that spawned the process ends, not the process.
 final class ChildProcess: Sendable {
   /// How a command ended.
   enum Status: Equatable {
@@ -48,6 +55,17 @@ final class ChildProcess: Sendable {
   /// Starts `executable` with `arguments` (the first is the program's name), standard input from
   /// `/dev/null`, and standard output and error on `output`.
   init(executable: String, arguments: [String], directory: String?, output: Int32) throws {
+    pid = try Self.spawner.run {
+      Result {
+        try Self.spawn(executable: executable, arguments: arguments, directory: directory, output: output)
+      }
+    }.get()
+  }
+
+  /// Spawns the command (under its supervisor on Linux) and registers it; runs on the spawn thread.
+  private static func spawn(executable: String, arguments: [String], directory: String?, output: Int32) throws
+    -> pid_t
+  {
     #if canImport(Darwin)
       var actions: posix_spawn_file_actions_t?
       var attributes: posix_spawnattr_t?
@@ -82,18 +100,86 @@ final class ChildProcess: Sendable {
     let flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP | closeOthers
     try Self.check(posix_spawnattr_setflags(&attributes, Int16(flags)), "flags")
 
-    let argv = arguments.map { strdup($0) } + [nil]
+    #if os(Linux)
+      let supervisor = "/proc/self/exe"
+      let words = ["conveyor", Self.supervisorWord, String(getpid()), executable] + arguments
+    #else
+      let supervisor = executable
+      let words = arguments
+    #endif
+    let argv = words.map { strdup($0) } + [nil]
     let environment = ProcessInfo.processInfo.environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
     defer { for pointer in argv + environment { free(pointer) } }
     var pid = pid_t()
     let result = Self.registry.withLock { registry -> Int32 in
       guard !registry.closed else { return ECANCELED }
-      let result = posix_spawn(&pid, executable, &actions, &attributes, argv, environment)
+      let result = posix_spawn(&pid, supervisor, &actions, &attributes, argv, environment)
       if result == 0 { registry.running.insert(pid) }
       return result
     }
     try Self.check(result, executable)
-    self.pid = pid
+    return pid
+  }
+
+  /// The word after which `conveyor` acts as a command's supervisor: `conveyor WORD PARENT-PID
+  /// EXECUTABLE ARGV0 [ARGUMENTS...]`.
+  static let supervisorWord = "__supervise-command"
+
+  /// The thread every command is spawned from: it never ends, so no parent-death signal fires
+  /// while the worker lives.
+  private static let spawner = SpawnThread()
+
+  /// Runs as `conveyor __supervise-command PARENT-PID EXECUTABLE ARGV0 [ARGUMENTS...]` in the
+  /// command's process group (Linux): kills the group when the worker dies, else waits for the
+  /// command and exits as it did. Never returns.
+  static func supervise(_ words: [String]) -> Never {
+    guard words.count >= 3, let parent = pid_t(words[0]) else {
+      printError("conveyor: \(supervisorWord) is for conveyor's own use")
+      exit(ExitCode.usage.rawValue)
+    }
+    #if os(Linux)
+      // Stop requests go to the whole group from the worker; the command decides about them.
+      for number in [SIGTERM, SIGINT, SIGHUP] { signal(number, SIG_IGN) }
+      signal(SIGUSR1) { _ in kill(0, SIGKILL) }  // the parent-death signal: end the whole group
+      typealias Prctl = @convention(c) (Int32, UInt, UInt, UInt, UInt) -> Int32
+      if let library = dlopen(nil, RTLD_NOW), let symbol = dlsym(library, "prctl") {
+        let setParentDeathSignal: Int32 = 1  // PR_SET_PDEATHSIG in <linux/prctl.h>; not imported
+        _ = unsafeBitCast(symbol, to: Prctl.self)(setParentDeathSignal, UInt(SIGUSR1), 0, 0, 0)
+      }
+      if getppid() != parent { kill(0, SIGKILL) }  // the worker died before the request
+      var attributes = posix_spawnattr_t()
+      posix_spawnattr_init(&attributes)
+      var nothing = sigset_t()
+      sigemptyset(&nothing)
+      posix_spawnattr_setsigmask(&attributes, &nothing)
+      var everything = sigset_t()
+      sigfillset(&everything)
+      sigdelset(&everything, SIGKILL)
+      sigdelset(&everything, SIGSTOP)
+      posix_spawnattr_setsigdefault(&attributes, &everything)
+      posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+      let argv = words.dropFirst(2).map { strdup($0) } + [nil]
+      var child = pid_t()
+      let result = posix_spawn(&child, words[1], nil, &attributes, argv, environ)
+      guard result == 0 else {
+        printError("conveyor: cannot start \(words[1]): \(String(cString: strerror(result)))")
+        exit(127)
+      }
+      var status: Int32 = 0
+      while waitpid(child, &status, 0) == -1 && errno == EINTR {}
+      let number = status & 0x7F
+      if number == 0 { exit((status >> 8) & 0xFF) }
+      // Die of the same signal, so the worker sees what the command saw.
+      signal(number, SIG_DFL)
+      var unblocked = sigset_t()
+      sigemptyset(&unblocked)
+      sigaddset(&unblocked, number)
+      sigprocmask(SIG_UNBLOCK, &unblocked, nil)
+      kill(getpid(), number)
+      exit(128 + number)
+    #else
+      exit(ExitCode.usage.rawValue)  // commands are started directly here
+    #endif
   }
 
   /// Sends SIGKILL to every running command's process group, and starts no command after: the
@@ -193,5 +279,39 @@ final class ChildProcess: Sendable {
             ?? (signal == 0 ? .exited((status >> 8) & 0xFF) : .signalled(signal)))
       }
     }
+  }
+}
+
+/// A thread that runs the closures given to it, one at a time, for the life of the process.
+private final class SpawnThread: Sendable {
+  private let work = Mutex<[@Sendable () -> Void]>([])
+  private let available = DispatchSemaphore(value: 0)
+
+  init() {
+    let thread = Thread { [self] in
+      while true {
+        available.wait()
+        let next = work.withLock { $0.isEmpty ? nil : $0.removeFirst() }
+        next?()
+      }
+    }
+    thread.name = "conveyor.spawn"
+    thread.start()
+  }
+
+  /// Runs `body` on the thread and returns its result.
+  func run<T: Sendable>(_ body: @escaping @Sendable () -> T) -> T {
+    let result = Mutex<T?>(nil)
+    let done = DispatchSemaphore(value: 0)
+    work.withLock {
+      $0.append {
+        let value = body()
+        result.withLock { $0 = value }
+        done.signal()
+      }
+    }
+    available.signal()
+    done.wait()
+    return result.withLock { $0! }
   }
 }

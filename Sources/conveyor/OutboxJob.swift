@@ -23,6 +23,33 @@ struct OutboxJob: Queueable, Hashable {
     }
   }
 
+  /// The summary of a stored job, decoding only the method and URL or the arguments: a body of
+  /// any size is skipped, never turned into `Data`.
+  static func summary(of payload: Data) throws -> String {
+    struct Wrapped<Value: Decodable>: Decodable {
+      var value: Value
+      enum CodingKeys: String, CodingKey { case value = "_0" }
+    }
+    struct Request: Decodable {
+      var method: String
+      var url: URL
+    }
+    struct Command: Decodable { var arguments: [String] }
+    struct Kind: Decodable {
+      var http: Wrapped<Request>?
+      var exec: Wrapped<Command>?
+    }
+    struct Stored: Decodable { var kind: Kind }
+    let kind = try JSONDecoder().decode(Stored.self, from: payload).kind
+    if let request = kind.http?.value {
+      return "http \(request.method) \(withoutSecrets(request.url))"
+    }
+    if let command = kind.exec?.value {
+      return "exec " + command.arguments.map(quoted).joined(separator: " ")
+    }
+    throw DecodingError.dataCorrupted(.init(codingPath: [], debugDescription: "neither http nor exec"))
+  }
+
   func handle(_ context: JobContext, delivery: HTTPDelivery) async -> JobResult {
     switch kind {
     case .http(let request): await delivery.deliver(request, context: context)

@@ -22,16 +22,17 @@ struct ShellCommand: Codable, Sendable, Hashable {
   /// (the worker's shutdown grace period ran out) terminates the command and retries the job.
   func run() async -> JobResult {
     guard let program = arguments.first else { return .discard(reason: "empty command") }
-    guard let executable = Self.resolve(program, in: workingDirectory) else {
-      return .discard(reason: "command not found: \(program) (not in PATH, or not executable)")
-    }
     if let workingDirectory {
       var isDirectory: ObjCBool = false
       guard FileManager.default.fileExists(atPath: workingDirectory, isDirectory: &isDirectory),
         isDirectory.boolValue
       else {
-        return .retry(reason: "the working directory \(workingDirectory) does not exist")
+        return .discard(
+          reason: "the working directory \(workingDirectory) does not exist (or is not a folder)")
       }
+    }
+    guard let executable = Self.resolve(program, in: workingDirectory) else {
+      return .discard(reason: "command not found: \(program) (not in PATH, or not executable)")
     }
     let output = FileManager.default.temporaryDirectory.appendingPathComponent(
       "conveyor-exec-\(UUID().uuidString)")
@@ -75,11 +76,20 @@ struct ShellCommand: Codable, Sendable, Hashable {
     }
   }
 
-  /// The last lines of the command's output, for the job's recorded error.
+  /// The last 400 bytes of the command's output, for the job's recorded error: only they are
+  /// read, however much the command wrote.
   private static func tail(of file: URL) -> String {
-    guard let data = FileManager.default.contents(atPath: file.path), !data.isEmpty else { return "" }
-    let text = String(decoding: data.suffix(400), as: UTF8.self).trimmingCharacters(
-      in: .whitespacesAndNewlines)
+    let data: Data
+    do {
+      let handle = try FileHandle(forReadingFrom: file)
+      defer { closeQuietly(handle) }
+      let end = try handle.seekToEnd()
+      try handle.seek(toOffset: end > 400 ? end - 400 : 0)
+      data = try handle.readToEnd() ?? Data()
+    } catch {
+      return ""
+    }
+    let text = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
     return text.isEmpty ? "" : "; output: \(text)"
   }
 
@@ -105,4 +115,9 @@ struct ShellCommand: Codable, Sendable, Hashable {
 /// Removes a temporary file; a failure only leaves a file in the temporary folder.
 func removeQuietly(_ url: URL) {
   do { try FileManager.default.removeItem(at: url) } catch {}
+}
+
+/// Closes a file opened for reading; a failure to close it loses nothing written.
+func closeQuietly(_ handle: FileHandle) {
+  do { try handle.close() } catch {}
 }

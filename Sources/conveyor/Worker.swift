@@ -18,7 +18,11 @@ final class Worker: Sendable {
     var maxAttempts = 10
     var leaseDuration: Duration = .seconds(60)
     var retryPolicy: RetryPolicy = .exponential(initial: .seconds(1), maximum: .seconds(300))
+    /// Stop once no job is waiting or running; scheduled jobs are waited for.
     var untilEmpty = false
+    /// Stop once no job is ready (or the queue is paused) and none is running; scheduled jobs
+    /// stay for a later run.
+    var untilIdle = false
     var output = Output.lines
     var gracePeriod: Duration = .seconds(30)
   }
@@ -32,9 +36,11 @@ final class Worker: Sendable {
 
   let queue: JobQueue<OutboxJob>
   let options: Options
+  let store: any JobStore
 
   init(store: any JobStore, queue name: String, options: Options) throws {
     self.options = options
+    self.store = store
     var configuration = JobQueueConfiguration(
       identifier: name, retryPolicy: options.retryPolicy, maxAttempts: options.maxAttempts,
       concurrency: options.concurrency, autoStart: false, leaseDuration: options.leaseDuration)
@@ -45,7 +51,9 @@ final class Worker: Sendable {
       else { return }
       let fields = record.metadata.filter { $0.key != "queue" }.sorted { $0.key < $1.key }
         .map { "\($0.key)=\($0.value)" }.joined(separator: " ")
-      printError("conveyor: \(record.level): \(record.message)" + (fields.isEmpty ? "" : " (\(fields))"))
+      printError(
+        "conveyor: \(record.level): \(printable(record.message))"
+          + (fields.isEmpty ? "" : " (\(printable(fields)))"))
     }
     let delivery = HTTPDelivery()
     queue = try JobQueue<OutboxJob>(configuration: configuration, store: store) { job, context in
@@ -79,14 +87,63 @@ final class Worker: Sendable {
         }
       }
     }
+    await announceWhatIsAwaited()
     queue.start()
+    let idleWatch = options.untilIdle ? Task { await stopWhenIdle() } : nil
     let tally = await report(events)
+    idleWatch?.cancel()
     signals.cancel()
     if options.output == .live { output("") }
     if options.output != .json {
       output("done: \(tally.succeeded) delivered, \(tally.retried) retries scheduled, \(tally.died) dead")
     }
-    return options.untilEmpty && tally.died > 0 ? ExitCode.failure.rawValue : ExitCode.success.rawValue
+    let stopsByItself = options.untilEmpty || options.untilIdle
+    return stopsByItself && tally.died > 0 ? ExitCode.failure.rawValue : ExitCode.success.rawValue
+  }
+
+  /// With `--until-empty`, says on standard error what the worker will wait for when no job is
+  /// ready: a paused queue, or jobs scheduled for later. A storage error is left to the queue,
+  /// which reports it.
+  private func announceWhatIsAwaited() async {
+    guard options.untilEmpty else { return }
+    let name = queue.configuration.identifier
+    do {
+      let counts = try await queue.count()
+      if try await store.isPaused(queue: name), counts.ready + counts.scheduled > 0 {
+        printError(
+          "conveyor: queue \(name) is paused; --until-empty waits until 'conveyor resume' "
+            + "(use --until-idle to stop when no job can run)")
+      } else if counts.ready == 0, counts.scheduled > 0 {
+        let wake = try await store.nextWake(queue: name, clock: queue.configuration.clock)
+        let next = wake.nextRun.map { " (the next at \(timestamp($0)))" } ?? ""
+        printError(
+          "conveyor: waiting for \(counts.scheduled) scheduled job(s)\(next); "
+            + "--until-idle would stop when no job is ready")
+      }
+    } catch {}
+  }
+
+  /// With `--until-idle`: shuts the queue down once no job is running and none can be claimed
+  /// (none is ready, or the queue is paused). Checks the store's counts every quarter second, as
+  /// a job scheduled for later sends no event.
+  private func stopWhenIdle() async {
+    let name = queue.configuration.identifier
+    while !Task.isCancelled {
+      do {
+        let counts = try await queue.count()
+        let paused = try await store.isPaused(queue: name)
+        if counts.running == 0, counts.ready == 0 || paused {
+          if paused && counts.ready > 0 { printError("conveyor: queue \(name) is paused; stopping") }
+          await queue.shutdown(gracePeriod: options.gracePeriod)
+          return
+        }
+        try await Task.sleep(for: .milliseconds(250))
+      } catch {
+        if Task.isCancelled { return }
+        // A storage error: the queue reports it; look again a little later.
+        do { try await Task.sleep(for: .seconds(1)) } catch { return }
+      }
+    }
   }
 
   /// Prints and counts events until the queue stops; with `untilEmpty`, stops the queue when it
@@ -129,8 +186,8 @@ final class Worker: Sendable {
     case .started(let id, let attempt): "job \(id): attempt \(attempt) started"
     case .succeeded(let id): "job \(id): done"
     case .retryScheduled(let id, let date, let error):
-      "job \(id): retry at \(timestamp(date))" + (error.map { " (\($0))" } ?? "")
-    case .died(let id, let reason): "job \(id): dead: \(reason)"
+      "job \(id): retry at \(timestamp(date))" + (error.map { " (\(printable($0)))" } ?? "")
+    case .died(let id, let reason): "job \(id): dead: \(printable(reason))"
     case .finished: "queue empty"
     case .enqueued, .stateChanged: nil
     }

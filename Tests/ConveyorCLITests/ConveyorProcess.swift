@@ -87,7 +87,10 @@ final class RunningConveyor {
   private let stdoutFile: URL
   private let stderrFile: URL
 
-  init(executable: URL, arguments: [String], environment: [String: String], folder: URL) throws {
+  init(
+    executable: URL, arguments: [String], environment: [String: String], folder: URL,
+    directory: URL? = nil, standardOutput: FileHandle? = nil
+  ) throws {
     let name = UUID().uuidString
     stdoutFile = folder.appendingPathComponent("\(name).stdout")
     stderrFile = folder.appendingPathComponent("\(name).stderr")
@@ -98,6 +101,7 @@ final class RunningConveyor {
     process.executableURL = executable
     process.arguments = arguments
     process.environment = environment
+    process.currentDirectoryURL = directory
     process.standardInput = FileHandle.nullDevice
     let output = try FileHandle(forWritingTo: stdoutFile)
     let errors = try FileHandle(forWritingTo: stderrFile)
@@ -107,7 +111,7 @@ final class RunningConveyor {
         do { try handle.close() } catch { print("could not close an output file: \(error)") }
       }
     }
-    process.standardOutput = output
+    process.standardOutput = standardOutput ?? output
     process.standardError = errors
     try process.run()
   }
@@ -224,12 +228,14 @@ final class Sandbox {
   /// Starts `conveyor --database <database> arguments…` (or without `--database` when
   /// `withDatabase` is false), with `extraEnvironment` added to the environment.
   func start(
-    _ arguments: [String], withDatabase: Bool = true, extraEnvironment: [String: String] = [:]
+    _ arguments: [String], withDatabase: Bool = true, extraEnvironment: [String: String] = [:],
+    directory: URL? = nil, standardOutput: FileHandle? = nil
   ) throws -> RunningConveyor {
     let running = try RunningConveyor(
       executable: try ConveyorBinary.required(),
       arguments: (withDatabase ? ["--database", database] : []) + arguments,
-      environment: environment.merging(extraEnvironment) { $1 }, folder: folder)
+      environment: environment.merging(extraEnvironment) { $1 }, folder: folder, directory: directory,
+      standardOutput: standardOutput)
     started.append(running)
     return running
   }
@@ -252,18 +258,21 @@ final class Sandbox {
   /// Runs `conveyor` to completion (killing it after `timeout`).
   func run(
     _ arguments: [String], withDatabase: Bool = true, extraEnvironment: [String: String] = [:],
-    timeout: Duration = .seconds(20)
+    timeout: Duration = .seconds(20), directory: URL? = nil, standardOutput: FileHandle? = nil
   ) async throws -> Outcome {
-    try await start(arguments, withDatabase: withDatabase, extraEnvironment: extraEnvironment)
-      .waitForExit(timeout: timeout)
+    try await start(
+      arguments, withDatabase: withDatabase, extraEnvironment: extraEnvironment, directory: directory,
+      standardOutput: standardOutput
+    )
+    .waitForExit(timeout: timeout)
   }
 
   /// Runs a command that must succeed, and returns its outcome.
   @discardableResult
-  func succeed(_ arguments: [String], sourceLocation: SourceLocation = #_sourceLocation) async throws
-    -> Outcome
-  {
-    let outcome = try await run(arguments)
+  func succeed(
+    _ arguments: [String], directory: URL? = nil, sourceLocation: SourceLocation = #_sourceLocation
+  ) async throws -> Outcome {
+    let outcome = try await run(arguments, directory: directory)
     #expect(outcome.status == 0, "conveyor \(arguments): \(outcome)", sourceLocation: sourceLocation)
     return outcome
   }

@@ -46,16 +46,22 @@ import Testing
     Mistake(
       arguments: ["add", "exec", "--delay", "1e300", "--", "true"],
       message: "--delay must be a number of seconds"),
-    Mistake(arguments: ["work", "--forever"], message: #"unexpected argument "--forever""#),
+    Mistake(
+      arguments: ["work", "--forever"],
+      message: #"unknown option "--forever" for conveyor work; run 'conveyor work --help'"#),
     Mistake(arguments: ["--queue", "bad name", "status"], message: #"invalid queue identifier "bad name""#),
     Mistake(
-      arguments: ["list", "--status", "sleeping"], message: #"--status must be pending, running or dead"#),
+      arguments: ["list", "--status", "sleeping"],
+      message: #"--status must be ready, scheduled, pending, running or dead"#),
     Mistake(arguments: ["retry", "abc"], message: #""abc" is not a job ID (a positive whole number)"#),
     Mistake(arguments: ["remove", "12x"], message: #""12x" is not a job ID (a positive whole number)"#),
     Mistake(arguments: ["retry"], message: "name dead job IDs to retry, or --all"),
     Mistake(arguments: ["retry", "--all", "3"], message: "name job IDs or use --all, not both"),
     Mistake(arguments: ["remove"], message: "name the job IDs to remove"),
-    Mistake(arguments: ["status", "--database"], message: "--database needs a value"),
+    Mistake(
+      arguments: ["status", "--database"],
+      message: "--database is not an option of conveyor status: --database goes before the command"),
+    Mistake(arguments: ["--queue"], message: "--queue needs a value"),
     Mistake(arguments: ["--database", "", "status"], message: "--database needs a file path"),
   ]
 

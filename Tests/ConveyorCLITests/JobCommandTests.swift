@@ -155,9 +155,11 @@ import Testing
 
     #expect(try await sandbox.succeed(["retry", String(ids[0])]).stdout == "re-queued 1 dead job(s)\n")
     #expect(try await sandbox.counts() == counts(ready: 1, dead: 2))
-    let notDead = try await sandbox.succeed(["retry", String(ids[0]), String(ids[1])])
+    // Like `remove`, an ID that could not be acted on makes the exit status 1.
+    let notDead = try await sandbox.run(["retry", String(ids[0]), String(ids[1])])
+    #expect(notDead.status == 1, "\(notDead)")
     #expect(notDead.stdout == "re-queued 1 dead job(s)\n")
-    #expect(notDead.stderr.contains("1 of the IDs were not re-queued: not dead jobs"))
+    #expect(notDead.stderr.contains("1 of the IDs were not re-queued: not found, not dead"))
     #expect(try await sandbox.succeed(["retry", "--all"]).stdout == "re-queued 1 dead job(s)\n")
     #expect(try await sandbox.counts() == counts(ready: 3))
     let retried = try await sandbox.listed()

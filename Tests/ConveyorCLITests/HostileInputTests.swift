@@ -1,0 +1,413 @@
+import Foundation
+import LoopbackHTTPServer
+import Testing
+
+#if canImport(Glibc)
+  import Glibc
+#elseif canImport(Darwin)
+  import Darwin
+#endif
+
+/// Inputs an attacker (or an unlucky user) controls: the database path, what a server answers,
+/// what is typed on the command line. Each is refused with a clear error or handled safely.
+@Suite struct HostileInputTests {
+  // MARK: 1. the database path
+
+  @Test func aFIFOAsTheDatabaseIsRefusedBeforeSQLiteOpensIt() async throws {
+    let sandbox = try Sandbox()
+    let path = sandbox.path("pipe.sqlite")
+    try #require(mkfifo(path, 0o600) == 0)
+    let outcome = try await sandbox.run(
+      ["--database", path, "status"], withDatabase: false, timeout: .seconds(10))
+    #expect(outcome.status == 3, "\(outcome)")
+    #expect(outcome.stderr.contains("\(path): this is not a regular file"), "\(outcome)")
+    #expect(outcome.stderr.contains("pass the path of a database file"), "\(outcome)")
+    for suffix in ["-journal", "-wal", "-shm"] {
+      #expect(!FileManager.default.fileExists(atPath: path + suffix), "\(suffix) left beside the FIFO")
+    }
+  }
+
+  @Test func aDeviceAsTheDatabaseIsRefusedAndNeverWritten() async throws {
+    let sandbox = try Sandbox()
+    // A character device node for /dev/null's driver (1, 3) inside the sandbox, so that a store
+    // that writes to it leaves its journal in the sandbox; creating it needs root. A symbolic
+    // link to it is refused too.
+    let device = sandbox.path("device.sqlite")
+    let link = sandbox.path("link.sqlite")
+    guard mknod(device, S_IFCHR | 0o600, (1 << 8) | 3) == 0 else { return }
+    try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: device)
+    for path in [device, link] {
+      let outcome = try await sandbox.run(
+        ["--database", path, "add", "exec", "--", "true"], withDatabase: false, timeout: .seconds(10))
+      #expect(outcome.status == 3, "\(outcome)")
+      #expect(outcome.stderr.contains("\(path): this is not a regular file"), "\(outcome)")
+      #expect(outcome.stdout.isEmpty)
+    }
+    #expect(!FileManager.default.fileExists(atPath: device + "-journal"))
+    #expect(!FileManager.default.fileExists(atPath: link + "-journal"))
+  }
+
+  // MARK: 2. credentials on redirects
+
+  @Test func credentialsAreNotSentToAnotherOriginOnARedirect() async throws {
+    let sandbox = try Sandbox()
+    let elsewhere = try LoopbackHTTPServer { _, _ in .ok() }
+    defer { elsewhere.stop() }
+    let origin = try LoopbackHTTPServer { request, _ in
+      request.path == "/same"
+        ? .status(307, "", headers: [("Location", "/landed")])
+        : request.path == "/landed"
+          ? .ok() : .status(307, "", headers: [("Location", elsewhere.url("/landed").absoluteString)])
+    }
+    defer { origin.stop() }
+    for path in ["/away", "/same"] {
+      try await sandbox.add([
+        "http", "POST", origin.url(path).absoluteString, "-H", "Authorization: Bearer s3cret",
+        "-H", "Cookie: session=s3cret", "-H", "Proxy-Authorization: Basic s3cret", "-H", "X-Trace: kept",
+        "--data", "x",
+      ])
+    }
+    let work = try await sandbox.run(["work", "--until-empty"])
+    #expect(work.status == 0, "\(work)")
+    let away = try #require(elsewhere.requests.first)
+    #expect(away.header("Authorization") == nil)
+    #expect(away.header("Cookie") == nil)
+    #expect(away.header("Proxy-Authorization") == nil)
+    #expect(away.header("X-Trace") == "kept")
+    // A redirect within the origin keeps them.
+    let same = try #require(origin.requests.first { $0.path == "/landed" })
+    #expect(same.header("Authorization") == "Bearer s3cret")
+    #expect(same.header("Cookie") == "session=s3cret")
+  }
+
+  // MARK: 3. a 401 asking for credentials
+
+  @Test func a401WithWWWAuthenticateIsDeadAtOnce() async throws {
+    let sandbox = try Sandbox()
+    let server = try LoopbackHTTPServer { _, _ in
+      .status(401, "who are you", headers: [("WWW-Authenticate", #"Basic realm="api""#)])
+    }
+    defer { server.stop() }
+    try await sandbox.add(["http", "GET", server.url("/private").absoluteString, "--timeout", "2"])
+    let work = try await sandbox.run(["work", "--until-empty", "--json"], timeout: .seconds(15))
+    #expect(work.status == 1, "\(work)")
+    let died = try #require(try work.objects().first { $0["event"] as? String == "died" })
+    #expect((died["error"] as? String)?.contains("HTTP 401") == true, "\(died)")
+    #expect(server.requests.count == 1)
+  }
+
+  // MARK: 4, 5, 6, 10. requests that are not what they seem
+
+  struct Refusal: CustomTestStringConvertible, Sendable {
+    var arguments: [String]
+    var message: String
+    var testDescription: String { arguments.map { printableForTest($0) }.joined(separator: " ") }
+  }
+
+  static let refusals: [Refusal] = [
+    Refusal(arguments: ["GET\r\nX-Injected: 1", "http://127.0.0.1:9/"], message: "is not an HTTP method"),
+    Refusal(arguments: ["GÉT", "http://127.0.0.1:9/"], message: "is not an HTTP method"),
+    Refusal(
+      arguments: ["GET", "http://127.0.0.1:9/", "-H", "X-A: a\r\nX-Injected: 1"],
+      message: "control characters"),
+    Refusal(
+      arguments: ["GET", "http://127.0.0.1:9/", "-H", "X-A: a\u{1B}[2J"], message: "control characters"),
+    Refusal(
+      arguments: ["GET", "http://127.0.0.1:9/", "-H", "X\r\nY: 1"], message: "must look like 'Name: value'"),
+    Refusal(
+      arguments: ["POST", "http://127.0.0.1:9/", "-H", "Content-Length: 0", "--data", "abc"],
+      message: "cannot be given"),
+    Refusal(
+      arguments: ["POST", "http://127.0.0.1:9/", "-H", "Transfer-Encoding: chunked"],
+      message: "cannot be given"),
+    Refusal(
+      arguments: ["GET", "http://127.0.0.1:9/", "-H", "Host: evil.example"], message: "cannot be given"),
+    Refusal(arguments: ["GET", "http://127.0.0.1:99999/"], message: "a port is 1...65535"),
+    Refusal(arguments: ["GET", "http://127.0.0.1:9/", "--data", "x"], message: "cannot have a body"),
+    Refusal(arguments: ["GET", "ftp://127.0.0.1/"], message: "is not an http:// or https:// URL"),
+  ]
+
+  @Test(arguments: refusals)
+  func aRequestThatIsNotWhatItSeemsIsRefusedAtAdd(refusal: Refusal) async throws {
+    let sandbox = try Sandbox()
+    let outcome = try await sandbox.run(["add", "http"] + refusal.arguments)
+    #expect(outcome.status == 2, "\(outcome)")
+    #expect(outcome.stderr.contains(refusal.message), "\(outcome)")
+    #expect(!outcome.stderr.contains("\r") && !outcome.stderr.contains("\u{1B}"), "\(outcome)")
+    #expect(outcome.stdout.isEmpty)
+  }
+
+  @Test func anUpperCaseSchemeIsDeliveredAndRepeatedHeadersKeepEveryValue() async throws {
+    let sandbox = try Sandbox()
+    let server = try LoopbackHTTPServer { _, _ in .ok() }
+    defer { server.stop() }
+    try await sandbox.add([
+      "http", "POST", "HTTP://127.0.0.1:\(server.port)/upper", "-H", "X-A: 1", "-H", "x-a: 2", "-H",
+      "Cookie: a=1",
+      "-H", "Cookie: b=2", "--data", "x",
+    ])
+    let work = try await sandbox.run(["work", "--until-empty"])
+    #expect(work.status == 0, "\(work)")
+    let request = try #require(server.requests.first)
+    #expect(request.path == "/upper")
+    #expect(request.header("X-A") == "1, 2")
+    #expect(request.header("Cookie") == "a=1; b=2")
+  }
+
+  // MARK: 7. control characters from a server, a command or a payload
+
+  @Test func controlCharactersFromAServerAreEscapedInWorkAndList() async throws {
+    let sandbox = try Sandbox()
+    let hostile = "\u{1B}[2J\u{1B}]0;owned\u{07}\njob 99: done\r\u{9B}31m"
+    let server = try LoopbackHTTPServer { _, _ in .status(404, hostile) }
+    defer { server.stop() }
+    try await sandbox.add(["http", "GET", server.url("/x").absoluteString])
+    try await sandbox.add(["exec", "--", "sh", "-c", "printf '\\033[31mred\\njob 98: done\\n'; exit 127"])
+    let work = try await sandbox.run(["work", "--until-empty"])
+    #expect(work.status == 1, "\(work)")
+    let list = try await sandbox.succeed(["list"])
+    for text in [work.stdout, list.stdout] {
+      #expect(
+        !text.unicodeScalars.contains { $0.value == 0x1B || $0.value == 0x9B || $0.value == 0x07 }, "\(text)")
+      #expect(!text.contains("\r"))
+      #expect(
+        !text.split(separator: "\n").contains { $0.hasPrefix("job 99") || $0.hasPrefix("job 98") }, "\(text)")
+    }
+    #expect(list.stdout.contains(#"\u{1B}[2J"#), "\(list)")
+    let json = try await sandbox.succeed(["list", "--json"]).stdout
+    #expect(
+      !json.unicodeScalars.contains { $0.value < 0x20 && $0 != "\n" || (0x7F...0x9F).contains($0.value) })
+    let errors = try json.split(separator: "\n").map { try jsonObject(String($0)) }.compactMap {
+      $0["lastError"] as? String
+    }
+    #expect(errors.contains { $0.contains(hostile) }, "the JSON keeps the text exactly: \(json)")
+  }
+
+  // MARK: 8. options after a subcommand
+
+  @Test func curlsDashDAfterTheCommandIsAUsageErrorAndCreatesNothing() async throws {
+    let sandbox = try Sandbox()
+    let outcome = try await sandbox.run(
+      ["add", "http", "POST", "http://127.0.0.1:9/", "-d", #"{"a":1}"#], directory: sandbox.folder)
+    #expect(outcome.status == 2, "\(outcome)")
+    #expect(outcome.stderr.contains("-d is not an option of conveyor add http"), "\(outcome)")
+    #expect(outcome.stderr.contains("use --data"), "\(outcome)")
+    #expect(!FileManager.default.fileExists(atPath: sandbox.path(#"{"a":1}"#)))
+    #expect(!FileManager.default.fileExists(atPath: sandbox.database))
+    // Options may follow the operands.
+    try await sandbox.add(["http", "POST", "http://127.0.0.1:9/", "--data", #"{"a":1}"#, "--delay", "60"])
+    #expect(try await sandbox.counts() == counts(scheduled: 1))
+  }
+
+  // MARK: 14. no traps
+
+  @Test func aDataFileTooLargeIsRefusedWithoutReadingIt() async throws {
+    let sandbox = try Sandbox()
+    let big = sandbox.path("big.bin")
+    try #require(FileManager.default.createFile(atPath: big, contents: nil))
+    try #require(truncate(big, 1_600_000_000) == 0)  // sparse: no disk used
+    let outcome = try await sandbox.run(["add", "http", "POST", "http://127.0.0.1:9/", "--data-file", big])
+    #expect(outcome.status == 2, "\(outcome)")
+    #expect(outcome.stderr.contains("is larger than 64 MiB"), "\(outcome)")
+  }
+
+  @Test func aFullStandardOutputAfterAddReportsTheJobIDAndExitsOne() async throws {
+    let sandbox = try Sandbox()
+    guard let full = FileHandle(forWritingAtPath: "/dev/full") else { return }
+    defer { closeQuietly(full) }
+    let outcome = try await sandbox.run(["add", "exec", "--", "true"], standardOutput: full)
+    #expect(outcome.status == 1, "\(outcome)")
+    #expect(outcome.stderr.contains("job 1 was added, but its ID could not be written"), "\(outcome)")
+    let status = try await sandbox.run(["status"], standardOutput: full)
+    #expect(status.status == 1, "\(status)")
+    #expect(status.stderr.contains("could not write to standard output"), "\(status)")
+    #expect(try await sandbox.counts() == counts(ready: 1))
+  }
+
+  // MARK: 15. the store is closed on exit
+
+  @Test func theDatabaseIsOneSelfContainedFileAfterEachCommand() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--", "true"])
+    #expect(try await sandbox.run(["work", "--until-empty"]).status == 0)
+    for suffix in ["-wal", "-shm"] {
+      #expect(!FileManager.default.fileExists(atPath: sandbox.database + suffix), "\(suffix) left behind")
+    }
+  }
+
+  // MARK: 16. --cwd
+
+  @Test func aMissingWorkingDirectoryMakesTheJobDeadAtOnce() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--cwd", sandbox.path("nowhere"), "--", "true"])
+    let work = try await sandbox.run(["work", "--until-empty", "--json"])
+    #expect(work.status == 1, "\(work)")
+    let events = try work.objects()
+    #expect(!events.contains { $0["event"] as? String == "retry_scheduled" }, "\(work)")
+    #expect(events.contains { ($0["error"] as? String)?.contains("does not exist") == true }, "\(work)")
+  }
+
+  @Test func aRelativeWorkingDirectoryIsTakenFromWhereTheJobWasAdded() async throws {
+    let sandbox = try Sandbox()
+    let here = sandbox.folder.appendingPathComponent("here")
+    try FileManager.default.createDirectory(
+      at: here.appendingPathComponent("sub"), withIntermediateDirectories: true)
+    try await sandbox.succeed(["add", "exec", "--cwd", "sub", "--", "touch", "marker"], directory: here)
+    let work = try await sandbox.run(["work", "--until-empty"], directory: sandbox.folder)
+    #expect(work.status == 0, "\(work)")
+    #expect(FileManager.default.fileExists(atPath: here.appendingPathComponent("sub/marker").path))
+  }
+
+  // MARK: 17. help
+
+  @Test func eachCommandHasItsOwnHelp() async throws {
+    let sandbox = try Sandbox()
+    for (arguments, expected) in [
+      (["add", "http", "--help"], "Usage: conveyor add http [options] METHOD URL"),
+      (["add", "http", "POST", "-h"], "--data-file PATH"), (["work", "--help"], "--until-empty"),
+      (["list", "--help"], "--status STATUS"), (["help", "retry"], "Usage: conveyor retry"),
+      (["add", "--help"], "Usage: conveyor add exec"),
+    ] {
+      let outcome = try await sandbox.run(arguments, withDatabase: false)
+      #expect(outcome.status == 0, "\(arguments): \(outcome)")
+      #expect(outcome.stdout.contains(expected), "\(arguments): \(outcome)")
+    }
+    let overview = try await sandbox.run(["--help"], withDatabase: false)
+    for command in [
+      "add http", "add exec", "work", "status", "list", "retry", "remove", "purge", "pause", "resume", "demo",
+    ] {
+      #expect(overview.stdout.contains("\n  \(command) "), "\(command) missing from --help")
+    }
+    #expect(!FileManager.default.fileExists(atPath: sandbox.path("xdg-data/conveyor/conveyor.sqlite")))
+  }
+
+  // MARK: 11. bounded memory
+
+  @Test func hugeCommandOutputAndResponseBodiesAreNotHeldInMemory() async throws {
+    let time = URL(fileURLWithPath: "/usr/bin/time")
+    guard FileManager.default.isExecutableFile(atPath: time.path) else { return }  // GNU time measures
+    let sandbox = try Sandbox()
+    let body = Data(repeating: 0x65, count: 200_000_000)
+    let server = try LoopbackHTTPServer { _, _ in LoopbackReply(status: 500, body: body) }
+    defer { server.stop() }
+    try await sandbox.add(["exec", "--", "sh", "-c", "head -c 300000000 /dev/zero; exit 1"])
+    try await sandbox.add(["http", "GET", server.url("/huge").absoluteString])
+    let report = sandbox.path("rss.txt")
+    let running = try RunningConveyor(
+      executable: time,
+      arguments: [
+        "-f", "%M", "-o", report, try ConveyorBinary.required().path, "--database", sandbox.database, "work",
+        "--until-empty", "--max-attempts", "1",
+      ], environment: ProcessInfo.processInfo.environment, folder: sandbox.folder)
+    let outcome = try await running.waitForExit(timeout: .seconds(60))
+    #expect(outcome.stdout.contains("2 dead"), "\(outcome)")
+    let text = String(decoding: FileManager.default.contents(atPath: report) ?? Data(), as: UTF8.self)
+    let kilobytes = try #require(text.split(separator: "\n").compactMap { Int($0) }.last, "\(text)")
+    // The worker itself needs about 40 MB; holding either whole would take 200 to 300 MB more.
+    #expect(kilobytes < 120_000, "peak resident memory \(kilobytes) KB")
+  }
+
+  // MARK: 13. a command dies with its worker
+
+  @Test func aCommandAndItsChildrenDieWhenTheWorkerIsKilled() async throws {
+    let sandbox = try Sandbox()
+    let child = sandbox.path("child.pid")
+    let grandchild = sandbox.path("grandchild.pid")
+    try await sandbox.add([
+      "exec", "--timeout", "600", "--", "sh", "-c",
+      "sleep 300 & echo $! > '\(grandchild)'; echo $$ > '\(child)'; wait",
+    ])
+    let worker = try sandbox.start(["work"])
+    var pids: [pid_t] = []
+    try await worker.waitUntil("the command to start") {
+      pids = [child, grandchild].compactMap { path in
+        (FileManager.default.contents(atPath: path)).flatMap {
+          pid_t(String(decoding: $0, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines))
+        }
+      }
+      return pids.count == 2
+    }
+    defer { for pid in pids { kill(pid, SIGKILL) } }
+    worker.signal(SIGKILL)
+    _ = try await worker.waitForExit()
+    let deadline = ContinuousClock.now + .seconds(15)
+    while pids.contains(where: isAlive), ContinuousClock.now < deadline {
+      try await Task.sleep(for: .milliseconds(20))
+    }
+    #expect(
+      !pids.contains(where: isAlive), "still running after the worker was killed: \(pids.filter(isAlive))")
+  }
+
+  // MARK: 18. --until-empty and --until-idle
+
+  @Test func untilIdleStopsWhenNothingIsReadyAndLeavesScheduledJobs() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--", "true"])
+    try await sandbox.add(["exec", "--delay", "3600", "--", "true"])
+    let work = try await sandbox.run(["work", "--until-idle"])
+    #expect(work.status == 0, "\(work)")
+    #expect(work.stdout.contains("done: 1 delivered"), "\(work)")
+    #expect(try await sandbox.counts() == counts(scheduled: 1))
+    // A paused queue: nothing can run, so it stops at once and says why.
+    try await sandbox.add(["exec", "--", "true"])
+    try await sandbox.succeed(["pause"])
+    let paused = try await sandbox.run(["work", "--until-idle"])
+    #expect(paused.status == 0, "\(paused)")
+    #expect(paused.stderr.contains("is paused"), "\(paused)")
+    #expect(try await sandbox.counts() == counts(ready: 1, scheduled: 1))
+  }
+
+  @Test func untilEmptySaysWhatItWaitsFor() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--delay", "3600", "--", "true"])
+    let scheduled = try sandbox.start(["work", "--until-empty"])
+    try await scheduled.waitUntil("a note about the scheduled job") {
+      scheduled.stderr.contains("waiting for 1 scheduled job(s) (the next at ")
+    }
+    scheduled.signal(SIGTERM)
+    #expect(try await scheduled.waitForExit().status == 0)
+    try await sandbox.add(["exec", "--", "true"])
+    try await sandbox.succeed(["pause"])
+    let paused = try sandbox.start(["work", "--until-empty"])
+    try await paused.waitUntil("a note about the pause") {
+      paused.stderr.contains("is paused; --until-empty waits until 'conveyor resume'")
+    }
+    paused.signal(SIGTERM)
+    #expect(try await paused.waitForExit().status == 0)
+  }
+
+  // MARK: 19. consistent exit codes and status words
+
+  @Test func retryOfUnknownIDsExitsOneAndListTakesTheWordsStatusPrints() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--", "true"])
+    try await sandbox.add(["exec", "--delay", "3600", "--", "true"])
+    let retry = try await sandbox.run(["retry", "77"])
+    #expect(retry.status == 1, "\(retry)")
+    #expect(retry.stderr.contains("not found"), "\(retry)")
+    #expect(try await sandbox.listed(["--status", "ready"]).map { $0["id"] as? Int } == [1])
+    #expect(try await sandbox.listed(["--status", "scheduled"]).map { $0["id"] as? Int } == [2])
+    #expect(try await sandbox.listed(["--status", "pending"]).count == 2)
+    let table = try await sandbox.succeed(["list"]).stdout
+    #expect(table.contains("ready") && table.contains("scheduled"), "\(table)")
+  }
+}
+
+/// Control characters shown escaped in test names.
+func printableForTest(_ text: String) -> String {
+  text.unicodeScalars.map { $0.value < 0x20 ? $0.escaped(asASCII: true) : String($0) }.joined()
+}
+
+/// Closes a handle the test opened; a failure only leaks a descriptor in the test process.
+func closeQuietly(_ handle: FileHandle) {
+  do { try handle.close() } catch { print("could not close a file: \(error)") }
+}
+
+/// Whether a process runs (a zombie, killed and waiting to be reaped, does not).
+func isAlive(_ pid: pid_t) -> Bool {
+  guard kill(pid, 0) == 0 else { return false }
+  guard let stat = FileManager.default.contents(atPath: "/proc/\(pid)/stat") else { return true }
+  let text = String(decoding: stat, as: UTF8.self)
+  guard let close = text.lastIndex(of: ")") else { return true }
+  return !text[text.index(after: close)...].trimmingCharacters(in: .whitespaces).hasPrefix("Z")
+}
