@@ -58,21 +58,27 @@ func firstResult<Output: Sendable, Failure: Error>(
 /// })
 /// ```
 public struct AnyAsyncTask<Output: Sendable, Failure: Error>: AsyncTask {
-  private enum Body: Sendable {
+  @usableFromInline
+  enum Body: Sendable {
     case async(@Sendable () async throws(Failure) -> Output)
     case callback(@Sendable (@escaping @Sendable (Result<Output, Failure>) -> Void) -> Void)
   }
 
-  private let body: Body
-  /// What ``run()`` and `AsyncTaskRunner` await, made once from `body`: a plain closure call.
-  let work: @Sendable () async throws(Failure) -> Output
+  @usableFromInline let body: Body
+  /// What ``run()`` awaits, made once from `body`: a plain closure call.
+  @usableFromInline let work: @Sendable () async throws(Failure) -> Output
+  /// The same with untyped `throws`, for `AsyncTaskRunner` (see its `works`). Made where the
+  /// task is made, from the caller's closure, so awaiting it goes through one thunk at most.
+  @usableFromInline let untypedWork: @Sendable () async throws -> Output
 
   /// Makes a task from an `async` closure; cancelling the awaiting Swift task reaches the closure.
   ///
   /// - Parameter body: The work; it runs once per ``run()`` or ``execute(completion:)``.
+  @inlinable
   public init(_ body: @escaping @Sendable () async throws(Failure) -> Output) {
     self.body = .async(body)
     self.work = body
+    self.untypedWork = body
   }
 
   /// Makes a task from a completion-handler closure (the seed's `execute(completion:)` shape).
@@ -80,7 +86,9 @@ public struct AnyAsyncTask<Output: Sendable, Failure: Error>: AsyncTask {
   /// - Parameter execute: Starts the work and calls its argument once with the outcome.
   public init(execute: @escaping @Sendable (@escaping @Sendable (Result<Output, Failure>) -> Void) -> Void) {
     self.body = .callback(execute)
-    self.work = { () async throws(Failure) -> Output in try await firstResult(of: execute) }
+    let work = { @Sendable () async throws(Failure) -> Output in try await firstResult(of: execute) }
+    self.work = work
+    self.untypedWork = work
   }
 
   /// Wraps another task.
@@ -93,6 +101,7 @@ public struct AnyAsyncTask<Output: Sendable, Failure: Error>: AsyncTask {
     }
     self.body = .async(work)
     self.work = work
+    self.untypedWork = work
   }
 
   /// Starts the task; an `async` body runs in a new unstructured `Task`.

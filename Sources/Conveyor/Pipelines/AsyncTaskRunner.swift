@@ -63,7 +63,7 @@ public struct AsyncTaskRunner<Output: Sendable, Failure: Error>: Sendable {
   /// The closure that runs `task`, for ``works``.
   static func works(of tasks: [any AsyncTask<Output, Failure>]) -> [@Sendable () async throws -> Output] {
     tasks.map { task in
-      if let erased = task as? AnyAsyncTask<Output, Failure> { return erased.work }
+      if let erased = task as? AnyAsyncTask<Output, Failure> { return erased.untypedWork }
       return { try await task.run() }
     }
   }
