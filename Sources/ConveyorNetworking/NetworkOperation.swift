@@ -347,7 +347,11 @@ open class NetworkDownloadOperation<Success: Sendable>: NetworkOperation<Success
 
   /// Called with the bytes written so far and the expected total (nil if unknown), on the
   /// session's delegate queue, while the body downloads. Set it before the operation starts.
-  /// Not called after `cancel()`.
+  ///
+  /// Each call checks `isCancelled` first, so no call starts once `cancel()` has taken effect.
+  /// `cancel()` does not wait for a call the delegate queue is already making: one that passed
+  /// the check a moment before may still run while or just after `cancel()` returns. (Waiting
+  /// would deadlock a handler that waits for the thread calling `cancel()`.)
   public var progressHandler: (@Sendable (_ written: Int64, _ expected: Int64?) -> Void)? {
     get { progress.withLock { $0 } }
     set { progress.withLock { $0 = newValue } }
