@@ -271,8 +271,10 @@ struct DownloadTemporaryFileTests {
   /// Cancelling finishes the operation at once; the task ends a moment later and its partial
   /// file goes with it.
   @Test func cancellationLeavesNothing() async throws {
-    let (marker, body) = markedBody(4_000_000)
-    let server = try TestHTTPServer(always: Reply(body: body, chunkSize: 65_536, pause: .milliseconds(20)))
+    // Half the body, then nothing for 30 s: the download cannot end before it is cancelled,
+    // however slow the machine.
+    let (marker, body) = markedBody(200_000)
+    let server = try TestHTTPServer(always: Reply(body: body, chunkSize: 100_016, pause: .seconds(30)))
     defer { server.stop() }
     let folder = try TemporaryFolder()
     let session = NetworkSession()
