@@ -48,9 +48,10 @@ public enum FileOperation {
   /// - Parameters:
   ///   - source: What to copy.
   ///   - destination: Where; its folder must exist.
-  ///   - overwrite: Replace an existing destination (the copy is made next to it and renamed
-  ///     over it, so readers never see half a file). Default false: fail with
-  ///     ``FileOperationError/destinationExists(path:)``.
+  ///   - overwrite: Replace whatever is at `destination`, a file or a folder with contents (the
+  ///     copy is made next to it and renamed over it, so readers never see half a copy).
+  ///     Default false: fail with ``FileOperationError/destinationExists(path:)``, checked
+  ///     atomically when the finished copy is renamed into place.
   public static func copy(
     from source: URL, to destination: URL, overwrite: Bool = false
   ) -> SyncOperation<URL, FileOperationError> {
@@ -62,10 +63,19 @@ public enum FileOperation {
 
   /// Moves a file (or folder) to `destination`, which it returns.
   ///
+  /// On one file system the move is a single rename. Without `overwrite` that rename refuses
+  /// an existing destination atomically (`renameat2(RENAME_NOREPLACE)` on Linux,
+  /// `renamex_np(RENAME_EXCL)` on Apple platforms), so of two moves racing to one destination
+  /// exactly one wins and the other fails with ``FileOperationError/destinationExists(path:)``.
+  /// Across file systems the item is copied beside the destination, renamed into place, and the
+  /// source removed.
+  ///
   /// - Parameters:
   ///   - source: What to move.
   ///   - destination: Where; its folder must exist.
-  ///   - overwrite: Replace an existing destination with an atomic rename. Default false.
+  ///   - overwrite: Replace whatever is at `destination`, a file or a folder with contents.
+  ///     A file or an empty folder is replaced by one rename; a non-empty folder is exchanged
+  ///     atomically where the system can and then removed. Default false.
   public static func move(
     from source: URL, to destination: URL, overwrite: Bool = false
   ) -> SyncOperation<URL, FileOperationError> {
@@ -75,8 +85,22 @@ public enum FileOperation {
     }
   }
 
-  /// Writes `data` atomically (to a temporary file next to `destination`, then renamed), so the
-  /// file is either the old one or the whole new one. Returns `destination`.
+  /// Writes `data` atomically, so the file is either the old one or the whole new one, even
+  /// after a crash. Returns `destination`.
+  ///
+  /// The bytes go to a new temporary file next to the file being replaced, which gets its mode
+  /// (and its owner, when the process may set it), are flushed to disk with `fsync`, and the
+  /// temporary file is renamed over the old one. A new file is private to its owner (0600)
+  /// unless `permissions` says otherwise.
+  ///
+  /// Symlinks are written through: when `destination` is a symlink (to a file, or dangling),
+  /// the file it points to is replaced and the link stays as it is, as `>` in a shell does. With
+  /// `overwrite: false` a symlink counts as an existing destination.
+  ///
+  /// ```swift
+  /// let save = FileOperation.write(token, to: folder.appendingPathComponent("token"))  // 0600
+  /// let page = FileOperation.write(html, to: site.appendingPathComponent("index.html"), permissions: 0o644)
+  /// ```
   ///
   /// - Parameters:
   ///   - data: The bytes.
@@ -84,12 +108,16 @@ public enum FileOperation {
   ///   - overwrite: Replace an existing file. Default true; false fails with
   ///     ``FileOperationError/destinationExists(path:)`` (checked atomically).
   ///   - createDirectories: Create missing parent folders first. Default false.
+  ///   - permissions: The file's mode, such as `0o644`. Default nil: the replaced file's mode,
+  ///     or 0600 for a new file.
   public static func write(
-    _ data: Data, to destination: URL, overwrite: Bool = true, createDirectories: Bool = false
+    _ data: Data, to destination: URL, overwrite: Bool = true, createDirectories: Bool = false,
+    permissions: Int? = nil
   ) -> SyncOperation<URL, FileOperationError> {
     SyncOperation { () throws(FileOperationError) -> URL in
       try FileOperations.write(
-        data, to: destination, overwrite: overwrite, createDirectories: createDirectories)
+        data, to: destination, overwrite: overwrite, createDirectories: createDirectories,
+        permissions: permissions)
       return destination
     }
   }
@@ -110,22 +138,23 @@ public enum FileOperation {
 }
 
 /// The blocking implementations behind ``FileOperation``.
+///
+/// Every path that creates or replaces an item first builds it under a hidden sibling name
+/// (`.<name>.<uuid>.tmp`, same folder, so same file system) and then renames it into place:
+/// readers see the old item or the whole new one, never half of it.
 enum FileOperations {
   static func copy(from source: URL, to destination: URL, overwrite: Bool) throws(FileOperationError) {
     try requireSource(source)
-    if !overwrite {
-      try requireAbsent(destination)
-      try attempt(path: destination.path, source: source.path) {
-        try FileManager.default.copyItem(at: source, to: destination)
-      }
-      return
-    }
     let temporary = sibling(of: destination)
     try attempt(path: destination.path, source: source.path) {
       try FileManager.default.copyItem(at: source, to: temporary)
     }
     do throws(FileOperationError) {
-      try rename(temporary, to: destination)
+      if overwrite {
+        try replace(destination, with: temporary)
+      } else {
+        try renameExclusively(temporary, to: destination)
+      }
     } catch {
       removeLeftover(temporary)
       throw error
@@ -134,26 +163,35 @@ enum FileOperations {
 
   static func move(from source: URL, to destination: URL, overwrite: Bool) throws(FileOperationError) {
     try requireSource(source)
-    if !overwrite {
-      try requireAbsent(destination)
-      try attempt(path: destination.path, source: source.path) {
-        try FileManager.default.moveItem(at: source, to: destination)
-      }
-      return
-    }
-    switch renameStatus(source, to: destination) {
+    let code =
+      overwrite
+      ? renameStatus(source, to: destination)
+      : AtomicRename.withoutReplacing(source.path, destination.path)
+    switch code {
     case 0:
       return
     case EXDEV:  // another file system: copy (atomically), then remove the source
-      try copy(from: source, to: destination, overwrite: true)
+      try copy(from: source, to: destination, overwrite: overwrite)
       try remove(source, ignoreMissing: true)
+    case ENOTEMPTY, EEXIST, EISDIR, ENOTDIR:
+      guard overwrite else { throw posixError(code, path: destination.path, source: source.path) }
+      // A folder onto a non-empty folder, or a file and a folder onto each other: rename(2)
+      // refuses. Stage the source beside the destination, then swap it in.
+      let staged = sibling(of: destination)
+      try rename(source, to: staged)
+      do throws(FileOperationError) {
+        try replace(destination, with: staged)
+      } catch {
+        _ = renameStatus(staged, to: source)  // put it back; the replace error is what matters
+        throw error
+      }
     case let code:
       throw posixError(code, path: destination.path, source: source.path)
     }
   }
 
   static func write(
-    _ data: Data, to destination: URL, overwrite: Bool, createDirectories: Bool
+    _ data: Data, to destination: URL, overwrite: Bool, createDirectories: Bool, permissions: Int?
   ) throws(FileOperationError) {
     let folder = destination.deletingLastPathComponent()
     if createDirectories {
@@ -161,18 +199,24 @@ enum FileOperations {
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
       }
     }
-    if overwrite {
-      try attempt(path: destination.path, source: nil) { try data.write(to: destination, options: .atomic) }
-      return
+    // Overwriting writes through symlinks, as `>` in a shell does: the link stays a link and its
+    // target is replaced. A no-overwrite write finds the link in place and refuses it.
+    let target = overwrite ? try resolvingSymlinks(destination) : destination
+    var existing = stat()
+    let replacing = overwrite && lstat(target.path, &existing) == 0
+    let mode = mode_t(permissions ?? (replacing ? Int(existing.st_mode & 0o7777) : 0o600))
+    let temporary = sibling(of: target)
+    try writeNewFile(
+      data, at: temporary.path, mode: mode, owner: replacing ? (existing.st_uid, existing.st_gid) : nil,
+      reportedAs: destination.path)
+    let code =
+      overwrite
+      ? renameStatus(temporary, to: target) : AtomicRename.withoutReplacing(temporary.path, target.path)
+    if code != 0 {
+      removeLeftover(temporary)
+      throw posixError(code, path: destination.path, source: nil)
     }
-    // Write next to the destination, then hard-link it into place: link(2) fails if the
-    // destination exists, so no other writer's file is ever replaced.
-    let temporary = sibling(of: destination)
-    try attempt(path: destination.path, source: nil) { try data.write(to: temporary) }
-    defer { removeLeftover(temporary) }
-    if link(temporary.path, destination.path) != 0 {
-      throw posixError(errno, path: destination.path, source: nil)
-    }
+    syncFolder(target.deletingLastPathComponent())
   }
 
   static func remove(_ url: URL, ignoreMissing: Bool) throws(FileOperationError) {
@@ -194,10 +238,6 @@ enum FileOperations {
     if !exists(source) { throw .sourceMissing(path: source.path) }
   }
 
-  private static func requireAbsent(_ destination: URL) throws(FileOperationError) {
-    if exists(destination) { throw .destinationExists(path: destination.path) }
-  }
-
   private static func sibling(of destination: URL) -> URL {
     destination.deletingLastPathComponent()
       .appendingPathComponent(".\(destination.lastPathComponent).\(UUID().uuidString).tmp")
@@ -206,6 +246,121 @@ enum FileOperations {
   private static func rename(_ source: URL, to destination: URL) throws(FileOperationError) {
     let code = renameStatus(source, to: destination)
     if code != 0 { throw posixError(code, path: destination.path, source: source.path) }
+  }
+
+  /// Renames `item` to `destination` unless something is there; EEXIST becomes
+  /// ``FileOperationError/destinationExists(path:)``.
+  private static func renameExclusively(_ item: URL, to destination: URL) throws(FileOperationError) {
+    let code = AtomicRename.withoutReplacing(item.path, destination.path)
+    if code != 0 { throw posixError(code, path: destination.path, source: nil) }
+  }
+
+  /// Puts `item` (a hidden sibling of `destination`) in place of whatever `destination` is.
+  ///
+  /// A plain rename replaces a file or an empty folder. When it refuses (a non-empty folder, a
+  /// file against a folder) the two are exchanged atomically where the system can
+  /// (`renameat2(RENAME_EXCHANGE)`, `renamex_np(RENAME_SWAP)`), else the old one is renamed
+  /// aside first (a moment with nothing at `destination`) and put back if the second rename
+  /// fails. Either way the old item ends under a hidden name and is then removed.
+  private static func replace(_ destination: URL, with item: URL) throws(FileOperationError) {
+    let code = renameStatus(item, to: destination)
+    switch code {
+    case 0:
+      return
+    case ENOTEMPTY, EEXIST, EISDIR, ENOTDIR:
+      break
+    default:
+      throw posixError(code, path: destination.path, source: nil)
+    }
+    if AtomicRename.exchange(item.path, destination.path) == 0 {
+      removeLeftover(item)  // now the old item
+      return
+    }
+    let aside = sibling(of: destination)
+    try rename(destination, to: aside)
+    let moved = renameStatus(item, to: destination)
+    if moved != 0 {
+      _ = renameStatus(aside, to: destination)  // restore; the rename error is what matters
+      throw posixError(moved, path: destination.path, source: nil)
+    }
+    removeLeftover(aside)
+  }
+
+  /// Follows `url` while it is a symlink; the last path is the file to replace (it may not exist
+  /// yet, for a dangling link). More than 40 links fails with ELOOP, as the kernel does.
+  private static func resolvingSymlinks(_ url: URL) throws(FileOperationError) -> URL {
+    var current = url
+    for _ in 0..<40 {
+      var status = stat()
+      guard lstat(current.path, &status) == 0, status.st_mode & S_IFMT == S_IFLNK else { return current }
+      let target: String
+      do {
+        target = try FileManager.default.destinationOfSymbolicLink(atPath: current.path)
+      } catch {
+        throw map(error, path: url.path, source: nil)
+      }
+      current =
+        target.hasPrefix("/")
+        ? URL(fileURLWithPath: target)
+        : current.deletingLastPathComponent().appendingPathComponent(target)
+    }
+    throw posixError(ELOOP, path: url.path, source: nil)
+  }
+
+  /// Creates `path` (which must not exist) with exactly `mode`, writes `data`, fsyncs and
+  /// closes it; removes it on any failure. `owner`, when given, is set too if the process may.
+  private static func writeNewFile(
+    _ data: Data, at path: String, mode: mode_t, owner: (uid_t, gid_t)?, reportedAs reported: String
+  ) throws(FileOperationError) {
+    let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode)
+    guard descriptor >= 0 else { throw posixError(errno, path: reported, source: nil) }
+    var failure: Int32 = 0
+    // open(2) applies the umask; the mode asked for (or the replaced file's) is what counts.
+    if fchmod(descriptor, mode) != 0 { failure = errno }
+    if failure == 0, let owner, owner != (geteuid(), getegid()) {
+      // Keeping another user's or group's ownership needs privileges; without them the file
+      // becomes ours, with the old mode, as editors that write a new file and rename do.
+      _ = fchown(descriptor, owner.0, owner.1)
+    }
+    if failure == 0 {
+      failure = data.withUnsafeBytes { buffer -> Int32 in
+        var offset = 0
+        while offset < buffer.count {
+          let written = systemWrite(descriptor, buffer.baseAddress! + offset, buffer.count - offset)
+          if written < 0 {
+            if errno == EINTR { continue }
+            return errno
+          }
+          offset += written
+        }
+        return 0
+      }
+    }
+    if failure == 0, fsync(descriptor) != 0 { failure = errno }
+    if close(descriptor) != 0, failure == 0 { failure = errno }
+    if failure != 0 {
+      unlink(path)
+      throw posixError(failure, path: reported, source: nil)
+    }
+  }
+
+  /// fsyncs a folder so a rename into it survives a crash; best effort (some file systems
+  /// refuse to sync folders, and the rename itself already happened).
+  private static func syncFolder(_ folder: URL) {
+    let descriptor = open(folder.path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+    guard descriptor >= 0 else { return }
+    _ = fsync(descriptor)
+    close(descriptor)
+  }
+
+  private static func systemWrite(_ descriptor: Int32, _ bytes: UnsafeRawPointer, _ count: Int) -> Int {
+    #if canImport(Darwin)
+      Darwin.write(descriptor, bytes, count)
+    #elseif canImport(Glibc)
+      Glibc.write(descriptor, bytes, count)
+    #else
+      Musl.write(descriptor, bytes, count)
+    #endif
   }
 
   /// Renames with libc's `rename`; returns 0 or the `errno` it failed with.
@@ -275,3 +430,79 @@ enum FileOperations {
     }
   }
 }
+
+/// Renames that plain `rename(2)` cannot do atomically.
+enum AtomicRename {
+  /// Renames `source` to `destination` only if nothing is at `destination`, in one step, so of
+  /// two racing renames to one name exactly one wins and the other gets EEXIST. Returns 0 or
+  /// the `errno`.
+  ///
+  /// Linux: `renameat2(RENAME_NOREPLACE)`. Where the file system or kernel lacks it (EINVAL,
+  /// ENOSYS), `link` then `unlink`, which is just as exclusive. Where neither works (a folder,
+  /// which cannot be hard-linked, on such a file system), a check then a rename: not atomic,
+  /// the only way left. Apple platforms: `renamex_np(RENAME_EXCL)`.
+  static func withoutReplacing(_ source: String, _ destination: String) -> Int32 {
+    #if canImport(Darwin)
+      if renamex_np(source, destination, UInt32(RENAME_EXCL)) == 0 { return 0 }
+      let code = errno
+      if code != ENOTSUP && code != EINVAL { return code }
+    #else
+      if let renameat2 = LinuxRename.renameat2 {
+        if renameat2(AT_FDCWD, source, AT_FDCWD, destination, LinuxRename.noReplace) == 0 { return 0 }
+        let code = errno
+        if code != EINVAL && code != ENOSYS { return code }
+      }
+    #endif
+    return linkThenUnlink(source, destination)
+  }
+
+  /// Swaps two existing items atomically; 0, or the `errno` (ENOSYS, EINVAL, ENOTSUP where the
+  /// system or file system cannot, and the caller falls back).
+  static func exchange(_ first: String, _ second: String) -> Int32 {
+    #if canImport(Darwin)
+      return renamex_np(first, second, UInt32(RENAME_SWAP)) == 0 ? 0 : errno
+    #else
+      guard let renameat2 = LinuxRename.renameat2 else { return ENOSYS }
+      return renameat2(AT_FDCWD, first, AT_FDCWD, second, LinuxRename.exchange) == 0 ? 0 : errno
+    #endif
+  }
+
+  /// The fallback of ``withoutReplacing(_:_:)``: `link` fails with EEXIST if the name is taken.
+  static func linkThenUnlink(_ source: String, _ destination: String) -> Int32 {
+    if link(source, destination) == 0 {
+      if unlink(source) == 0 { return 0 }
+      let code = errno
+      unlink(destination)  // undo: the source stays where it was
+      return code
+    }
+    let code = errno
+    guard code == EPERM || code == ENOTSUP || code == EOPNOTSUPP || code == EXDEV else { return code }
+    // EXDEV: let the caller copy. EPERM/ENOTSUP: a folder, or no hard links here.
+    if code == EXDEV { return EXDEV }
+    var status = stat()
+    if lstat(destination, &status) == 0 { return EEXIST }
+    return rename(source, destination) == 0 ? 0 : errno
+  }
+}
+
+#if !canImport(Darwin)
+  /// `renameat2`, looked up at run time: Swift's Glibc module does not declare it (it needs
+  /// `_GNU_SOURCE`), and `syscall` is variadic, so Swift cannot call it. glibc has it since
+  /// 2.28; elsewhere the lookup fails and callers fall back.
+  enum LinuxRename {
+    typealias Function =
+      @convention(c) (
+        Int32, UnsafePointer<CChar>, Int32, UnsafePointer<CChar>, UInt32
+      ) -> Int32
+
+    /// `RENAME_NOREPLACE` from `<linux/fs.h>`.
+    static let noReplace: UInt32 = 1 << 0
+    /// `RENAME_EXCHANGE` from `<linux/fs.h>`.
+    static let exchange: UInt32 = 1 << 1
+
+    static let renameat2: Function? = {
+      guard let handle = dlopen(nil, RTLD_NOW), let symbol = dlsym(handle, "renameat2") else { return nil }
+      return unsafeBitCast(symbol, to: Function.self)
+    }()
+  }
+#endif

@@ -309,8 +309,15 @@ extension NetworkDataOperation where Success == Data {
 ///
 /// The evaluate closure gets the temporary file's URL and must move (or read) the file before it
 /// returns: the file is deleted afterwards. It runs on the session's serial delegate queue (the
-/// file only exists during that callback), so keep it short: move the file, do the rest later. The convenience initialiser
-/// ``init(request:destination:overwrite:session:)`` moves it to a destination for you.
+/// file only exists during that callback), so keep it short: move the file, do the rest later.
+/// The convenience initialiser ``init(request:destination:overwrite:session:)`` moves it to a
+/// destination for you.
+///
+/// Nothing is left behind: the body streams into a file of the operation's own in the temporary
+/// folder (`conveyor-download-<UUID>.part`, mode 0600), which is deleted on every path. After a
+/// success, an unaccepted status, a failed or throwing evaluation, it is gone before the outcome
+/// is delivered; after a transport error or a transfer cut short, before the task reports; after
+/// `cancel()` (which finishes the operation at once), as soon as the task has stopped.
 ///
 /// ```swift
 /// let download = NetworkDownloadOperation(
@@ -347,13 +354,18 @@ open class NetworkDownloadOperation<Success: Sendable>: NetworkOperation<Success
 
   /// Called with the bytes written so far and the expected total (nil if unknown), on the
   /// session's delegate queue, while the body downloads. Set it before the operation starts.
-  /// Not called after `cancel()`.
+  ///
+  /// Each call checks `isCancelled` first, so no call starts once `cancel()` has taken effect.
+  /// `cancel()` does not wait for a call the delegate queue is already making: one that passed
+  /// the check a moment before may still run while or just after `cancel()` returns. (Waiting
+  /// would deadlock a handler that waits for the thread calling `cancel()`.)
   public var progressHandler: (@Sendable (_ written: Int64, _ expected: Int64?) -> Void)? {
     get { progress.withLock { $0 } }
     set { progress.withLock { $0 = newValue } }
   }
 
-  /// Makes a download task on `session` reporting to ``NetworkOperation/complete(with:response:error:)``.
+  /// Makes a task on `session` that streams the body into a temporary file and reports to
+  /// ``NetworkOperation/complete(with:response:error:)``.
   open override func createTask(with request: URLRequest, using session: NetworkSession) -> URLSessionTask {
     let handler = progressHandler.map { handler in
       { @Sendable [weak self] (written: Int64, expected: Int64?) in
@@ -361,18 +373,22 @@ open class NetworkDownloadOperation<Success: Sendable>: NetworkOperation<Success
         handler(written, expected)
       }
     }
-    return session.downloadTask(with: request, progress: handler) { location, response, error in
+    return session.fileDownloadTask(with: request, progress: handler) { location, response, error in
       self.complete(with: location, response: response, error: error)
     }
   }
 
-  /// Runs the evaluate closure.
+  /// Runs the evaluate closure, then deletes the temporary file if it is still there, so it is
+  /// gone before anyone sees the outcome.
   open override func evaluate(_ result: URL, response: HTTPURLResponse) throws(NetworkError) -> Success {
-    try NetworkError.wrappingEvaluation { try evaluator.evaluate(result, response) }
+    defer { cleanUp(result) }
+    return try NetworkError.wrappingEvaluation { try evaluator.evaluate(result, response) }
   }
 
-  /// The first `limit` bytes of the downloaded file.
+  /// The first `limit` bytes of the downloaded file, which is then deleted (the excerpt is all
+  /// that is kept of an unaccepted response).
   open override func bodyExcerpt(of result: URL, limit: Int) -> (bytes: Data, truncated: Bool) {
+    defer { cleanUp(result) }
     do {
       // Mapped, so only the pages of the excerpt are read.
       let bytes = try Data(contentsOf: result, options: .alwaysMapped)
@@ -382,8 +398,8 @@ open class NetworkDownloadOperation<Success: Sendable>: NetworkOperation<Success
     }
   }
 
-  /// Deletes the temporary file if the evaluation left it in place. URLSession on Apple
-  /// platforms deletes it too; swift-corelibs-foundation does not.
+  /// Deletes the temporary file if the evaluation left it in place (the session deletes it too
+  /// once the operation is done with it).
   open override func cleanUp(_ result: URL) {
     guard FileManager.default.fileExists(atPath: result.path) else { return }
     do {
@@ -402,7 +418,10 @@ extension NetworkDownloadOperation where Success == URL {
   ///   - request: The request.
   ///   - destination: Where the file goes; its folder must exist.
   ///   - overwrite: Whether an existing file at `destination` is replaced. Default false: it
-  ///     fails with ``NetworkError/evaluation(_:)`` wrapping ``FileOperationError/destinationExists(path:)``.
+  ///     fails with ``NetworkError/evaluation(_:)`` wrapping ``FileOperationError/destinationExists(path:)``,
+  ///     checked atomically by the rename that puts the file in place (see
+  ///     ``FileOperation/move(from:to:overwrite:)``), so of two downloads racing to one
+  ///     destination one wins and the other fails.
   ///   - session: The session; ``NetworkSession/shared`` by default.
   public convenience init(
     request: URLRequest, destination: URL, overwrite: Bool = false, session: NetworkSession = .shared

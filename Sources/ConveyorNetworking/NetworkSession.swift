@@ -82,6 +82,10 @@ public final class NetworkSession: Sendable {
   ///     temporary file, which exists only until `completion` returns (move it away inside), and
   ///     the response; on failure nil, the response if any, and the error.
   /// - Returns: The task; call `resume()` to start it.
+  ///
+  /// On Linux, swift-corelibs-foundation leaves the partial file of a download that fails, is
+  /// cancelled or is cut short in the temporary folder (`<UUID>.tmp`) and does not say where;
+  /// ``NetworkDownloadOperation`` streams into a file of its own instead, which it always removes.
   public func downloadTask(
     with request: URLRequest,
     progress: (@Sendable (_ written: Int64, _ expected: Int64?) -> Void)? = nil,
@@ -122,6 +126,29 @@ public final class NetworkSession: Sendable {
     return origin(first) == origin(second)
   }
 
+  /// Makes a suspended task that downloads the body into a temporary file of its own and removes
+  /// that file however the task ends: after `completion` returns on success, before `completion`
+  /// on failure, cancellation or a transfer cut short. ``NetworkDownloadOperation`` uses it.
+  ///
+  /// A data task streamed to a file, not a `URLSessionDownloadTask`: on Linux the latter leaves
+  /// its partial file in the temporary folder whenever it fails. See `DownloadFile`.
+  ///
+  /// - Parameters:
+  ///   - request: The request.
+  ///   - progress: As for ``downloadTask(with:progress:completion:)``.
+  ///   - completion: As for ``downloadTask(with:progress:completion:)``; a file that cannot be
+  ///     written fails the task with `URLError.cannotWriteToFile`.
+  /// - Returns: The task; call `resume()` to start it.
+  func fileDownloadTask(
+    with request: URLRequest,
+    progress: (@Sendable (_ written: Int64, _ expected: Int64?) -> Void)?,
+    completion: @escaping @Sendable (URL?, URLResponse?, (any Error)?) -> Void
+  ) -> URLSessionDataTask {
+    let task = urlSession.dataTask(with: request)
+    router.register(task.taskIdentifier, .file(DownloadFile(), progress: progress, completion: completion))
+    return task
+  }
+
   /// Cancels every task and invalidates the session; it cannot make tasks afterwards.
   public func invalidateAndCancel() {
     urlSession.invalidateAndCancel()
@@ -135,6 +162,10 @@ private final class TaskRouter: NSObject, Sendable, URLSessionDataDelegate, URLS
     case download(
       progress: (@Sendable (Int64, Int64?) -> Void)?,
       completion: @Sendable (URL?, URLResponse?, (any Error)?) -> Void)
+    /// A data task streamed into `file` (see `NetworkSession.fileDownloadTask`).
+    case file(
+      DownloadFile, progress: (@Sendable (Int64, Int64?) -> Void)?,
+      completion: @Sendable (URL?, URLResponse?, (any Error)?) -> Void)
   }
 
   private let entries = Mutex<[Int: Entry]>([:])
@@ -146,14 +177,39 @@ private final class TaskRouter: NSObject, Sendable, URLSessionDataDelegate, URLS
   }
 
   func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
-    entries.withLock { entries in
-      guard case .data(var body, let limit, let completion) = entries[dataTask.taskIdentifier] else { return }
-      let room = limit.map { max(0, $0 - body.count) } ?? data.count
-      guard room > 0 else { return }
-      entries[dataTask.taskIdentifier] = nil  // keep `body` uniquely referenced while appending
-      body.append(room < data.count ? data.prefix(room) : data)
-      entries[dataTask.taskIdentifier] = .data(body: body, limit: limit, completion: completion)
+    let streamed = entries.withLock { entries -> DownloadFile? in
+      switch entries[dataTask.taskIdentifier] {
+      case .data(var body, let limit, let completion):
+        let room = limit.map { max(0, $0 - body.count) } ?? data.count
+        guard room > 0 else { return nil }
+        entries[dataTask.taskIdentifier] = nil  // keep `body` uniquely referenced while appending
+        body.append(room < data.count ? data.prefix(room) : data)
+        entries[dataTask.taskIdentifier] = .data(body: body, limit: limit, completion: completion)
+        return nil
+      case .file(let file, _, _):
+        return file
+      default:
+        return nil
+      }
     }
+    if var file = streamed { stream(data, into: &file, for: dataTask) }
+  }
+
+  /// Writes a streamed download's bytes outside the lock (callbacks for one task come one at a
+  /// time, on the serial delegate queue), then stores the file's new state and reports progress.
+  private func stream(_ data: Data, into file: inout DownloadFile, for task: URLSessionDataTask) {
+    let written = file.append(data)
+    let progress = entries.withLock { entries -> (@Sendable (Int64, Int64?) -> Void)? in
+      guard case .file(_, let progress, let completion) = entries[task.taskIdentifier] else { return nil }
+      entries[task.taskIdentifier] = .file(file, progress: progress, completion: completion)
+      return progress
+    }
+    guard written else {
+      task.cancel()  // the completion reports the file's failure, not the cancellation
+      return
+    }
+    let expected = task.response?.expectedContentLength ?? -1
+    progress?(file.written, expected > 0 ? expected : nil)
   }
 
   func urlSession(
@@ -190,6 +246,17 @@ private final class TaskRouter: NSObject, Sendable, URLSessionDataDelegate, URLS
         completion(nil, refused, URLError(.userAuthenticationRequired))
       } else {
         completion(nil, task.response, error)
+      }
+    case .file(var file, _, let completion)?:
+      if let refused {
+        file.remove()
+        completion(nil, refused, URLError(.userAuthenticationRequired))
+      } else if error == nil, file.close() {
+        completion(file.url, task.response, nil)
+        file.remove()
+      } else {
+        file.remove()
+        completion(nil, task.response, file.failure.map { $0 as any Error } ?? error)
       }
     case nil:
       break

@@ -1,6 +1,7 @@
 import Conveyor
 import ConveyorTestSupport
 import Foundation
+import Synchronization
 import Testing
 
 @testable import ConveyorNetworking
@@ -129,6 +130,135 @@ struct FileOperationTests {
     try await FileOperation.remove(folder.file("r"), ignoreMissing: true).run()
   }
 
+  func mode(_ name: String) throws -> Int {
+    var status = stat()
+    guard stat(folder.file(name).path, &status) == 0 else { throw CocoaError(.fileNoSuchFile) }
+    return Int(status.st_mode & 0o7777)
+  }
+
+  func names() throws -> [String] {
+    try FileManager.default.contentsOfDirectory(atPath: folder.url.path).sorted()
+  }
+
+  @Test func overwritingKeepsTheFilesModeAndANewFileIsPrivate() async throws {
+    try put("token", "old secret")
+    #expect(chmod(folder.file("token").path, 0o600) == 0)
+    try await FileOperation.write(Data("new secret".utf8), to: folder.file("token")).run()
+    #expect(try text("token") == "new secret")
+    #expect(try mode("token") == 0o600)
+
+    try put("shared", "old")
+    #expect(chmod(folder.file("shared").path, 0o640) == 0)
+    try await FileOperation.write(Data("new".utf8), to: folder.file("shared")).run()
+    #expect(try mode("shared") == 0o640)
+
+    try await FileOperation.write(Data("fresh".utf8), to: folder.file("fresh")).run()
+    #expect(try mode("fresh") == 0o600)
+    try await FileOperation.write(Data("fresh".utf8), to: folder.file("kept"), overwrite: false).run()
+    #expect(try mode("kept") == 0o600)
+    #expect(try names() == ["fresh", "kept", "shared", "token"])
+  }
+
+  @Test func writeUsesTheModeAskedFor() async throws {
+    try await FileOperation.write(Data("a".utf8), to: folder.file("public"), permissions: 0o644).run()
+    #expect(try mode("public") == 0o644)
+    #expect(chmod(folder.file("public").path, 0o600) == 0)
+    try await FileOperation.write(Data("b".utf8), to: folder.file("public"), permissions: 0o640).run()
+    #expect(try mode("public") == 0o640)
+    #expect(try text("public") == "b")
+  }
+
+  /// A symlink is written through: the link stays, its target gets the new bytes.
+  @Test func writeGoesThroughASymlinkToItsTarget() async throws {
+    let targets = folder.url.appendingPathComponent("real")
+    try FileManager.default.createDirectory(at: targets, withIntermediateDirectories: false)
+    let target = targets.appendingPathComponent("config")
+    try Data("old".utf8).write(to: target)
+    #expect(chmod(target.path, 0o600) == 0)
+    try FileManager.default.createSymbolicLink(
+      atPath: folder.path("link"), withDestinationPath: "real/config")
+
+    try await FileOperation.write(Data("new".utf8), to: folder.file("link")).run()
+
+    #expect(try FileManager.default.destinationOfSymbolicLink(atPath: folder.path("link")) == "real/config")
+    #expect(try String(contentsOf: target, encoding: .utf8) == "new")
+    #expect(try text("link") == "new")
+    #expect(try mode("real/config") == 0o600)
+    #expect(try FileManager.default.contentsOfDirectory(atPath: targets.path) == ["config"])
+    #expect(try names() == ["link", "real"])
+  }
+
+  /// Four moves (and four copies) to one destination at once: exactly one wins, nothing is lost.
+  /// "link" races the fallback for file systems without `renameat2` the same way.
+  @Test(arguments: ["move", "copy", "link"])
+  func racingNoReplaceOperationsLoseNothing(kind: String) async throws {
+    let contenders = 4
+    for round in 0..<200 {
+      let sources = (0..<contenders).map { folder.file("s\(round)-\($0)") }
+      for (index, source) in sources.enumerated() { try Data("\(index)".utf8).write(to: source) }
+      let destination = folder.file("d\(round)")
+      let outcomes = Log<FileOperationError?>()
+      onThreads(contenders) { index in
+        do throws(FileOperationError) {
+          if kind == "link" {
+            let code = AtomicRename.linkThenUnlink(sources[index].path, destination.path)
+            if code != 0 { throw FileOperations.posixError(code, path: destination.path, source: nil) }
+          } else if kind == "move" {
+            try FileOperations.move(from: sources[index], to: destination, overwrite: false)
+          } else {
+            try FileOperations.copy(from: sources[index], to: destination, overwrite: false)
+          }
+          outcomes.append(nil)
+        } catch {
+          outcomes.append(error)
+        }
+      }
+      let errors = outcomes.all.compactMap { $0 }
+      #expect(
+        errors == Array(repeating: .destinationExists(path: destination.path), count: contenders - 1),
+        "round \(round)")
+      let winner = try String(contentsOf: destination, encoding: .utf8)
+      if kind != "copy" {
+        // The losers' sources are still there, the winner's is gone: no file was lost.
+        let left = sources.filter { FileManager.default.fileExists(atPath: $0.path) }
+        #expect(left.count == contenders - 1, "round \(round)")
+        #expect(!left.map { try? String(contentsOf: $0, encoding: .utf8) }.contains(winner))
+      }
+      if errors.count != contenders - 1 { break }
+    }
+    #expect(try names().allSatisfy { !$0.hasSuffix(".tmp") })
+  }
+
+  @Test(arguments: ["move", "copy"])
+  func replacingAFolderWithContentsWorks(kind: String) async throws {
+    let fileManager = FileManager.default
+    for (name, files) in [("new", ["x", "y"]), ("old", ["z"])] {
+      try fileManager.createDirectory(at: folder.file(name), withIntermediateDirectories: false)
+      for file in files { try Data(file.utf8).write(to: folder.file(name).appendingPathComponent(file)) }
+    }
+    if kind == "move" {
+      try await FileOperation.move(from: folder.file("new"), to: folder.file("old"), overwrite: true).run()
+      #expect(try names() == ["old"])
+    } else {
+      try await FileOperation.copy(from: folder.file("new"), to: folder.file("old"), overwrite: true).run()
+      #expect(try names() == ["new", "old"])
+    }
+    #expect(try fileManager.contentsOfDirectory(atPath: folder.path("old")).sorted() == ["x", "y"])
+    #expect(try text("old/x") == "x")
+  }
+
+  @Test func anOverwritingMoveReplacesAFileWithAFolderAndBack() async throws {
+    try FileManager.default.createDirectory(at: folder.file("dir"), withIntermediateDirectories: false)
+    try put("dir/inside", "i")
+    try put("file", "f")
+    try await FileOperation.move(from: folder.file("dir"), to: folder.file("file"), overwrite: true).run()
+    #expect(try text("file/inside") == "i")
+    try put("plain", "p")
+    try await FileOperation.move(from: folder.file("plain"), to: folder.file("file"), overwrite: true).run()
+    #expect(try text("file") == "p")
+    #expect(try names() == ["file"])
+  }
+
   @Test func errorsAreClassified() {
     #expect(
       FileOperations.posixError(EACCES, path: "/p", source: nil)
@@ -173,4 +303,20 @@ func onAnotherFileSystem(_ path: String) -> Bool {
     return false
   }
   return there.st_dev != here.st_dev
+}
+
+/// Runs `body(0..<count)` on `count` threads of their own, released together (each waits until
+/// all have started), and returns when all are done.
+func onThreads(_ count: Int, _ body: @escaping @Sendable (Int) -> Void) {
+  let arrived = Atomic(0)
+  let done = DispatchSemaphore(value: 0)
+  for index in 0..<count {
+    Thread {
+      arrived.add(1, ordering: .acquiringAndReleasing)
+      while arrived.load(ordering: .acquiring) < count { sched_yield() }
+      body(index)
+      done.signal()
+    }.start()
+  }
+  for _ in 0..<count { done.wait() }
 }

@@ -182,3 +182,111 @@ struct NetworkDownloadTests {
     #expect(expectations.all.allSatisfy { $0 == nil })
   }
 }
+
+/// Files directly in the temporary folder whose content starts with `marker`: what a download
+/// of a body starting with `marker` left behind (Foundation's `<UUID>.tmp`, or ours). Other
+/// tests' downloads have other markers, so tests running in parallel do not disturb it.
+func temporaryFiles(startingWith marker: Data) -> [String] {
+  let folder = FileManager.default.temporaryDirectory
+  let names: [String]
+  do {
+    names = try FileManager.default.contentsOfDirectory(atPath: folder.path)
+  } catch {
+    return ["(unreadable temporary folder: \(error))"]
+  }
+  return names.filter { name in
+    guard let handle = FileHandle(forReadingAtPath: folder.appendingPathComponent(name).path) else {
+      return false
+    }
+    defer { try? handle.close() }
+    return (try? handle.read(upToCount: marker.count)) == marker
+  }
+}
+
+/// A body that starts with a marker no other test uses.
+func markedBody(_ count: Int) -> (marker: Data, body: Data) {
+  let marker = withUnsafeBytes(of: UUID().uuid) { Data($0) }
+  return (marker, marker + pattern(count))
+}
+
+@Suite("Download temporary files", .timeLimit(.minutes(1)))
+struct DownloadTemporaryFileTests {
+  @Test func successLeavesOnlyTheDestination() async throws {
+    let (marker, body) = markedBody(200_000)
+    let server = try TestHTTPServer(always: Reply(body: body, chunkSize: 50_000))
+    defer { server.stop() }
+    let folder = try TemporaryFolder()
+    let operation = NetworkDownloadOperation(
+      request: URLRequest(url: server.url("/f")), destination: folder.file("f.bin"))
+    _ = try await within { try await operation.run() }
+    #expect(try Data(contentsOf: folder.file("f.bin")) == body)
+    #expect(try FileManager.default.contentsOfDirectory(atPath: folder.url.path) == ["f.bin"])
+    #expect(temporaryFiles(startingWith: marker).isEmpty)
+  }
+
+  @Test func anErrorStatusLeavesNothing() async throws {
+    let (marker, body) = markedBody(10_000)
+    let server = try TestHTTPServer(always: Reply(status: 404, body: body))
+    defer { server.stop() }
+    let folder = try TemporaryFolder()
+    let operation = NetworkDownloadOperation(
+      request: URLRequest(url: server.url("/f")), destination: folder.file("f.bin"))
+    let error = try networkError(try await failure(of: operation))
+    guard case .httpStatus(let status) = error else { throw ServerError("got \(error)") }
+    #expect(status.bodyExcerpt.prefix(marker.count) == marker)
+    #expect(temporaryFiles(startingWith: marker).isEmpty)
+    #expect(try FileManager.default.contentsOfDirectory(atPath: folder.url.path).isEmpty)
+  }
+
+  @Test func aThrowingEvaluationLeavesNothing() async throws {
+    struct Nope: Error {}
+    let (marker, body) = markedBody(10_000)
+    let server = try TestHTTPServer(always: Reply(body: body))
+    defer { server.stop() }
+    let operation = NetworkDownloadOperation<Int>(request: URLRequest(url: server.url("/t"))) { _, _ in
+      throw Nope()
+    }
+    _ = try await failure(of: operation)
+    #expect(temporaryFiles(startingWith: marker).isEmpty)
+  }
+
+  /// The server promises more bytes than it sends, then closes: the transfer fails.
+  @Test func aTruncatedTransferLeavesNothing() async throws {
+    let (marker, body) = markedBody(100_000)
+    let server = try TestHTTPServer { _, _ in
+      var raw = Data("HTTP/1.1 200 OK\r\nContent-Length: \(body.count * 2)\r\nConnection: close\r\n\r\n".utf8)
+      raw.append(body)
+      return Reply(raw: raw)
+    }
+    defer { server.stop() }
+    let folder = try TemporaryFolder()
+    let operation = NetworkDownloadOperation(
+      request: URLRequest(url: server.url("/cut")), destination: folder.file("cut.bin"))
+    let error = try networkError(try await failure(of: operation))
+    guard case .transport = error else { throw ServerError("got \(error)") }
+    #expect(temporaryFiles(startingWith: marker).isEmpty)
+    #expect(try FileManager.default.contentsOfDirectory(atPath: folder.url.path).isEmpty)
+  }
+
+  /// Cancelling finishes the operation at once; the task ends a moment later and its partial
+  /// file goes with it.
+  @Test func cancellationLeavesNothing() async throws {
+    // Half the body, then nothing for 30 s: the download cannot end before it is cancelled,
+    // however slow the machine.
+    let (marker, body) = markedBody(200_000)
+    let server = try TestHTTPServer(always: Reply(body: body, chunkSize: 100_016, pause: .seconds(30)))
+    defer { server.stop() }
+    let folder = try TemporaryFolder()
+    let session = NetworkSession()
+    let operation = NetworkDownloadOperation(
+      request: URLRequest(url: server.url("/slow")), destination: folder.file("x.bin"), session: session)
+    let written = Atomic<Int64>(0)
+    operation.progressHandler = { bytes, _ in written.store(bytes, ordering: .releasing) }
+    operation.start()
+    try await eventually("some bytes were written") { written.load(ordering: .acquiring) > 0 }
+    operation.cancel()
+    #expect(try await failure(of: operation) == .cancelled)
+    try await eventually("the partial file is removed") { temporaryFiles(startingWith: marker).isEmpty }
+    #expect(try FileManager.default.contentsOfDirectory(atPath: folder.url.path).isEmpty)
+  }
+}

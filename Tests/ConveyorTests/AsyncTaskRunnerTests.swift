@@ -197,6 +197,28 @@ struct AsyncTaskRunnerTests {
     await #expect(throws: PipeTestError.boom(0)) { try await runner.run() }
     #expect(recorder.all == ["cancelled"])
   }
+
+  /// A conforming type of its own, run through both its `run()` and its `execute`.
+  struct Doubler: AsyncTask {
+    var input: Int
+    func execute(completion: @escaping @Sendable (Result<Int, Never>) -> Void) {
+      completion(.success(input * 2))
+    }
+  }
+
+  @Test func tasksOfAnyTypeRunAndAreReturnedAsGiven() async throws {
+    var runner = AsyncTaskRunner<Int, Never>([Doubler(input: 1), AnyAsyncTask { 7 }])
+    runner.tasks.append(Doubler(input: 5))
+    #expect(try await runner.run() == [2, 7, 10])
+    #expect(runner.tasks.map { ($0 as? Doubler)?.input } == [1, nil, 5])
+    #expect(runner.tasks[1] is AnyAsyncTask<Int, Never>)
+    runner.mode = .concurrent(width: 2)
+    #expect(try await runner.run() == [2, 7, 10])
+    let values = try await withCheckedThrowingContinuation { continuation in
+      runner.execute { continuation.resume(with: $0) }
+    }
+    #expect(values == [2, 7, 10])
+  }
 }
 
 extension Result {

@@ -164,4 +164,52 @@ struct OperationQueueTests {
     #expect(operations.allSatisfy { $0.isFinished && $0.isCancelled })
     #expect(handled.value == 0)
   }
+
+  /// `finish` on a queued operation before it started: nobody sees the value until the
+  /// operation's dependencies have finished and the queue started it.
+  @Test func aValueGivenBeforeTheStartIsDeliveredAfterTheDependencies() async throws {
+    let queue = OperationQueue()
+    let dependency = AsyncOperation<Int, Never> { _ in }  // finished by hand below
+    let dependent = AsyncOperation<Int, Never> { operation in operation.finish(returning: 2) }
+    let handled = Log<Int>()
+    dependent.successHandler = { handled.append($0) }
+    dependent.addDependency(dependency)
+    queue.addOperation(dependency)
+    queue.addOperation(dependent)
+
+    dependent.finish(returning: 1)
+
+    #expect(dependent.result == nil, "seen before its dependency finished")
+    #expect(!dependent.isFinished)
+    try await eventually("the dependency started") { dependency.isExecuting }
+    dependency.finish(returning: 0)
+    #expect(try await dependent.value == 1)
+    #expect(dependency.isFinished)
+    #expect(dependent.result == .success(1))
+    try await eventually("the handler ran") { handled.all == [1] }
+    #expect(await eventually { queue.operationCount == 0 })
+  }
+
+  /// `cancel()` after such an early `finish` still cancels: the operation never ran and nobody
+  /// saw its value, and `Operation.cancel()` is called, so the queue does not wait for the
+  /// dependency to drop it.
+  @Test func cancelAfterAnEarlyFinishCancels() async throws {
+    let queue = OperationQueue()
+    let dependency = AsyncOperation<Int, Never> { _ in }  // never finishes on its own
+    let dependent = AsyncOperation<Int, Never> { _ in Issue.record("the dependent ran") }
+    dependent.successHandler = { _ in Issue.record("the success handler ran") }
+    dependent.addDependency(dependency)
+    queue.addOperation(dependency)
+    queue.addOperation(dependent)
+
+    dependent.finish(returning: 1)
+    dependent.cancel()
+
+    #expect(dependent.isCancelled)
+    await #expect(throws: OperationError<Never>.cancelled) { try await dependent.value }
+    #expect(dependent.result == nil)
+    #expect(await eventually { dependent.isFinished }, "the queue dropped it while its dependency runs")
+    dependency.cancel()
+    #expect(await eventually { queue.operationCount == 0 })
+  }
 }

@@ -64,4 +64,22 @@ struct PipelineReadmeTests {
     #expect(pages == (1...10).map { "page \($0)" })
     #expect(count == 3)
   }
+
+  @Test func aStepWithADeadline() async throws {
+    var timedOut: StepTimeoutError?
+    // README example 3 begins
+    let legacySend: @Sendable (Int, @escaping @Sendable (Result<Int, any Error>) -> Void) -> Void = {
+      _, _ in  // a callback API that, this time, never calls back
+    }
+    let guarded = Pipeline(defaultValue: 1)
+      .then(Pipeline.step(timeout: .milliseconds(100), Pipeline.step(legacySend)))
+    do {
+      _ = try await guarded.run()
+    } catch let timeout as StepTimeoutError {
+      print(timeout)  // the step did not finish within 0.1 seconds
+      // README example 3 ends
+      timedOut = timeout
+    }
+    #expect(timedOut == StepTimeoutError(limit: .milliseconds(100)))
+  }
 }

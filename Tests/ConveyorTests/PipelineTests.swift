@@ -319,4 +319,53 @@ struct PipelineTests {
     await #expect(throws: CancellationError.self) { try await run.value }
     #expect(recorder.all == ["first"])
   }
+
+  /// A step whose completion never comes holds the run until it is cancelled; a time limit ends it.
+  @Test(.timeLimit(.minutes(1)))
+  func aStepWithATimeLimitThatNeverCompletesFailsTheRun() async throws {
+    let recorder = Log<String>()
+    let pipeline = Pipeline(defaultValue: 1)
+      .then(Pipeline.step(timeout: .milliseconds(50), Pipeline.step { _, _ in recorder.append("started") }))
+      .then { value in
+        recorder.append("after")
+        return value
+      }
+    await #expect(throws: StepTimeoutError(limit: .milliseconds(50))) { try await pipeline.run() }
+    #expect(!recorder.all.contains("after"))
+  }
+
+  /// Even an `async` step that ignores cancellation cannot hold the run past its limit.
+  @Test(.timeLimit(.minutes(1)))
+  func aTimeLimitDoesNotWaitForAStepThatIgnoresCancellation() async throws {
+    let release = Gate()
+    let pipeline = Pipeline(defaultValue: 1).then(
+      Pipeline.step(timeout: .milliseconds(50)) { value in
+        await release.wait()
+        return value
+      })
+    await #expect(throws: StepTimeoutError.self) { try await pipeline.run() }
+    release.open()
+  }
+
+  @Test(.timeLimit(.minutes(1)))
+  func aStepWithinItsTimeLimitPassesItsValueOrErrorOn() async throws {
+    let pipeline = Pipeline(defaultValue: 1)
+      .then(Pipeline.step(timeout: .seconds(60)) { $0 + 1 })
+      .then(Pipeline.step(timeout: .seconds(60), Pipeline.step { value, done in done(.success(value * 10)) }))
+    #expect(try await pipeline.run() == 20)
+    let failing = Pipeline(defaultValue: 1).then(
+      Pipeline.step(timeout: .seconds(60)) { _ in throw PipeTestError.boom(3) })
+    await #expect(throws: PipeTestError.boom(3)) { try await failing.run() }
+  }
+
+  @Test(.timeLimit(.minutes(1)))
+  func cancellingARunEndsABoundedStepAtOnce() async throws {
+    let started = Gate()
+    let pipeline = Pipeline(defaultValue: 1).then(
+      Pipeline.step(timeout: .seconds(600), Pipeline.step { _, _ in started.open() }))
+    let run = Task { try await pipeline.run() }
+    await started.wait()
+    run.cancel()
+    await #expect(throws: CancellationError.self) { try await run.value }
+  }
 }

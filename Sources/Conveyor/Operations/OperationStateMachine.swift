@@ -83,6 +83,12 @@ struct OperationControl: ~Copyable {
       & Self.finishClaimed == 0
   }
 
+  /// Marks the outcome a cancellation, for a `cancel()` that replaced an outcome decided before
+  /// the start and not delivered (see `OperationStateMachine.cancelEarly()`).
+  func markCancelled() {
+    bits.bitwiseOr(Self.cancelled, ordering: .acquiringAndReleasing)
+  }
+
   /// Makes `isExecuting` true (unless already finished).
   func publishExecuting() {
     bits.bitwiseOr(Self.executing, ordering: .acquiringAndReleasing)
@@ -113,6 +119,11 @@ struct OperationStateMachine<Success: Sendable, Failure: Error> {
   }
 
   private(set) var outcome: Outcome?
+  /// An outcome given by `finish` before the start, kept until the start delivers it: a queued
+  /// operation's value is not seen before its dependencies finished.
+  private var early: Outcome?
+  /// Whether `start()` found the outcome decided and came to deliver it (see `markStarted()`).
+  private var started = false
   private var waiters: [Waiter] = []
   private var task: Task<Void, Never>?
   var successHandler: (@Sendable (Success) -> Void)?
@@ -153,6 +164,32 @@ struct OperationStateMachine<Success: Sendable, Failure: Error> {
     successHandler = nil
     failureHandler = nil
     return completion
+  }
+
+  /// Keeps `newOutcome`, decided before the start, until ``markStarted()``; if the start already
+  /// came, records it now.
+  ///
+  /// - Parameter newOutcome: The success or failure given to `finish`.
+  mutating func hold(_ newOutcome: Outcome) -> Completion? {
+    if started { return complete(newOutcome) }
+    if outcome == nil, early == nil { early = newOutcome }
+    return nil
+  }
+
+  /// Called by a start that found the outcome decided: records the held outcome, if any.
+  mutating func markStarted() -> Completion? {
+    started = true
+    guard let held = early else { return nil }
+    early = nil
+    return complete(held)
+  }
+
+  /// Replaces a held outcome with a cancellation, if the start has not delivered it yet: the
+  /// operation never ran and nobody saw the value, so a `cancel()` still cancels it.
+  mutating func cancelEarly() -> Completion? {
+    guard !started, early != nil else { return nil }
+    early = nil
+    return complete(.failure(.cancelled))
   }
 
   /// Keeps the task running the work so `cancel()` can cancel it; false if already decided.

@@ -123,6 +123,8 @@ open class TypedOperation<Success: Sendable, Failure: Error>: Operation, @unchec
       return
     case .finishWithoutRunning:
       OperationDriver.publishFinished(self, control, wasExecuting: false)
+      // A value `finish` gave before the start is delivered now, after the dependencies.
+      if let completion = state.withLock({ $0.markStarted() }) { OperationDriver.deliver(completion) }
     case .run:
       OperationDriver.publishExecuting(self, control)
       let runs = !control.isDecided
@@ -138,8 +140,19 @@ open class TypedOperation<Success: Sendable, Failure: Error>: Operation, @unchec
   /// running `SyncOperation` when its `execute()`, which sees `isCancelled`, returns.
   ///
   /// Ignored if the operation already finished. Subclasses that override it must call `super`.
+  ///
+  /// An outcome given by `finish` before the operation started is not delivered until it starts
+  /// (after its dependencies); until then `cancel()` still cancels it.
   open override func cancel() {
-    guard let started = control.claimOutcome(cancelling: true) else { return }
+    guard let started = control.claimOutcome(cancelling: true) else {
+      // Decided by an early `finish` and not delivered yet: the cancellation replaces it, and
+      // `Operation.cancel()` lets a queue drop the operation without waiting for dependencies.
+      guard let completion = state.withLock({ $0.cancelEarly() }) else { return }
+      control.markCancelled()
+      super.cancel()
+      OperationDriver.deliver(completion)
+      return
+    }
     let completion = state.withLock { $0.complete(.failure(.cancelled)) }
     super.cancel()
     if started && finishesWhenDecided {
@@ -152,8 +165,14 @@ open class TypedOperation<Success: Sendable, Failure: Error>: Operation, @unchec
   /// finishes when decided), calls the handler and resumes waiters.
   final func complete(_ outcome: OperationStateMachine<Success, Failure>.Outcome) {
     guard let started = control.claimOutcome(cancelling: false) else { return }
+    if !started {
+      // `finish` on an operation not started yet (queued behind dependencies): held until the
+      // start, which then finishes it without running `main()`.
+      if let completion = state.withLock({ $0.hold(outcome) }) { OperationDriver.deliver(completion) }
+      return
+    }
     let completion = state.withLock { $0.complete(outcome) }
-    if started && finishesWhenDecided {
+    if finishesWhenDecided {
       OperationDriver.publishFinished(self, control, wasExecuting: true)
     }
     if let completion { OperationDriver.deliver(completion) }

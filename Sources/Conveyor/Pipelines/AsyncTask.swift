@@ -58,18 +58,27 @@ func firstResult<Output: Sendable, Failure: Error>(
 /// })
 /// ```
 public struct AnyAsyncTask<Output: Sendable, Failure: Error>: AsyncTask {
-  private enum Body: Sendable {
+  @usableFromInline
+  enum Body: Sendable {
     case async(@Sendable () async throws(Failure) -> Output)
     case callback(@Sendable (@escaping @Sendable (Result<Output, Failure>) -> Void) -> Void)
   }
 
-  private let body: Body
+  @usableFromInline let body: Body
+  /// What ``run()`` awaits, made once from `body`: a plain closure call.
+  @usableFromInline let work: @Sendable () async throws(Failure) -> Output
+  /// The same with untyped `throws`, for `AsyncTaskRunner` (see its `works`). Made where the
+  /// task is made, from the caller's closure, so awaiting it goes through one thunk at most.
+  @usableFromInline let untypedWork: @Sendable () async throws -> Output
 
   /// Makes a task from an `async` closure; cancelling the awaiting Swift task reaches the closure.
   ///
   /// - Parameter body: The work; it runs once per ``run()`` or ``execute(completion:)``.
+  @inlinable
   public init(_ body: @escaping @Sendable () async throws(Failure) -> Output) {
     self.body = .async(body)
+    self.work = body
+    self.untypedWork = body
   }
 
   /// Makes a task from a completion-handler closure (the seed's `execute(completion:)` shape).
@@ -77,6 +86,9 @@ public struct AnyAsyncTask<Output: Sendable, Failure: Error>: AsyncTask {
   /// - Parameter execute: Starts the work and calls its argument once with the outcome.
   public init(execute: @escaping @Sendable (@escaping @Sendable (Result<Output, Failure>) -> Void) -> Void) {
     self.body = .callback(execute)
+    let work = { @Sendable () async throws(Failure) -> Output in try await firstResult(of: execute) }
+    self.work = work
+    self.untypedWork = work
   }
 
   /// Wraps another task.
@@ -84,7 +96,12 @@ public struct AnyAsyncTask<Output: Sendable, Failure: Error>: AsyncTask {
   /// - Parameter task: The task to forward to; its own ``AsyncTask/run()`` is used when awaited.
   public init<Wrapped: AsyncTask>(_ task: Wrapped)
   where Wrapped.Output == Output, Wrapped.Failure == Failure {
-    self.body = .async { () async throws(Failure) -> Output in try await task.run() }
+    let work: @Sendable () async throws(Failure) -> Output = { () async throws(Failure) -> Output in
+      try await task.run()
+    }
+    self.body = .async(work)
+    self.work = work
+    self.untypedWork = work
   }
 
   /// Starts the task; an `async` body runs in a new unstructured `Task`.
@@ -113,13 +130,11 @@ public struct AnyAsyncTask<Output: Sendable, Failure: Error>: AsyncTask {
   }
 
   /// Runs the task; an `async` body runs in the caller's task, so it sees its cancellation.
+  ///
+  /// Not inlinable: Swift 6.3.1 crashes in IR generation when a caller specialised for
+  /// `Failure == Never` calls the stored `throws(Failure)` closure.
   public func run() async throws(Failure) -> Output {
-    switch body {
-    case .async(let body):
-      return try await body()
-    case .callback(let execute):
-      return try await firstResult(of: execute)
-    }
+    try await work()
   }
 }
 

@@ -24,7 +24,16 @@ public struct AsyncTaskRunner<Output: Sendable, Failure: Error>: Sendable {
   }
 
   /// The tasks, in order.
-  public var tasks: [any AsyncTask<Output, Failure>]
+  public var tasks: [any AsyncTask<Output, Failure>] {
+    didSet { works = Self.works(of: tasks) }
+  }
+  /// What running each task awaits, as a plain closure: one direct call per task, instead of
+  /// a call through an existential into unspecialised generic code (three calls per task).
+  /// An ``AnyAsyncTask`` contributes its own closure.
+  ///
+  /// Untyped `throws` on purpose: Swift 6.3.1 crashes in IR generation when a specialised caller
+  /// (`Failure == Never`) calls a `throws(Failure)` closure kept in a generic container.
+  @usableFromInline private(set) var works: [@Sendable () async throws -> Output]
   /// Sequential or concurrent.
   public var mode: Mode
   /// Where ``execute(completion:)`` calls its completion. Defaults to `DispatchQueue.global()`
@@ -46,14 +55,24 @@ public struct AsyncTaskRunner<Output: Sendable, Failure: Error>: Sendable {
       precondition(width >= 1, "AsyncTaskRunner: concurrent width must be at least 1, got \(width)")
     }
     self.tasks = tasks
+    self.works = Self.works(of: tasks)
     self.mode = mode
     self.callbackQueue = callbackQueue
+  }
+
+  /// The closure that runs `task`, for ``works``.
+  static func works(of tasks: [any AsyncTask<Output, Failure>]) -> [@Sendable () async throws -> Output] {
+    tasks.map { task in
+      if let erased = task as? AnyAsyncTask<Output, Failure> { return erased.untypedWork }
+      return { try await task.run() }
+    }
   }
 
   /// Runs the tasks and returns their values in list order.
   ///
   /// - Throws: The first task error (a `Failure`), or `CancellationError` when the awaiting task
   ///   is cancelled before the run finished.
+  @inlinable
   public func run() async throws -> [Output] {
     switch mode {
     case .sequential:
@@ -72,14 +91,18 @@ public struct AsyncTaskRunner<Output: Sendable, Failure: Error>: Sendable {
     RunHandle.start(on: callbackQueue, completion: completion) { try await run() }
   }
 
-  private func runSequentially() async throws -> [Output] {
+  /// The hot path, like `Pipeline.fold`: one await per task, cancellation read from a flag.
+  /// Inlinable so that it is specialised for the caller's `Output` and `Failure`.
+  @inlinable
+  func runSequentially() async throws -> [Output] {
     let cancelled = CancellationFlag()  // one handler per run, an atomic load per task
+    let works = self.works
     return try await withTaskCancellationHandler {
       var values: [Output] = []
-      values.reserveCapacity(tasks.count)
-      for task in tasks {
+      values.reserveCapacity(works.count)
+      for work in works {
         if cancelled.isSet { throw CancellationError() }
-        values.append(try await task.run())
+        values.append(try await work())
       }
       if cancelled.isSet { throw CancellationError() }
       return values
@@ -88,8 +111,9 @@ public struct AsyncTaskRunner<Output: Sendable, Failure: Error>: Sendable {
     }
   }
 
-  private func runConcurrently(width: Int) async throws -> [Output] {
-    let tasks = self.tasks
+  @usableFromInline
+  func runConcurrently(width: Int) async throws -> [Output] {
+    let tasks = works
     let values = try await withThrowingTaskGroup(of: (Int, Output).self) { group in
       var values = [Output?](repeating: nil, count: tasks.count)
       var next = 0
@@ -99,7 +123,7 @@ public struct AsyncTaskRunner<Output: Sendable, Failure: Error>: Sendable {
         next += 1
         group.addTask {
           try Task.checkCancellation()
-          return (index, try await task.run())
+          return (index, try await task())
         }
       }
       while next < min(width, tasks.count) { startNext() }

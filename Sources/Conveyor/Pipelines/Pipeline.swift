@@ -53,11 +53,41 @@ public struct Pipeline<Value: Sendable>: Sendable {
   /// If the run is cancelled while the closure is pending, the run ends at once with
   /// `CancellationError` and the closure's late completion is ignored.
   ///
+  /// A closure that never calls its completion leaves the run waiting until it is cancelled:
+  /// nothing else ends it. To bound a step, wrap it in ``step(timeout:_:)``, which fails it with
+  /// ``StepTimeoutError`` when the time is up:
+  ///
+  /// ```swift
+  /// let pipeline = Pipeline(defaultValue: request)
+  ///   .then(Pipeline.step(timeout: .seconds(30), Pipeline.step { value, done in
+  ///     legacyClient.send(value) { done($0) }  // may never call back
+  ///   }))
+  /// ```
+  ///
   /// - Parameter body: Receives the previous value and a completion to call once.
   public static func step(
     _ body: @escaping @Sendable (Value, @escaping @Sendable (Result<Value, any Error>) -> Void) -> Void
   ) -> Step {
     { value in try await awaitCallback { body(value, $0) } }
+  }
+
+  /// Bounds `step` in time: if it has not finished after `limit`, the run goes on without it
+  /// and fails with ``StepTimeoutError``.
+  ///
+  /// The step runs in a task of its own, which is cancelled when the time is up (or when the
+  /// run is cancelled) and not waited for: a step that ignores cancellation, or a completion
+  /// that never comes, cannot hold the run past `limit`. Its late result is ignored.
+  ///
+  /// ```swift
+  /// let pipeline = Pipeline(defaultValue: 0)
+  ///   .then(Pipeline.step(timeout: .seconds(5)) { value in try await slowService.fetch(value) })
+  /// ```
+  ///
+  /// - Parameters:
+  ///   - limit: How long the step may take.
+  ///   - step: The step to bound.
+  public static func step(timeout limit: Duration, _ step: @escaping Step) -> Step {
+    { value in try await withTimeLimit(limit) { try await step(value) } }
   }
 
   /// Runs the steps from ``defaultValue``.
@@ -137,6 +167,50 @@ public struct Pipeline<Value: Sendable>: Sendable {
     } onCancel: {
       cancelled.set()
     }
+  }
+}
+
+/// The error of a step made with ``Pipeline/step(timeout:_:)`` that did not finish in time.
+public struct StepTimeoutError: Error, Hashable, CustomStringConvertible {
+  /// The time the step was given.
+  public var limit: Duration
+
+  /// Makes the error.
+  ///
+  /// - Parameter limit: The time the step was given.
+  public init(limit: Duration) {
+    self.limit = limit
+  }
+
+  /// "the step did not finish within …".
+  public var description: String { "the step did not finish within \(limit)" }
+}
+
+/// Runs `body` in a task of its own and returns its value, or throws ``StepTimeoutError`` after
+/// `limit`, or `CancellationError` when the awaiting task is cancelled, whichever comes first.
+/// The task and the timer are cancelled when this returns; neither is waited for.
+func withTimeLimit<Value: Sendable>(
+  _ limit: Duration, _ body: @escaping @Sendable () async throws -> Value
+) async throws -> Value {
+  let started = Mutex<[Task<Void, Never>]>([])
+  defer { for task in started.withLock({ $0 }) { task.cancel() } }
+  return try await awaitCallback { finish in
+    let work = Task {
+      do {
+        finish(.success(try await body()))
+      } catch {
+        finish(.failure(error))
+      }
+    }
+    let timer = Task {
+      do {
+        try await Task.sleep(for: limit)
+      } catch {
+        return  // the work finished or the run was cancelled first
+      }
+      finish(.failure(StepTimeoutError(limit: limit)))
+    }
+    started.withLock { $0 = [work, timer] }
   }
 }
 
