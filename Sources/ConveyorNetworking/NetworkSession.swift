@@ -39,8 +39,19 @@ public final class NetworkSession: Sendable {
 
   /// Creates a session.
   ///
+  /// On Linux the session never uses a `URLCache`, whatever `configuration` says:
+  /// swift-corelibs-foundation reads the cache on a background queue before a task's protocol
+  /// exists, and a `cancel()` landing in that window makes it trap the process ("Trying to access
+  /// a behaviour for a task that in not in the registry"). Operations cancel their tasks, so the
+  /// cache goes.
+  ///
   /// - Parameter configuration: timeouts, headers, caching, cookies; copied by `URLSession`.
   public init(configuration: URLSessionConfiguration = .default) {
+    #if canImport(FoundationNetworking)
+      let configuration = configuration.copy() as? URLSessionConfiguration ?? configuration
+      configuration.urlCache = nil
+      configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
+    #endif
     let router = TaskRouter()
     let delegateQueue = OperationQueue()
     delegateQueue.maxConcurrentOperationCount = 1
