@@ -36,6 +36,19 @@ public final class NetworkSession: Sendable {
   /// The underlying session. Its delegate belongs to `NetworkSession`; do not replace it.
   public let urlSession: URLSession
   private let router: TaskRouter
+  /// `Authorization`, `Cookie` and `Proxy-Authorization` from the configuration's
+  /// `httpAdditionalHeaders`, added to each request that does not set them itself.
+  private let sessionCredentials: [String: String]
+
+  /// `request` with the session's credential headers added where it has none of its own.
+  private func withSessionCredentials(_ request: URLRequest) -> URLRequest {
+    guard !sessionCredentials.isEmpty else { return request }
+    var request = request
+    for (name, value) in sessionCredentials where request.value(forHTTPHeaderField: name) == nil {
+      request.setValue(value, forHTTPHeaderField: name)
+    }
+    return request
+  }
 
   /// Creates a session.
   ///
@@ -47,11 +60,34 @@ public final class NetworkSession: Sendable {
   ///
   /// - Parameter configuration: timeouts, headers, caching, cookies; copied by `URLSession`.
   public init(configuration: URLSessionConfiguration = .default) {
+    var configuration = configuration
     #if canImport(FoundationNetworking)
-      let configuration = configuration.copy() as? URLSessionConfiguration ?? configuration
+      configuration = configuration.copy() as? URLSessionConfiguration ?? configuration
       configuration.urlCache = nil
       configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
     #endif
+    // Credentials set for the whole session would be added to every request after a redirect
+    // dropped them (URLSession adds the configuration's headers last). They are taken out of the
+    // configuration and added to each request instead, where a cross-origin redirect drops them.
+    var sessionCredentials: [String: String] = [:]
+    if let headers = configuration.httpAdditionalHeaders {
+      var kept: [AnyHashable: Any] = [:]
+      for (name, value) in headers {
+        if let text = name as? String, Self.credentialHeaders.contains(text.lowercased()),
+          let value = value as? String
+        {
+          sessionCredentials[text] = value
+        } else {
+          kept[name] = value
+        }
+      }
+      if !sessionCredentials.isEmpty {
+        let copy = configuration.copy() as? URLSessionConfiguration ?? configuration
+        copy.httpAdditionalHeaders = kept
+        configuration = copy
+      }
+    }
+    self.sessionCredentials = sessionCredentials
     let router = TaskRouter()
     let delegateQueue = OperationQueue()
     delegateQueue.maxConcurrentOperationCount = 1
@@ -78,7 +114,7 @@ public final class NetworkSession: Sendable {
     with request: URLRequest, keepingAtMost limit: Int? = nil,
     completion: @escaping @Sendable (Data?, URLResponse?, (any Error)?) -> Void
   ) -> URLSessionDataTask {
-    let task = urlSession.dataTask(with: request)
+    let task = urlSession.dataTask(with: withSessionCredentials(request))
     router.register(task.taskIdentifier, .data(body: Data(), limit: limit, completion: completion))
     return task
   }
@@ -102,7 +138,7 @@ public final class NetworkSession: Sendable {
     progress: (@Sendable (_ written: Int64, _ expected: Int64?) -> Void)? = nil,
     completion: @escaping @Sendable (URL?, URLResponse?, (any Error)?) -> Void
   ) -> URLSessionDownloadTask {
-    let task = urlSession.downloadTask(with: request)
+    let task = urlSession.downloadTask(with: withSessionCredentials(request))
     router.register(task.taskIdentifier, .download(progress: progress, completion: completion))
     return task
   }
@@ -120,6 +156,15 @@ public final class NetworkSession: Sendable {
   public static func redirect(_ request: URLRequest, from origin: URL?) -> URLRequest {
     guard let origin, let target = request.url, !isSameOrigin(origin, target) else { return request }
     var stripped = request
+    // URLSession builds a relative redirect's URL from the original one, user and password
+    // included; they are credentials for the first origin too.
+    if var components = URLComponents(url: target, resolvingAgainstBaseURL: false),
+      components.user != nil || components.password != nil
+    {
+      components.user = nil
+      components.password = nil
+      stripped.url = components.url ?? target
+    }
     for name in (request.allHTTPHeaderFields ?? [:]).keys
     where credentialHeaders.contains(name.lowercased()) {
       stripped.setValue(nil, forHTTPHeaderField: name)
@@ -155,7 +200,7 @@ public final class NetworkSession: Sendable {
     progress: (@Sendable (_ written: Int64, _ expected: Int64?) -> Void)?,
     completion: @escaping @Sendable (URL?, URLResponse?, (any Error)?) -> Void
   ) -> URLSessionDataTask {
-    let task = urlSession.dataTask(with: request)
+    let task = urlSession.dataTask(with: withSessionCredentials(request))
     router.register(task.taskIdentifier, .file(DownloadFile(), progress: progress, completion: completion))
     return task
   }

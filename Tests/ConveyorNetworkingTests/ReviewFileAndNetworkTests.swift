@@ -16,20 +16,21 @@ import Testing
 #endif
 
 /// Adversarial review (issues 8 and 13): credentials on redirects, and file operations on inputs
-/// the existing tests do not try. Failing tests carry a `// DEFECT:` comment.
+/// the existing tests do not try. Tests for defects it found say "Fixed (failed before the fix)".
 @Suite("Review: redirects and file operations", .timeLimit(.minutes(2)))
 struct ReviewFileAndNetworkTests {
   // MARK: credentials on redirects
 
   /// Sends `url` with a data operation on a fresh session and returns the status.
   private func fetch(_ url: URL, session: NetworkSession = NetworkSession()) async throws -> Int {
-    let operation = NetworkDataOperation<Int>(request: URLRequest(url: url), session: session) { _, response in
+    let operation = NetworkDataOperation<Int>(request: URLRequest(url: url), session: session) {
+      _, response in
       response.statusCode
     }
     return try await within { try await operation.run() }
   }
 
-  // DEFECT: credentials given as userinfo in the URL (`http://user:secret@host/...`) are sent as
+  // Fixed (failed before the fix): credentials given as userinfo in the URL (`http://user:secret@host/...`) are sent as
   // `Authorization: Basic ...` to ANOTHER origin when the first server answers with a
   // scheme-relative redirect (`Location: //other-host:port/path`). swift-corelibs-foundation builds
   // the redirected URL from the original URL's components (userinfo included) and only swaps host
@@ -63,7 +64,7 @@ struct ReviewFileAndNetworkTests {
     #expect(elsewhere.requests.first?.header("authorization") == nil)
   }
 
-  // DEFECT: an `Authorization` header set session-wide (URLSessionConfiguration
+  // Fixed (failed before the fix): an `Authorization` header set session-wide (URLSessionConfiguration
   // .httpAdditionalHeaders, the configuration NetworkSession's own docs show) is sent to another
   // origin after a redirect: swift-corelibs-foundation merges the configuration's headers into
   // every request it sends, after the delegate stripped the request's. Promise (NetworkSession):
@@ -115,7 +116,7 @@ struct ReviewFileAndNetworkTests {
 
   // MARK: file operations
 
-  // DEFECT: a legal file name of 214..255 bytes cannot be written, copied or staged: the
+  // Fixed (failed before the fix): a legal file name of 214..255 bytes cannot be written, copied or staged: the
   // temporary sibling is named `.<name>.<UUID>.tmp` (42 bytes longer) and open(2) fails with
   // ENAMETOOLONG, although the destination name itself is valid. Promise (issue 13,
   // FileOperation.write): an atomic write to `destination` (temp file beside, fsync, rename).
@@ -135,7 +136,7 @@ struct ReviewFileAndNetworkTests {
     #expect(copied == nil, "copy failed: \(String(describing: copied))")
   }
 
-  // DEFECT (runs as root only): overwriting a set-user-ID / set-group-ID file owned by someone
+  // Fixed (runs as root only; failed before the fix): overwriting a set-user-ID / set-group-ID file owned by someone
   // else loses those mode bits: writeNewFile calls fchmod(mode) and THEN fchown(owner), and on
   // Linux chown clears S_ISUID and S_ISGID (for root too). Promise (FileOperation.write): the new
   // file "gets its mode (and its owner, when the process may set it)". Where: FileOperations
