@@ -145,13 +145,13 @@ enum SQL {
     """
 
   /// The fence: an outcome or heartbeat applies only to the job's current claim.
-  private static let held = "id = ? AND status = 'running' AND claim_token = ?"
+  private static let held = "id = ? AND queue = ? AND status = 'running' AND claim_token = ?"
   static let complete = "DELETE FROM jobs WHERE \(held)"
   /// Parameters: run date, now, error, then the claim.
   static let retry = """
     UPDATE jobs SET status = CASE WHEN ?1 <= ?2 THEN 'ready' ELSE 'scheduled' END, run_at = ?1,
     last_error = coalesce(?3, last_error), lease_owner = NULL, lease_expires_at = NULL
-    WHERE id = ?4 AND status = 'running' AND claim_token = ?5
+    WHERE id = ?4 AND queue = ?6 AND status = 'running' AND claim_token = ?5
     """
   static let kill = """
     UPDATE jobs SET status = 'dead', last_error = ?, lease_owner = NULL, lease_expires_at = NULL

@@ -209,12 +209,19 @@ public final class SQLiteJobStore: JobStore {
       try db.transaction(immediate: true) {
         let now = millis(clock.now())
         var stale: [JobID] = []
+        var retryDates: [JobID: Date] = [:]
         for settlement in settlements {
-          if try !Self.settle(settlement, now: now, db: db) { stale.append(settlement.id) }
+          guard try Self.settle(settlement, queue: queue, now: now, db: db) else {
+            stale.append(settlement.id)
+            continue
+          }
+          if case .retry(let delay, _) = settlement.action {
+            retryDates[settlement.id] = date(millis(now, adding: delay))
+          }
         }
         let paused = try db.scalar(SQL.isPaused, .text(queue)) != nil
         guard limit > 0, !paused else {
-          return ClaimBatch(claimed: [], staleSettlements: stale, paused: paused)
+          return ClaimBatch(claimed: [], staleSettlements: stale, paused: paused, retryDates: retryDates)
         }
         try db.run(SQL.promote, .text(queue), .integer(now))
         let expires = millis(now, adding: lease.duration)
@@ -237,7 +244,7 @@ public final class SQLiteJobStore: JobStore {
           claimed[index].leaseOwner = lease.owner
           claimed[index].leaseExpiresAt = date(expires)
         }
-        return ClaimBatch(claimed: claimed, staleSettlements: stale)
+        return ClaimBatch(claimed: claimed, staleSettlements: stale, retryDates: retryDates)
       }
     }
   }
@@ -251,7 +258,8 @@ public final class SQLiteJobStore: JobStore {
       try db.transaction(immediate: true) {
         let expires = millis(millis(clock.now()), adding: lease.duration)
         return try claims.filter {
-          try db.run(SQL.heartbeat, .integer(expires), .integer($0.id.rawValue), .integer($0.token)) > 0
+          try db.run(
+            SQL.heartbeat, .integer(expires), .integer($0.id.rawValue), .text(queue), .integer($0.token)) > 0
         }
       }
     }
@@ -356,9 +364,12 @@ public final class SQLiteJobStore: JobStore {
   public func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
     try await connection.perform { db in
       try db.transaction(immediate: false) {
-        let run = try db.scalar(SQL.anyReady, .text(queue)) ?? db.scalar(SQL.nextScheduled, .text(queue))
+        // A ready job is due now, whatever its date says (the wall clock may have stepped back).
+        let ready = try db.scalar(SQL.anyReady, .text(queue)).map { min($0, millis(clock.now())) }
+        let run = try ready ?? db.scalar(SQL.nextScheduled, .text(queue))
         let expiry = try db.scalar(SQL.nextExpiry, .text(queue))
-        return WakeHint(nextRun: run.map(date), nextLeaseExpiry: expiry.map(date))
+        let paused = try db.scalar(SQL.isPaused, .text(queue)) != nil
+        return WakeHint(nextRun: run.map(date), nextLeaseExpiry: expiry.map(date), paused: paused)
       }
     }
   }
@@ -402,21 +413,24 @@ public final class SQLiteJobStore: JobStore {
   // MARK: - Settling and decoding
 
   /// Applies one settlement; false when its claim is no longer current.
-  private static func settle(_ settlement: JobSettlement, now: Int64, db: Connection) throws -> Bool {
+  private static func settle(_ settlement: JobSettlement, queue: String, now: Int64, db: Connection) throws
+    -> Bool
+  {
     let id = SQLiteValue.integer(settlement.claim.id.rawValue)
+    let queue = SQLiteValue.text(queue)
     let token = SQLiteValue.integer(settlement.claim.token)
     let changed: Int
     switch settlement.action {
     case .complete:
-      changed = try db.run(SQL.complete, id, token)
+      changed = try db.run(SQL.complete, id, queue, token)
     case .retry(let delay, let error):
       changed = try db.run(
         SQL.retry, .integer(millis(now, adding: delay)), .integer(now), error.map(SQLiteValue.text) ?? .null,
-        id, token)
+        id, token, queue)
     case .kill(let error):
-      changed = try db.run(SQL.kill, .text(error), id, token)
+      changed = try db.run(SQL.kill, .text(error), id, queue, token)
     case .release(let error):
-      changed = try db.run(SQL.release, error.map(SQLiteValue.text) ?? .null, id, token)
+      changed = try db.run(SQL.release, error.map(SQLiteValue.text) ?? .null, id, queue, token)
     }
     return changed > 0
   }

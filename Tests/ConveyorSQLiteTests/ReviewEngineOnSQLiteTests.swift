@@ -6,7 +6,7 @@ import Testing
 
 // Adversarial review (review-7): the same scenarios on InMemoryJobStore and SQLiteJobStore, whose
 // results must agree ("InMemoryJobStore ... has the same semantics as the SQLite store"; "same
-// order in both stores"), and queue behaviour on real SQLite files. Tests marked "// DEFECT:"
+// order in both stores"), and queue behaviour on real SQLite files. Tests marked "Fixed (failed before the fix)"
 // fail on the reviewed code; the others are probes that held.
 
 private struct ReviewSQLiteItem: Queueable, Hashable {
@@ -47,7 +47,7 @@ private func describe(_ counts: JobCounts) -> String {
 struct ReviewEngineOnSQLiteTests {
   // MARK: The two stores disagree
 
-  // DEFECT: after the wall clock steps back (NTP, an administrator), a job committed to run "now"
+  // Fixed (failed before the fix): after the wall clock steps back (NTP, an administrator), a job committed to run "now"
   // is claimable at once on SQLite (stored 'ready') but not on InMemoryJobStore for as long as the
   // step (it sits in the `scheduled` heap until its run date comes again); counts differ too
   // (SQLite: ready 1; in memory: scheduled 1). InMemoryJobStore.enqueue/insertWaiting always push
@@ -65,7 +65,7 @@ struct ReviewEngineOnSQLiteTests {
     #expect(memory == sqlite, "in memory: \(memory); SQLite: \(sqlite)")
   }
 
-  // DEFECT: the same split for a job given back (shutdown, released delegate): SQLite's release
+  // Fixed (failed before the fix): the same split for a job given back (shutdown, released delegate): SQLite's release
   // makes it 'ready' whatever its date; InMemoryJobStore's release (makeWaiting -> insertWaiting)
   // puts it in `scheduled`, so after a step back it is not "ready again in its old place" for an
   // hour. Promised: JobSettlement.Action.release "Give the job back: ready again in its old
@@ -74,8 +74,10 @@ struct ReviewEngineOnSQLiteTests {
   func releaseAfterStepBack() async throws {
     let (memory, sqlite) = try await onBothStores { store in
       _ = try await store.enqueue([NewJob(payload: body(1))], queue: reviewQueue, clock: at(0))
-      let first = try await store.settleAndClaim([], queue: reviewQueue, limit: 1, lease: reviewLease(), clock: at(0))
-      let release = JobSettlement(claim: first.claimed[0].claim, action: .release(error: "interrupted by shutdown"))
+      let first = try await store.settleAndClaim(
+        [], queue: reviewQueue, limit: 1, lease: reviewLease(), clock: at(0))
+      let release = JobSettlement(
+        claim: first.claimed[0].claim, action: .release(error: "interrupted by shutdown"))
       let again = try await store.settleAndClaim(
         [release], queue: reviewQueue, limit: 1, lease: reviewLease(), clock: at(-3600))
       return [ids(first), ids(again)]
@@ -83,7 +85,7 @@ struct ReviewEngineOnSQLiteTests {
     #expect(memory == sqlite, "in memory: \(memory); SQLite: \(sqlite)")
   }
 
-  // DEFECT: SQLite applies a settlement (and a heartbeat) to a job of another queue: its fence is
+  // Fixed (failed before the fix): SQLite applies a settlement (and a heartbeat) to a job of another queue: its fence is
   // `id = ? AND status = 'running' AND claim_token = ?` with no `queue = ?`, while
   // InMemoryJobStore looks the claim up in the named queue and reports it stale. A caller that
   // passes the wrong queue name deletes another queue's running job on SQLite only.
@@ -92,7 +94,8 @@ struct ReviewEngineOnSQLiteTests {
   func settlementForAnotherQueue() async throws {
     let (memory, sqlite) = try await onBothStores { store in
       _ = try await store.enqueue([NewJob(payload: body(1))], queue: "other", clock: at(0))
-      let held = try await store.settleAndClaim([], queue: "other", limit: 1, lease: reviewLease(), clock: at(0))
+      let held = try await store.settleAndClaim(
+        [], queue: "other", limit: 1, lease: reviewLease(), clock: at(0))
       let claim = held.claimed[0].claim
       let beat = try await store.heartbeat([claim], queue: reviewQueue, lease: reviewLease(), clock: at(1))
       let wrong = try await store.settleAndClaim(
@@ -110,11 +113,19 @@ struct ReviewEngineOnSQLiteTests {
       var log: [String] = []
       var jobs: [NewJob] = []
       for n in 0..<24 {
-        let runTime: RunTime = n % 5 == 0 ? .after(.milliseconds(n * 100)) : (n % 7 == 0 ? .at(reviewT0.addingTimeInterval(-5)) : .now)
-        jobs.append(NewJob(payload: body(n), priority: n % 3, runTime: runTime, deduplicationKey: n % 4 == 0 ? "k\(n % 8)" : nil))
+        let runTime: RunTime =
+          n % 5 == 0
+          ? .after(.milliseconds(n * 100)) : (n % 7 == 0 ? .at(reviewT0.addingTimeInterval(-5)) : .now)
+        jobs.append(
+          NewJob(
+            payload: body(n), priority: n % 3, runTime: runTime,
+            deduplicationKey: n % 4 == 0 ? "k\(n % 8)" : nil))
       }
-      log.append(try await store.enqueue(jobs, queue: reviewQueue, clock: at(0)).map { "\($0.id)\($0.inserted)" }.joined(separator: ","))
-      let first = try await store.settleAndClaim([], queue: reviewQueue, limit: 6, lease: reviewLease("a", .seconds(10)), clock: at(0))
+      log.append(
+        try await store.enqueue(jobs, queue: reviewQueue, clock: at(0)).map { "\($0.id)\($0.inserted)" }
+          .joined(separator: ","))
+      let first = try await store.settleAndClaim(
+        [], queue: reviewQueue, limit: 6, lease: reviewLease("a", .seconds(10)), clock: at(0))
       log.append(ids(first))
       var settlements: [JobSettlement] = []
       for (index, job) in first.claimed.enumerated() {
@@ -125,12 +136,21 @@ struct ReviewEngineOnSQLiteTests {
         default: break  // left to lapse
         }
       }
-      log.append(ids(try await store.settleAndClaim(settlements, queue: reviewQueue, limit: 3, lease: reviewLease("b"), clock: at(1))))
+      log.append(
+        ids(
+          try await store.settleAndClaim(
+            settlements, queue: reviewQueue, limit: 3, lease: reviewLease("b"), clock: at(1))))
       log.append("rescued \(try await store.rescueExpiredLeases(queue: reviewQueue, clock: at(30)))")
       log.append("requeued \(try await store.requeueDead(nil, queue: reviewQueue, clock: at(31)))")
-      log.append(try await store.enqueue([NewJob(payload: body(99), deduplicationKey: "k0")], queue: reviewQueue, clock: at(31)).map { "\($0.id)\($0.inserted)" }.joined())
+      log.append(
+        try await store.enqueue(
+          [NewJob(payload: body(99), deduplicationKey: "k0")], queue: reviewQueue, clock: at(31)
+        ).map { "\($0.id)\($0.inserted)" }.joined())
       log.append(describe(try await store.counts(queue: reviewQueue, clock: at(31))))
-      log.append(ids(try await store.settleAndClaim([], queue: reviewQueue, limit: 100, lease: reviewLease("c"), clock: at(32))))
+      log.append(
+        ids(
+          try await store.settleAndClaim(
+            [], queue: reviewQueue, limit: 100, lease: reviewLease("c"), clock: at(32))))
       return log
     }
     #expect(memory == sqlite, "in memory: \(memory)\nSQLite:    \(sqlite)")
@@ -138,7 +158,7 @@ struct ReviewEngineOnSQLiteTests {
 
   // MARK: Queue on SQLite
 
-  // DEFECT (as in ReviewEngineTests.prefetchedJobWaitsAfterAPauseStoredElsewhere, here with two
+  // Fixed (failed before the fix; as in ReviewEngineTests.prefetchedJobWaitsAfterAPauseStoredElsewhere, here with two
   // connections to one file as two processes have): a job claimed ahead starts after another
   // worker stored the pause.
   @Test("on SQLite, a prefetched job waits when another connection pauses the queue")
@@ -150,7 +170,8 @@ struct ReviewEngineOnSQLiteTests {
     let gate = Gate()
     let started = Log<Int>()
     let worker = try JobQueue<ReviewSQLiteItem>(
-      configuration: .init(identifier: reviewQueue, concurrency: 1, prefetch: 1, pollInterval: .milliseconds(50)),
+      configuration: .init(
+        identifier: reviewQueue, concurrency: 1, prefetch: 1, pollInterval: .milliseconds(50)),
       store: workerStore
     ) { item, _ in
       started.append(item.number)
@@ -159,7 +180,8 @@ struct ReviewEngineOnSQLiteTests {
     }
     try await worker.add(contentsOf: [ReviewSQLiteItem(number: 1), ReviewSQLiteItem(number: 2)])
     try await eventually("job 1 runs and job 2 is claimed ahead") {
-      try await otherStore.counts(queue: reviewQueue, clock: SystemJobClock()).running == 2 && started.all == [1]
+      try await otherStore.counts(queue: reviewQueue, clock: SystemJobClock()).running == 2
+        && started.all == [1]
     }
     try await otherStore.setPaused(true, queue: reviewQueue)
     try await Task.sleep(for: .seconds(1))  // 20 poll intervals
@@ -184,7 +206,8 @@ struct ReviewEngineOnSQLiteTests {
       stores.append(store)
       queues.append(
         try JobQueue<ReviewSQLiteItem>(
-          configuration: .init(identifier: reviewQueue, concurrency: 2, prefetch: 2, pollInterval: .milliseconds(20)),
+          configuration: .init(
+            identifier: reviewQueue, concurrency: 2, prefetch: 2, pollInterval: .milliseconds(20)),
           store: store
         ) { item, context in
           handled.append(item.number)

@@ -43,7 +43,7 @@ struct QueueStateTests {
     state.claimed([record(1, token: 4), record(2), record(3)])
     #expect(state.takeJobsToStart().map(\.id) == [JobID(1), JobID(2)])
     #expect(state.workers == 2 && state.freeSlots == 0)
-    #expect(state.inFlight[JobID(1)] == ClaimReference(id: JobID(1), token: 4))
+    #expect(state.inFlight.contains(ClaimReference(id: JobID(1), token: 4)))
     #expect(Set(state.heldClaims.map(\.id)) == [JobID(1), JobID(2), JobID(3)], "buffered jobs are held too")
     #expect(state.computedState == .running)
   }
@@ -53,12 +53,13 @@ struct QueueStateTests {
     state.claimed([record(1), record(2)])
     _ = state.takeJobsToStart()
     #expect(
-      state.workerFinished(JobID(1), outcome: outcome(1), canHandle: true) == .run(record(2), flush: false))
+      state.workerFinished(ClaimReference(id: JobID(1), token: 1), outcome: outcome(1), canHandle: true)
+        == .run(record(2), flush: false))
     #expect(
       state.heldClaims.contains(ClaimReference(id: JobID(1), token: 1)), "unrecorded outcome still held")
     guard
       case .claim(let settlements, let limit) = state.workerFinished(
-        JobID(2), outcome: outcome(2), canHandle: true)
+        ClaimReference(id: JobID(2), token: 1), outcome: outcome(2), canHandle: true)
     else {
       Issue.record("expected a claim")
       return
@@ -76,13 +77,30 @@ struct QueueStateTests {
       state.claimed([record(1), record(2)])
       _ = state.takeJobsToStart()
       change(&state)
-      #expect(state.workerFinished(JobID(1), outcome: outcome(1), canHandle: true) == .exit)
+      #expect(
+        state.workerFinished(ClaimReference(id: JobID(1), token: 1), outcome: outcome(1), canHandle: true)
+          == .exit)
       #expect(state.settlements.count == 1, "the outcome waits for the loop")
     }
     var state = started(concurrency: 1)
     state.claimed([record(1)])
     _ = state.takeJobsToStart()
-    #expect(state.workerFinished(JobID(1), outcome: outcome(1), canHandle: false) == .exit)
+    #expect(
+      state.workerFinished(ClaimReference(id: JobID(1), token: 1), outcome: outcome(1), canHandle: false)
+        == .exit)
+  }
+
+  @Test func aJobClaimedAgainWhileItsOldAttemptRunsKeepsItsNewClaimHeld() {
+    var state = started(concurrency: 2)
+    state.claimed([record(1, token: 1)])
+    _ = state.takeJobsToStart()
+    // The first claim lapsed; the same queue claimed the job again while attempt 1 still runs.
+    state.claimed([record(1, token: 2)])
+    _ = state.takeJobsToStart()
+    _ = state.workerFinished(
+      ClaimReference(id: JobID(1), token: 1), outcome: outcome(1, token: 1), canHandle: false)
+    #expect(
+      state.heldClaims.contains(ClaimReference(id: JobID(1), token: 2)), "the new claim is still heartbeated")
   }
 
   @Test func lostClaimsAreNotStarted() {
@@ -116,7 +134,7 @@ struct QueueStateTests {
     state.claimed([record(1)])
     #expect(state.finishConfirmed(second).waiters.isEmpty, "a job held here")
     _ = state.takeJobsToStart()
-    _ = state.workerFinished(JobID(1), outcome: outcome(1), canHandle: false)
+    _ = state.workerFinished(ClaimReference(id: JobID(1), token: 1), outcome: outcome(1), canHandle: false)
     state.workerExited()
     _ = state.takeLoopStep(canHandle: true)
     let third = state.beginFinishCheck()
@@ -138,7 +156,7 @@ struct QueueStateTests {
     var state = started(concurrency: 1)
     state.claimed([record(1), record(2, token: 5)])
     _ = state.takeJobsToStart()
-    _ = state.workerFinished(JobID(1), outcome: outcome(1), canHandle: true)
+    _ = state.workerFinished(ClaimReference(id: JobID(1), token: 1), outcome: outcome(1), canHandle: true)
     state.stopping = true
     let flush = state.takeFinalFlush()
     #expect(flush.count == 1 && flush[0].settlement.id == JobID(1), "the worker took job 2 already")

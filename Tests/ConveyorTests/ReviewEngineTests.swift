@@ -6,7 +6,7 @@ import Testing
 
 // Adversarial review of the queue engine (review-7). Each test states a promise from the README
 // ("A durable queue"), the /// docs or issue 7, and checks it through the public API. Tests marked
-// "// DEFECT:" fail on the reviewed code; the others are probes that held.
+// "Fixed (failed before the fix)" failed on the reviewed code; the others are probes that held.
 // No test asserts on elapsed time: waits are generous bounds that a hang or a spin blows through.
 
 private struct ReviewItem: Queueable, Hashable {
@@ -50,7 +50,7 @@ struct ReviewEngineTests {
 
   // MARK: Fencing per claim
 
-  // DEFECT: when the same queue instance claims a job again after its first claim's lease lapsed,
+  // Fixed (failed before the fix): when the same queue instance claims a job again after its first claim's lease lapsed,
   // the first attempt finishing stops the heartbeats of the second. QueueState.inFlight is keyed
   // by JobID: the re-claim overwrites inFlight[id] with the new claim, and workerFinished(id) of
   // the old attempt then deletes that entry, so LeaseKeeper.held() no longer returns the newer
@@ -111,7 +111,7 @@ struct ReviewEngineTests {
 
   // MARK: Pause
 
-  // DEFECT: a job claimed ahead (prefetch) starts after another worker stored the pause, when
+  // Fixed (failed before the fix): a job claimed ahead (prefetch) starts after another worker stored the pause, when
   // the holding queue has no free slot. Its loop asks the store about the pause only when it
   // claims (takeLoopStep: claimLimit 0 and checkPause false while the buffer is full, so
   // needsStore is false; nextWait reads nextWake, which carries no pause flag), and
@@ -151,7 +151,7 @@ struct ReviewEngineTests {
 
   // MARK: waitUntilFinished
 
-  // DEFECT: on a delegate-form queue whose delegate was released, waitUntilFinished never returns
+  // Fixed (failed before the fix): on a delegate-form queue whose delegate was released, waitUntilFinished never returns
   // even though the store holds no job at all: nextWait reports "finished" only `if canHandle`,
   // and the waiters are released only through reportFinished.
   // Promised: "Returns when the store holds no waiting or running job of this queue".
@@ -159,7 +159,8 @@ struct ReviewEngineTests {
   func waitUntilFinishedWithReleasedDelegate() async throws {
     let store = InMemoryJobStore()
     var delegate: ReviewDelegate? = ReviewDelegate()
-    let queue = try JobQueue<ReviewItem>(configuration: config(poll: .milliseconds(50)), store: store, delegate: delegate!)
+    let queue = try JobQueue<ReviewItem>(
+      configuration: config(poll: .milliseconds(50)), store: store, delegate: delegate!)
     delegate = nil
     let done = ReviewFlag()
     let waiter = Task {
@@ -177,7 +178,8 @@ struct ReviewEngineTests {
     let store = InMemoryJobStore()
     let gate = Gate()
     let started = Log<Int>()
-    let a = try JobQueue<ReviewItem>(configuration: config(poll: .milliseconds(50)), store: store) { item, _ in
+    let a = try JobQueue<ReviewItem>(configuration: config(poll: .milliseconds(50)), store: store) {
+      item, _ in
       started.append(item.number)
       await gate.wait()
       return .handled
@@ -204,7 +206,7 @@ struct ReviewEngineTests {
 
   // MARK: Shutdown
 
-  // DEFECT: one storage error at shutdown loses the release of an interrupted job: finalFlush
+  // Fixed (failed before the fix): one storage error at shutdown loses the release of an interrupted job: finalFlush
   // tries once, logs, and returns, so the job stays "running" under a lease nobody renews and is
   // later rescued with its attempt used. On its last allowed attempt (maxAttempts 1) the next
   // worker marks it dead ("the worker stopped (crashed or was killed)") without running it.
@@ -258,7 +260,8 @@ struct ReviewEngineTests {
       try await Task.sleep(for: .milliseconds(Int.random(in: 5...40)))
       await queue.shutdown(gracePeriod: .milliseconds(Int.random(in: 0...5)))
       let jobs = try await store.jobs(queue: Self.name, status: nil, after: nil, limit: 1000)
-      #expect(jobs.allSatisfy { $0.status == .pending }, "round \(round): \(jobs.filter { $0.status != .pending })")
+      #expect(
+        jobs.allSatisfy { $0.status == .pending }, "round \(round): \(jobs.filter { $0.status != .pending })")
       #expect(jobs.allSatisfy { $0.attempts == 0 }, "round \(round): an attempt was used by a shutdown")
       #expect(Set(handled.all).count == handled.count, "round \(round): a job was handled twice")
       #expect(handled.count + jobs.count >= 200, "round \(round): a job vanished")
@@ -267,7 +270,7 @@ struct ReviewEngineTests {
 
   // MARK: Events
 
-  // DEFECT: the date in `.retryScheduled` is computed when the handler returns
+  // Fixed (failed before the fix): the date in `.retryScheduled` is computed when the handler returns
   // (clock.now() + delay in JobQueue+Loop.swift settlement(for:outcome:)), but the store computes
   // the run date when the settlement is recorded, which can be much later (prefetch flushes
   // outcomes in batches; a failed store call keeps them for the next turn). The event then names
@@ -303,10 +306,12 @@ struct ReviewEngineTests {
     let stored = try await store.jobs(queue: Self.name, status: .pending, after: nil, limit: 10).first?.runAt
     gate.open()
     await queue.shutdown(gracePeriod: .seconds(5))
-    #expect(announced == stored, "event says \(String(describing: announced)), store says \(String(describing: stored))")
+    #expect(
+      announced == stored,
+      "event says \(String(describing: announced)), store says \(String(describing: stored))")
   }
 
-  // DEFECT: `.started` is published for a job whose handler never runs: process(_:) emits it
+  // Fixed (failed before the fix): `.started` is published for a job whose handler never runs: process(_:) emits it
   // before the abandoned / undecodable / no-handler checks. Observers counting handler starts
   // (the event's documented meaning) count a job that no handler saw.
   // Promised: "started: A handler started on a job".
@@ -355,7 +360,8 @@ struct ReviewEngineTests {
   @Test("a paused queue with ready jobs and a store that keeps failing do not spin (held)")
   func pausedAndFailingStoresDoNotSpin() async throws {
     let store = InstrumentedJobStore()
-    let queue = try JobQueue<ReviewItem>(configuration: config(poll: .milliseconds(200)), store: store) { _, _ in
+    let queue = try JobQueue<ReviewItem>(configuration: config(poll: .milliseconds(200)), store: store) {
+      _, _ in
       .handled
     }
     try await queue.pause()

@@ -36,7 +36,7 @@ public final class InMemoryJobStore: JobStore {
           id: JobID(state.nextID), queue: queue, payload: job.payload, status: .pending,
           priority: job.priority, attempts: 0, runAt: Self.runDate(job.runTime, now: now), createdAt: now,
           deduplicationKey: job.deduplicationKey)
-        state.queues[queue, default: QueueState()].insertWaiting(record)
+        state.queues[queue, default: QueueState()].insertWaiting(record, ready: record.runAt <= now)
         results.append(EnqueueResult(id: record.id, inserted: true))
       }
       return results
@@ -58,15 +58,23 @@ public final class InMemoryJobStore: JobStore {
     withQueue(queue) { queueState in
       let now = JobStoreTime.normalized(clock.now())
       var stale: [JobID] = []
-      for settlement in settlements where !queueState.settle(settlement, now: now) {
-        stale.append(settlement.id)
+      var retryDates: [JobID: Date] = [:]
+      for settlement in settlements {
+        guard queueState.settle(settlement, now: now) else {
+          stale.append(settlement.id)
+          continue
+        }
+        if case .retry = settlement.action {
+          retryDates[settlement.id] = queueState.jobs[settlement.id]?.runAt
+        }
       }
       var claimed: [JobRecord] = []
       if !queueState.paused && limit > 0 {
         let expiry = JobStoreTime.date(now, adding: lease.duration)
         claimed = queueState.claim(limit: limit, owner: lease.owner, expiry: expiry, now: now)
       }
-      return ClaimBatch(claimed: claimed, staleSettlements: stale, paused: queueState.paused)
+      return ClaimBatch(
+        claimed: claimed, staleSettlements: stale, paused: queueState.paused, retryDates: retryDates)
     }
   }
 
@@ -96,7 +104,7 @@ public final class InMemoryJobStore: JobStore {
       }
       for id in expired {
         guard let record = queueState.jobs[id] else { continue }
-        queueState.makeWaiting(id, runAt: record.runAt, error: record.lastError)
+        queueState.makeWaiting(id, runAt: record.runAt, error: record.lastError, ready: true)
       }
       return expired.count
     }
@@ -107,10 +115,11 @@ public final class InMemoryJobStore: JobStore {
     state.withLock { state in
       let now = JobStoreTime.normalized(clock.now())
       var counts = JobCounts()
-      guard let jobs = state.queues[queue]?.jobs else { return counts }
-      for record in jobs.values {
+      guard let queueState = state.queues[queue] else { return counts }
+      for record in queueState.jobs.values {
         switch record.status {
-        case .pending where record.runAt <= now: counts.ready += 1
+        // Ready once marked so (as SQLite stores it), or once its date has come.
+        case .pending where queueState.readySet.contains(record.id) || record.runAt <= now: counts.ready += 1
         case .pending: counts.scheduled += 1
         case .running: counts.running += 1
         case .dead: counts.dead += 1
@@ -162,7 +171,7 @@ public final class InMemoryJobStore: JobStore {
         guard let record = queueState.jobs[id], record.status == .dead else { continue }
         if let key = record.deduplicationKey, queueState.dedup[key]?.isEmpty == false { continue }
         queueState.jobs[id]?.attempts = 0
-        queueState.makeWaiting(id, runAt: now, error: record.lastError)
+        queueState.makeWaiting(id, runAt: now, error: record.lastError, ready: true)
         count += 1
       }
       return count
@@ -181,7 +190,11 @@ public final class InMemoryJobStore: JobStore {
 
   /// When a worker is next needed; see ``JobStore/nextWake(queue:clock:)``.
   public func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
-    withQueue(queue) { $0.nextWake() }
+    withQueue(queue) { queueState in
+      var hint = queueState.nextWake(now: JobStoreTime.normalized(clock.now()))
+      hint.paused = queueState.paused
+      return hint
+    }
   }
 
   /// Names of queues with jobs or a pause flag; see ``JobStore/queueNames()``.
@@ -245,6 +258,10 @@ extension InMemoryJobStore {
     /// Pending jobs not yet ready, by run date.
     var scheduled = Heap<RunDateOrder>()
     var running: Set<JobID> = []
+    /// Waiting jobs in the ready state (claimable whatever the clock says now), as SQLite keeps
+    /// them: a job is ready when it was committed, retried or given back with a run date that had
+    /// come, or when a claim promoted it.
+    var readySet: Set<JobID> = []
     /// Waiting jobs by deduplication key (usually one; a retried job can wait beside a newer one).
     var dedup: [String: Set<JobID>] = [:]
 
@@ -260,17 +277,26 @@ extension InMemoryJobStore {
       return record.status == .running && record.claimToken == claim.token
     }
 
-    mutating func insertWaiting(_ record: JobRecord) {
+    mutating func insertWaiting(_ record: JobRecord, ready isReady: Bool) {
       jobs[record.id] = record
       if let key = record.deduplicationKey { dedup[key, default: []].insert(record.id) }
-      scheduled.push(RunDateOrder(Entry(id: record.id, priority: record.priority, runAt: record.runAt)))
+      let entry = Entry(id: record.id, priority: record.priority, runAt: record.runAt)
+      if isReady {
+        readySet.insert(record.id)
+        ready.push(ClaimOrder(entry))
+      } else {
+        scheduled.push(RunDateOrder(entry))
+      }
     }
 
     /// Moves scheduled entries whose date has come into the ready heap.
     mutating func promote(now: Date) {
       while let top = scheduled.peek?.entry, top.runAt <= now {
         scheduled.pop()
-        if isCurrent(top) { ready.push(ClaimOrder(top)) }
+        if isCurrent(top) && !readySet.contains(top.id) {
+          readySet.insert(top.id)
+          ready.push(ClaimOrder(top))
+        }
       }
     }
 
@@ -278,7 +304,7 @@ extension InMemoryJobStore {
       promote(now: now)
       var claimed: [JobRecord] = []
       while claimed.count < limit, let entry = ready.pop()?.entry {
-        guard isCurrent(entry), var record = jobs[entry.id] else { continue }
+        guard isCurrent(entry), readySet.contains(entry.id), var record = jobs[entry.id] else { continue }
         stopWaiting(record)
         record.status = .running
         record.attempts = record.attempts == Int.max ? Int.max : record.attempts + 1
@@ -299,7 +325,8 @@ extension InMemoryJobStore {
       case .complete:
         delete(record.id)
       case .retry(let delay, let error):
-        makeWaiting(record.id, runAt: JobStoreTime.date(now, adding: delay), error: error ?? record.lastError)
+        let runAt = JobStoreTime.date(now, adding: delay)
+        makeWaiting(record.id, runAt: runAt, error: error ?? record.lastError, ready: runAt <= now)
       case .kill(let error):
         running.remove(record.id)
         var dead = record
@@ -310,12 +337,12 @@ extension InMemoryJobStore {
         jobs[record.id] = dead
       case .release(let error):
         jobs[record.id]?.attempts = max(0, record.attempts - 1)
-        makeWaiting(record.id, runAt: record.runAt, error: error ?? record.lastError)
+        makeWaiting(record.id, runAt: record.runAt, error: error ?? record.lastError, ready: true)
       }
       return true
     }
 
-    mutating func makeWaiting(_ id: JobID, runAt: Date, error: String?) {
+    mutating func makeWaiting(_ id: JobID, runAt: Date, error: String?, ready isReady: Bool) {
       guard var record = jobs[id] else { return }
       running.remove(id)
       record.status = .pending
@@ -323,11 +350,12 @@ extension InMemoryJobStore {
       record.lastError = error
       record.leaseOwner = nil
       record.leaseExpiresAt = nil
-      insertWaiting(record)
+      insertWaiting(record, ready: isReady)
     }
 
     /// Drops a waiting job's hold on its deduplication key (it is starting or going away).
     mutating func stopWaiting(_ record: JobRecord) {
+      readySet.remove(record.id)
       guard let key = record.deduplicationKey else { return }
       dedup[key]?.remove(record.id)
       if dedup[key]?.isEmpty == true { dedup[key] = nil }
@@ -342,11 +370,14 @@ extension InMemoryJobStore {
       return true
     }
 
-    mutating func nextWake() -> WakeHint {
-      while let top = ready.peek?.entry, !isCurrent(top) { ready.pop() }
-      while let top = scheduled.peek?.entry, !isCurrent(top) { scheduled.pop() }
+    /// A ready job is due now, whatever its date says (the wall clock may have stepped back).
+    mutating func nextWake(now: Date) -> WakeHint {
+      while let top = ready.peek?.entry, !isCurrent(top) || !readySet.contains(top.id) { ready.pop() }
+      while let top = scheduled.peek?.entry, !isCurrent(top) || readySet.contains(top.id) { scheduled.pop() }
       let leaseExpiry = running.compactMap { jobs[$0]?.leaseExpiresAt }.min()
-      let nextRun = [ready.peek?.entry.runAt, scheduled.peek?.entry.runAt].compactMap { $0 }.min()
+      let nextRun = [ready.peek.map { min($0.entry.runAt, now) }, scheduled.peek?.entry.runAt].compactMap {
+        $0
+      }.min()
       return WakeHint(nextRun: nextRun, nextLeaseExpiry: leaseExpiry)
     }
   }

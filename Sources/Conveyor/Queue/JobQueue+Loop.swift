@@ -83,8 +83,17 @@ extension JobQueue {
       now = clock.now()
       if let expiry = hint.nextLeaseExpiry, expiry <= now { hint.nextLeaseExpiry = nil }
     }
+    // The stored pause flag, set or cleared by any worker: a queue that is not claiming (its
+    // slots busy, jobs claimed ahead) must still stop starting them.
+    let pauseChanged = core.withLock { core -> Bool in
+      defer { core.state.paused = hint.paused }
+      return core.state.paused != hint.paused
+    }
+    if pauseChanged { publishState() }
     if hint.isFinished {
-      if canHandle { reportFinished(check) }
+      // Waiters are released whatever the handler; "finished" is published only by a queue that
+      // can handle jobs (a released delegate's queue is not doing the work).
+      reportFinished(check, publish: canHandle)
     } else {
       core.withLock { $0.state.sawWork() }
     }
@@ -143,7 +152,12 @@ extension JobQueue {
           ["job": item.settlement.id.description])
         continue
       }
-      if let event = item.event { for subscriber in subscribers { subscriber.yield(event) } }
+      guard var event = item.event else { continue }
+      // The run date the store set (it reads its clock when it records the outcome).
+      if case .retryScheduled(let id, _, let error) = event, let date = batch.retryDates[id] {
+        event = .retryScheduled(id, at: date, error: error)
+      }
+      for subscriber in subscribers { subscriber.yield(event) }
     }
     return batch
   }
@@ -165,7 +179,9 @@ extension JobQueue {
     while let record = next {
       let outcome = await process(record)
       let canHandle = handlerAvailable
-      let step = core.withLock { $0.state.workerFinished(record.id, outcome: outcome, canHandle: canHandle) }
+      let step = core.withLock {
+        $0.state.workerFinished(record.claim, outcome: outcome, canHandle: canHandle)
+      }
       switch step {
       case .run(let job, let flush):
         next = job
@@ -193,7 +209,6 @@ extension JobQueue {
   }
 
   private func process(_ record: JobRecord) async -> PendingSettlement {
-    emit(.started(record.id, attempt: record.attempts))
     // A claim counts an attempt before the handler runs, so a job past the limit here had a worker
     // that vanished during its last allowed attempt (a crash, a kill, an out-of-memory): dead, or
     // a job that crashes its worker would be handed out forever. A shutdown gives its attempt
@@ -210,6 +225,9 @@ extension JobQueue {
     let context = JobContext(
       id: record.id, queue: identifier, attempts: record.attempts, createdAt: record.createdAt,
       lastError: record.lastError)
+    guard handlerAvailable else { return settlement(for: record, outcome: .noHandler) }
+    // Only when a handler is about to run: `.started` means "a handler started on a job".
+    emit(.started(record.id, attempt: record.attempts))
     do {
       guard let result = try await handle(item, context) else {
         return settlement(for: record, outcome: .noHandler)
@@ -280,10 +298,12 @@ extension JobQueue {
     }
   }
 
-  /// Publishes "finished" and releases `waitUntilFinished` callers, when the state allows.
-  private func reportFinished(_ check: FinishCheck) {
+  /// Publishes "finished" (when `publish` allows) and releases `waitUntilFinished` callers, when
+  /// the state allows.
+  private func reportFinished(_ check: FinishCheck, publish allowed: Bool) {
     let (waiters, subscribers, publish) = core.withLock { core in
-      let (tokens, publish) = core.state.finishConfirmed(check)
+      let (tokens, stateAllows) = core.state.finishConfirmed(check, publish: allowed)
+      let publish = stateAllows
       let waiters = tokens.compactMap { core.finishContinuations.removeValue(forKey: $0) }
       return (waiters, publish ? Array(core.subscribers.values) : [], publish)
     }
@@ -300,10 +320,32 @@ extension JobQueue {
     let pending = core.withLock { $0.state.takeFinalFlush() }
     guard !pending.isEmpty else { return }
     // An unstructured task: the loop may be cancelled, the flush must still run. The shared
-    // settle-and-claim reports only outcomes the store accepted, and keeps them on failure.
-    let flush = Task { try await self.settleAndClaim(pending, limit: 0) }
+    // settle-and-claim reports only outcomes the store accepted, and keeps them on failure. A
+    // failing store is tried again with backoff while half the lease lasts (the lease keeper
+    // still heartbeats the jobs meanwhile), measured in real time whatever the queue's clock: a
+    // lost release would turn a shutdown into a crash that uses up the attempt.
+    let patience = min(configuration.leaseDuration / 2, .seconds(30))
+    let flush = Task { () async throws -> Void in
+      let start = ContinuousClock.now
+      var backoff = Duration.milliseconds(20)
+      while true {
+        let outstanding = self.core.withLock { core -> [PendingSettlement] in
+          defer { core.state.settlements = [] }
+          return core.state.settlements
+        }
+        do {
+          _ = try await self.settleAndClaim(outstanding.isEmpty ? pending : outstanding, limit: 0)
+          return
+        } catch {
+          guard ContinuousClock.now - start + backoff < patience else { throw error }
+          self.log(.warning, "could not record outcomes at shutdown, trying again in \(backoff): \(error)")
+          try await Task.sleep(for: backoff)
+          backoff = min(backoff * 2, .seconds(1))
+        }
+      }
+    }
     do {
-      _ = try await flush.value
+      try await flush.value
     } catch {
       log(
         .error, "could not record outcomes at shutdown; the jobs will run again after their lease: \(error)")

@@ -237,12 +237,18 @@ public struct ClaimBatch: Sendable, Hashable {
   public var staleSettlements: [JobID]
   /// Whether the queue's stored pause flag was set (in which case nothing was claimed).
   public var paused: Bool
+  /// The run date the store gave each job it rescheduled with ``JobSettlement/Action/retry(after:error:)``.
+  public var retryDates: [JobID: Date]
 
   /// Creates a batch.
-  public init(claimed: [JobRecord], staleSettlements: [JobID] = [], paused: Bool = false) {
+  public init(
+    claimed: [JobRecord], staleSettlements: [JobID] = [], paused: Bool = false,
+    retryDates: [JobID: Date] = [:]
+  ) {
     self.claimed = claimed
     self.staleSettlements = staleSettlements
     self.paused = paused
+    self.retryDates = retryDates
   }
 }
 
@@ -277,11 +283,14 @@ public struct WakeHint: Sendable, Hashable {
   public var nextRun: Date?
   /// The earliest lease expiry of a running job, or nil.
   public var nextLeaseExpiry: Date?
+  /// Whether the queue's stored pause flag is set.
+  public var paused: Bool
 
   /// Creates a hint.
-  public init(nextRun: Date? = nil, nextLeaseExpiry: Date? = nil) {
+  public init(nextRun: Date? = nil, nextLeaseExpiry: Date? = nil, paused: Bool = false) {
     self.nextRun = nextRun
     self.nextLeaseExpiry = nextLeaseExpiry
+    self.paused = paused
   }
 
   /// True when the queue holds no waiting and no running job: it is finished.
@@ -355,8 +364,8 @@ public protocol JobStore: Sendable {
   func isPaused(queue: String) async throws -> Bool
 
   /// When something in the queue will next need a worker: the earliest waiting run date and the
-  /// earliest lease expiry, as dates of `clock`. Both nil when the queue holds neither a waiting
-  /// nor a running job.
+  /// earliest lease expiry, as dates of `clock` (both nil when the queue holds neither a waiting
+  /// nor a running job), and the stored pause flag.
   func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint
 
   /// The names of queues that hold jobs or a stored pause flag, sorted.

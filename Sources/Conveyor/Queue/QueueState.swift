@@ -100,8 +100,9 @@ struct QueueState: Sendable {
   var publishedState = JobQueueState.stopped
   /// Worker tasks running; each holds one of the `concurrency` slots.
   var workers = 0
-  /// Jobs being handled, by ID, with their claims (for heartbeats).
-  var inFlight: [JobID: ClaimReference] = [:]
+  /// The claims of the jobs being handled (for heartbeats). By claim, not by job: a worker whose
+  /// lease lapsed may still be running a job that this same queue claimed again.
+  var inFlight: Set<ClaimReference> = []
   /// Claimed jobs waiting for a slot.
   var buffer = JobBuffer()
   /// Outcomes not yet recorded.
@@ -200,7 +201,7 @@ struct QueueState: Sendable {
   mutating func takeJobsToStart() -> [JobRecord] {
     var taken: [JobRecord] = []
     while workers < limits.concurrency, !stopping, !paused, let job = buffer.popFirst() {
-      inFlight[job.id] = job.claim
+      inFlight.insert(job.claim)
       workers += 1
       taken.append(job)
     }
@@ -209,12 +210,14 @@ struct QueueState: Sendable {
 
   // MARK: Workers
 
-  /// A worker finished `job` with `outcome`: what it does next.
-  mutating func workerFinished(_ job: JobID, outcome: PendingSettlement, canHandle: Bool) -> WorkerStep {
-    inFlight[job] = nil
+  /// A worker finished the job of `claim` with `outcome`: what it does next.
+  mutating func workerFinished(_ claim: ClaimReference, outcome: PendingSettlement, canHandle: Bool)
+    -> WorkerStep
+  {
+    inFlight.remove(claim)
     settlements.append(outcome)
     if !stopping, !paused, let next = buffer.popFirst() {
-      inFlight[next.id] = next.claim
+      inFlight.insert(next.claim)
       return .run(next, flush: settlements.count >= max(1, limits.prefetch))
     }
     guard !stopping, !paused, canHandle else { return .exit }
@@ -225,7 +228,7 @@ struct QueueState: Sendable {
   /// The next claimed job for a worker that just claimed (nil: the worker ends).
   mutating func nextForWorker() -> JobRecord? {
     guard !stopping, !paused, let job = buffer.popFirst() else { return nil }
-    inFlight[job.id] = job.claim
+    inFlight.insert(job.claim)
     return job
   }
 
@@ -237,7 +240,7 @@ struct QueueState: Sendable {
   /// Every claim this process still holds: jobs being handled, claimed jobs waiting for a slot,
   /// and handled jobs whose outcome is not recorded yet.
   var heldClaims: [ClaimReference] {
-    Array(inFlight.values) + buffer.claims + settlements.map(\.settlement.claim)
+    Array(inFlight) + buffer.claims + settlements.map(\.settlement.claim)
   }
 
   /// Heartbeats found these claims gone (lapsed and claimed again, or removed): a claimed job
@@ -269,13 +272,19 @@ struct QueueState: Sendable {
   /// The store held no waiting and no running job during `check`. Returns the waiters to release
   /// and whether to publish `.finished`; nothing when this instance added work since the check
   /// began or holds work.
-  mutating func finishConfirmed(_ check: FinishCheck) -> (waiters: [UUID], publish: Bool) {
+  ///
+  /// - Parameter publish: whether this queue publishes `.finished` at all (a queue whose delegate
+  ///   is gone releases waiters but publishes nothing).
+  mutating func finishConfirmed(_ check: FinishCheck, publish: Bool = true) -> (
+    waiters: [UUID], publish: Bool
+  ) {
     guard check.generation == enqueueGeneration, holdsNothing else { return ([], false) }
     let released = finishWaiters.filter { $0.value < check.epoch }.map(\.key)
     for token in released { finishWaiters[token] = nil }
-    let publish = !reportedFinished
+    guard publish else { return (released, false) }
+    let news = !reportedFinished
     reportedFinished = true
-    return (released, publish)
+    return (released, news)
   }
 
   /// The store showed unfinished work: the next "finished" is news again.

@@ -9,8 +9,10 @@ import Foundation
 /// }
 /// ```
 public protocol Queueable: Codable, Sendable {
-  /// While a pending or running job has this key, adding another item with the same key returns
-  /// the existing job's ID instead of storing a duplicate. Nil (the default) never deduplicates.
+  /// While a *waiting* job has this key, adding another item with the same key stores nothing and
+  /// returns the waiting job's ID (`EnqueueResult.inserted` is false). A job that is already
+  /// running does not count: it may have read old data, so the new item is stored and runs after
+  /// it. Nil (the default) never deduplicates.
   var deduplicationKey: String? { get }
 }
 
