@@ -320,7 +320,7 @@ struct QueueEngineTests {
         let rescued =
           (try? await base.rescueExpiredLeases(queue: Self.queueName, clock: SystemJobClock())) ?? 0
         if rescued > 0 { rescues.append(rescued) }
-        Thread.sleep(forTimeInterval: 0.05)
+        try? await Task.sleep(for: .milliseconds(50))
       }
     }
     let second = try JobQueue<EngineItem>(

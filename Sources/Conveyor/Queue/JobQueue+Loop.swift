@@ -84,7 +84,7 @@ extension JobQueue {
       if let expiry = hint.nextLeaseExpiry, expiry <= now { hint.nextLeaseExpiry = nil }
     }
     if hint.isFinished {
-      if canHandle { reportFinished(check) }
+      if canHandle { await reportFinished(check) }
     } else {
       core.withLock { $0.state.sawWork() }
     }
@@ -281,7 +281,7 @@ extension JobQueue {
   }
 
   /// Publishes "finished" and releases `waitUntilFinished` callers, when the state allows.
-  private func reportFinished(_ check: FinishCheck) {
+  private func reportFinished(_ check: FinishCheck) async {
     let (waiters, subscribers, publish) = core.withLock { core in
       let (tokens, publish) = core.state.finishConfirmed(check)
       let waiters = tokens.compactMap { core.finishContinuations.removeValue(forKey: $0) }
@@ -290,7 +290,7 @@ extension JobQueue {
     if publish {
       log(.debug, "queue finished")
       for subscriber in subscribers { subscriber.yield(.finished) }
-      delegateBox?.finished(self)
+      await delegateBox?.finished(self)
     }
     for waiter in waiters { waiter.resume() }
   }
