@@ -17,7 +17,10 @@ struct StoreThreadTests {
     do {
       let payload = Payload()
       freed = payload
-      thread.submit { _ = payload; ran.signal() }
+      thread.submit {
+        _ = payload
+        ran.signal()
+      }
     }
     // The thread is kept busy, and one more call waits behind it: the list never runs dry.
     thread.submit { hold.wait() }
