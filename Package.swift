@@ -10,6 +10,7 @@ let package = Package(
     .library(name: "ConveyorNetworking", targets: ["ConveyorNetworking"]),
     // Drop-in shapes for the three libraries Conveyor grew out of (see the README's migration guide).
     .library(name: "ConveyorBismuth", targets: ["ConveyorBismuth"]),
+    .library(name: "ConveyorOperationKit", targets: ["ConveyorOperationKit"]),
     .executable(name: "conveyor", targets: ["conveyor"]),
   ],
   targets: [
@@ -26,6 +27,7 @@ let package = Package(
     .target(name: "ConveyorNetworking", dependencies: ["Conveyor"]),
     // Drop-in shapes of the old libraries' APIs on Conveyor's engine: change only the import.
     .target(name: "ConveyorBismuth", dependencies: ["Conveyor", "ConveyorSQLite"]),
+    .target(name: "ConveyorOperationKit", dependencies: ["Conveyor", "ConveyorNetworking"]),
     .executableTarget(
       name: "conveyor",
       dependencies: ["Conveyor", "ConveyorSQLite", "ConveyorNetworking", "LoopbackHTTPServer"]
@@ -54,6 +56,8 @@ let package = Package(
       dependencies: ["conveyor", "LoopbackHTTPServer"]
     ),
     .testTarget(name: "ConveyorBismuthTests", dependencies: ["ConveyorBismuth"]),
+    .testTarget(
+      name: "ConveyorOperationKitTests", dependencies: ["ConveyorOperationKit", "LoopbackHTTPServer"]),
     .testTarget(
       name: "ConveyorNetworkingTests",
       dependencies: [
