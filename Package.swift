@@ -11,6 +11,7 @@ let package = Package(
     // Drop-in shapes for the three libraries Conveyor grew out of (see the README's migration guide).
     .library(name: "ConveyorBismuth", targets: ["ConveyorBismuth"]),
     .library(name: "ConveyorOperationKit", targets: ["ConveyorOperationKit"]),
+    .library(name: "ConveyorAsyncTaskPerformer", targets: ["ConveyorAsyncTaskPerformer"]),
     .executable(name: "conveyor", targets: ["conveyor"]),
   ],
   targets: [
@@ -28,6 +29,7 @@ let package = Package(
     // Drop-in shapes of the old libraries' APIs on Conveyor's engine: change only the import.
     .target(name: "ConveyorBismuth", dependencies: ["Conveyor", "ConveyorSQLite"]),
     .target(name: "ConveyorOperationKit", dependencies: ["Conveyor", "ConveyorNetworking"]),
+    .target(name: "ConveyorAsyncTaskPerformer", dependencies: ["Conveyor"]),
     .executableTarget(
       name: "conveyor",
       dependencies: ["Conveyor", "ConveyorSQLite", "ConveyorNetworking", "LoopbackHTTPServer"]
@@ -56,6 +58,7 @@ let package = Package(
       dependencies: ["conveyor", "LoopbackHTTPServer"]
     ),
     .testTarget(name: "ConveyorBismuthTests", dependencies: ["ConveyorBismuth"]),
+    .testTarget(name: "ConveyorAsyncTaskPerformerTests", dependencies: ["ConveyorAsyncTaskPerformer"]),
     .testTarget(
       name: "ConveyorOperationKitTests", dependencies: ["ConveyorOperationKit", "LoopbackHTTPServer"]),
     .testTarget(
