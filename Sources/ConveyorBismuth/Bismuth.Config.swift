@@ -24,6 +24,9 @@ extension Bismuth {
     /// being handled. Default true. Elsewhere it has no effect.
     public var canRunInBackground: Bool = true
     /// Receives the queue's debug log lines. Item contents are never logged. Default nil.
+    ///
+    /// Called on the queue's threads (one of them serves the synchronous calls): print or hand
+    /// the line on, but do not call the queue's synchronous methods from here.
     public var logProxy: (@Sendable (String) -> Void)?
     /// The SQLite database file. Nil (the default) means Conveyor's default database,
     /// `SQLiteJobStore.defaultDatabaseURL()` (`$XDG_DATA_HOME/conveyor/conveyor.sqlite` on
