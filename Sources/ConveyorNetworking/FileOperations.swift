@@ -19,6 +19,8 @@ public enum FileOperationError: Error, Hashable, CustomStringConvertible {
   case permissionDenied(path: String, message: String)
   /// Anything else, with the path involved and the system's message.
   case other(path: String, message: String)
+  /// A `permissions` value outside `0...0o7777`; nothing was written.
+  case invalidPermissions(Int)
 
   /// One line saying what happened and to which path.
   public var description: String {
@@ -27,6 +29,8 @@ public enum FileOperationError: Error, Hashable, CustomStringConvertible {
     case .destinationExists(let path): "destination already exists: \(path)"
     case .permissionDenied(let path, let message): "permission denied for \(path): \(message)"
     case .other(let path, let message): "file operation failed for \(path): \(message)"
+    case .invalidPermissions(let value):
+      "invalid permissions \(String(value, radix: 8)) (octal): pass a mode from 0 to 0o7777, such as 0o644"
     }
   }
 }
@@ -204,6 +208,9 @@ enum FileOperations {
     let target = overwrite ? try resolvingSymlinks(destination) : destination
     var existing = stat()
     let replacing = overwrite && lstat(target.path, &existing) == 0
+    if let permissions, !(0...0o7777).contains(permissions) {
+      throw .invalidPermissions(permissions)
+    }
     let mode = mode_t(permissions ?? (replacing ? Int(existing.st_mode & 0o7777) : 0o600))
     let temporary = sibling(of: target)
     try writeNewFile(
@@ -238,9 +245,11 @@ enum FileOperations {
     if !exists(source) { throw .sourceMissing(path: source.path) }
   }
 
+  /// A new name in `destination`'s folder. Short and not derived from the destination's name, so
+  /// that a destination name up to the file system's limit (255 bytes) still has a sibling.
   private static func sibling(of destination: URL) -> URL {
-    destination.deletingLastPathComponent()
-      .appendingPathComponent(".\(destination.lastPathComponent).\(UUID().uuidString).tmp")
+    let random = String(UInt64.random(in: 0...UInt64.max), radix: 16)
+    return destination.deletingLastPathComponent().appendingPathComponent(".conveyor-\(random).tmp")
   }
 
   private static func rename(_ source: URL, to destination: URL) throws(FileOperationError) {
@@ -315,13 +324,14 @@ enum FileOperations {
     let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode)
     guard descriptor >= 0 else { throw posixError(errno, path: reported, source: nil) }
     var failure: Int32 = 0
-    // open(2) applies the umask; the mode asked for (or the replaced file's) is what counts.
-    if fchmod(descriptor, mode) != 0 { failure = errno }
-    if failure == 0, let owner, owner != (geteuid(), getegid()) {
+    if let owner, owner != (geteuid(), getegid()) {
       // Keeping another user's or group's ownership needs privileges; without them the file
-      // becomes ours, with the old mode, as editors that write a new file and rename do.
+      // becomes ours, with the old mode, as editors that write a new file and rename do. Before
+      // the mode: on Linux chown clears the set-user-ID and set-group-ID bits.
       _ = fchown(descriptor, owner.0, owner.1)
     }
+    // open(2) applies the umask; the mode asked for (or the replaced file's) is what counts.
+    if fchmod(descriptor, mode) != 0 { failure = errno }
     if failure == 0 {
       failure = data.withUnsafeBytes { buffer -> Int32 in
         var offset = 0

@@ -39,7 +39,9 @@ import Synchronization
 /// `keepingAtMost` bytes while receiving (the body is cut after it arrived), strip credentials on
 /// a cross-origin redirect, or end a `401` that waits for credentials on Linux (answer
 /// challenges in your delegate). On Linux a failed download may leave its partial file in the
-/// temporary folder. The wrapper never invalidates the session.
+/// temporary folder, and a session with a `URLCache` can trap when a task is cancelled while the
+/// cache is read (see ``init(configuration:)``): give it `urlCache = nil`. The wrapper never
+/// invalidates the session.
 public final class NetworkSession: Sendable {
   /// A session with the default configuration, shared by operations given no other.
   public static let shared = NetworkSession()
@@ -49,11 +51,58 @@ public final class NetworkSession: Sendable {
   public let urlSession: URLSession
   /// The delegate routing callbacks to tasks; nil for a session given to ``init(urlSession:)``.
   private let router: TaskRouter?
+  /// `Authorization`, `Cookie` and `Proxy-Authorization` from the configuration's
+  /// `httpAdditionalHeaders`, added to each request that does not set them itself.
+  private let sessionCredentials: [String: String]
+
+  /// `request` with the session's credential headers added where it has none of its own.
+  private func withSessionCredentials(_ request: URLRequest) -> URLRequest {
+    guard !sessionCredentials.isEmpty else { return request }
+    var request = request
+    for (name, value) in sessionCredentials where request.value(forHTTPHeaderField: name) == nil {
+      request.setValue(value, forHTTPHeaderField: name)
+    }
+    return request
+  }
 
   /// Creates a session.
   ///
+  /// On Linux the session never uses a `URLCache`, whatever `configuration` says:
+  /// swift-corelibs-foundation reads the cache on a background queue before a task's protocol
+  /// exists, and a `cancel()` landing in that window makes it trap the process ("Trying to access
+  /// a behaviour for a task that in not in the registry"). Operations cancel their tasks, so the
+  /// cache goes.
+  ///
   /// - Parameter configuration: timeouts, headers, caching, cookies; copied by `URLSession`.
   public init(configuration: URLSessionConfiguration = .default) {
+    var configuration = configuration
+    #if canImport(FoundationNetworking)
+      configuration = configuration.copy() as? URLSessionConfiguration ?? configuration
+      configuration.urlCache = nil
+      configuration.requestCachePolicy = .reloadIgnoringLocalCacheData
+    #endif
+    // Credentials set for the whole session would be added to every request after a redirect
+    // dropped them (URLSession adds the configuration's headers last). They are taken out of the
+    // configuration and added to each request instead, where a cross-origin redirect drops them.
+    var sessionCredentials: [String: String] = [:]
+    if let headers = configuration.httpAdditionalHeaders {
+      var kept: [AnyHashable: Any] = [:]
+      for (name, value) in headers {
+        if let text = name as? String, Self.credentialHeaders.contains(text.lowercased()),
+          let value = value as? String
+        {
+          sessionCredentials[text] = value
+        } else {
+          kept[name] = value
+        }
+      }
+      if !sessionCredentials.isEmpty {
+        let copy = configuration.copy() as? URLSessionConfiguration ?? configuration
+        copy.httpAdditionalHeaders = kept
+        configuration = copy
+      }
+    }
+    self.sessionCredentials = sessionCredentials
     let router = TaskRouter()
     let delegateQueue = OperationQueue()
     delegateQueue.maxConcurrentOperationCount = 1
@@ -72,6 +121,7 @@ public final class NetworkSession: Sendable {
   /// - Parameter urlSession: the session; it is not invalidated when the wrapper goes away.
   public init(urlSession: URLSession) {
     self.router = nil
+    self.sessionCredentials = [:]  // the session adds its own headers
     self.urlSession = urlSession
   }
 
@@ -99,7 +149,7 @@ public final class NetworkSession: Sendable {
         completion(limit.map { limit in data.map { Data($0.prefix(limit)) } } ?? data, response, error)
       }
     }
-    let task = urlSession.dataTask(with: request)
+    let task = urlSession.dataTask(with: withSessionCredentials(request))
     router.register(task.taskIdentifier, .data(body: Data(), limit: limit, completion: completion))
     return task
   }
@@ -128,7 +178,7 @@ public final class NetworkSession: Sendable {
         completion(location, response, error)
       }
     }
-    let task = urlSession.downloadTask(with: request)
+    let task = urlSession.downloadTask(with: withSessionCredentials(request))
     router.register(task.taskIdentifier, .download(progress: progress, completion: completion))
     return task
   }
@@ -146,6 +196,15 @@ public final class NetworkSession: Sendable {
   public static func redirect(_ request: URLRequest, from origin: URL?) -> URLRequest {
     guard let origin, let target = request.url, !isSameOrigin(origin, target) else { return request }
     var stripped = request
+    // URLSession builds a relative redirect's URL from the original one, user and password
+    // included; they are credentials for the first origin too.
+    if var components = URLComponents(url: target, resolvingAgainstBaseURL: false),
+      components.user != nil || components.password != nil
+    {
+      components.user = nil
+      components.password = nil
+      stripped.url = components.url ?? target
+    }
     for name in (request.allHTTPHeaderFields ?? [:]).keys
     where credentialHeaders.contains(name.lowercased()) {
       stripped.setValue(nil, forHTTPHeaderField: name)
@@ -186,7 +245,7 @@ public final class NetworkSession: Sendable {
       // operation moves or deletes during the completion.
       return downloadTask(with: request, completion: completion)
     }
-    let task = urlSession.dataTask(with: request)
+    let task = urlSession.dataTask(with: withSessionCredentials(request))
     router.register(task.taskIdentifier, .file(DownloadFile(), progress: progress, completion: completion))
     return task
   }

@@ -19,8 +19,9 @@ import Foundation
 /// Differences on purpose: the HTTP status is checked (only `200..<300` succeeds; see
 /// `acceptedStatusCodes`), and `failureHandler` receives a typed `NetworkError` (transport,
 /// HTTP status with the body, invalid or empty response, evaluation) instead of an `NSError`.
-/// The given `URLSession` is used as is, with its own delegate (see
-/// `NetworkSession.init(urlSession:)`). The operation finishes after its handler ran.
+/// A given `URLSession` is used as is, with its own delegate (see
+/// `NetworkSession.init(urlSession:)`); `URLSession.shared` means Conveyor's shared
+/// `NetworkSession`. The operation finishes after its handler ran.
 // @unchecked Sendable: adds no stored properties; see ConveyorNetworking's `NetworkOperation`,
 // which guards its settings and task with `Mutex`es.
 open class NetworkDataOperation<ResultType: Sendable>: ConveyorNetworking.NetworkDataOperation<ResultType>,
@@ -39,14 +40,23 @@ open class NetworkDataOperation<ResultType: Sendable>: ConveyorNetworking.Networ
     evaluate: @escaping @Sendable (Data, HTTPURLResponse) throws -> ResultType
   ) {
     super.init(
-      request: URLRequest(url: url), session: NetworkSession(urlSession: urlSession), evaluate: evaluate)
+      request: URLRequest(url: url), session: .wrapping(urlSession), evaluate: evaluate)
     finishesAfterHandlers = true
   }
 
   /// The URL the operation fetches.
   public var url: URL { request.url! }
-  /// The session the operation runs on.
+  /// The session the operation runs on (for `URLSession.shared`, Conveyor's shared session).
   public var urlSession: URLSession { session.urlSession }
+}
+
+extension NetworkSession {
+  /// Conveyor's shared session for `URLSession.shared` (no URL cache on Linux, download progress,
+  /// credentials dropped on cross-origin redirects); any other session wrapped as it is, keeping
+  /// its delegate.
+  static func wrapping(_ urlSession: URLSession) -> NetworkSession {
+    urlSession === URLSession.shared ? .shared : NetworkSession(urlSession: urlSession)
+  }
 }
 
 /// The typed operation kit's download operation: `NetworkDownloadOperation<T>(url:urlSession:evaluate:)`,
@@ -80,12 +90,12 @@ open class NetworkDownloadOperation<ResultType: Sendable>:
     evaluate: @escaping @Sendable (URL, HTTPURLResponse) throws -> ResultType
   ) {
     super.init(
-      request: URLRequest(url: url), session: NetworkSession(urlSession: urlSession), evaluate: evaluate)
+      request: URLRequest(url: url), session: .wrapping(urlSession), evaluate: evaluate)
     finishesAfterHandlers = true
   }
 
   /// The URL the operation downloads.
   public var url: URL { request.url! }
-  /// The session the operation runs on.
+  /// The session the operation runs on (for `URLSession.shared`, Conveyor's shared session).
   public var urlSession: URLSession { session.urlSession }
 }

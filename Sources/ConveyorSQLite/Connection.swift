@@ -19,6 +19,9 @@ final class Connection {
   /// The sqlite3 handle; immutable for the connection's life; not to be used after ``close()``.
   let handle: OpaquePointer
   private var statements: [String: Statement] = [:]
+  /// Queue names this connection has recorded in the `queues` table (rows there are never
+  /// deleted), so an enqueue records its queue once per connection, not once per call.
+  var notedQueues: Set<String> = []
   /// Whether ``close()`` ran.
   private(set) var isClosed = false
   /// While set, every statement on this connection stops with `SQLITE_INTERRUPT`, including one

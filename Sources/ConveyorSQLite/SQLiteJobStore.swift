@@ -162,9 +162,10 @@ public final class SQLiteJobStore: JobStore {
   public func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
     if jobs.isEmpty { return [] }
     return try await connection.perform { db in
-      try db.transaction(immediate: true) {
+      let noteQueue = !db.notedQueues.contains(queue)
+      let results = try db.transaction(immediate: true) {
         let now = millis(clock.now())
-        try db.run(SQL.noteQueue, .text(queue))
+        if noteQueue { try db.run(SQL.noteQueue, .text(queue)) }
         var results: [EnqueueResult] = []
         results.reserveCapacity(jobs.count)
         for job in jobs {
@@ -183,6 +184,9 @@ public final class SQLiteJobStore: JobStore {
         }
         return results
       }
+      // Only once committed: a rolled-back note must be written again next time.
+      if noteQueue { db.notedQueues.insert(queue) }
+      return results
     }
   }
 
@@ -280,22 +284,17 @@ public final class SQLiteJobStore: JobStore {
     }
   }
 
-  /// Lists jobs in ID order, one page at a time; reads at most one page per stored status.
+  /// Lists jobs in ID order, one page at a time; only the page is read into memory.
   public func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
     guard limit > 0 else { return [] }
-    let stored = status.map(SQL.stored) ?? ["ready", "scheduled", "running", "dead"]
+    let sql = SQL.list(status)
     let after = after?.rawValue ?? Int64.min
     return try await connection.perform { db in
-      try db.transaction(immediate: false) {
-        var records: [JobRecord] = []
-        for name in stored {
-          try db.query(SQL.list(name), .text(queue), .integer(after), .integer(Int64(limit))) {
-            records.append(try Self.record($0))
-          }
-        }
-        records.sort { $0.id < $1.id }
-        return Array(records.prefix(limit))
+      var records: [JobRecord] = []
+      try db.query(sql, .text(queue), .integer(after), .integer(Int64(limit))) {
+        records.append(try Self.record($0))
       }
+      return records
     }
   }
 

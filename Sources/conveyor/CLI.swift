@@ -442,7 +442,7 @@ enum CLI {
       }
       try printJSON(Status(database: store.path, queue: context.queue, paused: paused, counts: counts))
     } else {
-      output("database  \(store.path)")
+      output("database  \(printable(store.path))")
       output("queue     \(context.queue)\(paused ? " (paused)" : "")")
       output("ready     \(counts.ready)")
       output("scheduled \(counts.scheduled)")

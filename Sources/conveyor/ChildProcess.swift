@@ -138,9 +138,19 @@ final class ChildProcess: Sendable {
       exit(ExitCode.usage.rawValue)
     }
     #if os(Linux)
-      // Stop requests go to the whole group from the worker; the command decides about them.
-      for number in [SIGTERM, SIGINT, SIGHUP] { signal(number, SIG_IGN) }
-      signal(SIGUSR1) { _ in kill(0, SIGKILL) }  // the parent-death signal: end the whole group
+      // Stop requests go to the whole group from the worker; the command decides about them. A
+      // command that left the group (setsid) gets a SIGTERM passed on.
+      for number in [SIGINT, SIGHUP] { signal(number, SIG_IGN) }
+      signal(SIGTERM) { _ in
+        let command = supervisedCommand
+        if command > 0 && getpgid(command) != getpgrp() { kill(command, SIGTERM) }
+      }
+      // The parent-death signal, and the worker's "kill now": end the command, even one that left
+      // the group, and the whole group.
+      signal(SIGUSR1) { _ in
+        if supervisedCommand > 0 { kill(supervisedCommand, SIGKILL) }
+        kill(0, SIGKILL)
+      }
       typealias Prctl = @convention(c) (Int32, UInt, UInt, UInt, UInt) -> Int32
       if let library = dlopen(nil, RTLD_NOW), let symbol = dlsym(library, "prctl") {
         let setParentDeathSignal: Int32 = 1  // PR_SET_PDEATHSIG in <linux/prctl.h>; not imported
@@ -165,6 +175,8 @@ final class ChildProcess: Sendable {
         printError("conveyor: cannot start \(words[1]): \(String(cString: strerror(result)))")
         exit(127)
       }
+      supervisedCommand = child
+      if getppid() != parent { kill(child, SIGKILL) }  // the worker died while it started
       var status: Int32 = 0
       while waitpid(child, &status, 0) == -1 && errno == EINTR {}
       let number = status & 0x7F
@@ -187,8 +199,18 @@ final class ChildProcess: Sendable {
   static func killAll() {
     registry.withLock { registry in
       registry.closed = true
-      for pid in registry.running { kill(-pid, SIGKILL) }
+      for pid in registry.running { Self.killNow(supervisor: pid) }
     }
+  }
+
+  /// Kills a command at once: on Linux by asking its supervisor (`pid`), which kills the command
+  /// even if it left the process group, then the group; elsewhere the process group.
+  private static func killNow(supervisor pid: pid_t) {
+    #if os(Linux)
+      Glibc.kill(pid, SIGUSR1)
+    #else
+      Darwin.kill(-pid, SIGKILL)
+    #endif
   }
 
   #if canImport(Darwin)
@@ -252,7 +274,7 @@ final class ChildProcess: Sendable {
     Self.registry.withLock { registry in
       guard registry.running.contains(pid) else { return false }
       if stopping { stopped.withLock { $0 = true } }
-      kill(-pid, signal)
+      if signal == SIGKILL { Self.killNow(supervisor: pid) } else { kill(-pid, signal) }
       return true
     }
   }
@@ -315,3 +337,8 @@ private final class SpawnThread: Sendable {
     return result.withLock { $0! }
   }
 }
+
+/// The command a supervisor process started (0 before it did): read by its signal handlers, which
+/// cannot capture context. Written once, on the supervisor's only thread, before any handler can
+/// need it; a handler reading 0 still ends the process group.
+nonisolated(unsafe) private var supervisedCommand: pid_t = 0

@@ -212,7 +212,9 @@ struct OperationKitReadmeTests {
   @Test("an existing URLSession keeps its own delegate: it refused the redirect, so the 302 fails")
   func existingSessionDelegate() async throws {
     let delegate = NoRedirects()
-    let session = URLSession(configuration: .ephemeral, delegate: delegate, delegateQueue: nil)
+    let configuration = URLSessionConfiguration.ephemeral
+    configuration.urlCache = nil  // see NetworkSession(urlSession:) on Linux
+    let session = URLSession(configuration: configuration, delegate: delegate, delegateQueue: nil)
     defer { session.finishTasksAndInvalidate() }
     let status = Box<Int?>(nil)
     let operation = NetworkDataOperation(url: server.url("/moved"), urlSession: session) { data, _ in data }

@@ -16,13 +16,24 @@
 // repeat), on the SQLite file when --database is given and in memory otherwise, after a warm-up,
 // and prints "rss-growth-kb <KB>": how much the resident memory grew meanwhile.
 //
-//   conveyor-test-worker retry-delay --attempt N --maximum-seconds S
+//   conveyor-test-worker trap-check --case exponential-maximum|nan-run-date|infinite-run-date
 //
-// Prints "delay-seconds <s>", the delay `RetryPolicy.exponential(maximum: .seconds(S), jitter: 0)`
-// gives after attempt N (in a process of its own, so a trap fails only the test that asked).
+// Runs one input that once reached a Swift trap, in a process of its own so that a trap fails
+// only the test that asked: prints the delay `RetryPolicy.exponential(maximum: .seconds(Int64.max))`
+// gives after attempt 200 ("delay-seconds <s>"), or what `add(_:runAt:)` did with a NaN or
+// infinite date ("invalidSchedule" or "stored").
+//
+//   conveyor-test-worker starve --lease-ms MS
+//
+// Handles one job per core at concurrency = the core count with handlers that spin without
+// awaiting for three leases, while a task on a thread of its own rescues expired leases every
+// 50 ms and a second queue instance stands by to run rescued jobs; prints "width <n>",
+// "handled <numbers>" (one entry per handler call), "rescued <count>" and "warning <message>" per
+// warning the queues logged. In a process of its own so the spinning does not starve other tests.
 import Conveyor
 import ConveyorSQLite
 import Foundation
+import Synchronization
 
 #if canImport(Glibc)
   import Glibc
@@ -113,7 +124,7 @@ func work(_ arguments: Arguments) async throws {
   guard counts.unfinished == 0 else { throw Failure("finished with \(counts) left") }
 }
 
-/// The options of the `trickle` and `retry-delay` commands: `--name value` pairs.
+/// The options of the `trickle` and `trap-check` commands: `--name value` pairs.
 func options(_ arguments: ArraySlice<String>, allowed: Set<String>) throws -> [String: String] {
   var result: [String: String] = [:]
   var iterator = arguments.makeIterator()
@@ -162,20 +173,126 @@ func trickle(_ arguments: ArraySlice<String>) async throws {
   print("rss-growth-kb \(after - before)")
 }
 
-func retryDelay(_ arguments: ArraySlice<String>) throws {
-  let values = try options(arguments, allowed: ["--attempt", "--maximum-seconds"])
-  guard let attempt = values["--attempt"].flatMap({ Int($0) }),
-    let maximum = values["--maximum-seconds"].flatMap({ Int64($0) })
-  else { throw Failure("usage: conveyor-test-worker retry-delay --attempt N --maximum-seconds S") }
-  let delay = RetryPolicy.exponential(maximum: .seconds(maximum), jitter: 0).delay(afterAttempt: attempt)
-  print("delay-seconds \(delay.components.seconds)")
+/// The item `trap-check` enqueues.
+struct PlainJob: Queueable {
+  var number: Int
+}
+
+func trapCheck(_ arguments: ArraySlice<String>) async throws {
+  let values = try options(arguments, allowed: ["--case"])
+  switch values["--case"] {
+  case "exponential-maximum":
+    let policy = RetryPolicy.exponential(maximum: .seconds(Int64.max), jitter: 0)
+    print("delay-seconds \(policy.delay(afterAttempt: 200).components.seconds)")
+  case "nan-run-date", "infinite-run-date":
+    let date = Date(timeIntervalSince1970: values["--case"] == "nan-run-date" ? .nan : .infinity)
+    let configuration = JobQueueConfiguration(identifier: "traps", autoStart: false)
+    let queue = try JobQueue<PlainJob>(configuration: configuration, store: InMemoryJobStore()) { _, _ in
+      .handled
+    }
+    do {
+      try await queue.add(PlainJob(number: 1), runAt: date)
+      print("stored")
+    } catch let error as JobQueueError {
+      guard case .invalidSchedule = error else { throw error }
+      print("invalidSchedule")
+    }
+  default:
+    throw Failure(
+      "usage: conveyor-test-worker trap-check --case exponential-maximum|nan-run-date|infinite-run-date")
+  }
+}
+
+/// A task executor on a thread of its own: `starve` rescues leases there, as another process
+/// would, while handlers keep every thread of the cooperative pool busy.
+final class DedicatedThreadExecutor: TaskExecutor {
+  private let jobs = Mutex<[UnownedJob]>([])
+  private let available = DispatchSemaphore(value: 0)
+
+  init(name: String) {
+    let thread = Thread { [self] in run() }
+    thread.name = name
+    thread.start()
+  }
+
+  func enqueue(_ job: consuming ExecutorJob) {
+    let job = UnownedJob(job)
+    jobs.withLock { $0.append(job) }
+    available.signal()
+  }
+
+  private func run() {
+    while true {
+      available.wait()
+      let job = jobs.withLock { $0.isEmpty ? nil : $0.removeFirst() }
+      job?.runSynchronously(on: asUnownedTaskExecutor())
+    }
+  }
+}
+
+func starve(_ arguments: ArraySlice<String>) async throws {
+  let values = try options(arguments, allowed: ["--lease-ms"])
+  guard let leaseMilliseconds = values["--lease-ms"].flatMap({ Int64($0) }) else {
+    throw Failure("usage: conveyor-test-worker starve --lease-ms MS")
+  }
+  let lease = Duration.milliseconds(leaseMilliseconds)
+  let width = ProcessInfo.processInfo.activeProcessorCount
+  let store = InMemoryJobStore()
+  let handled = Mutex<[Int]>([])
+  let warnings = Mutex<[String]>([])
+  let handler: JobQueue<PlainJob>.Handler = { item, _ in
+    let first = handled.withLock { handled in
+      defer { handled.append(item.number) }
+      return !handled.contains(item.number)
+    }
+    // Spin without awaiting for three leases (the first time only: a job handed out again must
+    // not spin forever), so this thread of the pool is not given back meanwhile.
+    let end = ContinuousClock.now + (first ? lease * 3 : .zero)
+    while ContinuousClock.now < end {}
+    return .handled
+  }
+  func configuration(autoStart: Bool) -> JobQueueConfiguration {
+    JobQueueConfiguration(
+      identifier: "starve", concurrency: width, autoStart: autoStart, leaseDuration: lease,
+      pollInterval: .milliseconds(50),
+      log: { record in if record.level >= .warning { warnings.withLock { $0.append(record.message) } } })
+  }
+  let worker = try JobQueue<PlainJob>(
+    configuration: configuration(autoStart: false), store: store, handler: handler)
+  try await worker.add(contentsOf: (1...width).map { PlainJob(number: $0) })
+  // Another process would rescue a lapsed lease within 50 ms; this one runs off the pool.
+  let rescued = Mutex(0)
+  let rescuer = Task(executorPreference: DedicatedThreadExecutor(name: "starve.rescuer")) {
+    while !Task.isCancelled {
+      let count = (try? await store.rescueExpiredLeases(queue: "starve", clock: SystemJobClock())) ?? 0
+      rescued.withLock { $0 += count }
+      usleep(50_000)  // blocks the dedicated thread only
+    }
+  }
+  let second = try JobQueue<PlainJob>(
+    configuration: configuration(autoStart: true), store: store, handler: handler)
+  worker.start()
+  let deadline = ContinuousClock.now + .seconds(60)
+  while ContinuousClock.now < deadline {
+    let left = try await store.counts(queue: "starve", clock: SystemJobClock()).unfinished
+    if left == 0 && handled.withLock({ Set($0).count }) == width { break }
+    try await Task.sleep(for: .milliseconds(20))
+  }
+  rescuer.cancel()
+  await second.shutdown(gracePeriod: .seconds(1))
+  await worker.shutdown(gracePeriod: .seconds(1))
+  print("width \(width)")
+  print("handled \(handled.withLock { $0.sorted() }.map(String.init).joined(separator: ","))")
+  print("rescued \(rescued.withLock { $0 })")
+  for warning in warnings.withLock({ $0 }) { print("warning \(warning)") }
 }
 
 do {
   let arguments = Array(CommandLine.arguments.dropFirst())
   switch arguments.first {
   case "trickle": try await trickle(arguments.dropFirst())
-  case "retry-delay": try retryDelay(arguments.dropFirst())
+  case "trap-check": try await trapCheck(arguments.dropFirst())
+  case "starve": try await starve(arguments.dropFirst())
   default: try await work(Arguments(arguments))
   }
 } catch {

@@ -55,7 +55,7 @@ func runPipelineBenchmarks() async throws {
   let bodies: [@Sendable () async -> Int] = (0..<count).map { index in { index } }
   let tasks = bodies.map { AnyAsyncTask<Int, Never>($0) }
   let runner = AsyncTaskRunner<Int, Never>(tasks)
-  let sameClosures = try await best(repeats: 5) {
+  let sameClosures = await best(repeats: 5) {
     var values: [Int] = []
     values.reserveCapacity(bodies.count)
     for body in bodies { values.append(await body()) }

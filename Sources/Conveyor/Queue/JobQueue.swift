@@ -113,8 +113,10 @@ public final class JobQueue<Item: Queueable>: Sendable {
   @discardableResult
   public func add(_ item: Item, priority: Int = 0, runAt date: Date) async throws -> EnqueueResult {
     guard date.timeIntervalSince1970.isFinite else {
+      // Not `\(date)`: Foundation's description of a NaN date traps.
       throw JobQueueError.invalidSchedule(
-        "the run date \(date) is not a finite date; pass a real date or a delay")
+        "the run date (\(date.timeIntervalSince1970) s since 1970) is not a finite date; "
+          + "pass a real date or a delay")
     }
     return try await commit(newJobs([item], priority: priority, runTime: .at(date)))[0]
   }

@@ -41,8 +41,11 @@ public struct RetryPolicy: Sendable {
     initial: Duration = .seconds(1), multiplier: Double = 2, maximum: Duration = .seconds(600),
     jitter: Double = 0.1, random: @escaping @Sendable () -> Double = { Double.random(in: 0..<1) }
   ) -> RetryPolicy {
-    let initialSeconds = initial.seconds
-    let maximumSeconds = maximum.seconds
+    // Clamped to the longest delay a store applies, so the millisecond count below never
+    // overflows however large `maximum` is.
+    let longest = JobStoreTime.longestDelay.seconds
+    let initialSeconds = min(max(0, initial.seconds), longest)
+    let maximumSeconds = min(max(0, maximum.seconds), longest)
     let factor = max(1, multiplier)
     let spread = min(1, max(0, jitter))
     return RetryPolicy { attempt in
