@@ -8,6 +8,10 @@ let package = Package(
     .library(name: "Conveyor", targets: ["Conveyor"]),
     .library(name: "ConveyorSQLite", targets: ["ConveyorSQLite"]),
     .library(name: "ConveyorNetworking", targets: ["ConveyorNetworking"]),
+    // Drop-in shapes for the three libraries Conveyor grew out of (see the README's migration guide).
+    .library(name: "ConveyorBismuth", targets: ["ConveyorBismuth"]),
+    .library(name: "ConveyorOperationKit", targets: ["ConveyorOperationKit"]),
+    .library(name: "ConveyorAsyncTaskPerformer", targets: ["ConveyorAsyncTaskPerformer"]),
     .executable(name: "conveyor", targets: ["conveyor"]),
   ],
   targets: [
@@ -22,6 +26,10 @@ let package = Package(
     .target(name: "Conveyor"),
     .target(name: "ConveyorSQLite", dependencies: ["Conveyor", "CSQLite"]),
     .target(name: "ConveyorNetworking", dependencies: ["Conveyor"]),
+    // Drop-in shapes of the old libraries' APIs on Conveyor's engine: change only the import.
+    .target(name: "ConveyorBismuth", dependencies: ["Conveyor", "ConveyorSQLite"]),
+    .target(name: "ConveyorOperationKit", dependencies: ["Conveyor", "ConveyorNetworking"]),
+    .target(name: "ConveyorAsyncTaskPerformer", dependencies: ["Conveyor"]),
     .executableTarget(
       name: "conveyor",
       dependencies: ["Conveyor", "ConveyorSQLite", "ConveyorNetworking", "LoopbackHTTPServer"]
@@ -49,6 +57,10 @@ let package = Package(
       name: "ConveyorCLITests",
       dependencies: ["conveyor", "LoopbackHTTPServer"]
     ),
+    .testTarget(name: "ConveyorBismuthTests", dependencies: ["ConveyorBismuth"]),
+    .testTarget(name: "ConveyorAsyncTaskPerformerTests", dependencies: ["ConveyorAsyncTaskPerformer"]),
+    .testTarget(
+      name: "ConveyorOperationKitTests", dependencies: ["ConveyorOperationKit", "LoopbackHTTPServer"]),
     .testTarget(
       name: "ConveyorNetworkingTests",
       dependencies: [

@@ -29,13 +29,28 @@ import Synchronization
 /// swift-corelibs-foundation would).
 ///
 /// Tasks made directly on ``urlSession`` without these methods get no callbacks here.
+///
+/// ## An existing `URLSession`
+///
+/// ``init(urlSession:)`` wraps a session you already have, with its own delegate (certificate
+/// pinning, authentication challenges, metrics): the operations then make completion-handler
+/// tasks on it, and its delegate keeps answering challenges and redirects. What the wrapper then
+/// cannot do, because it is not the session's delegate: report download progress, keep only
+/// `keepingAtMost` bytes while receiving (the body is cut after it arrived), strip credentials on
+/// a cross-origin redirect, or end a `401` that waits for credentials on Linux (answer
+/// challenges in your delegate). On Linux a failed download may leave its partial file in the
+/// temporary folder, and a session with a `URLCache` can trap when a task is cancelled while the
+/// cache is read (see ``init(configuration:)``): give it `urlCache = nil`. The wrapper never
+/// invalidates the session.
 public final class NetworkSession: Sendable {
   /// A session with the default configuration, shared by operations given no other.
   public static let shared = NetworkSession()
 
-  /// The underlying session. Its delegate belongs to `NetworkSession`; do not replace it.
+  /// The underlying session. For a session made by ``init(configuration:)`` its delegate belongs
+  /// to `NetworkSession`; do not replace it.
   public let urlSession: URLSession
-  private let router: TaskRouter
+  /// The delegate routing callbacks to tasks; nil for a session given to ``init(urlSession:)``.
+  private let router: TaskRouter?
   /// `Authorization`, `Cookie` and `Proxy-Authorization` from the configuration's
   /// `httpAdditionalHeaders`, added to each request that does not set them itself.
   private let sessionCredentials: [String: String]
@@ -96,9 +111,24 @@ public final class NetworkSession: Sendable {
     self.urlSession = URLSession(configuration: configuration, delegate: router, delegateQueue: delegateQueue)
   }
 
+  /// Wraps an existing session, keeping its delegate (see "An existing `URLSession`" above).
+  ///
+  /// ```swift
+  /// let pinned = URLSession(configuration: .default, delegate: PinningDelegate(), delegateQueue: nil)
+  /// let operation = NetworkDataOperation(request: URLRequest(url: url), session: NetworkSession(urlSession: pinned))
+  /// ```
+  ///
+  /// - Parameter urlSession: the session; it is not invalidated when the wrapper goes away.
+  public init(urlSession: URLSession) {
+    self.router = nil
+    self.sessionCredentials = [:]  // the session adds its own headers
+    self.urlSession = urlSession
+  }
+
   deinit {
-    // A session keeps its delegate alive until invalidated; running tasks still finish.
-    urlSession.finishTasksAndInvalidate()
+    // A session keeps its delegate alive until invalidated; running tasks still finish. A session
+    // given to `init(urlSession:)` belongs to its owner.
+    if router != nil { urlSession.finishTasksAndInvalidate() }
   }
 
   /// Makes a suspended data task whose body, response and error go to `completion` once.
@@ -114,6 +144,11 @@ public final class NetworkSession: Sendable {
     with request: URLRequest, keepingAtMost limit: Int? = nil,
     completion: @escaping @Sendable (Data?, URLResponse?, (any Error)?) -> Void
   ) -> URLSessionDataTask {
+    guard let router else {
+      return urlSession.dataTask(with: request) { data, response, error in
+        completion(limit.map { limit in data.map { Data($0.prefix(limit)) } } ?? data, response, error)
+      }
+    }
     let task = urlSession.dataTask(with: withSessionCredentials(request))
     router.register(task.taskIdentifier, .data(body: Data(), limit: limit, completion: completion))
     return task
@@ -138,6 +173,11 @@ public final class NetworkSession: Sendable {
     progress: (@Sendable (_ written: Int64, _ expected: Int64?) -> Void)? = nil,
     completion: @escaping @Sendable (URL?, URLResponse?, (any Error)?) -> Void
   ) -> URLSessionDownloadTask {
+    guard let router else {
+      return urlSession.downloadTask(with: request) { location, response, error in
+        completion(location, response, error)
+      }
+    }
     let task = urlSession.downloadTask(with: withSessionCredentials(request))
     router.register(task.taskIdentifier, .download(progress: progress, completion: completion))
     return task
@@ -199,7 +239,12 @@ public final class NetworkSession: Sendable {
     with request: URLRequest,
     progress: (@Sendable (_ written: Int64, _ expected: Int64?) -> Void)?,
     completion: @escaping @Sendable (URL?, URLResponse?, (any Error)?) -> Void
-  ) -> URLSessionDataTask {
+  ) -> URLSessionTask {
+    guard let router else {
+      // Not the session's delegate: a download task with a completion handler, whose file the
+      // operation moves or deletes during the completion.
+      return downloadTask(with: request, completion: completion)
+    }
     let task = urlSession.dataTask(with: withSessionCredentials(request))
     router.register(task.taskIdentifier, .file(DownloadFile(), progress: progress, completion: completion))
     return task

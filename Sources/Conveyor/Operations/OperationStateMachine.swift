@@ -116,6 +116,9 @@ struct OperationStateMachine<Success: Sendable, Failure: Error> {
     var deliver: (@Sendable () -> Void)?
     var callbackQueue: DispatchQueue
     var task: Task<Void, Never>?
+    /// Whether the operation becomes `isFinished` only after `deliver` ran (there is a handler
+    /// and ``OperationStateMachine/finishesAfterHandlers`` is set).
+    var finishesAfterDelivery = false
   }
 
   private(set) var outcome: Outcome?
@@ -129,6 +132,11 @@ struct OperationStateMachine<Success: Sendable, Failure: Error> {
   var successHandler: (@Sendable (Success) -> Void)?
   var failureHandler: (@Sendable (Failure) -> Void)?
   var callbackQueue = defaultOperationCallbackQueue
+  /// The public `finishesAfterHandlers`.
+  var finishesAfterHandlers = false
+  /// Set when a completion that finishes after its handler was handed out, so that a
+  /// `SyncOperation`'s `start()` leaves the finishing to the handler's queue.
+  private(set) var finishDeferred = false
 
   /// The public `result`: nil while pending and when cancelled.
   var result: Result<Success, Failure>? {
@@ -158,7 +166,8 @@ struct OperationStateMachine<Success: Sendable, Failure: Error> {
     }
     let completion = Completion(
       outcome: newOutcome, waiters: waiters, deliver: deliver, callbackQueue: callbackQueue,
-      task: cancelled ? task : nil)
+      task: cancelled ? task : nil, finishesAfterDelivery: deliver != nil && finishesAfterHandlers)
+    finishDeferred = completion.finishesAfterDelivery
     waiters = []
     task = nil
     successHandler = nil
@@ -229,11 +238,24 @@ enum OperationDriver {
   }
 
   /// Cancels the work's task, dispatches the handler and resumes every waiter.
+  ///
+  /// - Parameter then: run on the callback queue right after the handler (nothing when there is
+  ///   no handler: the caller finishes the operation itself then).
   static func deliver<Success, Failure>(
-    _ completion: OperationStateMachine<Success, Failure>.Completion
+    _ completion: OperationStateMachine<Success, Failure>.Completion,
+    then: (@Sendable () -> Void)? = nil
   ) {
     completion.task?.cancel()
-    if let deliver = completion.deliver { completion.callbackQueue.async(execute: deliver) }
+    if let deliver = completion.deliver {
+      if let then {
+        completion.callbackQueue.async {
+          deliver()
+          then()
+        }
+      } else {
+        completion.callbackQueue.async(execute: deliver)
+      }
+    }
     for waiter in completion.waiters { waiter.resume(returning: completion.outcome) }
   }
 

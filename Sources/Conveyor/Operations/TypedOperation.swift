@@ -45,6 +45,20 @@ open class TypedOperation<Success: Sendable, Failure: Error>: Operation, @unchec
     set { state.withLock { $0.failureHandler = newValue } }
   }
 
+  /// Whether a started operation becomes `isFinished` only after its `successHandler` or
+  /// `failureHandler` returned, on `callbackQueue`. Default false: it finishes as soon as its
+  /// outcome is decided, and the handler runs a moment later.
+  ///
+  /// Set it when a dependent operation reads what the handler stores: on an `OperationQueue`,
+  /// the dependent then starts after the handler ran (as in the typed operation kit Conveyor grew
+  /// out of; ConveyorOperationKit's classes set it). Without a handler, or after `cancel()`, the
+  /// operation finishes as usual. Do not set it when `callbackQueue` waits for the operation
+  /// (a main queue blocked in `waitUntilAllOperationsAreFinished()`, say): it would never finish.
+  public var finishesAfterHandlers: Bool {
+    get { state.withLock { $0.finishesAfterHandlers } }
+    set { state.withLock { $0.finishesAfterHandlers = newValue } }
+  }
+
   /// The queue `successHandler` and `failureHandler` run on.
   ///
   /// Defaults to `DispatchQueue.main` on Apple platforms. On Linux the default is one shared
@@ -122,17 +136,33 @@ open class TypedOperation<Success: Sendable, Failure: Error>: Operation, @unchec
     case .ignore:
       return
     case .finishWithoutRunning:
-      OperationDriver.publishFinished(self, control, wasExecuting: false)
       // A value `finish` gave before the start is delivered now, after the dependencies.
-      if let completion = state.withLock({ $0.markStarted() }) { OperationDriver.deliver(completion) }
+      let completion = state.withLock { $0.markStarted() }
+      finish(delivering: completion, wasExecuting: false)
     case .run:
       OperationDriver.publishExecuting(self, control)
       let runs = !control.isDecided
       if runs { main() }
-      if !runs || !finishesWhenDecided {
+      // A `SyncOperation` finishing after its handler is finished by the handler's queue.
+      if !runs || (!finishesWhenDecided && !state.withLock({ $0.finishDeferred })) {
         OperationDriver.publishFinished(self, control, wasExecuting: true)
       }
     }
+  }
+
+  /// Publishes `isFinished` and delivers `completion`: the handler first when the operation
+  /// finishes after its handlers, otherwise `isFinished` first.
+  private func finish(
+    delivering completion: OperationStateMachine<Success, Failure>.Completion?, wasExecuting: Bool
+  ) {
+    if let completion, completion.finishesAfterDelivery {
+      OperationDriver.deliver(completion) {
+        OperationDriver.publishFinished(self, self.control, wasExecuting: wasExecuting)
+      }
+      return
+    }
+    OperationDriver.publishFinished(self, control, wasExecuting: wasExecuting)
+    if let completion { OperationDriver.deliver(completion) }
   }
 
   /// Cancels the operation: it produces no result, its handlers do not run and waiters get
@@ -172,10 +202,12 @@ open class TypedOperation<Success: Sendable, Failure: Error>: Operation, @unchec
       return
     }
     let completion = state.withLock { $0.complete(outcome) }
-    if finishesWhenDecided {
-      OperationDriver.publishFinished(self, control, wasExecuting: true)
+    if finishesWhenDecided || completion?.finishesAfterDelivery == true {
+      // A `SyncOperation` that does not finish after its handler is finished by `start()`.
+      finish(delivering: completion, wasExecuting: true)
+    } else if let completion {
+      OperationDriver.deliver(completion)
     }
-    if let completion { OperationDriver.deliver(completion) }
   }
 
   /// Keeps the task running the work so `cancel()` can cancel it; false if already decided (the

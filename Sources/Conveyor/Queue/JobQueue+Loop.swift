@@ -93,7 +93,7 @@ extension JobQueue {
     if hint.isFinished {
       // Waiters are released whatever the handler; "finished" is published only by a queue that
       // can handle jobs (a released delegate's queue is not doing the work).
-      reportFinished(check, publish: canHandle)
+      await reportFinished(check, publish: canHandle)
     } else {
       core.withLock { $0.state.sawWork() }
     }
@@ -300,7 +300,7 @@ extension JobQueue {
 
   /// Publishes "finished" (when `publish` allows) and releases `waitUntilFinished` callers, when
   /// the state allows.
-  private func reportFinished(_ check: FinishCheck, publish allowed: Bool) {
+  private func reportFinished(_ check: FinishCheck, publish allowed: Bool) async {
     let (waiters, subscribers, publish) = core.withLock { core in
       let (tokens, stateAllows) = core.state.finishConfirmed(check, publish: allowed)
       let publish = stateAllows
@@ -310,7 +310,7 @@ extension JobQueue {
     if publish {
       log(.debug, "queue finished")
       for subscriber in subscribers { subscriber.yield(.finished) }
-      delegateBox?.finished(self)
+      await delegateBox?.finished(self)
     }
     for waiter in waiters { waiter.resume() }
   }

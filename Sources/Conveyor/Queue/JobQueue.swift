@@ -390,19 +390,21 @@ extension JobQueue {
   final class DelegateBox: Sendable {
     /// Handles a job; nil when the delegate is gone.
     let handle: @Sendable (JobQueue<Item>, Item, Int) async throws -> JobResult?
-    let finished: @Sendable (JobQueue<Item>) -> Void
+    let finished: @Sendable (JobQueue<Item>) async -> Void
     let isAlive: @Sendable () -> Bool
 
     init<Delegate: JobQueueDelegate>(_ delegate: Delegate) where Delegate.Item == Item {
       handle = { [weak delegate] queue, item, attempts in
         guard let delegate else { return nil }
-        // The task's cancellation (at the end of a shutdown's grace period) throws, as a closure
+        // The requirement is `async` so that the call hops to the delegate's actor (the main
+        // actor for a `@MainActor` delegate); the completion may come during or after it. The
+        // task's cancellation (at the end of a shutdown's grace period) throws, as a closure
         // handler's would, and goes through the same shutdown rule; a later completion is ignored.
-        return try await awaitCallback { done in
-          delegate.queue(queue, handle: item, attempts: attempts) { done(.success($0)) }
-        }
+        let promise = CallbackPromise<JobResult>()
+        await delegate.queue(queue, handle: item, attempts: attempts) { promise.fulfil(.success($0)) }
+        return try await promise.value
       }
-      finished = { [weak delegate] queue in delegate?.queueFinished(queue) }
+      finished = { [weak delegate] queue in await delegate?.queueFinished(queue) }
       isAlive = { [weak delegate] in delegate != nil }
     }
   }
@@ -419,18 +421,52 @@ extension JobQueue {
 ///   func queueFinished(_ queue: JobQueue<Upload>) { print("all uploaded") }
 /// }
 /// ```
+///
+/// ## Main-actor delegates
+///
+/// The requirements are `async`, so a `@MainActor` class (a view model, an app delegate) adopts
+/// the protocol with ordinary synchronous methods, and the queue calls them on the main actor:
+///
+/// ```swift
+/// @MainActor final class UploadsModel: JobQueueDelegate {
+///   var uploaded = 0
+///   func queue(_ queue: JobQueue<Upload>, handle item: Upload, attempts: Int,
+///              completion: @escaping @Sendable (JobResult) -> Void) {
+///     uploaded += 1  // main-actor state, no hop needed
+///     completion(.handled)
+///   }
+/// }
+/// ```
+///
+/// ## Where the callbacks run
+///
+/// - `queue(_:handle:attempts:completion:)` and `queueFinished(_:)` run on the delegate's
+///   isolation: on the main actor for a `@MainActor` delegate, on that actor for an actor, and on
+///   Swift's cooperative thread pool (some background thread) for a nonisolated class. A
+///   main-actor delegate needs the main actor to be served: it is in apps, in `async` `main`
+///   functions and in `@MainActor` tests; a command-line tool that blocks its main thread never
+///   gets its jobs handled.
+/// - `completion` may be called from any thread, during the call or later.
+/// - `queueFinished(_:)` is awaited by the queue's loop before it looks for more work, so it
+///   runs after the last job's outcome is recorded and before any job added later is handled.
 public protocol JobQueueDelegate<Item>: AnyObject, Sendable {
   /// The queue's item type.
   associatedtype Item: Queueable
 
   /// Handles one job; call `completion` exactly once (later calls are ignored). `attempts` is 1
   /// the first time.
+  ///
+  /// Declared `async` so that an actor-isolated (for instance `@MainActor`) method satisfies it;
+  /// implement it as an ordinary synchronous method.
   func queue(
     _ queue: JobQueue<Item>, handle item: Item, attempts: Int,
-    completion: @escaping @Sendable (JobResult) -> Void)
+    completion: @escaping @Sendable (JobResult) -> Void) async
 
   /// Called when no pending or running job is left.
-  func queueFinished(_ queue: JobQueue<Item>)
+  ///
+  /// Declared `async` so that an actor-isolated method satisfies it; implement it as an ordinary
+  /// synchronous method.
+  func queueFinished(_ queue: JobQueue<Item>) async
 }
 
 extension JobQueueDelegate {

@@ -26,9 +26,9 @@ public struct JobQueueConfiguration: Sendable {
   /// ``JobQueue/start()``.
   public var autoStart: Bool
   /// Whether the queue may ask iOS, tvOS or visionOS for background time while jobs run.
-  /// Default true. This build does not act on it yet on any platform (it is kept so that
-  /// configurations written for the seed library compile); a job interrupted by suspension is
-  /// handed out again after its lease, as after a crash.
+  /// Default true. `JobQueue` itself does not act on it yet on any platform; ConveyorBismuth's
+  /// `Bismuth.Queue` does, where UIKit exists. A job interrupted by suspension is handed out
+  /// again after its lease, as after a crash.
   public var canRunInBackground: Bool
   /// How long a claimed job stays with this worker without a heartbeat. The queue heartbeats every
   /// third of it while a handler runs; a job whose worker died is handed out again after it.
