@@ -167,10 +167,10 @@ struct ReviewEngineTests {
       await queue.waitUntilFinished()
       done.set()
     }
-    let returned = await eventually(timeout: .seconds(5)) { done.isSet }
+    let returned = await eventually(timeout: .seconds(20)) { done.isSet }
     waiter.cancel()
     await queue.shutdown(gracePeriod: .seconds(1))
-    #expect(returned, "waitUntilFinished did not return within 5 s (100 poll intervals) on an empty store")
+    #expect(returned, "waitUntilFinished did not return within 20 s (400 poll intervals) on an empty store")
   }
 
   @Test("waitUntilFinished does not return while another instance holds a running job (held)")
@@ -184,12 +184,16 @@ struct ReviewEngineTests {
       await gate.wait()
       return .handled
     }
-    let b = try JobQueue<ReviewItem>(configuration: config(poll: .milliseconds(50)), store: store) { _, _ in
+    // b starts only once a holds the job, so the claim is not a race between them.
+    var bConfiguration = config(poll: .milliseconds(50))
+    bConfiguration.autoStart = false
+    let b = try JobQueue<ReviewItem>(configuration: bConfiguration, store: store) { _, _ in
       Issue.record("b must not get a's running job")
       return .handled
     }
     try await a.add(ReviewItem(number: 1))
     try await eventually("a runs the job") { started.all == [1] }
+    b.start()
     let done = ReviewFlag()
     let waiter = Task {
       await b.waitUntilFinished()
