@@ -65,6 +65,11 @@ extension Bismuth {
       var failure: (any Error)?
       do {
         if let url = config.databaseURL {
+          // Its folder is created (0700) as the default location's is: on an app's first launch
+          // an Application Support subfolder does not exist yet.
+          try FileManager.default.createDirectory(
+            at: url.deletingLastPathComponent(), withIntermediateDirectories: true,
+            attributes: [.posixPermissions: 0o700])
           store = try SQLiteJobStore(path: url.path)
         } else {
           store = try SQLiteJobStore()
@@ -257,9 +262,16 @@ final class DelegateSlot: Sendable {
     }
   }
 
-  /// The delegate, waiting until one is set; throws `CancellationError` if the task is cancelled.
-  func waitForDelegate() async throws -> any BismuthQueueDelegate {
+  /// The delegate, waiting until one is set, at most `limit`; throws `CancellationError` if the
+  /// task is cancelled or the time runs out.
+  func waitForDelegate(atMost limit: Duration) async throws -> any BismuthQueueDelegate {
     let token = UUID()
+    let timer = Task { [weak self] in
+      try await Task.sleep(for: limit)
+      let waiter = self?.state.withLock { $0.waiters.removeValue(forKey: token) }
+      waiter?.resume(throwing: CancellationError())
+    }
+    defer { timer.cancel() }
     return try await withTaskCancellationHandler {
       try await withCheckedThrowingContinuation { continuation in
         let ready = state.withLock { state -> (any BismuthQueueDelegate)? in
@@ -300,7 +312,9 @@ final class Adapter<T: BismuthQueueable>: JobQueueDelegate, Sendable {
     completion: @escaping @Sendable (JobResult) -> Void
   ) async {
     do {
-      let delegate = try await slot.waitForDelegate()
+      // The engine claims only while a delegate is set (`isReadyForJobs`); one that went away in
+      // between is waited for briefly, never forever (the item would be stuck for every worker).
+      let delegate = try await slot.waitForDelegate(atMost: .seconds(2))
       guard let owner else { throw CancellationError() }
       await delegate.queue(owner, handle: item, attempts: attempts - 1) { result in
         completion(result == .handled ? .handled : .retry)
@@ -310,6 +324,10 @@ final class Adapter<T: BismuthQueueable>: JobQueueDelegate, Sendable {
       completion(.retry)
     }
   }
+
+  /// Jobs are claimed only while the ``Bismuth/Queue`` has a delegate, so a queue without one
+  /// never holds an item that another instance on the same file could handle.
+  var isReadyForJobs: Bool { slot.delegate != nil }
 
   func queueFinished(_ queue: JobQueue<T>) async {
     guard let delegate = slot.delegate, let owner else { return }

@@ -85,7 +85,8 @@ struct ReviewOperationKitTests {
     #expect(seen.current?.2 == true)
   }
 
-  @Test("download whose evaluate throws leaves no temporary file (shared and own session)",
+  @Test(
+    "download whose evaluate throws leaves no temporary file (shared and own session)",
     arguments: [false, true])
   func downloadEvaluateThrows(ownSessionUsed: Bool) async throws {
     let server = try LoopbackHTTPServer(always: .ok(String(repeating: "z", count: 10_000)))
@@ -107,7 +108,8 @@ struct ReviewOperationKitTests {
     #expect(!FileManager.default.fileExists(atPath: file.path), "left \(file.path)")
   }
 
-  @Test("an existing URLSession: a dependent sees what the predecessor's successHandler stored",
+  @Test(
+    "an existing URLSession: a dependent sees what the predecessor's successHandler stored",
     arguments: 0..<10)
   func dependentOnOwnSession(run: Int) async throws {
     let server = try LoopbackHTTPServer(always: .ok("{\"name\":\"n\(run)\"}"))

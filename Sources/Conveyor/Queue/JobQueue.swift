@@ -395,7 +395,7 @@ extension JobQueue {
 
     init<Delegate: JobQueueDelegate>(_ delegate: Delegate) where Delegate.Item == Item {
       handle = { [weak delegate] queue, item, attempts in
-        guard let delegate else { return nil }
+        guard let delegate, delegate.isReadyForJobs else { return nil }
         // The requirement is `async` so that the call hops to the delegate's actor (the main
         // actor for a `@MainActor` delegate); the completion may come during or after it. The
         // task's cancellation (at the end of a shutdown's grace period) throws, as a closure
@@ -405,7 +405,7 @@ extension JobQueue {
         return try await promise.value
       }
       finished = { [weak delegate] queue in await delegate?.queueFinished(queue) }
-      isAlive = { [weak delegate] in delegate != nil }
+      isAlive = { [weak delegate] in delegate?.isReadyForJobs == true }
     }
   }
 }
@@ -467,9 +467,17 @@ public protocol JobQueueDelegate<Item>: AnyObject, Sendable {
   /// Declared `async` so that an actor-isolated method satisfies it; implement it as an ordinary
   /// synchronous method.
   func queueFinished(_ queue: JobQueue<Item>) async
+
+  /// Whether the delegate can take jobs now. While it is false the queue claims no job, and a job
+  /// claimed meanwhile is given back without using an attempt, so another worker may run it.
+  /// Default true. Read from the queue's own tasks, so it must be safe to read from any thread.
+  var isReadyForJobs: Bool { get }
 }
 
 extension JobQueueDelegate {
   /// Does nothing.
   public func queueFinished(_ queue: JobQueue<Item>) {}
+
+  /// Always ready.
+  public var isReadyForJobs: Bool { true }
 }
