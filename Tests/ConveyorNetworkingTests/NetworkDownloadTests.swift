@@ -111,9 +111,9 @@ struct NetworkDownloadTests {
   }
 
   @Test func cancelInTheMiddleOfADownloadStopsItAndRunsNoHandler() async throws {
-    // 8 MB in 64 KB pieces every 50 ms: about 6 s if nobody stops it.
+    // 8 MB in 64 KB pieces every 200 ms: about 25 s if nobody stops it.
     let server = try TestHTTPServer(
-      always: Reply(body: pattern(8_000_000), chunkSize: 65_536, pause: .milliseconds(50)))
+      always: Reply(body: pattern(8_000_000), chunkSize: 65_536, pause: .milliseconds(200)))
     defer { server.stop() }
     let folder = try TemporaryFolder()
     let destination = folder.file("partial.bin")
@@ -135,7 +135,8 @@ struct NetworkDownloadTests {
     operation.cancel()
 
     #expect(try await failure(of: operation) == .cancelled)
-    #expect(ContinuousClock.now - cancelledAt < .seconds(2), "well before the download would end")
+    // Generous for a loaded machine, far short of the 25 s an uncancelled download takes.
+    #expect(ContinuousClock.now - cancelledAt < .seconds(10), "well before the download would end")
     #expect(operation.isFinished)
     #expect(operation.result == nil)
     try await Task.sleep(for: .milliseconds(300))
@@ -144,8 +145,9 @@ struct NetworkDownloadTests {
   }
 
   @Test func cancellingTheAwaitingTaskCancelsTheDownload() async throws {
+    // About 25 s if nobody stops it: far longer than the wait below.
     let server = try TestHTTPServer(
-      always: Reply(body: pattern(4_000_000), chunkSize: 65_536, pause: .milliseconds(20)))
+      always: Reply(body: pattern(8_000_000), chunkSize: 65_536, pause: .milliseconds(200)))
     defer { server.stop() }
     let folder = try TemporaryFolder()
     let operation = NetworkDownloadOperation(
@@ -156,7 +158,7 @@ struct NetworkDownloadTests {
     let task = Task { try await operation.run() }
     try await eventually("download started") { started.load(ordering: .acquiring) }
     task.cancel()
-    let outcome = try await within(.seconds(3)) { await task.result }
+    let outcome = try await within(.seconds(10)) { await task.result }
     guard case .failure(let error) = outcome else { throw ServerError("the download finished") }
     #expect(error as? OperationError<NetworkError> == .cancelled)
     #expect(operation.isCancelled)

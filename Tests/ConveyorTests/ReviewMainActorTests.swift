@@ -32,9 +32,12 @@ struct ReviewMainActorTests {
   @Test("a @MainActor delegate runs on the main actor, even while the main actor is kept busy between hops")
   func mainActorDelegateWhileBusy() async throws {
     let delegate = ReviewMainDelegate()
+    // Started after the add: a queue started first may report "finished" before the job exists.
     let queue = try JobQueue<ReviewJob>(
-      configuration: JobQueueConfiguration(identifier: "main"), store: InMemoryJobStore(), delegate: delegate)
+      configuration: JobQueueConfiguration(identifier: "main", autoStart: false), store: InMemoryJobStore(),
+      delegate: delegate)
     try await queue.add(ReviewJob(n: 1))
+    queue.start()
     // Keep the main actor busy in short bursts; the delegate must still get its turns.
     let deadline = Date().addingTimeInterval(30)
     while delegate.finished == 0, Date() < deadline {
