@@ -2,6 +2,7 @@ import Foundation
 import Synchronization
 import Testing
 
+@testable import Conveyor
 @testable import ConveyorSQLite
 
 @Suite("StoreThread")
@@ -17,7 +18,10 @@ struct StoreThreadTests {
     do {
       let payload = Payload()
       freed = payload
-      thread.submit { _ = payload; ran.signal() }
+      thread.submit {
+        _ = payload
+        ran.signal()
+      }
     }
     // The thread is kept busy, and one more call waits behind it: the list never runs dry.
     thread.submit { hold.wait() }
