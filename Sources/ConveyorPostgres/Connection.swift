@@ -175,7 +175,8 @@ final class Connection {
     self.handle = handle
     guard PQstatus(handle) == CONNECTION_OK else {
       let message = scrubber.scrub(String(cString: PQerrorMessage(handle)))
-      PQfinish(handle)
+      // `deinit` runs for an initialiser that throws once every property is set: it finishes
+      // the handle.
       throw PostgresError(code: .connectionFailed, message: Self.trimmed(message))
     }
     conveyor_pq_silence_notices(handle)

@@ -187,8 +187,9 @@ struct SQL {
     FROM (SELECT \(Self.now(7)) AS now) AS n,
       unnest($2::bytea[], $3::int8[], $4::int8[], $5::timestamptz[], $6::bytea[])
         WITH ORDINALITY AS j(payload, priority, delay, at, key, ordinal),
-      LATERAL (SELECT coalesce(j.at, least(n.now + j.delay * interval '1 millisecond', \(Self.latest)))
-        AS run_at) AS r
+      LATERAL (SELECT CASE WHEN j.at IS NOT NULL THEN j.at
+        WHEN j.delay IS NOT NULL THEN least(n.now + j.delay * interval '1 millisecond', \(Self.latest))
+        ELSE n.now END AS run_at) AS r
     ORDER BY j.ordinal
     RETURNING id
     """
