@@ -189,7 +189,8 @@ final class Connection {
   var isHealthy: Bool {
     guard PQstatus(handle) == CONNECTION_OK else { return false }
     guard PQconsumeInput(handle) == 1 else { return false }
-    return PQstatus(handle) == CONNECTION_OK
+    // A transaction left open (its ROLLBACK failed) would swallow the next call's statements.
+    return PQstatus(handle) == CONNECTION_OK && PQtransactionStatus(handle) == PQTRANS_IDLE
   }
 
   /// The object `PQcancel` uses to cancel this connection's running statement from another thread.
@@ -198,7 +199,7 @@ final class Connection {
   /// Runs one statement with bound parameters and returns its rows in binary format.
   @discardableResult
   func execute(_ sql: String, _ parameters: [PostgresValue] = []) throws -> QueryResult {
-    if isCancelled() { throw CancellationError() }
+    if sql != "ROLLBACK" && isCancelled() { throw CancellationError() }
     let mayCommit = !inTransaction || sql == "COMMIT"
     let encoded = parameters.map(\.encoded)
     let types = encoded.map(\.oid)

@@ -102,8 +102,17 @@ final class SerializedConnection: @unchecked Sendable {
         }
       }
     } onCancel: {
-      operation.cancel { self.cancelHandle.withLock { $0 }?.cancel() }
+      operation.cancel()
+      sendCancel(operation)
     }
+  }
+
+  /// Sends `PQcancel` while the operation's block runs, again every 50 ms: a cancel request that
+  /// reaches the server between two statements is ignored, so one request could be lost.
+  private func sendCancel(_ operation: Operation) {
+    let running = operation.whileRunning { self.cancelHandle.withLock { $0 }?.cancel() }
+    guard running else { return }
+    DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(50)) { self.sendCancel(operation) }
   }
 
   /// Runs `body`, reconnecting and running it again after a connection loss. On the thread.
@@ -185,12 +194,18 @@ final class SerializedConnection: @unchecked Sendable {
 
     var isCancelled: Bool { state.withLock { $0.cancelled } }
 
-    /// Marks the operation cancelled and, while its block runs, calls `interrupt` (under the
-    /// lock, so the block cannot finish and let the next block's statement be cancelled instead).
-    func cancel(interrupt: () -> Void) {
+    /// Marks the operation cancelled.
+    func cancel() {
+      state.withLock { $0.cancelled = true }
+    }
+
+    /// Calls `interrupt` if the block is running, under the lock, so the block cannot finish and
+    /// let the next block's statement be cancelled instead; returns whether it was running.
+    func whileRunning(_ interrupt: () -> Void) -> Bool {
       state.withLock { state in
-        state.cancelled = true
-        if state.started && !state.finished { interrupt() }
+        guard state.started && !state.finished else { return false }
+        interrupt()
+        return true
       }
     }
   }
