@@ -35,7 +35,7 @@ public final class PostgresJobStore: JobStore {
   public enum Clock: Sendable, Hashable {
     /// The database server's (`statement_timestamp()`): one clock for every worker on every
     /// machine. The `clock` arguments of the `JobStore` methods are ignored, except to express
-    /// ``Conveyor/JobStore/nextWake(queue:clock:)``'s dates on the caller's clock. The default.
+    /// `nextWake(queue:clock:)`'s dates on the caller's clock. The default.
     case database
     /// The `JobClock` each call passes: for tests that drive time by hand, and for workers on one
     /// machine. Workers on machines whose clocks disagree could take each other's jobs early.

@@ -42,7 +42,7 @@ struct SQL {
     "coalesce($\(parameter)::timestamptz, date_trunc('milliseconds', statement_timestamp()))"
   }
 
-  /// The latest date a store keeps (``Conveyor/JobStoreTime/latest``).
+  /// The latest date a store keeps (`JobStoreTime.latest`).
   static let latest = "'9999-12-31 23:59:59+00'::timestamptz"
 
   /// Applied under the migration lock, in one transaction.
