@@ -7,6 +7,7 @@ let package = Package(
   products: [
     .library(name: "Conveyor", targets: ["Conveyor"]),
     .library(name: "ConveyorSQLite", targets: ["ConveyorSQLite"]),
+    .library(name: "ConveyorPostgres", targets: ["ConveyorPostgres"]),
     .library(name: "ConveyorNetworking", targets: ["ConveyorNetworking"]),
     // Drop-in shapes for the three libraries Conveyor grew out of (see the README's migration guide).
     .library(name: "ConveyorBismuth", targets: ["ConveyorBismuth"]),
@@ -15,16 +16,22 @@ let package = Package(
     .executable(name: "conveyor", targets: ["conveyor"]),
   ],
   targets: [
-    // System libraries (Debian: libsqlite3-dev).
+    // System libraries (Debian: libsqlite3-dev, libpq-dev).
     .systemLibrary(
       name: "CSQLite",
       pkgConfig: "sqlite3",
       providers: [.apt(["libsqlite3-dev"]), .brew(["sqlite3"])]
     ),
+    .systemLibrary(
+      name: "CLibPQ",
+      pkgConfig: "libpq",
+      providers: [.apt(["libpq-dev"]), .brew(["libpq"])]
+    ),
 
     // Core: operations, pipelines, the queue engine, the JobStore protocol, the in-memory store.
     .target(name: "Conveyor"),
     .target(name: "ConveyorSQLite", dependencies: ["Conveyor", "CSQLite"]),
+    .target(name: "ConveyorPostgres", dependencies: ["Conveyor", "CLibPQ"]),
     .target(name: "ConveyorNetworking", dependencies: ["Conveyor"]),
     // Drop-in shapes of the old libraries' APIs on Conveyor's engine: change only the import.
     .target(name: "ConveyorBismuth", dependencies: ["Conveyor", "ConveyorSQLite"]),
@@ -32,7 +39,9 @@ let package = Package(
     .target(name: "ConveyorAsyncTaskPerformer", dependencies: ["Conveyor"]),
     .executableTarget(
       name: "conveyor",
-      dependencies: ["Conveyor", "ConveyorSQLite", "ConveyorNetworking", "LoopbackHTTPServer"]
+      dependencies: [
+        "Conveyor", "ConveyorSQLite", "ConveyorPostgres", "ConveyorNetworking", "LoopbackHTTPServer",
+      ]
     ),
 
     // A small HTTP/1.1 server on 127.0.0.1 that the networking tests and `conveyor demo` use, so
@@ -47,11 +56,23 @@ let package = Package(
       dependencies: ["Conveyor", "ConveyorSQLite"],
       path: "Tests/TestWorker"
     ),
+    // The worker process of the PostgreSQL multi-process, crash and restart tests.
+    .executableTarget(
+      name: "conveyor-postgres-test-worker",
+      dependencies: ["Conveyor", "ConveyorPostgres"],
+      path: "Tests/PostgresTestWorker"
+    ),
 
     .testTarget(name: "ConveyorTests", dependencies: ["Conveyor", "ConveyorTestSupport"]),
     .testTarget(
       name: "ConveyorSQLiteTests",
       dependencies: ["Conveyor", "ConveyorSQLite", "ConveyorTestSupport", "CSQLite", "conveyor-test-worker"]
+    ),
+    .testTarget(
+      name: "ConveyorPostgresTests",
+      dependencies: [
+        "Conveyor", "ConveyorPostgres", "ConveyorTestSupport", "CLibPQ", "conveyor-postgres-test-worker",
+      ]
     ),
     .testTarget(
       name: "ConveyorCLITests",

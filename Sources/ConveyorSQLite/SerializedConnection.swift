@@ -1,4 +1,5 @@
 import CSQLite
+import Conveyor
 import Synchronization
 
 /// Confines one ``Connection`` to a dedicated thread and bridges it to `async`.

@@ -1,5 +1,6 @@
 import Conveyor
 import ConveyorNetworking
+import ConveyorPostgres
 import ConveyorSQLite
 import Foundation
 import Synchronization
@@ -105,7 +106,7 @@ enum CLI {
     return """
       conveyor: a durable outbox for HTTP requests and shell commands.
 
-      Usage: conveyor [--database PATH] [--queue NAME] COMMAND [options]
+      Usage: conveyor [--database PATH|URL] [--queue NAME] COMMAND [options]
 
       Commands:
       \(list.joined(separator: "\n"))
@@ -113,7 +114,8 @@ enum CLI {
       Run 'conveyor COMMAND --help' for a command's options.
 
       Global options (before the command):
-        --database, -d PATH   SQLite file (default: $CONVEYOR_DATABASE, else
+        --database, -d PATH   SQLite file, or a postgres:// URL shared by workers on
+                              many machines (default: $CONVEYOR_DATABASE, else
                               $XDG_DATA_HOME/conveyor/conveyor.sqlite)
         --queue, -q NAME      queue name (default: outbox)
 
@@ -177,7 +179,7 @@ enum CLI {
     }
     database =
       database ?? ProcessInfo.processInfo.environment["CONVEYOR_DATABASE"].flatMap { $0.isEmpty ? nil : $0 }
-    if database == "" { throw UsageError(description: "--database needs a file path") }
+    if database == "" { throw UsageError(description: "--database needs a file path or a postgres:// URL") }
     context.database = database
     context.queue = queueName
     guard index < words.count else {
@@ -252,28 +254,43 @@ enum CLI {
   final class Context {
     var database: String?
     var queue = "outbox"
-    private var opened: SQLiteJobStore?
+    private var opened: (any JobStore)?
+    /// How `status` names the database: the SQLite file's path, or the PostgreSQL server and
+    /// database without the password.
+    private(set) var databaseDescription = ""
 
     /// Opens the store once. `busyTimeout` is how long a call waits for another process's lock;
     /// a worker's lease must be at least twice as long.
-    func openStore(busyTimeout: Duration = .seconds(5)) throws -> SQLiteJobStore {
+    func openStore(busyTimeout: Duration = .seconds(5)) throws -> any JobStore {
       if let opened { return opened }
-      let store = try makeStore(options: SQLiteJobStore.Options(busyTimeout: busyTimeout))
+      let store = try makeStore(busyTimeout: busyTimeout)
       opened = store
       return store
     }
 
     /// Closes the store, if one was opened.
     func close() async {
-      await opened?.close()
+      if let sqlite = opened as? SQLiteJobStore { await sqlite.close() }
+      if let postgres = opened as? PostgresJobStore { await postgres.close() }
       opened = nil
     }
 
-    private func makeStore(options: SQLiteJobStore.Options) throws -> SQLiteJobStore {
-      guard let database else { return try SQLiteJobStore(name: "conveyor", options: options) }
-      if database.hasPrefix("postgres://") || database.hasPrefix("postgresql://") {
-        throw UsageError(
-          description: "PostgreSQL databases are not supported by this build yet; pass a SQLite file path")
+    /// Whether `database` names a PostgreSQL server rather than an SQLite file.
+    static func isPostgres(_ database: String) -> Bool {
+      database.hasPrefix("postgres://") || database.hasPrefix("postgresql://")
+    }
+
+    private func makeStore(busyTimeout: Duration) throws -> any JobStore {
+      let options = SQLiteJobStore.Options(busyTimeout: busyTimeout)
+      guard let database else {
+        let store = try SQLiteJobStore(name: "conveyor", options: options)
+        databaseDescription = store.path
+        return store
+      }
+      if Self.isPostgres(database) {
+        let store = try PostgresJobStore(url: database, options: .init(lockTimeout: busyTimeout))
+        databaseDescription = "postgres://" + store.target
+        return store
       }
       var isDirectory: ObjCBool = false
       if FileManager.default.fileExists(atPath: database, isDirectory: &isDirectory), isDirectory.boolValue {
@@ -281,7 +298,9 @@ enum CLI {
           description: "\(database) is a folder; pass the path of a database file in it, e.g. "
             + URL(fileURLWithPath: database).appendingPathComponent("conveyor.sqlite").path)
       }
-      return try SQLiteJobStore(path: database, options: options)
+      let store = try SQLiteJobStore(path: database, options: options)
+      databaseDescription = store.path
+      return store
     }
 
     /// A queue for inspecting and controlling jobs; it never claims any.
@@ -440,9 +459,10 @@ enum CLI {
         var paused: Bool
         var counts: JobCounts
       }
-      try printJSON(Status(database: store.path, queue: context.queue, paused: paused, counts: counts))
+      try printJSON(
+        Status(database: context.databaseDescription, queue: context.queue, paused: paused, counts: counts))
     } else {
-      output("database  \(printable(store.path))")
+      output("database  \(printable(context.databaseDescription))")
       output("queue     \(context.queue)\(paused ? " (paused)" : "")")
       output("ready     \(counts.ready)")
       output("scheduled \(counts.scheduled)")

@@ -2,6 +2,7 @@ import Foundation
 import Synchronization
 import Testing
 
+@testable import Conveyor
 @testable import ConveyorSQLite
 
 @Suite("StoreThread")

@@ -17,6 +17,12 @@ extension JobQueue {
       lost: { [weak self] claims in self?.lost(claims) },
       log: { [weak self] level, message in self?.log(level, message) }
     ).start()
+    // Wakes the loop when the store hears of work from elsewhere (see `JobStore.waitForWork`).
+    let watcher = Task { [store, identifier, wake, configuration] in
+      while !Task.isCancelled {
+        if await store.waitForWork(queue: identifier, timeout: configuration.pollInterval) { wake.signal() }
+      }
+    }
     var failures = 0
     // A discarding group: finished workers are freed at once, so memory stays flat however many
     // jobs pass through.
@@ -37,6 +43,7 @@ extension JobQueue {
       // for them.
     }
     await finalFlush()
+    watcher.cancel()
     keeper.cancel()
     core.withLock { core in
       core.loop = nil

@@ -375,11 +375,26 @@ public protocol JobStore: Sendable {
   /// busy timeout). A queue's lease must be longer, or a worker blocked on the lock could lose a
   /// job it is still running. Default zero.
   var maximumLockWait: Duration { get }
+
+  /// Suspends until the store learns that `queue` may have new work (a job added, the queue
+  /// resumed), or `timeout` passes, or the task is cancelled; returns whether it learned of work.
+  ///
+  /// A queue's loop calls this repeatedly while it runs and wakes up when it returns true, so a
+  /// store that hears of other processes' changes (PostgreSQL's `LISTEN`) makes idle workers
+  /// start new jobs at once. Polling remains the fallback. The default hears of nothing: it
+  /// sleeps for `timeout` and returns false.
+  func waitForWork(queue: String, timeout: Duration) async -> Bool
 }
 
 extension JobStore {
   /// No lock waits: zero.
   public var maximumLockWait: Duration { .zero }
+
+  /// Hears of nothing: sleeps for `timeout` (or until cancelled) and returns false.
+  public func waitForWork(queue: String, timeout: Duration) async -> Bool {
+    try? await Task.sleep(for: max(timeout, .milliseconds(1)))
+    return false
+  }
 }
 
 /// Conversions every store uses, so all of them round and clamp times the same way.

@@ -15,7 +15,7 @@ import Synchronization
 /// polls) before it sleeps, so a caller that submits its next call soon after the previous one
 /// returned does not pay for waking a sleeping thread; on virtual machines that wake-up cost more
 /// than the SQLite work of a small transaction.
-final class StoreThread: Sendable {
+package final class StoreThread: Sendable {
   private struct State {
     /// Submitted blocks; a taken block's slot is emptied at once, so a finished call (and the
     /// payloads it captured) is freed even while newer calls keep the list from running dry.
@@ -31,7 +31,7 @@ final class StoreThread: Sendable {
   private let spins: Int
 
   /// Starts the thread.
-  init(name: String, spins: Int = 200) {
+  package init(name: String, spins: Int = 200) {
     self.spins = spins
     let thread = Thread { [self] in run() }
     thread.name = name
@@ -39,7 +39,7 @@ final class StoreThread: Sendable {
   }
 
   /// Runs `block` on the thread after every block submitted before it.
-  func submit(_ block: @escaping @Sendable () -> Void) {
+  package func submit(_ block: @escaping @Sendable () -> Void) {
     let wakeUp = state.withLock { state -> Bool in
       state.blocks.append(block)
       guard state.sleeping else { return false }
@@ -50,7 +50,7 @@ final class StoreThread: Sendable {
   }
 
   /// Lets the thread finish the blocks already submitted, then end.
-  func stop() {
+  package func stop() {
     let wakeUp = state.withLock { state -> Bool in
       state.stopped = true
       guard state.sleeping else { return false }

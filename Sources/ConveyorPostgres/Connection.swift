@@ -1,0 +1,314 @@
+import CLibPQ
+import Conveyor
+import Foundation
+
+/// A value bound to a statement parameter, sent in PostgreSQL's binary format.
+enum PostgresValue {
+  case null(oid: UInt32)
+  case int64(Int64)
+  case text(String)
+  case bytea(Data)
+  case bool(Bool)
+  /// A `timestamptz`, or NULL.
+  case timestamp(Date?)
+  case int64Array([Int64?])
+  case int32Array([Int32])
+  case textArray([String?])
+  case byteaArray([Data?])
+  case timestampArray([Date?])
+
+  static let boolOID: UInt32 = 16
+  static let byteaOID: UInt32 = 17
+  static let int8OID: UInt32 = 20
+  static let int4OID: UInt32 = 23
+  static let textOID: UInt32 = 25
+  static let timestamptzOID: UInt32 = 1184
+
+  /// Microseconds between 1970 and PostgreSQL's epoch, 2000-01-01.
+  static let epochOffsetMilliseconds: Int64 = 946_684_800_000
+
+  /// The parameter's type and binary bytes (nil for NULL).
+  var encoded: (oid: UInt32, bytes: [UInt8]?) {
+    switch self {
+    case .null(let oid): return (oid, nil)
+    case .int64(let value): return (Self.int8OID, Self.bigEndian(value))
+    case .text(let value): return (Self.textOID, Array(value.utf8))
+    case .bytea(let value): return (Self.byteaOID, Array(value))
+    case .bool(let value): return (Self.boolOID, [value ? 1 : 0])
+    case .timestamp(let date): return (Self.timestamptzOID, date.map(Self.timestampBytes))
+    case .int64Array(let values):
+      return (1016, Self.array(Self.int8OID, values.map { $0.map(Self.bigEndian) }))
+    case .int32Array(let values): return (1007, Self.array(Self.int4OID, values.map { Self.bigEndian($0) }))
+    case .textArray(let values):
+      return (1009, Self.array(Self.textOID, values.map { $0.map { Array($0.utf8) } }))
+    case .byteaArray(let values):
+      return (1001, Self.array(Self.byteaOID, values.map { $0.map { Array($0) } }))
+    case .timestampArray(let values):
+      return (1185, Self.array(Self.timestamptzOID, values.map { $0.map(Self.timestampBytes) }))
+    }
+  }
+
+  static func bigEndian<T: FixedWidthInteger>(_ value: T) -> [UInt8] {
+    withUnsafeBytes(of: value.bigEndian) { Array($0) }
+  }
+
+  /// A date as whole milliseconds (rounded and clamped as every store keeps dates), in
+  /// microseconds since 2000.
+  static func timestampBytes(_ date: Date) -> [UInt8] {
+    bigEndian((JobStoreTime.milliseconds(date) - epochOffsetMilliseconds) * 1000)
+  }
+
+  /// A one-dimensional array in the binary array format.
+  static func array(_ elementOID: UInt32, _ elements: [[UInt8]?]) -> [UInt8] {
+    var bytes: [UInt8] = []
+    let hasNull = elements.contains { $0 == nil }
+    bytes += bigEndian(Int32(elements.isEmpty ? 0 : 1))
+    bytes += bigEndian(Int32(hasNull ? 1 : 0))
+    bytes += bigEndian(elementOID)
+    if !elements.isEmpty {
+      bytes += bigEndian(Int32(elements.count))
+      bytes += bigEndian(Int32(1))
+    }
+    for element in elements {
+      if let element {
+        bytes += bigEndian(Int32(element.count))
+        bytes += element
+      } else {
+        bytes += bigEndian(Int32(-1))
+      }
+    }
+    return bytes
+  }
+}
+
+/// The rows of one statement's result, in binary format; frees the result when released.
+///
+/// Confined to the store's thread like the connection that produced it.
+final class QueryResult {
+  private let handle: OpaquePointer
+  /// The number of rows.
+  let count: Int
+  /// The number of rows the statement changed (`PQcmdTuples`).
+  let changed: Int
+
+  init(_ handle: OpaquePointer) {
+    self.handle = handle
+    count = Int(PQntuples(handle))
+    changed = Int(String(cString: PQcmdTuples(handle))) ?? 0
+  }
+
+  deinit { PQclear(handle) }
+
+  func isNull(_ row: Int, _ column: Int) -> Bool {
+    PQgetisnull(handle, Int32(row), Int32(column)) == 1
+  }
+
+  private func bytes(_ row: Int, _ column: Int) -> UnsafeRawBufferPointer {
+    let length = Int(PQgetlength(handle, Int32(row), Int32(column)))
+    guard let pointer = PQgetvalue(handle, Int32(row), Int32(column)) else {
+      return UnsafeRawBufferPointer(start: nil, count: 0)
+    }
+    return UnsafeRawBufferPointer(start: pointer, count: length)
+  }
+
+  private func integer<T: FixedWidthInteger>(_ row: Int, _ column: Int, as type: T.Type) -> T {
+    let buffer = bytes(row, column)
+    guard buffer.count == MemoryLayout<T>.size else { return 0 }
+    var value: T = 0
+    withUnsafeMutableBytes(of: &value) { $0.copyMemory(from: buffer) }
+    return T(bigEndian: value)
+  }
+
+  /// An `int8` column (0 for NULL).
+  func int64(_ row: Int, _ column: Int) -> Int64 {
+    isNull(row, column) ? 0 : integer(row, column, as: Int64.self)
+  }
+
+  /// A `bool` column (false for NULL).
+  func bool(_ row: Int, _ column: Int) -> Bool {
+    !isNull(row, column) && bytes(row, column).first == 1
+  }
+
+  /// A `text` column, or nil for NULL.
+  func text(_ row: Int, _ column: Int) -> String? {
+    isNull(row, column) ? nil : String(decoding: bytes(row, column), as: UTF8.self)
+  }
+
+  /// A `bytea` column (empty for NULL).
+  func data(_ row: Int, _ column: Int) -> Data {
+    isNull(row, column) ? Data() : Data(bytes(row, column))
+  }
+
+  /// A `bytea` column, or nil for NULL.
+  func optionalData(_ row: Int, _ column: Int) -> Data? {
+    isNull(row, column) ? nil : Data(bytes(row, column))
+  }
+
+  /// A `timestamptz` column, or nil for NULL.
+  func date(_ row: Int, _ column: Int) -> Date? {
+    guard !isNull(row, column) else { return nil }
+    let microseconds = integer(row, column, as: Int64.self)
+    let milliseconds = microseconds / 1000 + (microseconds % 1000 >= 500 ? 1 : 0)
+    return JobStoreTime.date(milliseconds: milliseconds + PostgresValue.epochOffsetMilliseconds)
+  }
+}
+
+/// One libpq connection. Not thread-safe: the store confines it to its own thread.
+final class Connection {
+  let handle: OpaquePointer
+  private let scrubber: Scrubber
+  /// True while an explicit transaction is open (between `BEGIN` and its end).
+  private(set) var inTransaction = false
+  /// Set when a statement that could have committed (an autocommit statement, or `COMMIT`)
+  /// failed because the connection broke: whether its change was made is unknown.
+  private(set) var lostDuringCommit = false
+  /// Checked before each statement: set by a cancellation that arrived between statements,
+  /// which `PQcancel` cannot reach.
+  var isCancelled: () -> Bool = { false }
+
+  /// Connects; throws ``PostgresError`` with code `connectionFailed` when libpq cannot.
+  init(conninfo: String, scrubber: Scrubber) throws {
+    self.scrubber = scrubber
+    guard let handle = PQconnectdb(conninfo) else {
+      throw PostgresError(code: .connectionFailed, message: "libpq could not allocate a connection")
+    }
+    self.handle = handle
+    guard PQstatus(handle) == CONNECTION_OK else {
+      let message = scrubber.scrub(String(cString: PQerrorMessage(handle)))
+      // `deinit` runs for an initialiser that throws once every property is set: it finishes
+      // the handle.
+      throw PostgresError(code: .connectionFailed, message: Self.trimmed(message))
+    }
+    conveyor_pq_silence_notices(handle)
+  }
+
+  deinit { PQfinish(handle) }
+
+  /// Whether the connection is usable: reads what the server sent while it was idle (a
+  /// termination notice from `pg_terminate_backend` or a shutdown), without blocking.
+  var isHealthy: Bool {
+    guard PQstatus(handle) == CONNECTION_OK else { return false }
+    guard PQconsumeInput(handle) == 1 else { return false }
+    // A transaction left open (its ROLLBACK failed) would swallow the next call's statements.
+    return PQstatus(handle) == CONNECTION_OK && PQtransactionStatus(handle) == PQTRANS_IDLE
+  }
+
+  /// The object `PQcancel` uses to cancel this connection's running statement from another thread.
+  func makeCancelHandle() -> OpaquePointer? { PQgetCancel(handle) }
+
+  /// Runs one statement with bound parameters and returns its rows in binary format.
+  @discardableResult
+  func execute(_ sql: String, _ parameters: [PostgresValue] = []) throws -> QueryResult {
+    if sql != "ROLLBACK" && isCancelled() { throw CancellationError() }
+    let mayCommit = !inTransaction || sql == "COMMIT"
+    let encoded = parameters.map(\.encoded)
+    let types = encoded.map(\.oid)
+    let lengths = encoded.map { Int32($0.bytes?.count ?? 0) }
+    let formats = [Int32](repeating: 1, count: encoded.count)
+    let result: OpaquePointer? = withPointers(to: encoded.map(\.bytes)) { values in
+      PQexecParams(handle, sql, Int32(encoded.count), types, values, lengths, formats, 1)
+    }
+    guard let result else {
+      lostDuringCommit = mayCommit
+      throw connectionError(sql: sql)
+    }
+    switch PQresultStatus(result) {
+    case PGRES_COMMAND_OK, PGRES_TUPLES_OK:
+      return QueryResult(result)
+    default:
+      let error = serverError(result, sql: sql)
+      PQclear(result)
+      if error.isConnectionLoss || PQstatus(handle) != CONNECTION_OK { lostDuringCommit = mayCommit }
+      throw error
+    }
+  }
+
+  /// Runs a script of several statements without parameters (the simple query protocol): for
+  /// migrations and `LISTEN`.
+  func executeScript(_ sql: String) throws {
+    if isCancelled() { throw CancellationError() }
+    guard let result = PQexec(handle, sql) else { throw connectionError(sql: sql) }
+    defer { PQclear(result) }
+    switch PQresultStatus(result) {
+    case PGRES_COMMAND_OK, PGRES_TUPLES_OK, PGRES_EMPTY_QUERY: return
+    default: throw serverError(result, sql: sql)
+    }
+  }
+
+  /// Runs `body` in a transaction: commits when it returns, rolls back when it throws.
+  func transaction<T>(_ body: () throws -> T) throws -> T {
+    try execute("BEGIN")
+    inTransaction = true
+    do {
+      let value = try body()
+      try execute("COMMIT")
+      inTransaction = false
+      return value
+    } catch {
+      if PQstatus(handle) == CONNECTION_OK { _ = try? execute("ROLLBACK") }
+      inTransaction = false
+      throw error
+    }
+  }
+
+  private func connectionError(sql: String?) -> PostgresError {
+    PostgresError(
+      code: .connectionFailed, message: Self.trimmed(scrubber.scrub(String(cString: PQerrorMessage(handle)))),
+      sql: sql)
+  }
+
+  private func serverError(_ result: OpaquePointer, sql: String) -> PostgresError {
+    let state = conveyor_pq_sqlstate(result).map { String(cString: $0) }
+    let message = String(cString: PQresultErrorMessage(result))
+    let primary = conveyor_pq_primary_message(result).map { String(cString: $0) }
+    let detail = message == primary ? nil : Self.trimmed(scrubber.scrub(message))
+    var error = PostgresError(
+      code: .server, message: Self.trimmed(scrubber.scrub(primary ?? message)), sqlState: state, sql: sql,
+      detail: detail)
+    if state == nil || PQstatus(handle) != CONNECTION_OK {
+      error.code = .connectionFailed
+    }
+    return error
+  }
+
+  static func trimmed(_ message: String) -> String {
+    message.trimmingCharacters(in: .whitespacesAndNewlines).replacingOccurrences(of: "\n", with: " ")
+  }
+}
+
+/// Calls `body` with C pointers to the byte arrays (NULL for nil), valid during the call.
+private func withPointers<R>(
+  to arrays: [[UInt8]?], _ body: ([UnsafePointer<CChar>?]) -> R
+) -> R {
+  var pointers: [UnsafePointer<CChar>?] = []
+  pointers.reserveCapacity(arrays.count)
+  func recurse(_ index: Int) -> R {
+    guard index < arrays.count else { return body(pointers) }
+    guard let bytes = arrays[index] else {
+      pointers.append(nil)
+      return recurse(index + 1)
+    }
+    // An empty value still needs a non-NULL pointer (NULL means SQL NULL).
+    let storage = bytes.isEmpty ? [0] : bytes
+    return storage.withUnsafeBufferPointer { buffer in
+      buffer.baseAddress!.withMemoryRebound(to: CChar.self, capacity: buffer.count) { pointer in
+        pointers.append(pointer)
+        return recurse(index + 1)
+      }
+    }
+  }
+  return recurse(0)
+}
+
+/// Removes a password from messages: libpq may quote part of a connection string it cannot parse.
+struct Scrubber: Sendable {
+  private let secrets: [String]
+
+  init(secrets: [String]) {
+    self.secrets = secrets.filter { $0.count >= 1 }.sorted { $0.count > $1.count }
+  }
+
+  func scrub(_ message: String) -> String {
+    secrets.reduce(message) { $0.replacingOccurrences(of: $1, with: "***") }
+  }
+}

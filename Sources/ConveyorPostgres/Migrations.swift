@@ -1,0 +1,31 @@
+import Conveyor
+
+/// Creates and migrates the schema, once per database however many processes open it at once.
+enum Migrations {
+  /// Applies the migrations this build knows and the database lacks, in one transaction under an
+  /// advisory lock on the schema's name; a second process waits for the first and then finds
+  /// nothing to do. A database at a newer version is refused and left untouched (the transaction
+  /// is rolled back before anything is created).
+  static func apply(_ sql: SQL, schemaName: String, on db: Connection) throws {
+    try db.transaction {
+      try db.execute(SQL.migrationLock, [.text(schemaName)])
+      var version: Int64 = 0
+      if try db.execute(sql.migrationTableExists).bool(0, 0) {
+        version = try db.execute(sql.currentVersion).int64(0, 0)
+      }
+      let known = Int64(sql.migrations.count)
+      guard version <= known else {
+        throw PostgresError(
+          code: .newerSchema,
+          message: "the schema \"\(schemaName)\" has Conveyor schema version \(version), newer than the "
+            + "version \(known) this build knows; it was left untouched")
+      }
+      guard version < known else { return }
+      try db.executeScript(sql.migrationTable)
+      for index in Int(version)..<Int(known) {
+        try db.executeScript(sql.migrations[index])
+        try db.execute(sql.recordVersion, [.int64(Int64(index + 1))])
+      }
+    }
+  }
+}

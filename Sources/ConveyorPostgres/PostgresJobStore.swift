@@ -1,0 +1,513 @@
+import CLibPQ
+import Conveyor
+import Foundation
+
+/// A `JobStore` on a PostgreSQL server, shared by any number of worker processes on any number
+/// of machines.
+///
+/// Claims take ready jobs with `FOR UPDATE SKIP LOCKED`, so workers never wait for each other;
+/// each worker's outcomes and its next claim go in one transaction (outcomes first). Leases and
+/// run dates come from the database's clock (see ``Clock``), so machines whose clocks disagree
+/// neither steal each other's jobs nor run scheduled jobs early. The pause flag is stored in the
+/// database. `add` notifies idle workers through `LISTEN`/`NOTIFY`; polling remains the fallback.
+///
+/// ```swift
+/// let store = try await PostgresJobStore.open(url: "postgres://worker@db.internal/app")
+/// let queue = try JobQueue<Email>(configuration: .init(identifier: "mail"), store: store) { email, _ in
+///   try await send(email)
+///   return .handled
+/// }
+/// ```
+///
+/// The schema (default `conveyor`) is created and migrated when the store opens, under an
+/// advisory lock, so many processes may start at once. A database whose schema was migrated by a
+/// newer Conveyor is refused with ``PostgresError/Code/newerSchema`` and left untouched.
+///
+/// libpq runs on a thread of the store's own, never on Swift's cooperative pool. A connection that
+/// breaks (the server restarts, `pg_terminate_backend`, a network cut) is opened again with backoff
+/// for up to ``Options/reconnectTimeout`` and the call is run again, so workers resume unaided.
+///
+/// Applications can add a job inside their own transaction with the SQL function the migrations
+/// install: `SELECT conveyor.enqueue('mail', '{"to":"a@example.com"}')`; the job exists if and only
+/// if the transaction commits.
+public final class PostgresJobStore: JobStore {
+  /// Whose clock dates the store's leases and run dates.
+  public enum Clock: Sendable, Hashable {
+    /// The database server's (`statement_timestamp()`): one clock for every worker on every
+    /// machine. The `clock` arguments of the `JobStore` methods are ignored, except to express
+    /// `nextWake(queue:clock:)`'s dates on the caller's clock. The default.
+    case database
+    /// The `JobClock` each call passes: for tests that drive time by hand, and for workers on one
+    /// machine. Workers on machines whose clocks disagree could take each other's jobs early.
+    case caller
+  }
+
+  /// How the store connects and where it keeps its tables.
+  public struct Options: Sendable, Hashable {
+    /// The schema holding the tables (created when missing): a plain lowercase identifier,
+    /// `[a-z_][a-z0-9_]*`, at most 50 bytes. Default `conveyor`.
+    public var schema: String
+    /// Whose clock dates leases and run dates. Default ``Clock/database``.
+    public var clock: Clock
+    /// How long a call keeps trying to open a broken connection again before it fails. Default
+    /// 60 seconds.
+    public var reconnectTimeout: Duration
+    /// The longest a statement waits for a row lock another connection holds
+    /// (`lock_timeout`). Default 5 seconds.
+    public var lockTimeout: Duration
+
+    /// Creates options.
+    ///
+    /// - Parameters:
+    ///   - schema: The schema holding the tables.
+    ///   - clock: Whose clock dates leases and run dates.
+    ///   - reconnectTimeout: How long a call retries a broken connection.
+    ///   - lockTimeout: The longest a statement waits for a row lock.
+    public init(
+      schema: String = "conveyor", clock: Clock = .database, reconnectTimeout: Duration = .seconds(60),
+      lockTimeout: Duration = .seconds(5)
+    ) {
+      self.schema = schema
+      self.clock = clock
+      self.reconnectTimeout = reconnectTimeout
+      self.lockTimeout = lockTimeout
+    }
+  }
+
+  /// The schema version this build writes and reads.
+  public static let schemaVersion = 1
+
+  /// The options the store was opened with.
+  public let options: Options
+  /// The server, port, database and user, without the password: for messages.
+  public let target: String
+  let sql: SQL
+  private let connection: SerializedConnection
+  private let listener: Listener
+
+  /// Connects, creates or migrates the schema, and returns the store. Blocks the calling thread
+  /// while it connects; from an `async` context prefer ``open(url:options:)``.
+  ///
+  /// - Parameters:
+  ///   - url: A `postgres://` or `postgresql://` URL, or a libpq conninfo string such as
+  ///     `"host=db dbname=app"`. libpq's `PG*` environment variables fill in what it leaves out,
+  ///     and its parameters (`sslmode`, `connect_timeout`, …) work as in `psql`.
+  ///   - options: The schema, clock and timeouts.
+  /// - Throws: ``PostgresError``.
+  public init(url: String, options: Options = .init()) throws {
+    try Self.validate(schema: options.schema)
+    let info = try ConnectionInfo(url)
+    self.options = options
+    self.target = info.target
+    let sql = SQL(schema: options.schema)
+    self.sql = sql
+    let lockTimeout = JobStoreTime.milliseconds(options.lockTimeout)
+    let setup: @Sendable (Connection) throws -> Void = { connection in
+      try connection.execute("SELECT set_config('lock_timeout', $1, false)", [.text("\(lockTimeout)ms")])
+    }
+    // Migrate on the calling thread, on a connection of its own, closed before returning.
+    do {
+      let migrating = try Connection(conninfo: url, scrubber: info.scrubber)
+      try setup(migrating)
+      try Migrations.apply(sql, schemaName: options.schema, on: migrating)
+    }
+    connection = SerializedConnection(
+      label: "Conveyor.PostgresJobStore", conninfo: url, scrubber: info.scrubber,
+      reconnectTimeout: options.reconnectTimeout, setup: setup)
+    listener = Listener(conninfo: url, scrubber: info.scrubber, channel: sql.channel)
+  }
+
+  /// Connects and migrates without blocking the caller's thread; see ``init(url:options:)``.
+  ///
+  /// - Parameters:
+  ///   - url: A `postgres://` URL or a libpq conninfo string.
+  ///   - options: The schema, clock and timeouts.
+  public static func open(url: String, options: Options = .init()) async throws -> PostgresJobStore {
+    try await withCheckedThrowingContinuation { continuation in
+      DispatchQueue.global().async {
+        continuation.resume(with: Result { try PostgresJobStore(url: url, options: options) })
+      }
+    }
+  }
+
+  deinit { listener.stop() }
+
+  /// Closes the connections once the calls already made have finished. Later calls throw
+  /// ``PostgresError`` with code ``PostgresError/Code/closed``.
+  public func close() async {
+    listener.stop()
+    await connection.close()
+  }
+
+  /// The longest a statement waits for another connection's row lock: ``Options/lockTimeout``.
+  public var maximumLockWait: Duration { options.lockTimeout }
+
+  /// The time a statement uses: the caller's clock, or NULL for the database's.
+  private func now(_ clock: any JobClock) -> PostgresValue {
+    options.clock == .caller ? .timestamp(clock.now()) : .timestamp(nil)
+  }
+
+  // MARK: - JobStore
+
+  /// Commits new jobs to a queue in one transaction, in order, skipping duplicates by key.
+  ///
+  /// Not run again when the connection breaks while committing (the jobs could be added twice):
+  /// that case throws ``PostgresError/Code/commitUnknown``.
+  public func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
+    if jobs.isEmpty { return [] }
+    let sql = self.sql
+    let now = now(clock)
+    // Within the batch, a later job with an earlier job's key is that job.
+    var firstWithKey: [String: Int] = [:]
+    var sameAs: [Int?] = []
+    for (index, job) in jobs.enumerated() {
+      if let key = job.deduplicationKey, let first = firstWithKey[key] {
+        sameAs.append(first)
+      } else {
+        if let key = job.deduplicationKey { firstWithKey[key] = index }
+        sameAs.append(nil)
+      }
+    }
+    let keys = firstWithKey.keys.sorted().map { Data($0.utf8) }
+    let candidates = sameAs.indices.filter { sameAs[$0] == nil }
+    let batch = sameAs
+    return try await connection.perform(idempotent: false) { db in
+      let work = { () throws -> [EnqueueResult] in
+        var existing: [Data: Int64] = [:]
+        if !keys.isEmpty {
+          try db.execute(sql.lockKeys, [.text(queue), .byteaArray(keys)])
+          let found = try db.execute(sql.findDuplicates, [.text(queue), .byteaArray(keys)])
+          for row in 0..<found.count { existing[found.data(row, 0)] = found.int64(row, 1) }
+        }
+        let inserting = candidates.filter { index in
+          jobs[index].deduplicationKey.map { existing[Data($0.utf8)] == nil } ?? true
+        }
+        var ids: [Int64] = []
+        if !inserting.isEmpty {
+          let rows = try db.execute(
+            sql.insert,
+            [
+              .text(queue), .byteaArray(inserting.map { jobs[$0].payload }),
+              .int64Array(inserting.map { Int64(jobs[$0].priority) }),
+              .int64Array(inserting.map { Self.delay(jobs[$0].runTime) }),
+              .timestampArray(inserting.map { Self.date(jobs[$0].runTime) }),
+              .byteaArray(inserting.map { jobs[$0].deduplicationKey.map { Data($0.utf8) } }), now,
+            ])
+          ids = (0..<rows.count).map { rows.int64($0, 0) }.sorted()
+          guard ids.count == inserting.count else {
+            throw PostgresError(
+              code: .protocolViolation, message: "inserted \(ids.count) jobs of \(inserting.count)")
+          }
+        }
+        var results = [EnqueueResult?](repeating: nil, count: jobs.count)
+        for (position, index) in inserting.enumerated() {
+          results[index] = EnqueueResult(id: JobID(ids[position]), inserted: true)
+        }
+        for index in candidates where results[index] == nil {
+          let key = Data(jobs[index].deduplicationKey!.utf8)
+          results[index] = EnqueueResult(id: JobID(existing[key]!), inserted: false)
+        }
+        for index in jobs.indices {
+          if let first = batch[index] {
+            results[index] = EnqueueResult(id: results[first]!.id, inserted: false)
+          }
+        }
+        return results.map { $0! }
+      }
+      // A batch without keys is one statement, atomic on its own.
+      return keys.isEmpty ? try work() : try db.transaction(work)
+    }
+  }
+
+  private static func delay(_ runTime: RunTime) -> Int64? {
+    if case .after(let delay) = runTime { return JobStoreTime.milliseconds(delay) }
+    return nil
+  }
+
+  private static func date(_ runTime: RunTime) -> Date? {
+    if case .at(let date) = runTime { return date }
+    return nil
+  }
+
+  /// Applies settlements, then claims up to `limit` ready jobs, in one transaction.
+  ///
+  /// The settlements go first, in one statement; then due scheduled jobs are promoted and the
+  /// pause flag read; then the claim (`FOR UPDATE SKIP LOCKED`). Run again after a reconnect: a
+  /// settlement that had committed is then reported stale, and jobs claimed by a commit whose
+  /// answer was lost are handed out again when their lease passes.
+  public func settleAndClaim(
+    _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, clock: any JobClock
+  ) async throws -> ClaimBatch {
+    let sql = self.sql
+    let useCaller = options.clock == .caller
+    let leaseMilliseconds = JobStoreTime.milliseconds(lease.duration)
+    let settle = Self.settlementParameters(settlements)
+    return try await connection.perform(idempotent: true) { db in
+      try db.transaction {
+        let now: PostgresValue = useCaller ? .timestamp(clock.now()) : .timestamp(nil)
+        var stale: [JobID] = []
+        if !settlements.isEmpty {
+          let applied = try db.execute(sql.settle, settle + [now])
+          let ids = Set((0..<applied.count).map { applied.int64($0, 0) })
+          stale = settlements.map(\.id).filter { !ids.contains($0.rawValue) }
+        }
+        let flag = try db.execute(
+          limit > 0 ? sql.promote : sql.isPaused, limit > 0 ? [.text(queue), now] : [.text(queue)])
+        let paused = flag.count > 0 && flag.bool(0, 0)
+        guard limit > 0, !paused else {
+          return ClaimBatch(claimed: [], staleSettlements: stale, paused: paused)
+        }
+        let rows = try db.execute(
+          sql.claim,
+          [
+            .text(queue), .int64(Int64(limit)), .text(Self.storable(lease.owner)), .int64(leaseMilliseconds),
+            now,
+          ])
+        var claimed = try (0..<rows.count).map { try Self.record(rows, $0) }
+        claimed.sort { a, b in
+          if a.priority != b.priority { return a.priority > b.priority }
+          if a.runAt != b.runAt { return a.runAt < b.runAt }
+          return a.id < b.id
+        }
+        return ClaimBatch(claimed: claimed, staleSettlements: stale)
+      }
+    }
+  }
+
+  private static func settlementParameters(_ settlements: [JobSettlement]) -> [PostgresValue] {
+    var ids: [Int64?] = []
+    var tokens: [Int64?] = []
+    var kinds: [Int32] = []
+    var delays: [Int64?] = []
+    var errors: [String?] = []
+    for settlement in settlements {
+      ids.append(settlement.claim.id.rawValue)
+      tokens.append(settlement.claim.token)
+      switch settlement.action {
+      case .complete:
+        kinds.append(0)
+        delays.append(nil)
+        errors.append(nil)
+      case .retry(let delay, let error):
+        kinds.append(1)
+        delays.append(JobStoreTime.milliseconds(delay))
+        errors.append(error.map(Self.storable))
+      case .kill(let error):
+        kinds.append(2)
+        delays.append(nil)
+        errors.append(Self.storable(error))
+      case .release(let error):
+        kinds.append(3)
+        delays.append(nil)
+        errors.append(error.map(Self.storable))
+      }
+    }
+    return [
+      .int64Array(ids), .int64Array(tokens), .int32Array(kinds), .int64Array(delays), .textArray(errors),
+    ]
+  }
+
+  /// PostgreSQL text cannot hold NUL: it is stored as U+FFFD (errors and owners are for people).
+  static func storable(_ text: String) -> String {
+    text.contains("\0") ? text.replacingOccurrences(of: "\0", with: "\u{FFFD}") : text
+  }
+
+  /// Extends the leases of the given claims; returns those still current.
+  public func heartbeat(_ claims: [ClaimReference], queue: String, lease: Lease, clock: any JobClock)
+    async throws -> [ClaimReference]
+  {
+    if claims.isEmpty { return [] }
+    let sql = self.sql
+    let now = now(clock)
+    let milliseconds = JobStoreTime.milliseconds(lease.duration)
+    let held = try await connection.perform(idempotent: true) { db -> Set<ClaimReference> in
+      let rows = try db.execute(
+        sql.heartbeat,
+        [.int64Array(claims.map(\.id.rawValue)), .int64Array(claims.map(\.token)), .int64(milliseconds), now])
+      return Set(
+        (0..<rows.count).map { ClaimReference(id: JobID(rows.int64($0, 0)), token: rows.int64($0, 1)) })
+    }
+    return claims.filter(held.contains)
+  }
+
+  /// Makes running jobs whose lease ran out (by the store's clock) ready again; returns how many.
+  public func rescueExpiredLeases(queue: String, clock: any JobClock) async throws -> Int {
+    let sql = self.sql
+    let now = now(clock)
+    return try await connection.perform(idempotent: true) { db in
+      try db.execute(sql.rescue, [.text(queue), now]).changed
+    }
+  }
+
+  /// Counts the queue's jobs by status.
+  public func counts(queue: String, clock: any JobClock) async throws -> JobCounts {
+    let sql = self.sql
+    let now = now(clock)
+    return try await connection.perform(idempotent: true) { db in
+      let row = try db.execute(sql.counts, [.text(queue), now])
+      return JobCounts(
+        ready: Int(row.int64(0, 0)), scheduled: Int(row.int64(0, 1)), running: Int(row.int64(0, 2)),
+        dead: Int(row.int64(0, 3)))
+    }
+  }
+
+  /// Lists jobs in ID order, one page at a time.
+  public func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
+    guard limit > 0 else { return [] }
+    let sql = self.sql
+    let statuses: PostgresValue = status.map { .textArray(Self.stored($0)) } ?? .null(oid: 1009)
+    return try await connection.perform(idempotent: true) { db in
+      let rows = try db.execute(
+        sql.list, [.text(queue), .int64(after?.rawValue ?? Int64.min), .int64(Int64(limit)), statuses])
+      return try (0..<rows.count).map { try Self.record(rows, $0) }
+    }
+  }
+
+  /// Deletes the given jobs whatever their status; returns how many existed.
+  public func remove(_ ids: [JobID], queue: String) async throws -> Int {
+    if ids.isEmpty { return 0 }
+    let sql = self.sql
+    let unique = Array(Set(ids.map(\.rawValue)))
+    return try await connection.perform(idempotent: true) { db in
+      try db.execute(sql.remove, [.text(queue), .int64Array(unique)]).changed
+    }
+  }
+
+  /// Deletes every job of the queue whose status is in `statuses`; returns how many.
+  public func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int {
+    let stored = statuses.flatMap(Self.stored)
+    if stored.isEmpty { return 0 }
+    let sql = self.sql
+    return try await connection.perform(idempotent: true) { db in
+      try db.execute(sql.clear, [.text(queue), .textArray(stored)]).changed
+    }
+  }
+
+  /// Makes dead jobs ready again, now, attempts reset to zero; returns how many.
+  public func requeueDead(_ ids: [JobID]?, queue: String, clock: any JobClock) async throws -> Int {
+    let sql = self.sql
+    let now = now(clock)
+    let count = try await connection.perform(idempotent: true) { db in
+      try db.transaction {
+        func requeue(_ id: Int64) throws -> Int {
+          try db.execute(sql.lockKeyOfJob, [.text(queue), .int64(id)])
+          return try db.execute(sql.requeueOne, [.text(queue), now, .int64(id)]).changed
+        }
+        if let ids {
+          return try Set(ids.map(\.rawValue)).sorted().reduce(0) { $0 + (try requeue($1)) }
+        }
+        var total = try db.execute(sql.requeueAllWithoutKey, [.text(queue), now]).changed
+        let keyed = try db.execute(sql.deadWithKey, [.text(queue)])
+        for row in 0..<keyed.count { total += try requeue(keyed.int64(row, 0)) }
+        if total > 0 { try db.execute(sql.notify, [.text(queue)]) }
+        return total
+      }
+    }
+    return count
+  }
+
+  /// Stores whether the queue is paused, and notifies the workers.
+  public func setPaused(_ paused: Bool, queue: String) async throws {
+    let sql = self.sql
+    try await connection.perform(idempotent: true) { db in
+      try db.transaction {
+        try db.execute(sql.setPaused, [.text(queue), .bool(paused)])
+        try db.execute(sql.notify, [.text(queue)])
+      }
+    }
+  }
+
+  /// Whether the queue is paused.
+  public func isPaused(queue: String) async throws -> Bool {
+    let sql = self.sql
+    return try await connection.perform(idempotent: true) { db in
+      let row = try db.execute(sql.isPaused, [.text(queue)])
+      return row.count > 0 && row.bool(0, 0)
+    }
+  }
+
+  /// The earliest waiting run date and lease expiry. With ``Clock/database`` the dates are moved
+  /// onto `clock` (by the difference between it and the server's clock), so a caller that
+  /// compares them with its own clock waits the right time however far the clocks disagree.
+  public func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
+    let sql = self.sql
+    let now = now(clock)
+    let (serverNow, ready, scheduled, expiry) = try await connection.perform(idempotent: true) { db in
+      let row = try db.execute(sql.nextWake, [.text(queue), now])
+      return (row.date(0, 0), row.date(0, 1), row.date(0, 2), row.date(0, 3))
+    }
+    var hint = WakeHint(nextRun: ready ?? scheduled, nextLeaseExpiry: expiry)
+    if options.clock == .database, let serverNow {
+      let offset = clock.now().timeIntervalSince(serverNow)
+      hint.nextRun = hint.nextRun?.addingTimeInterval(offset)
+      hint.nextLeaseExpiry = hint.nextLeaseExpiry?.addingTimeInterval(offset)
+    }
+    return hint
+  }
+
+  /// The names of queues that hold jobs or a stored pause flag, sorted.
+  public func queueNames() async throws -> [String] {
+    let sql = self.sql
+    return try await connection.perform(idempotent: true) { db in
+      let rows = try db.execute(sql.queueNames)
+      return (0..<rows.count).compactMap { rows.text($0, 0) }
+    }
+  }
+
+  /// Waits until a job is added to `queue` or it is paused, resumed or re-queued (a `NOTIFY`
+  /// on the store's channel, received on a connection of its own), or `timeout` passes.
+  ///
+  /// - Returns: Whether a notification came.
+  public func waitForWork(queue: String, timeout: Duration) async -> Bool {
+    await listener.wait(queue: queue, timeout: timeout)
+  }
+
+  // MARK: - Helpers
+
+  /// The stored statuses a public status covers.
+  static func stored(_ status: JobStatus) -> [String] {
+    switch status {
+    case .pending: ["ready", "scheduled"]
+    case .running: ["running"]
+    case .dead: ["dead"]
+    }
+  }
+
+  /// Decodes a row selected with ``SQL/columns``.
+  static func record(_ rows: QueryResult, _ row: Int) throws -> JobRecord {
+    let statusText = rows.text(row, 3) ?? ""
+    let status: JobStatus
+    switch statusText {
+    case "ready", "scheduled": status = .pending
+    case "running": status = .running
+    case "dead": status = .dead
+    default:
+      throw PostgresError(
+        code: .protocolViolation, message: "job \(rows.int64(row, 0)) has an unknown status '\(statusText)'")
+    }
+    return JobRecord(
+      id: JobID(rows.int64(row, 0)), queue: rows.text(row, 1) ?? "", payload: rows.data(row, 2),
+      status: status,
+      priority: Int(clamping: rows.int64(row, 4)), attempts: Int(clamping: rows.int64(row, 5)),
+      runAt: rows.date(row, 6) ?? Date(timeIntervalSince1970: 0),
+      createdAt: rows.date(row, 7) ?? Date(timeIntervalSince1970: 0), lastError: rows.text(row, 8),
+      deduplicationKey: rows.optionalData(row, 9).map { String(decoding: $0, as: UTF8.self) },
+      leaseOwner: rows.text(row, 10), leaseExpiresAt: rows.date(row, 11), claimToken: rows.int64(row, 12))
+  }
+
+  static func validate(schema: String) throws {
+    let bytes = Array(schema.utf8)
+    let valid =
+      (1...50).contains(bytes.count)
+      && bytes.enumerated().allSatisfy { index, byte in
+        byte == UInt8(ascii: "_") || (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(byte)
+          || (index > 0 && (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte))
+      } && !schema.hasPrefix("pg_")
+    guard valid else {
+      throw PostgresError(
+        code: .invalidSchemaName,
+        message: "a schema name must be 1 to 50 characters from a-z, 0-9 and '_', not start with a digit "
+          + "or 'pg_'; pass a name such as \"conveyor\"")
+    }
+  }
+}

@@ -1,0 +1,212 @@
+import CLibPQ
+import Conveyor
+import Foundation
+import Synchronization
+
+/// Confines one libpq connection to a thread of the store's own, bridges it to `async`, and
+/// opens it again when it breaks.
+///
+/// Blocking libpq calls never run on Swift's cooperative thread pool: every use of the
+/// connection is a block on `thread`, which runs them one at a time. Cancelling the awaiting task
+/// sends `PQcancel` for the statement running on the server, and skips the block when it has not
+/// started.
+///
+/// A block that fails because the connection broke is run again on a new connection, with
+/// backoff, for up to `reconnectTimeout`: the connection is checked (without a round trip)
+/// before each block, so a connection the server closed while idle is replaced before anything is
+/// sent. A block marked not idempotent is not run again when the connection broke while a commit
+/// was in flight; it fails with ``PostgresError/Code/commitUnknown``.
+///
+/// `@unchecked Sendable` is safe because `connection` and `closed` are only touched from blocks
+/// running on the serial `thread`; `cancelHandle` (the `PGcancel` of the current connection,
+/// which libpq documents as usable from any thread) is guarded by its `Mutex`, and is replaced
+/// only by the thread, under that lock.
+final class SerializedConnection: @unchecked Sendable {
+  private let thread: StoreThread
+  private let conninfo: String
+  private let scrubber: Scrubber
+  private let reconnectTimeout: Duration
+  /// Run on each new connection before it is used (session settings).
+  private let setup: @Sendable (Connection) throws -> Void
+  private var connection: Connection?
+  private var closed = false
+  private let cancelHandle = Mutex<CancelHandle?>(nil)
+
+  /// A `PGcancel` object, freed when replaced.
+  final class CancelHandle: Sendable {
+    // Safe to send: libpq allows PQcancel on this object from any thread; it is freed once, in deinit.
+    nonisolated(unsafe) let pointer: OpaquePointer
+    init(_ pointer: OpaquePointer) { self.pointer = pointer }
+    deinit { PQfreeCancel(pointer) }
+
+    func cancel() {
+      var buffer = [CChar](repeating: 0, count: 256)
+      _ = PQcancel(pointer, &buffer, Int32(buffer.count))
+    }
+  }
+
+  init(
+    label: String, conninfo: String, scrubber: Scrubber, reconnectTimeout: Duration,
+    setup: @escaping @Sendable (Connection) throws -> Void
+  ) {
+    self.thread = StoreThread(name: label, spins: 50)
+    self.conninfo = conninfo
+    self.scrubber = scrubber
+    self.reconnectTimeout = reconnectTimeout
+    self.setup = setup
+  }
+
+  deinit { thread.stop() }
+
+  /// Opens the connection now (on the store's thread), so that opening the store reports a bad
+  /// URL or an unreachable server at once.
+  func connect() async throws {
+    try await perform(idempotent: true, retrying: false) { _ in }
+  }
+
+  /// Closes the connection after every block submitted before; later blocks fail with `closed`.
+  func close() async {
+    await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
+      thread.submit {
+        self.closed = true
+        self.drop()
+        continuation.resume()
+      }
+    }
+  }
+
+  /// Runs `body` on the connection's thread without blocking the calling thread.
+  ///
+  /// - Parameters:
+  ///   - idempotent: Whether `body` may run again after the connection broke during a commit.
+  ///   - retrying: Whether to reconnect and run again at all (false: fail at once).
+  func perform<T: Sendable>(
+    idempotent: Bool, retrying: Bool = true, _ body: @escaping @Sendable (Connection) throws -> T
+  ) async throws -> T {
+    try Task.checkCancellation()
+    let operation = Operation()
+    return try await withTaskCancellationHandler {
+      try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<T, any Error>) in
+        thread.submit {
+          guard operation.start() else {
+            continuation.resume(throwing: CancellationError())
+            return
+          }
+          let result = Result { try self.run(idempotent: idempotent, retrying: retrying, operation, body) }
+          let cancelled = operation.finish()
+          if cancelled, case .failure(let error as PostgresError) = result, error.sqlState == "57014" {
+            continuation.resume(throwing: CancellationError())
+          } else {
+            continuation.resume(with: result)
+          }
+        }
+      }
+    } onCancel: {
+      operation.cancel()
+      sendCancel(operation)
+    }
+  }
+
+  /// Sends `PQcancel` while the operation's block runs, again every 50 ms: a cancel request that
+  /// reaches the server between two statements is ignored, so one request could be lost.
+  private func sendCancel(_ operation: Operation) {
+    let running = operation.whileRunning { self.cancelHandle.withLock { $0 }?.cancel() }
+    guard running else { return }
+    DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(50)) { self.sendCancel(operation) }
+  }
+
+  /// Runs `body`, reconnecting and running it again after a connection loss. On the thread.
+  private func run<T>(
+    idempotent: Bool, retrying: Bool, _ operation: Operation, _ body: (Connection) throws -> T
+  ) throws -> T {
+    let deadline = ContinuousClock.now + reconnectTimeout
+    var pause = Duration.milliseconds(10)
+    while true {
+      if closed {
+        throw PostgresError(
+          code: .closed, message: "this store was closed; open the database again to use it")
+      }
+      if operation.isCancelled { throw CancellationError() }
+      do {
+        let connection = try connected()
+        connection.isCancelled = { operation.isCancelled }
+        return try body(connection)
+      } catch let error as PostgresError where error.isConnectionLoss {
+        let ambiguous = connection?.lostDuringCommit ?? false
+        drop()
+        if ambiguous && !idempotent {
+          throw PostgresError(
+            code: .commitUnknown,
+            message: "the connection broke while the transaction was committing (\(error.message)); "
+              + "whether it committed is unknown", sqlState: error.sqlState, sql: error.sql)
+        }
+        guard retrying, ContinuousClock.now + pause < deadline else { throw error }
+        // Sleep in slices so a cancellation ends the wait.
+        let wake = ContinuousClock.now + pause
+        while ContinuousClock.now < wake && !operation.isCancelled {
+          Thread.sleep(forTimeInterval: 0.01)
+        }
+        pause = min(pause * 2, .milliseconds(500))
+      }
+    }
+  }
+
+  /// The open connection, opening a new one when there is none or it broke. On the thread.
+  private func connected() throws -> Connection {
+    if let connection, connection.isHealthy { return connection }
+    drop()
+    let fresh = try Connection(conninfo: conninfo, scrubber: scrubber)
+    try setup(fresh)
+    connection = fresh
+    let handle = fresh.makeCancelHandle().map(CancelHandle.init)
+    cancelHandle.withLock { $0 = handle }
+    return fresh
+  }
+
+  /// Closes the current connection, if any. On the thread.
+  private func drop() {
+    cancelHandle.withLock { $0 = nil }
+    connection = nil
+  }
+
+  /// The state of one queued block, shared between the block and the cancellation handler.
+  private final class Operation: Sendable {
+    private struct State {
+      var started = false
+      var finished = false
+      var cancelled = false
+    }
+    private let state = Mutex(State())
+
+    func start() -> Bool {
+      state.withLock { state in
+        state.started = true
+        return !state.cancelled
+      }
+    }
+
+    func finish() -> Bool {
+      state.withLock { state in
+        state.finished = true
+        return state.cancelled
+      }
+    }
+
+    var isCancelled: Bool { state.withLock { $0.cancelled } }
+
+    /// Marks the operation cancelled.
+    func cancel() {
+      state.withLock { $0.cancelled = true }
+    }
+
+    /// Calls `interrupt` if the block is running, under the lock, so the block cannot finish and
+    /// let the next block's statement be cancelled instead; returns whether it was running.
+    func whileRunning(_ interrupt: () -> Void) -> Bool {
+      state.withLock { state in
+        guard state.started && !state.finished else { return false }
+        interrupt()
+        return true
+      }
+    }
+  }
+}

@@ -1,0 +1,87 @@
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// `conveyor` against a PostgreSQL URL: the same commands as on SQLite.
+@Suite("conveyor on PostgreSQL")
+struct CLITests {
+  /// Runs `conveyor` with `arguments`; returns its exit status and output.
+  func conveyor(_ arguments: [String], environment: [String: String] = [:]) async throws -> (Int32, String) {
+    let executable = URL(fileURLWithPath: try workerExecutable()).deletingLastPathComponent()
+      .appendingPathComponent("conveyor").path
+    return try await PostgresServer.onBackgroundThread {
+      let output = NSTemporaryDirectory() + "/conveyor-cli-\(UUID().uuidString)"
+      defer { try? FileManager.default.removeItem(atPath: output) }
+      var actions = posix_spawn_file_actions_t()
+      posix_spawn_file_actions_init(&actions)
+      defer { posix_spawn_file_actions_destroy(&actions) }
+      posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+      posix_spawn_file_actions_addopen(&actions, 1, output, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+      posix_spawn_file_actions_adddup2(&actions, 1, 2)
+      let argv = ([executable] + arguments).map { strdup($0) } + [nil]
+      defer { for pointer in argv { free(pointer) } }
+      var variables = ProcessInfo.processInfo.environment
+      for (name, value) in environment { variables[name] = value }
+      let envp = variables.map { strdup("\($0.key)=\($0.value)") } + [nil]
+      defer { for pointer in envp { free(pointer) } }
+      var pid: pid_t = 0
+      let spawned = posix_spawn(&pid, executable, &actions, nil, argv, envp)
+      guard spawned == 0 else { throw HarnessError("cannot start conveyor: \(spawned)") }
+      var status: Int32 = 0
+      while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+      let text = (try? String(contentsOfFile: output, encoding: .utf8)) ?? ""
+      return ((status >> 8) & 0xff, text)
+    }
+  }
+
+  @Test func addWorkStatusListPauseAndResumeWorkAgainstAPostgresURL() async throws {
+    let server = try await PostgresServer.shared()
+    // A password in the URL (the server trusts every connection) must never be printed.
+    let url = "postgresql://postgres:Sekr1t-PW@127.0.0.1:\(server.port)/postgres"
+    let folder = try makeFolder()
+    defer { try? FileManager.default.removeItem(atPath: folder) }
+    for number in 0..<6 {
+      let (status, output) = try await conveyor(
+        [
+          "--database", url, "--queue", "cli", "add", "exec", "--", "/bin/sh", "-c",
+          "echo \(number) >> \(folder)/out",
+        ])
+      #expect(status == 0, "\(output)")
+    }
+    let (statusCode, status) = try await conveyor(["-d", url, "-q", "cli", "status", "--json"])
+    #expect(statusCode == 0 && status.contains("\"ready\":6"), "\(status)")
+    #expect(!status.contains("Sekr1t"), "no password in status: \(status)")
+    #expect(status.contains("127.0.0.1"), "\(status)")
+    let (pauseCode, _) = try await conveyor(["-d", url, "-q", "cli", "pause"])
+    #expect(pauseCode == 0)
+    let (_, paused) = try await conveyor(["-d", url, "-q", "cli", "status"])
+    #expect(paused.contains("(paused)"), "\(paused)")
+    let (resumeCode, _) = try await conveyor(["-d", url, "-q", "cli", "resume"])
+    #expect(resumeCode == 0)
+    let (listCode, list) = try await conveyor(["-d", url, "-q", "cli", "list"])
+    #expect(listCode == 0 && list.split(separator: "\n").count >= 6, "\(list)")
+    // Two workers share the queue; CONVEYOR_DATABASE works like --database.
+    async let first = conveyor(
+      ["-q", "cli", "work", "--until-empty", "--json"], environment: ["CONVEYOR_DATABASE": url])
+    async let second = conveyor(["-d", url, "-q", "cli", "work", "--until-empty", "--json"])
+    let results = try await [first, second]
+    for (code, output) in results {
+      #expect(code == 0, "\(output)")
+      #expect(!output.contains("Sekr1t"))
+    }
+    let lines = try String(contentsOfFile: folder + "/out", encoding: .utf8).split(separator: "\n")
+    #expect(lines.sorted() == (0..<6).map { "\($0)" }, "every command ran once: \(lines)")
+    let (_, after) = try await conveyor(["-d", url, "-q", "cli", "status", "--json"])
+    #expect(after.contains("\"ready\":0") && after.contains("\"running\":0"), "\(after)")
+  }
+
+  @Test func anUnreachableServerIsADatabaseErrorWithoutThePassword() async throws {
+    let (code, output) = try await conveyor(
+      ["-d", "postgresql://me:Sekr1t-PW@127.0.0.1:1/app?connect_timeout=2", "status"])
+    #expect(code == 3, "\(output)")
+    #expect(output.contains("PostgreSQL") && !output.contains("Sekr1t"), "\(output)")
+  }
+}

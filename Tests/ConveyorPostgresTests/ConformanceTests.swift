@@ -1,0 +1,18 @@
+import Conveyor
+import ConveyorPostgres
+import ConveyorTestSupport
+import Testing
+
+@Suite("PostgresJobStore conformance")
+struct ConformanceTests {
+  /// Each check gets a fresh schema on the shared server, and the callers' clock (the suite
+  /// drives time with fixed clocks).
+  @Test(arguments: JobStoreConformance.checks)
+  func conformance(_ check: JobStoreCheck) async throws {
+    let server = try await PostgresServer.shared()
+    let store = try await PostgresJobStore.open(
+      url: server.url, options: .init(schema: uniqueSchema(), clock: .caller))
+    try await check.run(store)
+    await store.close()
+  }
+}

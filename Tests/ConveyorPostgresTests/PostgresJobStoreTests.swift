@@ -1,0 +1,244 @@
+import Conveyor
+import ConveyorPostgres
+import ConveyorTestSupport
+import Foundation
+import Synchronization
+import Testing
+
+@Suite("PostgresJobStore")
+struct PostgresJobStoreTests {
+  func open(
+    _ schema: String = uniqueSchema(), clock: PostgresJobStore.Clock = .database,
+    lockTimeout: Duration = .seconds(5)
+  ) async throws -> (PostgresServer, PostgresJobStore) {
+    let server = try await PostgresServer.shared()
+    let store = try await PostgresJobStore.open(
+      url: server.url, options: .init(schema: schema, clock: clock, lockTimeout: lockTimeout))
+    return (server, store)
+  }
+
+  /// The server's clock, read through a plain connection.
+  func serverNow(_ server: PostgresServer) throws -> Date {
+    let seconds = try AdminConnection(server.url).scalar(
+      "SELECT extract(epoch FROM clock_timestamp())::float8")
+    return Date(timeIntervalSince1970: Double(seconds ?? "") ?? 0)
+  }
+
+  // MARK: The database's clock
+
+  @Test func aWorkerWhoseClockIsAheadDoesNotRescueALiveLease() async throws {
+    let (server, store) = try await open()
+    _ = try await store.enqueue([NewJob(payload: Data("a".utf8))], queue: "q", clock: SystemJobClock())
+    let before = try serverNow(server)
+    // The claiming worker's clock is an hour behind: its lease still runs a minute by the server.
+    let late = FixedJobClock(Date().addingTimeInterval(-3_600))
+    let batch = try await store.settleAndClaim(
+      [], queue: "q", limit: 1, lease: Lease(owner: "w1", duration: .seconds(60)), clock: late)
+    let record = try #require(batch.claimed.first)
+    let expiry = try #require(record.leaseExpiresAt)
+    let after = try serverNow(server)
+    #expect(expiry >= before.addingTimeInterval(59) && expiry <= after.addingTimeInterval(61), "\(expiry)")
+    // Another worker whose clock is two minutes ahead finds the lease alive.
+    let ahead = FixedJobClock(Date().addingTimeInterval(120))
+    #expect(try await store.rescueExpiredLeases(queue: "q", clock: ahead) == 0)
+    #expect(try await store.counts(queue: "q", clock: ahead).running == 1)
+    await store.close()
+  }
+
+  @Test func aScheduledJobDoesNotRunEarlyForAWorkerWhoseClockIsAhead() async throws {
+    let (_, store) = try await open()
+    _ = try await store.enqueue(
+      [NewJob(payload: Data("later".utf8), runTime: .after(.seconds(60)))], queue: "q",
+      clock: SystemJobClock())
+    let ahead = FixedJobClock(Date().addingTimeInterval(600))
+    let batch = try await store.settleAndClaim(
+      [], queue: "q", limit: 5, lease: Lease(owner: "w", duration: .seconds(60)), clock: ahead)
+    #expect(batch.claimed.isEmpty, "not before the server's clock reaches its date")
+    #expect(try await store.counts(queue: "q", clock: ahead) == JobCounts(scheduled: 1))
+    // nextWake speaks the caller's clock: about a minute from the caller's now.
+    let hint = try await store.nextWake(queue: "q", clock: ahead)
+    let wait = try #require(hint.nextRun).timeIntervalSince(ahead.now())
+    #expect(wait > 50 && wait <= 60, "a minute on the caller's clock: \(wait)")
+    await store.close()
+  }
+
+  // MARK: Migrations
+
+  @Test func tenProcessesMigratingAtOnceAllSucceed() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("migrate")
+    let stores = try await withThrowingTaskGroup(of: PostgresJobStore.self) { group in
+      for _ in 0..<10 {
+        group.addTask { try await PostgresJobStore.open(url: server.url, options: .init(schema: schema)) }
+      }
+      return try await group.reduce(into: []) { $0.append($1) }
+    }
+    #expect(stores.count == 10)
+    let versions = try AdminConnection(server.url).query("SELECT version FROM \(schema).schema_migrations")
+    #expect(versions == [["1"]], "migrated once")
+    _ = try await stores[3].enqueue([NewJob(payload: Data("x".utf8))], queue: "q", clock: SystemJobClock())
+    #expect(try await stores[7].counts(queue: "q", clock: SystemJobClock()).ready == 1)
+    for store in stores { await store.close() }
+  }
+
+  @Test func aNewerSchemaIsRefusedAndLeftUntouched() async throws {
+    let (server, store) = try await open()
+    let schema = store.options.schema
+    _ = try await store.enqueue([NewJob(payload: Data("keep".utf8))], queue: "q", clock: SystemJobClock())
+    await store.close()
+    let admin = try AdminConnection(server.url)
+    try admin.query("INSERT INTO \(schema).schema_migrations (version) VALUES (2)")
+    let snapshot = """
+      SELECT (SELECT string_agg(version::text, ',' ORDER BY version) FROM \(schema).schema_migrations),
+        (SELECT string_agg(id || ':' || status || ':' || encode(payload, 'escape'), ',') FROM \(schema).jobs),
+        (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = '\(schema)'),
+        (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = '\(schema)')
+      """
+    let before = try admin.query(snapshot)
+    #expect(throws: PostgresError.self) {
+      _ = try PostgresJobStore(url: server.url, options: .init(schema: schema))
+    }
+    do {
+      _ = try PostgresJobStore(url: server.url, options: .init(schema: schema))
+    } catch let error as PostgresError {
+      #expect(error.code == .newerSchema)
+      #expect(error.description.contains("version 2"), "\(error)")
+    }
+    #expect(try admin.query(snapshot) == before, "untouched")
+  }
+
+  @Test func aSchemaNameThatIsNotAPlainIdentifierIsRefused() async throws {
+    let server = try await PostgresServer.shared()
+    for name in [
+      "", "Upper", "a-b", "x\"; DROP TABLE y; --", "1abc", "pg_catalog", String(repeating: "a", count: 51),
+    ] {
+      #expect {
+        _ = try PostgresJobStore(url: server.url, options: .init(schema: name))
+      } throws: { ($0 as? PostgresError)?.code == .invalidSchemaName }
+    }
+  }
+
+  // MARK: Enqueue inside the application's transaction
+
+  @Test func theEnqueueFunctionAddsAJobOnlyWhenTheTransactionCommits() async throws {
+    let (server, store) = try await open()
+    let schema = store.options.schema
+    let app = try AdminConnection(server.url)
+    try app.query("BEGIN")
+    let rolledBack = try app.scalar("SELECT \(schema).enqueue('mail', '{\"number\":1}')")
+    #expect(rolledBack != nil)
+    try app.query("ROLLBACK")
+    #expect(try await store.counts(queue: "mail", clock: SystemJobClock()).total == 0, "rolled back: no job")
+    try app.query("BEGIN")
+    let id = try #require(try app.scalar("SELECT \(schema).enqueue('mail', '{\"number\":2}', 5)"))
+    let same = try app.scalar("SELECT \(schema).enqueue('mail', '{\"number\":3}'::text, 0, NULL, 'k')")
+    let duplicate = try app.scalar("SELECT \(schema).enqueue('mail', '{\"number\":4}'::text, 0, NULL, 'k')")
+    #expect(same == duplicate, "a waiting job's key deduplicates")
+    #expect(
+      try await store.counts(queue: "mail", clock: SystemJobClock()).total == 0, "not visible before commit")
+    try app.query("COMMIT")
+    let batch = try await store.settleAndClaim(
+      [], queue: "mail", limit: 5, lease: Lease(owner: "w", duration: .seconds(60)), clock: SystemJobClock())
+    #expect(batch.claimed.map(\.id.description) == [id, same!], "committed: both jobs, by priority")
+    #expect(batch.claimed.first.map { String(decoding: $0.payload, as: UTF8.self) } == "{\"number\":2}")
+    #expect(throws: HarnessError.self) { try app.query("SELECT \(schema).enqueue('bad name!', 'x')") }
+    await store.close()
+  }
+
+  // MARK: Wake-ups
+
+  @Test func anEnqueueWakesAWaitingStoreThroughNotify() async throws {
+    let (server, store) = try await open()
+    let other = try await PostgresJobStore.open(url: server.url, options: store.options)
+    // The first wait starts the listener; the queue's loop waits over and over the same way.
+    let notified = Atomic<Bool>(false)
+    let woken = Task {
+      if await store.waitForWork(queue: "q", timeout: .seconds(600)) {
+        notified.store(true, ordering: .sequentiallyConsistent)
+      }
+    }
+    // Enqueue until the listener (which starts with the first wait) has heard one.
+    for _ in 0..<200 where !notified.load(ordering: .sequentiallyConsistent) {
+      _ = try await other.enqueue([NewJob(payload: Data("a".utf8))], queue: "q", clock: SystemJobClock())
+      try await Task.sleep(for: .milliseconds(100))
+    }
+    woken.cancel()
+    let heard = notified.load(ordering: .sequentiallyConsistent)
+    #expect(heard, "a notification arrived (the wait allowed 600 s)")
+    await store.close()
+    await other.close()
+  }
+
+  @Test func anIdleQueueStartsAJobAddedElsewhereWithoutWaitingForItsPoll() async throws {
+    let (server, store) = try await open()
+    let producer = try await PostgresJobStore.open(url: server.url, options: store.options)
+    struct Item: Queueable { var number: Int }
+    let handled = Mutex<[Int]>([])
+    let (stream, continuation) = AsyncStream.makeStream(of: Int.self)
+    // Polling every 10 minutes: only a notification can start the job within the test.
+    let configuration = JobQueueConfiguration(identifier: "wake", pollInterval: .seconds(600))
+    let queue = try JobQueue<Item>(configuration: configuration, store: store) { item, _ in
+      handled.withLock { $0.append(item.number) }
+      continuation.yield(item.number)
+      return .handled
+    }
+    try await Task.sleep(for: .milliseconds(300))  // let the idle loop settle into its wait
+    _ = try await producer.enqueue(
+      [NewJob(payload: try JSONEncoder().encode(Item(number: 7)))], queue: "wake", clock: SystemJobClock())
+    var iterator = stream.makeAsyncIterator()
+    let first = await iterator.next()
+    #expect(first == 7)
+    await queue.shutdown(gracePeriod: .seconds(5))
+    await store.close()
+    await producer.close()
+  }
+
+  // MARK: Errors and cancellation
+
+  @Test func aPasswordNeverAppearsInAnError() async throws {
+    let secret = "pa55-w0rd-XYZ"
+    for url in [
+      "postgresql://someone:\(secret)@127.0.0.1:1/app?connect_timeout=2",
+      "postgresql://someone:\(secret)@127.0.0.1:1/app?sslmode=bogus%zz",
+      "host=127.0.0.1 port=1 password=\(secret) connect_timeout=2",
+      "host=127.0.0.1 password='\(secret)' port=notaport",
+    ] {
+      do {
+        _ = try PostgresJobStore(url: url)
+        Issue.record("connected to \(url)?")
+      } catch let error as PostgresError {
+        #expect(!error.description.contains(secret), "\(error.description)")
+        #expect(!error.debugDescription.contains(secret), "\(error.debugDescription)")
+        #expect(!String(describing: error).contains(secret))
+      }
+    }
+  }
+
+  @Test func cancellingTheCallingTaskCancelsTheRunningStatement() async throws {
+    let (server, store) = try await open(lockTimeout: .seconds(600))
+    let schema = store.options.schema
+    try await store.setPaused(false, queue: "q")
+    // Another connection holds the queue's row, so setPaused waits for its lock (up to 600 s).
+    let holder = try AdminConnection(server.url)
+    try holder.query("BEGIN")
+    try holder.query("SELECT * FROM \(schema).queues WHERE name = 'q' FOR UPDATE")
+    let call = Task { try await store.setPaused(true, queue: "q") }
+    try await Task.sleep(for: .milliseconds(300))
+    call.cancel()
+    await #expect(throws: CancellationError.self) { try await call.value }
+    try holder.query("ROLLBACK")
+    // The store still works, on the same connection or a new one.
+    try await store.setPaused(true, queue: "q")
+    #expect(try await store.isPaused(queue: "q"))
+    await store.close()
+  }
+
+  @Test func aClosedStoreThrowsClosed() async throws {
+    let (_, store) = try await open()
+    await store.close()
+    await #expect {
+      _ = try await store.counts(queue: "q", clock: SystemJobClock())
+    } throws: { ($0 as? PostgresError)?.code == .closed }
+  }
+}

@@ -1,0 +1,273 @@
+import CLibPQ
+import Foundation
+import Synchronization
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// A private, throwaway PostgreSQL server for the tests, started from the installed binaries.
+///
+/// The data folder and the unix socket live in a new temporary folder (owned by the `postgres`
+/// user when the tests run as root, since the server refuses to run as root), the server listens
+/// on 127.0.0.1 on a free port with `trust` authentication, and durability is off (`fsync=off`)
+/// for speed. ``shared()`` starts one server per test process, lazily, stopped when the process
+/// exits; a test that restarts or stops its server starts one of its own with ``start()``.
+/// A server whose test process died without stopping it is stopped by the next ``start()``.
+final class PostgresServer: Sendable {
+  let folder: String
+  let port: Int
+  let binaries: String
+
+  /// A URL for the `postgres` superuser on the server's default database.
+  var url: String { "postgresql://postgres@127.0.0.1:\(port)/postgres" }
+  var dataFolder: String { folder + "/data" }
+
+  private static let sharedServer = Task { try await PostgresServer.start() }
+  private static let running = Mutex<[String: String]>([:])  // folder → binaries, for atexit
+
+  /// The server shared by every test of this process.
+  static func shared() async throws -> PostgresServer {
+    try await sharedServer.value
+  }
+
+  private init(folder: String, port: Int, binaries: String) {
+    self.folder = folder
+    self.port = port
+    self.binaries = binaries
+  }
+
+  /// Starts a new server; it is stopped by ``stop()`` or when the process exits.
+  static func start() async throws -> PostgresServer {
+    try await onBackgroundThread { try startBlocking() }
+  }
+
+  private static func startBlocking() throws -> PostgresServer {
+    registerExitHandler()
+    stopAbandonedServers()
+    let binaries = try findBinaries()
+    var template = Array((NSTemporaryDirectory() + "/conveyor-pg-XXXXXX").utf8CString)
+    guard let made = mkdtemp(&template) else { throw HarnessError("mkdtemp failed: \(errno)") }
+    let folder = String(cString: made)
+    try "\(getpid())".write(toFile: folder + "/owner.pid", atomically: true, encoding: .utf8)
+    let port = try freePort()
+    let server = PostgresServer(folder: folder, port: port, binaries: binaries)
+    if getuid() == 0 { try run("/bin/chown", ["-R", "postgres:postgres", folder]) }
+    chmod(folder, 0o755)
+    try server.runAsOwner(
+      "\(binaries)/initdb",
+      [
+        "-D", server.dataFolder, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync",
+        "--locale=C",
+      ])
+    running.withLock { $0[folder] = binaries }
+    try server.control(["start", "-w", "-t", "60", "-l", folder + "/server.log", "-o", server.serverOptions])
+    return server
+  }
+
+  var serverOptions: String {
+    "-p \(port) -k \(folder) -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off "
+      + "-c full_page_writes=off -c max_connections=300 -c shared_buffers=64MB"
+  }
+
+  /// Runs `pg_ctl` with `arguments` on this server's data folder.
+  func control(_ arguments: [String]) throws {
+    try runAsOwner("\(binaries)/pg_ctl", ["-D", dataFolder] + arguments)
+  }
+
+  /// Restarts the server (`pg_ctl restart -m fast`), terminating every connection.
+  func restart() async throws {
+    try await Self.onBackgroundThread {
+      try self.control([
+        "restart", "-m", "fast", "-w", "-t", "60", "-l", self.folder + "/server.log", "-o",
+        self.serverOptions,
+      ])
+    }
+  }
+
+  /// Stops the server and deletes its folder.
+  func stop() {
+    _ = try? control(["stop", "-m", "immediate", "-w"])
+    try? FileManager.default.removeItem(atPath: folder)
+    _ = Self.running.withLock { $0.removeValue(forKey: folder) }
+  }
+
+  private func runAsOwner(_ executable: String, _ arguments: [String]) throws {
+    if getuid() == 0 {
+      let runuser = ["/usr/sbin/runuser", "/sbin/runuser", "/usr/bin/runuser"].first {
+        FileManager.default.isExecutableFile(atPath: $0)
+      }
+      if let runuser {
+        try Self.run(runuser, ["-u", "postgres", "--", executable] + arguments)
+      } else {
+        let command = ([executable] + arguments).map {
+          "'\($0.replacingOccurrences(of: "'", with: "'\\''"))'"
+        }
+        try Self.run("/bin/su", ["postgres", "-s", "/bin/sh", "-c", command.joined(separator: " ")])
+      }
+    } else {
+      try Self.run(executable, arguments)
+    }
+  }
+
+  /// The folder holding `initdb`, `pg_ctl` and `postgres`: `pg_config --bindir`, else the newest
+  /// `/usr/lib/postgresql/<version>/bin` (Debian keeps the server binaries there).
+  static func findBinaries() throws -> String {
+    var candidates: [String] = []
+    if let output = try? capture("/usr/bin/env", ["pg_config", "--bindir"]) {
+      candidates.append(output.trimmingCharacters(in: .whitespacesAndNewlines))
+    }
+    let versions = (try? FileManager.default.contentsOfDirectory(atPath: "/usr/lib/postgresql")) ?? []
+    candidates += versions.sorted { (Int($0) ?? 0) > (Int($1) ?? 0) }.map { "/usr/lib/postgresql/\($0)/bin" }
+    for folder in candidates
+    where ["initdb", "pg_ctl", "postgres"].allSatisfy({
+      FileManager.default.isExecutableFile(atPath: "\(folder)/\($0)")
+    }) {
+      return folder
+    }
+    throw HarnessError(
+      "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in \(candidates); install the `postgresql` package"
+    )
+  }
+
+  private static func freePort() throws -> Int {
+    let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard descriptor >= 0 else { throw HarnessError("socket failed") }
+    defer { close(descriptor) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    address.sin_port = 0
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) {
+      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+        bind(descriptor, pointer, length) == 0 && getsockname(descriptor, pointer, &length) == 0
+      }
+    }
+    guard bound else { throw HarnessError("bind failed") }
+    return Int(UInt16(bigEndian: address.sin_port))
+  }
+
+  /// Stops servers left by test processes that died (their owner pid is gone).
+  private static func stopAbandonedServers() {
+    let temporary = NSTemporaryDirectory()
+    let entries = (try? FileManager.default.contentsOfDirectory(atPath: temporary)) ?? []
+    for entry in entries where entry.hasPrefix("conveyor-pg-") {
+      let folder = temporary + "/" + entry
+      guard let owner = try? String(contentsOfFile: folder + "/owner.pid", encoding: .utf8),
+        let pid = Int32(owner.trimmingCharacters(in: .whitespacesAndNewlines)), kill(pid, 0) != 0
+      else { continue }
+      killPostmaster(folder)
+      try? FileManager.default.removeItem(atPath: folder)
+    }
+  }
+
+  /// Sends SIGQUIT (immediate shutdown) to the postmaster of the data folder in `folder`.
+  static func killPostmaster(_ folder: String) {
+    guard let text = try? String(contentsOfFile: folder + "/data/postmaster.pid", encoding: .utf8),
+      let line = text.split(separator: "\n").first, let pid = Int32(line)
+    else { return }
+    kill(pid, SIGQUIT)
+  }
+
+  private static func registerExitHandler() {
+    struct Once { static let registered: Bool = { atexit { PostgresServer.stopAll() } == 0 }() }
+    _ = Once.registered
+  }
+
+  /// Stops every server this process started (at exit).
+  static func stopAll() {
+    let folders = running.withLock { $0 }
+    for folder in folders.keys {
+      killPostmaster(folder)
+      // Give the postmaster a moment to go before its folder is removed.
+      for _ in 0..<50 where FileManager.default.fileExists(atPath: folder + "/data/postmaster.pid") {
+        usleep(20_000)
+      }
+      try? FileManager.default.removeItem(atPath: folder)
+    }
+  }
+
+  /// Runs a program to its end with posix_spawn and waitpid (Foundation's `Process` did not
+  /// always see `pg_ctl`'s exit here); its output goes to a file, not a pipe, since a server that
+  /// `pg_ctl` starts could keep a pipe open.
+  @discardableResult
+  static func run(_ executable: String, _ arguments: [String]) throws -> String {
+    let outputPath = NSTemporaryDirectory() + "/conveyor-pg-output-\(UUID().uuidString)"
+    defer { try? FileManager.default.removeItem(atPath: outputPath) }
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+    posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+    posix_spawn_file_actions_adddup2(&actions, 1, 2)
+    let argv = ([executable] + arguments).map { strdup($0) } + [nil]
+    defer { for pointer in argv { free(pointer) } }
+    var pid: pid_t = 0
+    let spawned = posix_spawn(&pid, executable, &actions, nil, argv, environ)
+    guard spawned == 0 else { throw HarnessError("cannot start \(executable): \(spawned)") }
+    var status: Int32 = 0
+    while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+    let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
+    // WIFEXITED && WEXITSTATUS == 0
+    guard status & 0x7f == 0 && (status >> 8) & 0xff == 0 else {
+      throw HarnessError("\(executable) \(arguments.joined(separator: " ")) failed (\(status)): \(text)")
+    }
+    return text
+  }
+
+  static func capture(_ executable: String, _ arguments: [String]) throws -> String {
+    try run(executable, arguments)
+  }
+
+  static func onBackgroundThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+      DispatchQueue.global().async { continuation.resume(with: Result { try body() }) }
+    }
+  }
+}
+
+struct HarnessError: Error, CustomStringConvertible {
+  var description: String
+  init(_ description: String) { self.description = description }
+}
+
+/// A plain libpq connection for the tests' own SQL (text results), outside any store.
+final class AdminConnection {
+  let handle: OpaquePointer
+
+  init(_ url: String) throws {
+    guard let handle = PQconnectdb(url), PQstatus(handle) == CONNECTION_OK else {
+      throw HarnessError("cannot connect to \(url)")
+    }
+    self.handle = handle
+  }
+
+  deinit { PQfinish(handle) }
+
+  /// Runs `sql` (one statement, or several without results) and returns the rows as text.
+  @discardableResult
+  func query(_ sql: String) throws -> [[String?]] {
+    guard let result = PQexec(handle, sql) else { throw HarnessError("no result for \(sql)") }
+    defer { PQclear(result) }
+    let status = PQresultStatus(result)
+    guard status == PGRES_TUPLES_OK || status == PGRES_COMMAND_OK else {
+      throw HarnessError("\(sql): \(String(cString: PQresultErrorMessage(result)))")
+    }
+    return (0..<PQntuples(result)).map { row in
+      (0..<PQnfields(result)).map { column in
+        PQgetisnull(result, row, column) == 1 ? nil : String(cString: PQgetvalue(result, row, column))
+      }
+    }
+  }
+
+  /// The first column of the first row.
+  func scalar(_ sql: String) throws -> String? {
+    try query(sql).first?.first ?? nil
+  }
+}
+
+/// A schema name no other test uses.
+func uniqueSchema(_ prefix: String = "t") -> String {
+  "\(prefix)_\(UInt64.random(in: 0...UInt64.max) % 1_000_000_000_000)"
+}

@@ -1,0 +1,96 @@
+// A worker process for the PostgreSQL multi-process, crash and restart tests.
+//
+//   conveyor-postgres-test-worker --database URL --schema NAME --queue NAME --output FILE
+//                                 [--progress FILE] [--concurrency N] [--lease-ms MS] [--handle-ms MS]
+//                                 [--poll-ms MS]
+//
+// Runs a JobQueue<TestJob> on the PostgreSQL store until the queue holds no pending or running job
+// (jobs held by a killed worker count until their lease runs out and they are handled here). For
+// every job it appends "<id>\n" to --progress (if given) when the handler starts, then sleeps
+// --handle-ms, then appends "<id>\n" to --output. Each append is one write(2), so it survives
+// SIGKILL of this process. It prints "store-errors <n>" (warnings the queue logged about the
+// store) before it exits.
+import Conveyor
+import ConveyorPostgres
+import Foundation
+import Synchronization
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+struct Failure: Error, CustomStringConvertible {
+  var description: String
+  init(_ description: String) { self.description = description }
+}
+
+/// Appends lines to a file with one unbuffered write per line.
+final class LineFile: Sendable {
+  let descriptor: Int32
+
+  init(path: String) throws {
+    descriptor = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
+    guard descriptor >= 0 else { throw Failure("cannot open \(path): \(String(cString: strerror(errno)))") }
+  }
+
+  deinit { close(descriptor) }
+
+  func append(_ line: String) throws {
+    let bytes = Array((line + "\n").utf8)
+    let written = bytes.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+    guard written == bytes.count else { throw Failure("write failed: \(String(cString: strerror(errno)))") }
+  }
+}
+
+/// The item the tests enqueue: `{"number": n}`.
+struct TestJob: Queueable {
+  var number: Int
+}
+
+func main() async throws {
+  var values: [String: String] = [:]
+  var iterator = CommandLine.arguments.dropFirst().makeIterator()
+  while let flag = iterator.next() {
+    guard let value = iterator.next() else { throw Failure("missing value for \(flag)") }
+    values[flag] = value
+  }
+  guard let url = values["--database"], let output = values["--output"] else {
+    throw Failure("usage: conveyor-postgres-test-worker --database URL --output FILE [options]")
+  }
+  let schema = values["--schema"] ?? "conveyor"
+  let queueName = values["--queue"] ?? "jobs"
+  let lease = Int(values["--lease-ms"] ?? "") ?? 30_000
+  let handle = Duration.milliseconds(Int(values["--handle-ms"] ?? "") ?? 0)
+  let store = try await PostgresJobStore.open(
+    url: url, options: .init(schema: schema, lockTimeout: .milliseconds(lease / 2)))
+  let handled = try LineFile(path: output)
+  let progress = try values["--progress"].map { try LineFile(path: $0) }
+  let storeErrors = Atomic<Int>(0)
+  let configuration = JobQueueConfiguration(
+    identifier: queueName, concurrency: Int(values["--concurrency"] ?? "") ?? 4,
+    leaseDuration: .milliseconds(lease), pollInterval: .milliseconds(Int(values["--poll-ms"] ?? "") ?? 200),
+    log: { record in
+      if record.level >= .warning && record.message.contains("store error") {
+        storeErrors.add(1, ordering: .relaxed)
+      }
+    })
+  let queue = try JobQueue<TestJob>(configuration: configuration, store: store) { _, context in
+    try progress?.append(context.id.description)
+    if handle > .zero { try await Task.sleep(for: handle) }
+    try handled.append(context.id.description)
+    return .handled
+  }
+  await queue.waitUntilFinished()
+  await queue.shutdown(gracePeriod: .seconds(5))
+  let counts = try await store.counts(queue: queueName, clock: SystemJobClock())
+  guard counts.unfinished == 0 else { throw Failure("finished with \(counts) left") }
+  print("store-errors \(storeErrors.load(ordering: .relaxed))")
+  await store.close()
+}
+
+do {
+  try await main()
+} catch {
+  FileHandle.standardError.write(Data("conveyor-postgres-test-worker: \(error)\n".utf8))
+  exit(1)
+}
