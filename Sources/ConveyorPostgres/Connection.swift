@@ -196,6 +196,9 @@ final class Connection {
   /// The object `PQcancel` uses to cancel this connection's running statement from another thread.
   func makeCancelHandle() -> OpaquePointer? { PQgetCancel(handle) }
 
+  /// The connection's socket descriptor, or -1.
+  var socketDescriptor: Int32 { PQsocket(handle) }
+
   /// Runs one statement with bound parameters and returns its rows in binary format.
   @discardableResult
   func execute(_ sql: String, _ parameters: [PostgresValue] = []) throws -> QueryResult {

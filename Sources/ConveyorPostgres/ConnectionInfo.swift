@@ -24,13 +24,14 @@ struct ConnectionInfo: Sendable {
     if let environment = ProcessInfo.processInfo.environment["PGPASSWORD"] { secrets.append(environment) }
     var error: UnsafeMutablePointer<CChar>?
     guard let options = PQconninfoParse(url, &error) else {
-      let message = error.map { String(cString: $0) } ?? "unparsable connection string"
+      // libpq's message quotes the part it could not read, which may be a password given in any
+      // form (`?password=`, `password=…`): only its kind of problem is kept, never the text.
       if let error { PQfreemem(error) }
       throw PostgresError(
         code: .invalidURL,
-        message:
-          "cannot read the connection string (\(Connection.trimmed(Scrubber(secrets: secrets).scrub(message)))); "
-          + "pass a postgres:// URL or a libpq conninfo string such as \"host=localhost dbname=app\"")
+        message: "cannot read the connection string (its text is not shown: it may hold a password); "
+          + "pass a postgres:// URL with percent-encoded parts, or a libpq conninfo string such as "
+          + "\"host=localhost dbname=app\"")
     }
     defer { PQconninfoFree(options) }
     var values: [String: String] = [:]

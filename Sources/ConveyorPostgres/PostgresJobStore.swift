@@ -55,6 +55,11 @@ public final class PostgresJobStore: JobStore {
     /// The longest a statement waits for a row lock another connection holds
     /// (`lock_timeout`). Default 5 seconds.
     public var lockTimeout: Duration
+    /// The longest one call may wait for the server before its connection is given up and the
+    /// call tried again on a new one (within ``reconnectTimeout``): a server that stopped
+    /// answering, or a network cut that sent no reset, would otherwise hold the call forever.
+    /// Default 60 seconds; nil waits as long as the server takes.
+    public var callTimeout: Duration?
 
     /// Creates options.
     ///
@@ -63,10 +68,12 @@ public final class PostgresJobStore: JobStore {
     ///   - clock: Whose clock dates leases and run dates.
     ///   - reconnectTimeout: How long a call retries a broken connection.
     ///   - lockTimeout: The longest a statement waits for a row lock.
+    ///   - callTimeout: The longest one call may wait for the server.
     public init(
       schema: String = "conveyor", clock: Clock = .database, reconnectTimeout: Duration = .seconds(60),
-      lockTimeout: Duration = .seconds(5)
+      lockTimeout: Duration = .seconds(5), callTimeout: Duration? = .seconds(60)
     ) {
+      self.callTimeout = callTimeout
       self.schema = schema
       self.clock = clock
       self.reconnectTimeout = reconnectTimeout
@@ -113,7 +120,7 @@ public final class PostgresJobStore: JobStore {
     }
     connection = SerializedConnection(
       label: "Conveyor.PostgresJobStore", conninfo: url, scrubber: info.scrubber,
-      reconnectTimeout: options.reconnectTimeout, setup: setup)
+      reconnectTimeout: options.reconnectTimeout, callTimeout: options.callTimeout, setup: setup)
     listener = Listener(conninfo: url, scrubber: info.scrubber, channel: sql.channel)
   }
 
@@ -247,7 +254,7 @@ public final class PostgresJobStore: JobStore {
         let now: PostgresValue = useCaller ? .timestamp(clock.now()) : .timestamp(nil)
         var stale: [JobID] = []
         if !settlements.isEmpty {
-          let applied = try db.execute(sql.settle, settle + [now])
+          let applied = try db.execute(sql.settle, settle + [now, .text(queue)])
           let ids = Set((0..<applied.count).map { applied.int64($0, 0) })
           stale = settlements.map(\.id).filter { !ids.contains($0.rawValue) }
         }
@@ -323,7 +330,10 @@ public final class PostgresJobStore: JobStore {
     let held = try await connection.perform(idempotent: true) { db -> Set<ClaimReference> in
       let rows = try db.execute(
         sql.heartbeat,
-        [.int64Array(claims.map(\.id.rawValue)), .int64Array(claims.map(\.token)), .int64(milliseconds), now])
+        [
+          .int64Array(claims.map(\.id.rawValue)), .int64Array(claims.map(\.token)), .int64(milliseconds), now,
+          .text(queue),
+        ])
       return Set(
         (0..<rows.count).map { ClaimReference(id: JobID(rows.int64($0, 0)), token: rows.int64($0, 1)) })
     }
@@ -393,12 +403,15 @@ public final class PostgresJobStore: JobStore {
           try db.execute(sql.lockKeyOfJob, [.text(queue), .int64(id)])
           return try db.execute(sql.requeueOne, [.text(queue), now, .int64(id)]).changed
         }
+        var total = 0
         if let ids {
-          return try Set(ids.map(\.rawValue)).sorted().reduce(0) { $0 + (try requeue($1)) }
+          total = try Set(ids.map(\.rawValue)).sorted().reduce(0) { $0 + (try requeue($1)) }
+        } else {
+          total = try db.execute(sql.requeueAllWithoutKey, [.text(queue), now]).changed
+          let keyed = try db.execute(sql.deadWithKey, [.text(queue)])
+          for row in 0..<keyed.count { total += try requeue(keyed.int64(row, 0)) }
         }
-        var total = try db.execute(sql.requeueAllWithoutKey, [.text(queue), now]).changed
-        let keyed = try db.execute(sql.deadWithKey, [.text(queue)])
-        for row in 0..<keyed.count { total += try requeue(keyed.int64(row, 0)) }
+        // Idle workers wake for re-queued jobs, by ID or all.
         if total > 0 { try db.execute(sql.notify, [.text(queue)]) }
         return total
       }

@@ -118,7 +118,10 @@ struct SQL {
     DECLARE
       now_ timestamptz := date_trunc('milliseconds', statement_timestamp());
       key_ bytea := convert_to(dedup_key, 'UTF8');
-      when_ timestamptz := date_trunc('milliseconds', coalesce(run_at, statement_timestamp()));
+      -- Clamped as every store clamps run dates (infinity included): year 1 to the end of 9999.
+      when_ timestamptz := least(greatest(
+        date_trunc('milliseconds', coalesce(run_at, statement_timestamp())),
+        '0001-01-01 00:00:00+00'::timestamptz), '9999-12-31 23:59:59+00'::timestamptz);
       id_ bigint;
     BEGIN
       IF queue IS NULL OR queue !~ '^[A-Za-z0-9._-]{1,128}$' THEN
@@ -211,6 +214,7 @@ struct SQL {
     done AS (
       DELETE FROM \(schema).jobs j USING s
       WHERE s.kind = 0 AND j.id = s.id AND j.claim_token = s.token AND j.status = 'running'
+        AND j.queue = $7
       RETURNING j.id
     ),
     changed AS (
@@ -225,6 +229,7 @@ struct SQL {
         lease_owner = NULL, lease_expires_at = NULL
       FROM s, n
       WHERE s.kind <> 0 AND j.id = s.id AND j.claim_token = s.token AND j.status = 'running'
+        AND j.queue = $7
       RETURNING j.id
     )
     SELECT id FROM done UNION ALL SELECT id FROM changed
@@ -264,13 +269,13 @@ struct SQL {
     """
   }
 
-  /// Extends current claims' leases. Parameters: ids, tokens, lease (ms), now.
+  /// Extends current claims' leases. Parameters: ids, tokens, lease (ms), now, queue.
   var heartbeat: String {
     """
     UPDATE \(schema).jobs j
     SET lease_expires_at = least(\(Self.now(4)) + $3 * interval '1 millisecond', \(Self.latest))
     FROM unnest($1::int8[], $2::int8[]) AS s(id, token)
-    WHERE j.id = s.id AND j.claim_token = s.token AND j.status = 'running'
+    WHERE j.id = s.id AND j.claim_token = s.token AND j.status = 'running' AND j.queue = $5
     RETURNING j.id, j.claim_token
     """
   }

@@ -26,18 +26,33 @@ final class SerializedConnection: @unchecked Sendable {
   private let conninfo: String
   private let scrubber: Scrubber
   private let reconnectTimeout: Duration
+  /// How long one run of a block may take before its socket is shut down; nil: no limit.
+  private let callTimeout: Duration?
   /// Run on each new connection before it is used (session settings).
   private let setup: @Sendable (Connection) throws -> Void
   private var connection: Connection?
   private var closed = false
   private let cancelHandle = Mutex<CancelHandle?>(nil)
 
-  /// A `PGcancel` object, freed when replaced.
+  /// A `PGcancel` object, freed when replaced, and the connection's socket.
   final class CancelHandle: Sendable {
     // Safe to send: libpq allows PQcancel on this object from any thread; it is freed once, in deinit.
     nonisolated(unsafe) let pointer: OpaquePointer
-    init(_ pointer: OpaquePointer) { self.pointer = pointer }
+    /// The connection's socket; valid while this handle is the current one (see ``abort()``).
+    let socket: Int32
+    init(_ pointer: OpaquePointer, socket: Int32) {
+      self.pointer = pointer
+      self.socket = socket
+    }
     deinit { PQfreeCancel(pointer) }
+
+    /// Shuts the socket down, so a call blocked on a server that stopped answering fails with a
+    /// connection loss (and the store opens a new connection). Called under `cancelHandle`'s lock:
+    /// the thread drops the handle under that lock before it closes the socket, so the
+    /// descriptor cannot have been reused.
+    func abort() {
+      if socket >= 0 { _ = shutdown(socket, Int32(SHUT_RDWR)) }
+    }
 
     func cancel() {
       var buffer = [CChar](repeating: 0, count: 256)
@@ -46,9 +61,10 @@ final class SerializedConnection: @unchecked Sendable {
   }
 
   init(
-    label: String, conninfo: String, scrubber: Scrubber, reconnectTimeout: Duration,
+    label: String, conninfo: String, scrubber: Scrubber, reconnectTimeout: Duration, callTimeout: Duration? = nil,
     setup: @escaping @Sendable (Connection) throws -> Void
   ) {
+    self.callTimeout = callTimeout
     self.thread = StoreThread(name: label, spins: 50)
     self.conninfo = conninfo
     self.scrubber = scrubber
@@ -103,16 +119,39 @@ final class SerializedConnection: @unchecked Sendable {
       }
     } onCancel: {
       operation.cancel()
-      sendCancel(operation)
+      sendCancel(operation, since: .now)
     }
   }
 
   /// Sends `PQcancel` while the operation's block runs, again every 50 ms: a cancel request that
   /// reaches the server between two statements is ignored, so one request could be lost.
-  private func sendCancel(_ operation: Operation) {
-    let running = operation.whileRunning { self.cancelHandle.withLock { $0 }?.cancel() }
+  /// A server that does not act on the request (it stopped answering) cannot end the call that
+  /// way: after two seconds the socket is shut down, which ends it.
+  private func sendCancel(_ operation: Operation, since start: ContinuousClock.Instant) {
+    let abort = ContinuousClock.now - start > .seconds(2)
+    let running = operation.whileRunning {
+      cancelHandle.withLock { handle in
+        if abort { handle?.abort() } else { handle?.cancel() }
+      }
+    }
     guard running else { return }
-    DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(50)) { self.sendCancel(operation) }
+    DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(50)) {
+      self.sendCancel(operation, since: start)
+    }
+  }
+
+  /// Ends a call still running after `callTimeout` (a server that stopped answering, a network
+  /// cut that sent no reset): its socket is shut down, so the call sees a broken connection and,
+  /// like any other, runs again on a new one within `reconnectTimeout`.
+  private func watch(_ operation: Operation) {
+    guard let callTimeout else { return }
+    let attempt = operation.beginAttempt()
+    let (seconds, attoseconds) = callTimeout.components
+    let delay = Double(seconds) + Double(attoseconds) / 1e18
+    DispatchQueue.global().asyncAfter(deadline: .now() + delay) { [weak self] in
+      guard let self else { return }
+      _ = operation.whileRunning(attempt: attempt) { self.cancelHandle.withLock { $0?.abort() } }
+    }
   }
 
   /// Runs `body`, reconnecting and running it again after a connection loss. On the thread.
@@ -130,6 +169,7 @@ final class SerializedConnection: @unchecked Sendable {
       do {
         let connection = try connected()
         connection.isCancelled = { operation.isCancelled }
+        watch(operation)
         return try body(connection)
       } catch let error as PostgresError where error.isConnectionLoss {
         let ambiguous = connection?.lostDuringCommit ?? false
@@ -158,7 +198,7 @@ final class SerializedConnection: @unchecked Sendable {
     let fresh = try Connection(conninfo: conninfo, scrubber: scrubber)
     try setup(fresh)
     connection = fresh
-    let handle = fresh.makeCancelHandle().map(CancelHandle.init)
+    let handle = fresh.makeCancelHandle().map { CancelHandle($0, socket: fresh.socketDescriptor) }
     cancelHandle.withLock { $0 = handle }
     return fresh
   }
@@ -175,6 +215,7 @@ final class SerializedConnection: @unchecked Sendable {
       var started = false
       var finished = false
       var cancelled = false
+      var attempt = 0
     }
     private let state = Mutex(State())
 
@@ -204,6 +245,23 @@ final class SerializedConnection: @unchecked Sendable {
     func whileRunning(_ interrupt: () -> Void) -> Bool {
       state.withLock { state in
         guard state.started && !state.finished else { return false }
+        interrupt()
+        return true
+      }
+    }
+
+    /// Counts a new run of the block (after a reconnect); returns its number.
+    func beginAttempt() -> Int {
+      state.withLock { state in
+        state.attempt += 1
+        return state.attempt
+      }
+    }
+
+    /// Like ``whileRunning(_:)``, only while run number `attempt` is the current one.
+    func whileRunning(attempt: Int, _ interrupt: () -> Void) -> Bool {
+      state.withLock { state in
+        guard state.started && !state.finished && state.attempt == attempt else { return false }
         interrupt()
         return true
       }

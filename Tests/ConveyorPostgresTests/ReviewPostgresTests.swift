@@ -18,11 +18,11 @@ struct ReviewPostgresTests {
   /// store's backends can be found in `pg_stat_activity`.
   func openStore(
     _ server: PostgresServer, schema: String = uniqueSchema("rv"), clock: PostgresJobStore.Clock = .database,
-    reconnectTimeout: Duration = .seconds(60)
+    reconnectTimeout: Duration = .seconds(60), callTimeout: Duration? = .seconds(60)
   ) async throws -> PostgresJobStore {
     try await PostgresJobStore.open(
       url: server.url + "?application_name=\(schema)",
-      options: .init(schema: schema, clock: clock, reconnectTimeout: reconnectTimeout))
+      options: .init(schema: schema, clock: clock, reconnectTimeout: reconnectTimeout, callTimeout: callTimeout))
   }
 
   /// Whether `flag` becomes true within `seconds`.
@@ -102,7 +102,8 @@ struct ReviewPostgresTests {
   @Test func aCallToAServerThatStopsAnsweringEndsAndCancellationEndsIt() async throws {
     let server = try await PostgresServer.shared()
     let schema = uniqueSchema("hang")
-    let store = try await openStore(server, schema: schema, reconnectTimeout: .seconds(3))
+    let store = try await openStore(
+      server, schema: schema, reconnectTimeout: .seconds(3), callTimeout: .seconds(5))
     _ = try await store.counts(queue: "h", clock: SystemJobClock())
     let admin = try AdminConnection(server.url)
     let pids = try admin.query(
