@@ -14,7 +14,7 @@
 /// claim first promotes the scheduled jobs that fell due, so the ready index is ordered by
 /// priority and run date alone and a claim reads its first entries.
 ///
-/// Which index each statement uses (checked with `EXPLAIN` on a 1M-job backlog, see the tests):
+/// Which index each statement is written for (not yet checked with `EXPLAIN` on a large backlog):
 /// - `jobs_ready (queue, priority DESC, run_at, id) WHERE status = 'ready'`: the claim
 ///   (``claim``) reads its first `limit` entries, skipping rows other workers hold.
 /// - `jobs_scheduled (queue, run_at) WHERE status = 'scheduled'`: promotion (``promote``) and the
