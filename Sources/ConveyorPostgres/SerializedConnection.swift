@@ -61,7 +61,8 @@ final class SerializedConnection: @unchecked Sendable {
   }
 
   init(
-    label: String, conninfo: String, scrubber: Scrubber, reconnectTimeout: Duration, callTimeout: Duration? = nil,
+    label: String, conninfo: String, scrubber: Scrubber, reconnectTimeout: Duration,
+    callTimeout: Duration? = nil,
     setup: @escaping @Sendable (Connection) throws -> Void
   ) {
     self.callTimeout = callTimeout

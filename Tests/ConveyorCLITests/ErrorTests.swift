@@ -76,13 +76,14 @@ import Testing
     #expect(!FileManager.default.fileExists(atPath: sandbox.database), "a usage mistake created the database")
   }
 
-  @Test func aPostgresDatabaseIsNotSupportedByThisBuild() async throws {
+  @Test func anUnreachablePostgresDatabaseExitsThreeWithoutThePassword() async throws {
     let sandbox = try Sandbox()
-    for url in ["postgres://localhost/jobs", "postgresql://user@db.example.com:5432/jobs"] {
+    // Port 1 on loopback: nothing listens there, so the connection is refused at once.
+    for url in ["postgres://app:s3cret-pw@127.0.0.1:1/jobs", "postgresql://user:s3cret-pw@localhost:1/jobs"] {
       let outcome = try await sandbox.run(["--database", url, "status"], withDatabase: false)
-      #expect(outcome.status == 2, "\(outcome)")
-      #expect(outcome.stderr.contains("PostgreSQL databases are not supported by this build"))
-      #expect(outcome.stderr.contains("pass a SQLite file path"))
+      #expect(outcome.status == 3, "\(outcome)")
+      #expect(outcome.stderr.contains("Check that the server is running"), "\(outcome)")
+      #expect(!outcome.stderr.contains("s3cret-pw") && !outcome.stdout.contains("s3cret-pw"), "\(outcome)")
     }
   }
 
@@ -100,7 +101,7 @@ import Testing
     for arguments in [["help"], ["--help"], []] {
       let outcome = try await sandbox.run(arguments, withDatabase: false)
       #expect(outcome.status == 0, "\(outcome)")
-      #expect(outcome.stdout.contains("Usage: conveyor [--database PATH]"))
+      #expect(outcome.stdout.contains("Usage: conveyor [--database PATH|URL]"))
       #expect(outcome.stdout.contains("Exit codes:"))
     }
   }

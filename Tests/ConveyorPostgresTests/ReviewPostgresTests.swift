@@ -22,7 +22,8 @@ struct ReviewPostgresTests {
   ) async throws -> PostgresJobStore {
     try await PostgresJobStore.open(
       url: server.url + "?application_name=\(schema)",
-      options: .init(schema: schema, clock: clock, reconnectTimeout: reconnectTimeout, callTimeout: callTimeout))
+      options: .init(
+        schema: schema, clock: clock, reconnectTimeout: reconnectTimeout, callTimeout: callTimeout))
   }
 
   /// Whether `flag` becomes true within `seconds`.
@@ -66,10 +67,12 @@ struct ReviewPostgresTests {
     let clock = SystemJobClock()
     let lease = Lease(owner: "w", duration: .seconds(30))
     let id = try await store.enqueue([NewJob(payload: Data("x".utf8))], queue: "rq", clock: clock)[0].id
-    let claimed = try await store.settleAndClaim([], queue: "rq", limit: 1, lease: lease, clock: clock).claimed
+    let claimed = try await store.settleAndClaim([], queue: "rq", limit: 1, lease: lease, clock: clock)
+      .claimed
     #expect(claimed.map(\.id) == [id])
     _ = try await store.settleAndClaim(
-      [JobSettlement(claim: claimed[0].claim, action: .kill(error: "boom"))], queue: "rq", limit: 0, lease: lease,
+      [JobSettlement(claim: claimed[0].claim, action: .kill(error: "boom"))], queue: "rq", limit: 0,
+      lease: lease,
       clock: clock)
     try await primeListener(store, queue: "rq")
 
@@ -79,7 +82,8 @@ struct ReviewPostgresTests {
     #expect(await waiter.value, "re-queueing a dead job by ID wakes the idle worker")
 
     // The same with `nil` (every dead job) does notify: only the by-ID path is silent.
-    let claimedAgain = try await store.settleAndClaim([], queue: "rq", limit: 1, lease: lease, clock: clock).claimed
+    let claimedAgain = try await store.settleAndClaim([], queue: "rq", limit: 1, lease: lease, clock: clock)
+      .claimed
     _ = try await store.settleAndClaim(
       [JobSettlement(claim: claimedAgain[0].claim, action: .kill(error: "boom"))], queue: "rq", limit: 0,
       lease: lease, clock: clock)
@@ -107,7 +111,8 @@ struct ReviewPostgresTests {
     _ = try await store.counts(queue: "h", clock: SystemJobClock())
     let admin = try AdminConnection(server.url)
     let pids = try admin.query(
-      "SELECT pid FROM pg_stat_activity WHERE application_name = '\(schema)' AND backend_type = 'client backend'")
+      "SELECT pid FROM pg_stat_activity WHERE application_name = '\(schema)' AND backend_type = 'client backend'"
+    )
     #expect(pids.count == 1, "one store connection: \(pids)")
     guard let text = pids.first?.first ?? nil, let pid = Int32(text) else { return }
     kill(pid, SIGSTOP)
@@ -144,7 +149,8 @@ struct ReviewPostgresTests {
     let stores: [(String, any JobStore)] = [("memory", memory), ("postgres", postgres)]
     for (name, store) in stores {
       _ = try await store.enqueue([NewJob(payload: Data("b".utf8))], queue: "b", clock: clock)
-      let claim = try await store.settleAndClaim([], queue: "b", limit: 1, lease: lease, clock: clock).claimed[0]
+      let claim = try await store.settleAndClaim([], queue: "b", limit: 1, lease: lease, clock: clock)
+        .claimed[0]
         .claim
       let beat = try await store.heartbeat([claim], queue: "a", lease: lease, clock: clock)
       let batch = try await store.settleAndClaim(
@@ -167,7 +173,8 @@ struct ReviewPostgresTests {
     let two = try await openStore(server)
     let clock = SystemJobClock()
     try await one.setPaused(true, queue: "q")
-    _ = try await one.enqueue([NewJob(payload: Data("1".utf8), deduplicationKey: "k")], queue: "q", clock: clock)
+    _ = try await one.enqueue(
+      [NewJob(payload: Data("1".utf8), deduplicationKey: "k")], queue: "q", clock: clock)
     let other = try await two.enqueue(
       [NewJob(payload: Data("2".utf8), deduplicationKey: "k")], queue: "q", clock: clock)
     #expect(other[0].inserted, "dedup is per schema")
@@ -263,7 +270,8 @@ struct ReviewPostgresTests {
         for (index, job) in batch.claimed.enumerated() {
           log.append(
             "step \(step) claimed \(name(job.id)) attempts \(job.attempts) runAt \(job.runAt.timeIntervalSince(start)) "
-              + "payload-ok \(job.payload == jobs[ids.firstIndex(of: job.id)!].payload) owner \(job.leaseOwner ?? "-")")
+              + "payload-ok \(job.payload == jobs[ids.firstIndex(of: job.id)!].payload) owner \(job.leaseOwner ?? "-")"
+          )
           let action: JobSettlement.Action =
             switch (step + index) % 4 {
             case 0: .complete
@@ -310,7 +318,8 @@ struct ReviewPostgresTests {
     _ = try await store.enqueue([NewJob(payload: Data("now".utf8))], queue: "c", clock: SystemJobClock())
     _ = try await store.enqueue(
       [NewJob(payload: Data("later".utf8), runTime: .after(.seconds(600)))], queue: "c", clock: ahead)
-    let batch = try await store.settleAndClaim([], queue: "c", limit: 10, lease: lease, clock: SystemJobClock())
+    let batch = try await store.settleAndClaim(
+      [], queue: "c", limit: 10, lease: lease, clock: SystemJobClock())
     #expect(batch.claimed.map(\.payload) == [Data("now".utf8)])
     #expect(try await store.rescueExpiredLeases(queue: "c", clock: ahead) == 0)
     let again = try await store.settleAndClaim([], queue: "c", limit: 10, lease: lease, clock: ahead)
@@ -363,7 +372,9 @@ struct ReviewPostgresTests {
         "\(String(decoding: record.payload, as: UTF8.self)) runs at \(record.runAt.timeIntervalSince1970)")
     }
     let wake = try await store.nextWake(queue: "iq", clock: SystemJobClock())
-    #expect(wake.nextRun.map { $0 <= JobStoreTime.latest.addingTimeInterval(60) } == true, "\(String(describing: wake))")
+    #expect(
+      wake.nextRun.map { $0 <= JobStoreTime.latest.addingTimeInterval(60) } == true,
+      "\(String(describing: wake))")
     await store.close()
   }
 
@@ -401,13 +412,15 @@ struct ReviewPostgresTests {
     let lease = Lease(owner: "w", duration: .seconds(30))
     _ = try await store.enqueue(
       [NewJob(payload: Data("1".utf8)), NewJob(payload: Data("2".utf8))], queue: "t", clock: clock)
-    let first = try await store.settleAndClaim([], queue: "t", limit: 1, lease: lease, clock: clock).claimed[0]
+    let first = try await store.settleAndClaim([], queue: "t", limit: 1, lease: lease, clock: clock).claimed[
+      0]
     let admin = try AdminConnection(server.url)
     try admin.query("BEGIN")
     try admin.query("SELECT id FROM \(schema).jobs WHERE id = \(first.id) FOR UPDATE")
     let call = Task {
       try await store.settleAndClaim(
-        [JobSettlement(claim: first.claim, action: .complete)], queue: "t", limit: 1, lease: lease, clock: clock)
+        [JobSettlement(claim: first.claim, action: .complete)], queue: "t", limit: 1, lease: lease,
+        clock: clock)
     }
     try await Task.sleep(for: .milliseconds(500))
     let killer = try AdminConnection(server.url)
