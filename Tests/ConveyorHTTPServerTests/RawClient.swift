@@ -33,7 +33,7 @@ final class RawClient: Sendable {
       }
     }
     guard fd >= 0, connected == 0 else {
-      close(fd)
+      // deinit closes the socket: this instance is fully initialised.
       throw ClientError(description: "connect: \(String(cString: strerror(errno)))")
     }
     var limit = timeval(tv_sec: timeout, tv_usec: 0)
