@@ -17,7 +17,7 @@ import Synchronization
 ///   this server or whose `Sec-Fetch-Site` is not `same-origin` is refused too.
 /// - Every response carries a strict Content-Security-Policy (`default-src 'self'`, no inline
 ///   script or style, `frame-ancestors 'none'`), `X-Content-Type-Options: nosniff`,
-///   `Referrer-Policy: no-referrer` and `Cache-Control: no-store`. Every text from the store (payloads,
+///   `Referrer-Policy: same-origin` and `Cache-Control: no-store`. Every text from the store (payloads,
 ///   errors, queue names) is HTML-escaped; credentials in stored HTTP jobs are redacted.
 struct Dashboard: Sendable {
   let store: SQLiteJobStore
@@ -152,7 +152,9 @@ struct Dashboard: Sendable {
     ),
     ("X-Content-Type-Options", "nosniff"),
     ("X-Frame-Options", "DENY"),
-    ("Referrer-Policy", "no-referrer"),
+    // Not `no-referrer`: under it Chromium sends `Origin: null` with form posts, which the
+    // cross-site check must refuse. `same-origin` keeps URLs from leaving the dashboard.
+    ("Referrer-Policy", "same-origin"),
     ("Cache-Control", "no-store"),
     ("Cross-Origin-Opener-Policy", "same-origin"),
     ("Cross-Origin-Resource-Policy", "same-origin"),

@@ -102,15 +102,37 @@ func onThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
   }
 }
 
-/// Connects to 127.0.0.1:`port`, sends `request`, reads until the server closes (30 s at most).
-private func exchange(port: UInt16, _ request: [UInt8]) -> [UInt8]? {
+/// Connects to 127.0.0.1:`port`, sends `request`, reads until the server closes or the body's
+/// `Content-Length` arrived (30 s at most).
+func exchange(port: UInt16, _ request: [UInt8]) -> [UInt8]? {
+  guard let fd = connectLoopback(port: port) else { return nil }
+  defer { close(fd) }
+  let sent = request.withUnsafeBytes { send(fd, $0.baseAddress!, $0.count, 0) }
+  guard sent == request.count else { return nil }
+  var response: [UInt8] = []
+  var chunk = [UInt8](repeating: 0, count: 65_536)
+  while true {
+    let count = recv(fd, &chunk, chunk.count, 0)
+    if count <= 0 { break }
+    response += chunk[0..<count]
+    if let end = response.firstRange(of: [13, 10, 13, 10]) {
+      let head = String(decoding: response[..<end.lowerBound], as: UTF8.self).lowercased()
+      let length = head.components(separatedBy: "\r\n").first { $0.hasPrefix("content-length:") }
+        .flatMap { Int($0.dropFirst("content-length:".count).trimmingCharacters(in: .whitespaces)) }
+      if let length, response.count >= end.upperBound + length { break }
+    }
+  }
+  return response
+}
+
+/// A blocking TCP socket connected to 127.0.0.1:`port` whose reads give up after 30 s, or nil.
+func connectLoopback(port: UInt16) -> Int32? {
   #if canImport(Glibc)
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
   #else
     let fd = socket(AF_INET, SOCK_STREAM, 0)
   #endif
   guard fd >= 0 else { return nil }
-  defer { close(fd) }
   var timeout = timeval(tv_sec: 30, tv_usec: 0)
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
   var address = sockaddr_in()
@@ -122,15 +144,9 @@ private func exchange(port: UInt16, _ request: [UInt8]) -> [UInt8]? {
       connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
     }
   }
-  guard connected == 0 else { return nil }
-  let sent = request.withUnsafeBytes { send(fd, $0.baseAddress!, $0.count, 0) }
-  guard sent == request.count else { return nil }
-  var response: [UInt8] = []
-  var chunk = [UInt8](repeating: 0, count: 65_536)
-  while true {
-    let count = recv(fd, &chunk, chunk.count, 0)
-    if count <= 0 { break }
-    response += chunk[0..<count]
+  guard connected == 0 else {
+    close(fd)
+    return nil
   }
-  return response
+  return fd
 }
