@@ -66,6 +66,7 @@ enum DashboardAssets {
     td.count { font-variant-numeric: tabular-nums; text-align: right; }
     td.count a { color: inherit; text-decoration: none; }
     td.dead a { color: var(--dead); font-weight: 600; }
+    td time { white-space: nowrap; }
     td.summary { font-family: ui-monospace, monospace; font-size: .85rem; word-break: break-all; }
     td.error { color: var(--dead); font-size: .85rem; word-break: break-word; }
     a { color: var(--accent); }
