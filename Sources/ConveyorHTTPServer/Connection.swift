@@ -165,14 +165,15 @@ struct Connection {
     }
   }
 
-  /// After the last response: stop sending, then read and drop what the client still sends, for
-  /// a moment, so closing does not reset the connection before the client read the answer.
+  /// After the last response: stop sending, then read and drop what the client still sends (up
+  /// to 2 s and 256 KiB, or until it closes), so closing does not reset the connection before the
+  /// client read the answer.
   private func linger() {
     shutdown(fd, Int32(SHUT_WR))
-    let deadline = ContinuousClock.now + .milliseconds(500)
+    let deadline = ContinuousClock.now + .seconds(2)
     var scratch: [UInt8] = []
     var drained = 0
-    while drained < 65_536, wait(until: deadline) == .readable, receive(into: &scratch) {
+    while drained < 262_144, wait(until: deadline) == .readable, receive(into: &scratch) {
       drained += scratch.count
       scratch.removeAll(keepingCapacity: true)
     }

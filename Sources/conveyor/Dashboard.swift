@@ -107,7 +107,14 @@ struct Dashboard: Sendable {
     for await _ in stop.stream {}
     signals.cancel()
     output("dashboard: stopping")
-    server.stop(gracePeriod: .seconds(5))
+    // `stop` waits for requests in progress, whose handlers need the cooperative pool: wait on a
+    // thread of its own, not on one of the pool's.
+    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+      Thread {
+        server.stop(gracePeriod: .seconds(5))
+        continuation.resume()
+      }.start()
+    }
     return ExitCode.success.rawValue
   }
 

@@ -85,7 +85,8 @@ import Testing
   static func makeServer(_ adjust: (inout HTTPServerLimits) -> Void = { _ in }) throws -> HTTPServer {
     var limits = HTTPServerLimits()
     limits.requestTimeout = .seconds(1)
-    limits.idleTimeout = .seconds(2)
+    // Long enough that a loaded machine never idles out a test's first request.
+    limits.idleTimeout = .seconds(10)
     limits.maximumBodySize = 1000
     adjust(&limits)
     return try HTTPServer(host: "127.0.0.1", port: 0, limits: limits) { request in
@@ -138,17 +139,21 @@ import Testing
   }
 
   @Test func hugeHeadsAndTargetsAreRefusedAfterTheLimit() async throws {
-    let server = try Self.makeServer()
+    // A loaded machine may take a while to send the head: the limit, not the timeout, must answer.
+    let server = try Self.makeServer { $0.requestTimeout = .seconds(20) }
     defer { server.stop() }
     let long = try RawClient(port: server.port)
     await long.send("GET /" + String(repeating: "a", count: 30_000) + " HTTP/1.1\r\nHost: x\r\n\r\n")
     #expect(await long.readResponse()?.status == 414)
     let huge = try RawClient(port: server.port)
     await huge.send("GET / HTTP/1.1\r\nHost: x\r\n")
-    for index in 0..<300 {
-      await huge.send("X-Field-\(index): " + String(repeating: "v", count: 100) + "\r\n")
-    }
-    #expect(await huge.readResponse()?.status == 431)
+    // One send, read while it goes: the server must see the head grow past its limit, and answer
+    // before it read it all.
+    let text = (0..<300).map { "X-Field-\($0): " + String(repeating: "v", count: 100) + "\r\n" }.joined()
+    async let sent = huge.send(text)
+    let refusal = await huge.readResponse()
+    #expect(refusal?.status == 431, "\(String(describing: refusal))")
+    _ = await sent
     let many = try RawClient(port: server.port)
     await many.send("GET / HTTP/1.1\r\nHost: x\r\n" + (0..<200).map { "A\($0): 1\r\n" }.joined() + "\r\n")
     #expect(await many.readResponse()?.status == 431)
@@ -160,16 +165,18 @@ import Testing
     defer { server.stop() }
     let slow = try RawClient(port: server.port)
     let started = ContinuousClock.now
-    // Drip the request from another task; the server answers 408 about a second in.
+    // Drip the request, a byte every 400 ms, until the server answers (408, about a second in).
+    // The drip stops once an answer is there: a byte sent after the server closed would reset the
+    // connection and could discard the answer before it is read.
     let fd = slow.fd
-    let dripping = Task.detached {
+    await blocking {
       for byte in Array("GET /slow HTTP/1.1\r\nHost: x\r\n\r\n".utf8) {
         guard RawClient.send([byte], to: fd) else { return }
-        try await Task.sleep(for: .milliseconds(400))
+        var watch = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        if poll(&watch, 1, 400) > 0 { return }
       }
     }
     let response = await slow.readResponse()
-    dripping.cancel()
     #expect(response?.status == 408)
     // Generous: the whole request would take 12 s to drip; a server that waited for it fails this.
     #expect(ContinuousClock.now - started < .seconds(8))
@@ -186,7 +193,7 @@ import Testing
   }
 
   @Test func anIdleKeptAliveConnectionIsClosedQuietly() async throws {
-    let server = try Self.makeServer()
+    let server = try Self.makeServer { $0.idleTimeout = .seconds(1) }
     defer { server.stop() }
     let client = try RawClient(port: server.port)
     #expect(await client.isClosedByServer())  // after the idle timeout, no bytes sent
