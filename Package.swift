@@ -40,9 +40,13 @@ let package = Package(
     .executableTarget(
       name: "conveyor",
       dependencies: [
-        "Conveyor", "ConveyorSQLite", "ConveyorPostgres", "ConveyorNetworking", "LoopbackHTTPServer",
+        "Conveyor", "ConveyorSQLite", "ConveyorPostgres", "ConveyorNetworking", "ConveyorHTTPServer",
+        "LoopbackHTTPServer",
       ]
     ),
+
+    // The bounded HTTP/1.1 server `conveyor dashboard` serves on: limits, timeouts, keep-alive.
+    .target(name: "ConveyorHTTPServer"),
 
     // A small HTTP/1.1 server on 127.0.0.1 that the networking tests and `conveyor demo` use, so
     // both run without any network. Not a product.
@@ -78,6 +82,7 @@ let package = Package(
       name: "ConveyorCLITests",
       dependencies: ["conveyor", "LoopbackHTTPServer"]
     ),
+    .testTarget(name: "ConveyorHTTPServerTests", dependencies: ["ConveyorHTTPServer"]),
     .testTarget(name: "ConveyorBismuthTests", dependencies: ["ConveyorBismuth"]),
     .testTarget(name: "ConveyorAsyncTaskPerformerTests", dependencies: ["ConveyorAsyncTaskPerformer"]),
     .testTarget(

@@ -373,6 +373,15 @@ public final class PostgresJobStore: JobStore {
     }
   }
 
+  /// The job with this ID, of whatever queue, or nil: one primary-key lookup.
+  public func job(_ id: JobID) async throws -> JobRecord? {
+    let sql = self.sql
+    return try await connection.perform(idempotent: true) { db in
+      let rows = try db.execute(sql.job, [.int64(id.rawValue)])
+      return rows.count > 0 ? try Self.record(rows, 0) : nil
+    }
+  }
+
   /// Deletes the given jobs whatever their status; returns how many existed.
   public func remove(_ ids: [JobID], queue: String) async throws -> Int {
     if ids.isEmpty { return 0 }

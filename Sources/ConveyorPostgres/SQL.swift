@@ -308,6 +308,11 @@ struct SQL {
 
   /// A page in ID order, optionally of some stored statuses. Parameters: queue, after, limit,
   /// statuses (NULL for all).
+  /// One job by its primary key. Parameters: id.
+  var job: String {
+    "SELECT \(Self.columns) FROM \(schema).jobs WHERE id = $1"
+  }
+
   var list: String {
     """
     SELECT \(Self.columns) FROM \(schema).jobs

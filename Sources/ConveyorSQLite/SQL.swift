@@ -22,7 +22,7 @@ import Conveyor
 /// - Listings of waiting jobs walk the table in ID order from `after` (`+status` keeps SQLite
 ///   off the partial indexes), stopping at the page's end.
 /// - `jobs_dedup (queue, dedup_key) WHERE … waiting`: the duplicate check of an enqueue.
-/// - The primary key: every settlement, heartbeat and claim update by `id`.
+/// - The primary key: every settlement, heartbeat and claim update by `id`, and ``job``.
 enum SQL {
   /// The schema of version 2 (claim tokens, ready and scheduled states, the `queues` table).
   static let tables = """
@@ -215,6 +215,9 @@ enum SQL {
     case .dead: ["dead"]
     }
   }
+
+  /// One job by its ID: a primary-key lookup (the dashboard's job page).
+  static let job = "SELECT \(columns) FROM jobs WHERE id = ?"
 
   static let remove = "DELETE FROM jobs WHERE id = ? AND queue = ?"
 

@@ -306,6 +306,18 @@ public final class SQLiteJobStore: JobStore {
     }
   }
 
+  /// The job with this ID, in whichever queue it is, or nil: one primary-key lookup.
+  ///
+  /// - Parameter id: The job's ID.
+  /// - Returns: The stored record, or nil when no job has that ID (handled, removed, never added).
+  public func job(_ id: JobID) async throws -> JobRecord? {
+    try await connection.perform { db in
+      var found: JobRecord?
+      try db.query(SQL.job, .integer(id.rawValue)) { found = try Self.record($0) }
+      return found
+    }
+  }
+
   /// Deletes the given jobs whatever their status; returns how many existed.
   public func remove(_ ids: [JobID], queue: String) async throws -> Int {
     if ids.isEmpty { return 0 }

@@ -86,6 +86,12 @@ public final class InstrumentedJobStore: JobStore {
   }
 
   /// Counted, then forwarded to ``base``.
+  public func job(_ id: JobID) async throws -> JobRecord? {
+    try record("job")
+    return try await base.job(id)
+  }
+
+  /// Counted, then forwarded to ``base``.
   public func remove(_ ids: [JobID], queue: String) async throws -> Int {
     try record("remove")
     return try await base.remove(ids, queue: queue)

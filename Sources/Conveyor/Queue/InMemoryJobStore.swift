@@ -142,6 +142,11 @@ public final class InMemoryJobStore: JobStore {
     }
   }
 
+  /// The job with this ID; see ``JobStore/job(_:)``.
+  public func job(_ id: JobID) async throws -> JobRecord? {
+    state.withLock { state in state.queues.values.lazy.compactMap { $0.jobs[id] }.first }
+  }
+
   /// Deletes jobs; see ``JobStore/remove(_:queue:)``.
   public func remove(_ ids: [JobID], queue: String) async throws -> Int {
     state.withLock { state in

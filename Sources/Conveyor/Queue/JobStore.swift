@@ -343,6 +343,9 @@ public protocol JobStore: Sendable {
   /// filtered by status when `status` is not nil. Never reads more than the page from storage.
   func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord]
 
+  /// The job with this ID, of whatever queue, or nil: one primary-key lookup.
+  func job(_ id: JobID) async throws -> JobRecord?
+
   /// Deletes the given jobs whatever their status; returns how many existed.
   func remove(_ ids: [JobID], queue: String) async throws -> Int
 

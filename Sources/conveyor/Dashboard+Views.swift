@@ -1,0 +1,316 @@
+import Conveyor
+import ConveyorHTTPServer
+import ConveyorNetworking
+import Foundation
+
+/// What each page reads from the store. None reads the whole table:
+/// - Queues (`/`, `/api/queues`, `/metrics`): `queueNames()` (the `queues` table and one index
+///   seek per status and queue), then per queue `counts` (a count over each status's partial index:
+///   about 0.15 s per million jobs of that queue) and `isPaused` (one primary-key row).
+/// - Jobs (`/jobs`): `jobs(queue:status:after:limit:)` pages in ID order from `after`: running and
+///   dead jobs from their partial indexes, waiting ones from the table in ID order, stopping at
+///   the page's end. The text filter and the ready/scheduled split are applied to what was read,
+///   at most ``Dashboard/readLimit`` jobs per page; "Next" continues after the last job read.
+/// - A job (`/jobs/ID`): `SQLiteJobStore.job(_:)`, one primary-key lookup.
+/// - Bulk confirmation and actions: `counts`, then `requeueDead(nil)` (the dead index) or
+///   `clear` (one status's partial index).
+extension Dashboard {
+  /// A queue's row on the queues page.
+  struct QueueSummary: Encodable {
+    var name: String
+    var ready: Int
+    var scheduled: Int
+    var running: Int
+    var dead: Int
+    var paused: Bool
+  }
+
+  func summaries() async throws -> [QueueSummary] {
+    var summaries: [QueueSummary] = []
+    for name in try await store.queueNames() {
+      let counts = try await store.counts(queue: name, clock: clock)
+      let paused = try await store.isPaused(queue: name)
+      summaries.append(
+        QueueSummary(
+          name: name, ready: counts.ready, scheduled: counts.scheduled, running: counts.running,
+          dead: counts.dead, paused: paused))
+    }
+    return summaries
+  }
+
+  func queuesPage(notice: String?) async throws -> HTTPServerResponse {
+    DashboardPages.queues(try await summaries(), notice: notice, formToken: formToken, database: database)
+  }
+
+  func queuesJSON() async throws -> HTTPServerResponse {
+    struct Body: Encodable {
+      var queues: [QueueSummary]
+      var time: String
+    }
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.sortedKeys]
+    let body = try encoder.encode(Body(queues: try await summaries(), time: timestamp(Date())))
+    return HTTPServerResponse(status: 200, headers: [("Content-Type", "application/json")], body: body)
+  }
+
+  /// Prometheus text format 0.0.4: jobs by queue and state, and the pause flag.
+  func metrics() async throws -> HTTPServerResponse {
+    let summaries = try await summaries()
+    var lines = [
+      "# HELP conveyor_jobs Jobs stored, by queue and state.",
+      "# TYPE conveyor_jobs gauge",
+    ]
+    for queue in summaries {
+      let label = Self.prometheusLabel(queue.name)
+      for (state, value) in [
+        ("ready", queue.ready), ("scheduled", queue.scheduled), ("running", queue.running),
+        ("dead", queue.dead),
+      ] {
+        lines.append("conveyor_jobs{queue=\"\(label)\",state=\"\(state)\"} \(value)")
+      }
+    }
+    lines += [
+      "# HELP conveyor_queue_paused 1 when the queue's stored pause flag is set.",
+      "# TYPE conveyor_queue_paused gauge",
+    ]
+    for queue in summaries {
+      lines.append(
+        "conveyor_queue_paused{queue=\"\(Self.prometheusLabel(queue.name))\"} \(queue.paused ? 1 : 0)")
+    }
+    return .text(
+      200, lines.joined(separator: "\n") + "\n", contentType: "text/plain; version=0.0.4; charset=utf-8")
+  }
+
+  static func prometheusLabel(_ text: String) -> String {
+    text.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"")
+      .replacingOccurrences(of: "\n", with: "\\n")
+  }
+
+  /// The states the jobs page filters by.
+  enum StateFilter: String, CaseIterable {
+    case all = ""
+    case ready, scheduled, waiting, running, dead
+
+    var stored: JobStatus? {
+      switch self {
+      case .all: nil
+      case .ready, .scheduled, .waiting: .pending
+      case .running: .running
+      case .dead: .dead
+      }
+    }
+
+    func includes(_ record: JobRecord, now: Date) -> Bool {
+      switch self {
+      case .ready: record.runAt <= now
+      case .scheduled: record.runAt > now
+      default: true
+      }
+    }
+  }
+
+  /// A job's row on the jobs page.
+  struct ListedRow {
+    var record: JobRecord
+    var state: String
+    var summary: String
+  }
+
+  func jobsPage(_ query: HTTPForm) async throws -> HTTPServerResponse {
+    let names = try await store.queueNames()
+    let queue = try query["queue"].flatMap { $0.isEmpty ? nil : $0 }.map(queueName) ?? names.first
+    guard let filter = StateFilter(rawValue: query["state"] ?? "") else {
+      throw DashboardError(status: 400, text: "Unknown state filter.")
+    }
+    let text = (query["q"] ?? "").trimmingCharacters(in: .whitespaces)
+    let after = query["after"].flatMap { Int64($0) }.map { JobID($0) }
+    var rows: [ListedRow] = []
+    var cursor = after
+    var more = false
+    if let queue {
+      let now = Date()
+      var read = 0
+      reading: while rows.count < Self.pageSize && read < Self.readLimit {
+        let asked = min(100, Self.readLimit - read)
+        let batch = try await store.jobs(queue: queue, status: filter.stored, after: cursor, limit: asked)
+        more = batch.count == asked
+        for record in batch {
+          read += 1
+          cursor = record.id
+          guard filter.includes(record, now: now) else { continue }
+          let summary = Self.summary(record.payload)
+          if !text.isEmpty,
+            !(summary.localizedCaseInsensitiveContains(text)
+              || (record.lastError?.localizedCaseInsensitiveContains(text) ?? false))
+          {
+            continue
+          }
+          rows.append(ListedRow(record: record, state: Self.state(of: record, now: now), summary: summary))
+          if rows.count == Self.pageSize {
+            more = more || record.id != batch.last?.id
+            break reading
+          }
+        }
+        if !more { break }
+      }
+    }
+    return DashboardPages.jobs(
+      rows, queues: names, queue: queue, filter: filter, text: text, after: after, next: more ? cursor : nil,
+      notice: query["notice"], count: query["count"].flatMap { Int($0) }, formToken: formToken)
+  }
+
+  func jobPage(_ id: JobID, notice: String?) async throws -> HTTPServerResponse {
+    guard let record = try await store.job(id) else {
+      return DashboardPages.message(
+        status: 404, title: "Not found", text: "No job \(id): handled, removed, or never added.")
+    }
+    return DashboardPages.job(
+      record, state: Self.state(of: record, now: Date()), details: describe(record.payload),
+      payload: redactedJSON(record.payload), notice: notice, formToken: formToken)
+  }
+
+  /// The bulk actions the confirmation page offers.
+  enum BulkAction: String {
+    case retryDead = "retry-dead"
+    case remove
+  }
+
+  /// The jobs a bulk action covers: every dead job, or every waiting or dead job of a queue.
+  private func bulkTarget(_ form: HTTPForm) throws -> (BulkAction, String, StateFilter) {
+    guard let action = BulkAction(rawValue: form["action"] ?? "") else {
+      throw DashboardError(status: 400, text: "Unknown bulk action.")
+    }
+    let queue = try queueName(form["queue"])
+    let state = StateFilter(rawValue: form["state"] ?? "dead") ?? .all
+    switch (action, state) {
+    case (.retryDead, .dead), (.remove, .dead), (.remove, .waiting): return (action, queue, state)
+    default:
+      throw DashboardError(
+        status: 400, text: "Bulk actions cover dead jobs (retry or remove) or waiting jobs (remove).")
+    }
+  }
+
+  private func bulkCount(_ queue: String, _ state: StateFilter) async throws -> Int {
+    let counts = try await store.counts(queue: queue, clock: clock)
+    return state == .dead ? counts.dead : counts.ready + counts.scheduled
+  }
+
+  func confirmPage(_ query: HTTPForm) async throws -> HTTPServerResponse {
+    let (action, queue, state) = try bulkTarget(query)
+    let count = try await bulkCount(queue, state)
+    return DashboardPages.confirm(
+      action: action, queue: queue, state: state, count: count, changed: false, formToken: formToken)
+  }
+
+  func bulk(_ form: HTTPForm) async throws -> HTTPServerResponse {
+    let (action, queue, state) = try bulkTarget(form)
+    let count = try await bulkCount(queue, state)
+    guard let expected = form["expected"].flatMap({ Int($0) }), expected == count else {
+      // What the operator confirmed is not what is there now: confirm again.
+      var page = DashboardPages.confirm(
+        action: action, queue: queue, state: state, count: count, changed: true, formToken: formToken)
+      page.status = 409
+      return page
+    }
+    let done: Int
+    switch action {
+    case .retryDead: done = try await store.requeueDead(nil, queue: queue, clock: clock)
+    case .remove: done = try await store.clear(queue: queue, statuses: [state == .dead ? .dead : .pending])
+    }
+    let notice = action == .retryDead ? "bulk-requeued" : "bulk-removed"
+    return redirect("/jobs?queue=\(HTTPForm.encode(queue))&notice=\(notice)&count=\(done)")
+  }
+
+  // MARK: what a job is
+
+  static func state(of record: JobRecord, now: Date) -> String {
+    record.status == .pending ? (record.runAt <= now ? "ready" : "scheduled") : record.status.rawValue
+  }
+
+  static func summary(_ payload: Data) -> String {
+    do { return try OutboxJob.summary(of: payload) } catch { return "(not an outbox job)" }
+  }
+
+  /// What a job is, for its page: an HTTP request (credentials redacted) or a command.
+  enum Details {
+    case http(method: String, url: String, headers: [(String, String)], body: String?, bodySize: Int)
+    case exec(arguments: [String], directory: String?, timeout: Double?)
+    case unknown(String)
+  }
+
+  func describe(_ payload: Data) -> Details {
+    let job: OutboxJob
+    do {
+      job = try JSONDecoder().decode(OutboxJob.self, from: payload)
+    } catch {
+      return .unknown("Not an outbox job (\(error.localizedDescription)); its payload is shown below.")
+    }
+    switch job.kind {
+    case .http(let request):
+      let headers = request.headers.sorted { $0.key.lowercased() < $1.key.lowercased() }.map {
+        ($0.key, secretHeaders.contains($0.key.lowercased()) ? "[redacted]" : $0.value)
+      }
+      let body = request.body.flatMap { $0.count <= 16_384 ? String(data: $0, encoding: .utf8) : nil }
+      return .http(
+        method: request.method, url: Self.redacted(request.url), headers: headers, body: body,
+        bodySize: request.body?.count ?? 0)
+    case .exec(let command):
+      return .exec(
+        arguments: command.arguments, directory: command.workingDirectory, timeout: command.timeout)
+    }
+  }
+
+  /// Query parameters whose names suggest a credential.
+  static let secretQueryWords = [
+    "token", "key", "secret", "pass", "sig", "auth", "code", "session", "credential",
+  ]
+
+  /// The URL with its password and credential-like query values replaced by `[redacted]`.
+  static func redacted(_ url: URL) -> String {
+    guard var components = URLComponents(url: url, resolvingAgainstBaseURL: false) else { return "(URL)" }
+    if components.password != nil { components.password = "redacted" }
+    components.queryItems = components.queryItems?.map { item in
+      let name = item.name.lowercased()
+      return secretQueryWords.contains(where: name.contains)
+        ? URLQueryItem(name: item.name, value: "redacted") : item
+    }
+    return components.string ?? "(URL)"
+  }
+
+  /// The payload as pretty JSON, with the values of secret headers in any `headers` object
+  /// replaced and any `url` redacted; a payload that is not JSON, or over 256 KiB, is described instead.
+  func redactedJSON(_ payload: Data) -> String {
+    guard payload.count <= 256 * 1024 else { return "(\(payload.count) bytes: too large to show)" }
+    do {
+      let object = try JSONSerialization.jsonObject(with: payload, options: [.fragmentsAllowed])
+      let data = try JSONSerialization.data(
+        withJSONObject: redact(object),
+        options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes, .fragmentsAllowed])
+      return String(decoding: data, as: UTF8.self)
+    } catch {
+      return "(\(payload.count) bytes, not JSON)"
+    }
+  }
+
+  private func redact(_ value: Any) -> Any {
+    if let dictionary = value as? [String: Any] {
+      var result: [String: Any] = [:]
+      for (key, item) in dictionary {
+        if key == "headers", let headers = item as? [String: Any] {
+          var cleaned: [String: Any] = [:]
+          for (name, headerValue) in headers {
+            cleaned[name] = secretHeaders.contains(name.lowercased()) ? "[redacted]" : headerValue
+          }
+          result[key] = cleaned
+        } else if key == "url", let text = item as? String, let url = URL(string: text) {
+          result[key] = Self.redacted(url)
+        } else {
+          result[key] = redact(item)
+        }
+      }
+      return result
+    }
+    if let array = value as? [Any] { return array.map(redact) }
+    return value
+  }
+}

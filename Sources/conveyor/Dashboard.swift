@@ -1,0 +1,348 @@
+import Conveyor
+import ConveyorHTTPServer
+import ConveyorSQLite
+import Foundation
+import Synchronization
+
+/// `conveyor dashboard`: a web page over the store, served by ``HTTPServer``.
+///
+/// Security model:
+/// - Loopback by default. Any other address needs a token (`--token` or
+///   `CONVEYOR_DASHBOARD_TOKEN`), checked on every request: `Authorization: Bearer TOKEN`, or a
+///   session cookie set by the sign-in form (a random per-process value, never the token itself;
+///   `HttpOnly`, `SameSite=Strict`). Comparisons are constant-time.
+/// - On loopback the `Host` header must name the loopback address and port, so a web page that
+///   rebinds its own host name to 127.0.0.1 (DNS rebinding) is refused.
+/// - Every change is a POST carrying a per-process random form token; a POST whose `Origin` is not
+///   this server or whose `Sec-Fetch-Site` is not `same-origin` is refused too.
+/// - Every response carries a strict Content-Security-Policy (`default-src 'self'`, no inline
+///   script or style, `frame-ancestors 'none'`), `X-Content-Type-Options: nosniff`,
+///   `Referrer-Policy: same-origin` and `Cache-Control: no-store`. Every text from the store (payloads,
+///   errors, queue names) is HTML-escaped; credentials in stored HTTP jobs are redacted.
+struct Dashboard: Sendable {
+  let store: any JobStore
+  /// The database as pages show it: a path, or a PostgreSQL URL without its password.
+  let database: String
+  /// The access token; nil on loopback without one.
+  let token: String?
+  /// Whether the server listens on a loopback address.
+  let loopback: Bool
+  /// Header names whose values are never shown (lower-cased).
+  let secretHeaders: Set<String>
+  /// The form token every POST must carry (random per process, shown only to signed-in users).
+  let formToken = randomToken()
+  /// The session cookie's value, set by the sign-in form (random per process).
+  let session = randomToken()
+  /// The port, set once the server is bound (for the `Host` check).
+  let port: UInt16
+  let clock = SystemJobClock()
+
+  static let defaultSecretHeaders: Set<String> = [
+    "authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "x-auth-token",
+  ]
+  static let cookieName = "conveyor_session"
+  /// Jobs shown per page.
+  static let pageSize = 50
+  /// The most jobs one page reads from the store while filtering by text or by ready/scheduled.
+  static let readLimit = 500
+
+  // MARK: the command
+
+  static let spec = CommandSpec(
+    name: "dashboard", operands: "", summary: "a web page with queues, jobs, actions and /metrics",
+    options: [
+      OptionSpec(
+        names: ["--listen"], value: "HOST:PORT",
+        help: "address to serve on (default 127.0.0.1:8080; port 0 picks a free one)"),
+      OptionSpec(
+        names: ["--token"], value: "TOKEN",
+        help: "required off loopback (or $CONVEYOR_DASHBOARD_TOKEN); at least 16 characters"),
+      OptionSpec(
+        names: ["--secret-header"], value: "NAME",
+        help: "another header whose value is never shown; repeat for more"),
+    ],
+    details: """
+      Serves every queue of the database. Open the printed URL in a browser; with a token, sign in
+      with it (scripts send 'Authorization: Bearer TOKEN'). /metrics serves Prometheus text.
+      Authorization, Proxy-Authorization, Cookie, Set-Cookie, X-Api-Key and X-Auth-Token values are
+      never shown. Stops on SIGINT or SIGTERM. Exit code 1 if the address cannot be used.
+      """)
+
+  static func run(_ arguments: inout Arguments, _ context: CLI.Context) async throws -> Int32 {
+    let listen = arguments.option("--listen") ?? "127.0.0.1:8080"
+    let environmentToken = ProcessInfo.processInfo.environment["CONVEYOR_DASHBOARD_TOKEN"]
+    let token = arguments.option("--token") ?? (environmentToken?.isEmpty == false ? environmentToken : nil)
+    let extraSecrets = arguments.options("--secret-header").map { $0.lowercased() }
+    try arguments.finish()
+    let (host, port) = try parseListen(listen)
+    let loopback = isLoopback(host)
+    if let token, token.count < 16 {
+      throw UsageError(description: "the dashboard token must be at least 16 characters")
+    }
+    if !loopback && token == nil {
+      throw UsageError(
+        description:
+          "serving on \(host) (not loopback) needs a token: pass --token or set CONVEYOR_DASHBOARD_TOKEN")
+    }
+    let store = try context.openStore()
+    let bound = Mutex<Dashboard?>(nil)
+    let server: HTTPServer
+    do {
+      server = try HTTPServer(host: host, port: port) { request in
+        guard let dashboard = bound.withLock({ $0 }) else { return .text(503, "starting") }
+        return await dashboard.respond(to: request)
+      }
+    } catch {
+      printError("conveyor: \(printable(String(describing: error)))")
+      return ExitCode.failure.rawValue
+    }
+    bound.withLock {
+      $0 = Dashboard(
+        store: store, database: context.databaseDescription, token: token, loopback: loopback,
+        secretHeaders: defaultSecretHeaders.union(extraSecrets), port: server.port)
+    }
+    let shownHost = host.contains(":") ? "[\(host)]" : host
+    output("dashboard: http://\(shownHost):\(server.port)/ (database \(printable(context.databaseDescription)))")
+    if token != nil { output("sign in with the token; scripts send 'Authorization: Bearer TOKEN'") }
+    let stop = AsyncStream<Void>.makeStream()
+    let signals = SignalWatcher { _ in stop.continuation.finish() }
+    for await _ in stop.stream {}
+    signals.cancel()
+    output("dashboard: stopping")
+    // `stop` waits for requests in progress, whose handlers need the cooperative pool: wait on a
+    // thread of its own, not on one of the pool's.
+    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+      Thread {
+        server.stop(gracePeriod: .seconds(5))
+        continuation.resume()
+      }.start()
+    }
+    return ExitCode.success.rawValue
+  }
+
+  /// `HOST:PORT`, `[IPv6]:PORT` or `PORT` (on 127.0.0.1).
+  static func parseListen(_ text: String) throws -> (String, UInt16) {
+    let invalid = UsageError(
+      description: "--listen must be HOST:PORT, [IPV6]:PORT or PORT, got \"\(printable(text))\"")
+    var host = "127.0.0.1"
+    var portText = text
+    if text.hasPrefix("[") {
+      guard let close = text.firstIndex(of: "]"), text[text.index(after: close)...].hasPrefix(":") else {
+        throw invalid
+      }
+      host = String(text[text.index(after: text.startIndex)..<close])
+      portText = String(text[text.index(close, offsetBy: 2)...])
+    } else if let colon = text.lastIndex(of: ":") {
+      host = String(text[..<colon])
+      portText = String(text[text.index(after: colon)...])
+    }
+    guard !host.isEmpty, let port = UInt16(portText) else { throw invalid }
+    return (host, port)
+  }
+
+  static func isLoopback(_ host: String) -> Bool {
+    host == "localhost" || host == "::1" || host.hasPrefix("127.")
+  }
+
+  // MARK: requests
+
+  /// Answers one request: checks, then the route, then the security headers on whatever came out.
+  func respond(to request: HTTPServerRequest) async -> HTTPServerResponse {
+    var response = await route(request)
+    response.headers += Self.securityHeaders
+    return response
+  }
+
+  static let securityHeaders: [(name: String, value: String)] = [
+    (
+      "Content-Security-Policy",
+      "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+        + "form-action 'self'; frame-ancestors 'none'; base-uri 'none'; object-src 'none'"
+    ),
+    ("X-Content-Type-Options", "nosniff"),
+    ("X-Frame-Options", "DENY"),
+    // Not `no-referrer`: under it Chromium sends `Origin: null` with form posts, which the
+    // cross-site check must refuse. `same-origin` keeps URLs from leaving the dashboard.
+    ("Referrer-Policy", "same-origin"),
+    ("Cache-Control", "no-store"),
+    ("Cross-Origin-Opener-Policy", "same-origin"),
+    ("Cross-Origin-Resource-Policy", "same-origin"),
+  ]
+
+  private func route(_ request: HTTPServerRequest) async -> HTTPServerResponse {
+    guard ["GET", "HEAD", "POST"].contains(request.method) else {
+      return .text(405, "method not allowed")
+    }
+    if loopback, !hostIsLoopback(request.header("Host")) {
+      return .text(421, "this dashboard answers only to its loopback address (Host header refused)")
+    }
+    let path = request.path
+    if path.hasPrefix("/static/") { return DashboardAssets.response(for: path) }
+    if token != nil && path == "/login" {
+      return request.method == "POST" ? signIn(request) : DashboardPages.signIn(message: nil)
+    }
+    guard isAuthorized(request) else {
+      if request.method == "GET" && path != "/metrics" && !path.hasPrefix("/api/") {
+        var page = DashboardPages.signIn(message: nil)
+        page.status = 401
+        return page
+      }
+      return HTTPServerResponse(
+        status: 401,
+        headers: [("WWW-Authenticate", "Bearer"), ("Content-Type", "text/plain; charset=utf-8")],
+        body: Data("a token is required\n".utf8))
+    }
+    do {
+      if request.method == "POST" {
+        if let refusal = refuseCrossSite(request) { return refusal }
+        return try await post(path, form: request.form)
+      }
+      return try await get(path, query: request.queryItems)
+    } catch let error as DashboardError {
+      return DashboardPages.message(status: error.status, title: "Refused", text: error.text)
+    } catch {
+      return DashboardPages.message(status: 500, title: "Storage error", text: String(describing: error))
+    }
+  }
+
+  private func get(_ path: String, query: HTTPForm) async throws -> HTTPServerResponse {
+    switch path {
+    case "/": return try await queuesPage(notice: query["notice"])
+    case "/jobs": return try await jobsPage(query)
+    case "/confirm": return try await confirmPage(query)
+    case "/metrics": return try await metrics()
+    case "/api/queues": return try await queuesJSON()
+    default:
+      if path.hasPrefix("/jobs/"), let id = Int64(path.dropFirst("/jobs/".count)), id > 0 {
+        return try await jobPage(JobID(id), notice: query["notice"])
+      }
+      return DashboardPages.message(status: 404, title: "Not found", text: "No page at \(path).")
+    }
+  }
+
+  private func post(_ path: String, form: HTTPForm) async throws -> HTTPServerResponse {
+    switch path {
+    case "/queues/pause", "/queues/resume":
+      let queue = try queueName(form["queue"])
+      try await store.setPaused(path == "/queues/pause", queue: queue)
+      return redirect("/?notice=" + (path == "/queues/pause" ? "paused" : "resumed"))
+    case "/bulk": return try await bulk(form)
+    default:
+      let parts = path.split(separator: "/")
+      guard parts.count == 3, parts[0] == "jobs", let raw = Int64(parts[1]), raw > 0,
+        ["retry", "remove"].contains(parts[2])
+      else { return DashboardPages.message(status: 404, title: "Not found", text: "No action at \(path).") }
+      let id = JobID(raw)
+      guard let record = try await store.job(id) else {
+        return DashboardPages.message(status: 404, title: "Not found", text: "Job \(id) is gone.")
+      }
+      if parts[2] == "retry" {
+        let count = try await store.requeueDead([id], queue: record.queue, clock: clock)
+        return redirect("/jobs/\(id)?notice=" + (count == 1 ? "requeued" : "not-requeued"))
+      }
+      _ = try await store.remove([id], queue: record.queue)
+      return redirect("/jobs?queue=\(HTTPForm.encode(record.queue))&notice=removed")
+    }
+  }
+
+  // MARK: checks
+
+  private func hostIsLoopback(_ host: String?) -> Bool {
+    guard let host = host?.lowercased() else { return false }
+    return ["127.0.0.1:\(port)", "localhost:\(port)", "[::1]:\(port)"].contains(host)
+  }
+
+  private func isAuthorized(_ request: HTTPServerRequest) -> Bool {
+    guard let token else { return true }
+    if let authorization = request.header("Authorization"), authorization.hasPrefix("Bearer ") {
+      return constantTimeEquals(String(authorization.dropFirst("Bearer ".count)), token)
+    }
+    for cookie in request.headers where cookie.name.lowercased() == "cookie" {
+      for pair in cookie.value.split(separator: ";") {
+        let parts = pair.trimmingCharacters(in: .whitespaces).split(separator: "=", maxSplits: 1)
+        if parts.count == 2, parts[0] == Self.cookieName, constantTimeEquals(String(parts[1]), session) {
+          return true
+        }
+      }
+    }
+    return false
+  }
+
+  /// The sign-in form's POST: the token for a session cookie.
+  private func signIn(_ request: HTTPServerRequest) -> HTTPServerResponse {
+    if let refusal = refuseCrossOrigin(request) { return refusal }
+    guard let token, constantTimeEquals(request.form["token"] ?? "", token) else {
+      var page = DashboardPages.signIn(message: "That token is not right.")
+      page.status = 401
+      return page
+    }
+    var response = redirect("/")
+    response.headers.append(
+      ("Set-Cookie", "\(Self.cookieName)=\(session); Path=/; HttpOnly; SameSite=Strict"))
+    return response
+  }
+
+  /// Refuses a POST from another site: by `Sec-Fetch-Site`, `Origin`, content type and form token.
+  private func refuseCrossSite(_ request: HTTPServerRequest) -> HTTPServerResponse? {
+    if let refusal = refuseCrossOrigin(request) { return refusal }
+    guard constantTimeEquals(request.form["csrf"] ?? "", formToken) else {
+      return DashboardPages.message(
+        status: 403, title: "Refused", text: "The form token is missing or out of date: reload the page.")
+    }
+    return nil
+  }
+
+  private func refuseCrossOrigin(_ request: HTTPServerRequest) -> HTTPServerResponse? {
+    let refused = DashboardPages.message(
+      status: 403, title: "Refused", text: "Cross-site requests are refused.")
+    if let site = request.header("Sec-Fetch-Site"), site != "same-origin" { return refused }
+    if let origin = request.header("Origin") {
+      guard let host = request.header("Host"), origin.lowercased() == "http://\(host.lowercased())" else {
+        return refused
+      }
+    }
+    let type = request.header("Content-Type")?.lowercased() ?? ""
+    guard type.hasPrefix("application/x-www-form-urlencoded") else {
+      return DashboardPages.message(status: 415, title: "Refused", text: "Actions are sent as forms.")
+    }
+    return nil
+  }
+
+  func redirect(_ location: String) -> HTTPServerResponse {
+    HTTPServerResponse(status: 303, headers: [("Location", location)])
+  }
+
+  /// A queue name from a form or query: the rules of a queue identifier.
+  func queueName(_ text: String?) throws -> String {
+    guard let text else { throw DashboardError(status: 400, text: "No queue named.") }
+    do {
+      try JobQueueConfiguration.validate(identifier: text)
+    } catch {
+      throw DashboardError(status: 400, text: "Not a queue name: \(text)")
+    }
+    return text
+  }
+}
+
+/// A request the dashboard refuses, with the status and the text shown.
+struct DashboardError: Error {
+  var status: Int
+  var text: String
+}
+
+/// Equal strings, compared in time that depends only on their lengths.
+func constantTimeEquals(_ given: String, _ expected: String) -> Bool {
+  let a = Array(given.utf8)
+  let b = Array(expected.utf8)
+  var difference = UInt8(a.count == b.count ? 0 : 1)
+  for index in 0..<b.count {
+    difference |= (index < a.count ? a[index] : 0) ^ b[index]
+  }
+  return difference == 0
+}
+
+/// 32 random bytes from the system's secure generator, as hex.
+func randomToken() -> String {
+  var generator = SystemRandomNumberGenerator()
+  return (0..<32).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &generator)) }.joined()
+}

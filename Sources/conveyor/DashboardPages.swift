@@ -1,0 +1,328 @@
+import Conveyor
+import ConveyorHTTPServer
+import Foundation
+
+/// Escapes text for HTML content and quoted attribute values.
+func html(_ text: String) -> String {
+  var result = ""
+  result.reserveCapacity(text.utf8.count)
+  for character in text.unicodeScalars {
+    switch character {
+    case "&": result += "&amp;"
+    case "<": result += "&lt;"
+    case ">": result += "&gt;"
+    case "\"": result += "&quot;"
+    case "'": result += "&#39;"
+    default: result.unicodeScalars.append(character)
+    }
+  }
+  return result
+}
+
+/// The dashboard's pages: server-rendered HTML that reads and works without JavaScript. Every
+/// piece of text from the store goes through ``html(_:)``; the only unescaped parts are this
+/// file's literals.
+enum DashboardPages {
+  static func layout(_ title: String, page: String, _ body: String, status: Int = 200) -> HTTPServerResponse {
+    let text = """
+      <!doctype html>
+      <html lang="en">
+      <head>
+      <meta charset="utf-8">
+      <meta name="viewport" content="width=device-width, initial-scale=1">
+      <title>\(html(title)) · Conveyor</title>
+      <link rel="stylesheet" href="/static/dashboard.css">
+      <script src="/static/dashboard.js" defer></script>
+      </head>
+      <body data-page="\(page)">
+      <header><a class="brand" href="/">Conveyor</a>
+      <nav><a href="/">Queues</a> <a href="/jobs">Jobs</a> <a href="/metrics">Metrics</a></nav></header>
+      <main>
+      \(body)
+      </main>
+      </body>
+      </html>
+      """
+    return .text(status, text, contentType: "text/html; charset=utf-8")
+  }
+
+  static func message(status: Int, title: String, text: String) -> HTTPServerResponse {
+    layout(
+      title, page: "message", "<h1>\(html(title))</h1>\n<p class=\"message\">\(html(text))</p>",
+      status: status)
+  }
+
+  static func signIn(message: String?) -> HTTPServerResponse {
+    let warning = message.map { "<p class=\"notice error\">\(html($0))</p>" } ?? ""
+    return layout(
+      "Sign in", page: "sign-in",
+      """
+      <h1>Sign in</h1>
+      \(warning)
+      <p>This dashboard needs its token (<code>--token</code> or <code>CONVEYOR_DASHBOARD_TOKEN</code>).</p>
+      <form method="post" action="/login" class="sign-in">
+      <label>Token <input type="password" name="token" autocomplete="current-password" required></label>
+      <button type="submit">Sign in</button>
+      </form>
+      """)
+  }
+
+  static func hidden(_ name: String, _ value: String) -> String {
+    "<input type=\"hidden\" name=\"\(html(name))\" value=\"\(html(value))\">"
+  }
+
+  /// A one-button POST form carrying the form token.
+  static func button(
+    _ label: String, action: String, fields: [(String, String)] = [], formToken: String, style: String = ""
+  ) -> String {
+    let inputs = ([("csrf", formToken)] + fields).map { hidden($0.0, $0.1) }.joined()
+    return "<form method=\"post\" action=\"\(html(action))\" class=\"inline\">\(inputs)"
+      + "<button type=\"submit\" class=\"\(style)\">\(html(label))</button></form>"
+  }
+
+  static let notices: [String: String] = [
+    "paused": "Queue paused: no worker claims its jobs until it is resumed.",
+    "resumed": "Queue resumed.",
+    "requeued": "Job re-queued: it is ready to run.",
+    "not-requeued": "Not re-queued: the job is not dead, or a waiting job holds its key.",
+    "removed": "Job removed.",
+    "bulk-requeued": "Dead jobs re-queued:",
+    "bulk-removed": "Jobs removed:",
+  ]
+
+  static func notice(_ key: String?, count: Int? = nil) -> String {
+    guard let key, let text = notices[key] else { return "" }
+    return "<p class=\"notice\" role=\"status\">\(html(text))\(count.map { " \($0)." } ?? "")</p>"
+  }
+
+  // MARK: queues
+
+  static func queues(
+    _ queues: [Dashboard.QueueSummary], notice key: String?, formToken: String, database: String
+  ) -> HTTPServerResponse {
+    var rows = ""
+    for queue in queues {
+      let name = html(queue.name)
+      let link = "/jobs?queue=" + HTTPForm.encode(queue.name)
+      let toggle = button(
+        queue.paused ? "Resume" : "Pause", action: queue.paused ? "/queues/resume" : "/queues/pause",
+        fields: [("queue", queue.name)], formToken: formToken)
+      let retry =
+        queue.dead > 0
+        ? "<a class=\"button\" href=\"/confirm?action=retry-dead&amp;state=dead&amp;queue=\(html(HTTPForm.encode(queue.name)))\">Retry dead…</a>"
+        : ""
+      rows += """
+        <tr data-queue="\(name)">
+        <th scope="row"><a href="\(html(link))">\(name)</a></th>
+        <td class="count" data-field="ready"><a href="\(html(link))&amp;state=ready">\(queue.ready)</a></td>
+        <td class="count" data-field="scheduled"><a href="\(html(link))&amp;state=scheduled">\(queue.scheduled)</a></td>
+        <td class="count" data-field="running"><a href="\(html(link))&amp;state=running">\(queue.running)</a></td>
+        <td class="count\(queue.dead > 0 ? " dead" : "")" data-field="dead"><a href="\(html(link))&amp;state=dead">\(queue.dead)</a></td>
+        <td data-field="paused">\(queue.paused ? "<span class=\"badge paused\">paused</span>" : "<span class=\"badge\">active</span>")</td>
+        <td class="actions">\(toggle) \(retry)</td>
+        </tr>
+
+        """
+    }
+    let table =
+      queues.isEmpty
+      ? "<p class=\"empty\">No queues yet: add a job with <code>conveyor add</code>.</p>"
+      : """
+      <table class="queues">
+      <thead><tr><th scope="col">Queue</th><th scope="col" class="count">Ready</th>
+      <th scope="col" class="count">Scheduled</th><th scope="col" class="count">Running</th>
+      <th scope="col" class="count">Dead</th><th scope="col">State</th><th scope="col">Actions</th></tr></thead>
+      <tbody>
+      \(rows)</tbody>
+      </table>
+      """
+    return layout(
+      "Queues", page: "queues",
+      """
+      <h1>Queues</h1>
+      \(notice(key))
+      \(table)
+      <p class="meta">Database <code>\(html(database))</code> · <span id="updated">counts as of \(html(timestamp(Date())))</span></p>
+      """)
+  }
+
+  // MARK: jobs
+
+  static func jobs(
+    _ rows: [Dashboard.ListedRow], queues: [String], queue: String?, filter: Dashboard.StateFilter,
+    text: String,
+    after: JobID?, next: JobID?, notice key: String?, count: Int?, formToken: String
+  ) -> HTTPServerResponse {
+    let queueOptions = queues.map {
+      "<option value=\"\(html($0))\"\($0 == queue ? " selected" : "")>\(html($0))</option>"
+    }.joined()
+    let stateOptions = Dashboard.StateFilter.allCases.map {
+      "<option value=\"\($0.rawValue)\"\($0 == filter ? " selected" : "")>\($0 == .all ? "any state" : $0.rawValue)</option>"
+    }.joined()
+    var body = """
+      <h1>Jobs\(queue.map { " in " + html($0) } ?? "")</h1>
+      \(notice(key, count: count))
+      <form method="get" action="/jobs" class="filters">
+      <label>Queue <select name="queue">\(queueOptions)</select></label>
+      <label>State <select name="state">\(stateOptions)</select></label>
+      <label>Text <input type="search" name="q" value="\(html(text))" placeholder="in summary or last error"></label>
+      <button type="submit">Filter</button>
+      </form>
+
+      """
+    if let queue, filter == .dead || filter == .waiting {
+      let encoded = html(HTTPForm.encode(queue))
+      body += "<p class=\"bulk\">"
+      if filter == .dead {
+        body +=
+          "<a class=\"button\" href=\"/confirm?action=retry-dead&amp;state=dead&amp;queue=\(encoded)\">Retry all dead…</a> "
+      }
+      body +=
+        "<a class=\"button danger\" href=\"/confirm?action=remove&amp;state=\(filter.rawValue)&amp;queue=\(encoded)\">Remove all \(filter.rawValue)…</a></p>\n"
+    }
+    if rows.isEmpty {
+      body += "<p class=\"empty\">No jobs match.</p>\n"
+    } else {
+      body += """
+        <table class="jobs">
+        <thead><tr><th scope="col">ID</th><th scope="col">State</th><th scope="col">Tries</th><th scope="col">Run at</th>
+        <th scope="col">Job</th><th scope="col">Last error</th><th scope="col"></th></tr></thead>
+        <tbody>
+
+        """
+      for row in rows {
+        let record = row.record
+        let error = record.lastError.map { String($0.prefix(200)) + ($0.count > 200 ? "…" : "") } ?? ""
+        let retry =
+          record.status == .dead
+          ? button("Retry", action: "/jobs/\(record.id)/retry", formToken: formToken) : ""
+        body += """
+          <tr data-job="\(record.id)">
+          <td><a href="/jobs/\(record.id)">\(record.id)</a></td>
+          <td><span class="badge \(row.state)">\(row.state)</span></td>
+          <td class="count">\(record.attempts)</td>
+          <td><time>\(html(timestamp(record.runAt)))</time></td>
+          <td class="summary">\(html(row.summary))</td>
+          <td class="error">\(html(error))</td>
+          <td class="actions">\(retry)</td>
+          </tr>
+
+          """
+      }
+      body += "</tbody>\n</table>\n"
+    }
+    var links: [String] = []
+    func link(_ after: JobID?) -> String {
+      var parts = ["queue=" + HTTPForm.encode(queue ?? ""), "state=" + filter.rawValue]
+      if !text.isEmpty { parts.append("q=" + HTTPForm.encode(text)) }
+      if let after { parts.append("after=\(after)") }
+      return html("/jobs?" + parts.joined(separator: "&"))
+    }
+    if after != nil { links.append("<a href=\"\(link(nil))\">First page</a>") }
+    if let next { links.append("<a href=\"\(link(next))\" rel=\"next\">Next page</a>") }
+    body += "<p class=\"pages\">\(links.joined(separator: " · "))</p>\n"
+    body +=
+      "<p class=\"meta\">Up to \(Dashboard.pageSize) jobs a page in ID order; the text and ready/scheduled "
+      + "filters look at up to \(Dashboard.readLimit) jobs per page.</p>"
+    return layout("Jobs", page: "jobs", body)
+  }
+
+  // MARK: a job
+
+  static func job(
+    _ record: JobRecord, state: String, details: Dashboard.Details, payload: String, notice key: String?,
+    formToken: String
+  ) -> HTTPServerResponse {
+    func row(_ name: String, _ value: String?) -> String {
+      "<tr><th scope=\"row\">\(html(name))</th><td>\(value.map(html) ?? "<span class=\"none\">—</span>")</td></tr>"
+    }
+    let facts = [
+      row("Queue", record.queue),
+      "<tr><th scope=\"row\">State</th><td><span class=\"badge \(state)\">\(state)</span></td></tr>",
+      row("Attempts", String(record.attempts)),
+      row("Priority", String(record.priority)),
+      row("Run at", timestamp(record.runAt)),
+      row("Created", timestamp(record.createdAt)),
+      row("Lease owner", record.leaseOwner),
+      row("Lease expires", record.leaseExpiresAt.map(timestamp)),
+      row("Key", record.deduplicationKey),
+    ].joined(separator: "\n")
+    var what: String
+    switch details {
+    case .http(let method, let url, let headers, let body, let bodySize):
+      let headerRows = headers.map { "<tr><th scope=\"row\">\(html($0.0))</th><td>\(html($0.1))</td></tr>" }
+        .joined()
+      what = """
+        <h2>HTTP request</h2>
+        <p class="request"><code>\(html(method)) \(html(url))</code></p>
+        \(headers.isEmpty ? "<p class=\"none\">No headers.</p>" : "<table class=\"headers\"><tbody>\(headerRows)</tbody></table>")
+        <p>Body: \(bodySize) bytes</p>
+        """
+      if let body, !body.isEmpty { what += "<pre class=\"body\">\(html(body))</pre>" }
+    case .exec(let arguments, let directory, let timeout):
+      let items = arguments.map { "<li><code>\(html($0))</code></li>" }.joined()
+      what = """
+        <h2>Command</h2>
+        <ol class="argv">\(items)</ol>
+        <p>Working directory: \(directory.map { "<code>\(html($0))</code>" } ?? "the worker's")\(timeout.map { " · timeout \($0) s" } ?? "")</p>
+        """
+    case .unknown(let text):
+      what = "<p class=\"none\">\(html(text))</p>"
+    }
+    var actions: [String] = []
+    if record.status == .dead {
+      actions.append(button("Retry", action: "/jobs/\(record.id)/retry", formToken: formToken))
+    }
+    actions.append(
+      button("Remove", action: "/jobs/\(record.id)/remove", formToken: formToken, style: "danger"))
+    let error =
+      record.lastError.map { "<h2>Last error</h2>\n<pre class=\"error\">\(html($0))</pre>" }
+      ?? ""
+    return layout(
+      "Job \(record.id)", page: "job",
+      """
+      <h1>Job \(record.id)</h1>
+      \(notice(key))
+      <p class="actions">\(actions.joined(separator: " "))</p>
+      <table class="facts"><tbody>
+      \(facts)
+      </tbody></table>
+      \(error)
+      \(what)
+      <h2>Payload</h2>
+      <pre class="payload">\(html(payload))</pre>
+      <p><a href="/jobs?queue=\(html(HTTPForm.encode(record.queue)))">All jobs in \(html(record.queue))</a></p>
+      """)
+  }
+
+  // MARK: bulk
+
+  static func confirm(
+    action: Dashboard.BulkAction, queue: String, state: Dashboard.StateFilter, count: Int, changed: Bool,
+    formToken: String
+  ) -> HTTPServerResponse {
+    let verb = action == .retryDead ? "Re-queue" : "Remove"
+    let what = "\(count) \(state.rawValue) job\(count == 1 ? "" : "s") of queue \(queue)"
+    let warning =
+      changed ? "<p class=\"notice error\">The number changed since you confirmed: check it again.</p>" : ""
+    let form =
+      count == 0
+      ? "<p class=\"empty\">Nothing to do.</p>"
+      : button(
+        "\(verb) \(count) job\(count == 1 ? "" : "s")", action: "/bulk",
+        fields: [
+          ("action", action.rawValue), ("queue", queue), ("state", state.rawValue),
+          ("expected", String(count)),
+        ],
+        formToken: formToken, style: action == .remove ? "danger" : "")
+    return layout(
+      "Confirm", page: "confirm",
+      """
+      <h1>\(html(verb)) \(html(what))?</h1>
+      \(warning)
+      <p>This applies to every \(html(state.rawValue)) job of the queue when you confirm; the count is
+      checked again first.</p>
+      <p class="actions">\(form) <a href="/jobs?queue=\(html(HTTPForm.encode(queue)))&amp;state=\(state.rawValue)">Cancel</a></p>
+      """)
+  }
+}

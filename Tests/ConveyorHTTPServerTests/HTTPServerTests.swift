@@ -1,0 +1,270 @@
+import Foundation
+import Synchronization
+import Testing
+
+@testable import ConveyorHTTPServer
+
+#if canImport(Glibc)
+  import Glibc
+#elseif canImport(Darwin)
+  import Darwin
+#endif
+
+/// The head parser as a pure function: every refusal with plain bytes.
+@Suite struct RequestHeadParserTests {
+  static let limits: HTTPServerLimits = {
+    var limits = HTTPServerLimits()
+    limits.maximumRequestLine = 64
+    limits.maximumHeadSize = 256
+    limits.maximumHeaderCount = 4
+    limits.maximumBodySize = 100
+    return limits
+  }()
+
+  func parse(_ text: String) -> HeadParseResult {
+    RequestHeadParser.parse(Array(text.utf8), limits: Self.limits)
+  }
+
+  func status(_ text: String) -> Int? {
+    if case .failure(let status, _) = parse(text) { return status }
+    return nil
+  }
+
+  @Test func aCompleteHeadIsParsedWithItsLength() async throws {
+    let text = "\r\nPOST /jobs?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc"
+    guard case .complete(let head, let length) = parse(text) else {
+      Issue.record("not complete: \(parse(text))")
+      return
+    }
+    #expect(head.method == "POST")
+    #expect(head.target == "/jobs?x=1")
+    #expect(head.contentLength == 3)
+    #expect(!head.keepAlive)
+    #expect(length == text.utf8.count - 3)
+  }
+
+  @Test func partsOfAHeadAreIncomplete() {
+    #expect(parse("GET / HT") == .incomplete)
+    #expect(parse("GET / HTTP/1.1\r\nHost: a\r\n") == .incomplete)
+  }
+
+  @Test(arguments: [
+    ("GET /\r\n\r\n", 400),
+    ("GET  / HTTP/1.1\r\nHost: a\r\n\r\n", 400),
+    ("GET x HTTP/1.1\r\nHost: a\r\n\r\n", 400),
+    ("G(T / HTTP/1.1\r\nHost: a\r\n\r\n", 400),
+    ("GET / HTTP/2.0\r\nHost: a\r\n\r\n", 505),
+    ("GET / FTP/1.1\r\nHost: a\r\n\r\n", 400),
+    ("GET / HTTP/1.1\r\n\r\n", 400),
+    ("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
+    ("GET / HTTP/1.1\r\nHost: a\r\nNoColon\r\n\r\n", 400),
+    ("GET / HTTP/1.1\r\nHost: a\r\n Folded: x\r\n\r\n", 400),
+    ("GET / HTTP/1.1\r\nHost : a\r\n\r\n", 400),
+    ("GET / HTTP/1.1\r\nHost: a\nX: y\r\n\r\n", 400),
+    ("GET / HTTP/1.1\r\nHost: a\u{1}b\r\n\r\n", 400),
+    ("GET / HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n", 400),
+    ("GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400),
+    ("GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999\r\n\r\n", 400),
+    ("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 101\r\n\r\n", 413),
+    ("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n", 501),
+    ("GET / HTTP/1.1\r\nHost: a\r\nA: 1\r\nB: 2\r\nC: 3\r\nD: 4\r\n\r\n", 431),
+  ])
+  func malformedHeadsAreRefused(text: String, expected: Int) {
+    #expect(status(text) == expected, "\(text.debugDescription)")
+  }
+
+  @Test func sizeLimitsApplyBeforeTheHeadIsComplete() {
+    #expect(status("GET /" + String(repeating: "a", count: 80)) == 414)
+    #expect(status("GET / HTTP/1.1\r\nX: " + String(repeating: "a", count: 300)) == 431)
+  }
+}
+
+/// The server on real sockets: keep-alive, refusals, slow and abusive clients, the connection
+/// limit and shutdown; after each abuse a normal request is still served.
+@Suite(.timeLimit(.minutes(2))) struct HTTPServerTests {
+  static func makeServer(_ adjust: (inout HTTPServerLimits) -> Void = { _ in }) throws -> HTTPServer {
+    var limits = HTTPServerLimits()
+    limits.requestTimeout = .seconds(1)
+    // Long enough that a loaded machine never idles out a test's first request.
+    limits.idleTimeout = .seconds(10)
+    limits.maximumBodySize = 1000
+    adjust(&limits)
+    return try HTTPServer(host: "127.0.0.1", port: 0, limits: limits) { request in
+      .text(200, "\(request.method) \(request.target) \(request.body.count)")
+    }
+  }
+
+  /// A normal request on a new connection is answered 200.
+  func expectServes(_ server: HTTPServer, sourceLocation: SourceLocation = #_sourceLocation) async throws {
+    let client = try RawClient(port: server.port)
+    await client.send("GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+    let response = await client.readResponse()
+    #expect(response?.status == 200, sourceLocation: sourceLocation)
+    #expect(response?.body == "GET /ok 0", sourceLocation: sourceLocation)
+  }
+
+  @Test func keepAliveServesSeveralRequestsOnOneConnectionIncludingPipelinedOnes() async throws {
+    let server = try Self.makeServer()
+    defer { server.stop() }
+    let client = try RawClient(port: server.port)
+    await client.send("GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+    let first = try #require(await client.readResponse())
+    #expect(first.status == 200 && first.body == "GET /a 0")
+    #expect(first.headers["connection"] == "keep-alive")
+    await client.send(
+      "POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhelloGET /c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    #expect(await client.readResponse()?.body == "POST /b 5")
+    let last = try #require(await client.readResponse())
+    #expect(last.body == "GET /c 0")
+    #expect(last.headers["connection"] == "close")
+    #expect(await client.isClosedByServer())
+  }
+
+  @Test(arguments: [
+    ("garbage\r\n\r\n", 400),
+    ("GET / HTTP/1.1\r\n\r\n", 400),
+    ("GET / HTTP/9.9\r\nHost: x\r\n\r\n", 505),
+    ("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1001\r\n\r\n", 413),
+    ("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 501),
+  ])
+  func malformedRequestsAreAnsweredAndTheServerKeepsServing(request: String, expected: Int) async throws {
+    let server = try Self.makeServer()
+    defer { server.stop() }
+    let client = try RawClient(port: server.port)
+    await client.send(request)
+    #expect(await client.readResponse()?.status == expected)
+    #expect(await client.isClosedByServer())
+    try await expectServes(server)
+  }
+
+  @Test func hugeHeadsAndTargetsAreRefusedAfterTheLimit() async throws {
+    // A loaded machine may take a while to send the head: the limit, not the timeout, must answer.
+    let server = try Self.makeServer { $0.requestTimeout = .seconds(20) }
+    defer { server.stop() }
+    let long = try RawClient(port: server.port)
+    await long.send("GET /" + String(repeating: "a", count: 30_000) + " HTTP/1.1\r\nHost: x\r\n\r\n")
+    #expect(await long.readResponse()?.status == 414)
+    let huge = try RawClient(port: server.port)
+    await huge.send("GET / HTTP/1.1\r\nHost: x\r\n")
+    // One send, read while it goes: the server must see the head grow past its limit, and answer
+    // before it read it all.
+    let text = (0..<300).map { "X-Field-\($0): " + String(repeating: "v", count: 100) + "\r\n" }.joined()
+    async let sent = huge.send(text)
+    let refusal = await huge.readResponse()
+    #expect(refusal?.status == 431, "\(String(describing: refusal))")
+    _ = await sent
+    let many = try RawClient(port: server.port)
+    await many.send("GET / HTTP/1.1\r\nHost: x\r\n" + (0..<200).map { "A\($0): 1\r\n" }.joined() + "\r\n")
+    #expect(await many.readResponse()?.status == 431)
+    try await expectServes(server)
+  }
+
+  @Test func aClientSendingAByteASecondIsCutOffByTheRequestTimeout() async throws {
+    let server = try Self.makeServer()
+    defer { server.stop() }
+    let slow = try RawClient(port: server.port)
+    let started = ContinuousClock.now
+    // Drip the request, a byte every 400 ms, until the server answers (408, about a second in).
+    // The drip stops once an answer is there: a byte sent after the server closed would reset the
+    // connection and could discard the answer before it is read.
+    let fd = slow.fd
+    await blocking {
+      for byte in Array("GET /slow HTTP/1.1\r\nHost: x\r\n\r\n".utf8) {
+        guard RawClient.send([byte], to: fd) else { return }
+        var watch = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        if poll(&watch, 1, 400) > 0 { return }
+      }
+    }
+    let response = await slow.readResponse()
+    #expect(response?.status == 408)
+    // Generous: the whole request would take 12 s to drip; a server that waited for it fails this.
+    #expect(ContinuousClock.now - started < .seconds(8))
+    try await expectServes(server)
+  }
+
+  @Test func aSlowBodyIsCutOffToo() async throws {
+    let server = try Self.makeServer()
+    defer { server.stop() }
+    let client = try RawClient(port: server.port)
+    await client.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+    #expect(await client.readResponse()?.status == 408)
+    try await expectServes(server)
+  }
+
+  @Test func anIdleKeptAliveConnectionIsClosedQuietly() async throws {
+    let server = try Self.makeServer { $0.idleTimeout = .seconds(1) }
+    defer { server.stop() }
+    let client = try RawClient(port: server.port)
+    #expect(await client.isClosedByServer())  // after the idle timeout, no bytes sent
+    try await expectServes(server)
+  }
+
+  @Test func connectionsBeyondTheLimitAreAnswered503() async throws {
+    let server = try Self.makeServer { $0.maximumConnections = 2 }
+    defer { server.stop() }
+    var held = [try RawClient(port: server.port), try RawClient(port: server.port)]
+    // Both are being served (they hold a slot) once each answered a request.
+    for client in held {
+      await client.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+      #expect(await client.readResponse()?.status == 200)
+    }
+    let third = try RawClient(port: server.port)
+    #expect(await third.readResponse()?.status == 503)
+    held.removeAll()
+    // The slots come free once the server notices the closes.
+    let deadline = ContinuousClock.now + .seconds(10)
+    while server.connectionCount > 0 && ContinuousClock.now < deadline {
+      try await Task.sleep(for: .milliseconds(10))
+    }
+    try await expectServes(server)
+  }
+
+  @Test func randomBytesAreAnsweredWithAnErrorOrACloseAndTheServerKeepsServing() async throws {
+    let server = try Self.makeServer {
+      $0.requestTimeout = .milliseconds(300)
+      $0.idleTimeout = .milliseconds(300)
+    }
+    defer { server.stop() }
+    var random = SplitMix(state: 12)
+    let pieces = [
+      "GET", " ", "/", "HTTP/1.1", "\r\n", "\n", "\r", ":", "Host", "Content-Length", "-1", "99999", "\0",
+      "\u{7F}", "é", "POST", "\t", "Transfer-Encoding", "chunked", "HTTP/1.0",
+    ]
+    for _ in 0..<40 {
+      var text = ""
+      for _ in 0..<Int.random(in: 1...40, using: &random) { text += pieces.randomElement(using: &random)! }
+      let client = try RawClient(port: server.port)
+      await client.send(text)
+      if let response = await client.readResponse() {
+        #expect(
+          [200, 400, 408, 413, 414, 431, 501, 505].contains(response.status), "\(text.debugDescription)")
+      }
+    }
+    try await expectServes(server)
+  }
+
+  @Test func stopClosesIdleConnectionsAtOnce() async throws {
+    let server = try Self.makeServer { $0.idleTimeout = .seconds(60) }
+    let client = try RawClient(port: server.port)
+    await client.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    #expect(await client.readResponse()?.status == 200)
+    let started = ContinuousClock.now
+    server.stop()
+    #expect(ContinuousClock.now - started < .seconds(4), "the idle connection did not hold stop for 60 s")
+    #expect(await client.isClosedByServer())
+    #expect(server.connectionCount == 0)
+  }
+}
+
+/// A deterministic generator, so a failure repeats.
+struct SplitMix: RandomNumberGenerator {
+  var state: UInt64
+  mutating func next() -> UInt64 {
+    state &+= 0x9E37_79B9_7F4A_7C15
+    var value = state
+    value = (value ^ (value >> 30)) &* 0xBF58_476D_1CE4_E5B9
+    value = (value ^ (value >> 27)) &* 0x94D0_49BB_1331_11EB
+    return value ^ (value >> 31)
+  }
+}
