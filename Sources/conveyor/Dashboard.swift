@@ -102,7 +102,8 @@ struct Dashboard: Sendable {
         secretHeaders: defaultSecretHeaders.union(extraSecrets), port: server.port)
     }
     let shownHost = host.contains(":") ? "[\(host)]" : host
-    output("dashboard: http://\(shownHost):\(server.port)/ (database \(printable(context.databaseDescription)))")
+    output(
+      "dashboard: http://\(shownHost):\(server.port)/ (database \(printable(context.databaseDescription)))")
     if token != nil { output("sign in with the token; scripts send 'Authorization: Bearer TOKEN'") }
     let stop = AsyncStream<Void>.makeStream()
     let signals = SignalWatcher { _ in stop.continuation.finish() }
