@@ -129,8 +129,9 @@ struct Connection {
 
   /// Answers a refused request and closes: the request's remains are not worth reading.
   private func refuse(_ status: Int, _ reason: String) {
-    let response = HTTPServerResponse.text(
+    var response = HTTPServerResponse.text(
       status, "\(status) \(HTTPServerResponse.reason(status)): \(reason)\n")
+    response.headers += server.refusalHeaders
     _ = write(response, keepAlive: false, omitBody: false)
     linger()
   }

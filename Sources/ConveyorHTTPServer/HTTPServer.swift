@@ -38,6 +38,9 @@ public final class HTTPServer: Sendable {
   public let host: String
   /// The bounds it holds connections to.
   public let limits: HTTPServerLimits
+  /// Headers added to the answers the server writes itself (400, 408, 413, 414, 431, 501, 503,
+  /// 505), which never reach the handler: an application's security headers, say.
+  public let refusalHeaders: [(name: String, value: String)]
 
   private let listener: Int32
   /// A pipe whose read end becomes readable (and stays so) when the server stops: every `poll`
@@ -55,13 +58,21 @@ public final class HTTPServer: Sendable {
   ///   - host: A numeric IPv4 or IPv6 address, or `localhost`.
   ///   - port: The port; 0 lets the system pick (read it from ``port``).
   ///   - limits: The bounds; the defaults suit a dashboard.
+  ///   - refusalHeaders: Headers for the answers the server writes itself. Default:
+  ///     `X-Content-Type-Options: nosniff` and a Content-Security-Policy that allows nothing.
   ///   - handler: Answers each request.
   /// - Throws: ``HTTPServerError`` when the address cannot be resolved or bound.
   public init(
-    host: String, port: UInt16, limits: HTTPServerLimits = HTTPServerLimits(), handler: @escaping Handler
+    host: String, port: UInt16, limits: HTTPServerLimits = HTTPServerLimits(),
+    refusalHeaders: [(name: String, value: String)] = [
+      ("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'"),
+      ("X-Content-Type-Options", "nosniff"),
+    ],
+    handler: @escaping Handler
   ) throws {
     self.host = host
     self.limits = limits
+    self.refusalHeaders = refusalHeaders
     self.handler = handler
     var hints = addrinfo()
     hints.ai_family = AF_UNSPEC
@@ -180,8 +191,10 @@ public final class HTTPServer: Sendable {
   private func refuseBusy(_ fd: Int32) {
     let flags = fcntl(fd, F_GETFL)
     _ = fcntl(fd, F_SETFL, flags | O_NONBLOCK)
+    let extra = refusalHeaders.map { "\($0.name): \($0.value)\r\n" }.joined()
     let text =
-      "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\nRetry-After: 1\r\n\r\n"
+      "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\nRetry-After: 1\r\n"
+      + extra + "\r\n"
     _ = Array(text.utf8).withUnsafeBytes { sendBytes(fd, $0.baseAddress!, $0.count) }
     close(fd)
   }

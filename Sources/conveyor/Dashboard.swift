@@ -35,6 +35,8 @@ struct Dashboard: Sendable {
   let session = randomToken()
   /// The port, set once the server is bound (for the `Host` check).
   let port: UInt16
+  /// The address it listens on, as given: a loopback `Host` header may name it.
+  var listenHost = "127.0.0.1"
   let clock = SystemJobClock()
 
   static let defaultSecretHeaders: Set<String> = [
@@ -88,7 +90,7 @@ struct Dashboard: Sendable {
     let bound = Mutex<Dashboard?>(nil)
     let server: HTTPServer
     do {
-      server = try HTTPServer(host: host, port: port) { request in
+      server = try HTTPServer(host: host, port: port, refusalHeaders: Self.securityHeaders) { request in
         guard let dashboard = bound.withLock({ $0 }) else { return .text(503, "starting") }
         return await dashboard.respond(to: request)
       }
@@ -99,7 +101,7 @@ struct Dashboard: Sendable {
     bound.withLock {
       $0 = Dashboard(
         store: store, database: context.databaseDescription, token: token, loopback: loopback,
-        secretHeaders: defaultSecretHeaders.union(extraSecrets), port: server.port)
+        secretHeaders: defaultSecretHeaders.union(extraSecrets), port: server.port, listenHost: host)
     }
     let shownHost = host.contains(":") ? "[\(host)]" : host
     output(
@@ -141,8 +143,13 @@ struct Dashboard: Sendable {
     return (host, port)
   }
 
+  /// `localhost`, `::1`, or a numeric IPv4 address in 127.0.0.0/8 (not a host name that merely
+  /// starts with "127.").
   static func isLoopback(_ host: String) -> Bool {
-    host == "localhost" || host == "::1" || host.hasPrefix("127.")
+    if host == "localhost" || host == "::1" { return true }
+    let octets = host.split(separator: ".", omittingEmptySubsequences: false)
+    return octets.count == 4 && octets[0] == "127"
+      && octets.allSatisfy { $0.count <= 3 && UInt8($0) != nil }
   }
 
   // MARK: requests
@@ -250,13 +257,15 @@ struct Dashboard: Sendable {
 
   private func hostIsLoopback(_ host: String?) -> Bool {
     guard let host = host?.lowercased() else { return false }
-    return ["127.0.0.1:\(port)", "localhost:\(port)", "[::1]:\(port)"].contains(host)
+    let listening = listenHost.contains(":") ? "[\(listenHost)]:\(port)" : "\(listenHost):\(port)"
+    return ["127.0.0.1:\(port)", "localhost:\(port)", "[::1]:\(port)", listening.lowercased()].contains(host)
   }
 
   private func isAuthorized(_ request: HTTPServerRequest) -> Bool {
     guard let token else { return true }
-    if let authorization = request.header("Authorization"), authorization.hasPrefix("Bearer ") {
-      return constantTimeEquals(String(authorization.dropFirst("Bearer ".count)), token)
+    // The scheme name is case-insensitive (RFC 9110, 11.1).
+    if let authorization = request.header("Authorization"), authorization.lowercased().hasPrefix("bearer ") {
+      return constantTimeEquals(String(authorization.dropFirst("bearer ".count)), token)
     }
     for cookie in request.headers where cookie.name.lowercased() == "cookie" {
       for pair in cookie.value.split(separator: ";") {
