@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 
 #if canImport(Glibc)
@@ -82,10 +83,47 @@ func jsonObject(_ text: String) throws -> [String: Any] {
 }
 
 /// A started `conveyor` process whose output goes to files, so it can be read while it runs.
+///
+/// Its exit is also looked for with `waitpid(pid, WNOHANG)`: under load, swift-corelibs-foundation
+/// was seen to miss a child's exit (the child stayed a zombie, `isRunning` stayed true and
+/// `waitUntilExit` never returned), which hung the whole test run.
 final class RunningConveyor {
   let process: Process
   private let stdoutFile: URL
   private let stderrFile: URL
+  /// The wait status, when this harness reaped the process itself.
+  private let reaped = Mutex<Int32?>(nil)
+
+  /// Whether the process has exited, by Foundation's account or by `waitpid`.
+  var hasExited: Bool {
+    if !process.isRunning { return true }
+    return reaped.withLock { status in
+      if status != nil { return true }
+      var raw: Int32 = 0
+      guard waitpid(process.processIdentifier, &raw, WNOHANG) == process.processIdentifier else {
+        return false
+      }
+      status = raw
+      return true
+    }
+  }
+
+  /// Kills the process and waits (at most 10 s) until it is gone.
+  func terminate() async {
+    kill(process.processIdentifier, SIGKILL)
+    let deadline = ContinuousClock.now + .seconds(10)
+    while !hasExited && ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(10)) }
+  }
+
+  /// The exit status as a shell reports it (128 + the signal for a killed process).
+  private var status: Int32 {
+    if let raw = reaped.withLock({ $0 }) {
+      let signal = raw & 0x7F
+      return signal == 0 ? (raw >> 8) & 0xFF : 128 + signal
+    }
+    let signalled = process.terminationReason == .uncaughtSignal
+    return signalled ? 128 + process.terminationStatus : process.terminationStatus
+  }
 
   init(
     executable: URL, arguments: [String], environment: [String: String], folder: URL,
@@ -133,8 +171,8 @@ final class RunningConveyor {
   func waitUntil(_ what: String, timeout: Duration = .seconds(15), _ condition: () -> Bool) async throws {
     let deadline = ContinuousClock.now + timeout
     while !condition() {
-      if !process.isRunning || ContinuousClock.now >= deadline {
-        let exited = !process.isRunning
+      if hasExited || ContinuousClock.now >= deadline {
+        let exited = hasExited
         kill(process.processIdentifier, SIGKILL)
         throw HarnessError(
           description: "\(exited ? "exited" : "timed out") waiting for \(what)\n--- stdout:\n\(stdout)\n"
@@ -165,21 +203,16 @@ final class RunningConveyor {
   /// Waits for the process to exit; kills it and fails if that takes longer than `timeout`.
   func waitForExit(timeout: Duration = .seconds(20)) async throws -> Outcome {
     let deadline = ContinuousClock.now + timeout
-    while process.isRunning {
+    while !hasExited {
       if ContinuousClock.now >= deadline {
-        kill(process.processIdentifier, SIGKILL)
-        process.waitUntilExit()
+        await terminate()
         throw HarnessError(
           description: "conveyor \(process.arguments ?? []) did not exit within \(timeout); killed it\n"
             + "--- stdout:\n\(stdout)\n--- stderr:\n\(stderr)")
       }
       try await Task.sleep(for: .milliseconds(10))
     }
-    process.waitUntilExit()
-    let signalled = process.terminationReason == .uncaughtSignal
-    return Outcome(
-      status: signalled ? 128 + process.terminationStatus : process.terminationStatus, stdout: stdout,
-      stderr: stderr)
+    return Outcome(status: status, stdout: stdout, stderr: stderr)
   }
 }
 
@@ -199,9 +232,10 @@ final class Sandbox {
   }
 
   deinit {
-    for running in started where running.process.isRunning {
+    for running in started where !running.hasExited {
       kill(running.process.processIdentifier, SIGKILL)
-      running.process.waitUntilExit()
+      // Reaped without blocking when it is gone; a straggler is left to the system.
+      for _ in 0..<500 where !running.hasExited { usleep(10_000) }
     }
     do {
       try FileManager.default.removeItem(at: folder)

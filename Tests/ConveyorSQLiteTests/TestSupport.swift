@@ -86,13 +86,19 @@ final class WorkerProcess: @unchecked Sendable {
   }
 
   /// Waits for the process to exit without blocking the cooperative pool; returns its status.
+  ///
+  /// Looks with `waitpid(pid, WNOHANG)` too: under load swift-corelibs-foundation was seen to
+  /// miss a child's exit (a zombie, and `waitUntilExit` never returning).
   func exitStatus() async -> Int32 {
-    await withCheckedContinuation { continuation in
-      DispatchQueue.global().async {
-        self.process.waitUntilExit()
-        continuation.resume(returning: self.process.terminationStatus)
+    while process.isRunning {
+      var raw: Int32 = 0
+      if waitpid(process.processIdentifier, &raw, WNOHANG) == process.processIdentifier {
+        let signal = raw & 0x7F
+        return signal == 0 ? (raw >> 8) & 0xFF : 128 + signal
       }
+      try? await Task.sleep(for: .milliseconds(10))
     }
+    return process.terminationStatus
   }
 
   func kill() { _ = sendSIGKILL(process.processIdentifier) }
