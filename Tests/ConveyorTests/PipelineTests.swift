@@ -243,8 +243,8 @@ struct PipelineTests {
         Pipeline.step { value, finish in
           started.open()
           // Completes long after the cancel; the run must not wait for it nor report it.
-          // (1.5 s: far longer than a loaded machine takes to deliver the cancel.)
-          DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(1_500)) {
+          // (8 s: far longer than even a loaded CI machine takes to deliver the cancel.)
+          DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(8)) {
             late.increment()
             finish(.success(value))
           }
