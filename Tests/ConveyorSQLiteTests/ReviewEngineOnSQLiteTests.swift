@@ -184,7 +184,9 @@ struct ReviewEngineOnSQLiteTests {
         && started.all == [1]
     }
     try await otherStore.setPaused(true, queue: reviewQueue)
-    try await Task.sleep(for: .seconds(1))  // 20 poll intervals
+    // The worker notices at its next look at the store (every 50 ms); a loaded machine may delay
+    // that look, so wait for the queue to say so (a queue that never notices fails here).
+    try await eventually("the worker sees the stored pause") { worker.state == .paused }
     gate.open()
     try await Task.sleep(for: .milliseconds(500))
     let startedAfterPause = started.all

@@ -68,7 +68,7 @@ public final class EventRecorder: Sendable {
 
   /// Waits until the events satisfy `condition`.
   public func wait(
-    for what: String, timeout: Duration = .seconds(10),
+    for what: String, timeout: Duration = .seconds(30),
     _ condition: @escaping @Sendable ([JobQueueEvent]) -> Bool
   ) async throws {
     try await eventually(what, timeout: timeout) { condition(self.events) }
