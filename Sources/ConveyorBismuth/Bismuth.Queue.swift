@@ -232,6 +232,8 @@ extension Bismuth {
       while true {
         let page = try await jobQueue.jobs(after: after, limit: 500)
         for record in page where record.status != .dead {
+          // An item that no longer decodes is not listed (the old library could not show it
+          // either); the queue makes it a dead job, with the decode error, when it comes up.
           if let item = try? jobQueue.item(of: record) { found.append((record.id, item)) }
         }
         guard let last = page.last, page.count == 500 else { return found }

@@ -29,7 +29,7 @@ struct Connection {
       setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, socklen_t(MemoryLayout<Int32>.size))
     #endif
     var timeout = timeval(
-      tv_sec: Int(limits.writeTimeout.components.seconds),
+      tv_sec: Int(clamping: limits.writeTimeout.components.seconds),
       tv_usec: .init(limits.writeTimeout.components.attoseconds / 1_000_000_000_000))
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
 

@@ -66,12 +66,14 @@ enum PostgresValue {
     bytes += bigEndian(Int32(hasNull ? 1 : 0))
     bytes += bigEndian(elementOID)
     if !elements.isEmpty {
-      bytes += bigEndian(Int32(elements.count))
+      // Truncated, never trapping: an oversized array is refused by `execute` (its whole
+      // encoding is then over 2 GiB), so these lengths are never sent wrong.
+      bytes += bigEndian(Int32(truncatingIfNeeded: elements.count))
       bytes += bigEndian(Int32(1))
     }
     for element in elements {
       if let element {
-        bytes += bigEndian(Int32(element.count))
+        bytes += bigEndian(Int32(truncatingIfNeeded: element.count))
         bytes += element
       } else {
         bytes += bigEndian(Int32(-1))
@@ -206,7 +208,16 @@ final class Connection {
     let mayCommit = !inTransaction || sql == "COMMIT"
     let encoded = parameters.map(\.encoded)
     let types = encoded.map(\.oid)
-    let lengths = encoded.map { Int32($0.bytes?.count ?? 0) }
+    // The protocol's lengths are 32-bit: a larger value is refused here, before anything is sent.
+    let lengths = try encoded.map { value -> Int32 in
+      guard let length = Int32(exactly: value.bytes?.count ?? 0) else {
+        throw PostgresError(
+          code: .valueTooLarge,
+          message: "a value of \(value.bytes?.count ?? 0) bytes is larger than PostgreSQL can take (2 GiB); "
+            + "store large data elsewhere and queue a reference to it")
+      }
+      return length
+    }
     let formats = [Int32](repeating: 1, count: encoded.count)
     let result: OpaquePointer? = withPointers(to: encoded.map(\.bytes)) { values in
       PQexecParams(handle, sql, Int32(encoded.count), types, values, lengths, formats, 1)
@@ -248,6 +259,8 @@ final class Connection {
       inTransaction = false
       return value
     } catch {
+      // Best effort: the body's error is what the caller needs; a failed ROLLBACK means the
+      // connection broke, and the server rolls the transaction back itself.
       if PQstatus(handle) == CONNECTION_OK { _ = try? execute("ROLLBACK") }
       inTransaction = false
       throw error

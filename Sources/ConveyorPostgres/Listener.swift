@@ -114,6 +114,8 @@ final class Listener: Sendable {
     var pause = 0.05
     var everConnected = false
     while !isStopped {
+      // The error is not needed: the store's own connection reports why the server cannot be
+      // reached, and polling goes on meanwhile; this one retries with backoff.
       guard let connection = try? Connection(conninfo: conninfo, scrubber: scrubber) else {
         Thread.sleep(forTimeInterval: pause)
         pause = min(pause * 2, 1)

@@ -40,6 +40,8 @@ public struct PostgresError: Error, Sendable, Hashable, CustomStringConvertible,
     public static let protocolViolation = Code(rawValue: "protocolViolation")
     /// The store was closed with ``PostgresJobStore/close()``.
     public static let closed = Code(rawValue: "closed")
+    /// A value (a payload, a key) is larger than the protocol can send (2 GiB); nothing was sent.
+    public static let valueTooLarge = Code(rawValue: "valueTooLarge")
   }
 
   /// What kind of failure.

@@ -408,6 +408,8 @@ public final class SQLiteJobStore: JobStore {
         _ = sqlite3_stmt_status(try db.statement(sql).handle, SQLITE_STMTSTATUS_VM_STEP, 1)
       }
       try db.execute("SAVEPOINT measure")
+      // A test hook that must change nothing: undoing the promotion is best effort (a failure
+      // here could only leave due jobs promoted, which the next claim does anyway).
       defer { try? db.execute("ROLLBACK TO measure; RELEASE measure") }
       try db.run(SQL.promote, .text(queue), .integer(millis(now)))
       try db.query(SQL.selectReady, .text(queue), .integer(1)) { _ in }
