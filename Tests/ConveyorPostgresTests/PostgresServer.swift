@@ -24,7 +24,6 @@ final class PostgresServer: Sendable {
   var dataFolder: String { folder + "/data" }
 
   private static let sharedServer = Task { try await PostgresServer.start() }
-  private static let running = Mutex<[String: String]>([:])  // folder → binaries, for atexit
 
   /// The server shared by every test of this process.
   static func shared() async throws -> PostgresServer {
@@ -43,7 +42,8 @@ final class PostgresServer: Sendable {
   }
 
   private static func startBlocking() throws -> PostgresServer {
-    registerExitHandler()
+    setenv("PGSSLMODE", "disable", 1)
+    setenv("PGGSSENCMODE", "disable", 1)
     stopAbandonedServers()
     let binaries = try findBinaries()
     var template = Array((NSTemporaryDirectory() + "/conveyor-pg-XXXXXX").utf8CString)
@@ -60,7 +60,7 @@ final class PostgresServer: Sendable {
         "-D", server.dataFolder, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync",
         "--locale=C",
       ])
-    running.withLock { $0[folder] = binaries }
+    try watch(folder)
     try server.control(["start", "-w", "-t", "60", "-l", folder + "/server.log", "-o", server.serverOptions])
     return server
   }
@@ -89,7 +89,6 @@ final class PostgresServer: Sendable {
   func stop() {
     _ = try? control(["stop", "-m", "immediate", "-w"])
     try? FileManager.default.removeItem(atPath: folder)
-    _ = Self.running.withLock { $0.removeValue(forKey: folder) }
   }
 
   private func runAsOwner(_ executable: String, _ arguments: [String]) throws {
@@ -170,22 +169,18 @@ final class PostgresServer: Sendable {
     kill(pid, SIGQUIT)
   }
 
-  private static func registerExitHandler() {
-    struct Once { static let registered: Bool = { atexit { PostgresServer.stopAll() } == 0 }() }
-    _ = Once.registered
-  }
-
-  /// Stops every server this process started (at exit).
-  static func stopAll() {
-    let folders = running.withLock { $0 }
-    for folder in folders.keys {
-      killPostmaster(folder)
-      // Give the postmaster a moment to go before its folder is removed.
-      for _ in 0..<50 where FileManager.default.fileExists(atPath: folder + "/data/postmaster.pid") {
-        usleep(20_000)
-      }
-      try? FileManager.default.removeItem(atPath: folder)
-    }
+  /// Starts the watchdog of the server in `folder`: it polls this process once a second and,
+  /// when it is gone, sends the postmaster SIGQUIT (immediate shutdown) and deletes the folder.
+  /// It runs in its own session, so a signal to the test's process group does not stop it first.
+  private static func watch(_ folder: String) throws {
+    let script = """
+      while kill -0 "$1" 2>/dev/null; do sleep 1; done
+      pid=$(head -n 1 "$2/data/postmaster.pid" 2>/dev/null) && kill -QUIT "$pid" 2>/dev/null
+      for _ in 1 2 3 4 5 6 7 8 9 10; do [ -e "$2/data/postmaster.pid" ] || break; sleep 0.5; done
+      rm -rf "$2"
+      """
+    _ = try spawn(
+      "/bin/sh", ["-c", script, "watchdog", "\(getpid())", folder], output: "/dev/null", setsid: true)
   }
 
   /// Runs a program to its end with posix_spawn and waitpid (Foundation's `Process` did not
@@ -195,17 +190,7 @@ final class PostgresServer: Sendable {
   static func run(_ executable: String, _ arguments: [String]) throws -> String {
     let outputPath = NSTemporaryDirectory() + "/conveyor-pg-output-\(UUID().uuidString)"
     defer { try? FileManager.default.removeItem(atPath: outputPath) }
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    defer { posix_spawn_file_actions_destroy(&actions) }
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-    posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
-    posix_spawn_file_actions_adddup2(&actions, 1, 2)
-    let argv = ([executable] + arguments).map { strdup($0) } + [nil]
-    defer { for pointer in argv { free(pointer) } }
-    var pid: pid_t = 0
-    let spawned = posix_spawn(&pid, executable, &actions, nil, argv, environ)
-    guard spawned == 0 else { throw HarnessError("cannot start \(executable): \(spawned)") }
+    let pid = try spawn(executable, arguments, output: outputPath, setsid: false)
     var status: Int32 = 0
     while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
     let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
@@ -215,6 +200,46 @@ final class PostgresServer: Sendable {
     }
     return text
   }
+
+  /// Starts `executable` with standard input from /dev/null, standard output and error into
+  /// `output`, and every other descriptor closed.
+  private static func spawn(_ executable: String, _ arguments: [String], output: String, setsid: Bool) throws
+    -> pid_t
+  {
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    defer { posix_spawn_file_actions_destroy(&actions) }
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+    posix_spawn_file_actions_addopen(&actions, 1, output, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+    posix_spawn_file_actions_adddup2(&actions, 1, 2)
+    guard addCloseFrom(&actions, 3) == 0 else {
+      throw HarnessError("cannot close descriptors for \(executable)")
+    }
+    var attributes = posix_spawnattr_t()
+    posix_spawnattr_init(&attributes)
+    defer { posix_spawnattr_destroy(&attributes) }
+    // 0x80 is POSIX_SPAWN_SETSID, whose macro needs _GNU_SOURCE.
+    if setsid { posix_spawnattr_setflags(&attributes, 0x80) }
+    let argv = ([executable] + arguments).map { strdup($0) } + [nil]
+    defer { for pointer in argv { free(pointer) } }
+    var pid: pid_t = 0
+    let spawned = posix_spawn(&pid, executable, &actions, &attributes, argv, environ)
+    guard spawned == 0 else { throw HarnessError("cannot start \(executable): \(spawned)") }
+    return pid
+  }
+
+  /// glibc's `posix_spawn_file_actions_addclosefrom_np` (2.34), looked up at run time because
+  /// its declaration needs `_GNU_SOURCE`.
+  private static let addCloseFrom:
+    @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32 = {
+      guard
+        let symbol = dlsym(nil, "posix_spawn_file_actions_addclosefrom_np")  // nil: RTLD_DEFAULT
+      else {
+        fatalError("glibc 2.34 or later is needed (posix_spawn_file_actions_addclosefrom_np)")
+      }
+      return unsafeBitCast(
+        symbol, to: (@convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32).self)
+    }()
 
   static func capture(_ executable: String, _ arguments: [String]) throws -> String {
     try run(executable, arguments)
