@@ -15,21 +15,8 @@ struct CLITests {
     return try await PostgresServer.onBackgroundThread {
       let output = NSTemporaryDirectory() + "/conveyor-cli-\(UUID().uuidString)"
       defer { try? FileManager.default.removeItem(atPath: output) }
-      var actions = posix_spawn_file_actions_t()
-      posix_spawn_file_actions_init(&actions)
-      defer { posix_spawn_file_actions_destroy(&actions) }
-      posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-      posix_spawn_file_actions_addopen(&actions, 1, output, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
-      posix_spawn_file_actions_adddup2(&actions, 1, 2)
-      let argv = ([executable] + arguments).map { strdup($0) } + [nil]
-      defer { for pointer in argv { free(pointer) } }
-      var variables = ProcessInfo.processInfo.environment
-      for (name, value) in environment { variables[name] = value }
-      let envp = variables.map { strdup("\($0.key)=\($0.value)") } + [nil]
-      defer { for pointer in envp { free(pointer) } }
-      var pid: pid_t = 0
-      let spawned = posix_spawn(&pid, executable, &actions, nil, argv, envp)
-      guard spawned == 0 else { throw HarnessError("cannot start conveyor: \(spawned)") }
+      let variables = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+      let pid = try PostgresServer.spawn(executable, arguments, output: output, environment: variables)
       var status: Int32 = 0
       while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
       let text = (try? String(contentsOfFile: output, encoding: .utf8)) ?? ""

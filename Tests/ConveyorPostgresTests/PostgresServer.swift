@@ -202,10 +202,11 @@ final class PostgresServer: Sendable {
   }
 
   /// Starts `executable` with standard input from /dev/null, standard output and error into
-  /// `output`, and every other descriptor closed.
-  private static func spawn(_ executable: String, _ arguments: [String], output: String, setsid: Bool) throws
-    -> pid_t
-  {
+  /// `output`, and every other descriptor closed; `environment` replaces this process's.
+  static func spawn(
+    _ executable: String, _ arguments: [String], output: String, setsid: Bool = false,
+    environment: [String: String]? = nil
+  ) throws -> pid_t {
     var actions = posix_spawn_file_actions_t()
     posix_spawn_file_actions_init(&actions)
     defer { posix_spawn_file_actions_destroy(&actions) }
@@ -222,8 +223,12 @@ final class PostgresServer: Sendable {
     if setsid { posix_spawnattr_setflags(&attributes, 0x80) }
     let argv = ([executable] + arguments).map { strdup($0) } + [nil]
     defer { for pointer in argv { free(pointer) } }
+    let envp = environment.map { $0.map { strdup("\($0.key)=\($0.value)") } + [nil] }
+    defer { for pointer in envp ?? [] { free(pointer) } }
     var pid: pid_t = 0
-    let spawned = posix_spawn(&pid, executable, &actions, &attributes, argv, environ)
+    let spawned =
+      envp.map { posix_spawn(&pid, executable, &actions, &attributes, argv, $0) }
+      ?? posix_spawn(&pid, executable, &actions, &attributes, argv, environ)
     guard spawned == 0 else { throw HarnessError("cannot start \(executable): \(spawned)") }
     return pid
   }

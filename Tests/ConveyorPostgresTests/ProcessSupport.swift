@@ -45,21 +45,10 @@ final class WorkerProcess: Sendable {
     let executable = try workerExecutable()
     let arguments =
       [
-        executable, "--database", url, "--schema", schema, "--queue", "jobs", "--output", output,
+        "--database", url, "--schema", schema, "--queue", "jobs", "--output", output,
         "--progress", progress,
       ] + extra
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    defer { posix_spawn_file_actions_destroy(&actions) }
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-    posix_spawn_file_actions_addopen(&actions, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
-    posix_spawn_file_actions_adddup2(&actions, 1, 2)
-    let argv = arguments.map { strdup($0) } + [nil]
-    defer { for pointer in argv { free(pointer) } }
-    var pid: pid_t = 0
-    let status = posix_spawn(&pid, executable, &actions, nil, argv, environ)
-    guard status == 0 else { throw HarnessError("cannot start the worker: \(status)") }
-    self.pid = pid
+    pid = try PostgresServer.spawn(executable, arguments, output: log)
   }
 
   /// Waits for the process to exit (off the cooperative pool); its exit status, or 128 + signal.
