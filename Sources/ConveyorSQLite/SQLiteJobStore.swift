@@ -83,7 +83,7 @@ public final class SQLiteJobStore: JobStore {
     self.options = options
     try PathCheck.refuseSpecialFiles(path)
     // A database this call built and linked into place is known to be ours.
-    if try !Self.createIfMissing(path) { try Self.refuseForeignFile(path) }
+    if try !Self.createIfMissing(path) { try Self.refuseForeignFile(path, within: options.busyTimeout) }
     let raw = try Connection(path: path, create: false)
     try Self.prepare(raw, path: path, options: options)
     connection = SerializedConnection(label: "Conveyor.SQLiteJobStore", connection: raw) {
@@ -547,9 +547,59 @@ extension SQLiteJobStore {
   /// connection ignores the WAL, so it could see a Conveyor database that another process is
   /// creating half-written. That check reads through the WAL and never checkpoints it on close
   /// before the file is known to be ours.
-  fileprivate static func refuseForeignFile(_ path: String) throws {
-    guard fileSize(path) > 0, fileSize(path + "-wal") == 0 else { return }
-    _ = try inspect(try Connection(inspecting: path), path: path)
+  ///
+  /// The immutable connection takes no lock, so it can also read a file that another connection
+  /// is writing in rollback-journal mode (another Conveyor process installing the schema into a
+  /// pre-made empty file spills pages before it commits), and see it damaged or foreign. A
+  /// refusal made while a `-journal` file is beside the file, or while the file changed under
+  /// the reading, decides nothing: the look is repeated, with growing pauses, until it is made on
+  /// a still file or `timeout` has passed; then its answer stands (a hot journal left by a crash
+  /// stays unread and untouched).
+  fileprivate static func refuseForeignFile(_ path: String, within timeout: Duration) throws {
+    let deadline = ContinuousClock.now + timeout
+    var pause = Duration.milliseconds(1)
+    while true {
+      guard fileSize(path) > 0, fileSize(path + "-wal") == 0 else { return }
+      let before = FileSnapshot(path)
+      do {
+        _ = try inspect(try Connection(inspecting: path), path: path)
+        return
+      } catch {
+        let after = FileSnapshot(path)
+        let unsettled = before != after || before.hasJournal || after.hasJournal
+        guard unsettled, ContinuousClock.now + pause < deadline else { throw error }
+        Thread.sleep(forTimeInterval: pause / .seconds(1))
+        pause = min(pause * 2, .milliseconds(50))
+      }
+    }
+  }
+
+  /// What shows that a file is being written: its size, change time and inode, and whether a
+  /// rollback journal is beside it.
+  private struct FileSnapshot: Equatable {
+    var size: Int64 = -1
+    var changed: timespec = timespec()
+    var inode: UInt64 = 0
+    var hasJournal: Bool
+
+    init(_ path: String) {
+      var info = stat()
+      if stat(path, &info) == 0 {
+        size = Int64(info.st_size)
+        #if canImport(Darwin)
+          changed = info.st_ctimespec
+        #else
+          changed = info.st_ctim
+        #endif
+        inode = UInt64(info.st_ino)
+      }
+      hasJournal = stat(path + "-journal", &info) == 0
+    }
+
+    static func == (a: Self, b: Self) -> Bool {
+      a.size == b.size && a.changed.tv_sec == b.changed.tv_sec && a.changed.tv_nsec == b.changed.tv_nsec
+        && a.inode == b.inode && a.hasJournal == b.hasJournal
+    }
   }
 
   /// The size of the file at `path`, or 0 when it cannot be examined (missing, no permission):

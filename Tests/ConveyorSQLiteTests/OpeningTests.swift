@@ -191,6 +191,44 @@ struct OpeningTests {
     #expect(try await fresh.counts(queue: "jobs", now: epoch).ready == 1)
   }
 
+  /// Another process installing the schema into a pre-made empty file, in a transaction big
+  /// enough to spill pages into the file before it commits: the lock-free first look sees a
+  /// half-written file. That reading must not decide ("damaged", "another application's"); the
+  /// open waits for the writer and finds a Conveyor database. (CI once failed on this race with
+  /// "database disk image is malformed".)
+  @Test func aFileHalfWrittenByAnotherOpenIsNotRefused() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("racing.sqlite")
+    #expect(FileManager.default.createFile(atPath: path, contents: Data()))
+    var db: OpaquePointer?
+    guard sqlite3_open(path, &db) == SQLITE_OK else { throw TestFailure("open failed") }
+    defer { sqlite3_close(db) }
+    // The schema, and a filler table that is dropped again, in one transaction bigger than a
+    // two-page cache: pages spill into the file while the transaction is open.
+    let begin = """
+      PRAGMA cache_size = 2; BEGIN IMMEDIATE; \(SQL.schema)
+      CREATE TABLE filler(x);
+      WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
+      INSERT INTO filler SELECT randomblob(200) FROM n;
+      DROP TABLE filler;
+      """
+    guard sqlite3_exec(db, begin, nil, nil, nil) == SQLITE_OK else {
+      throw TestFailure(String(cString: sqlite3_errmsg(db)))
+    }
+    var size = stat()
+    #expect(stat(path, &size) == 0 && size.st_size > 0, "the open transaction spilled into the file")
+    let opening = Task {
+      try await SQLiteJobStore.open(path: path, options: .init(busyTimeout: .seconds(20)))
+    }
+    try await Task.sleep(for: .milliseconds(300))
+    guard sqlite3_exec(db, "COMMIT", nil, nil, nil) == SQLITE_OK else {
+      throw TestFailure(String(cString: sqlite3_errmsg(db)))
+    }
+    let store = try await opening.value
+    _ = try await store.enqueue([NewJob(payload: payload("a"), runAt: epoch)], queue: "jobs", now: epoch)
+    #expect(try await store.counts(queue: "jobs", now: epoch).ready == 1)
+  }
+
   @Test func longFileNamesWork() async throws {
     let folder = try TemporaryFolder()
     // 240 bytes: with "-journal" or "-wal" added, still within the usual 255-byte limit.
