@@ -387,15 +387,17 @@ struct ReviewEngineTests {
     let store = InMemoryJobStore()
     let handled = Log<Int>()
     let queue = try JobQueue<ReviewItem>(
-      configuration: config(concurrency: 1, prefetch: 10, lease: .milliseconds(300), poll: .milliseconds(20)),
+      configuration: config(concurrency: 1, prefetch: 10, lease: .seconds(1), poll: .milliseconds(20)),
       store: store
     ) { item, _ in
       handled.append(item.number)
-      try await Task.sleep(for: .milliseconds(80))
+      try await Task.sleep(for: .milliseconds(250))
       return .handled
     }
+    // 12 jobs of 250 ms: the last buffered job waits about 3 s, three leases, for its turn. (A
+    // 300 ms lease and 80 ms jobs made the same point but lost leases to a CI machine's load.)
     try await queue.add(contentsOf: (0..<12).map { ReviewItem(number: $0) })
-    try await eventually("all handled", timeout: .seconds(20)) {
+    try await eventually("all handled", timeout: .seconds(60)) {
       try await store.counts(queue: Self.name, clock: SystemJobClock()).unfinished == 0
     }
     await queue.shutdown()
