@@ -58,15 +58,16 @@ public final class SQLiteJobStore: JobStore {
   public static let applicationID: Int32 = 0x436E_7679
   /// The schema version this build writes and reads (`PRAGMA user_version`).
   ///
-  /// Version 2 added claim tokens and the ready/scheduled states. A version 1 database is
-  /// migrated when it is opened, in one transaction, keeping every job.
-  public static let schemaVersion: Int32 = 2
+  /// Version 2 added claim tokens and the ready/scheduled states; version 3 the activity table
+  /// (``recordActivity(_:)``). An older database is migrated when it is opened, in one
+  /// transaction, keeping every job.
+  public static let schemaVersion: Int32 = 3
 
   /// The database file's path.
   public let path: String
   /// The options the store was opened with.
   public let options: Options
-  private let connection: SerializedConnection
+  let connection: SerializedConnection
 
   /// Opens the Conveyor database at `path`, creating it (mode 0600) when it does not exist.
   ///
@@ -575,7 +576,10 @@ extension SQLiteJobStore {
         // Another process may have installed or migrated the schema while this one waited.
         switch try inspect(db, path: path) {
         case .empty: try db.execute(SQL.schema)
-        case .version1: try migrateFromVersion1(db)
+        case .version1:
+          try migrateFromVersion1(db)
+          try db.execute(SQL.migrate2to3)
+        case .version2: try db.execute(SQL.migrate2to3)
         case .current: break
         }
       }
@@ -604,7 +608,7 @@ extension SQLiteJobStore {
     }
   }
 
-  private enum FileKind { case empty, version1, current }
+  private enum FileKind { case empty, version1, version2, current }
 
   /// Rebuilds a version 1 database as version 2 inside the caller's transaction, keeping every
   /// job and the `AUTOINCREMENT` counter (so no ID of a deleted job is ever reused).
@@ -655,6 +659,7 @@ extension SQLiteJobStore {
           + "\(Self.schemaVersion) this build knows; it was left untouched. Upgrade Conveyor to open it")
     }
     if version == 1 { return .version1 }
+    if version == 2 { return .version2 }
     guard version == Int64(Self.schemaVersion) else {
       throw SQLiteJobStoreError(
         code: .unsupportedSchema, path: path,

@@ -1,0 +1,177 @@
+import Foundation
+import Synchronization
+
+/// What one queue did in one minute, as its workers report it to the store: the source of the
+/// dashboard's throughput and latency charts.
+///
+/// Workers count in memory and add their counts to the store every few seconds and when they
+/// shut down (``JobStore/recordActivity(_:)``), so no job pays for an extra store call. A worker
+/// that crashes loses the counts of its last few seconds: the charts are a picture of the
+/// traffic, not an audit. Counts from many workers of the same queue add up in the store.
+public struct QueueActivity: Sendable, Hashable, Codable {
+  /// The queue.
+  public var queue: String
+  /// The start of the minute (whole minutes since 1970, by the clock of the worker that counted).
+  public var minute: Date
+  /// Jobs handled (deleted) in the minute.
+  public var succeeded: Int64
+  /// Handler runs that ended in a retry (a thrown error or `.retry`).
+  public var retried: Int64
+  /// Jobs that died (attempts exhausted, discarded, undecodable).
+  public var died: Int64
+  /// First starts measured: jobs whose handler started for the first time in the minute.
+  public var started: Int64
+  /// The sum over ``started`` of each wait from enqueue (or a later run date) to start, in
+  /// milliseconds.
+  public var waitMillisecondsTotal: Int64
+  /// The longest of those waits, in milliseconds.
+  public var waitMillisecondsMax: Int64
+
+  /// Creates a minute's activity.
+  public init(
+    queue: String, minute: Date, succeeded: Int64 = 0, retried: Int64 = 0, died: Int64 = 0,
+    started: Int64 = 0, waitMillisecondsTotal: Int64 = 0, waitMillisecondsMax: Int64 = 0
+  ) {
+    self.queue = queue
+    self.minute = QueueActivity.minute(containing: minute)
+    self.succeeded = succeeded
+    self.retried = retried
+    self.died = died
+    self.started = started
+    self.waitMillisecondsTotal = waitMillisecondsTotal
+    self.waitMillisecondsMax = waitMillisecondsMax
+  }
+
+  /// Jobs that finished a run in the minute: succeeded, retried or died.
+  public var finished: Int64 { succeeded &+ retried &+ died }
+
+  /// The mean wait from enqueue to start, in milliseconds, or nil when nothing started.
+  public var meanWaitMilliseconds: Double? {
+    started > 0 ? Double(waitMillisecondsTotal) / Double(started) : nil
+  }
+
+  /// Adds another count of the same queue and minute: sums, and the larger maximum.
+  public mutating func add(_ other: QueueActivity) {
+    succeeded &+= other.succeeded
+    retried &+= other.retried
+    died &+= other.died
+    started &+= other.started
+    waitMillisecondsTotal &+= other.waitMillisecondsTotal
+    waitMillisecondsMax = max(waitMillisecondsMax, other.waitMillisecondsMax)
+  }
+
+  /// Whether nothing was counted.
+  public var isEmpty: Bool { finished == 0 && started == 0 }
+
+  /// The start of the minute holding `date`, in whole milliseconds since 1970.
+  public static func minute(containing date: Date) -> Date {
+    let milliseconds = JobStoreTime.milliseconds(date)
+    let minute = milliseconds - ((milliseconds % 60_000) + 60_000) % 60_000
+    return JobStoreTime.date(milliseconds: minute)
+  }
+
+  /// How long stores keep activity: a day. Older minutes are deleted when newer ones are recorded.
+  public static let retention: Duration = .seconds(86_400)
+}
+
+/// The counts a queue has not yet given to its store, by minute. One lock; never a store call.
+final class ActivityTally: Sendable {
+  private let minutes = Mutex<[Date: QueueActivity]>([:])
+
+  /// The most minutes kept while the store refuses them (a day's worth): older ones are dropped.
+  static let capacity = 1_440
+
+  /// Counts a first start that waited `wait` milliseconds.
+  func started(queue: String, at now: Date, waitMilliseconds wait: Int64) {
+    let wait = max(0, wait)
+    update(queue: queue, at: now) {
+      $0.started &+= 1
+      $0.waitMillisecondsTotal &+= wait
+      $0.waitMillisecondsMax = max($0.waitMillisecondsMax, wait)
+    }
+  }
+
+  /// Counts an outcome the store accepted.
+  func finished(queue: String, at now: Date, _ event: JobQueueEvent) {
+    switch event {
+    case .succeeded: update(queue: queue, at: now) { $0.succeeded &+= 1 }
+    case .retryScheduled: update(queue: queue, at: now) { $0.retried &+= 1 }
+    case .died: update(queue: queue, at: now) { $0.died &+= 1 }
+    default: break
+    }
+  }
+
+  private func update(queue: String, at now: Date, _ change: (inout QueueActivity) -> Void) {
+    let minute = QueueActivity.minute(containing: now)
+    minutes.withLock { minutes in
+      change(&minutes[minute, default: QueueActivity(queue: queue, minute: minute)])
+    }
+  }
+
+  /// Takes everything counted so far, oldest minute first.
+  func take() -> [QueueActivity] {
+    minutes.withLock { minutes in
+      defer { minutes = [:] }
+      return minutes.values.sorted { $0.minute < $1.minute }
+    }
+  }
+
+  /// Puts back counts the store refused, to be given again with the next ones.
+  func restore(_ activity: [QueueActivity]) {
+    minutes.withLock { minutes in
+      for item in activity { minutes[item.minute, default: item.emptyCopy].add(item) }
+      if minutes.count > Self.capacity {
+        for key in minutes.keys.sorted().prefix(minutes.count - Self.capacity) { minutes[key] = nil }
+      }
+    }
+  }
+}
+
+extension QueueActivity {
+  fileprivate var emptyCopy: QueueActivity { QueueActivity(queue: queue, minute: minute) }
+}
+
+extension JobQueue {
+  /// How often a running queue gives its activity counts to the store.
+  static var activityFlushInterval: Duration { .seconds(5) }
+
+  /// Counts a handler's start: a first start records its wait from enqueue (or its later run
+  /// date) to now.
+  func countStart(of record: JobRecord) {
+    guard store.recordsActivity, record.attempts == 1 else { return }
+    let now = clock.now()
+    let since = max(record.createdAt, record.runAt)
+    let wait = Int64((now.timeIntervalSince(since) * 1000).rounded())
+    activityTally.started(queue: identifier, at: now, waitMilliseconds: wait)
+  }
+
+  /// Counts an outcome the store accepted.
+  func countOutcome(_ event: JobQueueEvent) {
+    guard store.recordsActivity else { return }
+    activityTally.finished(queue: identifier, at: clock.now(), event)
+  }
+
+  /// Gives the counts to the store every ``activityFlushInterval`` until cancelled.
+  func flushActivityPeriodically() -> Task<Void, Never>? {
+    guard store.recordsActivity else { return nil }
+    return Task { [weak self] in
+      while !Task.isCancelled {
+        try? await Task.sleep(for: Self.activityFlushInterval)
+        guard let self else { return }
+        await self.flushActivity()
+      }
+    }
+  }
+
+  /// Gives the counts to the store; on failure they are kept for the next time.
+  func flushActivity() async {
+    let pending = activityTally.take()
+    guard !pending.isEmpty else { return }
+    do {
+      try await store.recordActivity(pending)
+    } catch {
+      activityTally.restore(pending)
+      log(.warning, "could not record activity counts; keeping them for the next try: \(error)")
+    }
+  }
+}
