@@ -21,7 +21,7 @@ extension PostgresJobStore {
   public var recordsActivity: Bool { true }
 
   /// Adds the counts to the stored minutes in one statement and deletes minutes older than
-  /// ``QueueActivity/retention``. A call whose connection breaks while it commits is sent again,
+  /// `QueueActivity.retention`. A call whose connection breaks while it commits is sent again,
   /// so its counts may be added twice: the charts are a picture, not an audit.
   public func recordActivity(_ activity: [QueueActivity]) async throws {
     var merged: [String: [Date: QueueActivity]] = [:]

@@ -21,7 +21,7 @@ extension SQLiteJobStore {
   public var recordsActivity: Bool { true }
 
   /// Adds the counts to the stored minutes in one transaction and deletes minutes older than
-  /// ``QueueActivity/retention``.
+  /// `QueueActivity.retention`.
   public func recordActivity(_ activity: [QueueActivity]) async throws {
     let rows = activity.filter { !$0.isEmpty }
     guard !rows.isEmpty else { return }
