@@ -56,13 +56,14 @@ extension PostgresJobStore {
     let from = QueueActivity.minute(containing: since)
     return try await connection.perform(idempotent: true) { db in
       let result = try db.execute(sql.readActivity, [.timestamp(from), .int64(Int64(limit))])
-      return (0..<result.count).map { row in
+      let rows = (0..<result.count).map { row in
         QueueActivity(
           queue: result.text(row, 0) ?? "", minute: result.date(row, 1) ?? from,
           succeeded: result.int64(row, 2), retried: result.int64(row, 3), died: result.int64(row, 4),
           started: result.int64(row, 5), waitMillisecondsTotal: result.int64(row, 6),
           waitMillisecondsMax: result.int64(row, 7))
       }
+      return rows.sorted { ($0.queue, $0.minute) < ($1.queue, $1.minute) }
     }
   }
 
@@ -106,11 +107,12 @@ extension SQL {
   /// A range of `activity_minute`. Parameter: the cutoff.
   var pruneActivity: String { "DELETE FROM \(schema).activity WHERE minute < $1" }
 
-  /// A range of `activity_minute`. Parameters: the first minute, the most rows.
+  /// A range of `activity_minute`, newest first (a limit keeps the latest minutes); the store
+  /// sorts the rows by queue and minute. Parameters: the first minute, the most rows.
   var readActivity: String {
     """
     SELECT queue, minute, succeeded, retried, died, started, wait_total_ms, wait_max_ms
-    FROM \(schema).activity WHERE minute >= $1 ORDER BY queue COLLATE "C", minute LIMIT $2
+    FROM \(schema).activity WHERE minute >= $1 ORDER BY minute DESC LIMIT $2
     """
   }
 

@@ -102,10 +102,11 @@ enum ActivitySQL {
     """
   /// A range of `activity_minute`.
   static let prune = "DELETE FROM activity WHERE minute < ?"
-  /// A range of `activity_minute`; the rows (one per queue and minute) are sorted by the caller.
+  /// A range of `activity_minute`, newest first (a limit keeps the latest minutes); the caller
+  /// sorts the rows by queue and minute.
   static let read = """
     SELECT queue, minute, succeeded, retried, died, started, wait_total_ms, wait_max_ms
-    FROM activity WHERE minute >= ? ORDER BY minute LIMIT ?
+    FROM activity WHERE minute >= ? ORDER BY minute DESC LIMIT ?
     """
   /// The first entry of `jobs_ready`: the highest priority level's oldest run date.
   static let firstReady = """

@@ -398,8 +398,8 @@ public protocol JobStore: Sendable {
   func recordActivity(_ activity: [QueueActivity]) async throws
 
   /// Every queue's stored activity of the minutes from the one holding `since` on, sorted by
-  /// queue and then minute, at most `limit` rows (one range of an index on the minute, so a
-  /// read of the last hour costs one row per queue and minute). Default: none.
+  /// queue and then minute: the latest `limit` rows when there are more (one range of an index on
+  /// the minute, so a read of the last hour costs one row per queue and minute). Default: none.
   func activity(since: Date, limit: Int) async throws -> [QueueActivity]
 
   /// The run date of the queue's ready job that has waited longest (the earliest run date among
