@@ -19,8 +19,9 @@ import Conveyor
 /// - `jobs_dead (queue, id) WHERE status = 'dead'`: listings and counts of dead jobs, re-queueing.
 /// - No index covers every status: each claim and enqueue would pay for it, and they are the hot
 ///   path (a full `(queue, status, id)` index made claims 2.3 times as expensive at 1M jobs).
-/// - Listings of waiting jobs walk the table in ID order from `after` (`+status` keeps SQLite
-///   off the partial indexes), stopping at the page's end.
+/// - Listings of waiting jobs (and of all jobs) read a window of the table in ID order from
+///   `after`, then the queue's own partial indexes (`SQLiteJobStore+Listing.swift`), never the
+///   whole table.
 /// - `jobs_dedup (queue, dedup_key) WHERE … waiting`: the duplicate check of an enqueue.
 /// - The primary key: every settlement, heartbeat and claim update by `id`, and ``job``.
 enum SQL {

@@ -293,17 +293,15 @@ public final class SQLiteJobStore: JobStore {
     }
   }
 
-  /// Lists jobs in ID order, one page at a time; only the page is read into memory.
+  /// Lists jobs in ID order, one page at a time; only the page is read into memory, and never the
+  /// other queues' rows beyond a small window (see `SQLiteJobStore+Listing.swift`).
   public func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
     guard limit > 0 else { return [] }
-    let sql = SQL.list(status)
     let after = after?.rawValue ?? Int64.min
     return try await connection.perform { db in
-      var records: [JobRecord] = []
-      try db.query(sql, .text(queue), .integer(after), .integer(Int64(limit))) {
-        records.append(try Self.record($0))
+      try db.transaction(immediate: false) {
+        try Self.listPage(db, queue: queue, status: status, after: after, limit: limit)
       }
-      return records
     }
   }
 
@@ -451,7 +449,7 @@ public final class SQLiteJobStore: JobStore {
   }
 
   /// Decodes a row selected with ``SQL/columns``.
-  private static func record(_ row: Statement) throws -> JobRecord {
+  static func record(_ row: Statement) throws -> JobRecord {
     let statusText = row.text(3) ?? ""
     let status: JobStatus
     switch statusText {

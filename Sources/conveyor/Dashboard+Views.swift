@@ -11,8 +11,8 @@ import Foundation
 ///   queue), `isPaused` (one primary-key row) and `oldestReadyRunDate` (one seek of the ready
 ///   index per priority level, one of the scheduled index).
 /// - Jobs (`/jobs`): `jobs(queue:status:after:limit:)` pages in ID order from `after`: running and
-///   dead jobs from their partial indexes, waiting ones from the table in ID order, stopping at
-///   the page's end. The text filter and the ready/scheduled split are applied to what was read,
+///   dead jobs from their partial indexes; waiting ones (SQLite) from a window of 256 rows of the
+///   table in ID order, then from the queue's ready and scheduled indexes. The text filter and the ready/scheduled split are applied to what was read,
 ///   at most ``Dashboard/readLimit`` jobs per page; "Next" continues after the last job read.
 /// - A job (`/jobs/ID`): `SQLiteJobStore.job(_:)`, one primary-key lookup.
 /// - Bulk confirmation and actions: `counts`, then `requeueDead(nil)` (the dead index) or
