@@ -45,7 +45,7 @@ extension JobQueue {
     }
     await finalFlush()
     activityFlusher?.cancel()
-    await flushActivity()
+    await flushActivity(within: .seconds(5))
     watcher.cancel()
     keeper.cancel()
     core.withLock { core in

@@ -163,6 +163,18 @@ extension JobQueue {
     }
   }
 
+  /// Gives the counts to the store when the queue stops, waiting at most `limit`: a store that
+  /// cannot be reached (a PostgreSQL server that is down) must not hold the shutdown for its whole
+  /// reconnect timeout. The counts are lost then.
+  func flushActivity(within limit: Duration) async {
+    await withTaskGroup(of: Void.self) { group in
+      group.addTask { await self.flushActivity() }
+      group.addTask { try? await Task.sleep(for: limit) }
+      await group.next()
+      group.cancelAll()
+    }
+  }
+
   /// Gives the counts to the store; on failure they are kept for the next time.
   func flushActivity() async {
     let pending = activityTally.take()
