@@ -68,4 +68,46 @@ struct SQLiteActivityTests {
     #expect(total.started == 11, "first starts only: \(total)")
     #expect(total.waitMillisecondsMax >= 0 && total.waitMillisecondsTotal >= 0)
   }
+
+  /// The metrics hook's oldest-ready gauge: a job whose run date was 90 s ago has waited 90 s.
+  @Test(.timeLimit(.minutes(1))) func theMetricsHookReportsTheOldestReadyAge() async throws {
+    let folder = try TemporaryFolder()
+    let store = try makeStore(folder)
+    let queue = try JobQueue<Task12>(
+      configuration: JobQueueConfiguration(identifier: "metered", autoStart: false), store: store
+    ) { _, _ in .handled }
+    try await queue.add(Task12(text: "late"), runAt: Date().addingTimeInterval(-90))
+    let gauges = GaugeRecorder()
+    let reporting = Task { await queue.reportMetrics(to: gauges, depthInterval: .milliseconds(10)) }
+    try await eventually("the oldest-ready gauge") {
+      gauges.values.withLock { $0["conveyor_queue_oldest_ready_age_seconds"] } != nil
+    }
+    let age = try #require(gauges.values.withLock { $0["conveyor_queue_oldest_ready_age_seconds"] })
+    #expect(age >= 89 && age < 150, "age \(age)")
+    reporting.cancel()
+    await queue.shutdown()
+  }
+}
+
+/// Keeps each gauge's last value by label.
+private final class GaugeRecorder: JobMetricsFactory {
+  let values = Mutex<[String: Double]>([:])
+
+  struct Gauge: JobMetricsGauge, JobMetricsCounter, JobMetricsTimer {
+    let label: String
+    let owner: GaugeRecorder
+    func record(_ value: Double) { owner.values.withLock { $0[label] = value } }
+    func increment(by amount: Int64) {}
+    func recordNanoseconds(_ duration: Int64) {}
+  }
+
+  func makeCounter(label: String, dimensions: [(String, String)]) -> any JobMetricsCounter {
+    Gauge(label: label, owner: self)
+  }
+  func makeGauge(label: String, dimensions: [(String, String)]) -> any JobMetricsGauge {
+    Gauge(label: label, owner: self)
+  }
+  func makeTimer(label: String, dimensions: [(String, String)]) -> any JobMetricsTimer {
+    Gauge(label: label, owner: self)
+  }
 }

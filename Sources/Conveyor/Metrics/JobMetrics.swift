@@ -71,8 +71,7 @@ extension JobQueue {
   ///   interval in seconds, not milliseconds, at millions of jobs);
   /// - timers `conveyor_job_run_duration` (from a handler's start to its outcome) and
   ///   `conveyor_job_enqueue_to_start` (from `add` to the first start, for jobs added through this
-  ///   queue instance; a job added by another process has no enqueue event here).
-  ///
+  ///   queue instance; a job added by another process has no enqueue event here);
   /// - the gauge `conveyor_queue_oldest_ready_age_seconds`, sampled with the depth: how long the
   ///   oldest ready job has waited since its run date (``JobStore/oldestReadyRunDate(queue:clock:)``:
   ///   one index seek per priority level in the SQLite and PostgreSQL stores), 0 when none is ready
