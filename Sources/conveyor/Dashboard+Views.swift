@@ -36,10 +36,12 @@ extension Dashboard {
   /// The most activity rows one page reads: an hour of minutes for up to 1,000 queues.
   static let activityLimit = DashboardCharts.minutes * 1_000
 
-  /// Each queue's activity of the last hour (one range of the activity table's minute index).
+  /// Each queue's activity of the last hour (one range of the activity table's minute index),
+  /// without minutes after the current one (workers key minutes by their own clocks): the hour
+  /// the charts draw, which `/metrics` sums too.
   func recentActivity(now: Date) async throws -> [String: [QueueActivity]] {
     let rows = try await store.activity(since: DashboardCharts.start(now), limit: Self.activityLimit)
-    return Dictionary(grouping: rows, by: \.queue)
+    return Dictionary(grouping: DashboardCharts.lastHour(rows, now: now), by: \.queue)
   }
 
   /// Every queue with jobs, a pause flag or activity in the last hour, with its counts.

@@ -17,6 +17,20 @@ enum DashboardCharts {
     QueueActivity.minute(containing: now).addingTimeInterval(-Double(minutes - 1) * 60)
   }
 
+  /// The chart slot (0 for ``start(_:)``'s minute) holding `minute`, or nil when the minute is
+  /// outside the hour the charts show: older, or after the current minute (a worker whose clock is
+  /// ahead of the dashboard's).
+  static func slot(of minute: Date, start: Date) -> Int? {
+    let index = Int((minute.timeIntervalSince(start) / 60).rounded(.down))
+    return (0..<minutes).contains(index) ? index : nil
+  }
+
+  /// The rows of the hour the charts show at `now`: what the charts draw and `/metrics` sums.
+  static func lastHour(_ rows: [QueueActivity], now: Date) -> [QueueActivity] {
+    let start = start(now)
+    return rows.filter { slot(of: $0.minute, start: start) != nil }
+  }
+
   /// The "Last hour" section: each queue's throughput and wait charts, or a note when no queue is
   /// shown. The script swaps it for a fresh copy from `/api/activity`.
   static func section(queues: [String], activity: [String: [QueueActivity]], now: Date) -> String {
@@ -39,8 +53,7 @@ enum DashboardCharts {
     let start = start(now)
     var slots = [QueueActivity?](repeating: nil, count: minutes)
     for row in rows {
-      let index = Int((row.minute.timeIntervalSince(start) / 60).rounded(.down))
-      guard slots.indices.contains(index) else { continue }
+      guard let index = slot(of: row.minute, start: start) else { continue }
       if slots[index] == nil { slots[index] = row } else { slots[index]?.add(row) }
     }
     var total = QueueActivity(queue: queue, minute: start)

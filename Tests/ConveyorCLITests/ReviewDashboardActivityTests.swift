@@ -1,8 +1,7 @@
+import Conveyor
 import ConveyorSQLite
 import Foundation
 import Testing
-
-import Conveyor
 
 /// Review of the dashboard's "last hour" figures when a worker's clock is ahead of the
 /// dashboard's: workers key their counts by their own clock's minute (`ActivityTally`), so a
