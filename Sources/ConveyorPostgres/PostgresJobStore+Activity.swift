@@ -21,8 +21,9 @@ extension PostgresJobStore {
   public var recordsActivity: Bool { true }
 
   /// Adds the counts to the stored minutes in one statement and deletes minutes older than
-  /// `QueueActivity.retention`. A call whose connection breaks while it commits is sent again,
-  /// so its counts may be added twice: the charts are a picture, not an audit.
+  /// `QueueActivity.retention` (`QueueActivity.retentionCutoff(recording:now:)`). A call whose
+  /// connection breaks while it commits is sent again, so its counts may be added twice: the
+  /// charts are a picture, not an audit.
   public func recordActivity(_ activity: [QueueActivity]) async throws {
     var merged: [String: [Date: QueueActivity]] = [:]
     for row in activity where !row.isEmpty {
@@ -39,7 +40,7 @@ extension PostgresJobStore {
       .int64Array(rows.map(\.succeeded)), .int64Array(rows.map(\.retried)), .int64Array(rows.map(\.died)),
       .int64Array(rows.map(\.started)), .int64Array(rows.map(\.waitMillisecondsTotal)),
       .int64Array(rows.map(\.waitMillisecondsMax)),
-      .timestamp(Date().addingTimeInterval(-Double(QueueActivity.retention.components.seconds))),
+      .timestamp(QueueActivity.retentionCutoff(recording: rows)),
     ]
     try await connection.perform(idempotent: true) { db in
       try db.transaction {

@@ -21,11 +21,11 @@ extension SQLiteJobStore {
   public var recordsActivity: Bool { true }
 
   /// Adds the counts to the stored minutes in one transaction and deletes minutes older than
-  /// `QueueActivity.retention`.
+  /// `QueueActivity.retention` (`QueueActivity.retentionCutoff(recording:now:)`).
   public func recordActivity(_ activity: [QueueActivity]) async throws {
     let rows = activity.filter { !$0.isEmpty }
     guard !rows.isEmpty else { return }
-    let cutoff = millis(Date().addingTimeInterval(-QueueActivity.retention.seconds))
+    let cutoff = millis(QueueActivity.retentionCutoff(recording: rows))
     try await connection.perform { db in
       try db.transaction(immediate: true) {
         for row in rows {
@@ -118,12 +118,4 @@ enum ActivitySQL {
     SELECT priority, run_at FROM jobs WHERE queue = ? AND status = 'ready' AND priority < ?
     ORDER BY priority DESC, run_at LIMIT 1
     """
-}
-
-extension Duration {
-  /// The duration in seconds, as a floating-point number.
-  fileprivate var seconds: Double {
-    let (seconds, attoseconds) = components
-    return Double(seconds) + Double(attoseconds) / 1e18
-  }
 }

@@ -91,6 +91,7 @@ struct ReviewActivitySQLiteTests {
     #expect(after.succeeded - before.succeeded == 1, "before \(before), after \(after)")
     #expect(
       after.started - before.started == 0,
-      "the job's handler had started before; the second worker counted a first start: before \(before), after \(after)")
+      "the job's handler had started before; the second worker counted a first start: before \(before), after \(after)"
+    )
   }
 }

@@ -44,8 +44,7 @@ extension JobQueue {
       // for them.
     }
     await finalFlush()
-    activityFlusher?.cancel()
-    await flushActivity(within: .seconds(5))
+    await handOverActivity(after: activityFlusher)
     watcher.cancel()
     keeper.cancel()
     core.withLock { core in

@@ -70,8 +70,20 @@ public struct QueueActivity: Sendable, Hashable, Codable {
     return JobStoreTime.date(milliseconds: minute)
   }
 
-  /// How long stores keep activity: a day. Older minutes are deleted when newer ones are recorded.
+  /// How long stores keep activity: a day. Older minutes are deleted when newer ones are recorded
+  /// (see ``retentionCutoff(recording:now:)``).
   public static let retention: Duration = .seconds(86_400)
+
+  /// The minute before which a store that records `activity` deletes stored minutes: a
+  /// ``retention`` before the latest minute recorded, read by the clock the workers keyed their
+  /// minutes with, or before `now` (the store's wall clock) when that is earlier. A worker whose
+  /// clock is behind (a test clock, another host) does not delete its own minutes as soon as it
+  /// records them, and one whose clock is ahead does not delete other workers' minutes early.
+  public static func retentionCutoff(recording activity: [QueueActivity], now: Date = Date()) -> Date {
+    let latest = activity.map(\.minute).max() ?? now
+    let (seconds, attoseconds) = retention.components
+    return min(latest, now).addingTimeInterval(-(Double(seconds) + Double(attoseconds) / 1e18))
+  }
 }
 
 /// The counts a queue has not yet given to its store, by minute. One lock; never a store call.
@@ -132,13 +144,18 @@ extension QueueActivity {
 }
 
 extension JobQueue {
-  /// How often a running queue gives its activity counts to the store.
-  static var activityFlushInterval: Duration { .seconds(5) }
-
   /// Counts a handler's start: a first start records its wait from enqueue (or its later run
   /// date) to now.
+  ///
+  /// A first start is the job's first claim: ``JobRecord/claimToken`` counts the claims and is
+  /// never lowered, whereas a shutdown that cuts a handler short gives the attempt back, so the
+  /// attempt count alone would count the job's next run as a first start again (with a wait that
+  /// includes the first run). The attempt count is checked too, for jobs stored before claims
+  /// were counted (their token starts at 0). A job claimed ahead (`prefetch`) and given back
+  /// before its handler started is not counted when it runs later: an undercount of the rare
+  /// case rather than a double count of the common one.
   func countStart(of record: JobRecord) {
-    guard store.recordsActivity, record.attempts == 1 else { return }
+    guard store.recordsActivity, record.attempts == 1, record.claimToken == 1 else { return }
     let now = clock.now()
     let since = max(record.createdAt, record.runAt)
     let wait = Int64((now.timeIntervalSince(since) * 1000).rounded())
@@ -151,36 +168,80 @@ extension JobQueue {
     activityTally.finished(queue: identifier, at: clock.now(), event)
   }
 
-  /// Gives the counts to the store every ``activityFlushInterval`` until cancelled.
+  /// Gives the counts to the store every `activityFlushInterval` (5 s) until cancelled.
+  /// Cancelling it ends its wait, not a store call on its way: the task ends when that call has
+  /// returned (see ``flushActivity()``).
   func flushActivityPeriodically() -> Task<Void, Never>? {
     guard store.recordsActivity else { return nil }
+    let interval = configuration.activityFlushInterval
     return Task { [weak self] in
       while !Task.isCancelled {
-        try? await Task.sleep(for: Self.activityFlushInterval)
+        do { try await Task.sleep(for: interval) } catch { return }
         guard let self else { return }
         await self.flushActivity()
       }
     }
   }
 
-  /// Gives the counts to the store when the queue stops, waiting at most `limit`: a store that
-  /// cannot be reached (a PostgreSQL server that is down) must not hold the shutdown for its whole
-  /// reconnect timeout. The counts are lost then.
-  func flushActivity(within limit: Duration) async {
-    await withTaskGroup(of: Void.self) { group in
-      group.addTask { await self.flushActivity() }
-      group.addTask { try? await Task.sleep(for: limit) }
-      await group.next()
-      group.cancelAll()
+  /// Hands the counts over when the queue stops: waits for the periodic flush's call on its way
+  /// (its counts are back in the tally if the store refused them), then gives the store
+  /// everything left, all within `activityHandoverLimit` (5 s) in real time.
+  ///
+  /// The hand-over runs in a task of its own, so a loop cancelled at the end of the grace period
+  /// does not cancel it. The bound holds whatever the store does: a store that cannot be reached
+  /// (a PostgreSQL server that is down) or that does not end its call when cancelled (an SQLite
+  /// connection waiting for another process's lock, a third-party store) does not hold the
+  /// shutdown. The hand-over is then left to finish on its own: its counts reach the store if the
+  /// call succeeds later while the process lives, and are lost otherwise.
+  func handOverActivity(after periodic: Task<Void, Never>?) async {
+    guard store.recordsActivity else { return }
+    periodic?.cancel()
+    let handover = Task {
+      await periodic?.value
+      await self.flushActivity()
+    }
+    let limit = configuration.activityHandoverLimit
+    let finished = await Self.wait(for: handover, atMost: limit)
+    if !finished {
+      log(.warning, "the store did not take the activity counts within \(limit); leaving them behind")
     }
   }
 
-  /// Gives the counts to the store; on failure they are kept for the next time.
+  /// Waits for `task` to end, or `limit` to pass in real time, whichever comes first, without
+  /// cancelling `task`. Returns whether `task` ended. Both waits are tasks of their own, so the
+  /// bound holds in a cancelled task too.
+  static func wait(for task: Task<Void, Never>, atMost limit: Duration) async -> Bool {
+    let waiter = Mutex<CheckedContinuation<Bool, Never>?>(nil)
+    let finish: @Sendable (Bool) -> Void = { ended in
+      waiter.withLock { waiting in
+        waiting?.resume(returning: ended)
+        waiting = nil
+      }
+    }
+    return await withCheckedContinuation { continuation in
+      waiter.withLock { $0 = continuation }
+      let timer = Task {
+        try? await Task.sleep(for: limit)
+        finish(false)
+      }
+      Task {
+        await task.value
+        timer.cancel()
+        finish(true)
+      }
+    }
+  }
+
+  /// Gives the counts to the store; on failure they are kept for the next time. The store call is
+  /// a task of its own: cancelling the caller does not cut it short (its counts would otherwise be
+  /// put back where nothing flushes them).
   func flushActivity() async {
     let pending = activityTally.take()
     guard !pending.isEmpty else { return }
+    let store = self.store
+    let call = Task { try await store.recordActivity(pending) }
     do {
-      try await store.recordActivity(pending)
+      try await call.value
     } catch {
       activityTally.restore(pending)
       log(.warning, "could not record activity counts; keeping them for the next try: \(error)")
