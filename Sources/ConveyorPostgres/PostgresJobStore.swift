@@ -81,15 +81,15 @@ public final class PostgresJobStore: JobStore {
     }
   }
 
-  /// The schema version this build writes and reads.
-  public static let schemaVersion = 1
+  /// The schema version this build writes and reads (2 added the activity table).
+  public static let schemaVersion = 2
 
   /// The options the store was opened with.
   public let options: Options
   /// The server, port, database and user, without the password: for messages.
   public let target: String
   let sql: SQL
-  private let connection: SerializedConnection
+  let connection: SerializedConnection
   private let listener: Listener
 
   /// Connects, creates or migrates the schema, and returns the store. Blocks the calling thread

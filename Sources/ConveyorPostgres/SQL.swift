@@ -35,7 +35,7 @@ struct SQL {
   }
 
   /// The migrations, in order; version `n` is `migrations[n - 1]`.
-  var migrations: [String] { [version1] }
+  var migrations: [String] { [version1, version2] }
 
   /// The time of a statement: parameter `n`, or the server's clock when it is NULL.
   static func now(_ parameter: Int) -> String {
@@ -146,6 +146,25 @@ struct SQL {
       dedup_key text DEFAULT NULL
     ) RETURNS bigint LANGUAGE sql
       AS $body$ SELECT \(schema).enqueue(queue, convert_to(payload, 'UTF8'), priority, run_at, dedup_key) $body$;
+    """
+  }
+
+  /// Version 2: workers' per-minute counts (`PostgresJobStore+Activity.swift`), keyed by queue and
+  /// minute, with an index on the minute for the dashboard's read of the last hour and the pruning.
+  var version2: String {
+    """
+    CREATE TABLE \(schema).activity (
+      queue text NOT NULL,
+      minute timestamptz NOT NULL,
+      succeeded bigint NOT NULL DEFAULT 0,
+      retried bigint NOT NULL DEFAULT 0,
+      died bigint NOT NULL DEFAULT 0,
+      started bigint NOT NULL DEFAULT 0,
+      wait_total_ms bigint NOT NULL DEFAULT 0,
+      wait_max_ms bigint NOT NULL DEFAULT 0,
+      PRIMARY KEY (queue, minute)
+    );
+    CREATE INDEX activity_minute ON \(schema).activity (minute);
     """
   }
 

@@ -19,12 +19,13 @@ import Conveyor
 /// - `jobs_dead (queue, id) WHERE status = 'dead'`: listings and counts of dead jobs, re-queueing.
 /// - No index covers every status: each claim and enqueue would pay for it, and they are the hot
 ///   path (a full `(queue, status, id)` index made claims 2.3 times as expensive at 1M jobs).
-/// - Listings of waiting jobs walk the table in ID order from `after` (`+status` keeps SQLite
-///   off the partial indexes), stopping at the page's end.
+/// - Listings of waiting jobs (and of all jobs) read a window of the table in ID order from
+///   `after`, then the queue's own partial indexes (`SQLiteJobStore+Listing.swift`), never the
+///   whole table.
 /// - `jobs_dedup (queue, dedup_key) WHERE … waiting`: the duplicate check of an enqueue.
 /// - The primary key: every settlement, heartbeat and claim update by `id`, and ``job``.
 enum SQL {
-  /// The schema of version 2 (claim tokens, ready and scheduled states, the `queues` table).
+  /// The jobs table of versions 2 and 3 (claim tokens, ready and scheduled states).
   static let tables = """
     CREATE TABLE jobs (
       id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -53,10 +54,27 @@ enum SQL {
   static let queuesTable = """
     CREATE TABLE queues (name TEXT PRIMARY KEY, paused INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
     """
+  /// Version 3: workers' per-minute counts (``SQLiteJobStore/recordActivity(_:)``), keyed by
+  /// queue and minute (milliseconds since 1970), so a chart reads one range of the key.
+  static let activityTable = """
+    CREATE TABLE activity (
+      queue TEXT NOT NULL,
+      minute INTEGER NOT NULL,
+      succeeded INTEGER NOT NULL DEFAULT 0,
+      retried INTEGER NOT NULL DEFAULT 0,
+      died INTEGER NOT NULL DEFAULT 0,
+      started INTEGER NOT NULL DEFAULT 0,
+      wait_total_ms INTEGER NOT NULL DEFAULT 0,
+      wait_max_ms INTEGER NOT NULL DEFAULT 0,
+      PRIMARY KEY (queue, minute)
+    ) WITHOUT ROWID;
+    CREATE INDEX activity_minute ON activity (minute);
+    """
   static let schema = """
     \(tables)
     \(indexes)
     \(queuesTable)
+    \(activityTable)
     PRAGMA application_id = \(SQLiteJobStore.applicationID);
     PRAGMA user_version = \(SQLiteJobStore.schemaVersion);
     """
@@ -87,6 +105,11 @@ enum SQL {
     INSERT OR IGNORE INTO queues (name) SELECT DISTINCT queue FROM jobs;
     DROP TABLE queues_v1;
     PRAGMA user_version = 2;
+    """
+  /// Version 2 to 3: adds the activity table; every job stays as it is.
+  static let migrate2to3 = """
+    \(activityTable)
+    PRAGMA user_version = 3;
     """
   static let sequence = "SELECT seq FROM sqlite_sequence WHERE name = ?"
   static let setSequence = """

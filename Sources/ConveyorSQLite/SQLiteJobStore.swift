@@ -58,15 +58,16 @@ public final class SQLiteJobStore: JobStore {
   public static let applicationID: Int32 = 0x436E_7679
   /// The schema version this build writes and reads (`PRAGMA user_version`).
   ///
-  /// Version 2 added claim tokens and the ready/scheduled states. A version 1 database is
-  /// migrated when it is opened, in one transaction, keeping every job.
-  public static let schemaVersion: Int32 = 2
+  /// Version 2 added claim tokens and the ready/scheduled states; version 3 the activity table
+  /// (``recordActivity(_:)``). An older database is migrated when it is opened, in one
+  /// transaction, keeping every job.
+  public static let schemaVersion: Int32 = 3
 
   /// The database file's path.
   public let path: String
   /// The options the store was opened with.
   public let options: Options
-  private let connection: SerializedConnection
+  let connection: SerializedConnection
 
   /// Opens the Conveyor database at `path`, creating it (mode 0600) when it does not exist.
   ///
@@ -292,17 +293,15 @@ public final class SQLiteJobStore: JobStore {
     }
   }
 
-  /// Lists jobs in ID order, one page at a time; only the page is read into memory.
+  /// Lists jobs in ID order, one page at a time; only the page is read into memory, and never the
+  /// other queues' rows beyond a small window (see `SQLiteJobStore+Listing.swift`).
   public func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
     guard limit > 0 else { return [] }
-    let sql = SQL.list(status)
     let after = after?.rawValue ?? Int64.min
     return try await connection.perform { db in
-      var records: [JobRecord] = []
-      try db.query(sql, .text(queue), .integer(after), .integer(Int64(limit))) {
-        records.append(try Self.record($0))
+      try db.transaction(immediate: false) {
+        try Self.listPage(db, queue: queue, status: status, after: after, limit: limit)
       }
-      return records
     }
   }
 
@@ -450,7 +449,7 @@ public final class SQLiteJobStore: JobStore {
   }
 
   /// Decodes a row selected with ``SQL/columns``.
-  private static func record(_ row: Statement) throws -> JobRecord {
+  static func record(_ row: Statement) throws -> JobRecord {
     let statusText = row.text(3) ?? ""
     let status: JobStatus
     switch statusText {
@@ -625,7 +624,10 @@ extension SQLiteJobStore {
         // Another process may have installed or migrated the schema while this one waited.
         switch try inspect(db, path: path) {
         case .empty: try db.execute(SQL.schema)
-        case .version1: try migrateFromVersion1(db)
+        case .version1:
+          try migrateFromVersion1(db)
+          try db.execute(SQL.migrate2to3)
+        case .version2: try db.execute(SQL.migrate2to3)
         case .current: break
         }
       }
@@ -654,7 +656,7 @@ extension SQLiteJobStore {
     }
   }
 
-  private enum FileKind { case empty, version1, current }
+  private enum FileKind { case empty, version1, version2, current }
 
   /// Rebuilds a version 1 database as version 2 inside the caller's transaction, keeping every
   /// job and the `AUTOINCREMENT` counter (so no ID of a deleted job is ever reused).
@@ -705,6 +707,7 @@ extension SQLiteJobStore {
           + "\(Self.schemaVersion) this build knows; it was left untouched. Upgrade Conveyor to open it")
     }
     if version == 1 { return .version1 }
+    if version == 2 { return .version2 }
     guard version == Int64(Self.schemaVersion) else {
       throw SQLiteJobStoreError(
         code: .unsupportedSchema, path: path,

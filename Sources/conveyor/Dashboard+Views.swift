@@ -4,12 +4,15 @@ import ConveyorNetworking
 import Foundation
 
 /// What each page reads from the store. None reads the whole table:
-/// - Queues (`/`, `/api/queues`, `/metrics`): `queueNames()` (the `queues` table and one index
-///   seek per status and queue), then per queue `counts` (a count over each status's partial index:
-///   about 0.15 s per million jobs of that queue) and `isPaused` (one primary-key row).
+/// - Queues (`/`, `/api/queues`, `/api/activity`, `/metrics`): `activity(since:limit:)` for the
+///   last hour (a range of the activity table's minute index: one row per queue and minute),
+///   `queueNames()` (the `queues` table and one index seek per status and queue), then per queue
+///   `counts` (a count over each status's partial index: about 0.15 s per million jobs of that
+///   queue), `isPaused` (one primary-key row) and `oldestReadyRunDate` (one seek of the ready
+///   index per priority level, one of the scheduled index).
 /// - Jobs (`/jobs`): `jobs(queue:status:after:limit:)` pages in ID order from `after`: running and
-///   dead jobs from their partial indexes, waiting ones from the table in ID order, stopping at
-///   the page's end. The text filter and the ready/scheduled split are applied to what was read,
+///   dead jobs from their partial indexes; waiting ones (SQLite) from a window of 256 rows of the
+///   table in ID order, then from the queue's ready and scheduled indexes. The text filter and the ready/scheduled split are applied to what was read,
 ///   at most ``Dashboard/readLimit`` jobs per page; "Next" continues after the last job read.
 /// - A job (`/jobs/ID`): `SQLiteJobStore.job(_:)`, one primary-key lookup.
 /// - Bulk confirmation and actions: `counts`, then `requeueDead(nil)` (the dead index) or
@@ -23,23 +26,59 @@ extension Dashboard {
     var running: Int
     var dead: Int
     var paused: Bool
+    /// Seconds since the oldest ready job's run date; nil when none is ready (or the store cannot
+    /// tell).
+    var oldestReadyAge: Double?
+    /// ``oldestReadyAge`` as the page shows it.
+    var oldest: String
   }
 
-  func summaries() async throws -> [QueueSummary] {
+  /// The most activity rows one page reads: an hour of minutes for up to 1,000 queues.
+  static let activityLimit = DashboardCharts.minutes * 1_000
+
+  /// Each queue's activity of the last hour (one range of the activity table's minute index),
+  /// without minutes after the current one (workers key minutes by their own clocks): the hour
+  /// the charts draw, which `/metrics` sums too.
+  func recentActivity(now: Date) async throws -> [String: [QueueActivity]] {
+    let rows = try await store.activity(since: DashboardCharts.start(now), limit: Self.activityLimit)
+    return Dictionary(grouping: DashboardCharts.lastHour(rows, now: now), by: \.queue)
+  }
+
+  /// Every queue with jobs, a pause flag or activity in the last hour, with its counts.
+  func summaries(activity: [String: [QueueActivity]]) async throws -> [QueueSummary] {
     var summaries: [QueueSummary] = []
-    for name in try await store.queueNames() {
+    let now = clock.now()
+    for name in Set(try await store.queueNames()).union(activity.keys).sorted() {
       let counts = try await store.counts(queue: name, clock: clock)
       let paused = try await store.isPaused(queue: name)
+      let age = try await store.oldestReadyRunDate(queue: name, clock: clock).map {
+        max(0, now.timeIntervalSince($0))
+      }
       summaries.append(
         QueueSummary(
           name: name, ready: counts.ready, scheduled: counts.scheduled, running: counts.running,
-          dead: counts.dead, paused: paused))
+          dead: counts.dead, paused: paused, oldestReadyAge: age,
+          oldest: age.map { DashboardCharts.duration(milliseconds: $0 * 1000) } ?? "—"))
     }
     return summaries
   }
 
   func queuesPage(notice: String?) async throws -> HTTPServerResponse {
-    DashboardPages.queues(try await summaries(), notice: notice, formToken: formToken, database: database)
+    let now = Date()
+    let activity = try await recentActivity(now: now)
+    let summaries = try await summaries(activity: activity)
+    return DashboardPages.queues(
+      summaries, activity: activity, now: now, notice: notice, formToken: formToken, database: database)
+  }
+
+  /// The "Last hour" section alone, for the script to swap in.
+  func activityFragment() async throws -> HTTPServerResponse {
+    let now = Date()
+    let activity = try await recentActivity(now: now)
+    let names = try await summaries(activity: activity).map(\.name)
+    return .text(
+      200, DashboardCharts.section(queues: names, activity: activity, now: now),
+      contentType: "text/html; charset=utf-8")
   }
 
   func queuesJSON() async throws -> HTTPServerResponse {
@@ -49,13 +88,16 @@ extension Dashboard {
     }
     let encoder = JSONEncoder()
     encoder.outputFormatting = [.sortedKeys]
-    let body = try encoder.encode(Body(queues: try await summaries(), time: timestamp(Date())))
+    let activity = try await recentActivity(now: Date())
+    let body = try encoder.encode(
+      Body(queues: try await summaries(activity: activity), time: timestamp(Date())))
     return HTTPServerResponse(status: 200, headers: [("Content-Type", "application/json")], body: body)
   }
 
   /// Prometheus text format 0.0.4: jobs by queue and state, and the pause flag.
   func metrics() async throws -> HTTPServerResponse {
-    let summaries = try await summaries()
+    let activity = try await recentActivity(now: Date())
+    let summaries = try await summaries(activity: activity)
     var lines = [
       "# HELP conveyor_jobs Jobs stored, by queue and state.",
       "# TYPE conveyor_jobs gauge",
@@ -76,6 +118,48 @@ extension Dashboard {
     for queue in summaries {
       lines.append(
         "conveyor_queue_paused{queue=\"\(Self.prometheusLabel(queue.name))\"} \(queue.paused ? 1 : 0)")
+    }
+    lines += [
+      "# HELP conveyor_queue_oldest_ready_age_seconds How long the queue's oldest ready job has waited "
+        + "since its run date (0 when none is ready).",
+      "# TYPE conveyor_queue_oldest_ready_age_seconds gauge",
+    ]
+    for queue in summaries {
+      lines.append(
+        "conveyor_queue_oldest_ready_age_seconds{queue=\"\(Self.prometheusLabel(queue.name))\"} "
+          + String(format: "%.3f", queue.oldestReadyAge ?? 0))
+    }
+    lines += [
+      "# HELP conveyor_jobs_finished_last_hour Job runs that ended in the last hour, by outcome, as "
+        + "workers count them.",
+      "# TYPE conveyor_jobs_finished_last_hour gauge",
+    ]
+    var totals: [String: QueueActivity] = [:]
+    for queue in summaries {
+      var total = QueueActivity(queue: queue.name, minute: Date())
+      for minute in activity[queue.name] ?? [] { total.add(minute) }
+      totals[queue.name] = total
+      let label = Self.prometheusLabel(queue.name)
+      for (outcome, value) in [
+        ("succeeded", total.succeeded), ("retried", total.retried), ("died", total.died),
+      ] {
+        lines.append("conveyor_jobs_finished_last_hour{queue=\"\(label)\",outcome=\"\(outcome)\"} \(value)")
+      }
+    }
+    lines += [
+      "# HELP conveyor_job_wait_seconds_last_hour The wait from enqueue to first start over the last "
+        + "hour: mean and longest.",
+      "# TYPE conveyor_job_wait_seconds_last_hour gauge",
+    ]
+    for queue in summaries {
+      guard let total = totals[queue.name], let mean = total.meanWaitMilliseconds else { continue }
+      let label = Self.prometheusLabel(queue.name)
+      lines.append(
+        "conveyor_job_wait_seconds_last_hour{queue=\"\(label)\",stat=\"mean\"} "
+          + String(format: "%.3f", mean / 1000))
+      lines.append(
+        "conveyor_job_wait_seconds_last_hour{queue=\"\(label)\",stat=\"max\"} "
+          + String(format: "%.3f", Double(total.waitMillisecondsMax) / 1000))
     }
     return .text(
       200, lines.joined(separator: "\n") + "\n", contentType: "text/plain; version=0.0.4; charset=utf-8")

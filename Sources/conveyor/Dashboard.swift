@@ -220,6 +220,7 @@ struct Dashboard: Sendable {
     case "/confirm": return try await confirmPage(query)
     case "/metrics": return try await metrics()
     case "/api/queues": return try await queuesJSON()
+    case "/api/activity": return try await activityFragment()
     default:
       if path.hasPrefix("/jobs/"), let id = Int64(path.dropFirst("/jobs/".count)), id > 0 {
         return try await jobPage(JobID(id), notice: query["notice"])

@@ -15,6 +15,9 @@ enum DashboardAssets {
 
   /// Polls `/api/queues` every 3 s and writes the counts into the table with `textContent` (never
   /// as HTML); reloads when the queues or a pause flag changed, since their rows hold forms.
+  /// Every 10 s it fetches the "Last hour" section from `/api/activity` (server-rendered, every
+  /// stored text escaped there), parses it with `DOMParser` (inert: nothing in it runs) and swaps
+  /// it for the one on the page.
   static let script = """
     "use strict";
     (function () {
@@ -37,12 +40,28 @@ enum DashboardAssets {
                 if (cell && cell.textContent !== String(queue[field])) cell.textContent = String(queue[field]);
               });
             }
+            for (var j = 0; j < rows.length; j++) {
+              var oldest = rows[j].querySelector('[data-field="oldest"]');
+              if (oldest && oldest.textContent !== data.queues[j].oldest) oldest.textContent = data.queues[j].oldest;
+            }
             var updated = document.getElementById("updated");
             if (updated) updated.textContent = "live, counts as of " + data.time;
           })
           .catch(function () {});
       }
+      function refreshCharts() {
+        fetch("/api/activity", { credentials: "same-origin", cache: "no-store" })
+          .then(function (response) { return response.ok ? response.text() : null; })
+          .then(function (text) {
+            if (text === null) return;
+            var fresh = new DOMParser().parseFromString(text, "text/html").getElementById("activity");
+            var current = document.getElementById("activity");
+            if (fresh && current) current.replaceWith(document.importNode(fresh, true));
+          })
+          .catch(function () {});
+      }
       setInterval(refresh, 3000);
+      setInterval(refreshCharts, 10000);
     })();
     """
 
@@ -94,5 +113,19 @@ enum DashboardAssets {
     table.facts { width: auto; min-width: 30rem; }
     table.facts th { width: 10rem; color: var(--muted); font-weight: 500; }
     .sign-in label { display: block; margin-bottom: .8rem; }
+    section.activity { margin-top: 2rem; }
+    .activity-row { display: grid; grid-template-columns: 10rem 1fr 1fr; gap: 1rem; align-items: start;
+      background: #fff; border: 1px solid var(--line); padding: .6rem .9rem; margin-bottom: .6rem; }
+    .activity-row h3 { font-size: .95rem; margin: .2rem 0; word-break: break-all; }
+    figure.chart { margin: 0; }
+    figure.chart svg { display: block; width: 100%; height: auto; }
+    .activity-row.quiet p { grid-column: 2 / 4; margin: .2rem 0; }
+    figure.chart figcaption { font-size: .8rem; color: var(--muted); }
+    svg .axis { stroke: var(--line); stroke-width: 1; }
+    svg .tick { font-size: 10px; fill: var(--muted); }
+    svg rect.ok { fill: var(--ready); }
+    svg rect.retry { fill: #c9a400; }
+    svg rect.died { fill: var(--dead); }
+    svg rect.wait { fill: var(--running); }
     """
 }

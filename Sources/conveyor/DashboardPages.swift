@@ -98,7 +98,8 @@ enum DashboardPages {
   // MARK: queues
 
   static func queues(
-    _ queues: [Dashboard.QueueSummary], notice key: String?, formToken: String, database: String
+    _ queues: [Dashboard.QueueSummary], activity: [String: [QueueActivity]], now: Date, notice key: String?,
+    formToken: String, database: String
   ) -> HTTPServerResponse {
     var rows = ""
     for queue in queues {
@@ -118,6 +119,7 @@ enum DashboardPages {
         <td class="count" data-field="scheduled"><a href="\(html(link))&amp;state=scheduled">\(queue.scheduled)</a></td>
         <td class="count" data-field="running"><a href="\(html(link))&amp;state=running">\(queue.running)</a></td>
         <td class="count\(queue.dead > 0 ? " dead" : "")" data-field="dead"><a href="\(html(link))&amp;state=dead">\(queue.dead)</a></td>
+        <td class="count" data-field="oldest">\(html(queue.oldest))</td>
         <td data-field="paused">\(queue.paused ? "<span class=\"badge paused\">paused</span>" : "<span class=\"badge\">active</span>")</td>
         <td class="actions">\(toggle) \(retry)</td>
         </tr>
@@ -131,7 +133,7 @@ enum DashboardPages {
       <table class="queues">
       <thead><tr><th scope="col">Queue</th><th scope="col" class="count">Ready</th>
       <th scope="col" class="count">Scheduled</th><th scope="col" class="count">Running</th>
-      <th scope="col" class="count">Dead</th><th scope="col">State</th><th scope="col">Actions</th></tr></thead>
+      <th scope="col" class="count">Dead</th><th scope="col" class="count" title="How long the oldest ready job has waited since its run date">Oldest ready</th><th scope="col">State</th><th scope="col">Actions</th></tr></thead>
       <tbody>
       \(rows)</tbody>
       </table>
@@ -142,6 +144,7 @@ enum DashboardPages {
       <h1>Queues</h1>
       \(notice(key))
       \(table)
+      \(DashboardCharts.section(queues: queues.map(\.name), activity: activity, now: now))
       <p class="meta">Database <code>\(html(database))</code> · <span id="updated">counts as of \(html(timestamp(Date())))</span></p>
       """)
   }

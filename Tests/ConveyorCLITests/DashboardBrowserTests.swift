@@ -37,6 +37,11 @@ struct DashboardBrowserTests {
     #expect(dead.contains("<tr data-job=\"\(jobs.dead)\">"))
     #expect(!dead.contains("<tr data-job=\"\(jobs.http)\">"), "the state filter narrows the list")
 
+    // Some traffic for the screenshot's charts: a queue whose jobs a worker ran.
+    try await DashboardActivityTests.add(sandbox, queue: "reports", count: 6, ["true"])
+    try await DashboardActivityTests.add(sandbox, queue: "reports", count: 1, ["sh", "-c", "exit 3"])
+    _ = try await sandbox.run(["--queue", "reports", "work", "--until-empty", "--max-attempts", "1"])
+    try await DashboardActivityTests.add(sandbox, queue: "reports", count: 2, ["true"])
     let shot =
       ProcessInfo.processInfo.environment["CONVEYOR_DASHBOARD_SCREENSHOT"].map {
         URL(fileURLWithPath: $0)
@@ -84,5 +89,32 @@ struct DashboardBrowserTests {
     #expect(page.contains("Sign in"))
     #expect(page.contains(#"<input type="password" name="token""#))
     #expect(!page.contains("data-queue"))
+  }
+
+  /// The charts are SVG the browser lays out under the policy, with bars for the worker's jobs,
+  /// and the script swaps in fresh ones without reloading the page.
+  @Test func theChartsRenderAndUpdateLive() async throws {
+    let sandbox = try Sandbox()
+    try await DashboardActivityTests.add(sandbox, queue: "charts", count: 3, ["true"])
+    _ = try await sandbox.succeed(["--queue", "charts", "work", "--until-empty"])
+    let dashboard = try await DashboardProcess.start(sandbox)
+    let browser = try await DrivenBrowser(
+      dashboard.url, profile: URL(fileURLWithPath: sandbox.path("chromium")))
+    let chart = "document.querySelector('[data-chart-queue=\"charts\"] svg[data-finished]')"
+    try await browser.waitUntil("the throughput chart", "\(chart) !== null")
+    #expect(try await browser.evaluate("\(chart).getAttribute('data-finished')") == "3")
+    #expect(try await browser.evaluate("String(\(chart).querySelectorAll('rect.ok').length)") == "1")
+    // Laid out: the SVG has a size, and its bar has a height and the stylesheet's colour.
+    #expect(try await browser.evaluate("String(\(chart).getBoundingClientRect().width > 100)") == "true")
+    #expect(
+      try await browser.evaluate("String(\(chart).querySelector('rect.ok').getBBox().height > 10)") == "true")
+    #expect(
+      try await browser.evaluate("getComputedStyle(\(chart).querySelector('rect.ok')).fill")
+        == "rgb(31, 122, 63)")
+    _ = try await browser.evaluate("window.marker = 'same page', 'marked'")
+    try await DashboardActivityTests.add(sandbox, queue: "charts", count: 2, ["true"])
+    _ = try await sandbox.succeed(["--queue", "charts", "work", "--until-empty"])
+    try await browser.waitUntil("the live chart", "\(chart).getAttribute('data-finished') === '5'")
+    #expect(try await browser.evaluate("window.marker") == "same page", "updated without a reload")
   }
 }

@@ -74,8 +74,9 @@ struct PostgresJobStoreTests {
       return try await group.reduce(into: []) { $0.append($1) }
     }
     #expect(stores.count == 10)
-    let versions = try AdminConnection(server.url).query("SELECT version FROM \(schema).schema_migrations")
-    #expect(versions == [["1"]], "migrated once")
+    let versions = try AdminConnection(server.url).query(
+      "SELECT version FROM \(schema).schema_migrations ORDER BY version")
+    #expect(versions == [["1"], ["2"]], "migrated once")
     _ = try await stores[3].enqueue([NewJob(payload: Data("x".utf8))], queue: "q", clock: SystemJobClock())
     #expect(try await stores[7].counts(queue: "q", clock: SystemJobClock()).ready == 1)
     for store in stores { await store.close() }
@@ -87,7 +88,8 @@ struct PostgresJobStoreTests {
     _ = try await store.enqueue([NewJob(payload: Data("keep".utf8))], queue: "q", clock: SystemJobClock())
     await store.close()
     let admin = try AdminConnection(server.url)
-    try admin.query("INSERT INTO \(schema).schema_migrations (version) VALUES (2)")
+    try admin.query(
+      "INSERT INTO \(schema).schema_migrations (version) VALUES (\(PostgresJobStore.schemaVersion + 1))")
     let snapshot = """
       SELECT (SELECT string_agg(version::text, ',' ORDER BY version) FROM \(schema).schema_migrations),
         (SELECT string_agg(id || ':' || status || ':' || encode(payload, 'escape'), ',') FROM \(schema).jobs),
@@ -103,7 +105,7 @@ struct PostgresJobStoreTests {
       _ = try PostgresJobStore(url: server.url, options: .init(schema: schema))
     } catch let error as PostgresError {
       #expect(error.code == .newerSchema)
-      #expect(error.description.contains("version 2"), "\(error)")
+      #expect(error.description.contains("version \(PostgresJobStore.schemaVersion + 1)"), "\(error)")
     }
     #expect(try admin.query(snapshot) == before, "untouched")
   }

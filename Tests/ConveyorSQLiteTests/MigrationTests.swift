@@ -84,4 +84,62 @@ struct MigrationTests {
     let again = try SQLiteJobStore(path: path)
     #expect(try await again.counts(queue: "mail", clock: later).total == 5)
   }
+
+  /// Version 2's schema, as the release before the activity table wrote it.
+  static let version2 = """
+    CREATE TABLE jobs (
+      id INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL, payload BLOB NOT NULL,
+      status TEXT NOT NULL CHECK (status IN ('ready', 'scheduled', 'running', 'dead')),
+      priority INTEGER NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0, run_at INTEGER NOT NULL,
+      created_at INTEGER NOT NULL, last_error TEXT, dedup_key TEXT, lease_owner TEXT, lease_expires_at INTEGER,
+      claim_token INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE status = 'ready';
+    CREATE INDEX jobs_scheduled ON jobs (queue, run_at) WHERE status = 'scheduled';
+    CREATE INDEX jobs_dedup ON jobs (queue, dedup_key)
+      WHERE dedup_key IS NOT NULL AND status IN ('ready', 'scheduled');
+    CREATE INDEX jobs_running ON jobs (queue, id) WHERE status = 'running';
+    CREATE INDEX jobs_dead ON jobs (queue, id) WHERE status = 'dead';
+    CREATE TABLE queues (name TEXT PRIMARY KEY, paused INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
+    PRAGMA application_id = 1131312761;
+    PRAGMA user_version = 2;
+    """
+
+  @Test func aVersion2DatabaseGainsTheActivityTableWithEveryJobKept() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("v2.sqlite")
+    let t = 1_700_000_000_000
+    try execute(
+      path,
+      Self.version2 + """
+        INSERT INTO jobs VALUES (1, 'mail', x'7b7d', 'ready', 2, 0, \(t), \(t), NULL, 'k', NULL, NULL, 0);
+        INSERT INTO jobs VALUES (2, 'mail', x'7b7d', 'scheduled', 0, 1, \(t + 60_000), \(t), 'boom', NULL, NULL, NULL, 1);
+        INSERT INTO jobs VALUES (3, 'mail', x'7b7d', 'running', 0, 1, \(t), \(t), NULL, NULL, 'w:1', \(t + 60_000), 4);
+        INSERT INTO jobs VALUES (4, 'other', x'7b7d', 'dead', 0, 3, \(t), \(t), 'fatal', NULL, NULL, NULL, 3);
+        INSERT INTO queues VALUES ('mail', 0), ('other', 1);
+        """)
+    let store = try SQLiteJobStore(path: path)
+    let now = FixedJobClock(Date(timeIntervalSince1970: 1_700_000_010))
+    let version = try await store.connection.perform { db in
+      try db.scalar("SELECT user_version FROM pragma_user_version") ?? 0
+    }
+    #expect(version == 3)
+    let mail = try await store.jobs(queue: "mail", status: nil, after: nil, limit: 10)
+    #expect(mail.map(\.id.rawValue) == [1, 2, 3])
+    #expect(mail.map(\.claimToken) == [0, 1, 4] && mail[1].lastError == "boom" && mail[0].priority == 2)
+    #expect(
+      try await store.counts(queue: "mail", clock: now) == JobCounts(ready: 1, scheduled: 1, running: 1))
+    #expect(try await store.counts(queue: "other", clock: now) == JobCounts(dead: 1))
+    #expect(try await store.isPaused(queue: "other"))
+    #expect(
+      try await store.oldestReadyRunDate(queue: "mail", clock: now)
+        == Date(timeIntervalSince1970: 1_700_000_000))
+    // The new table works.
+    let minute = Date()
+    try await store.recordActivity([QueueActivity(queue: "mail", minute: minute, succeeded: 2)])
+    #expect(try await store.activity(since: minute, limit: 10).map(\.succeeded) == [2])
+    // New IDs continue after the old ones.
+    let new = try await store.enqueue([NewJob(payload: Data("{}".utf8))], queue: "mail", clock: now)
+    #expect(new.first?.id == JobID(5))
+  }
 }

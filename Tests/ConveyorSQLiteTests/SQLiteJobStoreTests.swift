@@ -179,7 +179,8 @@ struct SQLiteJobStoreTests {
       (SQL.count("dead"), "jobs_dead"), (SQL.count("running"), "jobs_running"),
       (SQL.count("ready"), "jobs_ready"),
       (SQL.count("scheduled"), "jobs_scheduled"), (SQL.list(.running), "jobs_running"),
-      (SQL.list(.dead), "jobs_dead"), (SQL.list(.pending), "PRIMARY KEY"), (SQL.list(nil), "PRIMARY KEY"),
+      (SQL.list(.dead), "jobs_dead"), (ListingSQL.windowed(.pending), "PRIMARY KEY"),
+      (ListingSQL.windowed(nil), "PRIMARY KEY"), (ListingSQL.windowEnd, "PRIMARY KEY"),
       (SQL.queueNames, "jobs_dead"),
     ]
     for (sql, index) in expectations {
@@ -188,6 +189,14 @@ struct SQLiteJobStoreTests {
       #expect(!shown.contains("TEMP B-TREE"), "\(sql): \(shown)")
       // Listings walk the table by rowid from `after` (a SEARCH on the primary key, not a SCAN).
       #expect(!shown.contains("SCAN jobs"), "\(sql): \(shown)")
+    }
+    // A listing's second step reads the queue's own partial indexes and sorts their IDs: the one
+    // sort, bounded by the queue's waiting jobs (never another queue's rows).
+    for status in [JobStatus.pending, nil] {
+      let shown = plan(ListingSQL.idsAfter(status))
+      #expect(
+        shown.contains("jobs_ready (queue=?)") && shown.contains("jobs_scheduled (queue=?)"), "\(shown)")
+      #expect(!shown.contains("SCAN jobs"), "\(shown)")
     }
   }
 

@@ -71,11 +71,14 @@ extension JobQueue {
   ///   interval in seconds, not milliseconds, at millions of jobs);
   /// - timers `conveyor_job_run_duration` (from a handler's start to its outcome) and
   ///   `conveyor_job_enqueue_to_start` (from `add` to the first start, for jobs added through this
-  ///   queue instance; a job added by another process has no enqueue event here).
+  ///   queue instance; a job added by another process has no enqueue event here);
+  /// - the gauge `conveyor_queue_oldest_ready_age_seconds`, sampled with the depth: how long the
+  ///   oldest ready job has waited since its run date (``JobStore/oldestReadyRunDate(queue:clock:)``:
+  ///   one index seek per priority level in the SQLite and PostgreSQL stores), 0 when none is ready
+  ///   or the store cannot tell (the in-memory store).
   ///
   /// Times are taken when this reporter sees the events, which the queue delivers as they happen;
-  /// a busy reporter adds its own delay. The age of the oldest ready job is not reported: the
-  /// stores order ready jobs by priority first, so finding it would read every ready job.
+  /// a busy reporter adds its own delay.
   ///
   /// ```swift
   /// Task { await queue.reportMetrics(to: SwiftMetricsFactory()) }
@@ -102,6 +105,8 @@ extension JobQueue {
         let gauges = ["ready", "scheduled", "running", "dead"].map { state in
           factory.makeGauge(label: "conveyor_queue_depth", dimensions: queueDimension + [("state", state)])
         }
+        let oldestReady = factory.makeGauge(
+          label: "conveyor_queue_oldest_ready_age_seconds", dimensions: queueDimension)
         while !Task.isCancelled {
           guard let self else { return }
           // A failed sample is skipped: the queue logs storage errors itself.
@@ -109,6 +114,12 @@ extension JobQueue {
             for (gauge, value) in zip(gauges, [counts.ready, counts.scheduled, counts.running, counts.dead]) {
               gauge.record(Double(value))
             }
+          }
+          if let oldest = try? await self.store.oldestReadyRunDate(queue: self.identifier, clock: self.clock)
+          {
+            oldestReady.record(max(0, self.clock.now().timeIntervalSince(oldest)))
+          } else {
+            oldestReady.record(0)
           }
           try? await Task.sleep(for: interval)
         }

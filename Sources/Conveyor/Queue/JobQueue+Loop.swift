@@ -23,6 +23,7 @@ extension JobQueue {
         if await store.waitForWork(queue: identifier, timeout: configuration.pollInterval) { wake.signal() }
       }
     }
+    let activityFlusher = flushActivityPeriodically()
     var failures = 0
     // A discarding group: finished workers are freed at once, so memory stays flat however many
     // jobs pass through.
@@ -43,6 +44,7 @@ extension JobQueue {
       // for them.
     }
     await finalFlush()
+    await handOverActivity(after: activityFlusher)
     watcher.cancel()
     keeper.cancel()
     core.withLock { core in
@@ -160,6 +162,7 @@ extension JobQueue {
         continue
       }
       guard var event = item.event else { continue }
+      countOutcome(event)
       // The run date the store set (it reads its clock when it records the outcome).
       if case .retryScheduled(let id, _, let error) = event, let date = batch.retryDates[id] {
         event = .retryScheduled(id, at: date, error: error)
@@ -235,6 +238,7 @@ extension JobQueue {
     guard handlerAvailable else { return settlement(for: record, outcome: .noHandler) }
     // Only when a handler is about to run: `.started` means "a handler started on a job".
     emit(.started(record.id, attempt: record.attempts))
+    countStart(of: record)
     do {
       guard let result = try await handle(item, context) else {
         return settlement(for: record, outcome: .noHandler)

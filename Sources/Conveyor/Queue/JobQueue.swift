@@ -45,6 +45,8 @@ public final class JobQueue<Item: Queueable>: Sendable {
   let decoder = JSONDecoder()
   let wake: WakeSignal
   let owner: String
+  /// Activity counts not yet given to the store (see `QueueActivity.swift`).
+  let activityTally = ActivityTally()
   var identifier: String { configuration.identifier }
   var clock: any JobClock { configuration.clock }
   var lease: Lease { Lease(owner: owner, duration: configuration.leaseDuration) }

@@ -41,6 +41,12 @@ public struct JobQueueConfiguration: Sendable {
   public var clock: any JobClock
   /// Receives the queue's log records. Payloads are never logged. Default: nil (silent).
   public var log: (@Sendable (LogRecord) -> Void)?
+  /// How often a running queue gives its activity counts to the store (``QueueActivity``).
+  /// Internal: tests shorten it.
+  var activityFlushInterval: Duration = .seconds(5)
+  /// The longest a stopping queue waits to give its activity counts to the store. Internal:
+  /// tests shorten it.
+  var activityHandoverLimit: Duration = .seconds(5)
 
   /// Creates a configuration with the defaults above.
   public init(

@@ -387,6 +387,25 @@ public protocol JobStore: Sendable {
   /// start new jobs at once. Polling remains the fallback. The default hears of nothing: it
   /// sleeps for `timeout` and returns false.
   func waitForWork(queue: String, timeout: Duration) async -> Bool
+
+  /// Whether the store keeps ``QueueActivity`` (``recordActivity(_:)`` stores it). Queues count
+  /// activity only for a store that keeps it. Default false.
+  var recordsActivity: Bool { get }
+
+  /// Adds workers' per-minute counts to what the store holds for the same queue and minute (sums,
+  /// and the larger maximum wait), and deletes minutes older than ``QueueActivity/retention``.
+  /// Queues call it every few seconds and when they stop, never per job. Default: nothing.
+  func recordActivity(_ activity: [QueueActivity]) async throws
+
+  /// Every queue's stored activity of the minutes from the one holding `since` on, sorted by
+  /// queue and then minute: the latest `limit` rows when there are more (one range of an index on
+  /// the minute, so a read of the last hour costs one row per queue and minute). Default: none.
+  func activity(since: Date, limit: Int) async throws -> [QueueActivity]
+
+  /// The run date of the queue's ready job that has waited longest (the earliest run date among
+  /// jobs whose run date has come and that no worker holds), as a date of `clock`; nil when none is
+  /// ready or the store cannot tell without reading every ready job. Default nil.
+  func oldestReadyRunDate(queue: String, clock: any JobClock) async throws -> Date?
 }
 
 extension JobStore {
@@ -398,6 +417,18 @@ extension JobStore {
     try? await Task.sleep(for: max(timeout, .milliseconds(1)))
     return false
   }
+
+  /// Keeps no activity: false.
+  public var recordsActivity: Bool { false }
+
+  /// Keeps nothing.
+  public func recordActivity(_ activity: [QueueActivity]) async throws {}
+
+  /// Keeps nothing: none.
+  public func activity(since: Date, limit: Int) async throws -> [QueueActivity] { [] }
+
+  /// Cannot tell: nil.
+  public func oldestReadyRunDate(queue: String, clock: any JobClock) async throws -> Date? { nil }
 }
 
 /// Conversions every store uses, so all of them round and clamp times the same way.

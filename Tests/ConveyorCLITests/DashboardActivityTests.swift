@@ -1,0 +1,81 @@
+import Foundation
+import Testing
+
+/// The queues page's "Last hour" charts and oldest-ready age, from real jobs run by a real worker
+/// process: the dashboard is another process and reads what the worker left in the store.
+@Suite(.timeLimit(.minutes(3))) struct DashboardActivityTests {
+  /// Adds `count` exec jobs running `command` to `queue`.
+  static func add(_ sandbox: Sandbox, queue: String, count: Int, _ command: [String]) async throws {
+    for _ in 0..<count {
+      try await sandbox.succeed(["--queue", queue, "add", "exec", "--"] + command)
+    }
+  }
+
+  @Test func aWorkersJobsShowAsThroughputAndWaitAndAReadyJobHasAnAge() async throws {
+    let sandbox = try Sandbox()
+    try await Self.add(sandbox, queue: "charts", count: 3, ["true"])
+    try await Self.add(sandbox, queue: "charts", count: 1, ["sh", "-c", "exit 3"])
+    let work = try await sandbox.run(["--queue", "charts", "work", "--until-empty", "--max-attempts", "1"])
+    #expect(work.status == 1, "one job died: \(work)")
+    let dashboard = try await DashboardProcess.start(sandbox)
+
+    // The queue holds only the dead job; its row and its charts are there, with the worker's counts.
+    var page = try await dashboard.get("/")
+    #expect(page.status == 200)
+    let row = try #require(Self.section(page.body, #"<div class="activity-row" data-chart-queue="charts">"#))
+    #expect(row.contains(#"data-finished="4""#), "3 succeeded and 1 died in the last hour:\n\(row)")
+    #expect(row.contains(#"data-started="4""#), "4 first starts measured:\n\(row)")
+    #expect(row.components(separatedBy: #"<rect class="ok""#).count == 2, "one minute of successes:\n\(row)")
+    #expect(row.contains(#"<rect class="died""#))
+    #expect(row.contains("4 finished: 3 succeeded, 0 retried, 1 died"))
+    #expect(row.contains("Wait to start: mean "))
+    // No job is ready: no age.
+    #expect(page.body.contains(#"<td class="count" data-field="oldest">—</td>"#), "\(page.body)")
+
+    // A job that waits: the age shows, on the page, in /api/queues and in /metrics.
+    try await Self.add(sandbox, queue: "charts", count: 1, ["true"])
+    page = try await dashboard.get("/")
+    let age = try #require(
+      page.body.range(of: #"data-field="oldest">[0-9.]+ (ms|s|min)</td>"#, options: .regularExpression),
+      "an age in the oldest-ready cell:\n\(page.body)")
+    _ = age
+    let api = try await dashboard.get("/api/queues")
+    #expect(api.body.contains(#""oldestReadyAge":"#), "\(api.body)")
+    let metrics = try await dashboard.get("/metrics")
+    #expect(metrics.status == 200)
+    #expect(
+      metrics.body.range(
+        of: #"conveyor_queue_oldest_ready_age_seconds\{queue="charts"\} [0-9]+\.[0-9]{3}\n"#,
+        options: .regularExpression) != nil, "\(metrics.body)")
+    #expect(
+      metrics.body.contains("conveyor_jobs_finished_last_hour{queue=\"charts\",outcome=\"succeeded\"} 3\n"))
+    #expect(metrics.body.contains("conveyor_jobs_finished_last_hour{queue=\"charts\",outcome=\"died\"} 1\n"))
+    #expect(metrics.body.contains("conveyor_job_wait_seconds_last_hour{queue=\"charts\",stat=\"max\"} "))
+
+    // The fragment the live script swaps in: the same section, alone.
+    let fragment = try await dashboard.get("/api/activity")
+    #expect(fragment.status == 200 && fragment.headers["content-type"]?.hasPrefix("text/html") == true)
+    #expect(
+      fragment.body.hasPrefix(#"<section id="activity""#) && fragment.body.contains(#"data-finished="4""#))
+    #expect(!fragment.body.contains("<script"))
+  }
+
+  /// A queue whose every job was handled still shows, for its chart.
+  @Test func aQueueWithNoJobsLeftIsListedForItsActivity() async throws {
+    let sandbox = try Sandbox()
+    try await Self.add(sandbox, queue: "done", count: 2, ["true"])
+    _ = try await sandbox.succeed(["--queue", "done", "work", "--until-empty"])
+    let dashboard = try await DashboardProcess.start(sandbox)
+    let page = try await dashboard.get("/")
+    #expect(page.body.contains(#"<tr data-queue="done">"#), "\(page.body)")
+    #expect(Self.section(page.body, #"data-chart-queue="done">"#)?.contains(#"data-finished="2""#) == true)
+  }
+
+  /// The text from `start` to the end of its `</div>`.
+  static func section(_ page: String, _ start: String) -> String? {
+    guard let from = page.range(of: start),
+      let end = page.range(of: "</div>", range: from.upperBound..<page.endIndex)
+    else { return nil }
+    return String(page[from.lowerBound..<end.upperBound])
+  }
+}

@@ -1,0 +1,79 @@
+import Conveyor
+import ConveyorTestSupport
+import Foundation
+import Testing
+
+@testable import ConveyorPostgres
+
+@Suite("PostgresJobStore activity and oldest ready job")
+struct PostgresActivityTests {
+  @Test func activityIsRecordedAndRead() async throws {
+    let server = try await PostgresServer.shared()
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: uniqueSchema()))
+    try await ActivityChecks.recordAndRead(store)
+    await store.close()
+  }
+
+  /// With the callers' clock, so the check can drive time.
+  @Test func theOldestReadyJobIsFoundAcrossPriorityLevels() async throws {
+    let server = try await PostgresServer.shared()
+    let store = try await PostgresJobStore.open(
+      url: server.url, options: .init(schema: uniqueSchema(), clock: .caller))
+    try await ActivityChecks.oldestReady(store)
+    await store.close()
+  }
+
+  /// With the database's clock, the date comes back on the caller's clock: a job added now is
+  /// about zero seconds old for a caller whose clock is an hour ahead of the server's.
+  @Test func theOldestReadyDateIsOnTheCallersClock() async throws {
+    let server = try await PostgresServer.shared()
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: uniqueSchema()))
+    let ahead = FixedJobClock(Date().addingTimeInterval(3600))
+    _ = try await store.enqueue([NewJob(payload: Data("{}".utf8))], queue: "q", clock: ahead)
+    let oldest = try #require(try await store.oldestReadyRunDate(queue: "q", clock: ahead))
+    let age = ahead.now().timeIntervalSince(oldest)
+    #expect(age >= -1 && age < 60, "age on the caller's clock: \(age)")
+    await store.close()
+  }
+
+  /// The oldest-ready query and the chart's read use their indexes on a backlog (checked with
+  /// `EXPLAIN ANALYZE` after `ANALYZE`): no sequential scan of the jobs or activity table.
+  @Test func theQueriesUseTheirIndexes() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema()
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    for _ in 0..<4 {
+      _ = try await store.enqueue(
+        (0..<5_000).map { NewJob(payload: Data("{}".utf8), priority: $0 % 3) }, queue: "big",
+        clock: SystemJobClock())
+    }
+    _ = try await store.enqueue([NewJob(payload: Data("{}".utf8))], queue: "small", clock: SystemJobClock())
+    // A day of minutes for 50 queues: the last hour is a small part of it.
+    let now = Date()
+    try await store.recordActivity(
+      (0..<50).flatMap { queue in
+        (0..<1_400).map {
+          QueueActivity(queue: "q\(queue)", minute: now.addingTimeInterval(-60 * Double($0)), succeeded: 1)
+        }
+      })
+    let admin = try AdminConnection(server.url)
+    _ = try admin.query("ANALYZE \(schema).jobs; ANALYZE \(schema).activity")
+    func plan(_ sql: String, _ types: String, _ values: String) throws -> String {
+      let name = "p\(UInt32.random(in: 0...UInt32.max))"
+      _ = try admin.query("PREPARE \(name)(\(types)) AS \(sql)")
+      return try admin.query("EXPLAIN (ANALYZE, COSTS OFF) EXECUTE \(name)(\(values))").compactMap {
+        $0.first ?? nil
+      }
+      .joined(separator: "\n")
+    }
+    let oldest = try plan(store.sql.oldestReady, "text, timestamptz, int8", "'small', NULL, 100")
+    #expect(oldest.contains("jobs_ready") && !oldest.contains("Seq Scan on jobs"), "\(oldest)")
+    let levels = try plan(store.sql.oldestReady, "text, timestamptz, int8", "'big', NULL, 100")
+    #expect(levels.contains("jobs_ready") && !levels.contains("Seq Scan on jobs"), "\(levels)")
+    let read = try plan(store.sql.readActivity, "timestamptz, int8", "now() - interval '1 hour', 60000")
+    #expect(read.contains("activity_minute") && !read.contains("Seq Scan on activity"), "\(read)")
+    #expect(try await store.activity(since: now.addingTimeInterval(-3_540), limit: 100_000).count == 50 * 60)
+    #expect(try await store.oldestReadyRunDate(queue: "big", clock: SystemJobClock()) != nil)
+    await store.close()
+  }
+}
