@@ -351,7 +351,8 @@ struct SQL {
     ON CONFLICT (name) DO UPDATE SET paused = excluded.paused
     """
   }
-  /// Wakes listening workers (pause, resume, re-queue). Parameter: queue.
+  /// Wakes listening workers (pause, resume, re-queue, a retry or release, a rescue). Parameter:
+  /// queue.
   var notify: String { "SELECT pg_notify('\(channel)', $1)" }
 
   /// What re-queueing sets.
