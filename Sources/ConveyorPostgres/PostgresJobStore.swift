@@ -376,10 +376,15 @@ public final class PostgresJobStore: JobStore {
   public func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
     guard limit > 0 else { return [] }
     let sql = self.sql
-    let statuses: PostgresValue = status.map { .textArray(Self.stored($0)) } ?? .null(oid: 1009)
+    let stored = status.map(Self.stored)
+    // One stored status (running, dead) reads its part of `jobs_status` in ID order; several, or
+    // all, walk the primary key.
+    let statement = stored?.count == 1 ? sql.listStatus : sql.list
+    let statuses: PostgresValue =
+      if let stored { stored.count == 1 ? .text(stored[0]) : .textArray(stored) } else { .null(oid: 1009) }
     return try await connection.perform(idempotent: true) { db in
       let rows = try db.execute(
-        sql.list, [.text(queue), .int64(after?.rawValue ?? Int64.min), .int64(Int64(limit)), statuses])
+        statement, [.text(queue), .int64(after?.rawValue ?? Int64.min), .int64(Int64(limit)), statuses])
       return try (0..<rows.count).map { try Self.record(rows, $0) }
     }
   }
