@@ -167,6 +167,13 @@ final class Connection {
   /// Checked before each statement: set by a cancellation that arrived between statements,
   /// which `PQcancel` cannot reach.
   var isCancelled: () -> Bool = { false }
+  /// The statements prepared on this connection, by text and parameter types: their names.
+  private var prepared: [PreparedKey: String] = [:]
+
+  private struct PreparedKey: Hashable {
+    var sql: String
+    var types: [UInt32]
+  }
 
   /// Connects; throws ``PostgresError`` with code `connectionFailed` when libpq cannot.
   init(conninfo: String, scrubber: Scrubber) throws {
@@ -219,8 +226,18 @@ final class Connection {
       return length
     }
     let formats = [Int32](repeating: 1, count: encoded.count)
+    // A statement with parameters is prepared once per connection and then only executed: the
+    // store's statements are few and fixed, and parsing and planning one (the insert with its
+    // trigger, the settlement's CTEs) cost more than running it. The server keeps a generic plan
+    // once it costs no more than the custom ones (`plan_cache_mode = auto`); `ExplainTests`
+    // checks those plans too.
+    let name = encoded.isEmpty ? nil : try prepare(sql, types: types)
     let result: OpaquePointer? = withPointers(to: encoded.map(\.bytes)) { values in
-      PQexecParams(handle, sql, Int32(encoded.count), types, values, lengths, formats, 1)
+      if let name {
+        PQexecPrepared(handle, name, Int32(encoded.count), values, lengths, formats, 1)
+      } else {
+        PQexecParams(handle, sql, Int32(encoded.count), types, values, lengths, formats, 1)
+      }
     }
     guard let result else {
       lostDuringCommit = mayCommit
@@ -235,6 +252,21 @@ final class Connection {
       if error.isConnectionLoss || PQstatus(handle) != CONNECTION_OK { lostDuringCommit = mayCommit }
       throw error
     }
+  }
+
+  /// The name of `sql` prepared with these parameter types on this connection, preparing it the
+  /// first time. Preparing commits nothing: a connection lost here leaves no doubt.
+  private func prepare(_ sql: String, types: [UInt32]) throws -> String {
+    let key = PreparedKey(sql: sql, types: types)
+    if let name = prepared[key] { return name }
+    let name = "conveyor_\(prepared.count + 1)"
+    guard let result = PQprepare(handle, name, sql, Int32(types.count), types) else {
+      throw connectionError(sql: sql)
+    }
+    defer { PQclear(result) }
+    guard PQresultStatus(result) == PGRES_COMMAND_OK else { throw serverError(result, sql: sql) }
+    prepared[key] = name
+    return name
   }
 
   /// Runs a script of several statements without parameters (the simple query protocol): for

@@ -19,6 +19,7 @@ func runPostgresBenchmarks() async throws {
   }
   let bench = PostgresBench(url: url)
   let only = ProcessInfo.processInfo.environment["CONVEYOR_BENCH_POSTGRES"]
+  if only == "hop" { return try await bench.runHop() }
   if only == nil || only == "store" { try await bench.runStoreSection() }
   if only == nil || only == "queue" { try await bench.runQueueSection() }
   if only == nil || only == "backlog" { try await bench.runBacklogSection() }
@@ -45,6 +46,29 @@ private struct PostgresBench {
 
   func openStore(_ schema: String) async throws -> PostgresJobStore {
     try await PostgresJobStore.open(url: url, options: .init(schema: schema))
+  }
+
+  /// One cheap store call (`isPaused`) against the same statement through raw libpq: the cost
+  /// of a call's trip to the store's thread and back (CONVEYOR_BENCH_POSTGRES=hop).
+  func runHop() async throws {
+    let schema = newSchema("hop")
+    defer { try? drop(schema) }
+    let store = try await openStore(schema)
+    let raw = try RawConnection(url)
+    try raw.prepare("paused", "SELECT coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false)")
+    for _ in 0..<3 {
+      let storeTime = try await seconds {
+        for _ in 0..<5_000 { _ = try await store.isPaused(queue: "bench") }
+      }
+      let rawTime = try await seconds {
+        for _ in 0..<5_000 { PQclear(try raw.run("paused", [Array("bench".utf8)])) }
+      }
+      print(
+        String(
+          format: "isPaused: store %.1f us, raw libpq %.1f us", storeTime / 5_000 * 1e6, rawTime / 5_000 * 1e6
+        ))
+    }
+    await store.close()
   }
 
   // MARK: Store vs raw libpq
