@@ -228,9 +228,9 @@ final class Connection {
     let formats = [Int32](repeating: 1, count: encoded.count)
     // A statement with parameters is prepared once per connection and then only executed: the
     // store's statements are few and fixed, and parsing and planning one (the insert with its
-    // trigger, the settlement's CTEs) cost more than running it. The server keeps a generic plan
-    // once it costs no more than the custom ones (`plan_cache_mode = auto`); `ExplainTests`
-    // checks those plans too.
+    // trigger, the settlement's CTEs) cost more than running it. Each execution is still planned
+    // for its values (`plan_cache_mode = force_custom_plan`, set with the connection), as
+    // `ExplainTests` checks.
     let name = encoded.isEmpty ? nil : try prepare(sql, types: types)
     let result: OpaquePointer? = withPointers(to: encoded.map(\.bytes)) { values in
       if let name {
