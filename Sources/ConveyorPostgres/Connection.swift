@@ -169,6 +169,9 @@ final class Connection {
   var isCancelled: () -> Bool = { false }
   /// The statements prepared on this connection, by text and parameter types: their names.
   private var prepared: [PreparedKey: String] = [:]
+  /// How many statements this connection has prepared: names are never reused, even after the
+  /// cache is emptied, so a name never meets an older statement still on the server.
+  private var preparedCount = 0
 
   private struct PreparedKey: Hashable {
     var sql: String
@@ -249,6 +252,9 @@ final class Connection {
     default:
       let error = serverError(result, sql: sql)
       PQclear(result)
+      // A table changed under a prepared statement (a migration, an administrator's ALTER):
+      // prepare every statement afresh; the caller runs the call again.
+      if name != nil && error.isStalePreparedStatement { prepared.removeAll() }
       if error.isConnectionLoss || PQstatus(handle) != CONNECTION_OK { lostDuringCommit = mayCommit }
       throw error
     }
@@ -259,12 +265,13 @@ final class Connection {
   private func prepare(_ sql: String, types: [UInt32]) throws -> String {
     let key = PreparedKey(sql: sql, types: types)
     if let name = prepared[key] { return name }
-    let name = "conveyor_\(prepared.count + 1)"
+    let name = "conveyor_\(preparedCount + 1)"
     guard let result = PQprepare(handle, name, sql, Int32(types.count), types) else {
       throw connectionError(sql: sql)
     }
     defer { PQclear(result) }
     guard PQresultStatus(result) == PGRES_COMMAND_OK else { throw serverError(result, sql: sql) }
+    preparedCount += 1
     prepared[key] = name
     return name
   }

@@ -134,7 +134,12 @@ struct ReviewPreparedAndNotifyTests {
     let schemaB = uniqueSchema("rpb")
     let a = try await openStore(server, schema: schemaA)
     let b = try await openStore(server, schema: schemaB)
-    defer { Task { await a.close(); await b.close() } }
+    defer {
+      Task {
+        await a.close()
+        await b.close()
+      }
+    }
     let clock = SystemJobClock()
     let lease = Lease(owner: "w", duration: .seconds(30))
     let idA = try await a.enqueue([NewJob(payload: Data("a".utf8))], queue: "q", clock: clock)[0].id
@@ -173,15 +178,22 @@ struct ReviewPreparedAndNotifyTests {
     let schema = uniqueSchema("rn")
     let worker = try await openStore(server, schema: schema)
     let idle = try await openStore(server, schema: schema)
-    defer { Task { await worker.close(); await idle.close() } }
+    defer {
+      Task {
+        await worker.close()
+        await idle.close()
+      }
+    }
     let clock = SystemJobClock()
     let lease = Lease(owner: "w", duration: .seconds(30))
     _ = try await worker.enqueue([NewJob(payload: Data("a".utf8))], queue: "n", clock: clock)
     // Starts the idle store's listener.
     _ = await idle.waitForWork(queue: "n", timeout: .seconds(1))
 
-    var claim = try await worker.settleAndClaim([], queue: "n", limit: 1, lease: lease, clock: clock).claimed[0]
-      .claim
+    var claim = try await worker.settleAndClaim([], queue: "n", limit: 1, lease: lease, clock: clock).claimed[
+      0
+    ]
+    .claim
     let retried = claim
     #expect(
       try await wakes(idle, queue: "n") {
@@ -189,7 +201,8 @@ struct ReviewPreparedAndNotifyTests {
           [JobSettlement(claim: retried, action: .retry(after: .zero, error: "e"))], queue: "n", limit: 0,
           lease: lease, clock: clock)
       })
-    claim = try await worker.settleAndClaim([], queue: "n", limit: 1, lease: lease, clock: clock).claimed[0].claim
+    claim = try await worker.settleAndClaim([], queue: "n", limit: 1, lease: lease, clock: clock).claimed[0]
+      .claim
     let released = claim
     #expect(
       try await wakes(idle, queue: "n") {
