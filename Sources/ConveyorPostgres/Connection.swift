@@ -167,6 +167,16 @@ final class Connection {
   /// Checked before each statement: set by a cancellation that arrived between statements,
   /// which `PQcancel` cannot reach.
   var isCancelled: () -> Bool = { false }
+  /// The statements prepared on this connection, by text and parameter types: their names.
+  private var prepared: [PreparedKey: String] = [:]
+  /// How many statements this connection has prepared: names are never reused, even after the
+  /// cache is emptied, so a name never meets an older statement still on the server.
+  private var preparedCount = 0
+
+  private struct PreparedKey: Hashable {
+    var sql: String
+    var types: [UInt32]
+  }
 
   /// Connects; throws ``PostgresError`` with code `connectionFailed` when libpq cannot.
   init(conninfo: String, scrubber: Scrubber) throws {
@@ -219,8 +229,18 @@ final class Connection {
       return length
     }
     let formats = [Int32](repeating: 1, count: encoded.count)
+    // A statement with parameters is prepared once per connection and then only executed: the
+    // store's statements are few and fixed, and parsing and planning one (the insert with its
+    // trigger, the settlement's CTEs) cost more than running it. Each execution is still planned
+    // for its values (`plan_cache_mode = force_custom_plan`, set with the connection), as
+    // `ExplainTests` checks.
+    let name = encoded.isEmpty ? nil : try prepare(sql, types: types)
     let result: OpaquePointer? = withPointers(to: encoded.map(\.bytes)) { values in
-      PQexecParams(handle, sql, Int32(encoded.count), types, values, lengths, formats, 1)
+      if let name {
+        PQexecPrepared(handle, name, Int32(encoded.count), values, lengths, formats, 1)
+      } else {
+        PQexecParams(handle, sql, Int32(encoded.count), types, values, lengths, formats, 1)
+      }
     }
     guard let result else {
       lostDuringCommit = mayCommit
@@ -232,9 +252,28 @@ final class Connection {
     default:
       let error = serverError(result, sql: sql)
       PQclear(result)
+      // A table changed under a prepared statement (a migration, an administrator's ALTER):
+      // prepare every statement afresh; the caller runs the call again.
+      if name != nil && error.isStalePreparedStatement { prepared.removeAll() }
       if error.isConnectionLoss || PQstatus(handle) != CONNECTION_OK { lostDuringCommit = mayCommit }
       throw error
     }
+  }
+
+  /// The name of `sql` prepared with these parameter types on this connection, preparing it the
+  /// first time. Preparing commits nothing: a connection lost here leaves no doubt.
+  private func prepare(_ sql: String, types: [UInt32]) throws -> String {
+    let key = PreparedKey(sql: sql, types: types)
+    if let name = prepared[key] { return name }
+    let name = "conveyor_\(preparedCount + 1)"
+    guard let result = PQprepare(handle, name, sql, Int32(types.count), types) else {
+      throw connectionError(sql: sql)
+    }
+    defer { PQclear(result) }
+    guard PQresultStatus(result) == PGRES_COMMAND_OK else { throw serverError(result, sql: sql) }
+    preparedCount += 1
+    prepared[key] = name
+    return name
   }
 
   /// Runs a script of several statements without parameters (the simple query protocol): for

@@ -100,4 +100,9 @@ public struct PostgresError: Error, Sendable, Hashable, CustomStringConvertible,
     guard let sqlState else { return false }
     return sqlState.hasPrefix("08") || ["57P01", "57P02", "57P03"].contains(sqlState)
   }
+
+  /// Whether a prepared statement failed because a table it reads changed under it (SQLSTATE
+  /// 0A000, "cached plan must not change result type"): the connection forgets its prepared
+  /// statements, and the call runs once more.
+  var isStalePreparedStatement: Bool { sqlState == "0A000" }
 }

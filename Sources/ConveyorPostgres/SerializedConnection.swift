@@ -161,6 +161,7 @@ final class SerializedConnection: @unchecked Sendable {
   ) throws -> T {
     let deadline = ContinuousClock.now + reconnectTimeout
     var pause = Duration.milliseconds(10)
+    var replanned = false
     while true {
       if closed {
         throw PostgresError(
@@ -172,6 +173,11 @@ final class SerializedConnection: @unchecked Sendable {
         connection.isCancelled = { operation.isCancelled }
         watch(operation)
         return try body(connection)
+      } catch let error as PostgresError where error.isStalePreparedStatement && !replanned {
+        // Nothing was committed (the statement failed, and its transaction was rolled back), so
+        // running the block again is safe whether or not it is idempotent; the connection has
+        // forgotten its prepared statements. Once: a second failure is the caller's.
+        replanned = true
       } catch let error as PostgresError where error.isConnectionLoss {
         let ambiguous = connection?.lostDuringCommit ?? false
         drop()

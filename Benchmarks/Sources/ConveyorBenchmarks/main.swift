@@ -11,3 +11,5 @@ if wants("sqlite") { try await runSQLiteBenchmarks() }
 if wants("operations") { try await runOperationBenchmarks() }
 if wants("pipelines") { try await runPipelineBenchmarks() }
 if wants("queue") { try await runQueueBenchmarks() }
+// Needs a server: run through Benchmarks/with-postgres.sh (skipped without CONVEYOR_POSTGRES_URL).
+if wants("postgres") { try await runPostgresBenchmarks() }

@@ -1,0 +1,114 @@
+import Conveyor
+import Foundation
+import Testing
+
+@testable import ConveyorPostgres
+
+/// The plans of the store's hot statements on a realistic backlog: each uses the index it is
+/// written for, and none reads the jobs table from end to end.
+///
+/// The table holds 300,000 jobs (a big queue of mostly ready jobs with some scheduled, running and
+/// dead ones, beside a smaller queue), vacuumed and analyzed as autovacuum leaves a busy table.
+/// Each statement is prepared with the store's exact text and explained with the parameter values
+/// a worker sends, planned for those values as the store's connection has every execution planned
+/// (`plan_cache_mode = force_custom_plan`).
+@Suite("PostgresJobStore plans", .serialized)
+struct ExplainTests {
+  struct Case {
+    var name: String
+    var prepare: String
+    var execute: String
+    var indexes: [String]
+  }
+
+  @Test func hotStatementsUseTheirIndexesAndNeverScanTheJobsTable() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("plans")
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let sql = store.sql
+    let admin = try AdminConnection(server.url)
+    let now = "date_trunc('milliseconds', now())"
+    // 270k in 'big': 250k ready, 10k scheduled an hour ahead, 5k running, 5k dead; 30k ready in
+    // 'small'. A tenth of the jobs have a deduplication key.
+    try admin.query(
+      """
+      INSERT INTO \(schema).jobs (queue, payload, status, priority, attempts, run_at, created_at, dedup_key,
+        lease_owner, lease_expires_at)
+      SELECT CASE WHEN i <= 270000 THEN 'big' ELSE 'small' END, '\\x7b7d'::bytea,
+        CASE WHEN i <= 250000 OR i > 270000 THEN 'ready' WHEN i <= 260000 THEN 'scheduled'
+          WHEN i <= 265000 THEN 'running' ELSE 'dead' END,
+        i % 3, 0,
+        CASE WHEN i > 250000 AND i <= 260000 THEN \(now) + interval '1 hour' ELSE \(now) - interval '1 day' END,
+        \(now), CASE WHEN i % 10 = 0 THEN convert_to('key-' || i, 'UTF8') END,
+        CASE WHEN i > 260000 AND i <= 265000 THEN 'w' END,
+        CASE WHEN i > 260000 AND i <= 265000 THEN \(now) + interval '1 minute' END
+      FROM generate_series(1, 300000) AS i
+      """)
+    try admin.query("VACUUM ANALYZE \(schema).jobs")
+
+    // EXECUTE takes no subqueries: the 100 IDs of a batch as a literal.
+    let ids = "'{\((1...100).map(String.init).joined(separator: ","))}'::int8[]"
+    let tokens = "array_fill(1::int8, ARRAY[100])"
+    let cases = [
+      Case(
+        name: "claim", prepare: "(text, int8, text, int8, timestamptz) AS \(sql.claim)",
+        execute: "('big', 100, 'w', 60000, NULL)", indexes: ["jobs_ready"]),
+      Case(
+        name: "claim one", prepare: "(text, int8, text, int8, timestamptz) AS \(sql.claim)",
+        execute: "('big', 1, 'w', 60000, NULL)", indexes: ["jobs_ready"]),
+      Case(
+        name: "promote", prepare: "(text, timestamptz) AS \(sql.promote)", execute: "('big', NULL)",
+        indexes: ["jobs_scheduled"]),
+      Case(
+        name: "settle",
+        prepare: "(int8[], int8[], int4[], int8[], text[], timestamptz, text) AS \(sql.settle)",
+        execute:
+          "(\(ids), \(tokens), array_fill(0, ARRAY[100]), array_fill(NULL::int8, ARRAY[100]), "
+          + "array_fill(NULL::text, ARRAY[100]), NULL, 'big')",
+        indexes: ["jobs_pkey|jobs_status"]),
+      Case(
+        name: "heartbeat", prepare: "(int8[], int8[], int8, timestamptz, text) AS \(sql.heartbeat)",
+        execute: "(\(ids), \(tokens), 60000, NULL, 'big')", indexes: ["jobs_pkey|jobs_status"]),
+      Case(
+        name: "rescue", prepare: "(text, timestamptz) AS \(sql.rescue)", execute: "('big', NULL)",
+        indexes: ["jobs_status"]),
+      Case(
+        name: "counts", prepare: "(text, timestamptz) AS \(sql.counts)", execute: "('big', NULL)",
+        indexes: ["jobs_ready", "jobs_scheduled", "jobs_status"]),
+      Case(
+        name: "nextWake", prepare: "(text, timestamptz) AS \(sql.nextWake)", execute: "('big', NULL)",
+        indexes: ["jobs_ready", "jobs_scheduled", "jobs_status"]),
+      Case(
+        name: "list all", prepare: "(text, int8, int8, text[]) AS \(sql.list)",
+        execute: "('big', 1000, 100, NULL)", indexes: ["jobs_pkey"]),
+      Case(
+        name: "list pending", prepare: "(text, int8, int8, text[]) AS \(sql.list)",
+        execute: "('big', 1000, 100, ARRAY['ready', 'scheduled'])", indexes: ["jobs_pkey"]),
+      Case(
+        name: "list running", prepare: "(text, int8, int8, text) AS \(sql.listStatus)",
+        execute: "('big', 0, 100, 'running')", indexes: ["jobs_status"]),
+      Case(
+        name: "list dead", prepare: "(text, int8, int8, text) AS \(sql.listStatus)",
+        execute: "('big', 0, 100, 'dead')", indexes: ["jobs_status"]),
+      Case(
+        name: "duplicates", prepare: "(text, bytea[]) AS \(sql.findDuplicates)",
+        execute: "('big', ARRAY[convert_to('key-10', 'UTF8'), convert_to('key-20', 'UTF8')])",
+        indexes: ["jobs_dedup"]),
+      Case(name: "job", prepare: "(int8) AS \(sql.job)", execute: "(12345)", indexes: ["jobs_pkey"]),
+    ]
+    for (number, test) in cases.enumerated() {
+      try admin.query("PREPARE plan_\(number) \(test.prepare)")
+      // As the store's connection runs it: prepared, planned for each execution's values.
+      try admin.query("SET plan_cache_mode = force_custom_plan")
+      let rows = try admin.query("EXPLAIN EXECUTE plan_\(number) \(test.execute)")
+      let plan = rows.compactMap { $0.first ?? nil }.joined(separator: "\n")
+      #expect(!plan.contains("Seq Scan on jobs"), "\(test.name) scans the jobs table:\n\(plan)")
+      for index in test.indexes {
+        // "a|b": either index will do (both look each ID up).
+        let found = index.split(separator: "|").contains { plan.contains(" \($0) ") }
+        #expect(found, "\(test.name) does not use \(index):\n\(plan)")
+      }
+    }
+    await store.close()
+  }
+}

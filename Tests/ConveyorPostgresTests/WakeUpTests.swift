@@ -1,0 +1,170 @@
+import Conveyor
+import ConveyorPostgres
+import ConveyorTestSupport
+import Foundation
+import Synchronization
+import Testing
+
+/// Every change that makes a job ready now wakes idle workers of other processes through
+/// `NOTIFY`: a retry due at once, a release, a rescued lease, a resume. The idle worker polls only
+/// every 60 seconds, so only a notification can start the job within the 5-second bound (a hang
+/// bound, not a speed claim: the wake-up itself takes milliseconds).
+@Suite("PostgresJobStore wake-ups", .serialized)
+struct WakeUpTests {
+  struct Item: Queueable { var number: Int }
+
+  let lease = Lease(owner: "other-process", duration: .seconds(3_600))
+
+  /// Two stores on one schema: `worker` for the idle queue, `other` standing for another process.
+  func openStores() async throws -> (PostgresServer, worker: PostgresJobStore, other: PostgresJobStore) {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("wake")
+    let worker = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let other = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    return (server, worker, other)
+  }
+
+  /// Makes sure `store`'s listener is up (it starts with the first wait) and nothing is pending.
+  func primeListener(_ store: PostgresJobStore, through other: PostgresJobStore, queue: String) async throws {
+    var live = false
+    for _ in 0..<50 where !live {
+      let waiter = Task { await store.waitForWork(queue: queue, timeout: .seconds(2)) }
+      try await Task.sleep(for: .milliseconds(100))
+      try await other.setPaused(false, queue: queue)
+      live = await waiter.value
+    }
+    #expect(live, "the listener hears a resume")
+    while await store.waitForWork(queue: queue, timeout: .milliseconds(300)) {}
+  }
+
+  /// An idle queue on `worker` polling every 60 s; the stream yields each handled item.
+  func idleQueue(on store: PostgresJobStore, queue: String) throws -> (JobQueue<Item>, AsyncStream<Int>) {
+    let (stream, continuation) = AsyncStream.makeStream(of: Int.self)
+    let configuration = JobQueueConfiguration(identifier: queue, pollInterval: .seconds(60))
+    let jobQueue = try JobQueue<Item>(configuration: configuration, store: store) { item, _ in
+      continuation.yield(item.number)
+      return .handled
+    }
+    return (jobQueue, stream)
+  }
+
+  /// The first value of `stream`, or nil when none comes within `seconds`.
+  func first(_ stream: AsyncStream<Int>, within seconds: Int = 5) async -> Int? {
+    await withTaskGroup(of: Int?.self) { group in
+      group.addTask {
+        var iterator = stream.makeAsyncIterator()
+        return await iterator.next()
+      }
+      group.addTask {
+        try? await Task.sleep(for: .seconds(seconds))
+        return nil
+      }
+      let value = await group.next() ?? nil
+      group.cancelAll()
+      return value
+    }
+  }
+
+  func enqueue(_ number: Int, on store: PostgresJobStore, queue: String) async throws {
+    _ = try await store.enqueue(
+      [NewJob(payload: try JSONEncoder().encode(Item(number: number)))], queue: queue, clock: SystemJobClock()
+    )
+  }
+
+  /// The other process claims the queue's job; then an idle queue starts on `worker` and settles
+  /// into its 60-second wait (the claimed job's lease runs an hour).
+  func claimElsewhereThenIdle(_ queue: String) async throws -> (
+    worker: PostgresJobStore, other: PostgresJobStore, server: PostgresServer, claim: ClaimReference,
+    jobQueue: JobQueue<Item>, handled: AsyncStream<Int>
+  ) {
+    let (server, worker, other) = try await openStores()
+    try await enqueue(1, on: other, queue: queue)
+    let batch = try await other.settleAndClaim(
+      [], queue: queue, limit: 1, lease: lease, clock: SystemJobClock())
+    let claim = try #require(batch.claimed.first).claim
+    try await primeListener(worker, through: other, queue: queue)
+    let (jobQueue, handled) = try idleQueue(on: worker, queue: queue)
+    try await Task.sleep(for: .milliseconds(500))  // the loop finds nothing ready and waits
+    return (worker, other, server, claim, jobQueue, handled)
+  }
+
+  @Test func aRetryDueAtOnceWakesAnIdleWorkerElsewhere() async throws {
+    let s = try await claimElsewhereThenIdle("retry")
+    let result = try await s.other.settleAndClaim(
+      [JobSettlement(claim: s.claim, action: .retry(after: .zero, error: "try again"))], queue: "retry",
+      limit: 0, lease: lease, clock: SystemJobClock())
+    #expect(result.staleSettlements.isEmpty)
+    let handled = await first(s.handled)
+    #expect(handled == 1, "the idle worker started the retried job within 5 s (it polls every 60 s)")
+    await s.jobQueue.shutdown(gracePeriod: .seconds(5))
+    await s.worker.close()
+    await s.other.close()
+  }
+
+  @Test func aReleaseWakesAnIdleWorkerElsewhere() async throws {
+    let s = try await claimElsewhereThenIdle("release")
+    _ = try await s.other.settleAndClaim(
+      [JobSettlement(claim: s.claim, action: .release(error: nil))], queue: "release", limit: 0, lease: lease,
+      clock: SystemJobClock())
+    let handled = await first(s.handled)
+    #expect(handled == 1, "the idle worker started the released job within 5 s (it polls every 60 s)")
+    await s.jobQueue.shutdown(gracePeriod: .seconds(5))
+    await s.worker.close()
+    await s.other.close()
+  }
+
+  @Test func aRescuedLeaseWakesAnIdleWorkerElsewhere() async throws {
+    let s = try await claimElsewhereThenIdle("rescue")
+    // The other process's claim runs out (as if it had died an hour ago); a third party rescues it.
+    let schema = s.worker.options.schema
+    try AdminConnection(s.server.url).query(
+      "UPDATE \(schema).jobs SET lease_expires_at = now() - interval '1 second' WHERE status = 'running'")
+    #expect(try await s.other.rescueExpiredLeases(queue: "rescue", clock: SystemJobClock()) == 1)
+    let handled = await first(s.handled)
+    #expect(handled == 1, "the idle worker started the rescued job within 5 s (it polls every 60 s)")
+    await s.jobQueue.shutdown(gracePeriod: .seconds(5))
+    await s.worker.close()
+    await s.other.close()
+  }
+
+  @Test func aQueueShutDownElsewhereHandsItsJobToAnIdleWorker() async throws {
+    let (_, worker, other) = try await openStores()
+    let queue = "shutdown"
+    try await enqueue(1, on: other, queue: queue)
+    // The other process's queue starts the job and holds it until it is shut down.
+    let (started, startedContinuation) = AsyncStream.makeStream(of: Int.self)
+    let holding = try JobQueue<Item>(
+      configuration: JobQueueConfiguration(identifier: queue, pollInterval: .seconds(60)), store: other
+    ) { item, _ in
+      startedContinuation.yield(item.number)
+      try await Task.sleep(for: .seconds(3_600))
+      return .handled
+    }
+    #expect(await first(started, within: 30) == 1)
+    try await primeListener(worker, through: other, queue: queue)
+    let (jobQueue, handled) = try idleQueue(on: worker, queue: queue)
+    try await Task.sleep(for: .milliseconds(500))
+    await holding.shutdown(gracePeriod: .milliseconds(100))  // the interrupted job is released
+    #expect(await first(handled) == 1, "the idle worker started the released job within 5 s")
+    await jobQueue.shutdown(gracePeriod: .seconds(5))
+    await worker.close()
+    await other.close()
+  }
+
+  @Test func aResumeWakesAnIdleWorkerElsewhere() async throws {
+    let (_, worker, other) = try await openStores()
+    let queue = "resume"
+    try await other.setPaused(true, queue: queue)
+    try await enqueue(1, on: other, queue: queue)
+    try await primeListener(worker, through: other, queue: queue)
+    try await other.setPaused(true, queue: queue)  // primeListener resumed it
+    while await worker.waitForWork(queue: queue, timeout: .milliseconds(300)) {}
+    let (jobQueue, handled) = try idleQueue(on: worker, queue: queue)
+    try await Task.sleep(for: .milliseconds(500))  // paused: the loop waits
+    try await other.setPaused(false, queue: queue)
+    #expect(await first(handled) == 1, "the idle worker started the job within 5 s of the resume")
+    await jobQueue.shutdown(gracePeriod: .seconds(5))
+    await worker.close()
+    await other.close()
+  }
+}
