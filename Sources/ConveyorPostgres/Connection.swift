@@ -203,6 +203,7 @@ final class Connection {
     guard PQconsumeInput(handle) == 1 else { return false }
     // A transaction left open (its ROLLBACK failed) would swallow the next call's statements.
     return PQstatus(handle) == CONNECTION_OK && PQtransactionStatus(handle) == PQTRANS_IDLE
+      && PQpipelineStatus(handle) == PQ_PIPELINE_OFF
   }
 
   /// The object `PQcancel` uses to cancel this connection's running statement from another thread.
@@ -212,35 +213,20 @@ final class Connection {
   var socketDescriptor: Int32 { PQsocket(handle) }
 
   /// Runs one statement with bound parameters and returns its rows in binary format.
+  ///
+  /// - Parameter prepared: Whether to prepare the statement once per connection and then only
+  ///   execute it (the server may then plan it once for all values); false sends it whole and has
+  ///   it planned for these values.
   @discardableResult
-  func execute(_ sql: String, _ parameters: [PostgresValue] = []) throws -> QueryResult {
+  func execute(_ sql: String, _ parameters: [PostgresValue] = [], prepared: Bool = true) throws -> QueryResult
+  {
     if sql != "ROLLBACK" && isCancelled() { throw CancellationError() }
     let mayCommit = !inTransaction || sql == "COMMIT"
-    let encoded = parameters.map(\.encoded)
-    let types = encoded.map(\.oid)
-    // The protocol counts parameters in 16 bits; the store's statements take a handful.
-    guard let count = Int32(exactly: encoded.count), count <= 65_535 else {
-      throw PostgresError(
-        code: .valueTooLarge,
-        message: "a statement with \(encoded.count) parameters is more than PostgreSQL takes (65,535)")
-    }
-    // The protocol's lengths are 32-bit: a larger value is refused here, before anything is sent.
-    let lengths = try encoded.map { value -> Int32 in
-      guard let length = Int32(exactly: value.bytes?.count ?? 0) else {
-        throw PostgresError(
-          code: .valueTooLarge,
-          message: "a value of \(value.bytes?.count ?? 0) bytes is larger than PostgreSQL can take (2 GiB); "
-            + "store large data elsewhere and queue a reference to it")
-      }
-      return length
-    }
-    let formats = [Int32](repeating: 1, count: encoded.count)
+    let (encoded, types, count, lengths, formats) = try Self.encode(parameters)
     // A statement with parameters is prepared once per connection and then only executed: the
     // store's statements are few and fixed, and parsing and planning one (the insert with its
-    // trigger, the settlement's CTEs) cost more than running it. Each execution is still planned
-    // for its values (`plan_cache_mode = force_custom_plan`, set with the connection), as
-    // `ExplainTests` checks.
-    let name = encoded.isEmpty ? nil : try prepare(sql, types: types)
+    // trigger, the settlement's CTEs) cost more than running it.
+    let name = encoded.isEmpty || !prepared ? nil : try prepare(sql, types: types)
     let result: OpaquePointer? = withPointers(to: encoded.map(\.bytes)) { values in
       if let name {
         PQexecPrepared(handle, name, count, values, lengths, formats, 1)
@@ -260,7 +246,7 @@ final class Connection {
       PQclear(result)
       // A table changed under a prepared statement (a migration, an administrator's ALTER):
       // prepare every statement afresh; the caller runs the call again.
-      if name != nil && error.isStalePreparedStatement { prepared.removeAll() }
+      if name != nil && error.isStalePreparedStatement { self.prepared.removeAll() }
       if error.isConnectionLoss || PQstatus(handle) != CONNECTION_OK { lostDuringCommit = mayCommit }
       throw error
     }
@@ -281,6 +267,104 @@ final class Connection {
     preparedCount += 1
     prepared[key] = name
     return name
+  }
+
+  /// The parameters in the protocol's binary form, checked against its limits before anything
+  /// is sent: a parameter count in 16 bits, each length in 32.
+  private static func encode(_ parameters: [PostgresValue]) throws -> (
+    encoded: [(oid: UInt32, bytes: [UInt8]?)], types: [UInt32], count: Int32, lengths: [Int32],
+    formats: [Int32]
+  ) {
+    let encoded = parameters.map(\.encoded)
+    let types = encoded.map(\.oid)
+    // The store's statements take a handful.
+    guard let count = Int32(exactly: encoded.count), count <= 65_535 else {
+      throw PostgresError(
+        code: .valueTooLarge,
+        message: "a statement with \(encoded.count) parameters is more than PostgreSQL takes (65,535)")
+    }
+    let lengths = try encoded.map { value -> Int32 in
+      guard let length = Int32(exactly: value.bytes?.count ?? 0) else {
+        throw PostgresError(
+          code: .valueTooLarge,
+          message: "a value of \(value.bytes?.count ?? 0) bytes is larger than PostgreSQL can take (2 GiB); "
+            + "store large data elsewhere and queue a reference to it")
+      }
+      return length
+    }
+    return (encoded, types, count, lengths, [Int32](repeating: 1, count: encoded.count))
+  }
+
+  /// Runs statements with bound parameters in one round trip to the server (libpq's pipeline
+  /// mode), as one transaction: they run in order, and the first that fails rolls back the ones
+  /// before it and skips the rest. Returns each statement's rows, in order.
+  ///
+  /// Must not be called inside ``transaction(_:)``: the statements are their own transaction, which
+  /// commits when the server reaches the end of the pipeline. A connection lost once they are sent
+  /// leaves that commit unknown (``lostDuringCommit``).
+  func pipeline(_ statements: [(sql: String, parameters: [PostgresValue])]) throws -> [QueryResult] {
+    precondition(!inTransaction, "a pipeline is a transaction of its own")
+    if isCancelled() { throw CancellationError() }
+    let encoded = try statements.map { statement in
+      let parameters = try Self.encode(statement.parameters)
+      // Prepared first (PQprepare cannot run in pipeline mode); a loss here commits nothing.
+      return (name: try prepare(statement.sql, types: parameters.types), parameters: parameters)
+    }
+    guard PQenterPipelineMode(handle) == 1 else { throw connectionError(sql: statements.first?.sql) }
+    defer { _ = PQexitPipelineMode(handle) }
+    for (index, statement) in encoded.enumerated() {
+      let sent = withPointers(to: statement.parameters.encoded.map(\.bytes)) { values in
+        PQsendQueryPrepared(
+          handle, statement.name, statement.parameters.count, values, statement.parameters.lengths,
+          statement.parameters.formats, 1)
+      }
+      guard sent == 1 else {
+        lostDuringCommit = true
+        throw connectionError(sql: statements[index].sql)
+      }
+    }
+    guard PQpipelineSync(handle) == 1 else {
+      lostDuringCommit = true
+      throw connectionError(sql: statements.last?.sql)
+    }
+    var results: [QueryResult] = []
+    var failure: PostgresError?
+    for (index, statement) in statements.enumerated() {
+      // One result per statement, then NULL; an aborted one (after a failure) has no rows.
+      while let result = PQgetResult(handle) {
+        let status = PQresultStatus(result)
+        if (status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK) && results.count == index {
+          results.append(QueryResult(result))  // owns the result from here
+          continue
+        }
+        if status != PGRES_PIPELINE_ABORTED && failure == nil {
+          failure = serverError(result, sql: statement.sql)
+        }
+        PQclear(result)
+      }
+    }
+    let sync = PQgetResult(handle)
+    let synced = sync.map { PQresultStatus($0) == PGRES_PIPELINE_SYNC } ?? false
+    if let sync { PQclear(sync) }
+    if PQstatus(handle) != CONNECTION_OK || !synced || (failure?.isConnectionLoss ?? false) {
+      // The end of the pipeline (the commit) may or may not have been reached.
+      lostDuringCommit = true
+      if var failure {
+        failure.code = .connectionFailed
+        throw failure
+      }
+      throw connectionError(sql: statements.last?.sql)
+    }
+    if let failure {
+      if failure.isStalePreparedStatement { prepared.removeAll() }
+      throw failure
+    }
+    guard results.count == statements.count else {
+      throw PostgresError(
+        code: .protocolViolation,
+        message: "the server answered \(results.count) of \(statements.count) statements")
+    }
+    return results
   }
 
   /// Runs a script of several statements without parameters (the simple query protocol): for

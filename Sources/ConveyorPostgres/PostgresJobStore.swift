@@ -111,11 +111,12 @@ public final class PostgresJobStore: JobStore {
     self.sql = sql
     let lockTimeout = JobStoreTime.milliseconds(options.lockTimeout)
     let setup: @Sendable (Connection) throws -> Void = { connection in
-      try connection.execute("SELECT set_config('lock_timeout', $1, false)", [.text("\(lockTimeout)ms")])
-      // The store prepares its statements (parsed once per connection) but has each execution
-      // planned for its values: with the server's generic plans a JobQueue draining in batches
-      // (concurrency 4, prefetch 96) ran at a quarter of the speed, in one A/B run of the benchmarks.
-      try connection.execute("SELECT set_config('plan_cache_mode', 'force_custom_plan', false)")
+      // Sent unprepared: a statement of its own, run once per connection.
+      try connection.execute(
+        "SELECT set_config('lock_timeout', $1, false)", [.text("\(lockTimeout)ms")], prepared: false)
+      // The hot statements are prepared, and the server may plan them once for every value (a
+      // generic plan): `ExplainTests` checks that those plans use the same indexes as the plans
+      // made for each value. Planning every execution cost more than the claim itself.
     }
     // Migrate on the calling thread, on a connection of its own, closed before returning.
     do {
@@ -241,10 +242,13 @@ public final class PostgresJobStore: JobStore {
     return nil
   }
 
-  /// Applies settlements, then claims up to `limit` ready jobs, in one transaction.
+  /// Applies settlements, then claims up to `limit` ready jobs, in one transaction and one round
+  /// trip to the server.
   ///
-  /// The settlements go first, in one statement; then due scheduled jobs are promoted and the
-  /// pause flag read; then the claim (`FOR UPDATE SKIP LOCKED`). Run again after a reconnect: a
+  /// The statements are pipelined (sent together, run in order as one transaction): the
+  /// settlements first, in one statement (and a wake-up when one puts a job back); then due
+  /// scheduled jobs are promoted and the pause flag read; then the claim (`FOR UPDATE SKIP
+  /// LOCKED`), which takes nothing while the queue is paused. Run again after a reconnect: a
   /// settlement that had committed is then reported stale, and jobs claimed by a commit whose
   /// answer was lost are handed out again when their lease passes.
   public func settleAndClaim(
@@ -254,40 +258,50 @@ public final class PostgresJobStore: JobStore {
     let useCaller = options.clock == .caller
     let leaseMilliseconds = JobStoreTime.milliseconds(lease.duration)
     let settle = Self.settlementParameters(settlements)
+    // A job put back in the queue (a retry, a release) may be ready now, or sooner than idle
+    // workers elsewhere expect: wake them, at commit, as an enqueue does. (When such a settlement
+    // turns out stale, the wake-up is spurious, and harmless.)
+    let wakes = settlements.contains(where: \.returnsJob)
     return try await connection.perform(idempotent: true) { db in
-      try db.transaction {
-        let now: PostgresValue = useCaller ? .timestamp(clock.now()) : .timestamp(nil)
-        var stale: [JobID] = []
-        if !settlements.isEmpty {
-          let applied = try db.execute(sql.settle, settle + [now, .text(queue)])
-          let ids = Set((0..<applied.count).map { applied.int64($0, 0) })
-          stale = settlements.map(\.id).filter { !ids.contains($0.rawValue) }
-          // A job put back in the queue (a retry, a release) may be ready now, or sooner than
-          // idle workers elsewhere expect: wake them, at commit, as an enqueue does.
-          if settlements.contains(where: { $0.returnsJob && ids.contains($0.id.rawValue) }) {
-            try db.execute(sql.notify, [.text(queue)])
-          }
-        }
-        let flag = try db.execute(
-          limit > 0 ? sql.promote : sql.isPaused, limit > 0 ? [.text(queue), now] : [.text(queue)])
-        let paused = flag.count > 0 && flag.bool(0, 0)
-        guard limit > 0, !paused else {
-          return ClaimBatch(claimed: [], staleSettlements: stale, paused: paused)
-        }
-        let rows = try db.execute(
-          sql.claim,
-          [
-            .text(queue), .int64(Int64(limit)), .text(Self.storable(lease.owner)), .int64(leaseMilliseconds),
-            now,
-          ])
-        var claimed = try (0..<rows.count).map { try Self.record(rows, $0) }
-        claimed.sort { a, b in
-          if a.priority != b.priority { return a.priority > b.priority }
-          if a.runAt != b.runAt { return a.runAt < b.runAt }
-          return a.id < b.id
-        }
-        return ClaimBatch(claimed: claimed, staleSettlements: stale)
+      let now: PostgresValue = useCaller ? .timestamp(clock.now()) : .timestamp(nil)
+      var statements: [(sql: String, parameters: [PostgresValue])] = []
+      if !settlements.isEmpty {
+        statements.append((sql.settle, settle + [now, .text(queue)]))
+        if wakes { statements.append((sql.notify, [.text(queue)])) }
       }
+      statements.append(limit > 0 ? (sql.promote, [.text(queue), now]) : (sql.isPaused, [.text(queue)]))
+      if limit > 0 {
+        statements.append(
+          (
+            sql.claim,
+            [
+              .text(queue), .int64(Int64(limit)), .text(Self.storable(lease.owner)),
+              .int64(leaseMilliseconds),
+              now,
+            ]
+          ))
+      }
+      let results = try db.pipeline(statements)
+      var stale: [JobID] = []
+      if !settlements.isEmpty {
+        let applied = results[0]
+        let ids = Set((0..<applied.count).map { applied.int64($0, 0) })
+        stale = settlements.map(\.id).filter { !ids.contains($0.rawValue) }
+      }
+      let flagIndex = statements.count - (limit > 0 ? 2 : 1)
+      let flag = results[flagIndex]
+      let pausedBefore = flag.count > 0 && flag.bool(0, 0)
+      guard limit > 0 else { return ClaimBatch(claimed: [], staleSettlements: stale, paused: pausedBefore) }
+      let rows = results[statements.count - 1]
+      var claimed = try (0..<rows.count).map { try Self.record(rows, $0) }
+      claimed.sort { a, b in
+        if a.priority != b.priority { return a.priority > b.priority }
+        if a.runAt != b.runAt { return a.runAt < b.runAt }
+        return a.id < b.id
+      }
+      // The claim reads the flag again, in a later snapshot: jobs claimed mean the queue was
+      // resumed in between, and a claim of nothing after an unpaused read says nothing new.
+      return ClaimBatch(claimed: claimed, staleSettlements: stale, paused: pausedBefore && claimed.isEmpty)
     }
   }
 
@@ -387,8 +401,11 @@ public final class PostgresJobStore: JobStore {
     let statuses: PostgresValue =
       if let stored { stored.count == 1 ? .text(stored[0]) : .textArray(stored) } else { .null(oid: 1009) }
     return try await connection.perform(idempotent: true) { db in
+      // Planned for its values each time (not prepared): a plan for any status could not pick the
+      // index of the one asked for, and listing is not a hot path.
       let rows = try db.execute(
-        statement, [.text(queue), .int64(after?.rawValue ?? Int64.min), .int64(Int64(limit)), statuses])
+        statement, [.text(queue), .int64(after?.rawValue ?? Int64.min), .int64(Int64(limit)), statuses],
+        prepared: false)
       return try (0..<rows.count).map { try Self.record(rows, $0) }
     }
   }

@@ -278,21 +278,25 @@ struct SQL {
     """
   }
 
-  /// Claims up to `limit` ready jobs in claim order, skipping rows other workers hold: the
-  /// materialised CTE locks them (`FOR UPDATE SKIP LOCKED`) once, then the update marks them
-  /// running. The lease is computed from the statement's time. `RETURNING` gives the rows in no
-  /// particular order; the store sorts them. Parameters: queue, limit, owner, lease (ms), now.
+  /// Claims up to `limit` ready jobs in claim order, skipping rows other workers hold, and none
+  /// while the queue is paused: the subquery locks them (`FOR UPDATE SKIP LOCKED`) once, then the
+  /// update marks them running. The lease is computed from the statement's time. `RETURNING`
+  /// gives the rows in no particular order; the store sorts them. Parameters: queue, limit, owner,
+  /// lease (ms), now.
+  ///
+  /// The picked IDs are looked up as an array (`id = ANY(ARRAY(…))`), as in ``promote``: a plan
+  /// made without the limit's value (a prepared statement's generic plan) guessed a tenth of the
+  /// queue and merge-joined it against the whole primary key.
   var claim: String {
     """
-    WITH picked AS MATERIALIZED (
-      SELECT id FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
-      ORDER BY priority DESC, run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED
-    )
     UPDATE \(schema).jobs j SET status = 'running',
       attempts = CASE WHEN j.attempts < 9223372036854775807 THEN j.attempts + 1 ELSE j.attempts END,
       claim_token = j.claim_token + 1, lease_owner = $3,
       lease_expires_at = least(\(Self.now(5)) + $4 * interval '1 millisecond', \(Self.latest))
-    FROM picked WHERE j.id = picked.id
+    WHERE j.id = ANY(ARRAY(
+      SELECT id FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
+        AND NOT EXISTS (SELECT 1 FROM \(schema).queues q WHERE q.name = $1 AND q.paused)
+      ORDER BY priority DESC, run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED))
     RETURNING \(Self.columns("j"))
     """
   }

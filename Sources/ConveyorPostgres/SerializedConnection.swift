@@ -20,7 +20,7 @@ import Synchronization
 /// `@unchecked Sendable` is safe because `connection` and `closed` are only touched from blocks
 /// running on the serial `thread`; `cancelHandle` (the `PGcancel` of the current connection,
 /// which libpq documents as usable from any thread) is guarded by its `Mutex`, and is replaced
-/// only by the thread, under that lock.
+/// only by the thread, under that lock; `watchdog` is set once, in `init`, and only cancelled after.
 final class SerializedConnection: @unchecked Sendable {
   private let thread: StoreThread
   private let conninfo: String
@@ -33,6 +33,16 @@ final class SerializedConnection: @unchecked Sendable {
   private var connection: Connection?
   private var closed = false
   private let cancelHandle = Mutex<CancelHandle?>(nil)
+  /// The run of a block that `callTimeout` applies to, while it runs.
+  private let watched = Mutex<Watched?>(nil)
+  /// Looks at `watched` a few times per `callTimeout` (nil without one).
+  private var watchdog: (any DispatchSourceTimer)?
+
+  private struct Watched: Sendable {
+    var operation: Operation
+    var attempt: Int
+    var deadline: ContinuousClock.Instant
+  }
 
   /// A `PGcancel` object, freed when replaced, and the connection's socket.
   final class CancelHandle: Sendable {
@@ -71,9 +81,24 @@ final class SerializedConnection: @unchecked Sendable {
     self.scrubber = scrubber
     self.reconnectTimeout = reconnectTimeout
     self.setup = setup
+    if let callTimeout {
+      // Checked ten times per timeout (at most every second): a call is ended between
+      // `callTimeout` and 1.1 times it.
+      let tick = max(min(callTimeout / 10, .seconds(1)), .milliseconds(10))
+      let timer = DispatchSource.makeTimerSource(queue: .global())
+      let nanoseconds =
+        Int(tick.components.seconds) * 1_000_000_000 + Int(tick.components.attoseconds / 1_000_000_000)
+      timer.schedule(deadline: .now() + .nanoseconds(nanoseconds), repeating: .nanoseconds(nanoseconds))
+      timer.setEventHandler { [weak self] in self?.checkCallTimeout() }
+      timer.resume()
+      watchdog = timer
+    }
   }
 
-  deinit { thread.stop() }
+  deinit {
+    watchdog?.cancel()
+    thread.stop()
+  }
 
   /// Opens the connection now (on the store's thread), so that opening the store reports a bad
   /// URL or an unreachable server at once.
@@ -141,18 +166,21 @@ final class SerializedConnection: @unchecked Sendable {
     }
   }
 
-  /// Ends a call still running after `callTimeout` (a server that stopped answering, a network
-  /// cut that sent no reset): its socket is shut down, so the call sees a broken connection and,
-  /// like any other, runs again on a new one within `reconnectTimeout`.
+  /// Starts watching the block's current run for `callTimeout` (see ``checkCallTimeout()``).
   private func watch(_ operation: Operation) {
     guard let callTimeout else { return }
     let attempt = operation.beginAttempt()
-    let (seconds, attoseconds) = callTimeout.components
-    let delay = Double(seconds) + Double(attoseconds) / 1e18
-    DispatchQueue.global().asyncAfter(deadline: .now() + delay) { [weak self] in
-      guard let self else { return }
-      _ = operation.whileRunning(attempt: attempt) { self.cancelHandle.withLock { $0?.abort() } }
-    }
+    watched.withLock { $0 = Watched(operation: operation, attempt: attempt, deadline: .now + callTimeout) }
+  }
+
+  /// Ends a call still running after `callTimeout` (a server that stopped answering, a network
+  /// cut that sent no reset): its socket is shut down, so the call sees a broken connection and,
+  /// like any other, runs again on a new one within `reconnectTimeout`. Called by `watchdog`, one
+  /// timer per connection (a timer per call would keep one alive per call made in the last
+  /// `callTimeout`: hundreds of thousands at full speed).
+  private func checkCallTimeout() {
+    guard let current = watched.withLock({ $0 }), ContinuousClock.now >= current.deadline else { return }
+    _ = current.operation.whileRunning(attempt: current.attempt) { cancelHandle.withLock { $0?.abort() } }
   }
 
   /// Runs `body`, reconnecting and running it again after a connection loss. On the thread.
@@ -172,6 +200,7 @@ final class SerializedConnection: @unchecked Sendable {
         let connection = try connected()
         connection.isCancelled = { operation.isCancelled }
         watch(operation)
+        defer { watched.withLock { $0 = nil } }
         return try body(connection)
       } catch let error as PostgresError where error.isStalePreparedStatement && !replanned {
         // Nothing was committed (the statement failed, and its transaction was rolled back), so
