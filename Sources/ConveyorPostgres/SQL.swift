@@ -228,8 +228,12 @@ struct SQL {
   /// planner then looks each job up by its primary key, which it otherwise traded for a walk of
   /// every running job whenever its statistics said that few were running (taken before the
   /// workers claimed), a plan a prepared statement then kept as hundreds ran.
-  static func runningIn(_ queueParameter: Int) -> String {
-    "AND j.status || '' = 'running' AND j.queue || '' = $\(queueParameter)"
+  ///
+  /// `idsParameter` names the array of the IDs looked up: as an index condition of its own it keeps
+  /// every join order a lookup (without it, a plan that took the table for small walked the whole
+  /// primary key to join it with the settlements).
+  static func runningIn(_ queueParameter: Int, ids idsParameter: Int) -> String {
+    "AND j.id = ANY($\(idsParameter)::int8[]) AND j.status || '' = 'running' AND j.queue || '' = $\(queueParameter)"
   }
 
   /// Applies a batch of settlements in one statement; returns the IDs that applied.
@@ -245,7 +249,7 @@ struct SQL {
     ),
     done AS (
       DELETE FROM \(schema).jobs j USING s
-      WHERE s.kind = 0 AND j.id = s.id AND j.claim_token = s.token \(Self.runningIn(7))
+      WHERE s.kind = 0 AND j.id = s.id AND j.claim_token = s.token \(Self.runningIn(7, ids: 1))
       RETURNING j.id
     ),
     changed AS (
@@ -259,7 +263,7 @@ struct SQL {
         last_error = CASE WHEN s.kind = 2 THEN s.error ELSE coalesce(s.error, j.last_error) END,
         lease_owner = NULL, lease_expires_at = NULL
       FROM s, n
-      WHERE s.kind <> 0 AND j.id = s.id AND j.claim_token = s.token \(Self.runningIn(7))
+      WHERE s.kind <> 0 AND j.id = s.id AND j.claim_token = s.token \(Self.runningIn(7, ids: 1))
       RETURNING j.id
     )
     SELECT id FROM done UNION ALL SELECT id FROM changed
@@ -314,7 +318,7 @@ struct SQL {
     UPDATE \(schema).jobs j
     SET lease_expires_at = least(\(Self.now(4)) + $3 * interval '1 millisecond', \(Self.latest))
     FROM unnest($1::int8[], $2::int8[]) AS s(id, token)
-    WHERE j.id = s.id AND j.claim_token = s.token \(Self.runningIn(5))
+    WHERE j.id = s.id AND j.claim_token = s.token \(Self.runningIn(5, ids: 1))
     RETURNING j.id, j.claim_token
     """
   }
@@ -380,15 +384,17 @@ struct SQL {
     """
   }
 
-  /// The server's time, the next ready job's run date (in claim order, so from `jobs_ready`), the earliest scheduled run date and the
-  /// earliest lease expiry. Parameters: queue, now.
+  /// The server's time, the next ready job's run date (in claim order, so from `jobs_ready`), the
+  /// earliest scheduled run date, the earliest lease expiry and the pause flag. Parameters: queue,
+  /// now.
   var nextWake: String {
     """
     SELECT \(Self.now(2)),
       (SELECT run_at FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
         ORDER BY priority DESC, run_at, id LIMIT 1),
       (SELECT min(run_at) FROM \(schema).jobs WHERE queue = $1 AND status = 'scheduled'),
-      (SELECT min(lease_expires_at) FROM \(schema).jobs WHERE queue = $1 AND status = 'running')
+      (SELECT min(lease_expires_at) FROM \(schema).jobs WHERE queue = $1 AND status = 'running'),
+      coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false)
     """
   }
 

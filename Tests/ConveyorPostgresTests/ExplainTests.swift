@@ -11,8 +11,8 @@ import Testing
 /// dead ones, beside a smaller queue), vacuumed and analyzed as autovacuum leaves a busy table.
 /// Each statement is prepared with the store's exact text and explained with the parameter values
 /// a worker sends, planned for those values and, for the statements the store prepares, also with
-/// the plan the server makes once for every value (a generic plan), which it may switch to after
-/// five executions.
+/// the plan made once for every value (a generic plan), which is the one the store's connections
+/// use (`plan_cache_mode = force_generic_plan`).
 @Suite("PostgresJobStore plans", .serialized)
 struct ExplainTests {
   struct Case {

@@ -239,7 +239,7 @@ struct ReviewPipelineTests {
     await second.close()
   }
 
-  // FAILS: a JobQueue on a paused PostgreSQL queue with a ready job spins: the claim reports
+  // Fixed (failed before the fix): a JobQueue on a paused PostgreSQL queue with a ready job spins: the claim reports
   // paused, then `nextWake` (which never reads the pause flag: `WakeHint.paused` stays false)
   // clears the engine's paused state, a ready job is due, so the loop claims again at once.
   @Test func anIdleQueueOnAPausedQueueDoesNotSpinAndStaysPaused() async throws {
@@ -303,7 +303,7 @@ struct ReviewPipelineTests {
 
   // MARK: Generic plans
 
-  // FAILS: the hot statements are prepared and keep the server's generic plan, which is made
+  // Fixed (failed before the fix): the hot statements are prepared and keep the server's generic plan, which is made
   // once (after five executions) and kept until an ANALYZE invalidates it. Made while the queue
   // was small, the claim's generic plan looks the picked IDs up with a Seq Scan on jobs
   // (`id = ANY($3)` as a filter), promote and rescue scan the table twice, nextWake scans it for
@@ -340,6 +340,14 @@ struct ReviewPipelineTests {
       ("promote", sql.promote, "('q', NULL::timestamptz)"),
       ("rescue", sql.rescue, "('q', NULL::timestamptz)"),
       ("nextWake", sql.nextWake, "('q', NULL::timestamptz)"),
+      (
+        "settle", sql.settle,
+        "('{1,2}'::int8[], '{1,1}'::int8[], '{0,1}'::int4[], '{NULL,10}'::int8[], '{NULL,NULL}'::text[], "
+          + "NULL::timestamptz, 'q')"
+      ),
+      (
+        "heartbeat", sql.heartbeat, "('{1,2}'::int8[], '{1,1}'::int8[], 600000::int8, NULL::timestamptz, 'q')"
+      ),
     ]
     let plans = try await store.connection.perform(idempotent: true) { db -> [(String, String)] in
       let prepared = try db.execute("SELECT name, statement FROM pg_prepared_statements", prepared: false)

@@ -290,6 +290,9 @@ public enum JobStoreConformance {
       try await store.setPaused(true, queue: "q")
       try expect(try await store.isPaused(queue: "q"), "paused stored")
       try expect(!(try await store.isPaused(queue: "other")), "other not paused")
+      // An idle queue learns of a pause from `nextWake` too (else it claims again at once).
+      try expect(try await store.nextWake(queue: "q", clock: now(0)).paused, "nextWake reports the pause")
+      try expect(!(try await store.nextWake(queue: "other", clock: now(0)).paused), "other's hint not paused")
       let batch = try await claim(
         store, limit: 5, settling: [settle(held, .complete)])
       try expect(batch.paused && batch.claimed.isEmpty, "nothing claimed while paused")
@@ -298,6 +301,7 @@ public enum JobStoreConformance {
       let other = try await claim(store, "other", limit: 5)
       try expect(other.claimed.count == 1 && !other.paused, "other queue unaffected")
       try await store.setPaused(false, queue: "q")
+      try expect(!(try await store.nextWake(queue: "q", clock: now(0)).paused), "nextWake reports the resume")
       let resumed = try await claim(store, limit: 5)
       try expect(resumed.claimed.map(text) == ["b"] && !resumed.paused, "claims after resume")
     },
