@@ -223,23 +223,33 @@ struct SQL {
 
   // MARK: Settling and claiming
 
-  /// "The job is running, in queue `$n`", for statements that look their jobs up by ID (settling,
-  /// heartbeats). Written so that no index can serve it (`|| ''` leaves each value as it is): the
-  /// planner then looks each job up by its primary key, which it otherwise traded for a walk of
-  /// every running job whenever its statistics said that few were running (taken before the
-  /// workers claimed), a plan a prepared statement then kept as hundreds ran.
+  /// The current claims among `(id, token)` pairs (a relation `s` with those columns), each locked
+  /// (`FOR UPDATE`): running, in queue `$queueParameter`, with that claim token. For settling and
+  /// heartbeats, which then change the locked rows by ID.
   ///
-  /// `idsParameter` names the array of the IDs looked up: as an index condition of its own it keeps
-  /// every join order a lookup (without it, a plan that took the table for small walked the whole
-  /// primary key to join it with the settlements).
-  static func runningIn(_ queueParameter: Int, ids idsParameter: Int) -> String {
-    "AND j.id = ANY($\(idsParameter)::int8[]) AND j.status || '' = 'running' AND j.queue || '' = $\(queueParameter)"
+  /// Each pair is one primary-key lookup, whatever the plan: the lookup is a `LATERAL` subquery
+  /// kept apart from the rest of the plan (`OFFSET 0`), so the pairs always drive it. Joined the
+  /// usual way, a plan that took the table for small (statistics taken before the queue grew)
+  /// walked the whole primary key, and one that took the pairs for few scanned all of them for
+  /// every job. The status and queue are written so no index can serve them (`|| ''` leaves each
+  /// value as it is): with statistics taken before the workers claimed, the planner otherwise
+  /// walked every running job of the queue for each pair.
+  static func currentClaims(_ schema: String, queueParameter: Int) -> String {
+    """
+    CROSS JOIN LATERAL (
+      SELECT 1 FROM \(schema).jobs j
+      WHERE j.id = s.id AND j.claim_token = s.token AND j.status || '' = 'running'
+        AND j.queue || '' = $\(queueParameter)
+      OFFSET 0 FOR UPDATE
+    ) AS current
+    """
   }
 
   /// Applies a batch of settlements in one statement; returns the IDs that applied.
   /// Kinds: 0 complete, 1 retry (delay in ms), 2 kill, 3 release. Each applies only while its
-  /// claim is current: running, with the same claim token.
-  /// Parameters: ids, tokens, kinds, delays, errors, now.
+  /// claim is current: running, with the same claim token (``currentClaims(_:queueParameter:)``
+  /// finds and locks those, then the rows are deleted or changed by ID).
+  /// Parameters: ids, tokens, kinds, delays, errors, now, queue.
   var settle: String {
     """
     WITH n AS (SELECT \(Self.now(6)) AS now),
@@ -247,23 +257,23 @@ struct SQL {
       SELECT * FROM unnest($1::int8[], $2::int8[], $3::int4[], $4::int8[], $5::text[])
         AS s(id, token, kind, delay, error)
     ),
+    c AS MATERIALIZED (SELECT s.id, s.kind, s.delay, s.error FROM s \(Self.currentClaims(schema, queueParameter: 7))),
     done AS (
-      DELETE FROM \(schema).jobs j USING s
-      WHERE s.kind = 0 AND j.id = s.id AND j.claim_token = s.token \(Self.runningIn(7, ids: 1))
+      DELETE FROM \(schema).jobs j WHERE j.id = ANY(ARRAY(SELECT id FROM c WHERE kind = 0))
       RETURNING j.id
     ),
     changed AS (
       UPDATE \(schema).jobs j SET
-        status = CASE s.kind WHEN 2 THEN 'dead' WHEN 3 THEN 'ready'
-          ELSE CASE WHEN least(n.now + s.delay * interval '1 millisecond', \(Self.latest)) <= n.now
+        status = CASE c.kind WHEN 2 THEN 'dead' WHEN 3 THEN 'ready'
+          ELSE CASE WHEN least(n.now + c.delay * interval '1 millisecond', \(Self.latest)) <= n.now
             THEN 'ready' ELSE 'scheduled' END END,
-        run_at = CASE WHEN s.kind = 1
-          THEN least(n.now + s.delay * interval '1 millisecond', \(Self.latest)) ELSE j.run_at END,
-        attempts = CASE WHEN s.kind = 3 THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
-        last_error = CASE WHEN s.kind = 2 THEN s.error ELSE coalesce(s.error, j.last_error) END,
+        run_at = CASE WHEN c.kind = 1
+          THEN least(n.now + c.delay * interval '1 millisecond', \(Self.latest)) ELSE j.run_at END,
+        attempts = CASE WHEN c.kind = 3 THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
+        last_error = CASE WHEN c.kind = 2 THEN c.error ELSE coalesce(c.error, j.last_error) END,
         lease_owner = NULL, lease_expires_at = NULL
-      FROM s, n
-      WHERE s.kind <> 0 AND j.id = s.id AND j.claim_token = s.token \(Self.runningIn(7, ids: 1))
+      FROM c, n
+      WHERE j.id = ANY(ARRAY(SELECT id FROM c WHERE kind <> 0)) AND c.id = j.id
       RETURNING j.id
     )
     SELECT id FROM done UNION ALL SELECT id FROM changed
@@ -317,8 +327,8 @@ struct SQL {
     """
     UPDATE \(schema).jobs j
     SET lease_expires_at = least(\(Self.now(4)) + $3 * interval '1 millisecond', \(Self.latest))
-    FROM unnest($1::int8[], $2::int8[]) AS s(id, token)
-    WHERE j.id = s.id AND j.claim_token = s.token \(Self.runningIn(5, ids: 1))
+    WHERE j.id = ANY(ARRAY(
+      SELECT s.id FROM unnest($1::int8[], $2::int8[]) AS s(id, token) \(Self.currentClaims(schema, queueParameter: 5))))
     RETURNING j.id, j.claim_token
     """
   }

@@ -169,4 +169,54 @@ struct ExplainTests {
     }
     await store.close()
   }
+
+  // Failed before the fix: a settlement of 100 jobs whose plan looked the jobs up by the array of
+  // IDs first then scanned all 100 settlements for each job (9,900 rows removed by the join
+  // filter, 4 ms): the cost grew with the square of the batch. Then, with hash joins off, the
+  // retries of a batch were joined with the settlements the same way (374,750 rows for 500).
+  @Test func settlingAndHeartbeatingABatchCostsOneLookupPerJob() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("plans")
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let sql = store.sql
+    let admin = try AdminConnection(server.url)
+    try admin.query(
+      """
+      INSERT INTO \(schema).jobs (queue, payload, status, run_at, created_at, lease_owner, lease_expires_at)
+      SELECT 'q', '\\x7b7d'::bytea, CASE WHEN i <= 1000 THEN 'running' ELSE 'ready' END, now(), now(),
+        CASE WHEN i <= 1000 THEN 'w' END, CASE WHEN i <= 1000 THEN now() END
+      FROM generate_series(1, 50000) AS i
+      """)
+    try admin.query("VACUUM ANALYZE \(schema).jobs")
+    // The store's session settings (see `PostgresJobStore.init`).
+    try admin.query(
+      "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; SET enable_mergejoin = off")
+    // EXECUTE takes no subqueries: the arrays as literals.
+    let ids = "'{\((1...1000).map(String.init).joined(separator: ","))}'::int8[]"
+    let tokens = "array_fill(0::int8, ARRAY[1000])"
+    // Half completed, half retried.
+    let kinds = "'{\((1...1000).map { String($0 % 2) }.joined(separator: ","))}'::int4[]"
+    try admin.query(
+      "PREPARE settle_batch (int8[], int8[], int4[], int8[], text[], timestamptz, text) AS \(sql.settle)")
+    try admin.query("PREPARE heartbeat_batch (int8[], int8[], int8, timestamptz, text) AS \(sql.heartbeat)")
+    for (name, execute) in [
+      ("heartbeat_batch", "(\(ids), \(tokens), 60000, NULL, 'q')"),
+      (
+        "settle_batch",
+        "(\(ids), \(tokens), \(kinds), array_fill(1000::int8, ARRAY[1000]), array_fill(NULL::text, ARRAY[1000]), NULL, 'q')"
+      ),
+    ] {
+      try admin.query("BEGIN")
+      let rows = try admin.query("EXPLAIN (ANALYZE, TIMING OFF) EXECUTE \(name)\(execute)")
+      try admin.query("ROLLBACK")
+      let plan = rows.compactMap { $0.first ?? nil }.joined(separator: "\n")
+      let removed = plan.split(separator: "\n").compactMap { line -> Int? in
+        guard let range = line.range(of: "Rows Removed by Join Filter: ") else { return nil }
+        return Int(line[range.upperBound...].trimmingCharacters(in: .whitespaces))
+      }
+      #expect(removed.reduce(0, +) < 10_000, "\(name) compares every job with every settlement:\n\(plan)")
+      #expect(plan.contains("rows=1000") || plan.contains("rows=500"), "\(name) found its jobs:\n\(plan)")
+    }
+    await store.close()
+  }
 }
