@@ -83,19 +83,21 @@ final class EnqueueGroups: Sendable {
 }
 
 extension SQLiteJobStore {
-  /// Commits the waiting enqueue calls, group after group, until none is left; runs on the
-  /// connection's thread (`db` is nil once the store was closed).
-  func flushEnqueueGroups(_ db: Connection?) {
-    var expected = 0
-    while let group = groups.take(expecting: expected) {
-      expected = group.count
-      guard let db else {
-        for request in group { request.continuation.resume(throwing: connection.closedFailure()) }
-        continue
-      }
+  /// Commits the waiting enqueue calls as one group; runs on the connection's thread (`db` is nil
+  /// once the store was closed). `expected` is the size of the group before, whose callers may
+  /// come back with their next jobs (see ``EnqueueGroups/take(expecting:linger:)``).
+  ///
+  /// The next group is a new block behind the blocks already submitted, so a stream of adds never
+  /// keeps a claim or a heartbeat waiting for the thread.
+  func flushEnqueueGroups(_ db: Connection?, expecting expected: Int = 0) {
+    guard let group = groups.take(expecting: expected) else { return }
+    if let db {
       let results = Self.commit(group, db: db, groups: groups)
       for (request, result) in zip(group, results) { request.continuation.resume(with: result) }
+    } else {
+      for request in group { request.continuation.resume(throwing: connection.closedFailure()) }
     }
+    connection.submit { [self] db in flushEnqueueGroups(db, expecting: group.count) }
   }
 
   /// Commits one group's calls in one transaction, each in a savepoint of its own.

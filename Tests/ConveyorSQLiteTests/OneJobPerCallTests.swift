@@ -121,6 +121,36 @@ struct OneJobPerCallTests {
     #expect(try other.scalar("SELECT count(*) FROM jobs") == Int64(adders.count + 1))
   }
 
+  /// A steady stream of concurrent adds (committed in groups on the store's thread) never keeps
+  /// another call waiting for the thread: each group is a block of its own, so the call's block
+  /// runs between two.
+  @Test func aStreamOfGroupedAddsDoesNotStarveOtherCalls() async throws {
+    let folder = try TemporaryFolder()
+    let store = try makeStore(folder)
+    _ = try await store.enqueue([NewJob(payload: payload("ready"), runAt: epoch)], queue: "jobs", now: epoch)
+    let stop = Tally()
+    let adders = (0..<8).map { _ in
+      Task {
+        while stop.count == 0 {
+          _ = try await store.enqueue(
+            [NewJob(payload: payload("more"), runAt: epoch)], queue: "jobs", now: epoch)
+        }
+      }
+    }
+    defer { stop.add() }
+    try await eventually("adds are grouped") { store.groups.groupsCommitted > 10 }
+    // Calls that run on the store's thread, after the group block already submitted.
+    // At most the group being committed when the call was submitted goes first.
+    for _ in 0..<20 {
+      let before = store.groups.groupsCommitted
+      #expect(try await store.counts(queue: "jobs", now: epoch).ready > 0)
+      let committed = store.groups.groupsCommitted - before
+      #expect(committed <= 2, "\(committed) groups were committed while a call waited for the thread")
+    }
+    stop.add()
+    for adder in adders { try await adder.value }
+  }
+
   /// Whether `width` tasks can all run at once on the cooperative pool: each blocks its thread until
   /// all have started (giving up after 10 s, for hang detection only).
   private func poolThreadsAllFree(width: Int) async -> Bool {
