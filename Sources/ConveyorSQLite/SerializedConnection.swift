@@ -112,7 +112,7 @@ final class SerializedConnection: @unchecked Sendable {
         let result = Result { try body(connection) }
         let cancelled = operation.finish()
         if case .failure(let error as SQLiteError) = result {
-          if error.code == .busy { return nil }
+          if error.code.primary == .busy { return nil }  // any SQLITE_BUSY_* too: hand over
           if cancelled && error.code == .interrupt { return .failure(CancellationError()) }
         }
         return result
