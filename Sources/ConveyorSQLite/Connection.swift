@@ -29,6 +29,11 @@ final class Connection {
   /// statements). Read by a progress handler every 1,000 virtual-machine instructions; safe to
   /// set from any thread.
   let interruption = InterruptFlag()
+  /// How long a statement waits for another connection's lock, in milliseconds (SQLite's busy
+  /// timeout), when waiting is allowed.
+  private(set) var lockWait: Int32 = 0
+  /// Whether statements currently wait up to ``lockWait`` (false: `SQLITE_BUSY` at once).
+  private var waitsForLocks = true
 
   /// Opens (and creates when `create` is true) the database file at `path`.
   init(path: String, create: Bool) throws {
@@ -82,6 +87,21 @@ final class Connection {
   }
 
   deinit { close() }
+
+  /// Sets how long statements wait for another connection's lock, and lets them wait.
+  func setLockWait(milliseconds: Int32) {
+    lockWait = milliseconds
+    waitsForLocks = true
+    sqlite3_busy_timeout(handle, milliseconds)
+  }
+
+  /// Lets statements wait up to ``lockWait`` for another connection's lock (`true`), or makes
+  /// them fail with `SQLITE_BUSY` at once (`false`), for a caller that must not block its thread.
+  func waitForLocks(_ wait: Bool) {
+    guard wait != waitsForLocks else { return }
+    waitsForLocks = wait
+    sqlite3_busy_timeout(handle, wait ? lockWait : 0)
+  }
 
   /// The number of statements currently prepared and cached (for leak checks in tests).
   var cachedStatementCount: Int { statements.count }

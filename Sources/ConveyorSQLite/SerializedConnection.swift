@@ -4,12 +4,16 @@ import Synchronization
 
 /// Confines one ``Connection`` to a dedicated thread and bridges it to `async`.
 ///
-/// Blocking sqlite3 calls never run on Swift's cooperative thread pool: every use of the
-/// connection is a block on `thread`, which runs them one at a time. Cancelling the awaiting task
-/// calls `sqlite3_interrupt` when its block is running, and skips the block when it has not started.
+/// Blocking sqlite3 calls never make Swift's cooperative thread pool wait for a lock: every use of
+/// the connection is a block on `thread`, which runs them one at a time, except the short
+/// transactions of ``performInline(_:)`` and ``tryInline(_:)``, which run on the caller's thread
+/// when the connection is free, with SQLite's busy timeout off, and move to `thread` (where they
+/// may wait) when they meet another connection's lock. Cancelling the awaiting task calls
+/// `sqlite3_interrupt` when its block is running, and skips the block when it has not started.
 ///
-/// `@unchecked Sendable` is safe because `connection` is only touched from blocks running on the
-/// serial `thread` (the owner hands over a connection nobody else uses); the one exception,
+/// `@unchecked Sendable` is safe because `connection` is only touched while holding the `inUse`
+/// lock: by blocks running on the serial `thread`, or by an inline call that took the lock
+/// without waiting (the owner hands over a connection nobody else uses); the one exception,
 /// `sqlite3_interrupt`, is documented as safe to call from any thread while the handle is open,
 /// and the connection's `interruption` flag is an atomic.
 /// It is only called while a `perform` block runs, and such a block starts only on an open
@@ -18,6 +22,9 @@ import Synchronization
 final class SerializedConnection: @unchecked Sendable {
   private let thread: StoreThread
   private let connection: Connection
+  /// Held by whoever uses `connection`: a block on `thread` (which may wait for it, briefly, while
+  /// an inline call runs), or an inline call (which never waits for it).
+  private let inUse = Mutex(())
 
   /// What a call made after ``close()`` throws.
   private let closedError: @Sendable () -> any Error
@@ -37,7 +44,7 @@ final class SerializedConnection: @unchecked Sendable {
   func close() async {
     await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
       thread.submit {
-        self.connection.close()
+        self.inUse.withLock { _ in self.connection.close() }
         continuation.resume()
       }
     }
@@ -52,32 +59,89 @@ final class SerializedConnection: @unchecked Sendable {
       try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<T, any Error>) in
         // Every path below resumes the continuation exactly once.
         thread.submit {
-          // Checked before the operation starts, so a cancellation never interrupts a closed handle.
-          guard !self.connection.isClosed else {
-            continuation.resume(throwing: self.closedError())
-            return
+          let result = self.inUse.withLock { _ -> Result<T, any Error> in
+            // Checked before the operation starts, so a cancellation never interrupts a closed handle.
+            guard !self.connection.isClosed else { return .failure(self.closedError()) }
+            // Cleared before the operation starts: a cancellation from now on is this block's.
+            self.connection.interruption.clear()
+            guard operation.start() else { return .failure(CancellationError()) }
+            self.connection.waitForLocks(true)
+            let result = Result { try body(self.connection) }
+            let cancelled = operation.finish()
+            if cancelled, case .failure(let error as SQLiteError) = result, error.code == .interrupt {
+              return .failure(CancellationError())
+            }
+            return result
           }
-          // Cleared before the operation starts: a cancellation from now on is this block's.
-          self.connection.interruption.clear()
-          guard operation.start() else {
-            continuation.resume(throwing: CancellationError())
-            return
-          }
-          let result = Result { try body(self.connection) }
-          let cancelled = operation.finish()
-          if cancelled, case .failure(let error as SQLiteError) = result, error.code == .interrupt {
-            continuation.resume(throwing: CancellationError())
-          } else {
-            continuation.resume(with: result)
-          }
+          continuation.resume(with: result)
         }
       }
     } onCancel: {
-      operation.cancel {
-        self.connection.interruption.set()  // for a statement that has not started yet
-        sqlite3_interrupt(self.connection.handle)
+      operation.cancel(interrupt: interrupt)
+    }
+  }
+
+  /// Runs `body` at once on the calling thread when no other call is using the connection;
+  /// otherwise, or when `body` meets another connection's lock, runs it on the connection's thread
+  /// like ``perform(_:)``.
+  ///
+  /// For short transactions on the hot path (an enqueue, a claim): the caller skips the hop to the
+  /// connection's thread and back. `body` runs with SQLite's busy timeout off, so it blocks the
+  /// caller's thread for its statements only, never while another process holds the lock: then
+  /// it fails with `SQLITE_BUSY` at once, its transaction rolls back, and it runs again on the
+  /// connection's thread, which waits for the lock. So `body` must be one transaction that can run
+  /// again from the start.
+  func performInline<T: Sendable>(_ body: @escaping @Sendable (Connection) throws -> T) async throws -> T {
+    if let result = await tryInline(body) { return try result.get() }
+    return try await perform(body)
+  }
+
+  /// Runs `body` on the calling thread, as ``performInline(_:)`` does, when the connection is free
+  /// and `body` meets no other connection's lock; nil when it did not run or rolled back for a lock.
+  func tryInline<T: Sendable>(_ body: @escaping @Sendable (Connection) throws -> T) async -> Result<
+    T, any Error
+  >? {
+    if Task.isCancelled { return .failure(CancellationError()) }
+    let operation = Operation()
+    return await withTaskCancellationHandler {
+      inUse.withLockIfAvailable { _ -> Result<T, any Error>? in
+        guard !connection.isClosed else { return .failure(closedError()) }
+        connection.interruption.clear()
+        guard operation.start() else { return .failure(CancellationError()) }
+        connection.waitForLocks(false)
+        let result = Result { try body(connection) }
+        let cancelled = operation.finish()
+        if case .failure(let error as SQLiteError) = result {
+          if error.code.primary == .busy { return nil }  // any SQLITE_BUSY_* too: hand over
+          if cancelled && error.code == .interrupt { return .failure(CancellationError()) }
+        }
+        return result
+      } ?? nil
+    } onCancel: {
+      operation.cancel(interrupt: interrupt)
+    }
+  }
+
+  /// Runs `block` on the connection's thread after every block submitted before, with the
+  /// connection (nil once ``close()`` ran). Not cancellable: for work that resumes its own callers.
+  func submit(_ block: @escaping @Sendable (Connection?) -> Void) {
+    thread.submit {
+      self.inUse.withLock { _ in
+        guard !self.connection.isClosed else { return block(nil) }
+        self.connection.interruption.clear()
+        self.connection.waitForLocks(true)
+        block(self.connection)
       }
     }
+  }
+
+  /// The error calls made after ``close()`` throw.
+  func closedFailure() -> any Error { closedError() }
+
+  /// Stops the running statement of a cancelled call (see ``Operation/cancel(interrupt:)``).
+  private func interrupt() {
+    connection.interruption.set()  // for a statement that has not started yet
+    sqlite3_interrupt(connection.handle)
   }
 
   /// The state of one queued block, shared between the block and the cancellation handler.
