@@ -218,6 +218,12 @@ final class Connection {
     let mayCommit = !inTransaction || sql == "COMMIT"
     let encoded = parameters.map(\.encoded)
     let types = encoded.map(\.oid)
+    // The protocol counts parameters in 16 bits; the store's statements take a handful.
+    guard let count = Int32(exactly: encoded.count), count <= 65_535 else {
+      throw PostgresError(
+        code: .valueTooLarge,
+        message: "a statement with \(encoded.count) parameters is more than PostgreSQL takes (65,535)")
+    }
     // The protocol's lengths are 32-bit: a larger value is refused here, before anything is sent.
     let lengths = try encoded.map { value -> Int32 in
       guard let length = Int32(exactly: value.bytes?.count ?? 0) else {
@@ -237,9 +243,9 @@ final class Connection {
     let name = encoded.isEmpty ? nil : try prepare(sql, types: types)
     let result: OpaquePointer? = withPointers(to: encoded.map(\.bytes)) { values in
       if let name {
-        PQexecPrepared(handle, name, Int32(encoded.count), values, lengths, formats, 1)
+        PQexecPrepared(handle, name, count, values, lengths, formats, 1)
       } else {
-        PQexecParams(handle, sql, Int32(encoded.count), types, values, lengths, formats, 1)
+        PQexecParams(handle, sql, count, types, values, lengths, formats, 1)
       }
     }
     guard let result else {
@@ -266,7 +272,8 @@ final class Connection {
     let key = PreparedKey(sql: sql, types: types)
     if let name = prepared[key] { return name }
     let name = "conveyor_\(preparedCount + 1)"
-    guard let result = PQprepare(handle, name, sql, Int32(types.count), types) else {
+    // `execute` checked that the count fits the protocol's 16 bits.
+    guard let result = PQprepare(handle, name, sql, Int32(truncatingIfNeeded: types.count), types) else {
       throw connectionError(sql: sql)
     }
     defer { PQclear(result) }

@@ -56,7 +56,7 @@ final class SerializedConnection: @unchecked Sendable {
 
     func cancel() {
       var buffer = [CChar](repeating: 0, count: 256)
-      _ = PQcancel(pointer, &buffer, Int32(buffer.count))
+      _ = PQcancel(pointer, &buffer, 256)
     }
   }
 

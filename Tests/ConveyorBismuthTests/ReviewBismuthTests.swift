@@ -196,6 +196,9 @@ struct ReviewBismuthTests {
     #expect(queue.state == .paused)
     delegate.keepCompletion = false
     delegate.kept[0](.handled)
+    // "a" leaves the queue once its completion is stored (a loaded machine takes its time)...
+    #expect(await eventually { queue.items.map(\.name) == ["b"] })
+    // ...and "b" does not start while paused.
     try await Task.sleep(for: .milliseconds(500))
     #expect(delegate.seen.map(\.name) == ["a"])
     #expect(queue.items.map(\.name) == ["b"])

@@ -34,6 +34,23 @@ struct DashboardProcess {
     var headers: [String: String]
     var body: String
     var description: String { "\(status) \(headers)\n\(body)" }
+
+    /// Splits raw response bytes into status, lower-cased headers (repeats joined by newlines)
+    /// and body; nil when the head is incomplete.
+    init?(parsing bytes: [UInt8]?) {
+      guard let bytes, let end = bytes.firstRange(of: [13, 10, 13, 10]) else { return nil }
+      let head = String(decoding: bytes[..<end.lowerBound], as: UTF8.self).components(separatedBy: "\r\n")
+      var fields: [String: String] = [:]
+      for line in head.dropFirst() {
+        guard let colon = line.firstIndex(of: ":") else { continue }
+        let name = line[..<colon].lowercased()
+        let value = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
+        fields[name] = fields[name].map { $0 + "\n" + value } ?? value
+      }
+      status = Int(head[0].split(separator: " ").dropFirst().first ?? "") ?? 0
+      headers = fields
+      body = String(decoding: bytes[end.upperBound...], as: UTF8.self)
+    }
   }
 
   /// Sends one request with `Connection: close` and reads the whole answer.
@@ -51,20 +68,10 @@ struct DashboardProcess {
     let raw = lines.joined(separator: "\r\n") + "\r\n\r\n" + body
     let port = port
     let bytes = await onThread { exchange(port: port, Array(raw.utf8)) }
-    guard let bytes, let end = bytes.firstRange(of: [13, 10, 13, 10]) else {
+    guard let response = Response(parsing: bytes) else {
       throw HarnessError(description: "no response to \(method) \(target)")
     }
-    let head = String(decoding: bytes[..<end.lowerBound], as: UTF8.self).components(separatedBy: "\r\n")
-    var fields: [String: String] = [:]
-    for line in head.dropFirst() {
-      guard let colon = line.firstIndex(of: ":") else { continue }
-      let name = line[..<colon].lowercased()
-      let value = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
-      fields[name] = fields[name].map { $0 + "\n" + value } ?? value
-    }
-    let status = Int(head[0].split(separator: " ").dropFirst().first ?? "") ?? 0
-    return Response(
-      status: status, headers: fields, body: String(decoding: bytes[end.upperBound...], as: UTF8.self))
+    return response
   }
 
   /// GET with optional headers.

@@ -11,20 +11,7 @@ import Testing
 /// promise of its README section, issue 12 or its /// docs. Tests marked `// Fixed (failed before the fix):` fail.
 @Suite(.timeLimit(.minutes(3))) struct ReviewDashboardTests {
   /// Splits raw response bytes into status, lower-cased headers and body.
-  static func parse(_ bytes: [UInt8]?) -> DashboardProcess.Response? {
-    guard let bytes, let end = bytes.firstRange(of: [13, 10, 13, 10]) else { return nil }
-    let head = String(decoding: bytes[..<end.lowerBound], as: UTF8.self).components(separatedBy: "\r\n")
-    var fields: [String: String] = [:]
-    for line in head.dropFirst() {
-      guard let colon = line.firstIndex(of: ":") else { continue }
-      let name = line[..<colon].lowercased()
-      let value = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
-      fields[name] = fields[name].map { $0 + "\n" + value } ?? value
-    }
-    let status = Int(head[0].split(separator: " ").dropFirst().first ?? "") ?? 0
-    return .init(
-      status: status, headers: fields, body: String(decoding: bytes[end.upperBound...], as: UTF8.self))
-  }
+  static func parse(_ bytes: [UInt8]?) -> DashboardProcess.Response? { .init(parsing: bytes) }
 
   // Fixed (failed before the fix): README "Every response carries `Content-Security-Policy: …` … They also carry
   // `X-Content-Type-Options: nosniff` …" and Dashboard.swift's "Every response carries a strict

@@ -95,7 +95,8 @@ struct OutboxEndToEndTests {
       .delete(server.url("/items/42")),
     ])
     outbox.start()
-    try await within(.seconds(10), "outbox finished") { await outbox.waitUntilFinished() }
+    // A hang bound, not a speed check: a few hundred milliseconds on a quiet machine.
+    try await within(.seconds(30), "outbox finished") { await outbox.waitUntilFinished() }
     await outbox.shutdown(gracePeriod: .seconds(1))
     #expect(
       server.requests.map { "\($0.method) \($0.path)" } == [
@@ -116,7 +117,7 @@ struct OutboxEndToEndTests {
       delivery: HTTPDelivery())
     try await outbox.add(.post(server.url("/bad"), form: ["quantity": "-1"]))
     try await outbox.add(.get(server.url("/good")))
-    try await within(.seconds(10), "outbox finished") { await outbox.waitUntilFinished() }
+    try await within(.seconds(30), "outbox finished") { await outbox.waitUntilFinished() }
     await outbox.shutdown(gracePeriod: .seconds(1))
 
     #expect(server.requests.map(\.path) == ["/bad", "/good"])

@@ -11,6 +11,7 @@ public final class InstrumentedJobStore: JobStore {
   private struct State {
     var calls: [String: Int] = [:]
     var failures: [String: Int] = [:]
+    var leaseExpirySkew: TimeInterval = 0
   }
   private let state = Mutex(State())
 
@@ -33,6 +34,13 @@ public final class InstrumentedJobStore: JobStore {
   /// Makes the next `count` calls of `method` throw ``InjectedFailure``.
   public func fail(_ method: String, times count: Int) {
     state.withLock { $0.failures[method] = count }
+  }
+
+  /// Moves the lease expiry every later `nextWake` reports by `seconds` (negative: earlier), as a
+  /// store that judges leases by a clock other than the caller's (a database server's) may do.
+  /// The store's own rescue still judges by its own clock.
+  public func skewLeaseExpiries(by seconds: TimeInterval) {
+    state.withLock { $0.leaseExpirySkew = seconds }
   }
 
   private func record(_ method: String) throws {
@@ -124,7 +132,10 @@ public final class InstrumentedJobStore: JobStore {
   /// Counted, then forwarded to ``base``.
   public func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
     try record("nextWake")
-    return try await base.nextWake(queue: queue, clock: clock)
+    var hint = try await base.nextWake(queue: queue, clock: clock)
+    let skew = state.withLock { $0.leaseExpirySkew }
+    hint.nextLeaseExpiry = hint.nextLeaseExpiry?.addingTimeInterval(skew)
+    return hint
   }
 
   /// Counted, then forwarded to ``base``.

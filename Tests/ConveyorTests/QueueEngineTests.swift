@@ -54,6 +54,54 @@ struct QueueEngineTests {
 
   // MARK: Nothing spins
 
+  // Failed before the fix: a store that judges leases by its own clock (PostgreSQL: the
+  // database's) can report a running job's lease expiry as past by the worker's clock while its
+  // rescue, by its own clock, takes nothing. The loop dropped that expiry so as not to spin, and
+  // with nothing waiting the queue looked finished while the job still ran: `waitUntilFinished`
+  // returned early (seen once in a PostgreSQL run across a server restart).
+  @Test("a lease that looks expired but is not rescued keeps the queue unfinished, without spinning")
+  func unrescuedPastLeaseKeepsTheQueueUnfinished() async throws {
+    let base = InMemoryJobStore()
+    let gate = Gate()
+    let started = Flag()
+    // `holder` runs the job; `watcher`, another worker on the same store, sees its lease through
+    // a store whose clock is an hour behind the worker's.
+    let holder = try JobQueue<EngineItem>(configuration: configuration(poll: .milliseconds(100)), store: base)
+    {
+      _, _ in
+      started.set()
+      await gate.wait()
+      return .handled
+    }
+    try await holder.add(EngineItem(number: 1))
+    try await eventually("the job starts") { started.isSet }
+    let store = InstrumentedJobStore(base)
+    store.skewLeaseExpiries(by: -3600)
+    let watcher = try JobQueue<EngineItem>(
+      configuration: configuration(poll: .milliseconds(100)), store: store
+    ) {
+      _, _ in
+      Issue.record("the watcher must not get the holder's running job")
+      return .handled
+    }
+    let finished = Flag()
+    let waiter = Task {
+      await watcher.waitUntilFinished()
+      finished.set()
+    }
+    // The watcher looks at the store many times while the job runs; it must not spin doing it.
+    try await Task.sleep(for: .seconds(1))
+    let callsInASecond = store.totalCalls
+    #expect(!finished.isSet, "waitUntilFinished returned while another worker's job was still running")
+    #expect(store.calls["rescue", default: 0] >= 3, "the watcher tried to rescue the lease: \(store.calls)")
+    #expect(callsInASecond < 200, "store calls in 1 s: \(store.calls)")
+    gate.open()
+    try await eventually("waitUntilFinished returns once the job is done") { finished.isSet }
+    waiter.cancel()
+    await watcher.shutdown(gracePeriod: .seconds(1))
+    await holder.shutdown(gracePeriod: .seconds(1))
+  }
+
   @Test("an expired lease waiting to be rescued does not make an idle queue spin")
   func noBusyLoopWhileAnExpiredLeaseWaits() async throws {
     let base = InMemoryJobStore()

@@ -87,10 +87,15 @@ extension JobQueue {
         core.withLock { $0.state.sawWork() }
         return .some(nil)
       }
-      // Nothing was rescued (its worker heartbeated meanwhile): look again, but never spin on it.
+      // Nothing was rescued: its worker heartbeated meanwhile, or the store judges leases by a
+      // clock of its own (a database server's) that is behind this one. Look again, but never
+      // spin on it: a lease that still looks past is looked at again after `pollInterval`. It is
+      // never dropped, since a running job keeps the queue unfinished.
       hint = try await store.nextWake(queue: identifier, clock: clock)
       now = clock.now()
-      if let expiry = hint.nextLeaseExpiry, expiry <= now { hint.nextLeaseExpiry = nil }
+      if let expiry = hint.nextLeaseExpiry, expiry <= now {
+        hint.nextLeaseExpiry = now.addingTimeInterval(configuration.pollInterval.seconds)
+      }
     }
     // The stored pause flag, set or cleared by any worker: a queue that is not claiming (its
     // slots busy, jobs claimed ahead) must still stop starting them.
