@@ -19,7 +19,10 @@ import Foundation
 /// ``settleAndClaim(_:queue:limit:lease:clock:)``, ``isPaused(queue:)``, ``nextWake(queue:clock:)``)
 /// run their short transaction on the caller's thread when the connection is free, with SQLite's
 /// busy timeout off, and move to a thread owned by the store when another process holds the lock;
-/// every other call runs on that thread.
+/// every other call runs on that thread. So do hot calls that are large (many jobs, large
+/// payloads), and every call when ``Options/synchronous`` is ``Synchronous/full`` (each commit
+/// syncs the disk). WAL checkpoints also run on the store's thread: the connection's automatic
+/// checkpoint, which SQLite would run inside a commit, is replaced by one the commit submits there.
 ///
 /// ```swift
 /// let store = try SQLiteJobStore(path: SQLiteJobStore.defaultDatabaseURL(name: "outbox").path)
@@ -93,7 +96,7 @@ public final class SQLiteJobStore: JobStore {
     if try !Self.createIfMissing(path) { try Self.refuseForeignFile(path, within: options.busyTimeout) }
     let raw = try Connection(path: path, create: false)
     try Self.prepare(raw, path: path, options: options)
-    connection = SerializedConnection(label: "Conveyor.SQLiteJobStore", connection: raw) {
+    connection = try SerializedConnection(label: "Conveyor.SQLiteJobStore", connection: raw) {
       SQLiteJobStoreError(
         code: .closed, path: path,
         message: "this store was closed; open the database again to use it")
@@ -167,14 +170,16 @@ public final class SQLiteJobStore: JobStore {
 
   /// Commits new jobs to a queue in one transaction, in order, skipping duplicates by key.
   ///
-  /// Returns once the jobs are committed. A call made while the connection is free commits on the
-  /// caller's thread (with no wait for another process's lock: if one holds it, the call moves to
-  /// the store's thread and waits there). Calls that arrive while the connection is busy are
-  /// committed together, in one transaction, each in a savepoint of its own, so one call's failure
-  /// fails only that call. A call cancelled once it waits for its group is committed all the same.
+  /// Returns once the jobs are committed. A small call (at most 32 jobs and 64 KiB of payloads and
+  /// keys) made while the connection is free commits on the caller's thread (with no wait for
+  /// another process's lock: if one holds it, the call moves to the store's thread and waits
+  /// there); a larger call commits on the store's thread. Calls that arrive while the connection
+  /// is busy are committed together, in one transaction, each in a savepoint of its own, so one
+  /// call's failure fails only that call. A call cancelled once it waits for its group is
+  /// committed all the same.
   public func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
     if jobs.isEmpty { return [] }
-    if groups.isIdle,
+    if Self.isSmall(jobs), groups.isIdle,
       let result = await connection.tryInline({ db in
         try Self.commitAlone(jobs, queue: queue, clock: clock, db: db)
       })
@@ -188,6 +193,23 @@ public final class SQLiteJobStore: JobStore {
     }
   }
 
+  /// The most jobs, settlements or claimed jobs a call handles on the caller's thread: a larger
+  /// call is many statements, so it runs on the store's thread, leaving the cooperative pool free.
+  static let inlineRowLimit = 32
+  /// The most payload bytes an enqueue commits on the caller's thread.
+  static let inlineByteLimit = 64 * 1_024
+
+  /// Whether an enqueue of `jobs` is small enough to commit on the caller's thread.
+  static func isSmall(_ jobs: [NewJob]) -> Bool {
+    guard jobs.count <= inlineRowLimit else { return false }
+    var bytes = 0
+    for job in jobs {
+      bytes += job.payload.count + (job.deduplicationKey?.utf8.count ?? 0)
+      if bytes > inlineByteLimit { return false }
+    }
+    return true
+  }
+
   static func runAt(_ runTime: RunTime, now: Int64) -> Int64 {
     switch runTime {
     case .now: now
@@ -198,12 +220,17 @@ public final class SQLiteJobStore: JobStore {
 
   /// Applies settlements, then claims up to `limit` ready jobs, in one `BEGIN IMMEDIATE` transaction.
   ///
+  /// Runs on the caller's thread when the connection is free and the call is small (at most 32
+  /// settlements and a `limit` of at most 32), as ``enqueue(_:queue:clock:)`` does; otherwise on
+  /// the store's thread.
+  ///
   /// The clock is read once the transaction holds the write lock, so a wait for the lock never
   /// shortens the lease.
   public func settleAndClaim(
     _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, clock: any JobClock
   ) async throws -> ClaimBatch {
-    try await connection.performInline { db in
+    let small = settlements.count <= Self.inlineRowLimit && limit <= Self.inlineRowLimit
+    let body: @Sendable (Connection) throws -> ClaimBatch = { db in
       try db.transaction(immediate: true) {
         let now = millis(clock.now())
         var stale: [JobID] = []
@@ -245,6 +272,7 @@ public final class SQLiteJobStore: JobStore {
         return ClaimBatch(claimed: claimed, staleSettlements: stale, retryDates: retryDates)
       }
     }
+    return try await small ? connection.performInline(body) : connection.perform(body)
   }
 
   /// Extends the leases of the given claims; returns those still current.

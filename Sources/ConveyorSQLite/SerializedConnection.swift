@@ -11,11 +11,18 @@ import Synchronization
 /// may wait) when they meet another connection's lock. Cancelling the awaiting task calls
 /// `sqlite3_interrupt` when its block is running, and skips the block when it has not started.
 ///
+/// Nothing but the caller's own statements runs inline: a connection whose commits sync the disk
+/// (`synchronous` FULL or EXTRA) runs every call on `thread`, and SQLite's automatic WAL
+/// checkpoint (which would write and sync the database file inside whichever `COMMIT` makes the
+/// WAL file reach its threshold) is replaced by a `PASSIVE` checkpoint that such a commit submits
+/// to `thread`; until it ran, calls run on `thread` behind it, so the WAL file stays bounded.
+///
 /// `@unchecked Sendable` is safe because `connection` is only touched while holding the `inUse`
 /// lock: by blocks running on the serial `thread`, or by an inline call that took the lock
 /// without waiting (the owner hands over a connection nobody else uses); the one exception,
 /// `sqlite3_interrupt`, is documented as safe to call from any thread while the handle is open,
-/// and the connection's `interruption` flag is an atomic.
+/// and the connection's `interruption` flag is an atomic. The other state (`runsInline`,
+/// `checkpointScheduled`) is a constant and an atomic.
 /// It is only called while a `perform` block runs, and such a block starts only on an open
 /// connection; the handle closes in a block of its own (``close()``) or in `deinit`, when no
 /// block can be running.
@@ -26,15 +33,62 @@ final class SerializedConnection: @unchecked Sendable {
   /// an inline call runs), or an inline call (which never waits for it).
   private let inUse = Mutex(())
 
+  /// Whether calls may run on the caller's thread (false when commits sync the disk).
+  let runsInline: Bool
+  /// A checkpoint block is on `thread` (or running): commits past the WAL threshold meanwhile
+  /// submit no other.
+  private let checkpointScheduled = Atomic<Bool>(false)
+
   /// What a call made after ``close()`` throws.
   private let closedError: @Sendable () -> any Error
 
+  /// The WAL size, in pages, past which a commit submits a checkpoint when the connection's own
+  /// automatic checkpoint is off: SQLite's default threshold.
+  static let defaultCheckpointPages: Int32 = 1_000
+
   /// Takes over `connection`, which the caller must not use afterwards; calls made after
   /// ``close()`` throw `closedError()`.
-  init(label: String, connection: Connection, closedError: @escaping @Sendable () -> any Error) {
+  ///
+  /// Reads the connection's `synchronous` level (inline calls only when it is NORMAL or OFF: a
+  /// FULL or EXTRA commit syncs the disk) and its automatic-checkpoint threshold, which from now
+  /// on submits a checkpoint to the connection's thread instead of checkpointing in the commit.
+  /// Set both pragmas before.
+  init(label: String, connection: Connection, closedError: @escaping @Sendable () -> any Error) throws {
+    let pages = try connection.scalar("PRAGMA wal_autocheckpoint") ?? Int64(Self.defaultCheckpointPages)
+    runsInline = try connection.synchronousLevel() <= 1
     self.thread = StoreThread(name: label)
     self.connection = connection
     self.closedError = closedError
+    // A threshold of 0 or less means no automatic checkpoint: none is submitted either.
+    if pages > 0 {
+      connection.checkpointElsewhere(atPages: Int32(clamping: pages)) { [weak self] in
+        self?.submitCheckpoint()
+      }
+    }
+  }
+
+  /// Submits a checkpoint to the connection's thread unless one is already waiting there. Called
+  /// by a commit that left the WAL file past its threshold, on the committing thread (the caller's,
+  /// for an inline call), so never waits.
+  private func submitCheckpoint() {
+    guard
+      checkpointScheduled.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing)
+        .exchanged
+    else { return }
+    thread.submit {
+      self.inUse.withLock { _ in
+        // Cleared first: a commit past the threshold from now on needs a checkpoint after this one.
+        self.checkpointScheduled.store(false, ordering: .releasing)
+        guard !self.connection.isClosed else { return }
+        self.connection.checkpoint()
+      }
+    }
+  }
+
+  /// For tests: runs `block` on the connection's thread after every block submitted before,
+  /// without taking the connection, so inline calls still run meanwhile.
+  func submitWithoutConnection(_ block: @escaping @Sendable () -> Void) {
+    thread.submit(block)
   }
 
   deinit { thread.stop() }
@@ -97,10 +151,14 @@ final class SerializedConnection: @unchecked Sendable {
   }
 
   /// Runs `body` on the calling thread, as ``performInline(_:)`` does, when the connection is free
-  /// and `body` meets no other connection's lock; nil when it did not run or rolled back for a lock.
+  /// and `body` meets no other connection's lock; nil when it did not run (the connection was busy,
+  /// a checkpoint waits for the thread, or ``runsInline`` is false) or rolled back for a lock.
   func tryInline<T: Sendable>(_ body: @escaping @Sendable (Connection) throws -> T) async -> Result<
     T, any Error
   >? {
+    // While a checkpoint waits for the thread, calls queue up behind it: inline commits meanwhile
+    // would grow the WAL file without bound on a busy thread.
+    guard runsInline, !checkpointScheduled.load(ordering: .acquiring) else { return nil }
     if Task.isCancelled { return .failure(CancellationError()) }
     let operation = Operation()
     return await withTaskCancellationHandler {
