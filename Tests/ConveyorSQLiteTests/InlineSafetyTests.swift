@@ -141,12 +141,21 @@ struct InlineSafetyTests {
       held.store(true, ordering: .releasing)
       gate.wait()
     }
+    // Released however the test ends (a second signal is harmless): a call left waiting for the
+    // thread would otherwise hang the test run.
+    defer { gate.signal() }
     try await eventually("the store's thread is held") { held.load(ordering: .acquiring) }
-    // Small adds, so each commits on the caller's thread (the thread is held).
+    // Small adds, each committed on the caller's thread (the store's thread is held); an add that
+    // did not run inline fails the test instead of waiting for the thread.
     let body = Data(repeating: 7, count: 8_000)
+    let clock = FixedJobClock(epoch)
     var adds = 0
     while Self.walFrames(path, pageSize: pageSize) < threshold && adds < 10 * threshold {
-      _ = try await store.enqueue([NewJob(payload: body, runAt: epoch)], queue: "jobs", now: epoch)
+      let result = await store.connection.tryInline { db in
+        try SQLiteJobStore.commitAlone(
+          [NewJob(payload: body, runAt: epoch)], queue: "jobs", clock: clock, db: db)
+      }
+      _ = try #require(result, "add \(adds + 1) did not run on the caller's thread").get()
       adds += 1
     }
     let walFrames = Self.walFrames(path, pageSize: pageSize)
