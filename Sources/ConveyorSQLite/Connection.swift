@@ -29,6 +29,16 @@ final class Connection {
   /// statements). Read by a progress handler every 1,000 virtual-machine instructions; safe to
   /// set from any thread.
   let interruption = InterruptFlag()
+  /// How long a statement waits for another connection's lock, in milliseconds (SQLite's busy
+  /// timeout), when waiting is allowed.
+  private(set) var lockWait: Int32 = 0
+  /// Whether statements currently wait up to ``lockWait`` (false: `SQLITE_BUSY` at once).
+  private var waitsForLocks = true
+  /// Called after a commit leaves the WAL file at or past ``walCheckpointPages`` pages (see
+  /// ``checkpointElsewhere(atPages:_:)``), on the committing thread.
+  private var walFull: (() -> Void)?
+  /// The WAL size, in pages, at which ``walFull`` is called.
+  private var walCheckpointPages: Int32 = 0
 
   /// Opens (and creates when `create` is true) the database file at `path`.
   init(path: String, create: Bool) throws {
@@ -82,6 +92,58 @@ final class Connection {
   }
 
   deinit { close() }
+
+  /// Sets how long statements wait for another connection's lock, and lets them wait.
+  func setLockWait(milliseconds: Int32) {
+    lockWait = milliseconds
+    waitsForLocks = true
+    sqlite3_busy_timeout(handle, milliseconds)
+  }
+
+  /// Lets statements wait up to ``lockWait`` for another connection's lock (`true`), or makes
+  /// them fail with `SQLITE_BUSY` at once (`false`), for a caller that must not block its thread.
+  func waitForLocks(_ wait: Bool) {
+    guard wait != waitsForLocks else { return }
+    waitsForLocks = wait
+    sqlite3_busy_timeout(handle, wait ? lockWait : 0)
+  }
+
+  /// Turns off SQLite's automatic checkpoint, which runs inside the `COMMIT` that makes the WAL
+  /// file reach `pages` pages, on the committing thread, and writes and syncs the database file
+  /// there. Instead, `walFull` is called after such a commit (on the committing thread, as SQLite's
+  /// WAL hook, so it must not use the connection): it should arrange for ``checkpoint()`` to run
+  /// where waiting is harmless.
+  ///
+  /// Replaces SQLite's automatic checkpoint (`sqlite3_wal_hook` is how SQLite runs it). Other
+  /// connections to the file keep their own setting.
+  func checkpointElsewhere(atPages pages: Int32, _ walFull: @escaping () -> Void) {
+    self.walFull = walFull
+    walCheckpointPages = pages
+    // The hook's context is this connection, which outlives its handle (closed in `close()`).
+    sqlite3_wal_hook(
+      handle,
+      { context, _, _, pages in
+        Unmanaged<Connection>.fromOpaque(context!).takeUnretainedValue().walCommitted(pages: pages)
+        return SQLITE_OK
+      }, Unmanaged.passUnretained(self).toOpaque())
+  }
+
+  /// Called by SQLite after each commit in WAL mode with the WAL file's size in pages.
+  private func walCommitted(pages: Int32) {
+    if pages >= walCheckpointPages, let walFull { walFull() }
+  }
+
+  /// Copies what it can of the WAL file into the database file without waiting for any other
+  /// connection (`SQLITE_CHECKPOINT_PASSIVE`), so the next writer can start the WAL file over;
+  /// a checkpoint another connection is running meanwhile is no error.
+  func checkpoint() {
+    // PASSIVE never calls the busy handler; SQLITE_BUSY (another checkpoint runs) and other
+    // failures leave the WAL to the next checkpoint, this connection's or another's.
+    sqlite3_wal_checkpoint_v2(handle, nil, SQLITE_CHECKPOINT_PASSIVE, nil, nil)
+  }
+
+  /// The connection's `PRAGMA synchronous` level: 0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA.
+  func synchronousLevel() throws -> Int64 { try scalar("PRAGMA synchronous") ?? 2 }
 
   /// The number of statements currently prepared and cached (for leak checks in tests).
   var cachedStatementCount: Int { statements.count }

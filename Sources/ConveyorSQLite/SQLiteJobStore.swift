@@ -15,7 +15,14 @@ import Foundation
 /// The file uses write-ahead logging, so readers never block the writer; every change is one
 /// `BEGIN IMMEDIATE` transaction, so processes on the same file take turns through SQLite's lock
 /// (waiting up to ``Options/busyTimeout``). Handled jobs are deleted; dead jobs are kept.
-/// All sqlite3 calls run on a thread owned by the store, never on Swift's cooperative thread pool.
+/// No call makes Swift's cooperative thread pool wait for a lock: the hot calls (``enqueue(_:queue:clock:)``,
+/// ``settleAndClaim(_:queue:limit:lease:clock:)``, ``isPaused(queue:)``, ``nextWake(queue:clock:)``)
+/// run their short transaction on the caller's thread when the connection is free, with SQLite's
+/// busy timeout off, and move to a thread owned by the store when another process holds the lock;
+/// every other call runs on that thread. So do hot calls that are large (many jobs, large
+/// payloads), and every call when ``Options/synchronous`` is ``Synchronous/full`` (each commit
+/// syncs the disk). WAL checkpoints also run on the store's thread: the connection's automatic
+/// checkpoint, which SQLite would run inside a commit, is replaced by one the commit submits there.
 ///
 /// ```swift
 /// let store = try SQLiteJobStore(path: SQLiteJobStore.defaultDatabaseURL(name: "outbox").path)
@@ -68,6 +75,8 @@ public final class SQLiteJobStore: JobStore {
   /// The options the store was opened with.
   public let options: Options
   let connection: SerializedConnection
+  /// Enqueue calls waiting to be committed together.
+  let groups = EnqueueGroups()
 
   /// Opens the Conveyor database at `path`, creating it (mode 0600) when it does not exist.
   ///
@@ -87,7 +96,7 @@ public final class SQLiteJobStore: JobStore {
     if try !Self.createIfMissing(path) { try Self.refuseForeignFile(path, within: options.busyTimeout) }
     let raw = try Connection(path: path, create: false)
     try Self.prepare(raw, path: path, options: options)
-    connection = SerializedConnection(label: "Conveyor.SQLiteJobStore", connection: raw) {
+    connection = try SerializedConnection(label: "Conveyor.SQLiteJobStore", connection: raw) {
       SQLiteJobStoreError(
         code: .closed, path: path,
         message: "this store was closed; open the database again to use it")
@@ -160,38 +169,48 @@ public final class SQLiteJobStore: JobStore {
   // MARK: - JobStore
 
   /// Commits new jobs to a queue in one transaction, in order, skipping duplicates by key.
+  ///
+  /// Returns once the jobs are committed. A small call (at most 32 jobs and 64 KiB of payloads and
+  /// keys) made while the connection is free commits on the caller's thread (with no wait for
+  /// another process's lock: if one holds it, the call moves to the store's thread and waits
+  /// there); a larger call commits on the store's thread. Calls that arrive while the connection
+  /// is busy are committed together, in one transaction, each in a savepoint of its own, so one
+  /// call's failure fails only that call. A call cancelled once it waits for its group is
+  /// committed all the same.
   public func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
     if jobs.isEmpty { return [] }
-    return try await connection.perform { db in
-      let noteQueue = !db.notedQueues.contains(queue)
-      let results = try db.transaction(immediate: true) {
-        let now = millis(clock.now())
-        if noteQueue { try db.run(SQL.noteQueue, .text(queue)) }
-        var results: [EnqueueResult] = []
-        results.reserveCapacity(jobs.count)
-        for job in jobs {
-          if let key = job.deduplicationKey,
-            let existing = try db.scalar(SQL.findDuplicate, .text(queue), .text(key))
-          {
-            results.append(EnqueueResult(id: JobID(existing), inserted: false))
-            continue
-          }
-          let runAt = Self.runAt(job.runTime, now: now)
-          try db.run(
-            SQL.insert, .text(queue), .blob(job.payload), .text(runAt <= now ? "ready" : "scheduled"),
-            .integer(Int64(job.priority)), .integer(runAt), .integer(now),
-            job.deduplicationKey.map(SQLiteValue.text) ?? .null)
-          results.append(EnqueueResult(id: JobID(db.lastInsertRowID), inserted: true))
-        }
-        return results
-      }
-      // Only once committed: a rolled-back note must be written again next time.
-      if noteQueue { db.notedQueues.insert(queue) }
-      return results
+    if Self.isSmall(jobs), groups.isIdle,
+      let result = await connection.tryInline({ db in
+        try Self.commitAlone(jobs, queue: queue, clock: clock, db: db)
+      })
+    {
+      return try result.get()
+    }
+    try Task.checkCancellation()
+    return try await withUnsafeThrowingContinuation { continuation in
+      let request = EnqueueGroups.Request(jobs: jobs, queue: queue, clock: clock, continuation: continuation)
+      if groups.add(request) { connection.submit { [self] db in flushEnqueueGroups(db) } }
     }
   }
 
-  private static func runAt(_ runTime: RunTime, now: Int64) -> Int64 {
+  /// The most jobs, settlements or claimed jobs a call handles on the caller's thread: a larger
+  /// call is many statements, so it runs on the store's thread, leaving the cooperative pool free.
+  static let inlineRowLimit = 32
+  /// The most payload bytes an enqueue commits on the caller's thread.
+  static let inlineByteLimit = 64 * 1_024
+
+  /// Whether an enqueue of `jobs` is small enough to commit on the caller's thread.
+  static func isSmall(_ jobs: [NewJob]) -> Bool {
+    guard jobs.count <= inlineRowLimit else { return false }
+    var bytes = 0
+    for job in jobs {
+      bytes += job.payload.count + (job.deduplicationKey?.utf8.count ?? 0)
+      if bytes > inlineByteLimit { return false }
+    }
+    return true
+  }
+
+  static func runAt(_ runTime: RunTime, now: Int64) -> Int64 {
     switch runTime {
     case .now: now
     case .after(let delay): millis(now, adding: delay)
@@ -201,12 +220,17 @@ public final class SQLiteJobStore: JobStore {
 
   /// Applies settlements, then claims up to `limit` ready jobs, in one `BEGIN IMMEDIATE` transaction.
   ///
+  /// Runs on the caller's thread when the connection is free and the call is small (at most 32
+  /// settlements and a `limit` of at most 32), as ``enqueue(_:queue:clock:)`` does; otherwise on
+  /// the store's thread.
+  ///
   /// The clock is read once the transaction holds the write lock, so a wait for the lock never
   /// shortens the lease.
   public func settleAndClaim(
     _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, clock: any JobClock
   ) async throws -> ClaimBatch {
-    try await connection.perform { db in
+    let small = settlements.count <= Self.inlineRowLimit && limit <= Self.inlineRowLimit
+    let body: @Sendable (Connection) throws -> ClaimBatch = { db in
       try db.transaction(immediate: true) {
         let now = millis(clock.now())
         var stale: [JobID] = []
@@ -248,6 +272,7 @@ public final class SQLiteJobStore: JobStore {
         return ClaimBatch(claimed: claimed, staleSettlements: stale, retryDates: retryDates)
       }
     }
+    return try await small ? connection.performInline(body) : connection.perform(body)
   }
 
   /// Extends the leases of the given claims; returns those still current.
@@ -367,13 +392,13 @@ public final class SQLiteJobStore: JobStore {
 
   /// Whether the queue is paused.
   public func isPaused(queue: String) async throws -> Bool {
-    try await connection.perform { db in try db.scalar(SQL.isPaused, .text(queue)) != nil }
+    try await connection.performInline { db in try db.scalar(SQL.isPaused, .text(queue)) != nil }
   }
 
   /// When the queue next needs a worker: a ready job (or the earliest scheduled run date) and the
   /// earliest lease expiry.
   public func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
-    try await connection.perform { db in
+    try await connection.performInline { db in
       try db.transaction(immediate: false) {
         // A ready job is due now, whatever its date says (the wall clock may have stepped back).
         let ready = try db.scalar(SQL.anyReady, .text(queue)).map { min($0, millis(clock.now())) }
@@ -616,7 +641,7 @@ extension SQLiteJobStore {
     // foreign database whose content is still only in its WAL file looks empty to
     // `refuseForeignFile`).
     conveyor_sqlite_db_config_no_checkpoint_on_close(db.handle, 1)
-    try db.execute("PRAGMA busy_timeout = \(milliseconds(options.busyTimeout))")
+    db.setLockWait(milliseconds: milliseconds(options.busyTimeout))
     let kind = try inspect(db, path: path)
     conveyor_sqlite_db_config_no_checkpoint_on_close(db.handle, 0)  // ours (or empty) from here
     if kind != .current {

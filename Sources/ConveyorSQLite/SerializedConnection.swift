@@ -4,30 +4,91 @@ import Synchronization
 
 /// Confines one ``Connection`` to a dedicated thread and bridges it to `async`.
 ///
-/// Blocking sqlite3 calls never run on Swift's cooperative thread pool: every use of the
-/// connection is a block on `thread`, which runs them one at a time. Cancelling the awaiting task
-/// calls `sqlite3_interrupt` when its block is running, and skips the block when it has not started.
+/// Blocking sqlite3 calls never make Swift's cooperative thread pool wait for a lock: every use of
+/// the connection is a block on `thread`, which runs them one at a time, except the short
+/// transactions of ``performInline(_:)`` and ``tryInline(_:)``, which run on the caller's thread
+/// when the connection is free, with SQLite's busy timeout off, and move to `thread` (where they
+/// may wait) when they meet another connection's lock. Cancelling the awaiting task calls
+/// `sqlite3_interrupt` when its block is running, and skips the block when it has not started.
 ///
-/// `@unchecked Sendable` is safe because `connection` is only touched from blocks running on the
-/// serial `thread` (the owner hands over a connection nobody else uses); the one exception,
+/// Nothing but the caller's own statements runs inline: a connection whose commits sync the disk
+/// (`synchronous` FULL or EXTRA) runs every call on `thread`, and SQLite's automatic WAL
+/// checkpoint (which would write and sync the database file inside whichever `COMMIT` makes the
+/// WAL file reach its threshold) is replaced by a `PASSIVE` checkpoint that such a commit submits
+/// to `thread`; until it ran, calls run on `thread` behind it, so the WAL file stays bounded.
+///
+/// `@unchecked Sendable` is safe because `connection` is only touched while holding the `inUse`
+/// lock: by blocks running on the serial `thread`, or by an inline call that took the lock
+/// without waiting (the owner hands over a connection nobody else uses); the one exception,
 /// `sqlite3_interrupt`, is documented as safe to call from any thread while the handle is open,
-/// and the connection's `interruption` flag is an atomic.
+/// and the connection's `interruption` flag is an atomic. The other state (`runsInline`,
+/// `checkpointScheduled`) is a constant and an atomic.
 /// It is only called while a `perform` block runs, and such a block starts only on an open
 /// connection; the handle closes in a block of its own (``close()``) or in `deinit`, when no
 /// block can be running.
 final class SerializedConnection: @unchecked Sendable {
   private let thread: StoreThread
   private let connection: Connection
+  /// Held by whoever uses `connection`: a block on `thread` (which may wait for it, briefly, while
+  /// an inline call runs), or an inline call (which never waits for it).
+  private let inUse = Mutex(())
+
+  /// Whether calls may run on the caller's thread (false when commits sync the disk).
+  let runsInline: Bool
+  /// A checkpoint block is on `thread` (or running): commits past the WAL threshold meanwhile
+  /// submit no other.
+  private let checkpointScheduled = Atomic<Bool>(false)
 
   /// What a call made after ``close()`` throws.
   private let closedError: @Sendable () -> any Error
 
+  /// The WAL size, in pages, past which a commit submits a checkpoint when the connection's own
+  /// automatic checkpoint is off: SQLite's default threshold.
+  static let defaultCheckpointPages: Int32 = 1_000
+
   /// Takes over `connection`, which the caller must not use afterwards; calls made after
   /// ``close()`` throw `closedError()`.
-  init(label: String, connection: Connection, closedError: @escaping @Sendable () -> any Error) {
+  ///
+  /// Reads the connection's `synchronous` level (inline calls only when it is NORMAL or OFF: a
+  /// FULL or EXTRA commit syncs the disk) and its automatic-checkpoint threshold, which from now
+  /// on submits a checkpoint to the connection's thread instead of checkpointing in the commit.
+  /// Set both pragmas before.
+  init(label: String, connection: Connection, closedError: @escaping @Sendable () -> any Error) throws {
+    let pages = try connection.scalar("PRAGMA wal_autocheckpoint") ?? Int64(Self.defaultCheckpointPages)
+    runsInline = try connection.synchronousLevel() <= 1
     self.thread = StoreThread(name: label)
     self.connection = connection
     self.closedError = closedError
+    // A threshold of 0 or less means no automatic checkpoint: none is submitted either.
+    if pages > 0 {
+      connection.checkpointElsewhere(atPages: Int32(clamping: pages)) { [weak self] in
+        self?.submitCheckpoint()
+      }
+    }
+  }
+
+  /// Submits a checkpoint to the connection's thread unless one is already waiting there. Called
+  /// by a commit that left the WAL file past its threshold, on the committing thread (the caller's,
+  /// for an inline call), so never waits.
+  private func submitCheckpoint() {
+    guard
+      checkpointScheduled.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing)
+        .exchanged
+    else { return }
+    thread.submit {
+      self.inUse.withLock { _ in
+        // Cleared first: a commit past the threshold from now on needs a checkpoint after this one.
+        self.checkpointScheduled.store(false, ordering: .releasing)
+        guard !self.connection.isClosed else { return }
+        self.connection.checkpoint()
+      }
+    }
+  }
+
+  /// For tests: runs `block` on the connection's thread after every block submitted before,
+  /// without taking the connection, so inline calls still run meanwhile.
+  func submitWithoutConnection(_ block: @escaping @Sendable () -> Void) {
+    thread.submit(block)
   }
 
   deinit { thread.stop() }
@@ -37,7 +98,7 @@ final class SerializedConnection: @unchecked Sendable {
   func close() async {
     await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
       thread.submit {
-        self.connection.close()
+        self.inUse.withLock { _ in self.connection.close() }
         continuation.resume()
       }
     }
@@ -52,32 +113,93 @@ final class SerializedConnection: @unchecked Sendable {
       try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<T, any Error>) in
         // Every path below resumes the continuation exactly once.
         thread.submit {
-          // Checked before the operation starts, so a cancellation never interrupts a closed handle.
-          guard !self.connection.isClosed else {
-            continuation.resume(throwing: self.closedError())
-            return
+          let result = self.inUse.withLock { _ -> Result<T, any Error> in
+            // Checked before the operation starts, so a cancellation never interrupts a closed handle.
+            guard !self.connection.isClosed else { return .failure(self.closedError()) }
+            // Cleared before the operation starts: a cancellation from now on is this block's.
+            self.connection.interruption.clear()
+            guard operation.start() else { return .failure(CancellationError()) }
+            self.connection.waitForLocks(true)
+            let result = Result { try body(self.connection) }
+            let cancelled = operation.finish()
+            if cancelled, case .failure(let error as SQLiteError) = result, error.code == .interrupt {
+              return .failure(CancellationError())
+            }
+            return result
           }
-          // Cleared before the operation starts: a cancellation from now on is this block's.
-          self.connection.interruption.clear()
-          guard operation.start() else {
-            continuation.resume(throwing: CancellationError())
-            return
-          }
-          let result = Result { try body(self.connection) }
-          let cancelled = operation.finish()
-          if cancelled, case .failure(let error as SQLiteError) = result, error.code == .interrupt {
-            continuation.resume(throwing: CancellationError())
-          } else {
-            continuation.resume(with: result)
-          }
+          continuation.resume(with: result)
         }
       }
     } onCancel: {
-      operation.cancel {
-        self.connection.interruption.set()  // for a statement that has not started yet
-        sqlite3_interrupt(self.connection.handle)
+      operation.cancel(interrupt: interrupt)
+    }
+  }
+
+  /// Runs `body` at once on the calling thread when no other call is using the connection;
+  /// otherwise, or when `body` meets another connection's lock, runs it on the connection's thread
+  /// like ``perform(_:)``.
+  ///
+  /// For short transactions on the hot path (an enqueue, a claim): the caller skips the hop to the
+  /// connection's thread and back. `body` runs with SQLite's busy timeout off, so it blocks the
+  /// caller's thread for its statements only, never while another process holds the lock: then
+  /// it fails with `SQLITE_BUSY` at once, its transaction rolls back, and it runs again on the
+  /// connection's thread, which waits for the lock. So `body` must be one transaction that can run
+  /// again from the start.
+  func performInline<T: Sendable>(_ body: @escaping @Sendable (Connection) throws -> T) async throws -> T {
+    if let result = await tryInline(body) { return try result.get() }
+    return try await perform(body)
+  }
+
+  /// Runs `body` on the calling thread, as ``performInline(_:)`` does, when the connection is free
+  /// and `body` meets no other connection's lock; nil when it did not run (the connection was busy,
+  /// a checkpoint waits for the thread, or ``runsInline`` is false) or rolled back for a lock.
+  func tryInline<T: Sendable>(_ body: @escaping @Sendable (Connection) throws -> T) async -> Result<
+    T, any Error
+  >? {
+    // While a checkpoint waits for the thread, calls queue up behind it: inline commits meanwhile
+    // would grow the WAL file without bound on a busy thread.
+    guard runsInline, !checkpointScheduled.load(ordering: .acquiring) else { return nil }
+    if Task.isCancelled { return .failure(CancellationError()) }
+    let operation = Operation()
+    return await withTaskCancellationHandler {
+      inUse.withLockIfAvailable { _ -> Result<T, any Error>? in
+        guard !connection.isClosed else { return .failure(closedError()) }
+        connection.interruption.clear()
+        guard operation.start() else { return .failure(CancellationError()) }
+        connection.waitForLocks(false)
+        let result = Result { try body(connection) }
+        let cancelled = operation.finish()
+        if case .failure(let error as SQLiteError) = result {
+          if error.code.primary == .busy { return nil }  // any SQLITE_BUSY_* too: hand over
+          if cancelled && error.code == .interrupt { return .failure(CancellationError()) }
+        }
+        return result
+      } ?? nil
+    } onCancel: {
+      operation.cancel(interrupt: interrupt)
+    }
+  }
+
+  /// Runs `block` on the connection's thread after every block submitted before, with the
+  /// connection (nil once ``close()`` ran). Not cancellable: for work that resumes its own callers.
+  func submit(_ block: @escaping @Sendable (Connection?) -> Void) {
+    thread.submit {
+      self.inUse.withLock { _ in
+        guard !self.connection.isClosed else { return block(nil) }
+        self.connection.interruption.clear()
+        self.connection.waitForLocks(true)
+        block(self.connection)
       }
     }
+  }
+
+  /// The error calls made after ``close()`` throw.
+  func closedFailure() -> any Error { closedError() }
+
+  /// Stops the running statement of a cancelled call (see ``Operation/cancel(interrupt:)``).
+  private func interrupt() {
+    connection.interruption.set()  // for a statement that has not started yet
+    sqlite3_interrupt(connection.handle)
   }
 
   /// The state of one queued block, shared between the block and the cancellation handler.

@@ -55,7 +55,7 @@ struct JobQueueOnSQLiteTests {
   @Test(.timeLimit(.minutes(1)), arguments: ["while the statement runs", "before the statement starts"])
   func cancellingARunningCallInterruptsIt(_ moment: String) async throws {
     let folder = try TemporaryFolder()
-    let connection = SerializedConnection(
+    let connection = try SerializedConnection(
       label: "test", connection: try Connection(path: folder.path("interrupt.sqlite"), create: true),
       closedError: { TestFailure("closed") })
     let endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"

@@ -1,0 +1,182 @@
+import Conveyor
+import Synchronization
+
+#if canImport(Glibc)
+  import Glibc
+#elseif canImport(Musl)
+  import Musl
+#elseif canImport(Darwin)
+  import Darwin
+#endif
+
+/// Enqueue calls that wait for a group commit: the calls that arrive while the connection is
+/// busy are committed together, in one transaction, by one block on the connection's thread.
+///
+/// Each call's jobs go into a savepoint of their own, so a failure (a constraint, a trigger, a
+/// value SQLite refuses) undoes and fails only that call; when something undoes the whole
+/// transaction (or the commit fails), every call of the group runs again alone. Each caller is
+/// resumed only after the transaction holding its jobs committed.
+final class EnqueueGroups: Sendable {
+  /// One waiting call.
+  struct Request: Sendable {
+    var jobs: [NewJob]
+    var queue: String
+    var clock: any JobClock
+    var continuation: UnsafeContinuation<[EnqueueResult], any Error>
+  }
+
+  private struct State {
+    var waiting: [Request] = []
+    /// A block that commits the waiting calls is on the connection's thread (or running).
+    var flushScheduled = false
+    /// Groups committed with more than one call (for tests).
+    var groupsCommitted = 0
+  }
+
+  private let state = Mutex(State())
+
+  /// Whether no call is waiting and no group is being committed: a new call may commit alone.
+  var isIdle: Bool { state.withLock { !$0.flushScheduled } }
+
+  /// How many calls wait (for tests).
+  var waitingCount: Int { state.withLock { $0.waiting.count } }
+
+  /// How many transactions committed more than one call (for tests).
+  var groupsCommitted: Int { state.withLock { $0.groupsCommitted } }
+
+  /// Adds a call; true when the caller must schedule a flush (none is scheduled).
+  func add(_ request: Request) -> Bool {
+    state.withLock { state in
+      state.waiting.append(request)
+      defer { state.flushScheduled = true }
+      return !state.flushScheduled
+    }
+  }
+
+  /// Takes every waiting call once at least `expected` wait, or once `linger` has passed with
+  /// some waiting; nil (and the flush ends) when none came by then.
+  ///
+  /// The callers of the group just committed come back within microseconds to add their next
+  /// jobs: waiting for them (yielding the processor meanwhile) makes the next group as large as
+  /// the last, where taking whatever is there at once would commit them one or two at a time.
+  func take(expecting expected: Int, linger: Duration = .microseconds(50)) -> [Request]? {
+    let deadline = ContinuousClock.now + linger
+    while true {
+      let taken = state.withLock { state -> [Request]?? in
+        let waiting = state.waiting.count
+        if waiting >= max(expected, 1) || (waiting > 0 && ContinuousClock.now >= deadline) {
+          defer { state.waiting = [] }
+          return state.waiting
+        }
+        guard waiting == 0 && ContinuousClock.now >= deadline else { return .some(nil) }
+        state.flushScheduled = false
+        return nil
+      }
+      guard let taken else { return nil }
+      if let taken { return taken }
+      sched_yield()
+    }
+  }
+
+  /// Counts a transaction that committed several calls.
+  func countGroup() { state.withLock { $0.groupsCommitted += 1 } }
+}
+
+extension SQLiteJobStore {
+  /// Commits the waiting enqueue calls as one group; runs on the connection's thread (`db` is nil
+  /// once the store was closed). `expected` is the size of the group before, whose callers may
+  /// come back with their next jobs (see ``EnqueueGroups/take(expecting:linger:)``).
+  ///
+  /// The next group is a new block behind the blocks already submitted, so a stream of adds never
+  /// keeps a claim or a heartbeat waiting for the thread.
+  func flushEnqueueGroups(_ db: Connection?, expecting expected: Int = 0) {
+    guard let group = groups.take(expecting: expected) else { return }
+    if let db {
+      let results = Self.commit(group, db: db, groups: groups)
+      for (request, result) in zip(group, results) { request.continuation.resume(with: result) }
+    } else {
+      for request in group { request.continuation.resume(throwing: connection.closedFailure()) }
+    }
+    connection.submit { [self] db in flushEnqueueGroups(db, expecting: group.count) }
+  }
+
+  /// Commits one group's calls in one transaction, each in a savepoint of its own.
+  private static func commit(_ group: [EnqueueGroups.Request], db: Connection, groups: EnqueueGroups)
+    -> [Result<[EnqueueResult], any Error>]
+  {
+    func alone(_ request: EnqueueGroups.Request) -> Result<[EnqueueResult], any Error> {
+      Result { try commitAlone(request.jobs, queue: request.queue, clock: request.clock, db: db) }
+    }
+    if group.count == 1 { return [alone(group[0])] }
+    do {
+      try db.run("BEGIN IMMEDIATE")
+    } catch {
+      // No lock within the busy timeout: no call's work began; each fails as a lone call would.
+      return group.map { _ in .failure(error) }
+    }
+    var results: [Result<[EnqueueResult], any Error>] = []
+    results.reserveCapacity(group.count)
+    do {
+      for request in group {
+        try db.run("SAVEPOINT enqueue")
+        do {
+          let now = millis(request.clock.now())
+          results.append(.success(try insert(request.jobs, queue: request.queue, now: now, db: db)))
+          try db.run("RELEASE enqueue")
+        } catch {
+          // SQLite undid the whole transaction (a full disk, RAISE(ROLLBACK)): start again below.
+          if db.isAutocommit { throw error }
+          try db.run("ROLLBACK TO enqueue")
+          try db.run("RELEASE enqueue")
+          results.append(.failure(error))
+        }
+      }
+      try db.run("COMMIT")
+    } catch {
+      db.rollbackIfNeeded()
+      // Nothing of the group was committed: each call alone, so a failure stays its own.
+      return group.map(alone)
+    }
+    groups.countGroup()
+    for (request, result) in zip(group, results) {
+      if case .success = result { db.notedQueues.insert(request.queue) }
+    }
+    return results
+  }
+
+  /// Commits one call's jobs in a transaction of their own.
+  static func commitAlone(_ jobs: [NewJob], queue: String, clock: any JobClock, db: Connection) throws
+    -> [EnqueueResult]
+  {
+    let results = try db.transaction(immediate: true) {
+      try insert(jobs, queue: queue, now: millis(clock.now()), db: db)
+    }
+    // Only once committed: a rolled-back note must be written again next time.
+    db.notedQueues.insert(queue)
+    return results
+  }
+
+  /// Inserts jobs in order inside the caller's transaction, skipping duplicates by key.
+  private static func insert(_ jobs: [NewJob], queue: String, now: Int64, db: Connection) throws
+    -> [EnqueueResult]
+  {
+    if !db.notedQueues.contains(queue) { try db.run(SQL.noteQueue, .text(queue)) }
+    var results: [EnqueueResult] = []
+    results.reserveCapacity(jobs.count)
+    for job in jobs {
+      if let key = job.deduplicationKey,
+        let existing = try db.scalar(SQL.findDuplicate, .text(queue), .text(key))
+      {
+        results.append(EnqueueResult(id: JobID(existing), inserted: false))
+        continue
+      }
+      let runAt = runAt(job.runTime, now: now)
+      try db.run(
+        SQL.insert, .text(queue), .blob(job.payload), .text(runAt <= now ? "ready" : "scheduled"),
+        .integer(Int64(job.priority)), .integer(runAt), .integer(now),
+        job.deduplicationKey.map(SQLiteValue.text) ?? .null)
+      results.append(EnqueueResult(id: JobID(db.lastInsertRowID), inserted: true))
+    }
+    return results
+  }
+}

@@ -1,0 +1,161 @@
+import Conveyor
+import ConveyorTestSupport
+import Dispatch
+import Foundation
+import Synchronization
+import Testing
+
+@testable import ConveyorSQLite
+
+#if canImport(Glibc)
+  import Glibc
+#elseif canImport(Darwin)
+  import Darwin
+#endif
+
+/// The fast paths of one job per call: group commit of concurrent enqueues, inline calls that hand
+/// over to the store's thread when another connection holds the lock.
+@Suite("SQLiteJobStore: one job per call", .timeLimit(.minutes(2)))
+struct OneJobPerCallTests {
+  /// Whether the job with `id` is committed, as another connection sees it.
+  private static func committed(_ id: JobID, path: String) throws -> Bool {
+    let other = try Connection(path: path, create: false)
+    return try other.scalar("SELECT count(*) FROM jobs WHERE id = ?", .integer(id.rawValue)) == 1
+  }
+
+  /// Eight calls that queue up behind a busy connection are committed in one transaction; the
+  /// one whose insert fails gets its own error, the duplicate gets the waiting job's ID, and every
+  /// other job is committed (seen from a second connection) by the time its caller returns.
+  @Test(arguments: ["ABORT", "ROLLBACK"])
+  func aGroupCommitKeepsEachCallsOutcomeItsOwn(_ raise: String) async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("group.sqlite")
+    let store = try SQLiteJobStore(path: path)
+    let existing = try await store.enqueue(
+      [NewJob(payload: payload("first"), runAt: epoch, deduplicationKey: "dup")], queue: "jobs", now: epoch)[
+        0]
+    // A job SQLite refuses: RAISE(ABORT) fails its statement, RAISE(ROLLBACK) the whole transaction.
+    try Connection(path: path, create: false).execute(
+      """
+      CREATE TRIGGER reject BEFORE INSERT ON jobs WHEN NEW.dedup_key = 'bad'
+      BEGIN SELECT RAISE(\(raise), 'rejected by the test'); END
+      """)
+
+    // Hold the connection so the calls queue up for one group.
+    let gate = DispatchSemaphore(value: 0)
+    let holding = Tally()
+    store.connection.submit { _ in
+      holding.add()
+      gate.wait()
+    }
+    try await eventually("the connection is held") { holding.count == 1 }
+    let keys = ["a", "b", "c", "dup", "bad", "d", "e", "f"]
+    let adders = keys.map { key in
+      Task { () throws -> EnqueueResult in
+        let result = try await store.enqueue(
+          [NewJob(payload: payload(key), runAt: epoch, deduplicationKey: key)], queue: "jobs", now: epoch)[0]
+        // Returned only once committed.
+        #expect(try Self.committed(result.id, path: path), "job \(key) not committed when its add returned")
+        return result
+      }
+    }
+    try await eventually("all eight calls wait") { store.groups.waitingCount == keys.count }
+    gate.signal()
+
+    var inserted: Set<JobID> = []
+    for (key, adder) in zip(keys, adders) {
+      switch key {
+      case "bad":
+        await #expect(throws: SQLiteError.self) { try await adder.value }
+      case "dup":
+        #expect(try await adder.value == EnqueueResult(id: existing.id, inserted: false))
+      default:
+        let result = try await adder.value
+        #expect(result.inserted)
+        inserted.insert(result.id)
+      }
+    }
+    #expect(inserted.count == 6)
+    let other = try Connection(path: path, create: false)
+    #expect(try other.scalar("SELECT count(*) FROM jobs") == 7)
+    #expect(try other.scalar("SELECT count(*) FROM jobs WHERE dedup_key = 'bad'") == 0)
+    // RAISE(ABORT) is undone by the call's savepoint, inside the group's transaction; RAISE(ROLLBACK)
+    // undoes the transaction, and each call runs again alone.
+    #expect(store.groups.groupsCommitted == (raise == "ABORT" ? 1 : 0))
+  }
+
+  /// While another connection holds the write lock, an inline call gives up at once instead of
+  /// waiting on the caller's (pool) thread, and adds and claims wait on the store's thread, then
+  /// succeed once the lock is released. The busy timeout is longer than the suite's time limit,
+  /// so an inline call that waited for the lock would fail the test.
+  @Test func callsWaitingForAnotherConnectionsLockWaitOffThePool() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("busy.sqlite")
+    let store = try SQLiteJobStore(path: path, options: .init(busyTimeout: .seconds(600)))
+    _ = try await store.enqueue([NewJob(payload: payload("ready"), runAt: epoch)], queue: "jobs", now: epoch)
+    let other = try Connection(path: path, create: false)
+    try other.execute("BEGIN IMMEDIATE")
+
+    let inline = await store.connection.tryInline { db in try db.transaction(immediate: true) { 1 } }
+    #expect(inline == nil, "an inline call ran or failed instead of handing over to the store's thread")
+
+    let finished = Tally()
+    let adders = (0..<8).map { index in
+      Task {
+        let result = try await store.enqueue(
+          [NewJob(payload: payload("\(index)"), runAt: epoch)], queue: "jobs", now: epoch)
+        finished.add()
+        return result[0]
+      }
+    }
+    let claimer = Task {
+      let batch = try await store.settleAndClaim([], queue: "jobs", limit: 1, lease: lease(), now: epoch)
+      finished.add()
+      return batch
+    }
+    try await Task.sleep(for: .milliseconds(300))  // the calls reach their wait
+    #expect(finished.count == 0, "a call finished while another connection held the lock")
+    try other.execute("COMMIT")
+
+    for adder in adders { #expect(try await adder.value.inserted) }
+    #expect(try await claimer.value.claimed.count == 1)
+    #expect(try other.scalar("SELECT count(*) FROM jobs") == Int64(adders.count + 1))
+  }
+
+  /// A steady stream of concurrent adds (committed in groups on the store's thread) never keeps
+  /// another call waiting for the thread: each group is a block of its own, so the call's block
+  /// runs between two.
+  @Test func aStreamOfGroupedAddsDoesNotStarveOtherCalls() async throws {
+    let folder = try TemporaryFolder()
+    let store = try makeStore(folder)
+    _ = try await store.enqueue([NewJob(payload: payload("ready"), runAt: epoch)], queue: "jobs", now: epoch)
+    let stop = Tally()
+    let adders = (0..<8).map { _ in
+      Task {
+        while stop.count == 0 {
+          _ = try await store.enqueue(
+            [NewJob(payload: payload("more"), runAt: epoch)], queue: "jobs", now: epoch)
+        }
+      }
+    }
+    defer { stop.add() }
+    try await eventually("adds are grouped") { store.groups.groupsCommitted > 10 }
+    // Calls that run on the store's thread, after the group block already submitted.
+    // At most the group being committed when the call was submitted goes first.
+    for _ in 0..<20 {
+      let before = store.groups.groupsCommitted
+      #expect(try await store.counts(queue: "jobs", now: epoch).ready > 0)
+      let committed = store.groups.groupsCommitted - before
+      #expect(committed <= 2, "\(committed) groups were committed while a call waited for the thread")
+    }
+    stop.add()
+    for adder in adders { try await adder.value }
+  }
+}
+
+/// A count shared between tasks.
+private final class Tally: Sendable {
+  private let value = Atomic<Int>(0)
+  var count: Int { value.load(ordering: .acquiring) }
+  func add() { value.add(1, ordering: .acquiringAndReleasing) }
+}
