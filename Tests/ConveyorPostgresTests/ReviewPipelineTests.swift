@@ -255,7 +255,9 @@ struct ReviewPipelineTests {
       Issue.record("a job started on a paused queue")
       return .handled
     }
-    // Sample the published state while the loop runs.
+    // Once the queue has learnt of the pause, sample the published state while the loop runs.
+    try await eventually("the queue reports the pause") { jobQueue.state == .paused }
+    instrumented.resetCalls()
     for _ in 0..<40 {
       try await Task.sleep(for: .milliseconds(25))
       let state = jobQueue.state
@@ -384,17 +386,19 @@ struct ReviewPipelineTests {
   // (held) Calls that finish close to the call timeout, each followed at once by another, are never
   // aborted by a late tick: the connection (its backend) stays the same.
   @Test func callsThatFinishNearTheTimeoutAreNeverAborted() async throws {
-    let (_, store) = try await open(callTimeout: .milliseconds(300))
+    // A second of margin between the call and its timeout, so a loaded machine cannot make the
+    // call itself run out of time; the watchdog still ticks ten times per timeout.
+    let (_, store) = try await open(callTimeout: .seconds(2))
     let pid = { () async throws -> Int64 in
       try await store.connection.perform(idempotent: true) { db in
         try db.execute("SELECT pg_backend_pid()::int8", prepared: false).int64(0, 0)
       }
     }
     let backend = try await pid()
-    for round in 0..<8 {
+    for round in 0..<4 {
       // Finishes well before the deadline, then quick calls start at once.
       try await store.connection.perform(idempotent: true) { db in
-        _ = try db.execute("SELECT pg_sleep(0.15)", prepared: false)
+        _ = try db.execute("SELECT pg_sleep(0.9)", prepared: false)
       }
       for _ in 0..<20 { _ = try await store.counts(queue: "q", clock: clock) }
       #expect(
@@ -412,7 +416,7 @@ struct ReviewPipelineTests {
       _ = try await store.counts(queue: "q", clock: clock)
       await store.close()
     }
-    for _ in 0..<50 where weakConnection != nil { try await Task.sleep(for: .milliseconds(20)) }
+    for _ in 0..<500 where weakConnection != nil { try await Task.sleep(for: .milliseconds(20)) }
     #expect(weakConnection == nil, "the connection (and its repeating watchdog) outlived the store")
   }
 }

@@ -31,6 +31,11 @@ public final class InstrumentedJobStore: JobStore {
   /// Every call so far.
   public var totalCalls: Int { state.withLock { $0.calls.values.reduce(0, +) } }
 
+  /// Forgets the calls counted so far.
+  public func resetCalls() {
+    state.withLock { $0.calls = [:] }
+  }
+
   /// Makes the next `count` calls of `method` throw ``InjectedFailure``.
   public func fail(_ method: String, times count: Int) {
     state.withLock { $0.failures[method] = count }
