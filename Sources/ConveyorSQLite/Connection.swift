@@ -201,6 +201,11 @@ final class Connection {
     try run(immediate ? "BEGIN IMMEDIATE" : "BEGIN DEFERRED")
     do {
       let result = try body()
+      // From here a cancellation can no longer interrupt: the outcome of `COMMIT` is the truth.
+      guard interruption.beginCommit() else {
+        throw SQLiteError(code: .interrupt, message: "interrupted before committing", sql: "COMMIT")
+      }
+      defer { interruption.endCommit() }
       try run("COMMIT")
       return result
     } catch {
@@ -317,16 +322,43 @@ final class Statement {
   }
 }
 
-/// A flag one thread sets and the connection's progress handler reads.
+/// Whether a cancelled call's statements must stop: read by the connection's progress handler
+/// (every 1,000 virtual-machine instructions), set from any thread.
+///
+/// Once a transaction's `COMMIT` has begun, the flag cannot be set: SQLite can run the progress
+/// handler after a `COMMIT` has committed and then report `SQLITE_INTERRUPT`, which would tell a
+/// cancelled caller that nothing was committed when it was. A cancellation that comes first makes
+/// the transaction roll back instead of committing.
 final class InterruptFlag: Sendable {
-  private let value = Atomic<Bool>(false)
+  private static let clear = 0
+  private static let interrupted = 1
+  private static let committing = 2
+  private let value = Atomic<Int>(InterruptFlag.clear)
 
   /// Whether the flag is set.
-  var isSet: Bool { value.load(ordering: .acquiring) }
+  var isSet: Bool { value.load(ordering: .acquiring) == Self.interrupted }
 
-  /// Sets the flag.
-  func set() { value.store(true, ordering: .releasing) }
+  /// Sets the flag, unless a `COMMIT` has begun; returns whether it is set (so whether to call
+  /// `sqlite3_interrupt` too).
+  @discardableResult
+  func set() -> Bool {
+    let (exchanged, original) = value.compareExchange(
+      expected: Self.clear, desired: Self.interrupted, ordering: .acquiringAndReleasing)
+    return exchanged || original == Self.interrupted
+  }
 
   /// Clears the flag.
-  func clear() { value.store(false, ordering: .releasing) }
+  func clear() { value.store(Self.clear, ordering: .releasing) }
+
+  /// Marks the start of a `COMMIT`; false when a cancellation came first (then roll back).
+  func beginCommit() -> Bool {
+    value.compareExchange(expected: Self.clear, desired: Self.committing, ordering: .acquiringAndReleasing)
+      .exchanged
+  }
+
+  /// Marks the end of a `COMMIT`, whatever its outcome.
+  func endCommit() {
+    _ = value.compareExchange(
+      expected: Self.committing, desired: Self.clear, ordering: .acquiringAndReleasing)
+  }
 }

@@ -198,8 +198,8 @@ final class SerializedConnection: @unchecked Sendable {
 
   /// Stops the running statement of a cancelled call (see ``Operation/cancel(interrupt:)``).
   private func interrupt() {
-    connection.interruption.set()  // for a statement that has not started yet
-    sqlite3_interrupt(connection.handle)
+    // The flag stops a statement that has not started yet; neither is set once COMMIT has begun.
+    if connection.interruption.set() { sqlite3_interrupt(connection.handle) }
   }
 
   /// The state of one queued block, shared between the block and the cancellation handler.

@@ -45,6 +45,8 @@ struct Review11bTests {
     return all
   }
 
+  /// Fixed (failed before the fix: SQLite can report `SQLITE_INTERRUPT` from a `COMMIT` that
+  /// committed, when the progress handler runs at its end; see `InterruptFlag`).
   /// Promise: a cancelled call interrupts its statement and nothing is committed. An add whose
   /// task is cancelled mid-transaction either commits and returns, or throws `CancellationError`
   /// and leaves nothing behind.
@@ -81,6 +83,7 @@ struct Review11bTests {
     await store.close()
   }
 
+  /// Fixed (failed before the fix, as above).
   /// The same for claims: a claim that throws `CancellationError` claimed nothing, so the running
   /// count equals the jobs the returned batches hold.
   @Test func aCancelledClaimThatThrowsClaimedNothing() async throws {
