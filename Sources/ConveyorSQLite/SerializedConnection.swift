@@ -91,7 +91,14 @@ final class SerializedConnection: @unchecked Sendable {
     thread.submit(block)
   }
 
-  deinit { thread.stop() }
+  deinit {
+    // Closing may checkpoint the WAL and sync the file (the last connection to close does): on
+    // the connection's thread, never on whatever thread released the last reference (often one
+    // of the cooperative pool's). Nothing else can use the connection any more.
+    nonisolated(unsafe) let connection = self.connection
+    thread.submit { connection.close() }
+    thread.stop()
+  }
 
   /// Closes the connection after every block submitted before, and returns once it is closed.
   /// Blocks submitted afterwards fail with `closedError` and never touch the connection.
@@ -161,7 +168,7 @@ final class SerializedConnection: @unchecked Sendable {
     guard runsInline, !checkpointScheduled.load(ordering: .acquiring) else { return nil }
     if Task.isCancelled { return .failure(CancellationError()) }
     let operation = Operation()
-    return await withTaskCancellationHandler {
+    let outcome = await withTaskCancellationHandler {
       inUse.withLockIfAvailable { _ -> Result<T, any Error>? in
         guard !connection.isClosed else { return .failure(closedError()) }
         connection.interruption.clear()
@@ -178,6 +185,11 @@ final class SerializedConnection: @unchecked Sendable {
     } onCancel: {
       operation.cancel(interrupt: interrupt)
     }
+    // A call that ran lets other tasks waiting for this thread go first, as a trip to the
+    // connection's thread would: a loop of inline calls never suspends otherwise, and held one of
+    // the pool's few threads for as long as it ran (timers and I/O of the whole process stalled).
+    if outcome != nil { await Task.yield() }
+    return outcome
   }
 
   /// Runs `block` on the connection's thread after every block submitted before, with the

@@ -186,8 +186,13 @@ struct NetworkDownloadTests {
 }
 
 /// Files directly in the temporary folder whose content starts with `marker`: what a download
-/// of a body starting with `marker` left behind (Foundation's `<UUID>.tmp`, or ours). Other
-/// tests' downloads have other markers, so tests running in parallel do not disturb it.
+/// of a body starting with `marker` left behind (Foundation's `<UUID>.tmp`, or ours,
+/// `conveyor-download-<UUID>.part`). Other tests' downloads have other markers, so tests running
+/// in parallel do not disturb it.
+///
+/// Only regular files with those endings are opened: the folder is shared (thousands of entries
+/// on a developer's machine, where opening each held the test's thread for seconds), and a FIFO
+/// there would block an open for reading forever.
 func temporaryFiles(startingWith marker: Data) -> [String] {
   let folder = FileManager.default.temporaryDirectory
   let names: [String]
@@ -197,10 +202,13 @@ func temporaryFiles(startingWith marker: Data) -> [String] {
     return ["(unreadable temporary folder: \(error))"]
   }
   return names.filter { name in
-    guard let handle = FileHandle(forReadingAtPath: folder.appendingPathComponent(name).path) else {
-      return false
-    }
-    defer { try? handle.close() }
+    guard name.hasSuffix(".tmp") || name.hasSuffix(".part") else { return false }
+    let path = folder.appendingPathComponent(name).path
+    var information = stat()
+    guard lstat(path, &information) == 0, information.st_mode & S_IFMT == S_IFREG else { return false }
+    let descriptor = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
+    guard descriptor >= 0 else { return false }
+    let handle = FileHandle(fileDescriptor: descriptor, closeOnDealloc: true)
     return (try? handle.read(upToCount: marker.count)) == marker
   }
 }

@@ -58,7 +58,7 @@ struct PostgresActivityTests {
         }
       })
     let admin = try AdminConnection(server.url)
-    _ = try admin.query("ANALYZE \(schema).jobs; ANALYZE \(schema).activity")
+    _ = try await admin.queryOffPool("ANALYZE \(schema).jobs; ANALYZE \(schema).activity")
     func plan(_ sql: String, _ types: String, _ values: String) throws -> String {
       let name = "p\(UInt32.random(in: 0...UInt32.max))"
       _ = try admin.query("PREPARE \(name)(\(types)) AS \(sql)")

@@ -33,7 +33,7 @@ struct ExplainTests {
     let now = "date_trunc('milliseconds', now())"
     // 270k in 'big': 250k ready, 10k scheduled an hour ahead, 5k running, 5k dead; 30k ready in
     // 'small'. A tenth of the jobs have a deduplication key.
-    try admin.query(
+    try await admin.queryOffPool(
       """
       INSERT INTO \(schema).jobs (queue, payload, status, priority, attempts, run_at, created_at, dedup_key,
         lease_owner, lease_expires_at)
@@ -47,7 +47,7 @@ struct ExplainTests {
         CASE WHEN i > 260000 AND i <= 265000 THEN \(now) + interval '1 minute' END
       FROM generate_series(1, 300000) AS i
       """)
-    try admin.query("VACUUM ANALYZE \(schema).jobs")
+    try await admin.queryOffPool("VACUUM ANALYZE \(schema).jobs")
 
     // EXECUTE takes no subqueries: the 100 IDs of a batch as a literal.
     let ids = "'{\((1...100).map(String.init).joined(separator: ","))}'::int8[]"
@@ -135,12 +135,12 @@ struct ExplainTests {
     let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
     let sql = store.sql
     let admin = try AdminConnection(server.url)
-    try admin.query(
+    try await admin.queryOffPool(
       """
       INSERT INTO \(schema).jobs (queue, payload, status, run_at, created_at)
       SELECT 'q', '\\x7b7d'::bytea, 'ready', now(), now() FROM generate_series(1, 20000)
       """)
-    try admin.query("VACUUM ANALYZE \(schema).jobs")
+    try await admin.queryOffPool("VACUUM ANALYZE \(schema).jobs")
     // Workers claim after the statistics were taken.
     try admin.query(
       "UPDATE \(schema).jobs SET status = 'running', lease_owner = 'w', lease_expires_at = now() WHERE id <= 2000"
@@ -180,14 +180,14 @@ struct ExplainTests {
     let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
     let sql = store.sql
     let admin = try AdminConnection(server.url)
-    try admin.query(
+    try await admin.queryOffPool(
       """
       INSERT INTO \(schema).jobs (queue, payload, status, run_at, created_at, lease_owner, lease_expires_at)
       SELECT 'q', '\\x7b7d'::bytea, CASE WHEN i <= 1000 THEN 'running' ELSE 'ready' END, now(), now(),
         CASE WHEN i <= 1000 THEN 'w' END, CASE WHEN i <= 1000 THEN now() END
       FROM generate_series(1, 50000) AS i
       """)
-    try admin.query("VACUUM ANALYZE \(schema).jobs")
+    try await admin.queryOffPool("VACUUM ANALYZE \(schema).jobs")
     // The store's session settings (see `PostgresJobStore.init`).
     try admin.query(
       "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; SET enable_mergejoin = off")

@@ -291,6 +291,18 @@ final class AdminConnection {
     }
   }
 
+  /// Runs `sql` as ``query(_:)`` does, on a thread outside Swift's cooperative pool: for
+  /// statements that take seconds (filling a table, `VACUUM`), which would otherwise hold one of
+  /// the pool's few threads and stall every other test's tasks meanwhile.
+  @discardableResult
+  func queryOffPool(_ sql: String) async throws -> [[String?]] {
+    // Used by one caller at a time, as `query` is: the caller awaits the result.
+    nonisolated(unsafe) let connection = self
+    return try await withCheckedThrowingContinuation { continuation in
+      DispatchQueue.global().async { continuation.resume(with: Result { try connection.query(sql) }) }
+    }
+  }
+
   /// The first column of the first row.
   func scalar(_ sql: String) throws -> String? {
     try query(sql).first?.first ?? nil

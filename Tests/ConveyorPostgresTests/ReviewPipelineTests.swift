@@ -315,7 +315,7 @@ struct ReviewPipelineTests {
     let schema = store.options.schema
     let admin = try AdminConnection(server.url)
     try await add(40, to: store)
-    try admin.query("VACUUM ANALYZE \(schema).jobs")
+    try await admin.queryOffPool("VACUUM ANALYZE \(schema).jobs")
     // A worker's first calls on the small queue: more than five, so the server settles on a plan.
     var previous: [JobRecord] = []
     for _ in 0..<12 {
@@ -329,7 +329,7 @@ struct ReviewPipelineTests {
       _ = try await store.rescueExpiredLeases(queue: "q", clock: clock)
     }
     // The backlog grows (no ANALYZE since).
-    try admin.query(
+    try await admin.queryOffPool(
       """
       INSERT INTO \(schema).jobs (queue, payload, status, run_at, created_at)
       SELECT 'q', '\\x7b7d'::bytea, CASE WHEN i % 20 = 0 THEN 'scheduled' ELSE 'ready' END,
