@@ -1,1 +1,0 @@
-INSERT INTO plain (queue,payload,status,priority,run_at,created_at) VALUES ('bench','\x7b7d','ready',0,now(),now());
