@@ -33,9 +33,38 @@ struct SQL {
   /// The channel `NOTIFY` uses; the payload is the queue name.
   let channel: String
 
+  // The statements of adds, claims, settlements and heartbeats, built once: their text is also
+  // the key of each connection's prepared statements. Built on every call, the claim's text alone
+  // took a quarter of a one-job claim's time in the client.
+  let insert: String
+  let settle: String
+  let complete: String
+  let promote: String
+  let claim: String
+  let heartbeat: String
+  let rescue: String
+  let nextWake: String
+  let isPaused: String
+  let notify: String
+  let lockKeys: String
+  let findDuplicates: String
+
   init(schema name: String) {
-    schema = "\"\(name)\""
+    let schema = "\"\(name)\""
+    self.schema = schema
     channel = "\(name).jobs"
+    insert = Self.insert(schema)
+    settle = Self.settle(schema)
+    complete = Self.complete(schema)
+    promote = Self.promote(schema)
+    claim = Self.claim(schema)
+    heartbeat = Self.heartbeat(schema)
+    rescue = Self.rescue(schema)
+    nextWake = Self.nextWake(schema)
+    isPaused = Self.isPaused(schema)
+    notify = Self.notify(channel)
+    lockKeys = Self.lockKeys(schema)
+    findDuplicates = Self.findDuplicates(schema)
   }
 
   /// The migrations, in order; version `n` is `migrations[n - 1]`.
@@ -186,7 +215,7 @@ struct SQL {
 
   /// Takes the deduplication locks of a batch's keys, in a fixed order so two enqueuers never
   /// deadlock. Parameters: queue, keys.
-  var lockKeys: String {
+  static func lockKeys(_ schema: String) -> String {
     """
     SELECT pg_advisory_xact_lock(k) FROM (
       SELECT DISTINCT \(schema).dedup_lock_key($1, key) AS k FROM unnest($2::bytea[]) AS key
@@ -195,7 +224,7 @@ struct SQL {
   }
   /// The oldest waiting job of each key (a separate statement after the locks, so its snapshot
   /// sees every job committed by an enqueuer that held a lock before). Parameters: queue, keys.
-  var findDuplicates: String {
+  static func findDuplicates(_ schema: String) -> String {
     """
     SELECT dedup_key, min(id) FROM \(schema).jobs
     WHERE queue = $1 AND dedup_key = ANY($2::bytea[]) AND status IN ('ready', 'scheduled')
@@ -205,7 +234,7 @@ struct SQL {
   /// Inserts a batch in order (ascending IDs follow the ordinality). A job's run date is its date,
   /// or now plus its delay, or now. Parameters: queue, payloads, priorities, delays (ms), dates,
   /// keys, now.
-  var insert: String {
+  static func insert(_ schema: String) -> String {
     """
     INSERT INTO \(schema).jobs (queue, payload, status, priority, run_at, created_at, dedup_key)
     SELECT $1, j.payload, CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END, j.priority,
@@ -250,7 +279,7 @@ struct SQL {
   /// claim is current: running, with the same claim token (``currentClaims(_:queueParameter:)``
   /// finds and locks those, then the rows are deleted or changed by ID).
   /// Parameters: ids, tokens, kinds, delays, errors, now, queue.
-  var settle: String {
+  static func settle(_ schema: String) -> String {
     """
     WITH n AS (SELECT \(Self.now(6)) AS now),
     s AS (
@@ -280,6 +309,18 @@ struct SQL {
     """
   }
 
+  /// Deletes the current claims among completions, the usual batch of settlements; returns the IDs
+  /// that applied. The same rule as ``settle``'s, with a plan a quarter its size (no time, no
+  /// update, no union), so a worker's commonest call costs the server less. Parameters: ids,
+  /// tokens, queue.
+  static func complete(_ schema: String) -> String {
+    """
+    DELETE FROM \(schema).jobs j WHERE j.id = ANY(ARRAY(
+      SELECT s.id FROM unnest($1::int8[], $2::int8[]) AS s(id, token) \(currentClaims(schema, queueParameter: 3))))
+    RETURNING j.id
+    """
+  }
+
   /// Promotes the scheduled jobs that fell due (skipping rows another worker is promoting) and
   /// reads the pause flag. Parameters: queue, now.
   ///
@@ -287,7 +328,7 @@ struct SQL {
   /// know how many jobs are due (the time is a parameter or the statement's clock), and with
   /// `id IN (…)` it guessed thousands and joined them against a sequential scan of the table; an
   /// array is always looked up by the primary key. The rescue is written the same way.
-  var promote: String {
+  static func promote(_ schema: String) -> String {
     """
     WITH promoted AS (
       UPDATE \(schema).jobs SET status = 'ready' WHERE id = ANY(ARRAY(
@@ -308,7 +349,7 @@ struct SQL {
   /// The picked IDs are looked up as an array (`id = ANY(ARRAY(…))`), as in ``promote``: a plan
   /// made without the limit's value (a prepared statement's generic plan) guessed a tenth of the
   /// queue and merge-joined it against the whole primary key.
-  var claim: String {
+  static func claim(_ schema: String) -> String {
     """
     UPDATE \(schema).jobs j SET status = 'running',
       attempts = CASE WHEN j.attempts < 9223372036854775807 THEN j.attempts + 1 ELSE j.attempts END,
@@ -323,7 +364,7 @@ struct SQL {
   }
 
   /// Extends current claims' leases. Parameters: ids, tokens, lease (ms), now, queue.
-  var heartbeat: String {
+  static func heartbeat(_ schema: String) -> String {
     """
     UPDATE \(schema).jobs j
     SET lease_expires_at = least(\(Self.now(4)) + $3 * interval '1 millisecond', \(Self.latest))
@@ -335,7 +376,7 @@ struct SQL {
 
   /// Expired leases become ready again in their old place (a row another transaction holds, as
   /// its worker settles or heartbeats it, is skipped). Parameters: queue, now.
-  var rescue: String {
+  static func rescue(_ schema: String) -> String {
     """
     UPDATE \(schema).jobs SET status = 'ready', lease_owner = NULL, lease_expires_at = NULL
     WHERE id = ANY(ARRAY(
@@ -397,7 +438,7 @@ struct SQL {
   /// The server's time, the next ready job's run date (in claim order, so from `jobs_ready`), the
   /// earliest scheduled run date, the earliest lease expiry and the pause flag. Parameters: queue,
   /// now.
-  var nextWake: String {
+  static func nextWake(_ schema: String) -> String {
     """
     SELECT \(Self.now(2)),
       (SELECT run_at FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
@@ -420,7 +461,9 @@ struct SQL {
   var remove: String { "DELETE FROM \(schema).jobs WHERE queue = $1 AND id = ANY($2::int8[])" }
   var clear: String { "DELETE FROM \(schema).jobs WHERE queue = $1 AND status = ANY($2::text[])" }
 
-  var isPaused: String { "SELECT coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false)" }
+  static func isPaused(_ schema: String) -> String {
+    "SELECT coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false)"
+  }
   var setPaused: String {
     """
     INSERT INTO \(schema).queues (name, paused) VALUES ($1, $2)
@@ -429,7 +472,7 @@ struct SQL {
   }
   /// Wakes listening workers (pause, resume, re-queue, a retry or release, a rescue). Parameter:
   /// queue.
-  var notify: String { "SELECT pg_notify('\(channel)', $1)" }
+  static func notify(_ channel: String) -> String { "SELECT pg_notify('\(channel)', $1)" }
 
   /// What re-queueing sets.
   private func requeued(_ nowParameter: Int) -> String {

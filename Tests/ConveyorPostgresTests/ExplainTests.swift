@@ -70,6 +70,9 @@ struct ExplainTests {
           + "array_fill(NULL::text, ARRAY[100]), NULL, 'big')",
         indexes: ["jobs_pkey"]),
       Case(
+        name: "complete", prepare: "(int8[], int8[], text) AS \(sql.complete)",
+        execute: "(\(ids), \(tokens), 'big')", indexes: ["jobs_pkey"]),
+      Case(
         name: "heartbeat", prepare: "(int8[], int8[], int8, timestamptz, text) AS \(sql.heartbeat)",
         execute: "(\(ids), \(tokens), 60000, NULL, 'big')", indexes: ["jobs_pkey"]),
       Case(
@@ -154,6 +157,7 @@ struct ExplainTests {
         "(\(ids), \(tokens), array_fill(0, ARRAY[100]), array_fill(NULL::int8, ARRAY[100]), "
           + "array_fill(NULL::text, ARRAY[100]), NULL, 'q')"
       ),
+      ("complete", "(int8[], int8[], text) AS \(sql.complete)", "(\(ids), \(tokens), 'q')"),
       (
         "heartbeat", "(int8[], int8[], int8, timestamptz, text) AS \(sql.heartbeat)",
         "(\(ids), \(tokens), 60000, NULL, 'q')"
@@ -199,8 +203,10 @@ struct ExplainTests {
     try admin.query(
       "PREPARE settle_batch (int8[], int8[], int4[], int8[], text[], timestamptz, text) AS \(sql.settle)")
     try admin.query("PREPARE heartbeat_batch (int8[], int8[], int8, timestamptz, text) AS \(sql.heartbeat)")
+    try admin.query("PREPARE complete_batch (int8[], int8[], text) AS \(sql.complete)")
     for (name, execute) in [
       ("heartbeat_batch", "(\(ids), \(tokens), 60000, NULL, 'q')"),
+      ("complete_batch", "(\(ids), \(tokens), 'q')"),
       (
         "settle_batch",
         "(\(ids), \(tokens), \(kinds), array_fill(1000::int8, ARRAY[1000]), array_fill(NULL::text, ARRAY[1000]), NULL, 'q')"

@@ -318,9 +318,15 @@ struct ReviewPipelineTests {
     try await admin.queryOffPool("VACUUM ANALYZE \(schema).jobs")
     // A worker's first calls on the small queue: more than five, so the server settles on a plan.
     var previous: [JobRecord] = []
-    for _ in 0..<12 {
+    for round in 0..<16 {
       let batch = try await store.settleAndClaim(
-        previous.map { JobSettlement(claim: $0.claim, action: .complete) }, queue: "q", limit: 2,
+        // Completions alone take their own statement (even rounds); a retry among them takes the
+        // general one (odd rounds).
+        previous.enumerated().map { index, job in
+          JobSettlement(
+            claim: job.claim,
+            action: round % 2 == 0 || index == 0 ? .complete : .retry(after: .zero, error: nil))
+        }, queue: "q", limit: 2,
         lease: lease,
         clock: clock)
       previous = batch.claimed
@@ -347,6 +353,7 @@ struct ReviewPipelineTests {
         "('{1,2}'::int8[], '{1,1}'::int8[], '{0,1}'::int4[], '{NULL,10}'::int8[], '{NULL,NULL}'::text[], "
           + "NULL::timestamptz, 'q')"
       ),
+      ("complete", sql.complete, "('{1,2}'::int8[], '{1,1}'::int8[], 'q')"),
       (
         "heartbeat", sql.heartbeat, "('{1,2}'::int8[], '{1,1}'::int8[], 600000::int8, NULL::timestamptz, 'q')"
       ),

@@ -20,6 +20,7 @@ func runPostgresBenchmarks() async throws {
   let bench = PostgresBench(url: url)
   let only = ProcessInfo.processInfo.environment["CONVEYOR_BENCH_POSTGRES"]
   if only == "hop" { return try await bench.runHop() }
+  if only == "drain" { return try await bench.runSingleDrains() }
   if only == nil || only == "store" { try await bench.runStoreSection() }
   if only == nil || only == "queue" { try await bench.runQueueSection() }
   if only == nil || only == "backlog" { try await bench.runBacklogSection() }
@@ -69,6 +70,23 @@ private struct PostgresBench {
         ))
     }
     await store.close()
+  }
+
+  /// Only the unbatched claim-and-complete rows, at 1 and 4 connections, for profiling them
+  /// alone (CONVEYOR_BENCH_POSTGRES=drain).
+  func runSingleDrains() async throws {
+    section("PostgreSQL claim+complete, 1 per call (best of 3, runs interleaved)")
+    for connections in [1, 4] {
+      let (store, raw) = try await interleaved {
+        try await storeDrain(drainOne, batch: 1, connections: connections)
+      } baseline: {
+        try rawDrain(drainOne, batch: 1, connections: connections)
+      }
+      Comparison(
+        name: "store claim+complete, 1 per call, \(connections) conn", count: drainOne, seconds: store,
+        baselineName: "raw, 1 per txn, \(connections) conn", baselineSeconds: raw, goal: 0.7
+      ).print()
+    }
   }
 
   // MARK: Store vs raw libpq
