@@ -1,6 +1,7 @@
 import CLibPQ
 import Conveyor
 import Foundation
+import Synchronization
 
 /// A `JobStore` on a PostgreSQL server, shared by any number of worker processes on any number
 /// of machines.
@@ -82,8 +83,9 @@ public final class PostgresJobStore: JobStore {
     }
   }
 
-  /// The schema version this build writes and reads (2 added the activity table).
-  public static let schemaVersion = 2
+  /// The schema version this build writes and reads (2 added the activity table; 3 left the
+  /// store's own inserts to register their queue and send their wake-up themselves).
+  public static let schemaVersion = 3
 
   /// The options the store was opened with.
   public let options: Options
@@ -91,6 +93,9 @@ public final class PostgresJobStore: JobStore {
   public let target: String
   let sql: SQL
   let connection: SerializedConnection
+  /// The queues this store has added jobs to, and so registered in the queues table (its rows
+  /// are never deleted): later adds skip the registration.
+  private let registeredQueues = Mutex<Set<String>>([])
   private let listener: Listener
 
   /// Connects, creates or migrates the schema, and returns the store. Blocks the calling thread
@@ -131,7 +136,8 @@ public final class PostgresJobStore: JobStore {
         """
         SET plan_cache_mode = force_generic_plan;
         SET enable_seqscan = off;
-        SET enable_mergejoin = off
+        SET enable_mergejoin = off;
+        SET \(SQL.storeSessionSetting) = on
         """)
     }
     // Migrate on the calling thread, on a connection of its own, closed before returning.
@@ -200,7 +206,8 @@ public final class PostgresJobStore: JobStore {
     let keys = firstWithKey.keys.sorted().map { Data($0.utf8) }
     let candidates = sameAs.indices.filter { sameAs[$0] == nil }
     let batch = sameAs
-    return try await connection.perform(idempotent: false) { db in
+    let registering = !registeredQueues.withLock { $0.contains(queue) }
+    let results = try await connection.perform(idempotent: false) { db in
       let work = { () throws -> [EnqueueResult] in
         var existing: [Data: Int64] = [:]
         if !keys.isEmpty {
@@ -212,9 +219,23 @@ public final class PostgresJobStore: JobStore {
           jobs[index].deduplicationKey.map { existing[Data($0.utf8)] == nil } ?? true
         }
         var ids: [Int64] = []
-        if !inserting.isEmpty {
+        if inserting.count == 1, let index = inserting.first {
+          let job = jobs[index]
           let rows = try db.execute(
-            sql.insert,
+            registering ? sql.insertOneRegistering : sql.insertOne,
+            [
+              .text(queue), .bytea(job.payload), .int64(Int64(job.priority)),
+              Self.delay(job.runTime).map(PostgresValue.int64) ?? .null(oid: PostgresValue.int8OID),
+              .timestamp(Self.date(job.runTime)),
+              job.deduplicationKey.map { .bytea(Data($0.utf8)) } ?? .null(oid: PostgresValue.byteaOID), now,
+            ])
+          guard rows.count == 1 else {
+            throw PostgresError(code: .protocolViolation, message: "inserted \(rows.count) jobs of 1")
+          }
+          ids = [rows.int64(0, 0)]
+        } else if !inserting.isEmpty {
+          let rows = try db.execute(
+            registering ? sql.insertRegistering : sql.insert,
             [
               .text(queue), .byteaArray(inserting.map { jobs[$0].payload }),
               .int64Array(inserting.map { Int64(jobs[$0].priority) }),
@@ -222,7 +243,8 @@ public final class PostgresJobStore: JobStore {
               .timestampArray(inserting.map { Self.date(jobs[$0].runTime) }),
               .byteaArray(inserting.map { jobs[$0].deduplicationKey.map { Data($0.utf8) } }), now,
             ])
-          ids = (0..<rows.count).map { rows.int64($0, 0) }.sorted()
+          // The IDs, and the wake-up's row (NULL).
+          ids = (0..<rows.count).filter { !rows.isNull($0, 0) }.map { rows.int64($0, 0) }.sorted()
           guard ids.count == inserting.count else {
             throw PostgresError(
               code: .protocolViolation, message: "inserted \(ids.count) jobs of \(inserting.count)")
@@ -246,6 +268,11 @@ public final class PostgresJobStore: JobStore {
       // A batch without keys is one statement, atomic on its own.
       return keys.isEmpty ? try work() : try db.transaction(work)
     }
+    // Registered by a committed insert (an add of duplicates alone inserts nothing).
+    if registering && results.contains(where: \.inserted) {
+      registeredQueues.withLock { _ = $0.insert(queue) }
+    }
+    return results
   }
 
   private static func delay(_ runTime: RunTime) -> Int64? {

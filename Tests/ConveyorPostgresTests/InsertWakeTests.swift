@@ -1,0 +1,94 @@
+import CLibPQ
+import Conveyor
+import Foundation
+import Testing
+
+@testable import ConveyorPostgres
+
+/// Every insert registers its queue and wakes the workers: the store's own adds do both in their
+/// insert statement (the trigger skips the store's sessions since schema version 3), and every
+/// other insert (`enqueue()`, an application's own `INSERT`) through the trigger.
+@Suite("PostgreSQL inserts wake workers")
+struct InsertWakeTests {
+  /// Whether a notification with `payload` reaches `listener` within `seconds`. The listener runs
+  /// a statement between looks, so the server delivers what is pending at its end.
+  func heard(_ payload: String, on listener: AdminConnection, within seconds: Double = 20) async throws
+    -> Bool
+  {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+      try listener.query("SELECT 1")
+      _ = PQconsumeInput(listener.handle)
+      var found = false
+      while let notification = PQnotifies(listener.handle) {
+        if String(cString: notification.pointee.extra) == payload { found = true }
+        PQfreemem(notification)
+      }
+      if found { return true }
+      try await Task.sleep(for: .milliseconds(20))
+    }
+    return false
+  }
+
+  /// Adds through the store, then through an application's session, and checks the wake-up and
+  /// the queue's registration of each.
+  func checkEveryInsertWakes(_ store: PostgresJobStore, url: String) async throws {
+    let schema = store.options.schema
+    let listener = try AdminConnection(url)
+    try listener.query("LISTEN \"\(schema).jobs\"")
+    // The first add registers the queue, the second finds it registered: both wake.
+    for round in 1...2 {
+      _ = try await store.enqueue(
+        [NewJob(payload: Data("x".utf8))], queue: "by-store", clock: SystemJobClock())
+      #expect(try await heard("by-store", on: listener), "the store's add \(round) woke the workers")
+    }
+    let app = try AdminConnection(url)
+    try app.query("SELECT \(schema).enqueue('by-function', 'x')")
+    #expect(try await heard("by-function", on: listener), "enqueue() woke the workers")
+    try app.query(
+      """
+      INSERT INTO \(schema).jobs (queue, payload, status, run_at, created_at)
+      VALUES ('by-insert', '\\x7b7d', 'ready', now(), now())
+      """)
+    #expect(try await heard("by-insert", on: listener), "an application's INSERT woke the workers")
+    let names = Set(try await store.queueNames())
+    #expect(names.isSuperset(of: ["by-store", "by-function", "by-insert"]), "registered: \(names)")
+    let counts = try await store.counts(queue: "by-store", clock: SystemJobClock())
+    #expect(counts.ready == 2)
+  }
+
+  @Test func theStoresAddsAndEveryOtherInsertRegisterTheirQueueAndWakeWorkers() async throws {
+    let server = try await PostgresServer.shared()
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: uniqueSchema("wake")))
+    try await checkEveryInsertWakes(store, url: server.url)
+    await store.close()
+  }
+
+  // A database made by a build of schema version 2 (its trigger fired for the store's inserts too)
+  // is migrated on open, and every insert still wakes the workers, once.
+  @Test func aVersionTwoSchemaIsMigratedAndItsInsertsStillWake() async throws {
+    let server = try await PostgresServer.shared()
+    let name = uniqueSchema("v2")
+    let sql = SQL(schema: name)
+    let admin = try AdminConnection(server.url)
+    try admin.query("BEGIN")
+    try admin.query(sql.migrationTable)
+    for version in 0..<2 {
+      try admin.query(sql.migrations[version])
+      try admin.query("INSERT INTO \(sql.schema).schema_migrations (version) VALUES (\(version + 1))")
+    }
+    try admin.query("COMMIT")
+    try admin.query(
+      """
+      INSERT INTO \(sql.schema).jobs (queue, payload, status, run_at, created_at)
+      VALUES ('old', '\\x7b7d', 'ready', now(), now())
+      """)
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: name))
+    let versions = try admin.query("SELECT version FROM \(sql.schema).schema_migrations ORDER BY version")
+    #expect(versions.map { $0.first ?? nil } == ["1", "2", "3"])
+    try await checkEveryInsertWakes(store, url: server.url)
+    #expect(try await store.counts(queue: "old", clock: SystemJobClock()).ready == 1, "the old job kept")
+    #expect(try await store.queueNames().contains("old"))
+    await store.close()
+  }
+}
