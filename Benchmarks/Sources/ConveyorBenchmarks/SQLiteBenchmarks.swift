@@ -44,6 +44,9 @@ private func runSQLiteBenchmarks(in folder: URL) async throws {
       }
       return
     }
+    if only == "eight" || only == "one" {
+      return try await runConcurrentInserts(tasks: only == "eight" ? 8 : 1, newPath: newPath)
+    }
     if only == "hop" {
       let store = try SQLiteJobStore(path: newPath())
       for _ in 0..<3 {
@@ -70,6 +73,28 @@ private func runSQLiteBenchmarks(in folder: URL) async throws {
 
   try await runEngineBenchmarks(newPath: newPath)
   try await runOneJobPerCallBenchmarks(newPath: newPath)
+}
+
+/// Three runs of `tasks` tasks adding one job per call (CONVEYOR_BENCH_SQLITE=eight or one), for
+/// a profiler.
+private func runConcurrentInserts(tasks: Int, newPath: () -> String) async throws {
+  let count = 16_000
+  let job = [NewJob(payload: benchPayload, runAt: benchEpoch)]
+  for _ in 0..<3 {
+    let store = try SQLiteJobStore(path: newPath())
+    _ = try await store.enqueue(job, queue: "bench", clock: benchClock)
+    let start = ContinuousClock.now
+    try await withThrowingTaskGroup(of: Void.self) { group in
+      for _ in 0..<tasks {
+        group.addTask {
+          for _ in 0..<(count / tasks) { _ = try await store.enqueue(job, queue: "bench", clock: benchClock) }
+        }
+      }
+      try await group.waitForAll()
+    }
+    print(String(format: "%d tasks: %.0f/s", tasks, Double(count) / seconds(since: start)))
+    await store.close()
+  }
 }
 
 /// One job per call, as a user's first code does it: concurrent adders (group commit), `add`
