@@ -201,9 +201,23 @@ final class Connection {
   var isHealthy: Bool {
     guard PQstatus(handle) == CONNECTION_OK else { return false }
     guard PQconsumeInput(handle) == 1 else { return false }
+    // A server that ended the session while it was idle (`pg_terminate_backend`, a shutdown) sent
+    // a FATAL message, which libpq takes for a notice, then closed the socket; libpq sees the close
+    // only on its next read, after the next statement was sent (and a statement that may commit is
+    // then reported as perhaps committed). Look for the close without reading.
+    if peerClosed { return false }
     // A transaction left open (its ROLLBACK failed) would swallow the next call's statements.
     return PQstatus(handle) == CONNECTION_OK && PQtransactionStatus(handle) == PQTRANS_IDLE
       && PQpipelineStatus(handle) == PQ_PIPELINE_OFF
+  }
+
+  /// Whether the server closed its end of the socket (end of file waits to be read).
+  private var peerClosed: Bool {
+    let socket = PQsocket(handle)
+    guard socket >= 0 else { return true }
+    var byte: UInt8 = 0
+    let flags = Int32(MSG_PEEK) | Int32(MSG_DONTWAIT)
+    return withUnsafeMutablePointer(to: &byte) { recv(socket, $0, 1, flags) } == 0
   }
 
   /// The object `PQcancel` uses to cancel this connection's running statement from another thread.

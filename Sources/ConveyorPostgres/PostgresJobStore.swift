@@ -1,7 +1,6 @@
 import CLibPQ
 import Conveyor
 import Foundation
-import Synchronization
 
 /// A `JobStore` on a PostgreSQL server, shared by any number of worker processes on any number
 /// of machines.
@@ -93,9 +92,6 @@ public final class PostgresJobStore: JobStore {
   public let target: String
   let sql: SQL
   let connection: SerializedConnection
-  /// The queues this store has added jobs to, and so registered in the queues table (its rows
-  /// are never deleted): later adds skip the registration.
-  private let registeredQueues = Mutex<Set<String>>([])
   private let listener: Listener
 
   /// Connects, creates or migrates the schema, and returns the store. Blocks the calling thread
@@ -206,8 +202,7 @@ public final class PostgresJobStore: JobStore {
     let keys = firstWithKey.keys.sorted().map { Data($0.utf8) }
     let candidates = sameAs.indices.filter { sameAs[$0] == nil }
     let batch = sameAs
-    let registering = !registeredQueues.withLock { $0.contains(queue) }
-    let results = try await connection.perform(idempotent: false) { db in
+    return try await connection.perform(idempotent: false) { db in
       let work = { () throws -> [EnqueueResult] in
         var existing: [Data: Int64] = [:]
         if !keys.isEmpty {
@@ -222,7 +217,7 @@ public final class PostgresJobStore: JobStore {
         if inserting.count == 1, let index = inserting.first {
           let job = jobs[index]
           let rows = try db.execute(
-            registering ? sql.insertOneRegistering : sql.insertOne,
+            sql.insertOne,
             [
               .text(queue), .bytea(job.payload), .int64(Int64(job.priority)),
               Self.delay(job.runTime).map(PostgresValue.int64) ?? .null(oid: PostgresValue.int8OID),
@@ -235,7 +230,7 @@ public final class PostgresJobStore: JobStore {
           ids = [rows.int64(0, 0)]
         } else if !inserting.isEmpty {
           let rows = try db.execute(
-            registering ? sql.insertRegistering : sql.insert,
+            sql.insert,
             [
               .text(queue), .byteaArray(inserting.map { jobs[$0].payload }),
               .int64Array(inserting.map { Int64(jobs[$0].priority) }),
@@ -268,11 +263,6 @@ public final class PostgresJobStore: JobStore {
       // A batch without keys is one statement, atomic on its own.
       return keys.isEmpty ? try work() : try db.transaction(work)
     }
-    // Registered by a committed insert (an add of duplicates alone inserts nothing).
-    if registering && results.contains(where: \.inserted) {
-      registeredQueues.withLock { _ = $0.insert(queue) }
-    }
-    return results
   }
 
   private static func delay(_ runTime: RunTime) -> Int64? {

@@ -37,9 +37,7 @@ struct SQL {
   // the key of each connection's prepared statements. Built on every call, the claim's text alone
   // took a quarter of a one-job claim's time in the client.
   let insert: String
-  let insertRegistering: String
   let insertOne: String
-  let insertOneRegistering: String
   let settle: String
   let complete: String
   let promote: String
@@ -56,10 +54,8 @@ struct SQL {
     let schema = "\"\(name)\""
     self.schema = schema
     channel = "\(name).jobs"
-    insert = Self.insert(schema, channel: channel, registering: false)
-    insertRegistering = Self.insert(schema, channel: channel, registering: true)
-    insertOne = Self.insertOne(schema, channel: channel, registering: false)
-    insertOneRegistering = Self.insertOne(schema, channel: channel, registering: true)
+    insert = Self.insert(schema, channel: channel)
+    insertOne = Self.insertOne(schema, channel: channel)
     settle = Self.settle(schema)
     complete = Self.complete(schema)
     promote = Self.promote(schema)
@@ -255,65 +251,61 @@ struct SQL {
     GROUP BY dedup_key
     """
   }
-  /// Inserts a batch in order (ascending IDs follow the ordinality), and wakes the workers (a
-  /// `NOTIFY`, delivered at commit). A job's run date is its date, or now plus its delay, or now.
-  /// Returns the IDs, then a row with a NULL ID (the wake-up's). With `registering`, it also adds
-  /// the queue to the queues table (once per queue for each store: the trigger that does it for
-  /// other inserts skips the store's sessions, see ``version3``). Parameters: queue, payloads,
-  /// priorities, delays (ms), dates, keys, now.
-  static func insert(_ schema: String, channel: String, registering: Bool) -> String {
-    let register =
-      registering
-      ? """
-      registered AS (
-        INSERT INTO \(schema).queues (name) SELECT $1 WHERE NOT EXISTS (SELECT 1 FROM \(schema).queues WHERE name = $1)
-        ON CONFLICT (name) DO NOTHING
-      ),
-
-      """ : ""
-    return """
-      WITH \(register)inserted AS (
-        INSERT INTO \(schema).jobs (queue, payload, status, priority, run_at, created_at, dedup_key)
-        SELECT $1, j.payload, CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END, j.priority,
-          r.run_at, n.now, j.key
-        FROM (SELECT \(Self.now(7)) AS now) AS n,
-          unnest($2::bytea[], $3::int8[], $4::int8[], $5::timestamptz[], $6::bytea[])
-            WITH ORDINALITY AS j(payload, priority, delay, at, key, ordinal),
-          LATERAL (SELECT CASE WHEN j.at IS NOT NULL THEN j.at
-            WHEN j.delay IS NOT NULL THEN least(n.now + j.delay * interval '1 millisecond', \(Self.latest))
-            ELSE n.now END AS run_at) AS r
-        ORDER BY j.ordinal
-        RETURNING id
-      )
-      SELECT id FROM inserted
-      UNION ALL SELECT NULL FROM (SELECT pg_notify('\(channel)', $1)) AS wake
-      """
+  /// Inserts a batch in order (ascending IDs follow the ordinality), registers the queue in the
+  /// queues table when it is not there, and wakes the workers (a `NOTIFY`, delivered at commit):
+  /// what the insert trigger does for every other insert, which skips the store's sessions (see
+  /// ``version3``). A job's run date is its date, or now plus its delay, or now. Returns the IDs,
+  /// then a row with a NULL ID (the wake-up's). Parameters: queue, payloads, priorities, delays
+  /// (ms), dates, keys, now.
+  static func insert(_ schema: String, channel: String) -> String {
+    """
+    WITH \(register(schema)),
+    inserted AS (
+      INSERT INTO \(schema).jobs (queue, payload, status, priority, run_at, created_at, dedup_key)
+      SELECT $1, j.payload, CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END, j.priority,
+        r.run_at, n.now, j.key
+      FROM (SELECT \(Self.now(7)) AS now) AS n,
+        unnest($2::bytea[], $3::int8[], $4::int8[], $5::timestamptz[], $6::bytea[])
+          WITH ORDINALITY AS j(payload, priority, delay, at, key, ordinal),
+        LATERAL (SELECT CASE WHEN j.at IS NOT NULL THEN j.at
+          WHEN j.delay IS NOT NULL THEN least(n.now + j.delay * interval '1 millisecond', \(Self.latest))
+          ELSE n.now END AS run_at) AS r
+      ORDER BY j.ordinal
+      RETURNING id
+    )
+    SELECT id FROM inserted
+    UNION ALL SELECT NULL FROM (SELECT pg_notify('\(channel)', $1)) AS wake
+    """
   }
 
-  /// Inserts one job and wakes the workers, as ``insert(_:channel:registering:)`` does for a
-  /// batch, with scalar parameters and no common table expression: the commonest add, at about
-  /// half the server's time of the batch statement. Returns the ID. Parameters: queue, payload,
-  /// priority, delay (ms), date, key, now.
-  static func insertOne(_ schema: String, channel: String, registering: Bool) -> String {
-    let register =
-      registering
-      ? """
-      WITH registered AS (
-        INSERT INTO \(schema).queues (name) SELECT $1 WHERE NOT EXISTS (SELECT 1 FROM \(schema).queues WHERE name = $1)
-        ON CONFLICT (name) DO NOTHING
-      )
+  /// Registers queue `$1` in the queues table when it is not there (a common table expression:
+  /// it runs whether or not the statement reads it). Every add does it, as the trigger did: a row
+  /// deleted under a running store (an administrator, a restore) comes back with the next add.
+  private static func register(_ schema: String) -> String {
+    """
+    registered AS (
+      INSERT INTO \(schema).queues (name) SELECT $1 WHERE NOT EXISTS (SELECT 1 FROM \(schema).queues WHERE name = $1)
+      ON CONFLICT (name) DO NOTHING
+    )
+    """
+  }
 
-      """ : ""
-    return """
-      \(register)INSERT INTO \(schema).jobs (queue, payload, status, priority, run_at, created_at, dedup_key)
-      SELECT $1, $2, CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END, $3, r.run_at, n.now, $6
-      FROM (SELECT \(Self.now(7)) AS now) AS n,
-        LATERAL (SELECT CASE WHEN $5::timestamptz IS NOT NULL THEN $5::timestamptz
-          WHEN $4::int8 IS NOT NULL THEN least(n.now + $4::int8 * interval '1 millisecond', \(Self.latest))
-          ELSE n.now END AS run_at) AS r,
-        (SELECT pg_notify('\(channel)', $1)) AS wake
-      RETURNING id
-      """
+  /// Inserts one job, registers its queue and wakes the workers, as ``insert(_:channel:)`` does
+  /// for a batch, with scalar parameters: the commonest add, at about half the server's time of
+  /// the batch statement. Returns the ID. Parameters: queue, payload, priority, delay (ms), date,
+  /// key, now.
+  static func insertOne(_ schema: String, channel: String) -> String {
+    """
+    WITH \(register(schema))
+    INSERT INTO \(schema).jobs (queue, payload, status, priority, run_at, created_at, dedup_key)
+    SELECT $1, $2, CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END, $3, r.run_at, n.now, $6
+    FROM (SELECT \(Self.now(7)) AS now) AS n,
+      LATERAL (SELECT CASE WHEN $5::timestamptz IS NOT NULL THEN $5::timestamptz
+        WHEN $4::int8 IS NOT NULL THEN least(n.now + $4::int8 * interval '1 millisecond', \(Self.latest))
+        ELSE n.now END AS run_at) AS r,
+      (SELECT pg_notify('\(channel)', $1)) AS wake
+    RETURNING id
+    """
   }
 
   // MARK: Settling and claiming
