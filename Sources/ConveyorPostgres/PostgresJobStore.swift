@@ -83,7 +83,7 @@ public final class PostgresJobStore: JobStore {
   }
 
   /// The schema version this build writes and reads (2 added the activity table; 3 left the
-  /// store's own inserts to register their queue and send their wake-up themselves).
+  /// store's own inserts to send their wake-up themselves, without the insert trigger).
   public static let schemaVersion = 3
 
   /// The options the store was opened with.

@@ -203,14 +203,16 @@ struct SQL {
     """
   }
 
-  /// The session setting a store's own connections carry (`on`): their inserts register the queue
-  /// and send the wake-up themselves, in the insert statement, so the trigger skips them.
+  /// The session setting a store's own connections carry (`on`): their inserts send the wake-up
+  /// themselves, in the insert statement, so the trigger skips them.
   static let storeSessionSetting = "conveyor.store_session"
 
   /// Version 3: the insert trigger skips the store's own sessions (see
-  /// ``storeSessionSetting``). Every other insert (``enqueue``, an application's own `INSERT`)
-  /// still registers its queue and wakes the workers through it. The trigger's transition table
-  /// and its two statements cost a third of a one-job add.
+  /// ``storeSessionSetting``), whose insert statements send the wake-up themselves. Every other
+  /// insert (``enqueue``, an application's own `INSERT`) still wakes the workers (and registers
+  /// its queue) through it. The trigger's transition table and its two statements cost a third of
+  /// a one-job add. Queues are listed from the jobs (``queueNames``), so the store's adds need not
+  /// register theirs.
   var version3: String {
     """
     DROP TRIGGER jobs_inserted ON \(schema).jobs;
@@ -251,16 +253,14 @@ struct SQL {
     GROUP BY dedup_key
     """
   }
-  /// Inserts a batch in order (ascending IDs follow the ordinality), registers the queue in the
-  /// queues table when it is not there, and wakes the workers (a `NOTIFY`, delivered at commit):
-  /// what the insert trigger does for every other insert, which skips the store's sessions (see
-  /// ``version3``). A job's run date is its date, or now plus its delay, or now. Returns the IDs,
-  /// then a row with a NULL ID (the wake-up's). Parameters: queue, payloads, priorities, delays
-  /// (ms), dates, keys, now.
+  /// Inserts a batch in order (ascending IDs follow the ordinality), and wakes the workers (a
+  /// `NOTIFY`, delivered at commit), which the insert trigger does for every other insert: it
+  /// skips the store's sessions (see ``version3``). A job's run date is its date, or now plus its
+  /// delay, or now. Returns the IDs, then a row with a NULL ID (the wake-up's). Parameters: queue,
+  /// payloads, priorities, delays (ms), dates, keys, now.
   static func insert(_ schema: String, channel: String) -> String {
     """
-    WITH \(register(schema)),
-    inserted AS (
+    WITH inserted AS (
       INSERT INTO \(schema).jobs (queue, payload, status, priority, run_at, created_at, dedup_key)
       SELECT $1, j.payload, CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END, j.priority,
         r.run_at, n.now, j.key
@@ -278,25 +278,11 @@ struct SQL {
     """
   }
 
-  /// Registers queue `$1` in the queues table when it is not there (a common table expression:
-  /// it runs whether or not the statement reads it). Every add does it, as the trigger did: a row
-  /// deleted under a running store (an administrator, a restore) comes back with the next add.
-  private static func register(_ schema: String) -> String {
-    """
-    registered AS (
-      INSERT INTO \(schema).queues (name) SELECT $1 WHERE NOT EXISTS (SELECT 1 FROM \(schema).queues WHERE name = $1)
-      ON CONFLICT (name) DO NOTHING
-    )
-    """
-  }
-
-  /// Inserts one job, registers its queue and wakes the workers, as ``insert(_:channel:)`` does
-  /// for a batch, with scalar parameters: the commonest add, at about half the server's time of
-  /// the batch statement. Returns the ID. Parameters: queue, payload, priority, delay (ms), date,
-  /// key, now.
+  /// Inserts one job and wakes the workers, as ``insert(_:channel:)`` does for a batch, with
+  /// scalar parameters: the commonest add, at about half the server's time of the batch
+  /// statement. Returns the ID. Parameters: queue, payload, priority, delay (ms), date, key, now.
   static func insertOne(_ schema: String, channel: String) -> String {
     """
-    WITH \(register(schema))
     INSERT INTO \(schema).jobs (queue, payload, status, priority, run_at, created_at, dedup_key)
     SELECT $1, $2, CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END, $3, r.run_at, n.now, $6
     FROM (SELECT \(Self.now(7)) AS now) AS n,
@@ -507,10 +493,25 @@ struct SQL {
     """
   }
 
+  /// The queues that hold jobs, found in the jobs themselves (one probe of `jobs_status` per
+  /// queue: a loose index scan, walking from each queue name to the next), and the paused ones.
+  /// Read from the jobs, not from the queues table, so a queue is listed however its jobs came
+  /// (the store's adds do not register queues; see ``version3``) and whatever happened to its
+  /// row there.
   var queueNames: String {
     """
-    SELECT name FROM \(schema).queues q
-    WHERE paused OR EXISTS (SELECT 1 FROM \(schema).jobs j WHERE j.queue = q.name) ORDER BY name COLLATE "C"
+    WITH RECURSIVE present(name) AS (
+      (SELECT queue FROM \(schema).jobs ORDER BY queue LIMIT 1)
+      UNION ALL
+      SELECT (SELECT j.queue FROM \(schema).jobs j WHERE j.queue > p.name ORDER BY j.queue LIMIT 1)
+      FROM present p WHERE p.name IS NOT NULL
+    )
+    SELECT name FROM (
+      SELECT name FROM present WHERE name IS NOT NULL
+      UNION
+      SELECT name FROM \(schema).queues WHERE paused
+    ) AS listed
+    ORDER BY name COLLATE "C"
     """
   }
 

@@ -101,6 +101,9 @@ struct ExplainTests {
         execute: "('big', ARRAY[convert_to('key-10', 'UTF8'), convert_to('key-20', 'UTF8')])",
         indexes: ["jobs_dedup"]),
       Case(name: "job", prepare: "(int8) AS \(sql.job)", execute: "(12345)", indexes: ["jobs_pkey"]),
+      Case(
+        name: "queueNames", prepare: "AS \(sql.queueNames)", execute: "", indexes: ["jobs_status"],
+        prepared: false),
     ]
     for (number, test) in cases.enumerated() {
       try admin.query("PREPARE plan_\(number) \(test.prepare)")
