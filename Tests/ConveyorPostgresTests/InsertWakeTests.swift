@@ -71,13 +71,7 @@ struct InsertWakeTests {
     let name = uniqueSchema("v2")
     let sql = SQL(schema: name)
     let admin = try AdminConnection(server.url)
-    try admin.query("BEGIN")
-    try admin.query(sql.migrationTable)
-    for version in 0..<2 {
-      try admin.query(sql.migrations[version])
-      try admin.query("INSERT INTO \(sql.schema).schema_migrations (version) VALUES (\(version + 1))")
-    }
-    try admin.query("COMMIT")
+    try createSchema(sql, atVersion: 2, with: admin)
     try admin.query(
       """
       INSERT INTO \(sql.schema).jobs (queue, payload, status, run_at, created_at)
@@ -91,4 +85,16 @@ struct InsertWakeTests {
     #expect(try await store.queueNames().contains("old"))
     await store.close()
   }
+}
+
+/// Creates `sql`'s schema as a build of schema version `version` left it: its migrations up to
+/// that version, recorded, in one transaction.
+func createSchema(_ sql: SQL, atVersion version: Int, with admin: AdminConnection) throws {
+  try admin.query("BEGIN")
+  try admin.query(sql.migrationTable)
+  for index in 0..<version {
+    try admin.query(sql.migrations[index])
+    try admin.query("INSERT INTO \(sql.schema).schema_migrations (version) VALUES (\(index + 1))")
+  }
+  try admin.query("COMMIT")
 }

@@ -448,13 +448,7 @@ struct ReviewPG3Tests {
     let name = uniqueSchema("pg3mig")
     let sql = SQL(schema: name)
     let admin = try AdminConnection(server.url)
-    try admin.query("BEGIN")
-    try admin.query(sql.migrationTable)
-    for version in 0..<2 {
-      try admin.query(sql.migrations[version])
-      try admin.query("INSERT INTO \(sql.schema).schema_migrations (version) VALUES (\(version + 1))")
-    }
-    try admin.query("COMMIT")
+    try createSchema(sql, atVersion: 2, with: admin)
     let listener = try listen(server, schema: name)
     let store = try await openStore(server, schema: name)
     let clock = SystemJobClock()

@@ -78,23 +78,32 @@ private func runSQLiteBenchmarks(in folder: URL) async throws {
 /// Three runs of `tasks` tasks adding one job per call (CONVEYOR_BENCH_SQLITE=eight or one), for
 /// a profiler.
 private func runConcurrentInserts(tasks: Int, newPath: () -> String) async throws {
-  let count = 16_000
-  let job = [NewJob(payload: benchPayload, runAt: benchEpoch)]
   for _ in 0..<3 {
-    let store = try SQLiteJobStore(path: newPath())
-    _ = try await store.enqueue(job, queue: "bench", clock: benchClock)
-    let start = ContinuousClock.now
-    try await withThrowingTaskGroup(of: Void.self) { group in
-      for _ in 0..<tasks {
-        group.addTask {
-          for _ in 0..<(count / tasks) { _ = try await store.enqueue(job, queue: "bench", clock: benchClock) }
-        }
-      }
-      try await group.waitForAll()
-    }
-    print(String(format: "%d tasks: %.0f/s", tasks, Double(count) / seconds(since: start)))
-    await store.close()
+    let time = try await concurrentInsert(path: newPath(), tasks: tasks, count: 16_000)
+    print(String(format: "%d tasks: %.0f/s", tasks, 16_000 / time))
   }
+}
+
+/// Seconds for `tasks` tasks, each enqueueing one job per call, to enqueue `count` jobs together
+/// into a new store at `path`.
+private func concurrentInsert(path: String, tasks: Int, count: Int) async throws -> Double {
+  let job = [NewJob(payload: benchPayload, runAt: benchEpoch)]
+  let store = try SQLiteJobStore(path: path)
+  _ = try await store.enqueue(job, queue: "bench", clock: benchClock)  // the queue's row
+  let start = ContinuousClock.now
+  try await withThrowingTaskGroup(of: Void.self) { group in
+    for _ in 0..<tasks {
+      group.addTask {
+        for _ in 0..<(count / tasks) { _ = try await store.enqueue(job, queue: "bench", clock: benchClock) }
+      }
+    }
+    try await group.waitForAll()
+  }
+  let elapsed = seconds(since: start)
+  let stored = try await store.counts(queue: "bench", clock: benchClock).ready
+  guard stored == count + 1 else { throw BenchmarkFailure("\(stored) jobs stored, expected \(count + 1)") }
+  await store.close()
+  return elapsed
 }
 
 /// One job per call, as a user's first code does it: concurrent adders (group commit), `add`
@@ -102,31 +111,10 @@ private func runConcurrentInserts(tasks: Int, newPath: () -> String) async throw
 private func runOneJobPerCallBenchmarks(newPath: () -> String) async throws {
   section("One job per call (synchronous=NORMAL)")
   let count = 16_000
-  let job = [NewJob(payload: benchPayload, runAt: benchEpoch)]
-
-  /// Seconds for `tasks` tasks, each enqueueing one job per call, to enqueue `count` jobs together.
-  func concurrentInsert(tasks: Int) async throws -> Double {
-    let store = try SQLiteJobStore(path: newPath())
-    _ = try await store.enqueue(job, queue: "bench", clock: benchClock)  // the queue's row
-    let start = ContinuousClock.now
-    try await withThrowingTaskGroup(of: Void.self) { group in
-      for _ in 0..<tasks {
-        group.addTask {
-          for _ in 0..<(count / tasks) { _ = try await store.enqueue(job, queue: "bench", clock: benchClock) }
-        }
-      }
-      try await group.waitForAll()
-    }
-    let elapsed = seconds(since: start)
-    let stored = try await store.counts(queue: "bench", clock: benchClock).ready
-    guard stored == count + 1 else { throw BenchmarkFailure("\(stored) jobs stored, expected \(count + 1)") }
-    await store.close()
-    return elapsed
-  }
   let (eight, one) = try await interleaved {
-    try await concurrentInsert(tasks: 8)
+    try await concurrentInsert(path: newPath(), tasks: 8, count: count)
   } baseline: {
-    try await concurrentInsert(tasks: 1)
+    try await concurrentInsert(path: newPath(), tasks: 1, count: count)
   }
   Comparison(
     name: "store enqueue, 1 per call, 8 tasks", count: count, seconds: eight,
