@@ -178,6 +178,14 @@ final class Connection {
     var types: [UInt32]
   }
 
+  /// Set (by libpq's notice receiver, on the thread using the connection) when the server sent a
+  /// FATAL or PANIC message outside a statement: it is ending the session.
+  private let sessionEnded: UnsafeMutablePointer<Int32> = {
+    let flag = UnsafeMutablePointer<Int32>.allocate(capacity: 1)
+    flag.initialize(to: 0)
+    return flag
+  }()
+
   /// Connects; throws ``PostgresError`` with code `connectionFailed` when libpq cannot.
   init(conninfo: String, scrubber: Scrubber) throws {
     self.scrubber = scrubber
@@ -191,10 +199,13 @@ final class Connection {
       // the handle.
       throw PostgresError(code: .connectionFailed, message: Self.trimmed(message))
     }
-    conveyor_pq_silence_notices(handle)
+    conveyor_pq_watch_notices(handle, sessionEnded)
   }
 
-  deinit { PQfinish(handle) }
+  deinit {
+    PQfinish(handle)
+    sessionEnded.deallocate()
+  }
 
   /// Whether the connection is usable: reads what the server sent while it was idle (a
   /// termination notice from `pg_terminate_backend` or a shutdown), without blocking.
@@ -204,8 +215,12 @@ final class Connection {
     // A server that ended the session while it was idle (`pg_terminate_backend`, a shutdown) sent
     // a FATAL message, which libpq takes for a notice, then closed the socket; libpq sees the close
     // only on its next read, after the next statement was sent (and a statement that may commit is
-    // then reported as perhaps committed). Look for the close without reading.
-    if peerClosed { return false }
+    // then reported as perhaps committed). The notice marks the session ended; a close without one
+    // shows as the end of the socket, looked for without reading.
+    // (`PQconsumeInput` only reads; `PQisBusy` parses what it read, and hands such a message to the
+    // notice receiver.)
+    _ = PQisBusy(handle)
+    if sessionEnded.pointee != 0 || peerClosed { return false }
     // A transaction left open (its ROLLBACK failed) would swallow the next call's statements.
     return PQstatus(handle) == CONNECTION_OK && PQtransactionStatus(handle) == PQTRANS_IDLE
       && PQpipelineStatus(handle) == PQ_PIPELINE_OFF

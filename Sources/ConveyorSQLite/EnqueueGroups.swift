@@ -162,10 +162,19 @@ extension SQLiteJobStore {
         continue
       }
       let runAt = runAt(job.runTime, now: now)
-      try db.run(
+      let stored = try db.run(
         SQL.insert, .text(queue), .blob(job.payload), .text(runAt <= now ? "ready" : "scheduled"),
         .integer(Int64(job.priority)), .integer(runAt), .integer(now),
         job.deduplicationKey.map(SQLiteValue.text) ?? .null)
+      // A trigger may drop the row without an error (RAISE(IGNORE)): the last row ID is then
+      // another job's. The call fails, and nothing of it is added.
+      guard stored == 1 else {
+        throw SQLiteError(
+          code: .constraint,
+          message:
+            "the jobs table did not take a job (a trigger on it dropped the row); nothing of this add was stored"
+        )
+      }
       results.append(EnqueueResult(id: JobID(db.lastInsertRowID), inserted: true))
     }
     return results
