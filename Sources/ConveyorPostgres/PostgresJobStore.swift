@@ -323,15 +323,25 @@ public final class PostgresJobStore: JobStore {
       }
       let results = try db.pipeline(statements)
       var stale: [JobID] = []
+      var retryDates: [JobID: Date] = [:]
       if !settlements.isEmpty {
         let applied = results[0]
         let ids = Set((0..<applied.count).map { applied.int64($0, 0) })
         stale = settlements.map(\.id).filter { !ids.contains($0.rawValue) }
+        // The general statement also returns the run date each retry set, from the database's
+        // clock: the date the queue's `.retryScheduled` event reports.
+        if !completesOnly {
+          for row in 0..<applied.count {
+            if let date = applied.date(row, 1) { retryDates[JobID(applied.int64(row, 0))] = date }
+          }
+        }
       }
       let flagIndex = statements.count - (limit > 0 ? 2 : 1)
       let flag = results[flagIndex]
       let pausedBefore = flag.count > 0 && flag.bool(0, 0)
-      guard limit > 0 else { return ClaimBatch(claimed: [], staleSettlements: stale, paused: pausedBefore) }
+      guard limit > 0 else {
+        return ClaimBatch(claimed: [], staleSettlements: stale, paused: pausedBefore, retryDates: retryDates)
+      }
       let rows = results[statements.count - 1]
       var claimed = try (0..<rows.count).map { try Self.record(rows, $0) }
       claimed.sort { a, b in
@@ -341,7 +351,9 @@ public final class PostgresJobStore: JobStore {
       }
       // The claim reads the flag again, in a later snapshot: jobs claimed mean the queue was
       // resumed in between, and a claim of nothing after an unpaused read says nothing new.
-      return ClaimBatch(claimed: claimed, staleSettlements: stale, paused: pausedBefore && claimed.isEmpty)
+      return ClaimBatch(
+        claimed: claimed, staleSettlements: stale, paused: pausedBefore && claimed.isEmpty,
+        retryDates: retryDates)
     }
   }
 

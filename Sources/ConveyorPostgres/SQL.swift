@@ -318,7 +318,8 @@ struct SQL {
     """
   }
 
-  /// Applies a batch of settlements in one statement; returns the IDs that applied.
+  /// Applies a batch of settlements in one statement; returns the IDs that applied, each with the
+  /// run date a retry set (NULL for the other kinds).
   /// Kinds: 0 complete, 1 retry (delay in ms), 2 kill, 3 release. Each applies only while its
   /// claim is current: running, with the same claim token (``currentClaims(_:queueParameter:)``
   /// finds and locks those, then the rows are deleted or changed by ID).
@@ -333,7 +334,7 @@ struct SQL {
     c AS MATERIALIZED (SELECT s.id, s.kind, s.delay, s.error FROM s \(Self.currentClaims(schema, queueParameter: 7))),
     done AS (
       DELETE FROM \(schema).jobs j WHERE j.id = ANY(ARRAY(SELECT id FROM c WHERE kind = 0))
-      RETURNING j.id
+      RETURNING j.id, NULL::timestamptz AS retry_at
     ),
     changed AS (
       UPDATE \(schema).jobs j SET
@@ -347,9 +348,9 @@ struct SQL {
         lease_owner = NULL, lease_expires_at = NULL
       FROM c, n
       WHERE j.id = ANY(ARRAY(SELECT id FROM c WHERE kind <> 0)) AND c.id = j.id
-      RETURNING j.id
+      RETURNING j.id, CASE WHEN c.kind = 1 THEN j.run_at END AS retry_at
     )
-    SELECT id FROM done UNION ALL SELECT id FROM changed
+    SELECT id, retry_at FROM done UNION ALL SELECT id, retry_at FROM changed
     """
   }
 

@@ -160,7 +160,15 @@ import Testing
 
   @Test func aKilledWorkersJobIsFinishedByTheNextWorker() async throws {
     let sandbox = try Sandbox()
-    let id = try await sandbox.add(["exec", "--", "sleep", "5"])
+    // The first attempt runs until the test releases it (a fixed sleep could end, and the job
+    // complete, before a loaded test process got to the kill: seen once in a full run); the second
+    // finds the first's mark and succeeds at once.
+    let first = sandbox.path("first-attempt")
+    let release = sandbox.path("release")
+    let id = try await sandbox.add([
+      "exec", "--", "sh", "-c",
+      "if [ -e '\(first)' ]; then exit 0; fi; touch '\(first)'; while [ ! -e '\(release)' ]; do sleep 0.1; done",
+    ])
 
     let doomed = try sandbox.start(["work", "--lease", "1", "--json"])
     try await doomed.waitForLine("the job to start") { $0.contains(#""event":"started""#) }
@@ -168,6 +176,8 @@ import Testing
     let killed = try await doomed.waitForExit(timeout: .seconds(5))
     #expect(killed.status == 128 + SIGKILL)
     #expect(try await sandbox.counts() == counts(running: 1), "the job is still held by the dead worker")
+    // The killed worker's command would run on (an orphan): let it end.
+    _ = FileManager.default.createFile(atPath: release, contents: nil)
 
     let rescuer = try await sandbox.run(
       ["work", "--until-empty", "--lease", "1", "--json"], timeout: .seconds(20))

@@ -155,6 +155,8 @@ public enum JobStoreConformance {
       try expect(all.map(text) == ["again", "bad", "back"], "done deleted: \(all.map(text))")
       let again = all[0]
       try expect(again.status == .pending && again.runAt == at(20), "retry at its date")
+      // The date the store set, as the engine reports it in `.retryScheduled` events; only retries.
+      try expect(settled.retryDates == [again.id: at(20)], "retry dates reported: \(settled.retryDates)")
       try expect(again.attempts == 1 && again.lastError == "boom", "attempt kept, error recorded")
       try expect(again.leaseOwner == nil && again.leaseExpiresAt == nil, "lease cleared")
       try expect(all[1].status == .dead && all[1].lastError == "fatal", "dead with reason")
