@@ -24,6 +24,51 @@ struct PostgresJobStoreTests {
     return Date(timeIntervalSince1970: Double(seconds ?? "") ?? 0)
   }
 
+  // MARK: Scheduled jobs that fall due
+
+  // A job that fell due is promoted and claimed in order (a ready job of lower priority waits
+  // behind it), and a paused queue claims nothing, due jobs or not. (Written for a claim that
+  // skipped the promotion statement unless a job fell due: it measured no faster, and was not
+  // kept; the test guards any such change.)
+  @Test func aJobThatFellDueIsClaimedBeforeALowerReadyOneAndAPausedQueueClaimsNothing() async throws {
+    let (_, store) = try await open(clock: .caller)
+    let start = Date(timeIntervalSince1970: 1_700_000_000)
+    let lease = Lease(owner: "w", duration: .seconds(60))
+    func clock(_ seconds: Double) -> FixedJobClock { FixedJobClock(start.addingTimeInterval(seconds)) }
+    let low = try await store.enqueue(
+      [NewJob(payload: Data("low".utf8), runAt: start)], queue: "q", clock: clock(0))[0].id
+    let soon = try await store.enqueue(
+      [NewJob(payload: Data("soon".utf8), priority: 5, runTime: .after(.seconds(10)))], queue: "q",
+      clock: clock(0))[0].id
+    let other = try await store.enqueue(
+      [NewJob(payload: Data("other".utf8), priority: 1, runAt: start)], queue: "q", clock: clock(0))[0].id
+    // Before its date the scheduled job waits; the ready ones go by priority.
+    let first = try await store.settleAndClaim([], queue: "q", limit: 1, lease: lease, clock: clock(1))
+    #expect(first.claimed.map(\.id) == [other])
+    // Fallen due: promoted and claimed ahead of the lower ready job.
+    let second = try await store.settleAndClaim(
+      [JobSettlement(claim: first.claimed[0].claim, action: .complete)], queue: "q", limit: 1, lease: lease,
+      clock: clock(11))
+    #expect(second.staleSettlements.isEmpty)
+    #expect(second.claimed.map(\.id) == [soon], "the job that fell due comes first")
+    #expect(!second.paused)
+    // Paused: nothing is claimed, with or without a due job, and the flag is reported.
+    _ = try await store.enqueue(
+      [NewJob(payload: Data("later".utf8), priority: 9, runTime: .after(.seconds(5)))], queue: "q",
+      clock: clock(11))
+    try await store.setPaused(true, queue: "q")
+    for seconds in [12.0, 30.0] {
+      let paused = try await store.settleAndClaim(
+        [], queue: "q", limit: 5, lease: lease, clock: clock(seconds))
+      #expect(paused.claimed.isEmpty && paused.paused, "paused at \(seconds) s")
+    }
+    try await store.setPaused(false, queue: "q")
+    let resumed = try await store.settleAndClaim([], queue: "q", limit: 5, lease: lease, clock: clock(30))
+    #expect(resumed.claimed.map { String(decoding: $0.payload, as: UTF8.self) } == ["later", "low"])
+    #expect(resumed.claimed.last?.id == low)
+    await store.close()
+  }
+
   // MARK: The database's clock
 
   @Test func aWorkerWhoseClockIsAheadDoesNotRescueALiveLease() async throws {
