@@ -212,7 +212,8 @@ struct SQL {
   /// insert (``enqueue``, an application's own `INSERT`) still wakes the workers (and registers
   /// its queue) through it. The trigger's transition table and its two statements cost a third of
   /// a one-job add. Queues are listed from the jobs (``queueNames``), so the store's adds need not
-  /// register theirs.
+  /// register theirs. `expect_inserted` lets the batch insert fail whole when a trigger drops
+  /// rows.
   var version3: String {
     """
     DROP TRIGGER jobs_inserted ON \(schema).jobs;
@@ -220,6 +221,18 @@ struct SQL {
       REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT
       WHEN (current_setting('\(Self.storeSessionSetting)', true) IS DISTINCT FROM 'on')
       EXECUTE FUNCTION \(schema).jobs_inserted();
+
+    -- Fails the store's batch insert (its one statement, so nothing of it commits) when a trigger
+    -- of the application's dropped some of its rows.
+    CREATE OR REPLACE FUNCTION \(schema).expect_inserted(inserted bigint, expected bigint) RETURNS void
+      LANGUAGE plpgsql AS $body$
+    BEGIN
+      IF inserted <> expected THEN
+        RAISE EXCEPTION 'the jobs table took % of % jobs (a trigger on it dropped rows); nothing of this add was stored',
+          inserted, expected USING ERRCODE = '23000';
+      END IF;
+    END
+    $body$;
     """
   }
 
@@ -256,8 +269,10 @@ struct SQL {
   /// Inserts a batch in order (ascending IDs follow the ordinality), and wakes the workers (a
   /// `NOTIFY`, delivered at commit), which the insert trigger does for every other insert: it
   /// skips the store's sessions (see ``version3``). A job's run date is its date, or now plus its
-  /// delay, or now. Returns the IDs, then a row with a NULL ID (the wake-up's). Parameters: queue,
-  /// payloads, priorities, delays (ms), dates, keys, now.
+  /// delay, or now. Returns the IDs, then a row with a NULL ID (the wake-up's). When a trigger of
+  /// the application's dropped rows, the statement fails (`expect_inserted`), so nothing of the
+  /// batch commits: it is sent alone, committing when it ends. Parameters: queue, payloads,
+  /// priorities, delays (ms), dates, keys, now.
   static func insert(_ schema: String, channel: String) -> String {
     """
     WITH inserted AS (
@@ -274,7 +289,10 @@ struct SQL {
       RETURNING id
     )
     SELECT id FROM inserted
-    UNION ALL SELECT NULL FROM (SELECT pg_notify('\(channel)', $1)) AS wake
+    UNION ALL SELECT NULL FROM (
+      SELECT \(schema).expect_inserted((SELECT count(*) FROM inserted), cardinality($2::bytea[])),
+        pg_notify('\(channel)', $1)
+    ) AS wake
     """
   }
 
