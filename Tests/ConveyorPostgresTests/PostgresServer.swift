@@ -313,3 +313,33 @@ final class AdminConnection {
 func uniqueSchema(_ prefix: String = "t") -> String {
   "\(prefix)_\(UInt64.random(in: 0...UInt64.max) % 1_000_000_000_000)"
 }
+
+/// Waits (up to 30 s) for `condition`; a condition that throws counts as not yet met.
+func waitFor(_ what: String, _ condition: () throws -> Bool) async throws {
+  let deadline = Date().addingTimeInterval(30)
+  while Date() < deadline {
+    if (try? condition()) == true { return }
+    try await Task.sleep(for: .milliseconds(50))
+  }
+  throw HarnessError("timed out waiting for \(what)")
+}
+
+extension PostgresServer {
+  /// Turns SSL on (a self-signed certificate the server itself writes into its data folder, with
+  /// `COPY … TO PROGRAM`, so it is the server's user's) and waits until it serves it. For a
+  /// private server of one test (``start()``), not the shared one.
+  func enableSSL() async throws {
+    let admin = try AdminConnection(url + "?sslmode=disable")
+    try admin.query(
+      """
+      COPY (SELECT 1) TO PROGRAM 'openssl req -x509 -newkey rsa:2048 -nodes -keyout server.key \
+      -out server.crt -days 2 -subj /CN=localhost >/dev/null 2>&1 && chmod 600 server.key'
+      """)
+    try admin.query("ALTER SYSTEM SET ssl = on")
+    try admin.query("SELECT pg_reload_conf()")
+    try await waitFor("the server to accept SSL") {
+      let probe = try AdminConnection(url + "?sslmode=require")
+      return try probe.query("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").first?.first == "t"
+    }
+  }
+}

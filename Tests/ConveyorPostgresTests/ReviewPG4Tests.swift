@@ -14,32 +14,6 @@ struct ReviewPG4Tests {
     NewJob(payload: Data(text.utf8), priority: 0, runTime: .now, deduplicationKey: key)
   }
 
-  /// Waits (up to 30 s) for `condition`.
-  func waitFor(_ what: String, _ condition: () throws -> Bool) async throws {
-    let deadline = Date().addingTimeInterval(30)
-    while Date() < deadline {
-      if (try? condition()) == true { return }
-      try await Task.sleep(for: .milliseconds(50))
-    }
-    throw HarnessError("timed out waiting for \(what)")
-  }
-
-  /// Turns SSL on in `server` (a self-signed certificate the server itself writes into its data
-  /// folder, with `COPY … TO PROGRAM`, so it is the server's user's) and waits until it serves it.
-  func enableSSL(_ server: PostgresServer) async throws {
-    let admin = try AdminConnection(server.url + "?sslmode=disable")
-    try admin.query(
-      """
-      COPY (SELECT 1) TO PROGRAM 'openssl req -x509 -newkey rsa:2048 -nodes -keyout server.key \
-      -out server.crt -days 2 -subj /CN=localhost >/dev/null 2>&1 && chmod 600 server.key'
-      """)
-    try admin.query("ALTER SYSTEM SET ssl = on")
-    try admin.query("SELECT pg_reload_conf()")
-    try await waitFor("the server to accept SSL") {
-      let probe = try AdminConnection(server.url + "?sslmode=require")
-      return try probe.query("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").first?.first == "t"
-    }
-  }
 
   // MARK: Idle connections closed by the server
 
@@ -57,7 +31,7 @@ struct ReviewPG4Tests {
   func anAddAfterItsIdleConnectionWasTerminatedSucceeds(sslmode: String) async throws {
     let server = try await PostgresServer.start()
     defer { server.stop() }
-    try await enableSSL(server)
+    try await server.enableSSL()
     let schema = uniqueSchema("pg4idle")
     let store = try await PostgresJobStore.open(
       url: server.url + "?sslmode=\(sslmode)&application_name=\(schema)", options: .init(schema: schema))

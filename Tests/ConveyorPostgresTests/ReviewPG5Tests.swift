@@ -16,16 +16,6 @@ struct ReviewPG5Tests {
     NewJob(payload: Data(text.utf8), priority: 0, runTime: runTime, deduplicationKey: key)
   }
 
-  /// Waits (up to 30 s) for `condition`.
-  func waitFor(_ what: String, _ condition: () throws -> Bool) async throws {
-    let deadline = Date().addingTimeInterval(30)
-    while Date() < deadline {
-      if (try? condition()) == true { return }
-      try await Task.sleep(for: .milliseconds(50))
-    }
-    throw HarnessError("timed out waiting for \(what)")
-  }
-
   // MARK: Healthy connections are kept
 
   // A NOTICE and a WARNING raised by a trigger during the store's statements, and an ordinary
@@ -74,21 +64,6 @@ struct ReviewPG5Tests {
 
   // MARK: idle_session_timeout over TLS
 
-  /// Turns SSL on in `server` (as ReviewPG4Tests does).
-  func enableSSL(_ server: PostgresServer) async throws {
-    let admin = try AdminConnection(server.url + "?sslmode=disable")
-    try admin.query(
-      """
-      COPY (SELECT 1) TO PROGRAM 'openssl req -x509 -newkey rsa:2048 -nodes -keyout server.key \
-      -out server.crt -days 2 -subj /CN=localhost >/dev/null 2>&1 && chmod 600 server.key'
-      """)
-    try admin.query("ALTER SYSTEM SET ssl = on")
-    try admin.query("SELECT pg_reload_conf()")
-    try await waitFor("the server to accept SSL") {
-      let probe = try AdminConnection(server.url + "?sslmode=require")
-      return try probe.query("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").first?.first == "t"
-    }
-  }
 
   // The server ends the store's idle session itself (idle_session_timeout, 1 s, set for the
   // store's role in its own database): the next add runs on a new connection and succeeds, over
@@ -97,7 +72,7 @@ struct ReviewPG5Tests {
   func anAddAfterAnIdleSessionTimeoutSucceeds(sslmode: String) async throws {
     let server = try await PostgresServer.start()
     defer { server.stop() }
-    try await enableSSL(server)
+    try await server.enableSSL()
     let admin = try AdminConnection(server.url + "?sslmode=disable")
     let database = uniqueSchema("pg5idle")
     try admin.query("CREATE DATABASE \(database)")
