@@ -5,9 +5,10 @@ import Testing
 
 @testable import ConveyorPostgres
 
-/// Every insert registers its queue and wakes the workers: the store's own adds do both in their
-/// insert statement (the trigger skips the store's sessions since schema version 3), and every
-/// other insert (`enqueue()`, an application's own `INSERT`) through the trigger.
+/// Every insert wakes the workers and its queue is listed: the store's own adds wake them from
+/// their insert statement (the trigger skips the store's sessions since schema version 3), every
+/// other insert (`enqueue()`, an application's own `INSERT`) through the trigger; `queueNames()`
+/// reads the queues from the jobs.
 @Suite("PostgreSQL inserts wake workers")
 struct InsertWakeTests {
   /// Whether a notification with `payload` reaches `listener` within `seconds`. The listener runs
@@ -30,13 +31,13 @@ struct InsertWakeTests {
     return false
   }
 
-  /// Adds through the store, then through an application's session, and checks the wake-up and
-  /// the queue's registration of each.
+  /// Adds through the store, then through an application's session, and checks the wake-up of
+  /// each and that its queue is listed.
   func checkEveryInsertWakes(_ store: PostgresJobStore, url: String) async throws {
     let schema = store.options.schema
     let listener = try AdminConnection(url)
     try listener.query("LISTEN \"\(schema).jobs\"")
-    // The first add registers the queue, the second finds it registered: both wake.
+    // The first add to a new queue and the next one: both wake.
     for round in 1...2 {
       _ = try await store.enqueue(
         [NewJob(payload: Data("x".utf8))], queue: "by-store", clock: SystemJobClock())
@@ -52,12 +53,12 @@ struct InsertWakeTests {
       """)
     #expect(try await heard("by-insert", on: listener), "an application's INSERT woke the workers")
     let names = Set(try await store.queueNames())
-    #expect(names.isSuperset(of: ["by-store", "by-function", "by-insert"]), "registered: \(names)")
+    #expect(names.isSuperset(of: ["by-store", "by-function", "by-insert"]), "listed: \(names)")
     let counts = try await store.counts(queue: "by-store", clock: SystemJobClock())
     #expect(counts.ready == 2)
   }
 
-  @Test func theStoresAddsAndEveryOtherInsertRegisterTheirQueueAndWakeWorkers() async throws {
+  @Test func theStoresAddsAndEveryOtherInsertWakeWorkersAndTheirQueuesAreListed() async throws {
     let server = try await PostgresServer.shared()
     let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: uniqueSchema("wake")))
     try await checkEveryInsertWakes(store, url: server.url)

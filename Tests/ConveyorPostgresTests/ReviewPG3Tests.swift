@@ -6,7 +6,7 @@ import Testing
 
 @testable import ConveyorPostgres
 
-/// Adversarial review of schema version 3 (the store's inserts register their queue once and
+/// Adversarial review of schema version 3 (as reviewed, the store's inserts registered their queue once and
 /// notify themselves; the trigger skips the store's sessions) and of the completions-only
 /// settlement statement. Tests marked `// Fixed (failed before the fix):` proved a defect.
 @Suite("ReviewPG3: inserts, registration and completions", .serialized)
@@ -67,7 +67,7 @@ struct ReviewPG3Tests {
   // store) is therefore never put back by the store's adds, and `queueNames()` (and the
   // dashboard) stop listing a queue that holds jobs, while `enqueue()` and an application's INSERT
   // (through the trigger) still would put it back.
-  @Test func aQueueRowDeletedByAnAdministratorIsRegisteredAgainByTheNextAdd() async throws {
+  @Test func aQueueWhoseRowAnAdministratorDeletedIsStillListed() async throws {
     let server = try await PostgresServer.shared()
     let schema = uniqueSchema("pg3reg")
     let store = try await openStore(server, schema: schema)
@@ -76,22 +76,22 @@ struct ReviewPG3Tests {
     _ = try await store.enqueue([job()], queue: "reg", clock: clock)
     #expect(try await store.queueNames().contains("reg"))
     try admin.query("DELETE FROM \"\(schema)\".queues WHERE name = 'reg'")
-    // One job, and a batch: both go to a queue the store believes registered.
+    // One job, and a batch, to the queue whose row is gone.
     _ = try await store.enqueue([job()], queue: "reg", clock: clock)
     _ = try await store.enqueue([job(), job()], queue: "reg", clock: clock)
     let names = try await store.queueNames()
     #expect(names.contains("reg"), "queueNames() lists a queue holding 4 jobs: \(names)")
-    // A second store instance (a restarted process) does register it: only the cache is wrong.
+    // A second store instance (a restarted process) lists it too.
     let fresh = try await openStore(server, schema: schema)
     _ = try await fresh.enqueue([job()], queue: "reg", clock: clock)
-    #expect(try await store.queueNames().contains("reg"), "a fresh store registers it")
+    #expect(try await store.queueNames().contains("reg"), "listed after a fresh store's add")
     await fresh.close()
     await store.close()
   }
 
   // A first add that fails (a constraint refuses one of its jobs) commits nothing, wakes nobody
-  // and leaves the queue unregistered; the next add registers it and wakes once.
-  @Test func aFailedFirstAddLeavesNoRegistrationAndTheNextAddRegisters() async throws {
+  // and leaves the queue unlisted; the next add is listed and wakes once.
+  @Test func aFailedFirstAddLeavesNothingAndTheNextAddIsListed() async throws {
     let server = try await PostgresServer.shared()
     let schema = uniqueSchema("pg3fail")
     let store = try await openStore(server, schema: schema)
@@ -119,8 +119,8 @@ struct ReviewPG3Tests {
   }
 
   // A first add whose connection is killed while it waits (commit unknown), then one that is
-  // cancelled, leave the queue unregistered in the cache; the next add registers it.
-  @Test func aKilledOrCancelledFirstAddStillLetsTheNextAddRegister() async throws {
+  // cancelled, add nothing; the next add succeeds and its queue is listed.
+  @Test func aKilledOrCancelledFirstAddAddsNothingAndTheNextAddIsListed() async throws {
     let server = try await PostgresServer.shared()
     let schema = uniqueSchema("pg3kill")
     let store = try await openStore(server, schema: schema)

@@ -14,7 +14,6 @@ struct ReviewPG4Tests {
     NewJob(payload: Data(text.utf8), priority: 0, runTime: .now, deduplicationKey: key)
   }
 
-
   // MARK: Idle connections closed by the server
 
   // The store's connection is terminated while idle (`pg_terminate_backend`; an idle-session

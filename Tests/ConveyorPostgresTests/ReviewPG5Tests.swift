@@ -64,7 +64,6 @@ struct ReviewPG5Tests {
 
   // MARK: idle_session_timeout over TLS
 
-
   // The server ends the store's idle session itself (idle_session_timeout, 1 s, set for the
   // store's role in its own database): the next add runs on a new connection and succeeds, over
   // TLS and not.
