@@ -36,12 +36,13 @@ final class PostgresServer: Sendable {
     self.binaries = binaries
   }
 
-  /// Starts a new server; it is stopped by ``stop()`` or when the process exits.
-  static func start() async throws -> PostgresServer {
-    try await onBackgroundThread { try startBlocking() }
+  /// Starts a new server; it is stopped by ``stop()`` or when the process exits. `firstPort` is the
+  /// port tried first (for the harness's own test); a free one otherwise.
+  static func start(firstPort: Int? = nil) async throws -> PostgresServer {
+    try await onBackgroundThread { try startBlocking(firstPort: firstPort) }
   }
 
-  private static func startBlocking() throws -> PostgresServer {
+  private static func startBlocking(firstPort: Int?) throws -> PostgresServer {
     setenv("PGSSLMODE", "disable", 1)
     setenv("PGGSSENCMODE", "disable", 1)
     stopAbandonedServers()
@@ -50,18 +51,35 @@ final class PostgresServer: Sendable {
     guard let made = mkdtemp(&template) else { throw HarnessError("mkdtemp failed: \(errno)") }
     let folder = String(cString: made)
     try "\(getpid())".write(toFile: folder + "/owner.pid", atomically: true, encoding: .utf8)
-    let port = try freePort()
-    let server = PostgresServer(folder: folder, port: port, binaries: binaries)
+    let first = PostgresServer(folder: folder, port: try firstPort ?? freePort(), binaries: binaries)
     if getuid() == 0 { try run("/bin/chown", ["-R", "postgres:postgres", folder]) }
     chmod(folder, 0o755)
-    try server.runAsOwner(
+    try first.runAsOwner(
       "\(binaries)/initdb",
       [
-        "-D", server.dataFolder, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync",
+        "-D", first.dataFolder, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync",
         "--locale=C",
       ])
     try watch(folder)
-    try server.control(["start", "-w", "-t", "60", "-l", folder + "/server.log", "-o", server.serverOptions])
+    // The port was free when chosen, but something else (another test's private server, a
+    // client's outgoing connection) may take it before the server binds it; the server then exits
+    // at once. Each further try takes a new free port. (Without this, a private server failed to
+    // start once in a full run.)
+    var server = first
+    for attempt in 1...10 {
+      do {
+        try server.control([
+          "start", "-w", "-t", "60", "-l", folder + "/server.log", "-o", server.serverOptions,
+        ])
+        return server
+      } catch {
+        let log = (try? String(contentsOfFile: folder + "/server.log", encoding: .utf8)) ?? ""
+        guard attempt < 10, log.contains("could not bind") || log.contains("could not create") else {
+          throw HarnessError("\(error)\nserver log:\n\(log.suffix(2_000))")
+        }
+        server = PostgresServer(folder: folder, port: try freePort(), binaries: binaries)
+      }
+    }
     return server
   }
 
