@@ -11,7 +11,9 @@ func runQueueBenchmarks() async throws {
   section("JobQueue engine, in-memory store")
   let count = 50_000
   let items = (0..<count).map { NoOpJob(index: $0) }
-  for concurrency in [1, 4] {
+  // CONVEYOR_BENCH_QUEUE=c4 runs only the concurrency-4 drain, for profiling it alone.
+  let onlyC4 = ProcessInfo.processInfo.environment["CONVEYOR_BENCH_QUEUE"] == "c4"
+  for concurrency in onlyC4 ? [4] : [1, 4] {
     let baseline = try await best {
       try await withThrowingTaskGroup(of: Void.self) { group in
         var next = 0
@@ -69,6 +71,10 @@ func runQueueBenchmarks() async throws {
       }
     }
     let measured = try await drain(prefetch: 0)
+    if onlyC4 {
+      print("JobQueue drain, no-op, concurrency 4: \(Int(Double(count) / measured))/s")
+      continue
+    }
     Comparison(
       name: "JobQueue drain, no-op, concurrency \(concurrency)", count: count, seconds: measured,
       baselineName: "TaskGroup decoding JSON, width \(concurrency)", baselineSeconds: decodingBaseline,

@@ -278,8 +278,16 @@ extension InMemoryJobStore {
 
     /// Whether `claim` is the job's current claim: running under the same token.
     func isCurrent(_ claim: ClaimReference) -> Bool {
-      guard let record = jobs[claim.id] else { return false }
-      return record.status == .running && record.claimToken == claim.token
+      currentIndex(of: claim) != nil
+    }
+
+    /// Where the job of `claim` is stored, if `claim` is its current claim. The hot paths read and
+    /// change a record in place through its index, rather than copying it out and back.
+    func currentIndex(of claim: ClaimReference) -> Dictionary<JobID, JobRecord>.Index? {
+      guard let index = jobs.index(forKey: claim.id), jobs.values[index].status == .running,
+        jobs.values[index].claimToken == claim.token
+      else { return nil }
+      return index
     }
 
     mutating func insertWaiting(_ record: JobRecord, ready isReady: Bool) {
@@ -309,23 +317,36 @@ extension InMemoryJobStore {
       promote(now: now)
       var claimed: [JobRecord] = []
       while claimed.count < limit, let entry = ready.pop()?.entry {
-        guard isCurrent(entry), readySet.contains(entry.id), var record = jobs[entry.id] else { continue }
-        stopWaiting(record)
-        record.status = .running
-        record.attempts = record.attempts == Int.max ? Int.max : record.attempts + 1
-        record.claimToken &+= 1
-        record.leaseOwner = owner
-        record.leaseExpiresAt = expiry
-        jobs[record.id] = record
-        running.insert(record.id)
-        claimed.append(record)
+        // The entry is current (see `isCurrent(_:)`) and the job ready; read in place.
+        guard let index = jobs.index(forKey: entry.id), jobs.values[index].status == .pending,
+          jobs.values[index].runAt == entry.runAt, jobs.values[index].priority == entry.priority,
+          readySet.remove(entry.id) != nil
+        else { continue }
+        if let key = jobs.values[index].deduplicationKey { dropDeduplication(key, entry.id) }
+        claimed.append(
+          modify(index) { record in
+            record.status = .running
+            record.attempts = record.attempts == Int.max ? Int.max : record.attempts + 1
+            record.claimToken &+= 1
+            record.leaseOwner = owner
+            record.leaseExpiresAt = expiry
+            return record
+          })
+        running.insert(entry.id)
       }
       return claimed
     }
 
     /// Applies a settlement if its claim is current; returns whether it applied.
     mutating func settle(_ settlement: JobSettlement, now: Date) -> Bool {
-      guard isCurrent(settlement.claim), let record = jobs[settlement.id] else { return false }
+      guard let index = currentIndex(of: settlement.claim) else { return false }
+      if case .complete = settlement.action {
+        // A running job holds no waiting state (ready mark, deduplication key) to drop.
+        jobs.remove(at: index)
+        running.remove(settlement.id)
+        return true
+      }
+      let record = jobs.values[index]
       switch settlement.action {
       case .complete:
         delete(record.id)
@@ -362,8 +383,18 @@ extension InMemoryJobStore {
     mutating func stopWaiting(_ record: JobRecord) {
       readySet.remove(record.id)
       guard let key = record.deduplicationKey else { return }
-      dedup[key]?.remove(record.id)
+      dropDeduplication(key, record.id)
+    }
+
+    mutating func dropDeduplication(_ key: String, _ id: JobID) {
+      dedup[key]?.remove(id)
       if dedup[key]?.isEmpty == true { dedup[key] = nil }
+    }
+
+    /// Changes the record at `index` in place.
+    mutating func modify<R>(_ index: Dictionary<JobID, JobRecord>.Index, _ body: (inout JobRecord) -> R) -> R
+    {
+      body(&jobs.values[index])
     }
 
     @discardableResult

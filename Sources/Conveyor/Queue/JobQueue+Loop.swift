@@ -143,6 +143,14 @@ extension JobQueue {
   /// Records outcomes and claims, publishing the events of the outcomes the store accepted; on
   /// failure the outcomes are kept to be recorded next time.
   func settleAndClaim(_ pending: [PendingSettlement], limit: Int) async throws -> ClaimBatch {
+    try await settleAndClaim(pending, limit: limit, takingNext: false).batch
+  }
+
+  /// The same; with `takingNext`, also takes the next claimed job for the calling worker under the
+  /// same lock (nil: the worker ends).
+  func settleAndClaim(_ pending: [PendingSettlement], limit: Int, takingNext: Bool) async throws -> (
+    batch: ClaimBatch, next: JobRecord?
+  ) {
     let batch: ClaimBatch
     do {
       batch = try await store.settleAndClaim(
@@ -152,11 +160,12 @@ extension JobQueue {
       throw error
     }
     let stale = batch.staleSettlements.isEmpty ? [] : Set(batch.staleSettlements)
-    let (subscribers, pauseChanged) = core.withLock { core in
+    let (subscribers, pauseChanged, next) = core.withLock { core in
       core.state.claimed(batch.claimed)
       let changed = core.state.paused != batch.paused
       core.state.paused = batch.paused
-      return (Array(core.subscribers.values), changed)
+      let next = takingNext ? core.state.nextForWorker() : nil
+      return (core.subscribers.isEmpty ? [] : Array(core.subscribers.values), changed, next)
     }
     if pauseChanged { publishState() }
     for item in pending {
@@ -174,7 +183,7 @@ extension JobQueue {
       }
       for subscriber in subscribers { subscriber.yield(event) }
     }
-    return batch
+    return (batch, next)
   }
 
   /// Starts a worker task for each free slot that has a claimed job waiting.
@@ -191,8 +200,11 @@ extension JobQueue {
   /// outcomes and claims its next job itself in one store call. It ends when nothing is ready.
   private func work(startingWith first: JobRecord) async {
     var next: JobRecord? = first
+    // A decoder of the worker's own: a shared one takes its options lock on every decode, which
+    // workers on other threads then wait for.
+    let decoder = JSONDecoder()
     while let record = next {
-      let outcome = await process(record)
+      let outcome = await process(record, decoder: decoder)
       let canHandle = handlerAvailable
       let step = core.withLock {
         $0.state.workerFinished(record.claim, outcome: outcome, canHandle: canHandle)
@@ -205,11 +217,11 @@ extension JobQueue {
         next = nil
       case .claim(let settlements, let limit):
         do {
-          _ = try await settleAndClaim(settlements, limit: limit)
+          next = try await settleAndClaim(settlements, limit: limit, takingNext: true).next
         } catch {
           log(.warning, "store error while claiming; the queue will retry: \(error)")
+          next = core.withLock { $0.state.nextForWorker() }
         }
-        next = core.withLock { $0.state.nextForWorker() }
       }
     }
     core.withLock { $0.state.workerExited() }
@@ -223,7 +235,7 @@ extension JobQueue {
     handler != nil || delegateBox?.isAlive() == true
   }
 
-  private func process(_ record: JobRecord) async -> PendingSettlement {
+  private func process(_ record: JobRecord, decoder: JSONDecoder) async -> PendingSettlement {
     // A claim counts an attempt before the handler runs, so a job past the limit here had a worker
     // that vanished during its last allowed attempt (a crash, a kill, an out-of-memory): dead, or
     // a job that crashes its worker would be handed out forever. A shutdown gives its attempt

@@ -41,6 +41,8 @@ public final class JobQueue<Item: Queueable>: Sendable {
   /// The delegate form's delegate (held weakly inside); nil for the closure form.
   let delegateBox: DelegateBox?
   let core: Mutex<QueueCore>
+  /// How many subscribers `core` holds, written under its lock; read without it by `emit`.
+  let subscriberCount = Atomic<Int>(0)
   let encoder = JSONEncoder()
   let decoder = JSONDecoder()
   let wake: WakeSignal
@@ -336,9 +338,16 @@ public final class JobQueue<Item: Queueable>: Sendable {
   public var events: AsyncStream<JobQueueEvent> {
     let (stream, continuation) = AsyncStream.makeStream(of: JobQueueEvent.self)
     let token = UUID()
-    core.withLock { $0.subscribers[token] = continuation }
+    core.withLock { core in
+      core.subscribers[token] = continuation
+      subscriberCount.store(core.subscribers.count, ordering: .releasing)
+    }
     continuation.onTermination = { [weak self] _ in
-      _ = self?.core.withLock { $0.subscribers.removeValue(forKey: token) }
+      guard let self else { return }
+      core.withLock { core in
+        core.subscribers.removeValue(forKey: token)
+        subscriberCount.store(core.subscribers.count, ordering: .releasing)
+      }
     }
     return stream
   }
@@ -346,6 +355,8 @@ public final class JobQueue<Item: Queueable>: Sendable {
   // MARK: Events, state, logging
 
   func emit(_ event: JobQueueEvent) {
+    // Most queues have no subscriber: no lock then.
+    guard subscriberCount.load(ordering: .acquiring) > 0 else { return }
     let subscribers = core.withLock { Array($0.subscribers.values) }
     for subscriber in subscribers { subscriber.yield(event) }
   }
