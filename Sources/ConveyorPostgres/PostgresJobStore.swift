@@ -448,17 +448,11 @@ public final class PostgresJobStore: JobStore {
   public func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
     guard limit > 0 else { return [] }
     let sql = self.sql
-    let stored = status.map(Self.stored)
-    // One stored status (running, dead) reads its part of `jobs_status` in ID order; several, or
-    // all, walk the primary key.
-    let statement = stored?.count == 1 ? sql.listStatus : sql.list
-    let statuses: PostgresValue =
-      if let stored { stored.count == 1 ? .text(stored[0]) : .textArray(stored) } else { .null(oid: 1009) }
+    let statuses: PostgresValue = status.map { .textArray(Self.stored($0)) } ?? .null(oid: 1009)
     return try await connection.perform(idempotent: true) { db in
-      // Planned for its values each time (not prepared): a plan for any status could not pick the
-      // index of the one asked for, and listing is not a hot path.
+      // Not prepared: listing is not a hot path, and a connection keeps no statement for it.
       let rows = try db.execute(
-        statement, [.text(queue), .int64(after?.rawValue ?? Int64.min), .int64(Int64(limit)), statuses],
+        sql.list, [.text(queue), .int64(after?.rawValue ?? Int64.min), .int64(Int64(limit)), statuses],
         prepared: false)
       return try (0..<rows.count).map { try Self.record(rows, $0) }
     }

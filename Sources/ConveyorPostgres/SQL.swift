@@ -22,11 +22,10 @@
 /// - `jobs_scheduled (queue, run_at) WHERE status = 'scheduled'`: promotion (``promote``), the
 ///   earliest scheduled date (``nextWake``) and the scheduled counts.
 /// - `jobs_status (queue, status, id)`: rescues (``rescue``), the earliest lease expiry
-///   (``nextWake``), the running and dead counts, a listing of one status (``listStatus``: running
-///   or dead), clearing by status.
+///   (``nextWake``), the running and dead counts, listings (``list``: each status's part in ID
+///   order), clearing by status.
 /// - `jobs_dedup (queue, dedup_key) WHERE … waiting`: the duplicate check of an enqueue.
-/// - The primary key: settlements (``settle``), heartbeats, the claim's update, ``job``, and
-///   listings of every status or of waiting jobs (``list``), which walk it in ID order.
+/// - The primary key: settlements (``settle``), heartbeats, the claim's update, ``job``.
 struct SQL {
   /// The quoted schema name, e.g. `"conveyor"`.
   let schema: String
@@ -478,23 +477,20 @@ struct SQL {
     "SELECT \(Self.columns) FROM \(schema).jobs WHERE id = $1"
   }
 
-  /// A page in ID order, optionally of some stored statuses. Parameters: queue, after, limit,
-  /// statuses (NULL for all).
+  /// A page in ID order of some stored statuses (NULL for all). Each status's part of
+  /// `jobs_status` is read in ID order, a page at most from each, and the pages are merged: the
+  /// rows read are bounded by the page, however many jobs other queues or statuses hold.
+  /// Parameters: queue, after, limit, statuses.
   var list: String {
     """
-    SELECT \(Self.columns) FROM \(schema).jobs
-    WHERE queue = $1 AND id > $2 AND ($4::text[] IS NULL OR status = ANY($4::text[]))
-    ORDER BY id LIMIT $3
-    """
-  }
-
-  /// A page in ID order of one stored status, read from `jobs_status` in its order. Parameters:
-  /// queue, after, limit, status.
-  var listStatus: String {
-    """
-    SELECT \(Self.columns) FROM \(schema).jobs
-    WHERE queue = $1 AND status = $4 AND id > $2
-    ORDER BY id LIMIT $3
+    SELECT \(Self.columns("page")) FROM
+      unnest(coalesce($4::text[], ARRAY['ready', 'scheduled', 'running', 'dead'])) AS wanted (status)
+      CROSS JOIN LATERAL (
+        SELECT \(Self.columns) FROM \(schema).jobs
+        WHERE queue = $1 AND status = wanted.status AND id > $2
+        ORDER BY id LIMIT $3
+      ) AS page
+    ORDER BY page.id LIMIT $3
     """
   }
 

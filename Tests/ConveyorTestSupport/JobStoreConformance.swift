@@ -334,6 +334,37 @@ public enum JobStoreConformance {
       let none = try await store.jobs(queue: "q", status: .dead, after: nil, limit: 100)
       try expect(none.isEmpty, "no dead")
     },
+    check("listing merges every status in ID order, a page at a time") { store in
+      // Ready, scheduled, running and dead jobs interleaved in ID order, beside another queue.
+      var ids: [JobID] = []
+      for index in 0..<12 {
+        let runs = index % 3 == 1 ? 3_600.0 : 0  // every third job scheduled an hour ahead
+        ids += try await store.enqueue([job("j\(index)", at: runs)], queue: "q", clock: now(0)).map(\.id)
+        _ = try await store.enqueue([job("other\(index)")], queue: "other", clock: now(0))
+      }
+      let claimed = try await claim(store, limit: 4).claimed
+      _ = try await claim(store, limit: 0, settling: [settle(claimed[1], .kill(error: "dead"))])
+      var byStatus: [JobStatus?: [JobID]] = [:]
+      for status in [nil, JobStatus.pending, .running, .dead] {
+        var after: JobID?
+        while true {
+          let page = try await store.jobs(queue: "q", status: status, after: after, limit: 3)
+          if page.isEmpty { break }
+          try expect(page.count <= 3, "page size bounded")
+          try expect(
+            page.allSatisfy { status == nil || $0.status == status }, "only \(String(describing: status))")
+          byStatus[status, default: []] += page.map(\.id)
+          after = page.last?.id
+        }
+      }
+      try expect(byStatus[nil] == ids, "every job once, in ID order: \(byStatus[nil] ?? [])")
+      let running = Set(claimed.map(\.id)).subtracting([claimed[1].id])
+      try expect(byStatus[.running] == ids.filter { running.contains($0) }, "running in ID order")
+      try expect(byStatus[.dead] == [claimed[1].id], "the dead job")
+      try expect(
+        byStatus[.pending] == ids.filter { !running.contains($0) && $0 != claimed[1].id },
+        "waiting in ID order")
+    },
     check("remove and clear delete what they name and report counts") { store in
       let ids = try await store.enqueue((0..<6).map { job("j\($0)") }, queue: "q", clock: now(0)).map(\.id)
       let batch = try await claim(store, limit: 2)
