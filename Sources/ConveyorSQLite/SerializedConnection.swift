@@ -2,13 +2,25 @@ import CSQLite
 import Conveyor
 import Synchronization
 
+#if canImport(Glibc)
+  import Glibc
+#elseif canImport(Musl)
+  import Musl
+#elseif canImport(Darwin)
+  import Darwin
+#endif
+
 /// Confines one ``Connection`` to a dedicated thread and bridges it to `async`.
 ///
 /// Blocking sqlite3 calls never make Swift's cooperative thread pool wait for a lock: every use of
 /// the connection is a block on `thread`, which runs them one at a time, except the short
-/// transactions of ``performInline(_:)`` and ``tryInline(_:)``, which run on the caller's thread
-/// when the connection is free, with SQLite's busy timeout off, and move to `thread` (where they
-/// may wait) when they meet another connection's lock. Cancelling the awaiting task calls
+/// transactions of ``performInline(_:)`` and ``tryInline(_:waitingForInlineCalls:)``, which run on
+/// the caller's thread when the connection is free, with SQLite's busy timeout off, and move to
+/// `thread` (where they may wait) when they meet another connection's lock. A call of
+/// ``performInline(_:)`` that finds the connection in use waits for it on the caller's thread
+/// for at most ``inlineWaitLimit`` (half a millisecond, yielding the processor), then moves to
+/// `thread`: with several workers, their calls mostly find it held by another's short inline
+/// transaction, and the trip to `thread` and back cost more than that wait. Cancelling the awaiting task calls
 /// `sqlite3_interrupt` when its block is running, and skips the block when it has not started.
 ///
 /// Nothing but the caller's own statements runs inline: a connection whose commits sync the disk
@@ -22,7 +34,7 @@ import Synchronization
 /// without waiting (the owner hands over a connection nobody else uses); the one exception,
 /// `sqlite3_interrupt`, is documented as safe to call from any thread while the handle is open,
 /// and the connection's `interruption` flag is an atomic. The other state (`runsInline`,
-/// `checkpointScheduled`, `inlineCalls`) is a constant and atomics.
+/// `checkpointScheduled`, `occupied`, `inlineCalls`) is a constant and atomics.
 /// It is only called while a `perform` block runs, and such a block starts only on an open
 /// connection; the handle closes in a block of its own (``close()``) or in `deinit`, when no
 /// block can be running.
@@ -38,6 +50,11 @@ final class SerializedConnection: @unchecked Sendable {
   /// A checkpoint block is on `thread` (or running): commits past the WAL threshold meanwhile
   /// submit no other.
   private let checkpointScheduled = Atomic<Bool>(false)
+  /// Someone holds `inUse` (see ``using(_:)``): read by inline calls before they try the lock,
+  /// since a failed try of a contended lock is a system call.
+  private let occupied = Atomic<Bool>(false)
+  /// The longest an inline call waits for another inline call to free the connection.
+  static let inlineWaitLimit = Duration.microseconds(500)
   /// Inline calls run so far (for yielding the thread now and then).
   private let inlineCalls = Atomic<Int>(0)
 
@@ -78,7 +95,7 @@ final class SerializedConnection: @unchecked Sendable {
         .exchanged
     else { return }
     thread.submit {
-      self.inUse.withLock { _ in
+      self.using {
         // Cleared first: a commit past the threshold from now on needs a checkpoint after this one.
         self.checkpointScheduled.store(false, ordering: .releasing)
         guard !self.connection.isClosed else { return }
@@ -107,7 +124,7 @@ final class SerializedConnection: @unchecked Sendable {
   func close() async {
     await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
       thread.submit {
-        self.inUse.withLock { _ in self.connection.close() }
+        self.using { self.connection.close() }
         continuation.resume()
       }
     }
@@ -122,7 +139,7 @@ final class SerializedConnection: @unchecked Sendable {
       try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<T, any Error>) in
         // Every path below resumes the continuation exactly once.
         thread.submit {
-          let result = self.inUse.withLock { _ -> Result<T, any Error> in
+          let result = self.using { () -> Result<T, any Error> in
             // Checked before the operation starts, so a cancellation never interrupts a closed handle.
             guard !self.connection.isClosed else { return .failure(self.closedError()) }
             // Cleared before the operation starts: a cancellation from now on is this block's.
@@ -155,35 +172,55 @@ final class SerializedConnection: @unchecked Sendable {
   /// connection's thread, which waits for the lock. So `body` must be one transaction that can run
   /// again from the start.
   func performInline<T: Sendable>(_ body: @escaping @Sendable (Connection) throws -> T) async throws -> T {
-    if let result = await tryInline(body) { return try result.get() }
+    if let result = await tryInline(body, waitingForInlineCalls: true) { return try result.get() }
     return try await perform(body)
   }
 
   /// Runs `body` on the calling thread, as ``performInline(_:)`` does, when the connection is free
   /// and `body` meets no other connection's lock; nil when it did not run (the connection was busy,
   /// a checkpoint waits for the thread, or ``runsInline`` is false) or rolled back for a lock.
-  func tryInline<T: Sendable>(_ body: @escaping @Sendable (Connection) throws -> T) async -> Result<
-    T, any Error
-  >? {
+  ///
+  /// With `waitingForInlineCalls`, a call that finds the connection in use (usually by another
+  /// inline call, a short transaction on another thread) waits for it on this thread, yielding the
+  /// processor, for at most ``inlineWaitLimit`` in all, then returns nil.
+  func tryInline<T: Sendable>(
+    _ body: @escaping @Sendable (Connection) throws -> T, waitingForInlineCalls: Bool = false
+  ) async -> Result<T, any Error>? {
     // While a checkpoint waits for the thread, calls queue up behind it: inline commits meanwhile
     // would grow the WAL file without bound on a busy thread.
     guard runsInline, !checkpointScheduled.load(ordering: .acquiring) else { return nil }
     if Task.isCancelled { return .failure(CancellationError()) }
     let operation = Operation()
     let outcome = await withTaskCancellationHandler {
-      inUse.withLockIfAvailable { _ -> Result<T, any Error>? in
-        guard !connection.isClosed else { return .failure(closedError()) }
-        connection.interruption.clear()
-        guard operation.start() else { return .failure(CancellationError()) }
-        connection.waitForLocks(false)
-        let result = Result { try body(connection) }
-        let cancelled = operation.finish()
-        if case .failure(let error as SQLiteError) = result {
-          if error.code.primary == .busy { return nil }  // any SQLITE_BUSY_* too: hand over
-          if cancelled && error.code == .interrupt { return .failure(CancellationError()) }
+      var deadline: ContinuousClock.Instant?
+      while true {
+        let ran = usingIfAvailable { () -> Result<T, any Error>? in
+          guard !connection.isClosed else { return .failure(closedError()) }
+          connection.interruption.clear()
+          guard operation.start() else { return .failure(CancellationError()) }
+          connection.waitForLocks(false)
+          let result = Result { try body(connection) }
+          let cancelled = operation.finish()
+          if case .failure(let error as SQLiteError) = result {
+            if error.code.primary == .busy { return nil }  // any SQLITE_BUSY_* too: hand over
+            if cancelled && error.code == .interrupt { return .failure(CancellationError()) }
+          }
+          return result
         }
-        return result
-      } ?? nil
+        if let ran { return ran }
+        // Busy: wait briefly for the connection, then hand over.
+        guard waitingForInlineCalls else { return nil }
+        let limit = deadline ?? ContinuousClock.now + Self.inlineWaitLimit
+        deadline = limit
+        repeat {
+          sched_yield()
+          if Task.isCancelled || checkpointScheduled.load(ordering: .acquiring)
+            || ContinuousClock.now >= limit
+          {
+            return nil
+          }
+        } while occupied.load(ordering: .acquiring)
+      }
     } onCancel: {
       operation.cancel(interrupt: interrupt)
     }
@@ -202,12 +239,31 @@ final class SerializedConnection: @unchecked Sendable {
   /// connection (nil once ``close()`` ran). Not cancellable: for work that resumes its own callers.
   func submit(_ block: @escaping @Sendable (Connection?) -> Void) {
     thread.submit {
-      self.inUse.withLock { _ in
+      self.using {
         guard !self.connection.isClosed else { return block(nil) }
         self.connection.interruption.clear()
         self.connection.waitForLocks(true)
         block(self.connection)
       }
+    }
+  }
+
+  /// Runs `body` holding the connection, waiting for it.
+  private func using<R>(_ body: () -> R) -> R {
+    inUse.withLock { _ in
+      occupied.store(true, ordering: .relaxed)
+      defer { occupied.store(false, ordering: .releasing) }
+      return body()
+    }
+  }
+
+  /// Runs `body` holding the connection when nobody else holds it; nil otherwise.
+  private func usingIfAvailable<R>(_ body: () -> R) -> R? {
+    guard !occupied.load(ordering: .acquiring) else { return nil }
+    return inUse.withLockIfAvailable { _ in
+      occupied.store(true, ordering: .relaxed)
+      defer { occupied.store(false, ordering: .releasing) }
+      return body()
     }
   }
 

@@ -121,6 +121,41 @@ struct OneJobPerCallTests {
     #expect(try other.scalar("SELECT count(*) FROM jobs") == Int64(adders.count + 1))
   }
 
+  /// A call that finds the connection busy waits for it on its own (pool) thread only briefly,
+  /// then takes the trip to the store's thread: calls queued behind a connection held for long
+  /// leave the cooperative pool free. The pool has one thread per core; a wait without a bound
+  /// would hold every one of them, and the marker task below could never run.
+  @Test func callsWaitingForABusyConnectionLeaveThePoolFree() async throws {
+    let folder = try TemporaryFolder()
+    let store = try makeStore(folder)
+    let gate = DispatchSemaphore(value: 0)
+    let holding = Tally()
+    store.connection.submit { _ in
+      holding.add()
+      gate.wait()
+    }
+    try await eventually("the connection is held") { holding.count == 1 }
+    // A starved pool cannot run the test's own time limit either: a thread of its own ends the
+    // process with a message instead of letting the run hang.
+    let done = DispatchSemaphore(value: 0)
+    Thread.detachNewThread {
+      if done.wait(timeout: .now() + 60) == .timedOut {
+        FileHandle.standardError.write(
+          Data("calls waiting for a busy connection starved the pool for 60 s\n".utf8))
+        abort()
+      }
+    }
+    defer { done.signal() }
+    let callers = (0..<(4 * ProcessInfo.processInfo.activeProcessorCount)).map { _ in
+      Task { try await store.isPaused(queue: "jobs") }
+    }
+    let marker = Tally()
+    Task { marker.add() }
+    try await eventually("a task on the pool ran while the calls waited") { marker.count == 1 }
+    gate.signal()
+    for caller in callers { #expect(try await caller.value == false) }
+  }
+
   /// A steady stream of concurrent adds (committed in groups on the store's thread) never keeps
   /// another call waiting for the thread: each group is a block of its own, so the call's block
   /// runs between two.

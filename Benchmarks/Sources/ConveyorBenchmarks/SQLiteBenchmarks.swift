@@ -28,7 +28,7 @@ private func runSQLiteBenchmarks(in folder: URL) async throws {
   // section; raw-drain, store-drain,
   // raw-insert, store-insert or hop (one cheap store call) run one loop alone, for a profiler.
   if let only = ProcessInfo.processInfo.environment["CONVEYOR_BENCH_SQLITE"] {
-    if only == "engine" { return try await runEngineBenchmarks(newPath: newPath) }
+    if only == "engine" || only == "engine-c4" { return try await runEngineBenchmarks(newPath: newPath) }
     if only == "percall" {
       try await compareStoreWithRaw(.normal, batches: [1], newPath: newPath)
       try await runEngineBenchmarks(newPath: newPath)
@@ -347,6 +347,16 @@ private func runEngineBenchmarks(newPath: () -> String) async throws {
     return elapsed
   }
 
+  // CONVEYOR_BENCH_SQLITE=engine-c4: only the drain at concurrency 4, for a profiler.
+  if ProcessInfo.processInfo.environment["CONVEYOR_BENCH_SQLITE"] == "engine-c4" {
+    for _ in 0..<3 {
+      print(
+        String(
+          format: "concurrency 4: %.0f/s", Double(count) / (try await drainQueue(concurrency: 4, prefetch: 0))
+        ))
+    }
+    return
+  }
   let (one, rawOne) = try await interleaved {
     try await drainQueue(concurrency: 1, prefetch: 0)
   } baseline: {
