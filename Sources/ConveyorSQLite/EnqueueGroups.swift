@@ -32,6 +32,8 @@ final class EnqueueGroups: Sendable {
     var flushScheduled = false
     /// Groups committed with more than one call (for tests).
     var groupsCommitted = 0
+    /// Calls taken by the connection's thread, alone or in groups (for tests).
+    var callsTaken = 0
   }
 
   private let state = Mutex(State())
@@ -41,6 +43,9 @@ final class EnqueueGroups: Sendable {
 
   /// How many calls wait (for tests).
   var waitingCount: Int { state.withLock { $0.waiting.count } }
+
+  /// How many calls the connection's thread committed, alone or in groups (for tests).
+  var callsTaken: Int { state.withLock { $0.callsTaken } }
 
   /// How many transactions committed more than one call (for tests).
   var groupsCommitted: Int { state.withLock { $0.groupsCommitted } }
@@ -60,12 +65,16 @@ final class EnqueueGroups: Sendable {
   /// The callers of the group just committed come back within microseconds to add their next
   /// jobs: waiting for them (yielding the processor meanwhile) makes the next group as large as
   /// the last, where taking whatever is there at once would commit them one or two at a time.
+  /// A group of one (`expected` 1) is not waited for: a single caller's next call then finds the
+  /// flush over and runs inline, instead of following every call through the connection's thread
+  /// (as it did once a checkpoint had sent one call there).
   func take(expecting expected: Int, linger: Duration = .microseconds(50)) -> [Request]? {
-    let deadline = ContinuousClock.now + linger
+    let deadline = ContinuousClock.now + (expected == 1 ? .zero : linger)
     while true {
       let taken = state.withLock { state -> [Request]?? in
         let waiting = state.waiting.count
         if waiting >= max(expected, 1) || (waiting > 0 && ContinuousClock.now >= deadline) {
+          state.callsTaken += waiting
           defer { state.waiting = [] }
           return state.waiting
         }

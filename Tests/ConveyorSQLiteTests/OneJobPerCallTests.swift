@@ -121,6 +121,26 @@ struct OneJobPerCallTests {
     #expect(try other.scalar("SELECT count(*) FROM jobs") == Int64(adders.count + 1))
   }
 
+  // Failed before the fix (1,671 of 2,000 calls on the thread): a checkpoint sends the call
+  // that comes while it waits to the store's thread, and the thread's flush then waited 50 µs for
+  // the next call, which a single caller always sent in time, so every later call followed the
+  // same path, paying the trip to the thread and back.
+  /// One caller adding one job per call runs its calls inline, checkpoints or not: only the calls
+  /// that arrive while a checkpoint waits go through the store's thread.
+  @Test func aSingleCallersAddsGoBackInlineAfterACheckpoint() async throws {
+    let folder = try TemporaryFolder()
+    let store = try makeStore(folder)
+    let calls = 2_000
+    for index in 0..<calls {
+      _ = try await store.enqueue(
+        [NewJob(payload: payload("\(index)"), runAt: epoch)], queue: "jobs", now: epoch)
+    }
+    // About 4 WAL pages per add: several checkpoints at the default threshold of 1,000 pages.
+    let onThread = store.groups.callsTaken
+    #expect(onThread < calls / 10, "\(onThread) of \(calls) calls went through the store's thread")
+    #expect(try await store.counts(queue: "jobs", now: epoch).ready == calls)
+  }
+
   /// A call that finds the connection busy waits for it on its own (pool) thread only briefly,
   /// then takes the trip to the store's thread: calls queued behind a connection held for long
   /// leave the cooperative pool free. The pool has one thread per core; a wait without a bound
