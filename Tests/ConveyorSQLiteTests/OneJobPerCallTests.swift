@@ -42,13 +42,7 @@ struct OneJobPerCallTests {
       """)
 
     // Hold the connection so the calls queue up for one group.
-    let gate = DispatchSemaphore(value: 0)
-    let holding = Tally()
-    store.connection.submit { _ in
-      holding.add()
-      gate.wait()
-    }
-    try await eventually("the connection is held") { holding.count == 1 }
+    let gate = try await holdConnection(of: store)
     let keys = ["a", "b", "c", "dup", "bad", "d", "e", "f"]
     let adders = keys.map { key in
       Task { () throws -> EnqueueResult in
@@ -148,13 +142,7 @@ struct OneJobPerCallTests {
   @Test func callsWaitingForABusyConnectionLeaveThePoolFree() async throws {
     let folder = try TemporaryFolder()
     let store = try makeStore(folder)
-    let gate = DispatchSemaphore(value: 0)
-    let holding = Tally()
-    store.connection.submit { _ in
-      holding.add()
-      gate.wait()
-    }
-    try await eventually("the connection is held") { holding.count == 1 }
+    let gate = try await holdConnection(of: store)
     // A starved pool cannot run the test's own time limit either: a thread of its own ends the
     // process with a message instead of letting the run hang.
     let done = DispatchSemaphore(value: 0)

@@ -214,14 +214,8 @@ struct Review11bTests {
     let store = try SQLiteJobStore(path: path)
     _ = try await store.enqueue([NewJob(payload: payload("seed"), runAt: epoch)], queue: "jobs", now: epoch)
 
-    let gate = DispatchSemaphore(value: 0)
-    let holding = Count()
-    store.connection.submit { _ in
-      holding.add()
-      gate.wait()
-    }
+    let gate = try await holdConnection(of: store)
     defer { gate.signal() }
-    try await eventually("the connection is held") { holding.value == 1 }
 
     func adder(_ name: String) -> Task<Bool, Never> {
       Task {
@@ -270,13 +264,7 @@ struct Review11bTests {
     let store = try SQLiteJobStore(path: path)
     var all: [EnqueueResult] = []
     for round in 0..<2 {
-      let gate = DispatchSemaphore(value: 0)
-      let holding = Count()
-      store.connection.submit { _ in
-        holding.add()
-        gate.wait()
-      }
-      try await eventually("the connection is held") { holding.value == 1 }
+      let gate = try await holdConnection(of: store)
       let adders = (0..<6).map { index in
         Task {
           try await store.enqueue(

@@ -10,25 +10,13 @@ import Testing
 /// Adversarial review of group commit without savepoints (`EnqueueGroups.swift`, `commit`).
 @Suite("Review4Tests: group commit without savepoints", .serialized, .timeLimit(.minutes(2)))
 struct Review4Tests {
-  final class Flag: Sendable {
-    let value = Atomic<Int>(0)
-    func add() { value.add(1, ordering: .acquiringAndReleasing) }
-    var count: Int { value.load(ordering: .acquiring) }
-  }
-
   /// Holds the store's connection, starts one task per element of `calls` (each one call of
   /// jobs with the given keys and payload text), waits until all of them wait for one group, then
   /// releases the connection and returns each call's outcome.
   static func grouped(
     _ store: SQLiteJobStore, _ calls: [[(payload: String, key: String?)]]
   ) async throws -> [Result<[EnqueueResult], any Error>] {
-    let gate = DispatchSemaphore(value: 0)
-    let holding = Flag()
-    store.connection.submit { _ in
-      holding.add()
-      gate.wait()
-    }
-    try await eventually("the connection is held") { holding.count == 1 }
+    let gate = try await holdConnection(of: store)
     // One at a time, so the group holds the calls in this order.
     var adders: [Task<[EnqueueResult], any Error>] = []
     for (index, call) in calls.enumerated() {
@@ -128,13 +116,7 @@ struct Review4Tests {
     let folder = try TemporaryFolder()
     let path = folder.path("c.sqlite")
     let store = try SQLiteJobStore(path: path)
-    let gate = DispatchSemaphore(value: 0)
-    let holding = Flag()
-    store.connection.submit { _ in
-      holding.add()
-      gate.wait()
-    }
-    try await eventually("the connection is held") { holding.count == 1 }
+    let gate = try await holdConnection(of: store)
     let adders = (0..<6).map { i in
       Task { () throws -> [EnqueueResult] in
         try await store.enqueue(

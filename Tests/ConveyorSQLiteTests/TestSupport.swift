@@ -1,6 +1,8 @@
 import Conveyor
 import ConveyorTestSupport
+import Dispatch
 import Foundation
+import Synchronization
 import Testing
 
 @testable import ConveyorSQLite
@@ -16,6 +18,19 @@ func makeStore(
   _ folder: TemporaryFolder, name: String = "jobs.sqlite", options: SQLiteJobStore.Options = .init()
 ) throws -> SQLiteJobStore {
   try SQLiteJobStore(path: folder.path(name), options: options)
+}
+
+/// Holds the store's connection with a block on its thread until the returned gate is signalled;
+/// returns once the connection is held, so calls made from then on wait for it.
+func holdConnection(of store: SQLiteJobStore) async throws -> DispatchSemaphore {
+  let gate = DispatchSemaphore(value: 0)
+  let held = Atomic<Bool>(false)
+  store.connection.submit { _ in
+    held.store(true, ordering: .releasing)
+    gate.wait()
+  }
+  try await eventually("the connection is held") { held.load(ordering: .acquiring) }
+  return gate
 }
 
 /// A fixed, millisecond-aligned clock origin.
