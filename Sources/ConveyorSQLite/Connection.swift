@@ -19,6 +19,10 @@ final class Connection {
   /// The sqlite3 handle; immutable for the connection's life; not to be used after ``close()``.
   let handle: OpaquePointer
   private var statements: [String: Statement] = [:]
+  /// The statements used most recently, looked up before `statements`: the hot calls pass the
+  /// same string constants each time, which compare equal at once (same storage), where the
+  /// dictionary hashed the whole text (a few hundred bytes) on every statement of every call.
+  private var recent: [(sql: String, statement: Statement)] = []
   /// Queue names this connection has recorded in the `queues` table (rows there are never
   /// deleted), so an enqueue records its queue once per connection, not once per call.
   var notedQueues: Set<String> = []
@@ -88,6 +92,7 @@ final class Connection {
     isClosed = true
     // Statements must be finalised before the handle closes; close_v2 defers if one leaked.
     statements.removeAll()
+    recent.removeAll()
     sqlite3_close_v2(handle)
   }
 
@@ -150,11 +155,23 @@ final class Connection {
 
   /// Returns the cached prepared statement for `sql`, preparing it on first use.
   func statement(_ sql: String) throws -> Statement {
-    if let statement = statements[sql] { return statement }
-    let statement = try Statement(connection: self, sql: sql)
-    statements[sql] = statement
+    let length = sql.utf8.count
+    for entry in recent where entry.sql.utf8.count == length && entry.sql == sql { return entry.statement }
+    let statement: Statement
+    if let cached = statements[sql] {
+      statement = cached
+    } else {
+      statement = try Statement(connection: self, sql: sql)
+      statements[sql] = statement
+    }
+    // The newest replaces the oldest: a hot loop's handful of statements stay.
+    if recent.count == Self.recentStatements { recent.removeFirst() }
+    recent.append((sql, statement))
     return statement
   }
+
+  /// How many statements ``statement(_:)`` looks up without hashing.
+  static let recentStatements = 12
 
   /// Runs `sql` (one or several statements, no parameters) without caching it.
   func execute(_ sql: String) throws {
