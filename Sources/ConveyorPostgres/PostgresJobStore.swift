@@ -229,15 +229,30 @@ public final class PostgresJobStore: JobStore {
           }
           ids = [rows.int64(0, 0)]
         } else if !inserting.isEmpty {
-          let rows = try db.execute(
-            sql.insert,
-            [
-              .text(queue), .byteaArray(inserting.map { jobs[$0].payload }),
-              .int64Array(inserting.map { Int64(jobs[$0].priority) }),
-              .int64Array(inserting.map { Self.delay(jobs[$0].runTime) }),
-              .timestampArray(inserting.map { Self.date(jobs[$0].runTime) }),
-              .byteaArray(inserting.map { jobs[$0].deduplicationKey.map { Data($0.utf8) } }), now,
-            ])
+          let first = jobs[inserting[0]]
+          let uniform = inserting.allSatisfy { index in
+            let job = jobs[index]
+            return job.deduplicationKey == nil && job.priority == first.priority
+              && job.runTime == first.runTime
+          }
+          let rows =
+            uniform
+            ? try db.execute(
+              sql.insertUniform,
+              [
+                .text(queue), .byteaArray(inserting.map { jobs[$0].payload }), .int64(Int64(first.priority)),
+                Self.delay(first.runTime).map(PostgresValue.int64) ?? .null(oid: PostgresValue.int8OID),
+                .timestamp(Self.date(first.runTime)), now,
+              ])
+            : try db.execute(
+              sql.insert,
+              [
+                .text(queue), .byteaArray(inserting.map { jobs[$0].payload }),
+                .int64Array(inserting.map { Int64(jobs[$0].priority) }),
+                .int64Array(inserting.map { Self.delay(jobs[$0].runTime) }),
+                .timestampArray(inserting.map { Self.date(jobs[$0].runTime) }),
+                .byteaArray(inserting.map { jobs[$0].deduplicationKey.map { Data($0.utf8) } }), now,
+              ])
           // The IDs, and the wake-up's row (NULL).
           ids = (0..<rows.count).filter { !rows.isNull($0, 0) }.map { rows.int64($0, 0) }.sorted()
           guard ids.count == inserting.count else {

@@ -36,6 +36,7 @@ struct SQL {
   // the key of each connection's prepared statements. Built on every call, the claim's text alone
   // took a quarter of a one-job claim's time in the client.
   let insert: String
+  let insertUniform: String
   let insertOne: String
   let settle: String
   let complete: String
@@ -54,6 +55,7 @@ struct SQL {
     self.schema = schema
     channel = "\(name).jobs"
     insert = Self.insert(schema, channel: channel)
+    insertUniform = Self.insertUniform(schema, channel: channel)
     insertOne = Self.insertOne(schema, channel: channel)
     settle = Self.settle(schema)
     complete = Self.complete(schema)
@@ -284,6 +286,31 @@ struct SQL {
         LATERAL (SELECT CASE WHEN j.at IS NOT NULL THEN j.at
           WHEN j.delay IS NOT NULL THEN least(n.now + j.delay * interval '1 millisecond', \(Self.latest))
           ELSE n.now END AS run_at) AS r
+      ORDER BY j.ordinal
+      RETURNING id
+    )
+    SELECT id FROM inserted
+    UNION ALL SELECT NULL FROM (
+      SELECT \(schema).expect_inserted((SELECT count(*) FROM inserted), cardinality($2::bytea[])),
+        pg_notify('\(channel)', $1)
+    ) AS wake
+    """
+  }
+
+  /// Inserts a batch of jobs that share their priority and run time and have no deduplication key
+  /// (what `JobQueue.add` of several items sends), as ``insert(_:channel:)`` does, with one array:
+  /// the payloads. Returns the IDs and a NULL row. Parameters: queue, payloads, priority, delay
+  /// (ms), date, now.
+  static func insertUniform(_ schema: String, channel: String) -> String {
+    """
+    WITH inserted AS (
+      INSERT INTO \(schema).jobs (queue, payload, status, priority, run_at, created_at)
+      SELECT $1, j.payload, CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END, $3, r.run_at, n.now
+      FROM (SELECT \(Self.now(6)) AS now) AS n,
+        LATERAL (SELECT CASE WHEN $5::timestamptz IS NOT NULL THEN $5::timestamptz
+          WHEN $4::int8 IS NOT NULL THEN least(n.now + $4::int8 * interval '1 millisecond', \(Self.latest))
+          ELSE n.now END AS run_at) AS r,
+        unnest($2::bytea[]) WITH ORDINALITY AS j(payload, ordinal)
       ORDER BY j.ordinal
       RETURNING id
     )

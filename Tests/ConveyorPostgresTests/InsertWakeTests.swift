@@ -43,6 +43,15 @@ struct InsertWakeTests {
         [NewJob(payload: Data("x".utf8))], queue: "by-store", clock: SystemJobClock())
       #expect(try await heard("by-store", on: listener), "the store's add \(round) woke the workers")
     }
+    // Batches: of like jobs (one array of payloads), and of jobs with keys (the general statement).
+    _ = try await store.enqueue(
+      [NewJob(payload: Data("a".utf8)), NewJob(payload: Data("b".utf8))], queue: "by-batch",
+      clock: SystemJobClock())
+    #expect(try await heard("by-batch", on: listener), "the store's batch of like jobs woke the workers")
+    _ = try await store.enqueue(
+      [NewJob(payload: Data("a".utf8), deduplicationKey: "a"), NewJob(payload: Data("b".utf8))],
+      queue: "by-keyed-batch", clock: SystemJobClock())
+    #expect(try await heard("by-keyed-batch", on: listener), "the store's batch with a key woke the workers")
     let app = try AdminConnection(url)
     try app.query("SELECT \(schema).enqueue('by-function', 'x')")
     #expect(try await heard("by-function", on: listener), "enqueue() woke the workers")

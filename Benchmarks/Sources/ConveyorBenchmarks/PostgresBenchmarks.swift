@@ -21,6 +21,7 @@ func runPostgresBenchmarks() async throws {
   let only = ProcessInfo.processInfo.environment["CONVEYOR_BENCH_POSTGRES"]
   if only == "hop" { return try await bench.runHop() }
   if only == "drain" { return try await bench.runSingleDrains() }
+  if only == "insert100" { return try await bench.runBatchInsert() }
   if only == nil || only == "store" { try await bench.runStoreSection() }
   if only == nil || only == "queue" { try await bench.runQueueSection() }
   if only == nil || only == "backlog" { try await bench.runBacklogSection() }
@@ -70,6 +71,19 @@ private struct PostgresBench {
         ))
     }
     await store.close()
+  }
+
+  /// Only the row of adds 100 per call, for profiling it alone (CONVEYOR_BENCH_POSTGRES=insert100).
+  func runBatchInsert() async throws {
+    let (store, raw) = try await interleaved {
+      try await storeInsert(batched, batch: 100)
+    } baseline: {
+      try rawInsert(batched, batch: 100)
+    }
+    Comparison(
+      name: "store enqueue, 100 per call", count: batched, seconds: store,
+      baselineName: "raw insert, 100 per transaction", baselineSeconds: raw, goal: 0.5
+    ).print()
   }
 
   /// Only the unbatched claim-and-complete rows, at 1 and 4 connections, for profiling them
