@@ -174,7 +174,8 @@ final class Connection {
   private var preparedCount = 0
 
   private struct PreparedKey: Hashable {
-    var sql: String
+    /// By its bytes: see `ExactText`.
+    var sql: ExactText
     var types: [UInt32]
   }
 
@@ -284,7 +285,7 @@ final class Connection {
   /// The name of `sql` prepared with these parameter types on this connection, preparing it the
   /// first time. Preparing commits nothing: a connection lost here leaves no doubt.
   private func prepare(_ sql: String, types: [UInt32]) throws -> String {
-    let key = PreparedKey(sql: sql, types: types)
+    let key = PreparedKey(sql: ExactText(sql), types: types)
     if let name = prepared[key] { return name }
     let name = "conveyor_\(preparedCount + 1)"
     // `execute` checked that the count fits the protocol's 16 bits.

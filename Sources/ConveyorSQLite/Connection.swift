@@ -1,4 +1,5 @@
 import CSQLite
+import Conveyor
 import Foundation
 import Synchronization
 
@@ -18,11 +19,11 @@ enum SQLiteValue {
 final class Connection {
   /// The sqlite3 handle; immutable for the connection's life; not to be used after ``close()``.
   let handle: OpaquePointer
-  private var statements: [SQLText: Statement] = [:]
+  private var statements: [ExactText: Statement] = [:]
   /// The statements used most recently, looked up before `statements`: the hot calls pass the
   /// same string constants each time, which compare equal at once (same storage), where the
   /// dictionary hashed the whole text (a few hundred bytes) on every statement of every call.
-  private var recent: [(sql: SQLText, statement: Statement)] = []
+  private var recent: [(sql: ExactText, statement: Statement)] = []
   /// Queue names this connection has recorded in the `queues` table (rows there are never
   /// deleted), so an enqueue records its queue once per connection, not once per call.
   var notedQueues: Set<String> = []
@@ -155,7 +156,7 @@ final class Connection {
 
   /// Returns the cached prepared statement for `sql`, preparing it on first use.
   func statement(_ sql: String) throws -> Statement {
-    let text = SQLText(sql)
+    let text = ExactText(sql)
     for entry in recent where entry.sql == text { return entry.statement }
     let statement: Statement
     if let cached = statements[text] {
@@ -168,33 +169,6 @@ final class Connection {
     if recent.count == Self.recentStatements { recent.removeFirst() }
     recent.append((text, statement))
     return statement
-  }
-
-  /// SQL text compared and hashed by its UTF-8 bytes. (`String` compares canonically equivalent
-  /// texts as equal, such as a precomposed and a decomposed "é": they are different SQL, and
-  /// must not share a prepared statement.)
-  struct SQLText: Hashable {
-    let text: String
-
-    init(_ text: String) { self.text = text }
-
-    static func == (a: SQLText, b: SQLText) -> Bool {
-      guard a.text.utf8.count == b.text.utf8.count else { return false }
-      // The same storage (the same string constant, as the hot calls pass) is equal at once.
-      let same = a.text.utf8.withContiguousStorageIfAvailable { first in
-        b.text.utf8.withContiguousStorageIfAvailable { second in
-          first.baseAddress == second.baseAddress || first.elementsEqual(second)
-        }
-      }
-      return (same ?? nil) ?? a.text.utf8.elementsEqual(b.text.utf8)
-    }
-
-    func hash(into hasher: inout Hasher) {
-      let hashed: Void? = text.utf8.withContiguousStorageIfAvailable {
-        hasher.combine(bytes: UnsafeRawBufferPointer($0))
-      }
-      if hashed == nil { for byte in text.utf8 { hasher.combine(byte) } }
-    }
   }
 
   /// How many statements ``statement(_:)`` looks up without hashing.

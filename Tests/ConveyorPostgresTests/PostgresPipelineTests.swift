@@ -10,6 +10,23 @@ import Testing
 /// it waits in.
 @Suite("PostgreSQL pipelines")
 struct PostgresPipelineTests {
+  // Failed before the fix: prepared statements were found by `String` equality, which takes
+  // canonically equivalent texts (a precomposed and a decomposed "é") for one, so the second text
+  // ran the first one's statement (the same defect the review found in the SQLite store's cache).
+  @Test func textsThatDifferOnlyInTheirUnicodeFormGetStatementsOfTheirOwn() async throws {
+    let server = try await PostgresServer.shared()
+    let connection = try Connection(conninfo: server.url, scrubber: Scrubber(secrets: []))
+    let composed = "SELECT '\u{e9}' || $1::text"
+    let decomposed = "SELECT 'e\u{301}' || $1::text"
+    #expect(composed == decomposed, "Swift calls them equal")
+    let first = try connection.execute(composed, [.text("!")]).text(0, 0)
+    let second = try connection.execute(decomposed, [.text("!")]).text(0, 0)
+    #expect(first.map { Array($0.utf8) } == Array("\u{e9}!".utf8))
+    #expect(
+      second.map { Array($0.utf8) } == Array("e\u{301}!".utf8),
+      "the decomposed text ran the other's statement")
+  }
+
   @Test func aFailingStatementRollsBackTheWholePipelineAndTheConnectionStaysUsable() async throws {
     let server = try await PostgresServer.shared()
     let schema = uniqueSchema("pipe")

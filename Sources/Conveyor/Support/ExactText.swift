@@ -1,0 +1,27 @@
+/// Text compared and hashed by its UTF-8 bytes, for the stores' caches of prepared statements.
+///
+/// `String` compares canonically equivalent texts as equal, such as a precomposed and a decomposed
+/// "é": as SQL they are different statements, and must not share a prepared one.
+package struct ExactText: Hashable, Sendable {
+  package let text: String
+
+  package init(_ text: String) { self.text = text }
+
+  package static func == (a: ExactText, b: ExactText) -> Bool {
+    guard a.text.utf8.count == b.text.utf8.count else { return false }
+    // The same storage (the same string constant, as the hot calls pass) is equal at once.
+    let same = a.text.utf8.withContiguousStorageIfAvailable { first in
+      b.text.utf8.withContiguousStorageIfAvailable { second in
+        first.baseAddress == second.baseAddress || first.elementsEqual(second)
+      }
+    }
+    return (same ?? nil) ?? a.text.utf8.elementsEqual(b.text.utf8)
+  }
+
+  package func hash(into hasher: inout Hasher) {
+    let hashed: Void? = text.utf8.withContiguousStorageIfAvailable {
+      hasher.combine(bytes: UnsafeRawBufferPointer($0))
+    }
+    if hashed == nil { for byte in text.utf8 { hasher.combine(byte) } }
+  }
+}
