@@ -79,7 +79,10 @@ struct MultiProcessTests {
   @Test func restartedWorkerRecoversAfterConcurrentKill() async throws {
     let folder = try TemporaryFolder()
     let database = folder.path("restart.sqlite")
-    let ids = try await enqueue(1_000, into: database)
+    // Enough jobs that the two workers are still busy when the victim is killed: with 1,000, a
+    // faster engine let the victim finish them all and exit cleanly before the kill (seen once in
+    // three fresh-clone runs: "exitStatus() != 0" failed).
+    let ids = try await enqueue(5_000, into: database)
     let extra = ["--lease-ms", "1500", "--handle-ms", "1", "--concurrency", "10"]
     // The victim starts first, so the steady worker cannot drain everything before it gets going.
     let victim = try WorkerProcess(database: database, folder: folder, name: "victim", extra: extra)
