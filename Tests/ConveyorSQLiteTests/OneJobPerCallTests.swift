@@ -20,6 +20,9 @@ struct OneJobPerCallTests {
   /// Whether the job with `id` is committed, as another connection sees it.
   private static func committed(_ id: JobID, path: String) throws -> Bool {
     let other = try Connection(path: path, create: false)
+    // A new reader can meet the store's write at a moment SQLite answers "locked" (seen once in a
+    // fresh-clone run): it waits, as any reader of a shared file should.
+    other.setLockWait(milliseconds: 10_000)
     return try other.scalar("SELECT count(*) FROM jobs WHERE id = ?", .integer(id.rawValue)) == 1
   }
 
