@@ -289,6 +289,15 @@ struct SQL {
       ORDER BY j.ordinal
       RETURNING id
     )
+    \(insertedAndWake(schema, channel: channel))
+    """
+  }
+
+  /// The end of both batch inserts: the IDs of the rows `inserted` (a CTE) holds, then a row with
+  /// a NULL ID from the check that no trigger dropped a row of the `$2` payloads and the wake-up
+  /// of queue `$1`.
+  private static func insertedAndWake(_ schema: String, channel: String) -> String {
+    """
     SELECT id FROM inserted
     UNION ALL SELECT NULL FROM (
       SELECT \(schema).expect_inserted((SELECT count(*) FROM inserted), cardinality($2::bytea[])),
@@ -314,11 +323,7 @@ struct SQL {
       ORDER BY j.ordinal
       RETURNING id
     )
-    SELECT id FROM inserted
-    UNION ALL SELECT NULL FROM (
-      SELECT \(schema).expect_inserted((SELECT count(*) FROM inserted), cardinality($2::bytea[])),
-        pg_notify('\(channel)', $1)
-    ) AS wake
+    \(insertedAndWake(schema, channel: channel))
     """
   }
 

@@ -17,14 +17,7 @@ struct BatchInsertTests {
     let store = try await PostgresJobStore.open(
       url: server.url, options: .init(schema: uniqueSchema("like"), clock: .caller))
     let clock = ManualJobClock(start: Date(timeIntervalSince1970: 1_800_000_000.123))
-    let times: [RunTime] = [
-      .now, .after(.zero), .after(.milliseconds(-5000)), .after(.seconds(3600)), .after(.milliseconds(1)),
-      .after(.seconds(Int64.max)), .after(JobStoreTime.longestDelay), .at(.distantPast), .at(.distantFuture),
-      .at(Date(timeIntervalSince1970: -1e15)), .at(Date(timeIntervalSince1970: 1e15)),
-      .at(Date(timeIntervalSince1970: .infinity)), .at(Date(timeIntervalSince1970: -.infinity)),
-      .at(clock.now().addingTimeInterval(-3600)), .at(clock.now().addingTimeInterval(3600.0004)),
-      .at(clock.now()),
-    ]
+    let times = RunTime.edgeCases(around: clock.now())
     for (index, time) in times.enumerated() {
       let priority = index - 5
       let texts = (0..<5).map { "like-\(index)-\($0)" }

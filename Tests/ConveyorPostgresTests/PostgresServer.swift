@@ -1,4 +1,5 @@
 import CLibPQ
+import Conveyor
 import Foundation
 import Synchronization
 
@@ -330,6 +331,21 @@ final class AdminConnection {
 /// A schema name no other test uses.
 func uniqueSchema(_ prefix: String = "t") -> String {
   "\(prefix)_\(UInt64.random(in: 0...UInt64.max) % 1_000_000_000_000)"
+}
+
+extension RunTime {
+  /// Run times at the edges a store must store as the other statements do: now, zero and negative
+  /// delays, delays past any date, the distant past and future, dates no store can hold, infinities,
+  /// and dates an hour around `now` (one with a fraction of a millisecond).
+  static func edgeCases(around now: Date) -> [RunTime] {
+    [
+      .now, .after(.zero), .after(.milliseconds(-5000)), .after(.seconds(3600)), .after(.milliseconds(1)),
+      .after(.seconds(Int64.max)), .after(JobStoreTime.longestDelay), .at(.distantPast), .at(.distantFuture),
+      .at(Date(timeIntervalSince1970: -1e15)), .at(Date(timeIntervalSince1970: 1e15)),
+      .at(Date(timeIntervalSince1970: .infinity)), .at(Date(timeIntervalSince1970: -.infinity)),
+      .at(now.addingTimeInterval(-3600)), .at(now.addingTimeInterval(3600.0004)), .at(now),
+    ]
+  }
 }
 
 /// Waits (up to 30 s) for `condition`; a condition that throws counts as not yet met.

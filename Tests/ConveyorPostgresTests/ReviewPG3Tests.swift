@@ -282,14 +282,7 @@ struct ReviewPG3Tests {
     let schema = uniqueSchema("pg3one")
     let store = try await openStore(server, schema: schema, clock: .caller)
     let clock = ManualJobClock(start: Date(timeIntervalSince1970: 1_800_000_000.123))
-    let times: [RunTime] = [
-      .now, .after(.zero), .after(.milliseconds(-5000)), .after(.seconds(3600)), .after(.milliseconds(1)),
-      .after(.seconds(Int64.max)), .after(JobStoreTime.longestDelay), .at(.distantPast), .at(.distantFuture),
-      .at(Date(timeIntervalSince1970: -1e15)), .at(Date(timeIntervalSince1970: 1e15)),
-      .at(Date(timeIntervalSince1970: .infinity)), .at(Date(timeIntervalSince1970: -.infinity)),
-      .at(clock.now().addingTimeInterval(-3600)), .at(clock.now().addingTimeInterval(3600.0004)),
-      .at(clock.now()),
-    ]
+    let times = RunTime.edgeCases(around: clock.now())
     for (index, time) in times.enumerated() {
       let single = try await store.enqueue(
         [job("p\(index)", runTime: time, key: "s\(index)", priority: index - 5)], queue: "one", clock: clock)

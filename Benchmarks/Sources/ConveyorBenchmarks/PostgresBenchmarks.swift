@@ -128,15 +128,7 @@ private struct PostgresBench {
       baselineName: "raw insert + NOTIFY, 1 per txn", baselineSeconds: raw, goal: 0.7
     ).print()
 
-    (store, raw) = try await interleaved {
-      try await storeInsert(batched, batch: 100)
-    } baseline: {
-      try rawInsert(batched, batch: 100)
-    }
-    Comparison(
-      name: "store enqueue, 100 per call", count: batched, seconds: store,
-      baselineName: "raw insert, 100 per transaction", baselineSeconds: raw, goal: 0.5
-    ).print()
+    try await runBatchInsert()
 
     var storeTimes: [Int: Double] = [:]
     var rawTimes: [Int: Double] = [:]
