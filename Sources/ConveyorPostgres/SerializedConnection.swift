@@ -26,6 +26,9 @@ final class SerializedConnection: @unchecked Sendable {
   private let conninfo: String
   private let scrubber: Scrubber
   private let reconnectTimeout: Duration
+  /// How long a caller may wait on its own thread for its call's answer before it suspends (see
+  /// ``Handoff/waitBriefly(for:)``); zero: never.
+  private let answerWait: Duration
   /// How long one run of a block may take before its socket is shut down; nil: no limit.
   private let callTimeout: Duration?
   /// Run on each new connection before it is used (session settings).
@@ -72,10 +75,12 @@ final class SerializedConnection: @unchecked Sendable {
 
   init(
     label: String, conninfo: String, scrubber: Scrubber, reconnectTimeout: Duration,
-    callTimeout: Duration? = nil,
+    callTimeout: Duration? = nil, answerWait: Duration = .zero, callsInFlight: CallsInFlight = .process,
     setup: @escaping @Sendable (Connection) throws -> Void
   ) {
     self.callTimeout = callTimeout
+    self.answerWait = min(max(answerWait, .zero), .milliseconds(5))
+    self.callsInFlight = callsInFlight
     self.thread = StoreThread(name: label, spins: 50)
     self.conninfo = conninfo
     self.scrubber = scrubber
@@ -116,7 +121,9 @@ final class SerializedConnection: @unchecked Sendable {
     }
   }
 
-  /// Runs `body` on the connection's thread without blocking the calling thread.
+  /// Runs `body` on the connection's thread; the calling thread waits for the answer at most
+  /// `answerWait`, and only while no other call is in flight (see ``Handoff/waitBriefly(for:)``),
+  /// then suspends.
   ///
   /// - Parameters:
   ///   - idempotent: Whether `body` may run again after the connection broke during a commit.
@@ -126,22 +133,40 @@ final class SerializedConnection: @unchecked Sendable {
   ) async throws -> T {
     try Task.checkCancellation()
     let operation = Operation()
+    let handoff = Handoff<T>(callsInFlight)
     return try await withTaskCancellationHandler {
-      try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<T, any Error>) in
-        thread.submit {
-          guard operation.start() else {
-            continuation.resume(throwing: CancellationError())
-            return
-          }
-          let result = Result { try self.run(idempotent: idempotent, retrying: retrying, operation, body) }
-          let cancelled = operation.finish()
-          if cancelled, case .failure(let error as PostgresError) = result, error.sqlState == "57014" {
-            continuation.resume(throwing: CancellationError())
-          } else {
-            continuation.resume(with: result)
-          }
+      thread.submit {
+        guard operation.start() else {
+          handoff.deliver(.failure(CancellationError()))
+          return
+        }
+        let start = ContinuousClock.now
+        let result = Result { try self.run(idempotent: idempotent, retrying: retrying, operation, body) }
+        self.lastRun.store(Self.microseconds(ContinuousClock.now - start), ordering: .relaxed)
+        let cancelled = operation.finish()
+        if cancelled, case .failure(let error as PostgresError) = result, error.sqlState == "57014" {
+          handoff.deliver(.failure(CancellationError()))
+        } else {
+          handoff.deliver(result)
         }
       }
+      // A connection whose last call took longer than the wait (a batch, a slow server) is not
+      // waited for: the caller would only spend the wait.
+      if answerWait > .zero, lastRun.load(ordering: .relaxed) < Self.microseconds(answerWait),
+        let result = handoff.waitBriefly(for: answerWait)
+      {
+        answeredWhileWaiting.add(1, ordering: .relaxed)
+        // The caller did not suspend. A loop of calls answered this way would keep its thread
+        // from the pool's other tasks: once a millisecond, it lets them run.
+        let now = DispatchTime.now().uptimeNanoseconds
+        if now &- lastSuspension.load(ordering: .relaxed) > 1_000_000 {
+          lastSuspension.store(now, ordering: .relaxed)
+          await Task.yield()
+        }
+        return try result.get()
+      }
+      lastSuspension.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
+      return try await withUnsafeThrowingContinuation { handoff.park($0) }
     } onCancel: {
       operation.cancel()
       sendCancel(operation, since: .now)
@@ -242,6 +267,104 @@ final class SerializedConnection: @unchecked Sendable {
   private func drop() {
     cancelHandle.withLock { $0 = nil }
     connection = nil
+  }
+
+  /// When a caller last suspended (or yielded), in `DispatchTime` nanoseconds.
+  private let lastSuspension = Atomic<UInt64>(0)
+  /// How long the last block took to run, in microseconds.
+  private let lastRun = Atomic<Int>(0)
+
+  /// Whole microseconds of `duration`, at most a day's (a lasting call is long enough).
+  private static func microseconds(_ duration: Duration) -> Int {
+    let (seconds, attoseconds) = duration.components
+    return Int(min(max(seconds, 0), 86_400)) * 1_000_000 + Int(attoseconds / 1_000_000_000_000)
+  }
+
+  /// Calls submitted and not yet answered: of the whole process (``process``), on every
+  /// connection, unless a test gives a connection a count of its own.
+  final class CallsInFlight: Sendable {
+    let count = Atomic<Int>(0)
+    /// The process's count.
+    static let process = CallsInFlight()
+  }
+
+  /// The calls in flight this connection's callers look at before they wait.
+  private let callsInFlight: CallsInFlight
+  /// Calls whose answer the caller took while it waited (see ``Handoff/waitBriefly(for:)``):
+  /// for tests.
+  let answeredWhileWaiting = Atomic<Int>(0)
+
+  /// A call's answer, passed from the store's thread to its caller: taken by the caller while it
+  /// waits briefly for it, or given to the caller's continuation once it suspended.
+  private final class Handoff<T: Sendable>: Sendable {
+    private enum State {
+      case pending
+      case answered(Result<T, any Error>)
+      case parked(UnsafeContinuation<T, any Error>)
+      case done
+    }
+    private let state = Mutex(State.pending)
+    /// Set after the answer is stored: what a waiting caller reads without taking the lock.
+    private let answered = Atomic<Bool>(false)
+
+    private let callsInFlight: CallsInFlight
+
+    init(_ callsInFlight: CallsInFlight) {
+      self.callsInFlight = callsInFlight
+      callsInFlight.count.add(1, ordering: .relaxed)
+    }
+
+    /// Stores the answer, or resumes the parked caller with it. On the store's thread.
+    func deliver(_ result: Result<T, any Error>) {
+      callsInFlight.count.subtract(1, ordering: .relaxed)
+      let parked = state.withLock { state -> UnsafeContinuation<T, any Error>? in
+        switch state {
+        case .parked(let continuation):
+          state = .done
+          return continuation
+        default:
+          state = .answered(result)
+          return nil
+        }
+      }
+      if let parked { parked.resume(with: result) } else { answered.store(true, ordering: .releasing) }
+    }
+
+    /// Waits up to `limit` on the calling thread, yielding the processor, for the answer, while
+    /// no other call of the process is in flight; returns nil when the wait ends without it.
+    ///
+    /// A call answered within the wait returns without suspending: no wake-up of a parked
+    /// thread of the cooperative pool, and the caller's next call finds the store's thread still
+    /// polling for work. Each costs tens of microseconds on a virtual machine. The wait ends as
+    /// soon as a second call is in flight, so that concurrent calls keep the pool's threads.
+    func waitBriefly(for limit: Duration) -> Result<T, any Error>? {
+      guard limit > .zero else { return nil }
+      let deadline = ContinuousClock.now + limit
+      while !answered.load(ordering: .acquiring) {
+        if ContinuousClock.now >= deadline || callsInFlight.count.load(ordering: .relaxed) > 1 {
+          return nil
+        }
+        sched_yield()
+      }
+      return state.withLock { state in
+        guard case .answered(let result) = state else { return nil }
+        state = .done
+        return result
+      }
+    }
+
+    /// Gives the answer to `continuation`, now or when it comes.
+    func park(_ continuation: UnsafeContinuation<T, any Error>) {
+      let result = state.withLock { state -> Result<T, any Error>? in
+        if case .answered(let result) = state {
+          state = .done
+          return result
+        }
+        state = .parked(continuation)
+        return nil
+      }
+      if let result { continuation.resume(with: result) }
+    }
   }
 
   /// The state of one queued block, shared between the block and the cancellation handler.

@@ -554,10 +554,38 @@ private final class RawConnection {
     guard sent == 1 else { throw BenchmarkFailure("send \(name): \(error)") }
   }
 
+  /// Whether raw connections wait for answers by polling the socket, yielding the processor,
+  /// instead of sleeping in libpq (`CONVEYOR_BENCH_PG_RAW_WAIT=spin`): a baseline that keeps its
+  /// processor awake, as the store's lone caller does while it waits for its answer.
+  static let spins = ProcessInfo.processInfo.environment["CONVEYOR_BENCH_PG_RAW_WAIT"] == "spin"
+
+  /// With ``spins``, polls until libpq has a whole result to return (`PQgetResult` then does
+  /// not sleep); without, returns at once.
+  func awaitResult() {
+    guard Self.spins else { return }
+    while PQisBusy(handle) == 1 {
+      guard PQconsumeInput(handle) == 1 else { return }
+      if PQisBusy(handle) == 1 { sched_yield() }
+    }
+  }
+
+  /// `PQgetResult`, after ``awaitResult()``.
+  func nextResult() -> OpaquePointer? {
+    awaitResult()
+    return PQgetResult(handle)
+  }
+
   /// Runs a prepared statement and returns its result (freed by the caller with PQclear).
   func run(_ name: String, _ parameters: [[UInt8]?]) throws -> OpaquePointer {
-    let result = withParameters(parameters) { values, lengths, formats in
-      PQexecPrepared(handle, name, Int32(parameters.count), values, lengths, formats, 1)
+    let result: OpaquePointer?
+    if Self.spins {
+      try send(name, parameters)
+      result = nextResult()
+      while let extra = nextResult() { PQclear(extra) }
+    } else {
+      result = withParameters(parameters) { values, lengths, formats in
+        PQexecPrepared(handle, name, Int32(parameters.count), values, lengths, formats, 1)
+      }
     }
     guard let result else { throw BenchmarkFailure("\(name): \(error)") }
     let status = PQresultStatus(result)
@@ -714,7 +742,7 @@ private final class RawQueue {
       let statements = previous.isEmpty ? 3 : 4
       var claimed: [(id: Int64, token: Int64)] = []
       for index in 0..<statements {
-        while let result = PQgetResult(handle) {
+        while let result = connection.nextResult() {
           defer { PQclear(result) }
           let status = PQresultStatus(result)
           guard status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK else {
@@ -735,7 +763,7 @@ private final class RawQueue {
           }
         }
       }
-      guard let sync = PQgetResult(handle), PQresultStatus(sync) == PGRES_PIPELINE_SYNC else {
+      guard let sync = connection.nextResult(), PQresultStatus(sync) == PGRES_PIPELINE_SYNC else {
         throw BenchmarkFailure("no pipeline sync")
       }
       PQclear(sync)

@@ -1,0 +1,143 @@
+import Conveyor
+import Foundation
+import Synchronization
+import Testing
+
+@testable import ConveyorPostgres
+
+/// A lone caller waits briefly on its own thread for its answer (`answerWait`) instead of
+/// suspending at once; libpq still runs on the store's thread, and a caller never waits while
+/// another call is in flight or when its connection's last call took longer than the wait.
+///
+/// Each test gives its connections a count of calls in flight of their own, so that the other
+/// suites' calls (which run in the same process) do not decide whether these callers wait.
+@Suite("PostgreSQL callers waiting briefly for their answer")
+struct AnswerWaitTests {
+  static func connection(
+    _ server: PostgresServer, answerWait: Duration, calls: SerializedConnection.CallsInFlight
+  ) -> SerializedConnection {
+    SerializedConnection(
+      label: "AnswerWaitTests", conninfo: server.url, scrubber: Scrubber(secrets: []),
+      reconnectTimeout: .seconds(10), answerWait: answerWait, callsInFlight: calls
+    ) { _ in }
+  }
+
+  static func selectOne(_ connection: SerializedConnection) async throws -> Int64 {
+    try await connection.perform(idempotent: true) { try $0.execute("SELECT 1::int8").int64(0, 0) }
+  }
+
+  @Test func aLoneCallerTakesItsAnswersWithoutSuspending() async throws {
+    let server = try await PostgresServer.shared()
+    let waiting = Self.connection(server, answerWait: .milliseconds(5), calls: .init())
+    let suspending = Self.connection(server, answerWait: .zero, calls: .init())
+    for _ in 0..<100 {
+      #expect(try await Self.selectOne(waiting) == 1)
+      #expect(try await Self.selectOne(suspending) == 1)
+    }
+    // A round trip to a local server takes well under 5 ms: most answers came while waiting.
+    // (Before the change every caller suspended: none did.)
+    let answered = waiting.answeredWhileWaiting.load(ordering: .relaxed)
+    #expect(answered >= 10, "\(answered) of 100 answers taken while waiting")
+    #expect(suspending.answeredWhileWaiting.load(ordering: .relaxed) == 0, "a zero wait never waits")
+    await waiting.close()
+    await suspending.close()
+  }
+
+  @Test func noCallerWaitsWhileAnotherCallIsInFlight() async throws {
+    let server = try await PostgresServer.shared()
+    let calls = SerializedConnection.CallsInFlight()
+    let slow = Self.connection(server, answerWait: .milliseconds(5), calls: calls)
+    let quick = Self.connection(server, answerWait: .milliseconds(5), calls: calls)
+    // A call that lasts until it is cancelled.
+    let sleeping = Task {
+      try await slow.perform(idempotent: true) { _ = try $0.execute("SELECT pg_sleep(60)") }
+    }
+    while calls.count.load(ordering: .relaxed) == 0 { try await Task.sleep(for: .milliseconds(1)) }
+    for _ in 0..<20 { #expect(try await Self.selectOne(quick) == 1) }
+    // The sleep was in flight for each of them: none waited.
+    #expect(calls.count.load(ordering: .relaxed) == 1, "the sleep outlasts the quick calls")
+    #expect(quick.answeredWhileWaiting.load(ordering: .relaxed) == 0)
+    sleeping.cancel()
+    await #expect(throws: CancellationError.self) { try await sleeping.value }
+    #expect(calls.count.load(ordering: .relaxed) == 0)
+    // Alone again, the quick caller waits.
+    for _ in 0..<100 where quick.answeredWhileWaiting.load(ordering: .relaxed) == 0 {
+      #expect(try await Self.selectOne(quick) == 1)
+    }
+    #expect(quick.answeredWhileWaiting.load(ordering: .relaxed) > 0)
+    await slow.close()
+    await quick.close()
+  }
+
+  @Test func aConnectionWhoseLastCallOutlastedTheWaitIsNotWaitedFor() async throws {
+    let server = try await PostgresServer.shared()
+    let connection = Self.connection(server, answerWait: .milliseconds(5), calls: .init())
+    try await connection.perform(idempotent: true) { _ = try $0.execute("SELECT pg_sleep(0.05)") }
+    let before = connection.answeredWhileWaiting.load(ordering: .relaxed)
+    #expect(try await Self.selectOne(connection) == 1)
+    #expect(
+      connection.answeredWhileWaiting.load(ordering: .relaxed) == before,
+      "the call after a 50 ms one suspends at once")
+    await connection.close()
+  }
+
+  /// A loop of calls answered while waiting never suspends: it lets the other tasks of its
+  /// thread run now and then. Here the loop and a second task share a one-thread executor; the
+  /// second task runs before the loop ends.
+  @Test func aLoopOfWaitedCallsLetsOtherTasksOfItsThreadRun() async throws {
+    let server = try await PostgresServer.shared()
+    let connection = Self.connection(server, answerWait: .milliseconds(5), calls: .init())
+    let executor = OneThreadExecutor()
+    _ = try await Self.selectOne(connection)  // connects: that call outlasts the wait
+    let counts = Counts()
+    try await withTaskExecutorPreference(executor) { () async throws(any Error) -> Void in
+      for call in 0..<300 {
+        let one = try await Self.selectOne(connection)
+        counts.calls.withLock { $0 += one == 1 ? 1 : 1_000 }
+        if call == 0 {
+          Task(executorPreference: executor) {
+            counts.ranAfter.withLock { $0 = counts.calls.withLock { $0 } }
+          }
+        }
+      }
+    }
+    let after = try #require(
+      counts.ranAfter.withLock { $0 }, "the other task had not run when the loop ended")
+    #expect(after < 300, "it ran after \(after) calls")  // without the yield: after all 300
+    #expect(counts.calls.withLock { $0 } == 300, "every call answered 1")
+    await connection.close()
+  }
+
+  /// A caller that waits for its answer still ends at once when its task is cancelled.
+  @Test func aWaitingCallerIsCancelled() async throws {
+    let server = try await PostgresServer.shared()
+    let connection = Self.connection(server, answerWait: .milliseconds(5), calls: .init())
+    #expect(try await Self.selectOne(connection) == 1)
+    let started = ContinuousClock.now
+    let sleeping = Task {
+      try await connection.perform(idempotent: true) { _ = try $0.execute("SELECT pg_sleep(30)") }
+    }
+    try await Task.sleep(for: .milliseconds(100))
+    sleeping.cancel()
+    await #expect(throws: CancellationError.self) { try await sleeping.value }
+    #expect(ContinuousClock.now - started < .seconds(20), "the server's sleep was cancelled")
+    #expect(try await Self.selectOne(connection) == 1, "the connection is usable after")
+    await connection.close()
+  }
+}
+
+/// Calls made, and how many had been made when the other task ran.
+private final class Counts: Sendable {
+  let calls = Mutex(0)
+  let ranAfter = Mutex<Int?>(nil)
+}
+
+/// Runs jobs one at a time on one dispatch queue's thread.
+final class OneThreadExecutor: TaskExecutor {
+  private let queue = DispatchQueue(label: "AnswerWaitTests.OneThreadExecutor")
+
+  func enqueue(_ job: consuming ExecutorJob) {
+    let job = UnownedJob(job)
+    queue.async { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
+  }
+}
