@@ -70,8 +70,10 @@ public final class PostgresJobStore: JobStore {
     /// the answer (yielding the processor between looks) instead of suspending at once. A reply
     /// within the wait then costs no thread wake-ups: on a virtual machine the two wake-ups of a
     /// suspend and resume (the store's thread, then a thread of the cooperative pool) cost more
-    /// than the statement. Each call hands its pool thread back within this wait, and does not
-    /// wait at all while other calls run, so concurrent work keeps the pool.
+    /// than the statement. Each call hands its pool thread back within this wait, and no caller
+    /// waits while another call of the process is in flight or for 10 ms after calls overlapped
+    /// (several workers), so concurrent work keeps the pool and the processors; a loop of calls
+    /// answered this way lets the pool's other tasks run once a millisecond.
     public var answerWait: Duration
 
     /// Creates options.

@@ -26,9 +26,9 @@ final class SerializedConnection: @unchecked Sendable {
   private let conninfo: String
   private let scrubber: Scrubber
   private let reconnectTimeout: Duration
-  /// How long a caller may wait on its own thread for its call's answer before it suspends (see
-  /// ``Handoff/waitBriefly(for:)``); zero: never.
-  private let answerWait: Duration
+  /// How long a caller may wait on its own thread for its call's answer before it suspends, in
+  /// nanoseconds (see ``Handoff/waitBriefly(nanoseconds:)``); zero: never.
+  private let answerWait: UInt64
   /// How long one run of a block may take before its socket is shut down; nil: no limit.
   private let callTimeout: Duration?
   /// Run on each new connection before it is used (session settings).
@@ -79,7 +79,7 @@ final class SerializedConnection: @unchecked Sendable {
     setup: @escaping @Sendable (Connection) throws -> Void
   ) {
     self.callTimeout = callTimeout
-    self.answerWait = min(max(answerWait, .zero), .milliseconds(5))
+    self.answerWait = Self.nanoseconds(min(max(answerWait, .zero), .milliseconds(1)))
     self.callsInFlight = callsInFlight
     self.thread = StoreThread(name: label, spins: 50)
     self.conninfo = conninfo
@@ -122,8 +122,8 @@ final class SerializedConnection: @unchecked Sendable {
   }
 
   /// Runs `body` on the connection's thread; the calling thread waits for the answer at most
-  /// `answerWait`, and only while no other call is in flight (see ``Handoff/waitBriefly(for:)``),
-  /// then suspends.
+  /// `answerWait`, and only while no other call is in flight or overlapped another lately (see
+  /// ``Handoff/waitBriefly(nanoseconds:)``), then suspends.
   ///
   /// - Parameters:
   ///   - idempotent: Whether `body` may run again after the connection broke during a commit.
@@ -140,9 +140,9 @@ final class SerializedConnection: @unchecked Sendable {
           handoff.deliver(.failure(CancellationError()))
           return
         }
-        let start = ContinuousClock.now
+        let start = DispatchTime.now().uptimeNanoseconds
         let result = Result { try self.run(idempotent: idempotent, retrying: retrying, operation, body) }
-        self.lastRun.store(Self.microseconds(ContinuousClock.now - start), ordering: .relaxed)
+        self.lastRun.store(DispatchTime.now().uptimeNanoseconds &- start, ordering: .relaxed)
         let cancelled = operation.finish()
         if cancelled, case .failure(let error as PostgresError) = result, error.sqlState == "57014" {
           handoff.deliver(.failure(CancellationError()))
@@ -152,20 +152,26 @@ final class SerializedConnection: @unchecked Sendable {
       }
       // A connection whose last call took longer than the wait (a batch, a slow server) is not
       // waited for: the caller would only spend the wait.
-      if answerWait > .zero, lastRun.load(ordering: .relaxed) < Self.microseconds(answerWait),
-        let result = handoff.waitBriefly(for: answerWait)
-      {
-        answeredWhileWaiting.add(1, ordering: .relaxed)
-        // The caller did not suspend. A loop of calls answered this way would keep its thread
-        // from the pool's other tasks: once a millisecond, it lets them run.
-        let now = DispatchTime.now().uptimeNanoseconds
-        if now &- lastSuspension.load(ordering: .relaxed) > 1_000_000 {
-          lastSuspension.store(now, ordering: .relaxed)
-          await Task.yield()
+      if answerWait > 0, lastRun.load(ordering: .relaxed) < answerWait {
+        // Waits spend the pool's thread: after a millisecond of them, the caller lets the pool's
+        // other tasks run (it yields, or it parks because its wait was cut to what was left).
+        let used = min(callsInFlight.spent.load(ordering: .relaxed), CallsInFlight.waitBudget)
+        let limit = min(answerWait, CallsInFlight.waitBudget - used)
+        longestWait.max(limit, ordering: .relaxed)
+        let (answer, spent) = handoff.waitBriefly(nanoseconds: limit)
+        if let answer {
+          answeredWhileWaiting.add(1, ordering: .relaxed)
+          if callsInFlight.spent.wrappingAdd(spent, ordering: .relaxed).newValue >= CallsInFlight.waitBudget {
+            callsInFlight.spent.store(0, ordering: .relaxed)
+            budgetYields.add(1, ordering: .relaxed)
+            await Task.yield()
+          }
+          return try answer.get()
         }
-        return try result.get()
+        // The caller parks below: the budget starts again (also when it was used up to the
+        // last nanosecond and this caller could not wait at all).
+        if spent > 0 || used == CallsInFlight.waitBudget { callsInFlight.spent.store(0, ordering: .relaxed) }
       }
-      lastSuspension.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
       return try await withUnsafeThrowingContinuation { handoff.park($0) }
     } onCancel: {
       operation.cancel()
@@ -269,28 +275,68 @@ final class SerializedConnection: @unchecked Sendable {
     connection = nil
   }
 
-  /// When a caller last suspended (or yielded), in `DispatchTime` nanoseconds.
-  private let lastSuspension = Atomic<UInt64>(0)
-  /// How long the last block took to run, in microseconds.
-  private let lastRun = Atomic<Int>(0)
+  /// How long the last block took to run, in nanoseconds.
+  private let lastRun = Atomic<UInt64>(0)
+  /// The longest wait a caller was allowed, in nanoseconds: for tests.
+  let longestWait = Atomic<UInt64>(0)
+  /// Yields of callers whose waits used up ``CallsInFlight/waitBudget``: for tests.
+  let budgetYields = Atomic<Int>(0)
 
-  /// Whole microseconds of `duration`, at most a day's (a lasting call is long enough).
-  private static func microseconds(_ duration: Duration) -> Int {
+  /// Whole nanoseconds of a duration that is not negative, at most a day's.
+  static func nanoseconds(_ duration: Duration) -> UInt64 {
     let (seconds, attoseconds) = duration.components
-    return Int(min(max(seconds, 0), 86_400)) * 1_000_000 + Int(attoseconds / 1_000_000_000_000)
+    guard seconds >= 0 else { return 0 }
+    return UInt64(min(seconds, 86_400)) * 1_000_000_000 + UInt64(attoseconds / 1_000_000_000)
   }
 
   /// Calls submitted and not yet answered: of the whole process (``process``), on every
   /// connection, unless a test gives a connection a count of its own.
+  ///
+  /// Calls that overlap mark the process busy for a while (``busyFor``): concurrent callers
+  /// (several workers) come and go between each other's calls, and a caller that waited in such
+  /// a gap would take a processor their connections' servers need.
   final class CallsInFlight: Sendable {
     let count = Atomic<Int>(0)
+    /// Until when (`DispatchTime` nanoseconds) no caller waits: the last overlap plus ``busyFor``.
+    let busyUntil = Atomic<UInt64>(0)
+    /// How long an overlap of calls keeps callers from waiting, in nanoseconds.
+    let busyFor: UInt64
+    /// Nanoseconds callers waited for answers they took since the last of them suspended or
+    /// yielded. One caller waits at a time (``isQuiet``), so this is one thread's.
+    let spent = Atomic<UInt64>(0)
+    /// How long waits may hold a thread of the pool before its caller lets others run: 1 ms.
+    static let waitBudget: UInt64 = 1_000_000
     /// The process's count.
     static let process = CallsInFlight()
+
+    /// A count whose overlaps keep callers from waiting for `busyFor` (default 10 ms).
+    init(busyFor: Duration = .milliseconds(10)) {
+      self.busyFor = SerializedConnection.nanoseconds(busyFor)
+    }
+
+    /// Counts a new call; marks the process busy when another is in flight.
+    func begin() {
+      if count.wrappingAdd(1, ordering: .relaxed).newValue > 1 { markBusy() }
+    }
+
+    /// Counts an answered call.
+    func end() { count.subtract(1, ordering: .relaxed) }
+
+    func markBusy() {
+      busyUntil.store(DispatchTime.now().uptimeNanoseconds &+ busyFor, ordering: .relaxed)
+    }
+
+    /// Whether a caller may wait now: its call is the only one in flight, and none overlapped
+    /// another lately.
+    var isQuiet: Bool {
+      count.load(ordering: .relaxed) <= 1
+        && DispatchTime.now().uptimeNanoseconds >= busyUntil.load(ordering: .relaxed)
+    }
   }
 
   /// The calls in flight this connection's callers look at before they wait.
   private let callsInFlight: CallsInFlight
-  /// Calls whose answer the caller took while it waited (see ``Handoff/waitBriefly(for:)``):
+  /// Calls whose answer the caller took while it waited (see ``Handoff/waitBriefly(nanoseconds:)``):
   /// for tests.
   let answeredWhileWaiting = Atomic<Int>(0)
 
@@ -311,12 +357,12 @@ final class SerializedConnection: @unchecked Sendable {
 
     init(_ callsInFlight: CallsInFlight) {
       self.callsInFlight = callsInFlight
-      callsInFlight.count.add(1, ordering: .relaxed)
+      callsInFlight.begin()
     }
 
     /// Stores the answer, or resumes the parked caller with it. On the store's thread.
     func deliver(_ result: Result<T, any Error>) {
-      callsInFlight.count.subtract(1, ordering: .relaxed)
+      callsInFlight.end()
       let parked = state.withLock { state -> UnsafeContinuation<T, any Error>? in
         switch state {
         case .parked(let continuation):
@@ -330,27 +376,30 @@ final class SerializedConnection: @unchecked Sendable {
       if let parked { parked.resume(with: result) } else { answered.store(true, ordering: .releasing) }
     }
 
-    /// Waits up to `limit` on the calling thread, yielding the processor, for the answer, while
-    /// no other call of the process is in flight; returns nil when the wait ends without it.
+    /// Waits up to `limit` nanoseconds on the calling thread, yielding the processor, for the
+    /// answer, while no other call of the process is in flight and none overlapped another lately
+    /// (``CallsInFlight/isQuiet``). Returns the answer, or nil when the wait ended without it, and
+    /// the nanoseconds it waited.
     ///
     /// A call answered within the wait returns without suspending: no wake-up of a parked
     /// thread of the cooperative pool, and the caller's next call finds the store's thread still
     /// polling for work. Each costs tens of microseconds on a virtual machine. The wait ends as
     /// soon as a second call is in flight, so that concurrent calls keep the pool's threads.
-    func waitBriefly(for limit: Duration) -> Result<T, any Error>? {
-      guard limit > .zero else { return nil }
-      let deadline = ContinuousClock.now + limit
+    func waitBriefly(nanoseconds limit: UInt64) -> (Result<T, any Error>?, spent: UInt64) {
+      guard limit > 0, callsInFlight.isQuiet else { return (nil, 0) }
+      let start = DispatchTime.now().uptimeNanoseconds
+      var now = start
       while !answered.load(ordering: .acquiring) {
-        if ContinuousClock.now >= deadline || callsInFlight.count.load(ordering: .relaxed) > 1 {
-          return nil
-        }
+        if now &- start >= limit || !callsInFlight.isQuiet { return (nil, now &- start) }
         sched_yield()
+        now = DispatchTime.now().uptimeNanoseconds
       }
-      return state.withLock { state in
+      let answer = state.withLock { state -> Result<T, any Error>? in
         guard case .answered(let result) = state else { return nil }
         state = .done
         return result
       }
+      return (answer, now &- start)
     }
 
     /// Gives the answer to `continuation`, now or when it comes.

@@ -60,13 +60,39 @@ struct AnswerWaitTests {
     sleeping.cancel()
     await #expect(throws: CancellationError.self) { try await sleeping.value }
     #expect(calls.count.load(ordering: .relaxed) == 0)
-    // Alone again, the quick caller waits.
+    // Alone again, once the overlap is 10 ms old, the quick caller waits.
+    try await Task.sleep(for: .milliseconds(20))
     for _ in 0..<100 where quick.answeredWhileWaiting.load(ordering: .relaxed) == 0 {
       #expect(try await Self.selectOne(quick) == 1)
     }
     #expect(quick.answeredWhileWaiting.load(ordering: .relaxed) > 0)
     await slow.close()
     await quick.close()
+  }
+
+  /// Workers that take turns come and go between each other's calls: after calls overlap, no
+  /// caller waits for a while, even alone.
+  @Test func afterCallsOverlapNoCallerWaitsForAWhile() async throws {
+    let server = try await PostgresServer.shared()
+    let calls = SerializedConnection.CallsInFlight(busyFor: .seconds(60))
+    let quiet = SerializedConnection.CallsInFlight(busyFor: .seconds(60))
+    #expect(calls.isQuiet && quiet.isQuiet)
+    calls.begin()
+    calls.begin()  // two calls overlap
+    calls.end()
+    calls.end()
+    #expect(calls.count.load(ordering: .relaxed) == 0)
+    #expect(!calls.isQuiet, "an overlap keeps callers from waiting for busyFor")
+    let connection = Self.connection(server, answerWait: .milliseconds(5), calls: calls)
+    let alone = Self.connection(server, answerWait: .milliseconds(5), calls: quiet)
+    for _ in 0..<50 {
+      #expect(try await Self.selectOne(connection) == 1)
+      #expect(try await Self.selectOne(alone) == 1)
+    }
+    #expect(connection.answeredWhileWaiting.load(ordering: .relaxed) == 0)
+    #expect(alone.answeredWhileWaiting.load(ordering: .relaxed) > 0, "the same calls, never overlapped, wait")
+    await connection.close()
+    await alone.close()
   }
 
   @Test func aConnectionWhoseLastCallOutlastedTheWaitIsNotWaitedFor() async throws {
