@@ -62,7 +62,7 @@ public final class PostgresJobStore: JobStore {
     /// Default 60 seconds; nil waits as long as the server takes.
     public var callTimeout: Duration?
     /// How long a caller may wait on its own thread for the answer to its call before it
-    /// suspends. Default 400 µs, at most 5 ms (a longer value counts as 5 ms); `.zero` always
+    /// suspends. Default 400 µs, at most 1 ms (a longer value counts as 1 ms); `.zero` always
     /// suspends at once.
     ///
     /// libpq always runs on the store's thread. When a call is the only one of the process in
@@ -71,9 +71,9 @@ public final class PostgresJobStore: JobStore {
     /// within the wait then costs no thread wake-ups: on a virtual machine the two wake-ups of a
     /// suspend and resume (the store's thread, then a thread of the cooperative pool) cost more
     /// than the statement. Each call hands its pool thread back within this wait, and no caller
-    /// waits while another call of the process is in flight or for 10 ms after calls overlapped
-    /// (several workers), so concurrent work keeps the pool and the processors; a loop of calls
-    /// answered this way lets the pool's other tasks run once a millisecond.
+    /// waits while another call of the process is in flight or for 10 ms after calls stopped
+    /// overlapping (several workers), so concurrent work keeps the pool and the processors; after
+    /// waits add up to a millisecond, the caller that reaches it lets the pool's other tasks run.
     public var answerWait: Duration
 
     /// Creates options.

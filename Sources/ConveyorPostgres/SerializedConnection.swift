@@ -284,8 +284,8 @@ final class SerializedConnection: @unchecked Sendable {
 
   /// Whole nanoseconds of a duration that is not negative, at most a day's.
   static func nanoseconds(_ duration: Duration) -> UInt64 {
+    guard duration > .zero else { return 0 }
     let (seconds, attoseconds) = duration.components
-    guard seconds >= 0 else { return 0 }
     return UInt64(min(seconds, 86_400)) * 1_000_000_000 + UInt64(attoseconds / 1_000_000_000)
   }
 
@@ -301,8 +301,9 @@ final class SerializedConnection: @unchecked Sendable {
     let busyUntil = Atomic<UInt64>(0)
     /// How long an overlap of calls keeps callers from waiting, in nanoseconds.
     let busyFor: UInt64
-    /// Nanoseconds callers waited for answers they took since the last of them suspended or
-    /// yielded. One caller waits at a time (``isQuiet``), so this is one thread's.
+    /// Nanoseconds callers waited for answers they took since one of them that waited parked or
+    /// yielded. It is the process's, not a thread's: callers that take turns without overlapping
+    /// share it, so it bounds the waiting between two of those hand-backs across the process.
     let spent = Atomic<UInt64>(0)
     /// How long waits may hold a thread of the pool before its caller lets others run: 1 ms.
     static let waitBudget: UInt64 = 1_000_000
@@ -319,8 +320,11 @@ final class SerializedConnection: @unchecked Sendable {
       if count.wrappingAdd(1, ordering: .relaxed).newValue > 1 { markBusy() }
     }
 
-    /// Counts an answered call.
-    func end() { count.subtract(1, ordering: .relaxed) }
+    /// Counts an answered call; the end of an overlap marks the process busy again, so the window
+    /// runs from the end of the overlap, however long it lasted.
+    func end() {
+      if count.wrappingSubtract(1, ordering: .relaxed).oldValue > 1 { markBusy() }
+    }
 
     func markBusy() {
       busyUntil.store(DispatchTime.now().uptimeNanoseconds &+ busyFor, ordering: .relaxed)
