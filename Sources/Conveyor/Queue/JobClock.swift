@@ -104,7 +104,10 @@ enum DispatchSleep {
         guard sleeper.install(continuation) else {
           return continuation.resume(throwing: CancellationError())
         }
-        timers.asyncAfter(deadline: .now() + .nanoseconds(Int(nanoseconds))) {
+        // `Int` is 32 bits on watchOS: a delay it cannot hold in nanoseconds goes in seconds.
+        let delay: DispatchTimeInterval =
+          nanoseconds <= Int64(Int.max) ? .nanoseconds(Int(nanoseconds)) : .seconds(Int(clamping: seconds))
+        timers.asyncAfter(deadline: .now() + delay) {
           sleeper.finish(.success(()))
         }
       }
