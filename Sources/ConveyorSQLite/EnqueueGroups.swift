@@ -10,7 +10,16 @@ import Synchronization
 #endif
 
 /// Enqueue calls that wait for a group commit: the calls that arrive while the connection is
-/// busy are committed together, in one transaction, by one block on the connection's thread.
+/// busy are committed together, in one transaction.
+///
+/// A small call that finds no other add under way *leads*: it commits its own jobs on its
+/// caller's thread (see ``SerializedConnection/tryInline(_:waitingForInlineCalls:cancellable:)``),
+/// then commits, on that thread too, the calls that queued up behind it meanwhile, a few rounds
+/// at most. Calls that cannot be committed there (too large, another process holds the lock, a
+/// checkpoint waits, an error) are handed to one block on the connection's thread, which
+/// commits whatever waits, group after group, until none comes. So concurrent adders cost one
+/// transaction per group and no trip to the store's thread, where each call used to cost two
+/// thread wake-ups.
 ///
 /// When any call fails (a constraint, a trigger, a value SQLite refuses) or the commit does, the
 /// whole group is rolled back and every call of it runs again alone, so a failure undoes and
@@ -30,6 +39,34 @@ final class EnqueueGroups: Sendable {
     var waiting: [Request] = []
     /// A block that commits the waiting calls is on the connection's thread (or running).
     var flushScheduled = false
+    /// A caller leads: it commits on its own thread, and then the calls that wait (see
+    /// ``lead()``). Never true while `flushScheduled` is.
+    var leading = false
+    /// Calls the current leader committed for others so far, and the last leader in all: a
+    /// leader whose predecessor had followers waits briefly for its own (see ``gather(with:linger:)``).
+    var followersOfThisLead = 0
+    var followersOfLastLead = 0
+
+    /// How many of the first waiting calls fit one inline transaction beside `rows` jobs and
+    /// `bytes` bytes already in it (see ``SQLiteJobStore/isSmall(_:)``).
+    func fittingPrefix(rows: Int, bytes: Int) -> Int {
+      var rows = rows
+      var bytes = bytes
+      var fitting = 0
+      for request in waiting {
+        rows += request.jobs.count
+        for job in request.jobs { bytes += SQLiteJobStore.bytes(of: job) }
+        guard rows <= SQLiteJobStore.inlineRowLimit, bytes <= SQLiteJobStore.inlineByteLimit else { break }
+        fitting += 1
+      }
+      return fitting
+    }
+
+    /// Ends the lead.
+    mutating func endLead() {
+      leading = false
+      followersOfLastLead = followersOfThisLead
+    }
     /// Groups committed with more than one call (for tests).
     var groupsCommitted = 0
     /// Calls taken by the connection's thread, alone or in groups (for tests).
@@ -38,8 +75,91 @@ final class EnqueueGroups: Sendable {
 
   private let state = Mutex(State())
 
-  /// Whether no call is waiting and no group is being committed: a new call may commit alone.
-  var isIdle: Bool { state.withLock { !$0.flushScheduled } }
+  /// The most rounds a leader commits for the calls queued behind it before it hands the rest to
+  /// the connection's thread: a bound on how long the leader's own call and its pool thread wait.
+  static let leaderRounds = 8
+
+  /// What a leader does next (see ``next(round:)``).
+  enum Next {
+    /// Nothing waits: the leader returns.
+    case done
+    /// Commit these calls, on the leader's thread, then ask again.
+    case commit([Request])
+    /// The calls that wait go to the connection's thread: the leader submits a flush and returns.
+    case handOver
+  }
+
+  /// Makes the caller the leader when no add is under way (none leads and no flush is
+  /// scheduled): it may then commit on its own thread, and must end with ``next(round:)`` or
+  /// ``handOver(_:)``. False when the caller must wait in a group (``add(_:)``).
+  func lead() -> Bool {
+    state.withLock { state in
+      guard !state.leading && !state.flushScheduled else { return false }
+      state.leading = true
+      state.followersOfThisLead = 0
+      return true
+    }
+  }
+
+  /// For the leader: takes the calls that queued up behind it, as many as an inline transaction
+  /// holds (``SQLiteJobStore/inlineRowLimit`` jobs and ``SQLiteJobStore/inlineByteLimit`` bytes),
+  /// or ends its lead when none waits, when the first that waits is too large, or after
+  /// ``leaderRounds`` rounds.
+  func next(round: Int) -> Next {
+    state.withLock { state in
+      if state.waiting.isEmpty {
+        state.endLead()
+        return .done
+      }
+      let taken = round < Self.leaderRounds ? state.fittingPrefix(rows: 0, bytes: 0) : 0
+      guard taken > 0 else {
+        state.endLead()
+        state.flushScheduled = true
+        return .handOver
+      }
+      state.followersOfThisLead += taken
+      defer { state.waiting.removeFirst(taken) }
+      return .commit(Array(state.waiting.prefix(taken)))
+    }
+  }
+
+  /// For a new leader about to commit `own`: the waiting calls that fit one inline transaction
+  /// with it, to commit together.
+  ///
+  /// When the last leader had followers, their callers come back within microseconds with their
+  /// next jobs: waiting for as many (yielding the processor, for at most `linger`) makes one
+  /// transaction of them and the leader's own jobs, where committing at once would commit the
+  /// leader's jobs alone and theirs in a second transaction. A lone adder (no followers) never
+  /// waits.
+  func gather(with own: [NewJob], linger: Duration = .microseconds(50)) -> [Request] {
+    let expected = state.withLock { $0.followersOfLastLead }
+    if expected > 0 {
+      let deadline = ContinuousClock.now + linger
+      while state.withLock({ $0.waiting.count }) < expected, ContinuousClock.now < deadline { sched_yield() }
+    }
+    return state.withLock { state in
+      let taken = state.fittingPrefix(
+        rows: own.count, bytes: own.reduce(0) { $0 + SQLiteJobStore.bytes(of: $1) })
+      guard taken > 0 else { return [] }
+      state.followersOfThisLead += taken
+      defer { state.waiting.removeFirst(taken) }
+      return Array(state.waiting.prefix(taken))
+    }
+  }
+
+  /// Ends the lead, handing `requests` (taken, not committed) and the calls that wait to the
+  /// connection's thread; true when the caller must submit the flush (none is scheduled).
+  func handOver(_ requests: [Request]) -> Bool {
+    state.withLock { state in
+      state.waiting.insert(contentsOf: requests, at: 0)
+      state.endLead()
+      defer { state.flushScheduled = true }
+      return !state.flushScheduled
+    }
+  }
+
+  /// Whether no add is under way: none leads and no flush is scheduled (for tests).
+  var isIdle: Bool { state.withLock { !$0.leading && !$0.flushScheduled } }
 
   /// How many calls wait (for tests).
   var waitingCount: Int { state.withLock { $0.waiting.count } }
@@ -50,10 +170,12 @@ final class EnqueueGroups: Sendable {
   /// How many transactions committed more than one call (for tests).
   var groupsCommitted: Int { state.withLock { $0.groupsCommitted } }
 
-  /// Adds a call; true when the caller must schedule a flush (none is scheduled).
+  /// Adds a call; true when the caller must schedule a flush (none is scheduled and no leader will
+  /// take the call).
   func add(_ request: Request) -> Bool {
     state.withLock { state in
       state.waiting.append(request)
+      if state.leading { return false }
       defer { state.flushScheduled = true }
       return !state.flushScheduled
     }
@@ -108,6 +230,50 @@ extension SQLiteJobStore {
       for request in group { request.continuation.resume(throwing: connection.closedFailure()) }
     }
     connection.submit { [self] db in flushEnqueueGroups(db, expecting: group.count) }
+  }
+
+  /// For the leader (see ``EnqueueGroups/lead()``), once its own add ran: commits the calls that
+  /// queued up behind it, round after round, on its thread, resuming each caller once its jobs
+  /// are committed; hands them to the connection's thread when they cannot be committed there.
+  ///
+  /// Not cancellable: the calls are other callers', whose task the leader's cancellation must not
+  /// touch.
+  func commitQueuedBehindLeader() async {
+    for round in 0... {
+      switch groups.next(round: round) {
+      case .done:
+        return
+      case .handOver:
+        connection.submit { [self] db in flushEnqueueGroups(db) }
+        return
+      case .commit(let group):
+        let outcome = await connection.tryInline(
+          { db in try Self.commitInline(group.map { ($0.jobs, $0.queue, $0.clock) }, db: db) },
+          cancellable: false)
+        guard case .success(let results)? = outcome else {
+          // Busy, a checkpoint waits, closed, or a call failed: the connection's thread commits
+          // the group again, each call alone if need be, and reports each call's own error.
+          if groups.handOver(group) { connection.submit { [self] db in flushEnqueueGroups(db) } }
+          return
+        }
+        if group.count > 1 { groups.countGroup() }
+        for (request, result) in zip(group, results) { request.continuation.resume(returning: result) }
+      }
+    }
+  }
+
+  /// Commits the calls of a leader's group in one transaction, in order; throws (and commits
+  /// nothing) when any call fails.
+  static func commitInline(_ calls: [(jobs: [NewJob], queue: String, clock: any JobClock)], db: Connection)
+    throws -> [[EnqueueResult]]
+  {
+    let results = try db.transaction(immediate: true) {
+      try calls.map { call in try insert(call.jobs, queue: call.queue, now: millis(call.clock.now()), db: db)
+      }
+    }
+    // Only once committed: a rolled-back note must be written again next time.
+    for call in calls { db.notedQueues.insert(call.queue) }
+    return results
   }
 
   /// Commits one group's calls in one transaction, each in a savepoint of its own.

@@ -171,20 +171,43 @@ public final class SQLiteJobStore: JobStore {
   /// Commits new jobs to a queue in one transaction, in order, skipping duplicates by key.
   ///
   /// Returns once the jobs are committed. A small call (at most 32 jobs and 64 KiB of payloads and
-  /// keys) made while the connection is free commits on the caller's thread (with no wait for
+  /// keys) made while no other add is under way commits on the caller's thread (with no wait for
   /// another process's lock: if one holds it, the call moves to the store's thread and waits
-  /// there); a larger call commits on the store's thread. Calls that arrive while the connection
-  /// is busy are committed together, in one transaction, each in a savepoint of its own, so one
+  /// there); a larger call commits on the store's thread. Calls that arrive while another add is
+  /// under way wait and are committed together, in one transaction: by the caller whose add was
+  /// under way, on its thread, once its own add committed, or on the store's thread. When a call
+  /// of a group fails, the group is rolled back and each of its calls runs again alone, so one
   /// call's failure fails only that call. A call cancelled once it waits for its group is
-  /// committed all the same.
+  /// committed all the same, and so are the calls waiting behind a cancelled caller.
   public func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
     if jobs.isEmpty { return [] }
-    if Self.isSmall(jobs), groups.isIdle,
-      let result = await connection.tryInline({ db in
-        try Self.commitAlone(jobs, queue: queue, clock: clock, db: db)
-      })
-    {
-      return try result.get()
+    if Self.isSmall(jobs), groups.lead() {
+      let followers = groups.gather(with: jobs)
+      if followers.isEmpty {
+        let result = await connection.tryInline { db in
+          try Self.commitAlone(jobs, queue: queue, clock: clock, db: db)
+        }
+        if let result {
+          await commitQueuedBehindLeader()
+          return try result.get()
+        }
+      } else {
+        // Not cancellable: the followers' jobs are in the same transaction.
+        let calls = [(jobs, queue, clock)] + followers.map { ($0.jobs, $0.queue, $0.clock) }
+        let outcome = await connection.tryInline(
+          { db in try Self.commitInline(calls, db: db) }, cancellable: false)
+        if case .success(let results)? = outcome {
+          groups.countGroup()
+          for (follower, result) in zip(followers, results.dropFirst()) {
+            follower.continuation.resume(returning: result)
+          }
+          await commitQueuedBehindLeader()
+          return results[0]
+        }
+        // Busy, a checkpoint waits, closed, or a call failed: the group, this call with it, goes
+        // to the connection's thread, which reports each call's own error.
+      }
+      if groups.handOver(followers) { connection.submit { [self] db in flushEnqueueGroups(db) } }
     }
     try Task.checkCancellation()
     return try await withUnsafeThrowingContinuation { continuation in
@@ -202,13 +225,16 @@ public final class SQLiteJobStore: JobStore {
   /// Whether an enqueue of `jobs` is small enough to commit on the caller's thread.
   static func isSmall(_ jobs: [NewJob]) -> Bool {
     guard jobs.count <= inlineRowLimit else { return false }
-    var bytes = 0
+    var total = 0
     for job in jobs {
-      bytes += job.payload.count + (job.deduplicationKey?.utf8.count ?? 0)
-      if bytes > inlineByteLimit { return false }
+      total += bytes(of: job)
+      if total > inlineByteLimit { return false }
     }
     return true
   }
+
+  /// The bytes of a job that count towards ``inlineByteLimit``: its payload and its key.
+  static func bytes(of job: NewJob) -> Int { job.payload.count + (job.deduplicationKey?.utf8.count ?? 0) }
 
   static func runAt(_ runTime: RunTime, now: Int64) -> Int64 {
     switch runTime {

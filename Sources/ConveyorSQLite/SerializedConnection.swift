@@ -183,15 +183,19 @@ final class SerializedConnection: @unchecked Sendable {
   /// With `waitingForInlineCalls`, a call that finds the connection in use (usually by another
   /// inline call, a short transaction on another thread) waits for it on this thread, yielding the
   /// processor, for at most ``inlineWaitLimit`` in all, then returns nil.
+  ///
+  /// When `cancellable` is false, the calling task's cancellation neither skips nor interrupts
+  /// `body`: for work done on behalf of other callers (a leader's group of adds).
   func tryInline<T: Sendable>(
-    _ body: @escaping @Sendable (Connection) throws -> T, waitingForInlineCalls: Bool = false
+    _ body: @escaping @Sendable (Connection) throws -> T, waitingForInlineCalls: Bool = false,
+    cancellable: Bool = true
   ) async -> Result<T, any Error>? {
     // While a checkpoint waits for the thread, calls queue up behind it: inline commits meanwhile
     // would grow the WAL file without bound on a busy thread.
     guard runsInline, !checkpointScheduled.load(ordering: .acquiring) else { return nil }
-    if Task.isCancelled { return .failure(CancellationError()) }
+    if cancellable && Task.isCancelled { return .failure(CancellationError()) }
     let operation = Operation()
-    let outcome = await withTaskCancellationHandler {
+    func attempt() -> Result<T, any Error>? {
       var deadline: ContinuousClock.Instant?
       while true {
         let ran = usingIfAvailable { () -> Result<T, any Error>? in
@@ -214,16 +218,21 @@ final class SerializedConnection: @unchecked Sendable {
         deadline = limit
         repeat {
           sched_yield()
-          if Task.isCancelled || checkpointScheduled.load(ordering: .acquiring)
+          if (cancellable && Task.isCancelled) || checkpointScheduled.load(ordering: .acquiring)
             || ContinuousClock.now >= limit
           {
             return nil
           }
         } while occupied.load(ordering: .acquiring)
       }
-    } onCancel: {
-      operation.cancel(interrupt: interrupt)
     }
+    let outcome =
+      cancellable
+      ? await withTaskCancellationHandler {
+        attempt()
+      } onCancel: {
+        operation.cancel(interrupt: interrupt)
+      } : attempt()
     // Every 64th call that ran lets other tasks waiting for this thread go first, as a trip to
     // the connection's thread would: a loop of inline calls never suspends otherwise, and would
     // hold one of the pool's few threads for as long as it ran. Yielding after every call cost a

@@ -1,4 +1,5 @@
 import Conveyor
+import ConveyorTestSupport
 import Foundation
 import Synchronization
 import Testing
@@ -156,14 +157,4 @@ struct AnswerWaitTests {
 private final class Counts: Sendable {
   let calls = Mutex(0)
   let ranAfter = Mutex<Int?>(nil)
-}
-
-/// Runs jobs one at a time on one dispatch queue's thread.
-final class OneThreadExecutor: TaskExecutor {
-  private let queue = DispatchQueue(label: "AnswerWaitTests.OneThreadExecutor")
-
-  func enqueue(_ job: consuming ExecutorJob) {
-    let job = UnownedJob(job)
-    queue.async { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
-  }
 }

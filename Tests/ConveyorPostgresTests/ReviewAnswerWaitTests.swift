@@ -1,4 +1,5 @@
 import Conveyor
+import ConveyorTestSupport
 import Foundation
 import Synchronization
 import Testing

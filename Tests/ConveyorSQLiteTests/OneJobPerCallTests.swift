@@ -199,6 +199,107 @@ struct OneJobPerCallTests {
     stop.add()
     for adder in adders { try await adder.value }
   }
+
+  // Failed before the fix (6 of 6 calls on the store's thread): calls that found the connection
+  // held by an inline add went through the store's thread, two thread wake-ups per call, which
+  // kept 8 adding tasks at about the speed of one.
+  /// Calls that queue up behind an add running on its caller's thread are committed by that
+  /// caller, on its thread, as one group once its own add committed: none takes the trip to the
+  /// store's thread, and each returns with its own job committed.
+  @Test func addsQueuedBehindAnInlineAddAreCommittedByItsCaller() async throws {
+    let folder = try TemporaryFolder()
+    let store = try makeStore(folder)
+    let clock = GateClock()
+    // On a thread of its own: the clock blocks the thread of the add reading it.
+    let first = Task(executorPreference: OneThreadExecutor()) {
+      try await store.enqueue([NewJob(payload: payload("first"), runAt: epoch)], queue: "jobs", clock: clock)
+    }
+    try await eventually("the first add is inside its transaction") { clock.entered }
+    let others = (0..<6).map { index in
+      Task {
+        try await store.enqueue(
+          [NewJob(payload: payload("other \(index)"), runAt: epoch)], queue: "jobs", now: epoch)
+      }
+    }
+    try await eventually("the other adds wait") { store.groups.waitingCount == 6 }
+    clock.open()
+    var ids: Set<JobID> = []
+    for result in try await first.value { ids.insert(result.id) }
+    for other in others {
+      let results = try await other.value
+      #expect(results.count == 1 && results[0].inserted)
+      ids.insert(results[0].id)
+      #expect(try Self.committed(results[0].id, path: folder.path("jobs.sqlite")))
+    }
+    #expect(ids.count == 7)
+    #expect(store.groups.callsTaken == 0, "\(store.groups.callsTaken) calls went through the store's thread")
+    #expect(store.groups.groupsCommitted == 1)
+    #expect(try await store.counts(queue: "jobs", now: epoch).ready == 7)
+  }
+
+  /// A call that fails inside a leader's group (a trigger refuses its job) fails alone: the
+  /// group goes to the store's thread, where each call runs again on its own, the others commit,
+  /// and the leader's own add is unaffected.
+  @Test(arguments: ["ABORT", "ROLLBACK"])
+  func aFailingCallBehindALeaderFailsAlone(_ raise: String) async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("jobs.sqlite")
+    let store = try makeStore(folder)
+    _ = try await store.enqueue([NewJob(payload: payload("queue"), runAt: epoch)], queue: "jobs", now: epoch)
+    try Connection(path: path, create: false).execute(
+      """
+      CREATE TRIGGER reject BEFORE INSERT ON jobs WHEN NEW.dedup_key = 'bad'
+      BEGIN SELECT RAISE(\(raise), 'rejected by the test'); END
+      """)
+    let clock = GateClock()
+    // On a thread of its own: the clock blocks the thread of the add reading it.
+    let first = Task(executorPreference: OneThreadExecutor()) {
+      try await store.enqueue([NewJob(payload: payload("first"), runAt: epoch)], queue: "jobs", clock: clock)
+    }
+    try await eventually("the first add is inside its transaction") { clock.entered }
+    let keys = ["a", "b", "bad", "c"]
+    var others: [Task<EnqueueResult, any Error>] = []
+    for (index, key) in keys.enumerated() {
+      others.append(
+        Task {
+          try await store.enqueue(
+            [NewJob(payload: payload(key), runAt: epoch, deduplicationKey: key)], queue: "jobs", now: epoch)[
+              0]
+        })
+      // One at a time, so the group keeps this order.
+      try await eventually("call \(key) waits") { store.groups.waitingCount == index + 1 }
+    }
+    clock.open()
+    #expect(try await first.value.count == 1)
+    for (key, other) in zip(keys, others) {
+      if key == "bad" {
+        await #expect(throws: SQLiteError.self) { try await other.value }
+      } else {
+        let result = try await other.value
+        #expect(result.inserted)
+        #expect(try Self.committed(result.id, path: path))
+      }
+    }
+    #expect(try await store.counts(queue: "jobs", now: epoch).ready == 5)
+    #expect(store.groups.callsTaken == keys.count, "the group did not go to the store's thread")
+  }
+}
+
+/// A clock whose first reading blocks its thread until ``open()``: the store reads the clock inside
+/// an add's transaction, so that add holds the connection meanwhile. Read it from a task on a
+/// ``OneThreadExecutor``: two tests blocking a pool thread each would leave the pool of a 2-core
+/// machine none to open the clock with.
+private final class GateClock: JobClock {
+  private let gate = DispatchSemaphore(value: 0)
+  private let state = Atomic<Int>(0)
+  /// Whether the first reading began.
+  var entered: Bool { state.load(ordering: .acquiring) > 0 }
+  func open() { gate.signal() }
+  func now() -> Date {
+    if state.add(1, ordering: .acquiringAndReleasing).oldValue == 0 { gate.wait() }
+    return epoch
+  }
+  func sleep(until deadline: Date) async throws { try await Task.sleep(for: .milliseconds(1)) }
 }
 
 /// A count shared between tasks.
