@@ -237,7 +237,7 @@ extension SQLiteJobStore {
   /// are committed; hands them to the connection's thread when they cannot be committed there.
   ///
   /// Not cancellable: the calls are other callers', whose task the leader's cancellation must not
-  /// touch.
+  /// touch. Never suspends: the waiting calls depend on the leader's task alone.
   func commitQueuedBehindLeader() async {
     for round in 0... {
       switch groups.next(round: round) {
@@ -249,7 +249,7 @@ extension SQLiteJobStore {
       case .commit(let group):
         let outcome = await connection.tryInline(
           { db in try Self.commitInline(group.map { ($0.jobs, $0.queue, $0.clock) }, db: db) },
-          cancellable: false)
+          cancellable: false, yields: false)
         guard case .success(let results)? = outcome else {
           // Busy, a checkpoint waits, closed, or a call failed: the connection's thread commits
           // the group again, each call alone if need be, and reports each call's own error.

@@ -183,25 +183,28 @@ public final class SQLiteJobStore: JobStore {
     if jobs.isEmpty { return [] }
     if Self.isSmall(jobs), groups.lead() {
       let followers = groups.gather(with: jobs)
+      // No suspension until the lead ends (`yields: false`): the calls queued behind a leader
+      // wait for its task alone, which must not wait for its executor meanwhile.
       if followers.isEmpty {
-        let result = await connection.tryInline { db in
-          try Self.commitAlone(jobs, queue: queue, clock: clock, db: db)
-        }
+        let result = await connection.tryInline(
+          { db in try Self.commitAlone(jobs, queue: queue, clock: clock, db: db) }, yields: false)
         if let result {
           await commitQueuedBehindLeader()
+          await connection.countInlineCall()
           return try result.get()
         }
       } else {
         // Not cancellable: the followers' jobs are in the same transaction.
         let calls = [(jobs, queue, clock)] + followers.map { ($0.jobs, $0.queue, $0.clock) }
         let outcome = await connection.tryInline(
-          { db in try Self.commitInline(calls, db: db) }, cancellable: false)
+          { db in try Self.commitInline(calls, db: db) }, cancellable: false, yields: false)
         if case .success(let results)? = outcome {
           groups.countGroup()
           for (follower, result) in zip(followers, results.dropFirst()) {
             follower.continuation.resume(returning: result)
           }
           await commitQueuedBehindLeader()
+          await connection.countInlineCall()
           return results[0]
         }
         // Busy, a checkpoint waits, closed, or a call failed: the group, this call with it, goes

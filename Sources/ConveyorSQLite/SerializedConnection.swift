@@ -185,10 +185,12 @@ final class SerializedConnection: @unchecked Sendable {
   /// processor, for at most ``inlineWaitLimit`` in all, then returns nil.
   ///
   /// When `cancellable` is false, the calling task's cancellation neither skips nor interrupts
-  /// `body`: for work done on behalf of other callers (a leader's group of adds).
+  /// `body`: for work done on behalf of other callers (a leader's group of adds). When `yields`
+  /// is false, the call never suspends, and the caller must call ``countInlineCall()`` once it
+  /// may: a leader of adds must not suspend while other callers wait for it.
   func tryInline<T: Sendable>(
     _ body: @escaping @Sendable (Connection) throws -> T, waitingForInlineCalls: Bool = false,
-    cancellable: Bool = true
+    cancellable: Bool = true, yields: Bool = true
   ) async -> Result<T, any Error>? {
     // While a checkpoint waits for the thread, calls queue up behind it: inline commits meanwhile
     // would grow the WAL file without bound on a busy thread.
@@ -233,15 +235,17 @@ final class SerializedConnection: @unchecked Sendable {
       } onCancel: {
         operation.cancel(interrupt: interrupt)
       } : attempt()
-    // Every 64th call that ran lets other tasks waiting for this thread go first, as a trip to
-    // the connection's thread would: a loop of inline calls never suspends otherwise, and would
-    // hold one of the pool's few threads for as long as it ran. Yielding after every call cost a
-    // third of the inline path's speed (the yield wakes another pool thread); after every 64th it
-    // bounds the wait of other tasks to a few milliseconds.
-    if outcome != nil, inlineCalls.wrappingAdd(1, ordering: .relaxed).newValue % 64 == 0 {
-      await Task.yield()
-    }
+    if outcome != nil, yields { await countInlineCall() }
     return outcome
+  }
+
+  /// Counts an inline call that ran; every 64th lets other tasks waiting for this thread go
+  /// first, as a trip to the connection's thread would: a loop of inline calls never suspends
+  /// otherwise, and would hold one of the pool's few threads for as long as it ran. Yielding after
+  /// every call cost a third of the inline path's speed (the yield wakes another pool thread);
+  /// after every 64th it bounds the wait of other tasks to a few milliseconds.
+  func countInlineCall() async {
+    if inlineCalls.wrappingAdd(1, ordering: .relaxed).newValue % 64 == 0 { await Task.yield() }
   }
 
   /// Runs `block` on the connection's thread after every block submitted before, with the

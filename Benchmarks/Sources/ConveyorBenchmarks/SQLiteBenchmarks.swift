@@ -28,7 +28,9 @@ private func runSQLiteBenchmarks(in folder: URL) async throws {
   // section; raw-drain, store-drain,
   // raw-insert, store-insert or hop (one cheap store call) run one loop alone, for a profiler.
   if let only = ProcessInfo.processInfo.environment["CONVEYOR_BENCH_SQLITE"] {
-    if only == "engine" || only == "engine-c4" { return try await runEngineBenchmarks(newPath: newPath) }
+    if only == "engine" || only == "engine-c4" || only == "engine-c1" {
+      return try await runEngineBenchmarks(newPath: newPath)
+    }
     if only == "percall" {
       try await compareStoreWithRaw(.normal, batches: [1], newPath: newPath)
       try await runEngineBenchmarks(newPath: newPath)
@@ -347,13 +349,14 @@ private func runEngineBenchmarks(newPath: () -> String) async throws {
     return elapsed
   }
 
-  // CONVEYOR_BENCH_SQLITE=engine-c4: only the drain at concurrency 4, for a profiler.
-  if ProcessInfo.processInfo.environment["CONVEYOR_BENCH_SQLITE"] == "engine-c4" {
+  // CONVEYOR_BENCH_SQLITE=engine-c4 (or engine-c1): only the drain at concurrency 4 (or 1), for a
+  // profiler.
+  let only = ProcessInfo.processInfo.environment["CONVEYOR_BENCH_SQLITE"]
+  if only == "engine-c4" || only == "engine-c1" {
+    let concurrency = only == "engine-c4" ? 4 : 1
     for _ in 0..<3 {
-      print(
-        String(
-          format: "concurrency 4: %.0f/s", Double(count) / (try await drainQueue(concurrency: 4, prefetch: 0))
-        ))
+      let time = try await drainQueue(concurrency: concurrency, prefetch: 0)
+      print(String(format: "concurrency %d: %.0f/s", concurrency, Double(count) / time))
     }
     return
   }
