@@ -190,13 +190,19 @@ final class EnqueueGroups: Sendable {
   /// A group of one (`expected` 1) is not waited for: a single caller's next call then finds the
   /// flush over and runs inline, instead of following every call through the connection's thread
   /// (as it did once a checkpoint had sent one call there).
-  func take(expecting expected: Int, linger: Duration = .microseconds(50)) -> [Request]? {
+  ///
+  /// With `endingFlush`, taking a group also ends the flush: calls that come later lead (see
+  /// ``lead()``) instead of waiting for the connection's thread.
+  func take(expecting expected: Int, linger: Duration = .microseconds(50), endingFlush: Bool = false)
+    -> [Request]?
+  {
     let deadline = ContinuousClock.now + (expected == 1 ? .zero : linger)
     while true {
       let taken = state.withLock { state -> [Request]?? in
         let waiting = state.waiting.count
         if waiting >= max(expected, 1) || (waiting > 0 && ContinuousClock.now >= deadline) {
           state.callsTaken += waiting
+          if endingFlush { state.flushScheduled = false }
           defer { state.waiting = [] }
           return state.waiting
         }
@@ -221,15 +227,24 @@ extension SQLiteJobStore {
   ///
   /// The next group is a new block behind the blocks already submitted, so a stream of adds never
   /// keeps a claim or a heartbeat waiting for the thread.
+  ///
+  /// When calls may run inline, the flush commits one group, the calls waiting when it starts, and
+  /// ends: the calls that come later lead again (see ``EnqueueGroups/lead()``), waiting briefly
+  /// for the connection while this group commits. Each flush after the first waited for the
+  /// callers of the group before to come back, and a stream of adds, whose callers always did,
+  /// stayed on this thread once a checkpoint or a leader's last round had sent it here.
   func flushEnqueueGroups(_ db: Connection?, expecting expected: Int = 0) {
-    guard let group = groups.take(expecting: expected) else { return }
+    let inline = connection.runsInline
+    let taken =
+      inline ? groups.take(expecting: 0, linger: .zero, endingFlush: true) : groups.take(expecting: expected)
+    guard let group = taken else { return }
     if let db {
       let results = Self.commit(group, db: db, groups: groups)
       for (request, result) in zip(group, results) { request.continuation.resume(with: result) }
     } else {
       for request in group { request.continuation.resume(throwing: connection.closedFailure()) }
     }
-    connection.submit { [self] db in flushEnqueueGroups(db, expecting: group.count) }
+    if !inline { connection.submit { [self] db in flushEnqueueGroups(db, expecting: group.count) } }
   }
 
   /// For the leader (see ``EnqueueGroups/lead()``), once its own add ran: commits the calls that
@@ -249,7 +264,7 @@ extension SQLiteJobStore {
       case .commit(let group):
         let outcome = await connection.tryInline(
           { db in try Self.commitInline(group.map { ($0.jobs, $0.queue, $0.clock) }, db: db) },
-          cancellable: false, yields: false)
+          waitingForInlineCalls: true, cancellable: false, yields: false)
         guard case .success(let results)? = outcome else {
           // Busy, a checkpoint waits, closed, or a call failed: the connection's thread commits
           // the group again, each call alone if need be, and reports each call's own error.

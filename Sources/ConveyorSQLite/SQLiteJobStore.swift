@@ -187,7 +187,9 @@ public final class SQLiteJobStore: JobStore {
       // wait for its task alone, which must not wait for its executor meanwhile.
       if followers.isEmpty {
         let result = await connection.tryInline(
-          { db in try Self.commitAlone(jobs, queue: queue, clock: clock, db: db) }, yields: false)
+          { db in try Self.commitAlone(jobs, queue: queue, clock: clock, db: db) },
+          waitingForInlineCalls: true,
+          yields: false)
         if let result {
           await commitQueuedBehindLeader()
           await connection.countInlineCall()
@@ -197,7 +199,8 @@ public final class SQLiteJobStore: JobStore {
         // Not cancellable: the followers' jobs are in the same transaction.
         let calls = [(jobs, queue, clock)] + followers.map { ($0.jobs, $0.queue, $0.clock) }
         let outcome = await connection.tryInline(
-          { db in try Self.commitInline(calls, db: db) }, cancellable: false, yields: false)
+          { db in try Self.commitInline(calls, db: db) }, waitingForInlineCalls: true, cancellable: false,
+          yields: false)
         if case .success(let results)? = outcome {
           groups.countGroup()
           for (follower, result) in zip(followers, results.dropFirst()) {
