@@ -158,7 +158,9 @@ final class EnqueueGroups: Sendable {
     }
   }
 
-  /// Whether no add is under way: none leads and no flush is scheduled (for tests).
+  /// Whether no add is under way: none leads and no flush is scheduled (for tests). A flush that
+  /// took its calls and ended (see ``take(expecting:linger:endingFlush:)``) may still be committing
+  /// them on the connection's thread.
   var isIdle: Bool { state.withLock { !$0.leading && !$0.flushScheduled } }
 
   /// How many calls wait (for tests).

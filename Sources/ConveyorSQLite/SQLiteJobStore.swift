@@ -181,7 +181,9 @@ public final class SQLiteJobStore: JobStore {
   /// committed all the same, and so are the calls waiting behind a cancelled caller.
   public func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
     if jobs.isEmpty { return [] }
-    if Self.isSmall(jobs), groups.lead() {
+    // A connection whose commits sync the disk runs nothing inline: its adds go straight to the
+    // group on the store's thread, with no leader to linger for followers on the pool.
+    if Self.isSmall(jobs), connection.runsInline, groups.lead() {
       let followers = groups.gather(with: jobs)
       // No suspension until the lead ends (`yields: false`): the calls queued behind a leader
       // wait for its task alone, which must not wait for its executor meanwhile.
