@@ -17,15 +17,6 @@ import Testing
 /// over to the store's thread when another connection holds the lock.
 @Suite("SQLiteJobStore: one job per call", .timeLimit(.minutes(2)))
 struct OneJobPerCallTests {
-  /// Whether the job with `id` is committed, as another connection sees it.
-  private static func committed(_ id: JobID, path: String) throws -> Bool {
-    let other = try Connection(path: path, create: false)
-    // A new reader can meet the store's write at a moment SQLite answers "locked" (seen once in a
-    // fresh-clone run): it waits, as any reader of a shared file should.
-    other.setLockWait(milliseconds: 10_000)
-    return try other.scalar("SELECT count(*) FROM jobs WHERE id = ?", .integer(id.rawValue)) == 1
-  }
-
   /// Eight calls that queue up behind a busy connection are committed in one transaction; the
   /// one whose insert fails gets its own error, the duplicate gets the waiting job's ID, and every
   /// other job is committed (seen from a second connection) by the time its caller returns.
@@ -52,7 +43,7 @@ struct OneJobPerCallTests {
         let result = try await store.enqueue(
           [NewJob(payload: payload(key), runAt: epoch, deduplicationKey: key)], queue: "jobs", now: epoch)[0]
         // Returned only once committed.
-        #expect(try Self.committed(result.id, path: path), "job \(key) not committed when its add returned")
+        #expect(try isCommitted(result.id, path: path), "job \(key) not committed when its add returned")
         return result
       }
     }
@@ -229,7 +220,7 @@ struct OneJobPerCallTests {
       let results = try await other.value
       #expect(results.count == 1 && results[0].inserted)
       ids.insert(results[0].id)
-      #expect(try Self.committed(results[0].id, path: folder.path("jobs.sqlite")))
+      #expect(try isCommitted(results[0].id, path: folder.path("jobs.sqlite")))
     }
     #expect(ids.count == 7)
     #expect(store.groups.callsTaken == 0, "\(store.groups.callsTaken) calls went through the store's thread")
@@ -277,7 +268,7 @@ struct OneJobPerCallTests {
       } else {
         let result = try await other.value
         #expect(result.inserted)
-        #expect(try Self.committed(result.id, path: path))
+        #expect(try isCommitted(result.id, path: path))
       }
     }
     #expect(try await store.counts(queue: "jobs", now: epoch).ready == 5)
@@ -320,23 +311,6 @@ struct OneJobPerCallTests {
     // Checkpoints still send a few groups to the thread.
     #expect(taken < count / 4, "\(taken) of \(count) adds went through the store's thread")
   }
-}
-
-/// A clock whose first reading blocks its thread until ``open()``: the store reads the clock inside
-/// an add's transaction, so that add holds the connection meanwhile. Read it from a task on a
-/// ``OneThreadExecutor``: two tests blocking a pool thread each would leave the pool of a 2-core
-/// machine none to open the clock with.
-private final class GateClock: JobClock {
-  private let gate = DispatchSemaphore(value: 0)
-  private let state = Atomic<Int>(0)
-  /// Whether the first reading began.
-  var entered: Bool { state.load(ordering: .acquiring) > 0 }
-  func open() { gate.signal() }
-  func now() -> Date {
-    if state.add(1, ordering: .acquiringAndReleasing).oldValue == 0 { gate.wait() }
-    return epoch
-  }
-  func sleep(until deadline: Date) async throws { try await Task.sleep(for: .milliseconds(1)) }
 }
 
 /// A count shared between tasks.

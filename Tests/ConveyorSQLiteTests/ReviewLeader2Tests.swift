@@ -7,44 +7,9 @@ import Testing
 
 @testable import ConveyorSQLite
 
-/// A clock whose first reading blocks its thread until ``open()``. Read inside an add's
-/// transaction, so the add holds the connection meanwhile.
-private final class FlushGateClock: JobClock {
-  private let gate = DispatchSemaphore(value: 0)
-  private let state = Atomic<Int>(0)
-  var entered: Bool { state.load(ordering: .acquiring) > 0 }
-  func open() { gate.signal() }
-  func now() -> Date {
-    if state.add(1, ordering: .acquiringAndReleasing).oldValue == 0 { gate.wait() }
-    return epoch
-  }
-  func sleep(until deadline: Date) async throws { try await Task.sleep(for: .milliseconds(1)) }
-}
-
-private final class Flag2: Sendable {
-  private let storage = Atomic<Bool>(false)
-  var value: Bool { storage.load(ordering: .acquiring) }
-  func set() { storage.store(true, ordering: .releasing) }
-}
-
-private func outcome2<T>(of body: () async throws -> T) async -> Result<T, any Error> {
-  do { return .success(try await body()) } catch { return .failure(error) }
-}
-
 /// Adversarial review of the flush that ends at once when calls may run inline (commit bc19902).
 @Suite("Review 2: SQLite enqueue leader/flush races", .serialized, .timeLimit(.minutes(2)))
 struct ReviewLeader2Tests {
-  private static func count(_ sql: String, path: String) throws -> Int64 {
-    let other = try Connection(path: path, create: false)
-    other.setLockWait(milliseconds: 10_000)
-    return try other.scalar(sql) ?? -1
-  }
-
-  private static func committed(_ id: JobID, path: String) throws -> Bool {
-    let other = try Connection(path: path, create: false)
-    other.setLockWait(milliseconds: 10_000)
-    return try other.scalar("SELECT count(*) FROM jobs WHERE id = ?", .integer(id.rawValue)) == 1
-  }
 
   private static func storedPayloads(path: String) throws -> [String] {
     let other = try Connection(path: path, create: false)
@@ -63,7 +28,7 @@ struct ReviewLeader2Tests {
     let path = folder.path("jobs.sqlite")
     let store = try makeStore(folder)
     _ = try await store.enqueue([NewJob(payload: payload("seed"), runAt: epoch)], queue: "jobs", now: epoch)
-    let clock = FlushGateClock()
+    let clock = GateClock()
     // 33 jobs: not small, so it goes to the store's thread, whose flush reads the clock.
     let big = Task {
       try await store.enqueue(
@@ -102,12 +67,12 @@ struct ReviewLeader2Tests {
         #expect(result == EnqueueResult(id: first[0].id, inserted: false), "key k was inserted twice")
       } else {
         #expect(result.inserted)
-        #expect(try Self.committed(result.id, path: path))
+        #expect(try isCommitted(result.id, path: path))
         ids.append(result.id)
       }
     }
     #expect(try await big2.value.count == 40)
-    #expect(try Self.count("SELECT count(*) FROM jobs", path: path) == 1 + 33 + 5 + 40)
+    #expect(try scalar("SELECT count(*) FROM jobs", path: path) == 1 + 33 + 5 + 40)
     #expect(await eventually(timeout: .seconds(5)) { store.groups.isIdle }, "an add stays under way")
     // A lone adder commits inline again.
     let taken = store.groups.callsTaken
@@ -125,7 +90,7 @@ struct ReviewLeader2Tests {
     let folder = try TemporaryFolder()
     let path = folder.path("jobs.sqlite")
     let store = try makeStore(folder, options: .init(synchronous: synchronous))
-    let clock = FlushGateClock()
+    let clock = GateClock()
     let big = Task {
       try await store.enqueue(
         (0..<33).map { NewJob(payload: payload("big\($0)"), runAt: epoch) }, queue: "jobs", clock: clock)
@@ -158,7 +123,7 @@ struct ReviewLeader2Tests {
     for task in others + late {
       switch await task.result {
       case .success(let results):
-        for result in results { #expect(try Self.committed(result.id, path: path)) }
+        for result in results { #expect(try isCommitted(result.id, path: path)) }
         committedRows += results.count
       case .failure(let error as SQLiteJobStoreError):
         #expect(error.code == .closed)
@@ -166,7 +131,7 @@ struct ReviewLeader2Tests {
         Issue.record("unexpected error \(error)")
       }
     }
-    #expect(try Self.count("SELECT count(*) FROM jobs", path: path) == Int64(committedRows))
+    #expect(try scalar("SELECT count(*) FROM jobs", path: path) == Int64(committedRows))
     #expect(await eventually(timeout: .seconds(5)) { store.groups.isIdle }, "an add stays under way")
   }
 
@@ -203,7 +168,7 @@ struct ReviewLeader2Tests {
     #expect(
       store.groups.callsTaken == 240, "\(store.groups.callsTaken) of 240 calls through the store's thread")
     #expect(store.groups.groupsCommitted > 0)
-    let rows = try Self.count("SELECT count(*) FROM jobs", path: path)
+    let rows = try scalar("SELECT count(*) FROM jobs", path: path)
     // Each of the 6 tasks made 3 large calls (call 7, 20, 33): 33 more rows each.
     #expect(rows == Int64(inserted + 6 * 3 * 33))
     #expect(await eventually(timeout: .seconds(5)) { store.groups.isIdle }, "an add stays under way")
@@ -218,7 +183,7 @@ struct ReviewLeader2Tests {
     let path = folder.path("jobs.sqlite")
     let store = try makeStore(folder, options: .init(busyTimeout: .seconds(60)))
     _ = try await store.enqueue([NewJob(payload: payload("seed"), runAt: epoch)], queue: "jobs", now: epoch)
-    let stop = Flag2()
+    let stop = Flag()
     let lockerDone = DispatchSemaphore(value: 0)
     let locker = Thread {
       let other = try! Connection(path: path, create: false)

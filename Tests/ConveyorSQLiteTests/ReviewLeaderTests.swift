@@ -7,26 +7,6 @@ import Testing
 
 @testable import ConveyorSQLite
 
-/// A clock whose first reading blocks its thread until ``open()``; with `cancels`, that reading
-/// then cancels the task reading it (the store reads the clock inside the add's transaction, so
-/// the cancellation arrives mid-transaction). Read it only from a task on a `OneThreadExecutor`.
-private final class LeaderGateClock: JobClock {
-  private let gate = DispatchSemaphore(value: 0)
-  private let state = Atomic<Int>(0)
-  private let cancels: Bool
-  init(cancels: Bool = false) { self.cancels = cancels }
-  var entered: Bool { state.load(ordering: .acquiring) > 0 }
-  func open() { gate.signal() }
-  func now() -> Date {
-    if state.add(1, ordering: .acquiringAndReleasing).oldValue == 0 {
-      gate.wait()
-      if cancels { withUnsafeCurrentTask { $0?.cancel() } }
-    }
-    return epoch
-  }
-  func sleep(until deadline: Date) async throws { try await Task.sleep(for: .milliseconds(1)) }
-}
-
 /// A clock that runs `onRead` at its first reading.
 private final class BlockingClock: JobClock {
   private let onRead: @Sendable () -> Void
@@ -39,30 +19,12 @@ private final class BlockingClock: JobClock {
   func sleep(until deadline: Date) async throws { try await Task.sleep(for: .milliseconds(1)) }
 }
 
-/// A flag shared between tasks and threads.
-private final class Flag: Sendable {
-  private let storage = Atomic<Bool>(false)
-  var value: Bool { storage.load(ordering: .acquiring) }
-  func set() { storage.store(true, ordering: .releasing) }
-}
-
 /// Adversarial review of the leader/follower group commit (commit b439a4a).
 @Suite("Review: SQLite enqueue leader/follower group commit", .serialized, .timeLimit(.minutes(2)))
 struct ReviewLeaderTests {
-  private static func count(_ sql: String, path: String) throws -> Int64 {
-    let other = try Connection(path: path, create: false)
-    other.setLockWait(milliseconds: 10_000)
-    return try other.scalar(sql) ?? -1
-  }
 
-  private static func committed(_ id: JobID, path: String) throws -> Bool {
-    let other = try Connection(path: path, create: false)
-    other.setLockWait(milliseconds: 10_000)
-    return try other.scalar("SELECT count(*) FROM jobs WHERE id = ?", .integer(id.rawValue)) == 1
-  }
-
-  // DEFECT (fails now; passed before b439a4a, where calls that found the connection busy were
-  // committed by the store's thread). The leader keeps `leading` set across the `Task.yield()`
+  // Failed before the fix (the review's defect; passed before b439a4a, where calls that found the
+  // connection busy were committed by the store's thread). The leader keeps `leading` set across the `Task.yield()`
   // that `tryInline` makes after every 64th inline call (SerializedConnection.swift, end of
   // `tryInline`), i.e. between its own commit and `commitQueuedBehindLeader()`: meanwhile every
   // other add only appends itself to `waiting` (`add` returns false while `leading`) and no one
@@ -84,7 +46,7 @@ struct ReviewLeaderTests {
     #expect(store.groups.callsTaken == 0, "a warm-up call went through the store's thread")
 
     let executor = OneThreadExecutor()
-    let clock = LeaderGateClock()
+    let clock = GateClock()
     let leader = Task(executorPreference: executor) {
       try await store.enqueue([NewJob(payload: payload("leader"), runAt: epoch)], queue: "jobs", clock: clock)
     }
@@ -116,7 +78,7 @@ struct ReviewLeaderTests {
     try await eventually("the other adds wait behind the leader") { store.groups.waitingCount == 4 }
     clock.open()
     try await eventually("the leader's job is committed") {
-      try Self.count("SELECT count(*) FROM jobs WHERE payload = X'6C6561646572'", path: path) == 1
+      try scalar("SELECT count(*) FROM jobs WHERE payload = X'6C6561646572'", path: path) == 1
     }
     try await eventually("the blocking job runs on the leader's executor") { blockerStarted.value }
     let (othersFinished, state) = await sawOthersFinish.value
@@ -128,9 +90,9 @@ struct ReviewLeaderTests {
     _ = try await leader.value
     for other in others {
       let result = try await other.value
-      #expect(try Self.committed(result.id, path: path))
+      #expect(try isCommitted(result.id, path: path))
     }
-    #expect(try Self.count("SELECT count(*) FROM jobs", path: path) == 68)
+    #expect(try scalar("SELECT count(*) FROM jobs", path: path) == 68)
   }
 
   /// A leader whose task is cancelled inside its own transaction throws `CancellationError`
@@ -141,7 +103,7 @@ struct ReviewLeaderTests {
     let path = folder.path("jobs.sqlite")
     let store = try makeStore(folder)
     _ = try await store.enqueue([NewJob(payload: payload("seed"), runAt: epoch)], queue: "jobs", now: epoch)
-    let clock = LeaderGateClock(cancels: true)
+    let clock = GateClock(cancels: true)
     let leader = Task(executorPreference: OneThreadExecutor()) {
       try await store.enqueue([NewJob(payload: payload("leader"), runAt: epoch)], queue: "jobs", clock: clock)
     }
@@ -168,19 +130,19 @@ struct ReviewLeaderTests {
       _ = try await leader.value
       Issue.record("the leader, cancelled mid-transaction, returned (the interrupt did not stop it)")
     } catch is CancellationError {
-      #expect(try Self.count("SELECT count(*) FROM jobs WHERE payload = X'6C6561646572'", path: path) == 0)
+      #expect(try scalar("SELECT count(*) FROM jobs WHERE payload = X'6C6561646572'", path: path) == 0)
     }
     var ids: [JobID] = []
     for follower in followers.prefix(5) {
       let result = try await follower.value
       #expect(result.count == 1 && result[0].inserted)
-      #expect(try Self.committed(result[0].id, path: path))
+      #expect(try isCommitted(result[0].id, path: path))
       ids.append(result[0].id)
     }
     // Same key as follower 0, in the same group: its ID, not inserted.
     #expect(try await followers[5].value == [EnqueueResult(id: ids[0], inserted: false)])
     #expect(Set(ids).count == 5)
-    #expect(try Self.count("SELECT count(*) FROM jobs", path: path) == 6)
+    #expect(try scalar("SELECT count(*) FROM jobs", path: path) == 6)
     #expect(await eventually(timeout: .seconds(5)) { store.groups.isIdle }, "an add stays under way")
   }
 
@@ -190,7 +152,7 @@ struct ReviewLeaderTests {
     let folder = try TemporaryFolder()
     let path = folder.path("jobs.sqlite")
     let store = try makeStore(folder)
-    let clock = LeaderGateClock()
+    let clock = GateClock()
     let leader = Task(executorPreference: OneThreadExecutor()) {
       try await store.enqueue([NewJob(payload: payload("leader"), runAt: epoch)], queue: "jobs", clock: clock)
     }
@@ -212,7 +174,7 @@ struct ReviewLeaderTests {
     for follower in followers {
       switch await follower.result {
       case .success(let results):
-        #expect(try Self.committed(results[0].id, path: path))
+        #expect(try isCommitted(results[0].id, path: path))
         committed += 1
       case .failure(let error as SQLiteJobStoreError):
         #expect(error.code == .closed)
@@ -220,7 +182,7 @@ struct ReviewLeaderTests {
         Issue.record("unexpected error \(error)")
       }
     }
-    #expect(try Self.count("SELECT count(*) FROM jobs", path: path) == Int64(1 + committed))
+    #expect(try scalar("SELECT count(*) FROM jobs", path: path) == Int64(1 + committed))
     // After close: a small add and a large one both fail with `closed`, neither hangs.
     await #expect(throws: SQLiteJobStoreError.self) {
       try await store.enqueue([NewJob(payload: payload("late"), runAt: epoch)], queue: "jobs", now: epoch)
@@ -274,11 +236,11 @@ struct ReviewLeaderTests {
       let result = try await adder.value
       byKey["k\(index % 4)", default: []].insert(result.id)
       if result.inserted { inserted += 1 }
-      #expect(try Self.committed(result.id, path: path))
+      #expect(try isCommitted(result.id, path: path))
     }
     #expect(inserted == 4)
     #expect(byKey.values.allSatisfy { $0.count == 1 })
-    #expect(try Self.count("SELECT count(*) FROM jobs", path: path) == 5)
+    #expect(try scalar("SELECT count(*) FROM jobs", path: path) == 5)
   }
 
   /// The leader commits at most 8 rounds for the calls behind it, then hands the rest to the
@@ -288,12 +250,12 @@ struct ReviewLeaderTests {
     let folder = try TemporaryFolder()
     let path = folder.path("jobs.sqlite")
     let store = try makeStore(folder)
-    let clock = LeaderGateClock()
+    let clock = GateClock()
     let leader = Task(executorPreference: OneThreadExecutor()) {
       try await store.enqueue([NewJob(payload: payload("leader"), runAt: epoch)], queue: "jobs", clock: clock)
     }
     try await eventually("the leader is inside its transaction") { clock.entered }
-    let stuck = LeaderGateClock()
+    let stuck = GateClock()
     var followers: [Task<[EnqueueResult], any Error>] = []
     for index in 0..<10 {
       // 32 jobs each: one call per round.
@@ -321,7 +283,7 @@ struct ReviewLeaderTests {
       let results = try await follower.value
       #expect(results.count == 32 && results.allSatisfy(\.inserted))
     }
-    #expect(try Self.count("SELECT count(*) FROM jobs", path: path) == 321)
+    #expect(try scalar("SELECT count(*) FROM jobs", path: path) == 321)
     // Rounds 1-8 on the leader's thread; calls 9 and 10 on the store's.
     #expect(store.groups.callsTaken == 2)
   }
@@ -365,7 +327,7 @@ struct ReviewLeaderTests {
     for (index, adder) in adders.enumerated() {
       let result = try await adder.value
       ids["k\(index % 3)", default: []].insert(result.id)
-      #expect(try Self.committed(result.id, path: path))
+      #expect(try isCommitted(result.id, path: path))
     }
     #expect(ids.values.allSatisfy { $0.count == 1 })
     #expect(store.groups.callsTaken - takenBefore == 6)
@@ -394,7 +356,7 @@ struct ReviewLeaderTests {
         CREATE TRIGGER reject BEFORE INSERT ON jobs WHEN NEW.dedup_key LIKE 'bad%'
         BEGIN SELECT RAISE(\(raise), 'rejected by the test'); END
         """)
-    let clock = LeaderGateClock()
+    let clock = GateClock()
     let leader = Task(executorPreference: OneThreadExecutor()) {
       try await store.enqueue(
         [NewJob(payload: payload("leader"), runAt: epoch, deduplicationKey: "bad-leader")], queue: "jobs",
@@ -425,8 +387,8 @@ struct ReviewLeaderTests {
     #expect(try await followers[3].value == [EnqueueResult(id: a[0].id, inserted: false)])
     let d = try await followers[4].value
     #expect(d.count == 2 && d[0].inserted && d[1] == EnqueueResult(id: c[0].id, inserted: false))
-    for id in [a[0].id, a[1].id, c[0].id, d[0].id] { #expect(try Self.committed(id, path: path)) }
-    #expect(try Self.count("SELECT count(*) FROM jobs", path: path) == 5)
+    for id in [a[0].id, a[1].id, c[0].id, d[0].id] { #expect(try isCommitted(id, path: path)) }
+    #expect(try scalar("SELECT count(*) FROM jobs", path: path) == 5)
     #expect(await eventually(timeout: .seconds(5)) { store.groups.isIdle }, "an add stays under way")
   }
 
@@ -541,8 +503,4 @@ struct ReviewLeaderTests {
     #expect(stored == insertedNames.union(["seed"]))
     #expect(await eventually(timeout: .seconds(5)) { store.groups.isIdle }, "an add stays under way")
   }
-}
-
-private func outcome<T>(of body: () async throws -> T) async -> Result<T, any Error> {
-  do { return .success(try await body()) } catch { return .failure(error) }
 }

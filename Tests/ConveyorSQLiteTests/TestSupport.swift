@@ -126,3 +126,52 @@ func readIDs(_ path: String) throws -> [Int64] {
   guard FileManager.default.fileExists(atPath: path) else { return [] }
   return try String(contentsOfFile: path, encoding: .utf8).split(separator: "\n").compactMap { Int64($0) }
 }
+
+/// A clock whose first reading blocks its thread until ``open()``; with `cancels`, that reading
+/// then cancels the task reading it. The store reads the clock inside an add's transaction, so
+/// that add holds the connection meanwhile (and a cancellation arrives mid-transaction). Read it
+/// from a task on a `OneThreadExecutor`: two tests blocking a pool thread each would leave the
+/// pool of a 2-core machine none to open the clock with.
+final class GateClock: JobClock {
+  private let gate = DispatchSemaphore(value: 0)
+  private let state = Atomic<Int>(0)
+  private let cancels: Bool
+  init(cancels: Bool = false) { self.cancels = cancels }
+  /// Whether the first reading began.
+  var entered: Bool { state.load(ordering: .acquiring) > 0 }
+  func open() { gate.signal() }
+  func now() -> Date {
+    if state.add(1, ordering: .acquiringAndReleasing).oldValue == 0 {
+      gate.wait()
+      if cancels { withUnsafeCurrentTask { $0?.cancel() } }
+    }
+    return epoch
+  }
+  func sleep(until deadline: Date) async throws { try await Task.sleep(for: .milliseconds(1)) }
+}
+
+/// A flag shared between tasks and threads.
+final class Flag: Sendable {
+  private let storage = Atomic<Bool>(false)
+  var value: Bool { storage.load(ordering: .acquiring) }
+  func set() { storage.store(true, ordering: .releasing) }
+}
+
+/// The outcome of `body`, thrown errors included.
+func outcome<T>(of body: () async throws -> T) async -> Result<T, any Error> {
+  do { return .success(try await body()) } catch { return .failure(error) }
+}
+
+/// The integer `sql` answers, as a second connection to the file at `path` sees it.
+func scalar(_ sql: String, path: String) throws -> Int64 {
+  let other = try Connection(path: path, create: false)
+  // A new reader can meet the store's write at a moment SQLite answers "locked": it waits, as any
+  // reader of a shared file should.
+  other.setLockWait(milliseconds: 10_000)
+  return try other.scalar(sql) ?? -1
+}
+
+/// Whether the job with `id` is committed, as a second connection to the file at `path` sees it.
+func isCommitted(_ id: JobID, path: String) throws -> Bool {
+  try scalar("SELECT count(*) FROM jobs WHERE id = \(id.rawValue)", path: path) == 1
+}
