@@ -119,7 +119,9 @@ public final class PostgresJobStore: JobStore {
   ///     `"host=db dbname=app"`. libpq's `PG*` environment variables fill in what it leaves out,
   ///     and its parameters (`sslmode`, `connect_timeout`, …) work as in `psql`.
   ///   - options: The schema, clock and timeouts.
-  /// - Throws: ``PostgresError``.
+  /// - Throws: ``PostgresError``. A server that cannot be reached, or goes away while the store
+  ///   opens, fails the call at once (``PostgresError/Code/connectionFailed``): opening does not
+  ///   retry. Once open, the store reconnects on its own, with backoff.
   public init(url: String, options: Options = .init()) throws {
     try Self.validate(schema: options.schema)
     let info = try ConnectionInfo(url)

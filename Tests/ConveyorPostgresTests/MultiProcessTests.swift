@@ -68,6 +68,10 @@ struct MultiProcessTests {
         url: address, schema: schema, folder: folder, name: "w\($0)",
         extra: ["--handle-ms", "2", "--concurrency", "4", "--lease-ms", "5000"])
     }
+    // Every worker past `open` first: a worker still opening its store when the server goes away
+    // fails at once, by design (a store that cannot open reports it), which a loaded fresh-clone
+    // run once met ("terminating connection due to administrator command" from one of the four).
+    for worker in workers { try await waitForLines(worker.output, count: 1) }
     try await waitForLines(workers[0].output, count: 100)
     try await disrupt()
     for worker in workers { #expect(await worker.exitStatus() == 0, "\(worker.logText)") }
