@@ -52,14 +52,15 @@ struct ReviewLeaderTests {
     }
     try await eventually("the leader is inside its transaction") { clock.entered }
     // Another job on the leader's executor, queued behind the leader's running job: it keeps the
-    // executor's thread until the other adds finished (or 5 s passed), as a job waiting for
-    // another caller's add would.
+    // executor's thread until the other adds finished, as a job waiting for another caller's add
+    // would, or 30 s passed (without the fix they never finish; a loaded full run starved the
+    // pool for over 5 s).
     let othersDone = DispatchSemaphore(value: 0)
     let finished = Counter()
     let blockerStarted = Flag()
     let sawOthersFinish = Task(executorPreference: executor) { () -> (Bool, String) in
       blockerStarted.set()
-      let done = othersDone.wait(timeout: .now() + 5) == .success
+      let done = othersDone.wait(timeout: .now() + 30) == .success
       // Read before this job ends and frees the leader's executor.
       return (
         done,
@@ -84,7 +85,7 @@ struct ReviewLeaderTests {
     let (othersFinished, state) = await sawOthersFinish.value
     #expect(
       othersFinished,
-      "the 4 adds queued behind the leader did not finish in 5 s while the leader's task waited for its executor (\(state))"
+      "the 4 adds queued behind the leader did not finish in 30 s while the leader's task waited for its executor (\(state))"
     )
     // The leader's executor is free again: everything completes.
     _ = try await leader.value
