@@ -62,6 +62,13 @@ final class EnqueueGroups: Sendable {
       return fitting
     }
 
+    /// Takes the first `count` waiting calls for the leader.
+    mutating func takeFollowers(_ count: Int) -> [Request] {
+      followersOfThisLead += count
+      defer { waiting.removeFirst(count) }
+      return Array(waiting.prefix(count))
+    }
+
     /// Ends the lead.
     mutating func endLead() {
       leading = false
@@ -117,9 +124,7 @@ final class EnqueueGroups: Sendable {
         state.flushScheduled = true
         return .handOver
       }
-      state.followersOfThisLead += taken
-      defer { state.waiting.removeFirst(taken) }
-      return .commit(Array(state.waiting.prefix(taken)))
+      return .commit(state.takeFollowers(taken))
     }
   }
 
@@ -140,10 +145,7 @@ final class EnqueueGroups: Sendable {
     return state.withLock { state in
       let taken = state.fittingPrefix(
         rows: own.count, bytes: own.reduce(0) { $0 + SQLiteJobStore.bytes(of: $1) })
-      guard taken > 0 else { return [] }
-      state.followersOfThisLead += taken
-      defer { state.waiting.removeFirst(taken) }
-      return Array(state.waiting.prefix(taken))
+      return state.takeFollowers(taken)
     }
   }
 
@@ -331,12 +333,7 @@ extension SQLiteJobStore {
   static func commitAlone(_ jobs: [NewJob], queue: String, clock: any JobClock, db: Connection) throws
     -> [EnqueueResult]
   {
-    let results = try db.transaction(immediate: true) {
-      try insert(jobs, queue: queue, now: millis(clock.now()), db: db)
-    }
-    // Only once committed: a rolled-back note must be written again next time.
-    db.notedQueues.insert(queue)
-    return results
+    try commitInline([(jobs, queue, clock)], db: db)[0]
   }
 
   /// Inserts jobs in order inside the caller's transaction, skipping duplicates by key.

@@ -186,34 +186,30 @@ public final class SQLiteJobStore: JobStore {
     if Self.isSmall(jobs), connection.runsInline, groups.lead() {
       let followers = groups.gather(with: jobs)
       // No suspension until the lead ends (`yields: false`): the calls queued behind a leader
-      // wait for its task alone, which must not wait for its executor meanwhile.
-      if followers.isEmpty {
-        let result = await connection.tryInline(
-          { db in try Self.commitAlone(jobs, queue: queue, clock: clock, db: db) },
-          waitingForInlineCalls: true,
-          yields: false)
-        if let result {
-          await commitQueuedBehindLeader()
-          await connection.countInlineCall()
-          return try result.get()
+      // wait for its task alone, which must not wait for its executor meanwhile. Not cancellable
+      // with followers: their jobs are in the same transaction.
+      let calls = [(jobs, queue, clock)] + followers.map { ($0.jobs, $0.queue, $0.clock) }
+      let outcome = await connection.tryInline(
+        { db in try Self.commitInline(calls, db: db) }, waitingForInlineCalls: true,
+        cancellable: followers.isEmpty, yields: false)
+      switch outcome {
+      case .success(let results)?:
+        if !followers.isEmpty { groups.countGroup() }
+        for (follower, result) in zip(followers, results.dropFirst()) {
+          follower.continuation.resume(returning: result)
         }
-      } else {
-        // Not cancellable: the followers' jobs are in the same transaction.
-        let calls = [(jobs, queue, clock)] + followers.map { ($0.jobs, $0.queue, $0.clock) }
-        let outcome = await connection.tryInline(
-          { db in try Self.commitInline(calls, db: db) }, waitingForInlineCalls: true, cancellable: false,
-          yields: false)
-        if case .success(let results)? = outcome {
-          groups.countGroup()
-          for (follower, result) in zip(followers, results.dropFirst()) {
-            follower.continuation.resume(returning: result)
-          }
-          await commitQueuedBehindLeader()
-          await connection.countInlineCall()
-          return results[0]
-        }
-        // Busy, a checkpoint waits, closed, or a call failed: the group, this call with it, goes
-        // to the connection's thread, which reports each call's own error.
+        await commitQueuedBehindLeader()
+        await connection.countInlineCall()
+        return results[0]
+      case .failure(let error)? where followers.isEmpty:
+        // A lone call's own error is its answer.
+        await commitQueuedBehindLeader()
+        await connection.countInlineCall()
+        throw error
+      default:
+        // Busy, a checkpoint waits, closed, or (with followers) a call failed: the group, this
+        // call with it, goes to the connection's thread, which reports each call's own error.
+        break
       }
       if groups.handOver(followers) { connection.submit { [self] db in flushEnqueueGroups(db) } }
     }
