@@ -198,13 +198,11 @@ public final class SQLiteJobStore: JobStore {
         for (follower, result) in zip(followers, results.dropFirst()) {
           follower.continuation.resume(returning: result)
         }
-        await commitQueuedBehindLeader()
-        await connection.countInlineCall()
+        await yieldAfterLead(ledOthers: await commitQueuedBehindLeader() || !followers.isEmpty)
         return results[0]
       case .failure(let error)? where followers.isEmpty:
         // A lone call's own error is its answer.
-        await commitQueuedBehindLeader()
-        await connection.countInlineCall()
+        await yieldAfterLead(ledOthers: await commitQueuedBehindLeader())
         throw error
       default:
         // Busy, a checkpoint waits, closed, or (with followers) a call failed: the group, this
