@@ -162,9 +162,13 @@ final class SerializedConnection: @unchecked Sendable {
         let used = min(callsInFlight.spent.load(ordering: .relaxed), CallsInFlight.waitBudget)
         let limit = min(answerWait, CallsInFlight.waitBudget - used)
         longestWait.max(limit, ordering: .relaxed)
-        let (answer, spent) = handoff.waitBriefly(nanoseconds: limit)
+        let (answer, spent, waited) = handoff.waitBriefly(nanoseconds: limit)
         if let answer {
-          answeredWhileWaiting.add(1, ordering: .relaxed)
+          if waited {
+            answeredWhileWaiting.add(1, ordering: .relaxed)
+          } else {
+            answeredAtOnce.add(1, ordering: .relaxed)
+          }
           if callsInFlight.spent.wrappingAdd(spent, ordering: .relaxed).newValue >= CallsInFlight.waitBudget {
             callsInFlight.spent.store(0, ordering: .relaxed)
             budgetYields.add(1, ordering: .relaxed)
@@ -347,10 +351,12 @@ final class SerializedConnection: @unchecked Sendable {
   /// Calls whose answer the caller took while it waited (see ``Handoff/waitBriefly(nanoseconds:)``):
   /// for tests.
   let answeredWhileWaiting = Atomic<Int>(0)
+  /// Calls whose answer was there when the caller first looked, taken without waiting: for tests.
+  let answeredAtOnce = Atomic<Int>(0)
 
   /// A call's answer, passed from the store's thread to its caller: taken by the caller while it
   /// waits briefly for it, or given to the caller's continuation once it suspended.
-  private final class Handoff<T: Sendable>: Sendable {
+  final class Handoff<T: Sendable>: Sendable {
     private enum State {
       case pending
       case answered(Result<T, any Error>)
@@ -393,21 +399,30 @@ final class SerializedConnection: @unchecked Sendable {
     /// thread of the cooperative pool, and the caller's next call finds the store's thread still
     /// polling for work. Each costs tens of microseconds on a virtual machine. The wait ends as
     /// soon as a second call is in flight, so that concurrent calls keep the pool's threads.
-    func waitBriefly(nanoseconds limit: UInt64) -> (Result<T, any Error>?, spent: UInt64) {
-      guard limit > 0, callsInFlight.isQuiet else { return (nil, 0) }
+    ///
+    /// An answer that is already there is taken at once, whatever the other calls (`waited` is
+    /// false): a caller that was descheduled after it submitted its call finds it so, and taking
+    /// it costs nothing, while parking would hop through the executor to resume at once.
+    func waitBriefly(nanoseconds limit: UInt64) -> (Result<T, any Error>?, spent: UInt64, waited: Bool) {
+      if answered.load(ordering: .acquiring) { return (take(), 0, false) }
+      guard limit > 0, callsInFlight.isQuiet else { return (nil, 0, false) }
       let start = DispatchTime.now().uptimeNanoseconds
       var now = start
       while !answered.load(ordering: .acquiring) {
-        if now &- start >= limit || !callsInFlight.isQuiet { return (nil, now &- start) }
+        if now &- start >= limit || !callsInFlight.isQuiet { return (nil, now &- start, false) }
         sched_yield()
         now = DispatchTime.now().uptimeNanoseconds
       }
-      let answer = state.withLock { state -> Result<T, any Error>? in
+      return (take(), now &- start, true)
+    }
+
+    /// The stored answer, once: nil when there is none or it was taken.
+    private func take() -> Result<T, any Error>? {
+      state.withLock { state -> Result<T, any Error>? in
         guard case .answered(let result) = state else { return nil }
         state = .done
         return result
       }
-      return (answer, now &- start)
     }
 
     /// Gives the answer to `continuation`, now or when it comes.

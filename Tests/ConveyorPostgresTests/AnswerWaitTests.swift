@@ -37,16 +37,20 @@ struct AnswerWaitTests {
     }
     // A round trip to a local server takes well under 5 ms: most answers came while waiting.
     // (Before the change every caller suspended: none did.)
-    let answered = waiting.answeredWhileWaiting.load(ordering: .relaxed)
+    let answered =
+      waiting.answeredWhileWaiting.load(ordering: .relaxed) + waiting.answeredAtOnce.load(ordering: .relaxed)
     #expect(answered >= 10, "\(answered) of 100 answers taken while waiting")
     #expect(suspending.answeredWhileWaiting.load(ordering: .relaxed) == 0, "a zero wait never waits")
+    #expect(suspending.answeredAtOnce.load(ordering: .relaxed) == 0, "a zero wait never looks")
     await waiting.close()
     await suspending.close()
   }
 
   @Test func noCallerWaitsWhileAnotherCallIsInFlight() async throws {
     let server = try await PostgresServer.shared()
-    let calls = SerializedConnection.CallsInFlight()
+    // An overlap keeps callers from waiting for 500 ms: a store thread descheduled between a
+    // quick call's end and its answer (the quick call no longer counted) does not let it wait.
+    let calls = SerializedConnection.CallsInFlight(busyFor: .milliseconds(500))
     let slow = Self.connection(server, answerWait: .milliseconds(5), calls: calls)
     let quick = Self.connection(server, answerWait: .milliseconds(5), calls: calls)
     // A call that lasts until it is cancelled.
@@ -55,20 +59,46 @@ struct AnswerWaitTests {
     }
     while calls.count.load(ordering: .relaxed) == 0 { try await Task.sleep(for: .milliseconds(1)) }
     for _ in 0..<20 { #expect(try await Self.selectOne(quick) == 1) }
-    // The sleep was in flight for each of them: none waited.
+    // The sleep was in flight for each of them: none waited. (A caller descheduled after it
+    // submitted its call may find its answer there and take it, without waiting: answeredAtOnce.)
     #expect(calls.count.load(ordering: .relaxed) == 1, "the sleep outlasts the quick calls")
     #expect(quick.answeredWhileWaiting.load(ordering: .relaxed) == 0)
     sleeping.cancel()
     await #expect(throws: CancellationError.self) { try await sleeping.value }
     #expect(calls.count.load(ordering: .relaxed) == 0)
-    // Alone again, once the overlap is 10 ms old, the quick caller waits.
-    try await Task.sleep(for: .milliseconds(20))
+    // Alone again, once the overlap is 500 ms old, the quick caller waits.
+    try await Task.sleep(for: .milliseconds(600))
     for _ in 0..<100 where quick.answeredWhileWaiting.load(ordering: .relaxed) == 0 {
       #expect(try await Self.selectOne(quick) == 1)
     }
     #expect(quick.answeredWhileWaiting.load(ordering: .relaxed) > 0)
     await slow.close()
     await quick.close()
+  }
+
+  /// A caller descheduled after it submitted its call (a loaded machine) may find its answer
+  /// there when it first looks. It takes it at once, even while another call is in flight: that
+  /// costs nothing, and parking would only resume it at once through the executor. Only an answer
+  /// it had to wait for counts as waited. (Before, it parked: a suspension for nothing; and had the
+  /// overlap aged past `busyFor` meanwhile, it counted as waited while another call was in flight,
+  /// which failed `noCallerWaitsWhileAnotherCallIsInFlight` in a loaded CI run.)
+  @Test func anAnswerAlreadyThereIsTakenAtOnceWithoutWaiting() throws {
+    let calls = SerializedConnection.CallsInFlight(busyFor: .seconds(60))
+    calls.begin()  // another call in flight
+    let handoff = SerializedConnection.Handoff<Int>(calls)
+    handoff.deliver(.success(7))
+    #expect(!calls.isQuiet)
+    let (answer, spent, waited) = handoff.waitBriefly(nanoseconds: 1_000_000)
+    #expect(try answer?.get() == 7)
+    #expect(spent == 0)
+    #expect(!waited)
+    // Still pending: a call in flight beside it keeps it from waiting.
+    let pending = SerializedConnection.Handoff<Int>(calls)
+    let (none, _, waitedForNone) = pending.waitBriefly(nanoseconds: 1_000_000)
+    #expect(none == nil)
+    #expect(!waitedForNone)
+    pending.deliver(.success(8))
+    calls.end()
   }
 
   /// Workers that take turns come and go between each other's calls: after calls overlap, no
