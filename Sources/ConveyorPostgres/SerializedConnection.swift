@@ -331,7 +331,7 @@ final class SerializedConnection: @unchecked Sendable {
     /// Counts an answered call; the end of an overlap marks the process busy again, so the window
     /// runs from the end of the overlap, however long it lasted.
     func end() {
-      if count.wrappingSubtract(1, ordering: .relaxed).oldValue > 1 { markBusy() }
+      if count.wrappingSubtract(1, ordering: .releasing).oldValue > 1 { markBusy() }
     }
 
     func markBusy() {
@@ -341,7 +341,7 @@ final class SerializedConnection: @unchecked Sendable {
     /// Whether a caller may wait now: its call is the only one in flight, and none overlapped
     /// another lately.
     var isQuiet: Bool {
-      count.load(ordering: .relaxed) <= 1
+      count.load(ordering: .acquiring) <= 1
         && DispatchTime.now().uptimeNanoseconds >= busyUntil.load(ordering: .relaxed)
     }
   }
@@ -366,6 +366,8 @@ final class SerializedConnection: @unchecked Sendable {
     private let state = Mutex(State.pending)
     /// Set after the answer is stored: what a waiting caller reads without taking the lock.
     private let answered = Atomic<Bool>(false)
+    /// Whether the call is still counted in ``callsInFlight``.
+    private let counted = Atomic<Bool>(true)
 
     private let callsInFlight: CallsInFlight
 
@@ -375,8 +377,11 @@ final class SerializedConnection: @unchecked Sendable {
     }
 
     /// Stores the answer, or resumes the parked caller with it. On the store's thread.
+    ///
+    /// The call leaves the count of calls in flight only once its answer can be seen: a caller
+    /// reads a count of one as "my call alone", so a call that left the count before its answer
+    /// was visible let its caller wait beside another call (the first review's race test).
     func deliver(_ result: Result<T, any Error>) {
-      callsInFlight.end()
       let parked = state.withLock { state -> UnsafeContinuation<T, any Error>? in
         switch state {
         case .parked(let continuation):
@@ -387,7 +392,19 @@ final class SerializedConnection: @unchecked Sendable {
           return nil
         }
       }
-      if let parked { parked.resume(with: result) } else { answered.store(true, ordering: .releasing) }
+      if let parked {
+        uncount()
+        parked.resume(with: result)
+      } else {
+        answered.store(true, ordering: .releasing)
+        uncount()
+      }
+    }
+
+    /// Takes the call out of the count, once (the store's thread or the caller, whichever is
+    /// first once the answer is visible).
+    private func uncount() {
+      if counted.exchange(false, ordering: .acquiringAndReleasing) { callsInFlight.end() }
     }
 
     /// Waits up to `limit` nanoseconds on the calling thread, yielding the processor, for the
@@ -408,21 +425,28 @@ final class SerializedConnection: @unchecked Sendable {
       guard limit > 0, callsInFlight.isQuiet else { return (nil, 0, false) }
       let start = DispatchTime.now().uptimeNanoseconds
       var now = start
+      var looked = false
       while !answered.load(ordering: .acquiring) {
         if now &- start >= limit || !callsInFlight.isQuiet { return (nil, now &- start, false) }
         sched_yield()
+        looked = true
         now = DispatchTime.now().uptimeNanoseconds
       }
-      return (take(), now &- start, true)
+      // An answer that came between the first look and the loop's counts as there at once.
+      return (take(), now &- start, looked)
     }
 
-    /// The stored answer, once: nil when there is none or it was taken.
+    /// The stored answer, once: nil when there is none or it was taken. The call leaves the
+    /// count here if the store's thread has not taken it out yet, so that the caller's next call
+    /// does not find it still counted and take the two for an overlap.
     private func take() -> Result<T, any Error>? {
-      state.withLock { state -> Result<T, any Error>? in
+      let answer = state.withLock { state -> Result<T, any Error>? in
         guard case .answered(let result) = state else { return nil }
         state = .done
         return result
       }
+      uncount()
+      return answer
     }
 
     /// Gives the answer to `continuation`, now or when it comes.
@@ -435,7 +459,10 @@ final class SerializedConnection: @unchecked Sendable {
         state = .parked(continuation)
         return nil
       }
-      if let result { continuation.resume(with: result) }
+      if let result {
+        uncount()
+        continuation.resume(with: result)
+      }
     }
   }
 
