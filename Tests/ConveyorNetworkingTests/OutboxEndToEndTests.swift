@@ -20,7 +20,7 @@ func flakyServer(failures: Int) throws -> TestHTTPServer {
   }
 }
 
-@Suite("HTTP outbox end to end on SQLite", .timeLimit(.minutes(1)))
+@Suite("HTTP outbox end to end on SQLite", .timeLimit(.minutes(2)))
 struct OutboxEndToEndTests {
   @Test func threeRequestsSurviveARestartAndAreDeliveredInOrderDespite503s() async throws {
     let server = try flakyServer(failures: 2)
@@ -47,7 +47,7 @@ struct OutboxEndToEndTests {
     configuration.autoStart = true
     let outbox = try JobQueue(
       configuration: configuration, store: try SQLiteJobStore(path: path), delivery: HTTPDelivery())
-    try await within(.seconds(20), "outbox finished") { await outbox.waitUntilFinished() }
+    try await within(.seconds(90), "outbox finished") { await outbox.waitUntilFinished() }
     await outbox.shutdown(gracePeriod: .seconds(1))
 
     let requests = server.requests
@@ -96,7 +96,7 @@ struct OutboxEndToEndTests {
     ])
     outbox.start()
     // A hang bound, not a speed check: a few hundred milliseconds on a quiet machine.
-    try await within(.seconds(30), "outbox finished") { await outbox.waitUntilFinished() }
+    try await within(.seconds(90), "outbox finished") { await outbox.waitUntilFinished() }
     await outbox.shutdown(gracePeriod: .seconds(1))
     #expect(
       server.requests.map { "\($0.method) \($0.path)" } == [
@@ -117,7 +117,7 @@ struct OutboxEndToEndTests {
       delivery: HTTPDelivery())
     try await outbox.add(.post(server.url("/bad"), form: ["quantity": "-1"]))
     try await outbox.add(.get(server.url("/good")))
-    try await within(.seconds(30), "outbox finished") { await outbox.waitUntilFinished() }
+    try await within(.seconds(90), "outbox finished") { await outbox.waitUntilFinished() }
     await outbox.shutdown(gracePeriod: .seconds(1))
 
     #expect(server.requests.map(\.path) == ["/bad", "/good"])

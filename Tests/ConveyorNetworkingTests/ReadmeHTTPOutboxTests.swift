@@ -55,7 +55,7 @@ func fetchItem(api: URL, into folder: URL) async throws -> (CatalogItem, URL) {
 
 // End of the README example.
 
-@Suite("README: HTTP outbox", .timeLimit(.minutes(1)))
+@Suite("README: HTTP outbox", .timeLimit(.minutes(2)))
 struct ReadmeHTTPOutboxTests {
   @Test func theExampleDeliversEveryRequest() async throws {
     // The server is busy on the first call and says when to come back: right away.
@@ -67,7 +67,7 @@ struct ReadmeHTTPOutboxTests {
     defer { server.stop() }
     let folder = try TemporaryFolder()
 
-    try await within(.seconds(20), "README example") {
+    try await within(.seconds(90), "README example") {
       try await sendOutbox(api: server.url("/api"), databasePath: folder.file("outbox.sqlite").path)
     }
 

@@ -206,7 +206,7 @@ struct ReviewFileAndNetworkTests {
   @Test func aStepThatNeverCallsBackIsBounded() async throws {
     let pipeline = Pipeline(defaultValue: 1)
       .then(Pipeline.step(timeout: .milliseconds(200), Pipeline.step { _, _ in }))
-    let outcome = try await within(.seconds(20)) { () -> String in
+    let outcome = try await within(.seconds(60)) { () -> String in
       do {
         _ = try await pipeline.run()
         return "finished"

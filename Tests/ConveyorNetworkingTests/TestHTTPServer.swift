@@ -26,7 +26,7 @@ func closedPort() -> UInt16 { 1 }
 /// not waited for, so even work that ignores cancellation (a non-cancellable continuation) cannot
 /// hang the test.
 func within<T: Sendable>(
-  _ limit: Duration = .seconds(15), _ what: String = "operation",
+  _ limit: Duration = .seconds(60), _ what: String = "operation",
   _ body: @escaping @Sendable () async throws -> T
 ) async throws -> T {
   try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in

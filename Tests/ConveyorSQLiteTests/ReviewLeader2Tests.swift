@@ -73,7 +73,7 @@ struct ReviewLeader2Tests {
     }
     #expect(try await big2.value.count == 40)
     #expect(try scalar("SELECT count(*) FROM jobs", path: path) == 1 + 33 + 5 + 40)
-    #expect(await eventually(timeout: .seconds(5)) { store.groups.isIdle }, "an add stays under way")
+    #expect(await eventually(timeout: .seconds(90)) { store.groups.isIdle }, "an add stays under way")
     // A lone adder commits inline again.
     let taken = store.groups.callsTaken
     for index in 0..<10 {
@@ -132,7 +132,7 @@ struct ReviewLeader2Tests {
       }
     }
     #expect(try scalar("SELECT count(*) FROM jobs", path: path) == Int64(committedRows))
-    #expect(await eventually(timeout: .seconds(5)) { store.groups.isIdle }, "an add stays under way")
+    #expect(await eventually(timeout: .seconds(90)) { store.groups.isIdle }, "an add stays under way")
   }
 
   /// With synchronous FULL, concurrent adds (small, large, shared keys) all go through the store's
@@ -171,7 +171,7 @@ struct ReviewLeader2Tests {
     let rows = try scalar("SELECT count(*) FROM jobs", path: path)
     // Each of the 6 tasks made 3 large calls (call 7, 20, 33): 33 more rows each.
     #expect(rows == Int64(inserted + 6 * 3 * 33))
-    #expect(await eventually(timeout: .seconds(5)) { store.groups.isIdle }, "an add stays under way")
+    #expect(await eventually(timeout: .seconds(90)) { store.groups.isIdle }, "an add stays under way")
   }
 
   /// A mix on the inline path: concurrent small and large adds with shared keys, cancellations at
@@ -260,7 +260,7 @@ struct ReviewLeader2Tests {
     }
     for (key, ids) in idsByKey { #expect(ids.count == 1, "key \(key): \(ids)") }
     #expect(stored == expected, "stored but not returned: \(stored.subtracting(expected).sorted().prefix(5))")
-    #expect(await eventually(timeout: .seconds(5)) { store.groups.isIdle }, "an add stays under way")
+    #expect(await eventually(timeout: .seconds(90)) { store.groups.isIdle }, "an add stays under way")
     print(
       "calls \(all.count), taken by the thread \(store.groups.callsTaken), groups \(store.groups.groupsCommitted)"
     )

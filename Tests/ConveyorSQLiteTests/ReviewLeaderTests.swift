@@ -144,7 +144,7 @@ struct ReviewLeaderTests {
     #expect(try await followers[5].value == [EnqueueResult(id: ids[0], inserted: false)])
     #expect(Set(ids).count == 5)
     #expect(try scalar("SELECT count(*) FROM jobs", path: path) == 6)
-    #expect(await eventually(timeout: .seconds(5)) { store.groups.isIdle }, "an add stays under way")
+    #expect(await eventually(timeout: .seconds(90)) { store.groups.isIdle }, "an add stays under way")
   }
 
   /// Closing the store while adds wait behind a leader: the leader's own add commits, and every
@@ -192,7 +192,7 @@ struct ReviewLeaderTests {
       try await store.enqueue(
         (0..<40).map { NewJob(payload: payload("late \($0)"), runAt: epoch) }, queue: "jobs", now: epoch)
     }
-    #expect(await eventually(timeout: .seconds(5)) { store.groups.isIdle }, "an add stays under way")
+    #expect(await eventually(timeout: .seconds(90)) { store.groups.isIdle }, "an add stays under way")
   }
 
   /// While another connection holds the write lock, a leader and the adds behind it wait on the
@@ -274,7 +274,7 @@ struct ReviewLeaderTests {
       return result
     }
     clock.open()
-    let returned = await eventually(timeout: .seconds(10)) { leaderDone.value }
+    let returned = await eventually(timeout: .seconds(90)) { leaderDone.value }
     #expect(returned, "the leader's call did not return while a call behind it could not commit")
     // The calls after round 8 went to the store's thread, where the stuck one's clock is read.
     try await eventually("the stuck call's clock is read") { stuck.entered }
@@ -390,7 +390,7 @@ struct ReviewLeaderTests {
     #expect(d.count == 2 && d[0].inserted && d[1] == EnqueueResult(id: c[0].id, inserted: false))
     for id in [a[0].id, a[1].id, c[0].id, d[0].id] { #expect(try isCommitted(id, path: path)) }
     #expect(try scalar("SELECT count(*) FROM jobs", path: path) == 5)
-    #expect(await eventually(timeout: .seconds(5)) { store.groups.isIdle }, "an add stays under way")
+    #expect(await eventually(timeout: .seconds(90)) { store.groups.isIdle }, "an add stays under way")
   }
 
   /// Concurrent adders whose calls are cancelled at various moments (before, right after, or a
@@ -447,7 +447,7 @@ struct ReviewLeaderTests {
       "threw CancellationError but stored: \(cancelled.intersection(stored).sorted().prefix(5))")
     #expect(stored == returned.union(["seed"]))
     print("cancelled \(cancelled.count), returned \(returned.count), groups \(store.groups.groupsCommitted)")
-    #expect(await eventually(timeout: .seconds(5)) { store.groups.isIdle }, "an add stays under way")
+    #expect(await eventually(timeout: .seconds(90)) { store.groups.isIdle }, "an add stays under way")
   }
 
   /// Many tasks adding one job per call, with shared keys and calls a trigger rejects: each
@@ -502,6 +502,6 @@ struct ReviewLeaderTests {
     var stored: Set<String> = []
     try other.query("SELECT payload FROM jobs") { stored.insert(String(decoding: $0.data(0), as: UTF8.self)) }
     #expect(stored == insertedNames.union(["seed"]))
-    #expect(await eventually(timeout: .seconds(5)) { store.groups.isIdle }, "an add stays under way")
+    #expect(await eventually(timeout: .seconds(90)) { store.groups.isIdle }, "an add stays under way")
   }
 }

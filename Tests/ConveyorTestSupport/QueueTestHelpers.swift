@@ -13,7 +13,7 @@ public struct TimedOut: Error, CustomStringConvertible {
 
 /// Polls `condition` every few milliseconds until it holds, or throws after `timeout` (real time).
 public func eventually(
-  _ what: String, timeout: Duration = .seconds(30), _ condition: @Sendable () async throws -> Bool
+  _ what: String, timeout: Duration = .seconds(90), _ condition: @Sendable () async throws -> Bool
 ) async throws {
   let deadline = ContinuousClock.now + timeout
   while ContinuousClock.now < deadline {
@@ -24,7 +24,7 @@ public func eventually(
 }
 
 /// Polls `condition` until it holds or `timeout` passes; returns whether it held, for `#expect`.
-public func eventually(timeout: Duration = .seconds(20), _ condition: @Sendable () -> Bool) async -> Bool {
+public func eventually(timeout: Duration = .seconds(90), _ condition: @Sendable () -> Bool) async -> Bool {
   (try? await eventually("the condition", timeout: timeout, condition)) != nil
 }
 
@@ -68,7 +68,7 @@ public final class EventRecorder: Sendable {
 
   /// Waits until the events satisfy `condition`.
   public func wait(
-    for what: String, timeout: Duration = .seconds(30),
+    for what: String, timeout: Duration = .seconds(90),
     _ condition: @escaping @Sendable ([JobQueueEvent]) -> Bool
   ) async throws {
     try await eventually(what, timeout: timeout) { condition(self.events) }

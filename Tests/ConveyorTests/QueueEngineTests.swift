@@ -181,7 +181,7 @@ struct QueueEngineTests {
     try await queue.add(EngineItem(number: 0))
     try await eventually("the blocking job started") { started.all == ["0#1"] }
     try await queue.add(EngineItem(number: 1), delay: .milliseconds(300))
-    try await eventually("the delayed job started", timeout: .seconds(12)) { started.all.contains("1#1") }
+    try await eventually("the delayed job started", timeout: .seconds(90)) { started.all.contains("1#1") }
     #expect(try await queue.count() == JobCounts(running: 1), "only the blocked job is left")
     gate.open()
     await queue.waitUntilFinished()
@@ -197,7 +197,7 @@ struct QueueEngineTests {
     try await queue.add(EngineItem(number: 0))
     try await eventually("the blocking job started") { started.all == ["0#1"] }
     try await queue.add(EngineItem(number: 1))
-    try await eventually("the retry ran", timeout: .seconds(12)) { started.all.contains("1#2") }
+    try await eventually("the retry ran", timeout: .seconds(90)) { started.all.contains("1#2") }
     gate.open()
     await queue.waitUntilFinished()
     await queue.shutdown(gracePeriod: .seconds(1))
@@ -218,7 +218,7 @@ struct QueueEngineTests {
     // Let the queue settle into waiting (it looks once more for work right after starting a job).
     try await Task.sleep(for: .milliseconds(300))
     try await producer.add(EngineItem(number: 1))
-    try await eventually("the other instance's job started", timeout: .seconds(12)) {
+    try await eventually("the other instance's job started", timeout: .seconds(90)) {
       started.all.contains("1#1")
     }
     gate.open()
@@ -255,7 +255,7 @@ struct QueueEngineTests {
     try await Task.sleep(for: .milliseconds(300))
     #expect(!returned.isSet, "returned while the job was still running")
     gate.open()
-    try await eventually("waitUntilFinished returned", timeout: .seconds(12)) { returned.isSet }
+    try await eventually("waitUntilFinished returned", timeout: .seconds(90)) { returned.isSet }
     await waiter.value
     #expect(try await worker.count() == JobCounts())
     await worker.shutdown(gracePeriod: .seconds(1))

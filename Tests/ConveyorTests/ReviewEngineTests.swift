@@ -167,10 +167,10 @@ struct ReviewEngineTests {
       await queue.waitUntilFinished()
       done.set()
     }
-    let returned = await eventually(timeout: .seconds(20)) { done.isSet }
+    let returned = await eventually(timeout: .seconds(90)) { done.isSet }
     waiter.cancel()
     await queue.shutdown(gracePeriod: .seconds(1))
-    #expect(returned, "waitUntilFinished did not return within 20 s (400 poll intervals) on an empty store")
+    #expect(returned, "waitUntilFinished did not return within 90 s (1,800 poll intervals) on an empty store")
   }
 
   @Test("waitUntilFinished does not return while another instance holds a running job (held)")
@@ -202,7 +202,7 @@ struct ReviewEngineTests {
     try await Task.sleep(for: .milliseconds(500))
     #expect(!done.isSet, "b's waitUntilFinished returned while a's job was running")
     gate.open()
-    #expect(await eventually(timeout: .seconds(10)) { done.isSet })
+    #expect(await eventually(timeout: .seconds(90)) { done.isSet })
     waiter.cancel()
     await a.shutdown()
     await b.shutdown()
@@ -237,7 +237,7 @@ struct ReviewEngineTests {
       attempts.append(context.attempts)
       return .handled
     }
-    let settled = await eventually(timeout: .seconds(10)) {
+    let settled = await eventually(timeout: .seconds(90)) {
       attempts.count == 2 || store.calls["rescue", default: 0] > 0 && attempts.count == 1
     }
     try await Task.sleep(for: .milliseconds(300))

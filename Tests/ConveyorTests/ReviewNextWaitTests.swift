@@ -51,7 +51,7 @@ struct ReviewNextWaitTests {
       [JobSettlement(claim: held[0].claim, action: .complete)], queue: "nw", limit: 0,
       lease: Lease(owner: "elsewhere", duration: .seconds(600)), clock: clock)
     #expect(try await base.remove([scheduled[0].id], queue: "nw") == 1)
-    #expect(await eventually(timeout: .seconds(20)) { finished.isSet }, "waitUntilFinished returns")
+    #expect(await eventually(timeout: .seconds(90)) { finished.isSet }, "waitUntilFinished returns")
     waiter.cancel()
     await watcher.shutdown(gracePeriod: .seconds(1))
   }

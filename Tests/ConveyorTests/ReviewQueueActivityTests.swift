@@ -166,10 +166,10 @@ struct ReviewQueueActivityTests {
     try await queue.add(Item(n: 1))
     await queue.waitUntilFinished()
     // The periodic flush is now with the store, holding the counts.
-    try await eventually("the periodic flush began", timeout: .seconds(30)) { store.firstCallEntered }
+    try await eventually("the periodic flush began", timeout: .seconds(90)) { store.firstCallEntered }
     await queue.shutdown(gracePeriod: .seconds(5))
     // Generous: whatever arrives within ten seconds of the shutdown counts.
-    let arrived = await eventually(timeout: .seconds(10)) { store.total.succeeded == 1 }
+    let arrived = await eventually(timeout: .seconds(90)) { store.total.succeeded == 1 }
     #expect(arrived, "the job's success never reached the store: \(store.total)")
     #expect(store.total.started == 1, "its start neither: \(store.total)")
   }
@@ -191,7 +191,7 @@ struct ReviewQueueActivityTests {
     await queue.waitUntilFinished()
     // The periodic flush is stuck with the store; a second job's counts wait in the tally for the
     // final flush.
-    try await eventually("the periodic flush began", timeout: .seconds(30)) { store.firstCallEntered }
+    try await eventually("the periodic flush began", timeout: .seconds(90)) { store.firstCallEntered }
     try await queue.add(Item(n: 2))
     await queue.waitUntilFinished()
     let stopped = Mutex(false)
@@ -199,9 +199,9 @@ struct ReviewQueueActivityTests {
       await queue.shutdown(gracePeriod: .seconds(5))
       stopped.withLock { $0 = true }
     }
-    let returned = await eventually(timeout: .seconds(30)) { stopped.withLock { $0 } }
+    let returned = await eventually(timeout: .seconds(90)) { stopped.withLock { $0 } }
     store.release()
     await shutdown.value
-    #expect(returned, "the shutdown was still waiting for the store's activity call after 30 s")
+    #expect(returned, "the shutdown was still waiting for the store's activity call after 90 s")
   }
 }
