@@ -168,17 +168,15 @@ public final class PostgresJobStore: JobStore {
     listener = Listener(conninfo: url, scrubber: info.scrubber, channel: sql.channel)
   }
 
-  /// Connects and migrates without blocking the caller's thread; see ``init(url:options:)``.
+  /// Connects and migrates without blocking the caller's thread, or any thread of the
+  /// cooperative pool: the connecting (which may wait for the server up to its connect timeout)
+  /// runs on a thread of its own. See ``init(url:options:)``.
   ///
   /// - Parameters:
   ///   - url: A `postgres://` URL or a libpq conninfo string.
   ///   - options: The schema, clock and timeouts.
   public static func open(url: String, options: Options = .init()) async throws -> PostgresJobStore {
-    try await withCheckedThrowingContinuation { continuation in
-      DispatchQueue.global().async {
-        continuation.resume(with: Result { try PostgresJobStore(url: url, options: options) })
-      }
-    }
+    try await onOwnThread(name: "conveyor-postgres-open") { try PostgresJobStore(url: url, options: options) }
   }
 
   deinit { listener.stop() }

@@ -112,17 +112,15 @@ public final class SQLiteJobStore: JobStore {
     try self.init(path: Self.defaultDatabaseURL(name: name).path, options: options)
   }
 
-  /// Opens the Conveyor database at `path` without blocking the caller's thread.
+  /// Opens the Conveyor database at `path` without blocking the caller's thread, or any thread
+  /// of the cooperative pool: the opening (which may wait up to ``Options/busyTimeout`` for
+  /// another connection's lock) runs on a thread of its own.
   ///
   /// - Parameters:
   ///   - path: The database file. Its folder must exist.
   ///   - options: Durability and lock-wait settings.
   public static func open(path: String, options: Options = .init()) async throws -> SQLiteJobStore {
-    try await withCheckedThrowingContinuation { continuation in
-      DispatchQueue.global().async {
-        continuation.resume(with: Result { try SQLiteJobStore(path: path, options: options) })
-      }
-    }
+    try await onOwnThread(name: "conveyor-sqlite-open") { try SQLiteJobStore(path: path, options: options) }
   }
 
   /// Closes the database once the calls already made have finished, and returns when it is closed.

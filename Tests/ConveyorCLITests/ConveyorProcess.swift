@@ -237,9 +237,10 @@ final class Sandbox {
     // Waiting for them (up to 5 s each) and removing the folder happen off the thread that
     // released the sandbox: that is a thread of the cooperative pool, and holding it stalled
     // every other test's tasks (a cancellation test measured 5 s for a call that ends at once).
+    // Not on a dispatch thread either: on Linux those are the pool's.
     nonisolated(unsafe) let waiting = stragglers
     let folder = self.folder
-    DispatchQueue.global().async {
+    Thread.detachNewThread {
       // Reaped without blocking when it is gone; a straggler is left to the system.
       for running in waiting {
         for _ in 0..<500 where !running.hasExited { usleep(10_000) }

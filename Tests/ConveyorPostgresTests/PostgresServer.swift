@@ -270,9 +270,9 @@ final class PostgresServer: Sendable {
   }
 
   static func onBackgroundThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { continuation in
-      DispatchQueue.global().async { continuation.resume(with: Result { try body() }) }
-    }
+    // Not a dispatch thread: on Linux those are the cooperative pool's, and initdb or a server's
+    // start would hold one for seconds.
+    try await onOwnThread(name: "test-postgres-server", body)
   }
 }
 
@@ -317,9 +317,7 @@ final class AdminConnection {
   func queryOffPool(_ sql: String) async throws -> [[String?]] {
     // Used by one caller at a time, as `query` is: the caller awaits the result.
     nonisolated(unsafe) let connection = self
-    return try await withCheckedThrowingContinuation { continuation in
-      DispatchQueue.global().async { continuation.resume(with: Result { try connection.query(sql) }) }
-    }
+    return try await onOwnThread(name: "test-admin-query") { try connection.query(sql) }
   }
 
   /// The first column of the first row.

@@ -54,14 +54,16 @@ final class WorkerProcess: Sendable {
   /// Waits for the process to exit (off the cooperative pool); its exit status, or 128 + signal.
   func exitStatus() async -> Int32 {
     let pid = self.pid
-    return await withCheckedContinuation { continuation in
-      DispatchQueue.global().async {
-        var status: Int32 = 0
-        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
-        let signal = status & 0x7f
-        continuation.resume(returning: signal == 0 ? (status >> 8) & 0xff : 128 + signal)
-      }
+    // On a thread of its own: a dispatch thread is one of the cooperative pool's on Linux, and
+    // the wait lasts as long as the process.
+    let status = try? await onOwnThread(name: "test-waitpid") { () -> Int32 in
+      var status: Int32 = 0
+      while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+      return status
     }
+    guard let status else { return -1 }
+    let signal = status & 0x7f
+    return signal == 0 ? (status >> 8) & 0xff : 128 + signal
   }
 
   func kill() { _ = sendSignal(pid, SIGKILL) }

@@ -229,6 +229,48 @@ struct OpeningTests {
     #expect(try await store.counts(queue: "jobs", now: epoch).ready == 1)
   }
 
+  /// `open(path:options:)` promises not to block the caller's thread. Waiting for another
+  /// connection's lock, it must not hold a thread of the cooperative pool either: on Linux,
+  /// `DispatchQueue.global()` (where it waited before) runs on the very threads of the pool, so
+  /// opens waiting there kept every task of the process from running. Here more opens wait than
+  /// the pool has threads, and the lock is released by the test's task once it wakes from a
+  /// sleep: before the fix it woke only when the opens gave up, so they failed as busy.
+  @Test func opensWaitingForALockDoNotHoldThePoolsThreads() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("locked.sqlite")
+    try await SQLiteJobStore.open(path: path).close()
+    let locked = DispatchSemaphore(value: 0)
+    let release = DispatchSemaphore(value: 0)
+    let holder = Thread {
+      var db: OpaquePointer?
+      guard sqlite3_open(path, &db) == SQLITE_OK else { return }
+      defer { sqlite3_close(db) }
+      // A WAL database lets readers in beside a writer: only exclusive locking mode keeps
+      // another connection from reading its schema.
+      sqlite3_exec(db, "PRAGMA locking_mode = EXCLUSIVE; BEGIN EXCLUSIVE; DELETE FROM jobs", nil, nil, nil)
+      locked.signal()
+      release.wait()
+      sqlite3_exec(db, "COMMIT", nil, nil, nil)
+    }
+    holder.start()
+    await withCheckedContinuation { continuation in
+      Thread {
+        locked.wait()
+        continuation.resume()
+      }.start()
+    }
+    let openers = (0..<2 * ProcessInfo.processInfo.activeProcessorCount + 4).map { _ in
+      Task { try await SQLiteJobStore.open(path: path, options: .init(busyTimeout: .seconds(3))) }
+    }
+    try await Task.sleep(for: .milliseconds(300))  // the opens are waiting for the lock
+    release.signal()
+    for opener in openers {
+      let store = try await opener.value
+      _ = try await store.enqueue([NewJob(payload: payload("a"), runAt: epoch)], queue: "jobs", now: epoch)
+      await store.close()
+    }
+  }
+
   @Test func longFileNamesWork() async throws {
     let folder = try TemporaryFolder()
     // 240 bytes: with "-journal" or "-wal" added, still within the usual 255-byte limit.

@@ -44,12 +44,13 @@ private func runTestWorker(_ arguments: [String], folder: TemporaryFolder) async
   let errorFile = try FileHandle(forWritingTo: URL(fileURLWithPath: errorPath))
   process.standardError = errorFile
   try process.run()
-  let (status, text) = await withCheckedContinuation { continuation in
-    DispatchQueue.global().async {
-      let data = output.fileHandleForReading.readDataToEndOfFile()
-      process.waitUntilExit()
-      continuation.resume(returning: (process.terminationStatus, String(decoding: data, as: UTF8.self)))
-    }
+  // On a thread of its own: a dispatch thread is one of the cooperative pool's on Linux, and
+  // this waits as long as the worker runs.
+  let running = process
+  let (status, text) = try await onOwnThread(name: "test-worker-wait") { () -> (Int32, String) in
+    let data = output.fileHandleForReading.readDataToEndOfFile()
+    running.waitUntilExit()
+    return (running.terminationStatus, String(decoding: data, as: UTF8.self))
   }
   try errorFile.close()
   let errors = (try? String(contentsOfFile: errorPath, encoding: .utf8)) ?? ""

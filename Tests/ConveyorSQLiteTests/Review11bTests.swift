@@ -154,12 +154,7 @@ struct Review11bTests {
       try! other.execute("COMMIT")
     }
     holder.start()
-    await withCheckedContinuation { continuation in
-      DispatchQueue.global().async {
-        locked.wait()
-        continuation.resume()
-      }
-    }
+    try await onOwnThread(name: "test-locked") { locked.wait() }
 
     let adders = (0..<16).map { task in
       Task { () throws -> [(String, EnqueueResult)] in

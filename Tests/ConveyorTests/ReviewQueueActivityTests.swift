@@ -83,12 +83,8 @@ struct ReviewQueueActivityTests {
         case .blockedUntilReleased:
           let gate = self.gate
           if released.withLock({ $0 }) { break }
-          await withCheckedContinuation { continuation in
-            DispatchQueue.global().async {
-              gate.wait()
-              continuation.resume()
-            }
-          }
+          // On a thread of its own: a dispatch thread is one of the cooperative pool's on Linux.
+          _ = try? await onOwnThread(name: "test-gate") { gate.wait() }
         }
       }
       recorded.withLock { $0 += activity }
