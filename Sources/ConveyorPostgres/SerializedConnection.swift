@@ -67,9 +67,26 @@ final class SerializedConnection: @unchecked Sendable {
       if socket >= 0 { _ = shutdown(socket, Int32(SHUT_RDWR)) }
     }
 
+    /// Whether a cancel request is on its way (its thread has not returned).
+    private let sending = Atomic<Bool>(false)
+
+    /// Sends a cancel request on a thread of its own, unless one is still on its way; returns at
+    /// once.
+    ///
+    /// `PQcancel` connects to the server and waits for its postmaster to close the connection:
+    /// against a server that froze whole (a paused machine, dropped packets) it blocks until the
+    /// server comes back or TCP gives up, minutes later. Run by the canceller, it blocked
+    /// `Task.cancel()` itself, under the call's lock, which kept ``abort()`` from ever running.
+    /// The thread keeps the handle (and its `PGcancel`) alive until the request returns.
     func cancel() {
-      var buffer = [CChar](repeating: 0, count: 256)
-      _ = PQcancel(pointer, &buffer, 256)
+      guard !sending.exchange(true, ordering: .acquiringAndReleasing) else { return }
+      let thread = Thread { [self] in
+        var buffer = [CChar](repeating: 0, count: 256)
+        _ = PQcancel(pointer, &buffer, 256)
+        sending.store(false, ordering: .releasing)
+      }
+      thread.name = "conveyor-postgres-cancel"
+      thread.start()
     }
   }
 

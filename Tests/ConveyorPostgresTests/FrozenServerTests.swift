@@ -1,0 +1,61 @@
+import Conveyor
+import ConveyorTestSupport
+import Foundation
+import Synchronization
+import Testing
+
+@testable import ConveyorPostgres
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// A server that freezes whole (a paused virtual machine, a host whose packets are dropped): its
+/// postmaster accepts no cancel request either.
+@Suite("PostgreSQL: a server that freezes whole", .serialized, .timeLimit(.minutes(3)))
+struct FrozenServerTests {
+  /// The postmaster's process and all its children (the backends).
+  static func serverProcesses(_ server: PostgresServer) throws -> [pid_t] {
+    let text = try String(contentsOfFile: server.dataFolder + "/postmaster.pid", encoding: .utf8)
+    guard let line = text.split(separator: "\n").first, let postmaster = pid_t(line) else {
+      throw HarnessError("no postmaster.pid")
+    }
+    let children = try PostgresServer.capture("/usr/bin/pgrep", ["-P", "\(postmaster)"])
+    return [postmaster] + children.split(separator: "\n").compactMap { pid_t($0) }
+  }
+
+  /// Cancelling a call to a frozen server ends it: the cancel request, which waits for the
+  /// postmaster's answer, is sent on a thread of its own, and the call's socket is shut down
+  /// two seconds later whatever became of it. Before the fix `PQcancel` ran in `Task.cancel()`
+  /// itself, under the call's lock: the canceller blocked until the server came back, and the
+  /// shutdown (and `callTimeout`'s, which takes the same lock) never ran.
+  @Test func cancellingACallToAFrozenServerEndsIt() async throws {
+    let server = try await PostgresServer.start()
+    defer { server.stop() }
+    let connection = SerializedConnection(
+      label: "FrozenServerTests", conninfo: server.url, scrubber: Scrubber(secrets: []),
+      reconnectTimeout: .seconds(1)
+    ) { _ in }
+    try await connection.connect()
+    let finished = Atomic<Bool>(false)
+    let call = Task {
+      defer { finished.store(true, ordering: .releasing) }
+      try await connection.perform(idempotent: true, retrying: false) {
+        _ = try $0.execute("SELECT pg_sleep(60)")
+      }
+    }
+    try await Task.sleep(for: .milliseconds(300))  // the sleep is running
+    let frozen = try Self.serverProcesses(server)
+    #expect(frozen.count >= 2, "the postmaster and the connection's backend: \(frozen)")
+    for pid in frozen { kill(pid, SIGSTOP) }
+    defer { for pid in frozen { kill(pid, SIGCONT) } }
+    // Cancelled from a thread of its own: before the fix, cancelling blocked the canceller in
+    // `PQcancel` until the server came back (here, the test's own task).
+    Thread { call.cancel() }.start()
+    let ended = await eventually(timeout: .seconds(30)) { finished.load(ordering: .acquiring) }
+    #expect(ended, "the cancelled call to the frozen server had not ended after 30 s")
+    for pid in frozen { kill(pid, SIGCONT) }
+    _ = await call.result
+    await connection.close()
+  }
+}
