@@ -69,6 +69,9 @@ final class SerializedConnection: @unchecked Sendable {
 
     /// Whether a cancel request is on its way (its thread has not returned).
     private let sending = Atomic<Bool>(false)
+    /// Whether a cancel request is on its way: one may still reach the server and cancel
+    /// whatever statement its backend runs then.
+    var isSending: Bool { sending.load(ordering: .acquiring) }
 
     /// Sends a cancel request on a thread of its own, unless one is still on its way; returns at
     /// once.
@@ -165,6 +168,11 @@ final class SerializedConnection: @unchecked Sendable {
         let result = Result { try self.run(idempotent: idempotent, retrying: retrying, operation, body) }
         self.lastRun.store(DispatchTime.now().uptimeNanoseconds &- start, ordering: .relaxed)
         let cancelled = operation.finish()
+        // A cancel request still on its way names this connection's backend: it would cancel
+        // the next block's statement. The connection is dropped, so the next block runs on a
+        // new backend and the late request finds none. (`cancel()` marks the request sent under
+        // the operation's lock, which `finish()` takes, so none can start after this look.)
+        if cancelled, self.cancelHandle.withLock({ $0?.isSending ?? false }) { self.drop() }
         if cancelled, case .failure(let error as PostgresError) = result, error.sqlState == "57014" {
           handoff.deliver(.failure(CancellationError()))
         } else {
@@ -514,8 +522,10 @@ final class SerializedConnection: @unchecked Sendable {
       state.withLock { $0.cancelled = true }
     }
 
-    /// Calls `interrupt` if the block is running, under the lock, so the block cannot finish and
-    /// let the next block's statement be cancelled instead; returns whether it was running.
+    /// Calls `interrupt` if the block is running, under the lock, so the block cannot finish
+    /// meanwhile; returns whether it was running. A cancel request sent here reaches the server
+    /// later, on a thread of its own: a block that finishes before it does has its connection
+    /// dropped (see `perform`), so the request cannot cancel the next block's statement.
     func whileRunning(_ interrupt: () -> Void) -> Bool {
       state.withLock { state in
         guard state.started && !state.finished else { return false }
