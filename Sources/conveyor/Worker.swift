@@ -79,7 +79,10 @@ final class Worker: Sendable {
         // the jobs then run again after their lease.
         printError("conveyor: stopping now")
         forced.store(true, ordering: .releasing)
-        DispatchQueue.global().asyncAfter(deadline: .now() + 3) {
+        // On a thread of its own: on Linux dispatch's global queue runs on the cooperative
+        // pool's threads, which the stuck store this guards against may be holding.
+        Thread.detachNewThread {
+          Thread.sleep(forTimeInterval: 3)
           ChildProcess.killAll()
           exit(130)
         }
