@@ -23,6 +23,8 @@ struct ReviewSession21Tests {
   }
 
   /// A cancel request meant for a call must not end the next call on the same connection.
+  /// Failed before the fix (B failed with 57014); now a cancelled block that ends while its
+  /// request is on its way drops its connection, and B runs on a new backend.
   ///
   /// `Operation.whileRunning` sends the cancel under the operation's lock "so the block cannot
   /// finish and let the next block's statement be cancelled instead". Before 7bd3d0f, `PQcancel`
