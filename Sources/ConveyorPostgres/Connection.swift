@@ -187,20 +187,79 @@ final class Connection {
     return flag
   }()
 
-  /// Connects; throws ``PostgresError`` with code `connectionFailed` when libpq cannot.
-  init(conninfo: String, scrubber: Scrubber) throws {
+  /// How long a connection attempt may take when neither the caller nor the conninfo's
+  /// `connect_timeout` says.
+  static let defaultConnectTimeout = Duration.seconds(30)
+
+  /// Connects; throws ``PostgresError`` with code `connectionFailed` when libpq cannot, or when
+  /// the attempt outlasts `deadline` (and the conninfo's `connect_timeout`, or 30 s without one),
+  /// and `CancellationError` as soon as `isCancelled` says so (looked at every 50 ms).
+  ///
+  /// Connects without blocking (`PQconnectStart`, `PQconnectPoll`), waiting on the socket in
+  /// slices: a server that froze whole accepts the TCP connection in its kernel and never answers
+  /// the startup packet, and `PQconnectdb` without a `connect_timeout` waited for it forever.
+  init(
+    conninfo: String, scrubber: Scrubber, deadline: ContinuousClock.Instant? = nil,
+    isCancelled: () -> Bool = { false }
+  ) throws {
     self.scrubber = scrubber
-    guard let handle = PQconnectdb(conninfo) else {
+    guard let handle = PQconnectStart(conninfo) else {
       throw PostgresError(code: .connectionFailed, message: "libpq could not allocate a connection")
     }
     self.handle = handle
-    guard PQstatus(handle) == CONNECTION_OK else {
-      let message = scrubber.scrub(String(cString: PQerrorMessage(handle)))
-      // `deinit` runs for an initialiser that throws once every property is set: it finishes
-      // the handle.
-      throw PostgresError(code: .connectionFailed, message: Self.trimmed(message))
+    // From here on `deinit` (which runs for an initialiser that throws once every property is
+    // set) finishes the handle.
+    let started = ContinuousClock.now
+    let timeout = Self.connectTimeout(handle) ?? Self.defaultConnectTimeout
+    let giveUp = min(deadline ?? started + timeout, started + timeout)
+    var waitFor = Int16(POLLOUT)  // before the first poll, as if it had asked to write
+    while PQstatus(handle) != CONNECTION_BAD {
+      let socket = PQsocket(handle)  // may change between polls (another address, SSL retry)
+      if socket >= 0 {
+        var descriptor = pollfd(fd: socket, events: waitFor, revents: 0)
+        let ready = poll(&descriptor, 1, 50)
+        if ready == 0 || (ready < 0 && errno == EINTR) {
+          if isCancelled() { throw CancellationError() }
+          if ContinuousClock.now >= giveUp {
+            let limit = giveUp - started
+            let seconds = Double(limit.components.seconds) + Double(limit.components.attoseconds) / 1e18
+            throw PostgresError(
+              code: .connectionFailed,
+              message:
+                "the server did not complete the connection within \(String(format: "%.1f", seconds)) s "
+                + "(connect_timeout in the URL, or the store's reconnect timeout, sets this)")
+          }
+          continue
+        }
+      }
+      switch PQconnectPoll(handle) {
+      case PGRES_POLLING_OK:
+        conveyor_pq_watch_notices(handle, sessionEnded)
+        return
+      case PGRES_POLLING_READING: waitFor = Int16(POLLIN)
+      case PGRES_POLLING_WRITING: waitFor = Int16(POLLOUT)
+      default: break  // failed: the status is CONNECTION_BAD
+      }
     }
-    conveyor_pq_watch_notices(handle, sessionEnded)
+    let message = scrubber.scrub(String(cString: PQerrorMessage(handle)))
+    throw PostgresError(code: .connectionFailed, message: Self.trimmed(message))
+  }
+
+  /// The `connect_timeout` the conninfo sets, if any (libpq counts below 2 s as 2 s, and zero or
+  /// less as none). libpq does not apply it to a non-blocking connect: the loop above does.
+  private static func connectTimeout(_ handle: OpaquePointer) -> Duration? {
+    guard let options = PQconninfo(handle) else { return nil }
+    defer { PQconninfoFree(options) }
+    var option = options
+    while let keyword = option.pointee.keyword {
+      if String(cString: keyword) == "connect_timeout", let value = option.pointee.val,
+        let seconds = Int(String(cString: value).trimmingCharacters(in: .whitespaces)), seconds > 0
+      {
+        return .seconds(max(seconds, 2))
+      }
+      option += 1
+    }
+    return nil
   }
 
   deinit {

@@ -116,7 +116,9 @@ final class Listener: Sendable {
     while !isStopped {
       // The error is not needed: the store's own connection reports why the server cannot be
       // reached, and polling goes on meanwhile; this one retries with backoff.
-      guard let connection = try? Connection(conninfo: conninfo, scrubber: scrubber) else {
+      guard
+        let connection = try? Connection(conninfo: conninfo, scrubber: scrubber, isCancelled: { isStopped })
+      else {
         Thread.sleep(forTimeInterval: pause)
         pause = min(pause * 2, 1)
         continue

@@ -260,7 +260,7 @@ final class SerializedConnection: @unchecked Sendable {
       }
       if operation.isCancelled { throw CancellationError() }
       do {
-        let connection = try connected()
+        let connection = try connected(until: deadline, unless: { operation.isCancelled })
         connection.isCancelled = { operation.isCancelled }
         watch(operation)
         defer { watched.withLock { $0 = nil } }
@@ -290,11 +290,15 @@ final class SerializedConnection: @unchecked Sendable {
     }
   }
 
-  /// The open connection, opening a new one when there is none or it broke. On the thread.
-  private func connected() throws -> Connection {
+  /// The open connection, opening a new one when there is none or it broke; the opening gives up
+  /// at `deadline` (the call's reconnect deadline) and when `cancelled` says so. On the thread.
+  private func connected(until deadline: ContinuousClock.Instant, unless cancelled: () -> Bool) throws
+    -> Connection
+  {
     if let connection, connection.isHealthy { return connection }
     drop()
-    let fresh = try Connection(conninfo: conninfo, scrubber: scrubber)
+    let fresh = try Connection(
+      conninfo: conninfo, scrubber: scrubber, deadline: deadline, isCancelled: cancelled)
     try setup(fresh)
     connection = fresh
     let handle = fresh.makeCancelHandle().map { CancelHandle($0, socket: fresh.socketDescriptor) }

@@ -58,4 +58,36 @@ struct FrozenServerTests {
     _ = await call.result
     await connection.close()
   }
+
+  /// Opening a store on a frozen server gives up after the URL's `connect_timeout`, with an
+  /// error that says so. Before, the connection was made with `PQconnectdb`, whose timeout the
+  /// store now applies itself (its connect no longer blocks, so that cancellation reaches it).
+  @Test func openingAStoreOnAFrozenServerGivesUpAfterConnectTimeout() async throws {
+    let server = try await PostgresServer.start()
+    defer { server.stop() }
+    let frozen = try Self.serverProcesses(server)
+    for pid in frozen { kill(pid, SIGSTOP) }
+    defer { for pid in frozen { kill(pid, SIGCONT) } }
+    let outcome = Mutex<Result<PostgresJobStore, any Error>?>(nil)
+    let opening = Task {
+      let result: Result<PostgresJobStore, any Error>
+      do {
+        result = .success(try await PostgresJobStore.open(url: server.url + "?connect_timeout=2"))
+      } catch {
+        result = .failure(error)
+      }
+      outcome.withLock { $0 = result }
+    }
+    let ended = await eventually(timeout: .seconds(30)) { outcome.withLock { $0 != nil } }
+    for pid in frozen { kill(pid, SIGCONT) }
+    #expect(ended, "opening a store on a frozen server had not ended after 30 s (connect_timeout=2)")
+    await opening.value
+    guard case .failure(let error as PostgresError) = outcome.withLock({ $0 }) else {
+      Issue.record("expected a PostgresError, got \(String(describing: outcome.withLock { $0 }))")
+      return
+    }
+    #expect(error.code == .connectionFailed)
+    #expect(
+      error.message.contains("within 2.0 s") && error.message.contains("connect_timeout"), "\(error.message)")
+  }
 }

@@ -1,0 +1,121 @@
+import CLibPQ
+import Conveyor
+import ConveyorTestSupport
+import Foundation
+import Synchronization
+import Testing
+
+@testable import ConveyorPostgres
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// Reconnecting to a server that froze whole.
+///
+/// When a call's connection breaks, `SerializedConnection.run` opens a new one with
+/// `Connection(conninfo:)`, i.e. a blocking `PQconnectdb` on the store's thread. Against a server
+/// that froze whole (its kernel still accepts the TCP connection into the listen backlog, the
+/// postmaster never answers the startup packet) and a URL without `connect_timeout`, `PQconnectdb`
+/// waits without bound. Nothing ends it:
+/// - `callTimeout` only watches `body(connection)`: `watch(operation)` is called after
+///   `connected()` returns;
+/// - `reconnectTimeout`'s deadline is only looked at after the connect has thrown;
+/// - cancelling sends `PQcancel` / shuts down the socket of `cancelHandle`, which `drop()` set to
+///   nil before connecting: there is no handle, so both do nothing.
+/// The store's thread stays stuck, so every later call and `close()` wait behind it too.
+@Suite("Review hunt: reconnecting to a frozen PostgreSQL server", .serialized, .timeLimit(.minutes(3)))
+struct ReviewHuntTests {
+  static func serverProcesses(_ server: PostgresServer) throws -> [pid_t] {
+    let text = try String(contentsOfFile: server.dataFolder + "/postmaster.pid", encoding: .utf8)
+    guard let line = text.split(separator: "\n").first, let postmaster = pid_t(line) else {
+      throw HarnessError("no postmaster.pid")
+    }
+    let children = try PostgresServer.capture("/usr/bin/pgrep", ["-P", "\(postmaster)"])
+    return [postmaster] + children.split(separator: "\n").compactMap { pid_t($0) }
+  }
+
+  /// `callTimeout` (2 s) ends the statement sent to the frozen server, the call then reconnects
+  /// (within `reconnectTimeout`, 3 s) and should fail a few seconds later. It never ends: the
+  /// reconnect's `PQconnectdb` waits for the frozen postmaster, outside `callTimeout`'s watch and
+  /// past `reconnectTimeout`.
+  @Test func aCallToAFrozenServerEndsWithinCallTimeoutAndReconnectTimeout() async throws {
+    let server = try await PostgresServer.start()
+    defer { server.stop() }
+    let store = try await PostgresJobStore.open(
+      url: server.url,
+      options: .init(schema: uniqueSchema("hunt"), reconnectTimeout: .seconds(3), callTimeout: .seconds(2)))
+    _ = try await store.queueNames()  // the store's connection is open
+
+    let frozen = try Self.serverProcesses(server)
+    for pid in frozen { kill(pid, SIGSTOP) }
+    defer { for pid in frozen { kill(pid, SIGCONT) } }
+
+    let finished = Atomic<Bool>(false)
+    let call = Task {
+      defer { finished.store(true, ordering: .releasing) }
+      _ = try await store.queueNames()
+    }
+    // Promised: about callTimeout (2 s) + reconnectTimeout (3 s).
+    let ended = await eventually(timeout: .seconds(30)) { finished.load(ordering: .acquiring) }
+    #expect(
+      ended,
+      "a call to a frozen server had not ended 30 s after it started (callTimeout 2 s, reconnectTimeout 3 s)")
+
+    // And close() cannot return either while the store's thread is stuck in the connect.
+    let closed = Atomic<Bool>(false)
+    let closing = Task {
+      await store.close()
+      closed.store(true, ordering: .releasing)
+    }
+    let closedInTime = await eventually(timeout: .seconds(5)) { closed.load(ordering: .acquiring) }
+    #expect(closedInTime, "close() had not returned 5 s after it was called (the store's thread is stuck)")
+
+    for pid in frozen { kill(pid, SIGCONT) }
+    _ = await call.result
+    await closing.value
+  }
+
+  /// The README: "a cancelled call ends even against a server that froze whole", two seconds
+  /// after the cancel. A call whose connection the server had closed while idle (a restart, an
+  /// idle timeout, `pg_terminate_backend`) reconnects first; if the server froze meanwhile,
+  /// cancelling that call does nothing: there is no cancel handle (and no socket) while
+  /// `PQconnectdb` runs.
+  @Test func cancellingACallThatIsReconnectingToAFrozenServerEndsIt() async throws {
+    let server = try await PostgresServer.start()
+    defer { server.stop() }
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: uniqueSchema("hunt")))
+    _ = try await store.queueNames()  // the store's connection is open
+
+    // The server ends the store's idle session, then freezes whole.
+    do {
+      let admin = try AdminConnection(server.url)
+      try admin.query(
+        """
+        SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+        WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+        """)
+    }
+    try await Task.sleep(for: .milliseconds(500))
+    let frozen = try Self.serverProcesses(server)
+    for pid in frozen { kill(pid, SIGSTOP) }
+    defer { for pid in frozen { kill(pid, SIGCONT) } }
+
+    let finished = Atomic<Bool>(false)
+    let call = Task {
+      defer { finished.store(true, ordering: .releasing) }
+      _ = try await store.queueNames()
+    }
+    try await Task.sleep(for: .seconds(1))  // the call is reconnecting
+    let endedBeforeCancel = finished.load(ordering: .acquiring)
+    #expect(!endedBeforeCancel, "the call ended before it was cancelled")
+    Thread { call.cancel() }.start()
+    // Promised: two seconds after the cancel.
+    let ended = await eventually(timeout: .seconds(20)) { finished.load(ordering: .acquiring) }
+    #expect(ended, "the cancelled call (reconnecting to a frozen server) had not ended 20 s after the cancel")
+
+    for pid in frozen { kill(pid, SIGCONT) }
+    _ = await call.result
+    await store.close()
+  }
+}
