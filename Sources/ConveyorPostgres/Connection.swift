@@ -189,77 +189,125 @@ final class Connection {
 
   /// How long a connection attempt may take when neither the caller nor the conninfo's
   /// `connect_timeout` says.
-  static let defaultConnectTimeout = Duration.seconds(30)
+  static let defaultConnectTimeout = 30
 
   /// Connects; throws ``PostgresError`` with code `connectionFailed` when libpq cannot, or when
-  /// the attempt outlasts `deadline` (and the conninfo's `connect_timeout`, or 30 s without one),
-  /// and `CancellationError` as soon as `isCancelled` says so (looked at every 50 ms).
+  /// the attempt outlasts `deadline` or the conninfo's `connect_timeout` (30 s without one), and
+  /// `CancellationError` once `isCancelled` says so (looked at at least every 50 ms).
   ///
-  /// Connects without blocking (`PQconnectStart`, `PQconnectPoll`), waiting on the socket in
-  /// slices: a server that froze whole accepts the TCP connection in its kernel and never answers
-  /// the startup packet, and `PQconnectdb` without a `connect_timeout` waited for it forever.
+  /// A server that froze whole accepts the TCP connection in its kernel and never answers the
+  /// startup packet: `PQconnectdb` without a `connect_timeout` waited for it forever. So a
+  /// conninfo naming one host is connected without blocking (`PQconnectStart`, `PQconnectPoll`),
+  /// with the socket polled in slices. One naming several hosts, or whose `connect_timeout` libpq
+  /// would refuse, goes through libpq's own blocking connect, with a `connect_timeout` of 30 s
+  /// unless it sets one: libpq applies it to each host in turn (a frozen first host falls
+  /// through to the next) and reports a bad value; cancellation and `deadline` then act only
+  /// between attempts.
   init(
     conninfo: String, scrubber: Scrubber, deadline: ContinuousClock.Instant? = nil,
     isCancelled: () -> Bool = { false }
   ) throws {
     self.scrubber = scrubber
-    guard let handle = PQconnectStart(conninfo) else {
+    let plan = Self.plan(conninfo)
+    let started = ContinuousClock.now
+    let pointer: OpaquePointer?
+    if plan.blocking {
+      pointer = Self.connectBlocking(conninfo)
+    } else {
+      pointer = PQconnectStart(conninfo)
+    }
+    guard let handle = pointer else {
       throw PostgresError(code: .connectionFailed, message: "libpq could not allocate a connection")
     }
     self.handle = handle
     // From here on `deinit` (which runs for an initialiser that throws once every property is
     // set) finishes the handle.
-    let started = ContinuousClock.now
-    let timeout = Self.connectTimeout(handle) ?? Self.defaultConnectTimeout
-    let giveUp = min(deadline ?? started + timeout, started + timeout)
-    var waitFor = Int16(POLLOUT)  // before the first poll, as if it had asked to write
-    while PQstatus(handle) != CONNECTION_BAD {
-      let socket = PQsocket(handle)  // may change between polls (another address, SSL retry)
-      if socket >= 0 {
-        var descriptor = pollfd(fd: socket, events: waitFor, revents: 0)
-        let ready = poll(&descriptor, 1, 50)
-        if ready == 0 || (ready < 0 && errno == EINTR) {
-          if isCancelled() { throw CancellationError() }
-          if ContinuousClock.now >= giveUp {
-            let limit = giveUp - started
-            let seconds = Double(limit.components.seconds) + Double(limit.components.attoseconds) / 1e18
-            throw PostgresError(
-              code: .connectionFailed,
-              message:
-                "the server did not complete the connection within \(String(format: "%.1f", seconds)) s "
-                + "(connect_timeout in the URL, or the store's reconnect timeout, sets this)")
-          }
-          continue
+    if !plan.blocking {
+      let timeout = Duration.seconds(plan.timeout)
+      let giveUp = min(deadline ?? started + timeout, started + timeout)
+      var waitFor = Int16(POLLOUT)  // before the first poll, as if it had asked to write
+      while PQstatus(handle) != CONNECTION_BAD {
+        // Looked at on every pass: a server that sends a byte now and then keeps the socket
+        // ready, and must not keep the attempt alive.
+        if isCancelled() { throw CancellationError() }
+        let now = ContinuousClock.now
+        if now >= giveUp {
+          let limit = giveUp - started
+          let seconds = Double(limit.components.seconds) + Double(limit.components.attoseconds) / 1e18
+          throw PostgresError(
+            code: .connectionFailed,
+            message: "the server did not complete the connection within \(String(format: "%.1f", seconds)) s "
+              + "(connect_timeout in the URL, or the store's reconnect timeout, sets this)")
+        }
+        let socket = PQsocket(handle)  // may change between polls (another address, SSL retry)
+        if socket >= 0 {
+          let left = giveUp - now
+          let slice =
+            left < .milliseconds(50) ? Int32(left.components.attoseconds / 1_000_000_000_000_000) + 1 : 50
+          var descriptor = pollfd(fd: socket, events: waitFor, revents: 0)
+          let ready = poll(&descriptor, 1, slice)
+          if ready == 0 || (ready < 0 && errno == EINTR) { continue }
+        }
+        switch PQconnectPoll(handle) {
+        case PGRES_POLLING_OK:
+          conveyor_pq_watch_notices(handle, sessionEnded)
+          return
+        case PGRES_POLLING_READING: waitFor = Int16(POLLIN)
+        case PGRES_POLLING_WRITING: waitFor = Int16(POLLOUT)
+        default: break  // failed: the status is CONNECTION_BAD
         }
       }
-      switch PQconnectPoll(handle) {
-      case PGRES_POLLING_OK:
-        conveyor_pq_watch_notices(handle, sessionEnded)
-        return
-      case PGRES_POLLING_READING: waitFor = Int16(POLLIN)
-      case PGRES_POLLING_WRITING: waitFor = Int16(POLLOUT)
-      default: break  // failed: the status is CONNECTION_BAD
-      }
     }
-    let message = scrubber.scrub(String(cString: PQerrorMessage(handle)))
-    throw PostgresError(code: .connectionFailed, message: Self.trimmed(message))
+    guard PQstatus(handle) == CONNECTION_OK else {
+      let message = scrubber.scrub(String(cString: PQerrorMessage(handle)))
+      throw PostgresError(code: .connectionFailed, message: Self.trimmed(message))
+    }
+    conveyor_pq_watch_notices(handle, sessionEnded)
   }
 
-  /// The `connect_timeout` the conninfo sets, if any (libpq counts below 2 s as 2 s, and zero or
-  /// less as none). libpq does not apply it to a non-blocking connect: the loop above does.
-  private static func connectTimeout(_ handle: OpaquePointer) -> Duration? {
-    guard let options = PQconninfo(handle) else { return nil }
+  /// How to connect to `conninfo`: without blocking, giving up after `timeout` seconds; or through
+  /// libpq's blocking connect (several hosts, a `connect_timeout` libpq refuses, a conninfo it
+  /// cannot parse: it then reports the error in its own words).
+  private static func plan(_ conninfo: String) -> (blocking: Bool, timeout: Int) {
+    var error: UnsafeMutablePointer<CChar>?
+    guard let options = PQconninfoParse(conninfo, &error) else {
+      if let error { PQfreemem(error) }
+      return (true, defaultConnectTimeout)
+    }
     defer { PQconninfoFree(options) }
+    var timeout = defaultConnectTimeout
     var option = options
     while let keyword = option.pointee.keyword {
-      if String(cString: keyword) == "connect_timeout", let value = option.pointee.val,
-        let seconds = Int(String(cString: value).trimmingCharacters(in: .whitespaces)), seconds > 0
-      {
-        return .seconds(max(seconds, 2))
+      let name = String(cString: keyword)
+      if let pointer = option.pointee.val {
+        let value = String(cString: pointer)
+        switch name {
+        case "host" where value.contains(","), "hostaddr" where value.contains(","): return (true, timeout)
+        case "connect_timeout":
+          // libpq's rule: an integer (strtol, after white space), then only white space; zero or
+          // less is none, and less than 2 s is 2 s.
+          let space: Set<Character> = [" ", "\t", "\n", "\r", "\u{0B}", "\u{0C}"]
+          let digits = String(
+            value.drop { space.contains($0) }.reversed().drop { space.contains($0) }.reversed())
+          guard let seconds = Int32(digits) else { return (true, timeout) }
+          timeout = seconds > 0 ? max(Int(seconds), 2) : defaultConnectTimeout
+        default: break
+        }
       }
       option += 1
     }
-    return nil
+    return (false, timeout)
+  }
+
+  /// libpq's blocking connect, with a `connect_timeout` of 30 s unless the conninfo sets one
+  /// (array entries before the expanded conninfo are overridden by its own).
+  private static func connectBlocking(_ conninfo: String) -> OpaquePointer? {
+    let texts: [String] = ["connect_timeout", "dbname", String(defaultConnectTimeout), conninfo]
+    let strings = texts.map { strdup($0) }
+    defer { for string in strings { free(string) } }
+    let keywords: [UnsafePointer<CChar>?] = [UnsafePointer(strings[0]), UnsafePointer(strings[1]), nil]
+    let values: [UnsafePointer<CChar>?] = [UnsafePointer(strings[2]), UnsafePointer(strings[3]), nil]
+    return PQconnectdbParams(keywords, values, 1)
   }
 
   deinit {

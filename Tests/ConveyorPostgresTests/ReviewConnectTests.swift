@@ -1,0 +1,306 @@
+import CLibPQ
+import Conveyor
+import ConveyorTestSupport
+import Foundation
+import Synchronization
+import Testing
+
+@testable import ConveyorPostgres
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// Review of the non-blocking connect (`PQconnectStart` / `PQconnectPoll` in 50 ms slices).
+@Suite("Review: the non-blocking PostgreSQL connect", .serialized, .timeLimit(.minutes(3)))
+struct ReviewConnectTests {
+  /// A fake server on 127.0.0.1 that accepts connections, reads the startup packet, then answers
+  /// with the header of a 20,000-byte ErrorResponse and drips its body one byte every 20 ms: the
+  /// client's socket turns readable every 20 ms, never staying quiet for 50 ms, and the message
+  /// never completes (it would take 400 s). Stands for a stalled proxy or a broken middlebox.
+  final class DripServer: Sendable {
+    let port: Int
+    private let listener: Int32
+    private let stopped = Atomic<Bool>(false)
+    private let ended = Atomic<Bool>(false)
+
+    init() throws {
+      let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+      guard descriptor >= 0 else { throw HarnessError("socket failed") }
+      var yes: Int32 = 1
+      setsockopt(descriptor, SOL_SOCKET, SO_REUSEADDR, &yes, socklen_t(MemoryLayout<Int32>.size))
+      var address = sockaddr_in()
+      address.sin_family = sa_family_t(AF_INET)
+      address.sin_addr.s_addr = inet_addr("127.0.0.1")
+      address.sin_port = 0
+      var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+      let bound = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+          bind(descriptor, pointer, length) == 0 && getsockname(descriptor, pointer, &length) == 0
+        }
+      }
+      guard bound, listen(descriptor, 16) == 0 else {
+        close(descriptor)
+        throw HarnessError("bind/listen failed")
+      }
+      listener = descriptor
+      port = Int(UInt16(bigEndian: address.sin_port))
+      let thread = Thread { [self] in serve() }
+      thread.name = "review-drip-server"
+      thread.start()
+    }
+
+    /// Stops dripping and closes every socket (the client then reads end of file).
+    func stop() {
+      stopped.store(true, ordering: .releasing)
+      for _ in 0..<100 where !ended.load(ordering: .acquiring) { usleep(20_000) }
+    }
+
+    private func serve() {
+      defer {
+        close(listener)
+        ended.store(true, ordering: .releasing)
+      }
+      var clients: [Int32] = []
+      defer { for client in clients { close(client) } }
+      var tick = 0
+      while !stopped.load(ordering: .acquiring) {
+        var descriptor = pollfd(fd: listener, events: Int16(POLLIN), revents: 0)
+        if poll(&descriptor, 1, 20) > 0 {
+          let client = accept(listener, nil, nil)
+          if client >= 0 {
+            // The startup packet (sslmode and gssencmode are disabled: no negotiation first).
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            var ready = pollfd(fd: client, events: Int16(POLLIN), revents: 0)
+            if poll(&ready, 1, 2000) > 0 { _ = recv(client, &buffer, buffer.count, 0) }
+            // 'E', length 20,000 (big-endian, counting itself): valid, below libpq's 30,000.
+            let header: [UInt8] = [UInt8(ascii: "E"), 0x00, 0x00, 0x4E, 0x20]
+            _ = send(client, header, header.count, Int32(MSG_NOSIGNAL))
+            clients.append(client)
+          }
+        }
+        tick += 1
+        for client in clients {
+          var byte = UInt8(ascii: "M")
+          _ = send(client, &byte, 1, Int32(MSG_NOSIGNAL))
+        }
+      }
+    }
+  }
+
+  enum Outcome: Sendable, CustomStringConvertible {
+    case connected
+    case failed(String)
+
+    var description: String {
+      switch self {
+      case .connected: "connected"
+      case .failed(let message): "failed: \(message)"
+      }
+    }
+  }
+
+  final class Slot: Sendable {
+    let mutex = Mutex<Outcome?>(nil)
+    func withLock<R>(_ body: (inout Outcome?) -> R) -> R { mutex.withLock { body(&$0) } }
+  }
+
+  /// Runs `Connection.init` on a thread of its own; the result lands in the mutex when it ends.
+  static func connectOnThread(
+    _ conninfo: String, deadline: ContinuousClock.Instant? = nil,
+    isCancelled: @escaping @Sendable () -> Bool = { false }
+  ) -> Slot {
+    let box = Slot()
+    let thread = Thread {
+      let outcome: Outcome
+      do {
+        _ = try Connection(
+          conninfo: conninfo, scrubber: Scrubber(secrets: []), deadline: deadline, isCancelled: isCancelled)
+        outcome = .connected
+      } catch let error as PostgresError {
+        outcome = .failed(error.message)
+      } catch {
+        outcome = .failed("\(error)")
+      }
+      box.withLock { $0 = outcome }
+    }
+    thread.start()
+    return box
+  }
+
+  /// libpq's own blocking connect (`PQconnectdb`, as the store did before), on a thread of its own.
+  static func libpqConnectOnThread(_ conninfo: String) -> Slot {
+    let box = Slot()
+    let thread = Thread {
+      let handle = PQconnectdb(conninfo)
+      defer { PQfinish(handle) }
+      let outcome: Outcome =
+        PQstatus(handle) == CONNECTION_OK
+        ? .connected : .failed(Connection.trimmed(String(cString: PQerrorMessage(handle))))
+      box.withLock { $0 = outcome }
+    }
+    thread.start()
+    return box
+  }
+
+  static func wait(_ box: Slot, seconds: Int64) async -> Outcome? {
+    let deadline = ContinuousClock.now + .seconds(seconds)
+    while ContinuousClock.now < deadline {
+      if let outcome = box.withLock({ $0 }) { return outcome }
+      try? await Task.sleep(for: .milliseconds(50))
+    }
+    return box.withLock { $0 }
+  }
+
+  static func serverProcesses(_ server: PostgresServer) throws -> [pid_t] {
+    try FrozenServerTests.serverProcesses(server)
+  }
+
+  // MARK: - A server whose answer trickles in
+
+  /// Baseline: libpq's blocking connect gives up on the dripping server after `connect_timeout`
+  /// (its deadline is absolute, however often the socket turns readable).
+  @Test func libpqItselfGivesUpOnADrippingServerAfterConnectTimeout() async throws {
+    let server = try DripServer()
+    defer { server.stop() }
+    let box = Self.libpqConnectOnThread(
+      "host=127.0.0.1 port=\(server.port) user=u dbname=d sslmode=disable gssencmode=disable connect_timeout=2"
+    )
+    let outcome = await Self.wait(box, seconds: 20)
+    #expect(outcome != nil, "PQconnectdb had not given up after 20 s (connect_timeout=2)")
+    if case .failed(let message) = outcome { #expect(message.contains("timeout expired"), "\(message)") }
+  }
+
+  /// The store's connect looks at its give-up time (and at cancellation) only when `poll` waited
+  /// its whole 50 ms slice for nothing: a socket that turns readable more often than that (a byte
+  /// every 20 ms) keeps the loop going forever, past `connect_timeout`.
+  @Test func connectGivesUpOnADrippingServerAfterConnectTimeout() async throws {
+    let server = try DripServer()
+    defer { server.stop() }
+    let box = Self.connectOnThread(
+      "host=127.0.0.1 port=\(server.port) user=u dbname=d sslmode=disable gssencmode=disable connect_timeout=2"
+    )
+    let outcome = await Self.wait(box, seconds: 20)
+    #expect(
+      outcome != nil,
+      "Connection(conninfo:) had not given up after 20 s on a server that drips its answer (connect_timeout=2)"
+    )
+  }
+
+  /// The same for the caller's deadline (the store's reconnect deadline).
+  @Test func connectGivesUpOnADrippingServerAtTheDeadline() async throws {
+    let server = try DripServer()
+    defer { server.stop() }
+    let box = Self.connectOnThread(
+      "host=127.0.0.1 port=\(server.port) user=u dbname=d sslmode=disable gssencmode=disable",
+      deadline: .now + .seconds(1))
+    let outcome = await Self.wait(box, seconds: 20)
+    #expect(outcome != nil, "Connection(conninfo:) had not given up 20 s after a 1 s deadline")
+  }
+
+  /// And cancellation, promised to end the connect within about 50 ms.
+  @Test func cancellingAConnectToADrippingServerEndsIt() async throws {
+    let server = try DripServer()
+    defer { server.stop() }
+    let cancelled = Atomic<Bool>(false)
+    let box = Self.connectOnThread(
+      "host=127.0.0.1 port=\(server.port) user=u dbname=d sslmode=disable gssencmode=disable",
+      isCancelled: { cancelled.load(ordering: .acquiring) })
+    try await Task.sleep(for: .milliseconds(500))
+    cancelled.store(true, ordering: .releasing)
+    let outcome = await Self.wait(box, seconds: 10)
+    #expect(outcome != nil, "a cancelled Connection(conninfo:) had not ended 10 s after the cancellation")
+  }
+
+  // MARK: - Several hosts, the first one frozen
+
+  /// libpq applies `connect_timeout` per host (address): `PQconnectdb` gives up on a frozen first
+  /// host after it and connects to the second. The store's connect applies it once to the whole
+  /// attempt, and fails without ever trying the second host.
+  @Test func aFrozenFirstHostFallsThroughToTheSecondAfterConnectTimeout() async throws {
+    let healthy = try await PostgresServer.shared()
+    let frozenServer = try await PostgresServer.start()
+    defer { frozenServer.stop() }
+    let frozen = try Self.serverProcesses(frozenServer)
+    for pid in frozen { kill(pid, SIGSTOP) }
+    defer { for pid in frozen { kill(pid, SIGCONT) } }
+    let conninfo =
+      "host=127.0.0.1,127.0.0.1 port=\(frozenServer.port),\(healthy.port) user=postgres dbname=postgres "
+      + "connect_timeout=2"
+
+    // Baseline: libpq's blocking connect (what the store did before).
+    let before = await Self.wait(Self.libpqConnectOnThread(conninfo), seconds: 30)
+    let after = await Self.wait(Self.connectOnThread(conninfo), seconds: 30)
+    for pid in frozen { kill(pid, SIGCONT) }
+    #expect(before?.description == "connected", "PQconnectdb: \(String(describing: before))")
+    #expect(after?.description == "connected", "Connection(conninfo:): \(String(describing: after))")
+  }
+
+  // MARK: - connect_timeout values libpq rejects
+
+  /// libpq rejects a `connect_timeout` that is not an integer ("invalid integer value … for
+  /// connection option "connect_timeout""); `PQconnectPoll` never parses it, and the store's own
+  /// reading ignores it and connects (giving up after 30 s instead). A typo such as `5s` is no
+  /// longer reported.
+  @Test(arguments: ["abc", "5s", "2.5"])
+  func aConnectTimeoutLibpqRejectsIsStillRejected(_ value: String) async throws {
+    let server = try await PostgresServer.shared()
+    let conninfo = "host=127.0.0.1 port=\(server.port) user=postgres dbname=postgres connect_timeout=\(value)"
+    let before = await Self.wait(Self.libpqConnectOnThread(conninfo), seconds: 30)
+    let after = await Self.wait(Self.connectOnThread(conninfo), seconds: 30)
+    #expect(
+      before?.description.contains("invalid integer value") == true,
+      "PQconnectdb: \(String(describing: before))")
+    #expect(
+      after?.description == before?.description,
+      "Connection(conninfo:): \(String(describing: after)); PQconnectdb: \(String(describing: before))")
+  }
+
+  // MARK: - Healthy servers connect as before (sanity, expected to pass)
+
+  @Test func healthyServersConnectAsBefore() async throws {
+    let server = try await PostgresServer.shared()
+    let conninfos = [
+      server.url,
+      server.url + "?connect_timeout=0",
+      server.url + "?connect_timeout=-5",
+      server.url + "?connect_timeout=%201%20",
+      "host=\(server.folder) port=\(server.port) user=postgres dbname=postgres",
+      "host=127.0.0.1,127.0.0.1 port=1,\(server.port) user=postgres dbname=postgres",
+    ]
+    for conninfo in conninfos {
+      let before = await Self.wait(Self.libpqConnectOnThread(conninfo), seconds: 30)
+      let after = await Self.wait(Self.connectOnThread(conninfo), seconds: 30)
+      #expect(
+        before?.description == after?.description,
+        "\(conninfo): before \(String(describing: before)), after \(String(describing: after))")
+    }
+    let failing = [
+      "host=127.0.0.1 port=\(server.port) user=postgres dbname=no_such_database",
+      "host=127.0.0.1 port=\(server.port) user=no_such_user dbname=postgres",
+      "host=127.0.0.1 port=1 user=postgres dbname=postgres",
+      "host=localhost port=1 user=postgres dbname=postgres",
+    ]
+    for conninfo in failing {
+      let before = await Self.wait(Self.libpqConnectOnThread(conninfo), seconds: 30)
+      let after = await Self.wait(Self.connectOnThread(conninfo), seconds: 30)
+      #expect(
+        before?.description == after?.description,
+        "\(conninfo): before \(String(describing: before)), after \(String(describing: after))")
+    }
+  }
+
+  @Test func sslModesConnectAsBefore() async throws {
+    let server = try await PostgresServer.start()
+    defer { server.stop() }
+    try await server.enableSSL()
+    for mode in ["disable", "allow", "prefer", "require", "verify-ca"] {
+      let conninfo = server.url + "?sslmode=\(mode)"
+      let before = await Self.wait(Self.libpqConnectOnThread(conninfo), seconds: 30)
+      let after = await Self.wait(Self.connectOnThread(conninfo), seconds: 30)
+      #expect(
+        before?.description == after?.description,
+        "\(conninfo): before \(String(describing: before)), after \(String(describing: after))")
+    }
+  }
+}
