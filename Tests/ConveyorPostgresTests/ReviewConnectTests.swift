@@ -11,7 +11,9 @@ import Testing
   import Glibc
 #endif
 
-/// Review of the non-blocking connect (`PQconnectStart` / `PQconnectPoll` in 50 ms slices).
+/// Review of the non-blocking connect (`PQconnectStart` / `PQconnectPoll` in 50 ms slices). The
+/// dripping-server, several-host and refused-`connect_timeout` tests failed against its first
+/// version (da1cfe6); each compares the store's connect with libpq's own blocking one.
 @Suite("Review: the non-blocking PostgreSQL connect", .serialized, .timeLimit(.minutes(3)))
 struct ReviewConnectTests {
   /// A fake server on 127.0.0.1 that accepts connections, reads the startup packet, then answers
@@ -215,8 +217,9 @@ struct ReviewConnectTests {
   // MARK: - Several hosts, the first one frozen
 
   /// libpq applies `connect_timeout` per host (address): `PQconnectdb` gives up on a frozen first
-  /// host after it and connects to the second. The store's connect applies it once to the whole
-  /// attempt, and fails without ever trying the second host.
+  /// host after it and connects to the second. The store's first non-blocking connect applied it
+  /// once to the whole attempt, and failed without ever trying the second host; a conninfo
+  /// naming several hosts now goes through libpq's own connect.
   @Test func aFrozenFirstHostFallsThroughToTheSecondAfterConnectTimeout() async throws {
     let healthy = try await PostgresServer.shared()
     let frozenServer = try await PostgresServer.start()
