@@ -266,37 +266,40 @@ final class Connection {
   }
 
   /// How to connect to `conninfo`: without blocking, giving up after `timeout` seconds; or through
-  /// libpq's blocking connect (several hosts, a `connect_timeout` libpq refuses, a conninfo it
-  /// cannot parse: it then reports the error in its own words).
-  private static func plan(_ conninfo: String) -> (blocking: Bool, timeout: Int) {
+  /// libpq's blocking connect (several hosts, a service file, a `connect_timeout` libpq refuses,
+  /// a conninfo it cannot parse: it then reports the error in its own words). The environment
+  /// (`PGHOST`, `PGCONNECT_TIMEOUT`, …) counts where the conninfo is silent, as it does for libpq.
+  static func plan(
+    _ conninfo: String, environment: [String: String] = ProcessInfo.processInfo.environment
+  ) -> (blocking: Bool, timeout: Int) {
     var error: UnsafeMutablePointer<CChar>?
     guard let options = PQconninfoParse(conninfo, &error) else {
       if let error { PQfreemem(error) }
       return (true, defaultConnectTimeout)
     }
     defer { PQconninfoFree(options) }
-    var timeout = defaultConnectTimeout
+    var given: [String: String] = [:]
     var option = options
     while let keyword = option.pointee.keyword {
-      let name = String(cString: keyword)
-      if let pointer = option.pointee.val {
-        let value = String(cString: pointer)
-        switch name {
-        case "host" where value.contains(","), "hostaddr" where value.contains(","): return (true, timeout)
-        case "connect_timeout":
-          // libpq's rule: an integer (strtol, after white space), then only white space; zero or
-          // less is none, and less than 2 s is 2 s.
-          let space: Set<Character> = [" ", "\t", "\n", "\r", "\u{0B}", "\u{0C}"]
-          let digits = String(
-            value.drop { space.contains($0) }.reversed().drop { space.contains($0) }.reversed())
-          guard let seconds = Int32(digits) else { return (true, timeout) }
-          timeout = seconds > 0 ? max(Int(seconds), 2) : defaultConnectTimeout
-        default: break
-        }
-      }
+      if let value = option.pointee.val { given[String(cString: keyword)] = String(cString: value) }
       option += 1
     }
-    return (false, timeout)
+    // What the conninfo leaves out, libpq takes from the environment.
+    func value(_ keyword: String, _ variable: String) -> String? { given[keyword] ?? environment[variable] }
+    // A service file may name anything, several hosts too: libpq reads it.
+    if let service = value("service", "PGSERVICE"), !service.isEmpty { return (true, defaultConnectTimeout) }
+    for (keyword, variable) in [("host", "PGHOST"), ("hostaddr", "PGHOSTADDR")] {
+      if value(keyword, variable)?.contains(",") == true { return (true, defaultConnectTimeout) }
+    }
+    guard let text = value("connect_timeout", "PGCONNECT_TIMEOUT") else {
+      return (false, defaultConnectTimeout)
+    }
+    // libpq's rule: an integer (strtol, after white space), then only white space; zero or less
+    // is none, and less than 2 s is 2 s. A value it refuses goes to libpq, which says so.
+    let space: Set<Character> = [" ", "\t", "\n", "\r", "\u{0B}", "\u{0C}"]
+    let digits = String(text.drop { space.contains($0) }.reversed().drop { space.contains($0) }.reversed())
+    guard let seconds = Int32(digits) else { return (true, defaultConnectTimeout) }
+    return (false, seconds > 0 ? max(Int(seconds), 2) : defaultConnectTimeout)
   }
 
   /// libpq's blocking connect, with a `connect_timeout` of 30 s unless the conninfo sets one
