@@ -196,25 +196,32 @@ final class Connection {
   /// `CancellationError` once `isCancelled` says so (looked at at least every 50 ms).
   ///
   /// A server that froze whole accepts the TCP connection in its kernel and never answers the
-  /// startup packet: `PQconnectdb` without a `connect_timeout` waited for it forever. So a
-  /// conninfo naming one host is connected without blocking (`PQconnectStart`, `PQconnectPoll`),
-  /// with the socket polled in slices. One naming several hosts, or whose `connect_timeout` libpq
-  /// would refuse, goes through libpq's own blocking connect, with a `connect_timeout` of 30 s
-  /// unless it sets one: libpq applies it to each host in turn (a frozen first host falls
-  /// through to the next) and reports a bad value; cancellation and `deadline` then act only
-  /// between attempts.
+  /// startup packet: `PQconnectdb` without a `connect_timeout` waited for it forever. So one
+  /// host is connected without blocking (`PQconnectStart`, `PQconnectPoll`), with the socket
+  /// polled in slices. Several hosts (from the conninfo, a service file or the environment), or a
+  /// `connect_timeout` libpq would refuse, go through libpq's own blocking connect, with a
+  /// `connect_timeout` of 30 s unless one is set: libpq applies it to each host in turn (a frozen
+  /// first host falls through to the next) and reports a bad value; cancellation and `deadline`
+  /// then act only between attempts.
   init(
     conninfo: String, scrubber: Scrubber, deadline: ContinuousClock.Instant? = nil,
     isCancelled: () -> Bool = { false }
   ) throws {
     self.scrubber = scrubber
-    let plan = Self.plan(conninfo)
     let started = ContinuousClock.now
-    let pointer: OpaquePointer?
-    if plan.blocking {
-      pointer = Self.connectBlocking(conninfo)
-    } else {
-      pointer = PQconnectStart(conninfo)
+    // The options as libpq resolved them (the conninfo, then a service file, then the
+    // environment) decide how to connect; a conninfo libpq cannot parse fails here at once.
+    var pointer = PQconnectStart(conninfo)
+    var plan = (blocking: false, timeout: Self.defaultConnectTimeout)
+    if let attempt = pointer, PQstatus(attempt) != CONNECTION_BAD {
+      let options = Self.options(attempt)
+      plan = Self.plan(options)
+      if plan.blocking {
+        PQfinish(attempt)
+        // libpq's own timeout as the options set it, else 30 s (given before the conninfo, so
+        // that its own value would win).
+        pointer = options["connect_timeout"] == nil ? Self.connectBlocking(conninfo) : PQconnectdb(conninfo)
+      }
     }
     guard let handle = pointer else {
       throw PostgresError(code: .connectionFailed, message: "libpq could not allocate a connection")
@@ -265,41 +272,33 @@ final class Connection {
     conveyor_pq_watch_notices(handle, sessionEnded)
   }
 
-  /// How to connect to `conninfo`: without blocking, giving up after `timeout` seconds; or through
-  /// libpq's blocking connect (several hosts, a service file, a `connect_timeout` libpq refuses,
-  /// a conninfo it cannot parse: it then reports the error in its own words). The environment
-  /// (`PGHOST`, `PGCONNECT_TIMEOUT`, …) counts where the conninfo is silent, as it does for libpq.
-  static func plan(
-    _ conninfo: String, environment: [String: String] = ProcessInfo.processInfo.environment
-  ) -> (blocking: Bool, timeout: Int) {
-    var error: UnsafeMutablePointer<CChar>?
-    guard let options = PQconninfoParse(conninfo, &error) else {
-      if let error { PQfreemem(error) }
+  /// How to connect with `options` (as libpq resolved them): without blocking, giving up after
+  /// `timeout` seconds; or through libpq's blocking connect, for several hosts (libpq gives each
+  /// its own `connect_timeout`) or a `connect_timeout` libpq refuses (it then says so).
+  static func plan(_ options: [String: String]) -> (blocking: Bool, timeout: Int) {
+    if options["host"]?.contains(",") == true || options["hostaddr"]?.contains(",") == true {
       return (true, defaultConnectTimeout)
     }
-    defer { PQconninfoFree(options) }
-    var given: [String: String] = [:]
-    var option = options
-    while let keyword = option.pointee.keyword {
-      if let value = option.pointee.val { given[String(cString: keyword)] = String(cString: value) }
-      option += 1
-    }
-    // What the conninfo leaves out, libpq takes from the environment.
-    func value(_ keyword: String, _ variable: String) -> String? { given[keyword] ?? environment[variable] }
-    // A service file may name anything, several hosts too: libpq reads it.
-    if let service = value("service", "PGSERVICE"), !service.isEmpty { return (true, defaultConnectTimeout) }
-    for (keyword, variable) in [("host", "PGHOST"), ("hostaddr", "PGHOSTADDR")] {
-      if value(keyword, variable)?.contains(",") == true { return (true, defaultConnectTimeout) }
-    }
-    guard let text = value("connect_timeout", "PGCONNECT_TIMEOUT") else {
-      return (false, defaultConnectTimeout)
-    }
+    guard let text = options["connect_timeout"] else { return (false, defaultConnectTimeout) }
     // libpq's rule: an integer (strtol, after white space), then only white space; zero or less
-    // is none, and less than 2 s is 2 s. A value it refuses goes to libpq, which says so.
+    // is none, and less than 2 s is 2 s.
     let space: Set<Character> = [" ", "\t", "\n", "\r", "\u{0B}", "\u{0C}"]
     let digits = String(text.drop { space.contains($0) }.reversed().drop { space.contains($0) }.reversed())
     guard let seconds = Int32(digits) else { return (true, defaultConnectTimeout) }
     return (false, seconds > 0 ? max(Int(seconds), 2) : defaultConnectTimeout)
+  }
+
+  /// The connection's options that have a value, as libpq resolved them.
+  private static func options(_ handle: OpaquePointer) -> [String: String] {
+    guard let options = PQconninfo(handle) else { return [:] }
+    defer { PQconninfoFree(options) }
+    var found: [String: String] = [:]
+    var option = options
+    while let keyword = option.pointee.keyword {
+      if let value = option.pointee.val { found[String(cString: keyword)] = String(cString: value) }
+      option += 1
+    }
+    return found
   }
 
   /// libpq's blocking connect, with a `connect_timeout` of 30 s unless the conninfo sets one

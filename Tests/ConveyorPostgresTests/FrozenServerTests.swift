@@ -59,26 +59,21 @@ struct FrozenServerTests {
     await connection.close()
   }
 
-  /// How a conninfo is connected: one host without blocking, with the `connect_timeout` of the
-  /// conninfo or else of the environment (as libpq reads it); several hosts, a service file or a
-  /// value libpq refuses through libpq's own connect. The environment is passed in: setting
-  /// variables would race with the other tests' connects.
-  @Test func theConnectPlanReadsTheConninfoThenTheEnvironmentAsLibpqDoes() {
-    let one = "host=127.0.0.1 port=5432"
-    #expect(Connection.plan(one, environment: [:]) == (false, 30))
-    #expect(
-      Connection.plan(one + " connect_timeout=7", environment: ["PGCONNECT_TIMEOUT": "9"]) == (false, 7))
-    #expect(Connection.plan(one, environment: ["PGCONNECT_TIMEOUT": "9"]) == (false, 9))
-    #expect(Connection.plan(one, environment: ["PGCONNECT_TIMEOUT": " 1 "]) == (false, 2))
-    #expect(Connection.plan(one, environment: ["PGCONNECT_TIMEOUT": "0"]) == (false, 30))
-    #expect(Connection.plan(one, environment: ["PGCONNECT_TIMEOUT": "5s"]).blocking)
-    #expect(Connection.plan("postgresql://127.0.0.1:5432/postgres", environment: [:]) == (false, 30))
-    #expect(Connection.plan("postgresql://a:5432,b:5433/postgres", environment: [:]).blocking)
-    #expect(Connection.plan("dbname=postgres", environment: ["PGHOST": "a,b"]).blocking)
-    #expect(!Connection.plan(one, environment: ["PGHOST": "a,b"]).blocking, "the conninfo's host wins")
-    #expect(Connection.plan(one + " service=mine", environment: [:]).blocking)
-    #expect(Connection.plan(one, environment: ["PGSERVICE": "mine"]).blocking)
-    #expect(Connection.plan("host='unterminated", environment: [:]).blocking)
+  /// How a connection is made, from its options as libpq resolved them (the conninfo, a service
+  /// file, the environment): one host without blocking, with its `connect_timeout` as libpq
+  /// reads it; several hosts, or a value libpq refuses, through libpq's own connect.
+  @Test func theConnectPlanReadsConnectTimeoutAndHostsAsLibpqDoes() {
+    let one = ["host": "127.0.0.1", "port": "5432"]
+    #expect(Connection.plan(one) == (false, 30))
+    #expect(Connection.plan(one.merging(["connect_timeout": "7"]) { $1 }) == (false, 7))
+    #expect(Connection.plan(one.merging(["connect_timeout": " +9 "]) { $1 }) == (false, 9))
+    #expect(Connection.plan(one.merging(["connect_timeout": "1"]) { $1 }) == (false, 2))
+    #expect(Connection.plan(one.merging(["connect_timeout": "0"]) { $1 }) == (false, 30))
+    #expect(Connection.plan(one.merging(["connect_timeout": "-3"]) { $1 }) == (false, 30))
+    #expect(Connection.plan(one.merging(["connect_timeout": "5s"]) { $1 }).blocking)
+    #expect(Connection.plan(one.merging(["connect_timeout": ""]) { $1 }).blocking)
+    #expect(Connection.plan(["host": "a,b", "port": "1,2"]).blocking)
+    #expect(Connection.plan(["hostaddr": "127.0.0.1,127.0.0.2"]).blocking)
   }
 
   /// Opening a store on a frozen server gives up after the URL's `connect_timeout`, with an

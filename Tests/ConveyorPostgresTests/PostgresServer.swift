@@ -26,6 +26,9 @@ final class PostgresServer: Sendable {
 
   private static let sharedServer = Task { try await PostgresServer.start() }
 
+  /// The service file libpq reads for `service=` (`PGSERVICEFILE`), for the tests that write it.
+  static let serviceFile = NSTemporaryDirectory() + "/conveyor-pg-services-\(getpid()).conf"
+
   /// The server shared by every test of this process.
   static func shared() async throws -> PostgresServer {
     try await sharedServer.value
@@ -46,6 +49,10 @@ final class PostgresServer: Sendable {
   private static func startBlocking(firstPort: Int?) throws -> PostgresServer {
     setenv("PGSSLMODE", "disable", 1)
     setenv("PGGSSENCMODE", "disable", 1)
+    // Set here, beside the others, before any test connects: a variable set for the first time
+    // grows the environment, which a concurrent `getenv` (libpq's, on another test's thread)
+    // could be reading. libpq reads the file only for a conninfo naming a `service=`.
+    setenv("PGSERVICEFILE", serviceFile, 1)
     stopAbandonedServers()
     let binaries = try findBinaries()
     var template = Array((NSTemporaryDirectory() + "/conveyor-pg-XXXXXX").utf8CString)
