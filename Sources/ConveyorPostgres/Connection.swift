@@ -292,6 +292,11 @@ final class Connection {
   private static func options(_ handle: OpaquePointer) -> [String: String] {
     guard let options = PQconninfo(handle) else { return [:] }
     defer { PQconninfoFree(options) }
+    return values(of: options)
+  }
+
+  /// The options of a libpq option array (`PQconninfo`, `PQconninfoParse`) that have a value.
+  static func values(of options: UnsafeMutablePointer<PQconninfoOption>) -> [String: String] {
     var found: [String: String] = [:]
     var option = options
     while let keyword = option.pointee.keyword {

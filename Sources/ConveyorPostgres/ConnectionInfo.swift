@@ -34,12 +34,7 @@ struct ConnectionInfo: Sendable {
           + "\"host=localhost dbname=app\"")
     }
     defer { PQconninfoFree(options) }
-    var values: [String: String] = [:]
-    var option = options
-    while let keyword = option.pointee.keyword {
-      if let value = option.pointee.val { values[String(cString: keyword)] = String(cString: value) }
-      option += 1
-    }
+    let values = Connection.values(of: options)
     if let password = values["password"] { secrets.append(password) }
     scrubber = Scrubber(secrets: secrets)
     let environment = ProcessInfo.processInfo.environment

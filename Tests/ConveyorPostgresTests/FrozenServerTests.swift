@@ -14,16 +14,6 @@ import Testing
 /// postmaster accepts no cancel request either.
 @Suite("PostgreSQL: a server that freezes whole", .serialized, .timeLimit(.minutes(3)))
 struct FrozenServerTests {
-  /// The postmaster's process and all its children (the backends).
-  static func serverProcesses(_ server: PostgresServer) throws -> [pid_t] {
-    let text = try String(contentsOfFile: server.dataFolder + "/postmaster.pid", encoding: .utf8)
-    guard let line = text.split(separator: "\n").first, let postmaster = pid_t(line) else {
-      throw HarnessError("no postmaster.pid")
-    }
-    let children = try PostgresServer.capture("/usr/bin/pgrep", ["-P", "\(postmaster)"])
-    return [postmaster] + children.split(separator: "\n").compactMap { pid_t($0) }
-  }
-
   /// Cancelling a call to a frozen server ends it: the cancel request, which waits for the
   /// postmaster's answer, is sent on a thread of its own, and the call's socket is shut down
   /// two seconds later whatever became of it. Before the fix `PQcancel` ran in `Task.cancel()`
@@ -45,7 +35,7 @@ struct FrozenServerTests {
       }
     }
     try await Task.sleep(for: .milliseconds(300))  // the sleep is running
-    let frozen = try Self.serverProcesses(server)
+    let frozen = try server.processes()
     #expect(frozen.count >= 2, "the postmaster and the connection's backend: \(frozen)")
     for pid in frozen { kill(pid, SIGSTOP) }
     defer { for pid in frozen { kill(pid, SIGCONT) } }
@@ -82,7 +72,7 @@ struct FrozenServerTests {
   @Test func openingAStoreOnAFrozenServerGivesUpAfterConnectTimeout() async throws {
     let server = try await PostgresServer.start()
     defer { server.stop() }
-    let frozen = try Self.serverProcesses(server)
+    let frozen = try server.processes()
     for pid in frozen { kill(pid, SIGSTOP) }
     defer { for pid in frozen { kill(pid, SIGCONT) } }
     let outcome = Mutex<Result<PostgresJobStore, any Error>?>(nil)

@@ -111,6 +111,22 @@ final class PostgresServer: Sendable {
     }
   }
 
+  /// The postmaster's process id.
+  func postmaster() throws -> pid_t {
+    let text = try String(contentsOfFile: dataFolder + "/postmaster.pid", encoding: .utf8)
+    guard let line = text.split(separator: "\n").first, let pid = pid_t(line) else {
+      throw HarnessError("no postmaster.pid in \(dataFolder)")
+    }
+    return pid
+  }
+
+  /// The postmaster and all its children (the backends): what freezing the server whole stops.
+  func processes() throws -> [pid_t] {
+    let postmaster = try postmaster()
+    let children = try Self.capture("/usr/bin/pgrep", ["-P", "\(postmaster)"])
+    return [postmaster] + children.split(separator: "\n").compactMap { pid_t($0) }
+  }
+
   /// Stops the server and deletes its folder.
   func stop() {
     _ = try? control(["stop", "-m", "immediate", "-w"])

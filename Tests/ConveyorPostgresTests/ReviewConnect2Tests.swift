@@ -39,7 +39,7 @@ struct ReviewConnect2Tests {
   static func withFrozenServer(_ body: (Int) async throws -> Void) async throws {
     let server = try await PostgresServer.start()
     defer { server.stop() }
-    let frozen = try R.serverProcesses(server)
+    let frozen = try server.processes()
     for pid in frozen { kill(pid, SIGSTOP) }
     defer { for pid in frozen { kill(pid, SIGCONT) } }
     try await body(server.port)

@@ -154,10 +154,6 @@ struct ReviewConnectTests {
     return box.withLock { $0 }
   }
 
-  static func serverProcesses(_ server: PostgresServer) throws -> [pid_t] {
-    try FrozenServerTests.serverProcesses(server)
-  }
-
   // MARK: - A server whose answer trickles in
 
   /// Baseline: libpq's blocking connect gives up on the dripping server after `connect_timeout`
@@ -224,7 +220,7 @@ struct ReviewConnectTests {
     let healthy = try await PostgresServer.shared()
     let frozenServer = try await PostgresServer.start()
     defer { frozenServer.stop() }
-    let frozen = try Self.serverProcesses(frozenServer)
+    let frozen = try frozenServer.processes()
     for pid in frozen { kill(pid, SIGSTOP) }
     defer { for pid in frozen { kill(pid, SIGCONT) } }
     let conninfo =

@@ -26,15 +26,6 @@ import Testing
 /// The store's thread stays stuck, so every later call and `close()` wait behind it too.
 @Suite("Review hunt: reconnecting to a frozen PostgreSQL server", .serialized, .timeLimit(.minutes(3)))
 struct ReviewHuntTests {
-  static func serverProcesses(_ server: PostgresServer) throws -> [pid_t] {
-    let text = try String(contentsOfFile: server.dataFolder + "/postmaster.pid", encoding: .utf8)
-    guard let line = text.split(separator: "\n").first, let postmaster = pid_t(line) else {
-      throw HarnessError("no postmaster.pid")
-    }
-    let children = try PostgresServer.capture("/usr/bin/pgrep", ["-P", "\(postmaster)"])
-    return [postmaster] + children.split(separator: "\n").compactMap { pid_t($0) }
-  }
-
   /// `callTimeout` (2 s) ends the statement sent to the frozen server, the call then reconnects
   /// (within `reconnectTimeout`, 3 s) and should fail a few seconds later. It never ends: the
   /// reconnect's `PQconnectdb` waits for the frozen postmaster, outside `callTimeout`'s watch and
@@ -47,7 +38,7 @@ struct ReviewHuntTests {
       options: .init(schema: uniqueSchema("hunt"), reconnectTimeout: .seconds(3), callTimeout: .seconds(2)))
     _ = try await store.queueNames()  // the store's connection is open
 
-    let frozen = try Self.serverProcesses(server)
+    let frozen = try server.processes()
     for pid in frozen { kill(pid, SIGSTOP) }
     defer { for pid in frozen { kill(pid, SIGCONT) } }
 
@@ -97,7 +88,7 @@ struct ReviewHuntTests {
         """)
     }
     try await Task.sleep(for: .milliseconds(500))
-    let frozen = try Self.serverProcesses(server)
+    let frozen = try server.processes()
     for pid in frozen { kill(pid, SIGSTOP) }
     defer { for pid in frozen { kill(pid, SIGCONT) } }
 

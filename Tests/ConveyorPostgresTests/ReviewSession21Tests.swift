@@ -13,15 +13,6 @@ import Testing
 /// Review of 7bd3d0f (the cancel request sent on a thread of its own).
 @Suite("Review session 21: PostgreSQL cancel requests", .serialized, .timeLimit(.minutes(3)))
 struct ReviewSession21Tests {
-  /// The postmaster's process id (not its backends').
-  static func postmaster(_ server: PostgresServer) throws -> pid_t {
-    let text = try String(contentsOfFile: server.dataFolder + "/postmaster.pid", encoding: .utf8)
-    guard let line = text.split(separator: "\n").first, let pid = pid_t(line) else {
-      throw HarnessError("no postmaster.pid")
-    }
-    return pid
-  }
-
   /// A cancel request meant for a call must not end the next call on the same connection.
   /// Failed before the fix (B failed with 57014); now a cancelled block that ends while its
   /// request is on its way drops its connection, and B runs on a new backend.
@@ -50,7 +41,7 @@ struct ReviewSession21Tests {
       try $0.execute("SELECT pg_backend_pid()::int8", prepared: false).int64(0, 0)
     }
 
-    let postmaster = try Self.postmaster(server)
+    let postmaster = try server.postmaster()
     // Call A: short enough to end on its own well before the socket shutdown (2 s after the
     // cancellation).
     let callA = Task {
