@@ -198,7 +198,7 @@ struct FileOperationTests {
       for (index, source) in sources.enumerated() { try Data("\(index)".utf8).write(to: source) }
       let destination = folder.file("d\(round)")
       let outcomes = Log<FileOperationError?>()
-      onThreads(contenders) { index in
+      await onThreads(contenders) { index in
         do throws(FileOperationError) {
           if kind == "link" {
             let code = AtomicRename.linkThenUnlink(sources[index].path, destination.path)
@@ -306,8 +306,10 @@ func onAnotherFileSystem(_ path: String) -> Bool {
 }
 
 /// Runs `body(0..<count)` on `count` threads of their own, released together (each waits until
-/// all have started), and returns when all are done.
-func onThreads(_ count: Int, _ body: @escaping @Sendable (Int) -> Void) {
+/// all have started), and returns when all are done. The caller suspends meanwhile: waiting on
+/// its thread held one of the cooperative pool's two threads for seconds (200 rounds of fsyncs),
+/// and the suite's other tasks waited.
+func onThreads(_ count: Int, _ body: @escaping @Sendable (Int) -> Void) async {
   let arrived = Atomic(0)
   let done = DispatchSemaphore(value: 0)
   for index in 0..<count {
@@ -318,5 +320,5 @@ func onThreads(_ count: Int, _ body: @escaping @Sendable (Int) -> Void) {
       done.signal()
     }.start()
   }
-  for _ in 0..<count { done.wait() }
+  _ = try? await onOwnThread(name: "test-threads-wait") { for _ in 0..<count { done.wait() } }
 }
