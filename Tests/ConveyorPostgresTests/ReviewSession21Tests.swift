@@ -34,7 +34,7 @@ struct ReviewSession21Tests {
     defer { server.stop() }
     let connection = SerializedConnection(
       label: "ReviewSession21", conninfo: server.url, scrubber: Scrubber(secrets: []),
-      reconnectTimeout: .seconds(1)
+      reconnectTimeout: .seconds(30)  // B reconnects while the postmaster may still be stopped
     ) { _ in }
     try await connection.connect()
     let backendBefore = try await connection.perform(idempotent: true) {
