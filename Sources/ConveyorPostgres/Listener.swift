@@ -9,7 +9,8 @@ import Synchronization
 /// then blocks in `poll(2)` on the socket (a quarter second at most, to notice ``stop()``), and
 /// hands each notification's queue name to the waiters. When the connection breaks it is opened
 /// again with backoff; meanwhile waits simply time out, and the queue's polling finds the work.
-/// Reconnecting wakes every waiter, since notifications sent while it was down are lost.
+/// Every `LISTEN`, the first included, wakes every waiter (and makes every watched queue's next
+/// wait return at once), since notifications sent before it are lost.
 final class Listener: Sendable {
   private struct Waiter {
     var queue: String
@@ -50,7 +51,6 @@ final class Listener: Sendable {
 
   /// Waits for a notification about `queue`, `timeout`, or the task's cancellation.
   func wait(queue: String, timeout: Duration) async -> Bool {
-    startIfNeeded()
     let token = state.withLock { state -> UInt64 in
       state.nextToken += 1
       return state.nextToken
@@ -68,6 +68,8 @@ final class Listener: Sendable {
           continuation.resume(returning: immediate)
           return
         }
+        // Started once this waiter is in place, so the thread's first `LISTEN` wakes it.
+        startIfNeeded()
         let (seconds, attoseconds) = max(timeout, .zero).components
         let nanoseconds = Int(min(seconds, 86_400 * 365)) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
         DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(nanoseconds)) {
@@ -84,12 +86,15 @@ final class Listener: Sendable {
     waiter?.continuation.resume(returning: notified)
   }
 
-  /// Wakes the waiters of `queue` (every waiter when nil).
+  /// Wakes the waiters of `queue` (of every queue when nil). A watched queue nobody waits for
+  /// just now is kept pending, so its next wait returns at once.
   private func deliver(_ queue: String?) {
     let woken = state.withLock { state -> [Waiter] in
       let matching = state.waiters.filter { queue == nil || $0.value.queue == queue }
       for token in matching.keys { state.waiters[token] = nil }
-      if let queue, matching.isEmpty, state.watched.contains(queue) { state.pending.insert(queue) }
+      let waited = Set(matching.values.map(\.queue))
+      let missed = queue.map { state.watched.contains($0) ? [$0] : [] } ?? Array(state.watched)
+      for name in missed where !waited.contains(name) { state.pending.insert(name) }
       return Array(matching.values)
     }
     for waiter in woken { waiter.continuation.resume(returning: true) }
@@ -112,7 +117,6 @@ final class Listener: Sendable {
   /// The thread: listen, wait for the socket, deliver; reconnect with backoff when it breaks.
   private func run() {
     var pause = 0.05
-    var everConnected = false
     while !isStopped {
       // The error is not needed: the store's own connection reports why the server cannot be
       // reached, and polling goes on meanwhile; this one retries with backoff.
@@ -131,8 +135,9 @@ final class Listener: Sendable {
         continue
       }
       pause = 0.05
-      if everConnected { deliver(nil) }  // notifications may have been lost while down
-      everConnected = true
+      // Notifications sent before this `LISTEN` (while connecting for the first time, or while
+      // down) are lost: every waiter looks again.
+      deliver(nil)
       while !isStopped {
         let socket = PQsocket(connection.handle)
         guard socket >= 0 else { break }

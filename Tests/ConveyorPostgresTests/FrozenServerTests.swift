@@ -97,4 +97,50 @@ struct FrozenServerTests {
     #expect(
       error.message.contains("within 2.0 s") && error.message.contains("connect_timeout"), "\(error.message)")
   }
+
+  /// A job added while the store's listener is still connecting starts at once when it is up,
+  /// not at the next poll. The listener connects with the first wait for work, that is when a
+  /// queue starts; a notification sent before its `LISTEN` is lost. Before the fix, only a
+  /// *re*connect woke the waiters, so an idle queue whose first claim found nothing slept out its
+  /// poll interval (here ten minutes). Freezing only the postmaster holds the listener's connect
+  /// while the store's own connection and the producer's, already made, go on working.
+  @Test func aJobAddedWhileTheListenerConnectsStartsWhenItIsUp() async throws {
+    let server = try await PostgresServer.start()
+    defer { server.stop() }
+    let store = try await PostgresJobStore.open(url: server.url)
+    let producer = try await PostgresJobStore.open(url: server.url)
+    // Each store connects with its first call: both connect before the freeze.
+    _ = try await store.queueNames()
+    _ = try await producer.queueNames()
+    let postmaster = try server.postmaster()
+    kill(postmaster, SIGSTOP)
+    var resumed = false
+    defer { if !resumed { kill(postmaster, SIGCONT) } }
+    struct Item: Queueable { var number: Int }
+    let (stream, continuation) = AsyncStream.makeStream(of: Int.self)
+    let configuration = JobQueueConfiguration(identifier: "early", pollInterval: .seconds(600))
+    let queue = try JobQueue<Item>(configuration: configuration, store: store) { item, _ in
+      continuation.yield(item.number)
+      return .handled
+    }
+    // The loop's first claim finds nothing while the listener waits for the frozen postmaster.
+    try await Task.sleep(for: .seconds(1))
+    _ = try await producer.enqueue(
+      [NewJob(payload: try JSONEncoder().encode(Item(number: 7)))], queue: "early", clock: SystemJobClock())
+    try await Task.sleep(for: .milliseconds(300))
+    kill(postmaster, SIGCONT)
+    resumed = true
+    let started = Atomic<Bool>(false)
+    let reader = Task {
+      var iterator = stream.makeAsyncIterator()
+      if await iterator.next() == 7 { started.store(true, ordering: .releasing) }
+    }
+    let ran = await eventually(timeout: .seconds(60)) { started.load(ordering: .acquiring) }
+    #expect(ran, "the job added before the listener was up had not started after 60 s (poll: 600 s)")
+    reader.cancel()
+    continuation.finish()
+    await queue.shutdown(gracePeriod: .seconds(5))
+    await store.close()
+    await producer.close()
+  }
 }
