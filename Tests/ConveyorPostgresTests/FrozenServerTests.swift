@@ -35,16 +35,15 @@ struct FrozenServerTests {
       }
     }
     try await Task.sleep(for: .milliseconds(300))  // the sleep is running
-    let frozen = try server.processes()
-    #expect(frozen.count >= 2, "the postmaster and the connection's backend: \(frozen)")
-    for pid in frozen { kill(pid, SIGSTOP) }
-    defer { for pid in frozen { kill(pid, SIGCONT) } }
+    let frozen = try server.freeze()
+    defer { frozen.thaw() }
+    #expect(frozen.pids.count >= 2, "the postmaster and the connection's backend: \(frozen.pids)")
     // Cancelled from a thread of its own: before the fix, cancelling blocked the canceller in
     // `PQcancel` until the server came back (here, the test's own task).
     Thread { call.cancel() }.start()
     let ended = await eventually(timeout: .seconds(30)) { finished.load(ordering: .acquiring) }
     #expect(ended, "the cancelled call to the frozen server had not ended after 30 s")
-    for pid in frozen { kill(pid, SIGCONT) }
+    frozen.thaw()
     _ = await call.result
     await connection.close()
   }
@@ -72,9 +71,8 @@ struct FrozenServerTests {
   @Test func openingAStoreOnAFrozenServerGivesUpAfterConnectTimeout() async throws {
     let server = try await PostgresServer.start()
     defer { server.stop() }
-    let frozen = try server.processes()
-    for pid in frozen { kill(pid, SIGSTOP) }
-    defer { for pid in frozen { kill(pid, SIGCONT) } }
+    let frozen = try server.freeze()
+    defer { frozen.thaw() }
     let outcome = Mutex<Result<PostgresJobStore, any Error>?>(nil)
     let opening = Task {
       let result: Result<PostgresJobStore, any Error>
@@ -86,7 +84,7 @@ struct FrozenServerTests {
       outcome.withLock { $0 = result }
     }
     let ended = await eventually(timeout: .seconds(30)) { outcome.withLock { $0 != nil } }
-    for pid in frozen { kill(pid, SIGCONT) }
+    frozen.thaw()
     #expect(ended, "opening a store on a frozen server had not ended after 30 s (connect_timeout=2)")
     await opening.value
     guard case .failure(let error as PostgresError) = outcome.withLock({ $0 }) else {
@@ -112,10 +110,8 @@ struct FrozenServerTests {
     // Each store connects with its first call: both connect before the freeze.
     _ = try await store.queueNames()
     _ = try await producer.queueNames()
-    let postmaster = try server.postmaster()
-    kill(postmaster, SIGSTOP)
-    var resumed = false
-    defer { if !resumed { kill(postmaster, SIGCONT) } }
+    let postmaster = try server.freezePostmaster()
+    defer { postmaster.thaw() }
     struct Item: Queueable { var number: Int }
     let (stream, continuation) = AsyncStream.makeStream(of: Int.self)
     let configuration = JobQueueConfiguration(identifier: "early", pollInterval: .seconds(600))
@@ -128,8 +124,7 @@ struct FrozenServerTests {
     _ = try await producer.enqueue(
       [NewJob(payload: try JSONEncoder().encode(Item(number: 7)))], queue: "early", clock: SystemJobClock())
     try await Task.sleep(for: .milliseconds(300))
-    kill(postmaster, SIGCONT)
-    resumed = true
+    postmaster.thaw()
     let started = Atomic<Bool>(false)
     let reader = Task {
       var iterator = stream.makeAsyncIterator()

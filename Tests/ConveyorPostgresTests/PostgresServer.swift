@@ -127,6 +127,15 @@ final class PostgresServer: Sendable {
     return [postmaster] + children.split(separator: "\n").compactMap { pid_t($0) }
   }
 
+  /// Freezes the server whole (SIGSTOP to the postmaster and its backends), as a paused virtual
+  /// machine or a host whose packets are dropped: connections made stay open and get no answer,
+  /// new ones get no answer either.
+  func freeze() throws -> Freeze { Freeze(try processes()) }
+
+  /// Freezes only the postmaster: connections already made go on working, new connections (and
+  /// cancel requests) wait in its listen backlog.
+  func freezePostmaster() throws -> Freeze { Freeze([try postmaster()]) }
+
   /// Stops the server and deletes its folder.
   func stop() {
     _ = try? control(["stop", "-m", "immediate", "-w"])
@@ -172,9 +181,18 @@ final class PostgresServer: Sendable {
   }
 
   private static func freePort() throws -> Int {
+    let (descriptor, port) = try loopbackSocket(listening: false)
+    close(descriptor)
+    return port
+  }
+
+  /// A TCP socket bound to a free port of 127.0.0.1 (listening, with a backlog of 16, when
+  /// `listening`), and the port.
+  static func loopbackSocket(listening: Bool) throws -> (descriptor: Int32, port: Int) {
     let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
     guard descriptor >= 0 else { throw HarnessError("socket failed") }
-    defer { close(descriptor) }
+    var yes: Int32 = 1
+    setsockopt(descriptor, SOL_SOCKET, SO_REUSEADDR, &yes, socklen_t(MemoryLayout<Int32>.size))
     var address = sockaddr_in()
     address.sin_family = sa_family_t(AF_INET)
     address.sin_addr.s_addr = inet_addr("127.0.0.1")
@@ -185,8 +203,11 @@ final class PostgresServer: Sendable {
         bind(descriptor, pointer, length) == 0 && getsockname(descriptor, pointer, &length) == 0
       }
     }
-    guard bound else { throw HarnessError("bind failed") }
-    return Int(UInt16(bigEndian: address.sin_port))
+    guard bound, !listening || listen(descriptor, 16) == 0 else {
+      close(descriptor)
+      throw HarnessError("bind/listen on 127.0.0.1 failed: errno \(errno)")
+    }
+    return (descriptor, Int(UInt16(bigEndian: address.sin_port)))
   }
 
   /// Stops servers left by test processes that died (their owner pid is gone).
@@ -396,5 +417,21 @@ extension PostgresServer {
       let probe = try AdminConnection(url + "?sslmode=require")
       return try probe.query("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").first?.first == "t"
     }
+  }
+}
+
+/// Processes stopped with SIGSTOP until ``thaw()``, which a test calls where it needs to and in a
+/// `defer` (thawing twice is harmless).
+final class Freeze: Sendable {
+  let pids: [pid_t]
+
+  init(_ pids: [pid_t]) {
+    self.pids = pids
+    for pid in pids { kill(pid, SIGSTOP) }
+  }
+
+  /// Resumes every frozen process (SIGCONT).
+  func thaw() {
+    for pid in pids { kill(pid, SIGCONT) }
   }
 }

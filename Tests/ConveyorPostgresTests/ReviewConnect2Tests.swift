@@ -39,9 +39,8 @@ struct ReviewConnect2Tests {
   static func withFrozenServer(_ body: (Int) async throws -> Void) async throws {
     let server = try await PostgresServer.start()
     defer { server.stop() }
-    let frozen = try server.processes()
-    for pid in frozen { kill(pid, SIGSTOP) }
-    defer { for pid in frozen { kill(pid, SIGCONT) } }
+    let frozen = try server.freeze()
+    defer { frozen.thaw() }
     try await body(server.port)
   }
 
@@ -64,10 +63,7 @@ struct ReviewConnect2Tests {
 
         """)
       let conninfo = "service=review_two connect_timeout=2"
-      let beforeBox = R.libpqConnectOnThread(conninfo)
-      let afterBox = R.connectOnThread(conninfo)
-      let before = await R.wait(beforeBox, seconds: 30)
-      let after = await R.wait(afterBox, seconds: 30)
+      let (before, after) = await R.bothConnects(conninfo, seconds: 30)
       #expect(before?.description == "connected", "PQconnectdb: \(String(describing: before))")
       #expect(after?.description == "connected", "Connection(conninfo:): \(String(describing: after))")
     }
@@ -90,10 +86,7 @@ struct ReviewConnect2Tests {
 
         """)
       let conninfo = "service=review_frozen"
-      let beforeBox = R.libpqConnectOnThread(conninfo)
-      let afterBox = R.connectOnThread(conninfo)
-      let before = await R.wait(beforeBox, seconds: 10)
-      let after = await R.wait(afterBox, seconds: 10)
+      let (before, after) = await R.bothConnects(conninfo, seconds: 10)
       #expect(before != nil, "PQconnectdb had not given up 10 s after connect_timeout=2")
       #expect(
         after != nil,
@@ -117,10 +110,7 @@ struct ReviewConnect2Tests {
 
         """)
       let conninfo = "service=review_timeout host=127.0.0.1,127.0.0.1 port=\(frozenPort),\(healthy.port)"
-      let beforeBox = R.libpqConnectOnThread(conninfo)
-      let afterBox = R.connectOnThread(conninfo)
-      let before = await R.wait(beforeBox, seconds: 12)
-      let after = await R.wait(afterBox, seconds: 12)
+      let (before, after) = await R.bothConnects(conninfo, seconds: 12)
       #expect(before?.description == "connected", "PQconnectdb: \(String(describing: before))")
       #expect(
         after?.description == "connected",
@@ -137,8 +127,7 @@ struct ReviewConnect2Tests {
   /// connection to the wrong database where a server listens at the defaults.
   @Test(arguments: ["postgres", "postgresql:/127.0.0.1/postgres"])
   func aConninfoLibpqCannotParseIsRefusedAsByPQconnectdb(_ conninfo: String) async throws {
-    let before = await R.wait(R.libpqConnectOnThread(conninfo), seconds: 30)
-    let after = await R.wait(R.connectOnThread(conninfo), seconds: 30)
+    let (before, after) = await R.bothConnects(conninfo, seconds: 30)
     #expect(
       before?.description.contains("missing \"=\"") == true, "PQconnectdb: \(String(describing: before))")
     #expect(
@@ -158,8 +147,7 @@ struct ReviewConnect2Tests {
       "host=127.0.0.1,127.0.0.1 port=1,\(server.port) user=postgres dbname=no_such_database",
     ]
     for conninfo in conninfos {
-      let before = await R.wait(R.libpqConnectOnThread(conninfo), seconds: 30)
-      let after = await R.wait(R.connectOnThread(conninfo), seconds: 30)
+      let (before, after) = await R.bothConnects(conninfo, seconds: 30)
       #expect(
         before?.description == after?.description,
         "\(conninfo): before \(String(describing: before)), after \(String(describing: after))")

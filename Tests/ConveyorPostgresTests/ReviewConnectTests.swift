@@ -27,26 +27,7 @@ struct ReviewConnectTests {
     private let ended = Atomic<Bool>(false)
 
     init() throws {
-      let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-      guard descriptor >= 0 else { throw HarnessError("socket failed") }
-      var yes: Int32 = 1
-      setsockopt(descriptor, SOL_SOCKET, SO_REUSEADDR, &yes, socklen_t(MemoryLayout<Int32>.size))
-      var address = sockaddr_in()
-      address.sin_family = sa_family_t(AF_INET)
-      address.sin_addr.s_addr = inet_addr("127.0.0.1")
-      address.sin_port = 0
-      var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-      let bound = withUnsafeMutablePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
-          bind(descriptor, pointer, length) == 0 && getsockname(descriptor, pointer, &length) == 0
-        }
-      }
-      guard bound, listen(descriptor, 16) == 0 else {
-        close(descriptor)
-        throw HarnessError("bind/listen failed")
-      }
-      listener = descriptor
-      port = Int(UInt16(bigEndian: address.sin_port))
+      (listener, port) = try PostgresServer.loopbackSocket(listening: true)
       let thread = Thread { [self] in serve() }
       thread.name = "review-drip-server"
       thread.start()
@@ -145,6 +126,15 @@ struct ReviewConnectTests {
     return box
   }
 
+  /// libpq's own blocking connect (`before`, what the store did before) and the store's
+  /// `Connection` (`after`) to `conninfo`, side by side on threads of their own; nil for one that
+  /// had not ended after `seconds`.
+  static func bothConnects(_ conninfo: String, seconds: Int64) async -> (before: Outcome?, after: Outcome?) {
+    let before = libpqConnectOnThread(conninfo)
+    let after = connectOnThread(conninfo)
+    return (await wait(before, seconds: seconds), await wait(after, seconds: seconds))
+  }
+
   static func wait(_ box: Slot, seconds: Int64) async -> Outcome? {
     let deadline = ContinuousClock.now + .seconds(seconds)
     while ContinuousClock.now < deadline {
@@ -220,17 +210,15 @@ struct ReviewConnectTests {
     let healthy = try await PostgresServer.shared()
     let frozenServer = try await PostgresServer.start()
     defer { frozenServer.stop() }
-    let frozen = try frozenServer.processes()
-    for pid in frozen { kill(pid, SIGSTOP) }
-    defer { for pid in frozen { kill(pid, SIGCONT) } }
+    let frozen = try frozenServer.freeze()
+    defer { frozen.thaw() }
     let conninfo =
       "host=127.0.0.1,127.0.0.1 port=\(frozenServer.port),\(healthy.port) user=postgres dbname=postgres "
       + "connect_timeout=2"
 
     // Baseline: libpq's blocking connect (what the store did before).
-    let before = await Self.wait(Self.libpqConnectOnThread(conninfo), seconds: 30)
-    let after = await Self.wait(Self.connectOnThread(conninfo), seconds: 30)
-    for pid in frozen { kill(pid, SIGCONT) }
+    let (before, after) = await Self.bothConnects(conninfo, seconds: 30)
+    frozen.thaw()
     #expect(before?.description == "connected", "PQconnectdb: \(String(describing: before))")
     #expect(after?.description == "connected", "Connection(conninfo:): \(String(describing: after))")
   }
@@ -245,8 +233,7 @@ struct ReviewConnectTests {
   func aConnectTimeoutLibpqRejectsIsStillRejected(_ value: String) async throws {
     let server = try await PostgresServer.shared()
     let conninfo = "host=127.0.0.1 port=\(server.port) user=postgres dbname=postgres connect_timeout=\(value)"
-    let before = await Self.wait(Self.libpqConnectOnThread(conninfo), seconds: 30)
-    let after = await Self.wait(Self.connectOnThread(conninfo), seconds: 30)
+    let (before, after) = await Self.bothConnects(conninfo, seconds: 30)
     #expect(
       before?.description.contains("invalid integer value") == true,
       "PQconnectdb: \(String(describing: before))")
@@ -268,8 +255,7 @@ struct ReviewConnectTests {
       "host=127.0.0.1,127.0.0.1 port=1,\(server.port) user=postgres dbname=postgres",
     ]
     for conninfo in conninfos {
-      let before = await Self.wait(Self.libpqConnectOnThread(conninfo), seconds: 30)
-      let after = await Self.wait(Self.connectOnThread(conninfo), seconds: 30)
+      let (before, after) = await Self.bothConnects(conninfo, seconds: 30)
       #expect(
         before?.description == after?.description,
         "\(conninfo): before \(String(describing: before)), after \(String(describing: after))")
@@ -281,8 +267,7 @@ struct ReviewConnectTests {
       "host=localhost port=1 user=postgres dbname=postgres",
     ]
     for conninfo in failing {
-      let before = await Self.wait(Self.libpqConnectOnThread(conninfo), seconds: 30)
-      let after = await Self.wait(Self.connectOnThread(conninfo), seconds: 30)
+      let (before, after) = await Self.bothConnects(conninfo, seconds: 30)
       #expect(
         before?.description == after?.description,
         "\(conninfo): before \(String(describing: before)), after \(String(describing: after))")
@@ -295,8 +280,7 @@ struct ReviewConnectTests {
     try await server.enableSSL()
     for mode in ["disable", "allow", "prefer", "require", "verify-ca"] {
       let conninfo = server.url + "?sslmode=\(mode)"
-      let before = await Self.wait(Self.libpqConnectOnThread(conninfo), seconds: 30)
-      let after = await Self.wait(Self.connectOnThread(conninfo), seconds: 30)
+      let (before, after) = await Self.bothConnects(conninfo, seconds: 30)
       #expect(
         before?.description == after?.description,
         "\(conninfo): before \(String(describing: before)), after \(String(describing: after))")

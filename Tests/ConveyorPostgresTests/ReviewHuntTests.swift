@@ -38,9 +38,8 @@ struct ReviewHuntTests {
       options: .init(schema: uniqueSchema("hunt"), reconnectTimeout: .seconds(3), callTimeout: .seconds(2)))
     _ = try await store.queueNames()  // the store's connection is open
 
-    let frozen = try server.processes()
-    for pid in frozen { kill(pid, SIGSTOP) }
-    defer { for pid in frozen { kill(pid, SIGCONT) } }
+    let frozen = try server.freeze()
+    defer { frozen.thaw() }
 
     let finished = Atomic<Bool>(false)
     let call = Task {
@@ -62,7 +61,7 @@ struct ReviewHuntTests {
     let closedInTime = await eventually(timeout: .seconds(5)) { closed.load(ordering: .acquiring) }
     #expect(closedInTime, "close() had not returned 5 s after it was called (the store's thread is stuck)")
 
-    for pid in frozen { kill(pid, SIGCONT) }
+    frozen.thaw()
     _ = await call.result
     await closing.value
   }
@@ -88,9 +87,8 @@ struct ReviewHuntTests {
         """)
     }
     try await Task.sleep(for: .milliseconds(500))
-    let frozen = try server.processes()
-    for pid in frozen { kill(pid, SIGSTOP) }
-    defer { for pid in frozen { kill(pid, SIGCONT) } }
+    let frozen = try server.freeze()
+    defer { frozen.thaw() }
 
     let finished = Atomic<Bool>(false)
     let call = Task {
@@ -105,7 +103,7 @@ struct ReviewHuntTests {
     let ended = await eventually(timeout: .seconds(20)) { finished.load(ordering: .acquiring) }
     #expect(ended, "the cancelled call (reconnecting to a frozen server) had not ended 20 s after the cancel")
 
-    for pid in frozen { kill(pid, SIGCONT) }
+    frozen.thaw()
     _ = await call.result
     await store.close()
   }

@@ -50,9 +50,8 @@ struct ReviewSession21Tests {
       }
     }
     try await Task.sleep(for: .milliseconds(200))  // A's block is running
-    kill(postmaster, SIGSTOP)
-    var resumed = false
-    defer { if !resumed { kill(postmaster, SIGCONT) } }
+    let frozen = Freeze([postmaster])
+    defer { frozen.thaw() }
     callA.cancel()  // returns at once: the request waits in the postmaster's backlog
     // A ends on its own (its backend is not stopped): it returns, or fails with a cancellation;
     // either way it is over.
@@ -65,8 +64,7 @@ struct ReviewSession21Tests {
       }
     }
     try await Task.sleep(for: .milliseconds(400))  // B's statement is running
-    kill(postmaster, SIGCONT)  // A's cancel request now reaches the server
-    resumed = true
+    frozen.thaw()  // A's cancel request now reaches the server
     let resultB = await callB.result
     switch resultB {
     case .success:
