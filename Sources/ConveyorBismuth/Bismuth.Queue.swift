@@ -269,7 +269,7 @@ final class DelegateSlot: Sendable {
   func waitForDelegate(atMost limit: Duration) async throws -> any BismuthQueueDelegate {
     let token = UUID()
     let timer = Task { [weak self] in
-      try await Task.sleep(for: limit)
+      try await DispatchSleep.sleep(for: limit)  // freed at once when cancelled, unlike `Task.sleep`
       let waiter = self?.state.withLock { $0.waiters.removeValue(forKey: token) }
       waiter?.resume(throwing: CancellationError())
     }

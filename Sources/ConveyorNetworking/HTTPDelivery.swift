@@ -120,7 +120,8 @@ public struct HTTPDelivery: Sendable {
     let deadline = request.timeout.map { timeout in
       Task {
         do {
-          try await Task.sleep(for: .milliseconds(Int64((timeout * 1000).rounded(.up))))
+          // Freed when the request ends first (a cancelled `Task.sleep` stays scheduled).
+          try await DispatchSleep.sleep(for: .milliseconds(Int64((timeout * 1000).rounded(.up))))
         } catch {
           return  // the request ended first
         }

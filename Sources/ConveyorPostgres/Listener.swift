@@ -1,4 +1,5 @@
 import CLibPQ
+import Conveyor
 import Foundation
 import Synchronization
 
@@ -15,6 +16,13 @@ final class Listener: Sendable {
   private struct Waiter {
     var queue: String
     var continuation: CheckedContinuation<Bool, Never>
+    /// Ends the wait at its timeout; cancelled (and so freed) when the wait ends otherwise.
+    var timer: Task<Void, Never>?
+
+    func resume(returning notified: Bool) {
+      timer?.cancel()
+      continuation.resume(returning: notified)
+    }
   }
 
   private struct State {
@@ -29,6 +37,10 @@ final class Listener: Sendable {
   }
 
   private let state = Mutex(State())
+  private let armed = Atomic<Int>(0)
+
+  /// Timeouts of waits scheduled and not yet freed (for tests).
+  var armedTimeouts: Int { armed.load(ordering: .relaxed) }
   private let conninfo: String
   private let scrubber: Scrubber
   private let channel: String
@@ -46,7 +58,7 @@ final class Listener: Sendable {
       defer { state.waiters = [:] }
       return Array(state.waiters.values)
     }
-    for waiter in waiters { waiter.continuation.resume(returning: false) }
+    for waiter in waiters { waiter.resume(returning: false) }
   }
 
   /// Waits for a notification about `queue`, `timeout`, or the task's cancellation.
@@ -70,11 +82,20 @@ final class Listener: Sendable {
         }
         // Started once this waiter is in place, so the thread's first `LISTEN` wakes it.
         startIfNeeded()
-        let (seconds, attoseconds) = max(timeout, .zero).components
-        let nanoseconds = Int(min(seconds, 86_400 * 365)) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
-        DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(nanoseconds)) {
-          self.finish(token, notified: false)
+        // A timer of the wait's own, freed as soon as the wait ends: the watcher of a queue waits
+        // again after every notification, and a timeout left scheduled until it passed (an
+        // hour's poll interval) would keep one timer per notification.
+        armed.add(1, ordering: .relaxed)
+        let timer = Task { [self] in
+          defer { armed.subtract(1, ordering: .relaxed) }
+          do { try await DispatchSleep.sleep(for: max(timeout, .milliseconds(1))) } catch { return }
+          finish(token, notified: false)
         }
+        let waiting = state.withLock { state -> Bool in
+          state.waiters[token]?.timer = timer
+          return state.waiters[token] != nil
+        }
+        if !waiting { timer.cancel() }
       }
     } onCancel: {
       finish(token, notified: false)
@@ -83,7 +104,7 @@ final class Listener: Sendable {
 
   private func finish(_ token: UInt64, notified: Bool) {
     let waiter = state.withLock { $0.waiters.removeValue(forKey: token) }
-    waiter?.continuation.resume(returning: notified)
+    waiter?.resume(returning: notified)
   }
 
   /// Wakes the waiters of `queue` (of every queue when nil). A watched queue nobody waits for
@@ -97,7 +118,7 @@ final class Listener: Sendable {
       for name in missed where !waited.contains(name) { state.pending.insert(name) }
       return Array(matching.values)
     }
-    for waiter in woken { waiter.continuation.resume(returning: true) }
+    for waiter in woken { waiter.resume(returning: true) }
   }
 
   private func startIfNeeded() {

@@ -109,7 +109,7 @@ public final class PostgresJobStore: JobStore {
   public let target: String
   let sql: SQL
   let connection: SerializedConnection
-  private let listener: Listener
+  let listener: Listener
 
   /// Connects, creates or migrates the schema, and returns the store. Blocks the calling thread
   /// while it connects; from an `async` context prefer ``open(url:options:)``.

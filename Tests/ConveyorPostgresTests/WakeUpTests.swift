@@ -1,9 +1,10 @@
 import Conveyor
-import ConveyorPostgres
 import ConveyorTestSupport
 import Foundation
 import Synchronization
 import Testing
+
+@testable import ConveyorPostgres
 
 /// Every change that makes a job ready now wakes idle workers of other processes through
 /// `NOTIFY`: a retry due at once, a release, a rescued lease, a resume. The idle worker polls only
@@ -164,6 +165,26 @@ struct WakeUpTests {
     try await other.setPaused(false, queue: queue)
     #expect(await first(handled) == 1, "the idle worker started the job within 5 s of the resume")
     await jobQueue.shutdown(gracePeriod: .seconds(5))
+    await worker.close()
+    await other.close()
+  }
+
+  /// A wait that a notification ends early leaves no timer behind. A queue's watcher waits again
+  /// after every notification, for its poll interval: each wait's timeout stayed scheduled until
+  /// it passed, so a queue with an hour's poll interval, notified for every job another process
+  /// adds, held a timer (and its closure) per job added in the last hour.
+  @Test func notifiedWaitsLeaveNoTimerBehind() async throws {
+    let (_, worker, other) = try await openStores()
+    try await primeListener(worker, through: other, queue: "timers")
+    let before = worker.listener.armedTimeouts
+    for _ in 0..<300 {
+      let waiter = Task { await worker.waitForWork(queue: "timers", timeout: .seconds(3_600)) }
+      try await other.setPaused(false, queue: "timers")
+      let woken = await waiter.value
+      #expect(woken)
+    }
+    let grown = worker.listener.armedTimeouts - before
+    #expect(grown < 10, "\(grown) hour-long timeouts still scheduled after 300 notified waits")
     await worker.close()
     await other.close()
   }

@@ -103,6 +103,21 @@ struct QueueEngineOnSQLiteTests {
     #expect(growth < Int64(count * bytes) / 10, "resident memory grew \(growth / 1024) KB")
   }
 
+  /// A step's timeout is freed when the step ends in time. The timer was a `Task.sleep`, whose
+  /// cancellation on Linux leaves the sleep scheduled until its deadline (about 700 bytes each):
+  /// a service running steps with an hour's timeout held an hour of them.
+  @Test("memory stays flat while steps with an hour's timeout end at once")
+  func stepTimeoutsAreFreedWhenTheStepEnds() async throws {
+    let count = 50_000
+    let folder = try TemporaryFolder()
+    let (status, output, errors) = try await runTestWorker(
+      ["timeouts", "--count", String(count)], folder: folder)
+    guard status == 0, let growth = reported("rss-growth-kb", in: output) else {
+      throw TestFailure("worker failed (\(status)): \(output) \(errors)")
+    }
+    #expect(growth * 1024 < Int64(count) * 100, "resident memory grew \(growth) KB over \(count) runs")
+  }
+
   // MARK: Heartbeats off the cooperative pool
 
   @Test("CPU-bound handlers filling the cooperative pool do not let leases lapse")

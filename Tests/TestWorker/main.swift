@@ -23,6 +23,11 @@
 // gives after attempt 200 ("delay-seconds <s>"), or what `add(_:runAt:)` did with a NaN or
 // infinite date ("invalidSchedule" or "stored").
 //
+//   conveyor-test-worker timeouts --count N
+//
+// Runs N one-step pipelines whose step has an hour's timeout (and returns at once) and prints
+// "rss-growth-kb <KB>".
+//
 //   conveyor-test-worker starve --lease-ms MS
 //
 // Handles one job per core at concurrency = the core count with handlers that spin without
@@ -287,12 +292,32 @@ func starve(_ arguments: ArraySlice<String>) async throws {
   for warning in warnings.withLock({ $0 }) { print("warning \(warning)") }
 }
 
+/// Runs `--count` one-step pipelines whose step has an hour's timeout and returns at once, after
+/// a warm-up; prints "rss-growth-kb <KB>". Each run's timer is cancelled when its step returns.
+func timeouts(_ arguments: ArraySlice<String>) async throws {
+  let values = try options(arguments, allowed: ["--count"])
+  guard let count = values["--count"].flatMap({ Int($0) }) else {
+    throw Failure("usage: conveyor-test-worker timeouts --count N")
+  }
+  let pipeline = Pipeline(defaultValue: 0).then(
+    Pipeline.step(timeout: .seconds(3_600)) { value in value + 1 })
+  func run(_ runs: Int) async throws {
+    for _ in 0..<runs { _ = try await pipeline.run() }
+  }
+  try await run(max(1_000, count / 10))  // warm up
+  let before = try residentKilobytes()
+  try await run(count)
+  let after = try residentKilobytes()
+  print("rss-growth-kb \(after - before)")
+}
+
 do {
   let arguments = Array(CommandLine.arguments.dropFirst())
   switch arguments.first {
   case "trickle": try await trickle(arguments.dropFirst())
   case "trap-check": try await trapCheck(arguments.dropFirst())
   case "starve": try await starve(arguments.dropFirst())
+  case "timeouts": try await timeouts(arguments.dropFirst())
   default: try await work(Arguments(arguments))
   }
 } catch {

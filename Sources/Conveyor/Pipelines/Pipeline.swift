@@ -204,7 +204,8 @@ func withTimeLimit<Value: Sendable>(
     }
     let timer = Task {
       do {
-        try await Task.sleep(for: limit)
+        // Not `Task.sleep`: on Linux a cancelled one stays scheduled until its deadline.
+        try await DispatchSleep.sleep(for: limit)
       } catch {
         return  // the work finished or the run was cancelled first
       }

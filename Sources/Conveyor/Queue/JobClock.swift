@@ -69,31 +69,70 @@ public struct SystemJobClock: JobClock {
 }
 
 /// A cancellable sleep on a Dispatch timer (monotonic, independent of the cooperative pool).
-enum DispatchSleep {
+///
+/// Each sleep has a timer source of its own, cancelled (and so freed) as soon as the sleep ends,
+/// by its deadline or by the task's cancellation. A queue's loop sleeps until its next poll and
+/// is woken early by nearly every job; with `asyncAfter`, whose timer cannot be cancelled, every
+/// early wake-up left a timer and its closure scheduled until the deadline, one per wake-up.
+package enum DispatchSleep {
   private static let timers = DispatchQueue(label: "Conveyor.timers")
 
-  private final class Sleeper: Sendable {
-    private let state = Mutex<(CheckedContinuation<Void, any Error>?, cancelled: Bool)>((nil, false))
+  /// Timers scheduled and not yet cancelled (for tests).
+  package static let liveTimers = Atomic<Int>(0)
 
+  /// A sleep's timer source, held by the sleeper to cancel it from whichever thread ends the
+  /// sleep. Safe to send: libdispatch allows `cancel()` from any thread, and the one reference is
+  /// stored and taken only under the lock of `Sleeper.state`.
+  private struct SharedTimer: @unchecked Sendable {
+    let source: any DispatchSourceTimer
+  }
+
+  private final class Sleeper: Sendable {
+    private struct State {
+      var continuation: CheckedContinuation<Void, any Error>?
+      var ended = false
+      var timer: SharedTimer?
+    }
+
+    private let state = Mutex(State())
+
+    /// Keeps the continuation; false when the sleep was already cancelled.
     func install(_ continuation: CheckedContinuation<Void, any Error>) -> Bool {
       state.withLock { state in
-        if state.cancelled { return false }
-        state.0 = continuation
+        if state.ended { return false }
+        state.continuation = continuation
         return true
       }
     }
 
-    func finish(_ result: Result<Void, any Error>) {
-      let continuation = state.withLock { state -> CheckedContinuation<Void, any Error>? in
-        if case .failure = result { state.cancelled = true }
-        defer { state.0 = nil }
-        return state.0
+    /// Keeps the running timer, to cancel it when the sleep ends; cancels it at once when the
+    /// sleep already ended (it was cancelled meanwhile).
+    func attach(_ timer: SharedTimer) {
+      let ended = state.withLock { state -> Bool in
+        if !state.ended { state.timer = timer }
+        return state.ended
       }
+      if ended { timer.source.cancel() }
+    }
+
+    /// Ends the sleep (once): cancels its timer and resumes the sleeping task.
+    func finish(_ result: Result<Void, any Error>) {
+      let (continuation, timer) = state.withLock { state in
+        state.ended = true
+        defer {
+          state.continuation = nil
+          state.timer = nil
+        }
+        return (state.continuation, state.timer)
+      }
+      timer?.source.cancel()
       continuation?.resume(with: result)
     }
   }
 
-  static func sleep(for duration: Duration) async throws {
+  /// Sleeps for `duration` (at most ``JobStoreTime/longestDelay``); throws `CancellationError`
+  /// when the task is cancelled first.
+  package static func sleep(for duration: Duration) async throws {
     try Task.checkCancellation()
     guard duration > .zero else { return }
     let (seconds, attoseconds) = min(duration, JobStoreTime.longestDelay).components
@@ -107,9 +146,14 @@ enum DispatchSleep {
         // `Int` is 32 bits on watchOS: a delay it cannot hold in nanoseconds goes in seconds.
         let delay: DispatchTimeInterval =
           nanoseconds <= Int64(Int.max) ? .nanoseconds(Int(nanoseconds)) : .seconds(Int(clamping: seconds))
-        timers.asyncAfter(deadline: .now() + delay) {
-          sleeper.finish(.success(()))
-        }
+        let timer = DispatchSource.makeTimerSource(queue: timers)
+        timer.schedule(deadline: .now() + delay, leeway: .milliseconds(1))
+        timer.setEventHandler { sleeper.finish(.success(())) }
+        // Cancelling drops the handlers, and with them the timer's reference to the sleeper.
+        timer.setCancelHandler { liveTimers.subtract(1, ordering: .relaxed) }
+        liveTimers.add(1, ordering: .relaxed)
+        timer.resume()
+        sleeper.attach(SharedTimer(source: timer))
       }
     } onCancel: {
       sleeper.finish(.failure(CancellationError()))

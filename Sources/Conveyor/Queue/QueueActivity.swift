@@ -221,7 +221,7 @@ extension JobQueue {
     return await withCheckedContinuation { continuation in
       waiter.withLock { $0 = continuation }
       let timer = Task {
-        try? await Task.sleep(for: limit)
+        try? await DispatchSleep.sleep(for: limit)  // freed at once when cancelled, unlike `Task.sleep`
         finish(false)
       }
       Task {
