@@ -32,6 +32,33 @@ func runPipelineBenchmarks() async throws {
     goal: 0.5
   ).print()
 
+  // Steps with a time limit: each runs in a task of its own beside a timer that is cancelled when
+  // the step returns. The baseline is the same step in a task of its own without a timer, so the
+  // ratio is the timer's own cost (a Dispatch timer source made and cancelled per step).
+  let limited = 10_000
+  let timedStep = Pipeline<Int>.step(timeout: .seconds(3_600)) { $0 &+ 1 }
+  let timedSeconds = try await best(repeats: 5) {
+    var value = 0
+    for _ in 0..<limited { value = try await timedStep(value) }
+    precondition(value == limited)
+  }
+  let untimedSeconds = await best(repeats: 5) {
+    var value = 0
+    for _ in 0..<limited {
+      let current = value
+      value = await Task { current &+ 1 }.value
+    }
+    precondition(value == limited)
+  }
+  Comparison(
+    name: "Pipeline.step(timeout:), 10k steps",
+    count: limited,
+    seconds: timedSeconds,
+    baselineName: "the step in a task of its own, no timer",
+    baselineSeconds: untimedSeconds,
+    goal: nil
+  ).print()
+
   // Completion-handler form: one Task per run, not per step.
   let handlerSeconds = try await best(repeats: 5) {
     let value = try await withCheckedThrowingContinuation { continuation in
