@@ -268,26 +268,34 @@ final class DelegateSlot: Sendable {
   /// task is cancelled or the time runs out.
   func waitForDelegate(atMost limit: Duration) async throws -> any BismuthQueueDelegate {
     let token = UUID()
-    let timer = Task { [weak self] in
-      try await DispatchSleep.sleep(for: limit)  // freed at once when cancelled, unlike `Task.sleep`
-      let waiter = self?.state.withLock { $0.waiters.removeValue(forKey: token) }
-      waiter?.resume(throwing: CancellationError())
-    }
-    defer { timer.cancel() }
+    // Started once the waiter is recorded, so a timer that fires at once finds it.
+    let timer = Mutex<Task<Void, Never>?>(nil)
+    defer { timer.withLock { $0?.cancel() } }
     return try await withTaskCancellationHandler {
       try await withCheckedThrowingContinuation { continuation in
-        let ready = state.withLock { state -> (any BismuthQueueDelegate)? in
-          if let delegate = state.delegate { return delegate }
+        let ready = state.withLock { state -> Result<any BismuthQueueDelegate, any Error>? in
+          if let delegate = state.delegate { return .success(delegate) }
+          // Cancelled before the waiter was recorded: the handler found nobody to end.
+          if Task.isCancelled { return .failure(CancellationError()) }
           state.waiters[token] = continuation
           return nil
         }
-        if let ready { continuation.resume(returning: ready) }
+        if let ready { return continuation.resume(with: ready) }
+        timer.withLock {
+          $0 = Task { [weak self] in
+            // Freed at once when cancelled, unlike `Task.sleep`.
+            do { try await DispatchSleep.sleep(for: limit) } catch { return }
+            let waiter = self?.state.withLock { $0.waiters.removeValue(forKey: token) }
+            waiter?.resume(throwing: CancellationError())
+          }
+        }
       }
     } onCancel: {
       let waiter = state.withLock { $0.waiters.removeValue(forKey: token) }
       waiter?.resume(throwing: CancellationError())
     }
   }
+
 }
 
 /// The engine's delegate: forwards to the ``Bismuth/Queue``'s current delegate, counting attempts
