@@ -11,7 +11,14 @@ import Synchronization
 /// hands each notification's queue name to the waiters. When the connection breaks it is opened
 /// again with backoff; meanwhile waits simply time out, and the queue's polling finds the work.
 /// Every `LISTEN`, the first included, wakes every waiter (and makes every watched queue's next
-/// wait return at once), since notifications sent before it are lost.
+/// wait return at once), since notifications sent before it are lost; so does the first wait
+/// for a queue this listener never watched, which may follow a notification it did not keep.
+///
+/// A connection that goes silent is given up: after ``heartbeatAfter`` without a byte from the
+/// server the thread sends `SELECT 1`, and a statement (that one, or `LISTEN`) whose answer takes
+/// longer than `answerTimeout` ends the connection, as for a server that stopped answering or
+/// died without its reset reaching us. Nothing waits on the server without a deadline, so
+/// ``stop()`` always ends the thread.
 final class Listener: Sendable {
   private struct Waiter {
     var queue: String
@@ -44,14 +51,23 @@ final class Listener: Sendable {
   private let conninfo: String
   private let scrubber: Scrubber
   private let channel: String
+  private let answerTimeout: Duration
 
-  init(conninfo: String, scrubber: Scrubber, channel: String) {
+  /// How long the connection may stay silent before the thread asks the server for a sign of life.
+  static let heartbeatAfter = Duration.seconds(10)
+
+  /// - Parameters:
+  ///   - answerTimeout: The longest the thread waits for the answer to `LISTEN` or a heartbeat
+  ///     before it gives the connection up (the store's `callTimeout`).
+  init(conninfo: String, scrubber: Scrubber, channel: String, answerTimeout: Duration) {
     self.conninfo = conninfo
     self.scrubber = scrubber
     self.channel = channel
+    self.answerTimeout = answerTimeout
   }
 
-  /// Ends the thread within a quarter second and wakes every waiter.
+  /// Ends the thread within a quarter second and wakes every waiter. Later waits last their
+  /// timeout and return false, as a store that hears of nothing does.
   func stop() {
     let waiters = state.withLock { state -> [Waiter] in
       state.stopped = true
@@ -63,6 +79,11 @@ final class Listener: Sendable {
 
   /// Waits for a notification about `queue`, `timeout`, or the task's cancellation.
   func wait(queue: String, timeout: Duration) async -> Bool {
+    if isStopped {
+      // A queue's watcher waits again at once: returning at once would make it spin.
+      try? await DispatchSleep.sleep(for: max(timeout, .milliseconds(1)))
+      return false
+    }
     let token = state.withLock { state -> UInt64 in
       state.nextToken += 1
       return state.nextToken
@@ -71,7 +92,9 @@ final class Listener: Sendable {
       await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
         let immediate = state.withLock { state -> Bool? in
           if state.stopped || Task.isCancelled { return false }
-          state.watched.insert(queue)
+          // A queue watched for the first time: a notification for it may have come (and been
+          // dropped) between its first look at the store and this wait; it looks again.
+          if state.watched.insert(queue).inserted && state.started { return true }
           if state.pending.remove(queue) != nil { return true }
           state.waiters[token] = Waiter(queue: queue, continuation: continuation)
           return nil
@@ -142,38 +165,85 @@ final class Listener: Sendable {
       // The error is not needed: the store's own connection reports why the server cannot be
       // reached, and polling goes on meanwhile; this one retries with backoff.
       guard
-        let connection = try? Connection(conninfo: conninfo, scrubber: scrubber, isCancelled: { isStopped })
+        let connection = try? Connection(conninfo: conninfo, scrubber: scrubber, isCancelled: { isStopped }),
+        answers("LISTEN \"\(channel)\"", on: connection)
       else {
-        Thread.sleep(forTimeInterval: pause)
-        pause = min(pause * 2, 1)
+        rest(&pause)
         continue
       }
-      do {
-        try connection.executeScript("LISTEN \"\(channel)\"")
-      } catch {
-        Thread.sleep(forTimeInterval: pause)
-        pause = min(pause * 2, 1)
-        continue
-      }
-      pause = 0.05
+      let listening = ContinuousClock.now
       // Notifications sent before this `LISTEN` (while connecting for the first time, or while
       // down) are lost: every waiter looks again.
       deliver(nil)
-      while !isStopped {
-        let socket = PQsocket(connection.handle)
-        guard socket >= 0 else { break }
-        let ready = conveyor_pq_wait_readable(socket, 250)
-        if ready < 0 && errno != EINTR { break }
-        if ready > 0 {
-          guard PQconsumeInput(connection.handle) == 1 else { break }
-        }
-        while let notification = PQnotifies(connection.handle) {
-          let queue = String(cString: notification.pointee.extra)
-          PQfreemem(notification)
-          deliver(queue)
-        }
-        if PQstatus(connection.handle) != CONNECTION_OK { break }
+      listen(on: connection)
+      // A connection that lasted only moments (a server that ends sessions at once, a proxy
+      // that drops them) is not opened again at full speed: each time wakes every waiter.
+      if ContinuousClock.now - listening < Self.heartbeatAfter {
+        rest(&pause)
+      } else {
+        pause = 0.05
       }
     }
+  }
+
+  /// Waits for notifications and delivers them until the connection breaks, goes silent, or the
+  /// listener stops.
+  private func listen(on connection: Connection) {
+    let handle = connection.handle
+    var lastHeard = ContinuousClock.now
+    while !isStopped {
+      let socket = PQsocket(handle)
+      guard socket >= 0 else { return }
+      let ready = conveyor_pq_wait_readable(socket, 250)
+      if ready < 0 && errno != EINTR { return }
+      if ready > 0 {
+        guard PQconsumeInput(handle) == 1 else { return }
+        lastHeard = .now
+      } else if ContinuousClock.now - lastHeard >= Self.heartbeatAfter {
+        // Silence: a live server answers at once; a dead one, or a cut link, never does.
+        guard answers("SELECT 1", on: connection) else { return }
+        lastHeard = .now
+      }
+      while let notification = PQnotifies(handle) {
+        let queue = String(cString: notification.pointee.extra)
+        PQfreemem(notification)
+        deliver(queue)
+      }
+      if PQstatus(handle) != CONNECTION_OK { return }
+    }
+  }
+
+  /// Sends `sql` and reads its results; false when it fails, when its answer takes longer than
+  /// `answerTimeout`, or when the listener stops meanwhile. Notifications that arrive meanwhile
+  /// stay queued in libpq for ``listen(on:)``.
+  private func answers(_ sql: String, on connection: Connection) -> Bool {
+    let handle = connection.handle
+    guard PQsendQuery(handle, sql) == 1 else { return false }
+    let deadline = ContinuousClock.now + answerTimeout
+    var succeeded = true
+    while true {
+      while PQisBusy(handle) == 0 {
+        guard let result = PQgetResult(handle) else { return succeeded }
+        let status = PQresultStatus(result)
+        if status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK { succeeded = false }
+        PQclear(result)
+      }
+      let now = ContinuousClock.now
+      guard !isStopped, now < deadline else { return false }
+      let socket = PQsocket(handle)
+      guard socket >= 0 else { return false }
+      let (seconds, attoseconds) = min(deadline - now, .milliseconds(250)).components
+      let slice = Int32(seconds * 1_000 + attoseconds / 1_000_000_000_000_000)
+      let ready = conveyor_pq_wait_readable(socket, max(1, slice))
+      if ready < 0 && errno != EINTR { return false }
+      if ready > 0 && PQconsumeInput(handle) != 1 { return false }
+    }
+  }
+
+  /// Sleeps `pause` seconds (in slices, to notice ``stop()``), then doubles it up to a second.
+  private func rest(_ pause: inout Double) {
+    let end = ContinuousClock.now + .milliseconds(Int64(pause * 1000))
+    while !isStopped && ContinuousClock.now < end { Thread.sleep(forTimeInterval: 0.05) }
+    pause = min(pause * 2, 1)
   }
 }

@@ -165,7 +165,9 @@ public final class PostgresJobStore: JobStore {
       label: "Conveyor.PostgresJobStore", conninfo: url, scrubber: info.scrubber,
       reconnectTimeout: options.reconnectTimeout, callTimeout: options.callTimeout,
       answerWait: options.answerWait, setup: setup)
-    listener = Listener(conninfo: url, scrubber: info.scrubber, channel: sql.channel)
+    listener = Listener(
+      conninfo: url, scrubber: info.scrubber, channel: sql.channel,
+      answerTimeout: options.callTimeout ?? .seconds(60))
   }
 
   /// Connects and migrates without blocking the caller's thread, or any thread of the
