@@ -30,6 +30,8 @@ public struct PostgresError: Error, Sendable, Hashable, CustomStringConvertible,
     public static let newerSchema = Code(rawValue: "newerSchema")
     /// A schema name that is not a plain identifier (`[a-z_][a-z0-9_]*`, at most 63 bytes).
     public static let invalidSchemaName = Code(rawValue: "invalidSchemaName")
+    /// An option of ``PostgresJobStore/Options`` is out of range (the message names it).
+    public static let invalidOptions = Code(rawValue: "invalidOptions")
     /// The connection URL or conninfo string could not be parsed.
     public static let invalidURL = Code(rawValue: "invalidURL")
     /// The connection broke while a transaction was committing, so whether it committed is

@@ -51,15 +51,16 @@ public final class PostgresJobStore: JobStore {
     /// Whose clock dates leases and run dates. Default ``Clock/database``.
     public var clock: Clock
     /// How long a call keeps trying to open a broken connection again before it fails. Default
-    /// 60 seconds.
+    /// 60 seconds; not negative.
     public var reconnectTimeout: Duration
     /// The longest a statement waits for a row lock another connection holds
-    /// (`lock_timeout`). Default 5 seconds.
+    /// (`lock_timeout`). Default 5 seconds; zero waits as long as it takes; at most about 24 days.
     public var lockTimeout: Duration
     /// The longest one call may wait for the server before its connection is given up and the
     /// call tried again on a new one (within ``reconnectTimeout``): a server that stopped
     /// answering, or a network cut that sent no reset, would otherwise hold the call forever.
-    /// Default 60 seconds; nil waits as long as the server takes.
+    /// Default 60 seconds, at least 100 ms; nil waits as long as the server takes. The store's
+    /// listening connection gives up a statement unanswered for as long (60 s when nil).
     public var callTimeout: Duration?
     /// How long a caller may wait on its own thread for the answer to its call before it
     /// suspends. Default 400 µs, at most 1 ms (a longer value counts as 1 ms); `.zero` always
@@ -121,9 +122,11 @@ public final class PostgresJobStore: JobStore {
   ///   - options: The schema, clock and timeouts.
   /// - Throws: ``PostgresError``. A server that cannot be reached, or goes away while the store
   ///   opens, fails the call at once (``PostgresError/Code/connectionFailed``): opening does not
-  ///   retry. Once open, the store reconnects on its own, with backoff.
+  ///   retry. Once open, the store reconnects on its own, with backoff. A timeout out of range
+  ///   fails with ``PostgresError/Code/invalidOptions``, before any connection is made.
   public init(url: String, options: Options = .init()) throws {
     try Self.validate(schema: options.schema)
+    try Self.validate(options)
     let info = try ConnectionInfo(url)
     self.options = options
     self.target = info.target
@@ -636,6 +639,23 @@ public final class PostgresJobStore: JobStore {
       createdAt: rows.date(row, 7) ?? Date(timeIntervalSince1970: 0), lastError: rows.text(row, 8),
       deduplicationKey: rows.optionalData(row, 9).map { String(decoding: $0, as: UTF8.self) },
       leaseOwner: rows.text(row, 10), leaseExpiresAt: rows.date(row, 11), claimToken: rows.int64(row, 12))
+  }
+
+  /// Refuses timeouts that would make every call fail or that the server refuses.
+  static func validate(_ options: Options) throws {
+    func refuse(_ message: String) -> PostgresError { PostgresError(code: .invalidOptions, message: message) }
+    if let callTimeout = options.callTimeout, callTimeout < .milliseconds(100) {
+      throw refuse(
+        "callTimeout must be at least 100 ms (it bounds every statement, a claim included), got \(callTimeout); "
+          + "pass nil to wait as long as the server takes")
+    }
+    // `lock_timeout` is a 32-bit count of milliseconds on the server.
+    if options.lockTimeout < .zero || options.lockTimeout > .milliseconds(Int64(Int32.max)) {
+      throw refuse("lockTimeout must be between 0 (no limit) and about 24 days, got \(options.lockTimeout)")
+    }
+    if options.reconnectTimeout < .zero {
+      throw refuse("reconnectTimeout must be 0 (do not reconnect) or more, got \(options.reconnectTimeout)")
+    }
   }
 
   static func validate(schema: String) throws {

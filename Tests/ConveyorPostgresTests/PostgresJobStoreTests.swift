@@ -166,6 +166,37 @@ struct PostgresJobStoreTests {
     }
   }
 
+  /// Timeouts that would make every call fail, or that the server refuses, are refused when the
+  /// store opens, with the option's name. Before, a `callTimeout` of zero ended every statement
+  /// within 10 ms ("the server did not answer"), and a negative `lockTimeout` failed the first
+  /// connection with the server's "invalid value for parameter".
+  @Test func timeoutsThatCannotWorkAreRefusedByName() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("options")
+    let refused: [(PostgresJobStore.Options, String)] = [
+      (.init(schema: schema, callTimeout: .zero), "callTimeout"),
+      (.init(schema: schema, callTimeout: .milliseconds(-5)), "callTimeout"),
+      (.init(schema: schema, callTimeout: .milliseconds(99)), "callTimeout"),
+      (.init(schema: schema, lockTimeout: .milliseconds(-1)), "lockTimeout"),
+      (.init(schema: schema, lockTimeout: .seconds(Int64.max)), "lockTimeout"),
+      (.init(schema: schema, reconnectTimeout: .seconds(-1)), "reconnectTimeout"),
+    ]
+    for (options, name) in refused {
+      #expect {
+        _ = try PostgresJobStore(url: server.url, options: options)
+      } throws: { error in
+        guard let error = error as? PostgresError else { return false }
+        return error.code == .invalidOptions && error.message.contains(name)
+      }
+    }
+    // The limits themselves are allowed.
+    let store = try PostgresJobStore(
+      url: server.url,
+      options: .init(
+        schema: schema, reconnectTimeout: .zero, lockTimeout: .zero, callTimeout: .milliseconds(100)))
+    await store.close()
+  }
+
   // MARK: Enqueue inside the application's transaction
 
   @Test func theEnqueueFunctionAddsAJobOnlyWhenTheTransactionCommits() async throws {
