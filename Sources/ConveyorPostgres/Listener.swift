@@ -166,7 +166,7 @@ final class Listener: Sendable {
       // reached, and polling goes on meanwhile; this one retries with backoff.
       guard
         let connection = try? Connection(conninfo: conninfo, scrubber: scrubber, isCancelled: { isStopped }),
-        answers("LISTEN \"\(channel)\"", on: connection)
+        answers(listenScript, on: connection)
       else {
         rest(&pause)
         continue
@@ -184,6 +184,18 @@ final class Listener: Sendable {
         pause = 0.05
       }
     }
+  }
+
+  /// Turns off the server's `idle_session_timeout` for this session (where the server has the
+  /// setting, PostgreSQL 14 on), then listens, in one round trip. The timeout counts the time
+  /// since the client's last statement: notifications coming in keep the heartbeat from being
+  /// sent, and a server that ended the session every few seconds would have every reconnect's
+  /// `LISTEN` wake every waiter. The heartbeat already gives up a connection gone silent.
+  private var listenScript: String {
+    """
+    SELECT set_config('idle_session_timeout', '0', false) FROM pg_settings WHERE name = 'idle_session_timeout';
+    LISTEN "\(channel)"
+    """
   }
 
   /// Waits for notifications and delivers them until the connection breaks, goes silent, or the
