@@ -195,6 +195,21 @@ struct ReviewListenerTests {
     func withLock<R>(_ body: (inout [Int]) -> R) -> R { items.withLock { body(&$0) } }
   }
 
+  /// A store reached through `proxy`, whose listener gives up a statement unanswered after its
+  /// `callTimeout` (5 s), and another store on the same schema, reached directly.
+  func storesBehind(_ proxy: ReviewListenerProxy, server: PostgresServer, schema: String) async throws -> (
+    PostgresJobStore, other: PostgresJobStore
+  ) {
+    let store = try await PostgresJobStore.open(
+      url: proxy.url, options: .init(schema: schema, callTimeout: .seconds(5)))
+    let other = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    return (store, other)
+  }
+
+  func close(_ stores: PostgresJobStore...) async {
+    for store in stores { await store.close() }
+  }
+
   func idleQueue(on store: PostgresJobStore, queue: String) throws -> (JobQueue<Item>, Handled) {
     let handled = Handled()
     let configuration = JobQueueConfiguration(identifier: queue, pollInterval: .seconds(600))
@@ -235,11 +250,7 @@ struct ReviewListenerTests {
     let proxy = try ReviewListenerProxy(target: server.port)
     defer { proxy.close() }
     proxy.swallowNextListen()
-    let schema = uniqueSchema("rlhang")
-    // The listener gives up a statement unanswered after `callTimeout`.
-    let store = try await PostgresJobStore.open(
-      url: proxy.url, options: .init(schema: schema, callTimeout: .seconds(5)))
-    let other = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let (store, other) = try await storesBehind(proxy, server: server, schema: uniqueSchema("rlhang"))
     let (jobQueue, handled) = try idleQueue(on: store, queue: "q")
     #expect(
       await eventually(timeout: .seconds(30)) { proxy.swallowedListens == 1 }, "the listener sent LISTEN")
@@ -249,8 +260,7 @@ struct ReviewListenerTests {
     #expect(started, "90 s on, the idle queue (polling every 10 min) had not started the job")
     await jobQueue.shutdown(gracePeriod: .seconds(2))
     proxy.close()
-    await store.close()
-    await other.close()
+    await close(store, other)
   }
 
   /// A listener whose connection died without a word reaching it (the server crashed or failed
@@ -262,11 +272,7 @@ struct ReviewListenerTests {
     let server = try await PostgresServer.shared()
     let proxy = try ReviewListenerProxy(target: server.port)
     defer { proxy.close() }
-    let schema = uniqueSchema("rlcut")
-    // The listener gives up a statement unanswered after `callTimeout`.
-    let store = try await PostgresJobStore.open(
-      url: proxy.url, options: .init(schema: schema, callTimeout: .seconds(5)))
-    let other = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let (store, other) = try await storesBehind(proxy, server: server, schema: uniqueSchema("rlcut"))
     let (jobQueue, handled) = try idleQueue(on: store, queue: "q")
     #expect(await eventually(timeout: .seconds(30)) { proxy.listenerAnswered }, "the listener is up")
     try await Task.sleep(for: .milliseconds(500))
@@ -279,8 +285,7 @@ struct ReviewListenerTests {
     #expect(started, "90 s on, the idle queue (polling every 10 min) had not started the job")
     await jobQueue.shutdown(gracePeriod: .seconds(2))
     proxy.close()
-    await store.close()
-    await other.close()
+    await close(store, other)
   }
 
   /// Once the store is closed, `waitForWork` returned false at once whatever its timeout (the
