@@ -102,6 +102,9 @@ struct DashboardBrowserTests {
       dashboard.url, profile: URL(fileURLWithPath: sandbox.path("chromium")))
     let chart = "document.querySelector('[data-chart-queue=\"charts\"] svg[data-finished]')"
     try await browser.waitUntil("the throughput chart", "\(chart) !== null")
+    // The stylesheet is a file of its own: the page's elements can be read before it has loaded,
+    // and a bar then has the default black fill (seen once in a loaded full run).
+    try await browser.waitUntil("the page and its stylesheet", "document.readyState === 'complete'")
     #expect(try await browser.evaluate("\(chart).getAttribute('data-finished')") == "3")
     // One green bar a minute the jobs ran in (two when the worker ran across a minute's turn).
     let labels = try await browser.evaluate(
