@@ -244,7 +244,7 @@ final class Connection {
           throw PostgresError(
             code: .connectionFailed,
             message: "the server did not complete the connection within \(String(format: "%.1f", seconds)) s "
-              + "(connect_timeout in the URL, or the store's reconnect timeout, sets this)")
+              + "(connect_timeout in the URL, the store's callTimeout and reconnectTimeout set this)")
         }
         let socket = PQsocket(handle)  // may change between polls (another address, SSL retry)
         if socket >= 0 {
@@ -561,8 +561,13 @@ final class Connection {
     return error
   }
 
+  /// libpq's message on one line: each line break, with the tabs that indent the next line,
+  /// becomes one space (the rest is kept as it is: a detail can quote data).
   static func trimmed(_ message: String) -> String {
-    message.trimmingCharacters(in: .whitespacesAndNewlines).replacingOccurrences(of: "\n", with: " ")
+    message.trimmingCharacters(in: .whitespacesAndNewlines).split(
+      separator: "\n", omittingEmptySubsequences: false
+    )
+    .map { $0.drop(while: { $0 == "\t" || $0 == " " }) }.joined(separator: " ")
   }
 }
 

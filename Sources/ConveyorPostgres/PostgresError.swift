@@ -42,6 +42,11 @@ public struct PostgresError: Error, Sendable, Hashable, CustomStringConvertible,
     public static let protocolViolation = Code(rawValue: "protocolViolation")
     /// The store was closed with ``PostgresJobStore/close()``.
     public static let closed = Code(rawValue: "closed")
+    /// A call got no answer within ``PostgresJobStore/Options/callTimeout`` (a server that
+    /// stopped answering, a network cut, or a statement waiting on another session's lock with
+    /// ``PostgresJobStore/Options/lockTimeout`` zero), and no answer on a new connection before
+    /// ``PostgresJobStore/Options/reconnectTimeout`` either.
+    public static let timedOut = Code(rawValue: "timedOut")
     /// A value (a payload, a key) is larger than the protocol can send (2 GiB); nothing was sent.
     public static let valueTooLarge = Code(rawValue: "valueTooLarge")
   }
@@ -72,7 +77,7 @@ public struct PostgresError: Error, Sendable, Hashable, CustomStringConvertible,
     var text = "PostgreSQL"
     if let sqlState { text += " error \(sqlState)" }
     text += ": \(message)"
-    if let advice { text += ". \(advice)" }
+    if let advice { text += (message.hasSuffix(".") ? " " : ". ") + advice }
     return text
   }
 
@@ -89,6 +94,8 @@ public struct PostgresError: Error, Sendable, Hashable, CustomStringConvertible,
     switch code {
     case .connectionFailed:
       return "Check that the server is running and reachable, and the URL's host, port, user and database"
+    case .timedOut:
+      return "Check that the server answers (a busy or frozen host, a long lock), or raise callTimeout"
     case .newerSchema:
       return "Upgrade Conveyor to use this database"
     default:
@@ -98,7 +105,7 @@ public struct PostgresError: Error, Sendable, Hashable, CustomStringConvertible,
 
   /// Whether the failure means the connection is gone (class 08, or the server shutting down).
   var isConnectionLoss: Bool {
-    if code == .connectionFailed { return true }
+    if code == .connectionFailed || code == .timedOut { return true }
     guard let sqlState else { return false }
     return sqlState.hasPrefix("08") || ["57P01", "57P02", "57P03"].contains(sqlState)
   }

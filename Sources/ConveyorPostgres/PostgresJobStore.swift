@@ -51,7 +51,8 @@ public final class PostgresJobStore: JobStore {
     /// Whose clock dates leases and run dates. Default ``Clock/database``.
     public var clock: Clock
     /// How long a call keeps trying to open a broken connection again before it fails. Default
-    /// 60 seconds; not negative.
+    /// 60 seconds; not negative. A call always makes one whole attempt to connect (bounded by the
+    /// URL's `connect_timeout`, 30 s without one, and by ``callTimeout``), even when this is zero.
     public var reconnectTimeout: Duration
     /// The longest a statement waits for a row lock another connection holds
     /// (`lock_timeout`). Default 5 seconds; zero waits as long as it takes; at most about 24 days.
@@ -59,7 +60,8 @@ public final class PostgresJobStore: JobStore {
     /// The longest one call may wait for the server before its connection is given up and the
     /// call tried again on a new one (within ``reconnectTimeout``): a server that stopped
     /// answering, or a network cut that sent no reset, would otherwise hold the call forever.
-    /// Default 60 seconds, at least 100 ms; nil waits as long as the server takes. The store's
+    /// Default 60 seconds, at least 100 ms; nil waits as long as the server takes. A call that
+    /// still gets no answer fails with ``PostgresError/Code/timedOut``. The store's
     /// listening connection gives up a statement unanswered for as long (60 s when nil).
     public var callTimeout: Duration?
     /// How long a caller may wait on its own thread for the answer to its call before it

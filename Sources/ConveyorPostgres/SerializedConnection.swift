@@ -243,7 +243,7 @@ final class SerializedConnection: @unchecked Sendable {
   /// `callTimeout`: hundreds of thousands at full speed).
   private func checkCallTimeout() {
     guard let current = watched.withLock({ $0 }), ContinuousClock.now >= current.deadline else { return }
-    _ = current.operation.whileRunning(attempt: current.attempt) { cancelHandle.withLock { $0?.abort() } }
+    current.operation.timeOut(attempt: current.attempt) { cancelHandle.withLock { $0?.abort() } }
   }
 
   /// Runs `body`, reconnecting and running it again after a connection loss. On the thread.
@@ -260,7 +260,11 @@ final class SerializedConnection: @unchecked Sendable {
       }
       if operation.isCancelled { throw CancellationError() }
       do {
-        let connection = try connected(until: deadline, unless: { operation.isCancelled })
+        // One whole attempt to connect, even when `reconnectTimeout` is shorter than a connect
+        // takes (zero included): the deadline bounds the further attempts, not the first one.
+        let attemptEnds = max(
+          deadline, ContinuousClock.now + (callTimeout ?? .seconds(Connection.defaultConnectTimeout)))
+        let connection = try connected(until: attemptEnds, unless: { operation.isCancelled })
         connection.isCancelled = { operation.isCancelled }
         watch(operation)
         defer { watched.withLock { $0 = nil } }
@@ -279,7 +283,17 @@ final class SerializedConnection: @unchecked Sendable {
             message: "the connection broke while the transaction was committing (\(error.message)); "
               + "whether it committed is unknown", sqlState: error.sqlState, sql: error.sql)
         }
-        guard retrying, ContinuousClock.now + pause < deadline else { throw error }
+        guard retrying, ContinuousClock.now + pause < deadline else {
+          guard operation.lastAttemptTimedOut, let callTimeout else { throw error }
+          // What libpq says of the closed socket ("server closed the connection unexpectedly")
+          // would send the reader to a server that may only be busy.
+          throw PostgresError(
+            code: .timedOut,
+            message: "no answer within callTimeout (\(callTimeout)), so the store closed the connection"
+              + (reconnectTimeout > .zero
+                ? " and tried again until reconnectTimeout (\(reconnectTimeout))" : ""),
+            sqlState: error.sqlState, sql: error.sql)
+        }
         // Sleep in slices so a cancellation ends the wait.
         let wake = ContinuousClock.now + pause
         while ContinuousClock.now < wake && !operation.isCancelled {
@@ -502,6 +516,8 @@ final class SerializedConnection: @unchecked Sendable {
       var finished = false
       var cancelled = false
       var attempt = 0
+      /// The run that `callTimeout` ended, if any.
+      var timedOutAttempt: Int?
     }
     private let state = Mutex(State())
 
@@ -546,13 +562,17 @@ final class SerializedConnection: @unchecked Sendable {
       }
     }
 
-    /// Like ``whileRunning(_:)``, only while run number `attempt` is the current one.
-    func whileRunning(attempt: Int, _ interrupt: () -> Void) -> Bool {
+    /// Calls `abort` (under the lock) if run number `attempt` is still running, and marks it
+    /// ended by `callTimeout`.
+    func timeOut(attempt: Int, _ abort: () -> Void) {
       state.withLock { state in
-        guard state.started && !state.finished && state.attempt == attempt else { return false }
-        interrupt()
-        return true
+        guard state.started && !state.finished && state.attempt == attempt else { return }
+        state.timedOutAttempt = attempt
+        abort()
       }
     }
+
+    /// Whether `callTimeout` ended the latest run.
+    var lastAttemptTimedOut: Bool { state.withLock { $0.timedOutAttempt == $0.attempt } }
   }
 }

@@ -189,11 +189,45 @@ struct PostgresJobStoreTests {
         return error.code == .invalidOptions && error.message.contains(name)
       }
     }
-    // The limits themselves are allowed.
+    // The limits themselves are allowed, and work: a reconnectTimeout of zero still lets a call
+    // open its connection once (it failed every call at once: "the server did not complete the
+    // connection within -0.0 s").
     let store = try PostgresJobStore(
       url: server.url,
       options: .init(
         schema: schema, reconnectTimeout: .zero, lockTimeout: .zero, callTimeout: .milliseconds(100)))
+    #expect(try await store.counts(queue: "q", clock: SystemJobClock()).total == 0)
+    await store.close()
+  }
+
+  /// A call that `callTimeout` ends says so, with the option's name: the store closes the
+  /// connection of a call that got no answer in time, and reported what libpq then said ("server
+  /// closed the connection unexpectedly … check that the server is running"), which sent a
+  /// reader looking at a server that was up and only busy (a CI run, whose loaded machine took
+  /// more than a test's 2 s `callTimeout` to migrate a schema, failed that way).
+  @Test func aCallEndedByCallTimeoutSaysSo() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("calltimeout")
+    let store = try await PostgresJobStore.open(
+      url: server.url,
+      options: .init(schema: schema, reconnectTimeout: .zero, lockTimeout: .zero, callTimeout: .seconds(1)))
+    _ = try await store.counts(queue: "q", clock: SystemJobClock())
+    // Another session holds the jobs table; without a lock timeout the store's call waits for it.
+    let holder = try AdminConnection(server.url)
+    try holder.query("BEGIN")
+    try holder.query("LOCK TABLE \(schema).jobs IN ACCESS EXCLUSIVE MODE")
+    defer { _ = try? holder.query("ROLLBACK") }
+    do {
+      _ = try await store.counts(queue: "q", clock: SystemJobClock())
+      Issue.record("a call blocked on a lock returned; callTimeout (1 s) should have ended it")
+    } catch let error as PostgresError {
+      #expect(error.code == .timedOut, "code \(error.code): \(error)")
+      #expect(error.description.contains("callTimeout"), "\(error)")
+      #expect(!error.description.contains("Check that the server is running"), "\(error)")
+    }
+    try holder.query("ROLLBACK")
+    // The store goes on with a new connection.
+    #expect(try await store.counts(queue: "q", clock: SystemJobClock()).total == 0)
     await store.close()
   }
 

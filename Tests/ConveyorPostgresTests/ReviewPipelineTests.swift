@@ -21,10 +21,11 @@ struct ReviewPipelineTests {
     async throws -> (PostgresServer, PostgresJobStore)
   {
     let server = try await PostgresServer.shared()
+    let schema = schema ?? uniqueSchema("rpipe")
+    // Named after the schema, so a test finds its own backends among the other tests' ones.
     let store = try await PostgresJobStore.open(
-      url: server.url,
-      options: .init(
-        schema: schema ?? uniqueSchema("rpipe"), lockTimeout: lockTimeout, callTimeout: callTimeout))
+      url: server.url + "?application_name=\(schema)",
+      options: .init(schema: schema, lockTimeout: lockTimeout, callTimeout: callTimeout))
     return (server, store)
   }
 
@@ -36,11 +37,16 @@ struct ReviewPipelineTests {
       clock: clock)
   }
 
-  /// Waits (up to 20 s) until a backend other than `admin`'s waits for a lock.
-  func waitForLockWaiter(_ admin: AdminConnection) async throws -> String {
+  /// Waits (up to 20 s) until a backend of the store using `schema` (its `application_name`)
+  /// waits for a lock. (Any backend, before: on the shared server that was at times another test's,
+  /// whose call then broke.)
+  func waitForLockWaiter(_ admin: AdminConnection, schema: String) async throws -> String {
     for _ in 0..<200 {
       if let pid = try admin.scalar(
-        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid() LIMIT 1")
+        """
+        SELECT pid FROM pg_stat_activity
+        WHERE wait_event_type = 'Lock' AND application_name = '\(schema)' LIMIT 1
+        """)
       {
         return pid
       }
@@ -122,7 +128,7 @@ struct ReviewPipelineTests {
     let call = Task {
       try await store.settleAndClaim([settlement], queue: "q", limit: 1, lease: lease, clock: clock)
     }
-    _ = try await waitForLockWaiter(holder)
+    _ = try await waitForLockWaiter(holder, schema: schema)
     call.cancel()
     await #expect(throws: CancellationError.self) { try await call.value }
     try holder.query("ROLLBACK")
@@ -148,7 +154,7 @@ struct ReviewPipelineTests {
         [JobSettlement(claim: job.claim, action: .retry(after: .zero, error: "again"))], queue: "q", limit: 1,
         lease: lease, clock: clock)
     }
-    let first = try await waitForLockWaiter(holder)
+    let first = try await waitForLockWaiter(holder, schema: schema)
     // (On this server a backend waiting for a row lock outlives pg_terminate_backend until the
     // lock is released, pipelined or not; the call then either finishes or runs again.)
     let killer = try AdminConnection(server.url)
