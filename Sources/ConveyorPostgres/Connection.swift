@@ -244,7 +244,8 @@ final class Connection {
           throw PostgresError(
             code: .connectionFailed,
             message: "the server did not complete the connection within \(String(format: "%.1f", seconds)) s "
-              + "(connect_timeout in the URL, the store's callTimeout and reconnectTimeout set this)")
+              + "(connect_timeout in the URL, 30 s without one, or once a call failed its reconnectTimeout, sets this)"
+          )
         }
         let socket = PQsocket(handle)  // may change between polls (another address, SSL retry)
         if socket >= 0 {

@@ -52,7 +52,7 @@ public final class PostgresJobStore: JobStore {
     public var clock: Clock
     /// How long a call keeps trying to open a broken connection again before it fails. Default
     /// 60 seconds; not negative. A call always makes one whole attempt to connect (bounded by the
-    /// URL's `connect_timeout`, 30 s without one, and by ``callTimeout``), even when this is zero.
+    /// URL's `connect_timeout`, 30 s without one), even when this is zero.
     public var reconnectTimeout: Duration
     /// The longest a statement waits for a row lock another connection holds
     /// (`lock_timeout`). Default 5 seconds; zero waits as long as it takes; at most about 24 days.

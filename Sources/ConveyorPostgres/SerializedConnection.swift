@@ -253,18 +253,19 @@ final class SerializedConnection: @unchecked Sendable {
     let deadline = ContinuousClock.now + reconnectTimeout
     var pause = Duration.milliseconds(10)
     var replanned = false
+    var firstPass = true
     while true {
+      defer { firstPass = false }
       if closed {
         throw PostgresError(
           code: .closed, message: "this store was closed; open the database again to use it")
       }
       if operation.isCancelled { throw CancellationError() }
       do {
-        // One whole attempt to connect, even when `reconnectTimeout` is shorter than a connect
-        // takes (zero included): the deadline bounds the further attempts, not the first one.
-        let attemptEnds = max(
-          deadline, ContinuousClock.now + (callTimeout ?? .seconds(Connection.defaultConnectTimeout)))
-        let connection = try connected(until: attemptEnds, unless: { operation.isCancelled })
+        // The call's first pass may connect for as long as a connect may take (the URL's
+        // `connect_timeout`, 30 s without one), even when `reconnectTimeout` is shorter (zero
+        // included): the reconnect deadline bounds the attempts after a failure.
+        let connection = try connected(until: firstPass ? nil : deadline, unless: { operation.isCancelled })
         connection.isCancelled = { operation.isCancelled }
         watch(operation)
         defer { watched.withLock { $0 = nil } }
@@ -305,8 +306,9 @@ final class SerializedConnection: @unchecked Sendable {
   }
 
   /// The open connection, opening a new one when there is none or it broke; the opening gives up
-  /// at `deadline` (the call's reconnect deadline) and when `cancelled` says so. On the thread.
-  private func connected(until deadline: ContinuousClock.Instant, unless cancelled: () -> Bool) throws
+  /// at `deadline` (the call's reconnect deadline; nil: the connect timeout alone) and when
+  /// `cancelled` says so. On the thread.
+  private func connected(until deadline: ContinuousClock.Instant?, unless cancelled: () -> Bool) throws
     -> Connection
   {
     if let connection, connection.isHealthy { return connection }
