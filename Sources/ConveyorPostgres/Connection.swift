@@ -230,6 +230,10 @@ final class Connection {
     // From here on `deinit` (which runs for an initialiser that throws once every property is
     // set) finishes the handle.
     if !plan.blocking {
+      // Before the first poll: the notices of the session's start (a stored setting that no
+      // longer applies) would otherwise go to standard error. (A FATAL error while starting
+      // fails the connection; it is not a notice.)
+      conveyor_pq_watch_notices(handle, sessionEnded)
       let timeout = Duration.seconds(plan.timeout)
       let giveUp = min(deadline ?? started + timeout, started + timeout)
       var waitFor = Int16(POLLOUT)  // before the first poll, as if it had asked to write
@@ -258,7 +262,6 @@ final class Connection {
         }
         switch PQconnectPoll(handle) {
         case PGRES_POLLING_OK:
-          conveyor_pq_watch_notices(handle, sessionEnded)
           return
         case PGRES_POLLING_READING: waitFor = Int16(POLLIN)
         case PGRES_POLLING_WRITING: waitFor = Int16(POLLOUT)

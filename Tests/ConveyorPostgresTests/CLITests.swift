@@ -71,4 +71,22 @@ struct CLITests {
     #expect(code == 3, "\(output)")
     #expect(output.contains("PostgreSQL") && !output.contains("Sekr1t"), "\(output)")
   }
+
+  /// libpq prints the notices a server sends while a connection starts to standard error unless
+  /// a notice receiver is set; the store set its receiver (which drops them) only once connected,
+  /// so a database whose stored setting no longer applies (here a default tablespace that does not
+  /// exist) printed a WARNING from the library on every connection, into the output of `conveyor`
+  /// (and of any application using the store).
+  @Test func warningsWhileAConnectionStartsAreNotPrinted() async throws {
+    let server = try await PostgresServer.shared()
+    let database = uniqueSchema("notices")
+    let admin = try AdminConnection(server.url)
+    try admin.query("CREATE DATABASE \(database)")
+    try admin.query("ALTER DATABASE \(database) SET default_tablespace = 'no_such_tablespace'")
+    let url = "postgresql://postgres@127.0.0.1:\(server.port)/\(database)"
+    let (code, output) = try await conveyor(["-d", url, "-q", "notices", "status"])
+    #expect(code == 0, "\(output)")
+    #expect(!output.contains("default_tablespace") && !output.contains("WARNING"), "\(output)")
+    try admin.query("DROP DATABASE \(database) WITH (FORCE)")
+  }
 }

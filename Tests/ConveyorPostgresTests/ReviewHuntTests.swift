@@ -63,8 +63,8 @@ struct ReviewHuntTests {
       await store.close()
       closed.store(true, ordering: .releasing)
     }
-    let closedInTime = await eventually(timeout: .seconds(5)) { closed.load(ordering: .acquiring) }
-    #expect(closedInTime, "close() had not returned 5 s after it was called (the store's thread is stuck)")
+    let closedInTime = await eventually(timeout: .seconds(20)) { closed.load(ordering: .acquiring) }
+    #expect(closedInTime, "close() had not returned 20 s after it was called (the store's thread is stuck)")
 
     frozen.thaw()
     _ = await call.result
