@@ -568,10 +568,9 @@ final class Connection {
   /// libpq's message on one line: each line break, with the tabs that indent the next line,
   /// becomes one space (the rest is kept as it is: a detail can quote data).
   static func trimmed(_ message: String) -> String {
-    message.trimmingCharacters(in: .whitespacesAndNewlines).split(
-      separator: "\n", omittingEmptySubsequences: false
-    )
-    .map { $0.drop(while: { $0 == "\t" || $0 == " " }) }.joined(separator: " ")
+    message.trimmingCharacters(in: .whitespacesAndNewlines)
+      .split(omittingEmptySubsequences: false, whereSeparator: \.isNewline)
+      .map { $0.drop(while: { $0 == "\t" }) }.joined(separator: " ")
   }
 }
 

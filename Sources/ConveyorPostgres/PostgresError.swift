@@ -77,7 +77,7 @@ public struct PostgresError: Error, Sendable, Hashable, CustomStringConvertible,
     var text = "PostgreSQL"
     if let sqlState { text += " error \(sqlState)" }
     text += ": \(message)"
-    if let advice { text += (message.hasSuffix(".") ? " " : ". ") + advice }
+    if let advice { text += (message.last.map { ".?!".contains($0) } == true ? " " : ". ") + advice }
     return text
   }
 

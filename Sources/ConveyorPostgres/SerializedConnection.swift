@@ -229,11 +229,13 @@ final class SerializedConnection: @unchecked Sendable {
     }
   }
 
-  /// Starts watching the block's current run for `callTimeout` (see ``checkCallTimeout()``).
-  private func watch(_ operation: Operation) {
-    guard let callTimeout else { return }
+  /// Starts watching the block's current run for `callTimeout` (see ``checkCallTimeout()``);
+  /// returns the run's number (nil without a `callTimeout`).
+  private func watch(_ operation: Operation) -> Int? {
+    guard let callTimeout else { return nil }
     let attempt = operation.beginAttempt()
     watched.withLock { $0 = Watched(operation: operation, attempt: attempt, deadline: .now + callTimeout) }
+    return attempt
   }
 
   /// Ends a call still running after `callTimeout` (a server that stopped answering, a network
@@ -261,14 +263,14 @@ final class SerializedConnection: @unchecked Sendable {
           code: .closed, message: "this store was closed; open the database again to use it")
       }
       if operation.isCancelled { throw CancellationError() }
+      // This pass's run, once `callTimeout` watches it.
+      var attempt: Int?
       do {
+        defer { watched.withLock { $0 = nil } }
         // The call's first pass may connect for as long as a connect may take (the URL's
         // `connect_timeout`, 30 s without one), even when `reconnectTimeout` is shorter (zero
         // included): the reconnect deadline bounds the attempts after a failure.
-        let connection = try connected(until: firstPass ? nil : deadline, unless: { operation.isCancelled })
-        connection.isCancelled = { operation.isCancelled }
-        watch(operation)
-        defer { watched.withLock { $0 = nil } }
+        let connection = try connected(until: firstPass ? nil : deadline, for: operation, watching: &attempt)
         return try body(connection)
       } catch let error as PostgresError where error.isStalePreparedStatement && !replanned {
         // Nothing was committed (the statement failed, and its transaction was rolled back), so
@@ -285,7 +287,9 @@ final class SerializedConnection: @unchecked Sendable {
               + "whether it committed is unknown", sqlState: error.sqlState, sql: error.sql)
         }
         guard retrying, ContinuousClock.now + pause < deadline else {
-          guard operation.lastAttemptTimedOut, let callTimeout else { throw error }
+          // Only when this last pass was the one ended: an earlier pass's timeout followed by a
+          // refused login is the login's error.
+          guard operation.timedOut(attempt), let callTimeout else { throw error }
           // What libpq says of the closed socket ("server closed the connection unexpectedly")
           // would send the reader to a server that may only be busy.
           throw PostgresError(
@@ -305,20 +309,36 @@ final class SerializedConnection: @unchecked Sendable {
     }
   }
 
-  /// The open connection, opening a new one when there is none or it broke; the opening gives up
-  /// at `deadline` (the call's reconnect deadline; nil: the connect timeout alone) and when
-  /// `cancelled` says so. On the thread.
-  private func connected(until deadline: ContinuousClock.Instant?, unless cancelled: () -> Bool) throws
-    -> Connection
-  {
-    if let connection, connection.isHealthy { return connection }
+  /// The open connection, opening a new one when there is none or it broke, with `operation`'s
+  /// run watched by `callTimeout` from then on (its number in `attempt`). The opening gives up at
+  /// `deadline` (the call's reconnect deadline; nil: the connect timeout alone) and once the
+  /// operation is cancelled. On the thread.
+  private func connected(
+    until deadline: ContinuousClock.Instant?, for operation: Operation, watching attempt: inout Int?
+  ) throws -> Connection {
+    let isCancelled = { @Sendable in operation.isCancelled }
+    if let connection, connection.isHealthy {
+      connection.isCancelled = isCancelled
+      attempt = watch(operation)
+      return connection
+    }
     drop()
     let fresh = try Connection(
-      conninfo: conninfo, scrubber: scrubber, deadline: deadline, isCancelled: cancelled)
-    try setup(fresh)
+      conninfo: conninfo, scrubber: scrubber, deadline: deadline, isCancelled: isCancelled)
+    fresh.isCancelled = isCancelled
     connection = fresh
     let handle = fresh.makeCancelHandle().map { CancelHandle($0, socket: fresh.socketDescriptor) }
     cancelHandle.withLock { $0 = handle }
+    // The session's setup is a statement like the block's: `callTimeout` watches it and a cancel
+    // reaches it (a server that stopped answering just after the connection was made held the
+    // store's thread for good). A connection whose setup failed is not used.
+    attempt = watch(operation)
+    do {
+      try setup(fresh)
+    } catch {
+      drop()
+      throw error
+    }
     return fresh
   }
 
@@ -574,7 +594,9 @@ final class SerializedConnection: @unchecked Sendable {
       }
     }
 
-    /// Whether `callTimeout` ended the latest run.
-    var lastAttemptTimedOut: Bool { state.withLock { $0.timedOutAttempt == $0.attempt } }
+    /// Whether `callTimeout` ended run number `attempt`.
+    func timedOut(_ attempt: Int?) -> Bool {
+      attempt != nil && state.withLock { $0.timedOutAttempt == attempt }
+    }
   }
 }

@@ -1,0 +1,265 @@
+import CLibPQ
+import Conveyor
+import ConveyorTestSupport
+import Foundation
+import Synchronization
+import Testing
+
+@testable import ConveyorPostgres
+
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// A TCP proxy in front of a server that, once told to, goes silent on a new connection as soon
+/// as the client sends the store's session setup (`set_config('lock_timeout', …)`): a server (or
+/// network) that stopped answering right after the connection was made.
+final class ReviewTimedOutProxy: Sendable {
+  let port: Int
+  private let target: Int
+  private let listener: Int32
+  private let sockets = Mutex<[Int32]>([])
+  private let silenceSetup = Atomic<Bool>(false)
+  let silenced = Atomic<Int>(0)
+
+  var url: String { "postgresql://postgres@127.0.0.1:\(port)/postgres" }
+
+  init(target: Int) throws {
+    self.target = target
+    (listener, port) = try PostgresServer.loopbackSocket(listening: true)
+    Thread { [self] in acceptLoop() }.start()
+  }
+
+  func silenceNextSetups() { silenceSetup.store(true, ordering: .releasing) }
+
+  func close() {
+    shutdown(listener, Int32(SHUT_RDWR))
+    for socket in sockets.withLock({ $0 }) { shutdown(socket, Int32(SHUT_RDWR)) }
+  }
+
+  private func acceptLoop() {
+    while true {
+      let client = accept(listener, nil, nil)
+      if client < 0 {
+        if errno == EINTR { continue }
+        return
+      }
+      let server = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+      var address = sockaddr_in()
+      address.sin_family = sa_family_t(AF_INET)
+      address.sin_port = UInt16(target).bigEndian
+      address.sin_addr.s_addr = inet_addr("127.0.0.1")
+      let connected = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+          connect(server, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+        }
+      }
+      guard connected == 0 else {
+        shutdown(client, Int32(SHUT_RDWR))
+        continue
+      }
+      sockets.withLock { $0 += [client, server] }
+      Thread { [self] in pump(from: client, to: server, watchSetup: true) }.start()
+      Thread { [self] in pump(from: server, to: client, watchSetup: false) }.start()
+    }
+  }
+
+  private func pump(from source: Int32, to sink: Int32, watchSetup: Bool) {
+    var buffer = [UInt8](repeating: 0, count: 65_536)
+    var silent = false
+    while true {
+      let count = buffer.withUnsafeMutableBytes { recv(source, $0.baseAddress!, $0.count, 0) }
+      if count < 0 && errno == EINTR { continue }
+      if count <= 0 {
+        shutdown(sink, Int32(SHUT_RDWR))
+        return
+      }
+      if watchSetup && !silent && silenceSetup.load(ordering: .acquiring) {
+        let text = String(decoding: buffer[0..<count], as: UTF8.self)
+        if text.contains("set_config('lock_timeout'") {
+          silent = true
+          silenced.add(1, ordering: .relaxed)
+        }
+      }
+      if silent { continue }  // swallowed: the server never sees it, so never answers
+      var offset = 0
+      while offset < count {
+        let sent = buffer.withUnsafeBytes {
+          send(sink, $0.baseAddress! + offset, count - offset, Int32(MSG_NOSIGNAL))
+        }
+        if sent < 0 && errno == EINTR { continue }
+        if sent <= 0 { return }
+        offset += sent
+      }
+    }
+  }
+}
+
+/// Review of `.timedOut` (commits 3ceb0f4, 96c2438). (Timeouts of a few seconds: a loaded CI machine
+/// can take more than one to answer the calls made before the scenario.)
+@Suite("Review: calls ended by callTimeout", .serialized, .timeLimit(.minutes(3)))
+struct ReviewTimedOutTests {
+  /// `Operation.lastAttemptTimedOut` compares the attempt the watchdog marked with the latest
+  /// attempt number, which only `watch()` advances, after a connect succeeded. A call whose first
+  /// run was ended by `callTimeout`, and whose every reconnect then failed for another reason
+  /// (here: the server refuses the login), keeps attempt number 1 and so is reported as
+  /// `.timedOut` — "no answer within callTimeout … raise callTimeout" — hiding what actually
+  /// failed for the rest of `reconnectTimeout` (and what the reader must fix: the login).
+  @Test func aCallWhoseReconnectsAreRefusedReportsTheRefusalNotTheCallTimeout() async throws {
+    let server = try await PostgresServer.shared()
+    let admin = try AdminConnection(server.url)
+    let role = uniqueSchema("rev_role")
+    try admin.query("CREATE ROLE \(role) SUPERUSER LOGIN")
+    defer { _ = try? admin.query("ALTER ROLE \(role) LOGIN") }
+    let url = "postgresql://\(role)@127.0.0.1:\(server.port)/postgres"
+    let schema = uniqueSchema("revto")
+    let store = try await PostgresJobStore.open(
+      url: url,
+      options: .init(
+        schema: schema, reconnectTimeout: .seconds(6), lockTimeout: .zero, callTimeout: .seconds(3)))
+    _ = try await store.counts(queue: "q", clock: SystemJobClock())  // the store's connection is open
+
+    // New logins of the store's role are refused from now on (its open session goes on).
+    try admin.query("ALTER ROLE \(role) NOLOGIN")
+    // Another session holds the jobs table: the call's first run gets no answer, and callTimeout
+    // ends it; every reconnect after that is refused.
+    let holder = try AdminConnection(server.url)
+    try holder.query("BEGIN")
+    try holder.query("LOCK TABLE \(schema).jobs IN ACCESS EXCLUSIVE MODE")
+    defer { _ = try? holder.query("ROLLBACK") }
+    do {
+      _ = try await store.counts(queue: "q", clock: SystemJobClock())
+      Issue.record("the call returned")
+    } catch let error as PostgresError {
+      // What went wrong for the last seconds of the call, and what must be fixed, is the
+      // refused login.
+      #expect(error.code == .connectionFailed, "code \(error.code): \(error)")
+      #expect(error.description.contains("not permitted to log in"), "\(error)")
+    }
+    try holder.query("ROLLBACK")
+    try admin.query("ALTER ROLE \(role) LOGIN")
+    await store.close()
+  }
+
+  /// Promise 3: the description no longer doubles punctuation before its advice. libpq's
+  /// "connection refused" message ends with a question mark ("… accepting TCP/IP
+  /// connections?"), after which `description` still adds ". ".
+  @Test func aRefusedConnectionsDescriptionHasNoStrayPeriodBeforeItsAdvice() async throws {
+    do {
+      _ = try await PostgresJobStore.open(
+        url: "postgresql://postgres@127.0.0.1:1/postgres", options: .init(schema: uniqueSchema("revto")))
+      Issue.record("opened a store on port 1")
+    } catch let error as PostgresError {
+      #expect(error.code == .connectionFailed, "\(error)")
+      #expect(!error.description.contains("?."), "\(error)")
+    }
+  }
+
+  /// Promise 3: libpq's multi-line messages on one line. A line break "\r\n" (a message quoting
+  /// data, a server message written with CRLF) is one `Character` in Swift, so splitting on "\n"
+  /// leaves it in the message.
+  @Test func trimmedPutsACRLFMessageOnOneLine() {
+    let message = Connection.trimmed("ERROR:  bad value\r\nDETAIL:  Key (name)=(a\r\nb) exists.\n")
+    #expect(!message.contains("\n") && !message.contains("\r"), "\(message.debugDescription)")
+  }
+
+  /// Promise 2: cancelling a call whose first pass connects (without a reconnect deadline) to a
+  /// server whose postmaster froze still ends it.
+  @Test func cancellingAFirstPassConnectToAFrozenPostmasterEndsIt() async throws {
+    let server = try await PostgresServer.start()
+    defer { server.stop() }
+    let store = try await PostgresJobStore.open(
+      url: server.url, options: .init(schema: uniqueSchema("revto"), reconnectTimeout: .zero))
+    _ = try await store.queueNames()
+    let admin = try AdminConnection(server.url)
+    try admin.query(
+      """
+      SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+      WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+      """)
+    try await Task.sleep(for: .milliseconds(500))
+    let frozen = try server.freezePostmaster()
+    defer { frozen.thaw() }
+    let finished = Atomic<Bool>(false)
+    let call = Task {
+      defer { finished.store(true, ordering: .releasing) }
+      _ = try await store.queueNames()
+    }
+    try await Task.sleep(for: .seconds(1))
+    let endedBeforeCancel = finished.load(ordering: .acquiring)
+    #expect(!endedBeforeCancel, "the call ended before the cancel")
+    Thread { call.cancel() }.start()
+    let ended = await eventually(timeout: .seconds(10)) { finished.load(ordering: .acquiring) }
+    #expect(ended, "a cancelled first-pass connect had not ended 10 s after the cancel")
+    frozen.thaw()
+    let result = await call.result
+    if case .failure(let error) = result { #expect(error is CancellationError, "\(error)") }
+    await store.close()
+  }
+
+  /// Promise 2: a server that is down (refused) fails a call within about `reconnectTimeout`.
+  @Test func aCallToAStoppedServerEndsAroundReconnectTimeout() async throws {
+    let server = try await PostgresServer.start()
+    let store = try await PostgresJobStore.open(
+      url: server.url, options: .init(schema: uniqueSchema("revto"), reconnectTimeout: .seconds(2)))
+    _ = try await store.queueNames()
+    server.stop()
+    let finished = Atomic<Bool>(false)
+    let call = Task {
+      defer { finished.store(true, ordering: .releasing) }
+      _ = try await store.queueNames()
+    }
+    let ended = await eventually(timeout: .seconds(20)) { finished.load(ordering: .acquiring) }
+    #expect(ended, "a call to a stopped server had not ended 20 s after it started (reconnectTimeout 2 s)")
+    if case .failure(let error as PostgresError) = await call.result {
+      #expect(error.code == .connectionFailed, "\(error)")
+    }
+    await store.close()
+  }
+
+  /// Promise 1: "a call that gets no answer within callTimeout has its connection's socket shut
+  /// down". A call that reconnects runs the store's session setup (`setup(fresh)` in
+  /// `connected()`) before `watch(operation)` and before the new connection's cancel handle is
+  /// stored: a server that stops answering right after the connection is made holds the call
+  /// (and the store's thread, so every later call and `close()`) forever; neither `callTimeout`
+  /// nor `reconnectTimeout` nor cancelling ends it.
+  @Test func aCallWhoseReconnectGetsNoAnswerToTheSessionSetupEndsAfterCallTimeout() async throws {
+    let server = try await PostgresServer.start()
+    defer { server.stop() }
+    let proxy = try ReviewTimedOutProxy(target: server.port)
+    defer { proxy.close() }
+    let store = try await PostgresJobStore.open(
+      url: proxy.url,
+      options: .init(schema: uniqueSchema("revto"), reconnectTimeout: .seconds(4), callTimeout: .seconds(3)))
+    _ = try await store.queueNames()  // the store's connection is open
+    // The server ends the store's idle session; the next call reconnects, and the server goes
+    // silent once the connection is made.
+    proxy.silenceNextSetups()
+    let admin = try AdminConnection(server.url)
+    try admin.query(
+      """
+      SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+      WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+      """)
+    try await Task.sleep(for: .milliseconds(500))
+
+    let finished = Atomic<Bool>(false)
+    let call = Task {
+      defer { finished.store(true, ordering: .releasing) }
+      _ = try await store.queueNames()
+    }
+    let ended = await eventually(timeout: .seconds(20)) { finished.load(ordering: .acquiring) }
+    #expect(
+      ended,
+      "the call had not ended 20 s after it started (callTimeout 3 s, reconnectTimeout 4 s); setups silenced: \(proxy.silenced.load(ordering: .relaxed))"
+    )
+    if !ended {
+      Thread { call.cancel() }.start()
+      let cancelled = await eventually(timeout: .seconds(10)) { finished.load(ordering: .acquiring) }
+      #expect(cancelled, "nor had it ended 10 s after it was cancelled")
+    }
+    proxy.close()  // frees the store's thread
+    _ = await call.result
+    await store.close()
+  }
+}
