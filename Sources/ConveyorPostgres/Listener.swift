@@ -37,8 +37,14 @@ final class Listener: Sendable {
     var stopped = false
     var waiters: [UInt64: Waiter] = [:]
     var nextToken: UInt64 = 0
-    /// Queues notified while nobody waited: the next wait returns at once.
-    var pending: Set<String> = []
+    /// Queues notified while fewer watchers waited than ``watchers`` counts, and how many of
+    /// their next waits return at once (the watchers that were between two waits).
+    var pending: [String: Int] = [:]
+    /// The most waits seen at once for a queue (each watcher of a queue, a `JobQueue`, has at most
+    /// one wait at a time): how many a notification should reach. Never lowered: a watcher that
+    /// stopped costs the others one early return per notification, where a watcher missed would
+    /// sleep until its poll.
+    var watchers: [String: Int] = [:]
     /// Queues a wait was made for, so `pending` only holds names someone watches.
     var watched: Set<String> = []
   }
@@ -95,8 +101,13 @@ final class Listener: Sendable {
           // A queue watched for the first time: a notification for it may have come (and been
           // dropped) between its first look at the store and this wait; it looks again.
           if state.watched.insert(queue).inserted && state.started { return true }
-          if state.pending.remove(queue) != nil { return true }
+          if let owed = state.pending[queue] {
+            state.pending[queue] = owed > 1 ? owed - 1 : nil
+            return true
+          }
           state.waiters[token] = Waiter(queue: queue, continuation: continuation)
+          let waiting = state.waiters.values.reduce(0) { $0 + ($1.queue == queue ? 1 : 0) }
+          state.watchers[queue] = max(state.watchers[queue] ?? 1, waiting)
           return nil
         }
         if let immediate {
@@ -130,15 +141,20 @@ final class Listener: Sendable {
     waiter?.resume(returning: notified)
   }
 
-  /// Wakes the waiters of `queue` (of every queue when nil). A watched queue nobody waits for
-  /// just now is kept pending, so its next wait returns at once.
+  /// Wakes the waiters of `queue` (of every queue when nil). A watched queue with fewer waits
+  /// than it has watchers (none waits, or one of two `JobQueue`s of the queue is between two
+  /// waits) is kept pending for the missing ones, so their next waits return at once.
   private func deliver(_ queue: String?) {
     let woken = state.withLock { state -> [Waiter] in
       let matching = state.waiters.filter { queue == nil || $0.value.queue == queue }
       for token in matching.keys { state.waiters[token] = nil }
-      let waited = Set(matching.values.map(\.queue))
-      let missed = queue.map { state.watched.contains($0) ? [$0] : [] } ?? Array(state.watched)
-      for name in missed where !waited.contains(name) { state.pending.insert(name) }
+      let notified = queue.map { state.watched.contains($0) ? [$0] : [] } ?? Array(state.watched)
+      for name in notified {
+        let watchers = state.watchers[name] ?? 1
+        let reached = matching.values.reduce(0) { $0 + ($1.queue == name ? 1 : 0) }
+        guard reached < watchers else { continue }
+        state.pending[name] = min((state.pending[name] ?? 0) + watchers - reached, watchers)
+      }
       return Array(matching.values)
     }
     for waiter in woken { waiter.resume(returning: true) }

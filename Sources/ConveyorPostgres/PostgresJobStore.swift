@@ -1,6 +1,7 @@
 import CLibPQ
 import Conveyor
 import Foundation
+import Synchronization
 
 /// A `JobStore` on a PostgreSQL server, shared by any number of worker processes on any number
 /// of machines.
@@ -61,7 +62,8 @@ public final class PostgresJobStore: JobStore {
     /// call tried again on a new one (within ``reconnectTimeout``): a server that stopped
     /// answering, or a network cut that sent no reset, would otherwise hold the call forever.
     /// Default 60 seconds, at least 100 ms; nil waits as long as the server takes. A call that
-    /// still gets no answer fails with ``PostgresError/Code/timedOut``. The store's
+    /// still gets no answer fails with ``PostgresError/Code/timedOut``. Opening the store (its
+    /// session setup and migrations) gets this too, at least 30 seconds. The store's
     /// listening connection gives up a statement unanswered for as long (60 s when nil).
     public var callTimeout: Duration?
     /// How long a caller may wait on its own thread for the answer to its call before it
@@ -124,7 +126,8 @@ public final class PostgresJobStore: JobStore {
   ///   - options: The schema, clock and timeouts.
   /// - Throws: ``PostgresError``. A server that cannot be reached, or goes away while the store
   ///   opens, fails the call at once (``PostgresError/Code/connectionFailed``): opening does not
-  ///   retry. Once open, the store reconnects on its own, with backoff. A timeout out of range
+  ///   retry. One that stops answering fails it after ``Options/callTimeout``, at least 30 s
+  ///   (``PostgresError/Code/timedOut``). Once open, the store reconnects on its own, with backoff. A timeout out of range
   ///   fails with ``PostgresError/Code/invalidOptions``, before any connection is made.
   public init(url: String, options: Options = .init()) throws {
     try Self.validate(schema: options.schema)
@@ -160,11 +163,26 @@ public final class PostgresJobStore: JobStore {
         SET \(SQL.storeSessionSetting) = on
         """)
     }
-    // Migrate on the calling thread, on a connection of its own, closed before returning.
+    // Migrate on the calling thread, on a connection of its own, closed before returning. The
+    // setup and the migrations together get `callTimeout`, at least 30 s (a migration may take
+    // longer than a call): a server silent after the handshake held the opening for good.
     do {
       let migrating = try Connection(conninfo: url, scrubber: info.scrubber)
-      try setup(migrating)
-      try Migrations.apply(sql, schemaName: options.schema, on: migrating)
+      let limit = options.callTimeout.map { max($0, Self.shortestOpeningLimit) }
+      let deadline = limit.map { SocketDeadline(socket: migrating.socketDescriptor, after: $0) }
+      do {
+        try withExtendedLifetime(migrating) {
+          defer { deadline?.disarm() }
+          try setup(migrating)
+          try Migrations.apply(sql, schemaName: options.schema, on: migrating)
+        }
+      } catch let error as PostgresError where deadline?.fired == true {
+        throw PostgresError(
+          code: .timedOut,
+          message: "opening the store (its session setup and migrations) got no answer within "
+            + "\(limit ?? .zero) (callTimeout, at least 30 s), so it closed the connection",
+          sqlState: error.sqlState, sql: error.sql)
+      }
     }
     connection = SerializedConnection(
       label: "Conveyor.PostgresJobStore", conninfo: url, scrubber: info.scrubber,
@@ -174,6 +192,10 @@ public final class PostgresJobStore: JobStore {
       conninfo: url, scrubber: info.scrubber, channel: sql.channel,
       answerTimeout: options.callTimeout ?? .seconds(60))
   }
+
+  /// The least time opening a store may take for its session setup and migrations, whatever
+  /// ``Options/callTimeout`` says.
+  static let shortestOpeningLimit = Duration.seconds(30)
 
   /// Connects and migrates without blocking the caller's thread, or any thread of the
   /// cooperative pool: the connecting (which may wait for the server up to its connect timeout)
@@ -685,4 +707,42 @@ extension JobSettlement {
     case .complete, .kill: false
     }
   }
+}
+
+/// Shuts a socket down once a time limit passes, unless disarmed first: bounds the work of a
+/// connection that no `callTimeout` watchdog watches (the store's opening). Used on one thread; the
+/// timer's handler and ``disarm()`` agree under the state's lock, so the socket is never shut
+/// down after ``disarm()`` returns (its descriptor could be another's by then).
+final class SocketDeadline {
+  private final class State: Sendable {
+    /// Whether the handler may still act, and whether it did.
+    let flags = Mutex((armed: true, fired: false))
+  }
+  private let state = State()
+  private let timer: any DispatchSourceTimer
+
+  init(socket: Int32, after limit: Duration) {
+    timer = DispatchSource.makeTimerSource(queue: .global())
+    let state = self.state
+    timer.setEventHandler {
+      state.flags.withLock { flags in
+        guard flags.armed else { return }
+        _ = shutdown(socket, Int32(SHUT_RDWR))
+        flags = (armed: false, fired: true)
+      }
+    }
+    timer.schedule(deadline: .now() + .nanoseconds(Int(SerializedConnection.nanoseconds(limit))))
+    timer.activate()
+  }
+
+  deinit { timer.cancel() }
+
+  /// Stops the timer; from here on the socket is left alone.
+  func disarm() {
+    state.flags.withLock { $0.armed = false }
+    timer.cancel()
+  }
+
+  /// Whether the limit passed and the socket was shut down.
+  var fired: Bool { state.flags.withLock { $0.fired } }
 }

@@ -286,6 +286,9 @@ final class SerializedConnection: @unchecked Sendable {
             message: "the connection broke while the transaction was committing (\(error.message)); "
               + "whether it committed is unknown", sqlState: error.sqlState, sql: error.sql)
         }
+        // A cancelled call whose socket was shut down (its server did not act on the cancel
+        // request) ends as cancelled, not as a lost connection.
+        if operation.isCancelled { throw CancellationError() }
         guard retrying, ContinuousClock.now + pause < deadline else {
           // Only when this last pass was the one ended: an earlier pass's timeout followed by a
           // refused login is the login's error.

@@ -188,4 +188,38 @@ struct WakeUpTests {
     await worker.close()
     await other.close()
   }
+
+  /// Two watchers of one queue on one store (two `JobQueue`s of the same queue in one process):
+  /// a notification that comes while one waits and the other is between two waits wakes the
+  /// first, and the second's next wait returns at once. Before, it was spent on the first, and
+  /// the second slept until its poll.
+  @Test func aNotificationAlsoReachesAWatcherThatWasBetweenTwoWaits() async throws {
+    let (_, worker, other) = try await openStores()
+    let queue = "two-watchers"
+    try await primeListener(worker, through: other, queue: queue)
+    // Both watchers wait at once.
+    let beforeBoth = worker.listener.armedTimeouts
+    let first = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
+    let second = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
+    let bothWait = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts >= beforeBoth + 2 }
+    #expect(bothWait)
+    try await other.setPaused(false, queue: queue)
+    let (firstWoken, secondWoken) = (await first.value, await second.value)
+    #expect(firstWoken && secondWoken, "both waiting watchers are woken")
+    // Only one waits now: the other is between two waits.
+    let beforeLone = worker.listener.armedTimeouts
+    let lone = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
+    let loneWaits = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts > beforeLone }
+    #expect(loneWaits)
+    try await other.setPaused(false, queue: queue)
+    let loneWoken = await lone.value
+    #expect(loneWoken)
+    // The other watcher waits again: the notification it missed ends the wait at once (a hang
+    // bound: without it the wait lasts its 20 s and returns false).
+    #expect(
+      await worker.waitForWork(queue: queue, timeout: .seconds(20)),
+      "the second watcher missed the notification")
+    await worker.close()
+    await other.close()
+  }
 }
