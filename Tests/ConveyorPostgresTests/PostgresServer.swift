@@ -101,6 +101,19 @@ final class PostgresServer: Sendable {
     try runAsOwner("\(binaries)/pg_ctl", ["-D", dataFolder] + arguments)
   }
 
+  /// Ends every client session but the one asking (`pg_terminate_backend`), then waits half a
+  /// second for the closes to reach the clients: their idle connections are gone, and their next
+  /// call reconnects. For a private server (``start()``) only: on the shared one it would end
+  /// other tests' sessions.
+  func terminateClientSessions() async throws {
+    try AdminConnection(url).query(
+      """
+      SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+      WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+      """)
+    try await Task.sleep(for: .milliseconds(500))
+  }
+
   /// Restarts the server (`pg_ctl restart -m fast`), terminating every connection.
   func restart() async throws {
     try await Self.onBackgroundThread {
@@ -208,6 +221,39 @@ final class PostgresServer: Sendable {
       throw HarnessError("bind/listen on 127.0.0.1 failed: errno \(errno)")
     }
     return (descriptor, Int(UInt16(bigEndian: address.sin_port)))
+  }
+
+  /// A TCP socket connected to `port` of 127.0.0.1, or nil when the connect fails: the server
+  /// side of the tests' proxies.
+  static func connectLoopback(port: Int) -> Int32? {
+    let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard descriptor >= 0 else { return nil }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_port = UInt16(port).bigEndian
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    let connected = withUnsafePointer(to: &address) {
+      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+        connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+      }
+    }
+    guard connected == 0 else {
+      close(descriptor)
+      return nil
+    }
+    return descriptor
+  }
+
+  /// Sends every byte of `bytes` to `socket`; false when the socket fails first.
+  static func sendAll(_ socket: Int32, _ bytes: UnsafeRawBufferPointer) -> Bool {
+    var offset = 0
+    while offset < bytes.count {
+      let sent = send(socket, bytes.baseAddress! + offset, bytes.count - offset, Int32(MSG_NOSIGNAL))
+      if sent < 0 && errno == EINTR { continue }
+      if sent <= 0 { return false }
+      offset += sent
+    }
+    return true
   }
 
   /// Stops servers left by test processes that died (their owner pid is gone).

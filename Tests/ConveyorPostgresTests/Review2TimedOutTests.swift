@@ -67,13 +67,7 @@ struct Review2TimedOutTests {
       url: proxy.url, options: .init(schema: uniqueSchema("rev2to"), reconnectTimeout: .zero))
     _ = try await store.queueNames()  // the store's connection is open
     proxy.silenceNextSetups()
-    let admin = try AdminConnection(server.url)
-    try admin.query(
-      """
-      SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-      WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
-      """)
-    try await Task.sleep(for: .milliseconds(500))
+    try await server.terminateClientSessions()
 
     let finished = Atomic<Bool>(false)
     let call = Task {

@@ -83,15 +83,7 @@ struct ReviewHuntTests {
     _ = try await store.queueNames()  // the store's connection is open
 
     // The server ends the store's idle session, then freezes whole.
-    do {
-      let admin = try AdminConnection(server.url)
-      try admin.query(
-        """
-        SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-        WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
-        """)
-    }
-    try await Task.sleep(for: .milliseconds(500))
+    try await server.terminateClientSessions()
     let frozen = try server.freeze()
     defer { frozen.thaw() }
 

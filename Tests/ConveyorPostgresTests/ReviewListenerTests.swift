@@ -87,17 +87,7 @@ final class ReviewListenerProxy: Sendable {
         if errno == EINTR { continue }
         return
       }
-      let server = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-      var address = sockaddr_in()
-      address.sin_family = sa_family_t(AF_INET)
-      address.sin_port = UInt16(target).bigEndian
-      address.sin_addr.s_addr = inet_addr("127.0.0.1")
-      let connected = withUnsafePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-          connect(server, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-        }
-      }
-      guard connected == 0 else {
+      guard let server = PostgresServer.connectLoopback(port: target) else {
         shutdown(client, Int32(SHUT_RDWR))
         continue
       }
@@ -114,17 +104,6 @@ final class ReviewListenerProxy: Sendable {
       Thread { [self] in clientToServer(index) }.start()
       Thread { [self] in serverToClient(index) }.start()
     }
-  }
-
-  private static func sendAll(_ socket: Int32, _ bytes: UnsafeRawBufferPointer) -> Bool {
-    var offset = 0
-    while offset < bytes.count {
-      let sent = send(socket, bytes.baseAddress! + offset, bytes.count - offset, Int32(MSG_NOSIGNAL))
-      if sent < 0 && errno == EINTR { continue }
-      if sent <= 0 { return false }
-      offset += sent
-    }
-    return true
   }
 
   private func clientToServer(_ index: Int) {
@@ -154,7 +133,7 @@ final class ReviewListenerProxy: Sendable {
         }
         return !state.links[index].cut && !state.links[index].swallowing
       }
-      if forward { _ = chunk.withUnsafeBytes { Self.sendAll(server, $0) } }
+      if forward { _ = chunk.withUnsafeBytes { PostgresServer.sendAll(server, $0) } }
     }
   }
 
@@ -173,7 +152,9 @@ final class ReviewListenerProxy: Sendable {
         shutdown(client, Int32(SHUT_WR))
         return
       }
-      _ = buffer.withUnsafeBytes { Self.sendAll(client, UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
+      _ = buffer.withUnsafeBytes {
+        PostgresServer.sendAll(client, UnsafeRawBufferPointer(rebasing: $0[0..<count]))
+      }
     }
   }
 }

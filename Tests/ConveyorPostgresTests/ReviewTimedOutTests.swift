@@ -44,17 +44,7 @@ final class ReviewTimedOutProxy: Sendable {
         if errno == EINTR { continue }
         return
       }
-      let server = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-      var address = sockaddr_in()
-      address.sin_family = sa_family_t(AF_INET)
-      address.sin_port = UInt16(target).bigEndian
-      address.sin_addr.s_addr = inet_addr("127.0.0.1")
-      let connected = withUnsafePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-          connect(server, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-        }
-      }
-      guard connected == 0 else {
+      guard let server = PostgresServer.connectLoopback(port: target) else {
         shutdown(client, Int32(SHUT_RDWR))
         continue
       }
@@ -82,15 +72,11 @@ final class ReviewTimedOutProxy: Sendable {
         }
       }
       if silent { continue }  // swallowed: the server never sees it, so never answers
-      var offset = 0
-      while offset < count {
-        let sent = buffer.withUnsafeBytes {
-          send(sink, $0.baseAddress! + offset, count - offset, Int32(MSG_NOSIGNAL))
-        }
-        if sent < 0 && errno == EINTR { continue }
-        if sent <= 0 { return }
-        offset += sent
-      }
+      guard
+        buffer.withUnsafeBytes({
+          PostgresServer.sendAll(sink, UnsafeRawBufferPointer(rebasing: $0[0..<count]))
+        })
+      else { return }
     }
   }
 }
@@ -171,13 +157,7 @@ struct ReviewTimedOutTests {
     let store = try await PostgresJobStore.open(
       url: server.url, options: .init(schema: uniqueSchema("revto"), reconnectTimeout: .zero))
     _ = try await store.queueNames()
-    let admin = try AdminConnection(server.url)
-    try admin.query(
-      """
-      SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-      WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
-      """)
-    try await Task.sleep(for: .milliseconds(500))
+    try await server.terminateClientSessions()
     let frozen = try server.freezePostmaster()
     defer { frozen.thaw() }
     let finished = Atomic<Bool>(false)
@@ -235,13 +215,7 @@ struct ReviewTimedOutTests {
     // The server ends the store's idle session; the next call reconnects, and the server goes
     // silent once the connection is made.
     proxy.silenceNextSetups()
-    let admin = try AdminConnection(server.url)
-    try admin.query(
-      """
-      SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-      WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
-      """)
-    try await Task.sleep(for: .milliseconds(500))
+    try await server.terminateClientSessions()
 
     let finished = Atomic<Bool>(false)
     let call = Task {
