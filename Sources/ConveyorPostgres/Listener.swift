@@ -22,6 +22,8 @@ import Synchronization
 final class Listener: Sendable {
   private struct Waiter {
     var queue: String
+    /// The waiting task (its hash), which a notification that wakes it marks as served.
+    var task: Int?
     var continuation: CheckedContinuation<Bool, Never>
     /// Ends the wait at its timeout; cancelled (and so freed) when the wait ends otherwise.
     var timer: Task<Void, Never>?
@@ -37,9 +39,9 @@ final class Listener: Sendable {
     var stopped = false
     var waiters: [UInt64: Waiter] = [:]
     var nextToken: UInt64 = 0
-    /// Queues notified while fewer watchers waited than ``watchers`` counts, and how many of
-    /// their next waits return at once (the watchers that were between two waits).
-    var pending: [String: Int] = [:]
+    /// Queues notified while fewer watchers waited than ``watchers`` counts: the next waits of the
+    /// watchers that were between two waits return at once.
+    var pending: [String: Owed] = [:]
     /// The most waits seen at once for a queue (each watcher of a queue, a `JobQueue`, has at most
     /// one wait at a time): how many a notification should reach. Never lowered: a watcher that
     /// stopped costs the others one early return per notification, where a watcher missed would
@@ -47,6 +49,15 @@ final class Listener: Sendable {
     var watchers: [String: Int] = [:]
     /// Queues a wait was made for, so `pending` only holds names someone watches.
     var watched: Set<String> = []
+  }
+
+  /// Early returns a queue's notifications left for watchers that did not wait then.
+  private struct Owed {
+    /// How many of the queue's next waits return at once.
+    var count = 0
+    /// The tasks those notifications woke: their next waits wait (a watcher, one task, waits
+    /// again at once after each wake-up, and would otherwise take the return owed to another).
+    var served: Set<Int> = []
   }
 
   private let state = Mutex(State())
@@ -94,6 +105,7 @@ final class Listener: Sendable {
       state.nextToken += 1
       return state.nextToken
     }
+    let task = withUnsafeCurrentTask { $0?.hashValue }
     return await withTaskCancellationHandler {
       await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
         let immediate = state.withLock { state -> Bool? in
@@ -101,11 +113,12 @@ final class Listener: Sendable {
           // A queue watched for the first time: a notification for it may have come (and been
           // dropped) between its first look at the store and this wait; it looks again.
           if state.watched.insert(queue).inserted && state.started { return true }
-          if let owed = state.pending[queue] {
-            state.pending[queue] = owed > 1 ? owed - 1 : nil
+          if var owed = state.pending[queue], !(task.map { owed.served.contains($0) } ?? false) {
+            owed.count -= 1
+            state.pending[queue] = owed.count > 0 ? owed : nil
             return true
           }
-          state.waiters[token] = Waiter(queue: queue, continuation: continuation)
+          state.waiters[token] = Waiter(queue: queue, task: task, continuation: continuation)
           let waiting = state.waiters.values.reduce(0) { $0 + ($1.queue == queue ? 1 : 0) }
           state.watchers[queue] = max(state.watchers[queue] ?? 1, waiting)
           return nil
@@ -121,8 +134,14 @@ final class Listener: Sendable {
         // hour's poll interval) would keep one timer per notification.
         armed.add(1, ordering: .relaxed)
         let timer = Task { [self] in
-          defer { armed.subtract(1, ordering: .relaxed) }
-          do { try await DispatchSleep.sleep(for: max(timeout, .milliseconds(1))) } catch { return }
+          do {
+            try await DispatchSleep.sleep(for: max(timeout, .milliseconds(1)))
+          } catch {
+            armed.subtract(1, ordering: .relaxed)
+            return
+          }
+          // Freed before the wait returns, so a caller that reads the count after sees it.
+          armed.subtract(1, ordering: .relaxed)
           finish(token, notified: false)
         }
         let waiting = state.withLock { state -> Bool in
@@ -151,9 +170,12 @@ final class Listener: Sendable {
       let notified = queue.map { state.watched.contains($0) ? [$0] : [] } ?? Array(state.watched)
       for name in notified {
         let watchers = state.watchers[name] ?? 1
-        let reached = matching.values.reduce(0) { $0 + ($1.queue == name ? 1 : 0) }
-        guard reached < watchers else { continue }
-        state.pending[name] = min((state.pending[name] ?? 0) + watchers - reached, watchers)
+        let reached = matching.values.filter { $0.queue == name }
+        guard reached.count < watchers else { continue }
+        var owed = state.pending[name] ?? Owed()
+        owed.count = min(owed.count + watchers - reached.count, watchers)
+        owed.served.formUnion(reached.compactMap(\.task))
+        state.pending[name] = owed
       }
       return Array(matching.values)
     }

@@ -197,19 +197,22 @@ struct WakeUpTests {
     let (_, worker, other) = try await openStores()
     let queue = "two-watchers"
     try await primeListener(worker, through: other, queue: queue)
-    // Both watchers wait at once.
-    let beforeBoth = worker.listener.armedTimeouts
+    // Both watchers wait at once (every earlier wait's timeout freed first: a notified wait's
+    // is freed once its timer task sees the cancel).
+    let settled = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts == 0 }
+    #expect(settled)
     let first = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
     let second = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
-    let bothWait = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts >= beforeBoth + 2 }
+    let bothWait = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts == 2 }
     #expect(bothWait)
     try await other.setPaused(false, queue: queue)
     let (firstWoken, secondWoken) = (await first.value, await second.value)
     #expect(firstWoken && secondWoken, "both waiting watchers are woken")
     // Only one waits now: the other is between two waits.
-    let beforeLone = worker.listener.armedTimeouts
+    let freed = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts == 0 }
+    #expect(freed)
     let lone = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
-    let loneWaits = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts > beforeLone }
+    let loneWaits = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts == 1 }
     #expect(loneWaits)
     try await other.setPaused(false, queue: queue)
     let loneWoken = await lone.value
