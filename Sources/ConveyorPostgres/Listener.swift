@@ -55,8 +55,9 @@ final class Listener: Sendable {
   private struct Owed {
     /// How many of the queue's next waits return at once.
     var count = 0
-    /// The tasks those notifications woke: their next waits wait (a watcher, one task, waits
-    /// again at once after each wake-up, and would otherwise take the return owed to another).
+    /// The tasks the latest of those notifications woke: their next waits wait (a watcher, one
+    /// task, waits again at once after each wake-up, and would otherwise take the return owed to
+    /// another).
     var served: Set<Int> = []
   }
 
@@ -65,6 +66,9 @@ final class Listener: Sendable {
 
   /// Timeouts of waits scheduled and not yet freed (for tests).
   var armedTimeouts: Int { armed.load(ordering: .relaxed) }
+
+  /// How many of `queue`'s next waits return at once (for tests).
+  func owedReturns(_ queue: String) -> Int { state.withLock { $0.pending[queue]?.count ?? 0 } }
   private let conninfo: String
   private let scrubber: Scrubber
   private let channel: String
@@ -115,6 +119,8 @@ final class Listener: Sendable {
           if state.watched.insert(queue).inserted && state.started { return true }
           if var owed = state.pending[queue], !(task.map { owed.served.contains($0) } ?? false) {
             owed.count -= 1
+            // Told now: its next wait leaves the rest to the others.
+            if let task { owed.served.insert(task) }
             state.pending[queue] = owed.count > 0 ? owed : nil
             return true
           }
@@ -174,7 +180,9 @@ final class Listener: Sendable {
         guard reached.count < watchers else { continue }
         var owed = state.pending[name] ?? Owed()
         owed.count = min(owed.count + watchers - reached.count, watchers)
-        owed.served.formUnion(reached.compactMap(\.task))
+        // The tasks this notification woke, not earlier ones: a watcher between two waits now
+        // is owed a return even if an earlier notification woke it.
+        owed.served = Set(reached.compactMap(\.task))
         state.pending[name] = owed
       }
       return Array(matching.values)

@@ -225,4 +225,50 @@ struct WakeUpTests {
     await worker.close()
     await other.close()
   }
+
+  /// A watcher woken by one notification, and between two waits when the next comes, is owed a
+  /// return by the next. (The tasks a notification woke were kept as served for as long as a
+  /// debt stood: after one of two watchers of a queue had stopped, the other's was never paid, so
+  /// the remaining watcher stayed served, and a notification that came while it was between two
+  /// waits was lost until its poll.)
+  @Test func aWatcherWokenBeforeIsOwedTheNextNotificationItMissed() async throws {
+    let (_, worker, other) = try await openStores()
+    let queue = "woken-before"
+    try await primeListener(worker, through: other, queue: queue)
+    let settled = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts == 0 }
+    #expect(settled)
+    // Two watchers wait at once (the second then stops for good).
+    let first = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
+    let second = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
+    let bothWait = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts == 2 }
+    #expect(bothWait)
+    try await other.setPaused(false, queue: queue)
+    _ = (await first.value, await second.value)
+
+    // The remaining watcher (one task) is woken, then is between two waits when the next
+    // notification comes.
+    let (between, betweenContinuation) = AsyncStream.makeStream(of: Void.self)
+    let (proceed, proceedContinuation) = AsyncStream.makeStream(of: Void.self)
+    let watcher = Task { () -> (Bool, Bool) in
+      let woken = await worker.waitForWork(queue: queue, timeout: .seconds(60))
+      betweenContinuation.yield()
+      for await _ in proceed { break }
+      let next = await worker.waitForWork(queue: queue, timeout: .seconds(20))
+      return (woken, next)
+    }
+    let waits = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts == 1 }
+    #expect(waits)
+    try await other.setPaused(false, queue: queue)
+    for await _ in between { break }
+    try await other.setPaused(false, queue: queue)
+    // The listener took the notification in (two returns owed, for two watchers).
+    let heard = await eventually(timeout: .seconds(10)) { worker.listener.owedReturns(queue) == 2 }
+    #expect(heard)
+    proceedContinuation.yield()
+    let (woken, next) = await watcher.value
+    #expect(woken)
+    #expect(next, "the notification that came while the watcher was between two waits was lost")
+    await worker.close()
+    await other.close()
+  }
 }
