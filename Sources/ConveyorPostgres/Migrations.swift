@@ -5,11 +5,16 @@ enum Migrations {
   /// Applies the migrations this build knows and the database lacks, in one transaction under an
   /// advisory lock on the schema's name; a second process waits for the first and then finds
   /// nothing to do. A database at a newer version is refused and left untouched (the transaction
-  /// is rolled back before anything is created).
-  static func apply(_ sql: SQL, schemaName: String, on db: Connection) throws {
+  /// is rolled back before anything is created). `beforeEachStatement` runs before each statement
+  /// that may wait long (the lock, each migration): the opening restarts its deadline there.
+  static func apply(
+    _ sql: SQL, schemaName: String, on db: Connection, beforeEachStatement: () -> Void = {}
+  ) throws {
     try db.transaction {
+      beforeEachStatement()
       try db.execute(SQL.migrationLock, [.text(schemaName)])
       var version: Int64 = 0
+      beforeEachStatement()
       if try db.execute(sql.migrationTableExists).bool(0, 0) {
         version = try db.execute(sql.currentVersion).int64(0, 0)
       }
@@ -21,8 +26,10 @@ enum Migrations {
             + "version \(known) this build knows; it was left untouched")
       }
       guard version < known else { return }
+      beforeEachStatement()
       try db.executeScript(sql.migrationTable)
       for index in Int(version)..<Int(known) {
+        beforeEachStatement()
         try db.executeScript(sql.migrations[index])
         try db.execute(sql.recordVersion, [.int64(Int64(index + 1))])
       }

@@ -62,8 +62,9 @@ public final class PostgresJobStore: JobStore {
     /// call tried again on a new one (within ``reconnectTimeout``): a server that stopped
     /// answering, or a network cut that sent no reset, would otherwise hold the call forever.
     /// Default 60 seconds, at least 100 ms; nil waits as long as the server takes. A call that
-    /// still gets no answer fails with ``PostgresError/Code/timedOut``. Opening the store (its
-    /// session setup and migrations) gets this too, at least 30 seconds. The store's
+    /// still gets no answer fails with ``PostgresError/Code/timedOut``. Each statement of opening
+    /// the store (its session setup, the wait for another process's migration, each migration)
+    /// gets this too, at least 30 seconds. The store's
     /// listening connection gives up a statement unanswered for as long (60 s when nil).
     public var callTimeout: Duration?
     /// How long a caller may wait on its own thread for the answer to its call before it
@@ -126,8 +127,12 @@ public final class PostgresJobStore: JobStore {
   ///   - options: The schema, clock and timeouts.
   /// - Throws: ``PostgresError``. A server that cannot be reached, or goes away while the store
   ///   opens, fails the call at once (``PostgresError/Code/connectionFailed``): opening does not
-  ///   retry. One that stops answering fails it after ``Options/callTimeout``, at least 30 s
-  ///   (``PostgresError/Code/timedOut``). Once open, the store reconnects on its own, with backoff. A timeout out of range
+  ///   retry. Connecting gives up after the URL's `connect_timeout` (30 s without one;
+  ///   ``PostgresError/Code/connectionFailed``). Once connected, each statement of the opening
+  ///   (the session setup, the wait for another process's migration, each migration) gets
+  ///   ``Options/callTimeout``, at least 30 s, and a server that stops answering fails it with
+  ///   ``PostgresError/Code/timedOut``; with `callTimeout` nil it waits as long as the server
+  ///   takes. Once open, the store reconnects on its own, with backoff. A timeout out of range
   ///   fails with ``PostgresError/Code/invalidOptions``, before any connection is made.
   public init(url: String, options: Options = .init()) throws {
     try Self.validate(schema: options.schema)
@@ -163,9 +168,10 @@ public final class PostgresJobStore: JobStore {
         SET \(SQL.storeSessionSetting) = on
         """)
     }
-    // Migrate on the calling thread, on a connection of its own, closed before returning. The
-    // setup and the migrations together get `callTimeout`, at least 30 s (a migration may take
-    // longer than a call): a server silent after the handshake held the opening for good.
+    // Migrate on the calling thread, on a connection of its own, closed before returning. Each
+    // statement of it (the setup, the wait for the migration lock, each migration) gets
+    // `callTimeout`, at least 30 s, as a call's statement does: a server silent after the
+    // handshake held the opening for good.
     do {
       let migrating = try Connection(conninfo: url, scrubber: info.scrubber)
       let limit = options.callTimeout.map { max($0, Self.shortestOpeningLimit) }
@@ -174,13 +180,15 @@ public final class PostgresJobStore: JobStore {
         try withExtendedLifetime(migrating) {
           defer { deadline?.disarm() }
           try setup(migrating)
-          try Migrations.apply(sql, schemaName: options.schema, on: migrating)
+          try Migrations.apply(
+            sql, schemaName: options.schema, on: migrating, beforeEachStatement: { deadline?.restart() })
         }
       } catch let error as PostgresError where deadline?.fired == true {
         throw PostgresError(
           code: .timedOut,
-          message: "opening the store (its session setup and migrations) got no answer within "
-            + "\(limit ?? .zero) (callTimeout, at least 30 s), so it closed the connection",
+          message: "opening the store: a statement of its session setup or migrations (or the wait for "
+            + "another process's migration) got no answer within \(limit ?? .zero) (callTimeout, at least "
+            + "30 s), so it closed the connection",
           sqlState: error.sqlState, sql: error.sql)
       }
     }
@@ -709,38 +717,57 @@ extension JobSettlement {
   }
 }
 
-/// Shuts a socket down once a time limit passes, unless disarmed first: bounds the work of a
-/// connection that no `callTimeout` watchdog watches (the store's opening). Used on one thread; the
-/// timer's handler and ``disarm()`` agree under the state's lock, so the socket is never shut
-/// down after ``disarm()`` returns (its descriptor could be another's by then).
+/// Shuts a socket down once a time limit passes, unless restarted or disarmed first: bounds each
+/// statement of a connection that no `callTimeout` watchdog watches (the store's opening).
+///
+/// It acts on a duplicate of the descriptor, closed by ``disarm()``: shutting a socket down
+/// through any of its descriptors ends it, and libpq may close its own (and the number be reused
+/// by another socket of the process) before the caller disarms. The timer's handler and
+/// ``disarm()`` agree under the state's lock. Used from one thread.
 final class SocketDeadline {
   private final class State: Sendable {
-    /// Whether the handler may still act, and whether it did.
-    let flags = Mutex((armed: true, fired: false))
+    /// The duplicate descriptor (-1 once disarmed) and whether the limit passed.
+    let flags = Mutex((socket: Int32(-1), fired: false))
   }
   private let state = State()
   private let timer: any DispatchSourceTimer
+  private let limit: Duration
 
   init(socket: Int32, after limit: Duration) {
+    self.limit = limit
     timer = DispatchSource.makeTimerSource(queue: .global())
+    state.flags.withLock { $0.socket = socket >= 0 ? dup(socket) : -1 }
     let state = self.state
     timer.setEventHandler {
       state.flags.withLock { flags in
-        guard flags.armed else { return }
-        _ = shutdown(socket, Int32(SHUT_RDWR))
-        flags = (armed: false, fired: true)
+        guard flags.socket >= 0, !flags.fired else { return }
+        _ = shutdown(flags.socket, Int32(SHUT_RDWR))
+        flags.fired = true
       }
     }
-    timer.schedule(deadline: .now() + .nanoseconds(Int(SerializedConnection.nanoseconds(limit))))
+    timer.schedule(deadline: Self.deadline(after: limit))
     timer.activate()
   }
 
-  deinit { timer.cancel() }
+  deinit { disarm() }
 
-  /// Stops the timer; from here on the socket is left alone.
+  private static func deadline(after limit: Duration) -> DispatchTime {
+    .now() + .nanoseconds(Int(SerializedConnection.nanoseconds(limit)))
+  }
+
+  /// Starts the limit again from now (a new statement), unless it passed already.
+  func restart() {
+    guard !fired else { return }
+    timer.schedule(deadline: Self.deadline(after: limit))
+  }
+
+  /// Stops the timer and closes the duplicate: from here on no socket is touched.
   func disarm() {
-    state.flags.withLock { $0.armed = false }
     timer.cancel()
+    state.flags.withLock { flags in
+      if flags.socket >= 0 { close(flags.socket) }
+      flags.socket = -1
+    }
   }
 
   /// Whether the limit passed and the socket was shut down.
