@@ -183,7 +183,9 @@ public final class PostgresJobStore: JobStore {
           try Migrations.apply(
             sql, schemaName: options.schema, on: migrating, beforeEachStatement: { deadline?.restart() })
         }
-      } catch let error as PostgresError where deadline?.fired == true {
+      } catch let error as PostgresError where error.isConnectionLoss && deadline?.fired == true {
+        // Only the failure the shutdown caused: an error of its own (a newer schema) whose
+        // rollback then went unanswered stays what it is.
         throw PostgresError(
           code: .timedOut,
           message: "opening the store: a statement of its session setup or migrations (or the wait for "
@@ -736,7 +738,8 @@ final class SocketDeadline {
   init(socket: Int32, after limit: Duration) {
     self.limit = limit
     timer = DispatchSource.makeTimerSource(queue: .global())
-    state.flags.withLock { $0.socket = socket >= 0 ? dup(socket) : -1 }
+    // Close-on-exec, as libpq's own: a child another thread starts must not inherit it.
+    state.flags.withLock { $0.socket = socket >= 0 ? fcntl(socket, F_DUPFD_CLOEXEC, 0) : -1 }
     let state = self.state
     timer.setEventHandler {
       state.flags.withLock { flags in
