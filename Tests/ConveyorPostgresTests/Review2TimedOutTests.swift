@@ -21,7 +21,7 @@ struct Review2TimedOutTests {
     defer { server.stop() }
     let proxy = try ReviewTimedOutProxy(target: server.port)
     defer { proxy.close() }
-    proxy.silenceNextSetups()
+    proxy.startSilencing()
     let url = proxy.url
     let finished = Atomic<Bool>(false)
     let opening = Task {
@@ -66,7 +66,7 @@ struct Review2TimedOutTests {
     let store = try await PostgresJobStore.open(
       url: proxy.url, options: .init(schema: uniqueSchema("rev2to"), reconnectTimeout: .zero))
     _ = try await store.queueNames()  // the store's connection is open
-    proxy.silenceNextSetups()
+    proxy.startSilencing()
     try await server.terminateClientSessions()
 
     let finished = Atomic<Bool>(false)

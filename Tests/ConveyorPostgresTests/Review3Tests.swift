@@ -9,32 +9,6 @@ import Testing
 /// Review 3 of commit 1d5847a: the listener's per-queue `pending` count.
 @Suite("Review 3", .serialized)
 struct Review3Tests {
-  func openStores() async throws -> (worker: PostgresJobStore, other: PostgresJobStore) {
-    let server = try await PostgresServer.shared()
-    let schema = uniqueSchema("rev3")
-    let worker = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
-    let other = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
-    return (worker, other)
-  }
-
-  func primeListener(_ store: PostgresJobStore, through other: PostgresJobStore, queue: String) async throws {
-    var live = false
-    for _ in 0..<50 where !live {
-      let waiter = Task { await store.waitForWork(queue: queue, timeout: .seconds(2)) }
-      try await Task.sleep(for: .milliseconds(100))
-      try await other.setPaused(false, queue: queue)
-      live = await waiter.value
-    }
-    #expect(live, "the listener hears a resume")
-    while await store.waitForWork(queue: queue, timeout: .milliseconds(300)) {}
-  }
-
-  /// Waits until exactly `count` waits are registered (each registered wait arms a timeout,
-  /// freed as soon as the wait ends).
-  func registered(_ store: PostgresJobStore, _ count: Int) async -> Bool {
-    await eventually(timeout: .seconds(10)) { store.listener.armedTimeouts == count }
-  }
-
   /// Two watchers A and B of one queue on one store (two `JobQueue`s). A notification comes while
   /// A waits and B is between two waits. A is woken, and (as `JobQueue`'s watcher loop does: it
   /// signals the loop and waits again at once) A waits again before B does. The one early return
@@ -42,7 +16,7 @@ struct Review3Tests {
   /// next wait sleeps until its poll: the case the commit fixes is only fixed when B happens to
   /// come back before A. `pending` is a count per queue, not per watcher.
   @Test func theEarlyReturnOwedToTheWatcherBetweenWaitsIsTakenByTheWokenWatcher() async throws {
-    let (worker, other) = try await openStores()
+    let (_, worker, other) = try await openWakeStores("rev3")
     defer {
       Task {
         await worker.close()
@@ -51,11 +25,11 @@ struct Review3Tests {
     }
     let queue = "stolen"
     try await primeListener(worker, through: other, queue: queue)
-    #expect(await registered(worker, 0))
+    #expect(await waitsRegistered(worker, 0))
     // Both watchers wait at once: the listener counts two watchers.
     let a1 = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
     let b1 = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
-    #expect(await registered(worker, 2))
+    #expect(await waitsRegistered(worker, 2))
     try await other.setPaused(false, queue: queue)
     let (a1Woken, b1Woken) = (await a1.value, await b1.value)
     #expect(a1Woken && b1Woken, "both waiting watchers are woken")
@@ -70,7 +44,7 @@ struct Review3Tests {
       aWoken.increment()
       return (a2, a3)
     }
-    #expect(await registered(worker, 1))
+    #expect(await waitsRegistered(worker, 1))
     try await other.setPaused(false, queue: queue)
     // A's second wait has returned, or waits.
     #expect(
@@ -97,10 +71,10 @@ struct Review3Tests {
   /// is woken but cannot take it, and takes the early return owed to B; B's next wait sleeps
   /// until its 60-second poll, and job 2 waits for it: the case the commit promises to fix.
   @Test func anIdleJobQueueBetweenTwoWaitsStillMissesAJobWhenABusyOneComesBackFirst() async throws {
-    let (worker, other) = try await openStores()
+    let (_, worker, other) = try await openWakeStores("rev3")
     let queue = "stolen-queue"
     try await primeListener(worker, through: other, queue: queue)
-    #expect(await registered(worker, 0))
+    #expect(await waitsRegistered(worker, 0))
     let (started, startedContinuation) = AsyncStream.makeStream(of: Int.self)
     let busy = try JobQueue<Item>(
       configuration: JobQueueConfiguration(identifier: queue, concurrency: 1, pollInterval: .seconds(60)),
@@ -124,14 +98,14 @@ struct Review3Tests {
       return .handled
     }
     // Both watchers wait: the listener counts two watchers of the queue.
-    #expect(await registered(worker, 2))
+    #expect(await waitsRegistered(worker, 2))
     // A notification wakes both; B's watcher will come back late.
     lagging.lagAfterNextWakeUp(.seconds(5))
     let turnsBefore = lagging.nextWakeCalls
     try await other.setPaused(false, queue: queue)
     // B's loop turned (found nothing) and A's watcher waits again; B's does not yet.
     #expect(await eventually(timeout: .seconds(10)) { lagging.nextWakeCalls > turnsBefore })
-    #expect(await registered(worker, 1))
+    #expect(await waitsRegistered(worker, 1))
     try await enqueue(2, on: other, queue: queue)
     let second = await first(handled, within: 15)
     #expect(second == 2, "the idle queue started job 2 within 15 s (it polls every 60 s)")
@@ -139,23 +113,6 @@ struct Review3Tests {
     await idle.shutdown(gracePeriod: .seconds(5))
     await worker.close()
     await other.close()
-  }
-
-  /// The first value of `stream`, or nil when none comes within `seconds`.
-  func first(_ stream: AsyncStream<Int>, within seconds: Int) async -> Int? {
-    await withTaskGroup(of: Int?.self) { group in
-      group.addTask {
-        var iterator = stream.makeAsyncIterator()
-        return await iterator.next()
-      }
-      group.addTask {
-        try? await Task.sleep(for: .seconds(seconds))
-        return nil
-      }
-      let value = await group.next() ?? nil
-      group.cancelAll()
-      return value
-    }
   }
 
   func enqueue(_ number: Int, on store: PostgresJobStore, queue: String) async throws {

@@ -9,30 +9,6 @@ import Testing
 /// Review 4 of commit f486bd3: the listener's `Owed(count, served)`.
 @Suite("Review 4: the listener's owed returns", .serialized)
 struct Review4ListenerTests {
-  func openStores() async throws -> (worker: PostgresJobStore, other: PostgresJobStore) {
-    let server = try await PostgresServer.shared()
-    let schema = uniqueSchema("rev4")
-    let worker = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
-    let other = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
-    return (worker, other)
-  }
-
-  func primeListener(_ store: PostgresJobStore, through other: PostgresJobStore, queue: String) async throws {
-    var live = false
-    for _ in 0..<50 where !live {
-      let waiter = Task { await store.waitForWork(queue: queue, timeout: .seconds(2)) }
-      try await Task.sleep(for: .milliseconds(100))
-      try await other.setPaused(false, queue: queue)
-      live = await waiter.value
-    }
-    #expect(live, "the listener hears a resume")
-    while await store.waitForWork(queue: queue, timeout: .milliseconds(300)) {}
-  }
-
-  func registered(_ store: PostgresJobStore, _ count: Int) async -> Bool {
-    await eventually(timeout: .seconds(10)) { store.listener.armedTimeouts == count }
-  }
-
   /// Primes the listener, makes the listener count two watchers of `queue` (two waits at once,
   /// both woken: nothing pending), and watches `probe` (its first wait returns at once).
   func twoWatchers(_ worker: PostgresJobStore, _ other: PostgresJobStore, queue: String, probe: String)
@@ -40,14 +16,14 @@ struct Review4ListenerTests {
   {
     try await primeListener(worker, through: other, queue: queue)
     #expect(await worker.waitForWork(queue: probe, timeout: .seconds(5)), "a first wait returns at once")
-    #expect(await registered(worker, 0))
+    #expect(await waitsRegistered(worker, 0))
     let a1 = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
     let b1 = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
-    #expect(await registered(worker, 2))
+    #expect(await waitsRegistered(worker, 2))
     try await other.setPaused(false, queue: queue)
     let (a1Woken, b1Woken) = (await a1.value, await b1.value)
     #expect(a1Woken && b1Woken, "both waiting watchers are woken")
-    #expect(await registered(worker, 0))
+    #expect(await waitsRegistered(worker, 0))
   }
 
   /// Notifies `queue`, then waits until the listener has delivered it (a notification of `probe`
@@ -66,7 +42,7 @@ struct Review4ListenerTests {
   /// second early return, owed to B, is taken by A too, since a wait that consumes an early
   /// return does not mark its task served. B's next wait sleeps until its poll.
   @Test func bothBetweenWaitsTheFirstBackTakesBothEarlyReturns() async throws {
-    let (worker, other) = try await openStores()
+    let (_, worker, other) = try await openWakeStores("rev4")
     let (queue, probe) = ("both-between", "both-between-probe")
     try await twoWatchers(worker, other, queue: queue, probe: probe)
     try await notifyAndSettle(worker, other, queue: queue, probe: probe)
@@ -90,7 +66,7 @@ struct Review4ListenerTests {
   /// A's next wait sleeps until its poll (notification 2 is lost for A), while B's two next waits
   /// both return at once.
   @Test func aWatcherServedByAnEarlierNotificationMissesTheNextOne() async throws {
-    let (worker, other) = try await openStores()
+    let (_, worker, other) = try await openWakeStores("rev4")
     let (queue, probe) = ("served-stale", "served-stale-probe")
     try await twoWatchers(worker, other, queue: queue, probe: probe)
     let (go, goContinuation) = AsyncStream.makeStream(of: Void.self)
@@ -102,11 +78,11 @@ struct Review4ListenerTests {
       await iterator.next()  // between two waits
       return await worker.waitForWork(queue: queue, timeout: .seconds(8))
     }
-    #expect(await registered(worker, 1))
+    #expect(await waitsRegistered(worker, 1))
     try await other.setPaused(false, queue: queue)  // notification 1: wakes A; B is away
     var wokenIterator = woken.makeAsyncIterator()
     #expect(await wokenIterator.next() == true, "A is woken by notification 1")
-    #expect(await registered(worker, 0))
+    #expect(await waitsRegistered(worker, 0))
     try await notifyAndSettle(worker, other, queue: queue, probe: probe)  // notification 2
     goContinuation.yield()
     // A hang bound: A's wait otherwise lasts 8 s and returns false.

@@ -11,67 +11,6 @@ import Testing
   import Glibc
 #endif
 
-/// A TCP proxy in front of a server that stops forwarding a connection (both ways) as soon as the
-/// client sends `ROLLBACK`: a server that goes silent right when the opening rolls back.
-final class Review6RollbackProxy: Sendable {
-  let port: Int
-  private let target: Int
-  private let listener: Int32
-  private let sockets = Mutex<[Int32]>([])
-  let silenced = Atomic<Int>(0)
-
-  var url: String { "postgresql://postgres@127.0.0.1:\(port)/postgres?sslmode=disable" }
-
-  init(target: Int) throws {
-    self.target = target
-    (listener, port) = try PostgresServer.loopbackSocket(listening: true)
-    Thread { [self] in acceptLoop() }.start()
-  }
-
-  func close() {
-    shutdown(listener, Int32(SHUT_RDWR))
-    for socket in sockets.withLock({ $0 }) { shutdown(socket, Int32(SHUT_RDWR)) }
-  }
-
-  private func acceptLoop() {
-    while true {
-      let client = accept(listener, nil, nil)
-      if client < 0 {
-        if errno == EINTR { continue }
-        return
-      }
-      guard let server = PostgresServer.connectLoopback(port: target) else {
-        shutdown(client, Int32(SHUT_RDWR))
-        continue
-      }
-      sockets.withLock { $0 += [client, server] }
-      Thread { [self] in pump(from: client, to: server, watch: true) }.start()
-      Thread { [self] in pump(from: server, to: client, watch: false) }.start()
-    }
-  }
-
-  private func pump(from source: Int32, to sink: Int32, watch: Bool) {
-    var buffer = [UInt8](repeating: 0, count: 65_536)
-    while true {
-      let count = buffer.withUnsafeMutableBytes { recv(source, $0.baseAddress!, $0.count, 0) }
-      if count < 0 && errno == EINTR { continue }
-      if count <= 0 {
-        shutdown(sink, Int32(SHUT_RDWR))
-        return
-      }
-      if watch && String(decoding: buffer[0..<count], as: UTF8.self).contains("ROLLBACK") {
-        silenced.add(1, ordering: .relaxed)
-      }
-      if silenced.load(ordering: .relaxed) > 0 { continue }  // swallowed: never answered
-      guard
-        buffer.withUnsafeBytes({
-          PostgresServer.sendAll(sink, UnsafeRawBufferPointer(rebasing: $0[0..<count]))
-        })
-      else { return }
-    }
-  }
-}
-
 private func openDescriptors() -> Int {
   (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? -1
 }
@@ -96,8 +35,9 @@ struct Review6OpeningTests {
     await store.close()
     let admin = try AdminConnection(server.url)
     try admin.query("INSERT INTO \(schema).schema_migrations (version) VALUES (999)")
-    let proxy = try Review6RollbackProxy(target: server.port)
+    let proxy = try ReviewTimedOutProxy(target: server.port, silencing: "ROLLBACK")
     defer { proxy.close() }
+    proxy.startSilencing()
     do {
       _ = try await PostgresJobStore.open(
         url: proxy.url, options: .init(schema: schema, callTimeout: .seconds(1)))

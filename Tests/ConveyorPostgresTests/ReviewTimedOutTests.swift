@@ -11,12 +11,14 @@ import Testing
   import Glibc
 #endif
 
-/// A TCP proxy in front of a server that, once told to, goes silent on a new connection as soon
-/// as the client sends the store's session setup (`set_config('lock_timeout', …)`): a server (or
-/// network) that stopped answering right after the connection was made.
+/// A TCP proxy in front of a server that, once told to, goes silent on a connection as soon as
+/// the client sends a statement containing `marker` (by default the store's session setup,
+/// `set_config('lock_timeout', …)`: a server, or network, that stopped answering right after the
+/// connection was made; `ROLLBACK`: one that goes silent as an opening rolls back).
 final class ReviewTimedOutProxy: Sendable {
   let port: Int
   private let target: Int
+  private let marker: String
   private let listener: Int32
   private let sockets = Mutex<[Int32]>([])
   private let silenceSetup = Atomic<Bool>(false)
@@ -24,13 +26,14 @@ final class ReviewTimedOutProxy: Sendable {
 
   var url: String { "postgresql://postgres@127.0.0.1:\(port)/postgres" }
 
-  init(target: Int) throws {
+  init(target: Int, silencing marker: String = "set_config('lock_timeout'") throws {
     self.target = target
+    self.marker = marker
     (listener, port) = try PostgresServer.loopbackSocket(listening: true)
     Thread { [self] in acceptLoop() }.start()
   }
 
-  func silenceNextSetups() { silenceSetup.store(true, ordering: .releasing) }
+  func startSilencing() { silenceSetup.store(true, ordering: .releasing) }
 
   func close() {
     shutdown(listener, Int32(SHUT_RDWR))
@@ -66,7 +69,7 @@ final class ReviewTimedOutProxy: Sendable {
       }
       if watchSetup && !silent && silenceSetup.load(ordering: .acquiring) {
         let text = String(decoding: buffer[0..<count], as: UTF8.self)
-        if text.contains("set_config('lock_timeout'") {
+        if text.contains(marker) {
           silent = true
           silenced.add(1, ordering: .relaxed)
         }
@@ -214,7 +217,7 @@ struct ReviewTimedOutTests {
     _ = try await store.queueNames()  // the store's connection is open
     // The server ends the store's idle session; the next call reconnects, and the server goes
     // silent once the connection is made.
-    proxy.silenceNextSetups()
+    proxy.startSilencing()
     try await server.terminateClientSessions()
 
     let finished = Atomic<Bool>(false)

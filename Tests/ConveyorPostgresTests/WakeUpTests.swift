@@ -16,28 +16,6 @@ struct WakeUpTests {
 
   let lease = Lease(owner: "other-process", duration: .seconds(3_600))
 
-  /// Two stores on one schema: `worker` for the idle queue, `other` standing for another process.
-  func openStores() async throws -> (PostgresServer, worker: PostgresJobStore, other: PostgresJobStore) {
-    let server = try await PostgresServer.shared()
-    let schema = uniqueSchema("wake")
-    let worker = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
-    let other = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
-    return (server, worker, other)
-  }
-
-  /// Makes sure `store`'s listener is up (it starts with the first wait) and nothing is pending.
-  func primeListener(_ store: PostgresJobStore, through other: PostgresJobStore, queue: String) async throws {
-    var live = false
-    for _ in 0..<50 where !live {
-      let waiter = Task { await store.waitForWork(queue: queue, timeout: .seconds(2)) }
-      try await Task.sleep(for: .milliseconds(100))
-      try await other.setPaused(false, queue: queue)
-      live = await waiter.value
-    }
-    #expect(live, "the listener hears a resume")
-    while await store.waitForWork(queue: queue, timeout: .milliseconds(300)) {}
-  }
-
   /// An idle queue on `worker` polling every 60 s; the stream yields each handled item.
   func idleQueue(on store: PostgresJobStore, queue: String) throws -> (JobQueue<Item>, AsyncStream<Int>) {
     let (stream, continuation) = AsyncStream.makeStream(of: Int.self)
@@ -47,23 +25,6 @@ struct WakeUpTests {
       return .handled
     }
     return (jobQueue, stream)
-  }
-
-  /// The first value of `stream`, or nil when none comes within `seconds`.
-  func first(_ stream: AsyncStream<Int>, within seconds: Int = 5) async -> Int? {
-    await withTaskGroup(of: Int?.self) { group in
-      group.addTask {
-        var iterator = stream.makeAsyncIterator()
-        return await iterator.next()
-      }
-      group.addTask {
-        try? await Task.sleep(for: .seconds(seconds))
-        return nil
-      }
-      let value = await group.next() ?? nil
-      group.cancelAll()
-      return value
-    }
   }
 
   func enqueue(_ number: Int, on store: PostgresJobStore, queue: String) async throws {
@@ -78,7 +39,7 @@ struct WakeUpTests {
     worker: PostgresJobStore, other: PostgresJobStore, server: PostgresServer, claim: ClaimReference,
     jobQueue: JobQueue<Item>, handled: AsyncStream<Int>
   ) {
-    let (server, worker, other) = try await openStores()
+    let (server, worker, other) = try await openWakeStores()
     try await enqueue(1, on: other, queue: queue)
     let batch = try await other.settleAndClaim(
       [], queue: queue, limit: 1, lease: lease, clock: SystemJobClock())
@@ -129,7 +90,7 @@ struct WakeUpTests {
   }
 
   @Test func aQueueShutDownElsewhereHandsItsJobToAnIdleWorker() async throws {
-    let (_, worker, other) = try await openStores()
+    let (_, worker, other) = try await openWakeStores()
     let queue = "shutdown"
     try await enqueue(1, on: other, queue: queue)
     // The other process's queue starts the job and holds it until it is shut down.
@@ -153,7 +114,7 @@ struct WakeUpTests {
   }
 
   @Test func aResumeWakesAnIdleWorkerElsewhere() async throws {
-    let (_, worker, other) = try await openStores()
+    let (_, worker, other) = try await openWakeStores()
     let queue = "resume"
     try await other.setPaused(true, queue: queue)
     try await enqueue(1, on: other, queue: queue)
@@ -174,7 +135,7 @@ struct WakeUpTests {
   /// it passed, so a queue with an hour's poll interval, notified for every job another process
   /// adds, held a timer (and its closure) per job added in the last hour.
   @Test func notifiedWaitsLeaveNoTimerBehind() async throws {
-    let (_, worker, other) = try await openStores()
+    let (_, worker, other) = try await openWakeStores()
     try await primeListener(worker, through: other, queue: "timers")
     let before = worker.listener.armedTimeouts
     for _ in 0..<300 {
@@ -194,7 +155,7 @@ struct WakeUpTests {
   /// first, and the second's next wait returns at once. Before, it was spent on the first, and
   /// the second slept until its poll.
   @Test func aNotificationAlsoReachesAWatcherThatWasBetweenTwoWaits() async throws {
-    let (_, worker, other) = try await openStores()
+    let (_, worker, other) = try await openWakeStores()
     let queue = "two-watchers"
     try await primeListener(worker, through: other, queue: queue)
     // Both watchers wait at once (every earlier wait's timeout freed first: a notified wait's
@@ -232,7 +193,7 @@ struct WakeUpTests {
   /// the remaining watcher stayed served, and a notification that came while it was between two
   /// waits was lost until its poll.)
   @Test func aWatcherWokenBeforeIsOwedTheNextNotificationItMissed() async throws {
-    let (_, worker, other) = try await openStores()
+    let (_, worker, other) = try await openWakeStores()
     let queue = "woken-before"
     try await primeListener(worker, through: other, queue: queue)
     let settled = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts == 0 }
