@@ -43,9 +43,10 @@ final class Listener: Sendable {
     /// watchers that were between two waits return at once.
     var pending: [String: Owed] = [:]
     /// The most waits seen at once for a queue (each watcher of a queue, a `JobQueue`, has at most
-    /// one wait at a time): how many a notification should reach. Never lowered: a watcher that
-    /// stopped costs the others one early return per notification, where a watcher missed would
-    /// sleep until its poll.
+    /// one wait at a time): how many a notification should reach. Never lowered: the returns owed
+    /// to a watcher that stopped are left to tasks the notification did not wake (a watcher that
+    /// comes back as a new task takes one, and claims once more than it needed), where a watcher
+    /// missed would sleep until its poll.
     var watchers: [String: Int] = [:]
     /// Queues a wait was made for, so `pending` only holds names someone watches.
     var watched: Set<String> = []

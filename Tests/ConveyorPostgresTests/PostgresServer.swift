@@ -244,6 +244,26 @@ final class PostgresServer: Sendable {
     return descriptor
   }
 
+  /// The tests' proxies: accepts connections on `listener` until it is shut down, connects each
+  /// to `port` of 127.0.0.1 (a client whose server cannot be reached is shut down) and hands both
+  /// sockets to `forward`, which returns false to stop accepting.
+  static func acceptProxied(
+    on listener: Int32, to port: Int, _ forward: (_ client: Int32, _ server: Int32) -> Bool
+  ) {
+    while true {
+      let client = accept(listener, nil, nil)
+      if client < 0 {
+        if errno == EINTR { continue }
+        return
+      }
+      guard let server = connectLoopback(port: port) else {
+        shutdown(client, Int32(SHUT_RDWR))
+        continue
+      }
+      guard forward(client, server) else { return }
+    }
+  }
+
   /// Sends every byte of `bytes` to `socket`; false when the socket fails first.
   static func sendAll(_ socket: Int32, _ bytes: UnsafeRawBufferPointer) -> Bool {
     var offset = 0

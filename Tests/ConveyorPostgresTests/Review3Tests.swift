@@ -24,15 +24,8 @@ struct Review3Tests {
       }
     }
     let queue = "stolen"
-    try await primeListener(worker, through: other, queue: queue)
-    #expect(await waitsRegistered(worker, 0))
     // Both watchers wait at once: the listener counts two watchers.
-    let a1 = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
-    let b1 = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
-    #expect(await waitsRegistered(worker, 2))
-    try await other.setPaused(false, queue: queue)
-    let (a1Woken, b1Woken) = (await a1.value, await b1.value)
-    #expect(a1Woken && b1Woken, "both waiting watchers are woken")
+    try await countTwoWatchers(worker, through: other, queue: queue)
 
     // A's watcher (one task, as `JobQueue`'s is) waits; B is between two waits (its loop has not
     // come back yet). A is woken, and waits again at once (it only signals its loop).

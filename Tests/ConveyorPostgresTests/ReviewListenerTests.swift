@@ -81,16 +81,7 @@ final class ReviewListenerProxy: Sendable {
   }
 
   private func acceptLoop() {
-    while true {
-      let client = accept(listener, nil, nil)
-      if client < 0 {
-        if errno == EINTR { continue }
-        return
-      }
-      guard let server = PostgresServer.connectLoopback(port: target) else {
-        shutdown(client, Int32(SHUT_RDWR))
-        continue
-      }
+    PostgresServer.acceptProxied(on: listener, to: target) { client, server in
       let index = state.withLock { state -> Int? in
         if state.closed { return nil }
         state.links.append(Link(client: client, server: server))
@@ -99,10 +90,11 @@ final class ReviewListenerProxy: Sendable {
       guard let index else {
         shutdown(client, Int32(SHUT_RDWR))
         shutdown(server, Int32(SHUT_RDWR))
-        return
+        return false
       }
       Thread { [self] in clientToServer(index) }.start()
       Thread { [self] in serverToClient(index) }.start()
+      return true
     }
   }
 

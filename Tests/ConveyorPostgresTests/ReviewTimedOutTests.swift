@@ -41,19 +41,11 @@ final class ReviewTimedOutProxy: Sendable {
   }
 
   private func acceptLoop() {
-    while true {
-      let client = accept(listener, nil, nil)
-      if client < 0 {
-        if errno == EINTR { continue }
-        return
-      }
-      guard let server = PostgresServer.connectLoopback(port: target) else {
-        shutdown(client, Int32(SHUT_RDWR))
-        continue
-      }
+    PostgresServer.acceptProxied(on: listener, to: target) { client, server in
       sockets.withLock { $0 += [client, server] }
       Thread { [self] in pump(from: client, to: server, watchSetup: true) }.start()
       Thread { [self] in pump(from: server, to: client, watchSetup: false) }.start()
+      return true
     }
   }
 

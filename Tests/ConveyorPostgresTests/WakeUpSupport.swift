@@ -52,3 +52,20 @@ func first(_ stream: AsyncStream<Int>, within seconds: Int = 5) async -> Int? {
     return value
   }
 }
+
+/// Primes `worker`'s listener for `queue` and makes it count two watchers of the queue (two waits
+/// at once, both woken by one notification), then waits until no wait is left registered.
+func countTwoWatchers(_ worker: PostgresJobStore, through other: PostgresJobStore, queue: String) async throws
+{
+  try await primeListener(worker, through: other, queue: queue)
+  // Every earlier wait's timeout freed first: a notified wait's is freed once its timer task sees
+  // the cancel.
+  #expect(await waitsRegistered(worker, 0))
+  let first = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
+  let second = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
+  #expect(await waitsRegistered(worker, 2))
+  try await other.setPaused(false, queue: queue)
+  let (firstWoken, secondWoken) = (await first.value, await second.value)
+  #expect(firstWoken && secondWoken, "both waiting watchers are woken")
+  #expect(await waitsRegistered(worker, 0))
+}

@@ -157,21 +157,8 @@ struct WakeUpTests {
   @Test func aNotificationAlsoReachesAWatcherThatWasBetweenTwoWaits() async throws {
     let (_, worker, other) = try await openWakeStores()
     let queue = "two-watchers"
-    try await primeListener(worker, through: other, queue: queue)
-    // Both watchers wait at once (every earlier wait's timeout freed first: a notified wait's
-    // is freed once its timer task sees the cancel).
-    let settled = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts == 0 }
-    #expect(settled)
-    let first = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
-    let second = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
-    let bothWait = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts == 2 }
-    #expect(bothWait)
-    try await other.setPaused(false, queue: queue)
-    let (firstWoken, secondWoken) = (await first.value, await second.value)
-    #expect(firstWoken && secondWoken, "both waiting watchers are woken")
+    try await countTwoWatchers(worker, through: other, queue: queue)
     // Only one waits now: the other is between two waits.
-    let freed = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts == 0 }
-    #expect(freed)
     let lone = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
     let loneWaits = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts == 1 }
     #expect(loneWaits)
@@ -195,16 +182,8 @@ struct WakeUpTests {
   @Test func aWatcherWokenBeforeIsOwedTheNextNotificationItMissed() async throws {
     let (_, worker, other) = try await openWakeStores()
     let queue = "woken-before"
-    try await primeListener(worker, through: other, queue: queue)
-    let settled = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts == 0 }
-    #expect(settled)
-    // Two watchers wait at once (the second then stops for good).
-    let first = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
-    let second = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
-    let bothWait = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts == 2 }
-    #expect(bothWait)
-    try await other.setPaused(false, queue: queue)
-    _ = (await first.value, await second.value)
+    // Two watchers (the second then stops for good).
+    try await countTwoWatchers(worker, through: other, queue: queue)
 
     // The remaining watcher (one task) is woken, then is between two waits when the next
     // notification comes.
