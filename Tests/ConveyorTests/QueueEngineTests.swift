@@ -292,8 +292,21 @@ struct QueueEngineTests {
       let running = try await store.base.jobs(queue: Self.queueName, status: .running, after: nil, limit: 1)
       return running.first?.leaseExpiresAt.map { $0.timeIntervalSince(clock.now()) }
     }
-    // Three leases' worth, in 5 s steps; heartbeats are due every 10 s of monotonic time.
+    // Every loop of the two queues asleep on the clock (the holder's lease keeper, the rival's
+    // poll): the most sleeps seen over half a second.
+    var mostAsleep = 0
+    for _ in 0..<25 {
+      mostAsleep = max(mostAsleep, clock.sleeping)
+      try await Task.sleep(for: .milliseconds(20))
+    }
+    let asleep = mostAsleep
+    // Three leases' worth, in 5 s steps; heartbeats are due every 10 s of monotonic time. Each
+    // step waits until the loops the last one woke sleep again: the lease keeper sleeps its 10 s
+    // from when its heartbeat returned, and steps that ran ahead of it on a loaded machine (or
+    // alone) made its next heartbeat due after the check that waited for it, which does not move
+    // the clock.
     for step in 1...18 {
+      try await eventually("every loop asleep before the step to +\(step * 5) s") { clock.sleeping >= asleep }
       clock.advance(by: .seconds(5))
       if step * 5 >= 20 {
         try await eventually("the lease renewed from the stepped-back clock (at +\(step * 5) s)") {

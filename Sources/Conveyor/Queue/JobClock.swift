@@ -244,6 +244,10 @@ public final class ManualJobClock: JobClock {
   /// The total of every ``advance(by:)`` so far (``step(by:)`` does not count).
   public func uptime() -> Duration { state.withLock { $0.elapsed } }
 
+  /// How many sleeps wait on this clock: a test advances time once the code it drives sleeps
+  /// again, so that a loop woken by one advance is not overtaken by the next.
+  public var sleeping: Int { state.withLock { $0.sleepers.count } }
+
   /// Suspends until ``advance(by:)`` has moved ``uptime()`` to `deadline`.
   public func sleep(untilUptime deadline: Duration) async throws {
     try await sleep(.monotonic(deadline))
