@@ -168,4 +168,80 @@ struct QueueStateTests {
     #expect(releases.map(\.settlement.claim.token) == [1, 5])
     #expect(other.buffer.isEmpty && other.takeLoopStep(canHandle: true) == nil, "stopping, no worker: end")
   }
+
+  // MARK: Claiming ahead
+
+  func claimLimit(after step: WorkerStep) -> Int? {
+    if case .claim(_, let limit) = step { return limit }
+    return nil
+  }
+
+  @Test func aWorkerWhoseJobWasShortClaimsOneAheadOnlyWithPrefetchZeroAndClaimsAhead() {
+    for (prefetch, claimsAhead, pays, expected) in [
+      (0, true, true, 2), (0, true, false, 1), (0, false, true, 1), (2, true, true, 3), (2, true, false, 3),
+    ] {
+      var state = QueueState(limits: .init(concurrency: 1, prefetch: prefetch, claimsAhead: claimsAhead))
+      _ = state.start()
+      state.claimed([record(1)])
+      _ = state.takeJobsToStart()
+      let step = state.workerFinished(
+        ClaimReference(id: JobID(1), token: 1), outcome: outcome(1), canHandle: true, aheadPays: pays)
+      #expect(
+        claimLimit(after: step) == expected,
+        "prefetch \(prefetch), claimsAhead \(claimsAhead), pays \(pays)")
+    }
+  }
+
+  @Test func claimingAheadPaysAfterAShortJobUnlessTheStoresCallsAreCheap() {
+    let floor = QueueState.cheapStoreCall
+    func pays(_ handler: Duration, _ call: Duration?) -> Bool {
+      QueueState.claimingAheadPays(handler: handler, lastStoreCall: call, storeCallFloor: floor)
+    }
+    #expect(pays(.microseconds(5), .microseconds(40)), "a short job, a store on disk")
+    #expect(pays(.zero, nil), "the worker's first job: its store call is not measured yet")
+    #expect(!pays(QueueState.shortJob, .microseconds(40)), "a job of 1 ms or more")
+    #expect(!pays(.microseconds(5), .microseconds(2)), "an in-memory store")
+    #expect(QueueState.claimingAheadPays(handler: .zero, lastStoreCall: .zero, storeCallFloor: .zero))
+  }
+
+  @Test func aJobClaimedAheadIsHandedBackAfterTheHoldWhileEverySlotIsBusy() {
+    var state = QueueState(limits: .init(concurrency: 1, prefetch: 0, claimsAhead: true))
+    _ = state.start()
+    let claimedAt = Duration.seconds(10)
+    state.claimed([record(1), record(2, token: 7)], at: claimedAt)
+    #expect(state.takeJobsToStart().map(\.id) == [JobID(1)])
+    #expect(state.aheadDeadline == claimedAt + QueueState.aheadHold)
+    let early = state.takeLoopStep(canHandle: true, now: claimedAt + QueueState.aheadHold - .milliseconds(1))
+    #expect(early?.settlements.isEmpty == true && early?.handedBack == 0 && early?.claimLimit == 0)
+    #expect(state.heldClaims.contains(ClaimReference(id: JobID(2), token: 7)), "held until the hold ends")
+    let due = state.takeLoopStep(canHandle: true, now: claimedAt + QueueState.aheadHold)
+    #expect(due?.handedBack == 1 && due?.claimLimit == 0, "the slot is still busy: nothing is claimed")
+    #expect(
+      due?.settlements.map(\.settlement) == [
+        JobSettlement(claim: ClaimReference(id: JobID(2), token: 7), action: .release(error: nil))
+      ])
+    #expect(state.buffer.isEmpty && state.aheadDeadline == nil)
+    #expect(!state.heldClaims.contains(ClaimReference(id: JobID(2), token: 7)))
+  }
+
+  @Test func aJobClaimedAheadIsHandedBackAtOnceWhenPausedOrWithoutAHandler() {
+    for paused in [true, false] {
+      var state = QueueState(limits: .init(concurrency: 1, prefetch: 0, claimsAhead: true))
+      _ = state.start()
+      state.claimed([record(1), record(2)], at: .seconds(1))
+      _ = state.takeJobsToStart()
+      state.paused = paused
+      let step = state.takeLoopStep(canHandle: paused, now: .seconds(1))
+      #expect(step?.handedBack == 1 && state.buffer.isEmpty, paused ? "paused" : "no handler")
+    }
+  }
+
+  @Test func prefetchedJobsAreHeldWhateverTheWait() {
+    var state = started(concurrency: 1, prefetch: 1)
+    state.claimed([record(1), record(2)], at: .seconds(1))
+    _ = state.takeJobsToStart()
+    #expect(state.aheadDeadline == nil)
+    let step = state.takeLoopStep(canHandle: true, now: .seconds(3_600))
+    #expect(step?.handedBack == 0 && step?.settlements.isEmpty == true && state.buffer.count == 1)
+  }
 }

@@ -35,7 +35,7 @@ func runQueueBenchmarks() async throws {
     payloads.reserveCapacity(count)
     let encoder = JSONEncoder()
     for item in items { payloads.append(try encoder.encode(item)) }
-    func drain(prefetch: Int) async throws -> Double {
+    func drain(prefetch: Int, claimsAhead: Bool = true) async throws -> Double {
       var fastest = Double.infinity
       for _ in 0..<3 {
         let store = InMemoryJobStore()
@@ -46,7 +46,8 @@ func runQueueBenchmarks() async throws {
           fastest,
           try await seconds {
             let queue = try JobQueue<NoOpJob>(
-              configuration: .init(identifier: "bench", concurrency: concurrency, prefetch: prefetch),
+              configuration: .init(
+                identifier: "bench", concurrency: concurrency, prefetch: prefetch, claimsAhead: claimsAhead),
               store: store
             ) { _, _ in .handled }
             await queue.waitUntilFinished()
@@ -71,6 +72,7 @@ func runQueueBenchmarks() async throws {
       }
     }
     let measured = try await drain(prefetch: 0)
+    let withoutClaimingAhead = try await drain(prefetch: 0, claimsAhead: false)
     if onlyC4 {
       print("JobQueue drain, no-op, concurrency 4: \(Int(Double(count) / measured))/s")
       continue
@@ -79,6 +81,10 @@ func runQueueBenchmarks() async throws {
       name: "JobQueue drain, no-op, concurrency \(concurrency)", count: count, seconds: measured,
       baselineName: "TaskGroup decoding JSON, width \(concurrency)", baselineSeconds: decodingBaseline,
       goal: nil
+    ).print()
+    Comparison(
+      name: "JobQueue drain, no-op, concurrency \(concurrency)", count: count, seconds: measured,
+      baselineName: "the same, claimsAhead false", baselineSeconds: withoutClaimingAhead, goal: nil
     ).print()
     let prefetched = try await drain(prefetch: 32)
     Comparison(

@@ -327,7 +327,7 @@ private func runEngineBenchmarks(newPath: () -> String) async throws {
   let count = 20_000
 
   /// Seconds for a `JobQueue` with a no-op handler to drain `count` jobs.
-  func drainQueue(concurrency: Int, prefetch: Int) async throws -> Double {
+  func drainQueue(concurrency: Int, prefetch: Int, claimsAhead: Bool = true) async throws -> Double {
     let store = try SQLiteJobStore(path: newPath())
     let payloads = try (0..<1_000).map {
       NewJob(
@@ -337,7 +337,8 @@ private func runEngineBenchmarks(newPath: () -> String) async throws {
     }
     for _ in 0..<(count / 1_000) { _ = try await store.enqueue(payloads, queue: "bench", clock: benchClock) }
     let configuration = JobQueueConfiguration(
-      identifier: "bench", concurrency: concurrency, prefetch: prefetch, autoStart: false)
+      identifier: "bench", concurrency: concurrency, prefetch: prefetch, claimsAhead: claimsAhead,
+      autoStart: false)
     let queue = try JobQueue<BenchItem>(configuration: configuration, store: store) { _, _ in .handled }
     let start = ContinuousClock.now
     queue.start()
@@ -368,6 +369,15 @@ private func runEngineBenchmarks(newPath: () -> String) async throws {
   Comparison(
     name: "JobQueue drain, concurrency 1", count: count, seconds: one,
     baselineName: "raw claim+complete, 1 per txn", baselineSeconds: rawOne, goal: 0.7
+  ).print()
+  let (oneAlone, rawOneAlone) = try await interleaved {
+    try await drainQueue(concurrency: 1, prefetch: 0, claimsAhead: false)
+  } baseline: {
+    try await rawDrain(newPath(), "NORMAL", count, batch: 1)
+  }
+  Comparison(
+    name: "JobQueue drain, concurrency 1, claimsAhead false", count: count, seconds: oneAlone,
+    baselineName: "raw claim+complete, 1 per txn", baselineSeconds: rawOneAlone, goal: nil
   ).print()
   let (onePrefetched, rawOneAgain) = try await interleaved {
     try await drainQueue(concurrency: 1, prefetch: 1)

@@ -394,7 +394,9 @@ struct QueueCore: Sendable {
 
   init(_ configuration: JobQueueConfiguration) {
     state = QueueState(
-      limits: .init(concurrency: configuration.concurrency, prefetch: configuration.prefetch))
+      limits: .init(
+        concurrency: configuration.concurrency, prefetch: configuration.prefetch,
+        claimsAhead: configuration.claimsAhead))
   }
 }
 

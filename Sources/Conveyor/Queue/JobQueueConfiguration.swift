@@ -22,6 +22,23 @@ public struct JobQueueConfiguration: Sendable {
   /// which shares work fairly between workers; a larger value trades fairness for fewer
   /// transactions.
   public var prefetch: Int
+  /// Whether a worker that has just run a short job claims one job ahead, with `prefetch` 0.
+  /// Default true.
+  ///
+  /// A worker whose job took less than 1 ms (decoding and handler), on a store whose last call
+  /// took 10 µs or more (SQLite, PostgreSQL; not the in-memory store, where the overlap costs
+  /// more than it saves), claims its next job and the one after it in one store call. While it
+  /// runs the first, the queue records its outcome, so on a busy queue of short jobs the store's
+  /// transaction and the handler overlap: on SQLite a worker at concurrency 1 handled about 1.3
+  /// times as many no-op jobs per second.
+  ///
+  /// The job claimed ahead is held under this worker's lease, as a prefetched one is. If no slot
+  /// frees within 50 ms of the claim (measured by ``clock``: the job running took longer than
+  /// the ones before it), or the queue is paused, the queue hands it back, ready in its old place
+  /// with its attempt given back, for any worker to take. A job is never claimed ahead after one
+  /// that took 1 ms or longer, so long jobs are shared between workers as without it. Ignored when
+  /// `prefetch` is above 0. false: claim only what can run now.
+  public var claimsAhead: Bool
   /// Whether the queue starts working as soon as it is created. Default true; false waits for
   /// ``JobQueue/start()``.
   public var autoStart: Bool
@@ -47,11 +64,15 @@ public struct JobQueueConfiguration: Sendable {
   /// The longest a stopping queue waits to give its activity counts to the store. Internal:
   /// tests shorten it.
   var activityHandoverLimit: Duration = .seconds(5)
+  /// The shortest store call worth overlapping with the next job (see ``claimsAhead``).
+  /// Internal: tests with a manual clock, whose calls all take no time, set it to zero.
+  var claimAheadStoreCallFloor = QueueState.cheapStoreCall
 
   /// Creates a configuration with the defaults above.
   public init(
     identifier: String, retryPolicy: RetryPolicy = .fixed(.seconds(15)), maxAttempts: Int? = nil,
-    concurrency: Int = 1, prefetch: Int = 0, autoStart: Bool = true, canRunInBackground: Bool = true,
+    concurrency: Int = 1, prefetch: Int = 0, claimsAhead: Bool = true, autoStart: Bool = true,
+    canRunInBackground: Bool = true,
     leaseDuration: Duration = .seconds(60), pollInterval: Duration = .seconds(1),
     clock: any JobClock = SystemJobClock(), log: (@Sendable (LogRecord) -> Void)? = nil
   ) {
@@ -60,6 +81,7 @@ public struct JobQueueConfiguration: Sendable {
     self.maxAttempts = maxAttempts
     self.concurrency = concurrency
     self.prefetch = prefetch
+    self.claimsAhead = claimsAhead
     self.autoStart = autoStart
     self.canRunInBackground = canRunInBackground
     self.leaseDuration = leaseDuration

@@ -28,6 +28,8 @@ struct LoopStep: Sendable, Hashable {
   var checkPause: Bool
   /// Whether the queue is stopping.
   var stopping: Bool
+  /// How many of `settlements` hand back jobs claimed ahead that could not start.
+  var handedBack = 0
 }
 
 /// What a worker does after finishing a job.
@@ -87,7 +89,26 @@ struct QueueState: Sendable {
   struct Limits: Sendable, Hashable {
     var concurrency: Int
     var prefetch: Int
+    /// With `prefetch` 0: a worker whose job was short claims one job ahead (see
+    /// ``JobQueueConfiguration/claimsAhead``).
+    var claimsAhead = false
   }
+
+  /// A handler run shorter than this may make its worker claim one job ahead.
+  static let shortJob = Duration.milliseconds(1)
+  /// A store call shorter than this is too cheap to overlap with a job (the in-memory store):
+  /// handing its outcome to the loop would cost more than the call.
+  static let cheapStoreCall = Duration.microseconds(10)
+
+  /// Whether a worker gains by claiming one job ahead: its handler ran shorter than
+  /// ``shortJob`` and its last store call took at least `storeCallFloor` (nil: not measured
+  /// yet, assumed slow).
+  static func claimingAheadPays(handler: Duration, lastStoreCall: Duration?, storeCallFloor: Duration) -> Bool
+  {
+    handler < shortJob && (lastStoreCall.map { $0 >= storeCallFloor } ?? true)
+  }
+  /// The longest a job claimed ahead waits for a slot before the loop hands it back.
+  static let aheadHold = Duration.milliseconds(50)
 
   let limits: Limits
   /// Started and not yet fully stopped.
@@ -105,6 +126,8 @@ struct QueueState: Sendable {
   var inFlight: Set<ClaimReference> = []
   /// Claimed jobs waiting for a slot.
   var buffer = JobBuffer()
+  /// When the buffer last went from empty to holding jobs (the queue clock's uptime).
+  var bufferedSince = Duration.zero
   /// Outcomes not yet recorded.
   var settlements: [PendingSettlement] = []
   /// Whether `.finished` was published since work was last seen.
@@ -171,13 +194,30 @@ struct QueueState: Sendable {
   // MARK: The loop
 
   /// What the loop does this turn; nil when it should end (stopping with no worker left).
-  mutating func takeLoopStep(canHandle: Bool) -> LoopStep? {
+  ///
+  /// With `prefetch` 0, claimed jobs that cannot start are handed back in this step's
+  /// settlements: at once when the queue is paused or has no handler, and after
+  /// ``aheadHold`` (measured from `now`, the queue clock's uptime) when every slot stays busy.
+  mutating func takeLoopStep(canHandle: Bool, now: Duration = .zero) -> LoopStep? {
     if stopping && workers == 0 { return nil }
+    var handedBack = 0
+    if limits.prefetch == 0, !stopping, !buffer.isEmpty,
+      paused || !canHandle || (freeSlots == 0 && now - bufferedSince >= Self.aheadHold)
+    {
+      handedBack = buffer.count
+      settlements += buffer.all.map {
+        PendingSettlement(
+          settlement: JobSettlement(claim: $0.claim, action: .release(error: nil)), event: nil)
+      }
+      buffer.removeAll()
+    }
     // Claim only what can start now (plus prefetch), and only once the buffer is empty.
     let canClaim = !stopping && canHandle && buffer.isEmpty && !paused
     let limit = canClaim && freeSlots > 0 ? freeSlots + limits.prefetch : 0
     defer { settlements = [] }
-    return LoopStep(settlements: settlements, claimLimit: limit, checkPause: paused, stopping: stopping)
+    return LoopStep(
+      settlements: settlements, claimLimit: limit, checkPause: paused, stopping: stopping,
+      handedBack: handedBack)
   }
 
   /// Whether the loop may claim now: a slot is free and nothing stops it.
@@ -185,9 +225,10 @@ struct QueueState: Sendable {
     !stopping && !paused && canHandle && freeSlots > 0 && buffer.isEmpty
   }
 
-  /// Claimed jobs arrived: they wait for a slot.
-  mutating func claimed(_ jobs: [JobRecord]) {
+  /// Claimed jobs arrived at `now` (the queue clock's uptime): they wait for a slot.
+  mutating func claimed(_ jobs: [JobRecord], at now: Duration = .zero) {
     guard !jobs.isEmpty else { return }
+    if buffer.isEmpty { bufferedSince = now }
     buffer.append(jobs)
     reportedFinished = false
   }
@@ -210,10 +251,18 @@ struct QueueState: Sendable {
 
   // MARK: Workers
 
-  /// A worker finished the job of `claim` with `outcome`: what it does next.
-  mutating func workerFinished(_ claim: ClaimReference, outcome: PendingSettlement, canHandle: Bool)
-    -> WorkerStep
-  {
+  /// When a job claimed ahead must be handed back if it has not started (nil: none is held).
+  var aheadDeadline: Duration? {
+    limits.prefetch == 0 && !buffer.isEmpty ? bufferedSince + Self.aheadHold : nil
+  }
+
+  /// A worker finished the job of `claim` with `outcome`: what it does next. `aheadPays`: see
+  /// ``claimingAheadPays(handler:lastStoreCall:storeCallFloor:)``; with `prefetch` 0 and
+  /// ``Limits/claimsAhead`` the worker then claims one job beyond its own (the loop records this
+  /// outcome while the next job runs).
+  mutating func workerFinished(
+    _ claim: ClaimReference, outcome: PendingSettlement, canHandle: Bool, aheadPays: Bool = false
+  ) -> WorkerStep {
     inFlight.remove(claim)
     settlements.append(outcome)
     if !stopping, !paused, let next = buffer.popFirst() {
@@ -222,7 +271,8 @@ struct QueueState: Sendable {
     }
     guard !stopping, !paused, canHandle else { return .exit }
     defer { settlements = [] }
-    return .claim(settlements, limit: 1 + limits.prefetch)
+    let ahead = limits.prefetch == 0 && limits.claimsAhead && aheadPays ? 1 : 0
+    return .claim(settlements, limit: 1 + limits.prefetch + ahead)
   }
 
   /// The next claimed job for a worker that just claimed (nil: the worker ends).

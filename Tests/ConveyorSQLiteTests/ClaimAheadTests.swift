@@ -1,0 +1,104 @@
+import ConveyorSQLite
+import ConveyorTestSupport
+import Foundation
+import Synchronization
+import Testing
+
+@testable import Conveyor
+
+/// An item of the claim-ahead tests.
+private struct Step: Queueable {
+  var name: String
+}
+
+/// A worker at `prefetch` 0 that has just run a short job claims one job ahead; the job it holds
+/// must go back to the queue when the job running takes long, for any worker to take. A manual
+/// clock makes every handler "short" (its time does not move while one runs) and lets the test
+/// end the hold when it chooses.
+@Suite("Claiming ahead on SQLiteJobStore")
+struct ClaimAheadTests {
+  @Test(.timeLimit(.minutes(2)))
+  func aJobClaimedAheadOfALongOneIsHandedBackForAnotherWorker() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("ahead.sqlite")
+    let firstStore = try SQLiteJobStore(path: path)
+    let secondStore = try SQLiteJobStore(path: path)
+    let clock = ManualJobClock()
+    let logs = Log<LogRecord>()
+    let runs = Log<String>()
+    let quickStarted = Gate()
+    let quickGoes = Gate()
+    let slowStarted = Gate()
+    let release = Gate()
+    func configuration(log: (@Sendable (LogRecord) -> Void)?) -> JobQueueConfiguration {
+      var configuration = JobQueueConfiguration(identifier: "ahead", autoStart: false, clock: clock, log: log)
+      // Store calls take no time on this clock: count them as worth overlapping.
+      configuration.claimAheadStoreCallFloor = .zero
+      return configuration
+    }
+    let first = try JobQueue<Step>(configuration: configuration(log: logs.append), store: firstStore) {
+      step, context in
+      runs.append("first \(step.name) attempt \(context.attempts)")
+      if step.name == "quick" {
+        quickStarted.open()
+        await quickGoes.wait()
+      }
+      if step.name == "slow" {
+        slowStarted.open()
+        await release.wait()
+      }
+      return .handled
+    }
+    // Opened in any case, so a failed expectation cannot leave the handler (and the test) waiting.
+    defer {
+      quickGoes.open()
+      release.open()
+    }
+    try await first.add(contentsOf: [Step(name: "quick"), Step(name: "slow"), Step(name: "next")])
+    let ids = try await firstStore.jobs(queue: "ahead", status: .pending, after: nil, limit: 10).map(\.id)
+    try #require(ids.count == 3)
+    first.start()
+    // "quick" runs while the queue's loop falls asleep (until its next poll, which this clock
+    // never reaches): the worker must wake it to time the hold of the job it claims ahead.
+    await quickStarted.wait()
+    var mostAsleep = 0
+    for _ in 0..<15 {
+      mostAsleep = max(mostAsleep, clock.sleeping)
+      try await Task.sleep(for: .milliseconds(20))
+    }
+    let asleep = mostAsleep
+    try await eventually("the loop asleep", timeout: .seconds(30)) { clock.sleeping >= asleep }
+    quickGoes.open()
+    await slowStarted.wait()
+
+    // "quick" was short, so its worker claimed "slow" and "next" together: both are held.
+    try await eventually("the worker holds the job after the slow one", timeout: .seconds(30)) {
+      try await firstStore.jobs(queue: "ahead", status: .running, after: nil, limit: 10).map(\.id)
+        == Array(ids[1...])
+    }
+    clock.advance(by: .milliseconds(50))
+    try await eventually("the job claimed ahead is handed back", timeout: .seconds(30)) {
+      let next = try await firstStore.job(ids[2])
+      return next?.status == .pending
+    }
+    let handedBack = try #require(try await firstStore.job(ids[2]))
+    #expect(handedBack.attempts == 0, "its claim's attempt is given back")
+    #expect(logs.all.contains { $0.message.hasPrefix("handed back 1 job(s) claimed ahead") })
+
+    let second = try JobQueue<Step>(configuration: configuration(log: nil), store: secondStore) {
+      step, context in
+      runs.append("second \(step.name) attempt \(context.attempts)")
+      return .handled
+    }
+    second.start()
+    try await eventually("the second worker runs it while the slow job still runs", timeout: .seconds(30)) {
+      runs.all.contains("second next attempt 1")
+    }
+    release.open()
+    await first.waitUntilFinished()
+    await first.shutdown(gracePeriod: .seconds(5))
+    await second.shutdown(gracePeriod: .seconds(5))
+    #expect(runs.all.sorted() == ["first quick attempt 1", "first slow attempt 1", "second next attempt 1"])
+    #expect(try await firstStore.counts(queue: "ahead", now: Date()) == JobCounts())
+  }
+}
