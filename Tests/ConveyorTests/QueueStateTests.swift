@@ -198,7 +198,7 @@ struct QueueStateTests {
       QueueState.claimingAheadPays(handler: handler, lastStoreCall: call, storeCallFloor: floor)
     }
     #expect(pays(.microseconds(5), .microseconds(40)), "a short job, a store on disk")
-    #expect(pays(.zero, nil), "the worker's first job: its store call is not measured yet")
+    #expect(!pays(.zero, nil), "jobs claimed before: no store call measured")
     #expect(!pays(QueueState.shortJob, .microseconds(40)), "a job of 1 ms or more")
     #expect(!pays(.microseconds(5), .microseconds(2)), "an in-memory store")
     #expect(QueueState.claimingAheadPays(handler: .zero, lastStoreCall: .zero, storeCallFloor: .zero))
@@ -210,7 +210,7 @@ struct QueueStateTests {
     let claimedAt = Duration.seconds(10)
     state.claimed([record(1), record(2, token: 7)], at: claimedAt)
     #expect(state.takeJobsToStart().map(\.id) == [JobID(1)])
-    #expect(state.aheadDeadline == claimedAt + QueueState.aheadHold)
+    #expect(state.handBackDue(canHandle: true) == claimedAt + QueueState.aheadHold)
     let early = state.takeLoopStep(canHandle: true, now: claimedAt + QueueState.aheadHold - .milliseconds(1))
     #expect(early?.settlements.isEmpty == true && early?.handedBack == 0 && early?.claimLimit == 0)
     #expect(state.heldClaims.contains(ClaimReference(id: JobID(2), token: 7)), "held until the hold ends")
@@ -220,7 +220,7 @@ struct QueueStateTests {
       due?.settlements.map(\.settlement) == [
         JobSettlement(claim: ClaimReference(id: JobID(2), token: 7), action: .release(error: nil))
       ])
-    #expect(state.buffer.isEmpty && state.aheadDeadline == nil)
+    #expect(state.buffer.isEmpty && state.handBackDue(canHandle: true) == nil)
     #expect(!state.heldClaims.contains(ClaimReference(id: JobID(2), token: 7)))
   }
 
@@ -240,8 +240,46 @@ struct QueueStateTests {
     var state = started(concurrency: 1, prefetch: 1)
     state.claimed([record(1), record(2)], at: .seconds(1))
     _ = state.takeJobsToStart()
-    #expect(state.aheadDeadline == nil)
+    #expect(state.handBackDue(canHandle: true) == nil)
     let step = state.takeLoopStep(canHandle: true, now: .seconds(3_600))
     #expect(step?.handedBack == 0 && step?.settlements.isEmpty == true && state.buffer.count == 1)
+  }
+
+  @Test func aStoppingQueueHandsBackUnstartedJobsAtOnceWhateverThePrefetch() {
+    for prefetch in [0, 3] {
+      var state = started(concurrency: 1, prefetch: prefetch)
+      state.claimed([record(1), record(2)], at: .seconds(1))
+      _ = state.takeJobsToStart()
+      state.stopping = true
+      let step = state.takeLoopStep(canHandle: true, now: .seconds(1))
+      #expect(step?.handedBack == 1 && state.buffer.isEmpty, "prefetch \(prefetch)")
+    }
+  }
+
+  @Test func aWorkerFinishingWhileTheLoopHandsBackEndsInsteadOfClaimingPastThem() {
+    var state = QueueState(limits: .init(concurrency: 1, prefetch: 0, claimsAhead: true))
+    _ = state.start()
+    state.claimed([record(1), record(2)], at: .seconds(1))
+    _ = state.takeJobsToStart()
+    #expect(state.takeLoopStep(canHandle: true, now: .seconds(2))?.handedBack == 1)
+    #expect(
+      state.workerFinished(ClaimReference(id: JobID(1), token: 1), outcome: outcome(1), canHandle: true)
+        == .exit, "job 2 is still held in the store: a claim now would take job 3 first")
+    #expect(state.settlements.map(\.settlement.id) == [JobID(1)], "the loop records the outcome")
+    state.handBackRecorded()
+    state.workerExited()
+    #expect(state.takeLoopStep(canHandle: true, now: .seconds(2))?.claimLimit == 1)
+  }
+
+  @Test func eachJobClaimedAheadIsHeldFromItsOwnClaim() {
+    var state = QueueState(limits: .init(concurrency: 2, prefetch: 0, claimsAhead: true))
+    _ = state.start()
+    state.claimed([record(1), record(2), record(3)], at: .seconds(1))
+    #expect(state.takeJobsToStart().count == 2)
+    state.claimed([record(4), record(5)], at: .seconds(2))
+    _ = state.workerFinished(ClaimReference(id: JobID(1), token: 1), outcome: outcome(1), canHandle: true)
+    #expect(
+      state.handBackDue(canHandle: true) == .seconds(2) + QueueState.aheadHold,
+      "job 3 started: the hold runs from the claim of job 4")
   }
 }

@@ -64,27 +64,39 @@ extension JobQueue {
       return nil
     }
     var claimedAny = false
+    var storeCall: Duration?
     if step.needsStore {
-      let batch = try await settleAndClaim(step.settlements, limit: step.claimLimit)
+      let called = clock.uptime()
+      let batch: ClaimBatch
+      do {
+        batch = try await settleAndClaim(step.settlements, limit: step.claimLimit)
+      } catch {
+        if step.handedBack > 0 { core.withLock { $0.state.handBackRecorded() } }
+        throw error
+      }
+      storeCall = clock.uptime() - called
       claimedAny = !batch.claimed.isEmpty
       if step.handedBack > 0 {
+        core.withLock { $0.state.handBackRecorded() }
         log(
-          .debug, "handed back \(step.handedBack) job(s) claimed ahead: no slot freed in time",
+          .debug, "handed back \(step.handedBack) claimed job(s) that could not start in time",
           ["jobs": String(step.handedBack)])
       }
     }
-    startWorkers(in: &group)
+    startWorkers(in: &group, lastStoreCall: storeCall)
     if claimedAny && !step.stopping && core.withLock({ $0.state.freeSlots > 0 }) {
       return .some(nil)  // more may be ready: claim again
     }
     if step.stopping { return configuration.pollInterval }
     let wait = try await nextWait(canHandle: canHandle)
-    // A job claimed ahead waits for a busy slot: wake when it must be handed back. (Skipping the
-    // look at the store while it waits was tried: on SQLite the queue at concurrency 1 was slower,
-    // 0.75–0.96× the raw loop against 0.86–1.14×.)
-    guard case .some(.some(let duration)) = wait, let ahead = core.withLock({ $0.state.aheadDeadline })
+    // A job claimed ahead waits for a busy slot: wake when it must be handed back (at once when
+    // the look found the queue paused). Skipping the look at the store while it waits was tried:
+    // on SQLite the queue at concurrency 1 was slower, 0.75–0.96× the raw loop against
+    // 0.86–1.14×.
+    guard case .some(.some(let duration)) = wait,
+      let due = core.withLock({ $0.state.handBackDue(canHandle: canHandle) })
     else { return wait }
-    return min(duration, untilUptime(ahead, from: clock.uptime()))
+    return min(duration, untilUptime(due, from: clock.uptime()))
   }
 
   /// The wait from `now` until `deadline` (both the queue clock's uptime), at least 1 ms so the
@@ -189,7 +201,7 @@ extension JobQueue {
       let next = takingNext ? core.state.nextForWorker() : nil
       return (
         core.subscribers.isEmpty ? [] : Array(core.subscribers.values), changed, next,
-        core.state.aheadDeadline != nil
+        core.state.handBackDue(canHandle: true) != nil
       )
     }
     if pauseChanged { publishState() }
@@ -211,26 +223,27 @@ extension JobQueue {
     return (batch, next, held)
   }
 
-  /// Starts a worker task for each free slot that has a claimed job waiting.
-  private func startWorkers(in group: inout DiscardingTaskGroup) {
+  /// Starts a worker task for each free slot that has a claimed job waiting; `lastStoreCall` is
+  /// how long the call that claimed them took (nil: they were claimed earlier).
+  private func startWorkers(in group: inout DiscardingTaskGroup, lastStoreCall: Duration?) {
     let jobs = core.withLock { $0.state.takeJobsToStart() }
     guard !jobs.isEmpty else { return }
     publishState()
     for job in jobs {
-      group.addTask { await self.work(startingWith: job) }
+      group.addTask { await self.work(startingWith: job, lastStoreCall: lastStoreCall) }
     }
   }
 
   /// A worker: handles a job, then the next claimed one, and when none is left records its
   /// outcomes and claims its next job itself in one store call. It ends when nothing is ready.
-  private func work(startingWith first: JobRecord) async {
+  private func work(startingWith first: JobRecord, lastStoreCall: Duration?) async {
     var next: JobRecord? = first
     // A decoder of the worker's own: a shared one takes its options lock on every decode, which
     // workers on other threads then wait for.
     let decoder = JSONDecoder()
     let clock = self.clock
     let storeCallFloor = configuration.claimAheadStoreCallFloor
-    var lastStoreCall: Duration?
+    var lastStoreCall = lastStoreCall
     while let record = next {
       let began = clock.uptime()
       let outcome = await process(record, decoder: decoder)

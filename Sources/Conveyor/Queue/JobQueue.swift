@@ -193,6 +193,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
     core.withLock { $0.state.paused = true }
     log(.info, "queue paused")
     publishState()
+    wake.signal()  // the loop hands back jobs claimed ahead
   }
 
   /// Clears the stored pause flag and wakes the queue.
@@ -396,7 +397,9 @@ struct QueueCore: Sendable {
     state = QueueState(
       limits: .init(
         concurrency: configuration.concurrency, prefetch: configuration.prefetch,
-        claimsAhead: configuration.claimsAhead))
+        // A job claimed ahead by a process that dies has its claim's attempt counted, as a
+        // prefetched one does: with one attempt allowed it would die without running.
+        claimsAhead: configuration.claimsAhead && configuration.maxAttempts != 1))
   }
 }
 

@@ -48,31 +48,40 @@ struct FinishCheck: Sendable, Hashable {
   var epoch: UInt64
 }
 
-/// Claimed jobs waiting for a free slot, first in first out.
+/// Claimed jobs waiting for a slot, first in first out, each with when it was claimed (the queue
+/// clock's uptime).
 struct JobBuffer: Sendable, Hashable {
   private var storage: [JobRecord] = []
+  private var times: [Duration] = []
   private var head = 0
 
   var isEmpty: Bool { head == storage.count }
   var count: Int { storage.count - head }
   var claims: [ClaimReference] { storage[head...].map(\.claim) }
   var all: [JobRecord] { Array(storage[head...]) }
+  /// When the first waiting job was claimed (nil: none waits).
+  var firstClaimedAt: Duration? { isEmpty ? nil : times[head] }
 
-  mutating func append(_ jobs: [JobRecord]) {
+  mutating func append(_ jobs: [JobRecord], at time: Duration = .zero) {
     if head > 0 && head == storage.count {
       storage.removeAll(keepingCapacity: true)
+      times.removeAll(keepingCapacity: true)
       head = 0
     }
     storage.append(contentsOf: jobs)
+    times.append(contentsOf: repeatElement(time, count: jobs.count))
   }
 
   mutating func removeAll(where shouldRemove: (JobRecord) -> Bool) {
-    storage = storage[head...].filter { !shouldRemove($0) }
+    let kept = storage.indices.dropFirst(head).filter { !shouldRemove(storage[$0]) }
+    storage = kept.map { storage[$0] }
+    times = kept.map { times[$0] }
     head = 0
   }
 
   mutating func removeAll() {
     storage = []
+    times = []
     head = 0
   }
 
@@ -101,11 +110,12 @@ struct QueueState: Sendable {
   static let cheapStoreCall = Duration.microseconds(10)
 
   /// Whether a worker gains by claiming one job ahead: its handler ran shorter than
-  /// ``shortJob`` and its last store call took at least `storeCallFloor` (nil: not measured
-  /// yet, assumed slow).
+  /// ``shortJob`` and its last store call took at least `storeCallFloor` (nil: not measured, so
+  /// no).
   static func claimingAheadPays(handler: Duration, lastStoreCall: Duration?, storeCallFloor: Duration) -> Bool
   {
-    handler < shortJob && (lastStoreCall.map { $0 >= storeCallFloor } ?? true)
+    guard let lastStoreCall else { return false }
+    return handler < shortJob && lastStoreCall >= storeCallFloor
   }
   /// The longest a job claimed ahead waits for a slot before the loop hands it back.
   static let aheadHold = Duration.milliseconds(50)
@@ -126,8 +136,10 @@ struct QueueState: Sendable {
   var inFlight: Set<ClaimReference> = []
   /// Claimed jobs waiting for a slot.
   var buffer = JobBuffer()
-  /// When the buffer last went from empty to holding jobs (the queue clock's uptime).
-  var bufferedSince = Duration.zero
+  /// The loop took jobs claimed ahead out of the buffer to hand them back and has not recorded
+  /// that yet: a worker that finishes meanwhile must not claim past them (see
+  /// ``workerFinished(_:outcome:canHandle:aheadPays:)``).
+  var handingBack = false
   /// Outcomes not yet recorded.
   var settlements: [PendingSettlement] = []
   /// Whether `.finished` was published since work was last seen.
@@ -195,16 +207,16 @@ struct QueueState: Sendable {
 
   /// What the loop does this turn; nil when it should end (stopping with no worker left).
   ///
-  /// With `prefetch` 0, claimed jobs that cannot start are handed back in this step's
-  /// settlements: at once when the queue is paused or has no handler, and after
-  /// ``aheadHold`` (measured from `now`, the queue clock's uptime) when every slot stays busy.
+  /// Claimed jobs that cannot start are handed back in this step's settlements when
+  /// ``handBackDue(canHandle:)`` has come (measured against `now`, the queue clock's uptime) and
+  /// no slot is free for them, or at once when they can never start (stopping, paused, no
+  /// handler).
   mutating func takeLoopStep(canHandle: Bool, now: Duration = .zero) -> LoopStep? {
     if stopping && workers == 0 { return nil }
     var handedBack = 0
-    if limits.prefetch == 0, !stopping, !buffer.isEmpty,
-      paused || !canHandle || (freeSlots == 0 && now - bufferedSince >= Self.aheadHold)
-    {
+    if let due = handBackDue(canHandle: canHandle), now >= due, freeSlots == 0 || due == .zero {
       handedBack = buffer.count
+      handingBack = true
       settlements += buffer.all.map {
         PendingSettlement(
           settlement: JobSettlement(claim: $0.claim, action: .release(error: nil)), event: nil)
@@ -228,8 +240,7 @@ struct QueueState: Sendable {
   /// Claimed jobs arrived at `now` (the queue clock's uptime): they wait for a slot.
   mutating func claimed(_ jobs: [JobRecord], at now: Duration = .zero) {
     guard !jobs.isEmpty else { return }
-    if buffer.isEmpty { bufferedSince = now }
-    buffer.append(jobs)
+    buffer.append(jobs, at: now)
     reportedFinished = false
   }
 
@@ -251,10 +262,22 @@ struct QueueState: Sendable {
 
   // MARK: Workers
 
-  /// When a job claimed ahead must be handed back if it has not started (nil: none is held).
-  var aheadDeadline: Duration? {
-    limits.prefetch == 0 && !buffer.isEmpty ? bufferedSince + Self.aheadHold : nil
+  /// When the claimed jobs waiting for a slot must be handed back if they have not started (the
+  /// queue clock's uptime; `.zero`: at once). Nil when none waits, or when they wait for as long
+  /// as it takes (`prefetch` above 0).
+  ///
+  /// At once when they can never start: the queue is stopping (whatever `prefetch`), paused, or
+  /// has no handler. Otherwise, with `prefetch` 0 (so they were claimed ahead), ``aheadHold``
+  /// after the first of them was claimed.
+  func handBackDue(canHandle: Bool) -> Duration? {
+    guard let first = buffer.firstClaimedAt else { return nil }
+    if stopping { return .zero }
+    guard limits.prefetch == 0 else { return nil }
+    return paused || !canHandle ? .zero : first + Self.aheadHold
   }
+
+  /// The loop recorded (or failed to record, and kept) the hand-back it took.
+  mutating func handBackRecorded() { handingBack = false }
 
   /// A worker finished the job of `claim` with `outcome`: what it does next. `aheadPays`: see
   /// ``claimingAheadPays(handler:lastStoreCall:storeCallFloor:)``; with `prefetch` 0 and
@@ -269,7 +292,9 @@ struct QueueState: Sendable {
       inFlight.insert(next.claim)
       return .run(next, flush: settlements.count >= max(1, limits.prefetch))
     }
-    guard !stopping, !paused, canHandle else { return .exit }
+    // A claim now could overtake the jobs the loop is handing back (still held in the store):
+    // the worker ends, and the loop claims again once they are ready, in their old places.
+    guard !stopping, !paused, canHandle, !handingBack else { return .exit }
     defer { settlements = [] }
     let ahead = limits.prefetch == 0 && limits.claimsAhead && aheadPays ? 1 : 0
     return .claim(settlements, limit: 1 + limits.prefetch + ahead)
