@@ -33,11 +33,17 @@ public struct JobQueueConfiguration: Sendable {
   /// times as many no-op jobs per second.
   ///
   /// The job claimed ahead is held under this worker's lease, as a prefetched one is. If no slot
-  /// frees within 50 ms of the claim (measured by ``clock``: the job running took longer than
-  /// the ones before it), or the queue is paused, the queue hands it back, ready in its old place
-  /// with its attempt given back, for any worker to take. A job is never claimed ahead after one
-  /// that took 1 ms or longer, so long jobs are shared between workers as without it. Ignored when
-  /// `prefetch` is above 0. false: claim only what can run now.
+  /// frees within 50 ms of its claim (measured by ``clock``: the job running took longer than the
+  /// ones before it), the queue hands it back, ready in its old place with its attempt given
+  /// back, for any worker to take. It is handed back at once when the queue is paused or shuts
+  /// down, and when its delegate goes away, within those 50 ms. ``JobQueue/clear()`` deletes it.
+  /// A job is never claimed ahead after one that took 1 ms or longer, so long jobs are shared
+  /// between workers as without it.
+  ///
+  /// Ignored when `prefetch` is above 0, and when ``maxAttempts`` is 1: a job claimed ahead by
+  /// a process that dies keeps the attempt its claim counted, as a prefetched one does, and with
+  /// one attempt allowed it would die without running. A job claimed ahead counts as running for
+  /// deduplication. false: claim only what can run now.
   public var claimsAhead: Bool
   /// Whether the queue starts working as soon as it is created. Default true; false waits for
   /// ``JobQueue/start()``.

@@ -147,15 +147,15 @@ extension JobQueue {
   /// Counts a handler's start: a first start records its wait from enqueue (or its later run
   /// date) to now.
   ///
-  /// A first start is the job's first claim: ``JobRecord/claimToken`` counts the claims and is
-  /// never lowered, whereas a shutdown that cuts a handler short gives the attempt back, so the
-  /// attempt count alone would count the job's next run as a first start again (with a wait that
-  /// includes the first run). The attempt count is checked too, for jobs stored before claims
-  /// were counted (their token starts at 0). A job claimed ahead (`prefetch`) and given back
-  /// before its handler started is not counted when it runs later: an undercount of the rare
-  /// case rather than a double count of the common one.
+  /// A first start is a job's first attempt with no error recorded yet. A shutdown that cuts a
+  /// handler short gives the attempt back but records "interrupted by shutdown", so the job's
+  /// next run is not counted again (with a wait that would include the first run). A job claimed
+  /// ahead (`claimsAhead`, `prefetch`) and handed back before its handler started records no
+  /// error, so its real first run is counted. A job given back because the queue's delegate was
+  /// gone records why, so its later first run is not counted: an undercount of a rare case rather
+  /// than a double count.
   func countStart(of record: JobRecord) {
-    guard store.recordsActivity, record.attempts == 1, record.claimToken == 1 else { return }
+    guard store.recordsActivity, record.attempts == 1, record.lastError == nil else { return }
     let now = clock.now()
     let since = max(record.createdAt, record.runAt)
     let wait = Int64((now.timeIntervalSince(since) * 1000).rounded())

@@ -28,7 +28,8 @@ struct LoopStep: Sendable, Hashable {
   var checkPause: Bool
   /// Whether the queue is stopping.
   var stopping: Bool
-  /// How many of `settlements` hand back jobs claimed ahead that could not start.
+  /// How many of `settlements` hand back claimed jobs that could not start (claimed ahead, or
+  /// waiting when the queue stops, pauses or loses its handler).
   var handedBack = 0
 }
 
@@ -117,6 +118,7 @@ struct QueueState: Sendable {
     guard let lastStoreCall else { return false }
     return handler < shortJob && lastStoreCall >= storeCallFloor
   }
+
   /// The longest a job claimed ahead waits for a slot before the loop hands it back.
   static let aheadHold = Duration.milliseconds(50)
 
