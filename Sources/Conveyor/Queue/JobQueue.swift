@@ -281,17 +281,12 @@ public final class JobQueue<Item: Queueable>: Sendable {
   /// Deletes every waiting and dead job (running ones finish and are deleted if handled); returns
   /// how many were deleted.
   ///
-  /// Jobs this queue claimed and has not started (claimed ahead or prefetched) are waiting jobs
-  /// too: they are deleted before a handler starts on them. Jobs claimed ahead by other queue
-  /// instances or processes count as running there.
+  /// A job already claimed by a worker counts as running, also one claimed ahead or prefetched
+  /// that has not started yet: it is not deleted, and runs (or is handed back, and then is
+  /// waiting again).
   @discardableResult
   public func clear() async throws -> Int {
-    let held = core.withLock { core -> [JobID] in
-      defer { core.state.buffer.removeAll() }
-      return core.state.buffer.all.map(\.id)
-    }
-    let removed = held.isEmpty ? 0 : try await store.remove(held, queue: identifier)
-    return try await removed + store.clear(queue: identifier, statuses: [.pending, .dead])
+    try await store.clear(queue: identifier, statuses: [.pending, .dead])
   }
 
   /// Makes dead jobs ready again with their attempts reset; nil re-queues every dead job.

@@ -36,7 +36,8 @@ public struct JobQueueConfiguration: Sendable {
   /// frees within 50 ms of its claim (measured by ``clock``: the job running took longer than the
   /// ones before it), the queue hands it back, ready in its old place with its attempt given
   /// back, for any worker to take. It is handed back at once when the queue is paused or shuts
-  /// down, and when its delegate goes away, within those 50 ms. ``JobQueue/clear()`` deletes it.
+  /// down, and when its delegate goes away, within those 50 ms. It counts as running for
+  /// ``JobQueue/clear()``, which does not delete it.
   /// A job is never claimed ahead after one that took 1 ms or longer, so long jobs are shared
   /// between workers as without it.
   ///
