@@ -407,3 +407,88 @@ struct Review2ClaimAheadTests {
       scenario.runs.all == ["quick attempt 1", "slow attempt 1", "next attempt 1", "last attempt 1"])
   }
 }
+
+/// Lets whatever remains run (moving the manual clock) until the store holds nothing, bounded.
+private func r2Drain(_ scenario: R2Scenario, _ sqlite: SQLiteJobStore) async {
+  _ = try? await eventually("the store empty", timeout: .seconds(10)) {
+    scenario.clock.advance(by: .milliseconds(100))
+    return try await sqlite.counts(queue: "ahead", now: scenario.clock.now()) == JobCounts()
+  }
+}
+
+/// The activity total of a store.
+private func r2Total(_ store: SQLiteJobStore, queue: String) async throws -> QueueActivity {
+  let minutes = try await store.activity(since: Date(timeIntervalSince1970: 0), limit: 1_000)
+  return minutes.reduce(into: QueueActivity(queue: queue, minute: Date())) { $0.add($1) }
+}
+
+@Suite("Review 3: claiming ahead")
+struct Review3ClaimAheadTests {
+  // MARK: Activity
+
+  /// Guard: a handler cut short by a shutdown, run again later by another queue, is counted
+  /// once; the job discarded and re-queued (attempts reset) is not counted again.
+  @Test(.timeLimit(.minutes(2)))
+  func interruptedThenRequeuedJobIsCountedOnce() async throws {
+    let folder = try TemporaryFolder()
+    let store = try SQLiteJobStore(path: folder.path("act.sqlite"))
+    let runs = Log<String>()
+    let blocked = Flag()
+    let first = try JobQueue<R2Item>(configuration: JobQueueConfiguration(identifier: "act"), store: store) {
+      item, context in
+      runs.append("\(item.name) attempt \(context.attempts)")
+      blocked.set()
+      try await Task.sleep(for: .seconds(60))
+      return .handled
+    }
+    let id = try await first.add(R2Item(name: "job")).id
+    try await eventually("started", timeout: .seconds(10)) { blocked.value }
+    await first.shutdown(gracePeriod: .milliseconds(200))
+    let record = try await store.job(id)
+    #expect(record?.attempts == 0)
+    #expect(record?.lastError != nil)
+    let second = try JobQueue<R2Item>(configuration: JobQueueConfiguration(identifier: "act"), store: store) {
+      item, context in
+      runs.append("\(item.name) attempt \(context.attempts)")
+      return runs.all.count < 3 ? .discard(reason: "") : .handled
+    }
+    try await eventually("dead", timeout: .seconds(10)) { try await store.job(id)?.status == .dead }
+    #expect(try await second.requeueDead() == 1)
+    try await eventually("done", timeout: .seconds(10)) { try await store.job(id) == nil }
+    await second.shutdown(gracePeriod: .seconds(5))
+    #expect(runs.all == ["job attempt 1", "job attempt 1", "job attempt 1"])
+    let total = try await r2Total(store, queue: "act")
+    #expect(total.started == 1, "one job, first started once: \(total)")
+  }
+
+  /// Guard: jobs prefetched and handed back unstarted at shutdown are counted once each when a
+  /// later queue runs them.
+  @Test(.timeLimit(.minutes(2)))
+  func prefetchedJobsHandedBackAtShutdownAreCountedOnce() async throws {
+    let scenario = try R2Scenario()
+    defer { scenario.openAll() }
+    let sqlite = try SQLiteJobStore(path: scenario.path)
+    var configuration = scenario.configuration(claimsAhead: false)
+    configuration.prefetch = 2
+    let queue = try scenario.queue(configuration, store: sqlite)
+    try await queue.add(contentsOf: ["slow", "a", "b"].map { R2Item(name: $0) })
+    queue.start()
+    await scenario.slowStarted.wait()
+    try await eventually("a and b prefetched", timeout: .seconds(10)) {
+      try await sqlite.jobs(queue: "ahead", status: .running, after: nil, limit: 10).count == 3
+    }
+    let stopping = Task { await queue.shutdown(gracePeriod: .seconds(30)) }
+    try await eventually("handed back", timeout: .seconds(10)) {
+      try await sqlite.jobs(queue: "ahead", status: .pending, after: nil, limit: 10).count == 2
+    }
+    scenario.slowGoes.open()
+    await stopping.value
+    let later = try scenario.queue(configuration, store: sqlite)
+    later.start()
+    await r2Drain(scenario, sqlite)
+    await later.shutdown(gracePeriod: .seconds(5))
+    #expect(scenario.runs.all == ["slow attempt 1", "a attempt 1", "b attempt 1"])
+    let total = try await r2Total(sqlite, queue: "ahead")
+    #expect(total.started == 3, "\(total)")
+  }
+}
