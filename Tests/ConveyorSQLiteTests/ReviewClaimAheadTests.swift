@@ -11,67 +11,6 @@ private struct Task1: Queueable {
   var name: String
 }
 
-/// Forwards to `base`; runs `hook` before each `settleAndClaim` (the hook may suspend it), and
-/// fails every `settleAndClaim` and `heartbeat` while `dead` (a process that vanished, as its
-/// store sees it).
-private final class HookedStore: JobStore {
-  let base: any JobStore
-  let hook: @Sendable ([JobSettlement], Int) async -> Void
-  let dead = Mutex(false)
-
-  struct Dead: Error {}
-
-  init(_ base: any JobStore, hook: @escaping @Sendable ([JobSettlement], Int) async -> Void = { _, _ in }) {
-    self.base = base
-    self.hook = hook
-  }
-
-  func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
-    try await base.enqueue(jobs, queue: queue, clock: clock)
-  }
-  func settleAndClaim(
-    _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, clock: any JobClock
-  ) async throws -> ClaimBatch {
-    if dead.withLock({ $0 }) { throw Dead() }
-    await hook(settlements, limit)
-    return try await base.settleAndClaim(settlements, queue: queue, limit: limit, lease: lease, clock: clock)
-  }
-  func heartbeat(_ claims: [ClaimReference], queue: String, lease: Lease, clock: any JobClock)
-    async throws -> [ClaimReference]
-  {
-    if dead.withLock({ $0 }) { throw Dead() }
-    return try await base.heartbeat(claims, queue: queue, lease: lease, clock: clock)
-  }
-  func rescueExpiredLeases(queue: String, clock: any JobClock) async throws -> Int {
-    if dead.withLock({ $0 }) { throw Dead() }
-    return try await base.rescueExpiredLeases(queue: queue, clock: clock)
-  }
-  func counts(queue: String, clock: any JobClock) async throws -> JobCounts {
-    try await base.counts(queue: queue, clock: clock)
-  }
-  func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
-    try await base.jobs(queue: queue, status: status, after: after, limit: limit)
-  }
-  func job(_ id: JobID) async throws -> JobRecord? { try await base.job(id) }
-  func remove(_ ids: [JobID], queue: String) async throws -> Int { try await base.remove(ids, queue: queue) }
-  func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int {
-    try await base.clear(queue: queue, statuses: statuses)
-  }
-  func requeueDead(_ ids: [JobID]?, queue: String, clock: any JobClock) async throws -> Int {
-    try await base.requeueDead(ids, queue: queue, clock: clock)
-  }
-  func setPaused(_ paused: Bool, queue: String) async throws {
-    try await base.setPaused(paused, queue: queue)
-  }
-  func isPaused(queue: String) async throws -> Bool { try await base.isPaused(queue: queue) }
-  func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
-    if dead.withLock({ $0 }) { throw Dead() }
-    return try await base.nextWake(queue: queue, clock: clock)
-  }
-  func queueNames() async throws -> [String] { try await base.queueNames() }
-  var maximumLockWait: Duration { base.maximumLockWait }
-}
-
 /// A queue at concurrency 1 on a manual clock: "quick" waits for `quickGoes`, "slow" opens
 /// `slowStarted` and waits for `slowGoes`; every run is logged as "name attempt N".
 private final class Scenario: Sendable {
@@ -241,16 +180,11 @@ struct ReviewClaimAheadTests {
     defer { handBackGoes.open() }
     let sqlite = try SQLiteJobStore(path: scenario.path)
     let store = HookedStore(sqlite) { settlements, limit in
-      let isHandBack =
-        limit == 0
-        && settlements.contains {
-          if case .release = $0.action { return true }
-          return false
-        }
-      if isHandBack {
+      if isHandBack(settlements, limit) {
         handBackEntered.open()
         await handBackGoes.wait()
       }
+      return false
     }
     let first = try scenario.queue(scenario.configuration(), store: store)
     let ids = try await scenario.runUntilHeld(first, store: store, rest: ["c", "d"])
