@@ -66,18 +66,14 @@ extension JobQueue {
     var claimedAny = false
     var storeCall: Duration?
     if step.needsStore {
+      // Recorded, or kept in the settlements to be recorded first next time: either way a
+      // worker may claim again.
+      defer { if step.handedBack > 0 { core.withLock { $0.state.handBackRecorded() } } }
       let called = clock.uptime()
-      let batch: ClaimBatch
-      do {
-        batch = try await settleAndClaim(step.settlements, limit: step.claimLimit)
-      } catch {
-        if step.handedBack > 0 { core.withLock { $0.state.handBackRecorded() } }
-        throw error
-      }
+      let batch = try await settleAndClaim(step.settlements, limit: step.claimLimit)
       storeCall = clock.uptime() - called
       claimedAny = !batch.claimed.isEmpty
       if step.handedBack > 0 {
-        core.withLock { $0.state.handBackRecorded() }
         log(
           .debug, "handed back \(step.handedBack) claimed job(s) that could not start in time",
           ["jobs": String(step.handedBack)])
