@@ -331,6 +331,43 @@ struct JobQueueTests {
     await queue.shutdown()
   }
 
+  /// A job with fields the queue's own decoder handles and fields it hands to `JSONDecoder`.
+  struct MixedJob: Queueable, Equatable {
+    var name: String
+    var count: Int
+    var at: Date
+    var ratio: Float
+    var link: URL?
+    var blob: Data?
+  }
+
+  @Test("a worker gets what JSONDecoder gives: the same values, and its error for a bad payload")
+  func workersDecodeAsJSONDecoderDoes() async throws {
+    let store = InMemoryJobStore()
+    let plain = MixedJob(name: "plain", count: -3, at: Date(timeIntervalSince1970: 1.5), ratio: 0.1)
+    let special = MixedJob(
+      name: "special\u{1F600}", count: Int.max, at: Date(timeIntervalSince1970: -2), ratio: 3.25,
+      link: URL(string: "https://example.com/a?b=c"), blob: Data([0, 1, 255]))
+    let bad = Data(#"{"name":"x","count":1.5,"at":0,"ratio":1}"#.utf8)
+    let expectedError = String(
+      describing: try #require(throws: (any Error).self) {
+        try JSONDecoder().decode(MixedJob.self, from: bad)
+      })
+    _ = try await store.enqueue([NewJob(payload: bad, runAt: clock.now())], queue: "jobs", now: clock.now())
+    let handled = Log<MixedJob>()
+    let queue = try JobQueue<MixedJob>(configuration: configuration(), store: store) { item, _ in
+      handled.append(item)
+      return .handled
+    }
+    try await queue.add(contentsOf: [plain, special])
+    try await eventually("both handled") { handled.all.count == 2 }
+    #expect(handled.all == [plain, special])
+    try await eventually("dead") { try await queue.count().dead == 1 }
+    let dead = try await queue.jobs(in: .dead)
+    #expect(dead.first?.lastError?.contains(expectedError) == true, "\(dead.first?.lastError ?? "nil")")
+    await queue.shutdown()
+  }
+
   @Test("a slow handler that heartbeats keeps its job; a vanished worker's job is handed out again")
   func leases() async throws {
     let store = InMemoryJobStore()

@@ -260,9 +260,10 @@ public final class JobQueue<Item: Queueable>: Sendable {
     try await store.jobs(queue: identifier, status: status, after: after, limit: limit)
   }
 
-  /// Decodes a listed job's item.
+  /// Decodes a listed job's item, as a worker would: the same value, or the same error, as
+  /// Foundation's `JSONDecoder`.
   public func item(of record: JobRecord) throws -> Item {
-    try decoder.decode(Item.self, from: record.payload)
+    try PayloadDecoder.decode(Item.self, from: record.payload, fallback: decoder)
   }
 
   /// Deletes jobs whatever their status; returns how many existed. A running job's handler is not
