@@ -234,17 +234,24 @@ extension JobQueue {
   /// outcomes and claims its next job itself in one store call. It ends when nothing is ready.
   private func work(startingWith first: JobRecord, lastStoreCall: Duration?) async {
     var next: JobRecord? = first
-    // A decoder of the worker's own: a shared one takes its options lock on every decode, which
-    // workers on other threads then wait for.
-    let decoder = JSONDecoder()
+    // A decoder of the worker's own: a shared `JSONDecoder` takes its options lock on every
+    // decode, which workers on other threads then wait for.
+    let decoder = PayloadDecoder()
     let clock = self.clock
     let storeCallFloor = configuration.claimAheadStoreCallFloor
     var lastStoreCall = lastStoreCall
+    // Claiming ahead is decided from these timings; without it, nothing reads them.
+    let timesCalls = configuration.claimsAhead && configuration.prefetch == 0
     while let record = next {
-      let began = clock.uptime()
+      // A handler is timed only when the last store call was slow enough for claiming ahead to
+      // pay (two clock reads saved per job on a cheap store).
+      let began = timesCalls && lastStoreCall.map { $0 >= storeCallFloor } == true ? clock.uptime() : nil
       let outcome = await process(record, decoder: decoder)
-      let aheadPays = QueueState.claimingAheadPays(
-        handler: clock.uptime() - began, lastStoreCall: lastStoreCall, storeCallFloor: storeCallFloor)
+      let aheadPays =
+        began.map {
+          QueueState.claimingAheadPays(
+            handler: clock.uptime() - $0, lastStoreCall: lastStoreCall, storeCallFloor: storeCallFloor)
+        } ?? false
       let canHandle = handlerAvailable
       let step = core.withLock {
         $0.state.workerFinished(record.claim, outcome: outcome, canHandle: canHandle, aheadPays: aheadPays)
@@ -257,9 +264,9 @@ extension JobQueue {
         next = nil
       case .claim(let settlements, let limit):
         do {
-          let called = clock.uptime()
+          let called = timesCalls ? clock.uptime() : nil
           let claim = try await settleAndClaim(settlements, limit: limit, takingNext: true)
-          lastStoreCall = clock.uptime() - called
+          lastStoreCall = called.map { clock.uptime() - $0 }
           next = claim.next
           // A job claimed ahead: the loop times how long it may wait for a slot.
           if claim.held { wake.signal() }
@@ -280,7 +287,7 @@ extension JobQueue {
     handler != nil || delegateBox?.isAlive() == true
   }
 
-  private func process(_ record: JobRecord, decoder: JSONDecoder) async -> PendingSettlement {
+  private func process(_ record: JobRecord, decoder: PayloadDecoder) async -> PendingSettlement {
     // A claim counts an attempt before the handler runs, so a job past the limit here had a worker
     // that vanished during its last allowed attempt (a crash, a kill, an out-of-memory): dead, or
     // a job that crashes its worker would be handed out forever. A shutdown gives its attempt
