@@ -1,15 +1,35 @@
-/// A binary min-heap: `peek` and `pop` give the smallest element by `<`.
+/// A min-heap: `peek` and `pop` give the smallest element by `<`.
 ///
 /// The order comes from `Comparable` rather than a stored closure, so the comparisons are
 /// specialised and inlined in the hot claim path.
+///
+/// Elements pushed in order (each no smaller than the last one pushed in order) go to a sorted
+/// run instead of the binary heap, so a queue's usual traffic (jobs added oldest first, claimed
+/// oldest first) pushes and pops in O(1). Anything pushed out of order goes to the heap; the
+/// smallest element is the smaller of the run's first and the heap's top.
 struct Heap<Element: Comparable & Sendable>: Sendable {
+  /// The binary heap of elements pushed out of order.
   private var storage: [Element] = []
+  /// Elements pushed in order, sorted; the live ones start at `runStart`.
+  private var run: [Element] = []
+  private var runStart = 0
 
   init() {}
 
-  var peek: Element? { storage.first }
+  /// How many elements the heap holds.
+  var count: Int { storage.count + run.count - runStart }
+
+  var peek: Element? {
+    guard runStart < run.count else { return storage.first }
+    guard let top = storage.first, top < run[runStart] else { return run[runStart] }
+    return top
+  }
 
   mutating func push(_ element: Element) {
+    if runStart == run.count || !(element < run[run.count - 1]) {
+      run.append(element)
+      return
+    }
     storage.append(element)
     var child = storage.count - 1
     while child > 0 {
@@ -22,6 +42,27 @@ struct Heap<Element: Comparable & Sendable>: Sendable {
 
   @discardableResult
   mutating func pop() -> Element? {
+    if runStart < run.count, storage.first.map({ !($0 < run[runStart]) }) ?? true {
+      return popRun()
+    }
+    return popHeap()
+  }
+
+  private mutating func popRun() -> Element {
+    let first = run[runStart]
+    runStart += 1
+    if runStart == run.count {
+      run.removeAll(keepingCapacity: true)
+      runStart = 0
+    } else if runStart >= 1024 && runStart * 2 >= run.count {
+      // Drop the popped prefix once it is half the run: amortised O(1) per pop.
+      run.removeFirst(runStart)
+      runStart = 0
+    }
+    return first
+  }
+
+  private mutating func popHeap() -> Element? {
     guard !storage.isEmpty else { return nil }
     storage.swapAt(0, storage.count - 1)
     let top = storage.removeLast()
