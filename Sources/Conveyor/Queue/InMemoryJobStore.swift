@@ -55,27 +55,28 @@ public final class InMemoryJobStore: JobStore {
   public func settleAndClaim(
     _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, clock: any JobClock
   ) async throws -> ClaimBatch {
-    withQueue(queue) { queueState in
-      let now = JobStoreTime.normalized(clock.now())
-      var stale: [JobID] = []
-      var retryDates: [JobID: Date] = [:]
+    // The clock is read before the lock is taken, to keep the time others wait for it short.
+    let now = JobStoreTime.normalized(clock.now())
+    let expiry = JobStoreTime.date(now, adding: lease.duration)
+    var stale: [JobID] = []
+    var retryDates: [JobID: Date] = [:]
+    var claimed: [JobRecord] = []
+    let paused = withQueue(queue) { queueState in
       for settlement in settlements {
         guard queueState.settle(settlement, now: now) else {
           stale.append(settlement.id)
           continue
         }
         if case .retry = settlement.action {
-          retryDates[settlement.id] = queueState.jobs[settlement.id]?.runAt
+          retryDates[settlement.id] = queueState.jobs[settlement.id]?.record.runAt
         }
       }
-      var claimed: [JobRecord] = []
       if !queueState.paused && limit > 0 {
-        let expiry = JobStoreTime.date(now, adding: lease.duration)
         claimed = queueState.claim(limit: limit, owner: lease.owner, expiry: expiry, now: now)
       }
-      return ClaimBatch(
-        claimed: claimed, staleSettlements: stale, paused: queueState.paused, retryDates: retryDates)
+      return queueState.paused
     }
+    return ClaimBatch(claimed: claimed, staleSettlements: stale, paused: paused, retryDates: retryDates)
   }
 
   /// Extends leases; see ``JobStore/heartbeat(_:queue:lease:clock:)``.
@@ -88,7 +89,7 @@ public final class InMemoryJobStore: JobStore {
       return claims.filter { claim in
         // A lapsed lease nobody rescued yet is still this claim's: renewing it is safe.
         guard queueState.isCurrent(claim) else { return false }
-        queueState.jobs[claim.id]?.leaseExpiresAt = expiry
+        queueState.jobs[claim.id]?.record.leaseExpiresAt = expiry
         return true
       }
     }
@@ -99,11 +100,11 @@ public final class InMemoryJobStore: JobStore {
     withQueue(queue) { queueState in
       let now = JobStoreTime.normalized(clock.now())
       let expired = queueState.running.filter { id in
-        guard let expiry = queueState.jobs[id]?.leaseExpiresAt else { return false }
+        guard let expiry = queueState.jobs[id]?.record.leaseExpiresAt else { return false }
         return expiry <= now
       }
       for id in expired {
-        guard let record = queueState.jobs[id] else { continue }
+        guard let record = queueState.jobs[id]?.record else { continue }
         queueState.makeWaiting(id, runAt: record.runAt, error: record.lastError, ready: true)
       }
       return expired.count
@@ -116,10 +117,10 @@ public final class InMemoryJobStore: JobStore {
       let now = JobStoreTime.normalized(clock.now())
       var counts = JobCounts()
       guard let queueState = state.queues[queue] else { return counts }
-      for record in queueState.jobs.values {
-        switch record.status {
+      for slot in queueState.jobs.values {
+        switch slot.record.status {
         // Ready once marked so (as SQLite stores it), or once its date has come.
-        case .pending where queueState.readySet.contains(record.id) || record.runAt <= now: counts.ready += 1
+        case .pending where slot.ready || slot.record.runAt <= now: counts.ready += 1
         case .pending: counts.scheduled += 1
         case .running: counts.running += 1
         case .dead: counts.dead += 1
@@ -135,7 +136,7 @@ public final class InMemoryJobStore: JobStore {
   {
     state.withLock { state in
       guard limit > 0, let jobs = state.queues[queue]?.jobs else { return [] }
-      let matching = jobs.values.filter { record in
+      let matching = jobs.values.lazy.map(\.record).filter { record in
         (status == nil || record.status == status) && (after.map { record.id > $0 } ?? true)
       }
       return Array(matching.sorted { $0.id < $1.id }.prefix(limit))
@@ -144,7 +145,7 @@ public final class InMemoryJobStore: JobStore {
 
   /// The job with this ID; see ``JobStore/job(_:)``.
   public func job(_ id: JobID) async throws -> JobRecord? {
-    state.withLock { state in state.queues.values.lazy.compactMap { $0.jobs[id] }.first }
+    state.withLock { state in state.queues.values.lazy.compactMap { $0.jobs[id]?.record }.first }
   }
 
   /// Deletes jobs; see ``JobStore/remove(_:queue:)``.
@@ -159,7 +160,7 @@ public final class InMemoryJobStore: JobStore {
   /// Deletes jobs by status; see ``JobStore/clear(queue:statuses:)``.
   public func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int {
     withQueue(queue) { queueState in
-      let doomed = queueState.jobs.values.filter { statuses.contains($0.status) }.map(\.id)
+      let doomed = queueState.jobs.values.filter { statuses.contains($0.record.status) }.map(\.record.id)
       for id in doomed { queueState.delete(id) }
       return doomed.count
     }
@@ -173,9 +174,9 @@ public final class InMemoryJobStore: JobStore {
       let candidates = (ids.map { Array(Set($0)) } ?? Array(queueState.jobs.keys)).sorted()
       var count = 0
       for id in candidates {
-        guard let record = queueState.jobs[id], record.status == .dead else { continue }
+        guard let record = queueState.jobs[id]?.record, record.status == .dead else { continue }
         if let key = record.deduplicationKey, queueState.dedup[key]?.isEmpty == false { continue }
-        queueState.jobs[id]?.attempts = 0
+        queueState.jobs[id]?.record.attempts = 0
         queueState.makeWaiting(id, runAt: now, error: record.lastError, ready: true)
         count += 1
       }
@@ -255,25 +256,35 @@ extension InMemoryJobStore {
     static func == (a: RunDateOrder, b: RunDateOrder) -> Bool { !(a < b) && !(b < a) }
   }
 
+  /// A stored job and whether it is in the ready state (claimable whatever the clock says now),
+  /// as SQLite keeps it: a waiting job is ready when it was committed, retried or given back with
+  /// a run date that had come, or when a claim promoted it.
+  fileprivate struct Slot: Sendable {
+    var record: JobRecord
+    var ready: Bool
+  }
+
   fileprivate struct QueueState: Sendable {
-    var jobs: [JobID: JobRecord] = [:]
+    var jobs: [JobID: Slot] = [:]
     var paused = false
     /// Pending jobs in claim order: priority descending, run date, ID.
     var ready = Heap<ClaimOrder>()
     /// Pending jobs not yet ready, by run date.
     var scheduled = Heap<RunDateOrder>()
     var running: Set<JobID> = []
-    /// Waiting jobs in the ready state (claimable whatever the clock says now), as SQLite keeps
-    /// them: a job is ready when it was committed, retried or given back with a run date that had
-    /// come, or when a claim promoted it.
-    var readySet: Set<JobID> = []
     /// Waiting jobs by deduplication key (usually one; a retried job can wait beside a newer one).
     var dedup: [String: Set<JobID>] = [:]
 
-    func isCurrent(_ entry: Entry) -> Bool {
-      guard let record = jobs[entry.id] else { return false }
-      return record.status == .pending && record.runAt == entry.runAt
-        && record.priority == entry.priority
+    /// Where the job of `entry` is stored, if `entry` is current: the job waits with the entry's
+    /// run date and priority.
+    func currentIndex(of entry: Entry) -> Dictionary<JobID, Slot>.Index? {
+      guard let index = jobs.index(forKey: entry.id) else { return nil }
+      let record = jobs.values[index].record
+      guard record.status == .pending && record.runAt == entry.runAt && record.priority == entry.priority
+      else {
+        return nil
+      }
+      return index
     }
 
     /// Whether `claim` is the job's current claim: running under the same token.
@@ -283,19 +294,18 @@ extension InMemoryJobStore {
 
     /// Where the job of `claim` is stored, if `claim` is its current claim. The hot paths read and
     /// change a record in place through its index, rather than copying it out and back.
-    func currentIndex(of claim: ClaimReference) -> Dictionary<JobID, JobRecord>.Index? {
-      guard let index = jobs.index(forKey: claim.id), jobs.values[index].status == .running,
-        jobs.values[index].claimToken == claim.token
+    func currentIndex(of claim: ClaimReference) -> Dictionary<JobID, Slot>.Index? {
+      guard let index = jobs.index(forKey: claim.id), jobs.values[index].record.status == .running,
+        jobs.values[index].record.claimToken == claim.token
       else { return nil }
       return index
     }
 
     mutating func insertWaiting(_ record: JobRecord, ready isReady: Bool) {
-      jobs[record.id] = record
+      jobs[record.id] = Slot(record: record, ready: isReady)
       if let key = record.deduplicationKey { dedup[key, default: []].insert(record.id) }
       let entry = Entry(id: record.id, priority: record.priority, runAt: record.runAt)
       if isReady {
-        readySet.insert(record.id)
         ready.push(ClaimOrder(entry))
       } else {
         scheduled.push(RunDateOrder(entry))
@@ -306,8 +316,8 @@ extension InMemoryJobStore {
     mutating func promote(now: Date) {
       while let top = scheduled.peek?.entry, top.runAt <= now {
         scheduled.pop()
-        if isCurrent(top) && !readySet.contains(top.id) {
-          readySet.insert(top.id)
+        if let index = currentIndex(of: top), !jobs.values[index].ready {
+          jobs.values[index].ready = true
           ready.push(ClaimOrder(top))
         }
       }
@@ -317,12 +327,10 @@ extension InMemoryJobStore {
       promote(now: now)
       var claimed: [JobRecord] = []
       while claimed.count < limit, let entry = ready.pop()?.entry {
-        // The entry is current (see `isCurrent(_:)`) and the job ready; read in place.
-        guard let index = jobs.index(forKey: entry.id), jobs.values[index].status == .pending,
-          jobs.values[index].runAt == entry.runAt, jobs.values[index].priority == entry.priority,
-          readySet.remove(entry.id) != nil
-        else { continue }
-        if let key = jobs.values[index].deduplicationKey { dropDeduplication(key, entry.id) }
+        // The entry is current (see `currentIndex(of:)`) and the job ready; read in place.
+        guard let index = currentIndex(of: entry), jobs.values[index].ready else { continue }
+        jobs.values[index].ready = false
+        if let key = jobs.values[index].record.deduplicationKey { dropDeduplication(key, entry.id) }
         claimed.append(
           modify(index) { record in
             record.status = .running
@@ -346,7 +354,7 @@ extension InMemoryJobStore {
         running.remove(settlement.id)
         return true
       }
-      let record = jobs.values[index]
+      let record = jobs.values[index].record
       switch settlement.action {
       case .complete:
         delete(record.id)
@@ -360,16 +368,16 @@ extension InMemoryJobStore {
         dead.lastError = error
         dead.leaseOwner = nil
         dead.leaseExpiresAt = nil
-        jobs[record.id] = dead
+        jobs[record.id] = Slot(record: dead, ready: false)
       case .release(let error):
-        jobs[record.id]?.attempts = max(0, record.attempts - 1)
+        jobs[record.id]?.record.attempts = max(0, record.attempts - 1)
         makeWaiting(record.id, runAt: record.runAt, error: error ?? record.lastError, ready: true)
       }
       return true
     }
 
     mutating func makeWaiting(_ id: JobID, runAt: Date, error: String?, ready isReady: Bool) {
-      guard var record = jobs[id] else { return }
+      guard var record = jobs[id]?.record else { return }
       running.remove(id)
       record.status = .pending
       record.runAt = runAt
@@ -379,9 +387,8 @@ extension InMemoryJobStore {
       insertWaiting(record, ready: isReady)
     }
 
-    /// Drops a waiting job's hold on its deduplication key (it is starting or going away).
+    /// Drops a waiting job's hold on its deduplication key (it is going away).
     mutating func stopWaiting(_ record: JobRecord) {
-      readySet.remove(record.id)
       guard let key = record.deduplicationKey else { return }
       dropDeduplication(key, record.id)
     }
@@ -392,14 +399,13 @@ extension InMemoryJobStore {
     }
 
     /// Changes the record at `index` in place.
-    mutating func modify<R>(_ index: Dictionary<JobID, JobRecord>.Index, _ body: (inout JobRecord) -> R) -> R
-    {
-      body(&jobs.values[index])
+    mutating func modify<R>(_ index: Dictionary<JobID, Slot>.Index, _ body: (inout JobRecord) -> R) -> R {
+      body(&jobs.values[index].record)
     }
 
     @discardableResult
     mutating func delete(_ id: JobID) -> Bool {
-      guard let record = jobs[id] else { return false }
+      guard let record = jobs[id]?.record else { return false }
       if record.status == .pending { stopWaiting(record) }
       jobs[id] = nil
       running.remove(id)
@@ -408,9 +414,13 @@ extension InMemoryJobStore {
 
     /// A ready job is due now, whatever its date says (the wall clock may have stepped back).
     mutating func nextWake(now: Date) -> WakeHint {
-      while let top = ready.peek?.entry, !isCurrent(top) || !readySet.contains(top.id) { ready.pop() }
-      while let top = scheduled.peek?.entry, !isCurrent(top) || readySet.contains(top.id) { scheduled.pop() }
-      let leaseExpiry = running.compactMap { jobs[$0]?.leaseExpiresAt }.min()
+      while let top = ready.peek?.entry, currentIndex(of: top).map({ jobs.values[$0].ready }) != true {
+        ready.pop()
+      }
+      while let top = scheduled.peek?.entry, currentIndex(of: top).map({ jobs.values[$0].ready }) != false {
+        scheduled.pop()
+      }
+      let leaseExpiry = running.compactMap { jobs[$0]?.record.leaseExpiresAt }.min()
       let nextRun = [ready.peek.map { min($0.entry.runAt, now) }, scheduled.peek?.entry.runAt].compactMap {
         $0
       }.min()
