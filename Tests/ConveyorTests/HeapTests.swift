@@ -5,21 +5,9 @@ import Testing
 /// `Heap` keeps elements pushed in order in a sorted run beside the binary heap; these tests check
 /// it against a sorted array for in-order, out-of-order and mixed traffic.
 @Suite struct HeapTests {
-  /// A deterministic generator (SplitMix64), so a failure replays.
-  struct Generator: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-      state &+= 0x9E37_79B9_7F4A_7C15
-      var z = state
-      z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-      z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-      return z ^ (z >> 31)
-    }
-  }
-
   /// Pushes and pops at random against a sorted array; `nextValue` chooses the pushed values.
-  func check(seed: UInt64, operations: Int, nextValue: (inout Generator, Int) -> Int) {
-    var generator = Generator(state: seed)
+  func check(seed: UInt64, operations: Int, nextValue: (inout SplitMix64, Int) -> Int) {
+    var generator = SplitMix64(state: seed)
     var heap = Heap<Int>()
     var reference: [Int] = []
     for step in 0..<operations {

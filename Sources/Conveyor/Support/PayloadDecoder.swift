@@ -127,60 +127,49 @@ struct JSONTapeParser {
   }
 
   private mutating func parseArray(depth: Int) -> Bool {
-    let position = nodes.count
-    append(.array, index, index)
-    index += 1
-    skipWhitespace()
-    var count = 0
-    if index < bytes.count, bytes[index] == UInt8(ascii: "]") {
-      index += 1
-    } else {
-      while true {
-        guard parseValue(depth: depth + 1) else { return false }
-        count += 1
-        skipWhitespace()
-        guard index < bytes.count else { return false }
-        if bytes[index] == UInt8(ascii: ",") {
-          index += 1
-        } else if bytes[index] == UInt8(ascii: "]") {
-          index += 1
-          break
-        } else {
-          return false
-        }
-      }
+    parseContainer(.array, closedBy: UInt8(ascii: "]")) { parser, _, _ in parser.parseValue(depth: depth + 1)
     }
-    nodes[position].count = count
-    nodes[position].after = nodes.count
-    return true
   }
 
   private mutating func parseObject(depth: Int) -> Bool {
+    parseContainer(.object, closedBy: UInt8(ascii: "}")) { parser, object, count in
+      parser.skipWhitespace()
+      guard parser.index < parser.bytes.count, parser.bytes[parser.index] == UInt8(ascii: "\""),
+        count < Self.maximumMembers
+      else { return false }
+      let key = parser.nodes.count
+      guard parser.parseString(asKey: true), parser.isNewKey(key, inObjectAt: object) else { return false }
+      parser.skipWhitespace()
+      guard parser.index < parser.bytes.count, parser.bytes[parser.index] == UInt8(ascii: ":") else {
+        return false
+      }
+      parser.index += 1
+      return parser.parseValue(depth: depth + 1)
+    }
+  }
+
+  /// An array or an object at `index`: `member` parses one element, or one key and its value
+  /// (given the container's node and the members so far); the container's node gets its member
+  /// count and the index of the node after it.
+  private mutating func parseContainer(
+    _ kind: JSONNode.Kind, closedBy close: UInt8, member: (inout JSONTapeParser, Int, Int) -> Bool
+  ) -> Bool {
     let position = nodes.count
-    append(.object, index, index)
+    append(kind, index, index)
     index += 1
     skipWhitespace()
     var count = 0
-    if index < bytes.count, bytes[index] == UInt8(ascii: "}") {
+    if index < bytes.count, bytes[index] == close {
       index += 1
     } else {
       while true {
-        skipWhitespace()
-        guard index < bytes.count, bytes[index] == UInt8(ascii: "\""), count < Self.maximumMembers else {
-          return false
-        }
-        let key = nodes.count
-        guard parseString(asKey: true), isNewKey(key, inObjectAt: position) else { return false }
-        skipWhitespace()
-        guard index < bytes.count, bytes[index] == UInt8(ascii: ":") else { return false }
-        index += 1
-        guard parseValue(depth: depth + 1) else { return false }
+        guard member(&self, position, count) else { return false }
         count += 1
         skipWhitespace()
         guard index < bytes.count else { return false }
         if bytes[index] == UInt8(ascii: ",") {
           index += 1
-        } else if bytes[index] == UInt8(ascii: "}") {
+        } else if bytes[index] == close {
           index += 1
           break
         } else {
