@@ -55,13 +55,14 @@ public final class InMemoryJobStore: JobStore {
   public func settleAndClaim(
     _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, clock: any JobClock
   ) async throws -> ClaimBatch {
-    // The clock is read before the lock is taken, to keep the time others wait for it short.
-    let now = JobStoreTime.normalized(clock.now())
-    let expiry = JobStoreTime.date(now, adding: lease.duration)
     var stale: [JobID] = []
     var retryDates: [JobID: Date] = [:]
     var claimed: [JobRecord] = []
     let paused = withQueue(queue) { queueState in
+      // Read under the lock, as the store protocol asks: a call that waited for the lock must not
+      // commit a lease or run date from before the wait.
+      let now = JobStoreTime.normalized(clock.now())
+      let expiry = JobStoreTime.date(now, adding: lease.duration)
       for settlement in settlements {
         guard queueState.settle(settlement, now: now) else {
           stale.append(settlement.id)
