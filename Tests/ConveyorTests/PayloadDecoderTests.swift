@@ -424,6 +424,36 @@ import Testing
     "double":-1.5e-3}
     """
 
+  /// Records the coding path it was decoded at, as "key" or "#index" parts.
+  struct PathProbe: Decodable, Equatable {
+    var path: [String]
+    init(from decoder: any Decoder) throws {
+      path = decoder.codingPath.map { key in key.intValue.map { "#\($0)" } ?? key.stringValue }
+    }
+  }
+
+  struct PathTree: Decodable, Equatable {
+    var here: PathProbe
+    var list: [PathProbe]
+    var nested: [String: [PathProbe]]
+  }
+
+  @Test func codingPathsAreJSONDecodersOnTheFastPath() {
+    // Built lazily from a chain of nodes: the same keys and indexes, outermost first.
+    Self.expectAgreement(
+      PathTree.self, #"{"here":1,"list":[1,2,3],"nested":{"a":[1],"b":[1,2]}}"#, fast: true)
+    let deep =
+      String(repeating: #"{"next":"#, count: 200) + #"{"probe":[1,2]}"# + String(repeating: "}", count: 200)
+    #expect(Self.expectAgreement(Deep.self, deep, fast: true))
+  }
+
+  /// Objects nested to any depth, ending in probes: a deep coding path of keys and an index.
+  final class Deep: Decodable, Equatable {
+    let next: Deep?
+    let probe: [PathProbe]?
+    static func == (a: Deep, b: Deep) -> Bool { a.next == b.next && a.probe == b.probe }
+  }
+
   @Test func flatStructTakesTheFastPathAndAgrees() {
     Self.expectAgreement(Flat.self, Self.flatJSON, fast: true)
     Self.expectAgreement(

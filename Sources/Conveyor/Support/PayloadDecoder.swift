@@ -43,7 +43,7 @@ final class PayloadDecoder {
     var parser = JSONTapeParser(bytes: [UInt8](data))
     guard parser.parseDocument() else { return nil }
     let document = JSONTape(bytes: parser.bytes, nodes: parser.nodes)
-    guard let value = try? document.decode(type, at: 0, codingPath: []), !document.uncertain else {
+    guard let value = try? document.decode(type, at: 0, path: nil), !document.uncertain else {
       return nil
     }
     return value
@@ -355,13 +355,13 @@ final class JSONTape {
     return unit
   }
 
-  func decode<T: Decodable>(_ type: T.Type, at node: Int, codingPath: [any CodingKey]) throws -> T {
+  func decode<T: Decodable>(_ type: T.Type, at node: Int, path: CodingPathNode?) throws -> T {
     // The types `JSONDecoder` treats apart from their own `Decodable` conformance (Date is one too,
     // but its default strategy calls `Date(from:)`, which is what happens here).
     if T.self == Data.self || T.self == URL.self || T.self == Decimal.self || T.self == Float.self {
       throw refuse()
     }
-    return try T(from: TapeDecoder(tape: self, node: node, codingPath: codingPath))
+    return try T(from: TapeDecoder(tape: self, node: node, path: path))
   }
 
   func node(_ index: Int) -> JSONNode { nodes[index] }
@@ -511,6 +511,29 @@ final class JSONTape {
   }
 }
 
+/// A coding path as a chain from the innermost key outwards, made into an array only when a
+/// `codingPath` is read: a nested decode costs one small object, not a copy of the whole path
+/// (which made a long array deep in a payload quadratic).
+final class CodingPathNode {
+  let parent: CodingPathNode?
+  let key: any CodingKey
+
+  init(parent: CodingPathNode?, key: any CodingKey) {
+    self.parent = parent
+    self.key = key
+  }
+
+  static func keys(_ node: CodingPathNode?) -> [any CodingKey] {
+    var keys: [any CodingKey] = []
+    var node = node
+    while let current = node {
+      keys.append(current.key)
+      node = current.parent
+    }
+    return keys.reversed()
+  }
+}
+
 /// A position in an array, as `JSONDecoder` names it in coding paths.
 private struct IndexKey: CodingKey {
   let intValue: Int?
@@ -523,28 +546,30 @@ private struct IndexKey: CodingKey {
 private struct TapeDecoder: Decoder {
   let tape: JSONTape
   let node: Int
-  let codingPath: [any CodingKey]
+  let path: CodingPathNode?
+  var codingPath: [any CodingKey] { CodingPathNode.keys(path) }
   var userInfo: [CodingUserInfoKey: Any] { [:] }
 
   func container<Key: CodingKey>(keyedBy type: Key.Type) throws -> KeyedDecodingContainer<Key> {
     guard tape.node(node).kind == .object else { throw tape.refuse() }
-    return KeyedDecodingContainer(TapeKeyedContainer<Key>(tape: tape, object: node, codingPath: codingPath))
+    return KeyedDecodingContainer(TapeKeyedContainer<Key>(tape: tape, object: node, path: path))
   }
 
   func unkeyedContainer() throws -> any UnkeyedDecodingContainer {
     guard tape.node(node).kind == .array else { throw tape.refuse() }
-    return TapeUnkeyedContainer(tape: tape, array: node, codingPath: codingPath)
+    return TapeUnkeyedContainer(tape: tape, array: node, path: path)
   }
 
   func singleValueContainer() throws -> any SingleValueDecodingContainer {
-    TapeSingleValueContainer(tape: tape, node: node, codingPath: codingPath)
+    TapeSingleValueContainer(tape: tape, node: node, path: path)
   }
 }
 
 private struct TapeSingleValueContainer: SingleValueDecodingContainer {
   let tape: JSONTape
   let node: Int
-  let codingPath: [any CodingKey]
+  let path: CodingPathNode?
+  var codingPath: [any CodingKey] { CodingPathNode.keys(path) }
 
   func decodeNil() -> Bool { tape.isNull(node) }
   func decode(_ type: Bool.Type) throws -> Bool { try tape.bool(node) }
@@ -564,14 +589,15 @@ private struct TapeSingleValueContainer: SingleValueDecodingContainer {
   func decode(_ type: Int128.Type) throws -> Int128 { throw tape.refuse() }
   func decode(_ type: UInt128.Type) throws -> UInt128 { throw tape.refuse() }
   func decode<T: Decodable>(_ type: T.Type) throws -> T {
-    try tape.decode(type, at: node, codingPath: codingPath)
+    try tape.decode(type, at: node, path: path)
   }
 }
 
 private struct TapeKeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtocol {
   let tape: JSONTape
   let object: Int
-  let codingPath: [any CodingKey]
+  let path: CodingPathNode?
+  var codingPath: [any CodingKey] { CodingPathNode.keys(path) }
 
   var allKeys: [Key] { tape.keys(ofObjectAt: object).compactMap { Key(stringValue: $0) } }
 
@@ -602,17 +628,19 @@ private struct TapeKeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtoco
   func decode(_ type: Int128.Type, forKey key: Key) throws -> Int128 { throw tape.refuse() }
   func decode(_ type: UInt128.Type, forKey key: Key) throws -> UInt128 { throw tape.refuse() }
   func decode<T: Decodable>(_ type: T.Type, forKey key: Key) throws -> T {
-    try tape.decode(type, at: value(key), codingPath: codingPath + [key])
+    try tape.decode(type, at: value(key), path: CodingPathNode(parent: path, key: key))
   }
 
   func nestedContainer<NestedKey: CodingKey>(keyedBy type: NestedKey.Type, forKey key: Key) throws
     -> KeyedDecodingContainer<NestedKey>
   {
-    try TapeDecoder(tape: tape, node: value(key), codingPath: codingPath + [key]).container(keyedBy: type)
+    try TapeDecoder(tape: tape, node: value(key), path: CodingPathNode(parent: path, key: key)).container(
+      keyedBy: type)
   }
 
   func nestedUnkeyedContainer(forKey key: Key) throws -> any UnkeyedDecodingContainer {
-    try TapeDecoder(tape: tape, node: value(key), codingPath: codingPath + [key]).unkeyedContainer()
+    try TapeDecoder(tape: tape, node: value(key), path: CodingPathNode(parent: path, key: key))
+      .unkeyedContainer()
   }
 
   func superDecoder() throws -> any Decoder { throw tape.refuse() }
@@ -621,15 +649,16 @@ private struct TapeKeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtoco
 
 private struct TapeUnkeyedContainer: UnkeyedDecodingContainer {
   let tape: JSONTape
-  let codingPath: [any CodingKey]
+  let path: CodingPathNode?
+  var codingPath: [any CodingKey] { CodingPathNode.keys(path) }
   private let elementCount: Int
   private(set) var currentIndex = 0
   /// The node of the element at `currentIndex`.
   private var next: Int
 
-  init(tape: JSONTape, array: Int, codingPath: [any CodingKey]) {
+  init(tape: JSONTape, array: Int, path: CodingPathNode?) {
     self.tape = tape
-    self.codingPath = codingPath
+    self.path = path
     elementCount = tape.node(array).count
     next = array + 1
   }
@@ -648,7 +677,7 @@ private struct TapeUnkeyedContainer: UnkeyedDecodingContainer {
     return value
   }
 
-  private var elementPath: [any CodingKey] { codingPath + [IndexKey(index: currentIndex)] }
+  private var elementPath: CodingPathNode { CodingPathNode(parent: path, key: IndexKey(index: currentIndex)) }
 
   mutating func decodeNil() throws -> Bool {
     guard !isAtEnd else { throw tape.refuse() }
@@ -674,19 +703,19 @@ private struct TapeUnkeyedContainer: UnkeyedDecodingContainer {
   mutating func decode(_ type: UInt128.Type) throws -> UInt128 { throw tape.refuse() }
   mutating func decode<T: Decodable>(_ type: T.Type) throws -> T {
     let path = elementPath
-    return try decodeNext { try $0.decode(type, at: $1, codingPath: path) }
+    return try decodeNext { try $0.decode(type, at: $1, path: path) }
   }
 
   mutating func nestedContainer<NestedKey: CodingKey>(keyedBy type: NestedKey.Type) throws
     -> KeyedDecodingContainer<NestedKey>
   {
     let path = elementPath
-    return try decodeNext { try TapeDecoder(tape: $0, node: $1, codingPath: path).container(keyedBy: type) }
+    return try decodeNext { try TapeDecoder(tape: $0, node: $1, path: path).container(keyedBy: type) }
   }
 
   mutating func nestedUnkeyedContainer() throws -> any UnkeyedDecodingContainer {
     let path = elementPath
-    return try decodeNext { try TapeDecoder(tape: $0, node: $1, codingPath: path).unkeyedContainer() }
+    return try decodeNext { try TapeDecoder(tape: $0, node: $1, path: path).unkeyedContainer() }
   }
 
   mutating func superDecoder() throws -> any Decoder { throw tape.refuse() }
