@@ -57,7 +57,10 @@ final class Completions: Sendable {
     values.withLock { $0.append((value, error.map { "\($0)" })) }
   }
   var all: [(Int?, String?)] { values.withLock { $0 } }
-  func wait(for count: Int, seconds: Double = 20) async -> Bool {
+  /// Waits up to `seconds` for `count` completions. 60 s: the tasks' callbacks run on
+  /// `DispatchQueue.global()`, which on Linux shares the cooperative pool's threads, so in a full
+  /// test run beside a build a completion once took over 20 s to come.
+  func wait(for count: Int, seconds: Double = 60) async -> Bool {
     let deadline = Date().addingTimeInterval(seconds)
     while Date() < deadline {
       if all.count >= count { return true }
