@@ -169,6 +169,8 @@ struct JobQueueTests {
     #expect(attempts.all.last == 1, "attempts reset by re-queueing")
     clock.advance(by: .seconds(10))
     try await eventually("second attempt after requeue") { attempts.count == 5 }
+    // The retry must be recorded before the clock moves, or it is scheduled 10 s after the move.
+    try await eventually("second retry after requeue recorded") { try await queue.count().scheduled == 1 }
     clock.advance(by: .seconds(10))
     try await eventually("dead again") { try await queue.count().dead == 1 }
     #expect(try await queue.purgeDead() == 1)

@@ -43,8 +43,11 @@ final class Review4GatedClock: JobClock, @unchecked Sendable {
       return base.now()
     case .holder:
       holderEnteredContinuation.yield()
-      // Runs on a dedicated thread (a ThreadExecutor), never on the cooperative pool.
-      _ = gate.wait(timeout: .now() + 30)
+      // Runs on a dedicated thread (a ThreadExecutor), never on the cooperative pool. The test
+      // releases it on every path; the bound is only a last resort. (It was 30 s: beside the other
+      // suites on two cores, the test's task once woke from its 2 s wait later than that, and the
+      // holder let go before the clock moved.)
+      _ = gate.wait(timeout: .now() + 600)
       return base.now()
     case .observed:
       let date = base.now()
@@ -81,6 +84,8 @@ func review4WhileLockHeld<T: Sendable>(
   store: InMemoryJobStore, clock: Review4GatedClock, queue: String, advance: Duration,
   _ call: @escaping @Sendable () async throws -> T
 ) async throws -> T {
+  // Whatever happens below, the holder is let go.
+  defer { clock.release() }
   let holderThread = ThreadExecutor(name: "Review4.holder")
   let callerThread = ThreadExecutor(name: "Review4.caller")
   let holder = Task(executorPreference: holderThread) {
@@ -105,7 +110,7 @@ func review4WhileLockHeld<T: Sendable>(
 
 // MARK: - InMemoryJobStore
 
-@Suite(.timeLimit(.minutes(1))) struct Review4StoreTests {
+@Suite(.timeLimit(.minutes(3))) struct Review4StoreTests {
   static let payload = Data("{}".utf8)
 
   // Found by review (fixed): settleAndClaim read the clock before taking its lock, so a claim that
