@@ -21,7 +21,7 @@ enum Review4Role {
 
 /// A manual clock whose `now()` can block one caller (to hold a store's lock) and report another
 /// caller's readings.
-final class Review4GatedClock: JobClock, @unchecked Sendable {
+final class Review4GatedClock: JobClock, Sendable {
   let base: ManualJobClock
   private let gate = DispatchSemaphore(value: 0)
   let holderEntered: AsyncStream<Void>

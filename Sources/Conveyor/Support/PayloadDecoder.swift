@@ -504,6 +504,7 @@ final class JSONTape {
     var candidate = object + 1
     let end = nodes[object].after
     while candidate < end {
+      // Keys are plain ASCII without escapes (the parser refuses others), so this cannot fail.
       keys.append((try? string(candidate)) ?? "")
       candidate = nodes[candidate + 1].after
     }
