@@ -40,9 +40,12 @@ final class PayloadDecoder {
   /// The fast path alone: nil when it is not certain to match `JSONDecoder`.
   static func fastDecode<T: Decodable>(_ type: T.Type, from data: Data) -> T? {
     guard data.count <= largestFastPayload else { return nil }
+    // The bytes are copied so the tape owns them: a type's `init(from:)` may keep its decoder.
     var parser = JSONTapeParser(bytes: [UInt8](data))
     guard parser.parseDocument() else { return nil }
     let document = JSONTape(bytes: parser.bytes, nodes: parser.nodes)
+    // Any error here means "not certain": the caller decodes again with `JSONDecoder`, whose error
+    // (if any) is the one a job sees. Nothing is stored or read here, so nothing is lost.
     guard let value = try? document.decode(type, at: 0, path: nil), !document.uncertain else {
       return nil
     }
