@@ -135,8 +135,9 @@ struct NetworkDownloadTests {
     operation.cancel()
 
     #expect(try await failure(of: operation) == .cancelled)
-    // Generous for a loaded machine, far short of the 25 s an uncancelled download takes.
-    #expect(ContinuousClock.now - cancelledAt < .seconds(10), "well before the download would end")
+    // Generous for a loaded machine (13.2 s measured once beside the other suites), short of the
+    // 25 s an uncancelled download takes; the `.cancelled` result above is the proof it stopped.
+    #expect(ContinuousClock.now - cancelledAt < .seconds(20), "well before the download would end")
     #expect(operation.isFinished)
     #expect(operation.result == nil)
     try await Task.sleep(for: .milliseconds(300))

@@ -298,9 +298,8 @@ struct NetworkOperationTests {
   }
 
   /// Alone this cancel ends within milliseconds. Beside the other suites on a 2-core machine it
-  /// measured 2.4–6.2 s (2.6–4.4 s with the PostgreSQL answer wait turned off), so the server
-  /// answers after 20 s and the bound is 12 s: what is checked is that the cancel does not wait
-  /// for the answer.
+  /// measured 2.4–6.2 s, and once 13.2 s; the server answers after 120 s and the bound is 60 s:
+  /// what is checked is that the cancel does not wait for the answer.
   @Test func cancelWhileWaitingForTheServerEndsAtOnce() async throws {
     let server = try TestHTTPServer(always: Reply(body: Data("late".utf8), delay: .seconds(120)))
     defer { server.stop() }
@@ -313,7 +312,7 @@ struct NetworkOperationTests {
     let started = ContinuousClock.now
     operation.cancel()
     #expect(try await failure(of: operation) == .cancelled)
-    #expect(ContinuousClock.now - started < .seconds(12), "well before the server answers")
+    #expect(ContinuousClock.now - started < .seconds(60), "well before the server answers")
     #expect(operation.result == nil)
     try await Task.sleep(until: started + .seconds(20.5))  // the late answer must not reach a handler
   }
