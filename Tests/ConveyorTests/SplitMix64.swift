@@ -1,8 +1,5 @@
 /// SplitMix64: a small, fast random generator that gives the same numbers on every platform, so
 /// a failure of a seeded test (`HeapTests`, `PayloadDecoderTests`) replays.
-///
-/// The long seeded loops call `Task.yield()` every few hundred rounds: a test that holds one of
-/// the cooperative pool's two threads for seconds delays every other suite's waits and timers.
 struct SplitMix64: RandomNumberGenerator {
   var state: UInt64
   mutating func next() -> UInt64 {
