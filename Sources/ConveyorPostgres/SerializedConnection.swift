@@ -256,6 +256,9 @@ final class SerializedConnection: @unchecked Sendable {
     var pause = Duration.milliseconds(10)
     var replanned = false
     var firstPass = true
+    // The last reconnect that failed before the deadline (a refused login, a wrong password):
+    // what the reader must fix when a later reconnect is only cut short by the deadline.
+    var refusal: PostgresError?
     while true {
       defer { firstPass = false }
       if closed {
@@ -289,7 +292,12 @@ final class SerializedConnection: @unchecked Sendable {
         // A cancelled call whose socket was shut down (its server did not act on the cancel
         // request) ends as cancelled, not as a lost connection.
         if operation.isCancelled { throw CancellationError() }
+        // This pass failed while connecting (nothing was watched yet): cut short by the
+        // deadline, or refused.
+        let cutShort = attempt == nil && !firstPass && ContinuousClock.now >= deadline
+        if attempt == nil && !cutShort { refusal = error }
         guard retrying, ContinuousClock.now + pause < deadline else {
+          if cutShort, let refusal { throw refusal }
           // Only when this last pass was the one ended: an earlier pass's timeout followed by a
           // refused login is the login's error.
           guard operation.timedOut(attempt), let callTimeout else { throw error }
