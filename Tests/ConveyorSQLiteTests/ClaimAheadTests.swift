@@ -102,3 +102,75 @@ struct ClaimAheadTests {
     #expect(try await firstStore.counts(queue: "ahead", now: Date()) == JobCounts())
   }
 }
+
+/// On a store whose calls cost less than handing an outcome to the loop (the in-memory store), a
+/// worker whose jobs are short claims a batch: its own next job and `QueueState.batchedAheadJobs`
+/// more, their outcomes recorded with its next claim, or by the loop once the hold passed.
+@Suite("Claiming ahead on a cheap store")
+struct BatchedClaimAheadTests {
+  /// A queue on the in-memory store, with a real clock, whose every store call counts as cheap.
+  fileprivate func queue(
+    _ store: any JobStore, concurrency: Int = 1,
+    handler: @escaping @Sendable (Step, JobContext) async throws -> JobResult
+  ) throws -> JobQueue<Step> {
+    var configuration = JobQueueConfiguration(
+      identifier: "batch", concurrency: concurrency, autoStart: false, pollInterval: .seconds(3_600))
+    // Every call that took any time counts as cheap, however slow the build or the machine.
+    configuration.claimAheadStoreCallFloor = .seconds(1)
+    return try JobQueue<Step>(configuration: configuration, store: store, handler: handler)
+  }
+
+  @Test(.timeLimit(.minutes(2)))
+  func aWorkerOfShortJobsClaimsSeveralPerCall() async throws {
+    let limits = Log<Int>()
+    let store = HookedStore(InMemoryJobStore()) { _, limit in
+      limits.append(limit)
+      return false
+    }
+    let handled = Counter()
+    let queue = try queue(store) { _, _ in
+      handled.increment()
+      return .handled
+    }
+    try await queue.add(contentsOf: (0..<200).map { Step(name: "\($0)") })
+    queue.start()
+    await queue.waitUntilFinished()
+    await queue.shutdown()
+    #expect(handled.value == 200)
+    #expect(try await store.counts(queue: "batch", clock: SystemJobClock()).unfinished == 0)
+    let calls = limits.all
+    #expect(calls.contains(1 + QueueState.batchedAheadJobs), "claim limits: \(calls)")
+    // One call per job without batches; one per batch with them (and the loop's few).
+    #expect(calls.count < 120, "\(calls.count) store calls for 200 jobs")
+  }
+
+  /// The outcomes of a batch's short jobs are recorded while a later job of the batch runs on,
+  /// though the queue's poll interval is an hour: the loop records them once the hold passed.
+  @Test(.timeLimit(.minutes(3)))
+  func theOutcomesOfABatchAreRecordedWhileALaterJobOfItRunsOn() async throws {
+    let store = InMemoryJobStore()
+    let slowStarted = Gate()
+    let release = Gate()
+    let queue = try queue(store) { step, _ in
+      if step.name == "slow" {
+        slowStarted.open()
+        await release.wait()
+      }
+      return .handled
+    }
+    defer { release.open() }
+    // The loop claims the first; the worker's batch brings the three after it, "slow" last.
+    try await queue.add(contentsOf: ["a", "b", "c", "slow", "d", "e"].map { Step(name: $0) })
+    queue.start()
+    await slowStarted.wait()
+    // a, b and c are done (the in-memory store deletes a completed job); slow runs; d and e wait.
+    try await eventually("the outcomes of a, b and c recorded", timeout: .seconds(90)) {
+      let counts = try await store.counts(queue: "batch", clock: SystemJobClock())
+      return counts.unfinished == 3
+    }
+    release.open()
+    await queue.waitUntilFinished()
+    await queue.shutdown()
+    #expect(try await store.counts(queue: "batch", clock: SystemJobClock()).unfinished == 0)
+  }
+}

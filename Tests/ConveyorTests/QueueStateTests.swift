@@ -176,32 +176,64 @@ struct QueueStateTests {
     return nil
   }
 
-  @Test func aWorkerWhoseJobWasShortClaimsOneAheadOnlyWithPrefetchZeroAndClaimsAhead() {
-    for (prefetch, claimsAhead, pays, expected) in [
-      (0, true, true, 2), (0, true, false, 1), (0, false, true, 1), (2, true, true, 3), (2, true, false, 3),
-    ] {
+  @Test func aWorkerWhoseJobWasShortClaimsAheadOnlyWithPrefetchZeroAndClaimsAhead() {
+    let batch = 1 + QueueState.batchedAheadJobs
+    let cases: [(Int, Bool, QueueState.Ahead, Int)] = [
+      (0, true, .overlap, 2), (0, true, .batch, batch), (0, true, .none, 1), (0, false, .overlap, 1),
+      (0, false, .batch, 1), (2, true, .overlap, 3), (2, true, .batch, 3), (2, true, .none, 3),
+    ]
+    for (prefetch, claimsAhead, ahead, expected) in cases {
       var state = QueueState(limits: .init(concurrency: 1, prefetch: prefetch, claimsAhead: claimsAhead))
       _ = state.start()
       state.claimed([record(1)])
       _ = state.takeJobsToStart()
       let step = state.workerFinished(
-        ClaimReference(id: JobID(1), token: 1), outcome: outcome(1), canHandle: true, aheadPays: pays)
+        ClaimReference(id: JobID(1), token: 1), outcome: outcome(1), canHandle: true, ahead: ahead)
       #expect(
         claimLimit(after: step) == expected,
-        "prefetch \(prefetch), claimsAhead \(claimsAhead), pays \(pays)")
+        "prefetch \(prefetch), claimsAhead \(claimsAhead), ahead \(ahead)")
     }
   }
 
-  @Test func claimingAheadPaysAfterAShortJobUnlessTheStoresCallsAreCheap() {
+  @Test func claimingAheadOverlapsASlowStoreAndBatchesACheapOne() {
     let floor = QueueState.cheapStoreCall
-    func pays(_ handler: Duration, _ call: Duration?) -> Bool {
-      QueueState.claimingAheadPays(handler: handler, lastStoreCall: call, storeCallFloor: floor)
+    func ahead(_ handler: Duration, _ call: Duration?) -> QueueState.Ahead {
+      QueueState.ahead(handler: handler, lastStoreCall: call, storeCallFloor: floor)
     }
-    #expect(pays(.microseconds(5), .microseconds(40)), "a short job, a store on disk")
-    #expect(!pays(.zero, nil), "jobs claimed before: no store call measured")
-    #expect(!pays(QueueState.shortJob, .microseconds(40)), "a job of 1 ms or more")
-    #expect(!pays(.microseconds(5), .microseconds(2)), "an in-memory store")
-    #expect(QueueState.claimingAheadPays(handler: .zero, lastStoreCall: .zero, storeCallFloor: .zero))
+    #expect(ahead(.microseconds(5), .microseconds(40)) == .overlap, "a short job, a store on disk")
+    #expect(ahead(.microseconds(5), .microseconds(2)) == .batch, "a short job, an in-memory store")
+    #expect(ahead(.zero, nil) == .none, "jobs claimed before: no store call measured")
+    #expect(ahead(QueueState.shortJob, .microseconds(40)) == .none, "a job of 1 ms or more")
+    #expect(ahead(QueueState.shortJob, .microseconds(2)) == .none, "a job of 1 ms or more, in memory")
+    #expect(ahead(.zero, .zero) == .none, "a clock that does not advance times nothing")
+    #expect(QueueState.ahead(handler: .zero, lastStoreCall: .zero, storeCallFloor: .zero) == .overlap)
+  }
+
+  /// A worker running a job of a batch leaves its outcome for its next claim (the loop records
+  /// it once the hold passes, whatever happens); after a claim that overlaps, it asks the loop
+  /// to record the outcome at once.
+  @Test func aJobOfABatchLeavesItsOutcomeForTheNextClaim() {
+    for (ahead, flushes) in [(QueueState.Ahead.batch, false), (.overlap, true)] {
+      var state = QueueState(limits: .init(concurrency: 1, prefetch: 0, claimsAhead: true))
+      _ = state.start()
+      state.claimed([record(1)])
+      _ = state.takeJobsToStart()
+      _ = state.workerFinished(
+        ClaimReference(id: JobID(1), token: 1), outcome: outcome(1), canHandle: true, ahead: ahead)
+      state.claimed([record(2), record(3)], at: .seconds(1))
+      #expect(state.nextForWorker()?.id == JobID(2))
+      let step = state.workerFinished(
+        ClaimReference(id: JobID(2), token: 1), outcome: outcome(2), canHandle: true, ahead: ahead)
+      guard case .run(let next, let flush) = step else {
+        Issue.record("\(ahead): \(step)")
+        continue
+      }
+      #expect(next.id == JobID(3) && flush == flushes, "\(ahead)")
+      #expect(state.settlements.map(\.settlement.id) == [JobID(2)], "\(ahead)")
+      // The loop's turn once the hold passed records it, with the hand-back.
+      let due = state.takeLoopStep(canHandle: true, now: .seconds(1) + QueueState.aheadHold)
+      #expect(due?.settlements.map(\.settlement.id) == [JobID(2)], "\(ahead)")
+    }
   }
 
   @Test func aJobClaimedAheadIsHandedBackAfterTheHoldWhileEverySlotIsBusy() {

@@ -118,6 +118,17 @@ func runQueueBenchmarks() async throws {
       }
       return fastest
     }
+    if onlyC4 {
+      // Each drain's rate, and a bare drain's beside it, to see how they spread.
+      for _ in 0..<10 {
+        let queue = try await drain(prefetch: 0, repeats: 1)
+        let bare = try await bareDrain()
+        print(
+          "JobQueue drain, no-op, concurrency 4: \(Int(Double(count) / queue))/s, bare \(Int(Double(count) / bare))/s"
+        )
+      }
+      continue
+    }
     // The engine decodes each payload before calling the handler. This baseline decodes with
     // Foundation's JSONDecoder, as the engine did until its own payload decoder (which falls back
     // to JSONDecoder for anything unusual) replaced it on the hot path.
@@ -136,10 +147,6 @@ func runQueueBenchmarks() async throws {
     }
     let measured = try await drain(prefetch: 0)
     let withoutClaimingAhead = try await drain(prefetch: 0, claimsAhead: false)
-    if onlyC4 {
-      print("JobQueue drain, no-op, concurrency 4: \(Int(Double(count) / measured))/s")
-      continue
-    }
     Comparison(
       name: "JobQueue drain, no-op, concurrency \(concurrency)", count: count, seconds: measured,
       baselineName: "TaskGroup + JSONDecoder, width \(concurrency)", baselineSeconds: decodingBaseline,

@@ -69,9 +69,9 @@ extension JobQueue {
       // Recorded, or kept in the settlements to be recorded first next time: either way a
       // worker may claim again.
       defer { if step.handedBack > 0 { core.withLock { $0.state.handBackRecorded() } } }
-      let called = clock.uptime()
-      let batch = try await settleAndClaim(step.settlements, limit: step.claimLimit)
-      storeCall = clock.uptime() - called
+      let (batch, _, _, took) = try await settleAndClaim(
+        step.settlements, limit: step.claimLimit, takingNext: false, timed: true)
+      storeCall = took
       claimedAny = !batch.claimed.isEmpty
       if step.handedBack > 0 {
         log(
@@ -176,11 +176,13 @@ extension JobQueue {
 
   /// The same; with `takingNext`, also takes the next claimed job for the calling worker under the
   /// same lock (nil: the worker ends). `held`: a job claimed ahead waits for a slot (with `prefetch`
-  /// 0).
-  func settleAndClaim(_ pending: [PendingSettlement], limit: Int, takingNext: Bool) async throws -> (
-    batch: ClaimBatch, next: JobRecord?, held: Bool
-  ) {
+  /// 0). `took`: with `timed`, how long the store's call took (the store's alone: the bookkeeping
+  /// around it would make a cheap store look slow on a busy machine).
+  func settleAndClaim(_ pending: [PendingSettlement], limit: Int, takingNext: Bool, timed: Bool = false)
+    async throws -> (batch: ClaimBatch, next: JobRecord?, held: Bool, took: Duration?)
+  {
     let batch: ClaimBatch
+    let called = timed ? clock.uptime() : nil
     do {
       batch = try await store.settleAndClaim(
         pending.map(\.settlement), queue: identifier, limit: limit, lease: lease, clock: clock)
@@ -188,8 +190,10 @@ extension JobQueue {
       core.withLock { $0.state.restore(pending) }
       throw error
     }
+    // One clock read for both: when the claimed jobs arrived, and the end of the call.
+    let now = called != nil || !batch.claimed.isEmpty ? clock.uptime() : .zero
+    let took = called.map { now - $0 }
     let stale = batch.staleSettlements.isEmpty ? [] : Set(batch.staleSettlements)
-    let now = batch.claimed.isEmpty ? .zero : clock.uptime()
     let (subscribers, pauseChanged, next, held) = core.withLock { core in
       core.state.claimed(batch.claimed, at: now)
       let changed = core.state.paused != batch.paused
@@ -216,7 +220,7 @@ extension JobQueue {
       }
       for subscriber in subscribers { subscriber.yield(event) }
     }
-    return (batch, next, held)
+    return (batch, next, held, took)
   }
 
   /// Starts a worker task for each free slot that has a claimed job waiting; `lastStoreCall` is
@@ -239,22 +243,24 @@ extension JobQueue {
     let decoder = PayloadDecoder()
     let clock = self.clock
     let storeCallFloor = configuration.claimAheadStoreCallFloor
-    var lastStoreCall = lastStoreCall
+    // The cheapest of this worker's recent store calls: it rises by a sixteenth per slower call,
+    // so a streak of calls slowed by contention (workers, the loop) does not make a store whose
+    // calls are cheap look slow; and it drops to a call at once.
+    var storeCall = lastStoreCall
     // Claiming ahead is decided from these timings; without it, nothing reads them.
     let timesCalls = configuration.claimsAhead && configuration.prefetch == 0
     while let record = next {
-      // A handler is timed only when the last store call was slow enough for claiming ahead to
-      // pay (two clock reads saved per job on a cheap store).
-      let began = timesCalls && lastStoreCall.map { $0 >= storeCallFloor } == true ? clock.uptime() : nil
+      // A handler is timed only when a store call was (claiming ahead weighs the two).
+      let began = timesCalls && storeCall != nil ? clock.uptime() : nil
       let outcome = await process(record, decoder: decoder)
-      let aheadPays =
+      let ahead =
         began.map {
-          QueueState.claimingAheadPays(
-            handler: clock.uptime() - $0, lastStoreCall: lastStoreCall, storeCallFloor: storeCallFloor)
-        } ?? false
+          QueueState.ahead(
+            handler: clock.uptime() - $0, lastStoreCall: storeCall, storeCallFloor: storeCallFloor)
+        } ?? .none
       let canHandle = handlerAvailable
       let step = core.withLock {
-        $0.state.workerFinished(record.claim, outcome: outcome, canHandle: canHandle, aheadPays: aheadPays)
+        $0.state.workerFinished(record.claim, outcome: outcome, canHandle: canHandle, ahead: ahead)
       }
       switch step {
       case .run(let job, let flush):
@@ -264,9 +270,8 @@ extension JobQueue {
         next = nil
       case .claim(let settlements, let limit):
         do {
-          let called = timesCalls ? clock.uptime() : nil
-          let claim = try await settleAndClaim(settlements, limit: limit, takingNext: true)
-          lastStoreCall = called.map { clock.uptime() - $0 }
+          let claim = try await settleAndClaim(settlements, limit: limit, takingNext: true, timed: timesCalls)
+          if let took = claim.took { storeCall = min(took, storeCall.map { $0 + $0 / 16 } ?? took) }
           next = claim.next
           // A job claimed ahead: the loop times how long it may wait for a slot.
           if claim.held { wake.signal() }

@@ -25,14 +25,21 @@ public struct JobQueueConfiguration: Sendable {
   /// Whether a worker that has just run a short job claims one job ahead, with `prefetch` 0.
   /// Default true.
   ///
-  /// A worker whose job took less than 1 ms (decoding and handler), on a store whose last call
-  /// took 10 µs or more (SQLite, PostgreSQL; not the in-memory store, where the overlap costs
-  /// more than it saves), claims its next job and the one after it in one store call. While it
-  /// runs the first, the queue records its outcome, so on a busy queue of short jobs the store's
-  /// transaction and the handler overlap: on SQLite a worker at concurrency 1 handled about 1.3
-  /// times as many no-op jobs per second.
+  /// A worker whose job took less than 1 ms (decoding and handler), on a store whose calls take
+  /// 10 µs or more (SQLite, PostgreSQL), claims its next job and the one after it in one store
+  /// call. While it runs the first, the queue records its outcome, so on a busy queue of short
+  /// jobs the store's transaction and the handler overlap: on SQLite a worker at concurrency 1
+  /// handled about 1.3 times as many no-op jobs per second.
   ///
-  /// The job claimed ahead is held under this worker's lease, as a prefetched one is. If no slot
+  /// On a store whose calls take less (the in-memory store), handing an outcome to the queue costs
+  /// more than the call, so the worker claims its next job and three more in one call instead, and
+  /// records their outcomes with its next claim: a quarter of the calls. An outcome so left waits
+  /// at most until the 50 ms hold below passes (the queue records it then, whatever the worker is
+  /// doing). A store's calls count as cheap by the cheapest of a worker's recent ones, so a few
+  /// calls slowed by a busy machine do not switch it. A clock that does not move (a manual test
+  /// clock) times every call at zero, and then nothing is claimed ahead.
+  ///
+  /// A job claimed ahead is held under this worker's lease, as a prefetched one is. If no slot
   /// frees within 50 ms of its claim (measured by ``clock``: the job running took longer than the
   /// ones before it), the queue hands it back, ready in its old place with its attempt given
   /// back, for any worker to take. It is handed back at once when the queue is paused or shuts

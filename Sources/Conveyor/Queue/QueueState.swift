@@ -104,19 +104,37 @@ struct QueueState: Sendable {
     var claimsAhead = false
   }
 
-  /// A handler run shorter than this may make its worker claim one job ahead.
+  /// A handler run shorter than this may make its worker claim ahead.
   static let shortJob = Duration.milliseconds(1)
   /// A store call shorter than this is too cheap to overlap with a job (the in-memory store):
-  /// handing its outcome to the loop would cost more than the call.
+  /// handing its outcome to the loop would cost more than the call. A worker on such a store
+  /// batches instead (see ``Ahead/batch``).
   static let cheapStoreCall = Duration.microseconds(10)
+  /// How many jobs a worker on a cheap store claims beyond its own (``Ahead/batch``).
+  static let batchedAheadJobs = 3
 
-  /// Whether a worker gains by claiming one job ahead: its handler ran shorter than
-  /// ``shortJob`` and its last store call took at least `storeCallFloor` (nil: not measured, so
-  /// no).
-  static func claimingAheadPays(handler: Duration, lastStoreCall: Duration?, storeCallFloor: Duration) -> Bool
-  {
-    guard let lastStoreCall else { return false }
-    return handler < shortJob && lastStoreCall >= storeCallFloor
+  /// How a worker claims after a job, with `prefetch` 0 and ``Limits/claimsAhead``.
+  enum Ahead: Sendable, Hashable {
+    /// Only its own next job.
+    case none
+    /// One job more, whose outcome the loop records while the next job runs: a slow store call
+    /// (SQLite, PostgreSQL) overlaps a job.
+    case overlap
+    /// ``batchedAheadJobs`` more, whose outcomes are recorded with the worker's next claim (or by
+    /// the loop once ``aheadHold`` passed): on a store whose calls cost less than handing an
+    /// outcome to the loop (the in-memory store), fewer calls.
+    case batch
+  }
+
+  /// How a worker claims after its handler ran for `handler`, its last store call having taken
+  /// `lastStoreCall` (nil: not measured): ahead only after a job shorter than ``shortJob``;
+  /// overlapping a store call of at least `storeCallFloor`, batching below it. A store call that
+  /// took no time at all means a clock that does not advance (a manual test clock), which can
+  /// time nothing: no claiming ahead (a handler waiting on the test would hold jobs for good).
+  static func ahead(handler: Duration, lastStoreCall: Duration?, storeCallFloor: Duration) -> Ahead {
+    guard let lastStoreCall, handler < shortJob else { return .none }
+    if lastStoreCall >= storeCallFloor { return .overlap }
+    return lastStoreCall > .zero ? .batch : .none
   }
 
   /// The longest a job claimed ahead waits for a slot before the loop hands it back.
@@ -140,8 +158,12 @@ struct QueueState: Sendable {
   var buffer = JobBuffer()
   /// The loop took jobs claimed ahead out of the buffer to hand them back and has not recorded
   /// that yet: a worker that finishes meanwhile must not claim past them (see
-  /// ``workerFinished(_:outcome:canHandle:aheadPays:)``).
+  /// ``workerFinished(_:outcome:canHandle:ahead:)``).
   var handingBack = false
+  /// The last claim ahead was a batch (``Ahead/batch``): a worker running one of its jobs leaves
+  /// the outcomes for its next claim instead of asking the loop to record them (the loop does once
+  /// ``handBackDue(canHandle:)`` comes, whatever happens).
+  var batchingAhead = false
   /// Outcomes not yet recorded.
   var settlements: [PendingSettlement] = []
   /// Whether `.finished` was published since work was last seen.
@@ -281,25 +303,34 @@ struct QueueState: Sendable {
   /// The loop recorded (or failed to record, and kept) the hand-back it took.
   mutating func handBackRecorded() { handingBack = false }
 
-  /// A worker finished the job of `claim` with `outcome`: what it does next. `aheadPays`: see
-  /// ``claimingAheadPays(handler:lastStoreCall:storeCallFloor:)``; with `prefetch` 0 and
+  /// A worker finished the job of `claim` with `outcome`: what it does next. `ahead`: see
+  /// ``ahead(handler:lastStoreCall:storeCallFloor:)``; with `prefetch` 0 and
   /// ``Limits/claimsAhead`` the worker then claims one job beyond its own (the loop records this
-  /// outcome while the next job runs).
+  /// outcome while the next job runs), or ``batchedAheadJobs`` on a cheap store.
   mutating func workerFinished(
-    _ claim: ClaimReference, outcome: PendingSettlement, canHandle: Bool, aheadPays: Bool = false
+    _ claim: ClaimReference, outcome: PendingSettlement, canHandle: Bool, ahead: Ahead = .none
   ) -> WorkerStep {
     inFlight.remove(claim)
     settlements.append(outcome)
     if !stopping, !paused, let next = buffer.popFirst() {
       inFlight.insert(next.claim)
-      return .run(next, flush: settlements.count >= max(1, limits.prefetch))
+      let batched = limits.prefetch == 0 && batchingAhead
+      return .run(next, flush: !batched && settlements.count >= max(1, limits.prefetch))
     }
     // A claim now could overtake the jobs the loop is handing back (still held in the store):
     // the worker ends, and the loop claims again once they are ready, in their old places.
     guard !stopping, !paused, canHandle, !handingBack else { return .exit }
     defer { settlements = [] }
-    let ahead = limits.prefetch == 0 && limits.claimsAhead && aheadPays ? 1 : 0
-    return .claim(settlements, limit: 1 + limits.prefetch + ahead)
+    var extra = 0
+    if limits.prefetch == 0 && limits.claimsAhead {
+      switch ahead {
+      case .none: extra = 0
+      case .overlap: extra = 1
+      case .batch: extra = Self.batchedAheadJobs
+      }
+      batchingAhead = ahead == .batch
+    }
+    return .claim(settlements, limit: 1 + limits.prefetch + extra)
   }
 
   /// The next claimed job for a worker that just claimed (nil: the worker ends).
