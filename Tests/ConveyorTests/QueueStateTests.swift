@@ -236,6 +236,28 @@ struct QueueStateTests {
     }
   }
 
+  /// A worker that claimed ahead wakes the loop only when the loop would otherwise sleep past the
+  /// hand-back (or might: it is awake, and may have decided its sleep before the claim).
+  @Test func aClaimAheadWakesTheLoopOnlyWhenItWouldSleepPastTheHandBack() {
+    var state = QueueState(limits: .init(concurrency: 1, prefetch: 0, claimsAhead: true))
+    _ = state.start()
+    state.loopSleepsUntil = .seconds(100)
+    #expect(!state.loopMustWake, "nothing claimed ahead")
+    state.claimed([record(1), record(2)], at: .seconds(10))
+    _ = state.takeJobsToStart()
+    let due = Duration.seconds(10) + QueueState.aheadHold
+    #expect(state.loopMustWake, "the loop sleeps past the hand-back")
+    state.loopSleepsUntil = due
+    #expect(!state.loopMustWake, "the loop wakes at the hand-back")
+    state.loopSleepsUntil = due - .milliseconds(1)
+    #expect(!state.loopMustWake, "the loop wakes before it")
+    state.loopSleepsUntil = nil
+    #expect(state.loopMustWake, "the loop is awake")
+    state.loopSleepsUntil = .seconds(11)
+    state.paused = true
+    #expect(state.loopMustWake, "paused: the hand-back is due at once")
+  }
+
   @Test func aJobClaimedAheadIsHandedBackAfterTheHoldWhileEverySlotIsBusy() {
     var state = QueueState(limits: .init(concurrency: 1, prefetch: 0, claimsAhead: true))
     _ = state.start()

@@ -32,12 +32,12 @@ extension JobQueue {
         do {
           guard let wait = try await turn(group: &group) else { break }
           failures = 0
-          if let wait { await self.wake.wait(for: wait) }
+          if let wait { await sleep(for: wait) }
         } catch {
           failures += 1
           let backoff = Duration.milliseconds(min(5_000, 50 << min(failures, 7)))
           log(.warning, "store error, retrying in \(backoff): \(error)", ["failures": String(failures)])
-          await wake.wait(for: backoff)
+          await sleep(for: backoff)
         }
       }
       // Cancelled after the grace period: handlers were cancelled with the loop; the group waits
@@ -53,6 +53,19 @@ extension JobQueue {
     }
     log(.info, "queue stopped")
     publishState()
+  }
+
+  /// Sleeps until signalled or `duration` passes, noting until when: a worker that claims ahead
+  /// wakes the loop only when it would wake too late to hand the job back.
+  private func sleep(for duration: Duration) async {
+    let clock = self.clock
+    let deadline = core.withLock { core in
+      let deadline = clock.uptime() + duration
+      core.state.loopSleepsUntil = deadline
+      return deadline
+    }
+    await wake.wait(untilUptime: deadline)
+    core.withLock { $0.state.loopSleepsUntil = nil }
   }
 
   /// One turn of the loop. Returns nil to end the loop, `.some(nil)` to turn again at once, or
@@ -176,7 +189,7 @@ extension JobQueue {
 
   /// The same; with `takingNext`, also takes the next claimed job for the calling worker under the
   /// same lock (nil: the worker ends). `held`: a job claimed ahead waits for a slot (with `prefetch`
-  /// 0). `took`: with `timed`, how long the store's call took (the store's alone: the bookkeeping
+  /// 0) and the loop must be woken to hand it back in time. `took`: with `timed`, how long the store's call took (the store's alone: the bookkeeping
   /// around it would make a cheap store look slow on a busy machine).
   func settleAndClaim(_ pending: [PendingSettlement], limit: Int, takingNext: Bool, timed: Bool = false)
     async throws -> (batch: ClaimBatch, next: JobRecord?, held: Bool, took: Duration?)
@@ -201,7 +214,7 @@ extension JobQueue {
       let next = takingNext ? core.state.nextForWorker() : nil
       return (
         core.subscribers.isEmpty ? [] : Array(core.subscribers.values), changed, next,
-        core.state.handBackDue(canHandle: true) != nil
+        core.state.loopMustWake
       )
     }
     if pauseChanged { publishState() }
@@ -273,7 +286,7 @@ extension JobQueue {
           let claim = try await settleAndClaim(settlements, limit: limit, takingNext: true, timed: timesCalls)
           if let took = claim.took { storeCall = min(took, storeCall.map { $0 + $0 / 16 } ?? took) }
           next = claim.next
-          // A job claimed ahead: the loop times how long it may wait for a slot.
+          // A job claimed ahead, and the loop sleeps past its hand-back: it must time the hold.
           if claim.held { wake.signal() }
         } catch {
           log(.warning, "store error while claiming; the queue will retry: \(error)")

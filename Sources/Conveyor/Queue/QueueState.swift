@@ -300,6 +300,19 @@ struct QueueState: Sendable {
     return paused || !canHandle ? .zero : first + Self.aheadHold
   }
 
+  /// When the loop's sleep ends (the queue clock's uptime); nil while it is awake.
+  var loopSleepsUntil: Duration?
+
+  /// Whether a worker that just claimed must wake the loop: a job claimed ahead waits for a slot,
+  /// and the loop is not known to wake by the time it must be handed back (a loop that is awake
+  /// may already have decided how long to sleep). Waking it for every claim ahead cost a turn of
+  /// the loop and two store calls per claim: at concurrency 1 on the in-memory store, more than
+  /// claiming ahead saved.
+  var loopMustWake: Bool {
+    guard let due = handBackDue(canHandle: true) else { return false }
+    return loopSleepsUntil.map { $0 > due } ?? true
+  }
+
   /// The loop recorded (or failed to record, and kept) the hand-back it took.
   mutating func handBackRecorded() { handingBack = false }
 

@@ -32,9 +32,14 @@ final class WakeSignal: Sendable {
 
   /// Waits for a signal, `timeout`, or the task's cancellation.
   func wait(for timeout: Duration) async {
-    let clock = self.clock
     // Read now, not in the timer task: the clock may move before that task runs.
-    let deadline = clock.uptime() + timeout
+    await wait(untilUptime: clock.uptime() + timeout)
+  }
+
+  /// Waits for a signal, the clock's ``JobClock/uptime()`` reaching `deadline`, or the task's
+  /// cancellation.
+  func wait(untilUptime deadline: Duration) async {
+    let clock = self.clock
     let timer = Task { [weak self] in
       do { try await clock.sleep(untilUptime: deadline) } catch { return }
       self?.signal()
