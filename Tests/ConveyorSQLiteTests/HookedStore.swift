@@ -2,21 +2,25 @@ import Conveyor
 import Synchronization
 
 /// Forwards to `base`; runs `hook` before each `settleAndClaim` (the hook may suspend the call,
-/// which fails when it returns true), and fails every `settleAndClaim`, heartbeat, rescue and
-/// `nextWake` while `dead` (a process that vanished, as its store sees it).
+/// which fails when it returns true) and `wakeHook` before each `nextWake` (it may suspend the
+/// loop's look at the store), and fails every `settleAndClaim`, heartbeat, rescue and `nextWake`
+/// while `dead` (a process that vanished, as its store sees it).
 final class HookedStore: JobStore {
   let base: any JobStore
   let hook: @Sendable ([JobSettlement], Int) async -> Bool
+  let wakeHook: @Sendable () async -> Void
   let dead = Mutex(false)
 
   struct Dead: Error {}
   struct Injected: Error {}
 
   init(
-    _ base: any JobStore, hook: @escaping @Sendable ([JobSettlement], Int) async -> Bool = { _, _ in false }
+    _ base: any JobStore, hook: @escaping @Sendable ([JobSettlement], Int) async -> Bool = { _, _ in false },
+    wakeHook: @escaping @Sendable () async -> Void = {}
   ) {
     self.base = base
     self.hook = hook
+    self.wakeHook = wakeHook
   }
 
   func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
@@ -58,6 +62,7 @@ final class HookedStore: JobStore {
   }
   func isPaused(queue: String) async throws -> Bool { try await base.isPaused(queue: queue) }
   func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
+    await wakeHook()
     if dead.withLock({ $0 }) { throw Dead() }
     return try await base.nextWake(queue: queue, clock: clock)
   }

@@ -209,30 +209,42 @@ struct QueueStateTests {
     #expect(QueueState.ahead(handler: .zero, lastStoreCall: .zero, storeCallFloor: .zero) == .overlap)
   }
 
-  /// A worker running a job of a batch leaves its outcome for its next claim (the loop records
-  /// it once the hold passes, whatever happens); after a claim that overlaps, it asks the loop
-  /// to record the outcome at once.
+  /// A worker running a job of a batch leaves its outcome for its next claim, due to the loop by
+  /// the taken job's hold, and wakes the loop only when it would sleep past that; after a claim
+  /// that overlaps, it asks the loop to record the outcome at once.
   @Test func aJobOfABatchLeavesItsOutcomeForTheNextClaim() {
-    for (ahead, flushes) in [(QueueState.Ahead.batch, false), (.overlap, true)] {
+    let claimedAt = Duration.seconds(1)
+    let due = claimedAt + QueueState.aheadHold
+    let cases: [(QueueState.Ahead, Duration?, Bool)] = [
+      (.batch, claimedAt, false),  // the loop wakes before the hold passes
+      (.batch, due + .seconds(1), true),  // it would sleep past it
+      (.batch, nil, true),  // it is awake, and may have decided its sleep already
+      (.overlap, claimedAt, true),
+    ]
+    for (ahead, loopSleepsUntil, flushes) in cases {
       var state = QueueState(limits: .init(concurrency: 1, prefetch: 0, claimsAhead: true))
       _ = state.start()
       state.claimed([record(1)])
       _ = state.takeJobsToStart()
       _ = state.workerFinished(
         ClaimReference(id: JobID(1), token: 1), outcome: outcome(1), canHandle: true, ahead: ahead)
-      state.claimed([record(2), record(3)], at: .seconds(1))
+      state.claimed([record(2), record(3)], at: claimedAt)
       #expect(state.nextForWorker()?.id == JobID(2))
+      state.loopSleepsUntil = loopSleepsUntil
       let step = state.workerFinished(
         ClaimReference(id: JobID(2), token: 1), outcome: outcome(2), canHandle: true, ahead: ahead)
+      let label = "\(ahead), loop asleep until \(String(describing: loopSleepsUntil))"
       guard case .run(let next, let flush) = step else {
-        Issue.record("\(ahead): \(step)")
+        Issue.record("\(label): \(step)")
         continue
       }
-      #expect(next.id == JobID(3) && flush == flushes, "\(ahead)")
-      #expect(state.settlements.map(\.settlement.id) == [JobID(2)], "\(ahead)")
-      // The loop's turn once the hold passed records it, with the hand-back.
-      let due = state.takeLoopStep(canHandle: true, now: .seconds(1) + QueueState.aheadHold)
-      #expect(due?.settlements.map(\.settlement.id) == [JobID(2)], "\(ahead)")
+      #expect(next.id == JobID(3) && flush == flushes, "\(label)")
+      #expect(state.settlements.map(\.settlement.id) == [JobID(2)], "\(label)")
+      // Due to the loop by the taken job's hold, though no job is held any more.
+      #expect(state.loopDue(canHandle: true) == (ahead == .batch ? due : nil), "\(label)")
+      let step2 = state.takeLoopStep(canHandle: true, now: due)
+      #expect(step2?.settlements.map(\.settlement.id) == [JobID(2)], "\(label)")
+      #expect(state.leftOutcomesDue == nil && state.loopDue(canHandle: true) == nil, "\(label)")
     }
   }
 

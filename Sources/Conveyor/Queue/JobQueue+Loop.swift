@@ -99,11 +99,11 @@ extension JobQueue {
     if step.stopping { return configuration.pollInterval }
     let wait = try await nextWait(canHandle: canHandle)
     // A job claimed ahead waits for a busy slot: wake when it must be handed back (at once when
-    // the look found the queue paused). Skipping the look at the store while it waits was tried:
-    // on SQLite the queue at concurrency 1 was slower, 0.75–0.96× the raw loop against
-    // 0.86–1.14×.
+    // the look found the queue paused), or when outcomes a batch left must be recorded. Skipping
+    // the look at the store while a job waits was tried: on SQLite the queue at concurrency 1
+    // was slower, 0.75–0.96× the raw loop against 0.86–1.14×.
     guard case .some(.some(let duration)) = wait,
-      let due = core.withLock({ $0.state.handBackDue(canHandle: canHandle) })
+      let due = core.withLock({ $0.state.loopDue(canHandle: canHandle) })
     else { return wait }
     return min(duration, untilUptime(due, from: clock.uptime()))
   }

@@ -161,11 +161,18 @@ struct QueueState: Sendable {
   /// ``workerFinished(_:outcome:canHandle:ahead:)``).
   var handingBack = false
   /// The last claim ahead was a batch (``Ahead/batch``): a worker running one of its jobs leaves
-  /// the outcomes for its next claim instead of asking the loop to record them (the loop does once
-  /// ``handBackDue(canHandle:)`` comes, whatever happens).
+  /// the outcomes for its next claim instead of asking the loop to record them (the loop does by
+  /// ``leftOutcomesDue``, whatever happens).
   var batchingAhead = false
   /// Outcomes not yet recorded.
-  var settlements: [PendingSettlement] = []
+  var settlements: [PendingSettlement] = [] {
+    didSet { if settlements.isEmpty { leftOutcomesDue = nil } }
+  }
+  /// When the loop must record the outcomes a batch's worker left for its next claim (the queue
+  /// clock's uptime): the hold of the job the worker took in their place, so none waits longer
+  /// than ``aheadHold`` after that job's claim whatever the jobs after it do. Nil when no outcome
+  /// was left so.
+  var leftOutcomesDue: Duration?
   /// Whether `.finished` was published since work was last seen.
   var reportedFinished = false
   /// Raised when this instance adds or re-queues jobs.
@@ -303,13 +310,22 @@ struct QueueState: Sendable {
   /// When the loop's sleep ends (the queue clock's uptime); nil while it is awake.
   var loopSleepsUntil: Duration?
 
-  /// Whether a worker that just claimed must wake the loop: a job claimed ahead waits for a slot,
-  /// and the loop is not known to wake by the time it must be handed back (a loop that is awake
-  /// may already have decided how long to sleep). Waking it for every claim ahead cost a turn of
-  /// the loop and two store calls per claim: at concurrency 1 on the in-memory store, more than
-  /// claiming ahead saved.
+  /// When the loop must act next for what is held here (the queue clock's uptime): hand back the
+  /// jobs claimed ahead (``handBackDue(canHandle:)``), or record the outcomes a batch's worker
+  /// left (``leftOutcomesDue``). Nil: nothing is due.
+  func loopDue(canHandle: Bool) -> Duration? {
+    switch (handBackDue(canHandle: canHandle), leftOutcomesDue) {
+    case (let handBack?, let left?): min(handBack, left)
+    case (let due, nil), (nil, let due): due
+    }
+  }
+
+  /// Whether a worker must wake the loop: something is due (``loopDue(canHandle:)``) and the
+  /// loop is not known to wake by then (a loop that is awake may already have decided how long
+  /// to sleep). Waking it for every claim ahead cost a turn of the loop and two store calls per
+  /// claim: at concurrency 1 on the in-memory store, more than claiming ahead saved.
   var loopMustWake: Bool {
-    guard let due = handBackDue(canHandle: true) else { return false }
+    guard let due = loopDue(canHandle: true) else { return false }
     return loopSleepsUntil.map { $0 > due } ?? true
   }
 
@@ -325,10 +341,18 @@ struct QueueState: Sendable {
   ) -> WorkerStep {
     inFlight.remove(claim)
     settlements.append(outcome)
-    if !stopping, !paused, let next = buffer.popFirst() {
+    if !stopping, !paused, !buffer.isEmpty {
+      // The hold of the job taken now, read before it leaves the buffer.
+      let held = handBackDue(canHandle: canHandle)
+      guard let next = buffer.popFirst() else { return .exit }
       inFlight.insert(next.claim)
-      let batched = limits.prefetch == 0 && batchingAhead
-      return .run(next, flush: !batched && settlements.count >= max(1, limits.prefetch))
+      if limits.prefetch == 0 && batchingAhead, let held {
+        // Left for this worker's next claim, and due to the loop by the taken job's hold: the
+        // loop is woken only if it would sleep past that.
+        leftOutcomesDue = min(leftOutcomesDue ?? held, held)
+        return .run(next, flush: loopMustWake)
+      }
+      return .run(next, flush: settlements.count >= max(1, limits.prefetch))
     }
     // A claim now could overtake the jobs the loop is handing back (still held in the store):
     // the worker ends, and the loop claims again once they are ready, in their old places.
