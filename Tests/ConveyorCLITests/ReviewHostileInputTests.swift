@@ -64,8 +64,10 @@ import Testing
     guard FileManager.default.isExecutableFile(atPath: "/usr/bin/setsid") else { return }
     let sandbox = try Sandbox()
     let pidFile = sandbox.path("command.pid")
+    // 5 s, not 1: under a full test run on two cores, starting the shell once took longer than
+    // a 1 s timeout, which stopped it before it wrote its pid.
     try await sandbox.add([
-      "exec", "--timeout", "1", "--", "sh", "-c", "echo $$ > '\(pidFile)'; exec setsid sleep 300",
+      "exec", "--timeout", "5", "--", "sh", "-c", "echo $$ > '\(pidFile)'; exec setsid sleep 300",
     ])
     let outcome = try await sandbox.run(
       ["work", "--until-empty", "--max-attempts", "1"], timeout: .seconds(60))

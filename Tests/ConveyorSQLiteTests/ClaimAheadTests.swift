@@ -117,6 +117,8 @@ struct BatchedClaimAheadTests {
       identifier: "batch", concurrency: concurrency, autoStart: false, pollInterval: .seconds(3_600))
     // Every call that took any time counts as cheap, however slow the build or the machine.
     configuration.claimAheadStoreCallFloor = .seconds(1)
+    // And every job that took under a minute as short, however loaded the machine.
+    configuration.claimAheadJobCeiling = .seconds(60)
     return try JobQueue<Step>(configuration: configuration, store: store, handler: handler)
   }
 

@@ -256,6 +256,7 @@ extension JobQueue {
     let decoder = PayloadDecoder()
     let clock = self.clock
     let storeCallFloor = configuration.claimAheadStoreCallFloor
+    let jobCeiling = configuration.claimAheadJobCeiling
     // The cheapest of this worker's recent store calls: it rises by a sixteenth per slower call,
     // so a streak of calls slowed by contention (workers, the loop) does not make a store whose
     // calls are cheap look slow; and it drops to a call at once.
@@ -269,7 +270,8 @@ extension JobQueue {
       let ahead =
         began.map {
           QueueState.ahead(
-            handler: clock.uptime() - $0, lastStoreCall: storeCall, storeCallFloor: storeCallFloor)
+            handler: clock.uptime() - $0, lastStoreCall: storeCall, storeCallFloor: storeCallFloor,
+            jobCeiling: jobCeiling)
         } ?? .none
       let canHandle = handlerAvailable
       let step = core.withLock {

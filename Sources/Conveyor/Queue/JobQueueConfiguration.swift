@@ -81,6 +81,9 @@ public struct JobQueueConfiguration: Sendable {
   /// The shortest store call worth overlapping with the next job (see ``claimsAhead``).
   /// Internal: tests with a manual clock, whose calls all take no time, set it to zero.
   var claimAheadStoreCallFloor = QueueState.cheapStoreCall
+  /// The longest job after which a worker claims ahead (see ``claimsAhead``). Internal: tests
+  /// that must claim ahead on a loaded machine raise it.
+  var claimAheadJobCeiling = QueueState.shortJob
 
   /// Creates a configuration with the defaults above.
   public init(

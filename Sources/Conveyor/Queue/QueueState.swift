@@ -127,12 +127,15 @@ struct QueueState: Sendable {
   }
 
   /// How a worker claims after its handler ran for `handler`, its last store call having taken
-  /// `lastStoreCall` (nil: not measured): ahead only after a job shorter than ``shortJob``;
-  /// overlapping a store call of at least `storeCallFloor`, batching below it. A store call that
-  /// took no time at all means a clock that does not advance (a manual test clock), which can
-  /// time nothing: no claiming ahead (a handler waiting on the test would hold jobs for good).
-  static func ahead(handler: Duration, lastStoreCall: Duration?, storeCallFloor: Duration) -> Ahead {
-    guard let lastStoreCall, handler < shortJob else { return .none }
+  /// `lastStoreCall` (nil: not measured): ahead only after a job shorter than `jobCeiling`
+  /// (``shortJob``); overlapping a store call of at least `storeCallFloor`, batching below it. A
+  /// store call that took no time at all means a clock that does not advance (a manual test
+  /// clock), which can time nothing: no claiming ahead (a handler waiting on the test would hold
+  /// jobs for good).
+  static func ahead(
+    handler: Duration, lastStoreCall: Duration?, storeCallFloor: Duration, jobCeiling: Duration = shortJob
+  ) -> Ahead {
+    guard let lastStoreCall, handler < jobCeiling else { return .none }
     if lastStoreCall >= storeCallFloor { return .overlap }
     return lastStoreCall > .zero ? .batch : .none
   }
