@@ -3,12 +3,12 @@ import Synchronization
 
 /// Forwards to `base`; runs `hook` before each `settleAndClaim` (the hook may suspend the call,
 /// which fails when it returns true) and `wakeHook` before each `nextWake` (it may suspend the
-/// loop's look at the store), and fails every `settleAndClaim`, heartbeat, rescue and `nextWake`
+/// loop's look at the store, or fail it), and fails every `settleAndClaim`, heartbeat, rescue and `nextWake`
 /// while `dead` (a process that vanished, as its store sees it).
 final class HookedStore: JobStore {
   let base: any JobStore
   let hook: @Sendable ([JobSettlement], Int) async -> Bool
-  let wakeHook: @Sendable () async -> Void
+  let wakeHook: @Sendable () async throws -> Void
   let dead = Mutex(false)
 
   struct Dead: Error {}
@@ -16,7 +16,7 @@ final class HookedStore: JobStore {
 
   init(
     _ base: any JobStore, hook: @escaping @Sendable ([JobSettlement], Int) async -> Bool = { _, _ in false },
-    wakeHook: @escaping @Sendable () async -> Void = {}
+    wakeHook: @escaping @Sendable () async throws -> Void = {}
   ) {
     self.base = base
     self.hook = hook
@@ -62,7 +62,7 @@ final class HookedStore: JobStore {
   }
   func isPaused(queue: String) async throws -> Bool { try await base.isPaused(queue: queue) }
   func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
-    await wakeHook()
+    try await wakeHook()
     if dead.withLock({ $0 }) { throw Dead() }
     return try await base.nextWake(queue: queue, clock: clock)
   }

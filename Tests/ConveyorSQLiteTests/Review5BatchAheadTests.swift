@@ -122,10 +122,10 @@ struct Review5BatchAheadTests {
       }
       return .handled
     }
-    defer { for i in 0..<600 { gate(i).open() } }
+    defer { for i in 0..<150 { gate(i).open() } }
     queue.start()
     var stuck: [Int] = []
-    for round in 0..<600 {
+    for round in 0..<150 {
       try await queue.add(contentsOf: ["a", "b", "c", "d\(round)", "slow\(round)"].map { R5Step(name: $0) })
       try await eventually("slow\(round) started", timeout: .seconds(60)) { started.withLock { $0 == round } }
       do {

@@ -55,12 +55,23 @@ extension JobQueue {
     publishState()
   }
 
-  /// Sleeps until signalled or `duration` passes, noting until when: a worker that claims ahead
-  /// wakes the loop only when it would wake too late to hand the job back.
+  /// Sleeps until signalled, `duration` passes, or what is held here comes due: jobs claimed
+  /// ahead must be handed back (at once when the queue is paused), or outcomes a batch left must
+  /// be recorded (`QueueState.loopDue`). The same after a store error: a backoff does not delay a
+  /// hand-back. The deadline is noted under the same lock, so a worker wakes the loop only when it
+  /// would sleep past something due. (Skipping the turn's look at the store while a job claimed
+  /// ahead waits was tried: on SQLite the queue at concurrency 1 was slower, 0.75–0.96× the raw
+  /// loop against 0.86–1.14×.)
   private func sleep(for duration: Duration) async {
     let clock = self.clock
+    let canHandle = handlerAvailable
     let deadline = core.withLock { core in
-      let deadline = clock.uptime() + duration
+      let now = clock.uptime()
+      var deadline = now + duration
+      if let due = core.state.loopDue(canHandle: canHandle) {
+        // At least 1 ms on, so the loop never spins on something it cannot act on yet.
+        deadline = min(deadline, max(due, now + .milliseconds(1)))
+      }
       core.state.loopSleepsUntil = deadline
       return deadline
     }
@@ -69,7 +80,7 @@ extension JobQueue {
   }
 
   /// One turn of the loop. Returns nil to end the loop, `.some(nil)` to turn again at once, or
-  /// how long to wait for a signal.
+  /// how long to wait for a signal at most.
   private func turn(group: inout DiscardingTaskGroup) async throws -> Duration?? {
     let canHandle = handlerAvailable
     let now = clock.uptime()
@@ -97,21 +108,8 @@ extension JobQueue {
       return .some(nil)  // more may be ready: claim again
     }
     if step.stopping { return configuration.pollInterval }
-    let wait = try await nextWait(canHandle: canHandle)
-    // A job claimed ahead waits for a busy slot: wake when it must be handed back (at once when
-    // the look found the queue paused), or when outcomes a batch left must be recorded. Skipping
-    // the look at the store while a job waits was tried: on SQLite the queue at concurrency 1
-    // was slower, 0.75–0.96× the raw loop against 0.86–1.14×.
-    guard case .some(.some(let duration)) = wait,
-      let due = core.withLock({ $0.state.loopDue(canHandle: canHandle) })
-    else { return wait }
-    return min(duration, untilUptime(due, from: clock.uptime()))
-  }
-
-  /// The wait from `now` until `deadline` (both the queue clock's uptime), at least 1 ms so the
-  /// loop never spins.
-  private func untilUptime(_ deadline: Duration, from now: Duration) -> Duration {
-    max(deadline - now, .milliseconds(1))
+    // The sleep is cut short by anything held here that comes due first (see `sleep(for:)`).
+    return try await nextWait(canHandle: canHandle)
   }
 
   /// Looks at the store: rescues expired leases when one is due, reports "finished", and says how
