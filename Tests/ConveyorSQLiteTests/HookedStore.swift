@@ -1,4 +1,5 @@
 import Conveyor
+import ConveyorTestSupport
 import Synchronization
 
 /// Forwards to `base`; runs `hook` before each `settleAndClaim` (the hook may suspend the call,
@@ -77,4 +78,41 @@ func isHandBack(_ settlements: [JobSettlement], _ limit: Int) -> Bool {
       if case .release = $0.action { return true }
       return false
     }
+}
+
+/// Watches a store through a `HookedStore`: records every `settleAndClaim` (the IDs of its
+/// outcomes, how many of them hand jobs back, its claim limit) and counts the loop's looks
+/// (`nextWake`); fails either while told to.
+final class StoreProbe: Sendable {
+  let failWake = Mutex(false)
+  let failClaim = Mutex(false)
+  let wakeCalls = Mutex(0)
+  let calls = Log<(ids: [JobID], releases: Int, limit: Int)>()
+  let handBacks = Mutex(0)
+
+  struct Injected: Error {}
+
+  init() {}
+
+  /// `base`, watched.
+  func store(over base: any JobStore) -> HookedStore {
+    HookedStore(
+      base,
+      hook: { [self] settlements, limit in
+        let releases = settlements.filter {
+          if case .release = $0.action { return true }
+          return false
+        }.count
+        calls.append((settlements.map(\.id), releases, limit))
+        if isHandBack(settlements, limit) { handBacks.withLock { $0 += 1 } }
+        return failClaim.withLock { $0 }
+      },
+      wakeHook: { [self] in
+        wakeCalls.withLock { $0 += 1 }
+        if failWake.withLock({ $0 }) { throw Injected() }
+      })
+  }
+
+  /// Store calls so far, looks and claims.
+  var total: Int { wakeCalls.withLock { $0 } + calls.count }
 }

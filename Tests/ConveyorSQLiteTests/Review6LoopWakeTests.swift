@@ -23,33 +23,6 @@ private final class R6TickingClock: JobClock {
   func sleep(untilUptime deadline: Duration) async throws { try await base.sleep(untilUptime: deadline) }
 }
 
-/// Watches a store: records every `settleAndClaim`, counts the loop's looks (`nextWake`), and
-/// fails them while `failWake`.
-private final class R6Probe: Sendable {
-  let failWake = Mutex(false)
-  let wakeCalls = Mutex(0)
-  let calls = Log<(ids: [JobID], releases: Int, limit: Int)>()
-
-  struct Injected: Error {}
-
-  func store(over base: any JobStore) -> HookedStore {
-    HookedStore(
-      base,
-      hook: { [self] settlements, limit in
-        let releases = settlements.filter {
-          if case .release = $0.action { return true }
-          return false
-        }.count
-        calls.append((settlements.map(\.id), releases, limit))
-        return false
-      },
-      wakeHook: { [self] in
-        wakeCalls.withLock { $0 += 1 }
-        if failWake.withLock({ $0 }) { throw Injected() }
-      })
-  }
-}
-
 @Suite("Review 6: the loop's undisturbed sleep", .timeLimit(.minutes(3)))
 struct Review6LoopWakeTests {
   private func configuration(clock: any JobClock, floor: Duration) -> JobQueueConfiguration {
@@ -72,7 +45,7 @@ struct Review6LoopWakeTests {
   @Test
   func aBatchJobFinishingWhileTheLoopSleepsOnTheHoldDoesNotWakeIt() async throws {
     let clock = R6TickingClock()
-    let probe = R6Probe()
+    let probe = StoreProbe()
     let store = probe.store(over: InMemoryJobStore())
     let ids = Mutex<[String: JobID]>([:])
     let bStarted = Gate()
@@ -137,7 +110,7 @@ struct Review6LoopWakeTests {
   @Test
   func aJobClaimedAheadIsHandedBackAtItsHoldWhileTheLoopBacksOff() async throws {
     let clock = ManualJobClock()
-    let probe = R6Probe()
+    let probe = StoreProbe()
     let store = probe.store(over: InMemoryJobStore())
     probe.failWake.withLock { $0 = true }
     let bStarted = Gate()

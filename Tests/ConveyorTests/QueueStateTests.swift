@@ -218,7 +218,7 @@ struct QueueStateTests {
     let cases: [(QueueState.Ahead, Duration?, Bool)] = [
       (.batch, claimedAt, false),  // the loop wakes before the hold passes
       (.batch, due + .seconds(1), true),  // it would sleep past it
-      (.batch, nil, true),  // it is awake, and may have decided its sleep already
+      (.batch, nil, false),  // it is awake: it reads what is due before it sleeps
       (.overlap, claimedAt, true),
     ]
     for (ahead, loopSleepsUntil, flushes) in cases {
@@ -248,8 +248,8 @@ struct QueueStateTests {
     }
   }
 
-  /// A worker that claimed ahead wakes the loop only when the loop would otherwise sleep past the
-  /// hand-back (or might: it is awake, and may have decided its sleep before the claim).
+  /// A worker that claimed ahead wakes the loop only when the loop sleeps past the hand-back (a
+  /// loop that is awake reads what is due, under the lock, before it sleeps).
   @Test func aClaimAheadWakesTheLoopOnlyWhenItWouldSleepPastTheHandBack() {
     var state = QueueState(limits: .init(concurrency: 1, prefetch: 0, claimsAhead: true))
     _ = state.start()
@@ -264,7 +264,7 @@ struct QueueStateTests {
     state.loopSleepsUntil = due - .milliseconds(1)
     #expect(!state.loopMustWake, "the loop wakes before it")
     state.loopSleepsUntil = nil
-    #expect(state.loopMustWake, "the loop is awake")
+    #expect(!state.loopMustWake, "the loop is awake")
     state.loopSleepsUntil = .seconds(11)
     state.paused = true
     #expect(state.loopMustWake, "paused: the hand-back is due at once")

@@ -310,7 +310,8 @@ struct QueueState: Sendable {
     return paused || !canHandle ? .zero : first + Self.aheadHold
   }
 
-  /// When the loop's sleep ends (the queue clock's uptime); nil while it is awake.
+  /// When the loop's sleep ends (the queue clock's uptime), noted under the lock as it reads
+  /// what is due (``loopDue(canHandle:)``); nil while it is awake.
   var loopSleepsUntil: Duration?
 
   /// When the loop must act next for what is held here (the queue clock's uptime): hand back the
@@ -324,12 +325,13 @@ struct QueueState: Sendable {
   }
 
   /// Whether a worker must wake the loop: something is due (``loopDue(canHandle:)``) and the
-  /// loop is not known to wake by then (a loop that is awake may already have decided how long
-  /// to sleep). Waking it for every claim ahead cost a turn of the loop and two store calls per
-  /// claim: at concurrency 1 on the in-memory store, more than claiming ahead saved.
+  /// loop sleeps past it. A loop that is awake needs no signal: it reads what is due under the
+  /// lock that notes its next sleep, so it sees this. Waking it for every claim ahead cost a turn
+  /// of the loop and two store calls per claim: at concurrency 1 on the in-memory store, more
+  /// than claiming ahead saved.
   var loopMustWake: Bool {
-    guard let due = loopDue(canHandle: true) else { return false }
-    return loopSleepsUntil.map { $0 > due } ?? true
+    guard let due = loopDue(canHandle: true), let sleepsUntil = loopSleepsUntil else { return false }
+    return sleepsUntil > due
   }
 
   /// The loop recorded (or failed to record, and kept) the hand-back it took.
