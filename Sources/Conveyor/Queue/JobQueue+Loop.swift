@@ -187,8 +187,9 @@ extension JobQueue {
 
   /// The same; with `takingNext`, also takes the next claimed job for the calling worker under the
   /// same lock (nil: the worker ends). `held`: a job claimed ahead waits for a slot (with `prefetch`
-  /// 0) and the loop must be woken to hand it back in time. `took`: with `timed`, how long the store's call took (the store's alone: the bookkeeping
-  /// around it would make a cheap store look slow on a busy machine).
+  /// 0) and the loop must be woken to hand it back in time. `took`: with `timed`, how long the
+  /// store's call took (the store's alone: the bookkeeping around it would make a cheap store look
+  /// slow on a busy machine).
   func settleAndClaim(_ pending: [PendingSettlement], limit: Int, takingNext: Bool, timed: Bool = false)
     async throws -> (batch: ClaimBatch, next: JobRecord?, held: Bool, took: Duration?)
   {

@@ -338,7 +338,7 @@ struct QueueState: Sendable {
   mutating func handBackRecorded() { handingBack = false }
 
   /// A worker finished the job of `claim` with `outcome`: what it does next. `ahead`: see
-  /// ``ahead(handler:lastStoreCall:storeCallFloor:)``; with `prefetch` 0 and
+  /// ``ahead(handler:lastStoreCall:storeCallFloor:jobCeiling:)``; with `prefetch` 0 and
   /// ``Limits/claimsAhead`` the worker then claims one job beyond its own (the loop records this
   /// outcome while the next job runs), or ``batchedAheadJobs`` on a cheap store.
   mutating func workerFinished(
