@@ -234,17 +234,20 @@ struct PipelineTests {
     #expect(recorder.all == ["cancelled=true"])
   }
 
-  @Test(.timeLimit(.minutes(1)))
+  @Test(.timeLimit(.minutes(3)))
   func handleCancelEndsAPendingCallbackStepAtOnce() async throws {
     let started = Gate()
+    let lateGoes = Gate()
     let late = Counter()
     let pipeline = Pipeline(defaultValue: 0)
       .then(
         Pipeline.step { value, finish in
           started.open()
-          // Completes long after the cancel; the run must not wait for it nor report it.
-          // (8 s: far longer than even a loaded CI machine takes to deliver the cancel.)
-          DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(8)) {
+          // Completes only after the run reported its cancellation, so the run cannot have waited
+          // for it; it must not be reported either. (A timer of 8 s was used before: on a loaded
+          // CI machine the cancel once took longer to arrive.)
+          Task {
+            await lateGoes.wait()
             late.increment()
             finish(.success(value))
           }
@@ -265,6 +268,7 @@ struct PipelineTests {
     #expect(throws: CancellationError.self) { try result.get() }
     #expect(calls == 1)
     // The step's late completion comes and must not be reported: the completion ran once, before it.
+    lateGoes.open()
     try await eventually("the late completion", timeout: .seconds(90)) { late.value == 1 }
     try await Task.sleep(for: .milliseconds(100))
     #expect(seen.all == ["late completions so far: 0"])
