@@ -137,7 +137,7 @@ public final class InMemoryJobStore: JobStore {
   {
     state.withLock { state in
       guard limit > 0, let jobs = state.queues[queue]?.jobs else { return [] }
-      let matching = jobs.values.lazy.map(\.record).filter { record in
+      let matching = jobs.values.map(\.record).filter { record in
         (status == nil || record.status == status) && (after.map { record.id > $0 } ?? true)
       }
       return Array(matching.sorted { $0.id < $1.id }.prefix(limit))
@@ -266,7 +266,8 @@ extension InMemoryJobStore {
   }
 
   fileprivate struct QueueState: Sendable {
-    var jobs: [JobID: Slot] = [:]
+    /// Every job of the queue, by ID.
+    var jobs = JobTable<Slot>()
     var paused = false
     /// Pending jobs in claim order: priority descending, run date, ID.
     var ready = Heap<ClaimOrder>()
@@ -276,30 +277,26 @@ extension InMemoryJobStore {
     /// Waiting jobs by deduplication key (usually one; a retried job can wait beside a newer one).
     var dedup: [String: Set<JobID>] = [:]
 
-    /// Where the job of `entry` is stored, if `entry` is current: the job waits with the entry's
-    /// run date and priority.
-    func currentIndex(of entry: Entry) -> Dictionary<JobID, Slot>.Index? {
-      guard let index = jobs.index(forKey: entry.id) else { return nil }
-      let record = jobs.values[index].record
-      guard record.status == .pending && record.runAt == entry.runAt && record.priority == entry.priority
-      else {
-        return nil
-      }
-      return index
+    /// Whether `slot` holds the job of `entry` as the entry saw it: waiting, with the entry's run
+    /// date and priority.
+    static func isCurrent(_ entry: Entry, _ slot: Slot) -> Bool {
+      slot.record.status == .pending && slot.record.runAt == entry.runAt
+        && slot.record.priority == entry.priority
+    }
+
+    /// Whether the job of `entry` is still ready under it: current (``isCurrent(_:_:)``) and marked
+    /// ready. Nil when the entry is stale.
+    mutating func readiness(of entry: Entry) -> Bool? {
+      jobs.update(entry.id) { slot in Self.isCurrent(entry, slot) ? slot.ready : nil } ?? nil
     }
 
     /// Whether `claim` is the job's current claim: running under the same token.
-    func isCurrent(_ claim: ClaimReference) -> Bool {
-      currentIndex(of: claim) != nil
+    mutating func isCurrent(_ claim: ClaimReference) -> Bool {
+      jobs.update(claim.id) { Self.isCurrent(claim, $0) } ?? false
     }
 
-    /// Where the job of `claim` is stored, if `claim` is its current claim. The hot paths read and
-    /// change a record in place through its index, rather than copying it out and back.
-    func currentIndex(of claim: ClaimReference) -> Dictionary<JobID, Slot>.Index? {
-      guard let index = jobs.index(forKey: claim.id), jobs.values[index].record.status == .running,
-        jobs.values[index].record.claimToken == claim.token
-      else { return nil }
-      return index
+    static func isCurrent(_ claim: ClaimReference, _ slot: Slot) -> Bool {
+      slot.record.status == .running && slot.record.claimToken == claim.token
     }
 
     mutating func insertWaiting(_ record: JobRecord, ready isReady: Bool) {
@@ -317,10 +314,13 @@ extension InMemoryJobStore {
     mutating func promote(now: Date) {
       while let top = scheduled.peek?.entry, top.runAt <= now {
         scheduled.pop()
-        if let index = currentIndex(of: top), !jobs.values[index].ready {
-          jobs.values[index].ready = true
-          ready.push(ClaimOrder(top))
-        }
+        let promoted =
+          jobs.update(top.id) { slot in
+            guard Self.isCurrent(top, slot), !slot.ready else { return false }
+            slot.ready = true
+            return true
+          } ?? false
+        if promoted { ready.push(ClaimOrder(top)) }
       }
     }
 
@@ -328,19 +328,20 @@ extension InMemoryJobStore {
       promote(now: now)
       var claimed: [JobRecord] = []
       while claimed.count < limit, let entry = ready.pop()?.entry {
-        // The entry is current (see `currentIndex(of:)`) and the job ready; read in place.
-        guard let index = currentIndex(of: entry), jobs.values[index].ready else { continue }
-        jobs.values[index].ready = false
-        if let key = jobs.values[index].record.deduplicationKey { dropDeduplication(key, entry.id) }
-        claimed.append(
-          modify(index) { record in
-            record.status = .running
-            record.attempts = record.attempts == Int.max ? Int.max : record.attempts + 1
-            record.claimToken &+= 1
-            record.leaseOwner = owner
-            record.leaseExpiresAt = expiry
-            return record
-          })
+        // The entry is current (see `isCurrent(_:_:)`) and the job ready: claimed in place.
+        let record = jobs.update(entry.id) { slot -> JobRecord? in
+          guard Self.isCurrent(entry, slot), slot.ready else { return nil }
+          slot.ready = false
+          slot.record.status = .running
+          slot.record.attempts = slot.record.attempts == Int.max ? Int.max : slot.record.attempts + 1
+          slot.record.claimToken &+= 1
+          slot.record.leaseOwner = owner
+          slot.record.leaseExpiresAt = expiry
+          return slot.record
+        }
+        guard let record = record ?? nil else { continue }
+        if let key = record.deduplicationKey { dropDeduplication(key, entry.id) }
+        claimed.append(record)
         running.insert(entry.id)
       }
       return claimed
@@ -348,14 +349,17 @@ extension InMemoryJobStore {
 
     /// Applies a settlement if its claim is current; returns whether it applied.
     mutating func settle(_ settlement: JobSettlement, now: Date) -> Bool {
-      guard let index = currentIndex(of: settlement.claim) else { return false }
       if case .complete = settlement.action {
+        guard jobs.update(settlement.id, { Self.isCurrent(settlement.claim, $0) }) == true else {
+          return false
+        }
         // A running job holds no waiting state (ready mark, deduplication key) to drop.
-        jobs.remove(at: index)
+        jobs.removeValue(for: settlement.id)
         running.remove(settlement.id)
         return true
       }
-      let record = jobs.values[index].record
+      guard let slot = jobs[settlement.id], Self.isCurrent(settlement.claim, slot) else { return false }
+      let record = slot.record
       switch settlement.action {
       case .complete:
         delete(record.id)
@@ -399,11 +403,6 @@ extension InMemoryJobStore {
       if dedup[key]?.isEmpty == true { dedup[key] = nil }
     }
 
-    /// Changes the record at `index` in place.
-    mutating func modify<R>(_ index: Dictionary<JobID, Slot>.Index, _ body: (inout JobRecord) -> R) -> R {
-      body(&jobs.values[index].record)
-    }
-
     @discardableResult
     mutating func delete(_ id: JobID) -> Bool {
       guard let record = jobs[id]?.record else { return false }
@@ -415,12 +414,8 @@ extension InMemoryJobStore {
 
     /// A ready job is due now, whatever its date says (the wall clock may have stepped back).
     mutating func nextWake(now: Date) -> WakeHint {
-      while let top = ready.peek?.entry, currentIndex(of: top).map({ jobs.values[$0].ready }) != true {
-        ready.pop()
-      }
-      while let top = scheduled.peek?.entry, currentIndex(of: top).map({ jobs.values[$0].ready }) != false {
-        scheduled.pop()
-      }
+      while let top = ready.peek?.entry, readiness(of: top) != true { ready.pop() }
+      while let top = scheduled.peek?.entry, readiness(of: top) != false { scheduled.pop() }
       let leaseExpiry = running.compactMap { jobs[$0]?.record.leaseExpiresAt }.min()
       let nextRun = [ready.peek.map { min($0.entry.runAt, now) }, scheduled.peek?.entry.runAt].compactMap {
         $0
