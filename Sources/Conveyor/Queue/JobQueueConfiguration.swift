@@ -32,12 +32,13 @@ public struct JobQueueConfiguration: Sendable {
   /// handled about 1.3 times as many no-op jobs per second.
   ///
   /// On a store whose calls take less (the in-memory store), handing an outcome to the queue costs
-  /// more than the call, so the worker claims its next job and three more in one call instead, and
-  /// records their outcomes with its next claim: a quarter of the calls. An outcome so left waits
-  /// at most until the 50 ms hold below passes (the queue records it then, whatever the worker is
-  /// doing). A store's calls count as cheap by the cheapest of a worker's recent ones, so a few
-  /// calls slowed by a busy machine do not switch it. A clock that does not move (a manual test
-  /// clock) times every call at zero, and then nothing is claimed ahead.
+  /// more than the call, so the worker claims its next job and fifteen more in one call instead,
+  /// and records their outcomes with its next claim: a sixteenth of the calls. Jobs as short as
+  /// the one before run well within the 50 ms hold below; an outcome so left waits at most until
+  /// that hold passes (the queue records it then, whatever the worker is doing). A store's calls
+  /// count as cheap by the cheapest of a worker's recent ones, so a few calls slowed by a busy
+  /// machine do not switch it. A clock that does not move (a manual test clock) times every call
+  /// at zero, and then nothing is claimed ahead.
   ///
   /// A job claimed ahead is held under this worker's lease, as a prefetched one is. If no slot
   /// frees within 50 ms of its claim (measured by ``clock``: the job running took longer than the

@@ -110,8 +110,12 @@ struct QueueState: Sendable {
   /// handing its outcome to the loop would cost more than the call. A worker on such a store
   /// batches instead (see ``Ahead/batch``).
   static let cheapStoreCall = Duration.microseconds(10)
-  /// How many jobs a worker on a cheap store claims beyond its own (``Ahead/batch``).
-  static let batchedAheadJobs = 3
+  /// How many jobs a worker on a cheap store claims beyond its own (``Ahead/batch``), after a job
+  /// shorter than ``shortJob``: jobs as short run well within ``aheadHold``; behind one that runs
+  /// long, the others wait for a free slot and are handed back when the hold passes. On the
+  /// in-memory store at concurrency 4, 15 drained no-op jobs about 1.2 times as fast as 3 (7 was
+  /// between them).
+  static let batchedAheadJobs = 15
 
   /// How a worker claims after a job, with `prefetch` 0 and ``Limits/claimsAhead``.
   enum Ahead: Sendable, Hashable {
