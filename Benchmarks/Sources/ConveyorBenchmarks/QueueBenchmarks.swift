@@ -68,7 +68,8 @@ func runQueueBenchmarks() async throws {
   if ProcessInfo.processInfo.environment["CONVEYOR_BENCH_QUEUE"] != "c4" { try await runDecodeBenchmark() }
   let count = 50_000
   let items = (0..<count).map { NoOpJob(index: $0) }
-  // CONVEYOR_BENCH_QUEUE=c4 runs only the concurrency-4 drain, for profiling it alone.
+  // CONVEYOR_BENCH_QUEUE=c4 runs only the concurrency-4 drain, for profiling it alone (10 pairs,
+  // or CONVEYOR_BENCH_PAIRS of them).
   let onlyC4 = ProcessInfo.processInfo.environment["CONVEYOR_BENCH_QUEUE"] == "c4"
   for concurrency in onlyC4 ? [4] : [1, 4] {
     /// One drain of the items through a bare TaskGroup that keeps `concurrency` no-op tasks going.
@@ -120,7 +121,8 @@ func runQueueBenchmarks() async throws {
     }
     if onlyC4 {
       // Each drain's rate, and a bare drain's beside it, to see how they spread.
-      for _ in 0..<10 {
+      let pairs = ProcessInfo.processInfo.environment["CONVEYOR_BENCH_PAIRS"].flatMap { Int($0) } ?? 10
+      for _ in 0..<pairs {
         let queue = try await drain(prefetch: 0, repeats: 1)
         let bare = try await bareDrain()
         print(

@@ -25,7 +25,7 @@ private func runSQLiteBenchmarks(in folder: URL) async throws {
   }
 
   // CONVEYOR_BENCH_SQLITE=engine runs only the JobQueue section, percall only the one-job-per-call
-  // section; raw-drain, store-drain,
+  // section, full only the one-per-call rows at synchronous=FULL; raw-drain, store-drain,
   // raw-insert, store-insert or hop (one cheap store call) run one loop alone, for a profiler.
   if let only = ProcessInfo.processInfo.environment["CONVEYOR_BENCH_SQLITE"] {
     if only == "engine" || only == "engine-c4" || only == "engine-c1" {
@@ -35,6 +35,9 @@ private func runSQLiteBenchmarks(in folder: URL) async throws {
       try await compareStoreWithRaw(.normal, batches: [1], newPath: newPath)
       try await runEngineBenchmarks(newPath: newPath)
       return try await runOneJobPerCallBenchmarks(newPath: newPath)
+    }
+    if only == "full" {
+      return try await compareStoreWithRaw(.full, batches: [1], newPath: newPath)
     }
     if only == "store-insert" || only == "raw-insert" {
       for _ in 0..<3 {
