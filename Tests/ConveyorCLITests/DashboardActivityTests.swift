@@ -81,13 +81,16 @@ import Testing
 
   /// A chart whose jobs succeeded in two minutes (a worker that ran across a minute's turn) has a
   /// bar for each, and ``succeededPerBar(_:)`` reads both: the tests above count successes by
-  /// the bars' labels, not by assuming that a quick worker's jobs share one minute.
+  /// the bars' labels, not by assuming that a quick worker's jobs share one minute. A minute in
+  /// which a job only died (the failing job of the test above, run after the minute turned) has a
+  /// bar without a green part, and ``succeededPerBar(_:)`` leaves it out.
   @Test func jobsOnBothSidesOfAMinutesTurnMakeTwoBars() async throws {
     let sandbox = try Sandbox()
     _ = try await sandbox.succeed(["--queue", "turn", "add", "exec", "--", "true"])
     let store = try SQLiteJobStore(path: sandbox.database)
     let now = Date()
     try await store.recordActivity([
+      QueueActivity(queue: "turn", minute: now.addingTimeInterval(-120), died: 1),
       QueueActivity(queue: "turn", minute: now.addingTimeInterval(-60), succeeded: 2),
       QueueActivity(queue: "turn", minute: now, succeeded: 1),
     ])
@@ -98,14 +101,15 @@ import Testing
     #expect(row.components(separatedBy: #"<rect class="ok""#).count - 1 == 2)
   }
 
-  /// The successes of each bar of a throughput chart, oldest first, from the bars' labels
-  /// (`HH:MM UTC: N succeeded, …`).
+  /// The successes of each bar of a throughput chart that has any (a green part), oldest first,
+  /// from the bars' labels (`HH:MM UTC: N succeeded, …`).
   static func succeededPerBar(_ row: String) -> [Int] {
     row.components(separatedBy: "<g><title>").dropFirst().compactMap { bar -> Int? in
       guard let label = bar.components(separatedBy: "</title>").first,
-        let range = label.range(of: #"UTC: [0-9]+ succeeded"#, options: .regularExpression)
+        let range = label.range(of: #"UTC: [0-9]+ succeeded"#, options: .regularExpression),
+        let succeeded = Int(label[range].dropFirst(5).prefix { $0.isNumber }), succeeded > 0
       else { return nil }
-      return Int(label[range].dropFirst(5).prefix { $0.isNumber })
+      return succeeded
     }
   }
 
