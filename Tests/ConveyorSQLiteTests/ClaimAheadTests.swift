@@ -61,13 +61,7 @@ struct ClaimAheadTests {
     // "quick" runs while the queue's loop falls asleep (until its next poll, which this clock
     // never reaches): the worker must wake it to time the hold of the job it claims ahead.
     await quickStarted.wait()
-    var mostAsleep = 0
-    for _ in 0..<15 {
-      mostAsleep = max(mostAsleep, clock.sleeping)
-      try await Task.sleep(for: .milliseconds(20))
-    }
-    let asleep = mostAsleep
-    try await eventually("the loop asleep", timeout: .seconds(30)) { clock.sleeping >= asleep }
+    try await waitUntilAsleep(try await mostAsleep(on: clock, samples: 15), on: clock, timeout: .seconds(30))
     quickGoes.open()
     await slowStarted.wait()
 

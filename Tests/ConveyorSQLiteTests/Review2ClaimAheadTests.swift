@@ -88,13 +88,7 @@ private final class R2Scenario: Sendable {
 
   /// Lets the queue's tasks fall asleep on the manual clock.
   func settle() async throws {
-    var mostAsleep = 0
-    for _ in 0..<10 {
-      mostAsleep = max(mostAsleep, clock.sleeping)
-      try await Task.sleep(for: .milliseconds(20))
-    }
-    let asleep = mostAsleep
-    try await eventually("the loop asleep", timeout: .seconds(30)) { self.clock.sleeping >= asleep }
+    try await waitUntilAsleep(try await mostAsleep(on: clock, samples: 10), on: clock, timeout: .seconds(30))
   }
 }
 

@@ -12,6 +12,7 @@ public final class InstrumentedJobStore: JobStore {
     var calls: [String: Int] = [:]
     var failures: [String: Int] = [:]
     var leaseExpirySkew: TimeInterval = 0
+    var heartbeatReturnDelay: Duration = .zero
   }
   private let state = Mutex(State())
 
@@ -48,6 +49,13 @@ public final class InstrumentedJobStore: JobStore {
     state.withLock { $0.leaseExpirySkew = seconds }
   }
 
+  /// Makes every later heartbeat return `delay` (real time) after the store extended its leases,
+  /// as a store whose thread is slow to resume its caller does: the leases' new expiries are
+  /// computed at the start of that wait.
+  public func delayHeartbeatReturns(by delay: Duration) {
+    state.withLock { $0.heartbeatReturnDelay = delay }
+  }
+
   private func record(_ method: String) throws {
     let fail = state.withLock { state -> Bool in
       state.calls[method, default: 0] += 1
@@ -77,7 +85,10 @@ public final class InstrumentedJobStore: JobStore {
     async throws -> [ClaimReference]
   {
     try record("heartbeat")
-    return try await base.heartbeat(claims, queue: queue, lease: lease, clock: clock)
+    let kept = try await base.heartbeat(claims, queue: queue, lease: lease, clock: clock)
+    let delay = state.withLock { $0.heartbeatReturnDelay }
+    if delay > .zero { try await Task.sleep(for: delay) }
+    return kept
   }
 
   /// Counted, then forwarded to ``base``.

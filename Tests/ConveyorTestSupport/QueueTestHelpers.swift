@@ -28,6 +28,26 @@ public func eventually(timeout: Duration = .seconds(90), _ condition: @Sendable 
   (try? await eventually("the condition", timeout: timeout, condition)) != nil
 }
 
+/// How many tasks sleep on `clock` once the loops a test drives have all fallen asleep: the most
+/// sleeps seen over `samples` looks 20 ms apart. A test that advances the clock waits for as many
+/// (see ``waitUntilAsleep(_:on:timeout:)``) before each step, so that a loop the last step woke
+/// is not overtaken by the next.
+public func mostAsleep(on clock: ManualJobClock, samples: Int = 25) async throws -> Int {
+  var most = 0
+  for _ in 0..<samples {
+    most = max(most, clock.sleeping)
+    try await Task.sleep(for: .milliseconds(20))
+  }
+  return most
+}
+
+/// Waits until at least `count` tasks sleep on `clock` (see ``mostAsleep(on:samples:)``).
+public func waitUntilAsleep(_ count: Int, on clock: ManualJobClock, timeout: Duration = .seconds(90))
+  async throws
+{
+  try await eventually("\(count) sleeps on the clock", timeout: timeout) { clock.sleeping >= count }
+}
+
 /// A thread-safe counter.
 public final class Counter: Sendable {
   private let state = Mutex(0)

@@ -294,19 +294,15 @@ struct QueueEngineTests {
     }
     // Every loop of the two queues asleep on the clock (the holder's lease keeper, the rival's
     // poll): the most sleeps seen over half a second.
-    var mostAsleep = 0
-    for _ in 0..<25 {
-      mostAsleep = max(mostAsleep, clock.sleeping)
-      try await Task.sleep(for: .milliseconds(20))
-    }
-    let asleep = mostAsleep
+    let asleep = try await mostAsleep(on: clock)
     // Three leases' worth, in 5 s steps; heartbeats are due every 10 s of monotonic time. Each
-    // step waits until the loops the last one woke sleep again: the lease keeper sleeps its 10 s
-    // from when its heartbeat returned, and steps that ran ahead of it on a loaded machine (or
+    // step waits until the loops the last one woke sleep again: when the lease keeper slept its
+    // 10 s from when its heartbeat returned, steps that ran ahead of it on a loaded machine (or
     // alone) made its next heartbeat due after the check that waited for it, which does not move
-    // the clock.
+    // the clock (it now counts from when the heartbeat started; see
+    // slowHeartbeatReturnKeepsTheSchedule).
     for step in 1...18 {
-      try await eventually("every loop asleep before the step to +\(step * 5) s") { clock.sleeping >= asleep }
+      try await waitUntilAsleep(asleep, on: clock)
       clock.advance(by: .seconds(5))
       if step * 5 >= 20 {
         try await eventually("the lease renewed from the stepped-back clock (at +\(step * 5) s)") {
@@ -326,6 +322,47 @@ struct QueueEngineTests {
     await holder.waitUntilFinished()
     await rival.shutdown(gracePeriod: .seconds(1))
     await holder.shutdown(gracePeriod: .seconds(1))
+  }
+
+  // Failed before the fix: the lease keeper slept a third of the lease from when a heartbeat
+  // returned, while the store computes the new expiry when the heartbeat runs, so a heartbeat slow
+  // to return (a store thread slow to resume its caller, a starved machine) pushed the next one
+  // out by as long and ate into the lease's margin. (A test stepping the clock ahead of the keeper
+  // met this too: JobQueueTests' lease test timed out once, in a loaded full run.) Heartbeats are
+  // now due every third of the lease from when the last one started.
+  @Test("a heartbeat slow to return does not push the next one out")
+  func slowHeartbeatReturnKeepsTheSchedule() async throws {
+    let clock = ManualJobClock()
+    let store = InstrumentedJobStore()
+    store.delayHeartbeatReturns(by: .milliseconds(500))
+    let gate = Gate()
+    defer { gate.open() }
+    let started = Flag()
+    let queue = try JobQueue<EngineItem>(
+      configuration: configuration(lease: .seconds(30), poll: .seconds(1), clock: clock), store: store
+    ) { _, _ in
+      started.set()
+      await gate.wait()
+      return .handled
+    }
+    try await queue.add(EngineItem(number: 1))
+    try await eventually("the job started") { started.isSet }
+    _ = try await mostAsleep(on: clock)
+    // The first heartbeat is due at +10 s. It extends the lease to +40 s, then takes half a second
+    // to return; meanwhile the clock moves on to +20 s, when the next one is due.
+    clock.advance(by: .seconds(10))
+    try await eventually("the first heartbeat ran") { store.calls["heartbeat", default: 0] >= 1 }
+    clock.advance(by: .seconds(10))
+    try await eventually("the heartbeat due at +20 s ran without another step", timeout: .seconds(20)) {
+      store.calls["heartbeat", default: 0] >= 2
+    }
+    try await eventually("the lease runs to +50 s") {
+      let running = try await store.base.jobs(queue: Self.queueName, status: .running, after: nil, limit: 1)
+      return running.first?.leaseExpiresAt.map { $0.timeIntervalSince(clock.now()) } == 30
+    }
+    gate.open()
+    await queue.waitUntilFinished()
+    await queue.shutdown(gracePeriod: .seconds(1))
   }
 
   // MARK: No traps

@@ -3,6 +3,11 @@ import Foundation
 /// Keeps a queue's leases alive: every third of the lease it heartbeats every claim the queue
 /// holds, and tells the queue which ones it lost.
 ///
+/// A heartbeat is due a third of the lease after the last one *started*: the store computes the
+/// new expiries while the call runs, so a call slow to return (a store thread slow to resume its
+/// caller, a starved machine) does not push the next heartbeat out and eat into the lease. A
+/// heartbeat that took longer than a third of the lease is followed by the next at once.
+///
 /// It runs as one task that prefers ``ThreadExecutor/leases``, a thread of its own, and sleeps on
 /// the clock's monotonic ``JobClock/sleep(for:)``: neither CPU-bound handlers filling the
 /// cooperative pool nor a step of the wall clock can delay a heartbeat. The store computes each
@@ -28,10 +33,11 @@ struct LeaseKeeper: Sendable {
 
   private func run() async {
     var failures = 0
+    var due = clock.uptime() + interval
     while !Task.isCancelled {
-      // After a failure, try again sooner: the lease is still running down.
-      let wait = failures == 0 ? interval : min(interval, .milliseconds(100) * (1 << min(failures, 5)))
-      do { try await clock.sleep(for: wait) } catch { return }
+      do { try await clock.sleep(untilUptime: due) } catch { return }
+      let started = clock.uptime()
+      due = started + interval
       let claims = held()
       guard !claims.isEmpty else {
         failures = 0
@@ -45,7 +51,9 @@ struct LeaseKeeper: Sendable {
       } catch is CancellationError {
         return
       } catch {
+        // Try again sooner, from the failure: the lease is still running down.
         failures += 1
+        due = clock.uptime() + min(interval, .milliseconds(100) * (1 << min(failures, 5)))
         log(.warning, "could not extend leases; trying again: \(error)")
       }
     }
