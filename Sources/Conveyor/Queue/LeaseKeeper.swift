@@ -6,7 +6,8 @@ import Foundation
 /// A heartbeat is due a third of the lease after the last one *started*: the store computes the
 /// new expiries while the call runs, so a call slow to return (a store thread slow to resume its
 /// caller, a starved machine) does not push the next heartbeat out and eat into the lease. A
-/// heartbeat that took longer than a third of the lease is followed by the next at once.
+/// heartbeat that took longer than a third of the lease is followed by the next at once, after
+/// the other keepers waiting for the thread they share had their turn.
 ///
 /// It runs as one task that prefers ``ThreadExecutor/leases``, a thread of its own, and sleeps on
 /// the clock's monotonic ``JobClock/sleep(for:)``: neither CPU-bound handlers filling the
@@ -35,7 +36,14 @@ struct LeaseKeeper: Sendable {
     var failures = 0
     var due = clock.uptime() + interval
     while !Task.isCancelled {
-      do { try await clock.sleep(untilUptime: due) } catch { return }
+      if due <= clock.uptime() {
+        // Due at once (the last heartbeat took a third of the lease): a sleep until a past
+        // deadline may return without suspending, and a store that works on the caller's thread
+        // would then keep the thread every queue's keeper shares (``ThreadExecutor/leases``).
+        await Task.yield()
+      } else {
+        do { try await clock.sleep(untilUptime: due) } catch { return }
+      }
       let started = clock.uptime()
       due = started + interval
       let claims = held()
