@@ -10,7 +10,7 @@ public final class InstrumentedJobStore: JobStore {
 
   private struct State {
     var calls: [String: Int] = [:]
-    var failures: [String: Int] = [:]
+    var failures: [String: (count: Int, error: any Error)] = [:]
     var leaseExpirySkew: TimeInterval = 0
     var heartbeatReturnDelay: Duration = .zero
   }
@@ -20,6 +20,9 @@ public final class InstrumentedJobStore: JobStore {
   public struct InjectedFailure: Error, CustomStringConvertible {
     /// Says it was injected.
     public var description: String { "disk I/O error (injected)" }
+
+    /// Creates the error.
+    public init() {}
   }
 
   /// Wraps `base`.
@@ -37,9 +40,9 @@ public final class InstrumentedJobStore: JobStore {
     state.withLock { $0.calls = [:] }
   }
 
-  /// Makes the next `count` calls of `method` throw ``InjectedFailure``.
-  public func fail(_ method: String, times count: Int) {
-    state.withLock { $0.failures[method] = count }
+  /// Makes the next `count` calls of `method` throw `error` (by default ``InjectedFailure``).
+  public func fail(_ method: String, times count: Int, with error: any Error = InjectedFailure()) {
+    state.withLock { $0.failures[method] = (count, error) }
   }
 
   /// Moves the lease expiry every later `nextWake` reports by `seconds` (negative: earlier), as a
@@ -57,13 +60,13 @@ public final class InstrumentedJobStore: JobStore {
   }
 
   private func record(_ method: String) throws {
-    let fail = state.withLock { state -> Bool in
+    let failure = state.withLock { state -> (any Error)? in
       state.calls[method, default: 0] += 1
-      guard let left = state.failures[method], left > 0 else { return false }
-      state.failures[method] = left - 1
-      return true
+      guard let (left, error) = state.failures[method], left > 0 else { return nil }
+      state.failures[method] = (left - 1, error)
+      return error
     }
-    if fail { throw InjectedFailure() }
+    if let failure { throw failure }
   }
 
   /// Counted, then forwarded to ``base``.

@@ -170,4 +170,43 @@ struct ReviewLeaseKeeperTests {
     gate.open()
     await queue.shutdown(gracePeriod: .seconds(1))
   }
+
+  // Failed before the fix: a store whose heartbeat threw `CancellationError` (a driver reporting
+  // an interrupted statement so, say) while the keeper's task was not cancelled stopped the
+  // keeper for good, and every lease the queue held ran out. Only the keeper's own cancellation
+  // stops it now; any other error is a failed heartbeat, tried again.
+  @Test("a CancellationError from the store does not stop the lease keeper")
+  func cancellationErrorFromTheStoreIsAFailure() async throws {
+    let clock = ManualJobClock()
+    let store = InstrumentedJobStore()
+    store.fail("heartbeat", times: 1, with: CancellationError())
+    let gate = Gate()
+    let started = Flag()
+    let queue = try JobQueue<EngineItem>(
+      configuration: configuration("review-d", lease: .seconds(30), clock: clock), store: store
+    ) { _, _ in
+      started.set()
+      await gate.wait()
+      return .handled
+    }
+    try await queue.add(EngineItem(number: 1))
+    try await eventually("the job started") { started.isSet }
+    let asleep = try await mostAsleep(on: clock)
+    clock.advance(by: .seconds(10))
+    try await eventually("the first heartbeat failed") { store.calls["heartbeat", default: 0] >= 1 }
+    // Retried 200 ms after the failure, and then every 10 s.
+    for _ in 0..<10 {
+      try await waitUntilAsleep(asleep, on: clock, timeout: .seconds(20))
+      clock.advance(by: .milliseconds(100))
+    }
+    try await eventually("the heartbeat tried again", timeout: .seconds(20)) {
+      store.calls["heartbeat", default: 0] >= 2
+    }
+    try await eventually("the lease runs 30 s ahead of the retry") {
+      let running = try await store.base.jobs(queue: "review-d", status: .running, after: nil, limit: 1)
+      return running.first?.leaseExpiresAt.map { $0.timeIntervalSince(clock.now()) } ?? 0 > 29
+    }
+    gate.open()
+    await queue.shutdown(gracePeriod: .seconds(1))
+  }
 }

@@ -56,9 +56,11 @@ struct LeaseKeeper: Sendable {
         failures = 0
         let gone = Set(claims).subtracting(kept)
         if !gone.isEmpty { lost(gone) }
-      } catch is CancellationError {
+      } catch  where Task.isCancelled {
         return
       } catch {
+        // Any other error (a `CancellationError` too, from a store whose task was not cancelled)
+        // is a failed heartbeat.
         // Try again sooner, from the failure: the lease is still running down.
         failures += 1
         due = clock.uptime() + min(interval, .milliseconds(100) * (1 << min(failures, 5)))
