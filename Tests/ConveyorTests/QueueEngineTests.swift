@@ -324,6 +324,41 @@ struct QueueEngineTests {
     await holder.shutdown(gracePeriod: .seconds(1))
   }
 
+  /// A user's clock with a monotonic reading of its own (`uptime()`: here the manual clock's plus
+  /// a day) that leaves `sleep(untilUptime:)` to the protocol's default.
+  struct OwnUptimeClock: JobClock {
+    let base: ManualJobClock
+    func now() -> Date { base.now() }
+    func sleep(until deadline: Date) async throws { try await base.sleep(until: deadline) }
+    func uptime() -> Duration { base.uptime() + .seconds(86_400) }
+  }
+
+  // Failed before the fix: the default `sleep(untilUptime:)` read its deadline as a date after
+  // 1970, right only for the default `uptime()`; with a clock of its own, every sleep's deadline
+  // lay in 1970 and returned at once, and the idle queue's loop called its store without pause.
+  @Test("a clock with its own uptime() and the default sleep(untilUptime:) does not make a queue spin")
+  func ownUptimeWithTheDefaultSleepDoesNotSpin() async throws {
+    let manual = ManualJobClock()
+    let store = InstrumentedJobStore()
+    let handled = Flag()
+    let queue = try JobQueue<EngineItem>(
+      configuration: configuration(poll: .seconds(1), clock: OwnUptimeClock(base: manual)), store: store
+    ) { _, _ in
+      handled.set()
+      return .handled
+    }
+    try await waitUntilAsleep(try await mostAsleep(on: manual), on: manual)
+    let callsBefore = store.totalCalls
+    try await Task.sleep(for: .milliseconds(500))
+    #expect(store.totalCalls - callsBefore < 20, "store calls in 0.5 s with the clock still: \(store.calls)")
+    // The sleeps end when the clock moves: a job added by another instance starts at the next poll.
+    _ = try await store.base.enqueue(
+      [NewJob(payload: try encoded(1), runAt: manual.now())], queue: Self.queueName, now: manual.now())
+    manual.advance(by: .seconds(1))
+    try await eventually("the job ran at the next poll") { handled.isSet }
+    await queue.shutdown(gracePeriod: .seconds(1))
+  }
+
   // Failed before the fix: the lease keeper slept a third of the lease from when a heartbeat
   // returned, while the store computes the new expiry when the heartbeat runs, so a heartbeat slow
   // to return (a store thread slow to resume its caller, a starved machine) pushed the next one

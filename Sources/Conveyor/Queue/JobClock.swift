@@ -25,10 +25,15 @@ extension JobClock {
     .milliseconds(JobStoreTime.milliseconds(now()))
   }
 
-  /// Sleeps until the wall clock shows the date `deadline` after 1970: right for clocks that only
-  /// move forward.
+  /// Sleeps on the wall clock (``sleep(until:)``) for what is left until ``uptime()`` reaches
+  /// `deadline`: right for clocks whose wall reading only moves forward, whichever ``uptime()``
+  /// they have. (It slept until the date `deadline` after 1970, right only for the default
+  /// ``uptime()``: a clock with its own returned at once from every sleep, and an idle queue on it
+  /// called its store without pause.)
   public func sleep(untilUptime deadline: Duration) async throws {
-    try await sleep(until: Date(timeIntervalSince1970: deadline.seconds))
+    let left = deadline - uptime()
+    guard left > .zero else { return try Task.checkCancellation() }
+    try await sleep(until: now().addingTimeInterval(left.seconds))
   }
 
   /// Sleeps for `duration` of ``uptime()``, which a step of the wall clock does not affect.
