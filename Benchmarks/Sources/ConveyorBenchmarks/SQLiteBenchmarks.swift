@@ -40,12 +40,15 @@ private func runSQLiteBenchmarks(in folder: URL) async throws {
       return try await compareStoreWithRaw(.full, batches: [1], newPath: newPath)
     }
     if only == "store-insert" || only == "raw-insert" {
+      // CONVEYOR_BENCH_SYNC=full runs them at synchronous=FULL (fewer jobs: each commit syncs).
+      let full = ProcessInfo.processInfo.environment["CONVEYOR_BENCH_SYNC"] == "full"
+      let count = full ? 4_000 : 20_000
       for _ in 0..<3 {
         let time =
           only == "raw-insert"
-          ? try await rawInsert(newPath(), "NORMAL", 20_000, batch: 1)
-          : try await storeInsert(newPath(), .normal, 20_000, batch: 1)
-        print(String(format: "%@: %.0f/s", only, 20_000 / time))
+          ? try await rawInsert(newPath(), full ? "FULL" : "NORMAL", count, batch: 1)
+          : try await storeInsert(newPath(), full ? .full : .normal, count, batch: 1)
+        print(String(format: "%@: %.0f/s", only, Double(count) / time))
       }
       return
     }
