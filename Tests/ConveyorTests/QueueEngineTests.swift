@@ -35,6 +35,22 @@ final class Flag: Sendable {
   var isSet: Bool { state.withLock { $0 } }
 }
 
+/// A started queue of `EngineItem`s whose one job runs until `gate` opens: its lease keeper
+/// heartbeats that job meanwhile.
+func queueHoldingAJob(_ configuration: JobQueueConfiguration, store: any JobStore, until gate: Gate)
+  async throws -> JobQueue<EngineItem>
+{
+  let started = Flag()
+  let queue = try JobQueue<EngineItem>(configuration: configuration, store: store) { _, _ in
+    started.set()
+    await gate.wait()
+    return .handled
+  }
+  try await queue.add(EngineItem(number: 1))
+  try await eventually("the job started") { started.isSet }
+  return queue
+}
+
 @Suite("Queue engine")
 struct QueueEngineTests {
   static let queueName = "engine"
@@ -372,16 +388,8 @@ struct QueueEngineTests {
     store.delayHeartbeatReturns(by: .milliseconds(500))
     let gate = Gate()
     defer { gate.open() }
-    let started = Flag()
-    let queue = try JobQueue<EngineItem>(
-      configuration: configuration(lease: .seconds(30), poll: .seconds(1), clock: clock), store: store
-    ) { _, _ in
-      started.set()
-      await gate.wait()
-      return .handled
-    }
-    try await queue.add(EngineItem(number: 1))
-    try await eventually("the job started") { started.isSet }
+    let queue = try await queueHoldingAJob(
+      configuration(lease: .seconds(30), poll: .seconds(1), clock: clock), store: store, until: gate)
     _ = try await mostAsleep(on: clock)
     // The first heartbeat is due at +10 s. It extends the lease to +40 s, then takes half a second
     // to return; meanwhile the clock moves on to +20 s, when the next one is due.

@@ -1,69 +1,7 @@
 import Conveyor
 import ConveyorTestSupport
 import Foundation
-import Synchronization
 import Testing
-
-#if canImport(Glibc)
-  import Glibc
-#elseif canImport(Darwin)
-  import Darwin
-#endif
-
-/// Blocks the calling thread (a store doing its work inline, e.g. waiting on its lock). Called
-/// only from a lease keeper's heartbeat, which runs on `Conveyor.leases`, not the cooperative pool.
-private func blockCallingThread(milliseconds: UInt32) {
-  usleep(milliseconds * 1000)
-}
-
-/// A store whose heartbeat does its work on the caller's thread and takes `milliseconds` (as
-/// `InMemoryJobStore` does under its lock, or any store with a synchronous driver): it never
-/// suspends its caller.
-final class InlineSlowHeartbeatStore: JobStore {
-  let base = InMemoryJobStore()
-  let milliseconds: UInt32
-  init(milliseconds: UInt32) { self.milliseconds = milliseconds }
-
-  func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
-    try await base.enqueue(jobs, queue: queue, clock: clock)
-  }
-  func settleAndClaim(
-    _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, clock: any JobClock
-  ) async throws -> ClaimBatch {
-    try await base.settleAndClaim(settlements, queue: queue, limit: limit, lease: lease, clock: clock)
-  }
-  func heartbeat(_ claims: [ClaimReference], queue: String, lease: Lease, clock: any JobClock)
-    async throws -> [ClaimReference]
-  {
-    blockCallingThread(milliseconds: milliseconds)
-    return try await base.heartbeat(claims, queue: queue, lease: lease, clock: clock)
-  }
-  func rescueExpiredLeases(queue: String, clock: any JobClock) async throws -> Int {
-    try await base.rescueExpiredLeases(queue: queue, clock: clock)
-  }
-  func counts(queue: String, clock: any JobClock) async throws -> JobCounts {
-    try await base.counts(queue: queue, clock: clock)
-  }
-  func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
-    try await base.jobs(queue: queue, status: status, after: after, limit: limit)
-  }
-  func job(_ id: JobID) async throws -> JobRecord? { try await base.job(id) }
-  func remove(_ ids: [JobID], queue: String) async throws -> Int { try await base.remove(ids, queue: queue) }
-  func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int {
-    try await base.clear(queue: queue, statuses: statuses)
-  }
-  func requeueDead(_ ids: [JobID]?, queue: String, clock: any JobClock) async throws -> Int {
-    try await base.requeueDead(ids, queue: queue, clock: clock)
-  }
-  func setPaused(_ paused: Bool, queue: String) async throws {
-    try await base.setPaused(paused, queue: queue)
-  }
-  func isPaused(queue: String) async throws -> Bool { try await base.isPaused(queue: queue) }
-  func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
-    try await base.nextWake(queue: queue, clock: clock)
-  }
-  func queueNames() async throws -> [String] { try await base.queueNames() }
-}
 
 @Suite("Review: lease keeper", .serialized)
 struct ReviewLeaseKeeperTests {
@@ -75,47 +13,31 @@ struct ReviewLeaseKeeperTests {
       pollInterval: poll, clock: clock)
   }
 
-  // Every queue's lease keeper shares one thread (`ThreadExecutor.leases`). A heartbeat that took
-  // longer than a third of the lease is now "followed by the next at once": the keeper's sleep
-  // until a past deadline returns without suspending, so with a store whose heartbeat does not
-  // suspend (works inline, as InMemoryJobStore does), the keeper never gives the thread up again.
-  // Every other queue's keeper in the process stops heartbeating, and their leases lapse. Before
-  // the change the keeper slept a third of the lease after each heartbeat, and so let go.
+  // Failed before the fix (review of the change that made a heartbeat due a third of the lease
+  // after the last one started): every queue's lease keeper shares one thread
+  // (`ThreadExecutor.leases`). When a heartbeat took longer than a third of the lease, the next
+  // was due at once, and a sleep until a past deadline returned without suspending; with a store
+  // whose heartbeat does not suspend either (it works on the caller's thread), the keeper never
+  // gave the thread up again, and every other queue's keeper stopped heartbeating. A keeper due
+  // at once now yields first.
   @Test("a slow inline heartbeat in one queue does not starve another queue's lease keeper")
   func slowInlineHeartbeatDoesNotStarveOtherKeepers() async throws {
     // Queue B: ordinary store, manual clock, 30 s lease (heartbeats every 10 s of its clock).
     let clockB = ManualJobClock()
     let storeB = InstrumentedJobStore()
     let gateB = Gate()
-    let startedB = Flag()
-    let queueB = try JobQueue<EngineItem>(
-      configuration: configuration("review-b", lease: .seconds(30), clock: clockB), store: storeB
-    ) {
-      _, _ in
-      startedB.set()
-      await gateB.wait()
-      return .handled
-    }
-    try await queueB.add(EngineItem(number: 1))
-    try await eventually("B's job started") { startedB.isSet }
+    let queueB = try await queueHoldingAJob(
+      configuration("review-b", lease: .seconds(30), clock: clockB), store: storeB, until: gateB)
     let asleep = try await mostAsleep(on: clockB)
 
     // Queue A: a 30 ms lease (the shortest accepted; heartbeats every 10 ms) and a store whose
     // heartbeat takes 15 ms on the caller's thread.
-    let storeA = InstrumentedJobStore(InlineSlowHeartbeatStore(milliseconds: 15))
+    let storeA = InstrumentedJobStore()
+    storeA.blockHeartbeats(for: .milliseconds(15))
     let gateA = Gate()
-    let startedA = Flag()
-    let queueA = try JobQueue<EngineItem>(
-      configuration: configuration(
-        "review-a", lease: .milliseconds(30), clock: SystemJobClock(), poll: .milliseconds(50)),
-      store: storeA
-    ) { _, _ in
-      startedA.set()
-      await gateA.wait()
-      return .handled
-    }
-    try await queueA.add(EngineItem(number: 1))
-    try await eventually("A's job started") { startedA.isSet }
+    let queueA = try await queueHoldingAJob(
+      configuration("review-a", lease: .milliseconds(30), clock: SystemJobClock(), poll: .milliseconds(50)),
+      store: storeA, until: gateA)
     try await eventually("A's keeper heartbeats") { storeA.calls["heartbeat", default: 0] >= 3 }
 
     // B's heartbeat falls due.
@@ -142,17 +64,8 @@ struct ReviewLeaseKeeperTests {
     let store = InstrumentedJobStore()
     store.fail("heartbeat", times: .max)
     let gate = Gate()
-    let started = Flag()
-    let queue = try JobQueue<EngineItem>(
-      configuration: configuration("review-c", lease: .seconds(30), clock: clock), store: store
-    ) {
-      _, _ in
-      started.set()
-      await gate.wait()
-      return .handled
-    }
-    try await queue.add(EngineItem(number: 1))
-    try await eventually("the job started") { started.isSet }
+    let queue = try await queueHoldingAJob(
+      configuration("review-c", lease: .seconds(30), clock: clock), store: store, until: gate)
     let asleep = try await mostAsleep(on: clock)
     clock.advance(by: .seconds(10))
     try await eventually("the first heartbeat failed") { store.calls["heartbeat", default: 0] >= 1 }
@@ -181,16 +94,8 @@ struct ReviewLeaseKeeperTests {
     let store = InstrumentedJobStore()
     store.fail("heartbeat", times: 1, with: CancellationError())
     let gate = Gate()
-    let started = Flag()
-    let queue = try JobQueue<EngineItem>(
-      configuration: configuration("review-d", lease: .seconds(30), clock: clock), store: store
-    ) { _, _ in
-      started.set()
-      await gate.wait()
-      return .handled
-    }
-    try await queue.add(EngineItem(number: 1))
-    try await eventually("the job started") { started.isSet }
+    let queue = try await queueHoldingAJob(
+      configuration("review-d", lease: .seconds(30), clock: clock), store: store, until: gate)
     let asleep = try await mostAsleep(on: clock)
     clock.advance(by: .seconds(10))
     try await eventually("the first heartbeat failed") { store.calls["heartbeat", default: 0] >= 1 }
