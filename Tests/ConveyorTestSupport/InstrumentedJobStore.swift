@@ -2,14 +2,6 @@ import Conveyor
 import Foundation
 import Synchronization
 
-#if canImport(Glibc)
-  import Glibc
-#elseif canImport(Musl)
-  import Musl
-#elseif canImport(Darwin)
-  import Darwin
-#endif
-
 /// A `JobStore` that forwards to another, counting every call by name and failing chosen calls:
 /// tests see how often a queue touches its store, and how it survives storage errors.
 public final class InstrumentedJobStore: JobStore {
@@ -21,7 +13,7 @@ public final class InstrumentedJobStore: JobStore {
     var failures: [String: (count: Int, error: any Error)] = [:]
     var leaseExpirySkew: TimeInterval = 0
     var heartbeatReturnDelay: Duration = .zero
-    var heartbeatBlock: Duration = .zero
+    var afterHeartbeat: (@Sendable () -> Void)?
   }
   private let state = Mutex(State())
 
@@ -68,11 +60,10 @@ public final class InstrumentedJobStore: JobStore {
     state.withLock { $0.heartbeatReturnDelay = delay }
   }
 
-  /// Makes every later heartbeat hold its caller's thread for `duration` (real time) before it
-  /// runs, without suspending, as a store that works on the caller's thread (waiting for a lock,
-  /// a blocking driver) does.
-  public func blockHeartbeats(for duration: Duration) {
-    state.withLock { $0.heartbeatBlock = duration }
+  /// Runs `hook` after every later heartbeat extended its leases, on the caller's thread and
+  /// without suspending (a store that works on the caller's thread), before the call returns.
+  public func runAfterEachHeartbeat(_ hook: @escaping @Sendable () -> Void) {
+    state.withLock { $0.afterHeartbeat = hook }
   }
 
   private func record(_ method: String) throws {
@@ -104,12 +95,8 @@ public final class InstrumentedJobStore: JobStore {
     async throws -> [ClaimReference]
   {
     try record("heartbeat")
-    let block = state.withLock { $0.heartbeatBlock }
-    if block > .zero {
-      let until = ContinuousClock.now + block
-      while ContinuousClock.now < until { usleep(1_000) }
-    }
     let kept = try await base.heartbeat(claims, queue: queue, lease: lease, clock: clock)
+    state.withLock { $0.afterHeartbeat }?()
     let delay = state.withLock { $0.heartbeatReturnDelay }
     if delay > .zero { try await Task.sleep(for: delay) }
     return kept

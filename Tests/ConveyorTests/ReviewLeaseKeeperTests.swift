@@ -3,6 +3,14 @@ import ConveyorTestSupport
 import Foundation
 import Testing
 
+#if canImport(Glibc)
+  import Glibc
+#elseif canImport(Musl)
+  import Musl
+#elseif canImport(Darwin)
+  import Darwin
+#endif
+
 @Suite("Review: lease keeper", .serialized)
 struct ReviewLeaseKeeperTests {
   func configuration(
@@ -33,7 +41,10 @@ struct ReviewLeaseKeeperTests {
     // Queue A: a 30 ms lease (the shortest accepted; heartbeats every 10 ms) and a store whose
     // heartbeat takes 15 ms on the caller's thread.
     let storeA = InstrumentedJobStore()
-    storeA.blockHeartbeats(for: .milliseconds(15))
+    storeA.runAfterEachHeartbeat {
+      let until = ContinuousClock.now + .milliseconds(15)
+      while ContinuousClock.now < until { usleep(1_000) }
+    }
     let gateA = Gate()
     let queueA = try await queueHoldingAJob(
       configuration("review-a", lease: .milliseconds(30), clock: SystemJobClock(), poll: .milliseconds(50)),

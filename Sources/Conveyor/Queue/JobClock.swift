@@ -26,14 +26,20 @@ extension JobClock {
   }
 
   /// Sleeps on the wall clock (``sleep(until:)``) for what is left until ``uptime()`` reaches
-  /// `deadline`: right for clocks whose wall reading only moves forward, whichever ``uptime()``
-  /// they have. (It slept until the date `deadline` after 1970, right only for the default
-  /// ``uptime()``: a clock with its own returned at once from every sleep, and an idle queue on it
-  /// called its store without pause.)
+  /// `deadline`, again until it has: right for clocks whose wall reading only moves forward,
+  /// whichever ``uptime()`` they have, one that runs slower than the wall clock too. Each sleep
+  /// ends a microsecond short of what is left (a wall clock stepped by hand can fall short of a
+  /// target by a rounding) and lasts at least a microsecond, so the loop waits for the wall clock
+  /// to move and never spins. The arithmetic is in `Double` seconds, so no deadline traps. (It
+  /// slept until the date `deadline` after 1970, right only for the default ``uptime()``: a clock
+  /// with its own returned at once from every sleep, and an idle queue on it called its store
+  /// without pause.)
   public func sleep(untilUptime deadline: Duration) async throws {
-    let left = deadline - uptime()
-    guard left > .zero else { return try Task.checkCancellation() }
-    try await sleep(until: now().addingTimeInterval(left.seconds))
+    while true {
+      let left = deadline.seconds - uptime().seconds
+      guard left > 0 else { return try Task.checkCancellation() }
+      try await sleep(until: now().addingTimeInterval(max(left - 0.000_001, 0.000_001)))
+    }
   }
 
   /// Sleeps for `duration` of ``uptime()``, which a step of the wall clock does not affect.

@@ -41,6 +41,7 @@ struct LeaseKeeper: Sendable {
         // deadline may return without suspending, and a store that works on the caller's thread
         // would then keep the thread every queue's keeper shares (``ThreadExecutor/leases``).
         await Task.yield()
+        if Task.isCancelled { return }
       } else {
         do { try await clock.sleep(untilUptime: due) } catch { return }
       }

@@ -63,11 +63,9 @@ public struct RetryPolicy: Sendable {
 }
 
 extension Duration {
-  /// The duration in seconds, as a Double.
-  var seconds: Double {
-    let parts = components
-    return Double(parts.seconds) + Double(parts.attoseconds) / 1e18
-  }
+  /// The duration in seconds, as a Double (for any duration: `components` traps on one whose
+  /// seconds do not fit an `Int64`).
+  var seconds: Double { self / .seconds(1) }
 }
 
 extension Date {
