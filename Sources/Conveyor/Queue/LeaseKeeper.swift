@@ -10,7 +10,7 @@ import Foundation
 /// the other keepers waiting for the thread they share had their turn.
 ///
 /// It runs as one task that prefers ``ThreadExecutor/leases``, a thread of its own, and sleeps on
-/// the clock's monotonic ``JobClock/sleep(for:)``: neither CPU-bound handlers filling the
+/// the clock's monotonic ``JobClock/sleep(untilUptime:)``: neither CPU-bound handlers filling the
 /// cooperative pool nor a step of the wall clock can delay a heartbeat. The store computes each
 /// new expiry from its clock while it holds its lock.
 struct LeaseKeeper: Sendable {
@@ -61,8 +61,7 @@ struct LeaseKeeper: Sendable {
         return
       } catch {
         // Any other error (a `CancellationError` too, from a store whose task was not cancelled)
-        // is a failed heartbeat.
-        // Try again sooner, from the failure: the lease is still running down.
+        // is a failed heartbeat: try again sooner, from the failure, as the lease runs down.
         failures += 1
         due = clock.uptime() + min(interval, .milliseconds(100) * (1 << min(failures, 5)))
         log(.warning, "could not extend leases; trying again: \(error)")
