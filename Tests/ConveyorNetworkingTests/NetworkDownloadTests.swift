@@ -111,9 +111,11 @@ struct NetworkDownloadTests {
   }
 
   @Test func cancelInTheMiddleOfADownloadStopsItAndRunsNoHandler() async throws {
-    // 8 MB in 64 KB pieces every 200 ms: about 25 s if nobody stops it.
+    // 8 MB in 64 KB pieces every 2 s: about 4 minutes if nobody stops it. (With pieces every
+    // 200 ms, a test process starved beside three compilers, at load average 16-19, saw the whole
+    // download end before it could cancel.)
     let server = try TestHTTPServer(
-      always: Reply(body: pattern(8_000_000), chunkSize: 65_536, pause: .milliseconds(200)))
+      always: Reply(body: pattern(8_000_000), chunkSize: 65_536, pause: .seconds(2)))
     defer { server.stop() }
     let folder = try TemporaryFolder()
     let destination = folder.file("partial.bin")
@@ -135,8 +137,9 @@ struct NetworkDownloadTests {
     operation.cancel()
 
     #expect(try await failure(of: operation) == .cancelled)
-    // Generous for a loaded machine (13.2 s measured once beside the other suites), short of the
-    // 25 s an uncancelled download takes; the `.cancelled` result above is the proof it stopped.
+    // Generous for a loaded machine (13.2 s measured once beside the other suites), far short of
+    // the minutes an uncancelled download takes; the `.cancelled` result above is the proof it
+    // stopped.
     #expect(ContinuousClock.now - cancelledAt < .seconds(20), "well before the download would end")
     #expect(operation.isFinished)
     #expect(operation.result == nil)
@@ -146,9 +149,9 @@ struct NetworkDownloadTests {
   }
 
   @Test func cancellingTheAwaitingTaskCancelsTheDownload() async throws {
-    // About 25 s if nobody stops it: far longer than the wait below.
+    // About 4 minutes if nobody stops it: far longer than the wait below.
     let server = try TestHTTPServer(
-      always: Reply(body: pattern(8_000_000), chunkSize: 65_536, pause: .milliseconds(200)))
+      always: Reply(body: pattern(8_000_000), chunkSize: 65_536, pause: .seconds(2)))
     defer { server.stop() }
     let folder = try TemporaryFolder()
     let operation = NetworkDownloadOperation(
@@ -282,10 +285,11 @@ struct DownloadTemporaryFileTests {
   /// Cancelling finishes the operation at once; the task ends a moment later and its partial
   /// file goes with it.
   @Test func cancellationLeavesNothing() async throws {
-    // Half the body, then nothing for 30 s: the download cannot end before it is cancelled,
-    // however slow the machine.
+    // Half the body, then nothing for 10 minutes: the download cannot end before it is
+    // cancelled, however slow the machine (30 s was not: a test process starved beside three
+    // compilers saw it end first).
     let (marker, body) = markedBody(200_000)
-    let server = try TestHTTPServer(always: Reply(body: body, chunkSize: 100_016, pause: .seconds(30)))
+    let server = try TestHTTPServer(always: Reply(body: body, chunkSize: 100_016, pause: .seconds(600)))
     defer { server.stop() }
     let folder = try TemporaryFolder()
     let session = NetworkSession()
