@@ -117,13 +117,8 @@ struct JobTable<Value: Sendable>: Sendable {
       overflow[id] = value
       return
     }
-    if windowCount == 0 {
-      // An empty window starts again at this ID.
-      window.removeAll(keepingCapacity: true)
-      base = id.rawValue
-      head = 0
-      farInserts = 0
-    }
+    // An empty window starts again at this ID.
+    if windowCount == 0 { restartWindow(at: id) }
     if let position = position(of: id) {
       window[position] = value
       windowCount += 1
@@ -149,11 +144,8 @@ struct JobTable<Value: Sendable>: Sendable {
       for position in head..<window.count {
         if let value = window[position] { overflow[JobID(base + Int64(position))] = value }
       }
-      window.removeAll(keepingCapacity: true)
       windowCount = 0
-      farInserts = 0
-      base = id.rawValue
-      head = 0
+      restartWindow(at: id)
       window.append(value)
       windowCount = 1
       return
@@ -162,6 +154,14 @@ struct JobTable<Value: Sendable>: Sendable {
     window.append(value)
     windowCount += 1
     thin()
+  }
+
+  /// Empties the window (its live values must be elsewhere) and starts it at `id`.
+  private mutating func restartWindow(at id: JobID) {
+    window.removeAll(keepingCapacity: true)
+    base = id.rawValue
+    head = 0
+    farInserts = 0
   }
 
   /// Moves `head` past empty positions, and drops the unused prefix once it is half the array.
