@@ -182,10 +182,11 @@ public final class SQLiteJobStore: JobStore {
     // A connection whose commits sync the disk runs nothing inline: its adds go straight to the
     // group on the store's thread, with no leader to linger for followers on the pool.
     if Self.isSmall(jobs), connection.runsInline, groups.lead() {
-      let followers = groups.gather(with: jobs)
-      // No suspension until the lead ends (`yields: false`): the calls queued behind a leader
-      // wait for its task alone, which must not wait for its executor meanwhile. Not cancellable
-      // with followers: their jobs are in the same transaction.
+      let followers = await groups.gather(with: jobs)
+      // From here no suspension until the lead ends (`yields: false`): the calls queued behind a
+      // leader wait for its task alone, which must not wait for its executor meanwhile (the wait
+      // for followers above yields only where that adds no dependency; see `gather`). Not
+      // cancellable with followers: their jobs are in the same transaction.
       let calls = [(jobs, queue, clock)] + followers.map { ($0.jobs, $0.queue, $0.clock) }
       let outcome = await connection.tryInline(
         { db in try Self.commitInline(calls, db: db) }, waitingForInlineCalls: true,
@@ -210,8 +211,10 @@ public final class SQLiteJobStore: JobStore {
       if groups.handOver(followers) { connection.submit { [self] db in flushEnqueueGroups(db) } }
     }
     try Task.checkCancellation()
+    let priority = Task.currentPriority
     return try await withUnsafeThrowingContinuation { continuation in
-      let request = EnqueueGroups.Request(jobs: jobs, queue: queue, clock: clock, continuation: continuation)
+      let request = EnqueueGroups.Request(
+        jobs: jobs, queue: queue, clock: clock, continuation: continuation, priority: priority)
       if groups.add(request) { connection.submit { [self] db in flushEnqueueGroups(db) } }
     }
   }
