@@ -32,10 +32,91 @@ final class EnqueueGroups: Sendable {
     var jobs: [NewJob]
     var queue: String
     var clock: any JobClock
-    var continuation: UnsafeContinuation<[EnqueueResult], any Error>
+    /// How the caller gets its answer.
+    var completion: Completion
     /// The caller's priority: a leader waiting for followers stops waiting for a call of higher
-    /// priority (see ``EnqueueGroups/gather(with:)``).
+    /// priority, and a call of higher priority takes the wait over from a leader that yields (see
+    /// ``EnqueueGroups/gather(with:queue:clock:)``).
     var priority: TaskPriority
+    /// Whether the caller's task prefers an executor of its own: such a call takes the wait over
+    /// from a leader that yields.
+    var prefersExecutor: Bool
+
+    /// Hands the caller its answer.
+    func resume(with result: Result<[EnqueueResult], any Error>) {
+      switch completion {
+      case .continuation(let continuation): continuation.resume(with: result)
+      case .leader(let slot): slot.resume(with: result)
+      }
+    }
+
+    func resume(returning results: [EnqueueResult]) { resume(with: .success(results)) }
+
+    func resume(throwing error: any Error) { resume(with: .failure(error)) }
+  }
+
+  /// How a waiting call gets its answer.
+  enum Completion: Sendable {
+    /// A call suspended in ``EnqueueGroups/add(_:)``.
+    case continuation(UnsafeContinuation<[EnqueueResult], any Error>)
+    /// The own call of a leader whose wait for followers another call took over (see
+    /// ``EnqueueGroups/gather(with:queue:clock:)``): the leader reads its answer there.
+    case leader(LeaderSlot)
+  }
+
+  /// The answer to a leader's own call once another call took its wait over: set once, by
+  /// whoever commits the call, and read once, by the leader.
+  final class LeaderSlot: Sendable {
+    private enum State {
+      case pending
+      case awaited(UnsafeContinuation<[EnqueueResult], any Error>)
+      case answered(Result<[EnqueueResult], any Error>)
+    }
+
+    private let state = Mutex(State.pending)
+
+    func resume(with result: Result<[EnqueueResult], any Error>) {
+      let waiter = state.withLock { state -> UnsafeContinuation<[EnqueueResult], any Error>? in
+        switch state {
+        case .pending:
+          state = .answered(result)
+          return nil
+        case .awaited(let continuation):
+          state = .answered(result)
+          return continuation
+        case .answered:
+          preconditionFailure("a leader's call was answered twice")
+        }
+      }
+      waiter?.resume(with: result)
+    }
+
+    /// The answer, once there is one.
+    func value() async throws -> [EnqueueResult] {
+      try await withUnsafeThrowingContinuation { continuation in
+        let answer = state.withLock { state -> Result<[EnqueueResult], any Error>? in
+          if case .answered(let result) = state { return result }
+          state = .awaited(continuation)
+          return nil
+        }
+        if let answer { continuation.resume(with: answer) }
+      }
+    }
+  }
+
+  /// A leader that yields its thread while it waits for followers (see
+  /// ``EnqueueGroups/gather(with:queue:clock:)``).
+  private struct Gathering {
+    /// The leader's own call, for a call that takes the wait over.
+    var own: Request
+    var slot: LeaderSlot
+
+    /// Whether `request` takes the wait over: when it would otherwise wait for the leader's task
+    /// longer than for its own resumption (it prefers an executor of its own, or has a higher
+    /// priority than the leader).
+    func isTakenOver(by request: Request) -> Bool {
+      request.prefersExecutor || request.priority > own.priority
+    }
   }
 
   private struct State {
@@ -46,11 +127,15 @@ final class EnqueueGroups: Sendable {
     /// ``lead()``). Never true while `flushScheduled` is.
     var leading = false
     /// Calls the current leader committed for others so far, and the last leader in all: a
-    /// leader whose predecessor had followers waits briefly for its own (see ``gather(with:)``).
+    /// leader whose predecessor had followers waits briefly for its own (see
+    /// ``gather(with:queue:clock:)``).
     var followersOfThisLead = 0
     var followersOfLastLead = 0
-    /// The longest a new leader waits for the followers it expects (see ``gather(with:)``).
+    /// The longest a new leader waits for the followers it expects (see
+    /// ``gather(with:queue:clock:)``).
     var followerLinger = Duration.microseconds(50)
+    /// The leader waiting for followers, while it yields its thread.
+    var gathering: Gathering?
 
     /// How many of the first waiting calls fit one inline transaction beside `rows` jobs and
     /// `bytes` bytes already in it (see ``SQLiteJobStore/isSmall(_:)``).
@@ -133,8 +218,17 @@ final class EnqueueGroups: Sendable {
     }
   }
 
-  /// For a new leader about to commit `own`: the waiting calls that fit one inline transaction
-  /// with it, to commit together.
+  /// What a new leader commits (see ``gather(with:queue:clock:)``).
+  enum Gathered {
+    /// Its own jobs, and then these calls'.
+    case followers([Request])
+    /// Nothing: another call took the wait over, and the leader's call was committed (or failed)
+    /// with the calls behind it. The answer is in the slot.
+    case takenOver(LeaderSlot)
+  }
+
+  /// For a new leader about to commit `jobs`: the waiting calls that fit one inline transaction
+  /// with them, to commit together.
   ///
   /// When the last leader had followers, their callers come back within microseconds with their
   /// next jobs: waiting for as many (for at most the follower linger, 50 µs) makes one
@@ -147,31 +241,50 @@ final class EnqueueGroups: Sendable {
   /// need another thread of the pool, often one that had gone to sleep and took longer than the
   /// linger to wake. Eight adding tasks then committed in groups of about five, and about one
   /// transaction in three held a single call; yielding, nearly every group holds all eight.
-  /// Calls that wait behind a yielding leader depend on the pool running the leader's task
-  /// again, as their own resumption does. Two cases would add a dependency, so the leader spins
-  /// on its thread (`sched_yield`) instead, as it always did:
-  /// - Its task prefers an executor of its own. A job there may wait for another caller's add,
-  ///   and those adds would wait for the leader.
-  /// - A call of higher priority waits behind the leader. The leader then commits at once: that
-  ///   call would otherwise wait for a task the system runs later.
-  func gather(with own: [NewJob]) async -> [Request] {
+  ///
+  /// A yielding leader is not running, and the pool may not run it again for a long while (other
+  /// work of its priority holds every thread). A call on the pool at the leader's priority or
+  /// lower would wait as long for its own resumption, so it may wait for the leader. Any other
+  /// call that arrives *takes the wait over* (see ``add(_:)``): a call of higher priority, and a
+  /// call whose task prefers an executor of its own (it needs no thread of the pool). The
+  /// leader's own call then goes to the connection's thread with the calls waiting, and the
+  /// leader reads its answer when it runs again.
+  ///
+  /// When its task prefers an executor, the leader spins on its thread (`sched_yield`) instead,
+  /// as it always did: a job there may wait for another caller's add, and those adds would wait
+  /// for the leader. It commits at once when a call of higher priority waits behind it.
+  func gather(with jobs: [NewJob], queue: String, clock: any JobClock) async -> Gathered {
     let (expected, linger) = state.withLock { ($0.followersOfLastLead, $0.followerLinger) }
-    if expected > 0 {
-      let deadline = ContinuousClock.now + linger
-      let priority = Task.currentPriority
-      let yields = withUnsafeCurrentTask { $0?.unownedTaskExecutor == nil }
+    let bytes = jobs.reduce(0) { $0 + SQLiteJobStore.bytes(of: $1) }
+    guard expected > 0 else {
+      return .followers(state.withLock { $0.takeFollowers($0.fittingPrefix(rows: jobs.count, bytes: bytes)) })
+    }
+    let deadline = ContinuousClock.now + linger
+    let priority = Task.currentPriority
+    guard withUnsafeCurrentTask(body: { $0?.unownedTaskExecutor == nil }) else {
       while ContinuousClock.now < deadline {
         let enough = state.withLock { state in
           state.waiting.count >= expected || state.waiting.contains { $0.priority > priority }
         }
         if enough { break }
-        if yields { await Task.yield() } else { sched_yield() }
+        sched_yield()
       }
+      return .followers(state.withLock { $0.takeFollowers($0.fittingPrefix(rows: jobs.count, bytes: bytes)) })
     }
-    return state.withLock { state in
-      let taken = state.fittingPrefix(
-        rows: own.count, bytes: own.reduce(0) { $0 + SQLiteJobStore.bytes(of: $1) })
-      return state.takeFollowers(taken)
+    let slot = LeaderSlot()
+    let own = Request(
+      jobs: jobs, queue: queue, clock: clock, completion: .leader(slot), priority: priority,
+      prefersExecutor: false)
+    state.withLock { $0.gathering = Gathering(own: own, slot: slot) }
+    while true {
+      let gathered = state.withLock { state -> Gathered? in
+        guard state.gathering?.slot === slot else { return .takenOver(slot) }
+        guard state.waiting.count >= expected || ContinuousClock.now >= deadline else { return nil }
+        state.gathering = nil
+        return .followers(state.takeFollowers(state.fittingPrefix(rows: jobs.count, bytes: bytes)))
+      }
+      if let gathered { return gathered }
+      await Task.yield()
     }
   }
 
@@ -205,9 +318,20 @@ final class EnqueueGroups: Sendable {
 
   /// Adds a call; true when the caller must schedule a flush (none is scheduled and no leader will
   /// take the call).
+  ///
+  /// A call that takes over the wait of a yielding leader (see ``gather(with:queue:clock:)``)
+  /// ends its lead: the leader's own call and the calls waiting go to the connection's thread
+  /// with it.
   func add(_ request: Request) -> Bool {
     state.withLock { state in
       state.waiting.append(request)
+      if let gathering = state.gathering, gathering.isTakenOver(by: request) {
+        state.gathering = nil
+        state.waiting.insert(gathering.own, at: 0)
+        state.endLead()
+        defer { state.flushScheduled = true }
+        return !state.flushScheduled
+      }
       if state.leading { return false }
       defer { state.flushScheduled = true }
       return !state.flushScheduled
@@ -273,9 +397,9 @@ extension SQLiteJobStore {
     guard let group = taken else { return }
     if let db {
       let results = Self.commit(group, db: db, groups: groups)
-      for (request, result) in zip(group, results) { request.continuation.resume(with: result) }
+      for (request, result) in zip(group, results) { request.resume(with: result) }
     } else {
-      for request in group { request.continuation.resume(throwing: connection.closedFailure()) }
+      for request in group { request.resume(throwing: connection.closedFailure()) }
     }
     if !inline { connection.submit { [self] db in flushEnqueueGroups(db, expecting: group.count) } }
   }
@@ -308,7 +432,7 @@ extension SQLiteJobStore {
           return round > 0
         }
         if group.count > 1 { groups.countGroup() }
-        for (request, result) in zip(group, results) { request.continuation.resume(returning: result) }
+        for (request, result) in zip(group, results) { request.resume(returning: result) }
       }
     }
   }

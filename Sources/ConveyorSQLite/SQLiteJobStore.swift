@@ -182,7 +182,11 @@ public final class SQLiteJobStore: JobStore {
     // A connection whose commits sync the disk runs nothing inline: its adds go straight to the
     // group on the store's thread, with no leader to linger for followers on the pool.
     if Self.isSmall(jobs), connection.runsInline, groups.lead() {
-      let followers = await groups.gather(with: jobs)
+      let followers: [EnqueueGroups.Request]
+      switch await groups.gather(with: jobs, queue: queue, clock: clock) {
+      case .followers(let gathered): followers = gathered
+      case .takenOver(let slot): return try await slot.value()
+      }
       // From here no suspension until the lead ends (`yields: false`): the calls queued behind a
       // leader wait for its task alone, which must not wait for its executor meanwhile (the wait
       // for followers above yields only where that adds no dependency; see `gather`). Not
@@ -195,7 +199,7 @@ public final class SQLiteJobStore: JobStore {
       case .success(let results)?:
         if !followers.isEmpty { groups.countGroup() }
         for (follower, result) in zip(followers, results.dropFirst()) {
-          follower.continuation.resume(returning: result)
+          follower.resume(returning: result)
         }
         await yieldAfterLead(ledOthers: await commitQueuedBehindLeader() || !followers.isEmpty)
         return results[0]
@@ -212,9 +216,11 @@ public final class SQLiteJobStore: JobStore {
     }
     try Task.checkCancellation()
     let priority = Task.currentPriority
+    let prefersExecutor = withUnsafeCurrentTask { $0?.unownedTaskExecutor != nil }
     return try await withUnsafeThrowingContinuation { continuation in
       let request = EnqueueGroups.Request(
-        jobs: jobs, queue: queue, clock: clock, continuation: continuation, priority: priority)
+        jobs: jobs, queue: queue, clock: clock, completion: .continuation(continuation), priority: priority,
+        prefersExecutor: prefersExecutor)
       if groups.add(request) { connection.submit { [self] db in flushEnqueueGroups(db) } }
     }
   }
