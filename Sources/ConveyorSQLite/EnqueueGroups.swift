@@ -275,11 +275,17 @@ final class EnqueueGroups: Sendable {
     let own = Request(
       jobs: jobs, queue: queue, clock: clock, completion: .leader(slot), priority: priority,
       prefersExecutor: false)
-    state.withLock { $0.gathering = Gathering(own: own, slot: slot) }
+    let gathering = Gathering(own: own, slot: slot)
+    state.withLock { $0.gathering = gathering }
     while true {
       let gathered = state.withLock { state -> Gathered? in
         guard state.gathering?.slot === slot else { return .takenOver(slot) }
-        guard state.waiting.count >= expected || ContinuousClock.now >= deadline else { return nil }
+        // A call that would take the wait over but came before it was published (the first pass
+        // runs before the first yield): the leader, running, commits at once.
+        guard
+          state.waiting.count >= expected || ContinuousClock.now >= deadline
+            || state.waiting.contains(where: gathering.isTakenOver(by:))
+        else { return nil }
         state.gathering = nil
         return .followers(state.takeFollowers(state.fittingPrefix(rows: jobs.count, bytes: bytes)))
       }
