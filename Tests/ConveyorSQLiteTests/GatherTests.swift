@@ -12,26 +12,6 @@ import Testing
 /// cannot count on.
 @Suite("SQLite enqueue: a leader waiting for its followers", .serialized, .timeLimit(.minutes(3)))
 struct GatherTests {
-  /// Leaves `store` with a last lead that had four followers, so the next leader expects four.
-  private func leadWithFourFollowers(_ store: SQLiteJobStore) async throws {
-    let clock = GateClock()
-    let leader = Task(executorPreference: OneThreadExecutor()) {
-      try await store.enqueue([NewJob(payload: payload("first"), runAt: epoch)], queue: "jobs", clock: clock)
-    }
-    try await eventually("the first leader is inside its transaction") { clock.entered }
-    let followers = (0..<4).map { index in
-      Task {
-        try await store.enqueue(
-          [NewJob(payload: payload("follower \(index)"), runAt: epoch)], queue: "jobs", now: epoch)
-      }
-    }
-    try await eventually("four adds wait behind the first leader") { store.groups.waitingCount == 4 }
-    clock.open()
-    _ = try await leader.value
-    for follower in followers { _ = try await follower.value }
-    try await eventually("the first lead ended") { store.groups.isIdle }
-  }
-
   /// A leader whose task prefers an executor of its own keeps that executor while it waits for
   /// its followers: were it to yield, another job on that executor could run first, and a job
   /// there that waits for another caller's add would leave those adds waiting for the leader

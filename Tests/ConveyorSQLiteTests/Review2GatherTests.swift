@@ -13,67 +13,10 @@ import Testing
   import Darwin
 #endif
 
-/// CPU-bound work on the cooperative pool (as in `ReviewGatherTests`): `count` tasks at
-/// `priority`, computing until ``finish()`` or 30 s.
-private final class Busy: Sendable {
-  private let done = Flag()
-  private let running = Counter()
-  private let tasks = Mutex<[Task<Void, Never>]>([])
-  private let count: Int
-  private let priority: TaskPriority
-
-  init(count: Int = ProcessInfo.processInfo.activeProcessorCount, priority: TaskPriority) {
-    self.count = count
-    self.priority = priority
-  }
-
-  func start() {
-    let done = self.done
-    let running = self.running
-    let started = (0..<count).map { _ in
-      Task.detached(priority: priority) {
-        running.increment()
-        let end = ContinuousClock.now + .seconds(30)
-        var checksum: UInt64 = 0
-        while !done.value && ContinuousClock.now < end {
-          for index in 0..<1_000 { checksum = checksum &* 31 &+ UInt64(index) }
-        }
-        if checksum == 42 { print("") }
-      }
-    }
-    tasks.withLock { $0 += started }
-  }
-
-  var allRunning: Bool { running.value == count }
-  func finish() { done.set() }
-  func wait() async {
-    for task in tasks.withLock({ $0 }) { await task.value }
-  }
-}
-
 /// Adversarial review of 7ca6ea3: a call of higher priority, or whose task prefers an executor,
 /// takes over the wait of a leader that yields for its followers.
 @Suite("Review 2: taking over a yielding leader's wait", .serialized, .timeLimit(.minutes(3)))
 struct Review2GatherTests {
-  /// Leaves `store` with a last lead that had four followers, so the next leader expects four.
-  private func leadWithFourFollowers(_ store: SQLiteJobStore) async throws {
-    let clock = GateClock()
-    let leader = Task(executorPreference: OneThreadExecutor()) {
-      try await store.enqueue([NewJob(payload: payload("first"), runAt: epoch)], queue: "jobs", clock: clock)
-    }
-    try await eventually("the first leader is inside its transaction") { clock.entered }
-    let followers = (0..<4).map { index in
-      Task {
-        try await store.enqueue(
-          [NewJob(payload: payload("follower \(index)"), runAt: epoch)], queue: "jobs", now: epoch)
-      }
-    }
-    try await eventually("four adds wait behind the first leader") { store.groups.waitingCount == 4 }
-    clock.open()
-    _ = try await leader.value
-    for follower in followers { _ = try await follower.value }
-    try await eventually("the first lead ended") { store.groups.isIdle }
-  }
 
   // MARK: - Defects
 
@@ -103,7 +46,7 @@ struct Review2GatherTests {
     try await eventually("the urgent add waits behind the leader") { store.groups.waitingCount == 1 }
 
     // The leader resumes, at background priority, after its task scheduled background work.
-    let work = Busy(priority: .background)
+    let work = CPUWork(priority: .background)
     let leader = Task.detached(priority: .background) {
       work.start()
       let gathered = await store.groups.gather(
