@@ -46,7 +46,7 @@ final class EnqueueGroups: Sendable {
     func resume(with result: Result<[EnqueueResult], any Error>) {
       switch completion {
       case .continuation(let continuation): continuation.resume(with: result)
-      case .leader(let slot): slot.resume(with: result)
+      case .leader(let slot): slot.fulfil(result)
       }
     }
 
@@ -64,45 +64,10 @@ final class EnqueueGroups: Sendable {
     case leader(LeaderSlot)
   }
 
-  /// The answer to a leader's own call once another call took its wait over: set once, by
-  /// whoever commits the call, and read once, by the leader.
-  final class LeaderSlot: Sendable {
-    private enum State {
-      case pending
-      case awaited(UnsafeContinuation<[EnqueueResult], any Error>)
-      case answered(Result<[EnqueueResult], any Error>)
-    }
-
-    private let state = Mutex(State.pending)
-
-    func resume(with result: Result<[EnqueueResult], any Error>) {
-      let waiter = state.withLock { state -> UnsafeContinuation<[EnqueueResult], any Error>? in
-        switch state {
-        case .pending:
-          state = .answered(result)
-          return nil
-        case .awaited(let continuation):
-          state = .answered(result)
-          return continuation
-        case .answered:
-          preconditionFailure("a leader's call was answered twice")
-        }
-      }
-      waiter?.resume(with: result)
-    }
-
-    /// The answer, once there is one.
-    func value() async throws -> [EnqueueResult] {
-      try await withUnsafeThrowingContinuation { continuation in
-        let answer = state.withLock { state -> Result<[EnqueueResult], any Error>? in
-          if case .answered(let result) = state { return result }
-          state = .awaited(continuation)
-          return nil
-        }
-        if let answer { continuation.resume(with: answer) }
-      }
-    }
-  }
+  /// The answer to a leader's own call once another call took its wait over: given once, by
+  /// whoever commits the call, and read once, by the leader, whether its task is cancelled or not
+  /// (its jobs may be committed).
+  typealias LeaderSlot = CallbackPromise<[EnqueueResult]>
 
   /// A leader that yields its thread while it waits for followers (see
   /// ``EnqueueGroups/gather(with:queue:clock:)``).
@@ -256,9 +221,10 @@ final class EnqueueGroups: Sendable {
   func gather(with jobs: [NewJob], queue: String, clock: any JobClock) async -> Gathered {
     let (expected, linger) = state.withLock { ($0.followersOfLastLead, $0.followerLinger) }
     let bytes = jobs.reduce(0) { $0 + SQLiteJobStore.bytes(of: $1) }
-    guard expected > 0 else {
-      return .followers(state.withLock { $0.takeFollowers($0.fittingPrefix(rows: jobs.count, bytes: bytes)) })
+    func takeFitting(_ state: inout State) -> Gathered {
+      .followers(state.takeFollowers(state.fittingPrefix(rows: jobs.count, bytes: bytes)))
     }
+    guard expected > 0 else { return state.withLock { takeFitting(&$0) } }
     let deadline = ContinuousClock.now + linger
     let priority = Task.currentPriority
     guard withUnsafeCurrentTask(body: { $0?.unownedTaskExecutor == nil }) else {
@@ -269,7 +235,7 @@ final class EnqueueGroups: Sendable {
         if enough { break }
         sched_yield()
       }
-      return .followers(state.withLock { $0.takeFollowers($0.fittingPrefix(rows: jobs.count, bytes: bytes)) })
+      return state.withLock { takeFitting(&$0) }
     }
     let slot = LeaderSlot()
     let own = Request(
@@ -287,7 +253,7 @@ final class EnqueueGroups: Sendable {
             || state.waiting.contains(where: gathering.isTakenOver(by:))
         else { return nil }
         state.gathering = nil
-        return .followers(state.takeFollowers(state.fittingPrefix(rows: jobs.count, bytes: bytes)))
+        return takeFitting(&state)
       }
       if let gathered { return gathered }
       await Task.yield()

@@ -185,7 +185,7 @@ public final class SQLiteJobStore: JobStore {
       let followers: [EnqueueGroups.Request]
       switch await groups.gather(with: jobs, queue: queue, clock: clock) {
       case .followers(let gathered): followers = gathered
-      case .takenOver(let slot): return try await slot.value()
+      case .takenOver(let slot): return try await slot.valueIgnoringCancellation
       }
       // From here no suspension until the lead ends (`yields: false`): the calls queued behind a
       // leader wait for its task alone, which must not wait for its executor meanwhile (the wait

@@ -41,23 +41,33 @@ package final class CallbackPromise<Value: Sendable>: Sendable {
   package var value: Value {
     get async throws {
       try await withTaskCancellationHandler {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Value, any Error>) in
-          let ready = state.withLock { state -> Result<Value, any Error>? in
-            switch state {
-            case .empty:
-              state = .waiting(continuation)
-              return nil
-            case .done(let result):
-              return result
-            case .waiting:
-              preconditionFailure("CallbackPromise.value awaited twice")
-            }
-          }
-          if let ready { continuation.resume(with: ready) }
-        }
+        try await delivered()
       } onCancel: {
         fulfil(.failure(CancellationError()))
       }
+    }
+  }
+
+  /// The delivered value, waiting for it however long, cancelled or not: for the outcome of work
+  /// already under way that the waiter must report (a job committed or not).
+  package var valueIgnoringCancellation: Value {
+    get async throws { try await delivered() }
+  }
+
+  private func delivered() async throws -> Value {
+    try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Value, any Error>) in
+      let ready = state.withLock { state -> Result<Value, any Error>? in
+        switch state {
+        case .empty:
+          state = .waiting(continuation)
+          return nil
+        case .done(let result):
+          return result
+        case .waiting:
+          preconditionFailure("CallbackPromise.value awaited twice")
+        }
+      }
+      if let ready { continuation.resume(with: ready) }
     }
   }
 }
