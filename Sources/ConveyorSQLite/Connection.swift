@@ -184,8 +184,8 @@ final class Connection {
   @discardableResult
   func run(_ sql: String, _ values: SQLiteValue...) throws -> Int {
     let statement = try statement(sql)
+    defer { statement.reset() }  // also after a value SQLite refused: no copy stays bound
     try statement.bind(values)
-    defer { statement.reset() }
     while try statement.step() {}
     return Int(sqlite3_changes(handle))
   }
@@ -193,16 +193,16 @@ final class Connection {
   /// Runs a cached query with `values`, calling `row` for each result row.
   func query(_ sql: String, _ values: SQLiteValue..., row: (Statement) throws -> Void) throws {
     let statement = try statement(sql)
+    defer { statement.reset() }  // also after a value SQLite refused: no copy stays bound
     try statement.bind(values)
-    defer { statement.reset() }
     while try statement.step() { try row(statement) }
   }
 
   /// Runs a cached query and returns its first row's first column as an integer (nil for no row or NULL).
   func scalar(_ sql: String, _ values: SQLiteValue...) throws -> Int64? {
     let statement = try statement(sql)
+    defer { statement.reset() }  // also after a value SQLite refused: no copy stays bound
     try statement.bind(values)
-    defer { statement.reset() }
     guard try statement.step(), !statement.isNull(0) else { return nil }
     return statement.int64(0)
   }
@@ -266,39 +266,41 @@ final class Statement {
 
   /// Binds `values` to parameters 1…n.
   func bind(_ values: [SQLiteValue]) throws {
-    for (offset, value) in values.enumerated() {
-      let index = Int32(offset + 1)
-      let rc: Int32
-      switch value {
-      case .integer(let number):
-        rc = sqlite3_bind_int64(handle, index, number)
-      case .text(var text):
-        // With its byte length, so a NUL inside is kept (a C string would end there), and as a
-        // 64-bit length: SQLite answers SQLITE_TOOBIG for what it cannot store, never a trap.
-        if text.isEmpty {
-          rc = sqlite3_bind_text(handle, index, "", 0, conveyor_sqlite_transient())
-        } else {
-          rc = text.withUTF8 { bytes in
-            bytes.withMemoryRebound(to: CChar.self) {
-              sqlite3_bind_text64(
-                handle, index, $0.baseAddress, UInt64($0.count), conveyor_sqlite_transient(),
-                UInt8(SQLITE_UTF8))
-            }
+    for (offset, value) in values.enumerated() { try bind(value, at: Int32(offset + 1)) }
+  }
+
+  /// Binds `value` to parameter `index` (from 1).
+  func bind(_ value: SQLiteValue, at index: Int32) throws {
+    let rc: Int32
+    switch value {
+    case .integer(let number):
+      rc = sqlite3_bind_int64(handle, index, number)
+    case .text(var text):
+      // With its byte length, so a NUL inside is kept (a C string would end there), and as a
+      // 64-bit length: SQLite answers SQLITE_TOOBIG for what it cannot store, never a trap.
+      if text.isEmpty {
+        rc = sqlite3_bind_text(handle, index, "", 0, conveyor_sqlite_transient())
+      } else {
+        rc = text.withUTF8 { bytes in
+          bytes.withMemoryRebound(to: CChar.self) {
+            sqlite3_bind_text64(
+              handle, index, $0.baseAddress, UInt64($0.count), conveyor_sqlite_transient(),
+              UInt8(SQLITE_UTF8))
           }
         }
-      case .blob(let data):
-        if data.isEmpty {
-          rc = sqlite3_bind_zeroblob(handle, index, 0)
-        } else {
-          rc = data.withUnsafeBytes {
-            sqlite3_bind_blob64(handle, index, $0.baseAddress, UInt64($0.count), conveyor_sqlite_transient())
-          }
-        }
-      case .null:
-        rc = sqlite3_bind_null(handle, index)
       }
-      guard rc == SQLITE_OK else { throw error(rc) }
+    case .blob(let data):
+      if data.isEmpty {
+        rc = sqlite3_bind_zeroblob(handle, index, 0)
+      } else {
+        rc = data.withUnsafeBytes {
+          sqlite3_bind_blob64(handle, index, $0.baseAddress, UInt64($0.count), conveyor_sqlite_transient())
+        }
+      }
+    case .null:
+      rc = sqlite3_bind_null(handle, index)
     }
+    guard rc == SQLITE_OK else { throw error(rc) }
   }
 
   /// Advances to the next row: true when a row is available, false when done.

@@ -422,10 +422,7 @@ extension SQLiteJobStore {
   static func commitInline(_ calls: [(jobs: [NewJob], queue: String, clock: any JobClock)], db: Connection)
     throws -> [[EnqueueResult]]
   {
-    let results = try db.transaction(immediate: true) {
-      try calls.map { call in try insert(call.jobs, queue: call.queue, now: millis(call.clock.now()), db: db)
-      }
-    }
+    let results = try db.transaction(immediate: true) { try insert(calls, db: db) }
     // Only once committed: a rolled-back note must be written again next time.
     for call in calls { db.notedQueues.insert(call.queue) }
     return results
@@ -445,13 +442,9 @@ extension SQLiteJobStore {
       // No lock within the busy timeout: no call's work began; each fails as a lone call would.
       return group.map { _ in .failure(error) }
     }
-    var results: [Result<[EnqueueResult], any Error>] = []
-    results.reserveCapacity(group.count)
+    let results: [[EnqueueResult]]
     do {
-      for request in group {
-        let now = millis(request.clock.now())
-        results.append(.success(try insert(request.jobs, queue: request.queue, now: now, db: db)))
-      }
+      results = try insert(group.map { ($0.jobs, $0.queue, $0.clock) }, db: db)
       try db.run("COMMIT")
     } catch {
       db.rollbackIfNeeded()
@@ -459,10 +452,8 @@ extension SQLiteJobStore {
       return group.map(alone)
     }
     groups.countGroup()
-    for (request, result) in zip(group, results) {
-      if case .success = result { db.notedQueues.insert(request.queue) }
-    }
-    return results
+    for request in group { db.notedQueues.insert(request.queue) }
+    return results.map { .success($0) }
   }
 
   /// Commits one call's jobs in a transaction of their own.
@@ -470,6 +461,97 @@ extension SQLiteJobStore {
     -> [EnqueueResult]
   {
     try commitInline([(jobs, queue, clock)], db: db)[0]
+  }
+
+  /// Inserts the calls' jobs in order inside the caller's transaction, skipping duplicates by key;
+  /// the results of each call, in order.
+  ///
+  /// When no job has a key, every job goes into one multi-row `INSERT … RETURNING id` per
+  /// ``rowsPerInsert`` jobs (see ``insertTogether(_:rows:db:)``); otherwise each job is one statement,
+  /// after a lookup of its key.
+  private static func insert(_ calls: [(jobs: [NewJob], queue: String, clock: any JobClock)], db: Connection)
+    throws -> [[EnqueueResult]]
+  {
+    let rows = calls.reduce(0) { $0 + $1.jobs.count }
+    if rows > 1, SQL.hasReturning, calls.allSatisfy({ $0.jobs.allSatisfy { $0.deduplicationKey == nil } }) {
+      return try insertTogether(calls, rows: rows, db: db)
+    }
+    return try calls.map { call in
+      try insert(call.jobs, queue: call.queue, now: millis(call.clock.now()), db: db)
+    }
+  }
+
+  /// The most jobs one multi-row `INSERT` takes (see ``insertTogether(_:rows:db:)``): 7 parameters
+  /// each, far below SQLite's limit of 32,766, and at most 32 statements to cache.
+  static let rowsPerInsert = 32
+
+  /// Inserts the calls' jobs, none of which has a key, `rows` in all, with one multi-row `INSERT`
+  /// per ``rowsPerInsert`` jobs: one statement to start, and one update of the `AUTOINCREMENT`
+  /// counter, for a group of calls instead of one per job (8 calls of one job: 65 µs a
+  /// transaction instead of 74 µs, measured on the group's leader).
+  ///
+  /// A job's ID is read back with `RETURNING id`; the IDs are matched to the jobs in ascending
+  /// order, because SQLite inserts the rows of a `VALUES` list in their order and an
+  /// `AUTOINCREMENT` key only grows, while the order of the `RETURNING` rows is not promised. A
+  /// row a trigger skipped (`RAISE(IGNORE)`) returns no ID: the calls fail, and the group runs
+  /// each alone (see ``commit(_:db:groups:)``), as when a one-row insert changes no row.
+  private static func insertTogether(
+    _ calls: [(jobs: [NewJob], queue: String, clock: any JobClock)], rows: Int, db: Connection
+  ) throws -> [[EnqueueResult]] {
+    var ids: [Int64] = []
+    ids.reserveCapacity(rows)
+    var statement: Statement?
+    var chunk = 0  // the rows of `statement`
+    var bound = 0  // those bound so far
+    // A value SQLite refuses (too large) leaves a statement half bound: clear its copies.
+    defer { statement?.reset() }
+    for call in calls {
+      if !db.notedQueues.contains(call.queue) { try db.run(SQL.noteQueue, .text(call.queue)) }
+      let now = millis(call.clock.now())
+      for job in call.jobs {
+        let current: Statement
+        if let statement {
+          current = statement
+        } else {
+          chunk = min(rows - ids.count, rowsPerInsert)
+          bound = 0
+          current = try db.statement(SQL.insert(rows: chunk))
+          statement = current
+        }
+        let runAt = runAt(job.runTime, now: now)
+        let first = Int32(bound * SQL.insertColumns + 1)
+        try current.bind(.text(call.queue), at: first)
+        try current.bind(.blob(job.payload), at: first + 1)
+        try current.bind(.text(runAt <= now ? "ready" : "scheduled"), at: first + 2)
+        try current.bind(.integer(Int64(job.priority)), at: first + 3)
+        try current.bind(.integer(runAt), at: first + 4)
+        try current.bind(.integer(now), at: first + 5)
+        try current.bind(.null, at: first + 6)
+        bound += 1
+        guard bound == chunk else { continue }
+        statement = nil
+        defer { current.reset() }
+        var returned: [Int64] = []
+        returned.reserveCapacity(chunk)
+        while try current.step() { returned.append(current.int64(0)) }
+        guard returned.count == chunk else {
+          throw SQLiteError(
+            code: .constraint,
+            message:
+              "the jobs table did not take a job (a trigger on it dropped the row); nothing of this add was stored"
+          )
+        }
+        ids += returned.sorted()
+      }
+    }
+    var results: [[EnqueueResult]] = []
+    results.reserveCapacity(calls.count)
+    var next = 0
+    for call in calls {
+      results.append(ids[next..<next + call.jobs.count].map { EnqueueResult(id: JobID($0), inserted: true) })
+      next += call.jobs.count
+    }
+    return results
   }
 
   /// Inserts jobs in order inside the caller's transaction, skipping duplicates by key.

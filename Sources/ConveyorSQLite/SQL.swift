@@ -1,3 +1,4 @@
+import CSQLite
 import Conveyor
 
 /// The store's schema and statements.
@@ -140,6 +141,17 @@ enum SQL {
     INSERT INTO jobs (queue, payload, status, priority, run_at, created_at, dedup_key)
     VALUES (?, ?, ?, ?, ?, ?, ?)
     """
+  /// The parameters of each row of ``insert``.
+  static let insertColumns = 7
+  /// ``insert`` for `rows` rows (1 to ``SQLiteJobStore/rowsPerInsert``) at once, returning each
+  /// new row's ID (see ``SQLiteJobStore/insertTogether(_:rows:db:)``).
+  static func insert(rows: Int) -> String { insertRows[rows] }
+  private static let insertRows = (0...SQLiteJobStore.rowsPerInsert).map { rows in
+    insert + String(repeating: ", (?, ?, ?, ?, ?, ?, ?)", count: max(rows - 1, 0)) + " RETURNING id"
+  }
+  /// Whether the SQLite library knows `RETURNING` (3.35 and later); ``insert(rows:)`` needs it.
+  static let hasReturning = sqlite3_libversion_number() >= 3_035_000
+
   /// Every queue with jobs has a row, so ``queueNames`` never reads the jobs table.
   static let noteQueue = "INSERT OR IGNORE INTO queues (name) VALUES (?)"
 

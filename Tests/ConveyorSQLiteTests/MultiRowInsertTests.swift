@@ -1,0 +1,180 @@
+import CSQLite
+import Conveyor
+import ConveyorTestSupport
+import Foundation
+import Synchronization
+import Testing
+
+@testable import ConveyorSQLite
+
+/// Jobs without keys are inserted with one multi-row `INSERT … RETURNING id` per 32 jobs, for one
+/// call or a group of calls (`SQLiteJobStore.insertTogether`): every call must still get the IDs
+/// of its own jobs, in order, and a row the table does not take must fail only its own call.
+@Suite("One INSERT for the jobs of a group", .serialized, .timeLimit(.minutes(2)))
+struct MultiRowInsertTests {
+  /// The payload, status and priority stored under each of `ids`, read by another connection.
+  func stored(_ ids: [JobID], path: String) throws -> [String] {
+    let connection = try Connection(path: path, create: false)
+    return try ids.map { id in
+      var row: String?
+      try connection.query("SELECT payload, status, priority FROM jobs WHERE id = ?", .integer(id.rawValue)) {
+        row = "\(String(decoding: $0.data(0), as: UTF8.self)) \($0.text(1) ?? "-") \($0.int(2))"
+      }
+      return row ?? "missing"
+    }
+  }
+
+  func count(_ path: String) throws -> Int64? {
+    try Connection(path: path, create: false).scalar("SELECT count(*) FROM jobs")
+  }
+
+  // Five calls of 1, 3, 30, 2 and 4 jobs in one group on the store's thread: two statements (32
+  // and 8 rows), the first ending inside the third call.
+  @Test func callsGroupedOnTheStoresThreadGetTheIDsOfTheirOwnJobs() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("g.sqlite")
+    let store = try SQLiteJobStore(path: path)
+    let sizes = [1, 3, 30, 2, 4]
+    let calls = sizes.enumerated().map { call, size in
+      (0..<size).map { (payload: "c\(call)j\($0)", key: String?.none) }
+    }
+    let before = store.groups.groupsCommitted
+    let results = try await Review4Tests.grouped(store, calls)
+    #expect(store.groups.groupsCommitted == before + 1, "the five calls were not one group")
+    var previous: Int64 = 0
+    for (call, result) in zip(calls, results) {
+      let ids = try result.get().map(\.id)
+      #expect(try result.get().allSatisfy { $0.inserted })
+      #expect(try stored(ids, path: path) == call.map { "\($0.payload) ready 0" })
+      for id in ids {
+        #expect(id.rawValue > previous, "IDs out of the order of the calls and their jobs")
+        previous = id.rawValue
+      }
+    }
+    #expect(try count(path) == 40)
+    await store.close()
+  }
+
+  // One call of 70 jobs (over the inline limit: the store's thread), with priorities and run dates
+  // of their own: three statements of 32, 32 and 6 rows.
+  @Test func aLargeCallGetsTheIDsOfItsJobsInOrder() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("l.sqlite")
+    let store = try SQLiteJobStore(path: path)
+    let jobs = (0..<70).map { index in
+      NewJob(
+        payload: payload("j\(index)"), priority: index % 5,
+        runAt: index % 3 == 0 ? epoch.addingTimeInterval(60) : epoch)
+    }
+    let results = try await store.enqueue(jobs, queue: "jobs", now: epoch)
+    #expect(results.allSatisfy { $0.inserted })
+    #expect(
+      try stored(results.map(\.id), path: path)
+        == (0..<70).map { "j\($0) \($0 % 3 == 0 ? "scheduled" : "ready") \($0 % 5)" })
+    #expect(results.map(\.id.rawValue) == results.map(\.id.rawValue).sorted())
+    await store.close()
+  }
+
+  // A leader commits the calls queued behind it on its own thread, to two queues: each follower
+  // gets its own jobs' IDs, and both queues are listed.
+  @Test func followersCommittedByTheLeaderGetTheIDsOfTheirOwnJobs() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("f.sqlite")
+    let store = try SQLiteJobStore(path: path)
+    let clock = GateClock()
+    let leader = Task(executorPreference: OneThreadExecutor()) {
+      try await store.enqueue([NewJob(payload: payload("leader"), runAt: epoch)], queue: "a", clock: clock)
+    }
+    try await eventually("the leader is inside its transaction") { clock.entered }
+    var followers: [Task<[EnqueueResult], any Error>] = []
+    for index in 0..<4 {
+      followers.append(
+        Task {
+          try await store.enqueue(
+            (0..<(index + 1)).map { NewJob(payload: payload("f\(index)j\($0)"), runAt: epoch) },
+            queue: index % 2 == 0 ? "a" : "b", now: epoch)
+        })
+      try await eventually("follower \(index) waits behind the leader") {
+        store.groups.waitingCount == index + 1
+      }
+    }
+    clock.open()
+    let led = try await leader.value
+    #expect(try stored(led.map(\.id), path: path) == ["leader ready 0"])
+    for (index, follower) in followers.enumerated() {
+      let ids = try await follower.value.map(\.id)
+      #expect(try stored(ids, path: path) == (0..<(index + 1)).map { "f\(index)j\($0) ready 0" })
+    }
+    #expect(store.groups.callsTaken == 0, "the store's thread committed calls the leader should have")
+    #expect(try await store.queueNames().sorted() == ["a", "b"])
+    #expect(try count(path) == 11)
+    await store.close()
+  }
+
+  // A trigger skips one row of the middle call of a group without keys (RAISE(IGNORE)): that call
+  // fails and stores nothing; the others are committed with their own IDs.
+  @Test func aRowSkippedInAGroupWithoutKeysFailsOnlyItsCall() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("s.sqlite")
+    let store = try SQLiteJobStore(path: path)
+    try Connection(path: path, create: false).execute(
+      """
+      CREATE TRIGGER skip BEFORE INSERT ON jobs WHEN NEW.payload = CAST('skip' AS BLOB)
+      BEGIN SELECT RAISE(IGNORE); END
+      """)
+    let calls: [[(payload: String, key: String?)]] = [
+      [("a1", nil), ("a2", nil)], [("b1", nil), ("skip", nil), ("b3", nil)], [("c1", nil)],
+    ]
+    let results = try await Review4Tests.grouped(store, calls)
+    #expect(try stored(results[0].get().map(\.id), path: path) == ["a1 ready 0", "a2 ready 0"])
+    #expect(throws: SQLiteError.self) { try results[1].get() }
+    #expect(try stored(results[2].get().map(\.id), path: path) == ["c1 ready 0"])
+    #expect(try count(path) == 3)
+    await store.close()
+  }
+
+  /// The statement `sql` of `connection` with its bound values written in (NULL where none is).
+  func expanded(_ sql: String, _ connection: Connection) throws -> String {
+    let statement = try connection.statement(sql)
+    guard let text = sqlite3_expanded_sql(statement.handle) else { return "" }
+    defer { sqlite3_free(text) }
+    return String(cString: text)
+  }
+
+  // Fixed (the statement kept the values bound before the one SQLite refused, a copy of each,
+  // until its next use): a value over SQLite's length limit fails the call and leaves nothing
+  // bound, through `Connection.run` and through the multi-row insert.
+  @Test func aValueSQLiteRefusesLeavesNothingBound() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("b.sqlite")
+    let connection = try Connection(path: folder.path("plain.sqlite"), create: true)
+    try connection.execute("CREATE TABLE t (a, b)")
+    sqlite3_limit(connection.handle, SQLITE_LIMIT_LENGTH, 1_000)
+    let sql = "INSERT INTO t VALUES (?, ?)"
+    #expect(throws: SQLiteError.self) { try connection.run(sql, .text("kept"), .blob(Data(count: 2_000))) }
+    #expect(try expanded(sql, connection) == "INSERT INTO t VALUES (NULL, NULL)")
+
+    let store = try SQLiteJobStore(path: path)
+    let limited = Flag()
+    store.connection.submit { db in
+      if let db { sqlite3_limit(db.handle, SQLITE_LIMIT_LENGTH, 1_000) }
+      limited.set()
+    }
+    try await eventually("the store's connection has the limit") { limited.value }
+    await #expect(throws: SQLiteError.self) {
+      _ = try await store.enqueue(
+        [NewJob(payload: payload("kept"), runAt: epoch), NewJob(payload: Data(count: 2_000), runAt: epoch)],
+        queue: "jobs", now: epoch)
+    }
+    let bound = Mutex("")
+    let read = Flag()
+    store.connection.submit { db in
+      if let db { bound.withLock { $0 = (try? expanded(SQL.insert(rows: 2), db)) ?? "no statement" } }
+      read.set()
+    }
+    try await eventually("the statement was read") { read.value }
+    #expect(!bound.withLock { $0 }.contains("'jobs'"), "a value is still bound: \(bound.withLock { $0 })")
+    #expect(try count(path) == 0)
+    await store.close()
+  }
+}
