@@ -245,18 +245,20 @@ public final class PostgresJobStore: JobStore {
     if jobs.isEmpty { return [] }
     let sql = self.sql
     let now = now(clock)
-    // Within the batch, a later job with an earlier job's key is that job.
-    var firstWithKey: [String: Int] = [:]
+    // Within the batch, a later job with an earlier job's key is that job. Keys are compared by
+    // their bytes, as the database compares them (`String` takes canonically equivalent texts, a
+    // precomposed and a decomposed "é", for one key).
+    var firstWithKey: [Data: Int] = [:]
     var sameAs: [Int?] = []
     for (index, job) in jobs.enumerated() {
-      if let key = job.deduplicationKey, let first = firstWithKey[key] {
+      if let key = job.deduplicationKey.map({ Data($0.utf8) }), let first = firstWithKey[key] {
         sameAs.append(first)
       } else {
-        if let key = job.deduplicationKey { firstWithKey[key] = index }
+        if let key = job.deduplicationKey { firstWithKey[Data(key.utf8)] = index }
         sameAs.append(nil)
       }
     }
-    let keys = firstWithKey.keys.sorted().map { Data($0.utf8) }
+    let keys = firstWithKey.keys.sorted { $0.lexicographicallyPrecedes($1) }
     let candidates = sameAs.indices.filter { sameAs[$0] == nil }
     let batch = sameAs
     return try await connection.perform(idempotent: false) { db in

@@ -25,8 +25,10 @@ final class Connection {
   /// dictionary hashed the whole text (a few hundred bytes) on every statement of every call.
   private var recent: [(sql: ExactText, statement: Statement)] = []
   /// Queue names this connection has recorded in the `queues` table (rows there are never
-  /// deleted), so an enqueue records its queue once per connection, not once per call.
-  var notedQueues: Set<String> = []
+  /// deleted), so an enqueue records its queue once per connection, not once per call. Compared
+  /// byte for byte, as SQLite compares them: two canonically equivalent names (a precomposed and a
+  /// decomposed "é") are two queues, each recorded.
+  var notedQueues: Set<ExactText> = []
   /// Whether ``close()`` ran.
   private(set) var isClosed = false
   /// While set, every statement on this connection stops with `SQLITE_INTERRUPT`, including one

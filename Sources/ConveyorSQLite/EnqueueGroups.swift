@@ -424,7 +424,7 @@ extension SQLiteJobStore {
   {
     let results = try db.transaction(immediate: true) { try insert(calls, db: db) }
     // Only once committed: a rolled-back note must be written again next time.
-    for call in calls { db.notedQueues.insert(call.queue) }
+    for call in calls { db.notedQueues.insert(ExactText(call.queue)) }
     return results
   }
 
@@ -452,7 +452,7 @@ extension SQLiteJobStore {
       return group.map(alone)
     }
     groups.countGroup()
-    for request in group { db.notedQueues.insert(request.queue) }
+    for request in group { db.notedQueues.insert(ExactText(request.queue)) }
     return results.map { .success($0) }
   }
 
@@ -506,7 +506,7 @@ extension SQLiteJobStore {
     // A value SQLite refuses (too large) leaves a statement half bound: clear its copies.
     defer { statement?.reset() }
     for call in calls {
-      if !db.notedQueues.contains(call.queue) { try db.run(SQL.noteQueue, .text(call.queue)) }
+      if !db.notedQueues.contains(ExactText(call.queue)) { try db.run(SQL.noteQueue, .text(call.queue)) }
       let now = millis(call.clock.now())
       for job in call.jobs {
         let current: Statement
@@ -558,7 +558,7 @@ extension SQLiteJobStore {
   private static func insert(_ jobs: [NewJob], queue: String, now: Int64, db: Connection) throws
     -> [EnqueueResult]
   {
-    if !db.notedQueues.contains(queue) { try db.run(SQL.noteQueue, .text(queue)) }
+    if !db.notedQueues.contains(ExactText(queue)) { try db.run(SQL.noteQueue, .text(queue)) }
     var results: [EnqueueResult] = []
     results.reserveCapacity(jobs.count)
     for job in jobs {

@@ -256,6 +256,33 @@ public enum JobStoreConformance {
       try expect(record?.attempts == 1 && record?.leaseOwner == nil, "pending, attempt kept")
       try expect(record.map { $0.runAt <= at(61) } == true, "ready at once")
     },
+    // SQLite and PostgreSQL compare text byte for byte, where `String` compares canonically
+    // equivalent texts (a precomposed and a decomposed "é") as equal: every store must do as the
+    // databases do, or a job with a key of its own is answered as another's, or a queue with jobs
+    // is not listed.
+    check("queue names and deduplication keys are compared byte for byte") { store in
+      let composed = "caf\u{E9}"
+      let decomposed = "cafe\u{301}"
+      let keyed = try await store.enqueue(
+        [job("a", key: composed), job("b", key: decomposed)], queue: "q", clock: now(0))
+      try expect(keyed.allSatisfy(\.inserted) && keyed[0].id != keyed[1].id, "two keys, two jobs: \(keyed)")
+      let again = try await store.enqueue([job("c", key: decomposed)], queue: "q", clock: now(0))
+      try expect(!again[0].inserted && again[0].id == keyed[1].id, "the decomposed key's job: \(again)")
+      for queue in [composed, decomposed] {
+        _ = try await store.enqueue([job(queue), job(queue)], queue: queue, clock: now(0))
+      }
+      let names = try await store.queueNames()
+      try expect(
+        names.filter { $0 != "q" }.map { Array($0.utf8) }.sorted { $0.lexicographicallyPrecedes($1) }
+          == [Array(composed.utf8), Array(decomposed.utf8)].sorted { $0.lexicographicallyPrecedes($1) },
+        "both queues listed: \(names.map(\.unicodeScalars))")
+      for queue in [composed, decomposed] {
+        let counts = try await store.counts(queue: queue, clock: now(0))
+        try expect(counts == JobCounts(ready: 2), "two jobs in each queue: \(counts)")
+        let listed = try await store.jobs(queue: queue, status: nil, after: nil, limit: 10)
+        try expect(listed.map(text) == [queue, queue], "each queue lists its own: \(listed.map(text))")
+      }
+    },
     check("deduplication keys hold while a job waits; a running job lets a new one in") { store in
       let first = try await store.enqueue(
         [job("a", key: "k"), job("b", key: "k"), job("c", key: "other")], queue: "q", clock: now(0))

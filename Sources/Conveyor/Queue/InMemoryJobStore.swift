@@ -27,7 +27,9 @@ public final class InMemoryJobStore: JobStore {
       var results: [EnqueueResult] = []
       results.reserveCapacity(jobs.count)
       for job in jobs {
-        if let key = job.deduplicationKey, let existing = state.queues[queue]?.dedup[key]?.min() {
+        if let key = job.deduplicationKey,
+          let existing = state.queues[ExactText(queue)]?.dedup[ExactText(key)]?.min()
+        {
           results.append(EnqueueResult(id: existing, inserted: false))
           continue
         }
@@ -36,7 +38,8 @@ public final class InMemoryJobStore: JobStore {
           id: JobID(state.nextID), queue: queue, payload: job.payload, status: .pending,
           priority: job.priority, attempts: 0, runAt: Self.runDate(job.runTime, now: now), createdAt: now,
           deduplicationKey: job.deduplicationKey)
-        state.queues[queue, default: QueueState()].insertWaiting(record, ready: record.runAt <= now)
+        state.queues[ExactText(queue), default: QueueState()].insertWaiting(
+          record, ready: record.runAt <= now)
         results.append(EnqueueResult(id: record.id, inserted: true))
       }
       return results
@@ -117,7 +120,7 @@ public final class InMemoryJobStore: JobStore {
     state.withLock { state in
       let now = JobStoreTime.normalized(clock.now())
       var counts = JobCounts()
-      guard let queueState = state.queues[queue] else { return counts }
+      guard let queueState = state.queues[ExactText(queue)] else { return counts }
       for slot in queueState.jobs.values {
         switch slot.record.status {
         // Ready once marked so (as SQLite stores it), or once its date has come.
@@ -136,7 +139,7 @@ public final class InMemoryJobStore: JobStore {
     -> [JobRecord]
   {
     state.withLock { state in
-      guard limit > 0, let jobs = state.queues[queue]?.jobs else { return [] }
+      guard limit > 0, let jobs = state.queues[ExactText(queue)]?.jobs else { return [] }
       let matching = jobs.values.map(\.record).filter { record in
         (status == nil || record.status == status) && (after.map { record.id > $0 } ?? true)
       }
@@ -153,7 +156,7 @@ public final class InMemoryJobStore: JobStore {
   public func remove(_ ids: [JobID], queue: String) async throws -> Int {
     state.withLock { state in
       var removed = 0
-      for id in Set(ids) where state.queues[queue]?.delete(id) == true { removed += 1 }
+      for id in Set(ids) where state.queues[ExactText(queue)]?.delete(id) == true { removed += 1 }
       return removed
     }
   }
@@ -176,7 +179,7 @@ public final class InMemoryJobStore: JobStore {
       var count = 0
       for id in candidates {
         guard let record = queueState.jobs[id]?.record, record.status == .dead else { continue }
-        if let key = record.deduplicationKey, queueState.dedup[key]?.isEmpty == false { continue }
+        if let key = record.deduplicationKey, queueState.dedup[ExactText(key)]?.isEmpty == false { continue }
         queueState.jobs[id]?.record.attempts = 0
         queueState.makeWaiting(id, runAt: now, error: record.lastError, ready: true)
         count += 1
@@ -187,12 +190,12 @@ public final class InMemoryJobStore: JobStore {
 
   /// Stores the pause flag; see ``JobStore/setPaused(_:queue:)``.
   public func setPaused(_ paused: Bool, queue: String) async throws {
-    state.withLock { $0.queues[queue, default: QueueState()].paused = paused }
+    state.withLock { $0.queues[ExactText(queue), default: QueueState()].paused = paused }
   }
 
   /// Reads the pause flag; see ``JobStore/isPaused(queue:)``.
   public func isPaused(queue: String) async throws -> Bool {
-    state.withLock { $0.queues[queue]?.paused ?? false }
+    state.withLock { $0.queues[ExactText(queue)]?.paused ?? false }
   }
 
   /// When a worker is next needed; see ``JobStore/nextWake(queue:clock:)``.
@@ -207,7 +210,7 @@ public final class InMemoryJobStore: JobStore {
   /// Names of queues with jobs or a pause flag; see ``JobStore/queueNames()``.
   public func queueNames() async throws -> [String] {
     state.withLock { state in
-      state.queues.filter { !$0.value.jobs.isEmpty || $0.value.paused }.keys.sorted()
+      state.queues.filter { !$0.value.jobs.isEmpty || $0.value.paused }.keys.map(\.text).sorted()
     }
   }
 }
@@ -215,12 +218,13 @@ public final class InMemoryJobStore: JobStore {
 extension InMemoryJobStore {
   /// Runs `body` on a queue's state in place (no copy of its jobs), under the lock.
   private func withQueue<R>(_ queue: String, _ body: (inout QueueState) -> R) -> R {
-    state.withLock { state in body(&state.queues[queue, default: QueueState()]) }
+    state.withLock { state in body(&state.queues[ExactText(queue), default: QueueState()]) }
   }
 
   fileprivate struct State: Sendable {
     var nextID: Int64 = 0
-    var queues: [String: QueueState] = [:]
+    /// By name, compared byte for byte as the databases compare it (see ``ExactText``).
+    var queues: [ExactText: QueueState] = [:]
   }
 
   /// One heap entry: a pending job's ordering key. Entries go stale when the job changes; they are
@@ -275,7 +279,7 @@ extension InMemoryJobStore {
     var scheduled = Heap<RunDateOrder>()
     var running: Set<JobID> = []
     /// Waiting jobs by deduplication key (usually one; a retried job can wait beside a newer one).
-    var dedup: [String: Set<JobID>] = [:]
+    var dedup: [ExactText: Set<JobID>] = [:]
 
     /// Whether `slot` holds the job of `entry` as the entry saw it: waiting, with the entry's run
     /// date and priority.
@@ -301,7 +305,7 @@ extension InMemoryJobStore {
 
     mutating func insertWaiting(_ record: JobRecord, ready isReady: Bool) {
       jobs[record.id] = Slot(record: record, ready: isReady)
-      if let key = record.deduplicationKey { dedup[key, default: []].insert(record.id) }
+      if let key = record.deduplicationKey { dedup[ExactText(key), default: []].insert(record.id) }
       let entry = Entry(id: record.id, priority: record.priority, runAt: record.runAt)
       if isReady {
         ready.push(ClaimOrder(entry))
@@ -399,6 +403,7 @@ extension InMemoryJobStore {
     }
 
     mutating func dropDeduplication(_ key: String, _ id: JobID) {
+      let key = ExactText(key)
       dedup[key]?.remove(id)
       if dedup[key]?.isEmpty == true { dedup[key] = nil }
     }

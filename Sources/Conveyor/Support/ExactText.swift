@@ -1,7 +1,10 @@
-/// Text compared and hashed by its UTF-8 bytes, for the stores' caches of prepared statements.
+/// Text compared and hashed by its UTF-8 bytes, as SQLite and PostgreSQL compare it: for the
+/// stores' caches of prepared statements, and for queue names and deduplication keys held in
+/// memory.
 ///
 /// `String` compares canonically equivalent texts as equal, such as a precomposed and a decomposed
-/// "é": as SQL they are different statements, and must not share a prepared one.
+/// "é": as SQL they are different statements, and must not share a prepared one; as queue names
+/// or keys they are two queues or two keys in a database, and must be in memory too.
 package struct ExactText: Hashable, Sendable {
   package let text: String
 
