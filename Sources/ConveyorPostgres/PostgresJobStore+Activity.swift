@@ -25,9 +25,11 @@ extension PostgresJobStore {
   /// connection breaks while it commits is sent again, so its counts may be added twice: the
   /// charts are a picture, not an audit.
   public func recordActivity(_ activity: [QueueActivity]) async throws {
-    var merged: [String: [Date: QueueActivity]] = [:]
+    // By name byte for byte, as the table's key compares it (`String` takes a precomposed and a
+    // decomposed "é" for one name).
+    var merged: [ExactText: [Date: QueueActivity]] = [:]
     for row in activity where !row.isEmpty {
-      merged[row.queue, default: [:]][
+      merged[ExactText(row.queue), default: [:]][
         row.minute, default: QueueActivity(queue: row.queue, minute: row.minute)
       ]
       .add(row)

@@ -14,6 +14,13 @@ struct PostgresActivityTests {
     await store.close()
   }
 
+  @Test func equivalentQueueNamesKeepTheirOwnCounts() async throws {
+    let server = try await PostgresServer.shared()
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: uniqueSchema()))
+    try await ActivityChecks.equivalentNamesKeepTheirOwnCounts(store)
+    await store.close()
+  }
+
   /// With the callers' clock, so the check can drive time.
   @Test func theOldestReadyJobIsFoundAcrossPriorityLevels() async throws {
     let server = try await PostgresServer.shared()

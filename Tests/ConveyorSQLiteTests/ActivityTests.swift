@@ -22,6 +22,11 @@ struct SQLiteActivityTests {
     #expect(try await reopened.activity(since: Date().addingTimeInterval(-3600), limit: 100).count == 3)
   }
 
+  @Test func equivalentQueueNamesKeepTheirOwnCounts() async throws {
+    let folder = try TemporaryFolder()
+    try await ActivityChecks.equivalentNamesKeepTheirOwnCounts(try makeStore(folder))
+  }
+
   @Test func theOldestReadyJobIsFoundAcrossPriorityLevels() async throws {
     let folder = try TemporaryFolder()
     try await ActivityChecks.oldestReady(try makeStore(folder))

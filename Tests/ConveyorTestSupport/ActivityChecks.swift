@@ -52,6 +52,24 @@ public enum ActivityChecks {
     try expect(kept.first { $0.queue == "mail" && $0.minute == m1 }?.succeeded == 1, "newer minutes stay")
   }
 
+  /// Two queue names that `String` takes for one (a precomposed and a decomposed "é") keep their
+  /// own counts, recorded in one call: the databases compare names byte for byte.
+  public static func equivalentNamesKeepTheirOwnCounts(_ store: any JobStore) async throws {
+    let minute = QueueActivity.minute(containing: Date().addingTimeInterval(-60))
+    let composed = "caf\u{E9}"
+    let decomposed = "cafe\u{301}"
+    try await store.recordActivity([
+      QueueActivity(queue: composed, minute: minute, succeeded: 1),
+      QueueActivity(queue: decomposed, minute: minute, succeeded: 2),
+    ])
+    let rows = try await store.activity(since: minute, limit: 10)
+    let counts = rows.map { (Array($0.queue.utf8), $0.succeeded) }
+    try expect(
+      counts.count == 2 && counts.contains { $0.0 == Array(composed.utf8) && $0.1 == 1 }
+        && counts.contains { $0.0 == Array(decomposed.utf8) && $0.1 == 2 },
+      "each name its own row: \(rows.map { ($0.queue.unicodeScalars.map(\.value), $0.succeeded) })")
+  }
+
   /// The earliest run date among ready jobs, whatever their priority; due scheduled jobs count,
   /// running and later ones do not.
   public static func oldestReady(_ store: any JobStore) async throws {
