@@ -21,7 +21,7 @@ import Synchronization
 /// ``stop()`` always ends the thread.
 final class Listener: Sendable {
   private struct Waiter {
-    var queue: String
+    var queue: ExactText
     /// The waiting task (its hash), which a notification that wakes it marks as served.
     var task: Int?
     var continuation: CheckedContinuation<Bool, Never>
@@ -41,15 +41,15 @@ final class Listener: Sendable {
     var nextToken: UInt64 = 0
     /// Queues notified while fewer watchers waited than ``watchers`` counts: the next waits of the
     /// watchers that were between two waits return at once.
-    var pending: [String: Owed] = [:]
+    var pending: [ExactText: Owed] = [:]
     /// The most waits seen at once for a queue (each watcher of a queue, a `JobQueue`, has at most
     /// one wait at a time): how many a notification should reach. Never lowered: the returns owed
     /// to a watcher that stopped are left to tasks the notification did not wake (a watcher that
     /// comes back as a new task takes one, and claims once more than it needed), where a watcher
     /// missed would sleep until its poll.
-    var watchers: [String: Int] = [:]
+    var watchers: [ExactText: Int] = [:]
     /// Queues a wait was made for, so `pending` only holds names someone watches.
-    var watched: Set<String> = []
+    var watched: Set<ExactText> = []
   }
 
   /// Early returns a queue's notifications left for watchers that did not wait then.
@@ -69,7 +69,7 @@ final class Listener: Sendable {
   var armedTimeouts: Int { armed.load(ordering: .relaxed) }
 
   /// How many of `queue`'s next waits return at once (for tests).
-  func owedReturns(_ queue: String) -> Int { state.withLock { $0.pending[queue]?.count ?? 0 } }
+  func owedReturns(_ queue: String) -> Int { state.withLock { $0.pending[ExactText(queue)]?.count ?? 0 } }
   private let conninfo: String
   private let scrubber: Scrubber
   private let channel: String
@@ -100,7 +100,12 @@ final class Listener: Sendable {
   }
 
   /// Waits for a notification about `queue`, `timeout`, or the task's cancellation.
-  func wait(queue: String, timeout: Duration) async -> Bool {
+  ///
+  /// Queue names are told apart byte for byte, as the database does (see ``ExactText``): a
+  /// notification about a precomposed "é" neither wakes nor takes a return owed to the waiters of
+  /// the decomposed one.
+  func wait(queue name: String, timeout: Duration) async -> Bool {
+    let queue = ExactText(name)
     if isStopped {
       // A queue's watcher waits again at once: returning at once would make it spin.
       try? await DispatchSleep.sleep(for: max(timeout, .milliseconds(1)))
@@ -170,7 +175,8 @@ final class Listener: Sendable {
   /// Wakes the waiters of `queue` (of every queue when nil). A watched queue with fewer waits
   /// than it has watchers (none waits, or one of two `JobQueue`s of the queue is between two
   /// waits) is kept pending for the missing ones, so their next waits return at once.
-  private func deliver(_ queue: String?) {
+  private func deliver(_ name: String?) {
+    let queue = name.map(ExactText.init)
     let woken = state.withLock { state -> [Waiter] in
       let matching = state.waiters.filter { queue == nil || $0.value.queue == queue }
       for token in matching.keys { state.waiters[token] = nil }

@@ -25,11 +25,12 @@ extension PostgresJobStore {
   /// connection breaks while it commits is sent again, so its counts may be added twice: the
   /// charts are a picture, not an audit.
   public func recordActivity(_ activity: [QueueActivity]) async throws {
-    // By name byte for byte, as the table's key compares it (`String` takes a precomposed and a
-    // decomposed "é" for one name).
+    // By the name as it is stored (a NUL becomes U+FFFD), byte for byte, as the table's key
+    // compares it (`String` takes a precomposed and a decomposed "é" for one name): two rows of
+    // one key in the statement would fail it.
     var merged: [ExactText: [Date: QueueActivity]] = [:]
     for row in activity where !row.isEmpty {
-      merged[ExactText(row.queue), default: [:]][
+      merged[ExactText(Self.storable(row.queue)), default: [:]][
         row.minute, default: QueueActivity(queue: row.queue, minute: row.minute)
       ]
       .add(row)
@@ -52,7 +53,8 @@ extension PostgresJobStore {
     }
   }
 
-  /// Every queue's minutes from the one holding `since`, sorted by queue and minute.
+  /// Every queue's minutes from the one holding `since`, sorted by queue (byte for byte) and
+  /// minute.
   public func activity(since: Date, limit: Int) async throws -> [QueueActivity] {
     guard limit > 0 else { return [] }
     let sql = self.sql
@@ -66,7 +68,7 @@ extension PostgresJobStore {
           started: result.int64(row, 5), waitMillisecondsTotal: result.int64(row, 6),
           waitMillisecondsMax: result.int64(row, 7))
       }
-      return rows.sorted { ($0.queue, $0.minute) < ($1.queue, $1.minute) }
+      return rows.sorted { (ExactText($0.queue), $0.minute) < (ExactText($1.queue), $1.minute) }
     }
   }
 

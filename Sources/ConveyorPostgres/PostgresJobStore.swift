@@ -335,7 +335,18 @@ public final class PostgresJobStore: JobStore {
         return results.map { $0! }
       }
       // A batch without keys is one statement, atomic on its own.
-      return keys.isEmpty ? try work() : try db.transaction(work)
+      do {
+        return keys.isEmpty ? try work() : try db.transaction(work)
+      } catch let error as PostgresError where error.sqlState == "54000" && !keys.isEmpty {
+        // An index entry over PostgreSQL's limit: with a key, the key is what made it so.
+        let longest = keys.map(\.count).max() ?? 0
+        throw PostgresError(
+          code: error.code,
+          message: "a deduplication key of \(longest) bytes is too long for PostgreSQL's index of keys "
+            + "(about 2,700 bytes with the queue name, after compression); nothing of this add was "
+            + "stored: use a shorter key, such as a hash of it",
+          sqlState: error.sqlState, sql: error.sql, detail: error.message)
+      }
     }
   }
 

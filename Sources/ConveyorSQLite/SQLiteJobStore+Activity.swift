@@ -39,7 +39,8 @@ extension SQLiteJobStore {
     }
   }
 
-  /// Every queue's minutes from the one holding `since`, sorted by queue and minute.
+  /// Every queue's minutes from the one holding `since`, sorted by queue (byte for byte) and
+  /// minute.
   public func activity(since: Date, limit: Int) async throws -> [QueueActivity] {
     guard limit > 0 else { return [] }
     let from = millis(QueueActivity.minute(containing: since))
@@ -52,7 +53,7 @@ extension SQLiteJobStore {
             retried: row.int64(3), died: row.int64(4), started: row.int64(5),
             waitMillisecondsTotal: row.int64(6), waitMillisecondsMax: row.int64(7)))
       }
-      return rows.sorted { ($0.queue, $0.minute) < ($1.queue, $1.minute) }
+      return rows.sorted { (ExactText($0.queue), $0.minute) < (ExactText($1.queue), $1.minute) }
     }
   }
 

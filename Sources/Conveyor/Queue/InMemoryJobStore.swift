@@ -210,7 +210,7 @@ public final class InMemoryJobStore: JobStore {
   /// Names of queues with jobs or a pause flag; see ``JobStore/queueNames()``.
   public func queueNames() async throws -> [String] {
     state.withLock { state in
-      state.queues.filter { !$0.value.jobs.isEmpty || $0.value.paused }.keys.map(\.text).sorted()
+      state.queues.filter { !$0.value.jobs.isEmpty || $0.value.paused }.keys.sorted().map(\.text)
     }
   }
 }

@@ -67,7 +67,9 @@ public struct NewJob: Sendable, Hashable {
   /// When set, the job is not inserted while another *waiting* job (ready or scheduled, not
   /// running) in the same queue has the same key; the waiting job's ID is returned instead. A job
   /// that is already running may have read old data, so a new job with its key is stored and runs
-  /// after it.
+  /// after it. Keys are compared byte for byte (a precomposed and a decomposed "é" are two keys).
+  /// PostgreSQL refuses a key that, with its queue name, takes more than about 2,700 bytes in its
+  /// index (after compression): keep keys short, or pass a hash of a long one.
   public var deduplicationKey: String?
 
   /// Describes a job to insert.

@@ -5,7 +5,7 @@
 /// `String` compares canonically equivalent texts as equal, such as a precomposed and a decomposed
 /// "é": as SQL they are different statements, and must not share a prepared one; as queue names
 /// or keys they are two queues or two keys in a database, and must be in memory too.
-package struct ExactText: Hashable, Sendable {
+package struct ExactText: Hashable, Comparable, Sendable {
   package let text: String
 
   package init(_ text: String) { self.text = text }
@@ -26,5 +26,10 @@ package struct ExactText: Hashable, Sendable {
       hasher.combine(bytes: UnsafeRawBufferPointer($0))
     }
     if hashed == nil { for byte in text.utf8 { hasher.combine(byte) } }
+  }
+
+  /// Byte order, as SQLite (`ORDER BY` a text column) and PostgreSQL (`COLLATE "C"`) sort.
+  package static func < (a: ExactText, b: ExactText) -> Bool {
+    a.text.utf8.lexicographicallyPrecedes(b.text.utf8)
   }
 }
