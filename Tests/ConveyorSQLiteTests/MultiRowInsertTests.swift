@@ -117,11 +117,7 @@ struct MultiRowInsertTests {
     let folder = try TemporaryFolder()
     let path = folder.path("s.sqlite")
     let store = try SQLiteJobStore(path: path)
-    try Connection(path: path, create: false).execute(
-      """
-      CREATE TRIGGER skip BEFORE INSERT ON jobs WHEN NEW.payload = CAST('skip' AS BLOB)
-      BEGIN SELECT RAISE(IGNORE); END
-      """)
+    try installSkipTrigger(at: path)
     let calls: [[(payload: String, key: String?)]] = [
       [("a1", nil), ("a2", nil)], [("b1", nil), ("skip", nil), ("b3", nil)], [("c1", nil)],
     ]

@@ -21,11 +21,7 @@ struct Review5Tests {
     let folder = try TemporaryFolder()
     let path = folder.path("d.sqlite")
     let store = try SQLiteJobStore(path: path)
-    try Connection(path: path, create: false).execute(
-      """
-      CREATE TRIGGER skip BEFORE INSERT ON jobs WHEN NEW.payload = CAST('skip' AS BLOB)
-      BEGIN SELECT RAISE(IGNORE); END
-      """)
+    try installSkipTrigger(at: path)
     let other = try Connection(path: path, create: false)
     await #expect(throws: SQLiteError.self) {
       _ = try await store.enqueue([job("a", key: "a"), job("b"), job("skip")], queue: "jobs", now: epoch)

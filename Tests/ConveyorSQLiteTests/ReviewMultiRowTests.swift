@@ -187,11 +187,7 @@ struct ReviewMultiRowTests {
     let folder = try TemporaryFolder()
     let path = folder.path("d.sqlite")
     let store = try SQLiteJobStore(path: path)
-    try Connection(path: path, create: false).execute(
-      """
-      CREATE TRIGGER skip BEFORE INSERT ON jobs WHEN NEW.payload = CAST('skip' AS BLOB)
-      BEGIN SELECT RAISE(IGNORE); END
-      """)
+    try installSkipTrigger(at: path)
     var calls: [(queue: String, jobs: [NewJob])] = []
     calls.append(("a", (0..<30).map { NewJob(payload: payload("a\($0)"), runAt: epoch) }))
     calls.append(
@@ -304,11 +300,7 @@ struct ReviewMultiRowTests {
     let folder = try TemporaryFolder()
     let path = folder.path("l.sqlite")
     let store = try SQLiteJobStore(path: path)
-    try Connection(path: path, create: false).execute(
-      """
-      CREATE TRIGGER skip BEFORE INSERT ON jobs WHEN NEW.payload = CAST('skip' AS BLOB)
-      BEGIN SELECT RAISE(IGNORE); END
-      """)
+    try installSkipTrigger(at: path)
     let clock = GateClock()
     let leader = Task(executorPreference: OneThreadExecutor()) {
       try await store.enqueue(

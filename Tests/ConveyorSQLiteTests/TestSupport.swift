@@ -33,6 +33,17 @@ func holdConnection(of store: SQLiteJobStore) async throws -> DispatchSemaphore 
   return gate
 }
 
+/// Creates, from a connection of its own, a trigger on the jobs table of the file at `path` that
+/// silently skips (`RAISE(IGNORE)`) every job whose payload is `skip`, as an application may do to
+/// drop jobs it does not want.
+func installSkipTrigger(at path: String) throws {
+  try Connection(path: path, create: false).execute(
+    """
+    CREATE TRIGGER skip BEFORE INSERT ON jobs WHEN NEW.payload = CAST('skip' AS BLOB)
+    BEGIN SELECT RAISE(IGNORE); END
+    """)
+}
+
 /// A fixed, millisecond-aligned clock origin.
 let epoch = Date(timeIntervalSince1970: 1_700_000_000)
 
