@@ -156,6 +156,9 @@ final class Connection {
   /// The number of statements currently prepared and cached (for leak checks in tests).
   var cachedStatementCount: Int { statements.count }
 
+  /// Whether `sql` was prepared and is cached (for tests).
+  func isCached(_ sql: String) -> Bool { statements[ExactText(sql)] != nil }
+
   /// Returns the cached prepared statement for `sql`, preparing it on first use.
   func statement(_ sql: String) throws -> Statement {
     let text = ExactText(sql)

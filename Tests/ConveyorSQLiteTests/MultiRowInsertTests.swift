@@ -173,4 +173,39 @@ struct MultiRowInsertTests {
     #expect(try count(path) == 0)
     await store.close()
   }
+
+  // Fixed (each multi-row statement bound up to 32 payloads at once, a copy of each, where one
+  // statement per job held one: a call of large payloads took up to 32 times more memory while it
+  // was inserted): a statement ends at 32 jobs or before its payloads pass 64 KiB, so large jobs
+  // go one per statement. Four jobs of 40 KiB: four statements of one row, none of four.
+  @Test func largePayloadsGoOnePerStatement() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("p.sqlite")
+    let store = try SQLiteJobStore(path: path)
+    let jobs = (0..<4).map { index in
+      NewJob(payload: Data(repeating: UInt8(65 + index), count: 40 * 1_024), runAt: epoch)
+    }
+    let results = try await store.enqueue(jobs, queue: "jobs", now: epoch)
+    #expect(results.map(\.id.rawValue) == results.map(\.id.rawValue).sorted())
+    let statements = Mutex<[Int: Bool]>([:])
+    let read = Flag()
+    store.connection.submit { db in
+      if let db {
+        statements.withLock { cached in
+          for rows in [1, 2, 4] { cached[rows] = db.isCached(SQL.insert(rows: rows)) }
+        }
+      }
+      read.set()
+    }
+    try await eventually("the statements were looked at") { read.value }
+    #expect(statements.withLock { $0 } == [1: true, 2: false, 4: false])
+    let connection = try Connection(path: path, create: false)
+    for (index, result) in results.enumerated() {
+      let first = try connection.scalar(
+        "SELECT unicode(CAST(substr(payload, 1, 1) AS TEXT)) FROM jobs WHERE id = ?",
+        .integer(result.id.rawValue))
+      #expect(first == Int64(65 + index), "job \(index) holds another job's payload")
+    }
+    await store.close()
+  }
 }
