@@ -629,6 +629,15 @@ private final class RawQueue {
     let begin = try statement("BEGIN IMMEDIATE")
     let commit = try statement("COMMIT")
     let columns = "INSERT INTO jobs (queue, payload, status, priority, run_at, created_at, dedup_key) "
+    // Prepared once each: one row, and 2 to 32 rows with their IDs returned.
+    let single = try statement(columns + "VALUES (?, ?, ?, ?, ?, ?, ?)")
+    let multi = try (0...32).map { rows in
+      rows < 2
+        ? single
+        : try statement(
+          columns + "VALUES (?, ?, ?, ?, ?, ?, ?)"
+            + String(repeating: ", (?, ?, ?, ?, ?, ?, ?)", count: rows - 1) + " RETURNING id")
+    }
     let ready = strdup("ready")!
     defer { free(ready) }
     let runAt = Int64(benchEpoch.timeIntervalSince1970 * 1000)
@@ -640,13 +649,7 @@ private final class RawQueue {
       var left = min(perTransaction, count - done)
       while left > 0 {
         let rows = left == 1 ? 1 : min(left, 32)
-        let insert =
-          rows == 1
-          ? try statement(columns + "VALUES (?, ?, ?, ?, ?, ?, ?)")
-          : try statement(
-            columns + "VALUES (?, ?, ?, ?, ?, ?, ?)"
-              + String(repeating: ", (?, ?, ?, ?, ?, ?, ?)", count: rows - 1)
-              + " RETURNING id")
+        let insert = multi[rows]
         for row in 0..<Int32(rows) {
           sqlite3_bind_text(insert, row * 7 + 1, queueName, 5, bench_sqlite_static())
           sqlite3_bind_blob(
