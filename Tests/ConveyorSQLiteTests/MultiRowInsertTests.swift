@@ -208,4 +208,40 @@ struct MultiRowInsertTests {
     }
     await store.close()
   }
+
+  // Small and large jobs mixed across the calls of a group on the store's thread: statements end
+  // at the byte limit inside calls and between them, and each call still gets its own jobs' IDs.
+  @Test func mixedPayloadSizesInAGroupKeepEachCallsIDs() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("x.sqlite")
+    let store = try SQLiteJobStore(path: path)
+    let sizes = [[10, 70_000, 10], [30_000, 30_000, 30_000], [5], [65_536, 1, 65_535, 2]]
+    let gate = try await holdConnection(of: store)
+    var adders: [Task<[EnqueueResult], any Error>] = []
+    for (call, jobSizes) in sizes.enumerated() {
+      let jobs = jobSizes.enumerated().map { index, size in
+        NewJob(payload: Data(repeating: UInt8(65 + call * 4 + index), count: size), runAt: epoch)
+      }
+      adders.append(Task { try await store.enqueue(jobs, queue: "jobs", now: epoch) })
+      try await eventually("call \(call) waits for the group") { store.groups.waitingCount == call + 1 }
+    }
+    gate.signal()
+    let connection = try Connection(path: path, create: false)
+    var previous: Int64 = 0
+    for (call, adder) in adders.enumerated() {
+      for (index, result) in try await adder.value.enumerated() {
+        #expect(result.inserted && result.id.rawValue > previous, "call \(call) job \(index): \(result)")
+        previous = result.id.rawValue
+        var stored: (Int, Int64)?
+        try connection.query(
+          "SELECT length(payload), unicode(CAST(substr(payload, 1, 1) AS TEXT)) FROM jobs WHERE id = ?",
+          .integer(result.id.rawValue)
+        ) { stored = ($0.int(0), $0.int64(1)) }
+        #expect(stored?.0 == sizes[call][index], "call \(call) job \(index) has another job's payload")
+        #expect(
+          stored?.1 == Int64(65 + call * 4 + index), "call \(call) job \(index) has another job's payload")
+      }
+    }
+    await store.close()
+  }
 }
