@@ -115,7 +115,8 @@ struct QueueEngineOnSQLiteTests {
     guard status == 0, let growth = reported("rss-growth-kb", in: output) else {
       throw TestFailure("worker failed (\(status)): \(output) \(errors)")
     }
-    #expect(growth * 1024 < Int64(count) * 100, "resident memory grew \(growth) KB over \(count) runs")
+    #expect(
+      growth * 1024 < Int64(count) * 100, "resident memory grew \(growth) KB over \(count) runs: \(output)")
   }
 
   // MARK: Heartbeats off the cooperative pool
