@@ -32,6 +32,17 @@ func leadWithFourFollowers(_ store: SQLiteJobStore) async throws {
   try await eventually("the first lead ended") { store.groups.isIdle }
 }
 
+/// A store on a new file in `folder` after ``leadWithFourFollowers(_:)``, whose next leader waits
+/// up to `linger` for the four followers it expects (50 µs when nil).
+func storeExpectingFourFollowers(_ folder: TemporaryFolder, linger: Duration? = nil) async throws
+  -> SQLiteJobStore
+{
+  let store = try makeStore(folder)
+  try await leadWithFourFollowers(store)
+  if let linger { store.groups.setFollowerLinger(linger) }
+  return store
+}
+
 /// CPU-bound work on the cooperative pool: `count` tasks at `priority`, each computing (never
 /// waiting on a lock, a semaphore or a sleep) until ``finish()`` or 30 s, the bound that turns a
 /// stall into a failure instead of a hang. Models handlers doing CPU-bound work, which the library

@@ -19,9 +19,7 @@ struct GatherTests {
   @Test func aLeaderOnItsOwnExecutorKeepsItWhileItWaitsForFollowers() async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("jobs.sqlite")
-    let store = try makeStore(folder)
-    try await leadWithFourFollowers(store)
-    store.groups.setFollowerLinger(.seconds(60))
+    let store = try await storeExpectingFourFollowers(folder, linger: .seconds(60))
 
     let executor = OneThreadExecutor()
     let leader = Task(executorPreference: executor) {
@@ -57,9 +55,7 @@ struct GatherTests {
   @Test func aHigherPriorityAddEndsTheWaitOfALowerPriorityLeader() async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("jobs.sqlite")
-    let store = try makeStore(folder)
-    try await leadWithFourFollowers(store)
-    store.groups.setFollowerLinger(.seconds(60))
+    let store = try await storeExpectingFourFollowers(folder, linger: .seconds(60))
 
     let leader = Task(priority: .background) {
       try await store.enqueue([NewJob(payload: payload("leader"), runAt: epoch)], queue: "jobs", now: epoch)

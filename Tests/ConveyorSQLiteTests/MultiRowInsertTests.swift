@@ -2,7 +2,6 @@ import CSQLite
 import Conveyor
 import ConveyorTestSupport
 import Foundation
-import Synchronization
 import Testing
 
 @testable import ConveyorSQLite
@@ -151,25 +150,14 @@ struct MultiRowInsertTests {
     #expect(try expanded(sql, connection) == "INSERT INTO t VALUES (NULL, NULL)")
 
     let store = try SQLiteJobStore(path: path)
-    let limited = Flag()
-    store.connection.submit { db in
-      if let db { sqlite3_limit(db.handle, SQLITE_LIMIT_LENGTH, 1_000) }
-      limited.set()
-    }
-    try await eventually("the store's connection has the limit") { limited.value }
+    _ = await onStoreThread(store) { sqlite3_limit($0.handle, SQLITE_LIMIT_LENGTH, 1_000) }
     await #expect(throws: SQLiteError.self) {
       _ = try await store.enqueue(
         [NewJob(payload: payload("kept"), runAt: epoch), NewJob(payload: Data(count: 2_000), runAt: epoch)],
         queue: "jobs", now: epoch)
     }
-    let bound = Mutex("")
-    let read = Flag()
-    store.connection.submit { db in
-      if let db { bound.withLock { $0 = (try? expanded(SQL.insert(rows: 2), db)) ?? "no statement" } }
-      read.set()
-    }
-    try await eventually("the statement was read") { read.value }
-    #expect(!bound.withLock { $0 }.contains("'jobs'"), "a value is still bound: \(bound.withLock { $0 })")
+    let bound = await onStoreThread(store) { (try? expanded(SQL.insert(rows: 2), $0)) ?? "no statement" }
+    #expect(bound?.contains("'jobs'") == false, "a value is still bound: \(bound ?? "closed")")
     #expect(try count(path) == 0)
     await store.close()
   }
@@ -187,18 +175,10 @@ struct MultiRowInsertTests {
     }
     let results = try await store.enqueue(jobs, queue: "jobs", now: epoch)
     #expect(results.map(\.id.rawValue) == results.map(\.id.rawValue).sorted())
-    let statements = Mutex<[Int: Bool]>([:])
-    let read = Flag()
-    store.connection.submit { db in
-      if let db {
-        statements.withLock { cached in
-          for rows in [1, 2, 4] { cached[rows] = db.isCached(SQL.insert(rows: rows)) }
-        }
-      }
-      read.set()
+    let statements = await onStoreThread(store) { db in
+      Dictionary(uniqueKeysWithValues: [1, 2, 4].map { ($0, db.isCached(SQL.insert(rows: $0))) })
     }
-    try await eventually("the statements were looked at") { read.value }
-    #expect(statements.withLock { $0 } == [1: true, 2: false, 4: false])
+    #expect(statements == [1: true, 2: false, 4: false])
     let connection = try Connection(path: path, create: false)
     for (index, result) in results.enumerated() {
       let first = try connection.scalar(

@@ -34,8 +34,7 @@ struct Review2GatherTests {
   @Test func aHighPriorityCallThatArrivesBeforeTheGatheringIsPublishedWaitsForTheLeader() async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("jobs.sqlite")
-    let store = try makeStore(folder)
-    try await leadWithFourFollowers(store)
+    let store = try await storeExpectingFourFollowers(folder)
 
     // `enqueue`, line 184: the leader's `groups.lead()` succeeded ...
     #expect(store.groups.lead())
@@ -85,9 +84,7 @@ struct Review2GatherTests {
   func aTakeoverCommitsEveryCallOnce(cancelLeader: Bool) async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("jobs.sqlite")
-    let store = try makeStore(folder)
-    try await leadWithFourFollowers(store)
-    store.groups.setFollowerLinger(.seconds(60))
+    let store = try await storeExpectingFourFollowers(folder, linger: .seconds(60))
     let leader = Task(priority: .low) {
       try await store.enqueue([NewJob(payload: payload("leader"), runAt: epoch)], queue: "jobs", now: epoch)
     }
@@ -120,8 +117,7 @@ struct Review2GatherTests {
   func aRejectedCallInATakenOverGroupFailsAlone(rejected: String) async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("jobs.sqlite")
-    let store = try makeStore(folder)
-    try await leadWithFourFollowers(store)
+    let store = try await storeExpectingFourFollowers(folder)
     try Connection(path: path, create: false).execute(
       "CREATE TRIGGER reject BEFORE INSERT ON jobs WHEN NEW.dedup_key LIKE 'bad%' BEGIN SELECT RAISE(ABORT, 'no'); END"
     )
@@ -163,9 +159,7 @@ struct Review2GatherTests {
   @Test func aTakeoverAfterCloseFailsEveryCall() async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("jobs.sqlite")
-    let store = try makeStore(folder)
-    try await leadWithFourFollowers(store)
-    store.groups.setFollowerLinger(.seconds(60))
+    let store = try await storeExpectingFourFollowers(folder, linger: .seconds(60))
     let leader = Task(priority: .low) {
       try await store.enqueue([NewJob(payload: payload("leader"), runAt: epoch)], queue: "jobs", now: epoch)
     }
@@ -193,9 +187,7 @@ struct Review2GatherTests {
   @Test func aNewGatheringRightAfterATakeover() async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("jobs.sqlite")
-    let store = try makeStore(folder)
-    try await leadWithFourFollowers(store)
-    store.groups.setFollowerLinger(.seconds(60))
+    let store = try await storeExpectingFourFollowers(folder, linger: .seconds(60))
     let first = Task.detached(priority: .background) {
       try await store.enqueue(
         [NewJob(payload: payload("first leader"), runAt: epoch)], queue: "jobs", now: epoch)

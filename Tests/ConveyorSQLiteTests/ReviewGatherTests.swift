@@ -36,9 +36,7 @@ struct ReviewGatherTests {
   func followersOnTheirOwnThreadsDoNotWaitForABusyPool(linger: Duration?) async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("jobs.sqlite")
-    let store = try makeStore(folder)
-    try await leadWithFourFollowers(store)
-    if let linger { store.groups.setFollowerLinger(linger) }
+    let store = try await storeExpectingFourFollowers(folder, linger: linger)
 
     let work = CPUWork(priority: .medium)
     let leader = Task.detached(priority: .medium) {
@@ -95,9 +93,7 @@ struct ReviewGatherTests {
   func aHighPriorityAddDoesNotWaitForBackgroundWork(linger: Duration?) async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("jobs.sqlite")
-    let store = try makeStore(folder)
-    try await leadWithFourFollowers(store)
-    if let linger { store.groups.setFollowerLinger(linger) }
+    let store = try await storeExpectingFourFollowers(folder, linger: linger)
 
     let work = CPUWork(priority: .background)
     let leader = Task.detached(priority: .background) {
@@ -137,9 +133,7 @@ struct ReviewGatherTests {
   @Test func closingWhileTheLeaderYieldsFailsEveryCallClearly() async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("jobs.sqlite")
-    let store = try makeStore(folder)
-    try await leadWithFourFollowers(store)
-    store.groups.setFollowerLinger(.seconds(60))
+    let store = try await storeExpectingFourFollowers(folder, linger: .seconds(60))
     let leader = Task {
       try await store.enqueue([NewJob(payload: payload("leader"), runAt: epoch)], queue: "jobs", now: epoch)
     }
@@ -169,9 +163,8 @@ struct ReviewGatherTests {
   func cancellingAYieldingLeader(followerCount: Int) async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("jobs.sqlite")
-    let store = try makeStore(folder)
-    try await leadWithFourFollowers(store)
-    store.groups.setFollowerLinger(followerCount == 0 ? .milliseconds(200) : .seconds(60))
+    let store = try await storeExpectingFourFollowers(
+      folder, linger: followerCount == 0 ? .milliseconds(200) : .seconds(60))
     let leader = Task {
       try await store.enqueue([NewJob(payload: payload("leader"), runAt: epoch)], queue: "jobs", now: epoch)
     }
@@ -201,8 +194,7 @@ struct ReviewGatherTests {
   @Test func aRejectedFollowerOfAYieldingLeaderFailsAlone() async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("jobs.sqlite")
-    let store = try makeStore(folder)
-    try await leadWithFourFollowers(store)
+    let store = try await storeExpectingFourFollowers(folder)
     try Connection(path: path, create: false).execute(
       "CREATE TRIGGER reject BEFORE INSERT ON jobs WHEN NEW.dedup_key LIKE 'bad%' BEGIN SELECT RAISE(ABORT, 'no'); END"
     )
@@ -236,9 +228,7 @@ struct ReviewGatherTests {
   func aLeaderPreferringAnExecutorThroughAScopeOrAParentKeepsIt(_ how: String) async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("jobs.sqlite")
-    let store = try makeStore(folder)
-    try await leadWithFourFollowers(store)
-    store.groups.setFollowerLinger(.seconds(60))
+    let store = try await storeExpectingFourFollowers(folder, linger: .seconds(60))
 
     let executor = OneThreadExecutor()
     let add: @Sendable () async throws -> [EnqueueResult] = {

@@ -2,7 +2,6 @@ import CSQLite
 import Conveyor
 import ConveyorTestSupport
 import Foundation
-import Synchronization
 import Testing
 
 @testable import ConveyorSQLite
@@ -214,12 +213,7 @@ struct ReviewMultiRowTests {
     let folder = try TemporaryFolder()
     let path = folder.path("b.sqlite")
     let store = try SQLiteJobStore(path: path)
-    let limited = Flag()
-    store.connection.submit { db in
-      if let db { sqlite3_limit(db.handle, SQLITE_LIMIT_LENGTH, 1_000) }
-      limited.set()
-    }
-    try await eventually("the store's connection has the limit") { limited.value }
+    _ = await onStoreThread(store) { sqlite3_limit($0.handle, SQLITE_LIMIT_LENGTH, 1_000) }
     var calls: [(queue: String, jobs: [NewJob])] = []
     calls.append(("a", (0..<30).map { NewJob(payload: payload("a\($0)"), runAt: epoch) }))
     calls.append(
@@ -233,23 +227,17 @@ struct ReviewMultiRowTests {
     #expect(try results[0].get().count == 30)
     #expect(try results[2].get().count == 5)
     #expect(try Self.count(path) == 35)
-    let bound = Mutex<[String]>([])
-    let read = Flag()
-    store.connection.submit { db in
-      if let db {
-        for rows in 1...SQLiteJobStore.rowsPerInsert {
-          guard let statement = try? db.statement(SQL.insert(rows: rows)),
-            let text = sqlite3_expanded_sql(statement.handle)
-          else { continue }
-          defer { sqlite3_free(text) }
-          let sql = String(cString: text)
-          if sql.contains("'") { bound.withLock { $0.append("\(rows): \(sql.prefix(200))") } }
-        }
+    let bound = await onStoreThread(store) { db in
+      (1...SQLiteJobStore.rowsPerInsert).compactMap { rows -> String? in
+        guard let statement = try? db.statement(SQL.insert(rows: rows)),
+          let text = sqlite3_expanded_sql(statement.handle)
+        else { return nil }
+        defer { sqlite3_free(text) }
+        let sql = String(cString: text)
+        return sql.contains("'") ? "\(rows): \(sql.prefix(200))" : nil
       }
-      read.set()
     }
-    try await eventually("the statements were read") { read.value }
-    #expect(bound.withLock { $0 }.isEmpty, "values still bound: \(bound.withLock { $0 })")
+    #expect(bound == [], "values still bound: \(bound ?? ["closed"])")
     #expect(try await store.queueNames().sorted() == ["a", "b"])
     await store.close()
   }
@@ -380,16 +368,14 @@ struct ReviewMultiRowTests {
     let folder = try TemporaryFolder()
     let path = folder.path("tt.sqlite")
     let store = try SQLiteJobStore(path: path)
-    let created = Flag()
-    store.connection.submit { db in
-      try? db?.execute(
+    let created = await onStoreThread(store) { db in
+      (try? db.execute(
         """
         CREATE TEMP TRIGGER after_ignore AFTER INSERT ON main.jobs
         WHEN NEW.payload = CAST('mark' AS BLOB) BEGIN SELECT RAISE(IGNORE); END
-        """)
-      created.set()
+        """)) != nil
     }
-    try await eventually("the trigger exists") { created.value }
+    #expect(created == true, "the TEMP trigger was not created")
     let alone = await outcome {
       try await store.enqueue([NewJob(payload: payload("mark"), runAt: epoch)], queue: "q", now: epoch)
     }

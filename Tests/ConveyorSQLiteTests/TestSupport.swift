@@ -44,6 +44,16 @@ func installSkipTrigger(at path: String) throws {
     """)
 }
 
+/// Runs `body` with the store's connection on the store's thread, after the blocks submitted
+/// before, and returns its answer (nil once the store is closed). The caller suspends meanwhile.
+func onStoreThread<T: Sendable>(_ store: SQLiteJobStore, _ body: @escaping @Sendable (Connection) -> T) async
+  -> T?
+{
+  await withCheckedContinuation { continuation in
+    store.connection.submit { db in continuation.resume(returning: db.map(body)) }
+  }
+}
+
 /// A fixed, millisecond-aligned clock origin.
 let epoch = Date(timeIntervalSince1970: 1_700_000_000)
 
