@@ -106,8 +106,9 @@ public final class PostgresJobStore: JobStore {
   }
 
   /// The schema version this build writes and reads (2 added the activity table; 3 left the
-  /// store's own inserts to send their wake-up themselves, without the insert trigger).
-  public static let schemaVersion = 3
+  /// store's own inserts to send their wake-up themselves, without the insert trigger; 4 the
+  /// place a retried job takes among ready ones).
+  public static let schemaVersion = 4
 
   /// The options the store was opened with.
   public let options: Options
@@ -229,6 +230,9 @@ public final class PostgresJobStore: JobStore {
 
   /// The longest a statement waits for another connection's row lock: ``Options/lockTimeout``.
   public var maximumLockWait: Duration { options.lockTimeout }
+
+  /// `PostgresJobStore.Options.lockTimeout`.
+  public var maximumLockWaitSetting: String { "PostgresJobStore.Options.lockTimeout" }
 
   /// The time a statement uses: the caller's clock, or NULL for the database's.
   private func now(_ clock: any JobClock) -> PostgresValue {
@@ -428,12 +432,16 @@ public final class PostgresJobStore: JobStore {
         return ClaimBatch(claimed: [], staleSettlements: stale, paused: pausedBefore, retryDates: retryDates)
       }
       let rows = results[statements.count - 1]
-      var claimed = try (0..<rows.count).map { try Self.record(rows, $0) }
-      claimed.sort { a, b in
-        if a.priority != b.priority { return a.priority > b.priority }
-        if a.runAt != b.runAt { return a.runAt < b.runAt }
-        return a.id < b.id
+      // In claim order: each record with its `seq`, the column after the record's.
+      let sequenced = try (0..<rows.count).map {
+        (record: try Self.record(rows, $0), seq: rows.int64($0, 13))
       }
+      let claimed = sequenced.sorted { a, b in
+        if a.record.priority != b.record.priority { return a.record.priority > b.record.priority }
+        if a.record.runAt != b.record.runAt { return a.record.runAt < b.record.runAt }
+        if a.seq != b.seq { return a.seq < b.seq }
+        return a.record.id < b.record.id
+      }.map(\.record)
       // The claim reads the flag again, in a later snapshot: jobs claimed mean the queue was
       // resumed in between, and a claim of nothing after an unpaused read says nothing new.
       return ClaimBatch(

@@ -16,9 +16,10 @@
 ///
 /// Which index each statement uses, checked with `EXPLAIN` on 300,000 analyzed rows
 /// (`ExplainTests`: none reads the jobs table from end to end):
-/// - `jobs_ready (queue, priority DESC, run_at, id) WHERE status = 'ready'`: the claim
+/// - `jobs_ready (queue, priority DESC, run_at, seq, id) WHERE status = 'ready'`: the claim
 ///   (``claim``) reads its first `limit` entries, skipping rows other workers hold; the next ready
-///   date (``nextWake``) reads the first; the ready count (``counts``) walks it, index only.
+///   date (``nextWake``) reads the first; the ready count (``counts``) walks it, index only; a
+///   retry's place (``settle``) is one seek to the end of a range of it.
 /// - `jobs_scheduled (queue, run_at) WHERE status = 'scheduled'`: promotion (``promote``), the
 ///   earliest scheduled date (``nextWake``) and the scheduled counts.
 /// - `jobs_status (queue, status, id)`: rescues (``rescue``), the earliest lease expiry
@@ -71,7 +72,7 @@ struct SQL {
   }
 
   /// The migrations, in order; version `n` is `migrations[n - 1]`.
-  var migrations: [String] { [version1, version2, version3] }
+  var migrations: [String] { [version1, version2, version3, version4] }
 
   /// The time of a statement: parameter `n`, or the server's clock when it is NULL.
   static func now(_ parameter: Int) -> String {
@@ -237,6 +238,19 @@ struct SQL {
     """
   }
 
+  /// Version 4: a job's place among the ready jobs of its priority and run date (`seq`). 0 for a
+  /// job added, scheduled or re-queued; a job retried straight into the ready state takes one
+  /// more than the ready jobs of its priority and run date (``settle``), so it goes behind every
+  /// job ready when it was retried. A release or rescue keeps it. The claim's index gains the
+  /// column (rebuilt here, under the migration's lock: writers wait while it builds).
+  var version4: String {
+    """
+    ALTER TABLE \(schema).jobs ADD COLUMN seq bigint NOT NULL DEFAULT 0;
+    DROP INDEX \(schema).jobs_ready;
+    CREATE INDEX jobs_ready ON \(schema).jobs (queue, priority DESC, run_at, seq, id) WHERE status = 'ready';
+    """
+  }
+
   /// The columns ``PostgresJobStore`` decodes a `JobRecord` from, in order.
   static let columns = """
     id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key, \
@@ -392,6 +406,10 @@ struct SQL {
             THEN 'ready' ELSE 'scheduled' END END,
         run_at = CASE WHEN c.kind = 1
           THEN least(n.now + c.delay * interval '1 millisecond', \(Self.latest)) ELSE j.run_at END,
+        seq = CASE WHEN c.kind <> 1 THEN j.seq
+          WHEN least(n.now + c.delay * interval '1 millisecond', \(Self.latest)) > n.now THEN 0
+          ELSE (SELECT coalesce(max(r.seq), 0) + 1 FROM \(schema).jobs r
+            WHERE r.queue = $7 AND r.status = 'ready' AND r.priority = j.priority AND r.run_at = n.now) END,
         attempts = CASE WHEN c.kind = 3 THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
         last_error = CASE WHEN c.kind = 2 THEN c.error ELSE coalesce(c.error, j.last_error) END,
         lease_owner = NULL, lease_expires_at = NULL
@@ -437,8 +455,8 @@ struct SQL {
   /// Claims up to `limit` ready jobs in claim order, skipping rows other workers hold, and none
   /// while the queue is paused: the subquery locks them (`FOR UPDATE SKIP LOCKED`) once, then the
   /// update marks them running. The lease is computed from the statement's time. `RETURNING`
-  /// gives the rows in no particular order; the store sorts them. Parameters: queue, limit, owner,
-  /// lease (ms), now.
+  /// gives the rows in no particular order, so it returns each row's `seq` after the record's
+  /// columns, and the store sorts them. Parameters: queue, limit, owner, lease (ms), now.
   ///
   /// The picked IDs are looked up as an array (`id = ANY(ARRAY(…))`), as in ``promote``: a plan
   /// made without the limit's value (a prepared statement's generic plan) guessed a tenth of the
@@ -452,8 +470,8 @@ struct SQL {
     WHERE j.id = ANY(ARRAY(
       SELECT id FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
         AND NOT EXISTS (SELECT 1 FROM \(schema).queues q WHERE q.name = $1 AND q.paused)
-      ORDER BY priority DESC, run_at, id LIMIT $2 FOR UPDATE SKIP LOCKED))
-    RETURNING \(Self.columns("j"))
+      ORDER BY priority DESC, run_at, seq, id LIMIT $2 FOR UPDATE SKIP LOCKED))
+    RETURNING \(Self.columns("j")), j.seq
     """
   }
 
@@ -495,7 +513,7 @@ struct SQL {
     return """
       SELECT
         (SELECT count(*) FROM (
-          SELECT FROM \(schema).jobs WHERE queue = $1 AND status = 'ready' ORDER BY priority DESC, run_at, id
+          SELECT FROM \(schema).jobs WHERE queue = $1 AND status = 'ready' ORDER BY priority DESC, run_at, seq, id
         ) AS ready)
           + (SELECT count(*) FROM \(schema).jobs WHERE queue = $1 AND status = 'scheduled' AND run_at <= \(now)),
         (SELECT count(*) FROM \(schema).jobs WHERE queue = $1 AND status = 'scheduled' AND run_at > \(now)),
@@ -533,7 +551,7 @@ struct SQL {
     """
     SELECT \(Self.now(2)),
       (SELECT run_at FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
-        ORDER BY priority DESC, run_at, id LIMIT 1),
+        ORDER BY priority DESC, run_at, seq, id LIMIT 1),
       (SELECT min(run_at) FROM \(schema).jobs WHERE queue = $1 AND status = 'scheduled'),
       (SELECT min(lease_expires_at) FROM \(schema).jobs WHERE queue = $1 AND status = 'running'),
       coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false)
@@ -583,7 +601,7 @@ struct SQL {
   /// What re-queueing sets.
   private func requeued(_ nowParameter: Int) -> String {
     """
-    UPDATE \(schema).jobs j SET status = 'ready', run_at = \(Self.now(nowParameter)), attempts = 0,
+    UPDATE \(schema).jobs j SET status = 'ready', run_at = \(Self.now(nowParameter)), seq = 0, attempts = 0,
       lease_owner = NULL, lease_expires_at = NULL
     """
   }

@@ -11,8 +11,8 @@ import Conveyor
 /// however many priority levels or not-yet-due jobs there are.
 ///
 /// Which index each statement uses:
-/// - `jobs_ready (queue, priority DESC, run_at, id) WHERE status = 'ready'`: claims
-///   (``selectReady``), and "is anything ready" (``anyReady``).
+/// - `jobs_ready (queue, priority DESC, run_at, seq, id) WHERE status = 'ready'`: claims
+///   (``selectReady``), "is anything ready" (``anyReady``), and a retry's place (``retry``).
 /// - `jobs_scheduled (queue, run_at) WHERE status = 'scheduled'`: promotion (``promote``), the
 ///   next run date (``nextScheduled``), and the ready/scheduled split of ``countScheduled``.
 /// - `jobs_running (queue, id) WHERE status = 'running'`: listings and counts of running jobs,
@@ -26,8 +26,9 @@ import Conveyor
 /// - `jobs_dedup (queue, dedup_key) WHERE … waiting`: the duplicate check of an enqueue.
 /// - The primary key: every settlement, heartbeat and claim update by `id`, and ``job``.
 enum SQL {
-  /// The jobs table of versions 2 and 3 (claim tokens, ready and scheduled states).
-  static let tables = """
+  /// The jobs table of versions 2 and 3 (claim tokens, ready and scheduled states), which
+  /// ``migrate1to2`` builds; version 4 adds ``seqColumn``.
+  static let tablesVersion2 = """
     CREATE TABLE jobs (
       id INTEGER PRIMARY KEY AUTOINCREMENT,
       queue TEXT NOT NULL,
@@ -44,8 +45,47 @@ enum SQL {
       claim_token INTEGER NOT NULL DEFAULT 0
     );
     """
-  static let indexes = """
+  /// Version 4: a job's place among ready jobs of the same priority and run date. 0 for a job
+  /// added, scheduled, or re-queued; a job retried straight into the ready state takes one more
+  /// than the ready jobs of its priority and run date (see ``retry``), so it goes behind them:
+  /// behind every job ready when it was retried. A release or rescue keeps it (the job keeps its
+  /// place).
+  static let seqColumn = "seq INTEGER NOT NULL DEFAULT 0"
+  /// The claim order's index (version 4: with ``seqColumn``).
+  static let readyIndex = """
+    CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, seq, id) WHERE status = 'ready';
+    """
+  /// The jobs table of version 4 (``seqColumn``).
+  static let tables = """
+    CREATE TABLE jobs (
+      id INTEGER PRIMARY KEY AUTOINCREMENT,
+      queue TEXT NOT NULL,
+      payload BLOB NOT NULL,
+      status TEXT NOT NULL CHECK (status IN ('ready', 'scheduled', 'running', 'dead')),
+      priority INTEGER NOT NULL DEFAULT 0,
+      attempts INTEGER NOT NULL DEFAULT 0,
+      run_at INTEGER NOT NULL,
+      created_at INTEGER NOT NULL,
+      last_error TEXT,
+      dedup_key TEXT,
+      lease_owner TEXT,
+      lease_expires_at INTEGER,
+      claim_token INTEGER NOT NULL DEFAULT 0,
+      \(seqColumn)
+    );
+    """
+  /// The indexes of versions 2 and 3.
+  static let indexesVersion2 = """
     CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE status = 'ready';
+    \(otherIndexes)
+    """
+  /// The indexes of version 4.
+  static let indexes = """
+    \(readyIndex)
+    \(otherIndexes)
+    """
+  /// The indexes every version since 2 has.
+  static let otherIndexes = """
     CREATE INDEX jobs_scheduled ON jobs (queue, run_at) WHERE status = 'scheduled';
     CREATE INDEX jobs_dedup ON jobs (queue, dedup_key)
       WHERE dedup_key IS NOT NULL AND status IN ('ready', 'scheduled');
@@ -92,14 +132,14 @@ enum SQL {
     DROP INDEX IF EXISTS jobs_dedup;
     DROP INDEX IF EXISTS jobs_lease;
     DROP INDEX IF EXISTS jobs_dead;
-    \(tables)
+    \(tablesVersion2)
     INSERT INTO jobs (id, queue, payload, status, priority, attempts, run_at, created_at, last_error,
       dedup_key, lease_owner, lease_expires_at, claim_token)
     SELECT id, queue, payload, CASE status WHEN 'pending' THEN 'scheduled' ELSE status END, priority,
       attempts, run_at, created_at, last_error, dedup_key, lease_owner, lease_expires_at, 0
     FROM jobs_v1;
     DROP TABLE jobs_v1;
-    \(indexes)
+    \(indexesVersion2)
     ALTER TABLE queues RENAME TO queues_v1;
     \(queuesTable)
     INSERT INTO queues (name, paused) SELECT name, paused FROM queues_v1;
@@ -111,6 +151,14 @@ enum SQL {
   static let migrate2to3 = """
     \(activityTable)
     PRAGMA user_version = 3;
+    """
+  /// Version 3 to 4: every job keeps its place (``seqColumn`` 0), the claim's index gains the
+  /// column.
+  static let migrate3to4 = """
+    ALTER TABLE jobs ADD COLUMN \(seqColumn);
+    DROP INDEX jobs_ready;
+    \(readyIndex)
+    PRAGMA user_version = 4;
     """
   static let sequence = "SELECT seq FROM sqlite_sequence WHERE name = ?"
   static let setSequence = """
@@ -167,7 +215,7 @@ enum SQL {
     """
   static let selectReady = """
     SELECT \(columns) FROM jobs WHERE queue = ? AND status = 'ready'
-    ORDER BY priority DESC, run_at, id LIMIT ?
+    ORDER BY priority DESC, run_at, seq, id LIMIT ?
     """
   /// No `RETURNING`: SQLite buffers returned rows in an ephemeral table whose page cache is
   /// allocated and freed per statement, which dominated the claim's cost. The run date is kept,
@@ -182,9 +230,14 @@ enum SQL {
   /// The fence: an outcome or heartbeat applies only to the job's current claim.
   private static let held = "id = ? AND queue = ? AND status = 'running' AND claim_token = ?"
   static let complete = "DELETE FROM jobs WHERE \(held)"
-  /// Parameters: run date, now, error, then the claim.
+  /// Parameters: run date, now, error, then the claim. A job retried straight into the ready
+  /// state goes behind the ready jobs of its priority and run date (``seqColumn``): one seek
+  /// to the end of that range of `jobs_ready`.
   static let retry = """
     UPDATE jobs SET status = CASE WHEN ?1 <= ?2 THEN 'ready' ELSE 'scheduled' END, run_at = ?1,
+    seq = CASE WHEN ?1 <= ?2 THEN (SELECT coalesce(max(r.seq), 0) + 1 FROM jobs AS r
+      WHERE r.queue = ?6 AND r.status = 'ready' AND r.priority = jobs.priority AND r.run_at = ?1)
+      ELSE 0 END,
     last_error = coalesce(?3, last_error), lease_owner = NULL, lease_expires_at = NULL
     WHERE id = ?4 AND queue = ?6 AND status = 'running' AND claim_token = ?5
     """
@@ -262,7 +315,7 @@ enum SQL {
 
   /// What re-queueing sets; the first parameter is the run date.
   private static let requeued = """
-    UPDATE jobs SET status = 'ready', run_at = ?, attempts = 0, lease_owner = NULL,
+    UPDATE jobs SET status = 'ready', run_at = ?, seq = 0, attempts = 0, lease_owner = NULL,
     lease_expires_at = NULL
     """
   /// Re-queues every dead job without a deduplication key (the keyed ones go one at a time).

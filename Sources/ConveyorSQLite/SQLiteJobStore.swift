@@ -66,9 +66,9 @@ public final class SQLiteJobStore: JobStore {
   /// The schema version this build writes and reads (`PRAGMA user_version`).
   ///
   /// Version 2 added claim tokens and the ready/scheduled states; version 3 the activity table
-  /// (``recordActivity(_:)``). An older database is migrated when it is opened, in one
-  /// transaction, keeping every job.
-  public static let schemaVersion: Int32 = 3
+  /// (``recordActivity(_:)``); version 4 the place a retried job takes among ready ones. An older
+  /// database is migrated when it is opened, in one transaction, keeping every job.
+  public static let schemaVersion: Int32 = 4
 
   /// The database file's path.
   public let path: String
@@ -458,6 +458,9 @@ public final class SQLiteJobStore: JobStore {
   /// The busy timeout: a queue's lease must be longer.
   public var maximumLockWait: Duration { options.busyTimeout }
 
+  /// `SQLiteJobStore.Options.busyTimeout`.
+  public var maximumLockWaitSetting: String { "SQLiteJobStore.Options.busyTimeout" }
+
   /// The SQLite virtual-machine steps a claim of one job reads (promotion and selection), without
   /// changing anything: tests check that a claim's cost does not grow with the backlog.
   func claimSteps(queue: String, now: Date) async throws -> Int {
@@ -687,7 +690,11 @@ extension SQLiteJobStore {
         case .version1:
           try migrateFromVersion1(db)
           try db.execute(SQL.migrate2to3)
-        case .version2: try db.execute(SQL.migrate2to3)
+          try db.execute(SQL.migrate3to4)
+        case .version2:
+          try db.execute(SQL.migrate2to3)
+          try db.execute(SQL.migrate3to4)
+        case .version3: try db.execute(SQL.migrate3to4)
         case .current: break
         }
       }
@@ -716,7 +723,7 @@ extension SQLiteJobStore {
     }
   }
 
-  private enum FileKind { case empty, version1, version2, current }
+  private enum FileKind { case empty, version1, version2, version3, current }
 
   /// Rebuilds a version 1 database as version 2 inside the caller's transaction, keeping every
   /// job and the `AUTOINCREMENT` counter (so no ID of a deleted job is ever reused).
@@ -768,6 +775,7 @@ extension SQLiteJobStore {
     }
     if version == 1 { return .version1 }
     if version == 2 { return .version2 }
+    if version == 3 { return .version3 }
     guard version == Int64(Self.schemaVersion) else {
       throw SQLiteJobStoreError(
         code: .unsupportedSchema, path: path,

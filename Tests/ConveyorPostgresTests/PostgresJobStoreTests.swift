@@ -5,6 +5,8 @@ import Foundation
 import Synchronization
 import Testing
 
+@testable import ConveyorPostgres
+
 @Suite("PostgresJobStore")
 struct PostgresJobStoreTests {
   func open(
@@ -125,6 +127,68 @@ struct PostgresJobStoreTests {
     _ = try await stores[3].enqueue([NewJob(payload: Data("x".utf8))], queue: "q", clock: SystemJobClock())
     #expect(try await stores[7].counts(queue: "q", clock: SystemJobClock()).ready == 1)
     for store in stores { await store.close() }
+  }
+
+  /// A schema the release of 2026-12-05 made (version 3: its migrations, which this build keeps
+  /// as they were) is migrated when a store opens it, in one transaction, with every job kept.
+  @Test func aVersion3SchemaIsMigratedWithEveryJobAndItsPlaceKept() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("v3")
+    let admin = try AdminConnection(server.url)
+    try createSchema(SQL(schema: schema), atVersion: 3, with: admin)
+    try admin.query(
+      """
+      BEGIN;
+      INSERT INTO \(schema).jobs (id, queue, payload, status, priority, attempts, run_at, created_at,
+        last_error, dedup_key, lease_owner, lease_expires_at, claim_token) VALUES
+      (1, 'mail', '\\x7b7d', 'ready', 0, 0, '2026-12-05 10:00:00+00', '2026-12-05 10:00:00+00', NULL, 'k', NULL, NULL, 0),
+      (2, 'mail', '\\x7b7d', 'ready', 0, 2, '2026-12-05 10:00:00+00', '2026-12-05 10:00:00+00', 'boom', NULL, NULL, NULL, 2),
+      (3, 'mail', '\\x7b7d', 'running', 0, 1, '2026-12-05 10:00:00+00', '2026-12-05 10:00:00+00', NULL, NULL, 'w:1',
+        '2026-12-05 10:00:30+00', 4),
+      (4, 'other', '\\x7b7d', 'dead', 0, 3, '2026-12-05 10:00:00+00', '2026-12-05 10:00:00+00', 'fatal', NULL, NULL, NULL, 3);
+      SELECT setval(pg_get_serial_sequence('\(schema).jobs', 'id'), 41);
+      INSERT INTO \(schema).queues VALUES ('other', true) ON CONFLICT (name) DO UPDATE SET paused = true;
+      COMMIT
+      """)
+    let store = try await PostgresJobStore.open(
+      url: server.url, options: .init(schema: schema, clock: .caller))
+    let versions = try admin.query("SELECT version FROM \(schema).schema_migrations ORDER BY version")
+    #expect(versions == (1...PostgresJobStore.schemaVersion).map { [String($0)] })
+    let now = FixedJobClock(Date(timeIntervalSince1970: 1_796_464_800))  // 2026-12-05 10:00 UTC
+    let mail = try await store.jobs(queue: "mail", status: nil, after: nil, limit: 10)
+    #expect(mail.map(\.id.rawValue) == [1, 2, 3])
+    #expect(mail.map(\.claimToken) == [0, 2, 4] && mail[1].lastError == "boom" && mail[1].attempts == 2)
+    #expect(try await store.counts(queue: "mail", clock: now) == JobCounts(ready: 2, running: 1))
+    #expect(try await store.counts(queue: "other", clock: now) == JobCounts(dead: 1))
+    #expect(try await store.isPaused(queue: "other"))
+    // The ready jobs keep their order; a job retried with no delay now goes behind them.
+    let lease = Lease(owner: "new", duration: .seconds(60))
+    let first = try await store.settleAndClaim([], queue: "mail", limit: 1, lease: lease, clock: now)
+    #expect(first.claimed.map(\.id.rawValue) == [1])
+    let retried = JobSettlement(claim: first.claimed[0].claim, action: .retry(after: .zero, error: nil))
+    let next = try await store.settleAndClaim([retried], queue: "mail", limit: 2, lease: lease, clock: now)
+    #expect(next.claimed.map(\.id.rawValue) == [2, 1])
+    // The job a version 3 worker held runs again after its lease; new IDs follow the old ones.
+    #expect(
+      try await store.rescueExpiredLeases(
+        queue: "mail", clock: FixedJobClock(now.now().addingTimeInterval(31))) == 1)
+    let new = try await store.enqueue([NewJob(payload: Data("{}".utf8))], queue: "mail", clock: now)
+    #expect(new.first?.id == JobID(42))
+    await store.close()
+  }
+
+  @Test func aLeaseShorterThanTwiceTheLockTimeoutIsRefusedNamingLockTimeout() async throws {
+    let (_, store) = try await open(lockTimeout: .seconds(5))
+    struct Item: Queueable { var n: Int }
+    #expect {
+      _ = try JobQueue<Item>(
+        configuration: .init(identifier: "q", autoStart: false, leaseDuration: .seconds(9)), store: store
+      ) { _, _ in .handled }
+    } throws: { error in
+      let text = String(describing: error)
+      return text.contains("PostgresJobStore.Options.lockTimeout") && !text.contains("SQLite")
+    }
+    await store.close()
   }
 
   @Test func aNewerSchemaIsRefusedAndLeftUntouched() async throws {

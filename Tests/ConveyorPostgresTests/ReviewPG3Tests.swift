@@ -463,11 +463,12 @@ struct ReviewPG3Tests {
     #expect(try await collect(listener, expected: 1) == ["old"])
     #expect(try await store.queueNames() == ["m", "m2", "old"])
     // A newer version is refused and left untouched.
-    try admin.query("INSERT INTO \(sql.schema).schema_migrations (version) VALUES (4)")
+    let newer = PostgresJobStore.schemaVersion + 1
+    try admin.query("INSERT INTO \(sql.schema).schema_migrations (version) VALUES (\(newer))")
     #expect(throws: PostgresError.self) {
       _ = try PostgresJobStore(url: server.url, options: .init(schema: name))
     }
-    #expect(try admin.scalar("SELECT count(*) FROM \(sql.schema).schema_migrations") == "4")
+    #expect(try admin.scalar("SELECT count(*) FROM \(sql.schema).schema_migrations") == "\(newer)")
     await store.close()
   }
 }

@@ -69,6 +69,7 @@ final class HookedStore: JobStore {
   }
   func queueNames() async throws -> [String] { try await base.queueNames() }
   var maximumLockWait: Duration { base.maximumLockWait }
+  var maximumLockWaitSetting: String { base.maximumLockWaitSetting }
 }
 
 /// Whether a call records releases and claims nothing (the loop handing jobs back).

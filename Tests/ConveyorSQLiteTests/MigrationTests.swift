@@ -123,7 +123,7 @@ struct MigrationTests {
     let version = try await store.connection.perform { db in
       try db.scalar("SELECT user_version FROM pragma_user_version") ?? 0
     }
-    #expect(version == 3)
+    #expect(version == SQLiteJobStore.schemaVersion)
     let mail = try await store.jobs(queue: "mail", status: nil, after: nil, limit: 10)
     #expect(mail.map(\.id.rawValue) == [1, 2, 3])
     #expect(mail.map(\.claimToken) == [0, 1, 4] && mail[1].lastError == "boom" && mail[0].priority == 2)
@@ -141,5 +141,75 @@ struct MigrationTests {
     // New IDs continue after the old ones.
     let new = try await store.enqueue([NewJob(payload: Data("{}".utf8))], queue: "mail", clock: now)
     #expect(new.first?.id == JobID(5))
+  }
+
+  /// Version 3's schema, as the release of 2026-12-05 wrote it (version 2 and the activity table).
+  static let version3 =
+    version2.replacingOccurrences(of: "PRAGMA user_version = 2;", with: "")
+      + """
+      CREATE TABLE activity (
+        queue TEXT NOT NULL, minute INTEGER NOT NULL, succeeded INTEGER NOT NULL DEFAULT 0,
+        retried INTEGER NOT NULL DEFAULT 0, died INTEGER NOT NULL DEFAULT 0, started INTEGER NOT NULL DEFAULT 0,
+        wait_total_ms INTEGER NOT NULL DEFAULT 0, wait_max_ms INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (queue, minute)
+      ) WITHOUT ROWID;
+      CREATE INDEX activity_minute ON activity (minute);
+      PRAGMA user_version = 3;
+      """
+
+  @Test func aVersion3DatabaseIsMigratedWithEveryJobAndItsPlaceKept() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("v3.sqlite")
+    let t = 1_700_000_000_000
+    try execute(
+      path,
+      Self.version3 + """
+        INSERT INTO jobs VALUES (1, 'mail', x'7b7d', 'ready', 0, 0, \(t), \(t), NULL, 'k', NULL, NULL, 0);
+        INSERT INTO jobs VALUES (2, 'mail', x'7b7d', 'ready', 0, 2, \(t), \(t), 'boom', NULL, NULL, NULL, 2);
+        INSERT INTO jobs VALUES (3, 'mail', x'7b7d', 'running', 0, 1, \(t), \(t), NULL, NULL, 'w:1', \(t + 60_000), 4);
+        INSERT INTO jobs VALUES (4, 'mail', x'7b7d', 'scheduled', 0, 0, \(t + 3_600_000), \(t), NULL, NULL, NULL, NULL, 0);
+        INSERT INTO jobs VALUES (5, 'other', x'7b7d', 'dead', 0, 3, \(t), \(t), 'fatal', NULL, NULL, NULL, 3);
+        INSERT INTO queues VALUES ('mail', 0), ('other', 1);
+        INSERT INTO activity VALUES ('mail', \(t), 7, 1, 0, 8, 10, 5);
+        DELETE FROM jobs WHERE id = 5;
+        INSERT INTO jobs VALUES (6, 'other', x'7b7d', 'dead', 0, 3, \(t), \(t), 'fatal', NULL, NULL, NULL, 3);
+        """)
+    let store = try SQLiteJobStore(path: path)
+    let version = try await store.connection.perform { db in
+      try db.scalar("SELECT user_version FROM pragma_user_version") ?? 0
+    }
+    #expect(version == SQLiteJobStore.schemaVersion)
+    let now = FixedJobClock(Date(timeIntervalSince1970: 1_700_000_000))
+    let mail = try await store.jobs(queue: "mail", status: nil, after: nil, limit: 10)
+    #expect(mail.map(\.id.rawValue) == [1, 2, 3, 4])
+    #expect(mail.map(\.claimToken) == [0, 2, 4, 0] && mail[1].lastError == "boom" && mail[1].attempts == 2)
+    #expect(
+      try await store.counts(queue: "mail", clock: now) == JobCounts(ready: 2, scheduled: 1, running: 1))
+    #expect(try await store.counts(queue: "other", clock: now) == JobCounts(dead: 1))
+    #expect(try await store.isPaused(queue: "other"))
+    #expect(
+      try await store.activity(since: Date(timeIntervalSince1970: 1_700_000_000), limit: 10).map(\.succeeded)
+        == [7])
+    // The ready jobs keep their order; a job retried with no delay now goes behind them.
+    let lease = Lease(owner: "new", duration: .seconds(60))
+    let first = try await store.settleAndClaim([], queue: "mail", limit: 1, lease: lease, clock: now)
+    #expect(first.claimed.map(\.id.rawValue) == [1])
+    let retried = JobSettlement(claim: first.claimed[0].claim, action: .retry(after: .zero, error: nil))
+    let next = try await store.settleAndClaim([retried], queue: "mail", limit: 2, lease: lease, clock: now)
+    #expect(next.claimed.map(\.id.rawValue) == [2, 1])
+    // The claim reads the new index.
+    let plan = try await store.connection.perform { db -> String in
+      var details: [String] = []
+      try db.query("EXPLAIN QUERY PLAN \(SQL.selectReady)", .text("mail"), .integer(1)) {
+        details.append($0.text(3) ?? "")
+      }
+      return details.joined(separator: "; ")
+    }
+    #expect(plan.contains("jobs_ready") && !plan.contains("TEMP B-TREE"), "\(plan)")
+    // New IDs continue after the old ones, and opening again changes nothing.
+    let new = try await store.enqueue([NewJob(payload: Data("{}".utf8))], queue: "mail", clock: now)
+    #expect(new.first?.id == JobID(7))
+    let again = try SQLiteJobStore(path: path)
+    #expect(try await again.counts(queue: "mail", clock: now).total == 5)
   }
 }

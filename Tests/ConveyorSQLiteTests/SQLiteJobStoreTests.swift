@@ -8,6 +8,19 @@ import Testing
 
 @Suite("SQLiteJobStore")
 struct SQLiteJobStoreTests {
+  @Test func aLeaseShorterThanTwiceTheBusyTimeoutIsRefusedNamingBusyTimeout() async throws {
+    let folder = try TemporaryFolder()
+    let store = try makeStore(folder, options: .init(busyTimeout: .seconds(5)))
+    struct Item: Queueable { var n: Int }
+    #expect {
+      _ = try JobQueue<Item>(
+        configuration: .init(identifier: "q", autoStart: false, leaseDuration: .seconds(9)), store: store
+      ) { _, _ in .handled }
+    } throws: { error in
+      String(describing: error).contains("SQLiteJobStore.Options.busyTimeout")
+    }
+  }
+
   @Test func enqueueAndClaimInPriorityOrder() async throws {
     let folder = try TemporaryFolder()
     let store = try makeStore(folder)

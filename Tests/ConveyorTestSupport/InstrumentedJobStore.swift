@@ -13,6 +13,7 @@ public final class InstrumentedJobStore: JobStore {
     var failures: [String: (count: Int, error: any Error)] = [:]
     var leaseExpirySkew: TimeInterval = 0
     var heartbeatReturnDelay: Duration = .zero
+    var claimAnswerDelays: [Duration] = []
     var afterHeartbeat: (@Sendable () -> Void)?
   }
   private let state = Mutex(State())
@@ -60,6 +61,13 @@ public final class InstrumentedJobStore: JobStore {
     state.withLock { $0.heartbeatReturnDelay = delay }
   }
 
+  /// Makes the next claims that take at least one job return late, one claim per delay in
+  /// `delays` (real time, after the store committed the claim): a stalled machine, or a store
+  /// whose answer travels slowly, so the claim's lease may lapse before the worker hears of it.
+  public func delayClaimAnswers(_ delays: [Duration]) {
+    state.withLock { $0.claimAnswerDelays = delays }
+  }
+
   /// Runs `hook` after every later heartbeat extended its leases, on the caller's thread and
   /// without suspending (a store that works on the caller's thread), before the call returns.
   public func runAfterEachHeartbeat(_ hook: @escaping @Sendable () -> Void) {
@@ -87,7 +95,14 @@ public final class InstrumentedJobStore: JobStore {
     _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, clock: any JobClock
   ) async throws -> ClaimBatch {
     try record("settleAndClaim")
-    return try await base.settleAndClaim(settlements, queue: queue, limit: limit, lease: lease, clock: clock)
+    let batch = try await base.settleAndClaim(
+      settlements, queue: queue, limit: limit, lease: lease, clock: clock)
+    if !batch.claimed.isEmpty,
+      let delay = state.withLock({ $0.claimAnswerDelays.isEmpty ? nil : $0.claimAnswerDelays.removeFirst() })
+    {
+      try await Task.sleep(for: delay)
+    }
+    return batch
   }
 
   /// Counted, then forwarded to ``base``.
@@ -173,4 +188,7 @@ public final class InstrumentedJobStore: JobStore {
 
   /// Counted, then forwarded to ``base``.
   public var maximumLockWait: Duration { base.maximumLockWait }
+
+  /// Forwarded to ``base``.
+  public var maximumLockWaitSetting: String { base.maximumLockWaitSetting }
 }

@@ -226,16 +226,57 @@ public enum JobStoreConformance {
       try expect(
         rescued.claimed.map(text) == ["a", "b", "c"], "rescued: still first: \(rescued.claimed.map(text))")
     },
-    check("zero-delay retries and new jobs of the same millisecond keep one order") { store in
-      // Both stores keep dates in whole milliseconds; equal dates fall back to the ID.
-      _ = try await store.enqueue([job("a", at: 0)], queue: "q", clock: now(0))
-      let a = try expectOne(try await claim(store, now: 1.0002).claimed)
-      _ = try await store.enqueue([job("b", at: 1.0001)], queue: "q", clock: now(1.0001))
-      _ = try await claim(
-        store, limit: 0, settling: [settle(a, .retry(after: .zero, error: nil))], now: 1.0003)
-      let order = try await claim(store, limit: 2, now: 2)
-      try expect(
-        order.claimed.map(text) == ["a", "b"], "same millisecond: by ID: \(order.claimed.map(text))")
+    // Stores keep dates in whole milliseconds, so a retry with no delay usually has the run date
+    // of the jobs ready before it: it must still go behind them, or a job that keeps failing
+    // would run again before the jobs that waited (and the order would depend on the clock).
+    check("a job retried with no delay goes behind every job ready when it was retried") { store in
+      _ = try await store.enqueue([job("a"), job("b"), job("c")], queue: "q", clock: now(0))
+      let a = try expectOne(try await claim(store, now: 0).claimed)
+      let next = try await claim(
+        store, limit: 1, settling: [settle(a, .retry(after: .zero, error: nil))], now: 0)
+      try expect(next.claimed.map(text) == ["b"], "b before the retried a: \(next.claimed.map(text))")
+      // A job added in the same millisecond after the retry goes before it (equal dates; the
+      // retried job takes the place behind those of its date).
+      _ = try await store.enqueue([job("d")], queue: "q", clock: now(0))
+      let rest = try await claim(store, limit: 3, now: 0)
+      try expect(rest.claimed.map(text) == ["c", "d", "a"], "then c, d, and a: \(rest.claimed.map(text))")
+    },
+    check("jobs retried with no delay run again in the order of their retries") { store in
+      _ = try await store.enqueue([job("a"), job("b"), job("c")], queue: "q", clock: now(0))
+      let all = try await claim(store, limit: 3, now: 0).claimed
+      try expect(all.map(text) == ["a", "b", "c"], "claimed in order: \(all.map(text))")
+      for index in [2, 0, 1] {
+        _ = try await claim(
+          store, limit: 0, settling: [settle(all[index], .retry(after: .zero, error: nil))], now: 0)
+      }
+      let order = try await claim(store, limit: 3, now: 0)
+      try expect(order.claimed.map(text) == ["c", "a", "b"], "retry order: \(order.claimed.map(text))")
+      // A release keeps the place its retry gave it.
+      let c = order.claimed[0]
+      _ = try await claim(store, limit: 0, settling: [settle(c, .release(error: nil))], now: 0)
+      _ = try await store.enqueue([job("d")], queue: "q", clock: now(0))
+      let after = try await claim(
+        store, limit: 2,
+        settling: order.claimed.dropFirst().map {
+          settle($0, .release(error: nil))
+        }, now: 0)
+      try expect(after.claimed.map(text) == ["d", "c"], "released: places kept: \(after.claimed.map(text))")
+    },
+    check("with the real clock, a zero-delay retry runs after the jobs that waited") { store in
+      let clock = SystemJobClock()
+      _ = try await store.enqueue([job("a"), job("b"), job("c")], queue: "q", clock: clock)
+      let lease = lease()
+      let a = try expectOne(
+        try await store.settleAndClaim([], queue: "q", limit: 1, lease: lease, clock: clock).claimed)
+      var order = [text(a)]
+      var settling = [settle(a, .retry(after: .zero, error: nil))]
+      while order.count < 4 {
+        let batch = try await store.settleAndClaim(settling, queue: "q", limit: 1, lease: lease, clock: clock)
+        let record = try expectOne(batch.claimed)
+        order.append(text(record))
+        settling = [settle(record, .complete)]
+      }
+      try expect(order == ["a", "b", "c", "a"], "A1, B1, C1, A2: \(order)")
     },
     check("a claim with many priority levels and future jobs still takes the best ready job") { store in
       let future = (0..<500).map { job("f\($0)", priority: 1_000 + $0, at: 3_600) }

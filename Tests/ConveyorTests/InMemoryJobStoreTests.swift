@@ -8,4 +8,9 @@ struct InMemoryJobStoreConformanceTests {
   func conformance(_ check: JobStoreCheck) async throws {
     try await check.run(InMemoryJobStore())
   }
+
+  @Test(arguments: QueueEngineConformance.checks)
+  func engine(_ check: JobStoreCheck) async throws {
+    try await check.run(InMemoryJobStore())
+  }
 }

@@ -25,6 +25,71 @@ struct QueueStateTests {
     return state
   }
 
+  // MARK: Leases that may have lapsed before a job starts
+
+  func releases(_ state: QueueState) -> [JobID] {
+    state.settlements.compactMap {
+      if case .release(nil) = $0.settlement.action { $0.settlement.id } else { nil }
+    }
+  }
+
+  @Test func aJobStartsOnlyWhileItsLeaseHoldsForAThirdOfTheLeaseMore() {
+    let state = QueueState(limits: .init(concurrency: 1, prefetch: 0, lease: .seconds(3)))
+    #expect(state.mayStart(leaseHoldsUntil: .seconds(10), now: .seconds(9)))
+    #expect(!state.mayStart(leaseHoldsUntil: .seconds(10), now: .milliseconds(9_001)))
+    #expect(!state.mayStart(leaseHoldsUntil: .seconds(10), now: .seconds(11)), "lapsed")
+    #expect(state.mayStart(leaseHoldsUntil: nil, now: .seconds(11)), "not tracked")
+  }
+
+  @Test func jobsWhoseLeaseMayHaveLapsedAreHandedBackInsteadOfStarted() {
+    var state = QueueState(limits: .init(concurrency: 2, prefetch: 0, lease: .seconds(3)))
+    _ = state.start()
+    // Claimed by a call sent at 0 s and answered at 2.5 s: the lease holds until 3 s at least.
+    state.claimed([record(1), record(2)], at: .milliseconds(2_500), leaseHoldsUntil: .seconds(3))
+    #expect(state.takeJobsToStart(now: .milliseconds(2_500)).isEmpty)
+    #expect(releases(state) == [JobID(1), JobID(2)] && state.handedBackLapsed == 2)
+    #expect(state.workers == 0 && state.inFlight.isEmpty)
+    let step = state.takeLoopStep(canHandle: true)
+    #expect(step?.settlements.count == 2, "the loop records the hand-back")
+  }
+
+  @Test func aHeartbeatThatKeptAWaitingClaimLetsItStart() {
+    var state = QueueState(limits: .init(concurrency: 1, prefetch: 0, lease: .seconds(3)))
+    _ = state.start()
+    state.claimed([record(1), record(2)], at: .zero, leaseHoldsUntil: .seconds(3))
+    #expect(state.takeJobsToStart(now: .zero).map(\.id) == [JobID(1)])
+    // Job 2 waits while job 1 runs for 2.5 s; a heartbeat sent at 2 s kept it.
+    state.renewed([ClaimReference(id: JobID(2), token: 1)], sentAt: .seconds(2))
+    let step = state.workerFinished(
+      ClaimReference(id: JobID(1), token: 1), outcome: outcome(1), canHandle: true, now: .milliseconds(2_500))
+    #expect(step == .run(record(2), flush: true))
+    #expect(releases(state).isEmpty)
+  }
+
+  @Test func aWorkerSkipsWaitingJobsWhoseLeaseMayHaveLapsedAndEndsWhenNoneIsLeft() {
+    var state = QueueState(limits: .init(concurrency: 1, prefetch: 2, lease: .seconds(3)))
+    _ = state.start()
+    state.claimed([record(1), record(2), record(3)], at: .zero, leaseHoldsUntil: .seconds(3))
+    _ = state.takeJobsToStart(now: .zero)
+    state.renewed([ClaimReference(id: JobID(3), token: 1)], sentAt: .seconds(2))
+    // Job 1 ran 2.5 s: job 2's lease may lapse before a heartbeat, job 3's was renewed.
+    let step = state.workerFinished(
+      ClaimReference(id: JobID(1), token: 1), outcome: outcome(1), canHandle: true, now: .milliseconds(2_500))
+    #expect(step == .run(record(3), flush: true))
+    #expect(releases(state) == [JobID(2)])
+    // Nothing left that may start: the worker ends; the hand-back waits for the loop.
+    state.claimed([record(4)], at: .seconds(3), leaseHoldsUntil: .seconds(3))
+    #expect(state.nextForWorker(now: .seconds(3)) == nil)
+    #expect(releases(state) == [JobID(2), JobID(4)])
+  }
+
+  @Test func aStartedQueueRescuesExpiredLeasesBeforeItsFirstClaim() {
+    var state = QueueState(limits: .init(concurrency: 1, prefetch: 0))
+    #expect(!state.rescueDue)
+    _ = state.start()
+    #expect(state.rescueDue)
+  }
+
   @Test func theLoopClaimsFreeSlotsPlusPrefetchOnlyWhenNothingIsBuffered() {
     var state = started(concurrency: 3, prefetch: 2)
     #expect(state.takeLoopStep(canHandle: true)?.claimLimit == 5)

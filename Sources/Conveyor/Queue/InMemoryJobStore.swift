@@ -108,8 +108,9 @@ public final class InMemoryJobStore: JobStore {
         return expiry <= now
       }
       for id in expired {
-        guard let record = queueState.jobs[id]?.record else { continue }
-        queueState.makeWaiting(id, runAt: record.runAt, error: record.lastError, ready: true)
+        guard let slot = queueState.jobs[id] else { continue }
+        queueState.makeWaiting(
+          id, runAt: slot.record.runAt, error: slot.record.lastError, ready: true, seq: slot.seq)
       }
       return expired.count
     }
@@ -181,7 +182,7 @@ public final class InMemoryJobStore: JobStore {
         guard let record = queueState.jobs[id]?.record, record.status == .dead else { continue }
         if let key = record.deduplicationKey, queueState.dedup[ExactText(key)]?.isEmpty == false { continue }
         queueState.jobs[id]?.record.attempts = 0
-        queueState.makeWaiting(id, runAt: now, error: record.lastError, ready: true)
+        queueState.makeWaiting(id, runAt: now, error: record.lastError, ready: true, seq: 0)
         count += 1
       }
       return count
@@ -233,9 +234,12 @@ extension InMemoryJobStore {
     var id: JobID
     var priority: Int
     var runAt: Date
+    /// The job's place among ready jobs of its priority and run date (``Slot/seq``).
+    var seq: Int64
   }
 
-  /// Orders entries for claiming: priority descending, then run date, then ID.
+  /// Orders entries for claiming: priority descending, then run date, then place (``Slot/seq``),
+  /// then ID.
   fileprivate struct ClaimOrder: Comparable, Sendable {
     var entry: Entry
     init(_ entry: Entry) { self.entry = entry }
@@ -243,6 +247,7 @@ extension InMemoryJobStore {
     static func < (a: ClaimOrder, b: ClaimOrder) -> Bool {
       if a.entry.priority != b.entry.priority { return a.entry.priority > b.entry.priority }
       if a.entry.runAt != b.entry.runAt { return a.entry.runAt < b.entry.runAt }
+      if a.entry.seq != b.entry.seq { return a.entry.seq < b.entry.seq }
       return a.entry.id < b.entry.id
     }
 
@@ -267,6 +272,11 @@ extension InMemoryJobStore {
   fileprivate struct Slot: Sendable {
     var record: JobRecord
     var ready: Bool
+    /// The job's place among ready jobs of its priority and run date, as SQLite keeps it: 0 for
+    /// a job added, scheduled or re-queued; a job retried straight into the ready state takes a
+    /// place behind every job then ready (``QueueState/lastRetrySeq``); a release or rescue keeps
+    /// it.
+    var seq: Int64 = 0
   }
 
   fileprivate struct QueueState: Sendable {
@@ -280,12 +290,15 @@ extension InMemoryJobStore {
     var running: Set<JobID> = []
     /// Waiting jobs by deduplication key (usually one; a retried job can wait beside a newer one).
     var dedup: [ExactText: Set<JobID>] = [:]
+    /// The place last given to a job retried straight into the ready state (``Slot/seq``): each
+    /// such retry takes the next, so it goes behind every ready job of its run date.
+    var lastRetrySeq: Int64 = 0
 
     /// Whether `slot` holds the job of `entry` as the entry saw it: waiting, with the entry's run
     /// date and priority.
     static func isCurrent(_ entry: Entry, _ slot: Slot) -> Bool {
       slot.record.status == .pending && slot.record.runAt == entry.runAt
-        && slot.record.priority == entry.priority
+        && slot.record.priority == entry.priority && slot.seq == entry.seq
     }
 
     /// Whether the job of `entry` is still ready under it: current (``isCurrent(_:_:)``) and marked
@@ -303,10 +316,10 @@ extension InMemoryJobStore {
       slot.record.status == .running && slot.record.claimToken == claim.token
     }
 
-    mutating func insertWaiting(_ record: JobRecord, ready isReady: Bool) {
-      jobs[record.id] = Slot(record: record, ready: isReady)
+    mutating func insertWaiting(_ record: JobRecord, ready isReady: Bool, seq: Int64 = 0) {
+      jobs[record.id] = Slot(record: record, ready: isReady, seq: seq)
       if let key = record.deduplicationKey { dedup[ExactText(key), default: []].insert(record.id) }
-      let entry = Entry(id: record.id, priority: record.priority, runAt: record.runAt)
+      let entry = Entry(id: record.id, priority: record.priority, runAt: record.runAt, seq: seq)
       if isReady {
         ready.push(ClaimOrder(entry))
       } else {
@@ -369,7 +382,11 @@ extension InMemoryJobStore {
         delete(record.id)
       case .retry(let delay, let error):
         let runAt = JobStoreTime.date(now, adding: delay)
-        makeWaiting(record.id, runAt: runAt, error: error ?? record.lastError, ready: runAt <= now)
+        let ready = runAt <= now
+        if ready { lastRetrySeq += 1 }
+        makeWaiting(
+          record.id, runAt: runAt, error: error ?? record.lastError, ready: ready,
+          seq: ready ? lastRetrySeq : 0)
       case .kill(let error):
         running.remove(record.id)
         var dead = record
@@ -377,15 +394,16 @@ extension InMemoryJobStore {
         dead.lastError = error
         dead.leaseOwner = nil
         dead.leaseExpiresAt = nil
-        jobs[record.id] = Slot(record: dead, ready: false)
+        jobs[record.id] = Slot(record: dead, ready: false, seq: slot.seq)
       case .release(let error):
         jobs[record.id]?.record.attempts = max(0, record.attempts - 1)
-        makeWaiting(record.id, runAt: record.runAt, error: error ?? record.lastError, ready: true)
+        makeWaiting(
+          record.id, runAt: record.runAt, error: error ?? record.lastError, ready: true, seq: slot.seq)
       }
       return true
     }
 
-    mutating func makeWaiting(_ id: JobID, runAt: Date, error: String?, ready isReady: Bool) {
+    mutating func makeWaiting(_ id: JobID, runAt: Date, error: String?, ready isReady: Bool, seq: Int64) {
       guard var record = jobs[id]?.record else { return }
       running.remove(id)
       record.status = .pending
@@ -393,7 +411,7 @@ extension InMemoryJobStore {
       record.lastError = error
       record.leaseOwner = nil
       record.leaseExpiresAt = nil
-      insertWaiting(record, ready: isReady)
+      insertWaiting(record, ready: isReady, seq: seq)
     }
 
     /// Drops a waiting job's hold on its deduplication key (it is going away).

@@ -15,6 +15,7 @@ extension JobQueue {
       store: store, queue: identifier, lease: lease, clock: clock,
       held: { [weak self] in self?.core.withLock { $0.state.heldClaims } ?? [] },
       lost: { [weak self] claims in self?.lost(claims) },
+      renewed: { [weak self] claims, sent in self?.core.withLock { $0.state.renewed(claims, sentAt: sent) } },
       log: { [weak self] level, message in self?.log(level, message) }
     ).start()
     // Wakes the loop when the store hears of work from elsewhere (see `JobStore.waitForWork`).
@@ -82,6 +83,16 @@ extension JobQueue {
   /// One turn of the loop. Returns nil to end the loop, `.some(nil)` to turn again at once, or
   /// how long to wait for a signal at most.
   private func turn(group: inout DiscardingTaskGroup) async throws -> Duration?? {
+    if core.withLock({ $0.state.rescueDue }) {
+      // A queue that starts (a restart after a crash, say) gives the jobs of a vanished worker
+      // back before it claims anything, so they run in their old places, before jobs added after
+      // them. A failure is retried at the next turn, before any claim.
+      let rescued = try await store.rescueExpiredLeases(queue: identifier, clock: clock)
+      core.withLock { $0.state.rescueDue = false }
+      if rescued > 0 {
+        log(.warning, "handed out \(rescued) job(s) whose worker stopped heart-beating")
+      }
+    }
     let canHandle = handlerAvailable
     let now = clock.uptime()
     guard let step = core.withLock({ $0.state.takeLoopStep(canHandle: canHandle, now: now) }) else {
@@ -103,9 +114,9 @@ extension JobQueue {
           ["jobs": String(step.handedBack)])
       }
     }
-    startWorkers(in: &group, lastStoreCall: storeCall)
-    if claimedAny && !step.stopping && core.withLock({ $0.state.freeSlots > 0 }) {
-      return .some(nil)  // more may be ready: claim again
+    let handedBack = startWorkers(in: &group, lastStoreCall: storeCall)
+    if handedBack || (claimedAny && !step.stopping && core.withLock({ $0.state.freeSlots > 0 })) {
+      return .some(nil)  // more may be ready, or jobs handed back must be recorded: turn again
     }
     if step.stopping { return configuration.pollInterval }
     // The sleep is cut short by anything held here that comes due first (see `sleep(for:)`).
@@ -194,7 +205,9 @@ extension JobQueue {
     async throws -> (batch: ClaimBatch, next: JobRecord?, held: Bool, took: Duration?)
   {
     let batch: ClaimBatch
-    let called = timed ? clock.uptime() : nil
+    // A claim's lease starts no earlier than the call: from then on it surely holds for the lease.
+    let sent = timed || limit > 0 ? clock.uptime() : nil
+    let called = timed ? sent : nil
     do {
       batch = try await store.settleAndClaim(
         pending.map(\.settlement), queue: identifier, limit: limit, lease: lease, clock: clock)
@@ -206,16 +219,19 @@ extension JobQueue {
     let now = called != nil || !batch.claimed.isEmpty ? clock.uptime() : .zero
     let took = called.map { now - $0 }
     let stale = batch.staleSettlements.isEmpty ? [] : Set(batch.staleSettlements)
-    let (subscribers, pauseChanged, next, held) = core.withLock { core in
-      core.state.claimed(batch.claimed, at: now)
+    let (subscribers, pauseChanged, next, held, lapsed) = core.withLock { core in
+      core.state.claimed(
+        batch.claimed, at: now, leaseHoldsUntil: sent.map { $0 + configuration.leaseDuration })
       let changed = core.state.paused != batch.paused
       core.state.paused = batch.paused
-      let next = takingNext ? core.state.nextForWorker() : nil
+      let next = takingNext ? core.state.nextForWorker(now: now) : nil
+      defer { core.state.handedBackLapsed = 0 }
       return (
         core.subscribers.isEmpty ? [] : Array(core.subscribers.values), changed, next,
-        core.state.loopMustWake
+        core.state.loopMustWake || core.state.handedBackLapsed > 0, core.state.handedBackLapsed
       )
     }
+    logHandedBack(lapsed: lapsed)
     if pauseChanged { publishState() }
     for item in pending {
       if stale.contains(item.settlement.id) {
@@ -236,14 +252,33 @@ extension JobQueue {
   }
 
   /// Starts a worker task for each free slot that has a claimed job waiting; `lastStoreCall` is
-  /// how long the call that claimed them took (nil: they were claimed earlier).
-  private func startWorkers(in group: inout DiscardingTaskGroup, lastStoreCall: Duration?) {
-    let jobs = core.withLock { $0.state.takeJobsToStart() }
-    guard !jobs.isEmpty else { return }
+  /// how long the call that claimed them took (nil: they were claimed earlier). Returns whether
+  /// jobs were handed back because their lease may have lapsed before they could start (the loop
+  /// records that at once).
+  private func startWorkers(in group: inout DiscardingTaskGroup, lastStoreCall: Duration?) -> Bool {
+    let now = clock.uptime()
+    let (jobs, lapsed) = core.withLock { core in
+      let jobs = core.state.takeJobsToStart(now: now)
+      defer { core.state.handedBackLapsed = 0 }
+      return (jobs, core.state.handedBackLapsed)
+    }
+    logHandedBack(lapsed: lapsed)
+    guard !jobs.isEmpty else { return lapsed > 0 }
     publishState()
     for job in jobs {
       group.addTask { await self.work(startingWith: job, lastStoreCall: lastStoreCall) }
     }
+    return lapsed > 0
+  }
+
+  /// Says how many claimed jobs were handed back unstarted because their lease may have lapsed.
+  private func logHandedBack(lapsed: Int) {
+    guard lapsed > 0 else { return }
+    log(
+      .warning,
+      "handed back \(lapsed) claimed job(s) unstarted: the claim was answered (or the job waited) so late "
+        + "that the lease may have lapsed, and another worker may hold the job",
+      ["jobs": String(lapsed)])
   }
 
   /// A worker: handles a job, then the next claimed one, and when none is left records its
@@ -273,9 +308,14 @@ extension JobQueue {
             jobCeiling: jobCeiling)
         } ?? .none
       let canHandle = handlerAvailable
-      let step = core.withLock {
-        $0.state.workerFinished(record.claim, outcome: outcome, canHandle: canHandle, ahead: ahead)
+      let now = clock.uptime()
+      let (step, lapsed) = core.withLock { core in
+        defer { core.state.handedBackLapsed = 0 }
+        let step = core.state.workerFinished(
+          record.claim, outcome: outcome, canHandle: canHandle, ahead: ahead, now: now)
+        return (step, core.state.handedBackLapsed)
       }
+      logHandedBack(lapsed: lapsed)
       switch step {
       case .run(let job, let flush):
         next = job
@@ -291,7 +331,14 @@ extension JobQueue {
           if claim.held { wake.signal() }
         } catch {
           log(.warning, "store error while claiming; the queue will retry: \(error)")
-          next = core.withLock { $0.state.nextForWorker() }
+          let now = clock.uptime()
+          let lapsed: Int
+          (next, lapsed) = core.withLock { core in
+            defer { core.state.handedBackLapsed = 0 }
+            return (core.state.nextForWorker(now: now), core.state.handedBackLapsed)
+          }
+          logHandedBack(lapsed: lapsed)
+          if lapsed > 0 { wake.signal() }
         }
       }
     }

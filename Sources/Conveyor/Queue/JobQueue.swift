@@ -23,7 +23,13 @@ import Synchronization
 ///   If the worker vanishes, the job is handed out again after ``JobQueueConfiguration/leaseDuration``,
 ///   so a handler may see a job more than once: make handlers idempotent.
 /// - Ready jobs run by priority (higher first), then run date, then arrival. A job waiting for its
-///   retry never blocks a ready one. With `concurrency` 1, jobs of equal priority run in FIFO order.
+///   retry never blocks a ready one, and a job retried with no delay runs after every job that was
+///   ready when it was retried (A1, B1, C1, A2). With `concurrency` 1, jobs of equal priority run
+///   in FIFO order. A queue that starts first gives back the jobs whose worker vanished (their
+///   lease lapsed), so they run in their old places, before jobs added after them.
+/// - A handler never starts on a claim whose lease may have lapsed: a claim answered so late (a
+///   stalled machine or store), or a claimed job that waited so long, that less than a third of
+///   the lease is surely left is handed back unstarted, its attempt not counted.
 /// - ``pause()`` is stored: every worker on the same store stops claiming; running handlers finish.
 /// - An item that no longer decodes (its type changed) becomes a dead job carrying the decode
 ///   error; the queue goes on.
@@ -404,7 +410,8 @@ struct QueueCore: Sendable {
         concurrency: configuration.concurrency, prefetch: configuration.prefetch,
         // A job claimed ahead by a process that dies has its claim's attempt counted, as a
         // prefetched one does: with one attempt allowed it would die without running.
-        claimsAhead: configuration.claimsAhead && configuration.maxAttempts != 1))
+        claimsAhead: configuration.claimsAhead && configuration.maxAttempts != 1,
+        lease: configuration.leaseDuration))
   }
 }
 

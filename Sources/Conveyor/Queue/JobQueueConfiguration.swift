@@ -116,8 +116,8 @@ public struct JobQueueConfiguration: Sendable {
     if wait > .zero && leaseDuration < wait * 2 {
       throw .invalidConfiguration(
         "leaseDuration (\(leaseDuration)) must be at least twice the store's longest lock wait (\(wait), "
-          + "SQLiteJobStore.Options.busyTimeout): a worker waiting for the lock could lose a job it is "
-          + "still running. Lengthen the lease or shorten the busy timeout")
+          + "\(store.maximumLockWaitSetting)): a worker waiting for the lock could lose a job it is "
+          + "still running. Lengthen the lease or shorten \(store.maximumLockWaitSetting)")
     }
   }
 

@@ -310,7 +310,10 @@ public struct WakeHint: Sendable, Hashable {
 /// Methods that change jobs are atomic: when one throws, nothing it was asked to change changed.
 ///
 /// A waiting job is *ready* once its run date has come and *scheduled* before that; ready jobs are
-/// handed out by priority (higher first), then run date, then ID.
+/// handed out by priority (higher first), then run date, then place, then ID. A job's place is
+/// kept when it is released or rescued; a job retried straight into the ready state (a retry with
+/// no delay) takes a place behind every ready job of its priority and run date, so it runs after
+/// every job that was ready when it was retried (and after jobs added in the same millisecond).
 public protocol JobStore: Sendable {
   /// Commits new jobs to a queue in one transaction, in order.
   ///
@@ -381,6 +384,11 @@ public protocol JobStore: Sendable {
   /// job it is still running. Default zero.
   var maximumLockWait: Duration { get }
 
+  /// The setting a user changes to change ``maximumLockWait`` (such as
+  /// `SQLiteJobStore.Options.busyTimeout`), named in the error that refuses a lease too short for
+  /// it. Default: "the store's maximum lock wait".
+  var maximumLockWaitSetting: String { get }
+
   /// Suspends until the store learns that `queue` may have new work (a job added, the queue
   /// resumed), or `timeout` passes, or the task is cancelled; returns whether it learned of work.
   ///
@@ -413,6 +421,9 @@ public protocol JobStore: Sendable {
 extension JobStore {
   /// No lock waits: zero.
   public var maximumLockWait: Duration { .zero }
+
+  /// "the store's maximum lock wait".
+  public var maximumLockWaitSetting: String { "the store's maximum lock wait" }
 
   /// Hears of nothing: sleeps for `timeout` (or until cancelled) and returns false.
   public func waitForWork(queue: String, timeout: Duration) async -> Bool {

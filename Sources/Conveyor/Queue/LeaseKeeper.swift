@@ -22,6 +22,8 @@ struct LeaseKeeper: Sendable {
   var held: @Sendable () -> [ClaimReference]
   /// Claims the store no longer holds for this queue.
   var lost: @Sendable (Set<ClaimReference>) -> Void
+  /// Claims a heartbeat sent at the given uptime (of ``clock``) kept.
+  var renewed: @Sendable (Set<ClaimReference>, Duration) -> Void = { _, _ in }
   var log: @Sendable (LogRecord.Level, String) -> Void
 
   /// How long between heartbeats: a third of the lease, so two can fail before it lapses.
@@ -55,6 +57,7 @@ struct LeaseKeeper: Sendable {
       do {
         let kept = Set(try await store.heartbeat(claims, queue: queue, lease: lease, clock: clock))
         failures = 0
+        renewed(kept, started)
         let gone = Set(claims).subtracting(kept)
         if !gone.isEmpty { lost(gone) }
       } catch  where Task.isCancelled {

@@ -49,11 +49,13 @@ struct FinishCheck: Sendable, Hashable {
   var epoch: UInt64
 }
 
-/// Claimed jobs waiting for a slot, first in first out, each with when it was claimed (the queue
-/// clock's uptime).
+/// Claimed jobs waiting for a slot, first in first out, each with when it was claimed and until
+/// when its lease surely holds (the queue clock's uptime).
 struct JobBuffer: Sendable, Hashable {
   private var storage: [JobRecord] = []
   private var times: [Duration] = []
+  /// Until when each job's lease surely holds (nil: not tracked), see ``QueueState/claimed(_:at:leaseHoldsUntil:)``.
+  private var holds: [Duration?] = []
   private var head = 0
 
   var isEmpty: Bool { head == storage.count }
@@ -63,33 +65,45 @@ struct JobBuffer: Sendable, Hashable {
   /// When the first waiting job was claimed (nil: none waits).
   var firstClaimedAt: Duration? { isEmpty ? nil : times[head] }
 
-  mutating func append(_ jobs: [JobRecord], at time: Duration = .zero) {
+  mutating func append(_ jobs: [JobRecord], at time: Duration = .zero, leaseHoldsUntil hold: Duration? = nil)
+  {
     if head > 0 && head == storage.count {
       storage.removeAll(keepingCapacity: true)
       times.removeAll(keepingCapacity: true)
+      holds.removeAll(keepingCapacity: true)
       head = 0
     }
     storage.append(contentsOf: jobs)
     times.append(contentsOf: repeatElement(time, count: jobs.count))
+    holds.append(contentsOf: repeatElement(hold, count: jobs.count))
   }
 
   mutating func removeAll(where shouldRemove: (JobRecord) -> Bool) {
     let kept = storage.indices.dropFirst(head).filter { !shouldRemove(storage[$0]) }
     storage = kept.map { storage[$0] }
     times = kept.map { times[$0] }
+    holds = kept.map { holds[$0] }
     head = 0
   }
 
   mutating func removeAll() {
     storage = []
     times = []
+    holds = []
     head = 0
   }
 
-  mutating func popFirst() -> JobRecord? {
+  /// A heartbeat sent at `sent` kept these claims: their leases surely hold until `until`.
+  mutating func renew(_ claims: Set<ClaimReference>, until: Duration) {
+    for index in storage.indices.dropFirst(head) where claims.contains(storage[index].claim) {
+      holds[index] = max(holds[index] ?? until, until)
+    }
+  }
+
+  mutating func popFirst() -> (job: JobRecord, leaseHoldsUntil: Duration?)? {
     guard head < storage.count else { return nil }
     defer { head += 1 }
-    return storage[head]
+    return (storage[head], holds[head])
   }
 }
 
@@ -102,6 +116,38 @@ struct QueueState: Sendable {
     /// With `prefetch` 0: a worker whose job was short claims one job ahead (see
     /// ``JobQueueConfiguration/claimsAhead``).
     var claimsAhead = false
+    /// The lease a claim asks for: a claimed job starts only while its lease surely holds for a
+    /// third of this more (``mayStart(leaseHoldsUntil:now:)``).
+    var lease = Duration.seconds(60)
+  }
+
+  /// Whether a claimed job may start at `now` (the queue clock's uptime): its lease surely holds
+  /// (`leaseHoldsUntil`: when the claim, or the last heartbeat that kept it, was sent, plus the
+  /// lease) for at least a third of the lease more: the lease keeper heartbeats every third of
+  /// the lease, so its next heartbeat renews the lease before it can lapse. A job claimed by a
+  /// call answered late (a stalled store, a stalled machine), or claimed ahead and left waiting,
+  /// may have lost its lease to a rescue and be running elsewhere: it is handed back unstarted
+  /// instead (its attempt given back). Nil: not tracked (always true).
+  func mayStart(leaseHoldsUntil: Duration?, now: Duration) -> Bool {
+    guard let leaseHoldsUntil else { return true }
+    return leaseHoldsUntil - now >= limits.lease / 3
+  }
+
+  /// How many claimed jobs were handed back because their lease might have lapsed before they
+  /// could start (``mayStart(leaseHoldsUntil:now:)``); the loop logs it.
+  var handedBackLapsed = 0
+
+  /// Takes the next claimed job that may start at `now`, handing back (as releases in
+  /// ``settlements``) those before it whose lease may have lapsed.
+  private mutating func popStartable(now: Duration) -> JobRecord? {
+    while let (job, holds) = buffer.popFirst() {
+      if mayStart(leaseHoldsUntil: holds, now: now) { return job }
+      handedBackLapsed += 1
+      settlements.append(
+        PendingSettlement(
+          settlement: JobSettlement(claim: job.claim, action: .release(error: nil)), event: nil))
+    }
+    return nil
   }
 
   /// A handler run shorter than this may make its worker claim ahead.
@@ -214,11 +260,16 @@ struct QueueState: Sendable {
 
   // MARK: Starting and stopping
 
+  /// Whether the loop must rescue expired leases before it claims: set when the queue starts, so
+  /// the jobs of a worker that vanished (this process, before a restart) run before later jobs.
+  var rescueDue = false
+
   /// Marks the queue started; false when it already was.
   mutating func start() -> Bool {
     guard !running else { return false }
     running = true
     stopping = false
+    rescueDue = true
     return true
   }
 
@@ -276,10 +327,17 @@ struct QueueState: Sendable {
   }
 
   /// Claimed jobs arrived at `now` (the queue clock's uptime): they wait for a slot.
-  mutating func claimed(_ jobs: [JobRecord], at now: Duration = .zero) {
+  /// `leaseHoldsUntil`: the uptime when the claim was sent, plus the lease (the store starts the
+  /// lease no earlier); nil: not tracked.
+  mutating func claimed(_ jobs: [JobRecord], at now: Duration = .zero, leaseHoldsUntil: Duration? = nil) {
     guard !jobs.isEmpty else { return }
-    buffer.append(jobs, at: now)
+    buffer.append(jobs, at: now, leaseHoldsUntil: leaseHoldsUntil)
     reportedFinished = false
+  }
+
+  /// A heartbeat sent at `sent` (the queue clock's uptime) kept these claims.
+  mutating func renewed(_ claims: Set<ClaimReference>, sentAt sent: Duration) {
+    buffer.renew(claims, until: sent + limits.lease)
   }
 
   /// A store call failed: its outcomes go back to be recorded first next time.
@@ -287,10 +345,11 @@ struct QueueState: Sendable {
     settlements.insert(contentsOf: pending, at: 0)
   }
 
-  /// The claimed jobs that may start now, each taking a slot (and a worker).
-  mutating func takeJobsToStart() -> [JobRecord] {
+  /// The claimed jobs that may start now, each taking a slot (and a worker). Jobs whose lease may
+  /// have lapsed are handed back instead (``mayStart(leaseHoldsUntil:now:)``).
+  mutating func takeJobsToStart(now: Duration = .zero) -> [JobRecord] {
     var taken: [JobRecord] = []
-    while workers < limits.concurrency, !stopping, !paused, let job = buffer.popFirst() {
+    while workers < limits.concurrency, !stopping, !paused, let job = popStartable(now: now) {
       inFlight.insert(job.claim)
       workers += 1
       taken.append(job)
@@ -346,14 +405,19 @@ struct QueueState: Sendable {
   /// ``Limits/claimsAhead`` the worker then claims one job beyond its own (the loop records this
   /// outcome while the next job runs), or ``batchedAheadJobs`` on a cheap store.
   mutating func workerFinished(
-    _ claim: ClaimReference, outcome: PendingSettlement, canHandle: Bool, ahead: Ahead = .none
+    _ claim: ClaimReference, outcome: PendingSettlement, canHandle: Bool, ahead: Ahead = .none,
+    now: Duration = .zero
   ) -> WorkerStep {
     inFlight.remove(claim)
     settlements.append(outcome)
     if !stopping, !paused, !buffer.isEmpty {
       // The hold of the job taken now, read before it leaves the buffer.
       let held = handBackDue(canHandle: canHandle)
-      guard let next = buffer.popFirst() else { return .exit }
+      guard let next = popStartable(now: now) else {
+        // Every waiting job was handed back: they must be recorded before anyone claims past
+        // them, so the worker ends and the loop records them.
+        return .exit
+      }
       inFlight.insert(next.claim)
       if limits.prefetch == 0 && batchingAhead, let held {
         // Left for this worker's next claim, and due to the loop by the taken job's hold: the
@@ -379,9 +443,10 @@ struct QueueState: Sendable {
     return .claim(settlements, limit: 1 + limits.prefetch + extra)
   }
 
-  /// The next claimed job for a worker that just claimed (nil: the worker ends).
-  mutating func nextForWorker() -> JobRecord? {
-    guard !stopping, !paused, let job = buffer.popFirst() else { return nil }
+  /// The next claimed job for a worker that just claimed (nil: the worker ends). Jobs whose lease
+  /// may have lapsed are handed back instead (``mayStart(leaseHoldsUntil:now:)``).
+  mutating func nextForWorker(now: Duration = .zero) -> JobRecord? {
+    guard !stopping, !paused, let job = popStartable(now: now) else { return nil }
     inFlight.insert(job.claim)
     return job
   }

@@ -1,0 +1,135 @@
+import Conveyor
+import Foundation
+import Synchronization
+
+/// What a `JobQueue` does on top of a store, checked on every store: each check runs real queues
+/// on the real clock against the store it is given (empty), as ``JobStoreConformance`` does for
+/// the store alone.
+///
+/// ```swift
+/// @Test(arguments: QueueEngineConformance.checks)
+/// func engine(_ check: JobStoreCheck) async throws {
+///   try await check.run(makeStore())
+/// }
+/// ```
+public enum QueueEngineConformance {
+  /// The item the checks add: a name.
+  struct Named: Queueable, Hashable {
+    var name: String
+  }
+
+  /// The handled names, in order, across every queue of a check.
+  final class Runs: Sendable {
+    private let names = Mutex<[String]>([])
+    func append(_ name: String) { names.withLock { $0.append(name) } }
+    var all: [String] { names.withLock { $0 } }
+  }
+
+  static func configuration(
+    _ identifier: String = "engine", lease: Duration = .seconds(60),
+    pollInterval: Duration = .milliseconds(50)
+  ) -> JobQueueConfiguration {
+    JobQueueConfiguration(
+      identifier: identifier, retryPolicy: .fixed(.seconds(60)), leaseDuration: lease,
+      pollInterval: pollInterval)
+  }
+
+  static func expect(_ condition: Bool, _ message: @autoclosure () -> String, line: UInt = #line) throws {
+    if !condition { throw ConformanceFailure(description: "line \(line): \(message())") }
+  }
+
+  static func payload(_ name: String) throws -> Data { try JSONEncoder().encode(Named(name: name)) }
+
+  static func check(_ name: String, _ body: @escaping @Sendable (any JobStore) async throws -> Void)
+    -> JobStoreCheck
+  {
+    JobStoreCheck(name: name, run: body)
+  }
+
+  /// Every check.
+  public static let checks: [JobStoreCheck] = [
+    check("a restarted queue runs the vanished worker's job before the jobs added after it") { store in
+      let clock = SystemJobClock()
+      _ = try await store.enqueue([NewJob(payload: try payload("a"))], queue: "engine", clock: clock)
+      // A worker claims it and vanishes (its lease is left to lapse); jobs are added meanwhile.
+      let lost = try await store.settleAndClaim(
+        [], queue: "engine", limit: 1, lease: Lease(owner: "vanished", duration: .milliseconds(50)),
+        clock: clock)
+      try expect(lost.claimed.count == 1, "claimed by the vanished worker")
+      _ = try await store.enqueue(
+        [NewJob(payload: try payload("b")), NewJob(payload: try payload("c"))], queue: "engine", clock: clock)
+      try await Task.sleep(for: .milliseconds(120))
+      let runs = Runs()
+      let queue = try JobQueue<Named>(configuration: configuration(), store: store) { item, _ in
+        runs.append(item.name)
+        return .handled
+      }
+      await queue.waitUntilFinished()
+      await queue.shutdown()
+      try expect(runs.all == ["a", "b", "c"], "the rescued job first: \(runs.all)")
+    },
+    check("a job retried with no delay runs after the jobs that waited: A1, B1, C1, A2") { store in
+      let runs = Runs()
+      var configuration = configuration()
+      configuration.autoStart = false
+      let queue = try JobQueue<Named>(configuration: configuration, store: store) { item, context in
+        runs.append("\(item.name)\(context.attempts)")
+        return item.name == "a" && context.attempts == 1 ? .retry(after: .zero) : .handled
+      }
+      try await queue.add(contentsOf: ["a", "b", "c"].map { Named(name: $0) })
+      queue.start()
+      await queue.waitUntilFinished()
+      await queue.shutdown()
+      try expect(runs.all == ["a1", "b1", "c1", "a2"], "order: \(runs.all)")
+    },
+    check("a claim answered after its lease lapsed is handed back unstarted, never run twice") { store in
+      // Queue `late` hears of its claim only after the lease lapsed; queue `other` (another
+      // process, on the same store) rescues the job meanwhile and runs it.
+      let delayed = InstrumentedJobStore(store)
+      delayed.delayClaimAnswers([.milliseconds(900)])
+      let runs = Runs()
+      let handler: JobQueue<Named>.Handler = { item, _ in
+        runs.append(item.name)
+        return .handled
+      }
+      var lateConfiguration = configuration(lease: .milliseconds(450))
+      lateConfiguration.autoStart = false
+      let late = try JobQueue<Named>(configuration: lateConfiguration, store: delayed, handler: handler)
+      try await late.add(Named(name: "x"))
+      let logs = Runs()
+      late.start()
+      try await Task.sleep(for: .milliseconds(100))  // the late claim is under way
+      var otherConfiguration = configuration(lease: .milliseconds(450))
+      otherConfiguration.log = { logs.append($0.message) }
+      let other = try JobQueue<Named>(configuration: otherConfiguration, store: store, handler: handler)
+      await other.waitUntilFinished()
+      // Long enough for the late answer to arrive and be acted on.
+      try await Task.sleep(for: .milliseconds(1_500))
+      await late.shutdown()
+      await other.shutdown()
+      try expect(runs.all == ["x"], "the handler ran once: \(runs.all)")
+      let counts = try await store.counts(queue: "engine", clock: SystemJobClock())
+      try expect(counts.total == 0, "the job is done: \(counts)")
+    },
+    check("a claim answered late, before its lease lapsed, is handed back with its attempt") { store in
+      let delayed = InstrumentedJobStore(store)
+      // Two thirds of the lease gone when the answer arrives: too little left for a heartbeat.
+      delayed.delayClaimAnswers([.milliseconds(700)])
+      let attempts = Mutex<[Int]>([])
+      let logs = Runs()
+      var configuration = configuration(lease: .milliseconds(900))
+      configuration.log = { logs.append($0.message) }
+      let queue = try JobQueue<Named>(configuration: configuration, store: delayed) { _, context in
+        attempts.withLock { $0.append(context.attempts) }
+        return .handled
+      }
+      try await queue.add(Named(name: "x"))
+      await queue.waitUntilFinished()
+      await queue.shutdown()
+      try expect(
+        attempts.withLock { $0 } == [1], "ran once, as its first attempt: \(attempts.withLock { $0 })")
+      try expect(
+        logs.all.contains { $0.contains("handed back 1 claimed job(s) unstarted") }, "said so: \(logs.all)")
+    },
+  ]
+}
