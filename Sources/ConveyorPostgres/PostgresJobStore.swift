@@ -81,6 +81,14 @@ public final class PostgresJobStore: JobStore {
     /// overlapping (several workers), so concurrent work keeps the pool and the processors; after
     /// waits add up to a millisecond, the caller that reaches it lets the pool's other tasks run.
     public var answerWait: Duration
+    /// How long opening the store keeps trying to connect while the server cannot be reached
+    /// yet (refused, unreachable, starting up, shutting down, out of connection slots): a worker
+    /// started before its database, as containers often are. Attempts follow each other with
+    /// backoff (0.1 s doubling to 5 s). A failure that waiting cannot mend (a wrong password, a
+    /// database or role that does not exist, a refused `pg_hba.conf` entry) fails at once. Default
+    /// 60 seconds; zero makes one attempt. ``PostgresJobStore/open(url:options:onWait:)`` ends the
+    /// wait at once when its task is cancelled.
+    public var startupWait: Duration
 
     /// Creates options.
     ///
@@ -91,11 +99,13 @@ public final class PostgresJobStore: JobStore {
     ///   - lockTimeout: The longest a statement waits for a row lock.
     ///   - callTimeout: The longest one call may wait for the server.
     ///   - answerWait: How long a lone caller may wait on its thread for the answer.
+    ///   - startupWait: How long opening waits for a server that cannot be reached yet.
     public init(
       schema: String = "conveyor", clock: Clock = .database, reconnectTimeout: Duration = .seconds(60),
       lockTimeout: Duration = .seconds(5), callTimeout: Duration? = .seconds(60),
-      answerWait: Duration = .microseconds(400)
+      answerWait: Duration = .microseconds(400), startupWait: Duration = .seconds(60)
     ) {
+      self.startupWait = startupWait
       self.callTimeout = callTimeout
       self.answerWait = answerWait
       self.schema = schema
@@ -126,16 +136,27 @@ public final class PostgresJobStore: JobStore {
   ///     `"host=db dbname=app"`. libpq's `PG*` environment variables fill in what it leaves out,
   ///     and its parameters (`sslmode`, `connect_timeout`, …) work as in `psql`.
   ///   - options: The schema, clock and timeouts.
-  /// - Throws: ``PostgresError``. A server that cannot be reached, or goes away while the store
-  ///   opens, fails the call at once (``PostgresError/Code/connectionFailed``): opening does not
-  ///   retry. Connecting gives up after the URL's `connect_timeout` (30 s without one;
-  ///   ``PostgresError/Code/connectionFailed``). Once connected, each statement of the opening
+  /// - Throws: ``PostgresError``. A server that cannot be reached yet is tried again with
+  ///   backoff for up to ``Options/startupWait`` (60 s by default), then fails with
+  ///   ``PostgresError/Code/connectionFailed`` naming the last failure; one that refuses the
+  ///   login for good (a wrong password, say) or goes away while the store opens fails at once.
+  ///   Each attempt to connect gives up after the URL's `connect_timeout` (30 s without one). Once connected, each statement of the opening
   ///   (the session setup, the wait for another process's migration, each migration) gets
   ///   ``Options/callTimeout``, at least 30 s, and a server that stops answering fails it with
   ///   ``PostgresError/Code/timedOut``; with `callTimeout` nil it waits as long as the server
   ///   takes. Once open, the store reconnects on its own, with backoff. A timeout out of range
   ///   fails with ``PostgresError/Code/invalidOptions``, before any connection is made.
-  public init(url: String, options: Options = .init()) throws {
+  public convenience init(url: String, options: Options = .init()) throws {
+    try self.init(url: url, options: options, isCancelled: { false }, onWait: nil)
+  }
+
+  /// Opens the store, waiting for the server as ``Options/startupWait`` allows; `isCancelled` ends
+  /// the wait (throwing `CancellationError`); `onWait` hears, once, that the first attempt failed
+  /// and the opening waits.
+  private init(
+    url: String, options: Options, isCancelled: @escaping () -> Bool,
+    onWait: (@Sendable (PostgresError) -> Void)?
+  ) throws {
     try Self.validate(schema: options.schema)
     try Self.validate(options)
     let info = try ConnectionInfo(url)
@@ -174,7 +195,8 @@ public final class PostgresJobStore: JobStore {
     // `callTimeout`, at least 30 s, as a call's statement does: a server silent after the
     // handshake held the opening for good.
     do {
-      let migrating = try Connection(conninfo: url, scrubber: info.scrubber)
+      let migrating = try Self.connectWaiting(
+        url, scrubber: info.scrubber, wait: options.startupWait, isCancelled: isCancelled, onWait: onWait)
       let limit = options.callTimeout.map { max($0, Self.shortestOpeningLimit) }
       let deadline = limit.map { SocketDeadline(socket: migrating.socketDescriptor, after: $0) }
       do {
@@ -215,8 +237,70 @@ public final class PostgresJobStore: JobStore {
   /// - Parameters:
   ///   - url: A `postgres://` URL or a libpq conninfo string.
   ///   - options: The schema, clock and timeouts.
-  public static func open(url: String, options: Options = .init()) async throws -> PostgresJobStore {
-    try await onOwnThread(name: "conveyor-postgres-open") { try PostgresJobStore(url: url, options: options) }
+  ///   - onWait: Called once, on a thread of the store's, when the first attempt to connect failed
+  ///     and the opening waits for the server (``Options/startupWait``): say so to the operator.
+  ///   Cancelling the calling task ends the wait at once with `CancellationError`.
+  public static func open(
+    url: String, options: Options = .init(), onWait: (@Sendable (PostgresError) -> Void)? = nil
+  ) async throws -> PostgresJobStore {
+    let cancelled = Atomic<Bool>(false)
+    return try await withTaskCancellationHandler {
+      try await onOwnThread(name: "conveyor-postgres-open") {
+        try PostgresJobStore(
+          url: url, options: options, isCancelled: { cancelled.load(ordering: .relaxed) }, onWait: onWait)
+      }
+    } onCancel: {
+      cancelled.store(true, ordering: .relaxed)
+    }
+  }
+
+  /// Connects, trying again with backoff (0.1 s doubling to 5 s) while the failure is one that
+  /// waiting may mend (``isWorthWaitingFor(_:)``) and `wait` has not passed; `onWait` hears of the
+  /// first failure. Cancellation (`isCancelled`, looked at every 50 ms at least) ends it.
+  static func connectWaiting(
+    _ url: String, scrubber: Scrubber, wait: Duration, isCancelled: () -> Bool,
+    onWait: (@Sendable (PostgresError) -> Void)?
+  ) throws -> Connection {
+    let deadline = ContinuousClock.now + wait
+    var pause = Duration.milliseconds(100)
+    var said = false
+    while true {
+      if isCancelled() { throw CancellationError() }
+      do {
+        return try Connection(conninfo: url, scrubber: scrubber, isCancelled: isCancelled)
+      } catch let error as PostgresError where isWorthWaitingFor(error) && ContinuousClock.now < deadline {
+        if !said {
+          said = true
+          onWait?(error)
+        }
+        let resume = min(ContinuousClock.now + pause, deadline)
+        while ContinuousClock.now < resume {
+          if isCancelled() { throw CancellationError() }
+          Thread.sleep(forTimeInterval: min(0.05, (resume - ContinuousClock.now) / .seconds(1)))
+        }
+        pause = min(pause * 2, .seconds(5))
+      } catch let error as PostgresError where isWorthWaitingFor(error) && said {
+        throw PostgresError(
+          code: error.code,
+          message: "the server could not be reached within startupWait (\(wait)); the last attempt: "
+            + error.message, sqlState: error.sqlState, sql: error.sql)
+      }
+    }
+  }
+
+  /// Whether a failure to connect may pass by waiting: anything but a refusal the server gave
+  /// for good (authentication, a role or database that does not exist, `pg_hba.conf`, a
+  /// connection string or option libpq rejects).
+  static func isWorthWaitingFor(_ error: PostgresError) -> Bool {
+    guard error.code == .connectionFailed else { return false }
+    let permanent = [
+      "password authentication failed", "authentication failed", "does not exist", "no pg_hba.conf entry",
+      "invalid connection option", "missing \"=\"", "invalid sslmode", "invalid port",
+      "invalid integer value",
+      "server does not support ssl", "permission denied", "could not allocate",
+    ]
+    let message = error.message.lowercased()
+    return !permanent.contains { message.contains($0.lowercased()) }
   }
 
   deinit { listener.stop() }
@@ -707,6 +791,9 @@ public final class PostgresJobStore: JobStore {
     // `lock_timeout` is a 32-bit count of milliseconds on the server.
     if options.lockTimeout < .zero || options.lockTimeout > .milliseconds(Int64(Int32.max)) {
       throw refuse("lockTimeout must be between 0 (no limit) and about 24 days, got \(options.lockTimeout)")
+    }
+    if options.startupWait < .zero {
+      throw refuse("startupWait must be 0 (one attempt) or more, got \(options.startupWait)")
     }
     if options.reconnectTimeout < .zero {
       throw refuse("reconnectTimeout must be 0 (do not reconnect) or more, got \(options.reconnectTimeout)")

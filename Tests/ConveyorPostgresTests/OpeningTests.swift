@@ -1,0 +1,93 @@
+import Conveyor
+import ConveyorPostgres
+import ConveyorTestSupport
+import Foundation
+import Synchronization
+import Testing
+
+/// Opening a store: connecting, waiting for a server that is not up yet, migrating.
+@Suite("PostgreSQL: opening")
+struct OpeningTests {
+  /// A URL of a loopback port nobody listens on.
+  func unreachableURL() throws -> String {
+    let (socket, port) = try PostgresServer.loopbackSocket(listening: false)
+    close(socket)
+    return "postgresql://postgres@127.0.0.1:\(port)/postgres?connect_timeout=2"
+  }
+
+  @Test func aStoreOpenedBeforeItsServerStartsWaitsAndSaysSoOnce() async throws {
+    let server = try await PostgresServer.start()
+    defer { server.stop() }
+    try await PostgresServer.onBackgroundThread { try server.control(["stop", "-m", "fast", "-w"]) }
+    let waits = Mutex(0)
+    let opening = Task {
+      try await PostgresJobStore.open(
+        url: server.url, options: .init(schema: uniqueSchema(), startupWait: .seconds(60)),
+        onWait: { _ in waits.withLock { $0 += 1 } })
+    }
+    try await eventually("the opening says it waits") { waits.withLock { $0 } == 1 }
+    try await Task.sleep(for: .milliseconds(700))  // a few more attempts fail meanwhile
+    try await PostgresServer.onBackgroundThread {
+      try server.control([
+        "start", "-w", "-t", "60", "-l", server.folder + "/server.log", "-o", server.serverOptions,
+      ])
+    }
+    let store = try await opening.value
+    #expect(waits.withLock { $0 } == 1, "said once")
+    _ = try await store.enqueue([NewJob(payload: Data("{}".utf8))], queue: "q", clock: SystemJobClock())
+    #expect(try await store.counts(queue: "q", clock: SystemJobClock()).ready == 1)
+    await store.close()
+  }
+
+  @Test func cancellingTheOpeningEndsItsWaitAtOnce() async throws {
+    let url = try unreachableURL()
+    let waiting = Mutex(false)
+    let opening = Task {
+      try await PostgresJobStore.open(
+        url: url, options: .init(startupWait: .seconds(600)), onWait: { _ in waiting.withLock { $0 = true } })
+    }
+    try await eventually("the opening waits") { waiting.withLock { $0 } }
+    let cancelled = ContinuousClock.now
+    opening.cancel()
+    await #expect(throws: CancellationError.self) { _ = try await opening.value }
+    // Ended by the cancellation, not by the ten minutes of `startupWait`.
+    #expect(ContinuousClock.now - cancelled < .seconds(60))
+  }
+
+  @Test func aServerThatStaysDownFailsAfterStartupWaitNamingTheLastFailure() async throws {
+    let url = try unreachableURL()
+    let waits = Mutex(0)
+    do {
+      _ = try await PostgresJobStore.open(
+        url: url, options: .init(startupWait: .milliseconds(500)), onWait: { _ in waits.withLock { $0 += 1 } }
+      )
+      Issue.record("opened a store on a port nobody listens on")
+    } catch let error as PostgresError {
+      #expect(error.code == .connectionFailed)
+      #expect(error.message.contains("startupWait"), "\(error)")
+    }
+    #expect(waits.withLock { $0 } == 1)
+  }
+
+  @Test func aFailureWaitingCannotMendFailsAtOnce() async throws {
+    let server = try await PostgresServer.shared()
+    let url = "postgresql://postgres@127.0.0.1:\(server.port)/no_such_database"
+    let waits = Mutex(0)
+    let started = ContinuousClock.now
+    await #expect(throws: PostgresError.self) {
+      _ = try await PostgresJobStore.open(
+        url: url, options: .init(startupWait: .seconds(600)), onWait: { _ in waits.withLock { $0 += 1 } })
+    }
+    #expect(waits.withLock { $0 } == 0, "no wait for a database that does not exist")
+    #expect(ContinuousClock.now - started < .seconds(60))
+  }
+
+  @Test func aNegativeStartupWaitIsRefused() async throws {
+    let server = try await PostgresServer.shared()
+    await #expect {
+      _ = try await PostgresJobStore.open(url: server.url, options: .init(startupWait: .seconds(-1)))
+    } throws: { error in
+      (error as? PostgresError)?.code == .invalidOptions
+    }
+  }
+}
