@@ -27,10 +27,13 @@ extension Bismuth {
   ///   ``resume()``.
   /// - ``add(_:)-(T)`` does not replace an equal item already queued; give the item a
   ///   `deduplicationKey` for that.
+  /// - The delegate receives each item as decoded from the database, so state its `CodingKeys`
+  ///   leave out has its default value there; ``remove(_:)`` and ``items`` use the instances this
+  ///   queue added (see <doc:MigratingFromBismuth>).
   ///
   /// The synchronous calls (``add(_:)-(T)``, ``remove(_:)``, ``items``, ``count``,
-  /// ``pause()``, ``resume()``, ``clear()``) block the calling thread until the database
-  /// answered, usually well under a millisecond. Their work runs on a dedicated thread, never on
+  /// ``pause()``, ``resume()``, ``clear()``, and ``state`` when it must ask the database) block
+  /// the calling thread until the database answered, usually well under a millisecond. Their work runs on a dedicated thread, never on
   /// Swift's cooperative pool, so calling them from `async` code cannot deadlock; still, in
   /// `async` code prefer ``jobQueue``'s `async` methods, which do not block a thread.
   public final class Queue<T: BismuthQueueable>: Sendable {
