@@ -27,10 +27,13 @@ extension Bismuth {
   ///   ``resume()``.
   /// - ``add(_:)-(T)`` does not replace an equal item already queued; give the item a
   ///   `deduplicationKey` for that.
+  /// - The delegate receives each item as decoded from the database, so state its `CodingKeys`
+  ///   leave out has its default value there; ``remove(_:)`` and ``items`` use the instances this
+  ///   queue added (see <doc:MigratingFromBismuth>).
   ///
   /// The synchronous calls (``add(_:)-(T)``, ``remove(_:)``, ``items``, ``count``,
-  /// ``pause()``, ``resume()``, ``clear()``) block the calling thread until the database
-  /// answered, usually well under a millisecond. Their work runs on a dedicated thread, never on
+  /// ``pause()``, ``resume()``, ``clear()``, and ``state`` when it must ask the database) block
+  /// the calling thread until the database answered, usually well under a millisecond. Their work runs on a dedicated thread, never on
   /// Swift's cooperative pool, so calling them from `async` code cannot deadlock; still, in
   /// `async` code prefer ``jobQueue``'s `async` methods, which do not block a thread.
   public final class Queue<T: BismuthQueueable>: Sendable {
@@ -45,6 +48,8 @@ extension Bismuth {
 
     private let slot: DelegateSlot
     private let adapter: Adapter<T>
+    private let kept = KeptInstances<T>()
+    private let keptWatcher: Task<Void, Never>
     #if canImport(UIKit) && !os(watchOS)
       private let backgroundTime: BackgroundTime?
     #endif
@@ -117,6 +122,7 @@ extension Bismuth {
         }
       }
       jobQueue = try JobQueue(configuration: configuration, store: store, delegate: adapter)
+      keptWatcher = kept.watch(jobQueue.events)
       #if canImport(UIKit) && !os(watchOS)
         backgroundTime = config.canRunInBackground ? BackgroundTime(events: jobQueue.events) : nil
       #endif
@@ -125,6 +131,7 @@ extension Bismuth {
     }
 
     deinit {
+      keptWatcher.cancel()
       // The adapter goes with this object, so the engine claims nothing more; stop its loop.
       let jobQueue = jobQueue
       Task { await jobQueue.shutdown(gracePeriod: .seconds(5)) }
@@ -146,17 +153,40 @@ extension Bismuth {
     public func add(_ objects: [T]) -> Bool {
       if objects.isEmpty { return true }
       let jobQueue = jobQueue
-      return report("add") { _ = try await jobQueue.add(contentsOf: objects) } != nil
+      let kept = kept
+      let added = report("add") { () -> Bool in
+        kept.beginAdd()
+        do {
+          let results = try await jobQueue.add(contentsOf: objects)
+          kept.endAdd(keeping: zip(results, objects).filter { $0.0.inserted }.map { ($0.0.id, $0.1) })
+          return true
+        } catch {
+          kept.endAdd(keeping: [])
+          throw error
+        }
+      }
+      if added != nil, kept.needsPruning { pruneKeptInstances() }
+      return added ?? false
     }
 
     /// Removes every waiting item equal to `item` (and the record of a running one, whose result
     /// is then ignored); returns how many were removed.
+    ///
+    /// Items added by this queue instance are compared as they were added, so `==` may use state
+    /// their `Codable` conformance leaves out (the old README's item compares a UUID it does not
+    /// encode). Items added before a restart, or by another instance, are compared as decoded
+    /// from the database: only their encoded state can count.
     @discardableResult
     public func remove(_ item: T) -> Int {
       let jobQueue = jobQueue
+      let kept = kept
       return report("remove") {
-        let matching = try await Self.unfinishedJobs(jobQueue).filter { $0.item == item }.map(\.id)
-        return try await jobQueue.remove(matching)
+        let listing = try await Self.unfinishedJobs(jobQueue, kept: kept)
+        let matching = listing.jobs.filter { $0.item == item }.map(\.id)
+        let removed = try await jobQueue.remove(matching)
+        kept.drop(matching)
+        kept.prune(keeping: Set(listing.jobs.map(\.id)), listedAt: listing.generation)
+        return removed
       } ?? 0
     }
 
@@ -164,12 +194,19 @@ extension Bismuth {
     public func clear() {
       let jobQueue = jobQueue
       _ = report("clear") { try await jobQueue.clear() }
+      pruneKeptInstances()
     }
 
-    /// The items waiting or being handled, in the order they were added.
+    /// The items waiting or being handled, in the order they were added: those added by this
+    /// queue instance as they were added, the others as decoded from the database.
     public var items: [T] {
       let jobQueue = jobQueue
-      return report("list items") { try await Self.unfinishedJobs(jobQueue).map(\.item) } ?? []
+      let kept = kept
+      return report("list items") {
+        let listing = try await Self.unfinishedJobs(jobQueue, kept: kept)
+        kept.prune(keeping: Set(listing.jobs.map(\.id)), listedAt: listing.generation)
+        return listing.jobs.map(\.item)
+      } ?? []
     }
 
     /// How many items are waiting or being handled.
@@ -181,14 +218,43 @@ extension Bismuth {
     /// Whether no item is waiting or being handled.
     public var isEmpty: Bool { count == 0 }
 
+    /// How many added instances the queue keeps for ``remove(_:)`` and ``items`` (for tests).
+    var keptInstanceCount: Int { kept.count }
+
+    /// Drops the kept instances of items whose jobs are gone (handled by another instance,
+    /// removed through ``jobQueue``).
+    private func pruneKeptInstances() {
+      let jobQueue = jobQueue
+      let kept = kept
+      _ = report("list items") {
+        let generation = kept.generation
+        var unfinished: Set<JobID> = []
+        var after: JobID?
+        while true {
+          let page = try await jobQueue.jobs(after: after, limit: 500)
+          for record in page where record.status != .dead { unfinished.insert(record.id) }
+          guard let last = page.last, page.count == 500 else { break }
+          after = last.id
+        }
+        kept.prune(keeping: unfinished, listedAt: generation)
+      }
+    }
+
     // MARK: Control
 
-    /// What the queue is doing.
+    /// What the queue is doing: ``Bismuth/QueueState/paused`` after ``pause()``,
+    /// ``Bismuth/QueueState/running`` while items wait or are handled (also while they wait for a
+    /// delegate or a retry), ``Bismuth/QueueState/idle`` when none is left or the queue was not
+    /// started.
+    ///
+    /// When the queue is started, not paused and handling nothing, this asks the database whether
+    /// items wait, so it blocks the calling thread as ``count`` does.
     public var state: QueueState {
       switch jobQueue.state {
-      case .stopped, .idle: .idle
-      case .running: .running
+      case .stopped: .idle
       case .paused: .paused
+      case .running: .running
+      case .idle: count > 0 ? .running : .idle
       }
     }
 
@@ -224,20 +290,152 @@ extension Bismuth {
       }
     }
 
-    /// The pending and running jobs, decoded, in ID (arrival) order. Undecodable ones are skipped:
-    /// the engine makes them dead jobs when it reaches them.
-    private static func unfinishedJobs(_ jobQueue: JobQueue<T>) async throws -> [(id: JobID, item: T)] {
+    /// The pending and running jobs in ID (arrival) order, each with the instance this queue
+    /// added, or else decoded. Undecodable ones are skipped: the engine makes them dead jobs when
+    /// it reaches them.
+    private static func unfinishedJobs(
+      _ jobQueue: JobQueue<T>, kept: KeptInstances<T>
+    ) async throws -> KeptInstances<T>.Listing {
+      let generation = kept.generation
       var found: [(id: JobID, item: T)] = []
       var after: JobID?
       while true {
         let page = try await jobQueue.jobs(after: after, limit: 500)
+        let instances = kept.instances(for: page.lazy.map(\.id))
         for record in page where record.status != .dead {
-          // An item that no longer decodes is not listed (the old library could not show it
-          // either); the queue makes it a dead job, with the decode error, when it comes up.
-          if let item = try? jobQueue.item(of: record) { found.append((record.id, item)) }
+          if let instance = instances[record.id] {
+            found.append((record.id, instance))
+          } else if let item = try? jobQueue.item(of: record) {
+            // An item that no longer decodes is not listed (the old library could not show it
+            // either); the queue makes it a dead job, with the decode error, when it comes up.
+            found.append((record.id, item))
+          }
         }
-        guard let last = page.last, page.count == 500 else { return found }
+        guard let last = page.last, page.count == 500 else {
+          return KeptInstances<T>.Listing(jobs: found, generation: generation)
+        }
         after = last.id
+      }
+    }
+  }
+}
+
+/// The items this queue instance added, by job, kept so that ``Bismuth/Queue/remove(_:)`` and
+/// ``Bismuth/Queue/items`` compare and return them as they were added: `==` may use state the
+/// item does not encode. An instance is dropped when its job is handled, dies or is removed;
+/// jobs that end elsewhere (another instance, another process) are found missing by the next
+/// listing, and at the latest when the kept instances have doubled since the last look.
+final class KeptInstances<T: BismuthQueueable>: Sendable {
+  /// Unfinished jobs as a listing found them.
+  struct Listing: Sendable {
+    var jobs: [(id: JobID, item: T)]
+    /// ``KeptInstances/generation`` when the listing began.
+    var generation: Int
+  }
+
+  private struct State {
+    var instances: [JobID: T] = [:]
+    /// Adds begun and not ended.
+    var addsInFlight = 0
+    /// Jobs reported finished while an add was in flight and not kept (yet): the add that made
+    /// one must not keep it. Emptied when no add is in flight.
+    var finishedDuringAdds: Set<JobID> = []
+    /// Counts the adds begun, so that a listing can tell whether one overlapped it.
+    var generation = 0
+    /// Prune (list the queue) once this many instances are kept.
+    var pruneAt = 1024
+  }
+
+  private let state = Mutex(State())
+
+  /// How many instances are kept (for tests).
+  var count: Int { state.withLock { $0.instances.count } }
+
+  /// Changes whenever an add begins.
+  var generation: Int { state.withLock { $0.generation } }
+
+  /// Whether enough instances are kept that a listing should look for those whose jobs ended.
+  var needsPruning: Bool { state.withLock { $0.instances.count >= $0.pruneAt } }
+
+  /// Drops the instance of every job `events` reports handled or dead, until the task is
+  /// cancelled.
+  func watch(_ events: AsyncStream<JobQueueEvent>) -> Task<Void, Never> {
+    Task { [weak self] in
+      for await event in events {
+        switch event {
+        case .succeeded(let id), .died(let id, _):
+          self?.finished(id)
+        default:
+          break
+        }
+      }
+    }
+  }
+
+  /// The kept instances of `ids`.
+  func instances(for ids: some Sequence<JobID>) -> [JobID: T] {
+    state.withLock { state in
+      if state.instances.isEmpty { return [:] }
+      var found: [JobID: T] = [:]
+      for id in ids { if let instance = state.instances[id] { found[id] = instance } }
+      return found
+    }
+  }
+
+  /// Called before an add commits.
+  func beginAdd() {
+    state.withLock { state in
+      state.addsInFlight += 1
+      state.generation += 1
+    }
+  }
+
+  /// Called after an add committed (or failed): keeps the instances of the jobs it inserted,
+  /// unless a job already finished.
+  func endAdd(keeping added: [(JobID, T)]) {
+    state.withLock { state in
+      for (id, item) in added where !state.finishedDuringAdds.contains(id) {
+        state.instances[id] = item
+      }
+      state.addsInFlight -= 1
+      if state.addsInFlight == 0 { state.finishedDuringAdds = [] }
+    }
+  }
+
+  /// Drops the instances of removed jobs.
+  func drop(_ ids: [JobID]) {
+    state.withLock { state in
+      for id in ids { state.instances[id] = nil }
+    }
+  }
+
+  /// Drops the instances of jobs not in `unfinished`, unless an add overlapped the listing that
+  /// found them (its job may be missing from it).
+  ///
+  /// - Parameters:
+  ///   - unfinished: The IDs of the queue's unfinished jobs.
+  ///   - generation: ``generation`` when the listing began.
+  func prune(keeping unfinished: Set<JobID>, listedAt generation: Int) {
+    state.withLock { state in
+      guard state.addsInFlight == 0, state.generation == generation else {
+        // Adds overlapped the listing: look again after a thousand more, not after each.
+        state.pruneAt = max(state.pruneAt, state.instances.count + 1024)
+        return
+      }
+      if !state.instances.isEmpty {
+        state.instances = state.instances.filter { unfinished.contains($0.key) }
+      }
+      // The next look is due when the kept instances have doubled, or outgrown the queue: a
+      // listing's cost is spread over at least as many adds as it lists jobs.
+      state.pruneAt = max(1024, 2 * state.instances.count, unfinished.count)
+    }
+  }
+
+  /// Drops the instance of a job that was handled or died.
+  func finished(_ id: JobID) {
+    state.withLock { state in
+      if state.instances.removeValue(forKey: id) == nil, state.addsInFlight > 0 {
+        state.finishedDuringAdds.insert(id)
       }
     }
   }

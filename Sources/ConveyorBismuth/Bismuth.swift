@@ -6,7 +6,7 @@ import Foundation
 ///
 /// ``Bismuth/Queue`` runs on Conveyor's `JobQueue` with a SQLite store: every `add`
 /// is committed before it returns, a failed item waits for its retry without blocking the others,
-/// and `pause()` is stored. See the migration guide in the README for what differs on purpose.
+/// and `pause()` is stored. See <doc:MigratingFromBismuth> for what differs on purpose.
 public enum Bismuth {
   /// What the delegate tells the queue about an item.
   public enum HandleResult: Int, Sendable {
@@ -18,11 +18,13 @@ public enum Bismuth {
 
   /// What a queue is doing.
   public enum QueueState: Int, Sendable {
-    /// Not started, or started with no item being handled (also while items wait for a retry).
+    /// No item is waiting or being handled, or the queue was not started (`autoStart` false and
+    /// no ``Bismuth/Queue/start()`` yet).
     case idle
     /// Paused by ``Bismuth/Queue/pause()``; stored, so it lasts until ``Bismuth/Queue/resume()``.
     case paused
-    /// An item is being handled.
+    /// Started and not paused, with items waiting or being handled: also while they wait for a
+    /// delegate or for their retry, as in the old library.
     case running
   }
 }

@@ -1,13 +1,13 @@
 import Conveyor
 import ConveyorNetworking
 import Foundation
+import Synchronization
 
 #if canImport(FoundationNetworking)
   import FoundationNetworking
 #endif
 
-/// The typed operation kit's data operation: `NetworkDataOperation(url:urlSession:evaluate:)`,
-/// on ConveyorNetworking's `NetworkDataOperation`.
+/// The typed operation kit's data operation: `NetworkDataOperation(url:urlSession:evaluate:)`.
 ///
 /// ```swift
 /// let operation = NetworkDataOperation(url: url, urlSession: .shared) { data, response in
@@ -16,38 +16,206 @@ import Foundation
 /// operation.successHandler = { myObject in … }
 /// ```
 ///
-/// Differences on purpose: the HTTP status is checked (only `200..<300` succeeds; see
-/// `acceptedStatusCodes`), and `failureHandler` receives a typed `NetworkError` (transport,
-/// HTTP status with the body, invalid or empty response, evaluation) instead of an `NSError`.
-/// A given `URLSession` is used as is, with its own delegate (see
-/// `NetworkSession.init(urlSession:)`); `URLSession.shared` means Conveyor's shared
-/// `NetworkSession`. The operation finishes after its handler ran.
-// @unchecked Sendable: adds no stored properties; see ConveyorNetworking's `NetworkOperation`,
-// which guards its settings and task with `Mutex`es.
-open class NetworkDataOperation<ResultType: Sendable>: ConveyorNetworking.NetworkDataOperation<ResultType>,
+/// Its members are the old class's and ``AsyncOperation``'s, nothing more; the transfer is made
+/// by ConveyorNetworking's `NetworkDataOperation`, which this operation starts in `main()` and
+/// cancels with `cancel()`.
+///
+/// Differences on purpose: the HTTP status is checked (only `acceptedStatusCodes`, by default
+/// `200..<300`, succeed), and `failureHandler` receives a typed `NetworkError` (transport, HTTP
+/// status with the body, invalid or empty response, preparation, evaluation) instead of an
+/// `NSError`. A given `URLSession` is used as is, with its own delegate; `URLSession.shared`
+/// means Conveyor's shared `NetworkSession`. The operation finishes after its handler ran.
+// @unchecked Sendable: `transfer` is a `Mutex`; the rest is immutable. The superclass guards its
+// own state.
+open class NetworkDataOperation<ResultType: Sendable>: AsyncOperation<ResultType, NetworkError>,
   @unchecked Sendable
 {
+  /// The closure given to the initialiser, in a `Sendable` box.
+  private struct Evaluation: Sendable {
+    var evaluate: @Sendable (Data, HTTPURLResponse) throws -> ResultType
+  }
+
+  /// The URL the operation fetches.
+  public let url: URL
+  /// The session the operation runs on.
+  public let urlSession: URLSession
+  private let evaluation: Evaluation
+  private let accepted: Set<Int>
+  private let transfer = Mutex<ConveyorNetworking.NetworkDataOperation<ResultType>?>(nil)
+
   /// Creates an operation that fetches `url` on `urlSession` and evaluates the body of an accepted
   /// response.
   ///
   /// - Parameters:
-  ///   - url: The URL to fetch (a GET; adjust the request with `prepare`).
+  ///   - url: The URL to fetch (a GET; adjust the request in ``prepareRequest(_:)``).
   ///   - urlSession: Any session, with or without a delegate of its own.
+  ///   - acceptedStatusCodes: The statuses that count as success; others fail with
+  ///     `NetworkError.httpStatus`. Default `200..<300` (the old kit accepted every status: pass
+  ///     `Set(100..<600)` for that).
   ///   - evaluate: Makes the value from the body and response; a thrown error fails the operation
   ///     with `NetworkError.evaluation`.
   public init(
-    url: URL, urlSession: URLSession,
+    url: URL, urlSession: URLSession, acceptedStatusCodes: Set<Int> = Set(200..<300),
     evaluate: @escaping @Sendable (Data, HTTPURLResponse) throws -> ResultType
   ) {
-    super.init(
-      request: URLRequest(url: url), session: .wrapping(urlSession), evaluate: evaluate)
-    finishesAfterHandlers = true
+    self.url = url
+    self.urlSession = urlSession
+    self.evaluation = Evaluation(evaluate: evaluate)
+    self.accepted = acceptedStatusCodes
+    super.init()
   }
 
-  /// The URL the operation fetches.
-  public var url: URL { request.url! }
-  /// The session the operation runs on (for `URLSession.shared`, Conveyor's shared session).
-  public var urlSession: URLSession { session.urlSession }
+  /// Adjusts the request before it is sent (a header, a method, a body). Default: nothing. A
+  /// thrown error fails the operation with `NetworkError.preparation` and nothing is sent.
+  ///
+  /// - Parameter request: The request for ``url``, to change in place.
+  open func prepareRequest(_ request: inout URLRequest) throws {}
+
+  /// Runs the evaluate closure given to the initialiser.
+  ///
+  /// - Parameters:
+  ///   - result: The response body.
+  ///   - response: The HTTP response, with an accepted status.
+  /// - Returns: The operation's value.
+  public final func evaluate(result: Data, response: HTTPURLResponse) throws -> ResultType {
+    try evaluation.evaluate(result, response)
+  }
+
+  /// Sends the request; the operation finishes with the evaluated value or the error.
+  open override func main() {
+    let evaluation = evaluation
+    let operation = ConveyorNetworking.NetworkDataOperation<ResultType>(
+      request: URLRequest(url: url), session: .wrapping(urlSession)
+    ) { data, response in
+      try evaluation.evaluate(data, response)
+    }
+    NetworkTransfer.forward(operation, acceptedStatusCodes: accepted, to: self) { [weak self] request in
+      try self?.prepareRequest(&request)
+    }
+    transfer.withLock { $0 = operation }
+    // A `cancel()` that came before the transfer was kept above did not see it.
+    if isCancelled { operation.cancel() }
+    operation.start()
+  }
+
+  /// Cancels the operation and its transfer; no handler runs. Subclasses that override it must
+  /// call `super`.
+  open override func cancel() {
+    super.cancel()
+    transfer.withLock { $0 }?.cancel()
+  }
+}
+
+/// The typed operation kit's download operation: `NetworkDownloadOperation<T>(url:urlSession:evaluate:)`,
+/// whose evaluate closure gets the temporary file (move it to keep it).
+///
+/// ```swift
+/// let operation = NetworkDownloadOperation<URL>(url: url, urlSession: .shared) { tempURL, response in
+///   try FileManager.default.moveItem(at: tempURL, to: finalFileURL)
+///   return finalFileURL
+/// }
+/// ```
+///
+/// Its members are the old class's and ``AsyncOperation``'s, nothing more; the transfer is made
+/// by ConveyorNetworking's `NetworkDownloadOperation`. The same differences as
+/// ``NetworkDataOperation`` apply; the temporary file is deleted if the evaluation did not move
+/// it.
+// @unchecked Sendable: `transfer` is a `Mutex`; the rest is immutable. The superclass guards its
+// own state.
+open class NetworkDownloadOperation<ResultType: Sendable>: AsyncOperation<ResultType, NetworkError>,
+  @unchecked Sendable
+{
+  /// The closure given to the initialiser, in a `Sendable` box.
+  private struct Evaluation: Sendable {
+    var evaluate: @Sendable (URL, HTTPURLResponse) throws -> ResultType
+  }
+
+  /// The URL the operation downloads.
+  public let url: URL
+  /// The session the operation runs on.
+  public let urlSession: URLSession
+  private let evaluation: Evaluation
+  private let accepted: Set<Int>
+  private let transfer = Mutex<ConveyorNetworking.NetworkDownloadOperation<ResultType>?>(nil)
+
+  /// Creates an operation that downloads `url` on `urlSession` and evaluates the temporary file
+  /// of an accepted response.
+  ///
+  /// - Parameters:
+  ///   - url: The URL to download (a GET; adjust the request in ``prepareRequest(_:)``).
+  ///   - urlSession: Any session, with or without a delegate of its own.
+  ///   - acceptedStatusCodes: The statuses that count as success; others fail with
+  ///     `NetworkError.httpStatus`. Default `200..<300`.
+  ///   - evaluate: Makes the value from the temporary file (which it must move to keep) and the
+  ///     response.
+  public init(
+    url: URL, urlSession: URLSession, acceptedStatusCodes: Set<Int> = Set(200..<300),
+    evaluate: @escaping @Sendable (URL, HTTPURLResponse) throws -> ResultType
+  ) {
+    self.url = url
+    self.urlSession = urlSession
+    self.evaluation = Evaluation(evaluate: evaluate)
+    self.accepted = acceptedStatusCodes
+    super.init()
+  }
+
+  /// Adjusts the request before it is sent. Default: nothing. A thrown error fails the operation
+  /// with `NetworkError.preparation` and nothing is sent.
+  ///
+  /// - Parameter request: The request for ``url``, to change in place.
+  open func prepareRequest(_ request: inout URLRequest) throws {}
+
+  /// Runs the evaluate closure given to the initialiser.
+  ///
+  /// - Parameters:
+  ///   - result: The temporary file; move it to keep it.
+  ///   - response: The HTTP response, with an accepted status.
+  /// - Returns: The operation's value.
+  public final func evaluate(result: URL, response: HTTPURLResponse) throws -> ResultType {
+    try evaluation.evaluate(result, response)
+  }
+
+  /// Sends the request; the operation finishes with the evaluated value or the error.
+  open override func main() {
+    let evaluation = evaluation
+    let operation = ConveyorNetworking.NetworkDownloadOperation<ResultType>(
+      request: URLRequest(url: url), session: .wrapping(urlSession)
+    ) { location, response in
+      try evaluation.evaluate(location, response)
+    }
+    NetworkTransfer.forward(operation, acceptedStatusCodes: accepted, to: self) { [weak self] request in
+      try self?.prepareRequest(&request)
+    }
+    transfer.withLock { $0 = operation }
+    if isCancelled { operation.cancel() }
+    operation.start()
+  }
+
+  /// Cancels the operation and its transfer; no handler runs. Subclasses that override it must
+  /// call `super`.
+  open override func cancel() {
+    super.cancel()
+    transfer.withLock { $0 }?.cancel()
+  }
+}
+
+/// Connects a ConveyorNetworking operation to the drop-in operation that started it.
+enum NetworkTransfer {
+  /// Sets up `transfer` to prepare its request with `prepare` and to finish `owner` with its
+  /// outcome. The handlers run on a global queue (they only hand the outcome on); `owner`'s own
+  /// handler then runs on its `callbackQueue`.
+  static func forward<ResultType: Sendable, TaskResult>(
+    _ transfer: ConveyorNetworking.NetworkOperation<ResultType, TaskResult>,
+    acceptedStatusCodes: Set<Int>,
+    to owner: AsyncOperation<ResultType, NetworkError>,
+    prepare: @escaping @Sendable (inout URLRequest) throws -> Void
+  ) {
+    transfer.acceptedStatusCodes = acceptedStatusCodes
+    transfer.prepare = prepare
+    transfer.callbackQueue = .global()
+    transfer.successHandler = { value in owner.finish(withResult: value) }
+    transfer.failureHandler = { error in owner.finish(withError: error) }
+  }
 }
 
 extension NetworkSession {
@@ -57,45 +225,4 @@ extension NetworkSession {
   static func wrapping(_ urlSession: URLSession) -> NetworkSession {
     urlSession === URLSession.shared ? .shared : NetworkSession(urlSession: urlSession)
   }
-}
-
-/// The typed operation kit's download operation: `NetworkDownloadOperation<T>(url:urlSession:evaluate:)`,
-/// whose evaluate closure gets the temporary file (move it to keep it), on ConveyorNetworking's
-/// `NetworkDownloadOperation`.
-///
-/// ```swift
-/// let operation = NetworkDownloadOperation<URL>(url: url, urlSession: .shared) { tempURL, response in
-///   try FileManager.default.moveItem(at: tempURL, to: finalFileURL)
-///   return finalFileURL
-/// }
-/// ```
-///
-/// The same differences as ``NetworkDataOperation`` apply; the temporary file is deleted if the
-/// evaluation did not move it.
-// @unchecked Sendable: adds no stored properties; see ConveyorNetworking's
-// `NetworkDownloadOperation`, which guards its state with `Mutex`es.
-open class NetworkDownloadOperation<ResultType: Sendable>:
-  ConveyorNetworking.NetworkDownloadOperation<ResultType>, @unchecked Sendable
-{
-  /// Creates an operation that downloads `url` on `urlSession` and evaluates the temporary file
-  /// of an accepted response.
-  ///
-  /// - Parameters:
-  ///   - url: The URL to download.
-  ///   - urlSession: Any session, with or without a delegate of its own.
-  ///   - evaluate: Makes the value from the temporary file (which it must move to keep) and the
-  ///     response.
-  public init(
-    url: URL, urlSession: URLSession,
-    evaluate: @escaping @Sendable (URL, HTTPURLResponse) throws -> ResultType
-  ) {
-    super.init(
-      request: URLRequest(url: url), session: .wrapping(urlSession), evaluate: evaluate)
-    finishesAfterHandlers = true
-  }
-
-  /// The URL the operation downloads.
-  public var url: URL { request.url! }
-  /// The session the operation runs on (for `URLSession.shared`, Conveyor's shared session).
-  public var urlSession: URLSession { session.urlSession }
 }

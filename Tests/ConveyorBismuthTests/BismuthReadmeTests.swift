@@ -5,7 +5,8 @@ import Testing
 
 // The persistent request queue's README, as its users wrote it, compiled against the drop-in
 // module: the only change is `import ConveyorBismuth` instead of `import Bismuth`. The delegates
-// are `@MainActor` classes, as UIKit view controllers and app delegates are.
+// are `@MainActor` classes, as UIKit view controllers and app delegates are. The item compares a
+// UUID its `CodingKeys` leave out, as the README's does.
 
 enum HTTPMethod: String, Codable, Sendable {
   case get, post, delete
@@ -16,7 +17,6 @@ struct RequestQueueItem: BismuthQueueable {
     case url
     case httpMethod
     case parameters
-    case uuid
   }
 
   private var uuid = UUID().uuidString
@@ -189,8 +189,10 @@ struct BismuthReadmeTests {
     #expect(first.add(a))
     #expect(first.add(b))
 
+    // Another instance reads them back from the database: only their encoded state is there (the
+    // README's item gets a new UUID when decoded, so it is not `==` to the one added).
     let second = Bismuth.Queue<RequestQueueItem>(config: config)
-    #expect(second.items == [a, b])
+    #expect(second.items.map(\.url) == [a.url, b.url])
     #expect(second.count == 2)
   }
 

@@ -219,6 +219,36 @@ struct AsyncTaskRunnerTests {
     }
     #expect(values == [2, 7, 10])
   }
+
+  /// Closures that cannot throw are kept as written (awaited without a thunk); mixed with
+  /// throwing ones and callback tasks they still run in order, and the first error stops the run.
+  @Test func nonThrowingAndThrowingClosuresRunInOrderAndTheFirstErrorStops() async throws {
+    let log = Log<Int>()
+    let plain = AnyAsyncTask<Int, PipeTestError> {
+      log.append(1)
+      return 1
+    }
+    let throwing = AnyAsyncTask<Int, PipeTestError> { () async throws(PipeTestError) -> Int in
+      log.append(2)
+      return 2
+    }
+    let failing = AnyAsyncTask<Int, PipeTestError> { () async throws(PipeTestError) -> Int in
+      log.append(3)
+      throw .boom(3)
+    }
+    let never = AnyAsyncTask<Int, PipeTestError> {
+      log.append(4)
+      return 4
+    }
+    #expect(try await plain.run() == 1)
+    #expect(try await AsyncTaskRunner([plain, throwing, plain]).run() == [1, 2, 1])
+    await #expect(throws: PipeTestError.boom(3)) {
+      try await AsyncTaskRunner([plain, failing, never]).run()
+    }
+    #expect(log.all == [1, 1, 2, 1, 1, 3])
+    let neverFails = AnyAsyncTask<Int, Never> { 6 * 7 }
+    #expect(await neverFails.run() == 42)
+  }
 }
 
 extension Result {

@@ -5,7 +5,7 @@ import Testing
 
 @Suite("OperationControl and OperationStateMachine")
 struct OperationStateMachineTests {
-  typealias Machine = OperationStateMachine<Int, TestError>
+  typealias Machine = OperationStateMachine
 
   @Test func startsOnce() {
     let control = OperationControl()
@@ -57,7 +57,7 @@ struct OperationStateMachineTests {
     #expect(decided.task == nil)
     let second = machine.complete(.success(2))
     #expect(second == nil)
-    #expect(try machine.result?.get() == 1)
+    #expect(try machine.outcome?.result(Int.self, TestError.self)?.get() == 1)
     #expect(machine.successHandler == nil)
   }
 
@@ -65,9 +65,9 @@ struct OperationStateMachineTests {
     var machine = Machine()
     machine.successHandler = { _ in }
     machine.failureHandler = { _ in }
-    let completion = machine.complete(.failure(.cancelled))
+    let completion = machine.complete(.cancelled)
     let decided = try #require(completion)
     #expect(decided.deliver == nil)
-    #expect(machine.result == nil)
+    #expect(machine.outcome?.result(Int.self, TestError.self) == nil)
   }
 }

@@ -25,6 +25,41 @@ struct AsyncOperationTests {
     #expect(operation.result.map { if case .failure(let error) = $0 { error.code } else { 0 } } == 7)
   }
 
+  /// The outcome is kept type-erased inside the operation; values that are optionals, existentials
+  /// or errors that are existentials come back as they went in.
+  @Test func optionalAndExistentialValuesAndErrorsComeBackAsGiven() async throws {
+    let none = AsyncOperation<Int?, Never> { $0.finish(returning: nil) }
+    let callbacks = DispatchQueue(label: "test.callbacks")
+    none.callbackQueue = callbacks
+    let handled = Mutex<[Int?]>([])
+    none.successHandler = { value in handled.withLock { $0.append(value) } }
+    #expect(try await none.run() == nil)
+    #expect(none.result.map { if case .success(let value) = $0 { value == nil } else { false } } == true)
+    await drain(callbacks)
+    #expect(handled.withLock { $0 } == [nil])
+
+    let nested = AsyncOperation<Int??, Never> { $0.finish(returning: .some(nil)) }
+    let nestedValue = try await nested.run()
+    #expect(nestedValue == .some(nil))
+
+    let existential = AsyncOperation<any Sendable, any Error> { operation in
+      operation.finish(returning: 5 as any Sendable)
+    }
+    #expect(try await existential.run() as? Int == 5)
+
+    let anyError = AsyncOperation<Int, any Error> { $0.finish(throwing: TestError(code: 9)) }
+    do {
+      _ = try await anyError.run()
+      Issue.record("did not fail")
+    } catch .failed(let error) {
+      #expect(error as? TestError == TestError(code: 9))
+    } catch {
+      Issue.record("cancelled")
+    }
+    let handler = anyError.failureHandler
+    #expect(handler == nil)
+  }
+
   @Test func handlerFormFinishesFromAnotherQueue() async throws {
     let callbacks = DispatchQueue(label: "test.callbacks")
     let operation = AsyncOperation<String, Never> { operation in

@@ -35,24 +35,24 @@ import Foundation
 ///   }
 /// }
 /// ```
-// @unchecked Sendable: adds only the immutable `body`; the shared state is guarded by
-// `TypedOperation`'s `control` (one atomic byte) and `state` (a `Mutex`).
+// @unchecked Sendable: adds only the work closures, set in the initialisers and then only read;
+// the shared state is guarded by `TypedOperation`'s `OperationCore` (an atomic byte and a `Mutex`).
 open class AsyncOperation<Success: Sendable, Failure: Error>: TypedOperation<Success, Failure>,
   @unchecked Sendable
 {
-  /// The work given to a closure initialiser; nil for subclasses that override `main()`.
-  /// Boxed so the designated initialiser takes no function type (a subclass with
-  /// `Failure == Never` would otherwise crash Swift 6.3's vtable thunk emission).
-  enum Body {
-    case handler(@Sendable (AsyncOperation<Success, Failure>) -> Void)
-    case work(TaskPriority?, @Sendable () async throws(Failure) -> Success)
-  }
-
-  private let body: Body?
+  /// The work of ``init(_:)``; nil for the other forms. Closures rather than one enum: a closure's
+  /// layout does not depend on `Success` and `Failure`, so the hot path reads it without looking
+  /// up generic metadata. Set by the convenience initialisers after the designated one, so that
+  /// the designated initialiser takes no function type (a subclass with `Failure == Never` would
+  /// otherwise crash Swift 6.3's vtable thunk emission).
+  private var handlerBody: (@Sendable (AsyncOperation<Success, Failure>) -> Void)?
+  /// The work of ``init(priority:_:)``; nil for the other forms.
+  private var taskBody: (@Sendable () async throws(Failure) -> Success)?
+  /// The priority of the task that runs ``taskBody``.
+  private var taskPriority: TaskPriority?
 
   /// Creates an operation for a subclass that overrides `main()`.
   public override init() {
-    body = nil
     super.init()
   }
 
@@ -73,7 +73,8 @@ open class AsyncOperation<Success: Sendable, Failure: Error>: TypedOperation<Suc
   public convenience init(
     _ body: @escaping @Sendable (_ operation: AsyncOperation<Success, Failure>) -> Void
   ) {
-    self.init(body: .handler(body))
+    self.init()
+    handlerBody = body
   }
 
   /// Creates an operation that runs `work` in a new `Task` when started and finishes with what
@@ -95,12 +96,9 @@ open class AsyncOperation<Success: Sendable, Failure: Error>: TypedOperation<Suc
   public convenience init(
     priority: TaskPriority? = nil, _ work: @escaping @Sendable () async throws(Failure) -> Success
   ) {
-    self.init(body: .work(priority, work))
-  }
-
-  init(body: Body) {
-    self.body = body
-    super.init()
+    self.init()
+    taskBody = work
+    taskPriority = priority
   }
 
   // MARK: Operation
@@ -115,19 +113,18 @@ open class AsyncOperation<Success: Sendable, Failure: Error>: TypedOperation<Suc
   /// Starts the work. Subclasses override it (without calling `super`) and call
   /// `finish(returning:)` or `finish(throwing:)` once the work is done, from any thread.
   open override func main() {
-    switch body {
-    case .handler(let handler):
-      handler(self)
-    case .work(let priority, let work):
-      let task = Task(priority: priority) {
+    if let handlerBody {
+      handlerBody(self)
+    } else if let taskBody {
+      let task = Task(priority: taskPriority) {
         do throws(Failure) {
-          self.finish(returning: try await work())
+          self.finish(returning: try await taskBody())
         } catch {
           self.finish(throwing: error)
         }
       }
       if !attach(task) { task.cancel() }
-    case nil:
+    } else {
       preconditionFailure("\(type(of: self)) must override main() or use a closure initialiser")
     }
   }
@@ -144,6 +141,6 @@ open class AsyncOperation<Success: Sendable, Failure: Error>: TypedOperation<Suc
   /// - Parameter error: The operation's failure, passed to `failureHandler`; waiters get
   ///   `OperationError.failed(error)`.
   public final func finish(throwing error: Failure) {
-    complete(.failure(.failed(error)))
+    complete(.failure(error))
   }
 }

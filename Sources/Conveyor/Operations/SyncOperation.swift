@@ -31,7 +31,7 @@ import Foundation
 /// }
 /// ```
 // @unchecked Sendable: adds only the immutable `work`; the shared state is guarded by
-// `TypedOperation`'s `control` (one atomic byte) and `state` (a `Mutex`).
+// `TypedOperation`'s `OperationCore` (an atomic byte and a `Mutex`).
 open class SyncOperation<Success: Sendable, Failure: Error>: TypedOperation<Success, Failure>,
   @unchecked Sendable
 {
@@ -81,11 +81,11 @@ open class SyncOperation<Success: Sendable, Failure: Error>: TypedOperation<Succ
 
   /// Calls `execute()` and records its outcome; override `execute()` instead.
   public final override func main() {
-    let outcome: OperationStateMachine<Success, Failure>.Outcome
+    let outcome: ErasedOutcome
     do throws(Failure) {
       outcome = .success(try execute())
     } catch {
-      outcome = .failure(.failed(error))
+      outcome = .failure(error)
     }
     complete(outcome)
   }

@@ -7,11 +7,10 @@ import Synchronization
 ///
 /// Not meant to be used or subclassed directly (it has no public initialiser): subclass
 /// ``AsyncOperation`` and override `main()`, or ``SyncOperation`` and override `execute()`.
-// @unchecked Sendable: all mutable state lives in `control` (one atomic byte) and `state` (a
+// @unchecked Sendable: all mutable state lives in `core` (`OperationCore`: one atomic byte and a
 // `Mutex`, the lock for outcome, waiters, handlers and task).
 open class TypedOperation<Success: Sendable, Failure: Error>: Operation, @unchecked Sendable {
-  private let control = OperationControl()
-  private let state = Mutex(OperationStateMachine<Success, Failure>())
+  private let core = OperationCore()
 
   /// Internal, so only this module's subclasses can be created. It overrides `Operation.init()`
   /// (rather than taking the finishing policy as an argument) so that the subclasses, which
@@ -33,16 +32,16 @@ open class TypedOperation<Success: Sendable, Failure: Error>: Operation, @unchec
   /// Set it before the operation finishes: it is read once, when the outcome is decided, and
   /// dispatched to `callbackQueue` just after. Waiters on another thread may see the value first.
   public var successHandler: (@Sendable (Success) -> Void)? {
-    get { state.withLock { $0.successHandler } }
-    set { state.withLock { $0.successHandler = newValue } }
+    get { ErasedHandlers.typed(core.successHandler) }
+    set { core.successHandler = ErasedHandlers.erased(newValue) }
   }
 
   /// Called with the error when the operation fails; never after `cancel()`.
   ///
   /// Set it before the operation finishes: it is read once, when the outcome is decided.
   public var failureHandler: (@Sendable (Failure) -> Void)? {
-    get { state.withLock { $0.failureHandler } }
-    set { state.withLock { $0.failureHandler = newValue } }
+    get { ErasedHandlers.typed(core.failureHandler) }
+    set { core.failureHandler = ErasedHandlers.erased(newValue) }
   }
 
   /// Whether a started operation becomes `isFinished` only after its `successHandler` or
@@ -55,8 +54,8 @@ open class TypedOperation<Success: Sendable, Failure: Error>: Operation, @unchec
   /// operation finishes as usual. Do not set it when `callbackQueue` waits for the operation
   /// (a main queue blocked in `waitUntilAllOperationsAreFinished()`, say): it would never finish.
   public var finishesAfterHandlers: Bool {
-    get { state.withLock { $0.finishesAfterHandlers } }
-    set { state.withLock { $0.finishesAfterHandlers = newValue } }
+    get { core.finishesAfterHandlers }
+    set { core.finishesAfterHandlers = newValue }
   }
 
   /// The queue `successHandler` and `failureHandler` run on.
@@ -65,15 +64,15 @@ open class TypedOperation<Success: Sendable, Failure: Error>: Operation, @unchec
   /// serial queue labelled `conveyor.callbacks`, because `DispatchQueue.main` does not run in
   /// command-line tools or test runners there unless something calls `dispatchMain()`.
   public var callbackQueue: DispatchQueue {
-    get { state.withLock { $0.callbackQueue } }
-    set { state.withLock { $0.callbackQueue = newValue } }
+    get { core.callbackQueue }
+    set { core.callbackQueue = newValue }
   }
 
   // MARK: Outcome
 
   /// The result once the operation succeeded or failed; nil while pending and after `cancel()`.
   public var result: Result<Success, Failure>? {
-    state.withLock { $0.result }
+    core.outcome?.result(Success.self, Failure.self)
   }
 
   /// The value, waiting until the outcome is decided. Never starts the operation.
@@ -86,7 +85,7 @@ open class TypedOperation<Success: Sendable, Failure: Error>: Operation, @unchec
   /// - Throws: `OperationError.failed` with the operation's error, or `.cancelled`.
   public var value: Success {
     get async throws(OperationError<Failure>) {
-      try await OperationDriver.outcome(state).get()
+      try Self.typed(await core.awaitOutcome())
     }
   }
 
@@ -104,27 +103,36 @@ open class TypedOperation<Success: Sendable, Failure: Error>: Operation, @unchec
   public func run() async throws(OperationError<Failure>) -> Success {
     let outcome = await withTaskCancellationHandler {
       start()
-      return await OperationDriver.outcome(state)
+      return await core.awaitOutcome()
     } onCancel: {
       cancel()
     }
-    return try outcome.get()
+    return try Self.typed(outcome)
+  }
+
+  /// The value of `outcome`, or its typed error.
+  private static func typed(_ outcome: ErasedOutcome) throws(OperationError<Failure>) -> Success {
+    switch outcome {
+    case .success(let value): return value as! Success
+    case .failure(let error): throw .failed(error as! Failure)
+    case .cancelled: throw .cancelled
+    }
   }
 
   // MARK: Operation
 
   /// Whether `cancel()` decided the outcome. False if the operation had already finished when
   /// `cancel()` was called: a late cancel changes nothing.
-  open override var isCancelled: Bool { control.isCancelled }
+  open override var isCancelled: Bool { core.isCancelled }
 
   /// Whether `main()` has been called and the operation has not finished yet (for a
   /// `SyncOperation`: whether `execute()` is running).
-  open override var isExecuting: Bool { control.isExecuting }
+  open override var isExecuting: Bool { core.isExecuting }
 
   /// Whether the operation finished, failed or was cancelled and started (dependents may run).
   ///
   /// A started `SyncOperation` finishes when `execute()` returns, even if cancelled while it ran.
-  open override var isFinished: Bool { control.isFinished }
+  open override var isFinished: Bool { core.isFinished }
 
   /// Runs `main()` once; an operation cancelled before starting finishes without running it.
   ///
@@ -132,37 +140,8 @@ open class TypedOperation<Success: Sendable, Failure: Error>: Operation, @unchec
   /// synchronously and finishes when it returns; an `AsyncOperation` finishes when `finish(…)` or
   /// `cancel()` decides its outcome.
   public final override func start() {
-    switch control.claimStart() {
-    case .ignore:
-      return
-    case .finishWithoutRunning:
-      // A value `finish` gave before the start is delivered now, after the dependencies.
-      let completion = state.withLock { $0.markStarted() }
-      finish(delivering: completion, wasExecuting: false)
-    case .run:
-      OperationDriver.publishExecuting(self, control)
-      let runs = !control.isDecided
-      if runs { main() }
-      // A `SyncOperation` finishing after its handler is finished by the handler's queue.
-      if !runs || (!finishesWhenDecided && !state.withLock({ $0.finishDeferred })) {
-        OperationDriver.publishFinished(self, control, wasExecuting: true)
-      }
-    }
-  }
-
-  /// Publishes `isFinished` and delivers `completion`: the handler first when the operation
-  /// finishes after its handlers, otherwise `isFinished` first.
-  private func finish(
-    delivering completion: OperationStateMachine<Success, Failure>.Completion?, wasExecuting: Bool
-  ) {
-    if let completion, completion.finishesAfterDelivery {
-      OperationDriver.deliver(completion) {
-        OperationDriver.publishFinished(self, self.control, wasExecuting: wasExecuting)
-      }
-      return
-    }
-    OperationDriver.publishFinished(self, control, wasExecuting: wasExecuting)
-    if let completion { OperationDriver.deliver(completion) }
+    let deferred = core.start(self, finishesWhenDecided: finishesWhenDecided) { main() }
+    if let deferred { finishAfterHandler(deferred) }
   }
 
   /// Cancels the operation: it produces no result, its handlers do not run and waiters get
@@ -174,45 +153,27 @@ open class TypedOperation<Success: Sendable, Failure: Error>: Operation, @unchec
   /// An outcome given by `finish` before the operation started is not delivered until it starts
   /// (after its dependencies); until then `cancel()` still cancels it.
   open override func cancel() {
-    guard let started = control.claimOutcome(cancelling: true) else {
-      // Decided by an early `finish` and not delivered yet: the cancellation replaces it, and
-      // `Operation.cancel()` lets a queue drop the operation without waiting for dependencies.
-      guard let completion = state.withLock({ $0.cancelEarly() }) else { return }
-      control.markCancelled()
-      super.cancel()
-      OperationDriver.deliver(completion)
-      return
-    }
-    let completion = state.withLock { $0.complete(.failure(.cancelled)) }
-    super.cancel()
-    if started && finishesWhenDecided {
-      OperationDriver.publishFinished(self, control, wasExecuting: true)
-    }
-    if let completion { OperationDriver.deliver(completion) }
+    core.cancel(self, finishesWhenDecided: finishesWhenDecided) { super.cancel() }
   }
 
   /// Records `outcome` unless the outcome was already decided, then finishes (if the operation
   /// finishes when decided), calls the handler and resumes waiters.
-  final func complete(_ outcome: OperationStateMachine<Success, Failure>.Outcome) {
-    guard let started = control.claimOutcome(cancelling: false) else { return }
-    if !started {
-      // `finish` on an operation not started yet (queued behind dependencies): held until the
-      // start, which then finishes it without running `main()`.
-      if let completion = state.withLock({ $0.hold(outcome) }) { OperationDriver.deliver(completion) }
-      return
-    }
-    let completion = state.withLock { $0.complete(outcome) }
-    if finishesWhenDecided || completion?.finishesAfterDelivery == true {
-      // A `SyncOperation` that does not finish after its handler is finished by `start()`.
-      finish(delivering: completion, wasExecuting: true)
-    } else if let completion {
-      OperationDriver.deliver(completion)
+  final func complete(_ outcome: ErasedOutcome) {
+    let deferred = core.complete(self, outcome, finishesWhenDecided: finishesWhenDecided)
+    if let deferred { finishAfterHandler(deferred) }
+  }
+
+  /// Runs the handler, then publishes `isFinished`.
+  private func finishAfterHandler(_ deferred: DeferredFinish) {
+    let wasExecuting = deferred.wasExecuting
+    OperationCore.finishAfterHandler(deferred) {
+      self.core.publishFinished(self, wasExecuting: wasExecuting)
     }
   }
 
   /// Keeps the task running the work so `cancel()` can cancel it; false if already decided (the
   /// caller then cancels the task itself).
   final func attach(_ task: Task<Void, Never>) -> Bool {
-    state.withLock { $0.attach(task) }
+    core.attach(task)
   }
 }

@@ -70,15 +70,37 @@ public struct AnyAsyncTask<Output: Sendable, Failure: Error>: AsyncTask {
   /// The same with untyped `throws`, for `AsyncTaskRunner` (see its `works`). Made where the
   /// task is made, from the caller's closure, so awaiting it goes through one thunk at most.
   @usableFromInline let untypedWork: @Sendable () async throws -> Output
+  /// The caller's closure itself when it cannot throw, for `AsyncTaskRunner`: awaited as it is,
+  /// without the thunk that makes it throwing (each thunk is one more `async` frame per call).
+  @usableFromInline let plainWork: (@Sendable () async -> Output)?
+
+  // Disfavoured so that a closure that cannot throw picks the initialiser below (with
+  // `Failure == Never` the two take the same type); a throwing closure has only this one.
 
   /// Makes a task from an `async` closure; cancelling the awaiting Swift task reaches the closure.
   ///
   /// - Parameter body: The work; it runs once per ``run()`` or ``execute(completion:)``.
-  @inlinable
+  @inlinable @_disfavoredOverload
   public init(_ body: @escaping @Sendable () async throws(Failure) -> Output) {
     self.body = .async(body)
     self.work = body
     self.untypedWork = body
+    self.plainWork = nil
+  }
+
+  /// Makes a task from an `async` closure that cannot fail; cancelling the awaiting Swift task
+  /// reaches the closure.
+  ///
+  /// The same as the initialiser taking a throwing closure, for a closure that does not throw:
+  /// kept as it is, so that ``AsyncTaskRunner`` awaits it with no conversion in between.
+  ///
+  /// - Parameter body: The work; it runs once per ``run()`` or ``execute(completion:)``.
+  @inlinable
+  public init(_ body: @escaping @Sendable () async -> Output) {
+    self.body = .async(body)
+    self.work = body
+    self.untypedWork = body
+    self.plainWork = body
   }
 
   /// Makes a task from a completion-handler closure (the seed's `execute(completion:)` shape).
@@ -89,6 +111,7 @@ public struct AnyAsyncTask<Output: Sendable, Failure: Error>: AsyncTask {
     let work = { @Sendable () async throws(Failure) -> Output in try await firstResult(of: execute) }
     self.work = work
     self.untypedWork = work
+    self.plainWork = nil
   }
 
   /// Wraps another task.
@@ -102,6 +125,7 @@ public struct AnyAsyncTask<Output: Sendable, Failure: Error>: AsyncTask {
     self.body = .async(work)
     self.work = work
     self.untypedWork = work
+    self.plainWork = nil
   }
 
   /// Starts the task; an `async` body runs in a new unstructured `Task`.
