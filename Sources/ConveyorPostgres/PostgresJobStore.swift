@@ -86,8 +86,10 @@ public final class PostgresJobStore: JobStore {
     /// started before its database, as containers often are. Attempts follow each other with
     /// backoff (0.1 s doubling to 5 s). A failure that waiting cannot mend (a wrong password, a
     /// database or role that does not exist, a refused `pg_hba.conf` entry) fails at once. Default
-    /// 60 seconds; zero makes one attempt. ``PostgresJobStore/open(url:options:onWait:)`` ends the
-    /// wait at once when its task is cancelled.
+    /// zero: one attempt, so a tool or test learns of a wrong URL at once; set it for a worker
+    /// process that may start before its database (`conveyor work` waits 60 seconds by default).
+    /// ``PostgresJobStore/open(url:options:onWait:)`` ends the wait at once when its task is
+    /// cancelled.
     public var startupWait: Duration
 
     /// Creates options.
@@ -103,7 +105,7 @@ public final class PostgresJobStore: JobStore {
     public init(
       schema: String = "conveyor", clock: Clock = .database, reconnectTimeout: Duration = .seconds(60),
       lockTimeout: Duration = .seconds(5), callTimeout: Duration? = .seconds(60),
-      answerWait: Duration = .microseconds(400), startupWait: Duration = .seconds(60)
+      answerWait: Duration = .microseconds(400), startupWait: Duration = .zero
     ) {
       self.startupWait = startupWait
       self.callTimeout = callTimeout
@@ -137,7 +139,7 @@ public final class PostgresJobStore: JobStore {
   ///     and its parameters (`sslmode`, `connect_timeout`, …) work as in `psql`.
   ///   - options: The schema, clock and timeouts.
   /// - Throws: ``PostgresError``. A server that cannot be reached yet is tried again with
-  ///   backoff for up to ``Options/startupWait`` (60 s by default), then fails with
+  ///   backoff for up to ``Options/startupWait`` (by default not at all), then fails with
   ///   ``PostgresError/Code/connectionFailed`` naming the last failure; one that refuses the
   ///   login for good (a wrong password, say) or goes away while the store opens fails at once.
   ///   Each attempt to connect gives up after the URL's `connect_timeout` (30 s without one). Once connected, each statement of the opening

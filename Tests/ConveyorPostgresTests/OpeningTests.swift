@@ -82,6 +82,15 @@ struct OpeningTests {
     #expect(ContinuousClock.now - started < .seconds(60))
   }
 
+  @Test func byDefaultOpeningMakesOneAttempt() async throws {
+    let url = try unreachableURL()
+    let waits = Mutex(0)
+    await #expect(throws: PostgresError.self) {
+      _ = try await PostgresJobStore.open(url: url, onWait: { _ in waits.withLock { $0 += 1 } })
+    }
+    #expect(waits.withLock { $0 } == 0)
+  }
+
   @Test func aNegativeStartupWaitIsRefused() async throws {
     let server = try await PostgresServer.shared()
     await #expect {
