@@ -36,9 +36,12 @@ struct Connection {
     var buffer: [UInt8] = []
     var served = 0
     while served < limits.maximumRequestsPerConnection {
-      // Between requests: wait up to the idle timeout for the next one's first byte.
-      if buffer.isEmpty {
+      // The first request's head is due within the head timeout of the connection's start; a
+      // later one's first byte within the idle timeout, and its head within the head timeout.
+      var headDeadline = ContinuousClock.now + min(limits.headTimeout, limits.requestTimeout)
+      if served > 0 && buffer.isEmpty {
         guard wait(until: .now + limits.idleTimeout) == .readable, receive(into: &buffer) else { return }
+        headDeadline = ContinuousClock.now + min(limits.headTimeout, limits.requestTimeout)
       }
       let deadline = ContinuousClock.now + limits.requestTimeout
       var head: RequestHead?
@@ -52,10 +55,12 @@ struct Connection {
           refuse(status, reason)
           return
         case .incomplete:
-          switch wait(until: deadline) {
+          switch wait(until: headDeadline) {
           case .readable: guard receive(into: &buffer) else { return }
           case .timedOut:
-            refuse(408, "the request took too long to arrive")
+            // A connection that sent nothing at all is closed quietly, as an idle one is.
+            if served == 0 && buffer.isEmpty { return }
+            refuse(408, "the request head took too long to arrive")
             return
           case .stopping: return
           }
@@ -92,16 +97,20 @@ struct Connection {
     }
   }
 
-  /// Waits until the socket is readable, the deadline passes, or the server stops.
+  /// Waits until the socket is readable, the deadline passes, or the server stops. Bytes already
+  /// there count, even past the deadline: a thread that started late (a loaded machine) does not
+  /// refuse a client that was on time.
   private func wait(until deadline: ContinuousClock.Instant) -> Wait {
     while true {
       if server.isStopping { return .stopping }
       let remaining = ContinuousClock.now.duration(to: deadline)
-      if remaining <= .zero { return .timedOut }
-      let milliseconds = Int32(
-        clamping: remaining.components.seconds * 1000 + remaining.components.attoseconds
-          / 1_000_000_000_000_000
-          + 1)
+      let milliseconds =
+        remaining <= .zero
+        ? 0
+        : Int32(
+          clamping: remaining.components.seconds * 1000 + remaining.components.attoseconds
+            / 1_000_000_000_000_000
+            + 1)
       var fds = [
         pollfd(fd: fd, events: Int16(POLLIN), revents: 0),
         pollfd(fd: server.wakeDescriptor, events: Int16(POLLIN), revents: 0),
@@ -112,6 +121,7 @@ struct Connection {
         if fds[1].revents != 0 { return .stopping }
         if fds[0].revents != 0 { return .readable }
       }
+      if remaining <= .zero { return .timedOut }
     }
   }
 
