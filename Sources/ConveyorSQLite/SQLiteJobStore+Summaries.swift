@@ -52,8 +52,8 @@ extension SQLiteJobStore: JobSummaryListing {
       return summaries
     }
     try db.query(
-      SummarySQL.rows(ListingSQL.windowed(status)), .text(queue), .integer(after),
-      .integer(ListingSQL.window), .integer(Int64(limit)), row: add)
+      SummarySQL.windowed(status), .text(queue), .integer(after), .integer(ListingSQL.window),
+      .integer(Int64(limit)), row: add)
     summaries.sort { $0.id < $1.id }
     if summaries.count >= limit { return summaries }
     var seen: (count: Int64, last: Int64) = (0, after)
@@ -116,8 +116,22 @@ enum SummarySQL {
   /// Where the payload's length is.
   static let sizeColumn: Int32 = 13
 
-  /// `statement` (one selecting ``SQL/columns``) selecting ``columns`` instead.
+  /// `statement` (one selecting ``SQL/columns`` from `jobs`) selecting ``columns`` instead.
   static func rows(_ statement: String) -> String {
     statement.replacingOccurrences(of: SQL.columns, with: columns)
+  }
+
+  /// ``ListingSQL/windowed(_:)`` with summaries. The window names its columns, the payload's
+  /// length among them, where the listing's takes `*`: SQLite runs the window as a subquery whose
+  /// every column it reads, and `*` loaded each payload whole. Parameters: queue, after, window,
+  /// limit.
+  static func windowed(_ status: JobStatus?) -> String {
+    let kept = SQL.columns.replacingOccurrences(of: "payload, ", with: "")
+    let outer = SQL.columns.replacingOccurrences(of: "payload,", with: "NULL,") + ", payload_length"
+    return """
+      SELECT \(outer) FROM (
+        SELECT \(kept), length(payload) AS payload_length FROM jobs WHERE id > ?2 ORDER BY id LIMIT ?3)
+      WHERE queue = ?1 \(status == nil ? "" : "AND +status IN ('ready', 'scheduled')") LIMIT ?4
+      """
   }
 }
