@@ -35,15 +35,19 @@ struct Connection {
 
     var buffer: [UInt8] = []
     var served = 0
+    let start = ContinuousClock.now
     while served < limits.maximumRequestsPerConnection {
       // The first request's head is due within the head timeout of the connection's start; a
-      // later one's first byte within the idle timeout, and its head within the head timeout.
-      var headDeadline = ContinuousClock.now + min(limits.headTimeout, limits.requestTimeout)
-      if served > 0 && buffer.isEmpty {
-        guard wait(until: .now + limits.idleTimeout) == .readable, receive(into: &buffer) else { return }
-        headDeadline = ContinuousClock.now + min(limits.headTimeout, limits.requestTimeout)
+      // later one's first byte within the idle timeout, and its head within the head timeout of
+      // that byte. A whole request is due within the request timeout of its first byte.
+      var headDeadline = start + limits.headTimeout
+      if served > 0 {
+        if buffer.isEmpty {
+          guard wait(until: .now + limits.idleTimeout) == .readable, receive(into: &buffer) else { return }
+        }
+        headDeadline = .now + limits.headTimeout
       }
-      let deadline = ContinuousClock.now + limits.requestTimeout
+      var deadline: ContinuousClock.Instant? = buffer.isEmpty ? nil : .now + limits.requestTimeout
       var head: RequestHead?
       var headLength = 0
       while head == nil {
@@ -55,8 +59,13 @@ struct Connection {
           refuse(status, reason)
           return
         case .incomplete:
-          switch wait(until: headDeadline) {
-          case .readable: guard receive(into: &buffer) else { return }
+          // Before its first byte, a new connection is idle: it closes after the idle timeout.
+          switch wait(
+            until: deadline.map { min($0, headDeadline) } ?? min(headDeadline, start + limits.idleTimeout))
+          {
+          case .readable:
+            guard receive(into: &buffer) else { return }
+            if deadline == nil { deadline = .now + limits.requestTimeout }
           case .timedOut:
             // A connection that sent nothing at all is closed quietly, as an idle one is.
             if served == 0 && buffer.isEmpty { return }
@@ -71,8 +80,9 @@ struct Connection {
       if head.expectsContinue && head.contentLength > buffer.count {
         guard sendAll(Array("HTTP/1.1 100 Continue\r\n\r\n".utf8)) else { return }
       }
+      let bodyDeadline = deadline ?? .now + limits.requestTimeout
       while buffer.count < head.contentLength {
-        switch wait(until: deadline) {
+        switch wait(until: bodyDeadline) {
         case .readable: guard receive(into: &buffer) else { return }
         case .timedOut:
           refuse(408, "the body took too long to arrive")

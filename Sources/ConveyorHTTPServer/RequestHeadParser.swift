@@ -12,10 +12,10 @@ public struct HTTPServerLimits: Sendable, Hashable {
   /// longer is 408, then the connection closes. A client sending a byte a second is cut off here.
   public var requestTimeout: Duration = .seconds(10)
   /// How long a request head may take to arrive: from the moment the connection is served for its
-  /// first request, from its first byte for a later one on a kept-alive connection (never more than
-  /// ``requestTimeout``). Longer is 408, then the connection closes. A browser sends its head in
-  /// one piece at once; a client that opens connections and sends a byte now and then holds each
-  /// slot this long, not ``idleTimeout`` plus ``requestTimeout``.
+  /// first request, from its first byte for a later one on a kept-alive connection. Longer is 408
+  /// (a connection that sent nothing is closed quietly), then the connection closes. A browser
+  /// sends its head in one piece at once; a client that opens connections and sends a byte now and
+  /// then holds each slot this long, not ``idleTimeout`` plus ``requestTimeout``.
   public var headTimeout: Duration = .seconds(3)
   /// How long a kept-alive connection may wait for its next request; then it closes quietly.
   public var idleTimeout: Duration = .seconds(5)

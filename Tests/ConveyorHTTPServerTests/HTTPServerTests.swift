@@ -117,6 +117,7 @@ import Testing
     limits.requestTimeout = .seconds(1)
     // Long enough that a loaded machine never idles out a test's first request.
     limits.idleTimeout = .seconds(10)
+    limits.headTimeout = .seconds(10)
     limits.maximumBodySize = 1000
     adjust(&limits)
     return try HTTPServer(host: "127.0.0.1", port: 0, limits: limits) { request in
@@ -170,7 +171,10 @@ import Testing
 
   @Test func hugeHeadsAndTargetsAreRefusedAfterTheLimit() async throws {
     // A loaded machine may take a while to send the head: the limit, not the timeout, must answer.
-    let server = try Self.makeServer { $0.requestTimeout = .seconds(20) }
+    let server = try Self.makeServer {
+      $0.requestTimeout = .seconds(20)
+      $0.headTimeout = .seconds(20)
+    }
     defer { server.stop() }
     let long = try RawClient(port: server.port)
     await long.send("GET /" + String(repeating: "a", count: 30_000) + " HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -242,6 +246,7 @@ import Testing
     let server = try Self.makeServer {
       $0.maximumConnections = 2
       $0.requestTimeout = .seconds(20)
+      $0.headTimeout = .seconds(20)
       $0.idleTimeout = .seconds(60)
     }
     defer { server.stop() }
@@ -300,14 +305,16 @@ import Testing
   /// Many connections from one peer, each sending a byte: they take that peer's share of the
   /// slots, not all of them, so another peer is still served (with them all, it got 503).
   @Test func onePeerCannotTakeEveryConnectionSlot() async throws {
-    // Long timeouts: the share, not the deadlines, is under test.
+    // Long timeouts: the share, not the deadlines, is under test (on a loaded machine, opening
+    // the connections took longer than the head timeout, which then freed slots).
     let server = try Self.makeServer {
       $0.requestTimeout = .seconds(60)
+      $0.headTimeout = .seconds(60)
       $0.idleTimeout = .seconds(60)
     }
     defer { server.stop() }
-    // The default limits: 32 slots, 8 for one peer.
-    let (slots, share) = (32, 8)
+    let (slots, share) = (server.limits.maximumConnections, server.limits.maximumConnectionsPerPeer)
+    #expect(share < slots)
     var held: [RawClient] = []
     for _ in 0..<slots {
       let client = try RawClient(port: server.port, from: "127.0.0.2")
@@ -330,6 +337,7 @@ import Testing
     let server = try Self.makeServer {
       $0.requestTimeout = .seconds(60)
       $0.idleTimeout = .seconds(60)
+      $0.headTimeout = .seconds(5)
     }
     defer { server.stop() }
     let client = try RawClient(port: server.port, timeout: 30)
