@@ -35,12 +35,19 @@ struct Connection {
 
     var buffer: [UInt8] = []
     var served = 0
+    let start = ContinuousClock.now
     while served < limits.maximumRequestsPerConnection {
-      // Between requests: wait up to the idle timeout for the next one's first byte.
-      if buffer.isEmpty {
-        guard wait(until: .now + limits.idleTimeout) == .readable, receive(into: &buffer) else { return }
+      // The first request's head is due within the head timeout of the connection's start; a
+      // later one's first byte within the idle timeout, and its head within the head timeout of
+      // that byte. A whole request is due within the request timeout of its first byte.
+      var headDeadline = start + limits.headTimeout
+      if served > 0 {
+        if buffer.isEmpty {
+          guard wait(until: .now + limits.idleTimeout) == .readable, receive(into: &buffer) else { return }
+        }
+        headDeadline = .now + limits.headTimeout
       }
-      let deadline = ContinuousClock.now + limits.requestTimeout
+      var deadline: ContinuousClock.Instant? = buffer.isEmpty ? nil : .now + limits.requestTimeout
       var head: RequestHead?
       var headLength = 0
       while head == nil {
@@ -52,10 +59,17 @@ struct Connection {
           refuse(status, reason)
           return
         case .incomplete:
-          switch wait(until: deadline) {
-          case .readable: guard receive(into: &buffer) else { return }
+          // Before its first byte, a new connection is idle: it closes after the idle timeout.
+          switch wait(
+            until: deadline.map { min($0, headDeadline) } ?? min(headDeadline, start + limits.idleTimeout))
+          {
+          case .readable:
+            guard receive(into: &buffer) else { return }
+            if deadline == nil { deadline = .now + limits.requestTimeout }
           case .timedOut:
-            refuse(408, "the request took too long to arrive")
+            // A connection that sent nothing at all is closed quietly, as an idle one is.
+            if served == 0 && buffer.isEmpty { return }
+            refuse(408, "the request head took too long to arrive")
             return
           case .stopping: return
           }
@@ -66,8 +80,9 @@ struct Connection {
       if head.expectsContinue && head.contentLength > buffer.count {
         guard sendAll(Array("HTTP/1.1 100 Continue\r\n\r\n".utf8)) else { return }
       }
+      let bodyDeadline = deadline ?? .now + limits.requestTimeout
       while buffer.count < head.contentLength {
-        switch wait(until: deadline) {
+        switch wait(until: bodyDeadline) {
         case .readable: guard receive(into: &buffer) else { return }
         case .timedOut:
           refuse(408, "the body took too long to arrive")
@@ -92,16 +107,20 @@ struct Connection {
     }
   }
 
-  /// Waits until the socket is readable, the deadline passes, or the server stops.
+  /// Waits until the socket is readable, the deadline passes, or the server stops. Bytes already
+  /// there count, even past the deadline: a thread that started late (a loaded machine) does not
+  /// refuse a client that was on time.
   private func wait(until deadline: ContinuousClock.Instant) -> Wait {
     while true {
       if server.isStopping { return .stopping }
       let remaining = ContinuousClock.now.duration(to: deadline)
-      if remaining <= .zero { return .timedOut }
-      let milliseconds = Int32(
-        clamping: remaining.components.seconds * 1000 + remaining.components.attoseconds
-          / 1_000_000_000_000_000
-          + 1)
+      let milliseconds =
+        remaining <= .zero
+        ? 0
+        : Int32(
+          clamping: remaining.components.seconds * 1000 + remaining.components.attoseconds
+            / 1_000_000_000_000_000
+            + 1)
       var fds = [
         pollfd(fd: fd, events: Int16(POLLIN), revents: 0),
         pollfd(fd: server.wakeDescriptor, events: Int16(POLLIN), revents: 0),
@@ -112,6 +131,7 @@ struct Connection {
         if fds[1].revents != 0 { return .stopping }
         if fds[0].revents != 0 { return .readable }
       }
+      if remaining <= .zero { return .timedOut }
     }
   }
 

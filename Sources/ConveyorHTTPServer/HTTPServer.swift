@@ -16,10 +16,13 @@ import Synchronization
 /// wait on a socket is a `poll` with a deadline that also watches a wake-up pipe, so ``stop(gracePeriod:)``
 /// ends idle connections at once and no client can hold a thread past the request timeout.
 ///
-/// Refusals close the connection after the answer: 400 for a malformed request, 408 when a request
-/// takes longer than ``HTTPServerLimits/requestTimeout`` to arrive, 413 for a body over the limit,
-/// 414 for a long request line, 431 for a large head, 501 for a transfer coding, 505 for another
-/// HTTP version, 503 when every connection slot is taken.
+/// Refusals close the connection after the answer: 400 for a malformed request, 408 when a head
+/// takes longer than ``HTTPServerLimits/headTimeout`` or a request longer than
+/// ``HTTPServerLimits/requestTimeout`` to arrive, 413 for a body over the limit, 414 for a long
+/// request line, 431 for a large head, 501 for a transfer coding, 505 for another HTTP version,
+/// 503 when every connection slot is taken or the peer holds its share of them
+/// (``HTTPServerLimits/maximumConnectionsPerPeer``), and 503 to a request whose handler is still
+/// running when ``stop(gracePeriod:)``'s grace period ends.
 ///
 /// ```swift
 /// let server = try HTTPServer(host: "127.0.0.1", port: 0) { request in
@@ -49,7 +52,10 @@ public final class HTTPServer: Sendable {
   private let wakeWrite: Int32
   private let handler: Handler
   private let stopping = Atomic<Bool>(false)
-  private let connections = Mutex<Int>(0)
+  /// Connections served, in all and by peer.
+  private let connections = Mutex<(total: Int, byPeer: [Peer: Int])>((0, [:]))
+  /// When requests still in progress are answered 503: the end of the stop's grace period.
+  private let graceEnd = Mutex<ContinuousClock.Instant?>(nil)
   private let acceptDone = DispatchSemaphore(value: 0)
 
   /// Binds `host:port` and starts serving.
@@ -132,17 +138,23 @@ public final class HTTPServer: Sendable {
   }
 
   /// How many connections are being served now.
-  public var connectionCount: Int { connections.withLock { $0 } }
+  public var connectionCount: Int { connections.withLock { $0.total } }
 
   /// Stops accepting, closes idle connections at once, lets requests in progress finish for up to
-  /// `gracePeriod`, and returns. Calling it again does nothing.
+  /// `gracePeriod`, and returns. A request whose handler has not returned by then is answered 503
+  /// (the handler's task is left to finish on its own, its answer dropped); sending those answers
+  /// may take up to a second more. Calling it again does nothing.
   public func stop(gracePeriod: Duration = .seconds(5)) {
     guard !stopping.exchange(true, ordering: .acquiringAndReleasing) else { return }
+    let deadline = ContinuousClock.now + gracePeriod
+    graceEnd.withLock { $0 = deadline }
     var byte: UInt8 = 1
     _ = write(wakeWrite, &byte, 1)
     acceptDone.wait()
-    let deadline = ContinuousClock.now + gracePeriod
-    while connectionCount > 0 && ContinuousClock.now < deadline {
+    // The refusals are small and sent without waiting on a client that does not read them
+    // (``HTTPServerLimits/writeTimeout`` still bounds each).
+    let end = deadline + .seconds(1)
+    while connectionCount > 0 && ContinuousClock.now < end {
       Thread.sleep(forTimeInterval: 0.01)
     }
   }
@@ -166,12 +178,20 @@ public final class HTTPServer: Sendable {
       }
       if fds[1].revents != 0 { return }
       guard fds[0].revents & Int16(POLLIN) != 0 else { continue }
-      let connection = accept(listener, nil, nil)
+      var address = sockaddr_storage()
+      var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+      let connection = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { accept(listener, $0, &length) }
+      }
       guard connection >= 0 else { continue }
       _ = fcntl(connection, F_SETFD, FD_CLOEXEC)
+      let peer = Peer(address)
       let admitted = connections.withLock { count -> Bool in
-        guard count < limits.maximumConnections else { return false }
-        count += 1
+        guard count.total < limits.maximumConnections,
+          count.byPeer[peer, default: 0] < limits.maximumConnectionsPerPeer
+        else { return false }
+        count.total += 1
+        count.byPeer[peer, default: 0] += 1
         return true
       }
       guard admitted else {
@@ -179,7 +199,13 @@ public final class HTTPServer: Sendable {
         continue
       }
       let thread = Thread { [self] in
-        defer { connections.withLock { $0 -= 1 } }
+        defer {
+          connections.withLock { count in
+            count.total -= 1
+            count.byPeer[peer, default: 1] -= 1
+            if count.byPeer[peer] == 0 { count.byPeer[peer] = nil }
+          }
+        }
         Connection(fd: connection, server: self).serve()
       }
       thread.name = "conveyor-http-connection"
@@ -204,7 +230,8 @@ public final class HTTPServer: Sendable {
   var isStopping: Bool { stopping.load(ordering: .acquiring) }
   var wakeDescriptor: Int32 { wakeRead }
 
-  /// Runs the handler as a task and waits for it on the calling (connection) thread.
+  /// Runs the handler as a task and waits for it on the calling (connection) thread, until the
+  /// stop's grace period ends: then the answer is 503.
   func respond(to request: HTTPServerRequest) -> HTTPServerResponse {
     let result = Mutex<HTTPServerResponse?>(nil)
     let done = DispatchSemaphore(value: 0)
@@ -214,11 +241,43 @@ public final class HTTPServer: Sendable {
       result.withLock { $0 = response }
       done.signal()
     }
-    done.wait()
+    while done.wait(timeout: .now() + .milliseconds(50)) == .timedOut {
+      if let end = graceEnd.withLock({ $0 }), ContinuousClock.now >= end {
+        var response = HTTPServerResponse.text(503, "503 Service Unavailable: the server is stopping\n")
+        response.headers += refusalHeaders
+        return response
+      }
+    }
     return result.withLock { $0 } ?? .text(500, "no response")
   }
 
   static func errorText() -> String { String(cString: strerror(errno)) }
+}
+
+/// Whose connections are counted together: an IPv4 address, or the first 64 bits of an IPv6
+/// address (an IPv4-mapped one counts as its IPv4 address).
+struct Peer: Hashable {
+  var bytes: [UInt8]
+
+  init(_ storage: sockaddr_storage) {
+    var storage = storage
+    let family = Int32(storage.ss_family)
+    bytes = withUnsafeBytes(of: &storage) { raw -> [UInt8] in
+      if family == AF_INET {
+        let offset = MemoryLayout<sockaddr_in>.offset(of: \sockaddr_in.sin_addr)!
+        return Array(raw[offset..<offset + 4])
+      }
+      if family == AF_INET6 {
+        let offset = MemoryLayout<sockaddr_in6>.offset(of: \sockaddr_in6.sin6_addr)!
+        let address = Array(raw[offset..<offset + 16])
+        if address[0..<10].allSatisfy({ $0 == 0 }) && address[10] == 0xFF && address[11] == 0xFF {
+          return Array(address[12..<16])
+        }
+        return Array(address[0..<8])
+      }
+      return []
+    }
+  }
 }
 
 /// The server could not start: the text says which address and why.

@@ -11,12 +11,23 @@ public struct HTTPServerLimits: Sendable, Hashable {
   /// How long a whole request (head and body) may take to arrive once its first byte came;
   /// longer is 408, then the connection closes. A client sending a byte a second is cut off here.
   public var requestTimeout: Duration = .seconds(10)
+  /// How long a request head may take to arrive: from the moment the connection is served for its
+  /// first request, from its first byte for a later one on a kept-alive connection. Longer is 408
+  /// (a connection that sent nothing is closed quietly), then the connection closes. A browser
+  /// sends its head in one piece at once; a client that opens connections and sends a byte now and
+  /// then holds each slot this long, not ``idleTimeout`` plus ``requestTimeout``.
+  public var headTimeout: Duration = .seconds(3)
   /// How long a kept-alive connection may wait for its next request; then it closes quietly.
   public var idleTimeout: Duration = .seconds(5)
   /// How long sending a response may block on a client that does not read.
   public var writeTimeout: Duration = .seconds(10)
   /// Connections served at once (one thread each); a connection beyond it is answered 503 and closed.
   public var maximumConnections = 32
+  /// Connections served at once for one peer: one IPv4 address, or one IPv6 /64 network (what one
+  /// machine is usually given). A connection beyond it is answered 503 and closed, so one client
+  /// cannot take every slot. Behind a reverse proxy every connection comes from the proxy: keep it
+  /// at most ``maximumConnections``.
+  public var maximumConnectionsPerPeer = 8
   /// Requests served on one connection before it is closed.
   public var maximumRequestsPerConnection = 1000
 
@@ -96,13 +107,23 @@ enum RequestHeadParser {
     let parts = requestLine.split(separator: space, omittingEmptySubsequences: false)
     guard parts.count == 3 else { return .failure(status: 400, reason: "malformed request line") }
     let method = Array(parts[0])
-    let target = Array(parts[1])
+    var target = Array(parts[1])
     let version = String(decoding: parts[2], as: UTF8.self)
     guard !method.isEmpty, method.allSatisfy(isToken) else {
       return .failure(status: 400, reason: "malformed method")
     }
-    guard target.first == UInt8(ascii: "/"), target.allSatisfy({ (0x21...0x7E).contains($0) }) else {
+    guard target.allSatisfy({ (0x21...0x7E).contains($0) }) else {
       return .failure(status: 400, reason: "malformed target")
+    }
+    // The absolute form (`GET http://host/path HTTP/1.1`), which a server must accept (RFC 9112
+    // 3.2.2): the target's authority stands for the Host field, the rest is the target.
+    var authority: [UInt8]?
+    if target.first != UInt8(ascii: "/") {
+      guard let (host, path) = absoluteForm(target) else {
+        return .failure(status: 400, reason: "malformed target")
+      }
+      authority = host
+      target = path
     }
     guard version == "HTTP/1.1" || version == "HTTP/1.0" else {
       let looksLikeHTTP =
@@ -151,6 +172,11 @@ enum RequestHeadParser {
     if version == "HTTP/1.1" && hosts.count != 1 || hosts.count > 1 {
       return .failure(status: 400, reason: "HTTP/1.1 needs exactly one Host field")
     }
+    if let authority {
+      let value = String(decoding: authority, as: UTF8.self)
+      headers.removeAll { $0.name.lowercased() == "host" }
+      headers.append(.init(name: "Host", value: value))
+    }
     let head = RequestHead(
       method: String(decoding: method, as: UTF8.self), target: String(decoding: target, as: UTF8.self),
       version: version, headers: headers, contentLength: contentLength)
@@ -171,6 +197,31 @@ enum RequestHeadParser {
       true
     default: "!#$%&'*+-.^_`|~".utf8.contains(byte)
     }
+  }
+
+  /// Splits an absolute-form target, `http://authority/path?query` (the scheme in any case), into
+  /// its authority and its origin-form rest (`/` when the path is empty); nil for another scheme,
+  /// an empty authority, or one with user information (RFC 9110 4.2.4).
+  static func absoluteForm(_ target: [UInt8]) -> (authority: [UInt8], path: [UInt8])? {
+    let lowered = target.prefix(8).map { $0 | 0x20 }
+    let schemeLength: Int
+    if lowered.starts(with: Array("http://".utf8)) {
+      schemeLength = 7
+    } else if lowered.starts(with: Array("https://".utf8)) {
+      schemeLength = 8
+    } else {
+      return nil
+    }
+    let rest = target.dropFirst(schemeLength)
+    let end = rest.firstIndex {
+      $0 == UInt8(ascii: "/") || $0 == UInt8(ascii: "?") || $0 == UInt8(ascii: "#")
+    }
+    let authority = Array(rest[..<(end ?? rest.endIndex)])
+    guard !authority.isEmpty, !authority.contains(UInt8(ascii: "@")) else { return nil }
+    var path = Array(rest[(end ?? rest.endIndex)...])
+    if path.first == UInt8(ascii: "#") { path = [] }
+    if path.first != UInt8(ascii: "/") { path.insert(UInt8(ascii: "/"), at: 0) }
+    return (authority, path)
   }
 
   /// The index where `needle` first starts in `buffer` at or after `from`.

@@ -94,7 +94,7 @@ public final class SQLiteJobStore: JobStore {
     try PathCheck.refuseSpecialFiles(path)
     // A database this call built and linked into place is known to be ours.
     if try !Self.createIfMissing(path) { try Self.refuseForeignFile(path, within: options.busyTimeout) }
-    let raw = try Connection(path: path, create: false)
+    let raw = try Connection(path: PathCheck.sqliteFilename(path), create: false)
     try Self.prepare(raw, path: path, options: options)
     connection = try SerializedConnection(label: "Conveyor.SQLiteJobStore", connection: raw) {
       SQLiteJobStoreError(
@@ -152,16 +152,28 @@ public final class SQLiteJobStore: JobStore {
   static func defaultDatabaseURL(name: String, environment: [String: String]) throws -> URL {
     try validate(name: name)
     let folder = try defaultFolder(environment: environment)
-    do {
-      try FileManager.default.createDirectory(
-        at: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-    } catch {
+    try makeFolders(folder)
+    return URL(fileURLWithPath: PathCheck.joined(folder, "\(name).sqlite"), isDirectory: false)
+  }
+
+  /// Creates `path` and its missing parents (mode 0700), like `mkdir -p`, with plain system calls.
+  private static func makeFolders(_ path: String) throws {
+    var prefix = ""
+    for component in path.split(separator: "/", omittingEmptySubsequences: true) {
+      prefix += "/" + component
+      guard mkdir(prefix, 0o700) != 0, errno != EEXIST else { continue }
+      let reason = String(cString: strerror(errno))
       throw SQLiteJobStoreError(
-        code: .cannotCreate, path: folder.path,
-        message: "cannot create the database folder (\(error.localizedDescription)); "
+        code: .cannotCreate, path: path,
+        message: "cannot create the database folder (\(reason) for \(prefix)); "
           + "check the permissions of its parent or pass an explicit path")
     }
-    return folder.appendingPathComponent("\(name).sqlite", isDirectory: false)
+    var info = stat()
+    guard stat(path, &info) == 0, info.st_mode & S_IFMT == S_IFDIR else {
+      throw SQLiteJobStoreError(
+        code: .cannotCreate, path: path,
+        message: "the database folder is not a folder; move what is there aside or pass an explicit path")
+    }
   }
 
   // MARK: - JobStore
@@ -566,12 +578,12 @@ extension SQLiteJobStore {
     }
     // A short name in the same folder: `link` needs the same file system, and a name derived
     // from a long database name could pass the file system's limit.
-    let folder = (path as NSString).deletingLastPathComponent
+    // (Plain bytes, never Foundation's path calls: see `PathCheck`.)
     let random = String(UInt64.random(in: 0...UInt64.max), radix: 16)
-    let building = (folder.isEmpty ? "" : folder + "/") + ".conveyor-new-\(random)"
+    let building = PathCheck.joined(PathCheck.folder(of: path), ".conveyor-new-\(random)")
     try createEmptyFile(building, reportingAs: path)
     defer { for suffix in ["", "-wal", "-shm", "-journal"] { unlink(building + suffix) } }
-    try build(building)
+    try build(PathCheck.sqliteFilename(building))
     if link(building, path) == 0 { return true }
     if errno != EEXIST { try createEmptyFile(path, reportingAs: path, mayExist: true) }
     return false
@@ -624,7 +636,7 @@ extension SQLiteJobStore {
       guard fileSize(path) > 0, fileSize(path + "-wal") == 0 else { return }
       let before = FileSnapshot(path)
       do {
-        _ = try inspect(try Connection(inspecting: path), path: path)
+        _ = try inspect(try Connection(inspecting: PathCheck.sqliteFilename(path)), path: path)
         return
       } catch {
         let after = FileSnapshot(path)
@@ -798,24 +810,33 @@ extension SQLiteJobStore {
     }
   }
 
-  private static func defaultFolder(environment: [String: String]) throws -> URL {
+  /// The absolute path of the default database folder. Plain strings, never Foundation's path
+  /// calls (see `PathCheck`): `HOME` and `XDG_DATA_HOME` are whatever the environment holds.
+  private static func defaultFolder(environment: [String: String]) throws -> String {
     #if canImport(Darwin)
+      let support: URL
       do {
-        let support = try FileManager.default.url(
+        support = try FileManager.default.url(
           for: .applicationSupportDirectory, in: .userDomainMask, appropriateFor: nil, create: true)
-        return support.appendingPathComponent("conveyor", isDirectory: true)
       } catch {
         throw SQLiteJobStoreError(
           code: .cannotCreate, path: "Application Support",
           message: "cannot locate Application Support (\(error.localizedDescription)); pass an explicit path")
       }
+      return PathCheck.joined(support.path, "conveyor")
     #else
-      if let data = environment["XDG_DATA_HOME"], data.hasPrefix("/") {
-        return URL(fileURLWithPath: data, isDirectory: true).appendingPathComponent("conveyor")
+      // A relative XDG_DATA_HOME is ignored, as the XDG specification says.
+      if let data = environment["XDG_DATA_HOME"], data.hasPrefix("/"), !data.utf8.contains(0) {
+        return PathCheck.joined(data, "conveyor")
       }
       let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? NSHomeDirectory()
-      return URL(fileURLWithPath: home, isDirectory: true)
-        .appendingPathComponent(".local/share/conveyor", isDirectory: true)
+      guard home.hasPrefix("/"), !home.utf8.contains(0) else {
+        throw SQLiteJobStoreError(
+          code: .cannotCreate, path: home,
+          message: "HOME is not an absolute path, so the default database folder is unknown; "
+            + "set HOME or XDG_DATA_HOME to an absolute path, or pass an explicit path")
+      }
+      return PathCheck.joined(home, ".local/share/conveyor")
     #endif
   }
 }

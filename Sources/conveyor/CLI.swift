@@ -115,9 +115,12 @@ enum CLI {
       Run 'conveyor COMMAND --help' for a command's options.
 
       Global options (before the command):
-        --database, -d PATH   SQLite file, or a postgres:// URL shared by workers on
-                              many machines (default: $CONVEYOR_DATABASE, else
-                              $XDG_DATA_HOME/conveyor/conveyor.sqlite)
+        --database, -d PATH   SQLite file, or a PostgreSQL server shared by workers on
+                              many machines: a postgres:// URL or a libpq string such
+                              as 'host=db dbname=app' (default: $CONVEYOR_DATABASE,
+                              else $XDG_DATA_HOME/conveyor/conveyor.sqlite). Give a
+                              password in CONVEYOR_DATABASE, PGPASSWORD or ~/.pgpass,
+                              not here: every user of the machine can read it (ps)
         --queue, -q NAME      queue name (default: outbox)
 
       Exit codes: 0 success, 1 jobs died (work --until-empty/--until-idle), IDs not found
@@ -131,13 +134,13 @@ enum CLI {
     do {
       status = try await run(Array(commandLine.dropFirst()), context)
     } catch let error as UsageError {
-      printError("conveyor: \(printable(error.description))\nRun 'conveyor help' for usage.")
+      printError("conveyor: \(shown(error.description))\nRun 'conveyor help' for usage.")
       status = ExitCode.usage.rawValue
     } catch let error as JobQueueError {
-      printError("conveyor: \(printable(error.description))")
+      printError("conveyor: \(shown(error.description))")
       status = ExitCode.usage.rawValue
     } catch {
-      printError("conveyor: \(printable(String(describing: error)))")
+      printError("conveyor: \(shown(String(describing: error)))")
       status = ExitCode.storage.rawValue
     }
     // Closing checkpoints the WAL into the database file and removes the -wal and -shm files.
@@ -178,10 +181,22 @@ enum CLI {
       }
       if name == "--database" || name == "-d" { database = value } else { queueName = value }
     }
+    let onCommandLine = database != nil
     database =
       database ?? ProcessInfo.processInfo.environment["CONVEYOR_DATABASE"].flatMap { $0.isEmpty ? nil : $0 }
-    if database == "" { throw UsageError(description: "--database needs a file path or a postgres:// URL") }
-    context.database = database
+    if database == "" {
+      throw UsageError(
+        description:
+          "--database needs a file path, a postgres:// URL or a libpq connection string; leave it out for "
+          + "the default file")
+    }
+    context.database = try database.map(DatabaseLocation.init)
+    if onCommandLine, case .postgres(let text) = context.database, DatabaseLocation.holdsPassword(text) {
+      warnOfSecretOnCommandLine(
+        "the database password is on the command line, where every user of this machine can read it "
+          + "(ps, /proc); pass the URL in CONVEYOR_DATABASE, or leave the password out and use PGPASSWORD, "
+          + "~/.pgpass or PGPASSFILE")
+    }
     context.queue = queueName
     guard index < words.count else {
       output(usage)
@@ -252,9 +267,16 @@ enum CLI {
     commands.first { $0.name == name }!
   }
 
+  /// Warns on standard error that a secret was given on the command line (each kind of secret is
+  /// warned of once, where it is read).
+  static func warnOfSecretOnCommandLine(_ what: String) {
+    printError("conveyor: warning: \(what)")
+  }
+
   /// Where the jobs are and which queue the command talks to; closes the store it opened.
   final class Context {
-    var database: String?
+    /// The database `--database` or `CONVEYOR_DATABASE` names; nil for the default file.
+    var database: DatabaseLocation?
     var queue = "outbox"
     private var opened: (any JobStore)?
     /// How `status` names the database: the SQLite file's path, or the PostgreSQL server and
@@ -272,37 +294,61 @@ enum CLI {
 
     /// Closes the store, if one was opened.
     func close() async {
-      if let sqlite = opened as? SQLiteJobStore { await sqlite.close() }
-      if let postgres = opened as? PostgresJobStore { await postgres.close() }
+      guard let store = opened else { return }
       opened = nil
+      await Self.close(store)
     }
 
-    /// Whether `database` names a PostgreSQL server rather than an SQLite file.
-    static func isPostgres(_ database: String) -> Bool {
-      database.hasPrefix("postgres://") || database.hasPrefix("postgresql://")
+    /// Closes the store, if one was opened, waiting at most `limit` for the calls in progress
+    /// (a PostgreSQL store retries a server that is down for a minute); returns whether it closed.
+    /// One that did not is left to close, or to the process's exit.
+    func close(within limit: Duration) async -> Bool {
+      guard let store = opened else { return true }
+      opened = nil
+      let settled = OnceFlag()
+      return await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+        @Sendable func settle(_ closed: Bool) {
+          if settled.claim() { continuation.resume(returning: closed) }
+        }
+        Task {
+          await Self.close(store)
+          settle(true)
+        }
+        // A thread, not a task: the pool's threads may all be held by the calls that block.
+        Thread.detachNewThread {
+          Thread.sleep(forTimeInterval: limit / .seconds(1))
+          settle(false)
+        }
+      }
+    }
+
+    private static func close(_ store: any JobStore) async {
+      if let sqlite = store as? SQLiteJobStore { await sqlite.close() }
+      if let postgres = store as? PostgresJobStore { await postgres.close() }
     }
 
     private func makeStore(busyTimeout: Duration) throws -> any JobStore {
       let options = SQLiteJobStore.Options(busyTimeout: busyTimeout)
-      guard let database else {
+      switch database {
+      case nil:
         let store = try SQLiteJobStore(name: "conveyor", options: options)
         databaseDescription = store.path
         return store
-      }
-      if Self.isPostgres(database) {
-        let store = try PostgresJobStore(url: database, options: .init(lockTimeout: busyTimeout))
+      case .postgres(let text):
+        let store = try PostgresJobStore(url: text, options: .init(lockTimeout: busyTimeout))
         databaseDescription = "postgres://" + store.target
         return store
+      case .sqlite(let path):
+        var info = stat()
+        if stat(path, &info) == 0, info.st_mode & S_IFMT == S_IFDIR {
+          throw DatabaseError(
+            description: "\(path) is a folder; pass the path of a database file in it, e.g. "
+              + Paths.joined(path, "conveyor.sqlite"))
+        }
+        let store = try SQLiteJobStore(path: path, options: options)
+        databaseDescription = Secrets.scrub(store.path)
+        return store
       }
-      var isDirectory: ObjCBool = false
-      if FileManager.default.fileExists(atPath: database, isDirectory: &isDirectory), isDirectory.boolValue {
-        throw DatabaseError(
-          description: "\(database) is a folder; pass the path of a database file in it, e.g. "
-            + URL(fileURLWithPath: database).appendingPathComponent("conveyor.sqlite").path)
-      }
-      let store = try SQLiteJobStore(path: database, options: options)
-      databaseDescription = store.path
-      return store
     }
 
     /// A queue for inspecting and controlling jobs; it never claims any.
@@ -357,20 +403,54 @@ enum CLI {
     var words: [String] = []
     while let word = arguments.next() { words.append(word) }
     guard !words.isEmpty else { throw UsageError(description: "missing the command after --") }
-    // A relative --cwd means the folder it names from here, where the command was typed, not
-    // from wherever a worker happens to run.
-    let directory = arguments.option("--cwd").map { URL(fileURLWithPath: $0).standardizedFileURL.path }
+    let directory = try arguments.option("--cwd").map(workingDirectory)
     let timeout = try arguments.seconds("--timeout", allowingZero: false)
     let command = ShellCommand(arguments: words, workingDirectory: directory, timeout: timeout?.secondsValue)
     return try await add(OutboxJob(kind: .exec(command), key: arguments.option("--key")), arguments, context)
   }
 
-  /// Stores `job` with the `add` options and prints its ID.
+  /// A `--cwd` as stored: a relative one means the folder it names from here, where the command
+  /// was typed, not from wherever a worker happens to run. A file is refused; a folder that does
+  /// not exist yet is taken (a worker may run where it does), and a job that finds none dies.
+  static func workingDirectory(_ text: String) throws -> String {
+    guard !text.isEmpty, !text.utf8.contains(0) else {
+      throw UsageError(description: "--cwd needs the path of a folder")
+    }
+    var folder = text
+    if !text.hasPrefix("/") {
+      guard let current = Paths.currentFolder() else {
+        throw UsageError(
+          description: "--cwd \"\(printable(text))\" is relative, but the current folder cannot be read; "
+            + "give an absolute path")
+      }
+      folder = Paths.absolute(text, from: current)
+    } else {
+      folder = Paths.absolute(text, from: "/")
+    }
+    switch Paths.kind(folder) {
+    case .folder, .missing: return folder
+    case .file:
+      throw UsageError(description: "--cwd \"\(printable(folder))\" is a file, not a folder")
+    case .other:
+      throw UsageError(
+        description: "--cwd \"\(printable(folder))\" is not a folder (a device, a FIFO or a socket)")
+    }
+  }
+
+  /// Stores `job` with the `add` options and prints its ID. Its JSON is stored with each object's
+  /// members smallest first, so that listings find its summary in the payload's first bytes.
   static func add(_ job: OutboxJob, _ arguments: Arguments, _ context: Context) async throws -> Int32 {
     let delay = try arguments.seconds("--delay") ?? .zero
     let priority = try arguments.integer("--priority", in: -1_000_000...1_000_000) ?? 0
-    let queue = try context.controlQueue()
-    let result = try await queue.add(job, priority: priority, delay: delay)
+    let store = try context.openStore()
+    let encoded = try JSONEncoder().encode(job)
+    let payload = PayloadPrefix.smallMembersFirst(encoded) ?? encoded
+    let result = try await store.enqueue(
+      [
+        NewJob(
+          payload: payload, priority: priority, runTime: delay > .zero ? .after(delay) : .now,
+          deduplicationKey: job.deduplicationKey)
+      ], queue: context.queue, clock: SystemJobClock())[0]
     let id = result.id
     if !result.inserted {
       printError("conveyor: not stored: job \(id) with the same --key is already waiting")
@@ -509,18 +589,29 @@ enum CLI {
       }
       return status
     }
-    let queue = try context.controlQueue()
+    let store = try context.openStore()
     let now = Date()
     var printed = 0
     var after: JobID?
     if !json { output(pad("ID", 8) + pad("STATUS", 10) + pad("TRIES", 6) + pad("RUN AT", 21) + "JOB") }
     pages: while printed < limit {
-      let page = try await queue.jobs(in: status?.stored, after: after, limit: min(100, limit - printed))
+      // Summaries: only the start of each payload is read, so a page takes at most 100 times
+      // `PayloadPrefix.listedBytes` of payload, however large the bodies.
+      let page = try await store.jobSummaries(
+        queue: context.queue, status: status?.stored, after: after, limit: min(100, limit - printed),
+        payloadPrefix: PayloadPrefix.listedBytes)
       if page.isEmpty { break }
       after = page.last?.id
-      for record in page where status?.includes(record, now: now) ?? true {
-        let summary: String
-        do { summary = try OutboxJob.summary(of: record.payload) } catch { summary = "(undecodable payload)" }
+      for listed in page where status?.includes(listed.record, now: now) ?? true {
+        let record = listed.record
+        var found = OutboxJob.summary(of: listed)
+        if !listed.isPayloadComplete && !PayloadPrefix(record.payload).holdsWholeSummary {
+          // A job stored by an older build, its body before its URL: read it whole, alone.
+          found = try await store.job(record.id).flatMap {
+            OutboxJob.summary(ofStart: $0.payload, payloadSize: $0.payload.count)
+          }
+        }
+        let summary = found ?? "(undecodable payload)"
         let shownStatus =
           record.status == .pending ? (record.runAt <= now ? "ready" : "scheduled") : record.status.rawValue
         if json {
@@ -616,6 +707,16 @@ enum CLI {
   }
 }
 
+/// True for the first caller of ``claim()`` only.
+final class OnceFlag: Sendable {
+  private let claimed = Atomic<Bool>(false)
+
+  /// Whether this call is the first.
+  func claim() -> Bool {
+    !claimed.exchange(true, ordering: .acquiringAndReleasing)
+  }
+}
+
 /// A database path that cannot be used, found before SQLite opens it: exit code 3.
 struct DatabaseError: Error, CustomStringConvertible {
   var description: String
@@ -640,6 +741,11 @@ struct ListedJob: Encodable {
     job = summary
     lastError = record.lastError
   }
+}
+
+/// `text` as messages show it: passwords scrubbed (``Secrets``), control characters escaped.
+func shown(_ text: String) -> String {
+  printable(Secrets.scrub(text))
 }
 
 /// Writes a line to standard error; a failure to do so has nowhere to be reported.

@@ -21,6 +21,10 @@ extension Dashboard {
   /// A queue's row on the queues page.
   struct QueueSummary: Encodable {
     var name: String
+    /// The name percent-encoded (``HTTPForm/encode(_:)``): ASCII, so an HTML attribute holds it
+    /// unchanged, where a browser changes a name's CR to LF and its NUL to U+FFFD. The page's
+    /// script matches rows to the JSON by it.
+    var key: String
     var ready: Int
     var scheduled: Int
     var running: Int
@@ -56,7 +60,8 @@ extension Dashboard {
       }
       summaries.append(
         QueueSummary(
-          name: name, ready: counts.ready, scheduled: counts.scheduled, running: counts.running,
+          name: name, key: HTTPForm.encode(name), ready: counts.ready, scheduled: counts.scheduled,
+          running: counts.running,
           dead: counts.dead, paused: paused, oldestReadyAge: age,
           oldest: age.map { DashboardCharts.duration(milliseconds: $0 * 1000) } ?? "—"))
     }
@@ -200,6 +205,14 @@ extension Dashboard {
     var summary: String
   }
 
+  /// The most characters of a summary the jobs page shows. With errors cut to 200 characters and
+  /// 50 rows, a page's rows take at most about 100 KB of text (600 KB escaped), whatever the jobs.
+  static let shownSummary = 300
+  /// The most queue names the jobs page's queue menu lists.
+  static let listedQueues = 1_000
+  /// The most bytes of a payload the job page reads; a larger payload is described from them.
+  static let shownPayload = 256 * 1024
+
   func jobsPage(_ query: HTTPForm) async throws -> HTTPServerResponse {
     let names = try await store.queueNames()
     let queue = try query["queue"].flatMap { $0.isEmpty ? nil : $0 }.map(queueName) ?? names.first
@@ -216,20 +229,34 @@ extension Dashboard {
       var read = 0
       reading: while rows.count < Self.pageSize && read < Self.readLimit {
         let asked = min(100, Self.readLimit - read)
-        let batch = try await store.jobs(queue: queue, status: filter.stored, after: cursor, limit: asked)
+        // Summaries: only the start of each payload is read (bounded whatever the jobs' sizes).
+        let batch = try await store.jobSummaries(
+          queue: queue, status: filter.stored, after: cursor, limit: asked,
+          payloadPrefix: PayloadPrefix.listedBytes)
         more = batch.count == asked
-        for record in batch {
+        for listed in batch {
+          var record = listed.record
           read += 1
-          cursor = record.id
-          guard filter.includes(record, now: now) else { continue }
-          let summary = Self.summary(record.payload)
+          guard filter.includes(record, now: now) else {
+            cursor = record.id
+            continue
+          }
+          let summary = OutboxJob.summary(of: listed) ?? "(not an outbox job)"
           if !text.isEmpty,
             !(summary.localizedCaseInsensitiveContains(text)
               || (record.lastError?.localizedCaseInsensitiveContains(text) ?? false))
           {
+            cursor = record.id
             continue
           }
-          rows.append(ListedRow(record: record, state: Self.state(of: record, now: now), summary: summary))
+          // A row keeps what it shows: the summary and the error cut short, no payload.
+          record.payload = Data()
+          record.lastError = record.lastError.map { Self.cut($0, to: 200) }
+          let row = ListedRow(
+            record: record, state: Self.state(of: record, now: now),
+            summary: Self.cut(summary, to: Self.shownSummary))
+          rows.append(row)
+          cursor = record.id
           if rows.count == Self.pageSize {
             more = more || record.id != batch.last?.id
             break reading
@@ -239,18 +266,39 @@ extension Dashboard {
       }
     }
     return DashboardPages.jobs(
-      rows, queues: names, queue: queue, filter: filter, text: text, after: after, next: more ? cursor : nil,
+      rows, queues: Array(names.prefix(Self.listedQueues)), queue: queue, filter: filter, text: text,
+      after: after, next: more ? cursor : nil,
       notice: query["notice"], count: query["count"].flatMap { Int($0) }, formToken: formToken)
   }
 
   func jobPage(_ id: JobID, notice: String?) async throws -> HTTPServerResponse {
-    guard let record = try await store.job(id) else {
+    // At most `shownPayload` bytes (and one more, to know it is larger) are read.
+    guard let listed = try await store.jobSummary(id, payloadPrefix: Self.shownPayload + 1) else {
       return DashboardPages.message(
         status: 404, title: "Not found", text: "No job \(id): handled, removed, or never added.")
     }
+    var record = listed.record
+    let details: Details
+    let payload: String
+    if listed.isPayloadComplete && listed.payloadSize <= Self.shownPayload {
+      details = describe(record.payload)
+      payload = redactedJSON(record.payload)
+    } else {
+      details = .unknown(
+        (OutboxJob.summary(of: listed).map { Self.cut($0, to: Self.shownSummary) + ". " } ?? "")
+          + "The payload is \(listed.payloadSize) bytes: too large to show here.")
+      payload = "(\(listed.payloadSize) bytes: too large to show)"
+    }
+    record.payload = Data()
+    record.lastError = record.lastError.map { Self.cut($0, to: 64 * 1024) }
     return DashboardPages.job(
-      record, state: Self.state(of: record, now: Date()), details: describe(record.payload),
-      payload: redactedJSON(record.payload), notice: notice, formToken: formToken)
+      record, state: Self.state(of: record, now: Date()), details: details, payload: payload, notice: notice,
+      formToken: formToken)
+  }
+
+  /// `text` cut to at most `count` characters, "…" marking a cut.
+  static func cut(_ text: String, to count: Int) -> String {
+    text.count <= count ? text : String(text.prefix(count)) + "…"
   }
 
   /// The bulk actions the confirmation page offers.
@@ -309,10 +357,6 @@ extension Dashboard {
 
   static func state(of record: JobRecord, now: Date) -> String {
     record.status == .pending ? (record.runAt <= now ? "ready" : "scheduled") : record.status.rawValue
-  }
-
-  static func summary(_ payload: Data) -> String {
-    do { return try OutboxJob.summary(of: payload) } catch { return "(not an outbox job)" }
   }
 
   /// What a job is, for its page: an HTTP request (credentials redacted) or a command.

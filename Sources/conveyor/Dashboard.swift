@@ -11,10 +11,11 @@ import Synchronization
 ///   `CONVEYOR_DASHBOARD_TOKEN`), checked on every request: `Authorization: Bearer TOKEN`, or a
 ///   session cookie set by the sign-in form (a random per-process value, never the token itself;
 ///   `HttpOnly`, `SameSite=Strict`). Comparisons are constant-time.
-/// - On loopback the `Host` header must name the loopback address and port, so a web page that
-///   rebinds its own host name to 127.0.0.1 (DNS rebinding) is refused.
-/// - Every change is a POST carrying a per-process random form token; a POST whose `Origin` is not
-///   this server or whose `Sec-Fetch-Site` is not `same-origin` is refused too.
+/// - On loopback the `Host` header must name the loopback address and port (or the `--public-url`
+///   host), so a web page that rebinds its own host name to 127.0.0.1 (DNS rebinding) is refused.
+/// - Every change is a POST carrying a per-process random form token; a POST whose `Origin` is
+///   neither the `Host` it was sent to (by host and port, `http` or `https`: a TLS proxy in front)
+///   nor the `--public-url`, or whose `Sec-Fetch-Site` is not `same-origin`, is refused too.
 /// - Every response carries a strict Content-Security-Policy (`default-src 'self'`, no inline
 ///   script or style, `frame-ancestors 'none'`), `X-Content-Type-Options: nosniff`,
 ///   `Referrer-Policy: same-origin` and `Cache-Control: no-store`. Every text from the store (payloads,
@@ -37,6 +38,9 @@ struct Dashboard: Sendable {
   let port: UInt16
   /// The address it listens on, as given: a loopback `Host` header may name it.
   var listenHost = "127.0.0.1"
+  /// The origin browsers reach the dashboard at when it differs from the listening address
+  /// (`--public-url`, e.g. a TLS proxy's `https://dash.example.com`).
+  var publicOrigin: WebOrigin?
   let clock = SystemJobClock()
 
   static let defaultSecretHeaders: Set<String> = [
@@ -60,27 +64,31 @@ struct Dashboard: Sendable {
         names: ["--token"], value: "TOKEN",
         help: "required off loopback (or $CONVEYOR_DASHBOARD_TOKEN); at least 16 characters"),
       OptionSpec(
+        names: ["--token-file"], value: "PATH",
+        help: "the token, read from a file (not shown by ps, unlike --token)"),
+      OptionSpec(
+        names: ["--public-url"], value: "URL",
+        help: "the address browsers use, behind a proxy (e.g. https://dash.example.com)"),
+      OptionSpec(
         names: ["--secret-header"], value: "NAME",
         help: "another header whose value is never shown; repeat for more"),
     ],
     details: """
       Serves every queue of the database. Open the printed URL in a browser; with a token, sign in
       with it (scripts send 'Authorization: Bearer TOKEN'). /metrics serves Prometheus text.
+      Behind a reverse proxy (TLS), pass --public-url with the address browsers use.
       Authorization, Proxy-Authorization, Cookie, Set-Cookie, X-Api-Key and X-Auth-Token values are
       never shown. Stops on SIGINT or SIGTERM. Exit code 1 if the address cannot be used.
       """)
 
   static func run(_ arguments: inout Arguments, _ context: CLI.Context) async throws -> Int32 {
     let listen = arguments.option("--listen") ?? "127.0.0.1:8080"
-    let environmentToken = ProcessInfo.processInfo.environment["CONVEYOR_DASHBOARD_TOKEN"]
-    let token = arguments.option("--token") ?? (environmentToken?.isEmpty == false ? environmentToken : nil)
+    let token = try Self.token(arguments)
     let extraSecrets = arguments.options("--secret-header").map { $0.lowercased() }
+    let publicOrigin = try arguments.option("--public-url").map(Self.publicOrigin)
     try arguments.finish()
     let (host, port) = try parseListen(listen)
     let loopback = isLoopback(host)
-    if let token, token.count < 16 {
-      throw UsageError(description: "the dashboard token must be at least 16 characters")
-    }
     if !loopback && token == nil {
       throw UsageError(
         description:
@@ -101,26 +109,90 @@ struct Dashboard: Sendable {
     bound.withLock {
       $0 = Dashboard(
         store: store, database: context.databaseDescription, token: token, loopback: loopback,
-        secretHeaders: defaultSecretHeaders.union(extraSecrets), port: server.port, listenHost: host)
+        secretHeaders: defaultSecretHeaders.union(extraSecrets), port: server.port, listenHost: host,
+        publicOrigin: publicOrigin)
     }
     let shownHost = host.contains(":") ? "[\(host)]" : host
     output(
-      "dashboard: http://\(shownHost):\(server.port)/ (database \(printable(context.databaseDescription)))")
+      "dashboard: http://\(shownHost):\(server.port)/ (database \(shown(context.databaseDescription)))")
+    if let publicOrigin { output("dashboard: browsers use \(publicOrigin.text)/") }
     if token != nil { output("sign in with the token; scripts send 'Authorization: Bearer TOKEN'") }
     let stop = AsyncStream<Void>.makeStream()
     let signals = SignalWatcher { _ in stop.continuation.finish() }
     for await _ in stop.stream {}
     signals.cancel()
     output("dashboard: stopping")
+    // The grace period bounds the whole exit: requests still running when it ends are answered
+    // 503, and a store that does not close by then (PostgreSQL down, its calls retrying) is left
+    // to the process's exit.
+    let deadline = ContinuousClock.now + Self.gracePeriod
     // `stop` waits for requests in progress, whose handlers need the cooperative pool: wait on a
     // thread of its own, not on one of the pool's.
     await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
       Thread {
-        server.stop(gracePeriod: .seconds(5))
+        server.stop(gracePeriod: Self.gracePeriod)
         continuation.resume()
       }.start()
     }
+    if !(await context.close(within: max(.milliseconds(500), ContinuousClock.now.duration(to: deadline)))) {
+      printError("conveyor: the database did not close in time (requests still waiting for it); exiting")
+    }
     return ExitCode.success.rawValue
+  }
+
+  /// How long a stop lets requests in progress finish.
+  static let gracePeriod = Duration.seconds(5)
+
+  /// The token from `--token`, `--token-file` or `CONVEYOR_DASHBOARD_TOKEN`, checked; warns when
+  /// it was given on the command line, where every user of the machine can read it.
+  static func token(_ arguments: Arguments) throws -> String? {
+    let given = arguments.option("--token")
+    let file = arguments.option("--token-file")
+    if given != nil && file != nil { throw UsageError(description: "use --token or --token-file, not both") }
+    var token = given
+    if let file {
+      guard let handle = FileHandle(forReadingAtPath: file) else {
+        throw UsageError(description: "cannot read --token-file \"\(printable(file))\"")
+      }
+      defer { closeQuietly(handle) }
+      let data: Data
+      do {
+        data = try handle.read(upToCount: 4096) ?? Data()
+      } catch {
+        throw UsageError(
+          description: "cannot read --token-file \"\(printable(file))\": \(error.localizedDescription)")
+      }
+      // The first line, without its line break and surrounding spaces (`echo TOKEN > file`).
+      let text = String(decoding: data, as: UTF8.self)
+      token = String(text.prefix { $0 != "\n" && $0 != "\r\n" && $0 != "\r" }).trimmingCharacters(
+        in: .whitespaces)
+    } else if given == nil {
+      let environment = ProcessInfo.processInfo.environment["CONVEYOR_DASHBOARD_TOKEN"]
+      token = environment?.isEmpty == false ? environment : nil
+    }
+    if let token, token.count < 16 {
+      throw UsageError(description: "the dashboard token must be at least 16 characters")
+    }
+    if given != nil {
+      CLI.warnOfSecretOnCommandLine(
+        "--token is on the command line, where every user of this machine can read it (ps, /proc); "
+          + "use --token-file PATH or CONVEYOR_DASHBOARD_TOKEN instead")
+    }
+    return token
+  }
+
+  /// Parses `--public-url`: `http` or `https`, a host, an optional port, no path but `/`.
+  static func publicOrigin(_ text: String) throws -> WebOrigin {
+    guard let components = URLComponents(string: text), let scheme = components.scheme,
+      let origin = WebOrigin(scheme: scheme, host: components.host ?? "", port: components.port),
+      components.user == nil, components.password == nil, components.query == nil,
+      components.fragment == nil, components.path.isEmpty || components.path == "/"
+    else {
+      throw UsageError(
+        description: "--public-url must be the address browsers use, such as https://dash.example.com "
+          + "or http://10.0.0.5:8080, without a path; got \"\(printable(text))\"")
+    }
+    return origin
   }
 
   /// `HOST:PORT`, `[IPv6]:PORT` or `PORT` (on 127.0.0.1).
@@ -181,7 +253,7 @@ struct Dashboard: Sendable {
     guard ["GET", "HEAD", "POST"].contains(request.method) else {
       return .text(405, "method not allowed")
     }
-    if loopback, !hostIsLoopback(request.header("Host")) {
+    if loopback, !hostIsAllowed(request.header("Host")) {
       return .text(421, "this dashboard answers only to its loopback address (Host header refused)")
     }
     let path = request.path
@@ -209,7 +281,8 @@ struct Dashboard: Sendable {
     } catch let error as DashboardError {
       return DashboardPages.message(status: error.status, title: "Refused", text: error.text)
     } catch {
-      return DashboardPages.message(status: 500, title: "Storage error", text: String(describing: error))
+      return DashboardPages.message(
+        status: 500, title: "Storage error", text: Secrets.scrub(String(describing: error)))
     }
   }
 
@@ -256,10 +329,14 @@ struct Dashboard: Sendable {
 
   // MARK: checks
 
-  private func hostIsLoopback(_ host: String?) -> Bool {
-    guard let host = host?.lowercased() else { return false }
-    let listening = listenHost.contains(":") ? "[\(listenHost)]:\(port)" : "\(listenHost):\(port)"
-    return ["127.0.0.1:\(port)", "localhost:\(port)", "[::1]:\(port)", listening.lowercased()].contains(host)
+  /// Whether a `Host` header names this loopback server: its loopback address and port (the port
+  /// left out when it is 80, as browsers do), or the `--public-url` host a proxy passed on.
+  private func hostIsAllowed(_ header: String?) -> Bool {
+    guard let header, let (host, headerPort) = WebOrigin.splitHost(header) else { return false }
+    if let publicOrigin, publicOrigin.matches(host: host, port: headerPort) { return true }
+    guard (headerPort ?? 80) == Int(port) else { return false }
+    let listening = listenHost.lowercased()
+    return ["127.0.0.1", "localhost", "::1", listening].contains(host)
   }
 
   private func isAuthorized(_ request: HTTPServerRequest) -> Bool {
@@ -288,8 +365,10 @@ struct Dashboard: Sendable {
       return page
     }
     var response = redirect("/")
+    // `Secure` when browsers reach the dashboard over https (a TLS proxy in front).
+    let secure = publicOrigin?.scheme == "https" ? "; Secure" : ""
     response.headers.append(
-      ("Set-Cookie", "\(Self.cookieName)=\(session); Path=/; HttpOnly; SameSite=Strict"))
+      ("Set-Cookie", "\(Self.cookieName)=\(session); Path=/; HttpOnly; SameSite=Strict\(secure)"))
     return response
   }
 
@@ -307,16 +386,24 @@ struct Dashboard: Sendable {
     let refused = DashboardPages.message(
       status: 403, title: "Refused", text: "Cross-site requests are refused.")
     if let site = request.header("Sec-Fetch-Site"), site != "same-origin" { return refused }
-    if let origin = request.header("Origin") {
-      guard let host = request.header("Host"), origin.lowercased() == "http://\(host.lowercased())" else {
-        return refused
-      }
+    if let origin = request.header("Origin"), !isSameOrigin(origin, host: request.header("Host")) {
+      return refused
     }
     let type = request.header("Content-Type")?.lowercased() ?? ""
     guard type.hasPrefix("application/x-www-form-urlencoded") else {
       return DashboardPages.message(status: 415, title: "Refused", text: "Actions are sent as forms.")
     }
     return nil
+  }
+
+  /// Whether an `Origin` header is this dashboard's: the `--public-url`, or the `Host` the request
+  /// was sent to, by host and port, over `http` or `https` (a TLS proxy that keeps the `Host`).
+  /// `null` and any other origin are not.
+  func isSameOrigin(_ header: String, host: String?) -> Bool {
+    guard let origin = WebOrigin(header) else { return false }
+    if let publicOrigin, origin == publicOrigin { return true }
+    guard let host, let (name, hostPort) = WebOrigin.splitHost(host) else { return false }
+    return origin.matches(host: name, port: hostPort)
   }
 
   func redirect(_ location: String) -> HTTPServerResponse {
@@ -332,6 +419,74 @@ struct Dashboard: Sendable {
       throw DashboardError(status: 400, text: "Not a queue name: \(text)")
     }
     return text
+  }
+}
+
+/// A web origin, `scheme://host[:port]`, compared as browsers compare them: scheme and host in
+/// lower case, the port the scheme's default when none is written.
+struct WebOrigin: Equatable, Sendable {
+  var scheme: String
+  var host: String
+  var port: Int
+
+  init?(scheme: String, host: String, port: Int?) {
+    let scheme = scheme.lowercased()
+    guard scheme == "http" || scheme == "https", !host.isEmpty else { return nil }
+    let port = port ?? (scheme == "https" ? 443 : 80)
+    guard (1...65_535).contains(port) else { return nil }
+    self.scheme = scheme
+    self.host = Self.bare(host.lowercased())
+    self.port = port
+  }
+
+  /// Parses an `Origin` header (`https://host:port`); nil for `null` or anything else.
+  init?(_ header: String) {
+    guard let separator = header.range(of: "://"),
+      let (host, port) = Self.splitHost(String(header[separator.upperBound...]))
+    else { return nil }
+    self.init(scheme: String(header[..<separator.lowerBound]), host: host, port: port)
+  }
+
+  /// `host[:port]` or `[v6]:port`, as a `Host` header or an origin's end gives it: the host in
+  /// lower case without brackets, and the port if written; nil when malformed.
+  static func splitHost(_ text: String) -> (host: String, port: Int?)? {
+    let text = text.lowercased()
+    var host = text
+    var portText: Substring?
+    if text.hasPrefix("[") {
+      guard let close = text.firstIndex(of: "]") else { return nil }
+      host = String(text[text.index(after: text.startIndex)..<close])
+      let rest = text[text.index(after: close)...]
+      if !rest.isEmpty {
+        guard rest.hasPrefix(":") else { return nil }
+        portText = rest.dropFirst()
+      }
+    } else if let colon = text.lastIndex(of: ":") {
+      host = String(text[..<colon])
+      portText = text[text.index(after: colon)...]
+      // An IPv6 address is written in brackets; a bare one is malformed.
+      guard !host.contains(":") else { return nil }
+    }
+    guard !host.isEmpty, !host.contains("/"), !host.contains("@") else { return nil }
+    guard let portText else { return (host, nil) }
+    guard portText.count <= 5, let port = Int(portText), (1...65_535).contains(port) else { return nil }
+    return (host, port)
+  }
+
+  private static func bare(_ host: String) -> String {
+    host.hasPrefix("[") && host.hasSuffix("]") ? String(host.dropFirst().dropLast()) : host
+  }
+
+  /// Whether a `Host` header's host and port name this origin (no port: the scheme's default).
+  func matches(host: String, port: Int?) -> Bool {
+    self.host == Self.bare(host) && self.port == (port ?? (scheme == "https" ? 443 : 80))
+  }
+
+  /// `scheme://host[:port]`, the port written only when it is not the scheme's default.
+  var text: String {
+    let shownHost = host.contains(":") ? "[\(host)]" : host
+    let defaultPort = scheme == "https" ? 443 : 80
+    return "\(scheme)://\(shownHost)" + (port == defaultPort ? "" : ":\(port)")
   }
 }
 

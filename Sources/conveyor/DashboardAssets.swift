@@ -14,7 +14,9 @@ enum DashboardAssets {
   }
 
   /// Polls `/api/queues` every 3 s and writes the counts into the table with `textContent` (never
-  /// as HTML); reloads when the queues or a pause flag changed, since their rows hold forms.
+  /// as HTML); reloads when the queues or a pause flag changed, since their rows hold forms. Rows
+  /// are matched by their percent-encoded `key`, never by the name an attribute holds: a browser
+  /// changes a name's CR and NUL there, and the page would reload every 3 s.
   /// Every 10 s it fetches the "Last hour" section from `/api/activity` (server-rendered, every
   /// stored text escaped there), parses it with `DOMParser` (inert: nothing in it runs) and swaps
   /// it for the one on the page.
@@ -32,7 +34,7 @@ enum DashboardAssets {
             if (rows.length !== data.queues.length) { location.reload(); return; }
             for (var i = 0; i < rows.length; i++) {
               var row = rows[i], queue = data.queues[i];
-              if (row.dataset.queue !== queue.name) { location.reload(); return; }
+              if (row.dataset.key !== queue.key) { location.reload(); return; }
               var paused = row.querySelector(".badge.paused") !== null;
               if (paused !== queue.paused) { location.reload(); return; }
               fields.forEach(function (field) {

@@ -113,7 +113,7 @@ enum DashboardPages {
         ? "<a class=\"button\" href=\"/confirm?action=retry-dead&amp;state=dead&amp;queue=\(html(HTTPForm.encode(queue.name)))\">Retry dead…</a>"
         : ""
       rows += """
-        <tr data-queue="\(name)">
+        <tr data-queue="\(name)" data-key="\(html(queue.key))">
         <th scope="row"><a href="\(html(link))">\(name)</a></th>
         <td class="count" data-field="ready"><a href="\(html(link))&amp;state=ready">\(queue.ready)</a></td>
         <td class="count" data-field="scheduled"><a href="\(html(link))&amp;state=scheduled">\(queue.scheduled)</a></td>

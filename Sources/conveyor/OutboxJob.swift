@@ -23,31 +23,16 @@ struct OutboxJob: Queueable, Hashable {
     }
   }
 
-  /// The summary of a stored job, decoding only the method and URL or the arguments: a body of
-  /// any size is skipped, never turned into `Data`.
-  static func summary(of payload: Data) throws -> String {
-    struct Wrapped<Value: Decodable>: Decodable {
-      var value: Value
-      enum CodingKeys: String, CodingKey { case value = "_0" }
-    }
-    struct Request: Decodable {
-      var method: String
-      var url: URL
-    }
-    struct Command: Decodable { var arguments: [String] }
-    struct Kind: Decodable {
-      var http: Wrapped<Request>?
-      var exec: Wrapped<Command>?
-    }
-    struct Stored: Decodable { var kind: Kind }
-    let kind = try JSONDecoder().decode(Stored.self, from: payload).kind
-    if let request = kind.http?.value {
-      return "http \(request.method) \(withoutSecrets(request.url))"
-    }
-    if let command = kind.exec?.value {
-      return "exec " + command.arguments.map(quoted).joined(separator: " ")
-    }
-    throw DecodingError.dataCorrupted(.init(codingPath: [], debugDescription: "neither http nor exec"))
+  /// The summary of a stored job from the start of its payload (``PayloadPrefix``), or nil when
+  /// that is not an outbox job; `payloadSize` is the whole payload's size. A body of any size is
+  /// never read, and a summary cut short ends with "…".
+  static func summary(ofStart prefix: Data, payloadSize: Int) -> String? {
+    PayloadPrefix(prefix).summary(complete: prefix.count >= payloadSize)
+  }
+
+  /// The summary of a stored job listed as a ``JobSummary``.
+  static func summary(of listed: JobSummary) -> String? {
+    summary(ofStart: listed.record.payload, payloadSize: listed.payloadSize)
   }
 
   func handle(_ context: JobContext, delivery: HTTPDelivery) async -> JobResult {
@@ -58,7 +43,7 @@ struct OutboxJob: Queueable, Hashable {
   }
 
   /// The URL without user info and query, which may hold credentials.
-  private static func withoutSecrets(_ url: URL) -> String {
+  static func withoutSecrets(_ url: URL) -> String {
     guard var components = URLComponents(url: url, resolvingAgainstBaseURL: false) else { return "(URL)" }
     components.user = nil
     components.password = nil
@@ -67,7 +52,7 @@ struct OutboxJob: Queueable, Hashable {
     return (components.string ?? "(URL)") + (hadQuery ? "?…" : "")
   }
 
-  private static func quoted(_ word: String) -> String {
+  static func quoted(_ word: String) -> String {
     guard word.contains(where: { $0 == " " || $0 == "\"" || $0 == "'" || $0 == "\\" }) else { return word }
     return "\""
       + word.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"") + "\""

@@ -23,36 +23,40 @@ struct ShellCommand: Codable, Sendable, Hashable {
   func run() async -> JobResult {
     guard let program = arguments.first else { return .discard(reason: "empty command") }
     if let workingDirectory {
-      var isDirectory: ObjCBool = false
-      guard FileManager.default.fileExists(atPath: workingDirectory, isDirectory: &isDirectory),
-        isDirectory.boolValue
-      else {
+      switch Paths.kind(workingDirectory) {
+      case .folder: break
+      case .file:
+        return .discard(reason: "the working directory \(workingDirectory) is a file, not a folder")
+      case .other:
         return .discard(
-          reason: "the working directory \(workingDirectory) does not exist (or is not a folder)")
+          reason: "the working directory \(workingDirectory) is not a folder (a device, a FIFO or a socket)")
+      case .missing(let code) where code == ENOENT:
+        return .discard(reason: "the working directory \(workingDirectory) does not exist")
+      case .missing(let code):
+        return .discard(
+          reason:
+            "the working directory \(workingDirectory) cannot be reached: \(String(cString: strerror(code)))"
+        )
       }
     }
     guard let executable = Self.resolve(program, in: workingDirectory) else {
-      return .discard(reason: "command not found: \(program) (not in PATH, or not executable)")
+      return .discard(reason: "command not found: \(program) (not in PATH, or not an executable file)")
     }
-    let output = FileManager.default.temporaryDirectory.appendingPathComponent(
-      "conveyor-exec-\(UUID().uuidString)")
-    guard
-      FileManager.default.createFile(
-        atPath: output.path, contents: nil, attributes: [.posixPermissions: 0o600])
-    else {
-      return .retry(reason: "could not create a temporary file for the command's output")
-    }
-    defer { removeQuietly(output) }
-    let descriptor = open(output.path, O_WRONLY | O_CLOEXEC)
+    // Named by plain strings, never Foundation's path calls on TMPDIR (see `Paths`).
+    let output = Paths.joined(Paths.temporaryFolder(), "conveyor-exec-\(UUID().uuidString)")
+    let descriptor = open(output, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
     guard descriptor >= 0 else {
-      return .retry(reason: "could not open the command's output file: \(String(cString: strerror(errno)))")
+      return .retry(
+        reason:
+          "could not create a temporary file for the command's output: \(String(cString: strerror(errno)))")
     }
+    defer { unlink(output) }
     let child: ChildProcess
     do {
       // The child has its own copies of the descriptor; ours is only needed to start it.
       defer { close(descriptor) }
       child = try ChildProcess(
-        executable: executable.path, arguments: arguments, directory: workingDirectory, output: descriptor)
+        executable: executable, arguments: arguments, directory: workingDirectory, output: descriptor)
     } catch {
       return .retry(reason: "could not start \(program): \(error)")
     }
@@ -78,10 +82,10 @@ struct ShellCommand: Codable, Sendable, Hashable {
 
   /// The last 400 bytes of the command's output, for the job's recorded error: only they are
   /// read, however much the command wrote.
-  private static func tail(of file: URL) -> String {
+  private static func tail(of file: String) -> String {
     let data: Data
     do {
-      let handle = try FileHandle(forReadingFrom: file)
+      guard let handle = FileHandle(forReadingAtPath: file) else { return "" }
       defer { closeQuietly(handle) }
       let end = try handle.seekToEnd()
       try handle.seek(toOffset: end > 400 ? end - 400 : 0)
@@ -94,19 +98,22 @@ struct ShellCommand: Codable, Sendable, Hashable {
   }
 
   /// The program's file: a path with a `/` is taken relative to `directory` (as a shell run in
-  /// that directory would), a bare name is looked up in `PATH`.
-  static func resolve(_ program: String, in directory: String?) -> URL? {
-    let manager = FileManager.default
+  /// that directory would), a bare name is looked up in `PATH`; only an executable regular file
+  /// is returned, as an absolute path.
+  static func resolve(_ program: String, in directory: String?) -> String? {
+    guard !program.isEmpty, !program.utf8.contains(0) else { return nil }
+    let current = Paths.currentFolder()
     if program.contains("/") {
-      let base = directory.map { URL(fileURLWithPath: $0, isDirectory: true) }
-      let file = URL(fileURLWithPath: program, relativeTo: program.hasPrefix("/") ? nil : base)
-        .standardizedFileURL
-      return manager.isExecutableFile(atPath: file.path) ? file : nil
+      guard let base = program.hasPrefix("/") ? "/" : directory ?? current else { return nil }
+      let file = Paths.absolute(program, from: base)
+      return Paths.isExecutableFile(file) ? file : nil
     }
     let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/local/bin:/usr/bin:/bin"
     for folder in path.split(separator: ":") where !folder.isEmpty {
-      let candidate = "\(folder)/\(program)"
-      if manager.isExecutableFile(atPath: candidate) { return URL(fileURLWithPath: candidate) }
+      let candidate = Paths.joined(String(folder), program)
+      guard let base = candidate.hasPrefix("/") ? "/" : current else { continue }
+      let file = Paths.absolute(candidate, from: base)
+      if Paths.isExecutableFile(file) { return file }
     }
     return nil
   }

@@ -54,8 +54,8 @@ final class Worker: Sendable {
       let fields = record.metadata.filter { $0.key != "queue" }.sorted { $0.key < $1.key }
         .map { "\($0.key)=\($0.value)" }.joined(separator: " ")
       printError(
-        "conveyor: \(record.level): \(printable(record.message))"
-          + (fields.isEmpty ? "" : " (\(printable(fields)))"))
+        "conveyor: \(record.level): \(shown(record.message))"
+          + (fields.isEmpty ? "" : " (\(shown(fields)))"))
     }
     let delivery = HTTPDelivery()
     queue = try JobQueue<OutboxJob>(configuration: configuration, store: store) { job, context in

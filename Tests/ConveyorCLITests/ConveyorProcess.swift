@@ -15,8 +15,10 @@ struct HarnessError: Error, CustomStringConvertible {
 
 /// The built `conveyor` executable these tests run.
 enum ConveyorBinary {
-  /// The executable, found next to the test bundle in the build folder.
-  static let url: URL? = locate()
+  /// The executable: `$CONVEYOR_TEST_BINARY` when set (another build, e.g. one from before a fix,
+  /// to see a test fail), else the one found next to the test bundle in the build folder.
+  static let url: URL? =
+    ProcessInfo.processInfo.environment["CONVEYOR_TEST_BINARY"].map { URL(fileURLWithPath: $0) } ?? locate()
 
   /// `url`, or an error saying to build it.
   static func required() throws -> URL {

@@ -75,7 +75,7 @@ import Testing
     _ = try await sandbox.succeed(["--queue", "done", "work", "--until-empty"])
     let dashboard = try await DashboardProcess.start(sandbox)
     let page = try await dashboard.get("/")
-    #expect(page.body.contains(#"<tr data-queue="done">"#), "\(page.body)")
+    #expect(page.body.contains(#"<tr data-queue="done" data-key="done">"#), "\(page.body)")
     #expect(Self.section(page.body, #"data-chart-queue="done">"#)?.contains(#"data-finished="2""#) == true)
   }
 

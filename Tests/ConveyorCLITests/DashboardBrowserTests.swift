@@ -18,8 +18,8 @@ struct DashboardBrowserTests {
     let profile = URL(fileURLWithPath: sandbox.path("chromium"))
 
     let queues = try await Chromium.dumpDOM(dashboard.url, profile: profile)
-    #expect(queues.contains(#"<tr data-queue="outbox">"#), "\(queues)")
-    #expect(queues.contains(#"<tr data-queue="emails">"#))
+    #expect(queues.contains(#"<tr data-queue="outbox" data-key="outbox">"#), "\(queues)")
+    #expect(queues.contains(#"<tr data-queue="emails" data-key="emails">"#))
 
     let list = try await Chromium.dumpDOM(
       dashboard.url.appendingPathComponent("jobs").appending(queryItems: [
@@ -126,5 +126,63 @@ struct DashboardBrowserTests {
     _ = try await sandbox.succeed(["--queue", "charts", "work", "--until-empty"])
     try await browser.waitUntil("the live chart", "\(chart).getAttribute('data-finished') === '5'")
     #expect(try await browser.evaluate("window.marker") == "same page", "updated without a reload")
+  }
+
+  /// Queue names with CR or NUL (stored by an application's own INSERT): the browser rewrites
+  /// them in the rows' attributes, and the script, which compared names, reloaded the page every
+  /// 3 s. It matches rows by their percent-encoded key now: the page stays, and updates live.
+  @Test func queueNamesWithControlCharactersKeepThePageStill() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--", "true"])
+    try DashboardTests.insertJobs(sandbox, queues: ["line\rbreak", "nul\0byte"])
+    let dashboard = try await DashboardProcess.start(sandbox)
+    let browser = try await DrivenBrowser(
+      dashboard.url, profile: URL(fileURLWithPath: sandbox.path("chromium")))
+    try await browser.waitUntil("the queues page", "document.querySelectorAll('tr[data-queue]').length === 3")
+    _ = try await browser.evaluate("window.marker = 'same page', 'marked'")
+    // The script's first refresh, 3 s in, either reloads the page or marks it live.
+    try await browser.waitUntil(
+      "a live refresh", "(document.getElementById('updated') || {}).textContent.startsWith('live')")
+    #expect(try await browser.evaluate("window.marker") == "same page", "the page was reloaded")
+  }
+
+  /// The dashboard behind a TLS-terminating proxy, as the README advises off loopback: a browser
+  /// on the https page signs in and retries a dead job. First behind a proxy that keeps the
+  /// `Host` (matched by host and port, whatever the scheme), then behind one that rewrites it, as
+  /// nginx does by default (matched by `--public-url`). Every POST was refused 403 before.
+  @Test(
+    .enabled(if: TLSProxy.isAvailable, "python3 and openssl make the TLS proxy"),
+    arguments: [TLSProxy.HostHandling.keep, .rewrite])
+  func signInAndActionsWorkBehindATLSProxy(host: TLSProxy.HostHandling) async throws {
+    let sandbox = try Sandbox()
+    let jobs = try await SeededJobs.seed(sandbox)
+    let token = "correct-horse-battery-staple"
+    let proxy = try await TLSProxy(in: sandbox.folder, host: host)
+    let publicURL = "https://127.0.0.1:\(proxy.port)"
+    let tokenFile = sandbox.path("token")
+    try #require(FileManager.default.createFile(atPath: tokenFile, contents: Data(token.utf8)))
+    let dashboard = try await DashboardProcess.start(
+      sandbox,
+      host == .keep
+        ? ["--listen", "0.0.0.0:0", "--token", token]
+        : ["--listen", "127.0.0.1:0", "--token-file", tokenFile, "--public-url", publicURL])
+    proxy.forward(to: dashboard.port)
+    let browser = try await DrivenBrowser(
+      try #require(URL(string: publicURL + "/")), profile: URL(fileURLWithPath: sandbox.path("chromium")),
+      flags: ["--ignore-certificate-errors"])
+    try await browser.waitUntil(
+      "the sign-in form", "document.querySelector('input[name=\"token\"]') !== null")
+    _ = try await browser.evaluate(
+      "document.querySelector('input[name=\"token\"]').value = '\(token)', "
+        + "document.querySelector('form.sign-in').submit(), 'sent'")
+    try await browser.waitUntil(
+      "the queues page", "document.querySelector('tr[data-queue=\"outbox\"]') !== null")
+    _ = try await browser.evaluate("location.href = '/jobs?queue=outbox&state=dead', 'going'")
+    let button = "document.querySelector('form[action=\"/jobs/\(jobs.dead)/retry\"] button')"
+    try await browser.waitUntil("the Retry button", "\(button) !== null")
+    _ = try await browser.evaluate("\(button).click(), 'clicked'")
+    try await browser.waitUntil("the re-queued notice", "document.body.innerText.includes('Job re-queued')")
+    #expect(try await sandbox.counts() == counts(ready: 2))
+    #expect(try await browser.evaluate("location.protocol") == "https:")
   }
 }

@@ -14,12 +14,13 @@ struct DashboardProcess {
   let url: URL
   let port: UInt16
 
-  /// Seeds nothing; starts `conveyor dashboard --listen 127.0.0.1:0` (plus `arguments`) and waits
-  /// for its URL.
-  static func start(_ sandbox: Sandbox, _ arguments: [String] = ["--listen", "127.0.0.1:0"]) async throws
-    -> DashboardProcess
-  {
-    let running = try sandbox.start(["dashboard"] + arguments)
+  /// Seeds nothing; starts `conveyor dashboard --listen 127.0.0.1:0` (plus `arguments`) on the
+  /// sandbox's database, or on `database`, and waits for its URL.
+  static func start(
+    _ sandbox: Sandbox, _ arguments: [String] = ["--listen", "127.0.0.1:0"], database: String? = nil
+  ) async throws -> DashboardProcess {
+    let running = try sandbox.start(
+      (database.map { ["--database", $0] } ?? []) + ["dashboard"] + arguments, withDatabase: database == nil)
     let line = try await running.waitForLine("the dashboard's URL") { $0.hasPrefix("dashboard: http://") }
     let text = line.dropFirst("dashboard: ".count).prefix { $0 != " " }
     guard let url = URL(string: String(text)), let port = url.port.flatMap({ UInt16(exactly: $0) }) else {

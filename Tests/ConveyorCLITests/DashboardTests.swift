@@ -54,8 +54,8 @@ struct SeededJobs {
     #expect(!policy.contains("unsafe-inline"))
     #expect(page.headers["x-content-type-options"] == "nosniff")
     #expect(page.headers["cache-control"] == "no-store")
-    #expect(page.body.contains(#"<tr data-queue="outbox">"#))
-    #expect(page.body.contains(#"<tr data-queue="emails">"#))
+    #expect(page.body.contains(#"<tr data-queue="outbox" data-key="outbox">"#))
+    #expect(page.body.contains(#"<tr data-queue="emails" data-key="emails">"#))
     #expect(page.body.contains(#"data-field="dead"><a href="/jobs?queue=outbox&amp;state=dead">1</a>"#))
     // No inline script anywhere: the one script is a same-origin file.
     #expect(page.body.components(separatedBy: "<script").count == 2)
@@ -248,5 +248,209 @@ struct SeededJobs {
     let outcome = try await dashboard.running.waitForExit()
     #expect(outcome.status == 0, "\(outcome)")
     #expect(outcome.stdout.contains("dashboard: stopping"))
+  }
+
+  /// Behind a TLS proxy the browser's page is https: its `Origin` is `https://…`. A proxy that
+  /// keeps the `Host` is matched by host and port whatever the scheme; one that rewrites it (nginx's
+  /// default) by `--public-url`. Other origins are still refused. (Every such POST was 403.)
+  @Test func postsFromBehindATLSProxyAreAccepted() async throws {
+    let sandbox = try Sandbox()
+    _ = try await SeededJobs.seed(sandbox)
+    let token = "correct-horse-battery-staple"
+    let keeping = try await DashboardProcess.start(sandbox, ["--listen", "0.0.0.0:0", "--token", token])
+    let host = "dash.example.test:\(keeping.port)"
+    let signedIn = try await keeping.request(
+      "POST", "/login", headers: [("Origin", "https://\(host)"), ("Sec-Fetch-Site", "same-origin")],
+      form: [("token", token)], host: host)
+    #expect(signedIn.status == 303, "\(signedIn)")
+    for origin in [
+      "https://evil.example", "null", "https://\(host).evil.example", "https://dash.example.test:1",
+    ] {
+      let refused = try await keeping.request(
+        "POST", "/login", headers: [("Origin", origin)], form: [("token", token)], host: host)
+      #expect(refused.status == 403, "\(origin): \(refused.status)")
+    }
+
+    let rewriting = try await DashboardProcess.start(
+      sandbox, ["--listen", "127.0.0.1:0", "--public-url", "https://dash.example.test"])
+    let page = try await rewriting.get("/")
+    #expect(page.status == 200)
+    let formToken = try DashboardProcess.formToken(in: page.body)
+    let paused = try await rewriting.request(
+      "POST", "/queues/pause",
+      headers: [("Origin", "https://dash.example.test"), ("Sec-Fetch-Site", "same-origin")],
+      form: [("csrf", formToken), ("queue", "outbox")])
+    #expect(paused.status == 303, "\(paused)")
+    #expect(try await sandbox.succeed(["status", "--json"]).object()["paused"] as? Bool == true)
+    // A proxy that passes the public host on is answered too; any other name still gets 421.
+    #expect(try await rewriting.request("GET", "/", host: "dash.example.test").status == 200)
+    #expect(try await rewriting.request("GET", "/", host: "evil.example").status == 421)
+    let other = try await rewriting.request(
+      "POST", "/queues/resume", headers: [("Origin", "https://evil.example")],
+      form: [("csrf", formToken), ("queue", "outbox")])
+    #expect(other.status == 403)
+    let badURL = try await sandbox.run(["dashboard", "--public-url", "https://dash.example.test/sub/path"])
+    #expect(badURL.status == 2, "\(badURL)")
+  }
+
+  /// Over https (`--public-url https://…`) the session cookie is `Secure`.
+  @Test func theSessionCookieIsSecureBehindHTTPS() async throws {
+    let sandbox = try Sandbox()
+    let token = "correct-horse-battery-staple"
+    let dashboard = try await DashboardProcess.start(
+      sandbox,
+      [
+        "--listen", "127.0.0.1:0", "--token-file", try Self.tokenFile(sandbox, token), "--public-url",
+        "https://dash.example.test:8443",
+      ])
+    let signedIn = try await dashboard.request(
+      "POST", "/login",
+      headers: [("Origin", "https://dash.example.test:8443"), ("Sec-Fetch-Site", "same-origin")],
+      form: [("token", token)])
+    #expect(signedIn.status == 303, "\(signedIn)")
+    #expect(signedIn.headers["set-cookie"]?.hasSuffix("; Secure") == true, "\(signedIn.headers)")
+  }
+
+  static func tokenFile(_ sandbox: Sandbox, _ token: String) throws -> String {
+    let path = sandbox.path("token")
+    guard FileManager.default.createFile(atPath: path, contents: Data((token + "\n").utf8)) else {
+      throw HarnessError(description: "cannot write \(path)")
+    }
+    return path
+  }
+
+  /// `--token` is visible to every user of the machine (`ps`): the dashboard says so once and
+  /// names `--token-file` and the variable, which it reads without a word.
+  @Test func aTokenOnTheCommandLineIsWarnedOfAndATokenFileIsNot() async throws {
+    let sandbox = try Sandbox()
+    let token = "correct-horse-battery-staple"
+    let given = try await DashboardProcess.start(sandbox, ["--listen", "127.0.0.1:0", "--token", token])
+    try await given.running.waitUntil("the warning") { given.running.stderr.contains("warning") }
+    #expect(given.running.stderr.components(separatedBy: "--token is on the command line").count == 2)
+    #expect(given.running.stderr.contains("--token-file") && !given.running.stderr.contains(token))
+    let fromFile = try await DashboardProcess.start(
+      sandbox, ["--listen", "127.0.0.1:0", "--token-file", try Self.tokenFile(sandbox, token)])
+    let bearer = try await fromFile.get("/metrics", headers: [("Authorization", "Bearer \(token)")])
+    #expect(bearer.status == 200)
+    #expect(try await fromFile.get("/metrics").status == 401)
+    #expect(!fromFile.running.stderr.contains("warning"), "\(fromFile.running.stderr)")
+    let both = try await sandbox.run(
+      ["dashboard", "--token", token, "--token-file", try Self.tokenFile(sandbox, token)])
+    #expect(both.status == 2, "\(both)")
+  }
+
+  /// Browsers leave the default port out of `Host`: a dashboard on port 80 answers them (it
+  /// answered 421). Needs the right to bind port 80 and the port free; skipped otherwise.
+  @Test func aDashboardOnPort80AnswersAHostWithoutAPort() async throws {
+    let sandbox = try Sandbox()
+    let running = try sandbox.start(["dashboard", "--listen", "127.0.0.1:80"])
+    let line = try? await running.waitForLine("the dashboard's URL", timeout: .seconds(10)) {
+      $0.hasPrefix("dashboard: http://")
+    }
+    guard line != nil else { return }  // port 80 taken, or not ours to bind
+    let dashboard = DashboardProcess(running: running, url: URL(string: "http://127.0.0.1/")!, port: 80)
+    #expect(try await dashboard.request("GET", "/", host: "127.0.0.1").status == 200)
+    #expect(try await dashboard.request("GET", "/", host: "localhost").status == 200)
+    #expect(try await dashboard.request("GET", "/", host: "127.0.0.1:80").status == 200)
+    #expect(try await dashboard.request("GET", "/", host: "127.0.0.1:81").status == 421)
+    #expect(try await dashboard.request("GET", "/", host: "evil.example").status == 421)
+  }
+
+  /// A request in absolute form names its host in its target: that name, not the `Host` field,
+  /// is checked, so DNS rebinding cannot slip through it.
+  @Test func anAbsoluteFormTargetIsCheckedLikeAHost() async throws {
+    let sandbox = try Sandbox()
+    let dashboard = try await DashboardProcess.start(sandbox)
+    #expect(try await dashboard.get("http://127.0.0.1:\(dashboard.port)/").status == 200)
+    #expect(try await dashboard.get("http://evil.example:\(dashboard.port)/").status == 421)
+  }
+
+  /// Whatever the jobs hold, a page of them stays small: summaries and errors are cut, and only
+  /// the start of each payload is read. (50 commands with 120 KB arguments made a 6 MB page.)
+  @Test func theJobsPageStaysSmallWhateverTheJobsHold() async throws {
+    let sandbox = try Sandbox()
+    let long = String(repeating: "a", count: 120_000)
+    for _ in 0..<50 { try await sandbox.add(["exec", "--", "echo", long]) }
+    let body = sandbox.path("body.bin")
+    try #require(
+      FileManager.default.createFile(atPath: body, contents: Data(repeating: 0x62, count: 2 << 20)))
+    let http = try await sandbox.add(["http", "POST", "http://127.0.0.1:9/upload", "--data-file", body])
+    let dashboard = try await DashboardProcess.start(sandbox)
+    let page = try await dashboard.get("/jobs?queue=outbox")
+    #expect(page.status == 200)
+    #expect(page.body.utf8.count < 200_000, "a page of \(page.body.utf8.count) bytes")
+    #expect(page.body.components(separatedBy: "<tr data-job=").count == 51)
+    #expect(page.body.contains("<td class=\"summary\">exec echo aaaa"))
+    let job = try await dashboard.get("/jobs/1")
+    #expect(job.status == 200 && job.body.utf8.count < 1_000_000, "\(job.body.utf8.count) bytes")
+    let large = try await dashboard.get("/jobs/\(http)")
+    #expect(large.status == 200 && large.body.utf8.count < 100_000, "\(large.body.utf8.count) bytes")
+    #expect(large.body.contains("http POST http://127.0.0.1:9/upload"), "\(large.body.prefix(3000))")
+    #expect(large.body.contains("too large to show"))
+  }
+
+  /// Queue names with CR or NUL (an application's own INSERT can store them): the page's rows
+  /// carry the name percent-encoded as `data-key`, as `/api/queues` does, so the script matches
+  /// them however a browser rewrites the name in an attribute.
+  @Test func queueRowsCarryTheKeysTheLiveScriptMatches() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--", "true"])
+    try Self.insertJobs(sandbox, queues: ["line\rbreak", "nul\0byte"])
+    let dashboard = try await DashboardProcess.start(sandbox)
+    let page = try await dashboard.get("/")
+    let api = try jsonObject(try await dashboard.get("/api/queues").body)
+    let keys = try #require((api["queues"] as? [[String: Any]])?.compactMap { $0["key"] as? String })
+    #expect(keys.count == 3, "\(api)")
+    for key in keys {
+      #expect(key.unicodeScalars.allSatisfy { $0.isASCII && $0.value >= 0x20 }, "\(key)")
+      #expect(page.body.contains("data-key=\"\(key)\""), "\(key)")
+    }
+  }
+
+  /// Adds a waiting job to each queue through the sqlite3 shell, as an application writing to the
+  /// table itself could (names no `conveyor --queue` accepts).
+  static func insertJobs(_ sandbox: Sandbox, queues: [String]) throws {
+    let shell = "/usr/bin/sqlite3"
+    guard FileManager.default.isExecutableFile(atPath: shell) else {
+      throw HarnessError(description: "the sqlite3 shell is not installed")
+    }
+    let names = queues.map { name in
+      name.unicodeScalars.map { "char(\($0.value))" }.joined(separator: " || ")
+    }
+    let statements = names.map {
+      "INSERT OR IGNORE INTO queues (name) VALUES (\($0)); "
+        + "INSERT INTO jobs (queue, payload, status, run_at, created_at) VALUES (\($0), X'7B7D', 'ready', 0, 0);"
+    }
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: shell)
+    process.arguments = [sandbox.database, statements.joined(separator: " ")]
+    try process.run()
+    process.waitUntilExit()
+    guard process.terminationStatus == 0 else {
+      throw HarnessError(description: "sqlite3 failed: \(process.terminationStatus)")
+    }
+  }
+
+  /// A dashboard on PostgreSQL whose server goes down: a page then waits for the store, which
+  /// retries for a minute. Stopping the dashboard takes the grace period (5 s), not that minute,
+  /// and the waiting request is answered 503 (it got nothing, and the exit took about 60 s).
+  @Test(.enabled(if: LocalPostgres.binaries != nil, "the PostgreSQL server is not installed"))
+  func stoppingWhilePostgreSQLIsDownEndsWithinTheGracePeriod() async throws {
+    let sandbox = try Sandbox()
+    let server = try await LocalPostgres.start(in: sandbox)
+    defer { server.stop() }
+    let dashboard = try await DashboardProcess.start(sandbox, database: server.url)
+    #expect(try await dashboard.get("/").status == 200)
+    server.stop()
+    let port = dashboard.port
+    let request = Array("GET /jobs HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nConnection: close\r\n\r\n".utf8)
+    let waiting = Task { await onThread { exchange(port: port, request) } }
+    try await Task.sleep(for: .seconds(1))  // the request is in flight, its store call retrying
+    dashboard.running.signal(SIGTERM)
+    // A hang guard well under the store's minute of retries: the grace period ends it.
+    let outcome = try await dashboard.running.waitForExit(timeout: .seconds(40))
+    #expect(outcome.status == 0, "\(outcome)")
+    let answer = DashboardProcess.Response(parsing: await waiting.value)
+    #expect(answer?.status == 503, "\(String(describing: answer))")
   }
 }

@@ -65,8 +65,8 @@ final class DrivenBrowser {
   private let socket: WebSocket
   private var nextID = 0
 
-  /// Starts chromium on `url` and connects to its page.
-  init(_ url: URL, profile: URL) async throws {
+  /// Starts chromium on `url`, with `flags` added to the usual ones, and connects to its page.
+  init(_ url: URL, profile: URL, flags: [String] = []) async throws {
     guard let path = Chromium.path else { throw HarnessError(description: "chromium is not installed") }
     try FileManager.default.createDirectory(at: profile, withIntermediateDirectories: true)
     process = Process()
@@ -74,8 +74,7 @@ final class DrivenBrowser {
     process.arguments =
       Chromium.commonFlags + [
         "--user-data-dir=\(profile.path)", "--remote-debugging-port=0", "--window-size=1280,720",
-        url.absoluteString,
-      ]
+      ] + flags + [url.absoluteString]
     process.standardOutput = FileHandle.nullDevice
     process.standardError = FileHandle.nullDevice
     try process.run()

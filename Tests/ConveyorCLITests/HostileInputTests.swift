@@ -47,6 +47,117 @@ import Testing
     #expect(!FileManager.default.fileExists(atPath: link + "-journal"))
   }
 
+  /// Names SQLite reads as something else than a file, and one-character names, which crashed
+  /// (SIGILL in Foundation's path splitting): each is a file in the folder the command runs in.
+  @Test func oddDatabaseNamesAreFilesInTheCurrentFolder() async throws {
+    let sandbox = try Sandbox()
+    for name in ["x", "-", ":memory:", "é"] {
+      let added = try await sandbox.run(
+        ["--database", name, "add", "exec", "--", "true"], withDatabase: false, directory: sandbox.folder)
+      #expect(added.status == 0, "\(name): \(added)")
+      // Another process sees the job: it is in the file, not in memory.
+      let status = try await sandbox.run(
+        ["--database", name, "status", "--json"], withDatabase: false, directory: sandbox.folder)
+      #expect(status.status == 0, "\(name): \(status)")
+      #expect((try? status.object()["counts"] as? [String: Int]) == counts(ready: 1), "\(name): \(status)")
+      #expect(FileManager.default.fileExists(atPath: sandbox.path(name)), "\(name) is a file")
+    }
+    let fromEnvironment = try await sandbox.run(
+      ["status"], withDatabase: false, extraEnvironment: ["CONVEYOR_DATABASE": "q"], directory: sandbox.folder
+    )
+    #expect(fromEnvironment.status == 0, "\(fromEnvironment)")
+    #expect(FileManager.default.fileExists(atPath: sandbox.path("q")))
+  }
+
+  /// Database strings that are neither a path nor a PostgreSQL connection this tool accepts: each
+  /// is refused with the accepted forms, its password never shown, no file made of it.
+  static let nearMisses = [
+    "postgress://alice:SECRET-PW@db.example/app",
+    "POSTGRES:/alice:SECRET-PW@db.example/app",
+    "pgsql://alice:SECRET-PW@db.example/app",
+    "HOST=db.example password=SECRET-PW dbname=app",
+    "hots=db.example password=SECRET-PW",
+    "jobs.sqlite password=SECRET-PW",
+    "alice:SECRET-PW@db.example",
+    "file:jobs.sqlite?mode=memory&password=SECRET-PW",
+  ]
+
+  @Test(arguments: nearMisses)
+  func aDatabaseStringThatIsNearlyRightIsRefusedWithoutShowingItsPassword(text: String) async throws {
+    let sandbox = try Sandbox()
+    for (arguments, environment) in [
+      (["--database", text, "status"], [String: String]()), (["status"], ["CONVEYOR_DATABASE": text]),
+    ] {
+      let outcome = try await sandbox.run(
+        arguments, withDatabase: false, extraEnvironment: environment, directory: sandbox.folder)
+      #expect(outcome.status == 2, "\(outcome)")
+      #expect(outcome.stderr.contains("postgres://"), "names the accepted forms: \(outcome)")
+      #expect(!outcome.stderr.contains("SECRET-PW") && !outcome.stdout.contains("SECRET-PW"), "\(outcome)")
+    }
+    let made = try FileManager.default.contentsOfDirectory(atPath: sandbox.folder.path)
+    #expect(!made.contains { $0.contains("SECRET") || $0.contains("=") || $0.contains("@") }, "\(made)")
+  }
+
+  /// A libpq connection string and an upper-case scheme reach PostgreSQL (here a port nothing
+  /// listens on: the connection error), never an SQLite file named after them.
+  @Test func connectionStringsAndUpperCaseSchemesGoToPostgreSQL() async throws {
+    let sandbox = try Sandbox()
+    for text in [
+      "host=127.0.0.1 port=1 dbname=app user=alice password=SECRET-PW connect_timeout=5",
+      "POSTGRES://alice:SECRET-PW@127.0.0.1:1/app?connect_timeout=5",
+      "PostgreSQL://alice:SECRET-PW@127.0.0.1:1/app?connect_timeout=5",
+    ] {
+      let outcome = try await sandbox.run(
+        ["status"], withDatabase: false, extraEnvironment: ["CONVEYOR_DATABASE": text],
+        directory: sandbox.folder)
+      #expect(outcome.status == 3, "\(outcome)")
+      #expect(outcome.stderr.contains("PostgreSQL"), "\(outcome)")
+      #expect(!outcome.stderr.contains("SECRET-PW") && !outcome.stdout.contains("SECRET-PW"), "\(outcome)")
+    }
+    #expect(
+      try FileManager.default.contentsOfDirectory(atPath: sandbox.folder.path).allSatisfy {
+        $0.hasSuffix(".stdout") || $0.hasSuffix(".stderr")
+      })
+  }
+
+  /// A libpq connection string reaches the shared server: the job is there for a worker using the
+  /// URL form, and no local file is made (one named after the string got the jobs).
+  @Test(.enabled(if: LocalPostgres.binaries != nil, "the PostgreSQL server is not installed"))
+  func aConnectionStringReachesTheSharedServer() async throws {
+    let sandbox = try Sandbox()
+    let server = try await LocalPostgres.start(in: sandbox)
+    defer { server.stop() }
+    let before = Set(try FileManager.default.contentsOfDirectory(atPath: sandbox.folder.path))
+    let conninfo = "host=127.0.0.1 port=\(server.port) user=postgres dbname=postgres"
+    let added = try await sandbox.run(
+      ["--database", conninfo, "add", "exec", "--", "true"], withDatabase: false, directory: sandbox.folder)
+    #expect(added.status == 0, "\(added)")
+    let status = try await sandbox.run(["--database", server.url, "status", "--json"], withDatabase: false)
+    #expect((try? status.object()["counts"] as? [String: Int]) == counts(ready: 1), "\(status)")
+    let made = Set(try FileManager.default.contentsOfDirectory(atPath: sandbox.folder.path)).subtracting(
+      before)
+    #expect(made.allSatisfy { $0.hasSuffix(".stdout") || $0.hasSuffix(".stderr") }, "\(made)")
+  }
+
+  /// A password given on the command line is visible to every user of the machine (`ps`): the
+  /// tool says so, once, and names the safe ways; from the environment it says nothing.
+  @Test func aPasswordOnTheCommandLineIsWarnedOfOnce() async throws {
+    let sandbox = try Sandbox()
+    let url = "postgresql://alice:SECRET-PW@127.0.0.1:1/app?connect_timeout=5"
+    let given = try await sandbox.run(["--database", url, "status"], withDatabase: false)
+    #expect(given.status == 3, "\(given)")
+    #expect(given.stderr.components(separatedBy: "password is on the command line").count == 2, "\(given)")
+    #expect(given.stderr.contains("CONVEYOR_DATABASE") && given.stderr.contains("PGPASSFILE"), "\(given)")
+    #expect(!given.stderr.contains("SECRET-PW"), "\(given)")
+    let fromEnvironment = try await sandbox.run(
+      ["status"], withDatabase: false, extraEnvironment: ["CONVEYOR_DATABASE": url])
+    #expect(fromEnvironment.status == 3, "\(fromEnvironment)")
+    #expect(!fromEnvironment.stderr.contains("warning"), "\(fromEnvironment)")
+    let withoutPassword = try await sandbox.run(
+      ["--database", "postgresql://alice@127.0.0.1:1/app?connect_timeout=5", "status"], withDatabase: false)
+    #expect(!withoutPassword.stderr.contains("warning"), "\(withoutPassword)")
+  }
+
   // MARK: 2. credentials on redirects
 
   @Test func credentialsAreNotSentToAnotherOriginOnARedirect() async throws {
@@ -247,6 +358,37 @@ import Testing
     #expect(events.contains { ($0["error"] as? String)?.contains("does not exist") == true }, "\(work)")
   }
 
+  @Test func aFileAsWorkingDirectoryIsRefusedAtAdd() async throws {
+    let sandbox = try Sandbox()
+    let file = sandbox.path("notes.txt")
+    try #require(FileManager.default.createFile(atPath: file, contents: Data("x".utf8)))
+    for given in [file, "notes.txt"] {
+      let outcome = try await sandbox.run(
+        ["add", "exec", "--cwd", given, "--", "true"], directory: sandbox.folder)
+      #expect(outcome.status == 2, "\(outcome)")
+      #expect(outcome.stderr.contains("\(file)\" is a file, not a folder"), "\(outcome)")
+      #expect(outcome.stdout.isEmpty)
+    }
+    #expect(!FileManager.default.fileExists(atPath: sandbox.database), "nothing was stored")
+  }
+
+  @Test func aWorkingDirectoryChangedAfterAddIsReportedAsItIs() async throws {
+    let sandbox = try Sandbox()
+    let replaced = sandbox.folder.appendingPathComponent("replaced")
+    let removed = sandbox.folder.appendingPathComponent("removed")
+    for folder in [replaced, removed] {
+      try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+      try await sandbox.add(["exec", "--cwd", folder.path, "--", "true"])
+      try FileManager.default.removeItem(at: folder)
+    }
+    try #require(FileManager.default.createFile(atPath: replaced.path, contents: Data("x".utf8)))
+    let work = try await sandbox.run(["work", "--until-empty", "--json"])
+    #expect(work.status == 1, "\(work)")
+    let errors = try work.objects().compactMap { $0["error"] as? String }
+    #expect(errors.contains("the working directory \(replaced.path) is a file, not a folder"), "\(work)")
+    #expect(errors.contains("the working directory \(removed.path) does not exist"), "\(work)")
+  }
+
   @Test func aRelativeWorkingDirectoryIsTakenFromWhereTheJobWasAdded() async throws {
     let sandbox = try Sandbox()
     let here = sandbox.folder.appendingPathComponent("here")
@@ -305,6 +447,38 @@ import Testing
     let kilobytes = try #require(text.split(separator: "\n").compactMap { Int($0) }.last, "\(text)")
     // The worker itself needs about 40 MB; holding either whole would take 200 to 300 MB more.
     #expect(kilobytes < 120_000, "peak resident memory \(kilobytes) KB")
+  }
+
+  /// `list` reads the start of each payload, never a whole one: listing jobs with 10 MB bodies
+  /// takes about what listing small ones does (it took 16 MB more per listed job).
+  @Test func listReadsOnlyTheStartOfEachPayload() async throws {
+    let time = URL(fileURLWithPath: "/usr/bin/time")
+    guard FileManager.default.isExecutableFile(atPath: time.path) else { return }  // GNU time measures
+    let sandbox = try Sandbox()
+    let body = sandbox.path("body.bin")
+    try #require(
+      FileManager.default.createFile(atPath: body, contents: Data(repeating: 0x61, count: 10 << 20)))
+    for index in 0..<8 {
+      try await sandbox.add([
+        "http", "POST", "http://127.0.0.1:9/upload/\(index)?token=T", "--data-file", body,
+      ])
+    }
+    let report = sandbox.path("rss.txt")
+    let running = try RunningConveyor(
+      executable: time,
+      arguments: [
+        "-f", "%M", "-o", report, try ConveyorBinary.required().path, "--database", sandbox.database, "list",
+      ], environment: ProcessInfo.processInfo.environment, folder: sandbox.folder)
+    let outcome = try await running.waitForExit(timeout: .seconds(60))
+    #expect(outcome.status == 0, "\(outcome)")
+    for index in 0..<8 {
+      #expect(outcome.stdout.contains("http POST http://127.0.0.1:9/upload/\(index)?…"), "\(outcome)")
+    }
+    let text = String(decoding: FileManager.default.contents(atPath: report) ?? Data(), as: UTF8.self)
+    let kilobytes = try #require(text.split(separator: "\n").compactMap { Int($0) }.last, "\(text)")
+    // The tool itself needs about 36 MB (37 MB measured with these jobs); the eight payloads are
+    // 110 MB of JSON, and listing them took 170 MB.
+    #expect(kilobytes < 80_000, "peak resident memory \(kilobytes) KB")
   }
 
   // MARK: 13. a command dies with its worker

@@ -73,6 +73,36 @@ import Testing
     #expect(status(text) == expected, "\(text.debugDescription)")
   }
 
+  /// The absolute form (RFC 9112 3.2.2), which a server must accept: its authority stands for
+  /// the `Host` field, whatever that said, and the rest is the target.
+  @Test func theAbsoluteFormIsAcceptedWithItsAuthorityAsTheHost() {
+    for (text, target, host) in [
+      (
+        "GET http://example.com:8080/jobs?x=1 HTTP/1.1\r\nHost: other\r\n\r\n", "/jobs?x=1",
+        "example.com:8080"
+      ),
+      ("GET HTTPS://Example.com HTTP/1.1\r\nHost: a\r\n\r\n", "/", "Example.com"),
+      ("GET http://[::1]:80?q HTTP/1.1\r\nHost: a\r\n\r\n", "/?q", "[::1]:80"),
+      ("GET http://h/ HTTP/1.0\r\n\r\n", "/", "h"),
+    ] {
+      guard case .complete(let head, _) = parse(text) else {
+        Issue.record("not complete: \(text.debugDescription) \(parse(text))")
+        continue
+      }
+      #expect(head.target == target, "\(text.debugDescription)")
+      #expect(
+        head.headers.filter { $0.name.lowercased() == "host" }.map(\.value) == [host],
+        "\(text.debugDescription)")
+    }
+    for text in [
+      "GET http://user@h/ HTTP/1.1\r\nHost: h\r\n\r\n", "GET http:///x HTTP/1.1\r\nHost: h\r\n\r\n",
+      "GET ftp://h/ HTTP/1.1\r\nHost: h\r\n\r\n", "GET * HTTP/1.1\r\nHost: h\r\n\r\n",
+      "GET http://h/ HTTP/1.1\r\n\r\n",
+    ] {
+      #expect(status(text) == 400, "\(text.debugDescription)")
+    }
+  }
+
   @Test func sizeLimitsApplyBeforeTheHeadIsComplete() {
     #expect(status("GET /" + String(repeating: "a", count: 80)) == 414)
     #expect(status("GET / HTTP/1.1\r\nX: " + String(repeating: "a", count: 300)) == 431)
@@ -87,6 +117,7 @@ import Testing
     limits.requestTimeout = .seconds(1)
     // Long enough that a loaded machine never idles out a test's first request.
     limits.idleTimeout = .seconds(10)
+    limits.headTimeout = .seconds(10)
     limits.maximumBodySize = 1000
     adjust(&limits)
     return try HTTPServer(host: "127.0.0.1", port: 0, limits: limits) { request in
@@ -140,7 +171,10 @@ import Testing
 
   @Test func hugeHeadsAndTargetsAreRefusedAfterTheLimit() async throws {
     // A loaded machine may take a while to send the head: the limit, not the timeout, must answer.
-    let server = try Self.makeServer { $0.requestTimeout = .seconds(20) }
+    let server = try Self.makeServer {
+      $0.requestTimeout = .seconds(20)
+      $0.headTimeout = .seconds(20)
+    }
     defer { server.stop() }
     let long = try RawClient(port: server.port)
     await long.send("GET /" + String(repeating: "a", count: 30_000) + " HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -212,6 +246,7 @@ import Testing
     let server = try Self.makeServer {
       $0.maximumConnections = 2
       $0.requestTimeout = .seconds(20)
+      $0.headTimeout = .seconds(20)
       $0.idleTimeout = .seconds(60)
     }
     defer { server.stop() }
@@ -241,7 +276,8 @@ import Testing
     var random = SplitMix(state: 12)
     let pieces = [
       "GET", " ", "/", "HTTP/1.1", "\r\n", "\n", "\r", ":", "Host", "Content-Length", "-1", "99999", "\0",
-      "\u{7F}", "é", "POST", "\t", "Transfer-Encoding", "chunked", "HTTP/1.0",
+      "\u{7F}", "é", "POST", "\t", "Transfer-Encoding", "chunked", "HTTP/1.0", "http://", "HTTPS://", "@",
+      "[::1]", "?", "#",
     ]
     for _ in 0..<40 {
       var text = ""
@@ -254,6 +290,83 @@ import Testing
       }
     }
     try await expectServes(server)
+  }
+
+  @Test func anAbsoluteFormRequestIsServed() async throws {
+    let server = try Self.makeServer()
+    defer { server.stop() }
+    let client = try RawClient(port: server.port)
+    await client.send("GET http://127.0.0.1:\(server.port)/ok?a=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+    let response = await client.readResponse()
+    #expect(response?.status == 200)
+    #expect(response?.body == "GET /ok?a=1 0")
+  }
+
+  /// Many connections from one peer, each sending a byte: they take that peer's share of the
+  /// slots, not all of them, so another peer is still served (with them all, it got 503).
+  @Test func onePeerCannotTakeEveryConnectionSlot() async throws {
+    // Long timeouts: the share, not the deadlines, is under test (on a loaded machine, opening
+    // the connections took longer than the head timeout, which then freed slots).
+    let server = try Self.makeServer {
+      $0.requestTimeout = .seconds(60)
+      $0.headTimeout = .seconds(60)
+      $0.idleTimeout = .seconds(60)
+    }
+    defer { server.stop() }
+    let (slots, share) = (server.limits.maximumConnections, server.limits.maximumConnectionsPerPeer)
+    #expect(share < slots)
+    var held: [RawClient] = []
+    for _ in 0..<slots {
+      let client = try RawClient(port: server.port, from: "127.0.0.2")
+      await client.send("G")
+      held.append(client)
+    }
+    // The peer's connections beyond its share are answered 503 at once.
+    var refused = 0
+    for client in held.suffix(slots - share) {
+      if await client.readResponse()?.status == 503 { refused += 1 }
+    }
+    #expect(refused == slots - share)
+    try await expectServes(server)
+    withExtendedLifetime(held) {}
+  }
+
+  /// A head that does not arrive within the head timeout is refused with 408, long before the
+  /// request timeout: a client trickling bytes holds a slot seconds, not a minute.
+  @Test func aHeadThatDoesNotArriveInTimeIsRefused() async throws {
+    let server = try Self.makeServer {
+      $0.requestTimeout = .seconds(60)
+      $0.idleTimeout = .seconds(60)
+      $0.headTimeout = .seconds(5)
+    }
+    defer { server.stop() }
+    let client = try RawClient(port: server.port, timeout: 30)
+    await client.send("GET /slow HTTP/1.1\r\nHost: x\r\n")
+    // Read with a 30 s bound: with only the request timeout (60 s) nothing came by then.
+    #expect(await client.readResponse()?.status == 408)
+    try await expectServes(server)
+  }
+
+  /// A request whose handler still runs when the stop's grace period ends is answered 503, and
+  /// the stop returns: before, the client got nothing and its connection was left waiting.
+  @Test func aRequestStillRunningWhenTheGraceEndsIsAnswered503() async throws {
+    let started = Atomic<Bool>(false)
+    let server = try HTTPServer(host: "127.0.0.1", port: 0) { request in
+      started.store(true, ordering: .releasing)
+      try? await Task.sleep(for: .seconds(120))
+      return .text(200, "late")
+    }
+    let client = try RawClient(port: server.port, timeout: 30)
+    await client.send("GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+    let deadline = ContinuousClock.now + .seconds(20)
+    while !started.load(ordering: .acquiring) && ContinuousClock.now < deadline {
+      try await Task.sleep(for: .milliseconds(10))
+    }
+    await blocking { server.stop(gracePeriod: .milliseconds(300)) }
+    let response = await client.readResponse()
+    #expect(response?.status == 503, "\(String(describing: response))")
+    #expect(response?.headers["connection"] == "close")
+    #expect(await client.isClosedByServer())
   }
 
   @Test func stopClosesIdleConnectionsAtOnce() async throws {

@@ -15,14 +15,28 @@ final class RawClient: Sendable {
   /// Bytes received and not yet returned; used by one call at a time.
   private let buffer = Mutex<[UInt8]>([])
 
-  /// Connects to 127.0.0.1:`port`; every read gives up after `timeout` (a bound a hang blows
-  /// through, not a pass criterion).
-  init(port: UInt16, timeout: Int = 30) throws {
+  /// Connects to 127.0.0.1:`port`, from the loopback address `source` (another peer to the
+  /// server, e.g. `127.0.0.2`, where Linux routes all of 127/8 to loopback); every read gives up
+  /// after `timeout` (a bound a hang blows through, not a pass criterion).
+  init(port: UInt16, timeout: Int = 30, from source: String? = nil) throws {
     #if canImport(Glibc)
       fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
     #else
       fd = socket(AF_INET, SOCK_STREAM, 0)
     #endif
+    if let source {
+      var local = sockaddr_in()
+      local.sin_family = sa_family_t(AF_INET)
+      local.sin_addr = in_addr(s_addr: inet_addr(source))
+      let bound = withUnsafePointer(to: &local) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+          bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+        }
+      }
+      guard bound == 0 else {
+        throw ClientError(description: "bind \(source): \(String(cString: strerror(errno)))")
+      }
+    }
     var address = sockaddr_in()
     address.sin_family = sa_family_t(AF_INET)
     address.sin_port = port.bigEndian

@@ -290,6 +290,95 @@ struct OpeningTests {
     #expect(error?.description.hasPrefix("\(path): cannot examine the database file (") == true)
   }
 
+  /// Paths that cannot name a database file are refused before anything is opened or created.
+  @Test(arguments: ["", "\0", "jobs\0.sqlite", "/tmp/\0/jobs.sqlite", "folder/", "/", "a//"])
+  func pathsThatCannotNameAFileAreRefused(_ path: String) throws {
+    let error = #expect(throws: SQLiteJobStoreError.self) { try SQLiteJobStore(path: path) }
+    #expect(error?.code == .invalidPath || error?.code == .notARegularFile, "\(path.debugDescription)")
+    #expect(error?.message.contains("pass the path of a database file") == true)
+  }
+
+  /// The folder part of a path, by plain bytes: Foundation's `deletingLastPathComponent` trapped
+  /// on a one-character relative path ("q", "-"), which killed any process opening one.
+  @Test func theFolderOfAnyPathIsFoundWithoutTrapping() {
+    let cases: [(String, String)] = [
+      ("q", ""), ("-", ""), ("é", ""), ("jobs.sqlite", ""), ("/q", "/"), ("//q", "/"), ("a/b", "a"),
+      ("a//b", "a"), ("/a/b/c", "/a/b"), ("a/", "a"), ("./q", "."), ("../q", ".."), ("é/ü", "é"),
+      ("a\u{301}/b", "a\u{301}"), ("/", "/"), ("", ""),
+    ]
+    for (path, folder) in cases {
+      #expect(PathCheck.folder(of: path) == folder, "\(path.debugDescription)")
+    }
+    var random = SeededRandom(seed: 4)
+    let pieces = ["/", ".", "..", "q", "é", "\u{301}", "\0", "😀", "-", " "]
+    for _ in 0..<5000 {
+      let path = (0..<Int.random(in: 0...8, using: &random)).map { _ in pieces.randomElement(using: &random)!
+      }
+      .joined()
+      let folder = PathCheck.folder(of: path)
+      #expect(path.utf8.starts(with: folder.utf8), "\(path.debugDescription)")
+      // (By bytes: "/" followed by a combining accent is one Character, not "/".)
+      #expect(folder.isEmpty == !path.utf8.contains(UInt8(ascii: "/")), "\(path.debugDescription)")
+    }
+  }
+
+  /// Names SQLite would read as something else than the file: `:memory:` (a database in memory)
+  /// and `file:` URIs (Debian's SQLite takes them by default). SQLite is given `./` before them.
+  @Test func sqliteIsGivenNamesItReadsAsFiles() {
+    #expect(PathCheck.sqliteFilename(":memory:") == "./:memory:")
+    #expect(PathCheck.sqliteFilename("file:jobs?mode=memory") == "./file:jobs?mode=memory")
+    #expect(PathCheck.sqliteFilename("jobs.sqlite") == "./jobs.sqlite")
+    #expect(PathCheck.sqliteFilename("/tmp/:memory:") == "/tmp/:memory:")
+  }
+
+  /// Hostile names in a real folder: each opens a database file of that name, or is refused with
+  /// a clear error; none traps, and a store opened again finds its job.
+  @Test func hostileFileNamesOpenAFileOrAreRefused() async throws {
+    let folder = try TemporaryFolder()
+    var names = [
+      ":memory:", "file:x?mode=memory", "-", "q", "é", "😀", "a b", "x-wal",
+      String(repeating: "n", count: 255),
+      String(repeating: "n", count: 256), "..", ".", "sub/q",
+    ]
+    var random = SeededRandom(seed: 9)
+    let alphabet = Array("-:?=&%#é😀 .q".unicodeScalars)
+    for _ in 0..<30 {
+      var scalars = String.UnicodeScalarView()
+      for _ in 0..<Int.random(in: 1...8, using: &random) {
+        scalars.append(alphabet.randomElement(using: &random)!)
+      }
+      names.append(String(scalars))
+    }
+    for name in names {
+      let path = folder.path(name)
+      do {
+        let store = try SQLiteJobStore(path: path)
+        _ = try await store.enqueue([NewJob(payload: payload("a"), runAt: epoch)], queue: "jobs", now: epoch)
+        await store.close()
+        #expect(FileManager.default.fileExists(atPath: path), "\(name.debugDescription) is a file")
+        let again = try SQLiteJobStore(path: path)
+        #expect(try await again.counts(queue: "jobs", now: epoch).ready >= 1, "\(name.debugDescription)")
+        await again.close()
+      } catch let error as SQLiteJobStoreError {
+        #expect(!error.message.isEmpty, "\(name.debugDescription)")
+      } catch let error as SQLiteError {
+        #expect(!error.message.isEmpty, "\(name.debugDescription)")
+      }
+    }
+  }
+
+  @Test func defaultLocationRefusesARelativeHome() throws {
+    #if !canImport(Darwin)
+      for home in ["q", "-", "relative/home"] {
+        let error = #expect(throws: SQLiteJobStoreError.self) {
+          try SQLiteJobStore.defaultDatabaseURL(name: "outbox", environment: ["HOME": home])
+        }
+        #expect(error?.code == .cannotCreate)
+        #expect(error?.message.contains("HOME is not an absolute path") == true)
+      }
+    #endif
+  }
+
   @Test func defaultLocationFollowsXDGAndValidatesNames() throws {
     let folder = try TemporaryFolder()
     #if !canImport(Darwin)

@@ -1,0 +1,77 @@
+import Conveyor
+import Foundation
+
+// Listing jobs with the start of each payload only (`JobSummaryListing`): the listing's
+// statements with `substring(payload FROM 1 FOR n)` and `octet_length(payload)` for the payload,
+// so the server sends at most n bytes of each (and reads no more of a payload stored
+// uncompressed out of line).
+
+extension PostgresJobStore: JobSummaryListing {
+  /// The page `jobs(queue:status:after:limit:)` returns, each payload sent up to its first
+  /// `payloadPrefix` bytes only.
+  public func readJobSummaries(
+    queue: String, status: JobStatus?, after: JobID?, limit: Int, payloadPrefix: Int
+  ) async throws -> [JobSummary] {
+    guard limit > 0 else { return [] }
+    let text = SummarySQL.list(sql.schema)
+    let statuses: PostgresValue = status.map { .textArray(Self.stored($0)) } ?? .null(oid: 1009)
+    let parameters: [PostgresValue] = [
+      .text(queue), .int64(after?.rawValue ?? Int64.min), .int64(Int64(limit)), statuses,
+      .int64(Int64(min(max(payloadPrefix, 0), Int(Int32.max)))),
+    ]
+    return try await connection.perform(idempotent: true) { db in
+      // Not prepared, as the listing is not.
+      let rows = try db.execute(text, parameters, prepared: false)
+      return try (0..<rows.count).map { try Self.summary(rows, $0) }
+    }
+  }
+
+  /// The job `job(_:)` finds, its payload sent up to its first `payloadPrefix` bytes only.
+  public func readJobSummary(_ id: JobID, payloadPrefix: Int) async throws -> JobSummary? {
+    let text = SummarySQL.job(sql.schema)
+    let parameters: [PostgresValue] = [
+      .int64(id.rawValue), .int64(Int64(min(max(payloadPrefix, 0), Int(Int32.max)))),
+    ]
+    return try await connection.perform(idempotent: true) { db in
+      let rows = try db.execute(text, parameters, prepared: false)
+      return rows.count > 0 ? try Self.summary(rows, 0) : nil
+    }
+  }
+
+  private static func summary(_ rows: QueryResult, _ row: Int) throws -> JobSummary {
+    JobSummary(
+      record: try record(rows, row), payloadSize: Int(clamping: rows.int64(row, SummarySQL.sizeColumn)))
+  }
+}
+
+/// The statements of `PostgresJobStore+Summaries.swift`.
+enum SummarySQL {
+  /// ``SQL/columns`` with the payload's first `$n` bytes for the payload, then its size.
+  static func columns(prefixParameter: Int) -> String {
+    SQL.columns.replacingOccurrences(
+      of: "payload,", with: "substring(payload FROM 1 FOR $\(prefixParameter)::integer) AS payload,")
+      + ", octet_length(payload)::bigint AS payload_size"
+  }
+
+  /// Where the payload's size is.
+  static let sizeColumn = 13
+
+  /// `SQL.list` with summaries. Parameters: queue, after, limit, statuses, prefix.
+  static func list(_ schema: String) -> String {
+    """
+    SELECT \(SQL.columns("page")), page.payload_size FROM
+      unnest(coalesce($4::text[], ARRAY['ready', 'scheduled', 'running', 'dead'])) AS wanted (status)
+      CROSS JOIN LATERAL (
+        SELECT \(columns(prefixParameter: 5)) FROM \(schema).jobs
+        WHERE queue = $1 AND status = wanted.status AND id > $2
+        ORDER BY id LIMIT $3
+      ) AS page
+    ORDER BY page.id LIMIT $3
+    """
+  }
+
+  /// `SQL.job` with a summary. Parameters: id, prefix.
+  static func job(_ schema: String) -> String {
+    "SELECT \(columns(prefixParameter: 2)) FROM \(schema).jobs WHERE id = $1"
+  }
+}
