@@ -64,6 +64,9 @@ enum CLI {
           names: ["--until-idle"], value: nil,
           help: "stop when no job is ready or running (leaves scheduled jobs for later)"),
         OptionSpec(names: ["--json"], value: nil, help: "one JSON object per event"),
+        OptionSpec(
+          names: ["--wait-for-database"], value: "S",
+          help: "seconds to wait for a PostgreSQL server that is not up yet (default 60)"),
       ]),
     CommandSpec(
       name: "status", operands: "", summary: "counts by status, and whether the queue is paused",
@@ -292,6 +295,33 @@ enum CLI {
       return store
     }
 
+    /// Opens the store once, as ``openStore(busyTimeout:)`` does, waiting up to `wait` for a
+    /// PostgreSQL server that cannot be reached yet (a worker started before its database). Says
+    /// once on standard error that it waits; a signal (`signals`) ends the wait: then it returns
+    /// false and nothing is open.
+    func openStoreWaiting(busyTimeout: Duration, wait: Duration, signals: SignalWatcher) async throws -> Bool
+    {
+      guard opened == nil, case .postgres(let text) = database else { return true }
+      let options = PostgresJobStore.Options(lockTimeout: busyTimeout, startupWait: wait)
+      let opening = Task {
+        try await PostgresJobStore.open(url: text, options: options) { error in
+          printError(
+            "conveyor: waiting up to \(wait) for the database (\(Secrets.scrub(error.message))); "
+              + "SIGINT or SIGTERM stops")
+        }
+      }
+      signals.handle { _ in opening.cancel() }
+      defer { signals.handle(with: nil) }
+      do {
+        let store = try await opening.value
+        opened = store
+        databaseDescription = "postgres://" + store.target
+        return true
+      } catch is CancellationError {
+        return false
+      }
+    }
+
     /// Closes the store, if one was opened.
     func close() async {
       guard let store = opened else { return }
@@ -512,6 +542,7 @@ enum CLI {
     let untilEmpty = arguments.flag("--until-empty")
     let untilIdle = arguments.flag("--until-idle")
     let json = arguments.flag("--json")
+    let wait = try arguments.seconds("--wait-for-database") ?? .seconds(60)
     try arguments.finish()
     if untilEmpty && untilIdle {
       throw UsageError(description: "use --until-empty or --until-idle, not both")
@@ -519,10 +550,19 @@ enum CLI {
     let options = Worker.Options(
       concurrency: concurrency, maxAttempts: maxAttempts, leaseDuration: lease, untilEmpty: untilEmpty,
       untilIdle: untilIdle, output: json ? .json : (isatty(STDOUT_FILENO) == 1 ? .live : .lines))
+    // One watcher from here to the end: a signal while the database is awaited ends the wait; one
+    // after it stops the queue.
+    let signals = SignalWatcher()
+    defer { signals.cancel() }
     // A short lease needs a short lock wait: a worker waiting longer could lose a running job.
-    let store = try context.openStore(busyTimeout: min(.seconds(5), lease / 2))
+    let busyTimeout = min(.seconds(5), lease / 2)
+    guard try await context.openStoreWaiting(busyTimeout: busyTimeout, wait: wait, signals: signals) else {
+      printError("conveyor: stopped while waiting for the database")
+      return ExitCode.success.rawValue
+    }
+    let store = try context.openStore(busyTimeout: busyTimeout)
     let worker = try Worker(store: store, queue: context.queue, options: options)
-    return await worker.run()
+    return await worker.run(signals: signals)
   }
 
   // MARK: inspection and control

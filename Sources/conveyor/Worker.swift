@@ -65,11 +65,11 @@ final class Worker: Sendable {
 
   /// Works until stopped by SIGINT, SIGTERM or SIGHUP (or, with `untilEmpty`, until no pending or running
   /// job is left); returns the exit code.
-  func run() async -> Int32 {
+  func run(signals: SignalWatcher = SignalWatcher()) async -> Int32 {
     // Subscribed before the queue starts, so no event is missed; the queue's last event is its
     // stop, after every job's outcome, so the tally is complete when `report` returns.
     let events = queue.events
-    let signals = SignalWatcher { [self, queue, options] count in
+    signals.handle { [self, queue, options] count in
       if count == 1 {
         printError("conveyor: stopping; running jobs get \(options.gracePeriod) to finish (again to force)")
         Task { await queue.shutdown(gracePeriod: options.gracePeriod) }
@@ -244,29 +244,58 @@ struct EventLine: Encodable {
   }
 }
 
-/// Calls `handler` with a running count for each SIGINT, SIGTERM or SIGHUP, instead of dying.
+/// Calls its handler with a running count for each SIGINT, SIGTERM or SIGHUP, instead of dying.
 ///
 /// SIGHUP counts as a stop request because it usually means the terminal running `work` closed:
 /// running commands still get their grace period instead of being cut off with their jobs held.
+///
+/// One watcher spans a whole `work`: the wait for the database, then the queue. The handler can be
+/// replaced (``handle(with:)``); a signal that arrives while no handler is set is kept and given
+/// to the next one, so none is lost between the two.
 final class SignalWatcher {
   private let sources: [any DispatchSourceSignal]
+  private struct State {
+    var count = 0
+    var delivered = 0
+    var handler: (@Sendable (Int) -> Void)?
+  }
+  /// The count and handler, shared with the signal sources' handlers.
+  private final class Shared: Sendable {
+    let state = Mutex(State())
+  }
+  private let shared = Shared()
 
-  init(_ handler: @escaping @Sendable (Int) -> Void) {
-    let count = Mutex(0)
+  init(_ handler: (@Sendable (Int) -> Void)? = nil) {
+    let shared = self.shared
+    shared.state.withLock { $0.handler = handler }
     let queue = DispatchQueue(label: "conveyor.signals")
     sources = [SIGINT, SIGTERM, SIGHUP].map { number in
       signal(number, SIG_IGN)
       let source = DispatchSource.makeSignalSource(signal: number, queue: queue)
       source.setEventHandler {
-        handler(
-          count.withLock { value in
-            value += 1
-            return value
-          })
+        let (handler, count) = shared.state.withLock { state -> ((@Sendable (Int) -> Void)?, Int) in
+          state.count += 1
+          guard let handler = state.handler else { return (nil, state.count) }
+          state.delivered = state.count
+          return (handler, state.count)
+        }
+        handler?(count)
       }
       source.resume()
       return source
     }
+  }
+
+  /// Sets the handler (nil: keep signals for the next one); a signal kept meanwhile is given to it
+  /// at once, with the count so far.
+  func handle(with handler: (@Sendable (Int) -> Void)?) {
+    let kept = shared.state.withLock { state -> Int? in
+      state.handler = handler
+      guard handler != nil, state.count > state.delivered else { return nil }
+      state.delivered = state.count
+      return state.count
+    }
+    if let kept, let handler { handler(kept) }
   }
 
   func cancel() {

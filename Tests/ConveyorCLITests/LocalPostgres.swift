@@ -71,6 +71,18 @@ final class LocalPostgres: Sendable {
     }
   }
 
+  /// Starts the server again after ``stop()``, on the same port.
+  func startAgain() async throws {
+    try await onThreadThrowing { [self] in
+      try asOwner(
+        "\(binaries)/pg_ctl",
+        [
+          "-D", folder + "/data", "start", "-w", "-t", "60", "-l", folder + "/server.log", "-o",
+          "-p \(port) -k \(folder) -c listen_addresses=127.0.0.1 -c fsync=off",
+        ])
+    }
+  }
+
   /// Stops the server at once (`pg_ctl stop -m immediate`): clients' connections break and new
   /// ones are refused, as when a database server goes down.
   func stop() {

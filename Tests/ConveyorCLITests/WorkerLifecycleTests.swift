@@ -60,6 +60,36 @@ import Testing
     #expect(try await sandbox.counts() == counts(scheduled: 1))
   }
 
+  @Test(.enabled(if: LocalPostgres.binaries != nil))
+  func aWorkerStartedBeforeItsDatabaseWaitsForItThenWorks() async throws {
+    let sandbox = try Sandbox()
+    let server = try await LocalPostgres.start(in: sandbox)
+    let added = try await sandbox.run(
+      ["--database", server.url, "add", "exec", "--", "true"], withDatabase: false)
+    #expect(added.status == 0, "\(added)")
+    server.stop()
+    let worker = try sandbox.start(
+      ["--database", server.url, "work", "--until-empty", "--json"], withDatabase: false)
+    try await worker.waitUntil("the worker to say it waits") { worker.stderr.contains("waiting up to") }
+    try await server.startAgain()
+    let done = try await worker.waitForExit(timeout: .seconds(60))
+    #expect(done.status == 0, "\(done)")
+    #expect(try done.objects().contains { $0["event"] as? String == "succeeded" })
+    #expect(done.stderr.components(separatedBy: "waiting up to").count == 2, "said once: \(done.stderr)")
+  }
+
+  @Test func aSignalEndsTheWaitForTheDatabaseAtOnce() async throws {
+    let sandbox = try Sandbox()
+    let url = "postgresql://postgres@127.0.0.1:1/postgres"
+    let worker = try sandbox.start(
+      ["--database", url, "work", "--wait-for-database", "600"], withDatabase: false)
+    try await worker.waitUntil("the worker to say it waits") { worker.stderr.contains("waiting up to") }
+    worker.signal(SIGTERM)
+    let stopped = try await worker.waitForExit(timeout: .seconds(15))
+    #expect(stopped.status == 0, "\(stopped)")
+    #expect(stopped.stderr.contains("stopped while waiting for the database"), "\(stopped)")
+  }
+
   @Test func aSecondSignalForcesExit130StopsTheCommandAndKeepsTheJob() async throws {
     let sandbox = try Sandbox()
     let marker = sandbox.path("finished.txt")
