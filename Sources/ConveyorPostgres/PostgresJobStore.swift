@@ -129,6 +129,8 @@ public final class PostgresJobStore: JobStore {
   let sql: SQL
   let connection: SerializedConnection
   let listener: Listener
+  /// Adds waiting to be committed together (see ``enqueue(_:queue:clock:)``).
+  let adds = EnqueueGroups()
 
   /// Connects, creates or migrates the schema, and returns the store. Blocks the calling thread
   /// while it connects; from an `async` context prefer ``open(url:options:)``.
@@ -329,115 +331,268 @@ public final class PostgresJobStore: JobStore {
 
   /// Commits new jobs to a queue in one transaction, in order, skipping duplicates by key.
   ///
+  /// Returns once the jobs are committed. A call made while no other add of this store is under
+  /// way runs at once (a lone caller may wait on its own thread for the answer). Calls that arrive
+  /// while another add is under way wait for it, then are committed together, in one transaction
+  /// (group commit: one commit, so one flush of the server's log, for all of them), each getting
+  /// its own jobs' IDs. When a call of a group fails, the group is rolled back and each of its
+  /// calls runs again alone, so one call's failure fails only that call. A call cancelled while it
+  /// waits for its group is not added and throws `CancellationError`; once its group is under way
+  /// it is committed all the same.
+  ///
   /// Not run again when the connection breaks while committing (the jobs could be added twice):
-  /// that case throws ``PostgresError/Code/commitUnknown``.
+  /// that case throws ``PostgresError/Code/commitUnknown`` (to every call of the group).
   public func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
     if jobs.isEmpty { return [] }
+    let call = EnqueueCall(jobs: jobs, queue: queue, now: now(clock))
     let sql = self.sql
-    let now = now(clock)
-    // Within the batch, a later job with an earlier job's key is that job. Keys are compared by
-    // their bytes, as the database compares them (`String` takes canonically equivalent texts, a
-    // precomposed and a decomposed "é", for one key).
-    var firstWithKey: [Data: Int] = [:]
-    var sameAs: [Int?] = []
-    for (index, job) in jobs.enumerated() {
-      if let key = job.deduplicationKey.map({ Data($0.utf8) }), let first = firstWithKey[key] {
-        sameAs.append(first)
-      } else {
-        if let key = job.deduplicationKey { firstWithKey[Data(key.utf8)] = index }
-        sameAs.append(nil)
+    switch adds.arrive(call) {
+    case .lead:
+      defer { flushWaitingAdds() }
+      return try await connection.perform(idempotent: false) { db in try Self.commit(call, sql: sql, db: db) }
+    case .follow(let ticket):
+      return try await withTaskCancellationHandler {
+        try await ticket.promise.valueIgnoringCancellation
+      } onCancel: { [adds] in
+        if adds.withdraw(ticket) { ticket.promise.fulfil(.failure(CancellationError())) }
       }
     }
-    let keys = firstWithKey.keys.sorted { $0.lexicographicallyPrecedes($1) }
-    let candidates = sameAs.indices.filter { sameAs[$0] == nil }
-    let batch = sameAs
-    return try await connection.perform(idempotent: false) { db in
-      let work = { () throws -> [EnqueueResult] in
-        var existing: [Data: Int64] = [:]
-        if !keys.isEmpty {
-          try db.execute(sql.lockKeys, [.text(queue), .byteaArray(keys)])
-          let found = try db.execute(sql.findDuplicates, [.text(queue), .byteaArray(keys)])
-          for row in 0..<found.count { existing[found.data(row, 0)] = found.int64(row, 1) }
-        }
-        let inserting = candidates.filter { index in
-          jobs[index].deduplicationKey.map { existing[Data($0.utf8)] == nil } ?? true
-        }
-        var ids: [Int64] = []
-        if inserting.count == 1, let index = inserting.first {
-          let job = jobs[index]
-          let rows = try db.execute(
-            sql.insertOne,
-            [
-              .text(queue), .bytea(job.payload), .int64(Int64(job.priority)),
-              Self.delay(job.runTime).map(PostgresValue.int64) ?? .null(oid: PostgresValue.int8OID),
-              .timestamp(Self.date(job.runTime)),
-              job.deduplicationKey.map { .bytea(Data($0.utf8)) } ?? .null(oid: PostgresValue.byteaOID), now,
-            ])
-          guard rows.count == 1 else {
-            throw PostgresError(code: .protocolViolation, message: "inserted \(rows.count) jobs of 1")
-          }
-          ids = [rows.int64(0, 0)]
-        } else if !inserting.isEmpty {
-          let first = jobs[inserting[0]]
-          let uniform = inserting.allSatisfy { index in
-            let job = jobs[index]
-            return job.deduplicationKey == nil && job.priority == first.priority
-              && job.runTime == first.runTime
-          }
-          let rows =
-            uniform
-            ? try db.execute(
-              sql.insertUniform,
-              [
-                .text(queue), .byteaArray(inserting.map { jobs[$0].payload }), .int64(Int64(first.priority)),
-                Self.delay(first.runTime).map(PostgresValue.int64) ?? .null(oid: PostgresValue.int8OID),
-                .timestamp(Self.date(first.runTime)), now,
-              ])
-            : try db.execute(
-              sql.insert,
-              [
-                .text(queue), .byteaArray(inserting.map { jobs[$0].payload }),
-                .int64Array(inserting.map { Int64(jobs[$0].priority) }),
-                .int64Array(inserting.map { Self.delay(jobs[$0].runTime) }),
-                .timestampArray(inserting.map { Self.date(jobs[$0].runTime) }),
-                .byteaArray(inserting.map { jobs[$0].deduplicationKey.map { Data($0.utf8) } }), now,
-              ])
-          // The IDs, and the wake-up's row (NULL).
-          ids = (0..<rows.count).filter { !rows.isNull($0, 0) }.map { rows.int64($0, 0) }.sorted()
-          guard ids.count == inserting.count else {
-            throw PostgresError(
-              code: .protocolViolation, message: "inserted \(ids.count) jobs of \(inserting.count)")
-          }
-        }
-        var results = [EnqueueResult?](repeating: nil, count: jobs.count)
-        for (position, index) in inserting.enumerated() {
-          results[index] = EnqueueResult(id: JobID(ids[position]), inserted: true)
-        }
-        for index in candidates where results[index] == nil {
-          let key = Data(jobs[index].deduplicationKey!.utf8)
-          results[index] = EnqueueResult(id: JobID(existing[key]!), inserted: false)
-        }
-        for index in jobs.indices {
-          if let first = batch[index] {
-            results[index] = EnqueueResult(id: results[first]!.id, inserted: false)
-          }
-        }
-        return results.map { $0! }
+  }
+
+  /// Commits the adds that arrived while one was under way, as one group on the store's thread,
+  /// then the ones that arrived meanwhile, until none waits.
+  private func flushWaitingAdds() {
+    let group = adds.leadEnded()
+    guard !group.isEmpty else { return }
+    let sql = self.sql
+    connection.submit(idempotent: false) { db in
+      try Self.commitGroup(group.map(\.call), sql: sql, db: db)
+    } completion: { [self] outcome in
+      switch outcome {
+      case .success(let results):
+        for (ticket, result) in zip(group, results) { ticket.promise.fulfil(result) }
+      case .failure(let error):
+        for ticket in group { ticket.promise.fulfil(.failure(error)) }
       }
-      // A batch without keys is one statement, atomic on its own.
-      do {
-        return keys.isEmpty ? try work() : try db.transaction(work)
-      } catch let error as PostgresError where error.sqlState == "54000" && !keys.isEmpty {
-        // An index entry over PostgreSQL's limit: with a key, the key is what made it so.
-        let longest = keys.map(\.count).max() ?? 0
-        throw PostgresError(
-          code: error.code,
-          message: "a deduplication key of \(longest) bytes is too long for PostgreSQL's index of keys "
-            + "(about 2,700 bytes with the queue name, after compression); nothing of this add was "
-            + "stored: use a shorter key, such as a hash of it",
-          sqlState: error.sqlState, sql: error.sql, detail: error.message)
+      flushWaitingAdds()
+    }
+  }
+
+  /// One call of ``enqueue(_:queue:clock:)``, ready to commit: its jobs, and which of them share a
+  /// deduplication key.
+  struct EnqueueCall: Sendable {
+    var jobs: [NewJob]
+    var queue: String
+    var now: PostgresValue
+    /// The call's distinct keys, in byte order (the order their locks are taken in).
+    var keys: [Data]
+    /// The jobs that are not the same as an earlier job of the call.
+    var candidates: [Int]
+    /// For each job, the earlier job of the call with its key (nil: none).
+    var sameAs: [Int?]
+
+    init(jobs: [NewJob], queue: String, now: PostgresValue) {
+      self.jobs = jobs
+      self.queue = queue
+      self.now = now
+      // Within the batch, a later job with an earlier job's key is that job. Keys are compared by
+      // their bytes, as the database compares them (`String` takes canonically equivalent texts,
+      // a precomposed and a decomposed "é", for one key).
+      var firstWithKey: [Data: Int] = [:]
+      var sameAs: [Int?] = []
+      for (index, job) in jobs.enumerated() {
+        if let key = job.deduplicationKey.map({ Data($0.utf8) }), let first = firstWithKey[key] {
+          sameAs.append(first)
+        } else {
+          if let key = job.deduplicationKey { firstWithKey[Data(key.utf8)] = index }
+          sameAs.append(nil)
+        }
+      }
+      self.sameAs = sameAs
+      keys = firstWithKey.keys.sorted { $0.lexicographicallyPrecedes($1) }
+      candidates = sameAs.indices.filter { sameAs[$0] == nil }
+    }
+
+    /// The payload and key bytes of the call: what bounds a group.
+    var bytes: Int { jobs.reduce(0) { $0 + $1.payload.count + ($1.deduplicationKey?.utf8.count ?? 0) } }
+  }
+
+  /// Commits one call in its own transaction (a call without keys is one statement, atomic on its
+  /// own).
+  static func commit(_ call: EnqueueCall, sql: SQL, db: Connection) throws -> [EnqueueResult] {
+    do {
+      return call.keys.isEmpty
+        ? try insert(call, sql: sql, db: db) : try db.transaction { try insert(call, sql: sql, db: db) }
+    } catch let error as PostgresError where error.sqlState == "54000" && !call.keys.isEmpty {
+      // An index entry over PostgreSQL's limit: with a key, the key is what made it so.
+      let longest = call.keys.map(\.count).max() ?? 0
+      throw PostgresError(
+        code: error.code,
+        message: "a deduplication key of \(longest) bytes is too long for PostgreSQL's index of keys "
+          + "(about 2,700 bytes with the queue name, after compression); nothing of this add was "
+          + "stored: use a shorter key, such as a hash of it",
+        sqlState: error.sqlState, sql: error.sql, detail: error.message)
+    }
+  }
+
+  /// Commits several calls in one transaction: without keys, their insert statements in one
+  /// pipeline (one round trip, one commit); with keys, one after another in a transaction. When
+  /// one of them fails, the transaction is rolled back and each call runs again alone, so each
+  /// call gets its own outcome. A connection lost while the group committed throws (the caller
+  /// reports it to every call); a connection lost while the calls run alone ends the calls not
+  /// yet run with an error saying nothing of them was stored.
+  static func commitGroup(_ calls: [EnqueueCall], sql: SQL, db: Connection) throws
+    -> [Result<[EnqueueResult], any Error>]
+  {
+    do {
+      if calls.allSatisfy(\.keys.isEmpty) {
+        let statements = calls.map { insertStatement($0, inserting: $0.candidates, sql: sql) }
+        let results = try db.pipeline(statements)
+        return try zip(calls, results).map { call, rows in
+          .success(
+            try Self.results(call, existing: [:], ids: try insertedIDs(rows, expected: call.candidates.count))
+          )
+        }
+      }
+      let results = try db.transaction { try calls.map { try insert($0, sql: sql, db: db) } }
+      return results.map { .success($0) }
+    } catch let error as PostgresError where error.isConnectionLoss {
+      throw error
+    } catch {
+      // One call's own failure (a trigger's refusal, a key too long): each call alone.
+      var outcomes: [Result<[EnqueueResult], any Error>] = []
+      for call in calls {
+        if let lost = outcomes.lazy.compactMap({ Self.connectionLoss(in: $0) }).first {
+          outcomes.append(
+            .failure(
+              PostgresError(
+                code: .connectionFailed,
+                message:
+                  "the connection broke before this add was sent (\(lost.message)); nothing of it was stored")
+            ))
+          continue
+        }
+        outcomes.append(
+          Result {
+            do {
+              return try commit(call, sql: sql, db: db)
+            } catch let error as PostgresError where error.isConnectionLoss && db.lostDuringCommit {
+              throw PostgresError(
+                code: .commitUnknown,
+                message: "the connection broke while the transaction was committing (\(error.message)); "
+                  + "whether it committed is unknown", sqlState: error.sqlState, sql: error.sql)
+            }
+          })
+      }
+      return outcomes
+    }
+  }
+
+  /// The connection loss an outcome failed with, if any.
+  private static func connectionLoss(in outcome: Result<[EnqueueResult], any Error>) -> PostgresError? {
+    guard case .failure(let error as PostgresError) = outcome,
+      error.isConnectionLoss || error.code == .commitUnknown
+    else { return nil }
+    return error
+  }
+
+  /// Runs a call's statements on `db` (inside a transaction when it has keys): the key locks and
+  /// the look for waiting duplicates, then one insert of the jobs to add.
+  private static func insert(_ call: EnqueueCall, sql: SQL, db: Connection) throws -> [EnqueueResult] {
+    var existing: [Data: Int64] = [:]
+    if !call.keys.isEmpty {
+      try db.execute(sql.lockKeys, [.text(call.queue), .byteaArray(call.keys)])
+      let found = try db.execute(sql.findDuplicates, [.text(call.queue), .byteaArray(call.keys)])
+      for row in 0..<found.count { existing[found.data(row, 0)] = found.int64(row, 1) }
+    }
+    let inserting = call.candidates.filter { index in
+      call.jobs[index].deduplicationKey.map { existing[Data($0.utf8)] == nil } ?? true
+    }
+    var ids: [Int64] = []
+    if !inserting.isEmpty {
+      let statement = insertStatement(call, inserting: inserting, sql: sql)
+      ids = try insertedIDs(try db.execute(statement.sql, statement.parameters), expected: inserting.count)
+    }
+    return try results(call, existing: existing, ids: ids, inserting: inserting)
+  }
+
+  /// The statement that inserts the jobs at `inserting` (not empty): one job with scalar
+  /// parameters; jobs that share priority and run time without keys with one array; others with
+  /// an array per column.
+  private static func insertStatement(_ call: EnqueueCall, inserting: [Int], sql: SQL)
+    -> (sql: String, parameters: [PostgresValue])
+  {
+    let jobs = call.jobs
+    let queue = call.queue
+    if inserting.count == 1, let index = inserting.first {
+      let job = jobs[index]
+      return (
+        sql.insertOne,
+        [
+          .text(queue), .bytea(job.payload), .int64(Int64(job.priority)),
+          delay(job.runTime).map(PostgresValue.int64) ?? .null(oid: PostgresValue.int8OID),
+          .timestamp(date(job.runTime)),
+          job.deduplicationKey.map { .bytea(Data($0.utf8)) } ?? .null(oid: PostgresValue.byteaOID), call.now,
+        ]
+      )
+    }
+    let first = jobs[inserting[0]]
+    let uniform = inserting.allSatisfy { index in
+      let job = jobs[index]
+      return job.deduplicationKey == nil && job.priority == first.priority && job.runTime == first.runTime
+    }
+    if uniform {
+      return (
+        sql.insertUniform,
+        [
+          .text(queue), .byteaArray(inserting.map { jobs[$0].payload }), .int64(Int64(first.priority)),
+          delay(first.runTime).map(PostgresValue.int64) ?? .null(oid: PostgresValue.int8OID),
+          .timestamp(date(first.runTime)), call.now,
+        ]
+      )
+    }
+    return (
+      sql.insert,
+      [
+        .text(queue), .byteaArray(inserting.map { jobs[$0].payload }),
+        .int64Array(inserting.map { Int64(jobs[$0].priority) }),
+        .int64Array(inserting.map { delay(jobs[$0].runTime) }),
+        .timestampArray(inserting.map { date(jobs[$0].runTime) }),
+        .byteaArray(inserting.map { jobs[$0].deduplicationKey.map { Data($0.utf8) } }), call.now,
+      ]
+    )
+  }
+
+  /// The IDs an insert statement returned (the batch statements add a NULL row, the wake-up's),
+  /// in ascending order, checked to be as many as the jobs inserted.
+  private static func insertedIDs(_ rows: QueryResult, expected: Int) throws -> [Int64] {
+    let ids = (0..<rows.count).filter { !rows.isNull($0, 0) }.map { rows.int64($0, 0) }.sorted()
+    guard ids.count == expected else {
+      throw PostgresError(code: .protocolViolation, message: "inserted \(ids.count) jobs of \(expected)")
+    }
+    return ids
+  }
+
+  /// Each job's result: its new ID (`ids`, in the order of `inserting`), the ID of the waiting
+  /// job that holds its key (`existing`), or that of the earlier job of the call with its key.
+  private static func results(
+    _ call: EnqueueCall, existing: [Data: Int64], ids: [Int64], inserting: [Int]? = nil
+  ) throws -> [EnqueueResult] {
+    let inserting = inserting ?? call.candidates
+    var results = [EnqueueResult?](repeating: nil, count: call.jobs.count)
+    for (position, index) in inserting.enumerated() {
+      results[index] = EnqueueResult(id: JobID(ids[position]), inserted: true)
+    }
+    for index in call.candidates where results[index] == nil {
+      let key = Data(call.jobs[index].deduplicationKey!.utf8)
+      results[index] = EnqueueResult(id: JobID(existing[key]!), inserted: false)
+    }
+    for index in call.jobs.indices {
+      if let first = call.sameAs[index] {
+        results[index] = EnqueueResult(id: results[first]!.id, inserted: false)
       }
     }
+    return results.map { $0! }
   }
 
   private static func delay(_ runTime: RunTime) -> Int64? {

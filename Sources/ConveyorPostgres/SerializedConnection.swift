@@ -212,6 +212,25 @@ final class SerializedConnection: @unchecked Sendable {
     }
   }
 
+  /// Runs `body` on the connection's thread as ``perform(idempotent:retrying:_:)`` does (reconnecting
+  /// and running it again after a connection loss), with no caller waiting for it: `completion`
+  /// gets the outcome, on the thread. Nobody can cancel it: for work several callers share (a
+  /// group of adds), which none of them may cut short.
+  func submit<T: Sendable>(
+    idempotent: Bool, _ body: @escaping @Sendable (Connection) throws -> T,
+    completion: @escaping @Sendable (Result<T, any Error>) -> Void
+  ) {
+    let operation = Operation()
+    thread.submit {
+      _ = operation.start()
+      let start = DispatchTime.now().uptimeNanoseconds
+      let result = Result { try self.run(idempotent: idempotent, retrying: true, operation, body) }
+      self.lastRun.store(DispatchTime.now().uptimeNanoseconds &- start, ordering: .relaxed)
+      _ = operation.finish()
+      completion(result)
+    }
+  }
+
   /// Sends `PQcancel` while the operation's block runs, again every 50 ms: a cancel request that
   /// reaches the server between two statements is ignored, so one request could be lost.
   /// A server that does not act on the request (it stopped answering) cannot end the call that

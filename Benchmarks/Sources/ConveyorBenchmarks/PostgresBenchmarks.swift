@@ -22,7 +22,11 @@ func runPostgresBenchmarks() async throws {
   if only == "hop" { return try await bench.runHop() }
   if only == "drain" { return try await bench.runSingleDrains() }
   if only == "insert100" { return try await bench.runBatchInsert() }
-  if only == nil || only == "store" { try await bench.runStoreSection() }
+  if only == "percall" { return try await bench.runConcurrentAdds() }
+  if only == nil || only == "store" {
+    try await bench.runStoreSection()
+    try await bench.runConcurrentAdds()
+  }
   if only == nil || only == "queue" { try await bench.runQueueSection() }
   if only == nil || only == "backlog" { try await bench.runBacklogSection() }
   if only == nil || only == "latency" { try await bench.runLatencySection() }
@@ -173,6 +177,29 @@ private struct PostgresBench {
     ).print()
   }
 
+  /// Eight tasks adding one job per call to one store against one task doing the same: the adds
+  /// that arrive while one is under way are committed as one group. The row names the server's
+  /// `fsync` and `synchronous_commit`: with them on (`POSTGRES_OPTIONS="-c fsync=on -c
+  /// synchronous_commit=on"`), every commit waits for the disk, which is what grouping saves
+  /// (CONVEYOR_BENCH_POSTGRES=percall).
+  func runConcurrentAdds() async throws {
+    let raw = try RawConnection(url)
+    let fsync = try raw.text("SHOW fsync")
+    let synchronous = try raw.text("SHOW synchronous_commit")
+    section(
+      "PostgreSQL: concurrent adds, one job per call (fsync=\(fsync), synchronous_commit=\(synchronous))")
+    let count = 4_000
+    let (eight, one) = try await interleaved {
+      try await storeInsert(count, batch: 1, tasks: 8)
+    } baseline: {
+      try await storeInsert(count, batch: 1, tasks: 1)
+    }
+    Comparison(
+      name: "8 tasks, 1 per call (fsync=\(fsync))", count: count, seconds: eight,
+      baselineName: "1 task, 1 per call", baselineSeconds: one, goal: fsync == "on" ? 2 : nil
+    ).print()
+  }
+
   /// Seconds to insert `count` jobs with raw libpq, `batch` per transaction.
   func rawInsert(_ count: Int, batch: Int, notify: Bool = false) throws -> Double {
     let schema = newSchema("raw")
@@ -183,15 +210,24 @@ private struct PostgresBench {
     return seconds(since: start)
   }
 
-  /// Seconds to enqueue `count` jobs through the store, `batch` per call.
-  func storeInsert(_ count: Int, batch: Int) async throws -> Double {
+  /// Seconds to enqueue `count` jobs through the store, `batch` per call, from `tasks` tasks at once
+  /// (each making its share of the calls).
+  func storeInsert(_ count: Int, batch: Int, tasks: Int = 1) async throws -> Double {
     let schema = newSchema("store")
     defer { try? drop(schema) }
     let store = try await openStore(schema)
     defer { Task { await store.close() } }
     let jobs = Array(repeating: NewJob(payload: benchPayload, runAt: benchEpoch), count: batch)
+    let calls = count / batch / tasks
     let start = ContinuousClock.now
-    for _ in 0..<(count / batch) { _ = try await store.enqueue(jobs, queue: "bench", clock: benchClock) }
+    try await withThrowingTaskGroup(of: Void.self) { group in
+      for _ in 0..<tasks {
+        group.addTask {
+          for _ in 0..<calls { _ = try await store.enqueue(jobs, queue: "bench", clock: benchClock) }
+        }
+      }
+      try await group.waitForAll()
+    }
     return seconds(since: start)
   }
 
@@ -538,6 +574,16 @@ private final class RawConnection {
     defer { PQclear(result) }
     let status = PQresultStatus(result)
     guard status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK else { throw BenchmarkFailure(error) }
+  }
+
+  /// The first column of the first row of `sql`, as text.
+  func text(_ sql: String) throws -> String {
+    let result = PQexec(handle, sql)
+    defer { PQclear(result) }
+    guard PQresultStatus(result) == PGRES_TUPLES_OK, PQntuples(result) > 0 else {
+      throw BenchmarkFailure(error)
+    }
+    return String(cString: PQgetvalue(result, 0, 0))
   }
 
   func prepare(_ name: String, _ sql: String) throws {

@@ -1,0 +1,183 @@
+import Conveyor
+import ConveyorTestSupport
+import Foundation
+import Synchronization
+import Testing
+
+@testable import ConveyorPostgres
+
+/// Adds that arrive while another is under way are committed together, each with its own
+/// outcome.
+@Suite("PostgreSQL group commit")
+struct GroupCommitTests {
+  func open(_ prefix: String) async throws -> (PostgresServer, PostgresJobStore, String) {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema(prefix)
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    return (server, store, schema)
+  }
+
+  func job(_ text: String, key: String? = nil) -> NewJob {
+    NewJob(payload: Data(text.utf8), deduplicationKey: key)
+  }
+
+  /// Holds the advisory lock of `key` in `queue` on a connection of its own until the returned
+  /// connection runs `COMMIT`: an add with that key waits for it, and every add behind it waits too.
+  /// The lock is the database's, whatever the schema: each test uses a key of its own (`held(_:)`),
+  /// or a test would wait for another's lock on a thread of the pool.
+  func holdKeyLock(_ server: PostgresServer, schema: String, queue: String, key: String) throws
+    -> AdminConnection
+  {
+    let admin = try AdminConnection(server.url)
+    try admin.query("BEGIN")
+    try admin.query(
+      "SELECT pg_advisory_xact_lock(\(schema).dedup_lock_key('\(queue)', convert_to('\(key)', 'UTF8')))")
+    return admin
+  }
+
+  @Test func concurrentAddsEachGetTheirOwnJobs() async throws {
+    let (_, store, _) = try await open("group")
+    let clock = SystemJobClock()
+    let results = try await withThrowingTaskGroup(of: (Int, [EnqueueResult]).self) { group in
+      for caller in 0..<64 {
+        group.addTask {
+          let jobs = (0...(caller % 3)).map {
+            job("c\(caller)-\($0)", key: caller % 5 == 0 ? "k\(caller)-\($0)" : nil)
+          }
+          return (caller, try await store.enqueue(jobs, queue: "q", clock: clock))
+        }
+      }
+      return try await group.reduce(into: [:]) { $0[$1.0] = $1.1 }
+    }
+    var seen = Set<JobID>()
+    for (caller, outcome) in results {
+      #expect(outcome.count == caller % 3 + 1)
+      for (index, result) in outcome.enumerated() {
+        #expect(result.inserted && seen.insert(result.id).inserted, "each job its own ID")
+        let stored = try await store.job(result.id)
+        #expect(stored.map { String(decoding: $0.payload, as: UTF8.self) } == "c\(caller)-\(index)")
+      }
+    }
+    #expect(try await store.counts(queue: "q", clock: clock).ready == seen.count)
+    await store.close()
+  }
+
+  @Test func addsWaitingBehindOneUnderWayAreCommittedAsOneGroup() async throws {
+    let (server, store, schema) = try await open("grouped")
+    let clock = SystemJobClock()
+    // The lead waits for a key lock another session holds; eight adds queue behind it.
+    let admin = try holdKeyLock(server, schema: schema, queue: "q", key: "held-\(schema)")
+    let lead = Task {
+      try await store.enqueue([job("lead", key: "held-\(schema)")], queue: "q", clock: clock)
+    }
+    try await Task.sleep(for: .milliseconds(200))
+    let followers = (0..<8).map { index in
+      Task { try await store.enqueue([job("f\(index)")], queue: "q", clock: clock) }
+    }
+    try await eventually("eight adds wait") { store.adds.waitingCount == 8 }
+    try admin.query("COMMIT")
+    #expect(try await lead.value.first?.inserted == true)
+    let ids = try await followers.asyncMap { try await $0.value.first?.id }
+    #expect(Set(ids.compactMap { $0 }).count == 8)
+    #expect(store.adds.groupsCommitted == 1, "one group: \(store.adds.groupsCommitted)")
+    #expect(try await store.counts(queue: "q", clock: clock).ready == 9)
+    await store.close()
+  }
+
+  @Test func aCallThatFailsInItsGroupFailsAloneAndTheOthersAreStored() async throws {
+    let (server, store, schema) = try await open("groupfail")
+    let clock = SystemJobClock()
+    let admin = try AdminConnection(server.url)
+    try admin.query(
+      """
+      CREATE FUNCTION \(schema).refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN
+        IF convert_from(NEW.payload, 'UTF8') = 'boom' THEN RAISE EXCEPTION 'refused by trigger'; END IF;
+        RETURN NEW;
+      END $$;
+      CREATE TRIGGER refuse BEFORE INSERT ON \(schema).jobs FOR EACH ROW EXECUTE FUNCTION \(schema).refuse();
+      """)
+    for keyed in [false, true] {
+      let hold = try holdKeyLock(server, schema: schema, queue: "q", key: "held-\(schema)-\(keyed)")
+      let lead = Task {
+        try await store.enqueue([job("lead", key: "held-\(schema)-\(keyed)")], queue: "q", clock: clock)
+      }
+      try await Task.sleep(for: .milliseconds(200))
+      let texts = ["a", "boom", "b", "c"]
+      let calls = texts.enumerated().map { index, text in
+        Task {
+          try await store.enqueue(
+            [job("\(text)-\(keyed)", key: keyed ? "k\(index)" : nil)].map {
+              text == "boom" ? job("boom", key: $0.deduplicationKey) : $0
+            }, queue: "q", clock: clock)
+        }
+      }
+      try await eventually("four adds wait") { store.adds.waitingCount == 4 }
+      try hold.query("COMMIT")
+      _ = try await lead.value
+      for (index, call) in calls.enumerated() {
+        let outcome = await call.result
+        if texts[index] == "boom" {
+          #expect(throws: PostgresError.self) { try outcome.get() }
+        } else {
+          let id = try #require(try outcome.get().first?.id)
+          #expect(try await store.job(id) != nil, "\(texts[index]) stored")
+        }
+      }
+    }
+    #expect(try await store.counts(queue: "q", clock: clock).ready == 8)
+    await store.close()
+  }
+
+  @Test func aCallCancelledWhileItWaitsForItsGroupIsNotAdded() async throws {
+    let (server, store, schema) = try await open("groupcancel")
+    let clock = SystemJobClock()
+    let hold = try holdKeyLock(server, schema: schema, queue: "q", key: "held-\(schema)")
+    let lead = Task {
+      try await store.enqueue([job("lead", key: "held-\(schema)")], queue: "q", clock: clock)
+    }
+    try await Task.sleep(for: .milliseconds(200))
+    let kept = Task { try await store.enqueue([job("kept")], queue: "q", clock: clock) }
+    let cancelled = Task { try await store.enqueue([job("cancelled")], queue: "q", clock: clock) }
+    try await eventually("two adds wait") { store.adds.waitingCount == 2 }
+    cancelled.cancel()
+    await #expect(throws: CancellationError.self) { _ = try await cancelled.value }
+    try hold.query("COMMIT")
+    _ = try await lead.value
+    _ = try await kept.value
+    let payloads = try await store.jobs(queue: "q", status: nil, after: nil, limit: 10).map {
+      String(decoding: $0.payload, as: UTF8.self)
+    }
+    #expect(payloads == ["lead", "kept"])
+    await store.close()
+  }
+
+  @Test func duplicatesAcrossTheCallsOfAGroupAreOneJob() async throws {
+    let (server, store, schema) = try await open("groupdup")
+    let clock = SystemJobClock()
+    let hold = try holdKeyLock(server, schema: schema, queue: "q", key: "held-\(schema)")
+    let lead = Task {
+      try await store.enqueue([job("lead", key: "held-\(schema)")], queue: "q", clock: clock)
+    }
+    try await Task.sleep(for: .milliseconds(200))
+    let first = Task { try await store.enqueue([job("one", key: "same")], queue: "q", clock: clock) }
+    try await eventually("one add waits") { store.adds.waitingCount == 1 }
+    let second = Task { try await store.enqueue([job("two", key: "same")], queue: "q", clock: clock) }
+    try await eventually("two adds wait") { store.adds.waitingCount == 2 }
+    try hold.query("COMMIT")
+    _ = try await lead.value
+    let a = try #require(try await first.value.first)
+    let b = try #require(try await second.value.first)
+    #expect(a.inserted && !b.inserted && a.id == b.id, "\(a) \(b)")
+    await store.close()
+  }
+}
+
+extension Array {
+  /// The results of `transform` on each element, in order, one after another.
+  func asyncMap<T>(_ transform: (Element) async throws -> T) async rethrows -> [T] {
+    var results: [T] = []
+    for element in self { results.append(try await transform(element)) }
+    return results
+  }
+}
