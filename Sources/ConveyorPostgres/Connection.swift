@@ -172,6 +172,13 @@ final class Connection {
   /// How many statements this connection has prepared: names are never reused, even after the
   /// cache is emptied, so a name never meets an older statement still on the server.
   private var preparedCount = 0
+  /// For a connection through a pooler in transaction mode (PgBouncer's `pool_mode =
+  /// transaction`), where each transaction may run on another server session: no statement is
+  /// prepared (each is sent whole), and `transactionSettings`, a statement that sets the
+  /// session's settings for the current transaction only (`set_config(…, true)`), runs at the start
+  /// of every transaction, explicit or implicit, in the same round trip. Nil: a direct connection
+  /// (settings are made once per session, statements prepared once).
+  var transactionSettings: String?
 
   private struct PreparedKey: Hashable {
     /// By its bytes: see `ExactText`.
@@ -368,13 +375,18 @@ final class Connection {
   @discardableResult
   func execute(_ sql: String, _ parameters: [PostgresValue] = [], prepared: Bool = true) throws -> QueryResult
   {
+    if transactionSettings != nil && !inTransaction && sql != "BEGIN" {
+      // Its own transaction through the pooler: the settings, then the statement, in one round trip.
+      return try pipeline([(sql, parameters)])[0]
+    }
     if sql != "ROLLBACK" && isCancelled() { throw CancellationError() }
     let mayCommit = !inTransaction || sql == "COMMIT"
     let (encoded, types, count, lengths, formats) = try Self.encode(parameters)
     // A statement with parameters is prepared once per connection and then only executed: the
     // store's statements are few and fixed, and parsing and planning one (the insert with its
     // trigger, the settlement's CTEs) cost more than running it.
-    let name = encoded.isEmpty || !prepared ? nil : try prepare(sql, types: types)
+    let name =
+      encoded.isEmpty || !prepared || transactionSettings != nil ? nil : try prepare(sql, types: types)
     let result: OpaquePointer? = withPointers(to: encoded.map(\.bytes)) { values in
       if let name {
         PQexecPrepared(handle, name, count, values, lengths, formats, 1)
@@ -453,18 +465,28 @@ final class Connection {
   func pipeline(_ statements: [(sql: String, parameters: [PostgresValue])]) throws -> [QueryResult] {
     precondition(!inTransaction, "a pipeline is a transaction of its own")
     if isCancelled() { throw CancellationError() }
+    // Through a transaction pooler: the transaction's settings first, and nothing prepared.
+    let settings = transactionSettings.map { [(sql: $0, parameters: [PostgresValue]())] } ?? []
+    let statements = settings + statements
     let encoded = try statements.map { statement in
       let parameters = try Self.encode(statement.parameters)
       // Prepared first (PQprepare cannot run in pipeline mode); a loss here commits nothing.
-      return (name: try prepare(statement.sql, types: parameters.types), parameters: parameters)
+      let name = transactionSettings == nil ? try prepare(statement.sql, types: parameters.types) : nil
+      return (name: name, sql: statement.sql, parameters: parameters)
     }
     guard PQenterPipelineMode(handle) == 1 else { throw connectionError(sql: statements.first?.sql) }
     defer { _ = PQexitPipelineMode(handle) }
     for (index, statement) in encoded.enumerated() {
       let sent = withPointers(to: statement.parameters.encoded.map(\.bytes)) { values in
-        PQsendQueryPrepared(
-          handle, statement.name, statement.parameters.count, values, statement.parameters.lengths,
-          statement.parameters.formats, 1)
+        if let name = statement.name {
+          PQsendQueryPrepared(
+            handle, name, statement.parameters.count, values, statement.parameters.lengths,
+            statement.parameters.formats, 1)
+        } else {
+          PQsendQueryParams(
+            handle, statement.sql, statement.parameters.count, statement.parameters.types, values,
+            statement.parameters.lengths, statement.parameters.formats, 1)
+        }
       }
       guard sent == 1 else {
         lostDuringCommit = true
@@ -512,7 +534,7 @@ final class Connection {
         code: .protocolViolation,
         message: "the server answered \(results.count) of \(statements.count) statements")
     }
-    return results
+    return Array(results.dropFirst(settings.count))
   }
 
   /// Runs a script of several statements without parameters (the simple query protocol): for
@@ -531,6 +553,15 @@ final class Connection {
   func transaction<T>(_ body: () throws -> T) throws -> T {
     try execute("BEGIN")
     inTransaction = true
+    if let transactionSettings {
+      do {
+        try execute(transactionSettings)
+      } catch {
+        if PQstatus(handle) == CONNECTION_OK { _ = try? execute("ROLLBACK") }
+        inTransaction = false
+        throw error
+      }
+    }
     do {
       let value = try body()
       try execute("COMMIT")

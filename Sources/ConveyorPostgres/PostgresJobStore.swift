@@ -44,6 +44,22 @@ public final class PostgresJobStore: JobStore {
     case caller
   }
 
+  /// How the store's connections reach the server.
+  public enum Pooling: Sendable, Hashable {
+    /// Straight to the server, or through a pooler in session mode (PgBouncer's `pool_mode =
+    /// session`): each connection is one server session for its whole life, so the store
+    /// prepares its statements once and makes its settings once per session. The default.
+    case none
+    /// Through a pooler in transaction mode (PgBouncer's `pool_mode = transaction`), where each
+    /// transaction may run on another server session and nothing a session holds carries over:
+    /// the store prepares no statement (each is sent whole and planned for its values) and makes
+    /// its settings (`lock_timeout` and the planner's) for each transaction only, in the same round
+    /// trip. `LISTEN` needs a session of its own: the store listens on `listenURL`, a connection
+    /// straight to the server (not through the pooler); nil listens nowhere, and idle workers
+    /// learn of new jobs by polling (``JobQueueConfiguration/pollInterval``).
+    case transaction(listenURL: String?)
+  }
+
   /// How the store connects and where it keeps its tables.
   public struct Options: Sendable, Hashable {
     /// The schema holding the tables (created when missing): a plain lowercase identifier,
@@ -91,6 +107,9 @@ public final class PostgresJobStore: JobStore {
     /// ``PostgresJobStore/open(url:options:onWait:)`` ends the wait at once when its task is
     /// cancelled.
     public var startupWait: Duration
+    /// How the connections reach the server: straight (or through a pooler in session mode), or
+    /// through a pooler in transaction mode such as PgBouncer's. Default ``Pooling/none``.
+    public var pooling: Pooling
 
     /// Creates options.
     ///
@@ -102,11 +121,13 @@ public final class PostgresJobStore: JobStore {
     ///   - callTimeout: The longest one call may wait for the server.
     ///   - answerWait: How long a lone caller may wait on its thread for the answer.
     ///   - startupWait: How long opening waits for a server that cannot be reached yet.
+    ///   - pooling: How the connections reach the server.
     public init(
       schema: String = "conveyor", clock: Clock = .database, reconnectTimeout: Duration = .seconds(60),
       lockTimeout: Duration = .seconds(5), callTimeout: Duration? = .seconds(60),
-      answerWait: Duration = .microseconds(400), startupWait: Duration = .zero
+      answerWait: Duration = .microseconds(400), startupWait: Duration = .zero, pooling: Pooling = .none
     ) {
+      self.pooling = pooling
       self.startupWait = startupWait
       self.callTimeout = callTimeout
       self.answerWait = answerWait
@@ -128,7 +149,8 @@ public final class PostgresJobStore: JobStore {
   public let target: String
   let sql: SQL
   let connection: SerializedConnection
-  let listener: Listener
+  /// Hears of work on the store's channel; nil through a transaction pooler with no `listenURL`.
+  let listener: Listener?
   /// Adds waiting to be committed together (see ``enqueue(_:queue:clock:)``).
   let adds = EnqueueGroups()
 
@@ -169,7 +191,18 @@ public final class PostgresJobStore: JobStore {
     let sql = SQL(schema: options.schema)
     self.sql = sql
     let lockTimeout = JobStoreTime.milliseconds(options.lockTimeout)
+    let pooled = options.pooling != .none
     let setup: @Sendable (Connection) throws -> Void = { connection in
+      if pooled {
+        // Through a transaction pooler: no session state. The same settings, for each
+        // transaction (no generic plans: nothing is prepared, so each statement is planned for
+        // its values).
+        connection.transactionSettings = """
+          SELECT set_config('lock_timeout', '\(lockTimeout)ms', true), set_config('enable_seqscan', 'off', true),
+            set_config('enable_mergejoin', 'off', true), set_config('\(SQL.storeSessionSetting)', 'on', true)
+          """
+        return
+      }
       // Sent unprepared: a statement of its own, run once per connection.
       try connection.execute(
         "SELECT set_config('lock_timeout', $1, false)", [.text("\(lockTimeout)ms")], prepared: false)
@@ -225,9 +258,16 @@ public final class PostgresJobStore: JobStore {
       label: "Conveyor.PostgresJobStore", conninfo: url, scrubber: info.scrubber,
       reconnectTimeout: options.reconnectTimeout, callTimeout: options.callTimeout,
       answerWait: options.answerWait, setup: setup)
-    listener = Listener(
-      conninfo: url, scrubber: info.scrubber, channel: sql.channel,
-      answerTimeout: options.callTimeout ?? .seconds(60))
+    let listenURL: String?
+    switch options.pooling {
+    case .none: listenURL = url
+    case .transaction(let direct): listenURL = direct
+    }
+    listener = try listenURL.map { listenURL in
+      Listener(
+        conninfo: listenURL, scrubber: try ConnectionInfo(listenURL).scrubber, channel: sql.channel,
+        answerTimeout: options.callTimeout ?? .seconds(60))
+    }
   }
 
   /// The least time opening a store may take for its session setup and migrations, whatever
@@ -307,12 +347,12 @@ public final class PostgresJobStore: JobStore {
     return !permanent.contains { message.contains($0.lowercased()) }
   }
 
-  deinit { listener.stop() }
+  deinit { listener?.stop() }
 
   /// Closes the connections once the calls already made have finished. Later calls throw
   /// ``PostgresError`` with code ``PostgresError/Code/closed``.
   public func close() async {
-    listener.stop()
+    listener?.stop()
     await connection.close()
   }
 
@@ -901,7 +941,12 @@ public final class PostgresJobStore: JobStore {
   ///
   /// - Returns: Whether a notification came.
   public func waitForWork(queue: String, timeout: Duration) async -> Bool {
-    await listener.wait(queue: queue, timeout: timeout)
+    guard let listener else {
+      // No session to listen on (a transaction pooler without `listenURL`): polling alone.
+      try? await DispatchSleep.sleep(for: max(timeout, .milliseconds(1)))
+      return false
+    }
+    return await listener.wait(queue: queue, timeout: timeout)
   }
 
   // MARK: - Helpers

@@ -42,7 +42,7 @@ struct Review3Tests {
     // A's second wait has returned, or waits.
     #expect(
       await eventually(timeout: .seconds(10)) {
-        aWoken.value == 2 || (aWoken.value == 1 && worker.listener.armedTimeouts == 1)
+        aWoken.value == 2 || (aWoken.value == 1 && worker.listener!.armedTimeouts == 1)
       })
 
     // B comes back: the notification it missed should end its wait at once (a hang bound: it

@@ -54,7 +54,7 @@ struct ReviewExactTextPGTests {
     _ = try await store.enqueue(
       [NewJob(payload: Data("x".utf8), runAt: Self.t0)], queue: composed, clock: FixedJobClock(Self.t0))
     try await eventually("the notification came", timeout: .seconds(30)) {
-      store.listener.owedReturns(composed) > 0
+      store.listener!.owedReturns(composed) > 0
     }
     let otherWoke = await store.waitForWork(queue: decomposed, timeout: .seconds(2))
     let ownWoke = await store.waitForWork(queue: composed, timeout: .seconds(2))

@@ -33,7 +33,7 @@ func primeListener(_ store: PostgresJobStore, through other: PostgresJobStore, q
 /// Waits until exactly `count` waits of `store`'s listener are registered (each registered wait
 /// arms a timeout, freed as soon as the wait ends).
 func waitsRegistered(_ store: PostgresJobStore, _ count: Int) async -> Bool {
-  await eventually(timeout: .seconds(10)) { store.listener.armedTimeouts == count }
+  await eventually(timeout: .seconds(10)) { store.listener!.armedTimeouts == count }
 }
 
 /// The first value of `stream`, or nil when none comes within `seconds`.

@@ -137,14 +137,14 @@ struct WakeUpTests {
   @Test func notifiedWaitsLeaveNoTimerBehind() async throws {
     let (_, worker, other) = try await openWakeStores()
     try await primeListener(worker, through: other, queue: "timers")
-    let before = worker.listener.armedTimeouts
+    let before = worker.listener!.armedTimeouts
     for _ in 0..<300 {
       let waiter = Task { await worker.waitForWork(queue: "timers", timeout: .seconds(3_600)) }
       try await other.setPaused(false, queue: "timers")
       let woken = await waiter.value
       #expect(woken)
     }
-    let grown = worker.listener.armedTimeouts - before
+    let grown = worker.listener!.armedTimeouts - before
     #expect(grown < 10, "\(grown) hour-long timeouts still scheduled after 300 notified waits")
     await worker.close()
     await other.close()
@@ -160,7 +160,7 @@ struct WakeUpTests {
     try await countTwoWatchers(worker, through: other, queue: queue)
     // Only one waits now: the other is between two waits.
     let lone = Task { await worker.waitForWork(queue: queue, timeout: .seconds(60)) }
-    let loneWaits = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts == 1 }
+    let loneWaits = await eventually(timeout: .seconds(10)) { worker.listener!.armedTimeouts == 1 }
     #expect(loneWaits)
     try await other.setPaused(false, queue: queue)
     let loneWoken = await lone.value
@@ -196,13 +196,13 @@ struct WakeUpTests {
       let next = await worker.waitForWork(queue: queue, timeout: .seconds(20))
       return (woken, next)
     }
-    let waits = await eventually(timeout: .seconds(10)) { worker.listener.armedTimeouts == 1 }
+    let waits = await eventually(timeout: .seconds(10)) { worker.listener!.armedTimeouts == 1 }
     #expect(waits)
     try await other.setPaused(false, queue: queue)
     for await _ in between { break }
     try await other.setPaused(false, queue: queue)
     // The listener took the notification in (two returns owed, for two watchers).
-    let heard = await eventually(timeout: .seconds(10)) { worker.listener.owedReturns(queue) == 2 }
+    let heard = await eventually(timeout: .seconds(10)) { worker.listener!.owedReturns(queue) == 2 }
     #expect(heard)
     proceedContinuation.yield()
     let (woken, next) = await watcher.value
