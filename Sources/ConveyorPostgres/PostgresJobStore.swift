@@ -861,6 +861,44 @@ public final class PostgresJobStore: JobStore {
     }
   }
 
+  /// How many of the queue's jobs have these statuses, and the highest of their IDs, in one
+  /// statement (one range of `jobs_status` per status).
+  public func tally(queue: String, statuses: Set<JobStatus>) async throws -> JobTally {
+    let stored = statuses.flatMap(Self.stored)
+    if stored.isEmpty { return JobTally(count: 0, highestID: nil) }
+    let sql = self.sql
+    return try await connection.perform(idempotent: true) { db in
+      let rows = try db.execute(sql.tally, [.text(queue), .textArray(stored)], prepared: false)
+      return JobTally(
+        count: Int(rows.int64(0, 0)), highestID: rows.isNull(0, 1) ? nil : JobID(rows.int64(0, 1)))
+    }
+  }
+
+  /// Deletes the queue's jobs of these statuses with IDs up to `through` when there are exactly
+  /// `expected` of them, in one transaction; nil (and nothing deleted) otherwise. A job a worker
+  /// is claiming meanwhile is waited for, and then no longer counts.
+  public func clear(queue: String, statuses: Set<JobStatus>, through: JobID, expecting expected: Int)
+    async throws -> Int?
+  {
+    let stored = statuses.flatMap(Self.stored)
+    if stored.isEmpty { return expected == 0 ? 0 : nil }
+    let sql = self.sql
+    struct CountDiffers: Error {}
+    return try await connection.perform(idempotent: false) { db in
+      do {
+        return try db.transaction {
+          let deleted = try db.execute(
+            sql.clearThrough, [.text(queue), .textArray(stored), .int64(through.rawValue)], prepared: false
+          ).count
+          guard deleted == expected else { throw CountDiffers() }
+          return deleted
+        }
+      } catch is CountDiffers {
+        return nil
+      }
+    }
+  }
+
   /// Makes dead jobs ready again, now, attempts reset to zero; returns how many.
   public func requeueDead(_ ids: [JobID]?, queue: String, clock: any JobClock) async throws -> Int {
     let sql = self.sql

@@ -243,8 +243,15 @@ struct SQL {
   /// more than the ready jobs of its priority and run date (``settle``), so it goes behind every
   /// job ready when it was retried. A release or rescue keeps it. The claim's index gains the
   /// column (rebuilt here, under the migration's lock: writers wait while it builds).
+  ///
+  /// It also refuses queue names with control characters (CR, LF, ESC, …): the store's own calls
+  /// and `enqueue` never make them, but an application's own `INSERT` could, and such a name would
+  /// garble every page and log line that shows it. `NOT VALID`: rows already stored are kept
+  /// whatever their name; new rows and changed names are checked.
   var version4: String {
     """
+    ALTER TABLE \(schema).jobs ADD CONSTRAINT jobs_queue_printable
+      CHECK (queue !~ '[\\x01-\\x1f\\x7f]') NOT VALID;
     ALTER TABLE \(schema).jobs ADD COLUMN seq bigint NOT NULL DEFAULT 0;
     DROP INDEX \(schema).jobs_ready;
     CREATE INDEX jobs_ready ON \(schema).jobs (queue, priority DESC, run_at, seq, id) WHERE status = 'ready';
@@ -584,6 +591,15 @@ struct SQL {
 
   var remove: String { "DELETE FROM \(schema).jobs WHERE queue = $1 AND id = ANY($2::int8[])" }
   var clear: String { "DELETE FROM \(schema).jobs WHERE queue = $1 AND status = ANY($2::text[])" }
+  /// The count and highest ID of some statuses' jobs (`jobs_status`). Parameters: queue, statuses.
+  var tally: String {
+    "SELECT count(*), max(id) FROM \(schema).jobs WHERE queue = $1 AND status = ANY($2::text[])"
+  }
+  /// Deletes some statuses' jobs with IDs up to a bound; one row per job deleted. Parameters:
+  /// queue, statuses, the bound.
+  var clearThrough: String {
+    "DELETE FROM \(schema).jobs WHERE queue = $1 AND status = ANY($2::text[]) AND id <= $3 RETURNING 1"
+  }
 
   static func isPaused(_ schema: String) -> String {
     "SELECT coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false)"

@@ -313,6 +313,19 @@ enum SQL {
     "DELETE FROM jobs WHERE queue = ? AND status = '\(status)'"
   }
 
+  /// The count and highest ID of a status's jobs (its partial index).
+  static func tally(_ status: String) -> String {
+    "SELECT count(*), max(id) FROM jobs WHERE queue = ? AND status = '\(status)'"
+  }
+  /// The count of a status's jobs with IDs up to a bound.
+  static func countThrough(_ status: String) -> String {
+    "SELECT count(*) FROM jobs WHERE queue = ? AND status = '\(status)' AND id <= ?"
+  }
+  /// Deletes a status's jobs with IDs up to a bound.
+  static func clearThrough(_ status: String) -> String {
+    "DELETE FROM jobs WHERE queue = ? AND status = '\(status)' AND id <= ?"
+  }
+
   /// What re-queueing sets; the first parameter is the run date.
   private static let requeued = """
     UPDATE jobs SET status = 'ready', run_at = ?, seq = 0, attempts = 0, lease_owner = NULL,

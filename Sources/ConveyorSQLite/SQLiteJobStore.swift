@@ -410,6 +410,46 @@ public final class SQLiteJobStore: JobStore {
     }
   }
 
+  /// How many of the queue's jobs have these statuses, and the highest of their IDs, in one
+  /// snapshot (each status's count and highest ID from its partial index).
+  public func tally(queue: String, statuses: Set<JobStatus>) async throws -> JobTally {
+    let stored = statuses.flatMap(SQL.stored)
+    return try await connection.perform { db in
+      try db.transaction(immediate: false) {
+        var tally = JobTally(count: 0, highestID: nil)
+        for status in stored {
+          try db.query(SQL.tally(status), .text(queue)) { row in
+            tally.count += row.int(0)
+            if !row.isNull(1) {
+              tally.highestID = max(tally.highestID ?? JobID(row.int64(1)), JobID(row.int64(1)))
+            }
+          }
+        }
+        return tally
+      }
+    }
+  }
+
+  /// Deletes the queue's jobs of these statuses with IDs up to `through` when there are exactly
+  /// `expected` of them, in one transaction; nil (and nothing deleted) otherwise.
+  public func clear(queue: String, statuses: Set<JobStatus>, through: JobID, expecting expected: Int)
+    async throws -> Int?
+  {
+    let stored = statuses.flatMap(SQL.stored)
+    return try await connection.perform { db in
+      try db.transaction(immediate: true) {
+        var count = 0
+        for status in stored {
+          count += Int(try db.scalar(SQL.countThrough(status), .text(queue), .integer(through.rawValue)) ?? 0)
+        }
+        guard count == expected else { return nil }
+        return try stored.reduce(0) {
+          $0 + (try db.run(SQL.clearThrough($1), .text(queue), .integer(through.rawValue)))
+        }
+      }
+    }
+  }
+
   /// Makes dead jobs ready again, now, attempts reset to zero; returns how many.
   public func requeueDead(_ ids: [JobID]?, queue: String, clock: any JobClock) async throws -> Int {
     try await connection.perform { db in

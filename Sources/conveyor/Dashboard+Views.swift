@@ -322,32 +322,46 @@ extension Dashboard {
     }
   }
 
-  private func bulkCount(_ queue: String, _ state: StateFilter) async throws -> Int {
-    let counts = try await store.counts(queue: queue, clock: clock)
-    return state == .dead ? counts.dead : counts.ready + counts.scheduled
+  /// The jobs a bulk action covers now: how many, and the highest of their IDs.
+  private func bulkTally(_ queue: String, _ state: StateFilter) async throws -> JobTally {
+    try await store.tally(queue: queue, statuses: [state == .dead ? .dead : .pending])
   }
 
   func confirmPage(_ query: HTTPForm) async throws -> HTTPServerResponse {
     let (action, queue, state) = try bulkTarget(query)
-    let count = try await bulkCount(queue, state)
+    let tally = try await bulkTally(queue, state)
     return DashboardPages.confirm(
-      action: action, queue: queue, state: state, count: count, changed: false, formToken: formToken)
+      action: action, queue: queue, state: state, count: tally.count, through: tally.highestID,
+      changed: false,
+      formToken: formToken)
   }
 
   func bulk(_ form: HTTPForm) async throws -> HTTPServerResponse {
     let (action, queue, state) = try bulkTarget(form)
-    let count = try await bulkCount(queue, state)
-    guard let expected = form["expected"].flatMap({ Int($0) }), expected == count else {
-      // What the operator confirmed is not what is there now: confirm again.
+    // What the operator confirmed is not what is there now: confirm again.
+    func confirmAgain() async throws -> HTTPServerResponse {
+      let tally = try await bulkTally(queue, state)
       var page = DashboardPages.confirm(
-        action: action, queue: queue, state: state, count: count, changed: true, formToken: formToken)
+        action: action, queue: queue, state: state, count: tally.count, through: tally.highestID,
+        changed: true,
+        formToken: formToken)
       page.status = 409
       return page
     }
+    guard let expected = form["expected"].flatMap({ Int($0) }) else { return try await confirmAgain() }
     let done: Int
     switch action {
-    case .retryDead: done = try await store.requeueDead(nil, queue: queue, clock: clock)
-    case .remove: done = try await store.clear(queue: queue, statuses: [state == .dead ? .dead : .pending])
+    case .retryDead:
+      guard try await bulkTally(queue, state).count == expected else { return try await confirmAgain() }
+      done = try await store.requeueDead(nil, queue: queue, clock: clock)
+    case .remove:
+      // Exactly the jobs counted, checked in the deleting transaction: none added since (a higher
+      // ID), and only if their number is still the one confirmed.
+      guard let through = form["through"].flatMap({ Int64($0) }).map({ JobID($0) }),
+        let removed = try await store.clear(
+          queue: queue, statuses: [state == .dead ? .dead : .pending], through: through, expecting: expected)
+      else { return try await confirmAgain() }
+      done = removed
     }
     let notice = action == .retryDead ? "bulk-requeued" : "bulk-removed"
     return redirect("/jobs?queue=\(HTTPForm.encode(queue))&notice=\(notice)&count=\(done)")

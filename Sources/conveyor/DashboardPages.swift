@@ -300,9 +300,11 @@ enum DashboardPages {
 
   // MARK: bulk
 
+  /// The confirmation of a bulk action over `count` jobs; `through` (the highest of their IDs,
+  /// when known) bounds what the action may touch.
   static func confirm(
-    action: Dashboard.BulkAction, queue: String, state: Dashboard.StateFilter, count: Int, changed: Bool,
-    formToken: String
+    action: Dashboard.BulkAction, queue: String, state: Dashboard.StateFilter, count: Int, through: JobID?,
+    changed: Bool, formToken: String
   ) -> HTTPServerResponse {
     let verb = action == .retryDead ? "Re-queue" : "Remove"
     let what = "\(count) \(state.rawValue) job\(count == 1 ? "" : "s") of queue \(queue)"
@@ -316,15 +318,15 @@ enum DashboardPages {
         fields: [
           ("action", action.rawValue), ("queue", queue), ("state", state.rawValue),
           ("expected", String(count)),
-        ],
+        ] + (through.map { [("through", String($0.rawValue))] } ?? []),
         formToken: formToken, style: action == .remove ? "danger" : "")
     return layout(
       "Confirm", page: "confirm",
       """
       <h1>\(html(verb)) \(html(what))?</h1>
       \(warning)
-      <p>This applies to every \(html(state.rawValue)) job of the queue when you confirm; the count is
-      checked again first.</p>
+      <p>This applies to the \(html(state.rawValue)) jobs counted here: jobs added later are left alone, and
+      if the number changed when you confirm, nothing is done and you are asked again.</p>
       <p class="actions">\(form) <a href="/jobs?queue=\(html(HTTPForm.encode(queue)))&amp;state=\(state.rawValue)">Cancel</a></p>
       """)
   }

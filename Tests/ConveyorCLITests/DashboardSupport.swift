@@ -89,6 +89,14 @@ struct DashboardProcess {
     return String(page[range].dropFirst(#"name="csrf" value=""#.count).prefix(64))
   }
 
+  /// The value of the hidden field `name` of a form in `page`.
+  static func field(_ name: String, in page: String) throws -> String {
+    guard let range = page.range(of: #"name="\#(name)" value="[^"]*""#, options: .regularExpression) else {
+      throw HarnessError(description: "no field \(name) in the page")
+    }
+    return String(page[range].dropFirst(#"name="\#(name)" value=""#.count).dropLast())
+  }
+
   /// A POST as a browser sends it from the dashboard's own page.
   func post(_ target: String, _ form: [(String, String)], cookie: String? = nil) async throws -> Response {
     var headers = [("Origin", "http://127.0.0.1:\(port)"), ("Sec-Fetch-Site", "same-origin")]

@@ -175,15 +175,47 @@ struct SeededJobs {
     #expect(done.status == 303)
     #expect(done.headers["location"] == "/jobs?queue=outbox&notice=bulk-requeued&count=1")
     #expect(try await sandbox.counts() == counts(ready: 2))
-    let removeToken = try DashboardProcess.formToken(in: try await dashboard.get("/").body)
+    let removeConfirm = try await dashboard.get("/confirm?action=remove&state=waiting&queue=outbox")
     let removed = try await dashboard.post(
       "/bulk",
       [
-        ("csrf", removeToken), ("action", "remove"), ("queue", "outbox"), ("state", "waiting"),
-        ("expected", "2"),
+        ("csrf", try DashboardProcess.formToken(in: removeConfirm.body)), ("action", "remove"),
+        ("queue", "outbox"), ("state", "waiting"), ("expected", "2"),
+        ("through", try DashboardProcess.field("through", in: removeConfirm.body)),
       ])
     #expect(removed.status == 303)
     #expect(try await sandbox.counts() == counts())
+  }
+
+  @Test func removeAllWaitingRemovesOnlyTheJobsConfirmed() async throws {
+    let sandbox = try Sandbox()
+    for _ in 0..<3 { try await sandbox.add(["exec", "--", "true"]) }
+    let dashboard = try await DashboardProcess.start(sandbox)
+    let confirm = try await dashboard.get("/confirm?action=remove&state=waiting&queue=outbox")
+    #expect(confirm.body.contains("Remove 3 waiting jobs of queue outbox?"))
+    // Jobs that arrive after the operator saw the count are not part of what they confirmed.
+    let later = [
+      try await sandbox.add(["exec", "--", "true"]), try await sandbox.add(["exec", "--", "true"]),
+    ]
+    let removed = try await dashboard.post(
+      "/bulk",
+      [
+        ("csrf", try DashboardProcess.formToken(in: confirm.body)), ("action", "remove"), ("queue", "outbox"),
+        ("state", "waiting"), ("expected", "3"),
+        ("through", try DashboardProcess.field("through", in: confirm.body)),
+      ])
+    #expect(removed.status == 303, "\(removed.status)")
+    #expect(removed.headers["location"] == "/jobs?queue=outbox&notice=bulk-removed&count=3")
+    #expect(try await sandbox.listed().compactMap { $0["id"] as? Int } == later)
+    // A form without the bound (an old page) is asked again, and removes nothing.
+    let unbounded = try await dashboard.post(
+      "/bulk",
+      [
+        ("csrf", try DashboardProcess.formToken(in: confirm.body)), ("action", "remove"), ("queue", "outbox"),
+        ("state", "waiting"), ("expected", "2"),
+      ])
+    #expect(unbounded.status == 409)
+    #expect(try await sandbox.counts() == counts(ready: 2))
   }
 
   @Test func pauseAndResumeAreStoredForEveryWorker() async throws {

@@ -55,6 +55,14 @@ final class HookedStore: JobStore {
   func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int {
     try await base.clear(queue: queue, statuses: statuses)
   }
+  func tally(queue: String, statuses: Set<JobStatus>) async throws -> JobTally {
+    try await base.tally(queue: queue, statuses: statuses)
+  }
+  func clear(queue: String, statuses: Set<JobStatus>, through: JobID, expecting expected: Int)
+    async throws -> Int?
+  {
+    try await base.clear(queue: queue, statuses: statuses, through: through, expecting: expected)
+  }
   func requeueDead(_ ids: [JobID]?, queue: String, clock: any JobClock) async throws -> Int {
     try await base.requeueDead(ids, queue: queue, clock: clock)
   }

@@ -154,6 +154,20 @@ public final class InstrumentedJobStore: JobStore {
   }
 
   /// Counted, then forwarded to ``base``.
+  public func tally(queue: String, statuses: Set<JobStatus>) async throws -> JobTally {
+    try record("tally")
+    return try await base.tally(queue: queue, statuses: statuses)
+  }
+
+  /// Counted, then forwarded to ``base``.
+  public func clear(queue: String, statuses: Set<JobStatus>, through: JobID, expecting expected: Int)
+    async throws -> Int?
+  {
+    try record("clear")
+    return try await base.clear(queue: queue, statuses: statuses, through: through, expecting: expected)
+  }
+
+  /// Counted, then forwarded to ``base``.
   public func requeueDead(_ ids: [JobID]?, queue: String, clock: any JobClock) async throws -> Int {
     try record("requeueDead")
     return try await base.requeueDead(ids, queue: queue, clock: clock)

@@ -446,6 +446,36 @@ public enum JobStoreConformance {
       try expect(try await store.clear(queue: "q", statuses: [.pending, .running]) == 4, "clear rest")
       try expect(try await store.counts(queue: "q", clock: now(0)).total == 0, "empty")
     },
+    check("a tally and a clear bounded by it delete exactly the jobs counted, or none") { store in
+      let added = try await store.enqueue([job("a"), job("b"), job("x")], queue: "q", clock: now(0))
+      let x = try expectOne(try await claim(store, limit: 1, now: 0).claimed)
+      _ = try await claim(store, limit: 0, settling: [settle(x, .kill(error: "dead"))], now: 0)
+      let counted = try await store.tally(queue: "q", statuses: [.pending])
+      try expect(
+        counted == JobTally(count: 2, highestID: added[2].id), "two waiting, up to the last ID: \(counted)")
+      try expect(
+        try await store.tally(queue: "q", statuses: [.dead]) == JobTally(count: 1, highestID: added[0].id),
+        "one dead")
+      // A job added after the tally is not deleted with the ones counted.
+      let later = try await store.enqueue([job("later")], queue: "q", clock: now(0))
+      guard let highest = counted.highestID else { throw ConformanceFailure(description: "no highest ID") }
+      let cleared = try await store.clear(queue: "q", statuses: [.pending], through: highest, expecting: 2)
+      try expect(cleared == 2, "the two counted: \(String(describing: cleared))")
+      let left = try await store.jobs(queue: "q", status: nil, after: nil, limit: 10)
+      try expect(
+        left.map(\.id) == [added[0].id, later[0].id], "the dead one and the later one: \(left.map(\.id))")
+      // A job that started since the tally: the number differs, nothing is deleted.
+      let again = try await store.tally(queue: "q", statuses: [.pending])
+      _ = try await claim(store, limit: 1, now: 0)
+      let refused = try await store.clear(
+        queue: "q", statuses: [.pending], through: again.highestID ?? JobID(0), expecting: again.count)
+      try expect(refused == nil, "refused: \(String(describing: refused))")
+      try expect(
+        try await store.counts(queue: "q", clock: now(0)) == JobCounts(running: 1, dead: 1), "all kept")
+      try expect(
+        try await store.tally(queue: "empty", statuses: [.pending]) == JobTally(count: 0, highestID: nil),
+        "an empty queue")
+    },
     check("dead jobs can be re-queued, by ID or all, with attempts reset") { store in
       _ = try await store.enqueue((0..<3).map { job("j\($0)") }, queue: "q", clock: now(0))
       let batch = try await claim(store, limit: 3)

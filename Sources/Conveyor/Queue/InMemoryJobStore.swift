@@ -171,6 +171,29 @@ public final class InMemoryJobStore: JobStore {
     }
   }
 
+  /// Counts jobs by status; see ``JobStore/tally(queue:statuses:)``.
+  public func tally(queue: String, statuses: Set<JobStatus>) async throws -> JobTally {
+    withQueue(queue) { queueState in
+      let ids = queueState.jobs.values.filter { statuses.contains($0.record.status) }.map(\.record.id)
+      return JobTally(count: ids.count, highestID: ids.max())
+    }
+  }
+
+  /// Deletes counted jobs or none; see ``JobStore/clear(queue:statuses:through:expecting:)``.
+  public func clear(queue: String, statuses: Set<JobStatus>, through: JobID, expecting expected: Int)
+    async throws -> Int?
+  {
+    withQueue(queue) { queueState in
+      let doomed = queueState.jobs.values.filter {
+        statuses.contains($0.record.status) && $0.record.id <= through
+      }
+      .map(\.record.id)
+      guard doomed.count == expected else { return nil }
+      for id in doomed { queueState.delete(id) }
+      return doomed.count
+    }
+  }
+
   /// Re-queues dead jobs; see ``JobStore/requeueDead(_:queue:clock:)``.
   public func requeueDead(_ ids: [JobID]?, queue: String, clock: any JobClock) async throws -> Int {
     withQueue(queue) { queueState in

@@ -279,6 +279,21 @@ public struct JobCounts: Sendable, Hashable, Codable {
   public var total: Int { unfinished + dead }
 }
 
+/// How many jobs of some statuses a queue holds, and the highest of their IDs (nil: none), as
+/// ``JobStore/tally(queue:statuses:)`` reads them.
+public struct JobTally: Sendable, Hashable {
+  /// How many jobs.
+  public var count: Int
+  /// The highest of their IDs.
+  public var highestID: JobID?
+
+  /// Creates a tally.
+  public init(count: Int, highestID: JobID?) {
+    self.count = count
+    self.highestID = highestID
+  }
+}
+
 /// When a queue next needs a worker, as ``JobStore/nextWake(queue:clock:)`` reports it.
 public struct WakeHint: Sendable, Hashable {
   /// The earliest run date of a waiting job (in the past when one is ready), or nil.
@@ -356,6 +371,19 @@ public protocol JobStore: Sendable {
 
   /// Deletes every job of the queue whose status is in `statuses`; returns how many.
   func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int
+
+  /// How many of the queue's jobs have a status in `statuses`, and the highest of their IDs, read
+  /// in one snapshot: what an operator confirms before ``clear(queue:statuses:through:expecting:)``.
+  func tally(queue: String, statuses: Set<JobStatus>) async throws -> JobTally
+
+  /// Deletes the queue's jobs whose status is in `statuses` and whose ID is at most `through`, in
+  /// one transaction, only when exactly `expected` such jobs are there; returns how many were
+  /// deleted, or nil when their number differs (then nothing is deleted).
+  ///
+  /// With a ``JobTally`` read before, it deletes exactly the jobs counted, or nothing: a job added
+  /// since has a higher ID, and a job that started or came back since changes the number.
+  func clear(queue: String, statuses: Set<JobStatus>, through: JobID, expecting expected: Int) async throws
+    -> Int?
 
   /// Makes dead jobs ready again, now, attempts reset to zero; `ids` nil means every dead job of
   /// the queue. Returns how many. Jobs that are not dead are left alone.
