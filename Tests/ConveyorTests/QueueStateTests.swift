@@ -33,20 +33,38 @@ struct QueueStateTests {
     }
   }
 
+  /// A reading `seconds` into uptime, the wall clock `stepped` seconds ahead of where it started.
+  func at(_ seconds: Double, stepped: Double = 0) -> ClockReading {
+    ClockReading(
+      uptime: .milliseconds(Int64(seconds * 1000)), wallOffset: .milliseconds(Int64(stepped * 1000)))
+  }
+
+  /// The bound of a 3-second lease asked for at `seconds`.
+  func lease(sentAt seconds: Double) -> LeaseBound { LeaseBound(sent: at(seconds), lease: .seconds(3)) }
+
   @Test func aJobStartsOnlyWhileItsLeaseHoldsForAThirdOfTheLeaseMore() {
     let state = QueueState(limits: .init(concurrency: 1, prefetch: 0, lease: .seconds(3)))
-    #expect(state.mayStart(leaseHoldsUntil: .seconds(10), now: .seconds(9)))
-    #expect(!state.mayStart(leaseHoldsUntil: .seconds(10), now: .milliseconds(9_001)))
-    #expect(!state.mayStart(leaseHoldsUntil: .seconds(10), now: .seconds(11)), "lapsed")
-    #expect(state.mayStart(leaseHoldsUntil: nil, now: .seconds(11)), "not tracked")
+    #expect(state.mayStart(lease(sentAt: 7), now: at(9)))
+    #expect(!state.mayStart(lease(sentAt: 7), now: at(9.001)))
+    #expect(!state.mayStart(lease(sentAt: 7), now: at(11)), "lapsed")
+    #expect(state.mayStart(nil, now: at(11)), "not tracked")
+  }
+
+  @Test func aForwardStepOfTheWallClockShortensWhatIsLeftOfALease() {
+    let state = QueueState(limits: .init(concurrency: 1, prefetch: 0, lease: .seconds(3)))
+    // A store dating leases by the wall clock ends the lease 1.5 s sooner after a 1.5 s step.
+    #expect(!state.mayStart(lease(sentAt: 7), now: at(8, stepped: 1.5)))
+    #expect(state.mayStart(lease(sentAt: 7), now: at(8, stepped: 1)))
+    // A step back does not lengthen it.
+    #expect(!state.mayStart(lease(sentAt: 7), now: at(9.5, stepped: -60)))
   }
 
   @Test func jobsWhoseLeaseMayHaveLapsedAreHandedBackInsteadOfStarted() {
     var state = QueueState(limits: .init(concurrency: 2, prefetch: 0, lease: .seconds(3)))
     _ = state.start()
     // Claimed by a call sent at 0 s and answered at 2.5 s: the lease holds until 3 s at least.
-    state.claimed([record(1), record(2)], at: .milliseconds(2_500), leaseHoldsUntil: .seconds(3))
-    #expect(state.takeJobsToStart(now: .milliseconds(2_500)).isEmpty)
+    state.claimed([record(1), record(2)], at: .milliseconds(2_500), lease: lease(sentAt: 0))
+    #expect(state.takeJobsToStart(now: at(2.5)).isEmpty)
     #expect(releases(state) == [JobID(1), JobID(2)] && state.handedBackLapsed == 2)
     #expect(state.workers == 0 && state.inFlight.isEmpty)
     let step = state.takeLoopStep(canHandle: true)
@@ -56,12 +74,12 @@ struct QueueStateTests {
   @Test func aHeartbeatThatKeptAWaitingClaimLetsItStart() {
     var state = QueueState(limits: .init(concurrency: 1, prefetch: 0, lease: .seconds(3)))
     _ = state.start()
-    state.claimed([record(1), record(2)], at: .zero, leaseHoldsUntil: .seconds(3))
-    #expect(state.takeJobsToStart(now: .zero).map(\.id) == [JobID(1)])
+    state.claimed([record(1), record(2)], at: .zero, lease: lease(sentAt: 0))
+    #expect(state.takeJobsToStart(now: at(0)).map(\.id) == [JobID(1)])
     // Job 2 waits while job 1 runs for 2.5 s; a heartbeat sent at 2 s kept it.
-    state.renewed([ClaimReference(id: JobID(2), token: 1)], sentAt: .seconds(2))
+    state.renewed([ClaimReference(id: JobID(2), token: 1)], sentAt: at(2))
     let step = state.workerFinished(
-      ClaimReference(id: JobID(1), token: 1), outcome: outcome(1), canHandle: true, now: .milliseconds(2_500))
+      ClaimReference(id: JobID(1), token: 1), outcome: outcome(1), canHandle: true, now: at(2.5))
     #expect(step == .run(record(2), flush: true))
     #expect(releases(state).isEmpty)
   }
@@ -69,17 +87,17 @@ struct QueueStateTests {
   @Test func aWorkerSkipsWaitingJobsWhoseLeaseMayHaveLapsedAndEndsWhenNoneIsLeft() {
     var state = QueueState(limits: .init(concurrency: 1, prefetch: 2, lease: .seconds(3)))
     _ = state.start()
-    state.claimed([record(1), record(2), record(3)], at: .zero, leaseHoldsUntil: .seconds(3))
-    _ = state.takeJobsToStart(now: .zero)
-    state.renewed([ClaimReference(id: JobID(3), token: 1)], sentAt: .seconds(2))
+    state.claimed([record(1), record(2), record(3)], at: .zero, lease: lease(sentAt: 0))
+    _ = state.takeJobsToStart(now: at(0))
+    state.renewed([ClaimReference(id: JobID(3), token: 1)], sentAt: at(2))
     // Job 1 ran 2.5 s: job 2's lease may lapse before a heartbeat, job 3's was renewed.
     let step = state.workerFinished(
-      ClaimReference(id: JobID(1), token: 1), outcome: outcome(1), canHandle: true, now: .milliseconds(2_500))
+      ClaimReference(id: JobID(1), token: 1), outcome: outcome(1), canHandle: true, now: at(2.5))
     #expect(step == .run(record(3), flush: true))
     #expect(releases(state) == [JobID(2)])
     // Nothing left that may start: the worker ends; the hand-back waits for the loop.
-    state.claimed([record(4)], at: .seconds(3), leaseHoldsUntil: .seconds(3))
-    #expect(state.nextForWorker(now: .seconds(3)) == nil)
+    state.claimed([record(4)], at: .seconds(3), lease: lease(sentAt: 0))
+    #expect(state.nextForWorker(now: at(3)) == nil)
     #expect(releases(state) == [JobID(2), JobID(4)])
   }
 

@@ -13,13 +13,15 @@ extension JobQueue {
   func runLoop() async {
     let keeper = LeaseKeeper(
       store: store, queue: identifier, lease: lease, clock: clock,
+      executor: configuration.runtime.leaseExecutor,
       held: { [weak self] in self?.core.withLock { $0.state.heldClaims } ?? [] },
       lost: { [weak self] claims in self?.lost(claims) },
       renewed: { [weak self] claims, sent in self?.core.withLock { $0.state.renewed(claims, sentAt: sent) } },
       log: { [weak self] level, message in self?.log(level, message) }
     ).start()
     // Wakes the loop when the store hears of work from elsewhere (see `JobStore.waitForWork`).
-    let watcher = Task { [store, identifier, wake, configuration] in
+    let watcher = Task(executorPreference: configuration.runtime.executor) {
+      [store, identifier, wake, configuration] in
       while !Task.isCancelled {
         if await store.waitForWork(queue: identifier, timeout: configuration.pollInterval) { wake.signal() }
       }
@@ -206,8 +208,8 @@ extension JobQueue {
   {
     let batch: ClaimBatch
     // A claim's lease starts no earlier than the call: from then on it surely holds for the lease.
-    let sent = timed || limit > 0 ? clock.uptime() : nil
-    let called = timed ? sent : nil
+    let sent = timed || limit > 0 ? ClockReading(clock) : nil
+    let called = timed ? sent?.uptime : nil
     do {
       batch = try await store.settleAndClaim(
         pending.map(\.settlement), queue: identifier, limit: limit, lease: lease, clock: clock)
@@ -216,15 +218,16 @@ extension JobQueue {
       throw error
     }
     // One clock read for both: when the claimed jobs arrived, and the end of the call.
-    let now = called != nil || !batch.claimed.isEmpty ? clock.uptime() : .zero
+    let reading = called != nil || !batch.claimed.isEmpty ? ClockReading(clock) : .zero
+    let now = reading.uptime
     let took = called.map { now - $0 }
     let stale = batch.staleSettlements.isEmpty ? [] : Set(batch.staleSettlements)
     let (subscribers, pauseChanged, next, held, lapsed) = core.withLock { core in
       core.state.claimed(
-        batch.claimed, at: now, leaseHoldsUntil: sent.map { $0 + configuration.leaseDuration })
+        batch.claimed, at: now, lease: sent.map { LeaseBound(sent: $0, lease: configuration.leaseDuration) })
       let changed = core.state.paused != batch.paused
       core.state.paused = batch.paused
-      let next = takingNext ? core.state.nextForWorker(now: now) : nil
+      let next = takingNext ? core.state.nextForWorker(now: reading) : nil
       defer { core.state.handedBackLapsed = 0 }
       return (
         core.subscribers.isEmpty ? [] : Array(core.subscribers.values), changed, next,
@@ -256,7 +259,7 @@ extension JobQueue {
   /// jobs were handed back because their lease may have lapsed before they could start (the loop
   /// records that at once).
   private func startWorkers(in group: inout DiscardingTaskGroup, lastStoreCall: Duration?) -> Bool {
-    let now = clock.uptime()
+    let now = ClockReading(clock)
     let (jobs, lapsed) = core.withLock { core in
       let jobs = core.state.takeJobsToStart(now: now)
       defer { core.state.handedBackLapsed = 0 }
@@ -308,7 +311,7 @@ extension JobQueue {
             jobCeiling: jobCeiling)
         } ?? .none
       let canHandle = handlerAvailable
-      let now = clock.uptime()
+      let now = ClockReading(clock)
       let (step, lapsed) = core.withLock { core in
         defer { core.state.handedBackLapsed = 0 }
         let step = core.state.workerFinished(
@@ -331,7 +334,7 @@ extension JobQueue {
           if claim.held { wake.signal() }
         } catch {
           log(.warning, "store error while claiming; the queue will retry: \(error)")
-          let now = clock.uptime()
+          let now = ClockReading(clock)
           let lapsed: Int
           (next, lapsed) = core.withLock { core in
             defer { core.state.handedBackLapsed = 0 }
@@ -471,8 +474,9 @@ extension JobQueue {
     // still heartbeats the jobs meanwhile), measured in real time whatever the queue's clock: a
     // lost release would turn a shutdown into a crash that uses up the attempt.
     let patience = min(configuration.leaseDuration / 2, .seconds(30))
-    let flush = Task { () async throws -> Void in
-      let start = ContinuousClock.now
+    let runtime = configuration.runtime
+    let flush = Task(executorPreference: runtime.executor) { () async throws -> Void in
+      let start = runtime.elapsed()
       var backoff = Duration.milliseconds(20)
       while true {
         let outstanding = self.core.withLock { core -> [PendingSettlement] in
@@ -483,9 +487,9 @@ extension JobQueue {
           _ = try await self.settleAndClaim(outstanding.isEmpty ? pending : outstanding, limit: 0)
           return
         } catch {
-          guard ContinuousClock.now - start + backoff < patience else { throw error }
+          guard runtime.elapsed() - start + backoff < patience else { throw error }
           self.log(.warning, "could not record outcomes at shutdown, trying again in \(backoff): \(error)")
-          try await Task.sleep(for: backoff)
+          try await runtime.sleep(backoff)
           backoff = min(backoff * 2, .seconds(1))
         }
       }

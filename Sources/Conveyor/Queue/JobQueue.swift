@@ -75,7 +75,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
     self.store = store
     self.handler = handler
     self.delegateBox = nil
-    self.wake = WakeSignal(clock: configuration.clock)
+    self.wake = WakeSignal(clock: configuration.clock, executor: configuration.runtime.executor)
     self.owner = Self.makeOwnerID()
     self.core = Mutex(QueueCore(configuration))
     if configuration.autoStart { start() }
@@ -93,7 +93,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
     self.store = store
     self.handler = nil
     self.delegateBox = DelegateBox(delegate)
-    self.wake = WakeSignal(clock: configuration.clock)
+    self.wake = WakeSignal(clock: configuration.clock, executor: configuration.runtime.executor)
     self.owner = Self.makeOwnerID()
     self.core = Mutex(QueueCore(configuration))
     if configuration.autoStart { start() }
@@ -182,7 +182,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
   public func start() {
     let started = core.withLock { core -> Bool in
       guard core.loop == nil, core.state.start() else { return false }
-      core.loop = Task { await self.runLoop() }
+      core.loop = Task(executorPreference: configuration.runtime.executor) { await self.runLoop() }
       return true
     }
     if started {
@@ -234,7 +234,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
       group.addTask {
         // Ends early when the loop stopped first (then cancelling it does nothing) or when the
         // caller is cancelled (then the handlers are cancelled at once).
-        do { try await Task.sleep(for: gracePeriod) } catch {}
+        do { try await self.configuration.runtime.sleep(gracePeriod) } catch {}
         loop.cancel()
       }
       await group.next()

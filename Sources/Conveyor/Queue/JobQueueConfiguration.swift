@@ -85,6 +85,8 @@ public struct JobQueueConfiguration: Sendable {
   /// The longest job after which a worker claims ahead (see ``claimsAhead``). Internal: tests
   /// that must claim ahead on a loaded machine raise it.
   var claimAheadJobCeiling = QueueState.shortJob
+  /// Where the queue's tasks run and how it waits in real time; a simulation replaces it.
+  package var runtime = QueueRuntime.production
 
   /// Creates a configuration with the defaults above.
   public init(

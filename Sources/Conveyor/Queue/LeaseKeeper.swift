@@ -18,12 +18,14 @@ struct LeaseKeeper: Sendable {
   var queue: String
   var lease: Lease
   var clock: any JobClock
+  /// The executor the keeper's task prefers (``ThreadExecutor/leases`` in production).
+  var executor: any TaskExecutor = ThreadExecutor.leases
   /// The claims to keep: read before each heartbeat.
   var held: @Sendable () -> [ClaimReference]
   /// Claims the store no longer holds for this queue.
   var lost: @Sendable (Set<ClaimReference>) -> Void
-  /// Claims a heartbeat sent at the given uptime (of ``clock``) kept.
-  var renewed: @Sendable (Set<ClaimReference>, Duration) -> Void = { _, _ in }
+  /// Claims a heartbeat sent at the given reading of ``clock`` kept.
+  var renewed: @Sendable (Set<ClaimReference>, ClockReading) -> Void = { _, _ in }
   var log: @Sendable (LogRecord.Level, String) -> Void
 
   /// How long between heartbeats: a third of the lease, so two can fail before it lapses.
@@ -31,7 +33,7 @@ struct LeaseKeeper: Sendable {
 
   /// Starts the keeper; cancel the task to stop it.
   func start() -> Task<Void, Never> {
-    Task(executorPreference: ThreadExecutor.leases) { await run() }
+    Task(executorPreference: executor) { await run() }
   }
 
   private func run() async {
@@ -47,7 +49,8 @@ struct LeaseKeeper: Sendable {
       } else {
         do { try await clock.sleep(untilUptime: due) } catch { return }
       }
-      let started = clock.uptime()
+      let sent = ClockReading(clock)
+      let started = sent.uptime
       due = started + interval
       let claims = held()
       guard !claims.isEmpty else {
@@ -57,7 +60,7 @@ struct LeaseKeeper: Sendable {
       do {
         let kept = Set(try await store.heartbeat(claims, queue: queue, lease: lease, clock: clock))
         failures = 0
-        renewed(kept, started)
+        renewed(kept, sent)
         let gone = Set(claims).subtracting(kept)
         if !gone.isEmpty { lost(gone) }
       } catch  where Task.isCancelled {

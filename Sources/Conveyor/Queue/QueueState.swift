@@ -49,13 +49,53 @@ struct FinishCheck: Sendable, Hashable {
   var epoch: UInt64
 }
 
+/// A reading of the queue's clock: its uptime, and how far its wall clock is ahead of it (the wall
+/// reading minus the uptime). Between two readings the offset grows by as much as the wall clock
+/// was stepped forward.
+struct ClockReading: Sendable, Hashable {
+  var uptime: Duration
+  var wallOffset: Duration
+
+  /// A reading taken now from `clock`.
+  init(_ clock: any JobClock) {
+    uptime = clock.uptime()
+    wallOffset = .milliseconds(JobStoreTime.milliseconds(clock.now())) - uptime
+  }
+
+  init(uptime: Duration, wallOffset: Duration = .zero) {
+    self.uptime = uptime
+    self.wallOffset = wallOffset
+  }
+
+  static let zero = ClockReading(uptime: .zero)
+}
+
+/// Until when a claim's lease surely holds: the uptime when the claim (or the last heartbeat that
+/// kept it) was sent, plus the lease, with the wall clock's offset then. A store that dates leases
+/// by the wall clock ends them sooner by as much as that clock was stepped forward since.
+struct LeaseBound: Sendable, Hashable {
+  var holdsUntil: Duration
+  var wallOffset: Duration
+
+  /// The bound of a lease of `lease` asked for at `sent`.
+  init(sent: ClockReading, lease: Duration) {
+    holdsUntil = sent.uptime + lease
+    wallOffset = sent.wallOffset
+  }
+
+  /// How much of the lease surely remains at `now`.
+  func remaining(at now: ClockReading) -> Duration {
+    holdsUntil - now.uptime - max(.zero, now.wallOffset - wallOffset)
+  }
+}
+
 /// Claimed jobs waiting for a slot, first in first out, each with when it was claimed and until
-/// when its lease surely holds (the queue clock's uptime).
+/// when its lease surely holds.
 struct JobBuffer: Sendable, Hashable {
   private var storage: [JobRecord] = []
   private var times: [Duration] = []
-  /// Until when each job's lease surely holds (nil: not tracked), see ``QueueState/claimed(_:at:leaseHoldsUntil:)``.
-  private var holds: [Duration?] = []
+  /// Until when each job's lease surely holds (nil: not tracked), see ``QueueState/claimed(_:at:lease:)``.
+  private var holds: [LeaseBound?] = []
   private var head = 0
 
   var isEmpty: Bool { head == storage.count }
@@ -65,8 +105,7 @@ struct JobBuffer: Sendable, Hashable {
   /// When the first waiting job was claimed (nil: none waits).
   var firstClaimedAt: Duration? { isEmpty ? nil : times[head] }
 
-  mutating func append(_ jobs: [JobRecord], at time: Duration = .zero, leaseHoldsUntil hold: Duration? = nil)
-  {
+  mutating func append(_ jobs: [JobRecord], at time: Duration = .zero, lease hold: LeaseBound? = nil) {
     if head > 0 && head == storage.count {
       storage.removeAll(keepingCapacity: true)
       times.removeAll(keepingCapacity: true)
@@ -93,14 +132,14 @@ struct JobBuffer: Sendable, Hashable {
     head = 0
   }
 
-  /// A heartbeat sent at `sent` kept these claims: their leases surely hold until `until`.
-  mutating func renew(_ claims: Set<ClaimReference>, until: Duration) {
+  /// A heartbeat kept these claims: their leases surely hold as `bound` says.
+  mutating func renew(_ claims: Set<ClaimReference>, to bound: LeaseBound) {
     for index in storage.indices.dropFirst(head) where claims.contains(storage[index].claim) {
-      holds[index] = max(holds[index] ?? until, until)
+      holds[index] = bound
     }
   }
 
-  mutating func popFirst() -> (job: JobRecord, leaseHoldsUntil: Duration?)? {
+  mutating func popFirst() -> (job: JobRecord, lease: LeaseBound?)? {
     guard head < storage.count else { return nil }
     defer { head += 1 }
     return (storage[head], holds[head])
@@ -117,31 +156,31 @@ struct QueueState: Sendable {
     /// ``JobQueueConfiguration/claimsAhead``).
     var claimsAhead = false
     /// The lease a claim asks for: a claimed job starts only while its lease surely holds for a
-    /// third of this more (``mayStart(leaseHoldsUntil:now:)``).
+    /// third of this more (``mayStart(_:now:)``).
     var lease = Duration.seconds(60)
   }
 
-  /// Whether a claimed job may start at `now` (the queue clock's uptime): its lease surely holds
-  /// (`leaseHoldsUntil`: when the claim, or the last heartbeat that kept it, was sent, plus the
-  /// lease) for at least a third of the lease more: the lease keeper heartbeats every third of
-  /// the lease, so its next heartbeat renews the lease before it can lapse. A job claimed by a
+  /// Whether a claimed job may start at `now`: its lease surely holds (``LeaseBound``: from when
+  /// the claim, or the last heartbeat that kept it, was sent, less any forward step of the wall
+  /// clock since) for at least a third of the lease more: the lease keeper heartbeats every third
+  /// of the lease, so its next heartbeat renews the lease before it can lapse. A job claimed by a
   /// call answered late (a stalled store, a stalled machine), or claimed ahead and left waiting,
   /// may have lost its lease to a rescue and be running elsewhere: it is handed back unstarted
   /// instead (its attempt given back). Nil: not tracked (always true).
-  func mayStart(leaseHoldsUntil: Duration?, now: Duration) -> Bool {
-    guard let leaseHoldsUntil else { return true }
-    return leaseHoldsUntil - now >= limits.lease / 3
+  func mayStart(_ lease: LeaseBound?, now: ClockReading) -> Bool {
+    guard let lease else { return true }
+    return lease.remaining(at: now) >= limits.lease / 3
   }
 
   /// How many claimed jobs were handed back because their lease might have lapsed before they
-  /// could start (``mayStart(leaseHoldsUntil:now:)``); the loop logs it.
+  /// could start (``mayStart(_:now:)``); the loop logs it.
   var handedBackLapsed = 0
 
   /// Takes the next claimed job that may start at `now`, handing back (as releases in
   /// ``settlements``) those before it whose lease may have lapsed.
-  private mutating func popStartable(now: Duration) -> JobRecord? {
-    while let (job, holds) = buffer.popFirst() {
-      if mayStart(leaseHoldsUntil: holds, now: now) { return job }
+  private mutating func popStartable(now: ClockReading) -> JobRecord? {
+    while let (job, lease) = buffer.popFirst() {
+      if mayStart(lease, now: now) { return job }
       handedBackLapsed += 1
       settlements.append(
         PendingSettlement(
@@ -326,18 +365,18 @@ struct QueueState: Sendable {
     !stopping && !paused && canHandle && freeSlots > 0 && buffer.isEmpty
   }
 
-  /// Claimed jobs arrived at `now` (the queue clock's uptime): they wait for a slot.
-  /// `leaseHoldsUntil`: the uptime when the claim was sent, plus the lease (the store starts the
-  /// lease no earlier); nil: not tracked.
-  mutating func claimed(_ jobs: [JobRecord], at now: Duration = .zero, leaseHoldsUntil: Duration? = nil) {
+  /// Claimed jobs arrived at `now` (the queue clock's uptime): they wait for a slot. `lease`:
+  /// their leases' bound, from when the claim was sent (the store starts the lease no earlier);
+  /// nil: not tracked.
+  mutating func claimed(_ jobs: [JobRecord], at now: Duration = .zero, lease: LeaseBound? = nil) {
     guard !jobs.isEmpty else { return }
-    buffer.append(jobs, at: now, leaseHoldsUntil: leaseHoldsUntil)
+    buffer.append(jobs, at: now, lease: lease)
     reportedFinished = false
   }
 
-  /// A heartbeat sent at `sent` (the queue clock's uptime) kept these claims.
-  mutating func renewed(_ claims: Set<ClaimReference>, sentAt sent: Duration) {
-    buffer.renew(claims, until: sent + limits.lease)
+  /// A heartbeat sent at `sent` kept these claims.
+  mutating func renewed(_ claims: Set<ClaimReference>, sentAt sent: ClockReading) {
+    buffer.renew(claims, to: LeaseBound(sent: sent, lease: limits.lease))
   }
 
   /// A store call failed: its outcomes go back to be recorded first next time.
@@ -346,8 +385,8 @@ struct QueueState: Sendable {
   }
 
   /// The claimed jobs that may start now, each taking a slot (and a worker). Jobs whose lease may
-  /// have lapsed are handed back instead (``mayStart(leaseHoldsUntil:now:)``).
-  mutating func takeJobsToStart(now: Duration = .zero) -> [JobRecord] {
+  /// have lapsed are handed back instead (``mayStart(_:now:)``).
+  mutating func takeJobsToStart(now: ClockReading = .zero) -> [JobRecord] {
     var taken: [JobRecord] = []
     while workers < limits.concurrency, !stopping, !paused, let job = popStartable(now: now) {
       inFlight.insert(job.claim)
@@ -406,7 +445,7 @@ struct QueueState: Sendable {
   /// outcome while the next job runs), or ``batchedAheadJobs`` on a cheap store.
   mutating func workerFinished(
     _ claim: ClaimReference, outcome: PendingSettlement, canHandle: Bool, ahead: Ahead = .none,
-    now: Duration = .zero
+    now: ClockReading = .zero
   ) -> WorkerStep {
     inFlight.remove(claim)
     settlements.append(outcome)
@@ -444,8 +483,8 @@ struct QueueState: Sendable {
   }
 
   /// The next claimed job for a worker that just claimed (nil: the worker ends). Jobs whose lease
-  /// may have lapsed are handed back instead (``mayStart(leaseHoldsUntil:now:)``).
-  mutating func nextForWorker(now: Duration = .zero) -> JobRecord? {
+  /// may have lapsed are handed back instead (``mayStart(_:now:)``).
+  mutating func nextForWorker(now: ClockReading = .zero) -> JobRecord? {
     guard !stopping, !paused, let job = popStartable(now: now) else { return nil }
     inFlight.insert(job.claim)
     return job

@@ -14,8 +14,13 @@ final class WakeSignal: Sendable {
 
   private let state = Mutex(State())
   private let clock: any JobClock
+  /// The executor the timeout's task prefers (nil: the global one).
+  private let executor: (any TaskExecutor)?
 
-  init(clock: any JobClock) { self.clock = clock }
+  init(clock: any JobClock, executor: (any TaskExecutor)? = nil) {
+    self.clock = clock
+    self.executor = executor
+  }
 
   /// Wakes the waiter, or the next one to wait.
   func signal() {
@@ -40,7 +45,7 @@ final class WakeSignal: Sendable {
   /// cancellation.
   func wait(untilUptime deadline: Duration) async {
     let clock = self.clock
-    let timer = Task { [weak self] in
+    let timer = Task(executorPreference: executor) { [weak self] in
       do { try await clock.sleep(untilUptime: deadline) } catch { return }
       self?.signal()
     }
