@@ -692,17 +692,18 @@ public final class PostgresJobStore: JobStore {
           ))
       }
       let results = try db.pipeline(statements)
-      var stale: [JobID] = []
+      var stale: [ClaimReference] = []
       var retryDates: [JobID: Date] = [:]
       if !settlements.isEmpty {
         let applied = results[0]
-        let ids = Set((0..<applied.count).map { applied.int64($0, 0) })
-        stale = settlements.map(\.id).filter { !ids.contains($0.rawValue) }
+        let claims = Set(
+          (0..<applied.count).map { ClaimReference(id: JobID(applied.int64($0, 0)), token: applied.int64($0, 1)) })
+        stale = settlements.map(\.claim).filter { !claims.contains($0) }
         // The general statement also returns the run date each retry set, from the database's
         // clock: the date the queue's `.retryScheduled` event reports.
         if !completesOnly {
           for row in 0..<applied.count {
-            if let date = applied.date(row, 1) { retryDates[JobID(applied.int64(row, 0))] = date }
+            if let date = applied.date(row, 2) { retryDates[JobID(applied.int64(row, 0))] = date }
           }
         }
       }

@@ -388,8 +388,8 @@ struct SQL {
     """
   }
 
-  /// Applies a batch of settlements in one statement; returns the IDs that applied, each with the
-  /// run date a retry set (NULL for the other kinds).
+  /// Applies a batch of settlements in one statement; returns the claims that applied (ID and
+  /// token), each with the run date a retry set (NULL for the other kinds).
   /// Kinds: 0 complete, 1 retry (delay in ms), 2 kill, 3 release. Each applies only while its
   /// claim is current: running, with the same claim token (``currentClaims(_:queueParameter:)``
   /// finds and locks those, then the rows are deleted or changed by ID).
@@ -404,7 +404,7 @@ struct SQL {
     c AS MATERIALIZED (SELECT s.id, s.kind, s.delay, s.error FROM s \(Self.currentClaims(schema, queueParameter: 7))),
     done AS (
       DELETE FROM \(schema).jobs j WHERE j.id = ANY(ARRAY(SELECT id FROM c WHERE kind = 0))
-      RETURNING j.id, NULL::timestamptz AS retry_at
+      RETURNING j.id, j.claim_token, NULL::timestamptz AS retry_at
     ),
     changed AS (
       UPDATE \(schema).jobs j SET
@@ -422,21 +422,21 @@ struct SQL {
         lease_owner = NULL, lease_expires_at = NULL
       FROM c, n
       WHERE j.id = ANY(ARRAY(SELECT id FROM c WHERE kind <> 0)) AND c.id = j.id
-      RETURNING j.id, CASE WHEN c.kind = 1 THEN j.run_at END AS retry_at
+      RETURNING j.id, j.claim_token, CASE WHEN c.kind = 1 THEN j.run_at END AS retry_at
     )
-    SELECT id, retry_at FROM done UNION ALL SELECT id, retry_at FROM changed
+    SELECT id, claim_token, retry_at FROM done UNION ALL SELECT id, claim_token, retry_at FROM changed
     """
   }
 
-  /// Deletes the current claims among completions, the usual batch of settlements; returns the IDs
-  /// that applied. The same rule as ``settle``'s, with a plan a quarter its size (no time, no
+  /// Deletes the current claims among completions, the usual batch of settlements; returns the
+  /// claims that applied (ID and token). The same rule as ``settle``'s, with a plan a quarter its size (no time, no
   /// update, no union), so a worker's commonest call costs the server less. Parameters: ids,
   /// tokens, queue.
   static func complete(_ schema: String) -> String {
     """
     DELETE FROM \(schema).jobs j WHERE j.id = ANY(ARRAY(
       SELECT s.id FROM unnest($1::int8[], $2::int8[]) AS s(id, token) \(currentClaims(schema, queueParameter: 3))))
-    RETURNING j.id
+    RETURNING j.id, j.claim_token
     """
   }
 

@@ -280,11 +280,11 @@ public final class SQLiteJobStore: JobStore {
     let body: @Sendable (Connection) throws -> ClaimBatch = { db in
       try db.transaction(immediate: true) {
         let now = millis(clock.now())
-        var stale: [JobID] = []
+        var stale: [ClaimReference] = []
         var retryDates: [JobID: Date] = [:]
         for settlement in settlements {
           guard try Self.settle(settlement, queue: queue, now: now, db: db) else {
-            stale.append(settlement.id)
+            stale.append(settlement.claim)
             continue
           }
           if case .retry(let delay, _) = settlement.action {

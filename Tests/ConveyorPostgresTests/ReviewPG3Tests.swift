@@ -343,13 +343,13 @@ struct ReviewPG3Tests {
 
   struct Scenario {
     var applied: Set<JobID>
-    var stale: [JobID]
+    var stale: [ClaimReference]
   }
 
   /// Claims jobs in two queues, then settles in queue `ca`: a current completion twice, a stale
   /// token, another queue's job, a removed job, a rescued-and-reclaimed job's old claim, an
   /// unknown ID; with `mixed` a kill of one more current claim joins the batch.
-  func completions(mixed: Bool) async throws -> (stale: [JobID], rows: [String: String]) {
+  func completions(mixed: Bool) async throws -> (stale: [ClaimReference], rows: [String: String]) {
     let server = try await PostgresServer.shared()
     let schema = uniqueSchema(mixed ? "pg3mix" : "pg3comp")
     let store = try await openStore(server, schema: schema, clock: .caller)

@@ -137,7 +137,7 @@ struct ReviewPG5Tests {
         settlements, queue: queue, limit: 0, lease: lease, clock: clock)
       let retried = Set(refs[0..<5].map(\.id))
       #expect(Set(batch.retryDates.keys) == retried, "keys \(batch.retryDates.keys)")
-      #expect(batch.staleSettlements == [refs[8].id])
+      #expect(batch.staleSettlements == [ClaimReference(id: refs[8].id, token: refs[8].token + 7)])
       for id in retried {
         let stored = try await store.job(id)?.runAt
         #expect(

@@ -75,7 +75,7 @@ struct Review5Tests {
         settlements, queue: "r", limit: 0, lease: lease(), clock: clock)
       let retried = Set(refs[0..<5].map(\.id))
       #expect(Set(batch.retryDates.keys) == retried)
-      #expect(batch.staleSettlements == [refs[8].id])
+      #expect(batch.staleSettlements == [ClaimReference(id: refs[8].id, token: refs[8].token + 7)])
       for id in retried {
         let stored = try await store.job(id)?.runAt
         #expect(batch.retryDates[id] == stored, "job \(id)")

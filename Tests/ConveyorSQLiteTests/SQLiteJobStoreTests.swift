@@ -83,7 +83,7 @@ struct SQLiteJobStoreTests {
         JobSettlement(claim: forged, action: .complete),
         JobSettlement(claim: ClaimReference(id: JobID(999), token: 1), action: .complete),
       ], queue: "jobs", limit: 10, lease: lease(), now: later)
-    #expect(batch.staleSettlements == [ids[3], JobID(999)])
+    #expect(batch.staleSettlements == [forged, ClaimReference(id: JobID(999), token: 1)])
     #expect(batch.claimed.isEmpty)
     let all = try await store.jobs(queue: "jobs", status: nil, after: nil, limit: 10)
     #expect(all.map(\.id) == [ids[1], ids[2], ids[3]])

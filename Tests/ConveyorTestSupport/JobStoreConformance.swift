@@ -176,7 +176,7 @@ public enum JobStoreConformance {
       try expect(second.id == first.id && second.attempts == 2, "handed out again: \(second)")
       try expect(second.claimToken != first.claimToken, "a new claim token")
       let stale = try await claim(store, limit: 0, settling: [settle(first, .complete)], now: 62)
-      try expect(stale.staleSettlements == [first.id], "the first claim's outcome is stale")
+      try expect(stale.staleSettlements == [first.claim], "the first claim's outcome is stale")
       let running = try await store.jobs(queue: "q", status: .running, after: nil, limit: 5)
       try expect(running.map(\.claimToken) == [second.claimToken], "still held by the second claim")
       let late = try await store.heartbeat([first.claim], queue: "q", lease: lease(), clock: now(62))
@@ -188,7 +188,22 @@ public enum JobStoreConformance {
       let b = try expectOne(try await claim(store, now: 64).claimed)
       try expect(try await store.remove([b.id], queue: "q") == 1, "removed")
       let gone = try await claim(store, limit: 0, settling: [settle(b, .complete)], now: 65)
-      try expect(gone.staleSettlements == [b.id], "settling a removed job is stale")
+      try expect(gone.staleSettlements == [b.claim], "settling a removed job is stale")
+    },
+    // A worker whose lease lapsed while its handler ran, and that claimed the job again, may send
+    // the old claim's outcome and the new one's in one call: only the old one is stale.
+    check("stale settlements are reported by claim, so two claims of one job in a batch are told apart") { store in
+      _ = try await store.enqueue([job("a")], queue: "q", clock: now(0))
+      let first = try expectOne(try await claim(store, owner: "w1", now: 0).claimed)
+      _ = try await store.rescueExpiredLeases(queue: "q", clock: now(61))
+      let second = try expectOne(try await claim(store, owner: "w1", now: 61).claimed)
+      let batch = try await claim(
+        store, limit: 0, settling: [settle(first, .complete), settle(second, .retry(after: .zero, error: "again"))],
+        now: 62)
+      try expect(batch.staleSettlements == [first.claim], "only the first claim is stale: \(batch.staleSettlements)")
+      try expect(batch.retryDates.keys.contains(second.id), "the second claim's retry applied")
+      let record = try await store.job(second.id)
+      try expect(record?.status == .pending && record?.lastError == "again", "retried: \(String(describing: record))")
     },
     check("heartbeats extend only current claims, from the store's clock") { store in
       _ = try await store.enqueue([job("a"), job("b")], queue: "q", clock: now(0))

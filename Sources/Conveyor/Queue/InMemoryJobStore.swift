@@ -58,7 +58,7 @@ public final class InMemoryJobStore: JobStore {
   public func settleAndClaim(
     _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, clock: any JobClock
   ) async throws -> ClaimBatch {
-    var stale: [JobID] = []
+    var stale: [ClaimReference] = []
     var retryDates: [JobID: Date] = [:]
     var claimed: [JobRecord] = []
     let paused = withQueue(queue) { queueState in
@@ -68,7 +68,7 @@ public final class InMemoryJobStore: JobStore {
       let expiry = JobStoreTime.date(now, adding: lease.duration)
       for settlement in settlements {
         guard queueState.settle(settlement, now: now) else {
-          stale.append(settlement.id)
+          stale.append(settlement.claim)
           continue
         }
         if case .retry = settlement.action {

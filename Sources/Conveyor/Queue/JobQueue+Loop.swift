@@ -237,7 +237,7 @@ extension JobQueue {
     logHandedBack(lapsed: lapsed)
     if pauseChanged { publishState() }
     for item in pending {
-      if stale.contains(item.settlement.id) {
+      if stale.contains(item.settlement.claim) {
         log(
           .warning, "a job's outcome was not recorded: it was removed or its lease passed to another claim",
           ["job": item.settlement.id.description])

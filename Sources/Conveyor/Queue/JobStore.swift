@@ -199,7 +199,7 @@ public struct Lease: Sendable, Hashable {
 ///
 /// A settlement applies only while its claim is current: the job is running under the same
 /// ``ClaimReference/token``. A job whose lease ran out and was claimed again, or that was removed,
-/// is left alone and its ID is reported in ``ClaimBatch/staleSettlements``.
+/// is left alone and its claim is reported in ``ClaimBatch/staleSettlements``.
 public struct JobSettlement: Sendable, Hashable {
   /// What to do with the job.
   public enum Action: Sendable, Hashable {
@@ -236,7 +236,7 @@ public struct ClaimBatch: Sendable, Hashable {
   /// Jobs now held under the lease, in claim order (priority descending, run date, ID).
   public var claimed: [JobRecord]
   /// Settlements that did not apply because their claim was no longer current.
-  public var staleSettlements: [JobID]
+  public var staleSettlements: [ClaimReference]
   /// Whether the queue's stored pause flag was set (in which case nothing was claimed).
   public var paused: Bool
   /// The run date the store gave each job it rescheduled with ``JobSettlement/Action/retry(after:error:)``.
@@ -244,7 +244,7 @@ public struct ClaimBatch: Sendable, Hashable {
 
   /// Creates a batch.
   public init(
-    claimed: [JobRecord], staleSettlements: [JobID] = [], paused: Bool = false,
+    claimed: [JobRecord], staleSettlements: [ClaimReference] = [], paused: Bool = false,
     retryDates: [JobID: Date] = [:]
   ) {
     self.claimed = claimed
