@@ -240,6 +240,22 @@ public final class InMemoryJobStore: JobStore {
 }
 
 extension InMemoryJobStore {
+  /// The job with this ID as the store holds it now, read at once (no suspension): for a
+  /// simulation's checks, which must see the store between two steps.
+  package func peek(_ id: JobID) -> JobRecord? {
+    state.withLock { state in state.queues.values.lazy.compactMap { $0.jobs[id]?.record }.first }
+  }
+
+  /// The queue's jobs as the store holds them now, in no particular order (see ``peek(_:)``).
+  package func peekAll(queue: String) -> [JobRecord] {
+    state.withLock { $0.queues[ExactText(queue)]?.jobs.values.map(\.record) ?? [] }
+  }
+
+  /// Whether the queue's pause flag is set now (see ``peek(_:)``).
+  package func peekPaused(queue: String) -> Bool {
+    state.withLock { $0.queues[ExactText(queue)]?.paused ?? false }
+  }
+
   /// Runs `body` on a queue's state in place (no copy of its jobs), under the lock.
   private func withQueue<R>(_ queue: String, _ body: (inout QueueState) -> R) -> R {
     state.withLock { state in body(&state.queues[ExactText(queue), default: QueueState()]) }

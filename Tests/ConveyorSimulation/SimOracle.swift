@@ -1,0 +1,324 @@
+import Conveyor
+import Foundation
+import Synchronization
+
+/// What the simulation knows happened, kept apart from the store, and the invariants it checks
+/// against what the store and the handlers report. Each invariant is one sentence in
+/// ``Invariant``.
+final class SimOracle: Sendable {
+  /// The rules a history must keep.
+  enum Invariant: String, Sendable, CaseIterable {
+    case neverLost = "an added job is never lost"
+    case finishesOnce = "a job finishes at most once"
+    case settlesOwnClaim = "an outcome settles only its own claim"
+    case claimsWaiting = "only a waiting job is claimed, and each claim is newer than the last"
+    case startsWithLease = "no handler starts on a claim whose lease may have lapsed"
+    case keepsPlace = "a rescued job keeps its place: a queue that starts claims nothing behind a job whose lease had lapsed before"
+    case pauseObeyed = "pause is obeyed by every process: a paused queue hands out no job"
+    case waitUntilFinished = "waitUntilFinished never returns while a job added before it waits or runs"
+    case attempts = "attempts are counted as documented: claims, less the claims given back"
+    case finishes = "once faults stop, every job finishes (handled, or dead)"
+    case progresses = "the engine makes progress: it does not spin without time passing"
+    case deterministic = "every task runs on the simulation's executor"
+  }
+
+  /// A broken rule, with what showed it.
+  struct Violation: Sendable, CustomStringConvertible {
+    var invariant: Invariant
+    var detail: String
+    var description: String { "\(invariant.rawValue): \(detail)" }
+  }
+
+  enum Status: Sendable, Equatable {
+    case waiting
+    case running(token: Int64, process: Int)
+    case dead
+    case done
+    case removed
+  }
+
+  struct Facts: Sendable {
+    var committed: Int
+    var status = Status.waiting
+    var token: Int64 = 0
+    var claims = 0
+    var releases = 0
+    var completions = 0
+    var handlerStarts = 0
+  }
+
+  private struct State {
+    var jobs: [JobID: Facts] = [:]
+    var commits = 0
+    /// Each lease owner's process.
+    var owners: [String: Int] = [:]
+    /// When each process started (the wall clock), and whether it has claimed a job yet.
+    var starts: [Int: (wall: Date, claimed: Bool)] = [:]
+    var violation: Violation?
+    var finished = 0
+  }
+
+  private let state = Mutex(State())
+  let store: InMemoryJobStore
+  let clock: SimClock
+  let queue: String
+  /// Called with each notable event, for the trace.
+  let note: @Sendable (@autoclosure () -> String) -> Void
+
+  init(store: InMemoryJobStore, clock: SimClock, queue: String, note: @escaping @Sendable (@autoclosure () -> String) -> Void) {
+    self.store = store
+    self.clock = clock
+    self.queue = queue
+    self.note = note
+  }
+
+  var violation: Violation? { state.withLock { $0.violation } }
+
+  /// Jobs handled or dead so far.
+  var finished: Int { state.withLock { $0.finished } }
+
+  func fail(_ invariant: Invariant, _ detail: String) {
+    state.withLock { state in
+      if state.violation == nil { state.violation = Violation(invariant: invariant, detail: detail) }
+    }
+  }
+
+  /// A process started at the wall clock's `wall`.
+  func started(process: Int, wall: Date) {
+    state.withLock { $0.starts[process] = (wall, false) }
+  }
+
+  // MARK: Store calls
+
+  func enqueued(_ results: [EnqueueResult], _ jobs: [NewJob], process: Int) {
+    state.withLock { state in
+      for result in results where result.inserted {
+        state.commits += 1
+        state.jobs[result.id] = Facts(committed: state.commits)
+      }
+    }
+    note("p\(process) added \(results.filter(\.inserted).map(\.id.description).joined(separator: ","))")
+  }
+
+  /// The facts of the settled jobs before the store applies the settlements.
+  func beforeSettling(_ settlements: [JobSettlement], queue: String) -> [JobID: Facts] {
+    state.withLock { state in
+      Dictionary(settlements.compactMap { s in state.jobs[s.id].map { (s.id, $0) } }, uniquingKeysWith: { a, _ in a })
+    }
+  }
+
+  func settled(
+    _ settlements: [JobSettlement], before: [JobID: Facts], batch: ClaimBatch, lease: Lease, process: Int
+  ) {
+    let stale = Set(batch.staleSettlements)
+    let paused = store.peekPaused(queue: queue)
+    let wallNow = clock.now()
+    var laterStart: Date?
+    state.withLock { state in
+      state.owners[lease.owner] = process
+      for settlement in settlements where !stale.contains(settlement.claim) {
+        guard var facts = state.jobs[settlement.id] else { continue }
+        guard case .running(let token, _) = facts.status, token == settlement.claim.token else {
+          state.violation = state.violation
+            ?? Violation(
+              invariant: .settlesOwnClaim,
+              detail: "job \(settlement.id): outcome of claim \(settlement.claim.token) applied while the job was \(facts.status)")
+          return
+        }
+        switch settlement.action {
+        case .complete:
+          facts.completions += 1
+          facts.status = .done
+          state.finished += 1
+          if facts.completions > 1 {
+            state.violation = state.violation
+              ?? Violation(invariant: .finishesOnce, detail: "job \(settlement.id) completed \(facts.completions) times")
+          }
+        case .retry: facts.status = .waiting
+        case .kill:
+          facts.status = .dead
+          state.finished += 1
+        case .release:
+          facts.releases += 1
+          facts.status = .waiting
+        }
+        state.jobs[settlement.id] = facts
+      }
+      for record in batch.claimed {
+        guard var facts = state.jobs[record.id] else { continue }
+        if facts.status != .waiting || record.claimToken <= facts.token {
+          state.violation = state.violation
+            ?? Violation(
+              invariant: .claimsWaiting,
+              detail: "job \(record.id) claimed (token \(record.claimToken)) while \(facts.status), last token \(facts.token)")
+        }
+        facts.claims += 1
+        facts.token = record.claimToken
+        facts.status = .running(token: record.claimToken, process: process)
+        if record.attempts != facts.claims - facts.releases {
+          state.violation = state.violation
+            ?? Violation(
+              invariant: .attempts,
+              detail: "job \(record.id) claimed with \(record.attempts) attempts after \(facts.claims) claims and \(facts.releases) given back")
+        }
+        state.jobs[record.id] = facts
+      }
+      if !batch.claimed.isEmpty {
+        if paused {
+          state.violation = state.violation
+            ?? Violation(invariant: .pauseObeyed, detail: "p\(process) claimed \(batch.claimed.map(\.id)) while paused")
+        }
+        if let start = state.starts[process], !start.claimed {
+          state.starts[process]?.claimed = true
+          laterStart = start.wall
+        }
+      }
+    }
+    if let start = laterStart { checkFirstClaim(batch.claimed, process: process, processStart: start, now: wallNow) }
+    if !batch.claimed.isEmpty || !settlements.isEmpty {
+      note(
+        "p\(process) settled \(settlements.map { "\($0.claim)\(Self.short($0.action))\(stale.contains($0.claim) ? "(stale)" : "")" }.joined(separator: " ")) claimed \(batch.claimed.map { $0.claim.description }.joined(separator: " "))"
+      )
+    }
+  }
+
+  private static func short(_ action: JobSettlement.Action) -> String {
+    switch action {
+    case .complete: "✓"
+    case .retry: "↻"
+    case .kill: "✗"
+    case .release: "↩"
+    }
+  }
+
+  /// A process's first claim: no job whose lease had lapsed before the process started (and that
+  /// nobody rescued since) may come before what it claimed.
+  private func checkFirstClaim(_ claimed: [JobRecord], process: Int, processStart: Date, now: Date) {
+    let abandoned = store.peekAll(queue: queue).filter { record in
+      record.status == .running && (record.leaseExpiresAt.map { $0 <= processStart } ?? false)
+        && !claimed.contains { $0.id == record.id }
+    }
+    func precedes(_ a: JobRecord, _ b: JobRecord) -> Bool {
+      if a.priority != b.priority { return a.priority > b.priority }
+      if a.runAt != b.runAt { return a.runAt < b.runAt }
+      return a.id < b.id
+    }
+    for old in abandoned {
+      if let later = claimed.first(where: { precedes(old, $0) }) {
+        fail(
+          .keepsPlace,
+          "p\(process)'s first claim took job \(later.id) before job \(old.id), whose lease had lapsed before it started")
+        return
+      }
+    }
+  }
+
+  /// Jobs the store made waiting again after their lease lapsed.
+  func rescued() {
+    reconcile(from: { if case .running = $0 { true } else { false } }, to: .pending)
+  }
+
+  /// Dead jobs the store made waiting again.
+  func requeued() {
+    reconcile(from: { $0 == .dead }, to: .pending)
+  }
+
+  private func reconcile(from matches: (Status) -> Bool, to stored: JobStatus) {
+    let candidates = state.withLock { $0.jobs.filter { matches($0.value.status) }.map(\.key) }
+    let moved = candidates.filter { store.peek($0)?.status == stored }
+    state.withLock { state in
+      for id in moved {
+        if state.jobs[id]?.status == .dead { state.finished -= 1 }
+        state.jobs[id]?.status = .waiting
+      }
+    }
+    if !moved.isEmpty { note("back to waiting: \(moved.sorted().map(\.description).joined(separator: ","))") }
+  }
+
+  func removed(_ ids: [JobID]) {
+    state.withLock { state in
+      for id in ids where state.jobs[id] != nil {
+        if state.jobs[id]?.status == .dead { state.finished -= 1 }
+        state.jobs[id]?.status = .removed
+      }
+    }
+  }
+
+  func paused(_ paused: Bool, queue: String) {
+    note("queue \(paused ? "paused" : "resumed")")
+  }
+
+  // MARK: Handlers
+
+  /// A handler of `process` starts on job `id` as its attempt `attempts`.
+  func handlerStarted(_ id: JobID, attempts: Int, process: Int) {
+    let record = store.peek(id)
+    let now = clock.now()
+    state.withLock { state in
+      guard var facts = state.jobs[id] else { return }
+      facts.handlerStarts += 1
+      state.jobs[id] = facts
+      guard let record, record.status == .running, let owner = record.leaseOwner,
+        state.owners[owner] == process, let expiry = record.leaseExpiresAt, expiry > now
+      else {
+        state.violation = state.violation
+          ?? Violation(
+            invariant: .startsWithLease,
+            detail: "p\(process) started job \(id) while the store holds it as \(record.map { "\($0.status) by \($0.leaseOwner.flatMap { state.owners[$0] }.map { "p\($0)" } ?? "nobody") until \($0.leaseExpiresAt.map { "\($0.timeIntervalSince(now)) s from now" } ?? "-")" } ?? "gone")")
+        return
+      }
+      if attempts != facts.claims - facts.releases {
+        state.violation = state.violation
+          ?? Violation(
+            invariant: .attempts,
+            detail: "job \(id) started as attempt \(attempts) after \(facts.claims) claims and \(facts.releases) given back")
+      }
+    }
+    note("p\(process) handles \(id) attempt \(attempts)")
+  }
+
+  // MARK: Checks
+
+  /// A `waitUntilFinished` caller registers: the commits made so far.
+  func registerWaiter() -> Int { state.withLock { $0.commits } }
+
+  /// A `waitUntilFinished` registered after `commits` returned.
+  func waiterReturned(registeredAfter commits: Int, process: Int) {
+    let unfinished = store.peekAll(queue: queue).filter { $0.status == .pending || $0.status == .running }
+    let early = state.withLock { state in
+      unfinished.filter { (state.jobs[$0.id]?.committed ?? .max) <= commits }.map(\.id)
+    }
+    if let first = early.first {
+      fail(.waitUntilFinished, "p\(process)'s waitUntilFinished returned while job \(first) (added before) was \(store.peek(first)?.status.rawValue ?? "?")")
+    }
+    note("p\(process) waitUntilFinished returned")
+  }
+
+  /// Every job not finished for good is in the store.
+  func checkNothingLost() {
+    let expected = state.withLock { state in
+      state.jobs.filter { $0.value.status != .done && $0.value.status != .removed }.map(\.key)
+    }
+    for id in expected where store.peek(id) == nil {
+      fail(.neverLost, "job \(id) is gone from the store, never handled")
+      return
+    }
+  }
+
+  /// Whether every job the history added is handled, dead or removed.
+  var allFinished: Bool {
+    state.withLock { state in
+      state.jobs.values.allSatisfy { [.done, .dead, .removed].contains($0.status) }
+    }
+  }
+
+  /// The jobs not finished, for the liveness report.
+  var unfinished: [(JobID, Status)] {
+    state.withLock { state in
+      state.jobs.filter { ![.done, .dead, .removed].contains($0.value.status) }.map { ($0.key, $0.value.status) }
+        .sorted { $0.0 < $1.0 }
+    }
+  }
+
+  var jobCount: Int { state.withLock { $0.jobs.count } }
+}

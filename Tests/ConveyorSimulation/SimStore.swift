@@ -1,0 +1,138 @@
+import Conveyor
+import Foundation
+
+/// A simulated process's view of the shared store: every call goes through the world, which
+/// gives it time on its way there and back, may fail it before it reaches the store or lose its
+/// answer after it committed, and lets the oracle see what it did.
+final class SimStore: JobStore {
+  let base: InMemoryJobStore
+  let world: SimWorld
+  let process: Int
+
+  init(base: InMemoryJobStore, world: SimWorld, process: Int) {
+    self.base = base
+    self.world = world
+    self.process = process
+  }
+
+  func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
+    try await world.call(process, .enqueue) {
+      let results = try await self.base.enqueue(jobs, queue: queue, clock: clock)
+      self.world.oracle.enqueued(results, jobs, process: self.process)
+      return results
+    }
+  }
+
+  func settleAndClaim(
+    _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, clock: any JobClock
+  ) async throws -> ClaimBatch {
+    try await world.call(process, .settleAndClaim) {
+      let before = self.world.oracle.beforeSettling(settlements, queue: queue)
+      let batch = try await self.base.settleAndClaim(
+        settlements, queue: queue, limit: limit, lease: lease, clock: clock)
+      self.world.oracle.settled(
+        settlements, before: before, batch: batch, lease: lease, process: self.process)
+      return batch
+    }
+  }
+
+  func heartbeat(_ claims: [ClaimReference], queue: String, lease: Lease, clock: any JobClock)
+    async throws -> [ClaimReference]
+  {
+    try await world.call(process, .heartbeat) {
+      try await self.base.heartbeat(claims, queue: queue, lease: lease, clock: clock)
+    }
+  }
+
+  func rescueExpiredLeases(queue: String, clock: any JobClock) async throws -> Int {
+    try await world.call(process, .rescue) {
+      let count = try await self.base.rescueExpiredLeases(queue: queue, clock: clock)
+      if count > 0 { self.world.oracle.rescued() }
+      return count
+    }
+  }
+
+  func counts(queue: String, clock: any JobClock) async throws -> JobCounts {
+    try await world.call(process, .read) { try await self.base.counts(queue: queue, clock: clock) }
+  }
+
+  func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
+    try await world.call(process, .read) {
+      try await self.base.jobs(queue: queue, status: status, after: after, limit: limit)
+    }
+  }
+
+  func job(_ id: JobID) async throws -> JobRecord? {
+    try await world.call(process, .read) { try await self.base.job(id) }
+  }
+
+  func remove(_ ids: [JobID], queue: String) async throws -> Int {
+    try await world.call(process, .change) {
+      let count = try await self.base.remove(ids, queue: queue)
+      self.world.oracle.removed(ids)
+      return count
+    }
+  }
+
+  func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int {
+    try await world.call(process, .change) {
+      let doomed = try await self.base.jobs(queue: queue, status: nil, after: nil, limit: .max).filter {
+        statuses.contains($0.status)
+      }
+      let count = try await self.base.clear(queue: queue, statuses: statuses)
+      self.world.oracle.removed(doomed.map(\.id))
+      return count
+    }
+  }
+
+  func tally(queue: String, statuses: Set<JobStatus>) async throws -> JobTally {
+    try await world.call(process, .read) { try await self.base.tally(queue: queue, statuses: statuses) }
+  }
+
+  func clear(queue: String, statuses: Set<JobStatus>, through: JobID, expecting expected: Int) async throws
+    -> Int?
+  {
+    try await world.call(process, .change) {
+      let doomed = try await self.base.jobs(queue: queue, status: nil, after: nil, limit: .max).filter {
+        statuses.contains($0.status) && $0.id <= through
+      }
+      let count = try await self.base.clear(
+        queue: queue, statuses: statuses, through: through, expecting: expected)
+      if count != nil { self.world.oracle.removed(doomed.map(\.id)) }
+      return count
+    }
+  }
+
+  func requeueDead(_ ids: [JobID]?, queue: String, clock: any JobClock) async throws -> Int {
+    try await world.call(process, .change) {
+      let count = try await self.base.requeueDead(ids, queue: queue, clock: clock)
+      if count > 0 { self.world.oracle.requeued() }
+      return count
+    }
+  }
+
+  func setPaused(_ paused: Bool, queue: String) async throws {
+    try await world.call(process, .change) {
+      try await self.base.setPaused(paused, queue: queue)
+      self.world.oracle.paused(paused, queue: queue)
+    }
+  }
+
+  func isPaused(queue: String) async throws -> Bool {
+    try await world.call(process, .read) { try await self.base.isPaused(queue: queue) }
+  }
+
+  func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
+    try await world.call(process, .read) { try await self.base.nextWake(queue: queue, clock: clock) }
+  }
+
+  func queueNames() async throws -> [String] {
+    try await world.call(process, .read) { try await self.base.queueNames() }
+  }
+
+  /// Hears of nothing: idle workers poll, on the simulated clock.
+  func waitForWork(queue: String, timeout: Duration) async -> Bool {
+    try? await world.clock.sleep(for: max(timeout, .milliseconds(1)))
+    return false
+  }
+}

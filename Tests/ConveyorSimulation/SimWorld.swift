@@ -1,0 +1,484 @@
+import Conveyor
+import Foundation
+import Synchronization
+
+/// The last events of a history, for the report of a violation.
+final class SimTrace: Sendable {
+  private struct State {
+    var lines: [String] = []
+    var next = 0
+  }
+  private let state = Mutex(State())
+  let length: Int
+  let clock: SimClock
+
+  init(length: Int, clock: SimClock) {
+    self.length = length
+    self.clock = clock
+  }
+
+  func note(_ line: String) {
+    let stamped = String(format: "%9.3f s  ", clock.uptime().inSeconds) + line
+    state.withLock { state in
+      if state.lines.count < length {
+        state.lines.append(stamped)
+      } else {
+        state.lines[state.next] = stamped
+      }
+      state.next = (state.next + 1) % length
+    }
+  }
+
+  var lines: [String] {
+    state.withLock { state in
+      state.lines.count < length ? state.lines : Array(state.lines[state.next...] + state.lines[..<state.next])
+    }
+  }
+}
+
+/// One simulated history: the processes, the shared store, the clock, the scheduler, the faults.
+final class SimWorld: Sendable {
+  enum CallKind { case enqueue, settleAndClaim, heartbeat, rescue, read, change }
+
+  /// A simulated process: its executor, its view of the store, and (for a worker) its queue.
+  final class Process: Sendable {
+    let id: Int
+    let executor: SimProcessExecutor
+    let store: SimStore
+    let queue = Mutex<JobQueue<SimItem>?>(nil)
+    init(id: Int, executor: SimProcessExecutor, store: SimStore) {
+      self.id = id
+      self.executor = executor
+      self.store = store
+    }
+  }
+
+  enum Phase: Sendable { case chaos, heal, cleanup }
+
+  private struct Event {
+    var at: Duration
+    var order: Int
+    var action: @Sendable () -> Void
+  }
+
+  private struct State {
+    var random: SimRandom
+    var processes: [Int: Process] = [:]
+    /// Worker processes alive (not crashed, not shut down).
+    var alive: [Int] = []
+    var nextProcess = 0
+    var events: [Event] = []
+    var eventOrder = 0
+    var phase = Phase.chaos
+  }
+
+  static let queueName = "sim"
+  /// The application's process: it adds the jobs and pauses the queue; it never crashes.
+  static let application = 0
+
+  let seed: UInt64
+  let scenario: SimScenario
+  let scheduler = SimScheduler()
+  let clock = SimClock()
+  let base = InMemoryJobStore()
+  let trace: SimTrace
+  let oracle: SimOracle
+  /// The lease every worker's queue asks for.
+  let lease: Duration
+  private let state: Mutex<State>
+
+  init(seed: UInt64, scenario: SimScenario) {
+    self.seed = seed
+    self.scenario = scenario
+    var random = SimRandom(seed: seed)
+    lease = random.pick([.seconds(1), .seconds(2), .seconds(5)])
+    state = Mutex(State(random: random))
+    let trace = SimTrace(length: 120, clock: clock)
+    self.trace = trace
+    oracle = SimOracle(store: base, clock: clock, queue: Self.queueName, note: { trace.note($0()) })
+  }
+
+  var phase: Phase { state.withLock { $0.phase } }
+
+  /// Draws with the history's generator.
+  func draw<T>(_ body: (inout SimRandom) -> T) -> T { state.withLock { body(&$0.random) } }
+
+  func process(_ id: Int) -> Process? { state.withLock { $0.processes[id] } }
+
+  private func makeProcess() -> Process {
+    let id = state.withLock { state -> Int in
+      defer { state.nextProcess += 1 }
+      return state.nextProcess
+    }
+    let process = Process(
+      id: id, executor: SimProcessExecutor(process: id, scheduler: scheduler),
+      store: SimStore(base: base, world: self, process: id))
+    state.withLock { $0.processes[id] = process }
+    return process
+  }
+
+  /// Runs `body` as a task of `process`.
+  private func spawn(_ process: Process, _ body: @escaping @Sendable () async -> Void) {
+    Task(executorPreference: process.executor) { await body() }
+  }
+
+  /// Schedules `action` at uptime `at`.
+  private func schedule(at: Duration, _ action: @escaping @Sendable () -> Void) {
+    state.withLock { state in
+      state.eventOrder += 1
+      state.events.append(Event(at: at, order: state.eventOrder, action: action))
+    }
+  }
+
+  // MARK: Store calls
+
+  /// A store call of `process`: time on its way, perhaps a failure before it reaches the store,
+  /// `body` (the store applying it), time on its way back, perhaps the answer lost.
+  func call<T: Sendable>(_ process: Int, _ kind: CallKind, _ body: () async throws -> T) async throws -> T {
+    let chaos = phase == .chaos
+    let (before, after, fails, loses) = draw { random -> (Duration, Duration, Bool, Bool) in
+      let slow = chaos && random.chance(scenario.slowCall)
+      let before = slow ? random.duration(lease, lease * 2) : random.duration(.zero, .microseconds(1_500))
+      let after = random.duration(.zero, .microseconds(1_500))
+      let fails = chaos && random.chance(scenario.storeFailure)
+      let loses = chaos && kind != .read && random.chance(scenario.lostAnswer)
+      return (before, after, fails, loses)
+    }
+    await clock.pass(before)
+    if scheduler.condition(of: process) == .zombie { throw SimFault.dead }
+    if fails {
+      trace.note("p\(process) \(kind) failed before reaching the store")
+      throw SimFault.refused
+    }
+    let value = try await body()
+    await clock.pass(after)
+    if scheduler.condition(of: process) == .zombie { throw SimFault.dead }
+    if loses {
+      trace.note("p\(process) \(kind) answer lost after the store applied it")
+      throw SimFault.answerLost
+    }
+    return value
+  }
+
+  // MARK: Workers
+
+  /// How the handler of `job` behaves on attempt `attempt`: drawn from the seed, the job and the
+  /// attempt alone, so the scheduling does not change it. From the fourth attempt on it succeeds.
+  private func behaviour(job: Int, attempt: Int) -> Behaviour {
+    var random = SimRandom(seed: seed &* 31 &+ UInt64(job) &* 1_000_003 &+ UInt64(attempt))
+    let quick = random.duration(.zero, .milliseconds(40))
+    guard attempt < 4, random.chance(scenario.handlerTrouble) else { return .succeed(after: quick) }
+    switch random.below(7) {
+    case 0: return .fail(after: quick)
+    case 1: return .retryNow
+    case 2: return .retryLater(random.duration(.milliseconds(10), .seconds(2)))
+    case 3: return .discard
+    case 4: return .slow(random.duration(lease / 2, lease * 3))
+    case 5: return .stubborn(random.duration(lease / 2, lease * 2))
+    default: return .succeed(after: random.duration(lease / 3, lease * 2))
+    }
+  }
+
+  enum Behaviour {
+    case succeed(after: Duration)
+    case fail(after: Duration)
+    case retryNow
+    case retryLater(Duration)
+    case discard
+    /// Runs long, ending early when cancelled.
+    case slow(Duration)
+    /// Runs long, whatever happens.
+    case stubborn(Duration)
+  }
+
+  struct HandlerFailure: Error {}
+
+  /// Starts a worker process with its queue.
+  @discardableResult
+  private func startWorker() -> Process {
+    let process = makeProcess()
+    let (concurrency, prefetch, claimsAhead, poll, maxAttempts) = draw { random in
+      (
+        1 + random.below(3), random.pick([0, 0, 0, 1, 2]), random.chance(0.7),
+        random.pick([Duration.milliseconds(100), .milliseconds(300), .seconds(1)]),
+        random.pick([nil, nil, 3, 6] as [Int?])
+      )
+    }
+    var configuration = JobQueueConfiguration(
+      identifier: Self.queueName, retryPolicy: .fixed(.milliseconds(500)), maxAttempts: maxAttempts,
+      concurrency: concurrency, prefetch: prefetch, claimsAhead: claimsAhead, leaseDuration: lease,
+      pollInterval: poll, clock: clock)
+    configuration.runtime = .simulated(executor: process.executor, clock: clock)
+    let id = process.id
+    oracle.started(process: id, wall: clock.now())
+    let queue = try! JobQueue<SimItem>(configuration: configuration, store: process.store) {
+      [weak self] item, context in
+      guard let self else { return .handled }
+      if scheduler.condition(of: id) != .zombie {
+        oracle.handlerStarted(context.id, attempts: context.attempts, process: id)
+      }
+      switch behaviour(job: item.job, attempt: context.attempts) {
+      case .succeed(let time):
+        try await clock.sleep(for: time)
+        return .handled
+      case .fail(let time):
+        try await clock.sleep(for: time)
+        throw HandlerFailure()
+      case .retryNow: return .retry(after: .zero)
+      case .retryLater(let delay): return .retry(after: delay)
+      case .discard: return .discard(reason: "discarded by the simulation")
+      case .slow(let time):
+        try await clock.sleep(for: time)
+        return .handled
+      case .stubborn(let time):
+        await clock.pass(time)
+        return .handled
+      }
+    }
+    process.queue.withLock { $0 = queue }
+    state.withLock { $0.alive.append(id) }
+    trace.note("p\(id) started (concurrency \(concurrency), prefetch \(prefetch), ahead \(claimsAhead), poll \(poll), max \(maxAttempts.map(String.init) ?? "-"))")
+    return process
+  }
+
+  // MARK: Faults and the application
+
+  private func randomAlive() -> Process? {
+    state.withLock { state in
+      state.alive.isEmpty ? nil : state.processes[state.alive[state.random.below(state.alive.count)]]
+    }
+  }
+
+  private func markGone(_ id: Int) { state.withLock { $0.alive.removeAll { $0 == id } } }
+
+  /// Times in `0..<span` at which something happens `perMinute` times a minute on average.
+  private func times(_ perMinute: Double, within span: Duration) -> [Duration] {
+    guard perMinute > 0 else { return [] }
+    return draw { random in
+      let count = Int((perMinute * span.inSeconds / 60).rounded()) + (random.chance(0.5) ? 1 : 0)
+      return (0..<count).map { _ in random.duration(.zero, span) }.sorted()
+    }
+  }
+
+  private func planChaos(application: Process) {
+    let span = scenario.chaos
+    // The application adds the jobs over the first two thirds of the chaos.
+    for job in 0..<scenario.jobs {
+      let at = draw { $0.duration(.zero, span * 2 / 3) }
+      schedule(at: at) { [self] in spawn(application) { await self.add(job, from: application) } }
+    }
+    for at in times(scenario.crashesPerMinute, within: span) {
+      schedule(at: at) { [self] in
+        guard let victim = randomAlive() else { return }
+        markGone(victim.id)
+        scheduler.set(.crashed, for: victim.id)
+        trace.note("p\(victim.id) killed")
+        let restart = draw { $0.duration(.zero, lease * 2) }
+        schedule(at: clock.uptime() + restart) { [self] in startWorker() }
+      }
+    }
+    for at in times(scenario.stallsPerMinute, within: span) {
+      schedule(at: at) { [self] in
+        guard let victim = randomAlive(), scheduler.condition(of: victim.id) == .running else { return }
+        let until = clock.uptime() + draw { $0.duration(lease, lease * 3) }
+        scheduler.set(.stalled(until: until), for: victim.id)
+        trace.note("p\(victim.id) stalled until \(until)")
+      }
+    }
+    for at in times(scenario.clockStepsPerMinute, within: span) {
+      schedule(at: at) { [self] in
+        let step = draw { random in (random.chance(0.5) ? 1 : -1) * random.duration(lease / 2, lease * 3).inSeconds }
+        clock.step(by: step)
+        trace.note("wall clock stepped by \(step) s")
+      }
+    }
+    for at in times(scenario.shutdownsPerMinute, within: span) {
+      schedule(at: at) { [self] in
+        guard let victim = randomAlive(), let queue = victim.queue.withLock({ $0 }) else { return }
+        markGone(victim.id)
+        let grace = draw { $0.duration(.zero, lease) }
+        trace.note("p\(victim.id) shutting down (grace \(grace))")
+        spawn(victim) { [self] in
+          await queue.shutdown(gracePeriod: grace)
+          trace.note("p\(victim.id) stopped")
+          startWorker()
+        }
+      }
+    }
+    for at in times(scenario.pausesPerMinute, within: span) {
+      schedule(at: at) { [self] in
+        spawn(application) { [self] in await setPaused(true, from: application) }
+        let resume = draw { $0.duration(.milliseconds(100), lease * 2) }
+        schedule(at: clock.uptime() + resume) { [self] in
+          spawn(application) { [self] in await setPaused(false, from: application) }
+        }
+      }
+    }
+    // waitUntilFinished callers, on workers.
+    for at in times(3, within: span) {
+      schedule(at: at) { [self] in
+        guard let waiter = randomAlive(), let queue = waiter.queue.withLock({ $0 }) else { return }
+        let registered = oracle.registerWaiter()
+        spawn(waiter) { [self] in
+          await queue.waitUntilFinished()
+          if scheduler.condition(of: waiter.id) != .zombie {
+            oracle.waiterReturned(registeredAfter: registered, process: waiter.id)
+          }
+        }
+      }
+    }
+  }
+
+  /// The application adds job `job`, trying again while the store refuses the call (a lost
+  /// answer may have committed it: it is not added again, as an application could not tell).
+  private func add(_ job: Int, from process: Process) async {
+    let payload = try! JSONEncoder().encode(SimItem(job: job))
+    while true {
+      do {
+        _ = try await process.store.enqueue([NewJob(payload: payload)], queue: Self.queueName, clock: clock)
+        return
+      } catch SimFault.refused {
+        try? await clock.sleep(for: .milliseconds(50))
+      } catch {
+        return
+      }
+    }
+  }
+
+  private func setPaused(_ paused: Bool, from process: Process) async {
+    while true {
+      do {
+        try await process.store.setPaused(paused, queue: Self.queueName)
+        return
+      } catch SimFault.refused {
+        try? await clock.sleep(for: .milliseconds(50))
+      } catch {
+        // Lost after it was applied (chaos only): done.
+        return
+      }
+    }
+  }
+
+  /// Faults stop: the queue is resumed, and a worker started if none is alive.
+  private func heal() {
+    state.withLock { $0.phase = .heal }
+    trace.note("faults stop")
+    for id in state.withLock({ $0.processes.keys.sorted() }) {
+      if case .stalled = scheduler.condition(of: id) { scheduler.set(.running, for: id) }
+    }
+    if let application = process(Self.application) {
+      spawn(application) { [self] in await setPaused(false, from: application) }
+    }
+    if state.withLock({ $0.alive.isEmpty }) { startWorker() }
+  }
+
+  /// Stops every worker (the live ones gracefully; the crashed ones as zombies whose store calls
+  /// fail), so their tasks end.
+  private func cleanUp() {
+    state.withLock { $0.phase = .cleanup }
+    let all = state.withLock { Array($0.processes.values).sorted { $0.id < $1.id } }
+    for process in all {
+      if scheduler.condition(of: process.id) == .crashed { scheduler.set(.zombie, for: process.id) }
+      guard let queue = process.queue.withLock({ $0 }) else { continue }
+      spawn(process) { await queue.shutdown(gracePeriod: .zero) }
+    }
+  }
+
+  // MARK: Running
+
+  /// Runs the history to its end and returns what happened.
+  func run() -> SimOutcome {
+    scheduler.bind()
+    let application = makeProcess()
+    for _ in 0..<scenario.workers { startWorker() }
+    planChaos(application: application)
+    var steps = 0
+    var stepsAtThisTime = 0
+    let healLimit = scenario.chaos + .seconds(600)
+    var violation: SimOracle.Violation?
+    loop: while true {
+      if let found = oracle.violation {
+        violation = found
+        break
+      }
+      if let (job, process) = scheduler.next(&stateRandom) {
+        self.process(process)?.executor.run(job) ?? SimProcessExecutor(process: process, scheduler: scheduler).run(job)
+        steps += 1
+        stepsAtThisTime += 1
+        if stepsAtThisTime > 200_000 {
+          violation = .init(invariant: .progresses, detail: "200,000 steps without time passing")
+          break
+        }
+        if steps % 512 == 0 { oracle.checkNothingLost() }
+        continue
+      }
+      let now = clock.uptime()
+      switch phase {
+      case .chaos where now >= scenario.chaos:
+        heal()
+        continue loop
+      case .heal where oracle.allFinished:
+        break loop
+      case .heal where now >= healLimit:
+        violation = .init(
+          invariant: .finishes,
+          detail: "\(healLimit) after the start, jobs still unfinished: \(oracle.unfinished.prefix(5).map { "\($0.0) \($0.1)" })")
+        break loop
+      default: break
+      }
+      let nextEvent = state.withLock { $0.events.map(\.at).min() }
+      let candidates = [clock.nextDeadline, scheduler.nextStallEnd, nextEvent].compactMap { $0 }
+      guard var next = candidates.min() else {
+        if phase == .chaos {
+          clock.advance(to: scenario.chaos)
+          continue loop
+        }
+        break loop
+      }
+      if phase == .chaos { next = min(next, max(scenario.chaos, now)) }
+      clock.advance(to: next)
+      stepsAtThisTime = 0
+      scheduler.endStalls(at: next)
+      let due = state.withLock { state -> [Event] in
+        let due = state.events.filter { $0.at <= next }.sorted { ($0.at, $0.order) < ($1.at, $1.order) }
+        state.events.removeAll { $0.at <= next }
+        return due
+      }
+      for event in due { event.action() }
+    }
+    if violation == nil {
+      oracle.checkNothingLost()
+      violation = oracle.violation
+    }
+    if scheduler.counts.foreign > 0 && violation == nil {
+      violation = .init(invariant: .deterministic, detail: "\(scheduler.counts.foreign) jobs came from another thread")
+    }
+    let end = clock.uptime()
+    cleanUp()
+    drain()
+    return SimOutcome(
+      seed: seed, scenario: scenario, violation: violation?.description, trace: trace.lines,
+      lifecycles: oracle.finished, steps: steps, simulated: end)
+  }
+
+  /// The history's generator, for the scheduler's picks.
+  private var stateRandom: SimRandom {
+    get { state.withLock { $0.random } }
+    set { state.withLock { $0.random = newValue } }
+  }
+
+  /// Runs what is left after the clean-up until nothing is runnable and no sleep is due within a
+  /// simulated hour.
+  private func drain() {
+    var steps = 0
+    while steps < 2_000_000 {
+      if let (job, process) = scheduler.next(&stateRandom) {
+        self.process(process)?.executor.run(job)
+        steps += 1
+        continue
+      }
+      guard let next = clock.nextDeadline, next < clock.uptime() + .seconds(3_600) else { return }
+      clock.advance(to: next)
+    }
+  }
+}

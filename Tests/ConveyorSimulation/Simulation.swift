@@ -1,0 +1,148 @@
+import Conveyor
+import Foundation
+import Synchronization
+
+/// What one simulated history does: drawn from its seed, and made smaller when shrinking a
+/// failing history.
+public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
+  /// Worker processes running at the start (each with one queue instance); each crash or shutdown
+  /// starts a new one.
+  public var workers: Int
+  /// Jobs the application adds during the chaos phase.
+  public var jobs: Int
+  /// How long faults are injected (simulated time).
+  public var chaos: Duration
+  /// Crashes (SIGKILL, then a restart) per simulated minute.
+  public var crashesPerMinute: Double
+  /// Stalls longer than a lease (SIGSTOP, SIGCONT) per simulated minute.
+  public var stallsPerMinute: Double
+  /// Steps of the wall clock (forward or back) per simulated minute.
+  public var clockStepsPerMinute: Double
+  /// Graceful shutdowns (then a restart) per simulated minute.
+  public var shutdownsPerMinute: Double
+  /// Pauses (resumed a little later) per simulated minute.
+  public var pausesPerMinute: Double
+  /// Chance that a store call fails before it reaches the store.
+  public var storeFailure: Double
+  /// Chance that a store call's answer is lost after the store applied it.
+  public var lostAnswer: Double
+  /// Chance that a store call takes longer than a lease to answer.
+  public var slowCall: Double
+  /// Chance that an attempt's handler misbehaves (throws, retries, is slow, ignores cancellation,
+  /// discards).
+  public var handlerTrouble: Double
+
+  /// The scenario a seed draws.
+  public static func drawn(from seed: UInt64) -> SimScenario {
+    var random = SimRandom(seed: seed ^ 0x5CE7_A210)
+    return SimScenario(
+      workers: 1 + random.below(3), jobs: 4 + random.below(24), chaos: .seconds(20 + random.below(40)),
+      crashesPerMinute: random.pick([0, 1, 3, 6]), stallsPerMinute: random.pick([0, 1, 3]),
+      clockStepsPerMinute: random.pick([0, 0, 1, 3]), shutdownsPerMinute: random.pick([0, 1, 2]),
+      pausesPerMinute: random.pick([0, 0, 1, 2]), storeFailure: random.pick([0, 0.01, 0.05]),
+      lostAnswer: random.pick([0, 0.01, 0.03]), slowCall: random.pick([0, 0.005, 0.02]),
+      handlerTrouble: random.pick([0.05, 0.2, 0.4]))
+  }
+
+  /// Smaller versions of this scenario, one change each, for shrinking.
+  var simpler: [SimScenario] {
+    var options: [SimScenario] = []
+    func with(_ change: (inout SimScenario) -> Void) {
+      var copy = self
+      change(&copy)
+      if copy != self { options.append(copy) }
+    }
+    with { $0.jobs = max(1, $0.jobs / 2) }
+    with { $0.jobs = max(1, $0.jobs - 1) }
+    with { $0.workers = max(1, $0.workers - 1) }
+    with { $0.chaos = max(.seconds(5), $0.chaos / 2) }
+    with { $0.crashesPerMinute = 0 }
+    with { $0.stallsPerMinute = 0 }
+    with { $0.clockStepsPerMinute = 0 }
+    with { $0.shutdownsPerMinute = 0 }
+    with { $0.pausesPerMinute = 0 }
+    with { $0.storeFailure = 0 }
+    with { $0.lostAnswer = 0 }
+    with { $0.slowCall = 0 }
+    with { $0.handlerTrouble = 0 }
+    return options
+  }
+
+  public var description: String {
+    "workers \(workers), jobs \(jobs), chaos \(chaos), crashes/min \(crashesPerMinute), stalls/min \(stallsPerMinute), "
+      + "clock steps/min \(clockStepsPerMinute), shutdowns/min \(shutdownsPerMinute), pauses/min \(pausesPerMinute), "
+      + "store failures \(storeFailure), lost answers \(lostAnswer), slow calls \(slowCall), handler trouble \(handlerTrouble)"
+  }
+}
+
+/// The outcome of one simulated history.
+public struct SimOutcome: Sendable {
+  public var seed: UInt64
+  public var scenario: SimScenario
+  /// The broken rule, if any.
+  public var violation: String?
+  /// The last events before the end (or the violation), oldest first.
+  public var trace: [String]
+  /// Jobs handled or dead.
+  public var lifecycles: Int
+  /// Executor jobs run.
+  public var steps: Int
+  /// Simulated time at the end.
+  public var simulated: Duration
+}
+
+/// Deterministic simulation of the queue engine: several worker processes, each with a real
+/// `JobQueue` (its `QueueState` and loop), over one shared in-memory store, driven by a seeded
+/// scheduler on one thread with a simulated clock, with faults injected as the history goes.
+/// The same seed and scenario always give the same history.
+public enum Simulation {
+  /// Runs the history of `seed` (its scenario drawn from the seed unless given) on a thread of its
+  /// own, and returns its outcome.
+  public static func run(seed: UInt64, scenario: SimScenario? = nil) -> SimOutcome {
+    let world = SimWorld(seed: seed, scenario: scenario ?? .drawn(from: seed))
+    return world.run()
+  }
+
+  /// Runs a failing history again with simpler scenarios, keeping each change that still fails,
+  /// until none does: the smallest failing scenario found, and its outcome.
+  public static func shrink(_ failing: SimOutcome, budget: Int = 200) -> SimOutcome {
+    var best = failing
+    var tries = 0
+    var improved = true
+    while improved && tries < budget {
+      improved = false
+      for candidate in best.scenario.simpler {
+        tries += 1
+        let outcome = run(seed: failing.seed, scenario: candidate)
+        if outcome.violation != nil {
+          best = outcome
+          improved = true
+          break
+        }
+        if tries >= budget { break }
+      }
+    }
+    return best
+  }
+}
+
+/// An error a simulated store call fails with.
+enum SimFault: Error, CustomStringConvertible {
+  case refused
+  case answerLost
+  case dead
+
+  var description: String {
+    switch self {
+    case .refused: "store call failed (simulated)"
+    case .answerLost: "store answer lost after commit (simulated)"
+    case .dead: "the process is dead (simulated)"
+    }
+  }
+}
+
+/// The item the simulated application adds: which job of the scenario it is.
+struct SimItem: Queueable {
+  var job: Int
+}
+
