@@ -177,6 +177,33 @@ struct PostgresJobStoreTests {
     await store.close()
   }
 
+  /// A schema of version 3 is migrated to 4 while an application's transaction that added a job
+  /// with `conveyor.enqueue` is still open: the migration (each of its statements bounded by
+  /// `callTimeout`, at least 30 s) waits for it, instead of failing the opening after the
+  /// `lockTimeout` meant for row locks.
+  @Test func aMigrationWaitsForAnApplicationsOpenTransactionLongerThanTheLockTimeout() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("migwriter")
+    let admin = try AdminConnection(server.url)
+    try createSchema(SQL(schema: schema), atVersion: 3, with: admin)
+    let writer = try AdminConnection(server.url)
+    try writer.query("BEGIN")
+    try writer.query("SELECT \(schema).enqueue('mail', '{}'::text)")
+    nonisolated(unsafe) let unsafeWriter = writer
+    Thread {
+      Thread.sleep(forTimeInterval: 3)
+      _ = try? unsafeWriter.query("COMMIT")
+    }.start()
+    do {
+      let store = try await PostgresJobStore.open(
+        url: server.url, options: .init(schema: schema, lockTimeout: .seconds(1)))
+      #expect(try await store.counts(queue: "mail", clock: SystemJobClock()).ready == 1)
+      await store.close()
+    } catch {
+      Issue.record("the migration failed instead of waiting for the application's transaction: \(error)")
+    }
+  }
+
   @Test func aLeaseShorterThanTwiceTheLockTimeoutIsRefusedNamingLockTimeout() async throws {
     let (_, store) = try await open(lockTimeout: .seconds(5))
     struct Item: Queueable { var n: Int }
