@@ -265,6 +265,43 @@ struct GroupCommitTests {
     await store.close()
   }
 
+  /// A trigger of the application's that drops a row (`RETURN NULL`) refuses one call's job. In a
+  /// group without keys the calls' statements commit together at the end of the pipeline, and the
+  /// missing row is only noticed afterwards: the group is then run again call by call, so every
+  /// other call of the group is committed a second time.
+  @Test func aCallWhoseJobATriggerDropsDoesNotCommitTheOthersOfItsGroupTwice() async throws {
+    let (server, store, schema) = try await open("groupdrop")
+    let clock = SystemJobClock()
+    let admin = try AdminConnection(server.url)
+    try admin.query(
+      """
+      CREATE FUNCTION \(schema).drop_some() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN
+        IF convert_from(NEW.payload, 'UTF8') = 'dropped' THEN RETURN NULL; END IF;
+        RETURN NEW;
+      END $$;
+      CREATE TRIGGER drop_some BEFORE INSERT ON \(schema).jobs
+        FOR EACH ROW EXECUTE FUNCTION \(schema).drop_some();
+      """)
+    let hold = try holdKeyLock(server, schema: schema, queue: "q", key: "held-\(schema)")
+    let lead = Task {
+      try await store.enqueue([job("lead", key: "held-\(schema)")], queue: "q", clock: clock)
+    }
+    try await Task.sleep(for: .milliseconds(200))
+    var calls: [Task<[EnqueueResult], any Error>] = []
+    for (index, text) in ["a", "dropped", "b"].enumerated() {
+      calls.append(Task { try await store.enqueue([job(text)], queue: "q", clock: clock) })
+      try await eventually("\(index + 1) adds wait") { store.adds.waitingCount == index + 1 }
+    }
+    try hold.query("COMMIT")
+    _ = try await lead.value
+    for call in calls { _ = await call.result }
+    let stored = try admin.query(
+      "SELECT convert_from(payload, 'UTF8'), count(*) FROM \(schema).jobs GROUP BY 1 ORDER BY 1")
+    #expect(stored == [["a", "1"], ["b", "1"], ["lead", "1"]], "each job once: \(stored)")
+    await store.close()
+  }
+
   @Test func duplicatesAcrossTheCallsOfAGroupAreOneJob() async throws {
     let (server, store, schema) = try await open("groupdup")
     let clock = SystemJobClock()
