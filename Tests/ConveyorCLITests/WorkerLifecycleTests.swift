@@ -78,6 +78,107 @@ import Testing
     #expect(done.stderr.components(separatedBy: "waiting up to").count == 2, "said once: \(done.stderr)")
   }
 
+  /// Workers started together on a database whose schema one of them migrates: the others wait
+  /// for that migration (version 4 rebuilds the claim's index, so it takes as long as the jobs
+  /// make it), then work. Here another session holds the migration lock for 8 s, standing in for
+  /// the migrating worker; the worker failed after its 5 s lock timeout ("canceling statement
+  /// due to lock timeout").
+  @Test(.enabled(if: LocalPostgres.binaries != nil))
+  func aWorkerStartedWhileAnotherMigratesWaitsForTheMigrationThenWorks() async throws {
+    let sandbox = try Sandbox()
+    let server = try await LocalPostgres.start(in: sandbox)
+    defer { server.stop() }
+    let added = try await sandbox.run(
+      ["--database", server.url, "add", "exec", "--", "true"], withDatabase: false)
+    #expect(added.status == 0, "\(added)")
+    let psql = (LocalPostgres.binaries ?? "/usr/bin") + "/psql"
+    let url = server.url
+    @Sendable func psqlProcess(_ sql: String) throws -> Process {
+      let process = Process()
+      process.executableURL = URL(fileURLWithPath: psql)
+      process.arguments = ["-d", url, "-tAc", sql]
+      let output = Pipe()
+      process.standardOutput = output
+      process.standardError = FileHandle.nullDevice
+      try process.run()
+      return process
+    }
+    let holder = try psqlProcess(
+      "BEGIN; SELECT pg_advisory_xact_lock(hashtextextended('conveyor.migrate:conveyor', 0)); "
+        + "SELECT pg_sleep(8); COMMIT")
+    defer { holder.waitUntilExit() }
+    try await onThreadThrowing {
+      for _ in 0..<300 {
+        let look = try psqlProcess("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted")
+        let text = String(
+          decoding: (look.standardOutput as? Pipe)?.fileHandleForReading.readDataToEndOfFile() ?? Data(),
+          as: UTF8.self)
+        look.waitUntilExit()
+        if text.trimmingCharacters(in: .whitespacesAndNewlines) == "1" { return }
+        Thread.sleep(forTimeInterval: 0.05)
+      }
+      throw HarnessError(description: "the migration lock was never taken")
+    }
+    let worker = try sandbox.start(
+      ["--database", server.url, "work", "--until-empty", "--json"], withDatabase: false)
+    let done = try await worker.waitForExit(timeout: .seconds(60))
+    #expect(done.status == 0, "\(done)")
+    #expect(try done.objects().contains { $0["event"] as? String == "succeeded" }, "\(done)")
+  }
+
+  /// A signal while the worker opens its database is never lost: also one that comes once the
+  /// server is reached, while the opening waits for the migration lock (another worker migrating
+  /// the schema). The opening's handler took the signal, the cancelled opening went on and
+  /// succeeded, and the worker then started the waiting job and ran until a second signal.
+  @Test(.enabled(if: LocalPostgres.binaries != nil))
+  func aSignalWhileTheOpeningWaitsForAnotherMigrationStopsTheWorker() async throws {
+    let sandbox = try Sandbox()
+    let server = try await LocalPostgres.start(in: sandbox)
+    defer { server.stop() }
+    let added = try await sandbox.run(
+      ["--database", server.url, "add", "exec", "--", "true"], withDatabase: false)
+    #expect(added.status == 0, "\(added)")
+    let psql = (LocalPostgres.binaries ?? "/usr/bin") + "/psql"
+    let url = server.url
+    @Sendable func psqlProcess(_ sql: String) throws -> Process {
+      let process = Process()
+      process.executableURL = URL(fileURLWithPath: psql)
+      process.arguments = ["-d", url, "-tAc", sql]
+      process.standardOutput = Pipe()
+      process.standardError = FileHandle.nullDevice
+      try process.run()
+      return process
+    }
+    @Sendable func waitForLocks(granted: Bool) throws {
+      for _ in 0..<400 {
+        let look = try psqlProcess(
+          "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND \(granted ? "" : "NOT ")granted")
+        let text = String(
+          decoding: (look.standardOutput as? Pipe)?.fileHandleForReading.readDataToEndOfFile() ?? Data(),
+          as: UTF8.self)
+        look.waitUntilExit()
+        if text.trimmingCharacters(in: .whitespacesAndNewlines) == "1" { return }
+        Thread.sleep(forTimeInterval: 0.05)
+      }
+      throw HarnessError(description: "no advisory lock \(granted ? "held" : "awaited")")
+    }
+    // Another worker migrates the schema for 3 s (less than the worker's 5 s lock timeout).
+    let holder = try psqlProcess(
+      "BEGIN; SELECT pg_advisory_xact_lock(hashtextextended('conveyor.migrate:conveyor', 0)); "
+        + "SELECT pg_sleep(3); COMMIT")
+    defer { holder.waitUntilExit() }
+    try await onThreadThrowing { try waitForLocks(granted: true) }
+    let worker = try sandbox.start(["--database", server.url, "work", "--json"], withDatabase: false)
+    try await onThreadThrowing { try waitForLocks(granted: false) }  // the worker waits for the lock
+    worker.signal(SIGTERM)
+    do {
+      let stopped = try await worker.waitForExit(timeout: .seconds(30))
+      #expect(stopped.status == 0, "\(stopped)")
+    } catch {
+      Issue.record("the worker did not stop after SIGTERM: \(error)")
+    }
+  }
+
   @Test func aSignalEndsTheWaitForTheDatabaseAtOnce() async throws {
     let sandbox = try Sandbox()
     let url = "postgresql://postgres@127.0.0.1:1/postgres"

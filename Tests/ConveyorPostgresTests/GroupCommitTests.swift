@@ -152,6 +152,156 @@ struct GroupCommitTests {
     await store.close()
   }
 
+  /// The deduplication locks are taken in one fixed order "so two enqueuers never deadlock"
+  /// (`SQL.lockKeys`). A group takes the keys of its calls call by call, so a group whose first
+  /// call holds key B (its insert is slow: here a trigger sleeps) and whose second call then asks
+  /// for key A deadlocks with another process's add of A and B, which holds A and waits for B.
+  /// Each session's `deadlock_timeout` only chooses which of the two the server aborts: here the
+  /// other process's add, which then fails with "deadlock detected" although nothing was wrong
+  /// with it.
+  @Test func aGroupNeverDeadlocksWithAnotherProcessesAddOfTheSameKeys() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("groupdeadlock")
+    func url(deadlockTimeout: String) -> String {
+      server.url + "?options=-c%20deadlock_timeout%3D\(deadlockTimeout)"
+    }
+    let grouping = try await PostgresJobStore.open(
+      url: url(deadlockTimeout: "60s"), options: .init(schema: schema, lockTimeout: .zero))
+    let other = try await PostgresJobStore.open(
+      url: url(deadlockTimeout: "4s"), options: .init(schema: schema, lockTimeout: .zero))
+    let clock = SystemJobClock()
+    let admin = try AdminConnection(server.url)
+    try admin.query(
+      """
+      CREATE FUNCTION \(schema).slow() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN
+        IF convert_from(NEW.payload, 'UTF8') = 'slow' THEN PERFORM pg_sleep(3); END IF;
+        RETURN NEW;
+      END $$;
+      CREATE TRIGGER slow BEFORE INSERT ON \(schema).jobs FOR EACH ROW EXECUTE FUNCTION \(schema).slow();
+      """)
+    // The key a one-call add of both locks first (the locks go by their hash), and the other.
+    let aFirst =
+      try admin.scalar(
+        "SELECT \(schema).dedup_lock_key('q', convert_to('kA', 'UTF8')) < "
+          + "\(schema).dedup_lock_key('q', convert_to('kB', 'UTF8'))") == "t"
+    let (first, second) = aFirst ? ("kA", "kB") : ("kB", "kA")
+    // A group of two calls: the first with `second` (slow), then one with `first`.
+    let hold = try holdKeyLock(server, schema: schema, queue: "q", key: "held-\(schema)")
+    let lead = Task {
+      try await grouping.enqueue([job("lead", key: "held-\(schema)")], queue: "q", clock: clock)
+    }
+    try await Task.sleep(for: .milliseconds(200))
+    let slow = Task { try await grouping.enqueue([job("slow", key: second)], queue: "q", clock: clock) }
+    try await eventually("one add waits") { grouping.adds.waitingCount == 1 }
+    let quick = Task { try await grouping.enqueue([job("quick", key: first)], queue: "q", clock: clock) }
+    try await eventually("two adds wait") { grouping.adds.waitingCount == 2 }
+    try hold.query("COMMIT")
+    _ = try await lead.value
+    // The group holds `second` while its slow insert runs; another process adds both keys.
+    let watcher = try AdminConnection(server.url)
+    try await waitFor("the group's slow insert runs") {
+      try watcher.scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query LIKE '%\(schema)%'")
+        == "1"
+    }
+    let both = await Task {
+      try await other.enqueue([job("m1", key: first), job("m2", key: second)], queue: "q", clock: clock)
+    }.result
+    switch both {
+    case .success(let results): #expect(results.count == 2 && results.allSatisfy(\.inserted))
+    case .failure(let error): Issue.record("the other process's add failed: \(error)")
+    }
+    _ = try await slow.value
+    _ = try await quick.value
+    await grouping.close()
+    await other.close()
+  }
+
+  /// A call that fails in its group fails alone, the others are stored. When the failing call,
+  /// run again alone, loses the connection (here its trigger ends its own session), the calls of
+  /// the group after it are failed with "nothing of it was stored" instead of being run on a new
+  /// connection, as an add that is not in a group would be.
+  @Test func aCallThatLosesTheConnectionWhenRunAloneDoesNotFailTheOthersOfItsGroup() async throws {
+    let (server, store, schema) = try await open("grouploss")
+    let clock = SystemJobClock()
+    let admin = try AdminConnection(server.url)
+    try admin.query(
+      """
+      CREATE SEQUENCE \(schema).boom_attempts;
+      CREATE FUNCTION \(schema).boom() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN
+        IF convert_from(NEW.payload, 'UTF8') = 'boom' THEN
+          IF nextval('\(schema).boom_attempts') = 1 THEN RAISE EXCEPTION 'refused by trigger'; END IF;
+          PERFORM pg_terminate_backend(pg_backend_pid());
+          PERFORM pg_sleep(5);
+        END IF;
+        RETURN NEW;
+      END $$;
+      CREATE TRIGGER boom BEFORE INSERT ON \(schema).jobs FOR EACH ROW EXECUTE FUNCTION \(schema).boom();
+      """)
+    let hold = try holdKeyLock(server, schema: schema, queue: "q", key: "held-\(schema)")
+    let lead = Task {
+      try await store.enqueue([job("lead", key: "held-\(schema)")], queue: "q", clock: clock)
+    }
+    try await Task.sleep(for: .milliseconds(200))
+    var calls: [Task<[EnqueueResult], any Error>] = []
+    for (index, text) in ["boom", "a", "b"].enumerated() {
+      calls.append(Task { try await store.enqueue([job(text)], queue: "q", clock: clock) })
+      try await eventually("\(index + 1) adds wait") { store.adds.waitingCount == index + 1 }
+    }
+    try hold.query("COMMIT")
+    _ = try await lead.value
+    _ = await calls[0].result  // boom: its own failure, whatever it is
+    for (index, text) in ["a", "b"].enumerated() {
+      switch await calls[index + 1].result {
+      case .success(let results):
+        let id = try #require(results.first?.id)
+        #expect(try await store.job(id) != nil, "\(text) stored")
+      case .failure(let error):
+        Issue.record("\(text) failed with the call that failed in its group: \(error)")
+      }
+    }
+    await store.close()
+  }
+
+  /// A trigger of the application's that drops a row (`RETURN NULL`) refuses one call's job. In a
+  /// group without keys the calls' statements commit together at the end of the pipeline, and the
+  /// missing row is only noticed afterwards: the group is then run again call by call, so every
+  /// other call of the group is committed a second time.
+  @Test func aCallWhoseJobATriggerDropsDoesNotCommitTheOthersOfItsGroupTwice() async throws {
+    let (server, store, schema) = try await open("groupdrop")
+    let clock = SystemJobClock()
+    let admin = try AdminConnection(server.url)
+    try admin.query(
+      """
+      CREATE FUNCTION \(schema).drop_some() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN
+        IF convert_from(NEW.payload, 'UTF8') = 'dropped' THEN RETURN NULL; END IF;
+        RETURN NEW;
+      END $$;
+      CREATE TRIGGER drop_some BEFORE INSERT ON \(schema).jobs
+        FOR EACH ROW EXECUTE FUNCTION \(schema).drop_some();
+      """)
+    let hold = try holdKeyLock(server, schema: schema, queue: "q", key: "held-\(schema)")
+    let lead = Task {
+      try await store.enqueue([job("lead", key: "held-\(schema)")], queue: "q", clock: clock)
+    }
+    try await Task.sleep(for: .milliseconds(200))
+    var calls: [Task<[EnqueueResult], any Error>] = []
+    for (index, text) in ["a", "dropped", "b"].enumerated() {
+      calls.append(Task { try await store.enqueue([job(text)], queue: "q", clock: clock) })
+      try await eventually("\(index + 1) adds wait") { store.adds.waitingCount == index + 1 }
+    }
+    try hold.query("COMMIT")
+    _ = try await lead.value
+    for call in calls { _ = await call.result }
+    let stored = try admin.query(
+      "SELECT convert_from(payload, 'UTF8'), count(*) FROM \(schema).jobs GROUP BY 1 ORDER BY 1")
+    #expect(stored == [["a", "1"], ["b", "1"], ["lead", "1"]], "each job once: \(stored)")
+    await store.close()
+  }
+
   @Test func duplicatesAcrossTheCallsOfAGroupAreOneJob() async throws {
     let (server, store, schema) = try await open("groupdup")
     let clock = SystemJobClock()

@@ -91,6 +91,71 @@ struct OpeningTests {
     #expect(waits.withLock { $0 } == 0)
   }
 
+  /// Holds the migration lock of `schema` on a connection of its own, as another process that
+  /// migrates it does, until the returned connection commits.
+  func holdMigrationLock(_ server: PostgresServer, schema: String) throws -> AdminConnection {
+    let holder = try AdminConnection(server.url)
+    try holder.query("BEGIN")
+    try holder.query("SELECT pg_advisory_xact_lock(hashtextextended('conveyor.migrate:' || '\(schema)', 0))")
+    return holder
+  }
+
+  /// The wait for another process's migration is a statement of the opening, which the options
+  /// bound by `callTimeout` (at least 30 s): not by `lockTimeout`, the longest a statement waits
+  /// for a row lock. A migration that takes longer than `lockTimeout` (version 4 rebuilds the
+  /// claim's index, in proportion to the jobs) made every worker that started meanwhile fail with
+  /// "canceling statement due to lock timeout".
+  @Test func anOpeningWaitsForAnotherProcessesMigrationLongerThanTheLockTimeout() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("migwait")
+    let holder = try holdMigrationLock(server, schema: schema)
+    // The other process's migration ends after 3 s.
+    nonisolated(unsafe) let unsafeHolder = holder
+    Thread {
+      Thread.sleep(forTimeInterval: 3)
+      _ = try? unsafeHolder.query("COMMIT")
+    }.start()
+    do {
+      let store = try await PostgresJobStore.open(
+        url: server.url, options: .init(schema: schema, lockTimeout: .seconds(1)))
+      _ = try await store.enqueue([NewJob(payload: Data("{}".utf8))], queue: "q", clock: SystemJobClock())
+      await store.close()
+    } catch {
+      Issue.record("the opening failed instead of waiting for the other process's migration: \(error)")
+    }
+  }
+
+  /// Cancelling the opening ends its wait at once: also its wait for another process's
+  /// migration (a long one: version 4 rebuilds the claim's index), which went on until the
+  /// migration ended or `callTimeout` passed. (A worker told to stop while it starts, as
+  /// `conveyor work` is by SIGTERM, then stopped only after that.)
+  @Test func cancellingTheOpeningEndsItsWaitForAnotherProcessesMigration() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("migcancel")
+    let holder = try holdMigrationLock(server, schema: schema)
+    defer { _ = try? holder.query("COMMIT") }
+    let ended = Mutex(false)
+    let opening = Task {
+      defer { ended.withLock { $0 = true } }
+      return try await PostgresJobStore.open(
+        url: server.url, options: .init(schema: schema, lockTimeout: .zero, startupWait: .seconds(60)))
+    }
+    let watcher = try AdminConnection(server.url)
+    try await waitFor("the opening waits for the migration lock") {
+      try watcher.scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND "
+          + "((classid::int8 << 32) | objid::int8) = hashtextextended('conveyor.migrate:' || '\(schema)', 0)")
+        != "0"
+    }
+    opening.cancel()
+    // The migration lock stays held (for a minute of `callTimeout`): only the cancellation can
+    // end the opening within this bound.
+    let endedInTime = await eventually(timeout: .seconds(20)) { ended.withLock { $0 } }
+    #expect(endedInTime, "the opening went on after it was cancelled")
+    _ = try? holder.query("COMMIT")
+    if case .success(let store) = await opening.result { await store.close() }
+  }
+
   @Test func aNegativeStartupWaitIsRefused() async throws {
     let server = try await PostgresServer.shared()
     await #expect {

@@ -187,6 +187,58 @@ struct PostgresJobStoreTests {
     await store.close()
   }
 
+  /// A schema of version 3 is migrated to 4 while an application's transaction that added a job
+  /// with `conveyor.enqueue` is still open: the migration (each of its statements bounded by
+  /// `callTimeout`, at least 30 s) waits for it, instead of failing the opening after the
+  /// `lockTimeout` meant for row locks.
+  @Test func aMigrationWaitsForAnApplicationsOpenTransactionLongerThanTheLockTimeout() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("migwriter")
+    let admin = try AdminConnection(server.url)
+    try createSchema(SQL(schema: schema), atVersion: 3, with: admin)
+    let writer = try AdminConnection(server.url)
+    try writer.query("BEGIN")
+    try writer.query("SELECT \(schema).enqueue('mail', '{}'::text)")
+    nonisolated(unsafe) let unsafeWriter = writer
+    Thread {
+      Thread.sleep(forTimeInterval: 3)
+      _ = try? unsafeWriter.query("COMMIT")
+    }.start()
+    do {
+      let store = try await PostgresJobStore.open(
+        url: server.url, options: .init(schema: schema, lockTimeout: .seconds(1)))
+      #expect(try await store.counts(queue: "mail", clock: SystemJobClock()).ready == 1)
+      await store.close()
+    } catch {
+      Issue.record("the migration failed instead of waiting for the application's transaction: \(error)")
+    }
+  }
+
+  /// A `lockTimeout` under a millisecond is accepted (a queue's lease is checked against it as the
+  /// bound of every lock wait) but sent as `0ms`, which PostgreSQL reads as no limit: a statement
+  /// blocked by another session's row lock then waits for as long as that session holds it, and a
+  /// worker can lose the lease of a job it still runs.
+  @Test func aLockTimeoutUnderAMillisecondStillBoundsALockWait() async throws {
+    let (server, store) = try await open(lockTimeout: .microseconds(500))
+    let schema = store.options.schema
+    let clock = SystemJobClock()
+    let id = try await store.enqueue([NewJob(payload: Data("x".utf8))], queue: "q", clock: clock)[0].id
+    let locker = try AdminConnection(server.url)
+    try locker.query("BEGIN")
+    try locker.query("SELECT 1 FROM \(schema).jobs WHERE id = \(id.rawValue) FOR UPDATE")
+    let ended = Mutex(false)
+    let removal = Task {
+      defer { ended.withLock { $0 = true } }
+      return try await store.remove([id], queue: "q")
+    }
+    // The row lock stays held (a minute at most): only the lock timeout can end the call here.
+    let endedInTime = await eventually(timeout: .seconds(20)) { ended.withLock { $0 } }
+    #expect(endedInTime, "the removal waited for the row lock with no limit")
+    try locker.query("ROLLBACK")
+    _ = await removal.result
+    await store.close()
+  }
+
   @Test func aLeaseShorterThanTwiceTheLockTimeoutIsRefusedNamingLockTimeout() async throws {
     let (_, store) = try await open(lockTimeout: .seconds(5))
     struct Item: Queueable { var n: Int }

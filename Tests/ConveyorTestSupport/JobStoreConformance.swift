@@ -277,6 +277,55 @@ public enum JobStoreConformance {
         }, now: 0)
       try expect(after.claimed.map(text) == ["d", "c"], "released: places kept: \(after.claimed.map(text))")
     },
+    // A worker's outcomes are often recorded together, in one call (with its next claim): the
+    // jobs it retried run again in the order it retried them, as when each was its own call.
+    check("jobs retried with no delay in one call run again in the order of their retries") { store in
+      _ = try await store.enqueue([job("a"), job("b"), job("c")], queue: "q", clock: now(0))
+      let all = try await claim(store, limit: 3, now: 0).claimed
+      try expect(all.map(text) == ["a", "b", "c"], "claimed in order: \(all.map(text))")
+      let retries = [2, 0, 1].map { settle(all[$0], .retry(after: .zero, error: nil)) }
+      _ = try await claim(store, limit: 0, settling: retries, now: 0)
+      let order = try await claim(store, limit: 3, now: 0)
+      try expect(order.claimed.map(text) == ["c", "a", "b"], "retry order: \(order.claimed.map(text))")
+      // A release and a retry in one call: the released job keeps the place its retry gave it,
+      // ahead of the job retried after it.
+      let (c, a) = (order.claimed[0], order.claimed[1])
+      _ = try await claim(
+        store, limit: 0,
+        settling: [settle(c, .release(error: nil)), settle(a, .retry(after: .zero, error: nil))], now: 0)
+      let again = try await claim(store, limit: 2, now: 0)
+      try expect(again.claimed.map(text) == ["c", "a"], "c kept its place: \(again.claimed.map(text))")
+    },
+    // The place a retry gives a job is kept when its next claim is given back (a shutdown, a
+    // hand-back, a rescue): a job retried later, while it was claimed, still goes behind it.
+    check("a released job keeps its place ahead of a job retried while it was claimed") { store in
+      _ = try await store.enqueue([job("x"), job("y")], queue: "q", clock: now(0))
+      let both = try await claim(store, limit: 2, now: 0).claimed
+      try expect(both.map(text) == ["x", "y"], "claimed in order: \(both.map(text))")
+      // y fails first: retried with no delay, and claimed again while x still runs.
+      let y = try expectOne(
+        try await claim(
+          store, limit: 1, settling: [settle(both[1], .retry(after: .zero, error: nil))], now: 0
+        ).claimed)
+      try expect(text(y) == "y", "y claimed again: \(text(y))")
+      // Then x fails, while y is claimed.
+      _ = try await claim(
+        store, limit: 0, settling: [settle(both[0], .retry(after: .zero, error: nil))], now: 0)
+      // y's claim is given back unstarted: it keeps the place its retry gave it, before x's.
+      let order = try await claim(store, limit: 2, settling: [settle(y, .release(error: nil))], now: 0)
+      try expect(order.claimed.map(text) == ["y", "x"], "y retried first: \(order.claimed.map(text))")
+    },
+    // A wall clock stepped back (NTP, an administrator) must not put a retried job ahead of the
+    // jobs that were ready when it was retried.
+    check("a job retried with no delay after the clock stepped back goes behind the jobs that waited") {
+      store in
+      _ = try await store.enqueue([job("a", at: 10), job("b", at: 10)], queue: "q", clock: now(10))
+      let a = try expectOne(try await claim(store, now: 10).claimed)
+      // The clock steps back five seconds before a's handler asks for a retry.
+      let next = try await claim(
+        store, limit: 2, settling: [settle(a, .retry(after: .zero, error: nil))], now: 5)
+      try expect(next.claimed.map(text) == ["b", "a"], "b waited, then a: \(next.claimed.map(text))")
+    },
     check("with the real clock, a zero-delay retry runs after the jobs that waited") { store in
       let clock = SystemJobClock()
       _ = try await store.enqueue([job("a"), job("b"), job("c")], queue: "q", clock: clock)

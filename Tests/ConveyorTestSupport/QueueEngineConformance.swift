@@ -111,6 +111,37 @@ public enum QueueEngineConformance {
       let counts = try await store.counts(queue: "engine", clock: SystemJobClock())
       try expect(counts.total == 0, "the job is done: \(counts)")
     },
+    // The late claim's attempt is given back even when another worker rescued the job before the
+    // answer came: the handler never ran, so the job's one allowed attempt is still its own.
+    check("a claim answered after its lease lapsed uses no attempt: the job still runs once") { store in
+      let delayed = InstrumentedJobStore(store)
+      delayed.delayClaimAnswers([.milliseconds(900)])
+      let runs = Runs()
+      let handler: JobQueue<Named>.Handler = { item, context in
+        runs.append("\(item.name)\(context.attempts)")
+        return .handled
+      }
+      var lateConfiguration = configuration(lease: .milliseconds(450))
+      lateConfiguration.autoStart = false
+      lateConfiguration.maxAttempts = 1
+      let late = try JobQueue<Named>(configuration: lateConfiguration, store: delayed, handler: handler)
+      try await late.add(Named(name: "x"))
+      late.start()
+      try await Task.sleep(for: .milliseconds(100))  // the late claim is under way
+      var otherConfiguration = configuration(lease: .milliseconds(450))
+      otherConfiguration.maxAttempts = 1
+      let other = try JobQueue<Named>(configuration: otherConfiguration, store: store, handler: handler)
+      await other.waitUntilFinished()
+      try await Task.sleep(for: .milliseconds(1_500))  // the late answer arrives and is handed back
+      await late.shutdown()
+      await other.shutdown()
+      let dead = try await store.jobs(queue: "engine", status: .dead, after: nil, limit: 5)
+      try expect(
+        runs.all == ["x1"],
+        "the handler ran once, as the first attempt: \(runs.all); dead: \(dead.map { $0.lastError ?? "" })")
+      let counts = try await store.counts(queue: "engine", clock: SystemJobClock())
+      try expect(counts.total == 0, "the job is done: \(counts)")
+    },
     check("a claim answered late, before its lease lapsed, is handed back with its attempt") { store in
       let delayed = InstrumentedJobStore(store)
       // Two thirds of the lease gone when the answer arrives: too little left for a heartbeat.
