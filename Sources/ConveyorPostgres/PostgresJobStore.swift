@@ -180,7 +180,7 @@ public final class PostgresJobStore: JobStore {
   /// the wait (throwing `CancellationError`); `onWait` hears, once, that the first attempt failed
   /// and the opening waits.
   private init(
-    url: String, options: Options, isCancelled: @escaping () -> Bool,
+    url: String, options: Options, isCancelled: @escaping @Sendable () -> Bool,
     onWait: (@Sendable (PostgresError) -> Void)?
   ) throws {
     try Self.validate(schema: options.schema)
@@ -190,7 +190,9 @@ public final class PostgresJobStore: JobStore {
     self.target = info.target
     let sql = SQL(schema: options.schema)
     self.sql = sql
-    let lockTimeout = JobStoreTime.milliseconds(options.lockTimeout)
+    // Whole milliseconds, a positive timeout at least one (PostgreSQL reads 0 as no limit).
+    let lockTimeout =
+      options.lockTimeout > .zero ? max(1, JobStoreTime.milliseconds(options.lockTimeout)) : 0
     let pooled = options.pooling != .none
     let setup: @Sendable (Connection) throws -> Void = { connection in
       if pooled {
@@ -236,13 +238,28 @@ public final class PostgresJobStore: JobStore {
         url, scrubber: info.scrubber, wait: options.startupWait, isCancelled: isCancelled, onWait: onWait)
       let limit = options.callTimeout.map { max($0, Self.shortestOpeningLimit) }
       let deadline = limit.map { SocketDeadline(socket: migrating.socketDescriptor, after: $0) }
+      // Cancelling the opening ends a wait for another process's migration at once: the socket
+      // is shut down, and the statement waiting fails.
+      let cancelling = CancellationWatch(socket: migrating.socketDescriptor, isCancelled: isCancelled)
       do {
         try withExtendedLifetime(migrating) {
-          defer { deadline?.disarm() }
-          try setup(migrating)
+          defer {
+            deadline?.disarm()
+            cancelling.disarm()
+          }
+          // The wait for another process's migration and the migrations' own locks (an
+          // `ALTER TABLE` waits for the transactions using the table) are bounded by `callTimeout`
+          // alone: `lockTimeout` bounds the store's calls, not its opening.
+          if pooled {
+            migrating.transactionSettings = "SELECT set_config('lock_timeout', '0', true)"
+          } else {
+            try migrating.execute("SELECT set_config('lock_timeout', '0', false)", prepared: false)
+          }
           try Migrations.apply(
             sql, schemaName: options.schema, on: migrating, beforeEachStatement: { deadline?.restart() })
         }
+      } catch let error as PostgresError where error.isConnectionLoss && cancelling.fired {
+        throw CancellationError()
       } catch let error as PostgresError where error.isConnectionLoss && deadline?.fired == true {
         // Only the failure the shutdown caused: an error of its own (a newer schema) whose
         // rollback then went unanswered stays what it is.
@@ -405,8 +422,10 @@ public final class PostgresJobStore: JobStore {
     let group = adds.leadEnded()
     guard !group.isEmpty else { return }
     let sql = self.sql
-    connection.submit(idempotent: false) { db in
-      try Self.commitGroup(group.map(\.call), sql: sql, db: db)
+    let progress = GroupProgress(count: group.count)
+    // Run again after a connection loss, going on from what `progress` holds (see `commitGroup`).
+    connection.submit(idempotent: true) { db in
+      try Self.commitGroup(group.map(\.call), sql: sql, db: db, progress: progress)
     } completion: { [self] outcome in
       switch outcome {
       case .success(let results):
@@ -475,73 +494,99 @@ public final class PostgresJobStore: JobStore {
     }
   }
 
-  /// Commits several calls in one transaction: without keys, their insert statements in one
-  /// pipeline (one round trip, one commit); with keys, one after another in a transaction. When
-  /// one of them fails, the transaction is rolled back and each call runs again alone, so each
-  /// call gets its own outcome. A connection lost while the group committed throws (the caller
-  /// reports it to every call); a connection lost while the calls run alone ends the calls not
-  /// yet run with an error saying nothing of them was stored.
-  static func commitGroup(_ calls: [EnqueueCall], sql: SQL, db: Connection) throws
-    -> [Result<[EnqueueResult], any Error>]
-  {
-    do {
-      if calls.allSatisfy(\.keys.isEmpty) {
-        let statements = calls.map { insertStatement($0, inserting: $0.candidates, sql: sql) }
-        let results = try db.pipeline(statements)
-        return try zip(calls, results).map { call, rows in
-          .success(
-            try Self.results(call, existing: [:], ids: try insertedIDs(rows, expected: call.candidates.count))
-          )
-        }
-      }
-      let results = try db.transaction { try calls.map { try insert($0, sql: sql, db: db) } }
-      return results.map { .success($0) }
-    } catch let error as PostgresError where error.isConnectionLoss {
-      throw error
-    } catch {
-      // One call's own failure (a trigger's refusal, a key too long): each call alone.
-      var outcomes: [Result<[EnqueueResult], any Error>] = []
-      for call in calls {
-        if let lost = outcomes.lazy.compactMap({ Self.connectionLoss(in: $0) }).first {
-          outcomes.append(
-            .failure(
-              PostgresError(
-                code: .connectionFailed,
-                message:
-                  "the connection broke before this add was sent (\(lost.message)); nothing of it was stored")
-            ))
-          continue
-        }
-        outcomes.append(
-          Result {
-            do {
-              return try commit(call, sql: sql, db: db)
-            } catch let error as PostgresError where error.isConnectionLoss && db.lostDuringCommit {
-              throw PostgresError(
-                code: .commitUnknown,
-                message: "the connection broke while the transaction was committing (\(error.message)); "
-                  + "whether it committed is unknown", sqlState: error.sqlState, sql: error.sql)
-            }
-          })
-      }
-      return outcomes
+  /// The outcomes of a group's calls as they become known, kept across the runs of the group's
+  /// block: a run after a reconnect goes on with the calls not settled yet.
+  final class GroupProgress: Sendable {
+    private struct State {
+      var together = true
+      var outcomes: [Result<[EnqueueResult], any Error>?]
     }
+    private let state: Mutex<State>
+    init(count: Int) { state = Mutex(State(outcomes: Array(repeating: nil, count: count))) }
+    var together: Bool {
+      get { state.withLock { $0.together } }
+      set { state.withLock { $0.together = newValue } }
+    }
+    subscript(index: Int) -> Result<[EnqueueResult], any Error>? {
+      get { state.withLock { $0.outcomes[index] } }
+      set { state.withLock { $0.outcomes[index] = newValue } }
+    }
+    var all: [Result<[EnqueueResult], any Error>] { state.withLock { $0.outcomes.map { $0! } } }
   }
 
-  /// The connection loss an outcome failed with, if any.
-  private static func connectionLoss(in outcome: Result<[EnqueueResult], any Error>) -> PostgresError? {
-    guard case .failure(let error as PostgresError) = outcome,
-      error.isConnectionLoss || error.code == .commitUnknown
-    else { return nil }
-    return error
+  /// Commits several calls in one transaction: without keys, their insert statements in one
+  /// pipeline (one round trip, one commit); with keys, every call's key locks first (all of them,
+  /// in one order, as a single call takes its own: two adds never deadlock), then the calls one
+  /// after another. A statement that fails (a trigger's refusal or dropped row, a key too long)
+  /// rolls the whole group back, and then each call runs alone, so each gets its own outcome. A
+  /// connection lost before the group committed runs it again (the block is run again after the
+  /// reconnect); lost while it committed, every call of the group gets ``PostgresError/Code/commitUnknown``.
+  /// While the calls run alone, a connection lost during one call's commit gives that call
+  /// `commitUnknown`, and the others run on after the reconnect.
+  static func commitGroup(_ calls: [EnqueueCall], sql: SQL, db: Connection, progress: GroupProgress) throws
+    -> [Result<[EnqueueResult], any Error>]
+  {
+    if progress.together {
+      do {
+        let outcomes: [Result<[EnqueueResult], any Error>]
+        if calls.allSatisfy(\.keys.isEmpty) {
+          // Checked statements: a row a trigger drops fails the pipeline, so nothing commits.
+          let statements = calls.map {
+            insertStatement($0, inserting: $0.candidates, sql: sql, checked: true)
+          }
+          let results = try db.pipeline(statements)
+          outcomes = zip(calls, results).map { call, rows in
+            Result {
+              try Self.results(
+                call, existing: [:], ids: try insertedIDs(rows, expected: call.candidates.count))
+            }
+          }
+        } else {
+          outcomes = try db.transaction {
+            let pairs = calls.flatMap { call in call.keys.map { (call.queue, $0) } }
+            try db.execute(sql.lockKeysOfQueues, [.textArray(pairs.map(\.0)), .byteaArray(pairs.map(\.1))])
+            return try calls.map { .success(try insert($0, sql: sql, db: db, keysLocked: true)) }
+          }
+        }
+        for (index, outcome) in outcomes.enumerated() { progress[index] = outcome }
+        return progress.all
+      } catch let error as PostgresError where error.isConnectionLoss {
+        guard db.lostDuringCommit else { throw error }
+        let unknown = Self.commitUnknown(error)
+        for index in calls.indices { progress[index] = .failure(unknown) }
+        return progress.all
+      } catch {
+        progress.together = false
+      }
+    }
+    for (index, call) in calls.enumerated() where progress[index] == nil {
+      do {
+        progress[index] = .success(try commit(call, sql: sql, db: db))
+      } catch let error as PostgresError where error.isConnectionLoss {
+        if db.lostDuringCommit { progress[index] = .failure(Self.commitUnknown(error)) }
+        throw error
+      } catch {
+        progress[index] = .failure(error)
+      }
+    }
+    return progress.all
+  }
+
+  private static func commitUnknown(_ error: PostgresError) -> PostgresError {
+    PostgresError(
+      code: .commitUnknown,
+      message: "the connection broke while the transaction was committing (\(error.message)); "
+        + "whether it committed is unknown", sqlState: error.sqlState, sql: error.sql)
   }
 
   /// Runs a call's statements on `db` (inside a transaction when it has keys): the key locks and
   /// the look for waiting duplicates, then one insert of the jobs to add.
-  private static func insert(_ call: EnqueueCall, sql: SQL, db: Connection) throws -> [EnqueueResult] {
+  private static func insert(_ call: EnqueueCall, sql: SQL, db: Connection, keysLocked: Bool = false) throws
+    -> [EnqueueResult]
+  {
     var existing: [Data: Int64] = [:]
     if !call.keys.isEmpty {
-      try db.execute(sql.lockKeys, [.text(call.queue), .byteaArray(call.keys)])
+      if !keysLocked { try db.execute(sql.lockKeys, [.text(call.queue), .byteaArray(call.keys)]) }
       let found = try db.execute(sql.findDuplicates, [.text(call.queue), .byteaArray(call.keys)])
       for row in 0..<found.count { existing[found.data(row, 0)] = found.int64(row, 1) }
     }
@@ -559,12 +604,16 @@ public final class PostgresJobStore: JobStore {
   /// The statement that inserts the jobs at `inserting` (not empty): one job with scalar
   /// parameters; jobs that share priority and run time without keys with one array; others with
   /// an array per column.
-  private static func insertStatement(_ call: EnqueueCall, inserting: [Int], sql: SQL)
+  ///
+  /// `checked`: the statement fails (rolling back its transaction) when a trigger drops a row,
+  /// where the one-job statement otherwise returns no ID (for a pipeline, which commits before the
+  /// IDs are counted).
+  private static func insertStatement(_ call: EnqueueCall, inserting: [Int], sql: SQL, checked: Bool = false)
     -> (sql: String, parameters: [PostgresValue])
   {
     let jobs = call.jobs
     let queue = call.queue
-    if inserting.count == 1, let index = inserting.first {
+    if inserting.count == 1, !checked, let index = inserting.first {
       let job = jobs[index]
       return (
         sql.insertOne,
@@ -697,7 +746,9 @@ public final class PostgresJobStore: JobStore {
       if !settlements.isEmpty {
         let applied = results[0]
         let claims = Set(
-          (0..<applied.count).map { ClaimReference(id: JobID(applied.int64($0, 0)), token: applied.int64($0, 1)) })
+          (0..<applied.count).map {
+            ClaimReference(id: JobID(applied.int64($0, 0)), token: applied.int64($0, 1))
+          })
         stale = settlements.map(\.claim).filter { !claims.contains($0) }
         // The general statement also returns the run date each retry set, from the database's
         // clock: the date the queue's `.retryScheduled` event reports.
@@ -1123,5 +1174,48 @@ final class SocketDeadline {
   }
 
   /// Whether the limit passed and the socket was shut down.
+  var fired: Bool { state.flags.withLock { $0.fired } }
+}
+
+/// Shuts a connection's socket down once `isCancelled` says so (looked at every 50 ms), so a
+/// statement waiting on the server (a lock another process holds) ends with the task that waits
+/// for it. Until ``disarm()``.
+final class CancellationWatch {
+  private final class State: Sendable {
+    /// The duplicate descriptor (-1 once disarmed) and whether it was shut down.
+    let flags = Mutex((socket: Int32(-1), fired: false))
+  }
+  private let state = State()
+  private let timer: any DispatchSourceTimer
+
+  init(socket: Int32, isCancelled: @escaping @Sendable () -> Bool) {
+    timer = DispatchSource.makeTimerSource(queue: .global())
+    // A duplicate, as `SocketDeadline` keeps: the connection may close its own first.
+    state.flags.withLock { $0.socket = socket >= 0 ? fcntl(socket, F_DUPFD_CLOEXEC, 0) : -1 }
+    let state = self.state
+    timer.setEventHandler {
+      guard isCancelled() else { return }
+      state.flags.withLock { flags in
+        guard flags.socket >= 0, !flags.fired else { return }
+        _ = shutdown(flags.socket, Int32(SHUT_RDWR))
+        flags.fired = true
+      }
+    }
+    timer.schedule(deadline: .now() + .milliseconds(50), repeating: .milliseconds(50))
+    timer.activate()
+  }
+
+  deinit { disarm() }
+
+  /// Stops watching and closes the duplicate.
+  func disarm() {
+    timer.cancel()
+    state.flags.withLock { flags in
+      if flags.socket >= 0 { close(flags.socket) }
+      flags.socket = -1
+    }
+  }
+
+  /// Whether the task was cancelled and the socket shut down.
   var fired: Bool { state.flags.withLock { $0.fired } }
 }

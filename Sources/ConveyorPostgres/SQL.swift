@@ -49,6 +49,7 @@ struct SQL {
   let isPaused: String
   let notify: String
   let lockKeys: String
+  let lockKeysOfQueues: String
   let findDuplicates: String
 
   init(schema name: String) {
@@ -68,6 +69,7 @@ struct SQL {
     isPaused = Self.isPaused(schema)
     notify = Self.notify(channel)
     lockKeys = Self.lockKeys(schema)
+    lockKeysOfQueues = Self.lockKeysOfQueues(schema)
     findDuplicates = Self.findDuplicates(schema)
   }
 
@@ -239,10 +241,12 @@ struct SQL {
   }
 
   /// Version 4: a job's place among the ready jobs of its priority and run date (`seq`). 0 for a
-  /// job added, scheduled or re-queued; a job retried straight into the ready state takes one
-  /// more than the ready jobs of its priority and run date (``settle``), so it goes behind every
-  /// job ready when it was retried. A release or rescue keeps it. The claim's index gains the
-  /// column (rebuilt here, under the migration's lock: writers wait while it builds).
+  /// job added, scheduled or re-queued; a job retried straight into the ready state takes the
+  /// next number of its queue's counter (`queues.retry_seq`, raised by ``settle`` once per
+  /// statement for all its retries, in the order they were given), so it goes behind every job
+  /// ready when it was retried, and jobs retried one after another keep that order. A release or
+  /// rescue keeps it. The claim's index gains the column (rebuilt here, under the migration's
+  /// lock: writers wait while it builds).
   ///
   /// It also refuses queue names with control characters (CR, LF, ESC, …): the store's own calls
   /// and `enqueue` never make them, but an application's own `INSERT` could, and such a name would
@@ -253,6 +257,7 @@ struct SQL {
     ALTER TABLE \(schema).jobs ADD CONSTRAINT jobs_queue_printable
       CHECK (queue !~ '[\\x01-\\x1f\\x7f]') NOT VALID;
     ALTER TABLE \(schema).jobs ADD COLUMN seq bigint NOT NULL DEFAULT 0;
+    ALTER TABLE \(schema).queues ADD COLUMN retry_seq bigint NOT NULL DEFAULT 0;
     DROP INDEX \(schema).jobs_ready;
     CREATE INDEX jobs_ready ON \(schema).jobs (queue, priority DESC, run_at, seq, id) WHERE status = 'ready';
     """
@@ -276,6 +281,16 @@ struct SQL {
     """
     SELECT pg_advisory_xact_lock(k) FROM (
       SELECT DISTINCT \(schema).dedup_lock_key($1, key) AS k FROM unnest($2::bytea[]) AS key
+    ) AS keys ORDER BY k
+    """
+  }
+  /// Takes the deduplication locks of a group's keys, of any queues, in the one order
+  /// ``lockKeys`` takes a single batch's in (by lock key), so a group and a lone add never
+  /// deadlock. Parameters: queues, keys (pairwise).
+  static func lockKeysOfQueues(_ schema: String) -> String {
+    """
+    SELECT pg_advisory_xact_lock(k) FROM (
+      SELECT DISTINCT \(schema).dedup_lock_key(q, key) AS k FROM unnest($1::text[], $2::bytea[]) AS t(q, key)
     ) AS keys ORDER BY k
     """
   }
@@ -399,9 +414,20 @@ struct SQL {
     WITH n AS (SELECT \(Self.now(6)) AS now),
     s AS (
       SELECT * FROM unnest($1::int8[], $2::int8[], $3::int4[], $4::int8[], $5::text[])
-        AS s(id, token, kind, delay, error)
+        WITH ORDINALITY AS s(id, token, kind, delay, error, ord)
     ),
-    c AS MATERIALIZED (SELECT s.id, s.kind, s.delay, s.error FROM s \(Self.currentClaims(schema, queueParameter: 7))),
+    c AS MATERIALIZED (
+      SELECT s.id, s.kind, s.delay, s.error, s.ord FROM s \(Self.currentClaims(schema, queueParameter: 7))
+    ),
+    r AS MATERIALIZED (
+      SELECT c.id, row_number() OVER (ORDER BY c.ord) AS place FROM c, n
+      WHERE c.kind = 1 AND least(n.now + c.delay * interval '1 millisecond', \(Self.latest)) <= n.now
+    ),
+    bump AS (
+      INSERT INTO \(schema).queues (name, retry_seq) SELECT $7, count(*) FROM r HAVING count(*) > 0
+      ON CONFLICT (name) DO UPDATE SET retry_seq = queues.retry_seq + excluded.retry_seq
+      RETURNING retry_seq
+    ),
     done AS (
       DELETE FROM \(schema).jobs j WHERE j.id = ANY(ARRAY(SELECT id FROM c WHERE kind = 0))
       RETURNING j.id, j.claim_token, NULL::timestamptz AS retry_at
@@ -413,14 +439,12 @@ struct SQL {
             THEN 'ready' ELSE 'scheduled' END END,
         run_at = CASE WHEN c.kind = 1
           THEN least(n.now + c.delay * interval '1 millisecond', \(Self.latest)) ELSE j.run_at END,
-        seq = CASE WHEN c.kind <> 1 THEN j.seq
-          WHEN least(n.now + c.delay * interval '1 millisecond', \(Self.latest)) > n.now THEN 0
-          ELSE (SELECT coalesce(max(r.seq), 0) + 1 FROM \(schema).jobs r
-            WHERE r.queue = $7 AND r.status = 'ready' AND r.priority = j.priority AND r.run_at = n.now) END,
+        seq = CASE WHEN c.kind <> 1 THEN j.seq WHEN r.place IS NULL THEN 0
+          ELSE (SELECT retry_seq FROM bump) - (SELECT count(*) FROM r) + r.place END,
         attempts = CASE WHEN c.kind = 3 THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
         last_error = CASE WHEN c.kind = 2 THEN c.error ELSE coalesce(c.error, j.last_error) END,
         lease_owner = NULL, lease_expires_at = NULL
-      FROM c, n
+      FROM c LEFT JOIN r ON r.id = c.id, n
       WHERE j.id = ANY(ARRAY(SELECT id FROM c WHERE kind <> 0)) AND c.id = j.id
       RETURNING j.id, j.claim_token, CASE WHEN c.kind = 1 THEN j.run_at END AS retry_at
     )

@@ -46,10 +46,10 @@ enum SQL {
     );
     """
   /// Version 4: a job's place among ready jobs of the same priority and run date. 0 for a job
-  /// added, scheduled, or re-queued; a job retried straight into the ready state takes one more
-  /// than the ready jobs of its priority and run date (see ``retry``), so it goes behind them:
-  /// behind every job ready when it was retried. A release or rescue keeps it (the job keeps its
-  /// place).
+  /// added, scheduled, or re-queued; a job retried straight into the ready state takes the next
+  /// number of its queue's counter (``nextRetryPlace``), so it goes behind every job ready when
+  /// it was retried, and jobs retried one after another keep that order. A release or rescue
+  /// keeps it (the job keeps its place).
   static let seqColumn = "seq INTEGER NOT NULL DEFAULT 0"
   /// The claim order's index (version 4: with ``seqColumn``).
   static let readyIndex = """
@@ -92,8 +92,20 @@ enum SQL {
     CREATE INDEX jobs_running ON jobs (queue, id) WHERE status = 'running';
     CREATE INDEX jobs_dead ON jobs (queue, id) WHERE status = 'dead';
     """
-  static let queuesTable = """
+  /// The queues table of versions 2 and 3.
+  static let queuesTableVersion2 = """
     CREATE TABLE queues (name TEXT PRIMARY KEY, paused INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
+    """
+  /// Version 4: a queue's counter of places given to jobs retried straight into the ready state.
+  static let retrySeqColumn = "retry_seq INTEGER NOT NULL DEFAULT 0"
+  /// The queues table of version 4.
+  static let queuesTable = """
+    CREATE TABLE queues (name TEXT PRIMARY KEY, paused INTEGER NOT NULL DEFAULT 0, \(retrySeqColumn)) WITHOUT ROWID;
+    """
+  /// Raises the queue's counter of retry places (``retry`` reads it); the row is made if missing.
+  static let nextRetryPlace = """
+    INSERT INTO queues (name, retry_seq) VALUES (?, 1)
+    ON CONFLICT (name) DO UPDATE SET retry_seq = retry_seq + 1
     """
   /// Version 3: workers' per-minute counts (``SQLiteJobStore/recordActivity(_:)``), keyed by
   /// queue and minute (milliseconds since 1970), so a chart reads one range of the key.
@@ -141,7 +153,7 @@ enum SQL {
     DROP TABLE jobs_v1;
     \(indexesVersion2)
     ALTER TABLE queues RENAME TO queues_v1;
-    \(queuesTable)
+    \(queuesTableVersion2)
     INSERT INTO queues (name, paused) SELECT name, paused FROM queues_v1;
     INSERT OR IGNORE INTO queues (name) SELECT DISTINCT queue FROM jobs;
     DROP TABLE queues_v1;
@@ -153,9 +165,10 @@ enum SQL {
     PRAGMA user_version = 3;
     """
   /// Version 3 to 4: every job keeps its place (``seqColumn`` 0), the claim's index gains the
-  /// column.
+  /// column, and each queue its counter of places given to retried jobs.
   static let migrate3to4 = """
     ALTER TABLE jobs ADD COLUMN \(seqColumn);
+    ALTER TABLE queues ADD COLUMN \(retrySeqColumn);
     DROP INDEX jobs_ready;
     \(readyIndex)
     PRAGMA user_version = 4;
@@ -231,13 +244,11 @@ enum SQL {
   private static let held = "id = ? AND queue = ? AND status = 'running' AND claim_token = ?"
   static let complete = "DELETE FROM jobs WHERE \(held)"
   /// Parameters: run date, now, error, then the claim. A job retried straight into the ready
-  /// state goes behind the ready jobs of its priority and run date (``seqColumn``): one seek
-  /// to the end of that range of `jobs_ready`.
+  /// state takes its queue's next place (``nextRetryPlace``, raised just before), so it goes
+  /// behind every job ready when it was retried (``seqColumn``).
   static let retry = """
     UPDATE jobs SET status = CASE WHEN ?1 <= ?2 THEN 'ready' ELSE 'scheduled' END, run_at = ?1,
-    seq = CASE WHEN ?1 <= ?2 THEN (SELECT coalesce(max(r.seq), 0) + 1 FROM jobs AS r
-      WHERE r.queue = ?6 AND r.status = 'ready' AND r.priority = jobs.priority AND r.run_at = ?1)
-      ELSE 0 END,
+    seq = CASE WHEN ?1 <= ?2 THEN (SELECT retry_seq FROM queues WHERE name = ?6) ELSE 0 END,
     last_error = coalesce(?3, last_error), lease_owner = NULL, lease_expires_at = NULL
     WHERE id = ?4 AND queue = ?6 AND status = 'running' AND claim_token = ?5
     """

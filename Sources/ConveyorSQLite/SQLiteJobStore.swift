@@ -552,9 +552,10 @@ public final class SQLiteJobStore: JobStore {
     case .complete:
       changed = try db.run(SQL.complete, id, queue, token)
     case .retry(let delay, let error):
+      let runAt = millis(now, adding: delay)
+      if runAt <= now { try db.run(SQL.nextRetryPlace, queue) }
       changed = try db.run(
-        SQL.retry, .integer(millis(now, adding: delay)), .integer(now), error.map(SQLiteValue.text) ?? .null,
-        id, token, queue)
+        SQL.retry, .integer(runAt), .integer(now), error.map(SQLiteValue.text) ?? .null, id, token, queue)
     case .kill(let error):
       changed = try db.run(SQL.kill, .text(error), id, queue, token)
     case .release(let error):

@@ -310,14 +310,26 @@ enum CLI {
               + "SIGINT or SIGTERM stops")
         }
       }
-      signals.handle { _ in opening.cancel() }
+      // A signal while the store opens stops the worker, however the opening ends (it may
+      // succeed: a signal that came as it finished is still a request to stop).
+      let signalled = Atomic<Bool>(false)
+      signals.handle { _ in
+        signalled.store(true, ordering: .relaxed)
+        opening.cancel()
+      }
       defer { signals.handle(with: nil) }
       do {
         let store = try await opening.value
+        if signalled.load(ordering: .relaxed) {
+          await store.close()
+          return false
+        }
         opened = store
         databaseDescription = "postgres://" + store.target
         return true
       } catch is CancellationError {
+        return false
+      } catch  where signalled.load(ordering: .relaxed) {
         return false
       }
     }

@@ -348,8 +348,18 @@ final class PostgresServer: Sendable {
     var attributes = posix_spawnattr_t()
     posix_spawnattr_init(&attributes)
     defer { posix_spawnattr_destroy(&attributes) }
-    // 0x80 is POSIX_SPAWN_SETSID, whose macro needs _GNU_SOURCE.
-    if setsid { posix_spawnattr_setflags(&attributes, 0x80) }
+    // The child starts with no signal blocked and every signal at its default: the spawning
+    // thread may block some (the test runner's threads do), and a pooler started with SIGTERM
+    // blocked never stops. 0x80 is POSIX_SPAWN_SETSID, whose macro needs _GNU_SOURCE.
+    var none = sigset_t()
+    sigemptyset(&none)
+    posix_spawnattr_setsigmask(&attributes, &none)
+    var defaults = sigset_t()
+    sigemptyset(&defaults)
+    for signal in [SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGPIPE] { sigaddset(&defaults, signal) }
+    posix_spawnattr_setsigdefault(&attributes, &defaults)
+    let flags = Int32(POSIX_SPAWN_SETSIGMASK) | Int32(POSIX_SPAWN_SETSIGDEF) | (setsid ? 0x80 : 0)
+    posix_spawnattr_setflags(&attributes, Int16(flags))
     let argv = ([executable] + arguments).map { strdup($0) } + [nil]
     defer { for pointer in argv { free(pointer) } }
     let envp = environment.map { $0.map { strdup("\($0.key)=\($0.value)") } + [nil] }

@@ -13,7 +13,8 @@ final class SimOracle: Sendable {
     case settlesOwnClaim = "an outcome settles only its own claim"
     case claimsWaiting = "only a waiting job is claimed, and each claim is newer than the last"
     case startsWithLease = "no handler starts on a claim whose lease may have lapsed"
-    case keepsPlace = "a rescued job keeps its place: a queue that starts claims nothing behind a job whose lease had lapsed before"
+    case keepsPlace =
+      "a rescued job keeps its place: a queue that starts claims nothing behind a job whose lease had lapsed before"
     case pauseObeyed = "pause is obeyed by every process: a paused queue hands out no job"
     case waitUntilFinished = "waitUntilFinished never returns while a job added before it waits or runs"
     case attempts = "attempts are counted as documented: claims, less the claims given back"
@@ -65,7 +66,10 @@ final class SimOracle: Sendable {
   /// Called with each notable event, for the trace.
   let note: @Sendable (@autoclosure () -> String) -> Void
 
-  init(store: InMemoryJobStore, clock: SimClock, queue: String, note: @escaping @Sendable (@autoclosure () -> String) -> Void) {
+  init(
+    store: InMemoryJobStore, clock: SimClock, queue: String,
+    note: @escaping @Sendable (@autoclosure () -> String) -> Void
+  ) {
     self.store = store
     self.clock = clock
     self.queue = queue
@@ -103,7 +107,8 @@ final class SimOracle: Sendable {
   /// The facts of the settled jobs before the store applies the settlements.
   func beforeSettling(_ settlements: [JobSettlement], queue: String) -> [JobID: Facts] {
     state.withLock { state in
-      Dictionary(settlements.compactMap { s in state.jobs[s.id].map { (s.id, $0) } }, uniquingKeysWith: { a, _ in a })
+      Dictionary(
+        settlements.compactMap { s in state.jobs[s.id].map { (s.id, $0) } }, uniquingKeysWith: { a, _ in a })
     }
   }
 
@@ -119,10 +124,13 @@ final class SimOracle: Sendable {
       for settlement in settlements where !stale.contains(settlement.claim) {
         guard var facts = state.jobs[settlement.id] else { continue }
         guard case .running(let token, _) = facts.status, token == settlement.claim.token else {
-          state.violation = state.violation
+          state.violation =
+            state.violation
             ?? Violation(
               invariant: .settlesOwnClaim,
-              detail: "job \(settlement.id): outcome of claim \(settlement.claim.token) applied while the job was \(facts.status)")
+              detail:
+                "job \(settlement.id): outcome of claim \(settlement.claim.token) applied while the job was \(facts.status)"
+            )
           return
         }
         switch settlement.action {
@@ -131,8 +139,10 @@ final class SimOracle: Sendable {
           facts.status = .done
           state.finished += 1
           if facts.completions > 1 {
-            state.violation = state.violation
-              ?? Violation(invariant: .finishesOnce, detail: "job \(settlement.id) completed \(facts.completions) times")
+            state.violation =
+              state.violation
+              ?? Violation(
+                invariant: .finishesOnce, detail: "job \(settlement.id) completed \(facts.completions) times")
           }
         case .retry: facts.status = .waiting
         case .kill:
@@ -147,26 +157,34 @@ final class SimOracle: Sendable {
       for record in batch.claimed {
         guard var facts = state.jobs[record.id] else { continue }
         if facts.status != .waiting || record.claimToken <= facts.token {
-          state.violation = state.violation
+          state.violation =
+            state.violation
             ?? Violation(
               invariant: .claimsWaiting,
-              detail: "job \(record.id) claimed (token \(record.claimToken)) while \(facts.status), last token \(facts.token)")
+              detail:
+                "job \(record.id) claimed (token \(record.claimToken)) while \(facts.status), last token \(facts.token)"
+            )
         }
         facts.claims += 1
         facts.token = record.claimToken
         facts.status = .running(token: record.claimToken, process: process)
         if record.attempts != facts.claims - facts.releases {
-          state.violation = state.violation
+          state.violation =
+            state.violation
             ?? Violation(
               invariant: .attempts,
-              detail: "job \(record.id) claimed with \(record.attempts) attempts after \(facts.claims) claims and \(facts.releases) given back")
+              detail:
+                "job \(record.id) claimed with \(record.attempts) attempts after \(facts.claims) claims and \(facts.releases) given back"
+            )
         }
         state.jobs[record.id] = facts
       }
       if !batch.claimed.isEmpty {
         if paused {
-          state.violation = state.violation
-            ?? Violation(invariant: .pauseObeyed, detail: "p\(process) claimed \(batch.claimed.map(\.id)) while paused")
+          state.violation =
+            state.violation
+            ?? Violation(
+              invariant: .pauseObeyed, detail: "p\(process) claimed \(batch.claimed.map(\.id)) while paused")
         }
         if let start = state.starts[process], !start.claimed {
           state.starts[process]?.claimed = true
@@ -174,7 +192,9 @@ final class SimOracle: Sendable {
         }
       }
     }
-    if let start = laterStart { checkFirstClaim(batch.claimed, process: process, processStart: start, now: wallNow) }
+    if let start = laterStart {
+      checkFirstClaim(batch.claimed, process: process, processStart: start, now: wallNow)
+    }
     if !batch.claimed.isEmpty || !settlements.isEmpty {
       note(
         "p\(process) settled \(settlements.map { "\($0.claim)\(Self.short($0.action))\(stale.contains($0.claim) ? "(stale)" : "")" }.joined(separator: " ")) claimed \(batch.claimed.map { $0.claim.description }.joined(separator: " "))"
@@ -207,7 +227,8 @@ final class SimOracle: Sendable {
       if let later = claimed.first(where: { precedes(old, $0) }) {
         fail(
           .keepsPlace,
-          "p\(process)'s first claim took job \(later.id) before job \(old.id), whose lease had lapsed before it started")
+          "p\(process)'s first claim took job \(later.id) before job \(old.id), whose lease had lapsed before it started"
+        )
         return
       }
     }
@@ -261,17 +282,23 @@ final class SimOracle: Sendable {
       guard let record, record.status == .running, let owner = record.leaseOwner,
         state.owners[owner] == process, let expiry = record.leaseExpiresAt, expiry > now
       else {
-        state.violation = state.violation
+        state.violation =
+          state.violation
           ?? Violation(
             invariant: .startsWithLease,
-            detail: "p\(process) started job \(id) while the store holds it as \(record.map { "\($0.status) by \($0.leaseOwner.flatMap { state.owners[$0] }.map { "p\($0)" } ?? "nobody") until \($0.leaseExpiresAt.map { "\($0.timeIntervalSince(now)) s from now" } ?? "-")" } ?? "gone")")
+            detail:
+              "p\(process) started job \(id) while the store holds it as \(record.map { "\($0.status) by \($0.leaseOwner.flatMap { state.owners[$0] }.map { "p\($0)" } ?? "nobody") until \($0.leaseExpiresAt.map { "\($0.timeIntervalSince(now)) s from now" } ?? "-")" } ?? "gone")"
+          )
         return
       }
       if attempts != facts.claims - facts.releases {
-        state.violation = state.violation
+        state.violation =
+          state.violation
           ?? Violation(
             invariant: .attempts,
-            detail: "job \(id) started as attempt \(attempts) after \(facts.claims) claims and \(facts.releases) given back")
+            detail:
+              "job \(id) started as attempt \(attempts) after \(facts.claims) claims and \(facts.releases) given back"
+          )
       }
     }
     note("p\(process) handles \(id) attempt \(attempts)")
@@ -289,7 +316,10 @@ final class SimOracle: Sendable {
       unfinished.filter { (state.jobs[$0.id]?.committed ?? .max) <= commits }.map(\.id)
     }
     if let first = early.first {
-      fail(.waitUntilFinished, "p\(process)'s waitUntilFinished returned while job \(first) (added before) was \(store.peek(first)?.status.rawValue ?? "?")")
+      fail(
+        .waitUntilFinished,
+        "p\(process)'s waitUntilFinished returned while job \(first) (added before) was \(store.peek(first)?.status.rawValue ?? "?")"
+      )
     }
     note("p\(process) waitUntilFinished returned")
   }
@@ -315,8 +345,10 @@ final class SimOracle: Sendable {
   /// The jobs not finished, for the liveness report.
   var unfinished: [(JobID, Status)] {
     state.withLock { state in
-      state.jobs.filter { ![.done, .dead, .removed].contains($0.value.status) }.map { ($0.key, $0.value.status) }
-        .sorted { $0.0 < $1.0 }
+      state.jobs.filter { ![.done, .dead, .removed].contains($0.value.status) }.map {
+        ($0.key, $0.value.status)
+      }
+      .sorted { $0.0 < $1.0 }
     }
   }
 

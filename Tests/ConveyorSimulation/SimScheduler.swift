@@ -74,7 +74,9 @@ final class SimScheduler: Sendable {
   /// How many jobs ran, and how many were enqueued from outside the driving thread.
   var counts: (ran: Int, foreign: Int) { state.withLock { ($0.ran, $0.foreignEnqueues) } }
 
-  func condition(of process: Int) -> Condition { state.withLock { $0.conditions[process, default: .running] } }
+  func condition(of process: Int) -> Condition {
+    state.withLock { $0.conditions[process, default: .running] }
+  }
 
   /// Sets a process's condition: jobs of a process that can run again are runnable again; jobs of
   /// one that cannot are held.

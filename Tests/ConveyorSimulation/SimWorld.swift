@@ -31,7 +31,8 @@ final class SimTrace: Sendable {
 
   var lines: [String] {
     state.withLock { state in
-      state.lines.count < length ? state.lines : Array(state.lines[state.next...] + state.lines[..<state.next])
+      state.lines.count < length
+        ? state.lines : Array(state.lines[state.next...] + state.lines[..<state.next])
     }
   }
 }
@@ -237,7 +238,9 @@ final class SimWorld: Sendable {
     }
     process.queue.withLock { $0 = queue }
     state.withLock { $0.alive.append(id) }
-    trace.note("p\(id) started (concurrency \(concurrency), prefetch \(prefetch), ahead \(claimsAhead), poll \(poll), max \(maxAttempts.map(String.init) ?? "-"))")
+    trace.note(
+      "p\(id) started (concurrency \(concurrency), prefetch \(prefetch), ahead \(claimsAhead), poll \(poll), max \(maxAttempts.map(String.init) ?? "-"))"
+    )
     return process
   }
 
@@ -287,7 +290,9 @@ final class SimWorld: Sendable {
     }
     for at in times(scenario.clockStepsPerMinute, within: span) {
       schedule(at: at) { [self] in
-        let step = draw { random in (random.chance(0.5) ? 1 : -1) * random.duration(lease / 2, lease * 3).inSeconds }
+        let step = draw { random in
+          (random.chance(0.5) ? 1 : -1) * random.duration(lease / 2, lease * 3).inSeconds
+        }
         clock.step(by: step)
         trace.note("wall clock stepped by \(step) s")
       }
@@ -402,7 +407,8 @@ final class SimWorld: Sendable {
         break
       }
       if let (job, process) = scheduler.next(&stateRandom) {
-        self.process(process)?.executor.run(job) ?? SimProcessExecutor(process: process, scheduler: scheduler).run(job)
+        self.process(process)?.executor.run(job)
+          ?? SimProcessExecutor(process: process, scheduler: scheduler).run(job)
         steps += 1
         stepsAtThisTime += 1
         if stepsAtThisTime > 200_000 {
@@ -422,7 +428,9 @@ final class SimWorld: Sendable {
       case .heal where now >= healLimit:
         violation = .init(
           invariant: .finishes,
-          detail: "\(healLimit) after the start, jobs still unfinished: \(oracle.unfinished.prefix(5).map { "\($0.0) \($0.1)" })")
+          detail:
+            "\(healLimit) after the start, jobs still unfinished: \(oracle.unfinished.prefix(5).map { "\($0.0) \($0.1)" })"
+        )
         break loop
       default: break
       }
@@ -451,7 +459,8 @@ final class SimWorld: Sendable {
       violation = oracle.violation
     }
     if scheduler.counts.foreign > 0 && violation == nil {
-      violation = .init(invariant: .deterministic, detail: "\(scheduler.counts.foreign) jobs came from another thread")
+      violation = .init(
+        invariant: .deterministic, detail: "\(scheduler.counts.foreign) jobs came from another thread")
     }
     let end = clock.uptime()
     cleanUp()

@@ -145,4 +145,3 @@ enum SimFault: Error, CustomStringConvertible {
 struct SimItem: Queueable {
   var job: Int
 }
-

@@ -27,7 +27,9 @@ func report(_ outcome: SimOutcome) {
 if let seed = option("--seed") {
   let outcome = Simulation.run(seed: seed)
   guard outcome.violation != nil else {
-    print("seed \(seed): no violation (\(outcome.lifecycles) jobs finished, \(outcome.steps) steps, \(outcome.simulated) simulated)")
+    print(
+      "seed \(seed): no violation (\(outcome.lifecycles) jobs finished, \(outcome.steps) steps, \(outcome.simulated) simulated)"
+    )
     exit(0)
   }
   report(Simulation.shrink(outcome))

@@ -14,6 +14,13 @@ public struct JobQueueConfiguration: Sendable {
   /// The delay before a failed job runs again. Default: 15 seconds, fixed.
   public var retryPolicy: RetryPolicy
   /// Attempts after which a failing job is dead (kept, inspectable, re-queueable). Nil: unlimited.
+  ///
+  /// A claim counts an attempt when it is made; a claim given back unstarted (a shutdown, a job
+  /// claimed ahead that could not start in time, a claim answered too late to start) gives it
+  /// back. A claim whose lease lapsed before its worker gave it back, and that another worker
+  /// then rescued, stays counted: the store cannot tell it from a worker that crashed while
+  /// running the job. So a job can lose an attempt it never ran when its worker stalls past its
+  /// lease; with `maxAttempts` 1 it is then dead without having run.
   public var maxAttempts: Int?
   /// Jobs handled at once by this queue instance. 1 (the default) keeps FIFO order.
   public var concurrency: Int

@@ -328,7 +328,9 @@ public struct WakeHint: Sendable, Hashable {
 /// handed out by priority (higher first), then run date, then place, then ID. A job's place is
 /// kept when it is released or rescued; a job retried straight into the ready state (a retry with
 /// no delay) takes a place behind every ready job of its priority and run date, so it runs after
-/// every job that was ready when it was retried (and after jobs added in the same millisecond).
+/// every job that was ready when it was retried, and jobs retried one after another run in that
+/// order. Run dates come from the clock: after the wall clock is stepped back, a job retried with
+/// no delay has an earlier run date than the jobs added before the step, and goes before them.
 public protocol JobStore: Sendable {
   /// Commits new jobs to a queue in one transaction, in order.
   ///
