@@ -69,6 +69,40 @@ import Testing
     #expect(FileManager.default.fileExists(atPath: sandbox.path("q")))
   }
 
+  /// Long paths the system takes: a 600-byte path in folders that exist and are writable (SQLite's
+  /// own limit is 512 bytes), and a 253-byte name (its `-wal` file's name would pass the file
+  /// system's 255). Each is opened, or refused with an error that says the path is too long; it
+  /// was "unable to open database file", telling the user to check that the folder exists and is
+  /// writable (and the 253-byte name was left behind as a database file).
+  @Test func aLongDatabasePathIsOpenedOrRefusedAsTooLong() async throws {
+    let sandbox = try Sandbox()
+    let deep = (0..<6).reduce(sandbox.folder.path) { folder, _ in
+      folder + "/" + String(repeating: "d", count: 100)
+    }
+    try FileManager.default.createDirectory(atPath: deep, withIntermediateDirectories: true)
+    for path in [deep + "/jobs.sqlite", sandbox.path(String(repeating: "n", count: 253))] {
+      let outcome = try await sandbox.run(
+        ["--database", path, "add", "exec", "--", "true"], withDatabase: false, directory: sandbox.folder)
+      #expect(
+        outcome.status == 0 || outcome.stderr.lowercased().contains("too long"),
+        "\(path.utf8.count) bytes: \(outcome)")
+    }
+  }
+
+  /// A symbolic link to a database file that does not exist yet (a link made to a data volume
+  /// before the first run): SQLite would create the file it names; the store is opened there, or
+  /// the error says the link's target is missing. It was "unable to open database file".
+  @Test func aSymbolicLinkToANewDatabaseFileIsOpenedOrExplained() async throws {
+    let sandbox = try Sandbox()
+    let target = sandbox.path("target.sqlite")
+    let link = sandbox.path("link.sqlite")
+    try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: target)
+    let outcome = try await sandbox.run(
+      ["--database", link, "add", "exec", "--", "true"], withDatabase: false, directory: sandbox.folder)
+    #expect(
+      outcome.status == 0 || outcome.stderr.contains("symbolic link"), "\(outcome)")
+  }
+
   /// Database strings that are neither a path nor a PostgreSQL connection this tool accepts: each
   /// is refused with the accepted forms, its password never shown, no file made of it.
   static let nearMisses = [
