@@ -192,6 +192,41 @@ import Testing
     #expect(!withoutPassword.stderr.contains("warning"), "\(withoutPassword)")
   }
 
+  /// libpq reads a backslash in an unquoted value as an escape (`password=se\ cret` is the password
+  /// "se cret"): such a string is a valid connection string, so it goes to PostgreSQL (here a port
+  /// nothing listens on), and no part of its password is shown. A password with an unescaped space
+  /// is not valid, and the refusal does not quote the password's second word either.
+  @Test func aPasswordWithASpaceInAConnectionStringIsNeverShown() async throws {
+    let sandbox = try Sandbox()
+    let escaped = #"host=127.0.0.1 port=1 dbname=app user=alice password=SECRET\ PW-TAIL connect_timeout=5"#
+    let outcome = try await sandbox.run(
+      ["status"], withDatabase: false, extraEnvironment: ["CONVEYOR_DATABASE": escaped],
+      directory: sandbox.folder)
+    #expect(outcome.status == 3, "a valid libpq string goes to PostgreSQL: \(outcome)")
+    #expect(!outcome.stderr.contains("PW-TAIL") && !outcome.stdout.contains("PW-TAIL"), "\(outcome)")
+    let unescaped = "host=127.0.0.1 port=1 dbname=app user=alice password=SECRET PW-TAIL"
+    let refused = try await sandbox.run(
+      ["status"], withDatabase: false, extraEnvironment: ["CONVEYOR_DATABASE": unescaped],
+      directory: sandbox.folder)
+    #expect(refused.status == 2 || refused.status == 3, "\(refused)")
+    #expect(!refused.stderr.contains("PW-TAIL") && !refused.stdout.contains("PW-TAIL"), "\(refused)")
+  }
+
+  /// A password libpq reads from the command line in another spelling: a URL query key
+  /// percent-encoded (`pass%77ord=`, which libpq decodes), or a URL password holding a space
+  /// (libpq takes `user:pass word@`). Each is on the command line all the same, and is warned of.
+  @Test(arguments: [
+    "postgresql://alice@127.0.0.1:1/app?pass%77ord=SECRET-PW&connect_timeout=5",
+    "postgresql://alice:SECRET PW@127.0.0.1:1/app?connect_timeout=5",
+  ])
+  func aPasswordOnTheCommandLineIsWarnedOfWhateverItsSpelling(url: String) async throws {
+    let sandbox = try Sandbox()
+    let given = try await sandbox.run(["--database", url, "status"], withDatabase: false)
+    #expect(given.status == 3, "\(given)")
+    #expect(given.stderr.components(separatedBy: "password is on the command line").count == 2, "\(given)")
+    #expect(!given.stderr.contains("SECRET"), "\(given)")
+  }
+
   // MARK: 2. credentials on redirects
 
   @Test func credentialsAreNotSentToAnotherOriginOnARedirect() async throws {
