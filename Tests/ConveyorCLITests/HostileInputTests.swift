@@ -550,6 +550,38 @@ import Testing
     #expect(kilobytes < 80_000, "peak resident memory \(kilobytes) KB")
   }
 
+  /// A URL longer than the 16 KiB `list` reads (a long query string) does not make `list` read
+  /// the payload whole: the start says it is an HTTP job, its method, and that the URL is too
+  /// long to show. Two such jobs with 48 MB bodies took `list` to 162 MB, as if each were a job
+  /// stored by an older build.
+  @Test func listReadsOnlyTheStartOfAPayloadWhoseURLIsLong() async throws {
+    let time = URL(fileURLWithPath: "/usr/bin/time")
+    guard FileManager.default.isExecutableFile(atPath: time.path) else { return }  // GNU time measures
+    let sandbox = try Sandbox()
+    let body = sandbox.path("body.bin")
+    try #require(
+      FileManager.default.createFile(atPath: body, contents: Data(repeating: 0x61, count: 48 << 20)))
+    let query = String(repeating: "x", count: 20_000)
+    for index in 0..<2 {
+      try await sandbox.add([
+        "http", "POST", "http://127.0.0.1:9/upload/\(index)?q=\(query)", "--data-file", body,
+      ])
+    }
+    let report = sandbox.path("rss.txt")
+    let running = try RunningConveyor(
+      executable: time,
+      arguments: [
+        "-f", "%M", "-o", report, try ConveyorBinary.required().path, "--database", sandbox.database, "list",
+      ], environment: ProcessInfo.processInfo.environment, folder: sandbox.folder)
+    let outcome = try await running.waitForExit(timeout: .seconds(60))
+    #expect(outcome.status == 0, "\(outcome)")
+    #expect(outcome.lines.filter { $0.contains("http POST") }.count == 2, "\(outcome)")
+    let text = String(decoding: FileManager.default.contents(atPath: report) ?? Data(), as: UTF8.self)
+    let kilobytes = try #require(text.split(separator: "\n").compactMap { Int($0) }.last, "\(text)")
+    // The tool itself needs about 36 MB; each payload is 64 MB of JSON.
+    #expect(kilobytes < 80_000, "peak resident memory \(kilobytes) KB")
+  }
+
   // MARK: 13. a command dies with its worker
 
   @Test func aCommandAndItsChildrenDieWhenTheWorkerIsKilled() async throws {
