@@ -311,6 +311,23 @@ struct SeededJobs {
     #expect(signedIn.headers["set-cookie"]?.hasSuffix("; Secure") == true, "\(signedIn.headers)")
   }
 
+  /// Behind a TLS proxy that passes the browser's `Host` on, which needs no `--public-url`, the
+  /// sign-in form is posted from an https page: its `Origin` says so. The session cookie must then
+  /// be `Secure`; without it the browser also sends it in clear to any http URL of that host (the
+  /// dashboard's own port off loopback, say), where anyone on the path reads it.
+  @Test func theSessionCookieIsSecureWhenTheSignInCameFromAnHTTPSPage() async throws {
+    let sandbox = try Sandbox()
+    let token = "correct-horse-battery-staple"
+    let dashboard = try await DashboardProcess.start(
+      sandbox, ["--listen", "0.0.0.0:0", "--token-file", try Self.tokenFile(sandbox, token)])
+    let signedIn = try await dashboard.request(
+      "POST", "/login",
+      headers: [("Origin", "https://dash.example.test"), ("Sec-Fetch-Site", "same-origin")],
+      form: [("token", token)], host: "dash.example.test")
+    #expect(signedIn.status == 303, "\(signedIn)")
+    #expect(signedIn.headers["set-cookie"]?.contains("; Secure") == true, "\(signedIn.headers)")
+  }
+
   static func tokenFile(_ sandbox: Sandbox, _ token: String) throws -> String {
     let path = sandbox.path("token")
     guard FileManager.default.createFile(atPath: path, contents: Data((token + "\n").utf8)) else {
@@ -387,6 +404,25 @@ struct SeededJobs {
     #expect(large.status == 200 && large.body.utf8.count < 100_000, "\(large.body.utf8.count) bytes")
     #expect(large.body.contains("http POST http://127.0.0.1:9/upload"), "\(large.body.prefix(3000))")
     #expect(large.body.contains("too large to show"))
+  }
+
+  /// A character is not a byte count: one letter followed by combining marks is one character of
+  /// any length. Fifty commands named by one such character of 120 KB (no such program, so each
+  /// job dies with the name in its error) fill rows whose summary and error are "cut" to 300 and
+  /// 200 characters, yet kept whole: the page was 6.8 MB.
+  @Test func theJobsPageStaysSmallWhenOneCharacterHoldsManyBytes() async throws {
+    let sandbox = try Sandbox()
+    let program = "a" + String(repeating: "\u{301}", count: 60_000)
+    #expect(program.count == 1 && program.utf8.count == 120_001)
+    for _ in 0..<50 { try await sandbox.add(["exec", "--", program]) }
+    let work = try await sandbox.run(
+      ["work", "--until-empty", "--max-attempts", "1"], timeout: .seconds(120))
+    #expect(work.status == 1, "\(work.status) \(work.stderr.prefix(2000))")
+    let dashboard = try await DashboardProcess.start(sandbox)
+    let page = try await dashboard.get("/jobs?queue=outbox")
+    #expect(page.status == 200)
+    #expect(page.body.components(separatedBy: "<tr data-job=").count == 51)
+    #expect(page.body.utf8.count < 200_000, "a page of \(page.body.utf8.count) bytes")
   }
 
   /// Queue names with CR or NUL (an application's own INSERT can store them): the page's rows
