@@ -425,6 +425,25 @@ struct SeededJobs {
     #expect(page.body.utf8.count < 200_000, "a page of \(page.body.utf8.count) bytes")
   }
 
+  /// A job's page shows its payload (at most 256 KiB of it) as pretty JSON, and pretty printing
+  /// indents each line by its depth: 120 KB of JSON, 200 arrays deep around 60,000 numbers
+  /// (an application's payload, in a queue the dashboard serves too), made a 24 MB page, and a
+  /// 240 KB one 400 deep a 97 MB page that took 430 MB to build.
+  @Test func aJobPageStaysSmallWhateverItsPayloadsShape() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--", "true"])
+    let file = sandbox.path("payload.json")
+    let json =
+      String(repeating: "[", count: 200) + String(repeating: "0,", count: 60_000) + "0"
+      + String(repeating: "]", count: 200)
+    try #require(FileManager.default.createFile(atPath: file, contents: Data(json.utf8)))
+    try Self.insertJobs(sandbox, queues: ["outbox"], payload: "readfile('\(file)')")
+    let dashboard = try await DashboardProcess.start(sandbox)
+    let page = try await dashboard.get("/jobs/2")
+    #expect(page.status == 200)
+    #expect(page.body.utf8.count < 1_000_000, "a page of \(page.body.utf8.count) bytes")
+  }
+
   /// Queue names with CR or NUL (an application's own INSERT can store them): the page's rows
   /// carry the name percent-encoded as `data-key`, as `/api/queues` does, so the script matches
   /// them however a browser rewrites the name in an attribute.
@@ -445,7 +464,9 @@ struct SeededJobs {
 
   /// Adds a waiting job to each queue through the sqlite3 shell, as an application writing to the
   /// table itself could (names no `conveyor --queue` accepts).
-  static func insertJobs(_ sandbox: Sandbox, queues: [String]) throws {
+  /// `payload` is an SQL expression for each job's payload (default `{}`), e.g.
+  /// `readfile('/path')`.
+  static func insertJobs(_ sandbox: Sandbox, queues: [String], payload: String = "X'7B7D'") throws {
     let shell = "/usr/bin/sqlite3"
     guard FileManager.default.isExecutableFile(atPath: shell) else {
       throw HarnessError(description: "the sqlite3 shell is not installed")
