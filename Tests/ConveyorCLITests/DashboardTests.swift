@@ -328,6 +328,27 @@ struct SeededJobs {
     #expect(signedIn.headers["set-cookie"]?.contains("; Secure") == true, "\(signedIn.headers)")
   }
 
+  /// Browsers send an internationalised host name in its ASCII form (`xn--…`) in `Host` and
+  /// `Origin`. A `--public-url` naming such a host, in that form or in Unicode, is matched as
+  /// browsers send it: the dashboard decoded it to `bücher.example` and then answered the proxy's
+  /// `Host` 421 and refused every POST from the page as cross-site.
+  @Test(arguments: ["https://xn--bcher-kva.example", "https://bücher.example"])
+  func aPublicURLWithAnInternationalHostNameIsMatchedAsBrowsersSendIt(publicURL: String) async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--", "true"])
+    let dashboard = try await DashboardProcess.start(
+      sandbox, ["--listen", "127.0.0.1:0", "--public-url", publicURL])
+    let passedOn = try await dashboard.request("GET", "/", host: "xn--bcher-kva.example")
+    #expect(passedOn.status == 200, "\(passedOn.status)")
+    let page = try await dashboard.get("/")
+    let formToken = try DashboardProcess.formToken(in: page.body)
+    let paused = try await dashboard.request(
+      "POST", "/queues/pause",
+      headers: [("Origin", "https://xn--bcher-kva.example"), ("Sec-Fetch-Site", "same-origin")],
+      form: [("csrf", formToken), ("queue", "outbox")])
+    #expect(paused.status == 303, "\(paused.status)")
+  }
+
   static func tokenFile(_ sandbox: Sandbox, _ token: String) throws -> String {
     let path = sandbox.path("token")
     guard FileManager.default.createFile(atPath: path, contents: Data((token + "\n").utf8)) else {
@@ -476,7 +497,7 @@ struct SeededJobs {
     }
     let statements = names.map {
       "INSERT OR IGNORE INTO queues (name) VALUES (\($0)); "
-        + "INSERT INTO jobs (queue, payload, status, run_at, created_at) VALUES (\($0), X'7B7D', 'ready', 0, 0);"
+        + "INSERT INTO jobs (queue, payload, status, run_at, created_at) VALUES (\($0), \(payload), 'ready', 0, 0);"
     }
     let process = Process()
     process.executableURL = URL(fileURLWithPath: shell)
