@@ -550,23 +550,21 @@ import Testing
     #expect(kilobytes < 80_000, "peak resident memory \(kilobytes) KB")
   }
 
-  /// A URL longer than the 16 KiB `list` reads (a long query string) does not make `list` read
-  /// the payload whole: the start says it is an HTTP job, its method, and that the URL is too
-  /// long to show. Two such jobs with 48 MB bodies took `list` to 162 MB, as if each were a job
+  /// A job added by this build whose summary does not fit in the 16 KiB `list` reads first is
+  /// still not read whole: a URL longer than that (a long query string), or a `--key` longer than
+  /// that (stored before the job's kind, being smaller than a large body). The start says what
+  /// the job is. Two such jobs with 48 MB bodies took `list` to 160 MB, as if each were a job
   /// stored by an older build.
-  @Test func listReadsOnlyTheStartOfAPayloadWhoseURLIsLong() async throws {
+  @Test func listReadsOnlyTheStartOfAPayloadWhoseURLOrKeyIsLong() async throws {
     let time = URL(fileURLWithPath: "/usr/bin/time")
     guard FileManager.default.isExecutableFile(atPath: time.path) else { return }  // GNU time measures
     let sandbox = try Sandbox()
     let body = sandbox.path("body.bin")
     try #require(
       FileManager.default.createFile(atPath: body, contents: Data(repeating: 0x61, count: 48 << 20)))
-    let query = String(repeating: "x", count: 20_000)
-    for index in 0..<2 {
-      try await sandbox.add([
-        "http", "POST", "http://127.0.0.1:9/upload/\(index)?q=\(query)", "--data-file", body,
-      ])
-    }
+    let long = String(repeating: "x", count: 20_000)
+    try await sandbox.add(["http", "POST", "http://127.0.0.1:9/upload/0?q=\(long)", "--data-file", body])
+    try await sandbox.add(["http", "POST", "http://127.0.0.1:9/upload/1", "--key", long, "--data-file", body])
     let report = sandbox.path("rss.txt")
     let running = try RunningConveyor(
       executable: time,
@@ -575,7 +573,8 @@ import Testing
       ], environment: ProcessInfo.processInfo.environment, folder: sandbox.folder)
     let outcome = try await running.waitForExit(timeout: .seconds(60))
     #expect(outcome.status == 0, "\(outcome)")
-    #expect(outcome.lines.filter { $0.contains("http POST") }.count == 2, "\(outcome)")
+    #expect(
+      outcome.lines.filter { $0.contains("http POST http://127.0.0.1:9/upload/") }.count == 2, "\(outcome)")
     let text = String(decoding: FileManager.default.contents(atPath: report) ?? Data(), as: UTF8.self)
     let kilobytes = try #require(text.split(separator: "\n").compactMap { Int($0) }.last, "\(text)")
     // The tool itself needs about 36 MB; each payload is 64 MB of JSON.
