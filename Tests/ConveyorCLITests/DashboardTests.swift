@@ -446,6 +446,26 @@ struct SeededJobs {
     #expect(page.body.utf8.count < 200_000, "a page of \(page.body.utf8.count) bytes")
   }
 
+  /// An HTTP job added with a `--key` longer than the 16 KiB the jobs page reads of each payload
+  /// (the key is stored first when it is smaller than the job's kind, which holds the body): the
+  /// page showed "(not an outbox job)" for it, where `list` and the job's own page show the request.
+  @Test func aJobWithALongKeyIsListedAsWhatItIs() async throws {
+    let sandbox = try Sandbox()
+    let body = sandbox.path("body.bin")
+    try #require(
+      FileManager.default.createFile(atPath: body, contents: Data(repeating: 0x62, count: 100_000)))
+    try await sandbox.add([
+      "http", "POST", "http://127.0.0.1:9/upload", "--key", String(repeating: "k", count: 20_000),
+      "--data-file", body,
+    ])
+    let dashboard = try await DashboardProcess.start(sandbox)
+    let page = try await dashboard.get("/jobs?queue=outbox")
+    #expect(page.status == 200)
+    #expect(
+      page.body.contains("<td class=\"summary\">http POST http://127.0.0.1:9/upload"),
+      "\(page.body.suffix(1500))")
+  }
+
   /// A job's page shows its payload (at most 256 KiB of it) as pretty JSON, and pretty printing
   /// indents each line by its depth: 120 KB of JSON, 200 arrays deep around 60,000 numbers
   /// (an application's payload, in a queue the dashboard serves too), made a 24 MB page, and a
