@@ -159,6 +159,8 @@ enum CLI {
   static func run(_ words: [String], _ context: Context) async throws -> Int32 {
     var index = 0
     var database: String?
+    // Every --database given: an earlier one is not used, but is on the command line all the same.
+    var givenDatabases: [String] = []
     var queueName = "outbox"
     // Global options: only before the command.
     while index < words.count, words[index].hasPrefix("-"), words[index] != "-" {
@@ -182,9 +184,13 @@ enum CLI {
         value = words[index + 1]
         index += 2
       }
-      if name == "--database" || name == "-d" { database = value } else { queueName = value }
+      if name == "--database" || name == "-d" {
+        database = value
+        givenDatabases.append(value)
+      } else {
+        queueName = value
+      }
     }
-    let onCommandLine = database != nil
     database =
       database ?? ProcessInfo.processInfo.environment["CONVEYOR_DATABASE"].flatMap { $0.isEmpty ? nil : $0 }
     if database == "" {
@@ -194,7 +200,7 @@ enum CLI {
           + "the default file")
     }
     context.database = try database.map(DatabaseLocation.init)
-    if onCommandLine, case .postgres(let text) = context.database, DatabaseLocation.holdsPassword(text) {
+    if givenDatabases.contains(where: DatabaseLocation.holdsPassword) {
       warnOfSecretOnCommandLine(
         "the database password is on the command line, where every user of this machine can read it "
           + "(ps, /proc); pass the URL in CONVEYOR_DATABASE, or leave the password out and use PGPASSWORD, "

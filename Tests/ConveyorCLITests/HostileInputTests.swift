@@ -227,6 +227,19 @@ import Testing
     #expect(!given.stderr.contains("SECRET"), "\(given)")
   }
 
+  /// Only the last `--database` is used, but every one given is on the command line: a password
+  /// in an earlier one is warned of too (it was not).
+  @Test func aPasswordInAnyDatabaseOptionIsWarnedOf() async throws {
+    let sandbox = try Sandbox()
+    let outcome = try await sandbox.run(
+      ["-d", "postgresql://alice:SECRET-PW@127.0.0.1:1/app", "-d", sandbox.database, "status"],
+      withDatabase: false)
+    #expect(outcome.status == 0, "\(outcome)")
+    #expect(
+      outcome.stderr.components(separatedBy: "password is on the command line").count == 2, "\(outcome)")
+    #expect(!outcome.stderr.contains("SECRET"), "\(outcome)")
+  }
+
   // MARK: 2. credentials on redirects
 
   @Test func credentialsAreNotSentToAnotherOriginOnARedirect() async throws {
