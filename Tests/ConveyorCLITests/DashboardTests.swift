@@ -498,6 +498,19 @@ struct SeededJobs {
       "\(page.body.suffix(1500))")
   }
 
+  /// A job's page shows the start of a long `--key` among its facts, not all of it (a 20 KB key
+  /// was shown whole there).
+  @Test func aJobPageShowsTheStartOfALongKey() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--key", String(repeating: "k", count: 20_000), "--", "true"])
+    let dashboard = try await DashboardProcess.start(sandbox)
+    let page = try await dashboard.get("/jobs/1")
+    #expect(page.status == 200)
+    // `Dashboard.shownKey` scalars of it in the facts table (the payload JSON below holds it too).
+    #expect(
+      page.body.contains("<th scope=\"row\">Key</th><td>" + String(repeating: "k", count: 1_000) + "…</td>"))
+  }
+
   /// A job's page shows its payload (at most 256 KiB of it) as pretty JSON, and pretty printing
   /// indents each line by its depth: 120 KB of JSON, 200 arrays deep around 60,000 numbers
   /// (an application's payload, in a queue the dashboard serves too), made a 24 MB page, and a

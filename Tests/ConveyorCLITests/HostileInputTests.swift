@@ -594,6 +594,20 @@ import Testing
     #expect(kilobytes < 80_000, "peak resident memory \(kilobytes) KB")
   }
 
+  /// `list` reads and shows the start of each last error (an application's handler can record
+  /// one of any size), marking the cut.
+  @Test func listShowsTheStartOfALongError() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--", "true"])
+    try DashboardTests.executeSQL(
+      sandbox, "UPDATE jobs SET status = 'dead', last_error = 'E' || hex(zeroblob(100000)) WHERE id = 1;")
+    let listed = try await sandbox.run(["list"])
+    #expect(listed.status == 0, "\(listed)")
+    let line = try #require(listed.lines.first { $0.contains("last error: E") }, "\(listed)")
+    // `CLI.listedError` (16,384) scalars of it.
+    #expect(line.hasSuffix("0…") && line.unicodeScalars.count < 16_384 + 40, "\(line.count)")
+  }
+
   // MARK: 13. a command dies with its worker
 
   @Test func aCommandAndItsChildrenDieWhenTheWorkerIsKilled() async throws {
