@@ -407,6 +407,20 @@ struct SeededJobs {
     let both = try await sandbox.run(
       ["dashboard", "--token", token, "--token-file", try Self.tokenFile(sandbox, token)])
     #expect(both.status == 2, "\(both)")
+    // Refused, but on the command line all the same: warned of (it was not).
+    #expect(both.stderr.components(separatedBy: "--token is on the command line").count == 2, "\(both)")
+  }
+
+  /// A `--public-url` whose host is not what browsers send (a percent-encoded NUL, a space) is
+  /// refused with a message that escapes what it quotes; it printed the decoded host raw.
+  @Test func aPublicURLWithAHostBrowsersCannotSendIsRefused() async throws {
+    let sandbox = try Sandbox()
+    for publicURL in ["https://x%00y", "https://x%0Ay.example", "https://a%2eb.example"] {
+      let outcome = try await sandbox.run(["dashboard", "--listen", "127.0.0.1:0", "--public-url", publicURL])
+      #expect(outcome.status == 2, "\(outcome)")
+      #expect(outcome.stderr.contains("--public-url must name a host"), "\(outcome)")
+      #expect(!outcome.stderr.unicodeScalars.contains { $0.value < 0x20 && $0 != "\n" }, "\(outcome)")
+    }
   }
 
   /// Browsers leave the default port out of `Host`: a dashboard on port 80 answers them (it
