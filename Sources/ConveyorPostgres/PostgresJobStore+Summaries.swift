@@ -4,13 +4,14 @@ import Foundation
 // Listing jobs with the start of each payload only (`JobSummaryListing`): the listing's
 // statements with `substring(payload FROM 1 FOR n)` and `octet_length(payload)` for the payload,
 // so the server sends at most n bytes of each (and reads no more of a payload stored
-// uncompressed out of line).
+// uncompressed out of line), and `left(last_error, m)` for the last error, so that it sends at
+// most m characters of each error whatever an application recorded.
 
 extension PostgresJobStore: JobSummaryListing {
   /// The page `jobs(queue:status:after:limit:)` returns, each payload sent up to its first
   /// `payloadPrefix` bytes only.
   public func readJobSummaries(
-    queue: String, status: JobStatus?, after: JobID?, limit: Int, payloadPrefix: Int
+    queue: String, status: JobStatus?, after: JobID?, limit: Int, payloadPrefix: Int, errorPrefix: Int
   ) async throws -> [JobSummary] {
     guard limit > 0 else { return [] }
     let text = SummarySQL.list(sql.schema)
@@ -18,6 +19,7 @@ extension PostgresJobStore: JobSummaryListing {
     let parameters: [PostgresValue] = [
       .text(queue), .int64(after?.rawValue ?? Int64.min), .int64(Int64(limit)), statuses,
       .int64(Int64(min(max(payloadPrefix, 0), Int(Int32.max)))),
+      .int64(Int64(min(max(errorPrefix, 0), Int(Int32.max)))),
     ]
     return try await connection.perform(idempotent: true) { db in
       // Not prepared, as the listing is not.
@@ -26,11 +28,13 @@ extension PostgresJobStore: JobSummaryListing {
     }
   }
 
-  /// The job `job(_:)` finds, its payload sent up to its first `payloadPrefix` bytes only.
-  public func readJobSummary(_ id: JobID, payloadPrefix: Int) async throws -> JobSummary? {
+  /// The job `job(_:)` finds, its payload sent up to its first `payloadPrefix` bytes only and its
+  /// last error up to its first `errorPrefix` characters.
+  public func readJobSummary(_ id: JobID, payloadPrefix: Int, errorPrefix: Int) async throws -> JobSummary? {
     let text = SummarySQL.job(sql.schema)
     let parameters: [PostgresValue] = [
       .int64(id.rawValue), .int64(Int64(min(max(payloadPrefix, 0), Int(Int32.max)))),
+      .int64(Int64(min(max(errorPrefix, 0), Int(Int32.max)))),
     ]
     return try await connection.perform(idempotent: true) { db in
       let rows = try db.execute(text, parameters, prepared: false)
@@ -46,23 +50,28 @@ extension PostgresJobStore: JobSummaryListing {
 
 /// The statements of `PostgresJobStore+Summaries.swift`.
 enum SummarySQL {
-  /// ``SQL/columns`` with the payload's first `$n` bytes for the payload, then its size.
-  static func columns(prefixParameter: Int) -> String {
+  /// ``SQL/columns`` with the payload's first `$n` bytes for the payload and the last error's
+  /// first `$m` characters for the error, then the payload's size.
+  static func columns(prefixParameter: Int, errorParameter: Int) -> String {
     SQL.columns.replacingOccurrences(
-      of: "payload,", with: "substring(payload FROM 1 FOR $\(prefixParameter)::integer) AS payload,")
+      of: "payload,", with: "substring(payload FROM 1 FOR $\(prefixParameter)::integer) AS payload,"
+    )
+    .replacingOccurrences(
+      of: "last_error,", with: "left(last_error, $\(errorParameter)::integer) AS last_error,")
       + ", octet_length(payload)::bigint AS payload_size"
   }
 
   /// Where the payload's size is.
   static let sizeColumn = 13
 
-  /// `SQL.list` with summaries. Parameters: queue, after, limit, statuses, prefix.
+  /// `SQL.list` with summaries. Parameters: queue, after, limit, statuses, payload prefix, error
+  /// prefix.
   static func list(_ schema: String) -> String {
     """
     SELECT \(SQL.columns("page")), page.payload_size FROM
       unnest(coalesce($4::text[], ARRAY['ready', 'scheduled', 'running', 'dead'])) AS wanted (status)
       CROSS JOIN LATERAL (
-        SELECT \(columns(prefixParameter: 5)) FROM \(schema).jobs
+        SELECT \(columns(prefixParameter: 5, errorParameter: 6)) FROM \(schema).jobs
         WHERE queue = $1 AND status = wanted.status AND id > $2
         ORDER BY id LIMIT $3
       ) AS page
@@ -70,8 +79,8 @@ enum SummarySQL {
     """
   }
 
-  /// `SQL.job` with a summary. Parameters: id, prefix.
+  /// `SQL.job` with a summary. Parameters: id, payload prefix, error prefix.
   static func job(_ schema: String) -> String {
-    "SELECT \(columns(prefixParameter: 2)) FROM \(schema).jobs WHERE id = $1"
+    "SELECT \(columns(prefixParameter: 2, errorParameter: 3)) FROM \(schema).jobs WHERE id = $1"
   }
 }

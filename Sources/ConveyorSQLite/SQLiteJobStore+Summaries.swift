@@ -7,30 +7,34 @@ import Foundation
 // left out: `length(payload)` comes from the record's header, so SQLite reads no payload byte for
 // it. The payload's first bytes are then read with SQLite's incremental blob I/O, which reads
 // those bytes (and the pages they sit on) and no more: `substr(payload, …)` would load the whole
-// value first.
+// value first. The last error is selected as `substr(last_error, 1, n)`: SQLite loads one row's
+// error at a time to cut it, and the page holds only the cut ones (an application can record an
+// error of any size; a page of a hundred 2 MB errors held 200 MB).
 
 extension SQLiteJobStore: JobSummaryListing {
   /// The page `jobs(queue:status:after:limit:)` returns, each payload read up to its first
   /// `payloadPrefix` bytes only.
   public func readJobSummaries(
-    queue: String, status: JobStatus?, after: JobID?, limit: Int, payloadPrefix: Int
+    queue: String, status: JobStatus?, after: JobID?, limit: Int, payloadPrefix: Int, errorPrefix: Int
   ) async throws -> [JobSummary] {
     guard limit > 0 else { return [] }
     let after = after?.rawValue ?? Int64.min
     return try await connection.perform { db in
       try db.transaction(immediate: false) {
         try Self.summaryPage(
-          db, queue: queue, status: status, after: after, limit: limit, payloadPrefix: payloadPrefix)
+          db, queue: queue, status: status, after: after, limit: limit, payloadPrefix: payloadPrefix,
+          errorPrefix: errorPrefix)
       }
     }
   }
 
-  /// The job `job(_:)` finds, its payload read up to its first `payloadPrefix` bytes only.
-  public func readJobSummary(_ id: JobID, payloadPrefix: Int) async throws -> JobSummary? {
+  /// The job `job(_:)` finds, its payload read up to its first `payloadPrefix` bytes only and its
+  /// last error up to its first `errorPrefix` Unicode scalars.
+  public func readJobSummary(_ id: JobID, payloadPrefix: Int, errorPrefix: Int) async throws -> JobSummary? {
     try await connection.perform { db in
       try db.transaction(immediate: false) {
         var found: JobSummary?
-        try db.query(SummarySQL.rows(SQL.job), .integer(id.rawValue)) {
+        try db.query(SummarySQL.rows(SQL.job, errorPrefix: errorPrefix), .integer(id.rawValue)) {
           found = try Self.summary($0, db: db, payloadPrefix: payloadPrefix)
         }
         return found
@@ -40,7 +44,8 @@ extension SQLiteJobStore: JobSummaryListing {
 
   /// `listPage` with summaries: the same two steps, the same statements, no payload read whole.
   static func summaryPage(
-    _ db: Connection, queue: String, status: JobStatus?, after: Int64, limit: Int, payloadPrefix: Int
+    _ db: Connection, queue: String, status: JobStatus?, after: Int64, limit: Int, payloadPrefix: Int,
+    errorPrefix: Int
   ) throws -> [JobSummary] {
     var summaries: [JobSummary] = []
     func add(_ row: Statement) throws {
@@ -48,11 +53,13 @@ extension SQLiteJobStore: JobSummaryListing {
     }
     if status == .running || status == .dead {
       try db.query(
-        SummarySQL.rows(SQL.list(status)), .text(queue), .integer(after), .integer(Int64(limit)), row: add)
+        SummarySQL.rows(SQL.list(status), errorPrefix: errorPrefix), .text(queue), .integer(after),
+        .integer(Int64(limit)), row: add)
       return summaries
     }
     try db.query(
-      SummarySQL.windowed(status), .text(queue), .integer(after), .integer(ListingSQL.window),
+      SummarySQL.windowed(status, errorPrefix: errorPrefix), .text(queue), .integer(after),
+      .integer(ListingSQL.window),
       .integer(Int64(limit)), row: add)
     summaries.sort { $0.id < $1.id }
     if summaries.count >= limit { return summaries }
@@ -66,7 +73,7 @@ extension SQLiteJobStore: JobSummaryListing {
       ListingSQL.idsAfter(status), .text(queue), .integer(seen.last), .integer(Int64(limit - summaries.count))
     ) { ids.append($0.int64(0)) }
     for id in ids {
-      try db.query(SummarySQL.rows(SQL.job), .integer(id), row: add)
+      try db.query(SummarySQL.rows(SQL.job, errorPrefix: errorPrefix), .integer(id), row: add)
     }
     return summaries
   }
@@ -107,26 +114,39 @@ extension SQLiteJobStore: JobSummaryListing {
 }
 
 /// The statements of `SQLiteJobStore+Summaries.swift`: the listing's, with the payload column
-/// replaced.
+/// replaced and the last error cut.
 enum SummarySQL {
-  /// ``SQL/columns`` with an empty payload, then the payload's length.
-  static let columns =
-    SQL.columns.replacingOccurrences(of: "payload,", with: "NULL,") + ", length(payload)"
+  /// ``SQL/columns`` with an empty payload and the last error's first `errorPrefix` characters,
+  /// then the payload's length.
+  static func columns(errorPrefix: Int) -> String {
+    SQL.columns.replacingOccurrences(of: "payload,", with: "NULL,")
+      .replacingOccurrences(of: "last_error,", with: "\(cutError(errorPrefix)),") + ", length(payload)"
+  }
+
+  /// The last error's first `errorPrefix` characters (code points). The count is written into the
+  /// statement, an integer from this code, so the statements keep their parameters; the few
+  /// counts callers use make few statements. SQLite's `substr` reads its length as a 32-bit
+  /// integer (a larger one wraps to a negative length): from `Int32.max` on, the error is whole.
+  static func cutError(_ errorPrefix: Int) -> String {
+    errorPrefix >= Int(Int32.max) ? "last_error" : "substr(last_error, 1, \(max(0, errorPrefix)))"
+  }
 
   /// Where the payload's length is.
   static let sizeColumn: Int32 = 13
 
-  /// `statement` (one selecting ``SQL/columns`` from `jobs`) selecting ``columns`` instead.
-  static func rows(_ statement: String) -> String {
-    statement.replacingOccurrences(of: SQL.columns, with: columns)
+  /// `statement` (one selecting ``SQL/columns`` from `jobs`) selecting ``columns(errorPrefix:)``
+  /// instead.
+  static func rows(_ statement: String, errorPrefix: Int) -> String {
+    statement.replacingOccurrences(of: SQL.columns, with: columns(errorPrefix: errorPrefix))
   }
 
   /// ``ListingSQL/windowed(_:)`` with summaries. The window names its columns, the payload's
-  /// length among them, where the listing's takes `*`: SQLite runs the window as a subquery whose
-  /// every column it reads, and `*` loaded each payload whole. Parameters: queue, after, window,
-  /// limit.
-  static func windowed(_ status: JobStatus?) -> String {
+  /// length among them and the error already cut, where the listing's takes `*`: SQLite runs the
+  /// window as a subquery whose every column it reads, and `*` loaded each payload whole.
+  /// Parameters: queue, after, window, limit.
+  static func windowed(_ status: JobStatus?, errorPrefix: Int) -> String {
     let kept = SQL.columns.replacingOccurrences(of: "payload, ", with: "")
+      .replacingOccurrences(of: "last_error,", with: "\(cutError(errorPrefix)) AS last_error,")
     let outer = SQL.columns.replacingOccurrences(of: "payload,", with: "NULL,") + ", payload_length"
     return """
       SELECT \(outer) FROM (

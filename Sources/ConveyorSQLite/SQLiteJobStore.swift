@@ -602,10 +602,23 @@ extension SQLiteJobStore {
   /// A crash mid-build can leave a hidden `.conveyor-new-…` file (and its `-journal`) in the
   /// folder. Delete it, never open it: right after the link it is a second name of the database.
   ///
+  /// A symbolic link to a file that does not exist yet (made to a data volume before the first
+  /// run) is followed, as SQLite follows it: the database is created where the link leads, and
+  /// opened through the link. A link the system would refuse to follow (another user's, in a
+  /// sticky folder such as `/tmp`), or a chain of links too long, is refused before anything is
+  /// created, saying so.
+  ///
   /// - Returns: Whether the file at `path` is a complete database this call built.
   fileprivate static func createIfMissing(_ path: String) throws -> Bool {
     var info = stat()
     guard stat(path, &info) != 0 else { return false }
+    guard errno != ELOOP else {
+      throw SQLiteJobStoreError(
+        code: .unusableLink, path: path,
+        message:
+          "this path leads through symbolic links that loop (or through too many of them); pass the path "
+          + "of the database file itself, or mend the links")
+    }
     guard errno == ENOENT else {
       let reason = String(cString: strerror(errno))
       throw SQLiteJobStoreError(
@@ -613,20 +626,37 @@ extension SQLiteJobStore {
         message:
           "cannot examine the database file (\(reason)); check that its folder exists and is accessible")
     }
-    if stat(path + "-wal", &info) == 0 || stat(path + "-journal", &info) == 0 {
-      try createEmptyFile(path, reportingAs: path, mayExist: true)
+    // `path` may be a symbolic link whose target does not exist yet: the file is made there.
+    let chain = PathCheck.followLinks(path)
+    if let refusal = chain.refusal {
+      throw SQLiteJobStoreError(
+        code: .unusableLink, path: path,
+        message:
+          "this is a symbolic link to a database file not made yet, and \(refusal); nothing was created. "
+          + "Pass the path of the database file itself, or replace the link")
+    }
+    let target = chain.end
+    let through = target == path ? "" : " (where the symbolic link leads: \(target))"
+    if stat(target + "-wal", &info) == 0 || stat(target + "-journal", &info) == 0 {
+      try createEmptyFile(target, reportingAs: path, detail: through, mayExist: true)
       return false
     }
     // A short name in the same folder: `link` needs the same file system, and a name derived
     // from a long database name could pass the file system's limit.
     // (Plain bytes, never Foundation's path calls: see `PathCheck`.)
     let random = String(UInt64.random(in: 0...UInt64.max), radix: 16)
-    let building = PathCheck.joined(PathCheck.folder(of: path), ".conveyor-new-\(random)")
-    try createEmptyFile(building, reportingAs: path)
+    let building = PathCheck.joined(PathCheck.folder(of: target), ".conveyor-new-\(random)")
+    // Near SQLite's limit on a path, the longer name of the file built could pass it where the
+    // database's own does not: then the empty file is made in place instead.
+    if case .resolved(let full) = PathCheck.fullPath(building), full.utf8.count > PathCheck.longestFullPath {
+      try createEmptyFile(target, reportingAs: path, detail: through, mayExist: true)
+      return false
+    }
+    try createEmptyFile(building, reportingAs: path, detail: through)
     defer { for suffix in ["", "-wal", "-shm", "-journal"] { unlink(building + suffix) } }
     try build(PathCheck.sqliteFilename(building))
-    if link(building, path) == 0 { return true }
-    if errno != EEXIST { try createEmptyFile(path, reportingAs: path, mayExist: true) }
+    if link(building, target) == 0 { return true }
+    if errno != EEXIST { try createEmptyFile(target, reportingAs: path, detail: through, mayExist: true) }
     return false
   }
 
@@ -639,10 +669,10 @@ extension SQLiteJobStore {
   }
 
   /// Creates an empty file with mode 0600; with `mayExist`, an existing file is no error. An
-  /// error names `reported`, the database path the caller asked for.
-  private static func createEmptyFile(_ path: String, reportingAs reported: String, mayExist: Bool = false)
-    throws
-  {
+  /// error names `reported`, the database path the caller asked for, and adds `detail`.
+  private static func createEmptyFile(
+    _ path: String, reportingAs reported: String, detail: String = "", mayExist: Bool = false
+  ) throws {
     let descriptor = createExclusively(path)
     if descriptor >= 0 {
       closeDescriptor(descriptor)
@@ -650,7 +680,9 @@ extension SQLiteJobStore {
       let reason = String(cString: strerror(errno))
       throw SQLiteJobStoreError(
         code: .cannotCreate, path: reported,
-        message: "cannot create the database file (\(reason)); check that its folder exists and is writable")
+        message:
+          "cannot create the database file\(detail) (\(reason)); check that its folder exists and is writable"
+      )
     }
   }
 

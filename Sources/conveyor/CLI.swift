@@ -159,6 +159,8 @@ enum CLI {
   static func run(_ words: [String], _ context: Context) async throws -> Int32 {
     var index = 0
     var database: String?
+    // Every --database given: an earlier one is not used, but is on the command line all the same.
+    var givenDatabases: [String] = []
     var queueName = "outbox"
     // Global options: only before the command.
     while index < words.count, words[index].hasPrefix("-"), words[index] != "-" {
@@ -182,9 +184,13 @@ enum CLI {
         value = words[index + 1]
         index += 2
       }
-      if name == "--database" || name == "-d" { database = value } else { queueName = value }
+      if name == "--database" || name == "-d" {
+        database = value
+        givenDatabases.append(value)
+      } else {
+        queueName = value
+      }
     }
-    let onCommandLine = database != nil
     database =
       database ?? ProcessInfo.processInfo.environment["CONVEYOR_DATABASE"].flatMap { $0.isEmpty ? nil : $0 }
     if database == "" {
@@ -194,7 +200,7 @@ enum CLI {
           + "the default file")
     }
     context.database = try database.map(DatabaseLocation.init)
-    if onCommandLine, case .postgres(let text) = context.database, DatabaseLocation.holdsPassword(text) {
+    if givenDatabases.contains(where: DatabaseLocation.holdsPassword) {
       warnOfSecretOnCommandLine(
         "the database password is on the command line, where every user of this machine can read it "
           + "(ps, /proc); pass the URL in CONVEYOR_DATABASE, or leave the password out and use PGPASSWORD, "
@@ -486,7 +492,7 @@ enum CLI {
     let priority = try arguments.integer("--priority", in: -1_000_000...1_000_000) ?? 0
     let store = try context.openStore()
     let encoded = try JSONEncoder().encode(job)
-    let payload = PayloadPrefix.smallMembersFirst(encoded) ?? encoded
+    let payload = PayloadPrefix.summaryMembersFirst(encoded) ?? encoded
     let result = try await store.enqueue(
       [
         NewJob(
@@ -648,22 +654,18 @@ enum CLI {
     if !json { output(pad("ID", 8) + pad("STATUS", 10) + pad("TRIES", 6) + pad("RUN AT", 21) + "JOB") }
     pages: while printed < limit {
       // Summaries: only the start of each payload is read, so a page takes at most 100 times
-      // `PayloadPrefix.listedBytes` of payload, however large the bodies.
+      // `PayloadPrefix.listedBytes` of payload, however large the bodies, and of each error its
+      // first `listedError` scalars; a job whose start does not hold its summary is read further,
+      // alone and within `OutboxJob.summaryReadLimit`.
       let page = try await store.jobSummaries(
         queue: context.queue, status: status?.stored, after: after, limit: min(100, limit - printed),
-        payloadPrefix: PayloadPrefix.listedBytes)
+        payloadPrefix: PayloadPrefix.listedBytes, errorPrefix: listedError + 1)
       if page.isEmpty { break }
       after = page.last?.id
       for listed in page where status?.includes(listed.record, now: now) ?? true {
-        let record = listed.record
-        var found = OutboxJob.summary(of: listed)
-        if !listed.isPayloadComplete && !PayloadPrefix(record.payload).holdsWholeSummary {
-          // A job stored by an older build, its body before its URL: read it whole, alone.
-          found = try await store.job(record.id).flatMap {
-            OutboxJob.summary(ofStart: $0.payload, payloadSize: $0.payload.count)
-          }
-        }
-        let summary = found ?? "(undecodable payload)"
+        var record = listed.record
+        record.lastError = record.lastError.map { cut($0, to: listedError) }
+        let summary = try await OutboxJob.summary(of: listed, in: store) ?? "(undecodable payload)"
         let shownStatus =
           record.status == .pending ? (record.runAt <= now ? "ready" : "scheduled") : record.status.rawValue
         if json {
@@ -682,6 +684,10 @@ enum CLI {
     }
     return ExitCode.success.rawValue
   }
+
+  /// The most Unicode scalars of a job's last error `list` shows (and reads): an application's
+  /// handler can record an error of any size.
+  static let listedError = 16 * 1024
 
   static func retry(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
     let all = arguments.flag("--all")
@@ -824,6 +830,19 @@ func printable(_ text: String) -> String {
     }
   }
   return result
+}
+
+/// `text` cut to its first `count` Unicode scalars, "…" marking a cut. A scalar is at most 4
+/// bytes in UTF-8, so the result is bounded in bytes as well; a `Character` is not (one letter
+/// with 60,000 combining marks is one Character of 120 KB). Never splits a scalar.
+func cut(_ text: String, to count: Int) -> String {
+  var scalars = text.unicodeScalars.makeIterator()
+  var kept = String.UnicodeScalarView()
+  for _ in 0..<max(0, count) {
+    guard let scalar = scalars.next() else { return text }
+    kept.append(scalar)
+  }
+  return scalars.next() == nil ? text : String(kept) + "…"
 }
 
 /// C0 and C1 control characters and DEL; also the line and paragraph separators.

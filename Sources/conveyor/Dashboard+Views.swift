@@ -205,9 +205,20 @@ extension Dashboard {
     var summary: String
   }
 
-  /// The most characters of a summary the jobs page shows. With errors cut to 200 characters and
-  /// 50 rows, a page's rows take at most about 100 KB of text (600 KB escaped), whatever the jobs.
+  /// The most Unicode scalars of a summary the jobs page shows. With errors cut to
+  /// ``shownError`` scalars and 50 rows, a page's rows take at most 50 × 500 scalars of 4 bytes,
+  /// 100 KB of text (600 KB escaped), whatever the jobs. (Scalars, not Characters: a Character
+  /// has no bound in bytes.)
   static let shownSummary = 300
+  /// The most Unicode scalars of a last error the jobs page shows in a row.
+  static let shownError = 200
+  /// The most Unicode scalars of each last error the jobs page reads: its text filter looks at
+  /// them (an error can be of any size; reading 100 whole errors of 2 MB took 232 MB).
+  static let searchedError = 4 * 1024
+  /// The most Unicode scalars of a last error a job's page reads and shows.
+  static let shownJobError = 64 * 1024
+  /// The most Unicode scalars of a `--key` a job's page shows.
+  static let shownKey = 1_000
   /// The most queue names the jobs page's queue menu lists.
   static let listedQueues = 1_000
   /// The most bytes of a payload the job page reads; a larger payload is described from them.
@@ -232,7 +243,7 @@ extension Dashboard {
         // Summaries: only the start of each payload is read (bounded whatever the jobs' sizes).
         let batch = try await store.jobSummaries(
           queue: queue, status: filter.stored, after: cursor, limit: asked,
-          payloadPrefix: PayloadPrefix.listedBytes)
+          payloadPrefix: PayloadPrefix.listedBytes, errorPrefix: Self.searchedError)
         more = batch.count == asked
         for listed in batch {
           var record = listed.record
@@ -241,7 +252,7 @@ extension Dashboard {
             cursor = record.id
             continue
           }
-          let summary = OutboxJob.summary(of: listed) ?? "(not an outbox job)"
+          let summary = try await OutboxJob.summary(of: listed, in: store) ?? "(not an outbox job)"
           if !text.isEmpty,
             !(summary.localizedCaseInsensitiveContains(text)
               || (record.lastError?.localizedCaseInsensitiveContains(text) ?? false))
@@ -251,10 +262,10 @@ extension Dashboard {
           }
           // A row keeps what it shows: the summary and the error cut short, no payload.
           record.payload = Data()
-          record.lastError = record.lastError.map { Self.cut($0, to: 200) }
+          record.lastError = record.lastError.map { cut($0, to: Self.shownError) }
           let row = ListedRow(
             record: record, state: Self.state(of: record, now: now),
-            summary: Self.cut(summary, to: Self.shownSummary))
+            summary: cut(summary, to: Self.shownSummary))
           rows.append(row)
           cursor = record.id
           if rows.count == Self.pageSize {
@@ -273,7 +284,10 @@ extension Dashboard {
 
   func jobPage(_ id: JobID, notice: String?) async throws -> HTTPServerResponse {
     // At most `shownPayload` bytes (and one more, to know it is larger) are read.
-    guard let listed = try await store.jobSummary(id, payloadPrefix: Self.shownPayload + 1) else {
+    guard
+      let listed = try await store.jobSummary(
+        id, payloadPrefix: Self.shownPayload + 1, errorPrefix: Self.shownJobError + 1)
+    else {
       return DashboardPages.message(
         status: 404, title: "Not found", text: "No job \(id): handled, removed, or never added.")
     }
@@ -285,20 +299,16 @@ extension Dashboard {
       payload = redactedJSON(record.payload)
     } else {
       details = .unknown(
-        (OutboxJob.summary(of: listed).map { Self.cut($0, to: Self.shownSummary) + ". " } ?? "")
+        (OutboxJob.summary(of: listed).map { cut($0, to: Self.shownSummary) + ". " } ?? "")
           + "The payload is \(listed.payloadSize) bytes: too large to show here.")
       payload = "(\(listed.payloadSize) bytes: too large to show)"
     }
     record.payload = Data()
-    record.lastError = record.lastError.map { Self.cut($0, to: 64 * 1024) }
+    record.lastError = record.lastError.map { cut($0, to: Self.shownJobError) }
+    record.deduplicationKey = record.deduplicationKey.map { cut($0, to: Self.shownKey) }
     return DashboardPages.job(
       record, state: Self.state(of: record, now: Date()), details: details, payload: payload, notice: notice,
       formToken: formToken)
-  }
-
-  /// `text` cut to at most `count` characters, "…" marking a cut.
-  static func cut(_ text: String, to count: Int) -> String {
-    text.count <= count ? text : String(text.prefix(count)) + "…"
   }
 
   /// The bulk actions the confirmation page offers.
@@ -419,18 +429,114 @@ extension Dashboard {
     return components.string ?? "(URL)"
   }
 
+  /// The most bytes of pretty JSON a job's page shows, counted as the page holds them (escaped
+  /// for HTML: a quote is 6 bytes).
+  static let shownPrettyJSON = 256 * 1024
+  /// The deepest indentation pretty JSON gets; deeper levels are indented as this one. Each
+  /// line is indented by its depth, so a payload nested 200 deep around 60,000 numbers made a
+  /// 24 MB page.
+  static let deepestIndent = 16
+
   /// The payload as pretty JSON, with the values of secret headers in any `headers` object
-  /// replaced and any `url` redacted; a payload that is not JSON, or over 256 KiB, is described instead.
+  /// replaced and any `url` redacted; a payload that is not JSON, or over 256 KiB, is described
+  /// instead. The text is at most ``shownPrettyJSON`` bytes once escaped, whatever the payload's
+  /// shape, with a note where it is cut.
   func redactedJSON(_ payload: Data) -> String {
     guard payload.count <= 256 * 1024 else { return "(\(payload.count) bytes: too large to show)" }
     do {
       let object = try JSONSerialization.jsonObject(with: payload, options: [.fragmentsAllowed])
-      let data = try JSONSerialization.data(
-        withJSONObject: redact(object),
-        options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes, .fragmentsAllowed])
-      return String(decoding: data, as: UTF8.self)
+      let compact = try JSONSerialization.data(
+        withJSONObject: redact(object), options: [.sortedKeys, .withoutEscapingSlashes, .fragmentsAllowed])
+      return Self.indented(compact, limit: Self.shownPrettyJSON)
     } catch {
       return "(\(payload.count) bytes, not JSON)"
+    }
+  }
+
+  /// `json` (compact, valid JSON) written one member or element a line, each line indented by
+  /// two spaces a level up to ``deepestIndent`` levels, and cut with a note once the text would
+  /// pass `limit` bytes escaped for HTML. Plain bytes: a cut falls between UTF-8 sequences.
+  static func indented(_ json: Data, limit: Int) -> String {
+    let bytes = [UInt8](json)
+    var output: [UInt8] = []
+    output.reserveCapacity(min(limit, bytes.count * 2))
+    var cost = 0
+    var depth = 0
+    var inString = false
+    var escaped = false
+    func append(_ byte: UInt8) {
+      output.append(byte)
+      cost += htmlCost(byte)
+    }
+    func newLine() {
+      append(0x0A)
+      let spaces = 2 * min(max(depth, 0), deepestIndent)
+      output.append(contentsOf: repeatElement(0x20, count: spaces))
+      cost += spaces
+    }
+    var index = 0
+    while index < bytes.count {
+      if cost > limit {
+        // Back to the start of a UTF-8 sequence, which is left out.
+        while let last = output.last, last & 0xC0 == 0x80 { output.removeLast() }
+        if let last = output.last, last >= 0xC0 { output.removeLast() }
+        return String(decoding: output, as: UTF8.self)
+          + "\n… (cut here: the rest is not shown; the payload is \(bytes.count) bytes of JSON)"
+      }
+      let byte = bytes[index]
+      index += 1
+      if inString {
+        append(byte)
+        if escaped {
+          escaped = false
+        } else if byte == UInt8(ascii: "\\") {
+          escaped = true
+        } else if byte == UInt8(ascii: "\"") {
+          inString = false
+        }
+        continue
+      }
+      switch byte {
+      case UInt8(ascii: "\""):
+        inString = true
+        append(byte)
+      case UInt8(ascii: "{"), UInt8(ascii: "["):
+        append(byte)
+        let close = byte == UInt8(ascii: "{") ? UInt8(ascii: "}") : UInt8(ascii: "]")
+        if index < bytes.count, bytes[index] == close {
+          append(close)
+          index += 1
+        } else {
+          depth += 1
+          newLine()
+        }
+      case UInt8(ascii: "}"), UInt8(ascii: "]"):
+        depth -= 1
+        newLine()
+        append(byte)
+      case UInt8(ascii: ","):
+        append(byte)
+        newLine()
+      case UInt8(ascii: ":"):
+        // `"key" : value`, as Foundation's pretty printing writes it.
+        append(0x20)
+        append(byte)
+        append(0x20)
+      default:
+        append(byte)
+      }
+    }
+    return String(decoding: output, as: UTF8.self)
+  }
+
+  /// How many bytes `byte` takes once escaped by ``html(_:)``.
+  private static func htmlCost(_ byte: UInt8) -> Int {
+    switch byte {
+    case UInt8(ascii: "&"): 5
+    case UInt8(ascii: "<"), UInt8(ascii: ">"): 4
+    case UInt8(ascii: "\""): 6
+    case UInt8(ascii: "'"): 5
+    default: 1
     }
   }
 

@@ -148,6 +148,12 @@ struct Dashboard: Sendable {
   static func token(_ arguments: Arguments) throws -> String? {
     let given = arguments.option("--token")
     let file = arguments.option("--token-file")
+    // Warned of first: a --token is on the command line whatever else is wrong.
+    if given != nil {
+      CLI.warnOfSecretOnCommandLine(
+        "--token is on the command line, where every user of this machine can read it (ps, /proc); "
+          + "use --token-file PATH or CONVEYOR_DASHBOARD_TOKEN instead")
+    }
     if given != nil && file != nil { throw UsageError(description: "use --token or --token-file, not both") }
     var token = given
     if let file {
@@ -173,26 +179,43 @@ struct Dashboard: Sendable {
     if let token, token.count < 16 {
       throw UsageError(description: "the dashboard token must be at least 16 characters")
     }
-    if given != nil {
-      CLI.warnOfSecretOnCommandLine(
-        "--token is on the command line, where every user of this machine can read it (ps, /proc); "
-          + "use --token-file PATH or CONVEYOR_DASHBOARD_TOKEN instead")
-    }
     return token
   }
 
   /// Parses `--public-url`: `http` or `https`, a host, an optional port, no path but `/`.
+  ///
+  /// The host is kept as browsers send it in `Host` and `Origin`: in ASCII, an internationalised
+  /// name in its `xn--` form (`https://bücher.example` is `xn--bcher-kva.example`, mapped and
+  /// encoded by Foundation's IDNA, as browsers do), never decoded to Unicode. A host holding
+  /// anything but letters, digits, `-`, `.` and `_` (or an IPv6 address in brackets), such as a
+  /// percent-encoded control character, is refused.
   static func publicOrigin(_ text: String) throws -> WebOrigin {
+    let invalid = UsageError(
+      description: "--public-url must be the address browsers use, such as https://dash.example.com "
+        + "or http://10.0.0.5:8080, without a path; got \"\(printable(text))\"")
     guard let components = URLComponents(string: text), let scheme = components.scheme,
-      let origin = WebOrigin(scheme: scheme, host: components.host ?? "", port: components.port),
       components.user == nil, components.password == nil, components.query == nil,
       components.fragment == nil, components.path.isEmpty || components.path == "/"
-    else {
+    else { throw invalid }
+    let host = components.encodedHost ?? ""
+    guard isHostAsBrowsersSendIt(host) else {
       throw UsageError(
-        description: "--public-url must be the address browsers use, such as https://dash.example.com "
-          + "or http://10.0.0.5:8080, without a path; got \"\(printable(text))\"")
+        description: "--public-url must name a host by name (an internationalised one in Unicode or "
+          + "in its xn-- form) or by IP address, without percent-encoding; got \"\(printable(text))\"")
     }
+    guard let origin = WebOrigin(scheme: scheme, host: host, port: components.port) else { throw invalid }
     return origin
+  }
+
+  /// Whether `host` is an ASCII host name (letters, digits, `-`, `.`, `_`) or an IPv6 address in
+  /// brackets: what browsers write in `Host` and `Origin`.
+  static func isHostAsBrowsersSendIt(_ host: String) -> Bool {
+    guard !host.isEmpty, host.unicodeScalars.allSatisfy(\.isASCII) else { return false }
+    if host.hasPrefix("[") {
+      return host.count > 2 && host.hasSuffix("]")
+        && host.dropFirst().dropLast().allSatisfy { $0.isHexDigit || $0 == ":" || $0 == "." }
+    }
+    return host.allSatisfy { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "." || $0 == "_" }
   }
 
   /// `HOST:PORT`, `[IPv6]:PORT` or `PORT` (on 127.0.0.1).
@@ -365,8 +388,12 @@ struct Dashboard: Sendable {
       return page
     }
     var response = redirect("/")
-    // `Secure` when browsers reach the dashboard over https (a TLS proxy in front).
-    let secure = publicOrigin?.scheme == "https" ? "; Secure" : ""
+    // `Secure` when browsers reach the dashboard over https (a TLS proxy in front): the
+    // `--public-url` says so, or the sign-in form was posted from an https page (a proxy that
+    // keeps `Host` needs no `--public-url`; its `Origin` was checked to be this dashboard's).
+    // Without it the browser would also send the cookie in clear to an http URL of the host.
+    let fromHTTPS = request.header("Origin").flatMap(WebOrigin.init)?.scheme == "https"
+    let secure = publicOrigin?.scheme == "https" || fromHTTPS ? "; Secure" : ""
     response.headers.append(
       ("Set-Cookie", "\(Self.cookieName)=\(session); Path=/; HttpOnly; SameSite=Strict\(secure)"))
     return response

@@ -195,7 +195,7 @@ enum DashboardPages {
         """
       for row in rows {
         let record = row.record
-        let error = record.lastError.map { String($0.prefix(200)) + ($0.count > 200 ? "…" : "") } ?? ""
+        let error = cut(record.lastError ?? "", to: Dashboard.shownError)
         let retry =
           record.status == .dead
           ? button("Retry", action: "/jobs/\(record.id)/retry", formToken: formToken) : ""

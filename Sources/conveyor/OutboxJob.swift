@@ -35,6 +35,29 @@ struct OutboxJob: Queueable, Hashable {
     summary(ofStart: listed.record.payload, payloadSize: listed.payloadSize)
   }
 
+  /// The most bytes of one payload a listing reads when the start it read first does not hold
+  /// the summary (a job stored by an older build, its key or its body before its URL): read for
+  /// that job alone, so that a listing's memory stays bounded whatever the job. A payload whose
+  /// summary lies further is listed as such, never read whole (one with a 48 MB body took `list`
+  /// to 160 MB).
+  static let summaryReadLimit = 1 << 20
+
+  /// The summary of `listed`, read further from `store` (up to ``summaryReadLimit`` bytes) when
+  /// the start listed does not hold it; nil when the payload, read whole, is not an outbox job.
+  static func summary(of listed: JobSummary, in store: any JobStore) async throws -> String? {
+    var listed = listed
+    if !listed.isPayloadComplete, !PayloadPrefix(listed.record.payload).holdsWholeSummary,
+      listed.record.payload.count < summaryReadLimit,
+      let wider = try await store.jobSummary(listed.id, payloadPrefix: summaryReadLimit, errorPrefix: 0)
+    {
+      listed = wider
+    }
+    return summary(of: listed)
+      ?? (listed.isPayloadComplete
+        ? nil
+        : "(a job whose first \(listed.record.payload.count) bytes of payload do not say what it is)")
+  }
+
   func handle(_ context: JobContext, delivery: HTTPDelivery) async -> JobResult {
     switch kind {
     case .http(let request): await delivery.deliver(request, context: context)

@@ -3,13 +3,15 @@ import Foundation
 /// What a listing shows of an outbox job, read from the start of its stored JSON only: an HTTP
 /// job's method and URL, or a command's arguments.
 ///
-/// `add` stores each object's members smallest first (``smallMembersFirst(_:)``), so the method
-/// and URL come before the headers and the body: the first few KiB of a payload hold what a
-/// summary needs, whatever the body's size. (`JSONEncoder` writes members in no fixed order; a
-/// job stored by an older build may have its body first, and then its summary needs the whole
-/// payload.) The scanner reads JSON tokens until its input ends and keeps the strings at those
-/// places; it never traps, recurses at most ``maximumDepth`` levels, and takes time linear in
-/// its input.
+/// `add` stores what a summary needs first (``summaryMembersFirst(_:)``): the job's kind before its
+/// key, the method and URL before the headers and the body, the arguments before the rest; every
+/// other member smallest first. So the first few KiB of a payload hold the summary, whatever the
+/// body's or the key's size; a URL longer than that is shown as far as it is read, once its
+/// host is (``shownStart(ofURL:)``). (`JSONEncoder` writes members in no fixed order, and the
+/// previous build wrote the key first when smaller than the kind: a job stored so may need more
+/// of its payload, which ``OutboxJob/summary(of:in:)`` reads within a bound.) The scanner reads
+/// JSON tokens until its input ends and keeps the strings at those places; it never traps,
+/// recurses at most ``maximumDepth`` levels, and takes time linear in its input.
 struct PayloadPrefix {
   /// How many bytes of a payload listings read.
   static let listedBytes = 16 * 1024
@@ -22,6 +24,8 @@ struct PayloadPrefix {
   private(set) var url: String?
   /// Whether an `http` job's URL string started but the input ended inside it.
   private(set) var urlCut = false
+  /// The start of a URL cut by the end of the input.
+  private(set) var urlStart: String?
   /// Whether the job is an `http` or `exec` one, as far as the input shows.
   private(set) var kind: String?
   /// The command's arguments whose strings are whole.
@@ -69,6 +73,7 @@ struct PayloadPrefix {
         guard let parsed = URL(string: url) else { return complete ? nil : "http \(method) (URL)" }
         return "http \(method) \(OutboxJob.withoutSecrets(parsed))"
       }
+      if urlCut, let shown = urlStart.flatMap(Self.shownStart(ofURL:)) { return "http \(method) \(shown)" }
       return urlCut || !complete ? "http \(method) (a URL too long to show)" : nil
     case "exec":
       guard !arguments.isEmpty || argumentsClosed else {
@@ -79,6 +84,22 @@ struct PayloadPrefix {
     default:
       return nil
     }
+  }
+
+  /// What a listing shows of a URL of which only `start` was read: its scheme, host and port and
+  /// its path as far as it was read ("…" after it), or "?…" for a query begun; nil until the
+  /// whole host was read (up to the `/`, `?` or `#` after it), since a cut user information could
+  /// show part of a password. User information is never shown.
+  static func shownStart(ofURL start: String) -> String? {
+    guard let separator = start.range(of: "://"),
+      let hostEnd = start[separator.upperBound...].firstIndex(where: { "/?#".contains($0) })
+    else { return nil }
+    let queryStart = start[hostEnd...].firstIndex { $0 == "?" || $0 == "#" }
+    var head = start[..<(queryStart ?? start.endIndex)]
+    // A percent escape cut short is left out.
+    if let percent = head.suffix(2).firstIndex(of: "%") { head = head[..<percent] }
+    guard let url = URL(string: String(head)) else { return nil }
+    return OutboxJob.withoutSecrets(url) + (queryStart == nil ? "…" : "?…")
   }
 
   // MARK: scanning
@@ -109,17 +130,18 @@ struct PayloadPrefix {
     case UInt8(ascii: "\""):
       let captured = wanted(path)
       let isArgument = path.count == 5 && path.starts(with: ["kind", "exec", "_0", "arguments"])
-      if path == ["kind", "http", "_0", "url"] { urlCut = true }
+      let isURL = path == ["kind", "http", "_0", "url"]
+      if isURL { urlCut = true }
       let text: String?
       do {
         text = try string(keeping: captured)
-      } catch .end where isArgument {
-        // An argument cut by the end of the input is shown as far as it goes (a URL is not: a
-        // cut one could show part of a password).
-        if !partial.isEmpty { arguments.append(partial) }
+      } catch .end where isArgument || isURL {
+        // An argument cut by the end of the input is shown as far as it goes; a URL only from
+        // what `shownStart(ofURL:)` finds safe (a cut one could show part of a password).
+        if isURL { urlStart = partial } else if !partial.isEmpty { arguments.append(partial) }
         throw .end
       }
-      if path == ["kind", "http", "_0", "url"] { urlCut = false }
+      if isURL { urlCut = false }
       guard captured, let text else { return }
       if path == ["kind", "http", "_0", "method"] { method = text }
       if path == ["kind", "http", "_0", "url"] { url = text }
@@ -262,11 +284,16 @@ struct PayloadPrefix {
 }
 
 extension PayloadPrefix {
+  /// The members a summary reads, written first in each object in this order: an outbox job's
+  /// kind (before its key, however long), an HTTP request's method and URL, a command's
+  /// arguments.
+  static let summaryMembers = ["kind", "method", "url", "arguments"].map { Array("\"\($0)\"".utf8) }
+
   /// `json` (one JSON value, as `JSONEncoder` writes it) with each object's members written
-  /// smallest first (ties in their order), every value's bytes otherwise as they were: the same
-  /// value to any decoder. Nil when `json` is not one JSON value or nests deeper than
-  /// ``maximumDepth``.
-  static func smallMembersFirst(_ json: Data) -> Data? {
+  /// ``summaryMembers`` first, then smallest first (ties in their order), every value's bytes
+  /// otherwise as they were: the same value to any decoder. Nil when `json` is not one JSON value
+  /// or nests deeper than ``maximumDepth``.
+  static func summaryMembersFirst(_ json: Data) -> Data? {
     let bytes = [UInt8](json)
     var output: [UInt8] = []
     output.reserveCapacity(bytes.count)
@@ -318,8 +345,12 @@ extension PayloadPrefix {
           break
         }
       }
+      func rank(_ key: ArraySlice<UInt8>) -> Int {
+        summaryMembers.firstIndex { $0.elementsEqual(key) } ?? summaryMembers.count
+      }
       let sorted = members.enumerated().sorted {
-        ($0.element.value.count, $0.offset) < ($1.element.value.count, $1.offset)
+        (rank($0.element.key), $0.element.value.count, $0.offset)
+          < (rank($1.element.key), $1.element.value.count, $1.offset)
       }
       output.append(UInt8(ascii: "{"))
       for (position, member) in sorted.enumerated() {

@@ -343,6 +343,44 @@ struct SeededJobs {
     #expect(signedIn.headers["set-cookie"]?.hasSuffix("; Secure") == true, "\(signedIn.headers)")
   }
 
+  /// Behind a TLS proxy that passes the browser's `Host` on, which needs no `--public-url`, the
+  /// sign-in form is posted from an https page: its `Origin` says so. The session cookie must then
+  /// be `Secure`; without it the browser also sends it in clear to any http URL of that host (the
+  /// dashboard's own port off loopback, say), where anyone on the path reads it.
+  @Test func theSessionCookieIsSecureWhenTheSignInCameFromAnHTTPSPage() async throws {
+    let sandbox = try Sandbox()
+    let token = "correct-horse-battery-staple"
+    let dashboard = try await DashboardProcess.start(
+      sandbox, ["--listen", "0.0.0.0:0", "--token-file", try Self.tokenFile(sandbox, token)])
+    let signedIn = try await dashboard.request(
+      "POST", "/login",
+      headers: [("Origin", "https://dash.example.test"), ("Sec-Fetch-Site", "same-origin")],
+      form: [("token", token)], host: "dash.example.test")
+    #expect(signedIn.status == 303, "\(signedIn)")
+    #expect(signedIn.headers["set-cookie"]?.contains("; Secure") == true, "\(signedIn.headers)")
+  }
+
+  /// Browsers send an internationalised host name in its ASCII form (`xn--…`) in `Host` and
+  /// `Origin`. A `--public-url` naming such a host, in that form or in Unicode, is matched as
+  /// browsers send it: the dashboard decoded it to `bücher.example` and then answered the proxy's
+  /// `Host` 421 and refused every POST from the page as cross-site.
+  @Test(arguments: ["https://xn--bcher-kva.example", "https://bücher.example"])
+  func aPublicURLWithAnInternationalHostNameIsMatchedAsBrowsersSendIt(publicURL: String) async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--", "true"])
+    let dashboard = try await DashboardProcess.start(
+      sandbox, ["--listen", "127.0.0.1:0", "--public-url", publicURL])
+    let passedOn = try await dashboard.request("GET", "/", host: "xn--bcher-kva.example")
+    #expect(passedOn.status == 200, "\(passedOn.status)")
+    let page = try await dashboard.get("/")
+    let formToken = try DashboardProcess.formToken(in: page.body)
+    let paused = try await dashboard.request(
+      "POST", "/queues/pause",
+      headers: [("Origin", "https://xn--bcher-kva.example"), ("Sec-Fetch-Site", "same-origin")],
+      form: [("csrf", formToken), ("queue", "outbox")])
+    #expect(paused.status == 303, "\(paused.status)")
+  }
+
   static func tokenFile(_ sandbox: Sandbox, _ token: String) throws -> String {
     let path = sandbox.path("token")
     guard FileManager.default.createFile(atPath: path, contents: Data((token + "\n").utf8)) else {
@@ -369,6 +407,20 @@ struct SeededJobs {
     let both = try await sandbox.run(
       ["dashboard", "--token", token, "--token-file", try Self.tokenFile(sandbox, token)])
     #expect(both.status == 2, "\(both)")
+    // Refused, but on the command line all the same: warned of (it was not).
+    #expect(both.stderr.components(separatedBy: "--token is on the command line").count == 2, "\(both)")
+  }
+
+  /// A `--public-url` whose host is not what browsers send (a percent-encoded NUL, a space) is
+  /// refused with a message that escapes what it quotes; it printed the decoded host raw.
+  @Test func aPublicURLWithAHostBrowsersCannotSendIsRefused() async throws {
+    let sandbox = try Sandbox()
+    for publicURL in ["https://x%00y", "https://x%0Ay.example", "https://a%2eb.example"] {
+      let outcome = try await sandbox.run(["dashboard", "--listen", "127.0.0.1:0", "--public-url", publicURL])
+      #expect(outcome.status == 2, "\(outcome)")
+      #expect(outcome.stderr.contains("--public-url must name a host"), "\(outcome)")
+      #expect(!outcome.stderr.unicodeScalars.contains { $0.value < 0x20 && $0 != "\n" }, "\(outcome)")
+    }
   }
 
   /// Browsers leave the default port out of `Host`: a dashboard on port 80 answers them (it
@@ -421,6 +473,103 @@ struct SeededJobs {
     #expect(large.body.contains("too large to show"))
   }
 
+  /// A character is not a byte count: one letter followed by combining marks is one character of
+  /// any length. Fifty commands named by one such character of 120 KB (no such program, so each
+  /// job dies with the name in its error) fill rows whose summary and error are "cut" to 300 and
+  /// 200 characters, yet kept whole: the page was 6.8 MB.
+  @Test func theJobsPageStaysSmallWhenOneCharacterHoldsManyBytes() async throws {
+    let sandbox = try Sandbox()
+    let program = "a" + String(repeating: "\u{301}", count: 60_000)
+    #expect(program.count == 1 && program.utf8.count == 120_001)
+    for _ in 0..<50 { try await sandbox.add(["exec", "--", program]) }
+    let work = try await sandbox.run(
+      ["work", "--until-empty", "--max-attempts", "1"], timeout: .seconds(120))
+    #expect(work.status == 1, "\(work.status) \(work.stderr.prefix(2000))")
+    let dashboard = try await DashboardProcess.start(sandbox)
+    let page = try await dashboard.get("/jobs?queue=outbox")
+    #expect(page.status == 200)
+    #expect(page.body.components(separatedBy: "<tr data-job=").count == 51)
+    #expect(page.body.utf8.count < 200_000, "a page of \(page.body.utf8.count) bytes")
+  }
+
+  /// An HTTP job added with a `--key` longer than the 16 KiB the jobs page reads of each payload
+  /// (the key is stored first when it is smaller than the job's kind, which holds the body): the
+  /// page showed "(not an outbox job)" for it, where `list` and the job's own page show the request.
+  @Test func aJobWithALongKeyIsListedAsWhatItIs() async throws {
+    let sandbox = try Sandbox()
+    let body = sandbox.path("body.bin")
+    try #require(
+      FileManager.default.createFile(atPath: body, contents: Data(repeating: 0x62, count: 100_000)))
+    try await sandbox.add([
+      "http", "POST", "http://127.0.0.1:9/upload", "--key", String(repeating: "k", count: 20_000),
+      "--data-file", body,
+    ])
+    let dashboard = try await DashboardProcess.start(sandbox)
+    let page = try await dashboard.get("/jobs?queue=outbox")
+    #expect(page.status == 200)
+    #expect(
+      page.body.contains("<td class=\"summary\">http POST http://127.0.0.1:9/upload"),
+      "\(page.body.suffix(1500))")
+  }
+
+  /// A job's page shows the start of a long `--key` among its facts, not all of it (a 20 KB key
+  /// was shown whole there).
+  @Test func aJobPageShowsTheStartOfALongKey() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--key", String(repeating: "k", count: 20_000), "--", "true"])
+    let dashboard = try await DashboardProcess.start(sandbox)
+    let page = try await dashboard.get("/jobs/1")
+    #expect(page.status == 200)
+    // `Dashboard.shownKey` scalars of it in the facts table (the payload JSON below holds it too).
+    #expect(
+      page.body.contains("<th scope=\"row\">Key</th><td>" + String(repeating: "k", count: 1_000) + "…</td>"))
+  }
+
+  /// A job's page shows its payload (at most 256 KiB of it) as pretty JSON, and pretty printing
+  /// indents each line by its depth: 120 KB of JSON, 200 arrays deep around 60,000 numbers
+  /// (an application's payload, in a queue the dashboard serves too), made a 24 MB page, and a
+  /// 240 KB one 400 deep a 97 MB page that took 430 MB to build.
+  @Test func aJobPageStaysSmallWhateverItsPayloadsShape() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--", "true"])
+    let file = sandbox.path("payload.json")
+    let json =
+      String(repeating: "[", count: 200) + String(repeating: "0,", count: 60_000) + "0"
+      + String(repeating: "]", count: 200)
+    try #require(FileManager.default.createFile(atPath: file, contents: Data(json.utf8)))
+    try Self.insertJobs(sandbox, queues: ["outbox"], payload: "readfile('\(file)')")
+    let dashboard = try await DashboardProcess.start(sandbox)
+    let page = try await dashboard.get("/jobs/2")
+    #expect(page.status == 200)
+    #expect(page.body.utf8.count < 1_000_000, "a page of \(page.body.utf8.count) bytes")
+  }
+
+  /// The jobs page shows 200 characters of each error but read each error whole, 100 jobs at a
+  /// time: 100 dead jobs whose errors are 2 MB each (an application's handler can record any
+  /// reason) took one load of the page to 232 MB of memory, where 32 concurrent loads of a page
+  /// of ordinary jobs take 43 MB.
+  @Test(.enabled(if: FileManager.default.fileExists(atPath: "/proc/self/status"), "Linux's /proc measures"))
+  func theJobsPageReadsABoundedPartOfEachError() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--", "true"])
+    try Self.executeSQL(
+      sandbox,
+      "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100) "
+        + "INSERT INTO jobs (queue, payload, status, run_at, created_at, last_error) "
+        + "SELECT 'outbox', X'7B7D', 'dead', 0, 0, 'E' || hex(zeroblob(1000000)) FROM n;")
+    let dashboard = try await DashboardProcess.start(sandbox)
+    let page = try await dashboard.get("/jobs?queue=outbox&state=dead")
+    #expect(page.status == 200)
+    #expect(page.body.components(separatedBy: "<tr data-job=").count == 51)
+    let status = try String(
+      contentsOfFile: "/proc/\(dashboard.running.process.processIdentifier)/status", encoding: .utf8)
+    let peak = try #require(
+      status.split(separator: "\n").first { $0.hasPrefix("VmHWM:") }?.split(separator: " ").dropFirst().first
+        .flatMap { Int($0) })
+    // The dashboard itself needs about 32 MB.
+    #expect(peak < 100_000, "peak resident memory \(peak) KB")
+  }
+
   /// Queue names with CR or NUL (an application's own INSERT can store them): the page's rows
   /// carry the name percent-encoded as `data-key`, as `/api/queues` does, so the script matches
   /// them however a browser rewrites the name in an attribute.
@@ -441,21 +590,28 @@ struct SeededJobs {
 
   /// Adds a waiting job to each queue through the sqlite3 shell, as an application writing to the
   /// table itself could (names no `conveyor --queue` accepts).
-  static func insertJobs(_ sandbox: Sandbox, queues: [String]) throws {
-    let shell = "/usr/bin/sqlite3"
-    guard FileManager.default.isExecutableFile(atPath: shell) else {
-      throw HarnessError(description: "the sqlite3 shell is not installed")
-    }
+  /// `payload` is an SQL expression for each job's payload (default `{}`), e.g.
+  /// `readfile('/path')`.
+  static func insertJobs(_ sandbox: Sandbox, queues: [String], payload: String = "X'7B7D'") throws {
     let names = queues.map { name in
       name.unicodeScalars.map { "char(\($0.value))" }.joined(separator: " || ")
     }
     let statements = names.map {
       "INSERT OR IGNORE INTO queues (name) VALUES (\($0)); "
-        + "INSERT INTO jobs (queue, payload, status, run_at, created_at) VALUES (\($0), X'7B7D', 'ready', 0, 0);"
+        + "INSERT INTO jobs (queue, payload, status, run_at, created_at) VALUES (\($0), \(payload), 'ready', 0, 0);"
+    }
+    try executeSQL(sandbox, statements.joined(separator: " "))
+  }
+
+  /// Runs SQL statements on the sandbox's database through the sqlite3 shell.
+  static func executeSQL(_ sandbox: Sandbox, _ statements: String) throws {
+    let shell = "/usr/bin/sqlite3"
+    guard FileManager.default.isExecutableFile(atPath: shell) else {
+      throw HarnessError(description: "the sqlite3 shell is not installed")
     }
     let process = Process()
     process.executableURL = URL(fileURLWithPath: shell)
-    process.arguments = [sandbox.database, statements.joined(separator: " ")]
+    process.arguments = [sandbox.database, statements]
     try process.run()
     process.waitUntilExit()
     guard process.terminationStatus == 0 else {

@@ -156,7 +156,7 @@ import Testing
           arguments: ["sh", "-c", "echo \"hi\" \u{1F600}\\n"], workingDirectory: "/tmp", timeout: 3)),
       key: nil)
     for job in [request, command] {
-      let payload = try #require(PayloadPrefix.smallMembersFirst(try JSONEncoder().encode(job)))
+      let payload = try #require(PayloadPrefix.summaryMembersFirst(try JSONEncoder().encode(job)))
       // Stored this way, the same job to a decoder, with its summary in its first bytes.
       #expect(try JSONDecoder().decode(OutboxJob.self, from: payload) == job)
       #expect(OutboxJob.summary(ofStart: payload.prefix(600), payloadSize: payload.count) == job.summary)
@@ -179,13 +179,13 @@ import Testing
     }
     let deep = Data((String(repeating: "[", count: 100_000)).utf8)
     #expect(OutboxJob.summary(ofStart: deep, payloadSize: deep.count) == nil)
-    #expect(PayloadPrefix.smallMembersFirst(deep) == nil)
+    #expect(PayloadPrefix.summaryMembersFirst(deep) == nil)
     // Reordering random JSON documents keeps their value.
     for _ in 0..<500 {
       let value = Self.randomJSON(&random, depth: 0)
       let data = try JSONSerialization.data(withJSONObject: value, options: [.fragmentsAllowed])
       let reordered = try #require(
-        PayloadPrefix.smallMembersFirst(data), "\(String(decoding: data, as: UTF8.self))")
+        PayloadPrefix.summaryMembersFirst(data), "\(String(decoding: data, as: UTF8.self))")
       let again = try JSONSerialization.jsonObject(with: reordered, options: [.fragmentsAllowed])
       #expect(
         try JSONSerialization.data(withJSONObject: again, options: [.sortedKeys, .fragmentsAllowed])

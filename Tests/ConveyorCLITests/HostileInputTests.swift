@@ -69,6 +69,40 @@ import Testing
     #expect(FileManager.default.fileExists(atPath: sandbox.path("q")))
   }
 
+  /// Long paths the system takes: a 600-byte path in folders that exist and are writable (SQLite's
+  /// own limit is 512 bytes), and a 253-byte name (its `-wal` file's name would pass the file
+  /// system's 255). Each is opened, or refused with an error that says the path is too long; it
+  /// was "unable to open database file", telling the user to check that the folder exists and is
+  /// writable (and the 253-byte name was left behind as a database file).
+  @Test func aLongDatabasePathIsOpenedOrRefusedAsTooLong() async throws {
+    let sandbox = try Sandbox()
+    let deep = (0..<6).reduce(sandbox.folder.path) { folder, _ in
+      folder + "/" + String(repeating: "d", count: 100)
+    }
+    try FileManager.default.createDirectory(atPath: deep, withIntermediateDirectories: true)
+    for path in [deep + "/jobs.sqlite", sandbox.path(String(repeating: "n", count: 253))] {
+      let outcome = try await sandbox.run(
+        ["--database", path, "add", "exec", "--", "true"], withDatabase: false, directory: sandbox.folder)
+      #expect(
+        outcome.status == 0 || outcome.stderr.lowercased().contains("too long"),
+        "\(path.utf8.count) bytes: \(outcome)")
+    }
+  }
+
+  /// A symbolic link to a database file that does not exist yet (a link made to a data volume
+  /// before the first run): SQLite would create the file it names; the store is opened there, or
+  /// the error says the link's target is missing. It was "unable to open database file".
+  @Test func aSymbolicLinkToANewDatabaseFileIsOpenedOrExplained() async throws {
+    let sandbox = try Sandbox()
+    let target = sandbox.path("target.sqlite")
+    let link = sandbox.path("link.sqlite")
+    try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: target)
+    let outcome = try await sandbox.run(
+      ["--database", link, "add", "exec", "--", "true"], withDatabase: false, directory: sandbox.folder)
+    #expect(
+      outcome.status == 0 || outcome.stderr.contains("symbolic link"), "\(outcome)")
+  }
+
   /// Database strings that are neither a path nor a PostgreSQL connection this tool accepts: each
   /// is refused with the accepted forms, its password never shown, no file made of it.
   static let nearMisses = [
@@ -156,6 +190,54 @@ import Testing
     let withoutPassword = try await sandbox.run(
       ["--database", "postgresql://alice@127.0.0.1:1/app?connect_timeout=5", "status"], withDatabase: false)
     #expect(!withoutPassword.stderr.contains("warning"), "\(withoutPassword)")
+  }
+
+  /// libpq reads a backslash in an unquoted value as an escape (`password=se\ cret` is the password
+  /// "se cret"): such a string is a valid connection string, so it goes to PostgreSQL (here a port
+  /// nothing listens on), and no part of its password is shown. A password with an unescaped space
+  /// is not valid, and the refusal does not quote the password's second word either.
+  @Test func aPasswordWithASpaceInAConnectionStringIsNeverShown() async throws {
+    let sandbox = try Sandbox()
+    let escaped = #"host=127.0.0.1 port=1 dbname=app user=alice password=SECRET\ PW-TAIL connect_timeout=5"#
+    let outcome = try await sandbox.run(
+      ["status"], withDatabase: false, extraEnvironment: ["CONVEYOR_DATABASE": escaped],
+      directory: sandbox.folder)
+    #expect(outcome.status == 3, "a valid libpq string goes to PostgreSQL: \(outcome)")
+    #expect(!outcome.stderr.contains("PW-TAIL") && !outcome.stdout.contains("PW-TAIL"), "\(outcome)")
+    let unescaped = "host=127.0.0.1 port=1 dbname=app user=alice password=SECRET PW-TAIL"
+    let refused = try await sandbox.run(
+      ["status"], withDatabase: false, extraEnvironment: ["CONVEYOR_DATABASE": unescaped],
+      directory: sandbox.folder)
+    #expect(refused.status == 2 || refused.status == 3, "\(refused)")
+    #expect(!refused.stderr.contains("PW-TAIL") && !refused.stdout.contains("PW-TAIL"), "\(refused)")
+  }
+
+  /// A password libpq reads from the command line in another spelling: a URL query key
+  /// percent-encoded (`pass%77ord=`, which libpq decodes), or a URL password holding a space
+  /// (libpq takes `user:pass word@`). Each is on the command line all the same, and is warned of.
+  @Test(arguments: [
+    "postgresql://alice@127.0.0.1:1/app?pass%77ord=SECRET-PW&connect_timeout=5",
+    "postgresql://alice:SECRET PW@127.0.0.1:1/app?connect_timeout=5",
+  ])
+  func aPasswordOnTheCommandLineIsWarnedOfWhateverItsSpelling(url: String) async throws {
+    let sandbox = try Sandbox()
+    let given = try await sandbox.run(["--database", url, "status"], withDatabase: false)
+    #expect(given.status == 3, "\(given)")
+    #expect(given.stderr.components(separatedBy: "password is on the command line").count == 2, "\(given)")
+    #expect(!given.stderr.contains("SECRET"), "\(given)")
+  }
+
+  /// Only the last `--database` is used, but every one given is on the command line: a password
+  /// in an earlier one is warned of too (it was not).
+  @Test func aPasswordInAnyDatabaseOptionIsWarnedOf() async throws {
+    let sandbox = try Sandbox()
+    let outcome = try await sandbox.run(
+      ["-d", "postgresql://alice:SECRET-PW@127.0.0.1:1/app", "-d", sandbox.database, "status"],
+      withDatabase: false)
+    #expect(outcome.status == 0, "\(outcome)")
+    #expect(
+      outcome.stderr.components(separatedBy: "password is on the command line").count == 2, "\(outcome)")
+    #expect(!outcome.stderr.contains("SECRET"), "\(outcome)")
   }
 
   // MARK: 2. credentials on redirects
@@ -479,6 +561,51 @@ import Testing
     // The tool itself needs about 36 MB (37 MB measured with these jobs); the eight payloads are
     // 110 MB of JSON, and listing them took 170 MB.
     #expect(kilobytes < 80_000, "peak resident memory \(kilobytes) KB")
+  }
+
+  /// A job added by this build whose summary does not fit in the 16 KiB `list` reads first is
+  /// still not read whole: a URL longer than that (a long query string), or a `--key` longer than
+  /// that (stored before the job's kind, being smaller than a large body). The start says what
+  /// the job is. Two such jobs with 48 MB bodies took `list` to 160 MB, as if each were a job
+  /// stored by an older build.
+  @Test func listReadsOnlyTheStartOfAPayloadWhoseURLOrKeyIsLong() async throws {
+    let time = URL(fileURLWithPath: "/usr/bin/time")
+    guard FileManager.default.isExecutableFile(atPath: time.path) else { return }  // GNU time measures
+    let sandbox = try Sandbox()
+    let body = sandbox.path("body.bin")
+    try #require(
+      FileManager.default.createFile(atPath: body, contents: Data(repeating: 0x61, count: 48 << 20)))
+    let long = String(repeating: "x", count: 20_000)
+    try await sandbox.add(["http", "POST", "http://127.0.0.1:9/upload/0?q=\(long)", "--data-file", body])
+    try await sandbox.add(["http", "POST", "http://127.0.0.1:9/upload/1", "--key", long, "--data-file", body])
+    let report = sandbox.path("rss.txt")
+    let running = try RunningConveyor(
+      executable: time,
+      arguments: [
+        "-f", "%M", "-o", report, try ConveyorBinary.required().path, "--database", sandbox.database, "list",
+      ], environment: ProcessInfo.processInfo.environment, folder: sandbox.folder)
+    let outcome = try await running.waitForExit(timeout: .seconds(60))
+    #expect(outcome.status == 0, "\(outcome)")
+    #expect(
+      outcome.lines.filter { $0.contains("http POST http://127.0.0.1:9/upload/") }.count == 2, "\(outcome)")
+    let text = String(decoding: FileManager.default.contents(atPath: report) ?? Data(), as: UTF8.self)
+    let kilobytes = try #require(text.split(separator: "\n").compactMap { Int($0) }.last, "\(text)")
+    // The tool itself needs about 36 MB; each payload is 64 MB of JSON.
+    #expect(kilobytes < 80_000, "peak resident memory \(kilobytes) KB")
+  }
+
+  /// `list` reads and shows the start of each last error (an application's handler can record
+  /// one of any size), marking the cut.
+  @Test func listShowsTheStartOfALongError() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--", "true"])
+    try DashboardTests.executeSQL(
+      sandbox, "UPDATE jobs SET status = 'dead', last_error = 'E' || hex(zeroblob(100000)) WHERE id = 1;")
+    let listed = try await sandbox.run(["list"])
+    #expect(listed.status == 0, "\(listed)")
+    let line = try #require(listed.lines.first { $0.contains("last error: E") }, "\(listed)")
+    // `CLI.listedError` (16,384) scalars of it.
+    #expect(line.hasSuffix("0…") && line.unicodeScalars.count < 16_384 + 40, "\(line.count)")
   }
 
   // MARK: 13. a command dies with its worker

@@ -280,6 +280,119 @@ struct OpeningTests {
     #expect(try await store.counts(queue: "jobs", now: epoch).ready == 1)
   }
 
+  /// SQLite's Unix VFS opens a path of at most 504 bytes once made absolute with its symbolic
+  /// links resolved, and names the files beside a database with up to 8 bytes more than its name
+  /// ("-journal"). A path or a name past either limit is refused before anything is made, saying
+  /// it is too long (a 253-byte name was created, then failed on its "-wal" file and was left
+  /// behind; a long path failed with "unable to open database file"); one just within both opens.
+  @Test func pathsAndNamesTooLongForSQLiteAreRefusedBeforeAnythingIsMade() async throws {
+    let folder = try TemporaryFolder()
+    let base = folder.url.resolvingSymlinksInPath().path
+    // `deep/jobs.sqlite` is exactly 504 bytes.
+    let filler = 504 - base.utf8.count - "/".utf8.count - 200 - "/".utf8.count - "/jobs.sqlite".utf8.count
+    try #require((1...255).contains(filler), "a temporary folder of \(base.utf8.count) bytes")
+    let deep = base + "/" + String(repeating: "d", count: 200) + "/" + String(repeating: "e", count: filler)
+    try FileManager.default.createDirectory(atPath: deep, withIntermediateDirectories: true)
+    let fits = deep + "/jobs.sqlite"
+    #expect(fits.utf8.count == 504)
+    let store = try await SQLiteJobStore.open(path: fits)
+    _ = try await store.enqueue([NewJob(payload: payload("a"), runAt: epoch)], queue: "jobs", now: epoch)
+    await store.close()
+    // One byte more, given as it is or through a short symbolic link to the folder.
+    try FileManager.default.createSymbolicLink(atPath: folder.path("short"), withDestinationPath: deep)
+    let name = String(repeating: "n", count: 247)
+    let fitsByName = folder.path(name)
+    for path in [deep + "/jobs.sqlit3x", folder.path("short/jobs.sqlit3x"), fitsByName + "x"] {
+      let before = try FileManager.default.contentsOfDirectory(atPath: deep)
+      let error = #expect(throws: SQLiteJobStoreError.self) { try SQLiteJobStore(path: path) }
+      #expect(error?.code == .pathTooLong, "\(path.utf8.count) bytes")
+      #expect(error?.message.contains("too long") == true)
+      #expect(try FileManager.default.contentsOfDirectory(atPath: deep) == before)
+      #expect(!FileManager.default.fileExists(atPath: path))
+    }
+    let byName = try await SQLiteJobStore.open(path: fitsByName)
+    _ = try await byName.enqueue([NewJob(payload: payload("a"), runAt: epoch)], queue: "jobs", now: epoch)
+    #expect(try await byName.counts(queue: "jobs", now: epoch).ready == 1)
+  }
+
+  /// A symbolic link to a database file not made yet (made to a data volume before the first
+  /// run): the database is made where the link leads (mode 0600) and opened through the link; a
+  /// relative link and a chain of links are followed as the system follows them. It failed with
+  /// "unable to open database file".
+  @Test func aSymbolicLinkToANewDatabaseFileGetsTheDatabaseWhereItLeads() async throws {
+    let folder = try TemporaryFolder()
+    try FileManager.default.createDirectory(atPath: folder.path("volume"), withIntermediateDirectories: false)
+    try FileManager.default.createSymbolicLink(
+      atPath: folder.path("link.sqlite"), withDestinationPath: "volume/jobs.sqlite")
+    try FileManager.default.createSymbolicLink(
+      atPath: folder.path("chain.sqlite"), withDestinationPath: folder.path("link.sqlite"))
+    let store = try await SQLiteJobStore.open(path: folder.path("chain.sqlite"))
+    _ = try await store.enqueue([NewJob(payload: payload("a"), runAt: epoch)], queue: "jobs", now: epoch)
+    await store.close()
+    let target = folder.path("volume/jobs.sqlite")
+    #expect(try posixPermissions(target) & 0o777 == 0o600)
+    #expect(
+      try FileManager.default.destinationOfSymbolicLink(atPath: folder.path("link.sqlite"))
+        == "volume/jobs.sqlite")
+    let again = try await SQLiteJobStore.open(path: target)
+    #expect(try await again.counts(queue: "jobs", now: epoch).ready == 1)
+    // SQLite keeps its files beside the database, where the link leads.
+    #expect(FileManager.default.fileExists(atPath: target + "-wal"))
+    await again.close()
+    let leftovers = try FileManager.default.contentsOfDirectory(atPath: folder.path("volume"))
+    #expect(leftovers == ["jobs.sqlite"], "\(leftovers)")
+  }
+
+  /// Links that cannot lead to a new database: a loop, a folder that does not exist where the link
+  /// leads, a folder where SQLite would make the "-wal" file. Each is refused with an error that
+  /// says so, and nothing is made.
+  @Test func aSymbolicLinkThatCannotLeadToANewDatabaseIsRefusedSayingWhy() throws {
+    let folder = try TemporaryFolder()
+    try FileManager.default.createSymbolicLink(atPath: folder.path("a"), withDestinationPath: "b")
+    try FileManager.default.createSymbolicLink(atPath: folder.path("b"), withDestinationPath: "a")
+    let loop = #expect(throws: SQLiteJobStoreError.self) { try SQLiteJobStore(path: folder.path("a")) }
+    #expect(loop?.code == .unusableLink)
+    #expect(loop?.message.contains("symbolic links that loop") == true)
+    try FileManager.default.createSymbolicLink(
+      atPath: folder.path("nowhere.sqlite"), withDestinationPath: folder.path("missing/jobs.sqlite"))
+    let nowhere = #expect(throws: SQLiteJobStoreError.self) {
+      try SQLiteJobStore(path: folder.path("nowhere.sqlite"))
+    }
+    #expect(nowhere?.code == .cannotCreate)
+    #expect(
+      nowhere?.message.contains("where the symbolic link leads: \(folder.path("missing/jobs.sqlite"))")
+        == true)
+    try FileManager.default.createDirectory(
+      atPath: folder.path("t.sqlite-wal"), withIntermediateDirectories: false)
+    try FileManager.default.createSymbolicLink(
+      atPath: folder.path("l.sqlite"), withDestinationPath: "t.sqlite")
+    let wal = #expect(throws: SQLiteJobStoreError.self) { try SQLiteJobStore(path: folder.path("l.sqlite")) }
+    #expect(wal?.code == .notARegularFile)
+    #expect(
+      Set(try FileManager.default.contentsOfDirectory(atPath: folder.path(".")))
+        == ["a", "b", "nowhere.sqlite", "t.sqlite-wal", "l.sqlite"])
+  }
+
+  /// Another user's link in a sticky folder anyone may write to (as /tmp): Linux refuses to follow
+  /// it (`fs.protected_symlinks`), so no database is made where it leads, and the error says why.
+  @Test(.enabled(if: geteuid() == 0, "needs root to give a link to another user"))
+  func anotherUsersLinkInAStickyFolderIsNotFollowedToMakeADatabase() throws {
+    #if os(Linux)
+      let folder = try TemporaryFolder()
+      let sticky = folder.path("shared")
+      try FileManager.default.createDirectory(atPath: sticky, withIntermediateDirectories: false)
+      #expect(chmod(sticky, 0o1777) == 0)
+      let link = sticky + "/jobs.sqlite"
+      try FileManager.default.createSymbolicLink(
+        atPath: link, withDestinationPath: folder.path("victim.sqlite"))
+      #expect(lchown(link, 65_534, 65_534) == 0)
+      let error = #expect(throws: SQLiteJobStoreError.self) { try SQLiteJobStore(path: link) }
+      #expect(error?.code == .unusableLink)
+      #expect(error?.message.contains("another user's") == true)
+      #expect(!FileManager.default.fileExists(atPath: folder.path("victim.sqlite")))
+    #endif
+  }
+
   @Test func aPathThroughAFileIsAClearError() throws {
     let folder = try TemporaryFolder()
     let file = folder.path("plain.txt")
