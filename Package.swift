@@ -64,7 +64,8 @@ let package = Package(
     // simulated clock, with faults), and the command that searches seeds with it
     // (`swift run -c release conveyor-simulate --seeds N`).
     .target(name: "ConveyorSimulation", dependencies: ["Conveyor"], path: "Tests/ConveyorSimulation"),
-    .executableTarget(name: "conveyor-simulate", dependencies: ["ConveyorSimulation"], path: "Tests/Simulate"),
+    .executableTarget(
+      name: "conveyor-simulate", dependencies: ["ConveyorSimulation"], path: "Tests/Simulate"),
     // The worker process of the PostgreSQL multi-process, crash and restart tests.
     .executableTarget(
       name: "conveyor-postgres-test-worker",
@@ -72,7 +73,8 @@ let package = Package(
       path: "Tests/PostgresTestWorker"
     ),
 
-    .testTarget(name: "ConveyorTests", dependencies: ["Conveyor", "ConveyorTestSupport", "ConveyorSimulation"]),
+    .testTarget(
+      name: "ConveyorTests", dependencies: ["Conveyor", "ConveyorTestSupport", "ConveyorSimulation"]),
     .testTarget(
       name: "ConveyorSQLiteTests",
       dependencies: ["Conveyor", "ConveyorSQLite", "ConveyorTestSupport", "CSQLite", "conveyor-test-worker"]

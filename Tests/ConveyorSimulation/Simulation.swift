@@ -68,6 +68,7 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
     return options
   }
 
+  /// Every knob, in one line.
   public var description: String {
     "workers \(workers), jobs \(jobs), chaos \(chaos), crashes/min \(crashesPerMinute), stalls/min \(stallsPerMinute), "
       + "clock steps/min \(clockStepsPerMinute), shutdowns/min \(shutdownsPerMinute), pauses/min \(pausesPerMinute), "
@@ -77,7 +78,9 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
 
 /// The outcome of one simulated history.
 public struct SimOutcome: Sendable {
+  /// The history's seed.
   public var seed: UInt64
+  /// What the history did.
   public var scenario: SimScenario
   /// The broken rule, if any.
   public var violation: String?
