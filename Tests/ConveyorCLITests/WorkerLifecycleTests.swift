@@ -162,11 +162,14 @@ import Testing
       }
       throw HarnessError(description: "no advisory lock \(granted ? "held" : "awaited")")
     }
-    // Another worker migrates the schema for 3 s (less than the worker's 5 s lock timeout).
+    // Another worker migrates the schema until the test ends it (a minute at most).
     let holder = try psqlProcess(
       "BEGIN; SELECT pg_advisory_xact_lock(hashtextextended('conveyor.migrate:conveyor', 0)); "
-        + "SELECT pg_sleep(3); COMMIT")
-    defer { holder.waitUntilExit() }
+        + "SELECT pg_sleep(60); COMMIT")
+    defer {
+      holder.terminate()
+      holder.waitUntilExit()
+    }
     try await onThreadThrowing { try waitForLocks(granted: true) }
     let worker = try sandbox.start(["--database", server.url, "work", "--json"], withDatabase: false)
     try await onThreadThrowing { try waitForLocks(granted: false) }  // the worker waits for the lock

@@ -219,10 +219,14 @@ struct PostgresJobStoreTests {
   /// blocked by another session's row lock then waits for as long as that session holds it, and a
   /// worker can lose the lease of a job it still runs.
   @Test func aLockTimeoutUnderAMillisecondStillBoundsALockWait() async throws {
-    let (server, store) = try await open(lockTimeout: .microseconds(500))
-    let schema = store.options.schema
+    // The job is added through a store of its own: with a lock wait of a millisecond, any wait
+    // (another commit's notification lock on a busy server) fails a call.
+    let (server, adder) = try await open()
+    let schema = adder.options.schema
     let clock = SystemJobClock()
-    let id = try await store.enqueue([NewJob(payload: Data("x".utf8))], queue: "q", clock: clock)[0].id
+    let id = try await adder.enqueue([NewJob(payload: Data("x".utf8))], queue: "q", clock: clock)[0].id
+    await adder.close()
+    let (_, store) = try await open(schema, lockTimeout: .microseconds(500))
     let locker = try AdminConnection(server.url)
     try locker.query("BEGIN")
     try locker.query("SELECT 1 FROM \(schema).jobs WHERE id = \(id.rawValue) FOR UPDATE")

@@ -85,26 +85,28 @@ public enum QueueEngineConformance {
     check("a claim answered after its lease lapsed is handed back unstarted, never run twice") { store in
       // Queue `late` hears of its claim only after the lease lapsed; queue `other` (another
       // process, on the same store) rescues the job meanwhile and runs it.
+      // Leases of 1.5 s: a loaded machine's stalls stay well within them, so only the late answer
+      // can make a worker lose one.
       let delayed = InstrumentedJobStore(store)
-      delayed.delayClaimAnswers([.milliseconds(900)])
+      delayed.delayClaimAnswers([.milliseconds(2_500)])
       let runs = Runs()
       let handler: JobQueue<Named>.Handler = { item, _ in
         runs.append(item.name)
         return .handled
       }
-      var lateConfiguration = configuration(lease: .milliseconds(450))
+      var lateConfiguration = configuration(lease: .milliseconds(1_500))
       lateConfiguration.autoStart = false
       let late = try JobQueue<Named>(configuration: lateConfiguration, store: delayed, handler: handler)
       try await late.add(Named(name: "x"))
       let logs = Runs()
       late.start()
       try await Task.sleep(for: .milliseconds(100))  // the late claim is under way
-      var otherConfiguration = configuration(lease: .milliseconds(450))
+      var otherConfiguration = configuration(lease: .milliseconds(1_500))
       otherConfiguration.log = { logs.append($0.message) }
       let other = try JobQueue<Named>(configuration: otherConfiguration, store: store, handler: handler)
       await other.waitUntilFinished()
       // Long enough for the late answer to arrive and be acted on.
-      try await Task.sleep(for: .milliseconds(1_500))
+      try await Task.sleep(for: .milliseconds(3_000))
       await late.shutdown()
       await other.shutdown()
       try expect(runs.all == ["x"], "the handler ran once: \(runs.all)")
@@ -119,24 +121,24 @@ public enum QueueEngineConformance {
     // why.
     check("a claim answered after another worker took the job over counts as a lost attempt") { store in
       let delayed = InstrumentedJobStore(store)
-      delayed.delayClaimAnswers([.milliseconds(900)])
+      delayed.delayClaimAnswers([.milliseconds(2_500)])
       let runs = Runs()
       let handler: JobQueue<Named>.Handler = { item, context in
         runs.append("\(item.name)\(context.attempts)")
         return .handled
       }
-      var lateConfiguration = configuration(lease: .milliseconds(450))
+      var lateConfiguration = configuration(lease: .milliseconds(1_500))
       lateConfiguration.autoStart = false
       lateConfiguration.maxAttempts = 1
       let late = try JobQueue<Named>(configuration: lateConfiguration, store: delayed, handler: handler)
       try await late.add(Named(name: "x"))
       late.start()
       try await Task.sleep(for: .milliseconds(100))  // the late claim is under way
-      var otherConfiguration = configuration(lease: .milliseconds(450))
+      var otherConfiguration = configuration(lease: .milliseconds(1_500))
       otherConfiguration.maxAttempts = 1
       let other = try JobQueue<Named>(configuration: otherConfiguration, store: store, handler: handler)
       await other.waitUntilFinished()
-      try await Task.sleep(for: .milliseconds(1_500))  // the late answer arrives and is handed back
+      try await Task.sleep(for: .milliseconds(3_000))  // the late answer arrives and is handed back
       await late.shutdown()
       await other.shutdown()
       let dead = try await store.jobs(queue: "engine", status: .dead, after: nil, limit: 5)
