@@ -243,6 +243,33 @@ struct BismuthReadmeTests {
     #expect(queue.isEmpty)
   }
 
+  @Test("a queue created on a database where it is paused says .paused at once, not .running")
+  func pausedAtTheNextLaunch() throws {
+    var config = Bismuth.Config(identifier: "paused-at-launch")
+    config.databaseURL = try temporaryDatabase()
+    config.autoStart = false
+    do {
+      let previousLaunch = Bismuth.Queue<RequestQueueItem>(config: config)
+      previousLaunch.add(RequestQueueItem(url: "https://domain.com/waits"))
+      previousLaunch.pause()
+    }
+    // The next launch: the pause is stored, so the queue is paused and handles nothing.
+    config.autoStart = true
+    let queue = Bismuth.Queue<RequestQueueItem>(config: config)
+    #expect(queue.state == .paused)
+  }
+
+  @Test("pause() before start() pauses: the stored flag shows as .paused, as after start()")
+  func pausedBeforeStart() throws {
+    var config = Bismuth.Config(identifier: "paused-before-start")
+    config.databaseURL = try temporaryDatabase()
+    config.autoStart = false
+    let queue = Bismuth.Queue<RequestQueueItem>(config: config)
+    queue.add(RequestQueueItem(url: "https://domain.com/waits"))
+    queue.pause()
+    #expect(queue.state == .paused)
+  }
+
   @Test("the delegate may be set after the queue started: items wait for it without using an attempt")
   func delegateSetLater() async throws {
     var config = Bismuth.Config(identifier: "late-delegate")
