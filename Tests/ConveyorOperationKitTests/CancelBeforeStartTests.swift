@@ -12,6 +12,12 @@ final class NeverToRun: AsyncOperation<Int, ParseError>, @unchecked Sendable {
   }
 }
 
+/// Never finishes by itself: the test finishes it from outside.
+// @unchecked Sendable: no stored properties.
+final class FinishedFromOutside: AsyncOperation<Int, ParseError>, @unchecked Sendable {
+  override func main() {}
+}
+
 // A documented difference (the migration guide, "Cancelling before the start"): the old
 // AsyncOperation became finished inside `cancel()`, even in a queue that had not started it;
 // Foundation's queues (on Apple platforms and on Linux) require an operation they hold to be
@@ -48,6 +54,17 @@ struct CancelBeforeStartTests {
     #expect(completed.current)
     #expect(!operation.ran.current)
     #expect(!handled.current)
+    // Foundation on Linux keeps an operation's dependents unretained: the gate, still pending
+    // when the cancelled operation finished, reads it when it finishes in turn. Freed by then
+    // (this test returned), it crashed the test process (signal 11 in Operation.observeValue)
+    // whenever other tests reused its memory meanwhile.
+    await withCheckedContinuation { continuation in
+      DispatchQueue.global().async {
+        gate.waitUntilFinished()
+        continuation.resume()
+      }
+    }
+    withExtendedLifetime(operation) {}
   }
 
   @Test("in no queue: finished when start() is called, without running main()")
@@ -59,5 +76,42 @@ struct CancelBeforeStartTests {
     operation.start()
     #expect(operation.isFinished)
     #expect(!operation.ran.current)
+  }
+
+  @Test("cancel() racing a finish given before the start: cancelled, no handler runs when it starts")
+  func cancelRacingAnEarlyFinish() async {
+    let handlers = Box(0)
+    let notCancelled = Box(0)
+    let callbacks = makeCallbackQueue()
+    var rounds = 0
+    while rounds < 30 && handlers.current == 0 && notCancelled.current == 0 {
+      rounds += 1
+      let count = 50_000
+      let operations = (0..<count).map { _ in
+        let operation = FinishedFromOutside()
+        operation.callbackQueue = callbacks
+        operation.successHandler = { _ in handlers.current += 1 }
+        return operation
+      }
+      await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+        DispatchQueue.global().async {
+          DispatchQueue.concurrentPerform(iterations: count * 2) { index in
+            let operation = operations[index / 2]
+            if index.isMultiple(of: 2) { operation.finish(withResult: index) } else { operation.cancel() }
+          }
+          continuation.resume()
+        }
+      }
+      // Every cancel() returned before any start.
+      for operation in operations { operation.start() }
+      await withCheckedContinuation { continuation in callbacks.async { continuation.resume() } }
+      notCancelled.current += operations.filter { !$0.isCancelled }.count
+    }
+    #expect(
+      handlers.current == 0,
+      "successHandler ran for operations cancelled before they started (round \(rounds))")
+    #expect(
+      notCancelled.current == 0,
+      "operations cancelled before they started are not cancelled (round \(rounds))")
   }
 }

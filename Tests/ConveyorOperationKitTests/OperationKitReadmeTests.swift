@@ -247,6 +247,42 @@ struct OperationKitReadmeTests {
     #expect(doubled.current == (21 + run) * 2)
   }
 
+  @Test("finish racing the start: the operation is never finished before its successHandler ran")
+  func finishRacingTheStartFinishesAfterTheHandler() async {
+    let finishedFirst = Box(0)
+    let callbacks = makeCallbackQueue()
+    var rounds = 0
+    while rounds < 30 && finishedFirst.current == 0 {
+      rounds += 1
+      let count = 50_000
+      let ran = Mutex([Bool](repeating: false, count: count))
+      let operations = (0..<count).map { index in
+        let operation = FinishedFromOutside()
+        operation.callbackQueue = callbacks
+        operation.successHandler = { _ in ran.withLock { $0[index] = true } }
+        return operation
+      }
+      await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+        DispatchQueue.global().async {
+          DispatchQueue.concurrentPerform(iterations: count * 2) { index in
+            let operation = operations[index / 2]
+            if index.isMultiple(of: 2) {
+              operation.finish(withResult: index)
+            } else {
+              operation.start()
+              // Read in this order: an operation finished after its handler can never be seen
+              // finished with the handler not run.
+              if operation.isFinished && !ran.withLock({ $0[index / 2] }) { finishedFirst.current += 1 }
+            }
+          }
+          continuation.resume()
+        }
+      }
+      await withCheckedContinuation { continuation in callbacks.async { continuation.resume() } }
+    }
+    #expect(finishedFirst.current == 0, "isFinished was true before successHandler had run (round \(rounds))")
+  }
+
   @Test("SyncOperation: main() calls finish(withError:); failureHandler runs, then the operation is finished")
   func syncOperationFailure() async throws {
     let failure = Box<ParseError?>(nil)
