@@ -108,6 +108,26 @@ final class NoRedirects: NSObject, URLSessionTaskDelegate, Sendable {
   }
 }
 
+/// A data operation subclassed as the old kit had it: its own `required` initialiser, typed with
+/// the old `NetworkResponseEvaluation`.
+// @unchecked Sendable: only immutable stored properties.
+final class NamedDataOperation: NetworkDataOperation<String>, @unchecked Sendable {
+  let label: String
+
+  required init(url: URL, urlSession: URLSession, evaluate: @escaping NetworkResponseEvaluation) {
+    label = "named"
+    super.init(url: url, urlSession: urlSession, evaluate: evaluate)
+  }
+}
+
+/// Makes any data operation class through its `required` initialiser, as generic code written
+/// for the old kit may.
+func makeDataOperation<Operation: NetworkDataOperation<String>>(
+  _ type: Operation.Type, url: URL
+) -> Operation {
+  type.init(url: url, urlSession: .shared) { data, _ in String(decoding: data, as: UTF8.self) }
+}
+
 @Suite("OperationKit drop-in (README)")
 struct OperationKitReadmeTests {
   let server: LoopbackHTTPServer
@@ -142,6 +162,17 @@ struct OperationKitReadmeTests {
     #expect(received.current == MyObject(name: "Ada"))
     #expect(onCallbackQueue.current)
     #expect(operation.url == url)
+  }
+
+  @Test("a subclass with the old required init(url:urlSession:evaluate:) is made through its type")
+  func requiredInitialiser() async throws {
+    let operation = makeDataOperation(NamedDataOperation.self, url: server.url("/object"))
+    let received = Box<String?>(nil)
+    operation.callbackQueue = makeCallbackQueue()
+    operation.successHandler = { body in received.current = body }
+    await runOnQueue([operation])
+    #expect(operation.label == "named")
+    #expect(received.current == #"{"name":"Ada"}"#)
   }
 
   @Test("a 404 is a failure: failureHandler gets the status and body, successHandler never runs")
