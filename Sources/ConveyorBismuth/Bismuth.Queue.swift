@@ -242,19 +242,34 @@ extension Bismuth {
 
     // MARK: Control
 
-    /// What the queue is doing: ``Bismuth/QueueState/paused`` after ``pause()``,
-    /// ``Bismuth/QueueState/running`` while items wait or are handled (also while they wait for a
-    /// delegate or a retry), ``Bismuth/QueueState/idle`` when none is left or the queue was not
-    /// started.
+    /// What the queue is doing: ``Bismuth/QueueState/paused`` while the pause stored in the
+    /// database holds (after ``pause()``, also one made before ``start()``, at an earlier launch or
+    /// by another queue on the same database), else ``Bismuth/QueueState/running`` while items
+    /// wait or are handled (also while they wait for a delegate or a retry), and
+    /// ``Bismuth/QueueState/idle`` when none is left or the queue was not started.
     ///
-    /// When the queue is started, not paused and handling nothing, this asks the database whether
-    /// items wait, so it blocks the calling thread as ``count`` does.
+    /// Unless the queue is handling an item or already knows it is paused, this asks the database
+    /// for the stored pause and whether items wait, so it blocks the calling thread as ``count``
+    /// does.
     public var state: QueueState {
-      switch jobQueue.state {
-      case .stopped: .idle
-      case .paused: .paused
-      case .running: .running
-      case .idle: count > 0 ? .running : .idle
+      let current = jobQueue.state
+      switch current {
+      case .paused: return .paused
+      case .running: return .running
+      case .stopped, .idle:
+        // The loop of a queue just created has not read the stored pause yet, and a queue not
+        // started never reads it: ask the database.
+        let jobQueue = jobQueue
+        let stored = report("read the queue's state") { () -> (paused: Bool, waiting: Bool) in
+          if try await jobQueue.store.isPaused(queue: jobQueue.configuration.identifier) {
+            return (true, false)
+          }
+          if current == .stopped { return (false, false) }
+          return (false, try await jobQueue.count().unfinished > 0)
+        }
+        guard let stored else { return .idle }
+        if stored.paused { return .paused }
+        return stored.waiting ? .running : .idle
       }
     }
 
@@ -264,7 +279,9 @@ extension Bismuth {
     }
 
     /// Stops handling new items until ``resume()``; the item being handled finishes. Stored in
-    /// the database, so the queue is still paused after the app restarts.
+    /// the database, so the queue is still paused after the app restarts. A queue not started
+    /// yet is paused too: ``state`` says ``Bismuth/QueueState/paused`` and ``start()`` handles
+    /// nothing until ``resume()``.
     public func pause() {
       let jobQueue = jobQueue
       _ = report("pause") { try await jobQueue.pause() }
