@@ -285,16 +285,18 @@ struct OperationKitReadmeTests {
     var rounds = 0
     while rounds < 30 && finishedFirst.current == 0 {
       rounds += 1
-      let count = 50_000
-      let ran = Mutex([Bool](repeating: false, count: count))
-      let operations = (0..<count).map { index in
-        let operation = FinishedFromOutside()
-        operation.callbackQueue = callbacks
-        operation.successHandler = { _ in ran.withLock { $0[index] = true } }
-        return operation
-      }
+      // The whole round on a Dispatch thread: making and freeing 50,000 operations would hold one
+      // of the few threads of Swift's cooperative pool for long.
       await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
         DispatchQueue.global().async {
+          let count = 50_000
+          let ran = Mutex([Bool](repeating: false, count: count))
+          let operations = (0..<count).map { index in
+            let operation = FinishedFromOutside()
+            operation.callbackQueue = callbacks
+            operation.successHandler = { _ in ran.withLock { $0[index] = true } }
+            return operation
+          }
           DispatchQueue.concurrentPerform(iterations: count * 2) { index in
             let operation = operations[index / 2]
             if index.isMultiple(of: 2) {
