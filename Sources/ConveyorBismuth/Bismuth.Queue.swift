@@ -185,7 +185,7 @@ extension Bismuth {
         let matching = listing.jobs.filter { $0.item == item }.map(\.id)
         let removed = try await jobQueue.remove(matching)
         kept.drop(matching)
-        kept.prune(keeping: Set(listing.jobs.map(\.id)), listedAt: listing.generation)
+        kept.prune(keeping: listing.existing, listedAt: listing.generation)
         return removed
       } ?? 0
     }
@@ -204,7 +204,7 @@ extension Bismuth {
       let kept = kept
       return report("list items") {
         let listing = try await Self.unfinishedJobs(jobQueue, kept: kept)
-        kept.prune(keeping: Set(listing.jobs.map(\.id)), listedAt: listing.generation)
+        kept.prune(keeping: listing.existing, listedAt: listing.generation)
         return listing.jobs.map(\.item)
       } ?? []
     }
@@ -222,39 +222,54 @@ extension Bismuth {
     var keptInstanceCount: Int { kept.count }
 
     /// Drops the kept instances of items whose jobs are gone (handled by another instance,
-    /// removed through ``jobQueue``).
+    /// removed through ``jobQueue``, dead jobs deleted).
     private func pruneKeptInstances() {
       let jobQueue = jobQueue
       let kept = kept
       _ = report("list items") {
         let generation = kept.generation
-        var unfinished: Set<JobID> = []
+        var existing: Set<JobID> = []
         var after: JobID?
         while true {
           let page = try await jobQueue.jobs(after: after, limit: 500)
-          for record in page where record.status != .dead { unfinished.insert(record.id) }
+          for record in page { existing.insert(record.id) }
           guard let last = page.last, page.count == 500 else { break }
           after = last.id
         }
-        kept.prune(keeping: unfinished, listedAt: generation)
+        kept.prune(keeping: existing, listedAt: generation)
       }
     }
 
     // MARK: Control
 
-    /// What the queue is doing: ``Bismuth/QueueState/paused`` after ``pause()``,
-    /// ``Bismuth/QueueState/running`` while items wait or are handled (also while they wait for a
-    /// delegate or a retry), ``Bismuth/QueueState/idle`` when none is left or the queue was not
-    /// started.
+    /// What the queue is doing: ``Bismuth/QueueState/paused`` while the pause stored in the
+    /// database holds (after ``pause()``, also one made before ``start()``, at an earlier launch or
+    /// by another queue on the same database), else ``Bismuth/QueueState/running`` while items
+    /// wait or are handled (also while they wait for a delegate or a retry), and
+    /// ``Bismuth/QueueState/idle`` when none is left or the queue was not started.
     ///
-    /// When the queue is started, not paused and handling nothing, this asks the database whether
-    /// items wait, so it blocks the calling thread as ``count`` does.
+    /// Unless the queue is handling an item or already knows it is paused, this asks the database
+    /// for the stored pause and whether items wait, so it blocks the calling thread as ``count``
+    /// does.
     public var state: QueueState {
-      switch jobQueue.state {
-      case .stopped: .idle
-      case .paused: .paused
-      case .running: .running
-      case .idle: count > 0 ? .running : .idle
+      let current = jobQueue.state
+      switch current {
+      case .paused: return .paused
+      case .running: return .running
+      case .stopped, .idle:
+        // The loop of a queue just created has not read the stored pause yet, and a queue not
+        // started never reads it: ask the database.
+        let jobQueue = jobQueue
+        let stored = report("read the queue's state") { () -> (paused: Bool, waiting: Bool) in
+          if try await jobQueue.store.isPaused(queue: jobQueue.configuration.identifier) {
+            return (true, false)
+          }
+          if current == .stopped { return (false, false) }
+          return (false, try await jobQueue.count().unfinished > 0)
+        }
+        guard let stored else { return .idle }
+        if stored.paused { return .paused }
+        return stored.waiting ? .running : .idle
       }
     }
 
@@ -264,7 +279,9 @@ extension Bismuth {
     }
 
     /// Stops handling new items until ``resume()``; the item being handled finishes. Stored in
-    /// the database, so the queue is still paused after the app restarts.
+    /// the database, so the queue is still paused after the app restarts. A queue not started
+    /// yet is paused too: ``state`` says ``Bismuth/QueueState/paused`` and ``start()`` handles
+    /// nothing until ``resume()``.
     public func pause() {
       let jobQueue = jobQueue
       _ = report("pause") { try await jobQueue.pause() }
@@ -291,17 +308,19 @@ extension Bismuth {
     }
 
     /// The pending and running jobs in ID (arrival) order, each with the instance this queue
-    /// added, or else decoded. Undecodable ones are skipped: the engine makes them dead jobs when
-    /// it reaches them.
+    /// added, or else decoded, and the IDs of every job the queue holds (dead ones too). Undecodable
+    /// ones are skipped: the engine makes them dead jobs when it reaches them.
     private static func unfinishedJobs(
       _ jobQueue: JobQueue<T>, kept: KeptInstances<T>
     ) async throws -> KeptInstances<T>.Listing {
       let generation = kept.generation
       var found: [(id: JobID, item: T)] = []
+      var existing: Set<JobID> = []
       var after: JobID?
       while true {
         let page = try await jobQueue.jobs(after: after, limit: 500)
         let instances = kept.instances(for: page.lazy.map(\.id))
+        for record in page { existing.insert(record.id) }
         for record in page where record.status != .dead {
           if let instance = instances[record.id] {
             found.append((record.id, instance))
@@ -312,7 +331,7 @@ extension Bismuth {
           }
         }
         guard let last = page.last, page.count == 500 else {
-          return KeptInstances<T>.Listing(jobs: found, generation: generation)
+          return KeptInstances<T>.Listing(jobs: found, existing: existing, generation: generation)
         }
         after = last.id
       }
@@ -322,13 +341,17 @@ extension Bismuth {
 
 /// The items this queue instance added, by job, kept so that ``Bismuth/Queue/remove(_:)`` and
 /// ``Bismuth/Queue/items`` compare and return them as they were added: `==` may use state the
-/// item does not encode. An instance is dropped when its job is handled, dies or is removed;
-/// jobs that end elsewhere (another instance, another process) are found missing by the next
-/// listing, and at the latest when the kept instances have doubled since the last look.
+/// item does not encode. An instance is dropped when its job is handled or removed. A dead job
+/// keeps its instance, since `JobQueue.requeueDead` can bring it back; it goes with the dead job
+/// (``Bismuth/Queue/clear()``, or found missing by a listing). Jobs that end elsewhere (another
+/// instance, another process) are found missing by the next listing, and at the latest when the
+/// kept instances have doubled since the last look.
 final class KeptInstances<T: BismuthQueueable>: Sendable {
   /// Unfinished jobs as a listing found them.
   struct Listing: Sendable {
     var jobs: [(id: JobID, item: T)]
+    /// Every job the listing saw, dead ones included: their instances are kept.
+    var existing: Set<JobID>
     /// ``KeptInstances/generation`` when the listing began.
     var generation: Int
   }
@@ -357,13 +380,13 @@ final class KeptInstances<T: BismuthQueueable>: Sendable {
   /// Whether enough instances are kept that a listing should look for those whose jobs ended.
   var needsPruning: Bool { state.withLock { $0.instances.count >= $0.pruneAt } }
 
-  /// Drops the instance of every job `events` reports handled or dead, until the task is
-  /// cancelled.
+  /// Drops the instance of every job `events` reports handled, until the task is cancelled. A
+  /// job that died keeps it: it may be re-queued.
   func watch(_ events: AsyncStream<JobQueueEvent>) -> Task<Void, Never> {
     Task { [weak self] in
       for await event in events {
         switch event {
-        case .succeeded(let id), .died(let id, _):
+        case .succeeded(let id):
           self?.finished(id)
         default:
           break
@@ -409,13 +432,13 @@ final class KeptInstances<T: BismuthQueueable>: Sendable {
     }
   }
 
-  /// Drops the instances of jobs not in `unfinished`, unless an add overlapped the listing that
+  /// Drops the instances of jobs not in `existing`, unless an add overlapped the listing that
   /// found them (its job may be missing from it).
   ///
   /// - Parameters:
-  ///   - unfinished: The IDs of the queue's unfinished jobs.
+  ///   - existing: The IDs of the queue's jobs (waiting, running or dead).
   ///   - generation: ``generation`` when the listing began.
-  func prune(keeping unfinished: Set<JobID>, listedAt generation: Int) {
+  func prune(keeping existing: Set<JobID>, listedAt generation: Int) {
     state.withLock { state in
       guard state.addsInFlight == 0, state.generation == generation else {
         // Adds overlapped the listing: look again after a thousand more, not after each.
@@ -423,15 +446,15 @@ final class KeptInstances<T: BismuthQueueable>: Sendable {
         return
       }
       if !state.instances.isEmpty {
-        state.instances = state.instances.filter { unfinished.contains($0.key) }
+        state.instances = state.instances.filter { existing.contains($0.key) }
       }
       // The next look is due when the kept instances have doubled, or outgrown the queue: a
       // listing's cost is spread over at least as many adds as it lists jobs.
-      state.pruneAt = max(1024, 2 * state.instances.count, unfinished.count)
+      state.pruneAt = max(1024, 2 * state.instances.count, existing.count)
     }
   }
 
-  /// Drops the instance of a job that was handled or died.
+  /// Drops the instance of a job that was handled.
   func finished(_ id: JobID) {
     state.withLock { state in
       if state.instances.removeValue(forKey: id) == nil, state.addsInFlight > 0 {

@@ -16,12 +16,15 @@ public enum Bismuth {
     case handled
   }
 
-  /// What a queue is doing.
+  /// What a queue is doing. A stored pause comes first: a paused queue is
+  /// ``Bismuth/QueueState/paused`` whether it was started or not.
   public enum QueueState: Int, Sendable {
-    /// No item is waiting or being handled, or the queue was not started (`autoStart` false and
-    /// no ``Bismuth/Queue/start()`` yet).
+    /// Not paused, and no item is waiting or being handled, or the queue was not started
+    /// (`autoStart` false and no ``Bismuth/Queue/start()`` yet).
     case idle
-    /// Paused by ``Bismuth/Queue/pause()``; stored, so it lasts until ``Bismuth/Queue/resume()``.
+    /// Paused by ``Bismuth/Queue/pause()``, also before ``Bismuth/Queue/start()``, at an earlier
+    /// launch or by another queue on the same database; stored, so it lasts until
+    /// ``Bismuth/Queue/resume()``.
     case paused
     /// Started and not paused, with items waiting or being handled: also while they wait for a
     /// delegate or for their retry, as in the old library.

@@ -30,9 +30,12 @@ import Synchronization
 open class NetworkDataOperation<ResultType: Sendable>: AsyncOperation<ResultType, NetworkError>,
   @unchecked Sendable
 {
+  /// The evaluate closure's type, under the old kit's name.
+  public typealias NetworkResponseEvaluation = @Sendable (Data, HTTPURLResponse) throws -> ResultType
+
   /// The closure given to the initialiser, in a `Sendable` box.
   private struct Evaluation: Sendable {
-    var evaluate: @Sendable (Data, HTTPURLResponse) throws -> ResultType
+    var evaluate: NetworkResponseEvaluation
   }
 
   /// The URL the operation fetches.
@@ -43,6 +46,22 @@ open class NetworkDataOperation<ResultType: Sendable>: AsyncOperation<ResultType
   private let accepted: Set<Int>
   private let transfer = Mutex<ConveyorNetworking.NetworkDataOperation<ResultType>?>(nil)
 
+  /// Creates an operation that fetches `url` on `urlSession` and evaluates the body of a response
+  /// whose status is in `200..<300`: the old kit's initialiser, `required` as it was there.
+  ///
+  /// - Parameters:
+  ///   - url: The URL to fetch (a GET; adjust the request in ``prepareRequest(_:)``).
+  ///   - urlSession: Any session, with or without a delegate of its own.
+  ///   - evaluate: Makes the value from the body and response; a thrown error fails the operation
+  ///     with `NetworkError.evaluation`.
+  public required init(url: URL, urlSession: URLSession, evaluate: @escaping NetworkResponseEvaluation) {
+    self.url = url
+    self.urlSession = urlSession
+    self.evaluation = Evaluation(evaluate: evaluate)
+    self.accepted = Set(200..<300)
+    super.init()
+  }
+
   /// Creates an operation that fetches `url` on `urlSession` and evaluates the body of an accepted
   /// response.
   ///
@@ -50,13 +69,13 @@ open class NetworkDataOperation<ResultType: Sendable>: AsyncOperation<ResultType
   ///   - url: The URL to fetch (a GET; adjust the request in ``prepareRequest(_:)``).
   ///   - urlSession: Any session, with or without a delegate of its own.
   ///   - acceptedStatusCodes: The statuses that count as success; others fail with
-  ///     `NetworkError.httpStatus`. Default `200..<300` (the old kit accepted every status: pass
-  ///     `Set(100..<600)` for that).
+  ///     `NetworkError.httpStatus` (the old kit accepted every status: pass `Set(100..<600)` for
+  ///     that).
   ///   - evaluate: Makes the value from the body and response; a thrown error fails the operation
   ///     with `NetworkError.evaluation`.
   public init(
-    url: URL, urlSession: URLSession, acceptedStatusCodes: Set<Int> = Set(200..<300),
-    evaluate: @escaping @Sendable (Data, HTTPURLResponse) throws -> ResultType
+    url: URL, urlSession: URLSession, acceptedStatusCodes: Set<Int>,
+    evaluate: @escaping NetworkResponseEvaluation
   ) {
     self.url = url
     self.urlSession = urlSession
@@ -125,9 +144,12 @@ open class NetworkDataOperation<ResultType: Sendable>: AsyncOperation<ResultType
 open class NetworkDownloadOperation<ResultType: Sendable>: AsyncOperation<ResultType, NetworkError>,
   @unchecked Sendable
 {
+  /// The evaluate closure's type, under the old kit's name.
+  public typealias NetworkResponseEvaluation = @Sendable (URL, HTTPURLResponse) throws -> ResultType
+
   /// The closure given to the initialiser, in a `Sendable` box.
   private struct Evaluation: Sendable {
-    var evaluate: @Sendable (URL, HTTPURLResponse) throws -> ResultType
+    var evaluate: NetworkResponseEvaluation
   }
 
   /// The URL the operation downloads.
@@ -139,18 +161,35 @@ open class NetworkDownloadOperation<ResultType: Sendable>: AsyncOperation<Result
   private let transfer = Mutex<ConveyorNetworking.NetworkDownloadOperation<ResultType>?>(nil)
 
   /// Creates an operation that downloads `url` on `urlSession` and evaluates the temporary file
+  /// of a response whose status is in `200..<300`: the old kit's initialiser, `required` as it
+  /// was there.
+  ///
+  /// - Parameters:
+  ///   - url: The URL to download (a GET; adjust the request in ``prepareRequest(_:)``).
+  ///   - urlSession: Any session, with or without a delegate of its own.
+  ///   - evaluate: Makes the value from the temporary file (which it must move to keep) and the
+  ///     response.
+  public required init(url: URL, urlSession: URLSession, evaluate: @escaping NetworkResponseEvaluation) {
+    self.url = url
+    self.urlSession = urlSession
+    self.evaluation = Evaluation(evaluate: evaluate)
+    self.accepted = Set(200..<300)
+    super.init()
+  }
+
+  /// Creates an operation that downloads `url` on `urlSession` and evaluates the temporary file
   /// of an accepted response.
   ///
   /// - Parameters:
   ///   - url: The URL to download (a GET; adjust the request in ``prepareRequest(_:)``).
   ///   - urlSession: Any session, with or without a delegate of its own.
   ///   - acceptedStatusCodes: The statuses that count as success; others fail with
-  ///     `NetworkError.httpStatus`. Default `200..<300`.
+  ///     `NetworkError.httpStatus`.
   ///   - evaluate: Makes the value from the temporary file (which it must move to keep) and the
   ///     response.
   public init(
-    url: URL, urlSession: URLSession, acceptedStatusCodes: Set<Int> = Set(200..<300),
-    evaluate: @escaping @Sendable (URL, HTTPURLResponse) throws -> ResultType
+    url: URL, urlSession: URLSession, acceptedStatusCodes: Set<Int>,
+    evaluate: @escaping NetworkResponseEvaluation
   ) {
     self.url = url
     self.urlSession = urlSession

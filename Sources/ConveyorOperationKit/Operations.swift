@@ -38,24 +38,33 @@ open class AsyncOperation<ResultType: Sendable, ErrorType: Error>: Foundation.Op
   public override init() {
     super.init()
     core.finishesAfterHandlers = true
+    core.handlersFromOwner = true
+  }
+
+  deinit {
+    core.detachFromDependencies(self)
   }
 
   /// Called on `callbackQueue` with the value of ``finish(withResult:)``; never after `cancel()`.
   /// Set it before the operation finishes.
+  ///
+  /// Read through `self` when the operation finishes, as in the old kit: a subclass may override
+  /// it (to wrap the handler that was set, say).
   open var successHandler: (@Sendable (ResultType) -> Void)? {
     get { ErasedHandlers.typed(core.successHandler) }
     set { core.successHandler = ErasedHandlers.erased(newValue) }
   }
 
   /// Called on `callbackQueue` with the error of ``finish(withError:)``; never after `cancel()`.
-  /// Set it before the operation finishes.
+  /// Set it before the operation finishes. Read through `self` when the operation finishes.
   open var failureHandler: (@Sendable (ErrorType) -> Void)? {
     get { ErasedHandlers.typed(core.failureHandler) }
     set { core.failureHandler = ErasedHandlers.erased(newValue) }
   }
 
   /// Where the handlers run: the main queue on Apple platforms; elsewhere one shared serial
-  /// queue, because the main queue does not run in Linux tools and test runners.
+  /// queue, because the main queue does not run in Linux tools and test runners. Read through
+  /// `self` when the operation finishes, so a subclass may override it.
   open var callbackQueue: DispatchQueue {
     get { core.callbackQueue }
     set { core.callbackQueue = newValue }
@@ -80,8 +89,18 @@ open class AsyncOperation<ResultType: Sendable, ErrorType: Error>: Foundation.Op
 
   /// Runs `main()` once; an operation cancelled before starting finishes without running it.
   public final override func start() {
-    let deferred = core.start(self, finishesWhenDecided: true) { main() }
+    let deferred = core.start(self, finishesWhenDecided: true, handlers: handlerCall(for:)) { main() }
     if let deferred { finishAfterHandler(deferred) }
+  }
+
+  /// Makes this operation wait for `operation`, as `Operation.addDependency(_:)` does (on Linux
+  /// it also takes itself off the books of unfinished dependencies when it is freed).
+  /// Subclasses that override it must call `super`.
+  ///
+  /// - Parameter operation: The operation that must finish first.
+  open override func addDependency(_ operation: Foundation.Operation) {
+    core.noteDependency()
+    super.addDependency(operation)
   }
 
   /// The work: override it (without calling `super`) and call ``finish(withResult:)`` or
@@ -113,8 +132,26 @@ open class AsyncOperation<ResultType: Sendable, ErrorType: Error>: Foundation.Op
   }
 
   private func finish(_ outcome: ErasedOutcome) {
-    let deferred = core.complete(self, outcome, finishesWhenDecided: true)
+    let deferred = core.complete(self, outcome, finishesWhenDecided: true, handlers: handlerCall(for:))
     if let deferred { finishAfterHandler(deferred) }
+  }
+
+  /// The handler for `outcome` and its queue, read through `self` (outside any lock), so that
+  /// overrides of `successHandler`, `failureHandler` and `callbackQueue` count, as in the old kit.
+  private func handlerCall(for outcome: ErasedOutcome) -> HandlerCall {
+    let queue = callbackQueue
+    switch outcome {
+    case .success(let value):
+      guard let handler = successHandler else { return HandlerCall(call: nil, queue: queue) }
+      let result = value as! ResultType
+      return HandlerCall(call: { handler(result) }, queue: queue)
+    case .failure(let error):
+      guard let handler = failureHandler else { return HandlerCall(call: nil, queue: queue) }
+      let typed = error as! ErrorType
+      return HandlerCall(call: { handler(typed) }, queue: queue)
+    case .cancelled:
+      return HandlerCall(call: nil, queue: queue)
+    }
   }
 
   /// Runs the handler, then publishes `isFinished`.
@@ -156,6 +193,8 @@ open class SyncOperation<ResultType: Sendable, ErrorType: Error>: Foundation.Ope
     var callbackQueue = defaultOperationCallbackQueue
     /// Set by the first `finish` or an effective `cancel()`; later ones are ignored.
     var decided = false
+    /// Set by `addDependency(_:)`: the `deinit` has dependencies to leave (see `AsyncOperation`).
+    var dependent = false
   }
 
   private let state = Mutex(State())
@@ -165,22 +204,34 @@ open class SyncOperation<ResultType: Sendable, ErrorType: Error>: Foundation.Ope
     super.init()
   }
 
+  deinit {
+    #if !canImport(Darwin)
+      // Foundation on Linux keeps dependents unretained: leave the books of unfinished
+      // dependencies (see `OperationCore.detachFromDependencies`).
+      if state.withLock({ $0.dependent }) {
+        for dependency in dependencies { removeDependency(dependency) }
+      }
+    #endif
+  }
+
   /// Called on `callbackQueue` with the value of ``finish(withResult:)``, before `finish`
-  /// returns; never after `cancel()`.
+  /// returns; never after `cancel()`. Read through `self` by `finish`, so a subclass may override
+  /// it.
   open var successHandler: (@Sendable (ResultType) -> Void)? {
     get { state.withLock { $0.successHandler } }
     set { state.withLock { $0.successHandler = newValue } }
   }
 
   /// Called on `callbackQueue` with the error of ``finish(withError:)``, before `finish` returns;
-  /// never after `cancel()`.
+  /// never after `cancel()`. Read through `self` by `finish`.
   open var failureHandler: (@Sendable (ErrorType) -> Void)? {
     get { state.withLock { $0.failureHandler } }
     set { state.withLock { $0.failureHandler = newValue } }
   }
 
   /// Where the handlers run: the main queue on Apple platforms; elsewhere one shared serial
-  /// queue, because the main queue does not run in Linux tools and test runners.
+  /// queue, because the main queue does not run in Linux tools and test runners. Read through
+  /// `self` by `finish`, so a subclass may override it.
   open var callbackQueue: DispatchQueue {
     get { state.withLock { $0.callbackQueue } }
     set { state.withLock { $0.callbackQueue = newValue } }
@@ -208,13 +259,26 @@ open class SyncOperation<ResultType: Sendable, ErrorType: Error>: Foundation.Ope
     if decides { super.cancel() }
   }
 
+  /// Makes this operation wait for `operation`, as `Operation.addDependency(_:)` does (on Linux
+  /// it also takes itself off the books of unfinished dependencies when it is freed).
+  /// Subclasses that override it must call `super`.
+  ///
+  /// - Parameter operation: The operation that must finish first.
+  open override func addDependency(_ operation: Foundation.Operation) {
+    state.withLock { $0.dependent = true }
+    super.addDependency(operation)
+  }
+
   /// Runs `successHandler` with `result` on `callbackQueue` and returns when it has. Ignored
   /// after the first finish or a `cancel()`.
   ///
   /// - Parameter result: The operation's value.
   public final func finish(withResult result: ResultType) {
-    guard let (handler, queue) = decide({ $0.successHandler }) else { return }
-    if let handler { Self.run(on: queue) { handler(result) } }
+    guard decide() else { return }
+    // Read through `self`, outside the lock: a subclass may override them.
+    let (handler, queue) = (successHandler, callbackQueue)
+    releaseHandlers()
+    if let handler { CallbackQueueMark.run(on: queue) { handler(result) } }
   }
 
   /// Runs `failureHandler` with `error` on `callbackQueue` and returns when it has. Ignored after
@@ -222,44 +286,69 @@ open class SyncOperation<ResultType: Sendable, ErrorType: Error>: Foundation.Ope
   ///
   /// - Parameter error: The operation's error.
   public final func finish(withError error: ErrorType) {
-    guard let (handler, queue) = decide({ $0.failureHandler }) else { return }
-    if let handler { Self.run(on: queue) { handler(error) } }
+    guard decide() else { return }
+    let (handler, queue) = (failureHandler, callbackQueue)
+    releaseHandlers()
+    if let handler { CallbackQueueMark.run(on: queue) { handler(error) } }
   }
 
-  /// Decides the outcome; nil if it was decided already, else the handler `pick` chooses (the
-  /// others are released) and the callback queue.
-  private func decide<Handler>(
-    _ pick: (State) -> Handler?
-  ) -> (Handler?, DispatchQueue)? {
+  /// Decides the outcome; false if it was decided already.
+  private func decide() -> Bool {
     state.withLock { state in
-      if state.decided { return nil }
+      if state.decided { return false }
       state.decided = true
-      let handler = pick(state)
+      return true
+    }
+  }
+
+  /// Drops the stored handlers once the outcome is decided (they may hold the operation).
+  private func releaseHandlers() {
+    state.withLock { state in
       state.successHandler = nil
       state.failureHandler = nil
-      return (handler, state.callbackQueue)
+    }
+  }
+}
+
+/// Tells whether the calling thread runs a given queue, so that ``SyncOperation`` can run a
+/// handler on its own queue inline (the old kit's "safe sync") instead of deadlocking.
+///
+/// Each queue gets a number of its own, once, as a queue-specific value. The number belongs to
+/// the queue, not to the `DispatchQueue` object naming it: on Linux every read of
+/// `DispatchQueue.main` gives a new object for the same queue, so neither `===` nor an
+/// `ObjectIdentifier` can recognise it, and marking the queue with the identity of whichever
+/// object was used last let two operations overwrite each other's mark.
+enum CallbackQueueMark {
+  private static let key = DispatchSpecificKey<UInt64>()
+  /// The last number given; the lock also makes marking a queue happen once.
+  private static let lastMark = Mutex<UInt64>(0)
+
+  /// The number of `queue`, given now if it has none.
+  static func mark(of queue: DispatchQueue) -> UInt64 {
+    if let mark = queue.getSpecific(key: key) { return mark }
+    return lastMark.withLock { last in
+      if let mark = queue.getSpecific(key: key) { return mark }
+      last += 1
+      queue.setSpecific(key: key, value: last)
+      return last
     }
   }
 
-  /// Runs `body` on `queue` and waits: inline when the calling thread already runs `queue` (the
-  /// old kit's "safe sync"), so a handler on the operation's own queue cannot deadlock.
-  private static func run(on queue: DispatchQueue, _ body: () -> Void) {
-    if Thread.isMainThread && queue === DispatchQueue.main {
-      body()
-      return
-    }
-    let identity = ObjectIdentifier(queue)
-    if queue.getSpecific(key: queueIdentityKey) != identity {
-      queue.setSpecific(key: queueIdentityKey, value: identity)
-    }
-    // The calling thread's queue, or a queue it targets, is `queue`: waiting would deadlock.
-    if DispatchQueue.getSpecific(key: queueIdentityKey) == identity {
+  /// Whether the calling thread runs `queue`, or a queue that targets it. The main thread counts
+  /// as running the main queue, also outside any block (where a synchronous wait for the main
+  /// queue would never return).
+  static func isCurrent(_ queue: DispatchQueue) -> Bool {
+    let mark = mark(of: queue)
+    if Thread.isMainThread && mark == self.mark(of: .main) { return true }
+    return DispatchQueue.getSpecific(key: key) == mark
+  }
+
+  /// Runs `body` on `queue` and waits: inline when the calling thread already runs `queue`.
+  static func run(on queue: DispatchQueue, _ body: () -> Void) {
+    if isCurrent(queue) {
       body()
     } else {
       queue.sync(execute: body)
     }
   }
 }
-
-/// Marks a callback queue with its own identity, so that a thread can tell whether it runs it.
-private let queueIdentityKey = DispatchSpecificKey<ObjectIdentifier>()

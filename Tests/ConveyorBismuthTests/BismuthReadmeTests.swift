@@ -130,6 +130,11 @@ final class CountingDelegate: BismuthQueueDelegate {
   }
 }
 
+/// An item of another type than the README's, for a second queue of the same app.
+struct CountItem: BismuthQueueable {
+  var count: Int
+}
+
 func temporaryDatabase() throws -> URL {
   let folder = FileManager.default.temporaryDirectory.appendingPathComponent(
     "ConveyorBismuthTests-\(UUID().uuidString)")
@@ -241,6 +246,56 @@ struct BismuthReadmeTests {
     await queue.jobQueue.waitUntilFinished()
     #expect(delegate.attemptsSeen == [0, 1, 2])
     #expect(queue.isEmpty)
+  }
+
+  @Test("a queue created on a database where it is paused says .paused at once, not .running")
+  func pausedAtTheNextLaunch() throws {
+    var config = Bismuth.Config(identifier: "paused-at-launch")
+    config.databaseURL = try temporaryDatabase()
+    config.autoStart = false
+    do {
+      let previousLaunch = Bismuth.Queue<RequestQueueItem>(config: config)
+      previousLaunch.add(RequestQueueItem(url: "https://domain.com/waits"))
+      previousLaunch.pause()
+    }
+    // The next launch: the pause is stored, so the queue is paused and handles nothing.
+    config.autoStart = true
+    let queue = Bismuth.Queue<RequestQueueItem>(config: config)
+    #expect(queue.state == .paused)
+  }
+
+  @Test("pause() before start() pauses: the stored flag shows as .paused, as after start()")
+  func pausedBeforeStart() throws {
+    var config = Bismuth.Config(identifier: "paused-before-start")
+    config.databaseURL = try temporaryDatabase()
+    config.autoStart = false
+    let queue = Bismuth.Queue<RequestQueueItem>(config: config)
+    queue.add(RequestQueueItem(url: "https://domain.com/waits"))
+    queue.pause()
+    #expect(queue.state == .paused)
+  }
+
+  @Test("two queues with different identifiers on one database keep their items apart")
+  func identifiersStayApart() async throws {
+    let url = try temporaryDatabase()
+    var uploadsConfig = Bismuth.Config(identifier: "uploads (wifi)")
+    uploadsConfig.databaseURL = url
+    uploadsConfig.autoStart = false
+    let uploads = Bismuth.Queue<RequestQueueItem>(config: uploadsConfig)
+    #expect(uploads.add(RequestQueueItem(url: "https://domain.com/upload")))
+
+    // Another queue of the app, another item type, its own identifier.
+    var countsConfig = Bismuth.Config(identifier: "uploads [wifi]")
+    countsConfig.databaseURL = url
+    countsConfig.retryTime = 0
+    let counts = Bismuth.Queue<CountItem>(config: countsConfig)
+    let delegate = CountingDelegate()
+    counts.delegate = delegate
+    try await Task.sleep(for: .seconds(2))
+    #expect(delegate.attemptsSeen.isEmpty, "the other queue handled an upload")
+    #expect(uploads.count == 1)
+    #expect(counts.isEmpty)
+    await counts.jobQueue.shutdown(gracePeriod: .zero)
   }
 
   @Test("the delegate may be set after the queue started: items wait for it without using an attempt")

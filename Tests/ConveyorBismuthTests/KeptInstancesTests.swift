@@ -16,6 +16,15 @@ private final class HandleAll: BismuthQueueDelegate {
   }
 }
 
+@MainActor
+private final class RetryAll: BismuthQueueDelegate {
+  func queue<T>(
+    _ queue: Bismuth.Queue<T>, handle item: T, completion: @escaping (Bismuth.HandleResult) -> Void
+  ) where T: BismuthQueueable {
+    completion(.retry)
+  }
+}
+
 @Suite("Bismuth: items compared as they were added", .timeLimit(.minutes(4)))
 @MainActor
 struct KeptInstancesTests {
@@ -119,5 +128,29 @@ struct KeptInstancesTests {
     kept.beginAdd()
     kept.endAdd(keeping: [(id, QueueItem(url: "https://example.com/again"))])
     #expect(kept.count == 1)
+  }
+
+  @Test("an item whose job died and was re-queued is still removed by remove(item) and listed as added")
+  func removeAfterTheDeadJobIsRequeued() async throws {
+    var config = try config("requeued")
+    config.maxAttempts = 1
+    let queue = Bismuth.Queue<QueueItem>(config: config)
+    let item = QueueItem(url: "https://example.com/dies-once")
+    queue.add(item)
+    let delegate = RetryAll()
+    queue.delegate = delegate
+    queue.start()
+    let deadline = Date().addingTimeInterval(90)
+    while try await queue.jobQueue.count().dead == 0, Date() < deadline {
+      try await Task.sleep(for: .milliseconds(20))
+    }
+    #expect(try await queue.jobQueue.count().dead == 1)
+    queue.delegate = nil
+    #expect(try await queue.jobQueue.requeueDead() == 1)
+    // Waiting again, added in this process by this queue: compared as it was added.
+    #expect(queue.items == [item])
+    #expect(queue.remove(item) == 1)
+    #expect(queue.isEmpty)
+    await queue.jobQueue.shutdown(gracePeriod: .zero)
   }
 }

@@ -108,6 +108,26 @@ final class NoRedirects: NSObject, URLSessionTaskDelegate, Sendable {
   }
 }
 
+/// A data operation subclassed as the old kit had it: its own `required` initialiser, typed with
+/// the old `NetworkResponseEvaluation`.
+// @unchecked Sendable: only immutable stored properties.
+final class NamedDataOperation: NetworkDataOperation<String>, @unchecked Sendable {
+  let label: String
+
+  required init(url: URL, urlSession: URLSession, evaluate: @escaping NetworkResponseEvaluation) {
+    label = "named"
+    super.init(url: url, urlSession: urlSession, evaluate: evaluate)
+  }
+}
+
+/// Makes any data operation class through its `required` initialiser, as generic code written
+/// for the old kit may.
+func makeDataOperation<Operation: NetworkDataOperation<String>>(
+  _ type: Operation.Type, url: URL
+) -> Operation {
+  type.init(url: url, urlSession: .shared) { data, _ in String(decoding: data, as: UTF8.self) }
+}
+
 @Suite("OperationKit drop-in (README)")
 struct OperationKitReadmeTests {
   let server: LoopbackHTTPServer
@@ -142,6 +162,17 @@ struct OperationKitReadmeTests {
     #expect(received.current == MyObject(name: "Ada"))
     #expect(onCallbackQueue.current)
     #expect(operation.url == url)
+  }
+
+  @Test("a subclass with the old required init(url:urlSession:evaluate:) is made through its type")
+  func requiredInitialiser() async throws {
+    let operation = makeDataOperation(NamedDataOperation.self, url: server.url("/object"))
+    let received = Box<String?>(nil)
+    operation.callbackQueue = makeCallbackQueue()
+    operation.successHandler = { body in received.current = body }
+    await runOnQueue([operation])
+    #expect(operation.label == "named")
+    #expect(received.current == #"{"name":"Ada"}"#)
   }
 
   @Test("a 404 is a failure: failureHandler gets the status and body, successHandler never runs")
@@ -245,6 +276,44 @@ struct OperationKitReadmeTests {
     second.failureHandler = { error in Issue.record("\(error.text)") }
     await runOnQueue([first, second])
     #expect(doubled.current == (21 + run) * 2)
+  }
+
+  @Test("finish racing the start: the operation is never finished before its successHandler ran")
+  func finishRacingTheStartFinishesAfterTheHandler() async {
+    let finishedFirst = Box(0)
+    let callbacks = makeCallbackQueue()
+    var rounds = 0
+    while rounds < 30 && finishedFirst.current == 0 {
+      rounds += 1
+      // The whole round on a Dispatch thread: making and freeing 50,000 operations would hold one
+      // of the few threads of Swift's cooperative pool for long.
+      await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+        DispatchQueue.global().async {
+          let count = 50_000
+          let ran = Mutex([Bool](repeating: false, count: count))
+          let operations = (0..<count).map { index in
+            let operation = FinishedFromOutside()
+            operation.callbackQueue = callbacks
+            operation.successHandler = { _ in ran.withLock { $0[index] = true } }
+            return operation
+          }
+          DispatchQueue.concurrentPerform(iterations: count * 2) { index in
+            let operation = operations[index / 2]
+            if index.isMultiple(of: 2) {
+              operation.finish(withResult: index)
+            } else {
+              operation.start()
+              // Read in this order: an operation finished after its handler can never be seen
+              // finished with the handler not run.
+              if operation.isFinished && !ran.withLock({ $0[index / 2] }) { finishedFirst.current += 1 }
+            }
+          }
+          continuation.resume()
+        }
+      }
+      await withCheckedContinuation { continuation in callbacks.async { continuation.resume() } }
+    }
+    #expect(finishedFirst.current == 0, "isFinished was true before successHandler had run (round \(rounds))")
   }
 
   @Test("SyncOperation: main() calls finish(withError:); failureHandler runs, then the operation is finished")

@@ -87,6 +87,56 @@ final class DownloadWithOwnNames: NetworkDownloadOperation<URL>, @unchecked Send
   func cleanUp() -> String { session }
 }
 
+// The old kit declared `successHandler`, `failureHandler` and `callbackQueue` as `open var`s and
+// read them through `self` when it finished, so a subclass could override them: one queue for
+// all its handlers, or a handler that logs before calling the one set.
+
+/// Fixes its own callback queue by overriding the getter.
+// @unchecked Sendable: only immutable stored properties.
+final class AsyncWithOwnCallbackQueue: AsyncOperation<Int, ParseError>, @unchecked Sendable {
+  let ownQueue = makeCallbackQueue()
+  override var callbackQueue: DispatchQueue {
+    get { ownQueue }
+    set {}
+  }
+  override func main() {
+    DispatchQueue.global().async { self.finish(withResult: 1) }
+  }
+}
+
+/// Fixes its own callback queue by overriding the getter.
+// @unchecked Sendable: only immutable stored properties.
+final class SyncWithOwnCallbackQueue: SyncOperation<Int, ParseError>, @unchecked Sendable {
+  let ownQueue = makeCallbackQueue()
+  override var callbackQueue: DispatchQueue {
+    get { ownQueue }
+    set {}
+  }
+  override func main() {
+    finish(withResult: 1)
+  }
+}
+
+/// Logs each value before calling the handler that was set.
+// @unchecked Sendable: only immutable stored properties (the box is Sendable).
+final class AsyncLoggingSuccess: AsyncOperation<Int, ParseError>, @unchecked Sendable {
+  let log = Box<[String]>([])
+  override var successHandler: (@Sendable (Int) -> Void)? {
+    get {
+      let handler = super.successHandler
+      let log = log
+      return { value in
+        log.current.append("success \(value)")
+        handler?(value)
+      }
+    }
+    set { super.successHandler = newValue }
+  }
+  override func main() {
+    DispatchQueue.global().async { self.finish(withResult: 7) }
+  }
+}
+
 @Suite("OperationKit drop-in: subclasses may use names the old classes did not have")
 struct SubclassMemberNamesTests {
   @Test("an AsyncOperation subclass with its own result, value, run() and finish(returning:) runs")
@@ -119,5 +169,38 @@ struct SubclassMemberNamesTests {
     let download = DownloadWithOwnNames(url: url, urlSession: .shared) { location, _ in location }
     #expect(data.url == url && data.request == "mine" && data.result == nil)
     #expect(download.url == url && download.session == "mine" && download.result == nil)
+  }
+
+  @Test("an AsyncOperation subclass that overrides callbackQueue gets its handler on that queue")
+  func asyncOverriddenCallbackQueue() async {
+    let operation = AsyncWithOwnCallbackQueue()
+    let ranOn = Box<String?>(nil)
+    operation.successHandler = { _ in
+      ranOn.current = DispatchQueue.getSpecific(key: callbackKey) ?? "another queue"
+    }
+    await runOnQueue([operation])
+    #expect(ranOn.current == "callbacks")
+  }
+
+  @Test("a SyncOperation subclass that overrides callbackQueue gets its handler on that queue")
+  func syncOverriddenCallbackQueue() async {
+    let operation = SyncWithOwnCallbackQueue()
+    let ranOn = Box<String?>(nil)
+    operation.successHandler = { _ in
+      ranOn.current = DispatchQueue.getSpecific(key: callbackKey) ?? "another queue"
+    }
+    await runOnQueue([operation])
+    #expect(ranOn.current == "callbacks")
+  }
+
+  @Test("a subclass that overrides successHandler has its override called")
+  func overriddenSuccessHandler() async {
+    let operation = AsyncLoggingSuccess()
+    let received = Box<Int?>(nil)
+    operation.callbackQueue = makeCallbackQueue()
+    operation.successHandler = { received.current = $0 }
+    await runOnQueue([operation])
+    #expect(received.current == 7)
+    #expect(operation.log.current == ["success 7"])
   }
 }

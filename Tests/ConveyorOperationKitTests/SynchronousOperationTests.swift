@@ -1,6 +1,7 @@
 import ConveyorOperationKit
 import Foundation
 import Testing
+import XCTest
 
 /// A synchronous subclass whose `main()` may return without calling `finish`.
 // @unchecked Sendable: only immutable stored properties.
@@ -85,5 +86,36 @@ struct SynchronousOperationTests {
     second.addDependency(first)
     await runOnQueue([first, second])
     #expect(readBack.current == run)
+  }
+}
+
+/// XCTest runs its tests on the main thread (Swift Testing runs main-actor tests on whichever
+/// thread serves the main queue, which on Linux is not the main thread).
+final class SyncOperationOnTheMainThreadTests: XCTestCase {
+  /// Started on the main thread inside another queue's block, with `callbackQueue = .main`: the
+  /// main thread runs this block, not the main queue, so a synchronous wait for the main queue
+  /// would never end. On Linux each read of `DispatchQueue.main` gives a new object, so the old
+  /// `queue === DispatchQueue.main` check never saw the main queue, and the operation hung.
+  func testAMainQueueHandlerRunsInlineOnTheMainThread() throws {
+    try XCTSkipUnless(Thread.isMainThread, "XCTest did not run this test on the main thread")
+    let operation = MaybeFinish(finishes: true)
+    let ran = Box(false)
+    operation.callbackQueue = .main
+    operation.successHandler = { _ in ran.current = true }
+    DispatchQueue(label: "operation-kit-tests.other").sync { operation.start() }
+    XCTAssertTrue(ran.current)
+    XCTAssertTrue(operation.isFinished)
+  }
+
+  /// The same outside any block, as in a tool's top-level code.
+  func testAMainQueueHandlerRunsInlineOutsideAnyBlock() throws {
+    try XCTSkipUnless(Thread.isMainThread, "XCTest did not run this test on the main thread")
+    let operation = MaybeFinish(finishes: true)
+    let ran = Box(false)
+    operation.callbackQueue = .main
+    operation.successHandler = { _ in ran.current = true }
+    operation.start()
+    XCTAssertTrue(ran.current)
+    XCTAssertTrue(operation.isFinished)
   }
 }

@@ -212,4 +212,18 @@ struct OperationQueueTests {
     dependency.cancel()
     #expect(await eventually { queue.operationCount == 0 })
   }
+
+  #if canImport(Glibc)
+    /// A cancelled operation is finished by its queue at once, before its dependencies, and may
+    /// then be freed while they are pending. Foundation on Linux keeps it on their books,
+    /// unretained, and read it when a dependency finished: the process crashed (signal 11). The
+    /// operation now takes itself off their books when it is freed.
+    @Test func aCancelledOperationFreedBeforeItsDependencyFinishedIsNotReadByIt() {
+      #expect(
+        finishDependencyAfterFreeingItsCancelledDependent {
+          AsyncOperation<Int, Never> { operation in operation.finish(returning: 1) }
+        })
+      #expect(finishDependencyAfterFreeingItsCancelledDependent { SyncOperation<Int, Never> { 1 } })
+    }
+  #endif
 }

@@ -37,6 +37,7 @@ struct OperationControl: ~Copyable {
   private static let finishClaimed: UInt8 = 1 << 3
   private static let executing: UInt8 = 1 << 4
   private static let finished: UInt8 = 1 << 5
+  private static let dependent: UInt8 = 1 << 6
 
   private let bits = Atomic<UInt8>(0)
 
@@ -54,6 +55,17 @@ struct OperationControl: ~Copyable {
   /// Whether the outcome was decided (finished, failed or cancelled).
   var isDecided: Bool { current & Self.decided != 0 }
 
+  /// Whether `start()` was called.
+  var isStarted: Bool { current & Self.started != 0 }
+
+  /// Whether `addDependency(_:)` was ever called (see ``OperationCore/detachFromDependencies(_:)``).
+  var hasDependencies: Bool { current & Self.dependent != 0 }
+
+  /// Records that the operation was given a dependency.
+  func markDependent() {
+    bits.bitwiseOr(Self.dependent, ordering: .acquiringAndReleasing)
+  }
+
   /// Claims the one start.
   func claimStart() -> StartAction {
     let old = bits.bitwiseOr(Self.started, ordering: .acquiringAndReleasing).oldValue
@@ -63,6 +75,10 @@ struct OperationControl: ~Copyable {
 
   /// Claims the one outcome; nil if it was already decided, else whether the operation had
   /// started (a started asynchronous operation then publishes `isFinished`).
+  ///
+  /// Before the start, called only with the state lock held, together with holding (or
+  /// recording) the outcome, so that whoever sees the outcome claimed and then takes the lock
+  /// finds it held or recorded.
   ///
   /// - Parameter cancelling: Whether the outcome is a cancellation.
   func claimOutcome(cancelling: Bool) -> Bool? {
@@ -188,6 +204,11 @@ struct OperationStateMachine {
     /// Whether the operation becomes `isFinished` only after `deliver` ran (there is a handler
     /// and ``OperationStateMachine/finishesAfterHandlers`` is set).
     var finishesAfterDelivery = false
+    /// The operation's `finishesAfterHandlers`, for an owner that gives the handler itself.
+    var finishesAfterHandlers = false
+    /// Whether the owner still has to give the handler and queue (see
+    /// ``OperationStateMachine/handlersFromOwner``): a success or failure of such an owner.
+    var needsOwnerHandlers = false
   }
 
   private(set) var outcome: ErasedOutcome?
@@ -205,6 +226,10 @@ struct OperationStateMachine {
   var callbackQueue = defaultOperationCallbackQueue
   /// The public `finishesAfterHandlers`.
   var finishesAfterHandlers = false
+  /// Whether the owner reads the handler and the queue through its own (overridable) properties
+  /// when the outcome is decided, outside the lock, rather than the ones stored here: the
+  /// drop-in classes of ConveyorOperationKit, whose subclasses may override them.
+  var handlersFromOwner = false
   /// Set when a completion that finishes after its handler was handed out, so that a
   /// `SyncOperation`'s `start()` leaves the finishing to the handler's queue.
   private(set) var finishDeferred = false
@@ -220,31 +245,47 @@ struct OperationStateMachine {
     var cancelled = false
     switch newOutcome {
     case .success(let value):
-      if let handler = successHandler { deliver = { handler(value) } }
+      if !handlersFromOwner, let handler = successHandler { deliver = { handler(value) } }
     case .failure(let error):
-      if let handler = failureHandler { deliver = { handler(error) } }
+      if !handlersFromOwner, let handler = failureHandler { deliver = { handler(error) } }
     case .cancelled:
       cancelled = true
     }
-    let completion = Completion(
+    var completion = Completion(
       outcome: newOutcome, waiters: waiters, deliver: deliver, callbackQueue: callbackQueue,
       task: cancelled ? task : nil, finishesAfterDelivery: deliver != nil && finishesAfterHandlers)
     finishDeferred = completion.finishesAfterDelivery
     waiters = []
     task = nil
-    successHandler = nil
-    failureHandler = nil
+    if handlersFromOwner && !cancelled {
+      // The owner's getters read these; ``ownerGaveHandlers(finishesAfterDelivery:)`` drops them.
+      completion.finishesAfterHandlers = finishesAfterHandlers
+      completion.needsOwnerHandlers = true
+    } else {
+      successHandler = nil
+      failureHandler = nil
+    }
     return completion
   }
 
-  /// Keeps `newOutcome`, decided before the start, until ``markStarted()``; if the start already
-  /// came, records it now.
+  /// Called once the owner gave the handler of a completion that needed it: drops the stored
+  /// handlers (they may hold the operation) and notes whether the finish waits for the handler.
+  ///
+  /// - Parameter finishesAfterDelivery: Whether the operation finishes after the handler.
+  mutating func ownerGaveHandlers(finishesAfterDelivery: Bool) {
+    successHandler = nil
+    failureHandler = nil
+    finishDeferred = finishesAfterDelivery
+  }
+
+  /// Keeps `newOutcome`, decided before the start, until ``markStarted()``. The caller claimed
+  /// the outcome while holding the lock, and `start()` marks the start only after seeing that
+  /// claim, so the start has not come yet.
   ///
   /// - Parameter newOutcome: The success or failure given to `finish`.
-  mutating func hold(_ newOutcome: ErasedOutcome) -> Completion? {
-    if started { return complete(newOutcome) }
-    if outcome == nil, early == nil { early = newOutcome }
-    return nil
+  mutating func hold(_ newOutcome: ErasedOutcome) {
+    precondition(outcome == nil && early == nil && !started, "an outcome held twice")
+    early = newOutcome
   }
 
   /// Called by a start that found the outcome decided: records the held outcome, if any.
@@ -278,6 +319,25 @@ struct OperationStateMachine {
   }
 }
 
+/// The handler an owner that reads its handlers through overridable properties gives for an
+/// outcome (see ``OperationCore/handlersFromOwner``), and the queue to run it on.
+package struct HandlerCall: Sendable {
+  /// Calls the handler with the value or error; nil when there is no handler.
+  package var call: (@Sendable () -> Void)?
+  /// The queue `call` runs on.
+  package var queue: DispatchQueue
+
+  /// Creates a handler call.
+  ///
+  /// - Parameters:
+  ///   - call: Calls the handler; nil when there is none.
+  ///   - queue: Where it runs.
+  package init(call: (@Sendable () -> Void)?, queue: DispatchQueue) {
+    self.call = call
+    self.queue = queue
+  }
+}
+
 /// The machinery of one operation that produces an outcome once, whatever its class: the control
 /// word, the locked state, and the steps `start()`, `cancel()` and finishing take, with the KVO
 /// notifications `OperationQueue` needs (on Linux too).
@@ -285,7 +345,17 @@ struct OperationStateMachine {
 /// ``TypedOperation`` keeps one, and so do the drop-in classes of ConveyorOperationKit, which are
 /// `Foundation.Operation` subclasses of their own so that they show their users no more members
 /// than the old classes had. Not generic: see ``ErasedOutcome``.
+///
+/// A claim of the outcome that may come before the start (`cancel()`, and `finish` on an
+/// operation not started yet) is made while holding the state lock, in the same critical section
+/// that records or holds the outcome. So a `cancel()` or a `start()` that sees the outcome
+/// claimed, and then takes the lock, always finds it recorded or held, and `isFinished` is never
+/// published before the outcome is recorded.
 package struct OperationCore: ~Copyable, Sendable {
+  /// What an owner that reads its handlers itself gives for an outcome: see
+  /// ``handlersFromOwner``.
+  package typealias HandlerSource = (ErasedOutcome) -> HandlerCall
+
   private let control = OperationControl()
   private let state = Mutex(OperationStateMachine())
 
@@ -342,6 +412,16 @@ package struct OperationCore: ~Copyable, Sendable {
     nonmutating set { state.withLock { $0.finishesAfterHandlers = newValue } }
   }
 
+  /// Whether the owner gives the handler and queue for each success or failure, read through its
+  /// own properties when the outcome is decided (outside the lock), instead of the stored
+  /// ``successHandler``, ``failureHandler`` and ``callbackQueue``: a subclass may override those
+  /// properties. Such an owner passes a ``HandlerSource`` to ``start(_:finishesWhenDecided:handlers:main:)``
+  /// and ``complete(_:_:finishesWhenDecided:handlers:)``.
+  package var handlersFromOwner: Bool {
+    get { state.withLock { $0.handlersFromOwner } }
+    nonmutating set { state.withLock { $0.handlersFromOwner = newValue } }
+  }
+
   // MARK: Steps
 
   /// The body of `start()`: runs `main` once; an operation cancelled before starting finishes
@@ -351,23 +431,29 @@ package struct OperationCore: ~Copyable, Sendable {
   ///   - operation: The operation whose KVO notifications are posted.
   ///   - finishesWhenDecided: True for an asynchronous operation (finished by its outcome), false
   ///     for a synchronous one (finished when `main` returns).
+  ///   - handlers: For an owner with ``handlersFromOwner``: the handler for an outcome.
   ///   - main: The operation's `main()`.
   /// - Returns: A handler to run before `isFinished` is published, which the caller hands to
   ///   ``finishAfterHandler(_:publish:)``; nil when nothing is left to do.
-  package func start(_ operation: Operation, finishesWhenDecided: Bool, main: () -> Void) -> DeferredFinish? {
+  package func start(
+    _ operation: Operation, finishesWhenDecided: Bool, handlers: HandlerSource? = nil, main: () -> Void
+  ) -> DeferredFinish? {
     switch control.claimStart() {
     case .ignore:
       return nil
     case .finishWithoutRunning:
-      // A value `finish` gave before the start is delivered now, after the dependencies.
-      let completion = state.withLock { $0.markStarted() }
+      // A value `finish` gave before the start is delivered now, after the dependencies. The
+      // outcome was claimed and recorded (or held) under the lock before this start saw it.
+      var completion = state.withLock { $0.markStarted() }
+      if let held = completion, held.needsOwnerHandlers { completion = withOwnerHandlers(held, handlers) }
       return finish(operation, delivering: completion, wasExecuting: false)
     case .run:
       OperationDriver.publishExecuting(operation, control)
-      let runs = !control.isDecided
-      if runs { main() }
-      // A synchronous operation finishing after its handler is finished by the handler's queue.
-      if !runs || (!finishesWhenDecided && !state.withLock({ $0.finishDeferred })) {
+      if !control.isDecided { main() }
+      // An asynchronous operation is finished by whoever decides its outcome (also one decided
+      // between the claim above and here). A synchronous one is finished here when `main`
+      // returns, unless it finishes after its handler, on the handler's queue.
+      if !finishesWhenDecided && !state.withLock({ $0.finishDeferred }) {
         OperationDriver.publishFinished(operation, control, wasExecuting: true)
       }
       return nil
@@ -379,51 +465,99 @@ package struct OperationCore: ~Copyable, Sendable {
   ///
   /// - Parameters:
   ///   - operation: The operation whose KVO notifications are posted.
-  ///   - finishesWhenDecided: As for ``start(_:finishesWhenDecided:main:)``.
+  ///   - finishesWhenDecided: As for ``start(_:finishesWhenDecided:handlers:main:)``.
   ///   - superCancel: Calls `super.cancel()` of the operation's class.
   package func cancel(_ operation: Operation, finishesWhenDecided: Bool, superCancel: () -> Void) {
-    guard let started = control.claimOutcome(cancelling: true) else {
-      // Decided by an early `finish` and not delivered yet: the cancellation replaces it, and
-      // `Operation.cancel()` lets a queue drop the operation without waiting for dependencies.
-      guard let completion = state.withLock({ $0.cancelEarly() }) else { return }
+    let decision = state.withLock {
+      state -> (completion: OperationStateMachine.Completion, publishes: Bool)? in
+      if let started = control.claimOutcome(cancelling: true) {
+        guard let completion = state.complete(.cancelled) else { return nil }
+        return (completion, started && finishesWhenDecided)
+      }
+      // Decided by an early `finish` and not delivered yet: the cancellation replaces it.
+      guard let completion = state.cancelEarly() else { return nil }
       control.markCancelled()
-      superCancel()
-      OperationDriver.deliver(completion)
-      return
+      return (completion, false)
     }
-    let completion = state.withLock { $0.complete(.cancelled) }
+    guard let decision else { return }
+    // `Operation.cancel()` lets a queue start the operation without waiting for dependencies.
     superCancel()
-    if started && finishesWhenDecided {
+    if decision.publishes {
       OperationDriver.publishFinished(operation, control, wasExecuting: true)
     }
-    if let completion { OperationDriver.deliver(completion) }
+    OperationDriver.deliver(decision.completion)
   }
 
   /// Records `outcome` unless the outcome was already decided, then finishes (if the operation
-  /// finishes when decided), calls the handler and resumes waiters.
+  /// finishes when decided), calls the handler and resumes waiters. On an operation not started
+  /// yet the outcome is held until the start.
   ///
   /// - Parameters:
   ///   - operation: The operation whose KVO notifications are posted.
   ///   - outcome: A success or a failure.
-  ///   - finishesWhenDecided: As for ``start(_:finishesWhenDecided:main:)``.
-  /// - Returns: As for ``start(_:finishesWhenDecided:main:)``.
+  ///   - finishesWhenDecided: As for ``start(_:finishesWhenDecided:handlers:main:)``.
+  ///   - handlers: As for ``start(_:finishesWhenDecided:handlers:main:)``.
+  /// - Returns: As for ``start(_:finishesWhenDecided:handlers:main:)``.
   package func complete(
-    _ operation: Operation, _ outcome: ErasedOutcome, finishesWhenDecided: Bool
+    _ operation: Operation, _ outcome: ErasedOutcome, finishesWhenDecided: Bool,
+    handlers: HandlerSource? = nil
   ) -> DeferredFinish? {
-    guard let started = control.claimOutcome(cancelling: false) else { return nil }
-    if !started {
-      // `finish` on an operation not started yet (queued behind dependencies): held until the
-      // start, which then finishes it without running `main()`.
-      if let completion = state.withLock({ $0.hold(outcome) }) { OperationDriver.deliver(completion) }
+    let completion: OperationStateMachine.Completion?
+    if control.isStarted {
+      // Started: nobody holds an outcome any more, so the claim needs no lock.
+      guard control.claimOutcome(cancelling: false) != nil else { return nil }
+      completion = state.withLock { $0.complete(outcome) }
+    } else {
+      completion = completeBeforeStart(outcome)
+      guard case .some = completion else { return nil }
+    }
+    if completion?.needsOwnerHandlers == true {
+      return settle(
+        operation, withOwnerHandlers(completion!, handlers), finishesWhenDecided: finishesWhenDecided)
+    }
+    return settle(operation, consume completion, finishesWhenDecided: finishesWhenDecided)
+  }
+
+  /// `finish` on an operation that had not started when it was called: claims the outcome and
+  /// holds it until the start, both under the lock, so that a `cancel()` or a `start()` that sees
+  /// the claim finds the outcome held. Returns the completion only when the start came in between
+  /// (the outcome is then recorded as usual); nil when held or already decided.
+  private func completeBeforeStart(_ outcome: ErasedOutcome) -> OperationStateMachine.Completion? {
+    state.withLock { state -> OperationStateMachine.Completion? in
+      guard let started = control.claimOutcome(cancelling: false) else { return nil }
+      guard started else {
+        // Queued behind dependencies: held until the start, which then finishes the operation
+        // without running `main()`.
+        state.hold(outcome)
+        return nil
+      }
+      return state.complete(outcome)
+    }
+  }
+
+  /// The end of ``complete(_:_:finishesWhenDecided:handlers:)``: nothing for an outcome held or
+  /// ignored (nil), else finishing and delivering.
+  ///
+  /// The completion is consumed, here and in ``finish(_:delivering:wasExecuting:)``, not copied:
+  /// its outcome boxes a value of any type, which only that type's own code can copy.
+  private func settle(
+    _ operation: Operation, _ completion: consuming OperationStateMachine.Completion?,
+    finishesWhenDecided: Bool
+  ) -> DeferredFinish? {
+    switch consume completion {
+    case .none:
+      return nil
+    case .some(let completion):
+      if completion.finishesAfterDelivery {
+        return DeferredFinish(completion: completion, wasExecuting: true)
+      }
+      // A synchronous operation is finished by `start()` when `main()` returns.
+      if finishesWhenDecided {
+        OperationDriver.publishFinished(operation, control, wasExecuting: true)
+      }
+      OperationDriver.deliver(completion)
       return nil
     }
-    let completion = state.withLock { $0.complete(outcome) }
-    if finishesWhenDecided || completion?.finishesAfterDelivery == true {
-      // A synchronous operation that does not finish after its handler is finished by `start()`.
-      return finish(operation, delivering: completion, wasExecuting: true)
-    }
-    if let completion { OperationDriver.deliver(completion) }
-    return nil
   }
 
   /// Keeps the task running the work so `cancel()` can cancel it; false if already decided (the
@@ -439,8 +573,8 @@ package struct OperationCore: ~Copyable, Sendable {
   /// this core: the owner builds it from `self`.
   ///
   /// - Parameters:
-  ///   - deferred: What ``start(_:finishesWhenDecided:main:)`` or
-  ///     ``complete(_:_:finishesWhenDecided:)`` returned.
+  ///   - deferred: What ``start(_:finishesWhenDecided:handlers:main:)`` or
+  ///     ``complete(_:_:finishesWhenDecided:handlers:)`` returned.
   ///   - publish: Publishes `isFinished`.
   package static func finishAfterHandler(
     _ deferred: DeferredFinish, publish: @escaping @Sendable () -> Void
@@ -457,17 +591,62 @@ package struct OperationCore: ~Copyable, Sendable {
     OperationDriver.publishFinished(operation, control, wasExecuting: wasExecuting)
   }
 
+  // MARK: Dependencies
+
+  /// Called by the owner's `addDependency(_:)`: notes that ``detachFromDependencies(_:)`` has
+  /// work to do.
+  package func noteDependency() {
+    control.markDependent()
+  }
+
+  /// Called by the owner's `deinit`: takes the operation off the books of its dependencies.
+  ///
+  /// swift-corelibs-foundation keeps an operation's dependents unretained and reads them when it
+  /// finishes. An operation freed before one of its dependencies finished (one cancelled while it
+  /// waited: its queue finishes it at once, then lets it go) left a dangling pointer there, and
+  /// the dependency's finish crashed the process (signal 11 in `Operation.observeValue`).
+  /// `removeDependency(_:)` removes that pointer. Apple's Foundation needs nothing.
+  ///
+  /// - Parameter operation: The owner, in its `deinit`.
+  package func detachFromDependencies(_ operation: Operation) {
+    #if !canImport(Darwin)
+      guard control.hasDependencies else { return }
+      for dependency in operation.dependencies { operation.removeDependency(dependency) }
+    #endif
+  }
+
+  /// `completion` with the handler and queue an owner with ``handlersFromOwner`` gives, asked
+  /// outside the lock.
+  private func withOwnerHandlers(
+    _ completion: consuming OperationStateMachine.Completion, _ handlers: HandlerSource?
+  ) -> OperationStateMachine.Completion {
+    let handler = handlers?(completion.outcome) ?? HandlerCall(call: nil, queue: completion.callbackQueue)
+    completion.deliver = handler.call
+    completion.callbackQueue = handler.queue
+    completion.finishesAfterDelivery = handler.call != nil && completion.finishesAfterHandlers
+    completion.needsOwnerHandlers = false
+    let finishesAfterDelivery = completion.finishesAfterDelivery
+    state.withLock { $0.ownerGaveHandlers(finishesAfterDelivery: finishesAfterDelivery) }
+    return completion
+  }
+
   /// Publishes `isFinished` and delivers `completion`, or, when the operation finishes after its
   /// handlers, returns what the owner must run to do both in that order.
   private func finish(
-    _ operation: Operation, delivering completion: OperationStateMachine.Completion?, wasExecuting: Bool
+    _ operation: Operation, delivering completion: consuming OperationStateMachine.Completion?,
+    wasExecuting: Bool
   ) -> DeferredFinish? {
-    if let completion, completion.finishesAfterDelivery {
+    switch consume completion {
+    case .some(let completion) where completion.finishesAfterDelivery:
       return DeferredFinish(completion: completion, wasExecuting: wasExecuting)
+    case .some(let completion):
+      OperationDriver.publishFinished(operation, control, wasExecuting: wasExecuting)
+      OperationDriver.deliver(completion)
+      return nil
+    case .none:
+      OperationDriver.publishFinished(operation, control, wasExecuting: wasExecuting)
+      return nil
     }
-    OperationDriver.publishFinished(operation, control, wasExecuting: wasExecuting)
-    if let completion { OperationDriver.deliver(completion) }
-    return nil
   }
 }
 

@@ -20,6 +20,10 @@ open class TypedOperation<Success: Sendable, Failure: Error>: Operation, @unchec
     super.init()
   }
 
+  deinit {
+    core.detachFromDependencies(self)
+  }
+
   /// When a started operation becomes `isFinished`: false (here and in `SyncOperation`) when
   /// `main()` returns; true (`AsyncOperation`) as soon as `finish(…)` or `cancel()` decides its
   /// outcome.
@@ -154,6 +158,19 @@ open class TypedOperation<Success: Sendable, Failure: Error>: Operation, @unchec
   /// (after its dependencies); until then `cancel()` still cancels it.
   open override func cancel() {
     core.cancel(self, finishesWhenDecided: finishesWhenDecided) { super.cancel() }
+  }
+
+  /// Makes this operation wait for `operation`, as `Operation.addDependency(_:)` does.
+  ///
+  /// On Linux, where Foundation keeps dependents unretained, an operation freed before its
+  /// dependencies finished (one cancelled while it waited) takes itself off their books when it
+  /// goes, so their finish does not read freed memory. Subclasses that override it must call
+  /// `super`.
+  ///
+  /// - Parameter operation: The operation that must finish first.
+  open override func addDependency(_ operation: Operation) {
+    core.noteDependency()
+    super.addDependency(operation)
   }
 
   /// Records `outcome` unless the outcome was already decided, then finishes (if the operation
