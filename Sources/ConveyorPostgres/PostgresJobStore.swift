@@ -56,7 +56,7 @@ public final class PostgresJobStore: JobStore {
     /// its settings (`lock_timeout` and the planner's) for each transaction only, in the same round
     /// trip. `LISTEN` needs a session of its own: the store listens on `listenURL`, a connection
     /// straight to the server (not through the pooler); nil listens nowhere, and idle workers
-    /// learn of new jobs by polling (``JobQueueConfiguration/pollInterval``).
+    /// learn of new jobs by polling (`JobQueueConfiguration.pollInterval`).
     case transaction(listenURL: String?)
   }
 
@@ -155,7 +155,7 @@ public final class PostgresJobStore: JobStore {
   let adds = EnqueueGroups()
 
   /// Connects, creates or migrates the schema, and returns the store. Blocks the calling thread
-  /// while it connects; from an `async` context prefer ``open(url:options:)``.
+  /// while it connects; from an `async` context prefer ``open(url:options:onWait:)``.
   ///
   /// - Parameters:
   ///   - url: A `postgres://` or `postgresql://` URL, or a libpq conninfo string such as
