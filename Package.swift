@@ -63,7 +63,9 @@ let package = Package(
     // Deterministic simulation of the queue engine (real `JobQueue`s on a seeded scheduler and a
     // simulated clock, with faults), and the command that searches seeds with it
     // (`swift run -c release conveyor-simulate --seeds N`).
-    .target(name: "ConveyorSimulation", dependencies: ["Conveyor"], path: "Tests/ConveyorSimulation"),
+    .target(
+      name: "ConveyorSimulation", dependencies: ["Conveyor", "ConveyorTestSupport"],
+      path: "Tests/ConveyorSimulation"),
     .executableTarget(
       name: "conveyor-simulate", dependencies: ["ConveyorSimulation"], path: "Tests/Simulate"),
     // The worker process of the PostgreSQL multi-process, crash and restart tests.
@@ -87,7 +89,7 @@ let package = Package(
     ),
     .testTarget(
       name: "ConveyorCLITests",
-      dependencies: ["conveyor", "LoopbackHTTPServer"]
+      dependencies: ["conveyor", "ConveyorTestSupport", "LoopbackHTTPServer"]
     ),
     .testTarget(name: "ConveyorHTTPServerTests", dependencies: ["ConveyorHTTPServer"]),
     .testTarget(name: "ConveyorBismuthTests", dependencies: ["ConveyorBismuth"]),

@@ -1,3 +1,4 @@
+import ConveyorTestSupport
 import Foundation
 import Testing
 
@@ -108,7 +109,7 @@ import Testing
 
   @Test func aFileThatIsNotADatabaseIsLeftUntouchedAndExitsThree() async throws {
     let sandbox = try Sandbox()
-    var generator = SplitMix64(seed: 42)
+    var generator = SeededRandom(seed: 42)
     let bytes = Data((0..<8192).map { _ in UInt8(truncatingIfNeeded: generator.next()) })
     try bytes.write(to: URL(fileURLWithPath: sandbox.database))
 
@@ -162,18 +163,5 @@ import Testing
     page[100] = 0x0D  // page 1 is an empty table b-tree leaf
     page[105] = 0x10  // its cell content area starts at 4096
     return Data(page)
-  }
-}
-
-/// A small deterministic random number generator, so the "random" bytes are the same every run.
-struct SplitMix64: RandomNumberGenerator {
-  var state: UInt64
-  init(seed: UInt64) { state = seed }
-  mutating func next() -> UInt64 {
-    state &+= 0x9E37_79B9_7F4A_7C15
-    var value = state
-    value = (value ^ (value >> 30)) &* 0xBF58_476D_1CE4_E5B9
-    value = (value ^ (value >> 27)) &* 0x94D0_49BB_1331_11EB
-    return value ^ (value >> 31)
   }
 }

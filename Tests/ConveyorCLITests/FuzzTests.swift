@@ -1,6 +1,7 @@
 import Conveyor
 import ConveyorHTTPServer
 import ConveyorNetworking
+import ConveyorTestSupport
 import Foundation
 import Testing
 
@@ -17,7 +18,7 @@ import Testing
     "-1", "1e308", "http://127.0.0.1:1/x", "HTTP://127.0.0.1:1/y", "X-A: 1", "true",
   ]
 
-  static func randomWord(_ random: inout SplitMix64) -> String {
+  static func randomWord(_ random: inout SeededRandom) -> String {
     if Int.random(in: 0..<3, using: &random) > 0 { return words.randomElement(using: &random)! }
     let alphabet = Array("\r\n\t \u{1B}[2J:=-/é€😀\u{7F}\u{9B}aZ0".unicodeScalars)
     var scalars = String.UnicodeScalarView()
@@ -32,7 +33,7 @@ import Testing
 
   @Test func randomCommandLinesNeverTrap() async throws {
     let sandbox = try Sandbox()
-    var random = SplitMix64(seed: 8)
+    var random = SeededRandom(seed: 8)
     var added = 0
     for _ in 0..<150 {
       var arguments = (0..<Int.random(in: 1...7, using: &random)).map { _ in Self.randomWord(&random) }
@@ -61,7 +62,7 @@ import Testing
 
   @Test func randomAndHostileDatabasePathsNeverTrap() async throws {
     let sandbox = try Sandbox()
-    var random = SplitMix64(seed: 32)
+    var random = SeededRandom(seed: 32)
     var paths = Self.hostilePaths
     for _ in 0..<40 {
       let alphabet = Array("/.-~:@=é😀 aZ0".unicodeScalars)
@@ -88,7 +89,7 @@ import Testing
   /// is never printed, and no file is named after it.
   @Test func randomDatabaseStringsNeverShowTheirPassword() async throws {
     let sandbox = try Sandbox()
-    var random = SplitMix64(seed: 10)
+    var random = SeededRandom(seed: 10)
     let heads = [
       "", " ", "postgres://", "POSTGRES://", "PostgreSQL://", "postgress://", "postgres:/", "pg://", "file:",
       "host=127.0.0.1 ", "HOST=h ", "x=1 ", "jobs.sqlite ", "./", "/tmp/", "dbname=app ",
@@ -116,7 +117,7 @@ import Testing
   /// The scrubbing every message goes through, on random text: a password after `password=` or
   /// between `user:` and `@` never survives it, and text without either is left as it was.
   @Test func scrubbingMasksEveryPasswordShapeAndNothingElse() {
-    var random = SplitMix64(seed: 11)
+    var random = SeededRandom(seed: 11)
     let pieces = [
       "postgres://", "u", ":", "@", "/", " ", "=", "'", "&", "?", "host", "db", "é", "PASSWORD", "password",
       "\\", "x",
@@ -167,7 +168,7 @@ import Testing
       let cut = OutboxJob.summary(ofStart: payload.prefix(200), payloadSize: payload.count)
       #expect(cut == job.summary || cut?.hasSuffix("…") == true, "\(String(describing: cut))")
     }
-    var random = SplitMix64(seed: 12)
+    var random = SeededRandom(seed: 12)
     let pieces =
       Array(#"{}[]",:\u00"kind""http""exec""_0""method""url""arguments"1truenull "#.utf8).map { [$0] }
       + [Array(#"{"kind":{"exec":{"_0":{"arguments":["#.utf8), Array(#"\ud83d\ude00"#.utf8), [0xFF], [0]]
@@ -193,7 +194,7 @@ import Testing
     }
   }
 
-  static func randomJSON(_ random: inout SplitMix64, depth: Int) -> Any {
+  static func randomJSON(_ random: inout SeededRandom, depth: Int) -> Any {
     switch Int.random(in: 0..<(depth > 3 ? 3 : 5), using: &random) {
     case 0: return ["", "é\"\\", "a,b}", "\u{1F600}"].randomElement(using: &random)!
     case 1: return Int.random(in: -1000...1000, using: &random)
@@ -224,7 +225,7 @@ import Testing
     ]
     let ports = ["", ":80", ":443", ":8080", ":08080", ":0", ":65536", ":x", ":-1", ":", ":123456"]
     let schemes = ["http://", "https://", "HTTPS://", "ftp://", "", "//"]
-    var random = SplitMix64(seed: 21)
+    var random = SeededRandom(seed: 21)
     /// `name:port` as a browser would mean it, or nil for a malformed pair.
     func endpoint(_ name: String, _ port: String, defaultPort: Int) -> String? {
       var bare = name.lowercased()
@@ -284,7 +285,7 @@ import Testing
   /// so the live script matches them (a browser rewrites CR and NUL in the name's attribute).
   @Test func queueNamesWithControlCharactersGetMatchingKeys() async throws {
     let store = InMemoryJobStore()
-    var random = SplitMix64(seed: 6)
+    var random = SeededRandom(seed: 6)
     let alphabet = Array("\r\n\0\t\u{2028}\u{1B}\"'<>&%+ é😀aZ".unicodeScalars)
     var names: Set<String> = []
     while names.count < 40 {

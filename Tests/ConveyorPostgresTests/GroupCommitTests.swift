@@ -13,7 +13,10 @@ struct GroupCommitTests {
   func open(_ prefix: String) async throws -> (PostgresServer, PostgresJobStore, String) {
     let server = try await PostgresServer.shared()
     let schema = uniqueSchema(prefix)
-    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    // The tests hold key locks while adds pile up behind them, for as long as a loaded machine
+    // takes to get there: a lock timeout of two minutes, not five seconds.
+    let store = try await PostgresJobStore.open(
+      url: server.url, options: .init(schema: schema, lockTimeout: .seconds(120)))
     return (server, store, schema)
   }
 

@@ -14,27 +14,32 @@ final class SimClock: JobClock {
     case uptime(Duration)
   }
 
-  private struct Sleeper {
-    var deadline: Deadline
-    var continuation: CheckedContinuation<Void, any Error>
+  /// A sleep's place in one of the two heaps: its deadline on that heap's clock, then its token
+  /// (the order sleeps started in).
+  private struct Entry<Key: Comparable & Sendable>: Comparable, Sendable {
+    var key: Key
+    var token: UInt64
+    static func < (a: Entry, b: Entry) -> Bool { a.key != b.key ? a.key < b.key : a.token < b.token }
   }
 
   private struct State {
     var uptime: Duration = .zero
     var wallOffset: TimeInterval = 0
-    var sleepers: [UInt64: Sleeper] = [:]
+    /// The sleeps that wait, by token; a heap entry whose token is gone (a cancelled sleep) is
+    /// skipped when it comes up.
+    var sleepers: [UInt64: CheckedContinuation<Void, any Error>] = [:]
+    /// Sleeps until an uptime, and sleeps until a wall-clock date: a step of the wall clock moves
+    /// every date alike, so each heap keeps its order.
+    var byUptime = Heap<Entry<Duration>>()
+    var byWall = Heap<Entry<Date>>()
     var nextToken: UInt64 = 0
 
     var now: Date { SimClock.epoch.addingTimeInterval(uptime.inSeconds + wallOffset) }
 
-    /// The uptime at which `deadline` comes, as the clocks stand.
-    func uptime(of deadline: Deadline) -> Duration {
-      switch deadline {
-      case .uptime(let instant): return instant
-      case .wall(let date):
-        let left = date.timeIntervalSince(now)
-        return uptime + .microseconds(Int64((max(left, 0) * 1e6).rounded(.up)))
-      }
+    /// The uptime at which `date` comes, as the clocks stand.
+    func uptime(of date: Date) -> Duration {
+      let left = date.timeIntervalSince(now)
+      return uptime + .microseconds(Int64((max(left, 0) * 1e6).rounded(.up)))
     }
 
     func isDue(_ deadline: Deadline) -> Bool {
@@ -44,15 +49,48 @@ final class SimClock: JobClock {
       }
     }
 
+    mutating func add(
+      _ deadline: Deadline, token: UInt64, _ continuation: CheckedContinuation<Void, any Error>
+    ) {
+      sleepers[token] = continuation
+      switch deadline {
+      case .uptime(let instant): byUptime.push(Entry(key: instant, token: token))
+      case .wall(let date): byWall.push(Entry(key: date, token: token))
+      }
+    }
+
+    /// Drops the heaps' entries of cancelled sleeps from their tops.
+    mutating func dropCancelled() {
+      while let top = byUptime.peek, sleepers[top.token] == nil { byUptime.pop() }
+      while let top = byWall.peek, sleepers[top.token] == nil { byWall.pop() }
+    }
+
+    /// The uptime at which the next sleep ends, if any sleeps.
+    mutating func nextDeadline() -> Duration? {
+      dropCancelled()
+      switch (byUptime.peek, byWall.peek) {
+      case (nil, nil): return nil
+      case (let u?, nil): return u.key
+      case (nil, let w?): return uptime(of: w.key)
+      case (let u?, let w?): return min(u.key, uptime(of: w.key))
+      }
+    }
+
     /// The sleepers due now, removed, in the order of their deadlines, then of their start.
     mutating func takeDue() -> [CheckedContinuation<Void, any Error>] {
-      let due = sleepers.filter { isDue($0.value.deadline) }
-        .sorted { a, b in
-          let (x, y) = (uptime(of: a.value.deadline), uptime(of: b.value.deadline))
-          return x != y ? x < y : a.key < b.key
-        }
-      for (token, _) in due { sleepers[token] = nil }
-      return due.map(\.value.continuation)
+      var due: [(at: Duration, token: UInt64)] = []
+      dropCancelled()
+      while let top = byUptime.peek, top.key <= uptime {
+        byUptime.pop()
+        if sleepers[top.token] != nil { due.append((top.key, top.token)) }
+      }
+      let now = self.now
+      while let top = byWall.peek, top.key <= now {
+        byWall.pop()
+        if sleepers[top.token] != nil { due.append((uptime(of: top.key), top.token)) }
+      }
+      due.sort { $0.at != $1.at ? $0.at < $1.at : $0.token < $1.token }
+      return due.compactMap { sleepers.removeValue(forKey: $0.token) }
     }
   }
 
@@ -72,7 +110,7 @@ final class SimClock: JobClock {
 
   /// The uptime at which the next sleep ends, if any sleeps.
   var nextDeadline: Duration? {
-    state.withLock { state in state.sleepers.values.map { state.uptime(of: $0.deadline) }.min() }
+    state.withLock { $0.nextDeadline() }
   }
 
   /// Moves the uptime (and the wall clock with it) to `instant` and ends the sleeps that are due.
@@ -118,7 +156,7 @@ final class SimClock: JobClock {
         let outcome = self.state.withLock { state -> Result<Void, any Error>? in
           if cancellable && Task.isCancelled { return .failure(CancellationError()) }
           if state.isDue(deadline) { return .success(()) }
-          state.sleepers[token] = Sleeper(deadline: deadline, continuation: continuation)
+          state.add(deadline, token: token, continuation)
           return nil
         }
         if let outcome { continuation.resume(with: outcome) }
@@ -129,7 +167,7 @@ final class SimClock: JobClock {
       try await wait()
     } onCancel: {
       let sleeper = state.withLock { $0.sleepers.removeValue(forKey: token) }
-      sleeper?.continuation.resume(throwing: CancellationError())
+      sleeper?.resume(throwing: CancellationError())
     }
   }
 }

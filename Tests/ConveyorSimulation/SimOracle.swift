@@ -20,6 +20,7 @@ final class SimOracle: Sendable {
     case attempts = "attempts are counted as documented: claims, less the claims given back"
     case finishes = "once faults stop, every job finishes (handled, or dead)"
     case progresses = "the engine makes progress: it does not spin without time passing"
+    case stops = "a queue that is shut down ends its tasks"
     case deterministic = "every task runs on the simulation's executor"
   }
 
@@ -53,8 +54,10 @@ final class SimOracle: Sendable {
     var commits = 0
     /// Each lease owner's process.
     var owners: [String: Int] = [:]
-    /// When each process started (the wall clock), and whether it has claimed a job yet.
-    var starts: [Int: (wall: Date, claimed: Bool)] = [:]
+    /// When each process started (the wall clock), whether it has claimed a job yet, and whether
+    /// the wall clock stepped since it started (its reading at the start then no longer tells
+    /// which leases had lapsed).
+    var starts: [Int: (wall: Date, claimed: Bool, stepped: Bool)] = [:]
     var violation: Violation?
     var finished = 0
   }
@@ -89,7 +92,15 @@ final class SimOracle: Sendable {
 
   /// A process started at the wall clock's `wall`.
   func started(process: Int, wall: Date) {
-    state.withLock { $0.starts[process] = (wall, false) }
+    state.withLock { $0.starts[process] = (wall, false, false) }
+  }
+
+  /// The wall clock stepped: the first claim of a process started before is not checked against
+  /// its start.
+  func wallClockStepped() {
+    state.withLock { state in
+      for process in state.starts.keys { state.starts[process]?.stepped = true }
+    }
   }
 
   // MARK: Store calls
@@ -188,7 +199,7 @@ final class SimOracle: Sendable {
         }
         if let start = state.starts[process], !start.claimed {
           state.starts[process]?.claimed = true
-          laterStart = start.wall
+          if !start.stepped { laterStart = start.wall }
         }
       }
     }

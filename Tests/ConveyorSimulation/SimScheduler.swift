@@ -1,4 +1,5 @@
 import Conveyor
+import ConveyorTestSupport
 import Synchronization
 
 /// Runs every task of the simulated processes on the thread that drives the simulation, one job
@@ -60,7 +61,7 @@ final class SimScheduler: Sendable {
   }
 
   /// Takes a runnable job chosen with `random` (nil: none is runnable).
-  func next(_ random: inout SimRandom) -> (job: UnownedJob, process: Int)? {
+  func next(_ random: inout SeededRandom) -> (job: UnownedJob, process: Int)? {
     state.withLock { state in
       guard !state.runnable.isEmpty else { return nil }
       let index = random.below(state.runnable.count)
@@ -149,38 +150,6 @@ final class SimProcessExecutor: TaskExecutor {
   import Darwin
   private func currentThreadID() -> UInt { UInt(bitPattern: pthread_self()) }
 #endif
-
-/// A seeded pseudo-random generator (SplitMix64): the same seed gives the same draws on every
-/// machine.
-struct SimRandom: RandomNumberGenerator, Sendable {
-  private var state: UInt64
-
-  init(seed: UInt64) { state = seed }
-
-  mutating func next() -> UInt64 {
-    state &+= 0x9E37_79B9_7F4A_7C15
-    var z = state
-    z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-    z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-    return z ^ (z >> 31)
-  }
-
-  /// A number in `0..<bound` (`bound` > 0).
-  mutating func below(_ bound: Int) -> Int { Int(next() % UInt64(bound)) }
-
-  /// True with probability `p`.
-  mutating func chance(_ p: Double) -> Bool { Double(next() >> 11) / Double(1 << 53) < p }
-
-  /// A duration between `low` and `high`.
-  mutating func duration(_ low: Duration, _ high: Duration) -> Duration {
-    let span = (high - low) / .microseconds(1)
-    guard span > 0 else { return low }
-    return low + .microseconds(Int64(next() % UInt64(span)))
-  }
-
-  /// One of `values`.
-  mutating func pick<T>(_ values: [T]) -> T { values[below(values.count)] }
-}
 
 extension Duration {
   /// The duration in seconds, as a `Double`.

@@ -27,6 +27,16 @@ final class SimStore: JobStore {
     _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, clock: any JobClock
   ) async throws -> ClaimBatch {
     try await world.call(process, .settleAndClaim) {
+      var settlements = settlements
+      if self.world.scenario.defect == .settlesStaleClaims {
+        settlements = settlements.map { settlement in
+          guard let current = self.base.peek(settlement.id), current.status == .running else {
+            return settlement
+          }
+          return JobSettlement(
+            claim: ClaimReference(id: settlement.id, token: current.claimToken), action: settlement.action)
+        }
+      }
       let before = self.world.oracle.beforeSettling(settlements, queue: queue)
       let batch = try await self.base.settleAndClaim(
         settlements, queue: queue, limit: limit, lease: lease, clock: clock)
@@ -113,6 +123,12 @@ final class SimStore: JobStore {
 
   func setPaused(_ paused: Bool, queue: String) async throws {
     try await world.call(process, .change) {
+      // The application pauses during the chaos only: a pause still on its way (a slow call, a
+      // retry) when faults stop is dropped, or it would outlast the resume that ends the chaos.
+      if paused && self.world.phase != .chaos {
+        self.world.trace.note("p\(self.process) pause dropped: faults have stopped")
+        return
+      }
       try await self.base.setPaused(paused, queue: queue)
       self.world.oracle.paused(paused, queue: queue)
     }

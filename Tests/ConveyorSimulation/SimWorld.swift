@@ -1,11 +1,12 @@
 import Conveyor
+import ConveyorTestSupport
 import Foundation
 import Synchronization
 
 /// The last events of a history, for the report of a violation.
 final class SimTrace: Sendable {
   private struct State {
-    var lines: [String] = []
+    var lines: [(at: Duration, line: String)] = []
     var next = 0
   }
   private let state = Mutex(State())
@@ -18,7 +19,7 @@ final class SimTrace: Sendable {
   }
 
   func note(_ line: String) {
-    let stamped = String(format: "%9.3f s  ", clock.uptime().inSeconds) + line
+    let stamped = (clock.uptime(), line)
     state.withLock { state in
       if state.lines.count < length {
         state.lines.append(stamped)
@@ -29,11 +30,13 @@ final class SimTrace: Sendable {
     }
   }
 
+  /// The events kept, oldest first, each stamped with its uptime.
   var lines: [String] {
-    state.withLock { state in
+    let kept = state.withLock { state in
       state.lines.count < length
         ? state.lines : Array(state.lines[state.next...] + state.lines[..<state.next])
     }
+    return kept.map { String(format: "%9.3f s  ", $0.at.inSeconds) + $0.line }
   }
 }
 
@@ -56,19 +59,22 @@ final class SimWorld: Sendable {
 
   enum Phase: Sendable { case chaos, heal, cleanup }
 
-  private struct Event {
+  private struct Event: Comparable {
     var at: Duration
     var order: Int
     var action: @Sendable () -> Void
+
+    static func == (a: Event, b: Event) -> Bool { a.order == b.order }
+    static func < (a: Event, b: Event) -> Bool { a.at != b.at ? a.at < b.at : a.order < b.order }
   }
 
   private struct State {
-    var random: SimRandom
+    var random: SeededRandom
     var processes: [Int: Process] = [:]
     /// Worker processes alive (not crashed, not shut down).
     var alive: [Int] = []
     var nextProcess = 0
-    var events: [Event] = []
+    var events = Heap<Event>()
     var eventOrder = 0
     var phase = Phase.chaos
   }
@@ -91,7 +97,7 @@ final class SimWorld: Sendable {
   init(seed: UInt64, scenario: SimScenario) {
     self.seed = seed
     self.scenario = scenario
-    var random = SimRandom(seed: seed)
+    var random = SeededRandom(seed: seed)
     lease = random.pick([.seconds(1), .seconds(2), .seconds(5)])
     state = Mutex(State(random: random))
     let trace = SimTrace(length: 120, clock: clock)
@@ -102,7 +108,7 @@ final class SimWorld: Sendable {
   var phase: Phase { state.withLock { $0.phase } }
 
   /// Draws with the history's generator.
-  func draw<T>(_ body: (inout SimRandom) -> T) -> T { state.withLock { body(&$0.random) } }
+  func draw<T>(_ body: (inout SeededRandom) -> T) -> T { state.withLock { body(&$0.random) } }
 
   func process(_ id: Int) -> Process? { state.withLock { $0.processes[id] } }
 
@@ -127,7 +133,7 @@ final class SimWorld: Sendable {
   private func schedule(at: Duration, _ action: @escaping @Sendable () -> Void) {
     state.withLock { state in
       state.eventOrder += 1
-      state.events.append(Event(at: at, order: state.eventOrder, action: action))
+      state.events.push(Event(at: at, order: state.eventOrder, action: action))
     }
   }
 
@@ -138,11 +144,11 @@ final class SimWorld: Sendable {
   func call<T: Sendable>(_ process: Int, _ kind: CallKind, _ body: () async throws -> T) async throws -> T {
     let chaos = phase == .chaos
     let (before, after, fails, loses) = draw { random -> (Duration, Duration, Bool, Bool) in
-      let slow = chaos && random.chance(scenario.slowCall)
+      let slow = chaos && random.chance(probability: scenario.slowCall)
       let before = slow ? random.duration(lease, lease * 2) : random.duration(.zero, .microseconds(1_500))
       let after = random.duration(.zero, .microseconds(1_500))
-      let fails = chaos && random.chance(scenario.storeFailure)
-      let loses = chaos && kind != .read && random.chance(scenario.lostAnswer)
+      let fails = chaos && random.chance(probability: scenario.storeFailure)
+      let loses = chaos && kind != .read && random.chance(probability: scenario.lostAnswer)
       return (before, after, fails, loses)
     }
     await clock.pass(before)
@@ -166,9 +172,11 @@ final class SimWorld: Sendable {
   /// How the handler of `job` behaves on attempt `attempt`: drawn from the seed, the job and the
   /// attempt alone, so the scheduling does not change it. From the fourth attempt on it succeeds.
   private func behaviour(job: Int, attempt: Int) -> Behaviour {
-    var random = SimRandom(seed: seed &* 31 &+ UInt64(job) &* 1_000_003 &+ UInt64(attempt))
+    var random = SeededRandom(seed: seed &* 31 &+ UInt64(job) &* 1_000_003 &+ UInt64(attempt))
     let quick = random.duration(.zero, .milliseconds(40))
-    guard attempt < 4, random.chance(scenario.handlerTrouble) else { return .succeed(after: quick) }
+    guard attempt < 4, random.chance(probability: scenario.handlerTrouble) else {
+      return .succeed(after: quick)
+    }
     switch random.below(7) {
     case 0: return .fail(after: quick)
     case 1: return .retryNow
@@ -200,7 +208,7 @@ final class SimWorld: Sendable {
     let process = makeProcess()
     let (concurrency, prefetch, claimsAhead, poll, maxAttempts) = draw { random in
       (
-        1 + random.below(3), random.pick([0, 0, 0, 1, 2]), random.chance(0.7),
+        1 + random.below(3), random.pick([0, 0, 0, 1, 2]), random.chance(probability: 0.7),
         random.pick([Duration.milliseconds(100), .milliseconds(300), .seconds(1)]),
         random.pick([nil, nil, 3, 6] as [Int?])
       )
@@ -258,7 +266,7 @@ final class SimWorld: Sendable {
   private func times(_ perMinute: Double, within span: Duration) -> [Duration] {
     guard perMinute > 0 else { return [] }
     return draw { random in
-      let count = Int((perMinute * span.inSeconds / 60).rounded()) + (random.chance(0.5) ? 1 : 0)
+      let count = Int((perMinute * span.inSeconds / 60).rounded()) + (random.chance(probability: 0.5) ? 1 : 0)
       return (0..<count).map { _ in random.duration(.zero, span) }.sorted()
     }
   }
@@ -291,9 +299,10 @@ final class SimWorld: Sendable {
     for at in times(scenario.clockStepsPerMinute, within: span) {
       schedule(at: at) { [self] in
         let step = draw { random in
-          (random.chance(0.5) ? 1 : -1) * random.duration(lease / 2, lease * 3).inSeconds
+          (random.chance(probability: 0.5) ? 1 : -1) * random.duration(lease / 2, lease * 3).inSeconds
         }
         clock.step(by: step)
+        oracle.wallClockStepped()
         trace.note("wall clock stepped by \(step) s")
       }
     }
@@ -306,7 +315,8 @@ final class SimWorld: Sendable {
         spawn(victim) { [self] in
           await queue.shutdown(gracePeriod: grace)
           trace.note("p\(victim.id) stopped")
-          startWorker()
+          // A restart, unless the history is being cleaned up (nothing would stop the new one).
+          if phase != .cleanup { startWorker() }
         }
       }
     }
@@ -399,7 +409,9 @@ final class SimWorld: Sendable {
     planChaos(application: application)
     var steps = 0
     var stepsAtThisTime = 0
-    let healLimit = scenario.chaos + .seconds(600)
+    // Once faults stop, every job finishes within this: ten minutes, and time for each job's
+    // troubled attempts (each at most three leases long) run one at a time.
+    let healLimit = scenario.chaos + .seconds(600) + lease * 9 * scenario.jobs
     var violation: SimOracle.Violation?
     loop: while true {
       if let found = oracle.violation {
@@ -434,7 +446,7 @@ final class SimWorld: Sendable {
         break loop
       default: break
       }
-      let nextEvent = state.withLock { $0.events.map(\.at).min() }
+      let nextEvent = state.withLock { $0.events.peek?.at }
       let candidates = [clock.nextDeadline, scheduler.nextStallEnd, nextEvent].compactMap { $0 }
       guard var next = candidates.min() else {
         if phase == .chaos {
@@ -447,12 +459,11 @@ final class SimWorld: Sendable {
       clock.advance(to: next)
       stepsAtThisTime = 0
       scheduler.endStalls(at: next)
-      let due = state.withLock { state -> [Event] in
-        let due = state.events.filter { $0.at <= next }.sorted { ($0.at, $0.order) < ($1.at, $1.order) }
-        state.events.removeAll { $0.at <= next }
-        return due
+      while let event = state.withLock({ state in
+        state.events.peek.flatMap { $0.at <= next ? state.events.pop() : nil }
+      }) {
+        event.action()
       }
-      for event in due { event.action() }
     }
     if violation == nil {
       oracle.checkNothingLost()
@@ -464,30 +475,38 @@ final class SimWorld: Sendable {
     }
     let end = clock.uptime()
     cleanUp()
-    drain()
+    if !drain() && violation == nil {
+      violation = .init(
+        invariant: .stops, detail: "tasks still ran \(Self.drainLimit) steps after every queue was shut down")
+    }
     return SimOutcome(
       seed: seed, scenario: scenario, violation: violation?.description, trace: trace.lines,
       lifecycles: oracle.finished, steps: steps, simulated: end)
   }
 
   /// The history's generator, for the scheduler's picks.
-  private var stateRandom: SimRandom {
+  private var stateRandom: SeededRandom {
     get { state.withLock { $0.random } }
     set { state.withLock { $0.random = newValue } }
   }
 
   /// Runs what is left after the clean-up until nothing is runnable and no sleep is due within a
-  /// simulated hour.
-  private func drain() {
+  /// simulated hour. False if tasks were still running after ``drainLimit`` steps.
+  private func drain() -> Bool {
     var steps = 0
-    while steps < 2_000_000 {
+    while steps < Self.drainLimit {
       if let (job, process) = scheduler.next(&stateRandom) {
         self.process(process)?.executor.run(job)
         steps += 1
         continue
       }
-      guard let next = clock.nextDeadline, next < clock.uptime() + .seconds(3_600) else { return }
+      guard let next = clock.nextDeadline, next < clock.uptime() + .seconds(3_600) else { return true }
       clock.advance(to: next)
     }
+    return false
   }
+
+  /// The most steps the clean-up may take.
+  static let drainLimit = 200_000
+
 }

@@ -1,4 +1,5 @@
 import Conveyor
+import ConveyorTestSupport
 import Foundation
 import Synchronization
 
@@ -31,12 +32,16 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
   /// Chance that an attempt's handler misbehaves (throws, retries, is slow, ignores cancellation,
   /// discards).
   public var handlerTrouble: Double
+  /// A defect built into the simulated store on purpose, to show that the checks catch it (nil:
+  /// the store keeps its contract).
+  public var defect: SimDefect? = nil
 
   /// The scenario a seed draws.
   public static func drawn(from seed: UInt64) -> SimScenario {
-    var random = SimRandom(seed: seed ^ 0x5CE7_A210)
+    var random = SeededRandom(seed: seed ^ 0x5CE7_A210)
     return SimScenario(
-      workers: 1 + random.below(3), jobs: 4 + random.below(24), chaos: .seconds(20 + random.below(40)),
+      workers: 1 + random.below(3), jobs: random.pick([4, 40, 150, 400]) + random.below(24),
+      chaos: .seconds(10 + random.below(30)),
       crashesPerMinute: random.pick([0, 1, 3, 6]), stallsPerMinute: random.pick([0, 1, 3]),
       clockStepsPerMinute: random.pick([0, 0, 1, 3]), shutdownsPerMinute: random.pick([0, 1, 2]),
       pausesPerMinute: random.pick([0, 0, 1, 2]), storeFailure: random.pick([0, 0.01, 0.05]),
@@ -73,7 +78,17 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
     "workers \(workers), jobs \(jobs), chaos \(chaos), crashes/min \(crashesPerMinute), stalls/min \(stallsPerMinute), "
       + "clock steps/min \(clockStepsPerMinute), shutdowns/min \(shutdownsPerMinute), pauses/min \(pausesPerMinute), "
       + "store failures \(storeFailure), lost answers \(lostAnswer), slow calls \(slowCall), handler trouble \(handlerTrouble)"
+      + (defect.map { ", defect \($0)" } ?? "")
   }
+}
+
+/// A defect the simulated store can be given on purpose, so a test shows the simulation catches
+/// it.
+public enum SimDefect: String, Sendable, Hashable {
+  /// The store applies a settlement to the job's current claim whatever claim it names: an
+  /// outcome of a lapsed claim settles the newer one (the defect of a store that ignores the
+  /// claim token).
+  case settlesStaleClaims
 }
 
 /// The outcome of one simulated history.
@@ -99,8 +114,9 @@ public struct SimOutcome: Sendable {
 /// scheduler on one thread with a simulated clock, with faults injected as the history goes.
 /// The same seed and scenario always give the same history.
 public enum Simulation {
-  /// Runs the history of `seed` (its scenario drawn from the seed unless given) on a thread of its
-  /// own, and returns its outcome.
+  /// Runs the history of `seed` (its scenario drawn from the seed unless given) on the calling
+  /// thread, which it holds until the history ends (call it from a thread of your own, not from
+  /// Swift's cooperative pool), and returns its outcome.
   public static func run(seed: UInt64, scenario: SimScenario? = nil) -> SimOutcome {
     let world = SimWorld(seed: seed, scenario: scenario ?? .drawn(from: seed))
     return world.run()

@@ -1,3 +1,4 @@
+import ConveyorTestSupport
 import Testing
 
 @testable import Conveyor
@@ -6,8 +7,8 @@ import Testing
 /// it against a sorted array for in-order, out-of-order and mixed traffic.
 @Suite struct HeapTests {
   /// Pushes and pops at random against a sorted array; `nextValue` chooses the pushed values.
-  func check(seed: UInt64, operations: Int, nextValue: (inout SplitMix64, Int) -> Int) {
-    var generator = SplitMix64(state: seed)
+  func check(seed: UInt64, operations: Int, nextValue: (inout SeededRandom, Int) -> Int) {
+    var generator = SeededRandom(seed: seed)
     var heap = Heap<Int>()
     var reference: [Int] = []
     for step in 0..<operations {

@@ -1,3 +1,4 @@
+import ConveyorTestSupport
 import Testing
 
 @testable import Conveyor
@@ -19,9 +20,9 @@ import Testing
   /// highest one handed out so far; removals and updates pick among the held IDs, favouring the
   /// oldest when `inOrder`.
   func check(
-    seed: UInt64, operations: Int, inOrder: Bool, nextID: (inout SplitMix64, Int64) -> Int64
+    seed: UInt64, operations: Int, inOrder: Bool, nextID: (inout SeededRandom, Int64) -> Int64
   ) {
-    var generator = SplitMix64(state: seed)
+    var generator = SeededRandom(seed: seed)
     var table = JobTable<Int>()
     var reference: [JobID: Int] = [:]
     var held: [JobID] = []
@@ -38,7 +39,8 @@ import Testing
       case 5..<8 where !held.isEmpty:
         // Mostly the oldest few (jobs leave roughly in order), now and then any.
         let index =
-          inOrder && !generator.chance(10) ? generator.below(min(held.count, 4)) : generator.below(held.count)
+          inOrder && !generator.chance(percent: 10)
+          ? generator.below(min(held.count, 4)) : generator.below(held.count)
         let id = held.remove(at: index)
         #expect(table.removeValue(for: id) == reference.removeValue(forKey: id), "\(context)")
       case 8 where !held.isEmpty:
@@ -52,7 +54,7 @@ import Testing
       default:
         // A lookup of an ID that may or may not be held, near the held ones or far off.
         let id = JobID(
-          generator.chance(50) ? highest - Int64(generator.below(50)) : Int64(generator.next() >> 1))
+          generator.chance(percent: 50) ? highest - Int64(generator.below(50)) : Int64(generator.next() >> 1))
         #expect(table[id] == reference[id], "\(context)")
         #expect(table.update(id) { $0 } == reference[id], "\(context)")
       }
@@ -82,7 +84,7 @@ import Testing
     // then one of thousands.
     for seed in 1...5 as ClosedRange<UInt64> {
       check(seed: seed, operations: 20_000, inOrder: true) { generator, highest in
-        highest + 1 + Int64(generator.chance(2) ? generator.below(20_000) : generator.below(20))
+        highest + 1 + Int64(generator.chance(percent: 2) ? generator.below(20_000) : generator.below(20))
       }
     }
   }

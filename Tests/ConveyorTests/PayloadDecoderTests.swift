@@ -1,3 +1,4 @@
+import ConveyorTestSupport
 import Foundation
 import Testing
 
@@ -889,27 +890,27 @@ import Testing
   /// Writes random JSON texts shaped like the fuzz types. `hostile` mixes in everything the fast
   /// path must refuse or get exactly right; without it the text is plain and must take the fast path.
   struct JSONWriter {
-    var random: SplitMix64
+    var random: SeededRandom
     var hostile = false
     /// Whether to write `[Int: Bool]` members: byte edits can make two of their keys name the same
     /// integer, the known defect above, whose outcome depends on the process's hash seed.
     var integerKeys = true
     var out: [UInt8] = []
 
-    mutating func boolean() { emit(random.chance(50) ? "true" : "false") }
+    mutating func boolean() { emit(random.chance(percent: 50) ? "true" : "false") }
 
     mutating func color() { emit(random.pick(["\"red\"", "\"green\"", "\"blue\""])) }
 
     mutating func emit(_ text: String) { out.append(contentsOf: text.utf8) }
 
     mutating func space() {
-      guard hostile || random.chance(20) else { return }
+      guard hostile || random.chance(percent: 20) else { return }
       let spaces = [" ", "\n", "\t", "\r", "  ", "\r\n"]
       for _ in 0..<random.below(3) { emit(random.pick(spaces)) }
     }
 
     mutating func integer(_ range: ClosedRange<Int64>) {
-      if hostile && random.chance(25) {
+      if hostile && random.chance(percent: 25) {
         emit(
           random.pick([
             "-0", "1.0", "1e2", "0.5", "-1", "128", "-129", "256", "32768", "2147483648",
@@ -929,17 +930,17 @@ import Testing
     }
 
     mutating func unsigned() {
-      if hostile && random.chance(25) {
+      if hostile && random.chance(percent: 25) {
         emit(random.pick(["-1", "-0", "18446744073709551616", "1.0", "1e19", "null"]))
         return
       }
       emit(
-        "\(random.chance(30) ? UInt64.max - UInt64(random.below(3)) : random.next() >> UInt64(random.below(64)))"
+        "\(random.chance(percent: 30) ? UInt64.max - UInt64(random.below(3)) : random.next() >> UInt64(random.below(64)))"
       )
     }
 
     mutating func double() {
-      if hostile && random.chance(30) {
+      if hostile && random.chance(percent: 30) {
         emit(
           random.pick([
             "-0", "-0.0", "0e400", "1e400", "-1e400", "1e-400", "5e-324", "2.2250738585072011e-308",
@@ -954,7 +955,7 @@ import Testing
       case 2:
         let exponent = random.below(600) - 300
         emit(
-          "\(random.chance(50) ? "-" : "")\(random.below(10)).\(random.below(100_000))\(random.pick(["e", "E"]))\(exponent)"
+          "\(random.chance(percent: 50) ? "-" : "")\(random.below(10)).\(random.below(100_000))\(random.pick(["e", "E"]))\(exponent)"
         )
       case 3:
         var value = Double(bitPattern: random.next())
@@ -984,7 +985,7 @@ import Testing
         pieces += ["\\uD800", "\\uDC00", "\\uD83D\\u0041", "\\x", "\\u12", "\t", "\n", "\u{0}", "\\"]
       }
       for _ in 0..<random.below(6) {
-        if hostile && random.chance(4) {
+        if hostile && random.chance(percent: 4) {
           out.append(random.pick([0x80, 0xC0, 0xC3, 0xED, 0xF4, 0xF8, 0xFF] as [UInt8]))
         } else {
           emit(random.pick(pieces))
@@ -995,7 +996,7 @@ import Testing
 
     mutating func key(_ name: String) {
       space()
-      if hostile && random.chance(8) {
+      if hostile && random.chance(percent: 8) {
         let escaped = name.unicodeScalars.map { String(format: "\\u%04x", $0.value) }.joined()
         emit("\"\(random.pick([escaped, name.uppercased(), name + " ", "\(name)\\u0000", name]))\"")
       } else {
@@ -1009,12 +1010,14 @@ import Testing
     /// members missing, repeated or added.
     mutating func object(_ members: [(String, (inout JSONWriter) -> Void)], extras: Bool = true) {
       var members = members
-      if hostile && random.chance(20), !members.isEmpty { members.remove(at: random.below(members.count)) }
-      if hostile && random.chance(15), let member = members.first { members.append(member) }
-      if (extras || hostile) && random.chance(20) {
+      if hostile && random.chance(percent: 20), !members.isEmpty {
+        members.remove(at: random.below(members.count))
+      }
+      if hostile && random.chance(percent: 15), let member = members.first { members.append(member) }
+      if (extras || hostile) && random.chance(percent: 20) {
         members.append(("extra\(random.below(3))", { $0.anyValue(depth: 2) }))
       }
-      if hostile && random.chance(5) {
+      if hostile && random.chance(percent: 5) {
         for index in 0..<70 { members.append(("wide\(index)", { $0.emit("0") })) }
       }
       for index in members.indices.reversed() where index > 0 {
@@ -1025,10 +1028,10 @@ import Testing
         if index > 0 { emit(",") }
         key(name)
         space()
-        if hostile && random.chance(3) { anyValue(depth: 1) } else { write(&self) }
+        if hostile && random.chance(percent: 3) { anyValue(depth: 1) } else { write(&self) }
         space()
       }
-      if hostile && random.chance(3) { emit(",") }
+      if hostile && random.chance(percent: 3) { emit(",") }
       emit("}")
     }
 
@@ -1044,7 +1047,7 @@ import Testing
     }
 
     mutating func maybeNull(_ write: (inout JSONWriter) -> Void) {
-      if random.chance(25) { emit("null") } else { write(&self) }
+      if random.chance(percent: 25) { emit("null") } else { write(&self) }
     }
 
     mutating func anyValue(depth: Int) {
@@ -1063,8 +1066,8 @@ import Testing
       var members: [(String, (inout JSONWriter) -> Void)] = [
         ("x", { $0.integer(Int64(Int32.min)...Int64(Int32.max)) })
       ]
-      if random.chance(60) { members.append(("when", { $0.maybeNull { $0.double() } })) }
-      if depth > 0 && random.chance(50) {
+      if random.chance(percent: 60) { members.append(("when", { $0.maybeNull { $0.double() } })) }
+      if depth > 0 && random.chance(percent: 50) {
         members.append(
           ("more", { w in w.maybeNull { w2 in w2.array(w2.random.below(3)) { $0.child(depth: depth - 1) } } })
         )
@@ -1098,9 +1101,9 @@ import Testing
           }
         ),
       ]
-      if random.chance(70) { members.append(("small", { $0.maybeNull { $0.integer(-128...127) } })) }
-      if random.chance(70) { members.append(("flag", { $0.maybeNull { $0.boolean() } })) }
-      if integerKeys && random.chance(50) {
+      if random.chance(percent: 70) { members.append(("small", { $0.maybeNull { $0.integer(-128...127) } })) }
+      if random.chance(percent: 70) { members.append(("flag", { $0.maybeNull { $0.boolean() } })) }
+      if integerKeys && random.chance(percent: 50) {
         members.append(
           (
             "byID",
@@ -1113,11 +1116,11 @@ import Testing
             }
           ))
       }
-      if random.chance(50) { members.append(("child", { $0.maybeNull { $0.child(depth: 3) } })) }
-      if random.chance(50) {
+      if random.chance(percent: 50) { members.append(("child", { $0.maybeNull { $0.child(depth: 3) } })) }
+      if random.chance(percent: 50) {
         members.append(("color", { $0.maybeNull { $0.color() } }))
       }
-      if random.chance(50) { members.append(("shape", { $0.maybeNull { $0.shape() } })) }
+      if random.chance(percent: 50) { members.append(("shape", { $0.maybeNull { $0.shape() } })) }
       object(members)
     }
 
@@ -1141,14 +1144,14 @@ import Testing
   }
 
   @Test func seededFuzzAgreesWithJSONDecoder() {
-    var random = SplitMix64(state: 0x5EED_C0DE_2025)
+    var random = SeededRandom(seed: 0x5EED_C0DE_2025)
     var plainCases = 0
     var plainFast = 0
     var fastAccepted = 0
     for round in 0..<2500 {
       let mode = random.below(3)  // 0: plain, 1: hostile, 2: hostile and mutated
       var writer = JSONWriter(
-        random: SplitMix64(state: random.next()), hostile: mode > 0, integerKeys: mode < 2)
+        random: SeededRandom(seed: random.next()), hostile: mode > 0, integerKeys: mode < 2)
       let target = round % 5
       switch target {
       case 0, 1: writer.record()

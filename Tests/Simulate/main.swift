@@ -40,10 +40,12 @@ let count = option("--seeds") ?? 1_000
 let first = option("--from") ?? UInt64(Date().timeIntervalSince1970)
 let start = Date()
 var lifecycles = 0
+var steps = 0
 var lastReport = start
 for seed in first..<(first + count) {
   let outcome = Simulation.run(seed: seed)
   lifecycles += outcome.lifecycles
+  steps += outcome.steps
   if outcome.violation != nil {
     report(Simulation.shrink(outcome))
     exit(1)
@@ -61,5 +63,7 @@ for seed in first..<(first + count) {
 let elapsed = Date().timeIntervalSince(start)
 print(
   String(
-    format: "%llu histories from seed %llu: no violation; %.0f histories/s, %.0f job lifecycles/s",
-    count, first, Double(count) / elapsed, Double(lifecycles) / elapsed))
+    format:
+      "%llu histories from seed %llu: no violation; %.0f histories/s, %.0f job lifecycles/s (%.0f steps each)",
+    count, first, Double(count) / elapsed, Double(lifecycles) / elapsed,
+    Double(steps) / Double(max(lifecycles, 1))))

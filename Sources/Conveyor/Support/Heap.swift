@@ -7,25 +7,25 @@
 /// run instead of the binary heap, so a queue's usual traffic (jobs added oldest first, claimed
 /// oldest first) pushes and pops in O(1). Anything pushed out of order goes to the heap; the
 /// smallest element is the smaller of the run's first and the heap's top.
-struct Heap<Element: Comparable & Sendable>: Sendable {
+package struct Heap<Element: Comparable & Sendable>: Sendable {
   /// The binary heap of elements pushed out of order.
   private var storage: [Element] = []
   /// Elements pushed in order, sorted; the live ones start at `runStart`.
   private var run: [Element] = []
   private var runStart = 0
 
-  init() {}
+  package init() {}
 
   /// How many elements the heap holds.
-  var count: Int { storage.count + run.count - runStart }
+  package var count: Int { storage.count + run.count - runStart }
 
-  var peek: Element? {
+  package var peek: Element? {
     guard runStart < run.count else { return storage.first }
     guard let top = storage.first, top < run[runStart] else { return run[runStart] }
     return top
   }
 
-  mutating func push(_ element: Element) {
+  package mutating func push(_ element: Element) {
     if runStart == run.count || !(element < run[run.count - 1]) {
       run.append(element)
       return
@@ -41,7 +41,7 @@ struct Heap<Element: Comparable & Sendable>: Sendable {
   }
 
   @discardableResult
-  mutating func pop() -> Element? {
+  package mutating func pop() -> Element? {
     if runStart < run.count, storage.first.map({ !($0 < run[runStart]) }) ?? true {
       return popRun()
     }

@@ -1,0 +1,124 @@
+import Conveyor
+import ConveyorSimulation
+import Foundation
+import Testing
+
+/// The deterministic simulation of the queue engine (`Tests/ConveyorSimulation`): real
+/// `JobQueue`s in several simulated worker processes over one shared in-memory store, on a
+/// seeded scheduler and a simulated clock, with crashes, stalls, clock steps, shutdowns, pauses,
+/// failing, slow and lost store calls and misbehaving handlers. Each history checks, after every
+/// step:
+///
+/// - an added job is never lost;
+/// - a job finishes at most once;
+/// - an outcome settles only its own claim;
+/// - only a waiting job is claimed, and each claim is newer than the last;
+/// - no handler starts on a claim whose lease may have lapsed;
+/// - a released or rescued job keeps its place (a queue that starts claims nothing behind a job
+///   whose lease had lapsed before);
+/// - no job is claimed while the queue is paused;
+/// - `waitUntilFinished` never returns while a job added before it was called waits or runs;
+/// - attempts are counted as documented (a handler starts as attempt claims − releases);
+/// - once faults stop, every job finishes (handled, or dead);
+/// - a queue that is shut down ends its tasks;
+/// - the engine does not spin without time passing, and every task runs on the simulation's
+///   executor (so the history is deterministic).
+///
+/// `swift run -c release conveyor-simulate --seeds N` searches further.
+@Suite(.timeLimit(.minutes(5)))
+struct SimulationTests {
+  /// The seeds every test run checks: a fixed set, so a failure here replays with
+  /// `conveyor-simulate --seed S`. Four parts, run side by side, each on a thread of its own (a
+  /// history holds its thread from start to end).
+  static let seeds: Range<UInt64> = 1..<1_001
+  static let parts = 4
+
+  static func part(_ index: Int) -> [UInt64] { Self.seeds.filter { Int($0 % UInt64(parts)) == index } }
+
+  /// Runs `body` on a thread of its own.
+  static func simulate<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
+    // `onOwnThread` rethrows only what `body` throws: nothing here.
+    try! await onOwnThread(name: "conveyor-simulation", body)
+  }
+
+  @Test(arguments: 0..<parts)
+  func everyInvariantHoldsInTheFixedSeeds(part: Int) async {
+    let start = ContinuousClock.now
+    let (lifecycles, failure) = await Self.simulate { () -> (Int, SimOutcome?) in
+      var lifecycles = 0
+      for seed in Self.part(part) {
+        let outcome = Simulation.run(seed: seed)
+        lifecycles += outcome.lifecycles
+        if outcome.violation != nil { return (lifecycles, Simulation.shrink(outcome)) }
+      }
+      return (lifecycles, nil)
+    }
+    if let shrunk = failure {
+      Issue.record(
+        """
+        seed \(shrunk.seed): \(shrunk.violation ?? "")
+        scenario: \(shrunk.scenario)
+        replay: swift run conveyor-simulate --seed \(shrunk.seed)
+        \(shrunk.trace.suffix(40).joined(separator: "\n"))
+        """)
+      return
+    }
+    let seconds = (ContinuousClock.now - start) / .seconds(1)
+    print(
+      "simulation part \(part): \(Self.part(part).count) histories, \(lifecycles) job lifecycles in \(Int(seconds)) s"
+    )
+    #expect(lifecycles > Self.part(part).count * 10)
+  }
+
+  @Test func aSeedReplaysExactly() async {
+    for seed: UInt64 in [7, 1_234, 5_257] {
+      let (first, second) = await Self.simulate { (Simulation.run(seed: seed), Simulation.run(seed: seed)) }
+      #expect(first.trace == second.trace, "seed \(seed)")
+      #expect(first.steps == second.steps, "seed \(seed)")
+      #expect(first.lifecycles == second.lifecycles, "seed \(seed)")
+      #expect(first.simulated == second.simulated, "seed \(seed)")
+      #expect(first.trace.count > 10)
+    }
+  }
+
+  @Test func differentSeedsMakeDifferentHistories() async {
+    let traces = await Self.simulate { Set((1...5).map { Simulation.run(seed: UInt64($0)).trace }) }
+    #expect(traces.count == 5)
+  }
+
+  /// A store that applies an outcome to whatever claim the job has now (ignoring the claim it
+  /// names) lets a stale outcome settle a newer claim: the simulation must say so, shrink the
+  /// history, and the shrunk history must fail again when replayed.
+  @Test func aStoreThatSettlesStaleClaimsIsCaughtShrunkAndReplayed() async throws {
+    let caught = await Self.simulate { () -> SimOutcome? in
+      for seed in Self.seeds {
+        var scenario = SimScenario.drawn(from: seed)
+        scenario.defect = .settlesStaleClaims
+        let outcome = Simulation.run(seed: seed, scenario: scenario)
+        if outcome.violation != nil { return outcome }
+      }
+      return nil
+    }
+    let failing = try #require(caught, "no seed of \(Self.seeds) caught a store that settles stale claims")
+    // The stale outcome is caught as it settles, or by what it leaves behind: a job finished
+    // twice, or a handler started on a job the stale outcome deleted.
+    let caughtBy = [
+      "an outcome settles only its own claim", "a job finishes at most once",
+      "no handler starts on a claim whose lease may have lapsed",
+    ]
+    #expect(caughtBy.contains { failing.violation?.hasPrefix($0) == true }, "\(failing.violation ?? "")")
+    #expect(failing.trace.contains { $0.contains("settled") })
+
+    let (shrunk, replayed) = await Self.simulate { () -> (SimOutcome, SimOutcome) in
+      let shrunk = Simulation.shrink(failing)
+      return (shrunk, Simulation.run(seed: shrunk.seed, scenario: shrunk.scenario))
+    }
+    #expect(shrunk.violation != nil)
+    #expect(shrunk.scenario.defect == .settlesStaleClaims)
+    #expect(shrunk.scenario.jobs <= failing.scenario.jobs)
+    #expect(shrunk.scenario.workers <= failing.scenario.workers)
+    #expect(shrunk.scenario.chaos <= failing.scenario.chaos)
+    #expect(replayed.violation == shrunk.violation)
+    #expect(replayed.trace == shrunk.trace)
+  }
+}
