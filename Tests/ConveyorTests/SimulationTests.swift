@@ -84,6 +84,17 @@ struct SimulationTests {
     #expect(lifecycles > Self.part(part).count * 10)
   }
 
+  /// Histories that found a defect of the engine, kept as they were drawn.
+  ///
+  /// - 43758: a worker whose call settled its finished job without claiming took the next job
+  ///   claimed ahead without reading the clock, so a job whose lease had lapsed (the wall clock
+  ///   stepped forward past it) started while another worker could take it.
+  @Test(arguments: [43_758] as [UInt64])
+  func aHistoryThatFoundADefectKeepsEveryInvariant(seed: UInt64) async {
+    let outcome = await Self.simulate { Simulation.run(seed: seed) }
+    #expect(outcome.violation == nil, "seed \(seed): \(outcome.violation ?? "")")
+  }
+
   @Test func aSeedReplaysExactly() async {
     for seed: UInt64 in [7, 1_234, 5_257] {
       let (first, second) = await Self.simulate { (Simulation.run(seed: seed), Simulation.run(seed: seed)) }

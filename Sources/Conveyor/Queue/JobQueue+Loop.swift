@@ -217,8 +217,10 @@ extension JobQueue {
       core.withLock { $0.state.restore(pending) }
       throw error
     }
-    // One clock read for both: when the claimed jobs arrived, and the end of the call.
-    let reading = called != nil || !batch.claimed.isEmpty ? ClockReading(clock) : .zero
+    // One clock read for all three: when the claimed jobs arrived, the end of the call, and the
+    // time a job taken for the worker must still have on its lease (read even when nothing was
+    // claimed: the job taken may have waited in the buffer since an earlier claim).
+    let reading = called != nil || !batch.claimed.isEmpty || takingNext ? ClockReading(clock) : .zero
     let now = reading.uptime
     let took = called.map { now - $0 }
     let stale = batch.staleSettlements.isEmpty ? [] : Set(batch.staleSettlements)
