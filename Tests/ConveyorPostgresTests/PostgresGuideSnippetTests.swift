@@ -60,7 +60,7 @@ private func landingPageExample() async throws {
   await queue.shutdown()
 }
 
-@Suite("Guide snippets: PostgreSQL", .timeLimit(.minutes(3)))
+@Suite("Guide snippets: PostgreSQL", .timeLimit(.minutes(5)))
 struct PostgresGuideSnippetTests {
   @Test func theWorkerHandlesAJobEnqueuedInsideAnApplicationsTransaction() async throws {
     let server = try await PostgresServer.shared()
