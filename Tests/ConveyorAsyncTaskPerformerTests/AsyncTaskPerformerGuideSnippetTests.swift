@@ -51,8 +51,8 @@ struct AsyncTaskPerformerGuideSnippetTests {
       "Hello World 1", "Hello World 2", "Hello World 3", "Goodbye",
       "Updated Bag: \(Bag(items: [Item(id: 1), Item(id: 3)]))",
     ]
-    let deadline = ContinuousClock.now + .seconds(30)
-    while Set(Self.output.all) != Set(expected), ContinuousClock.now < deadline {
+    // Five lines come, whatever they say (the suite's time limit guards against a hang).
+    while Self.output.all.count < expected.count {
       try await Task.sleep(for: .milliseconds(5))
     }
     // The group and the queue run side by side: each in its own order.

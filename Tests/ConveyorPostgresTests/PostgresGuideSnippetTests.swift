@@ -80,7 +80,7 @@ struct PostgresGuideSnippetTests {
       SELECT conveyor.enqueue('emails', '{"to":"ada@example.com","body":"Hello"}');
       COMMIT;
       """)
-    try await eventually("the worker sent the email") {
+    try await eventually("the worker sent the email", timeout: .seconds(240)) {
       mailer.sent.withLock { $0 }.contains("ada@example.com: Hello")
     }
     #expect(try admin.scalar("SELECT email FROM accounts WHERE id = 42") == "ada@example.com")

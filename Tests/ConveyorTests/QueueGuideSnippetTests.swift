@@ -55,7 +55,7 @@ struct QueueGuideSnippetTests {
     }
     // DurableQueues.md example 2 ends
     try await thumbnails.add(Thumbnail(photoID: 8))
-    try await eventually("the job died") { try await thumbnails.count().dead == 1 }
+    try await eventually("the job died", timeout: .seconds(240)) { try await thumbnails.count().dead == 1 }
     await thumbnails.shutdown()
     await monitor.value  // ends: it saw the queue stop
   }
