@@ -4,15 +4,14 @@ import Dispatch
 import Foundation
 import Testing
 
-/// The README's "Typed operations" examples, verbatim between the markers, so they compile and run.
-@Suite("README: typed operations", .timeLimit(.minutes(1)))
+/// The examples of the "Typed operations" guide (Sources/Conveyor/Conveyor.docc/TypedOperations.md),
+/// verbatim between the markers, so they compile and run.
+@Suite("Guide snippets: typed operations", .timeLimit(.minutes(1)))
 struct OperationReadmeTests {
-  struct FetchError: Error {
-    var reason: String
-  }
+  struct FetchError: Error { var reason: String }
 
   @Test func queueWithDependencies() async throws {
-    // README example 1 begins
+    // TypedOperations.md example 1 begins
     let queue = OperationQueue()
 
     let fetch = AsyncOperation<String, FetchError> { () async throws(FetchError) -> String in
@@ -29,12 +28,12 @@ struct OperationReadmeTests {
     queue.addOperation(fetch)
     queue.addOperation(measure)
     let length = try await measure.value  // waits; the queue starts it
-    // README example 1 ends
+    // TypedOperations.md example 1 ends
     #expect(length == 7)
   }
 
   @Test func standaloneRunAndCancel() async throws {
-    // README example 2 begins
+    // TypedOperations.md example 2 begins
     let answer = AsyncOperation<Int, Never> { operation in
       DispatchQueue.global().async { operation.finish(returning: 42) }
     }
@@ -53,7 +52,7 @@ struct OperationReadmeTests {
     } catch .failed(let never) {
       switch never {}
     }
-    // README example 2 ends
+    // TypedOperations.md example 2 ends
     #expect(value == 42)
     #expect(slow.isFinished && slow.isCancelled && slow.result == nil)
   }

@@ -3,7 +3,8 @@ import ConveyorTestSupport
 import Dispatch
 import Testing
 
-// The README's "Pipelines" examples, verbatim, so they are compiled and run.
+// The examples of the "Pipelines" guide (Sources/Conveyor/Conveyor.docc/RunningPipelines.md),
+// verbatim, so they are compiled and run.
 
 private struct Order: Sendable {
   var id: Int
@@ -13,10 +14,10 @@ private struct Order: Sendable {
 
 private func loadOrder(_ id: Int) async throws -> Order { Order(id: id) }
 
-@Suite("Pipeline README")
+@Suite("Guide snippets: pipelines")
 struct PipelineReadmeTests {
   @Test func homogeneousPipeline() async throws {
-    // README example 1 begins
+    // RunningPipelines.md example 1 begins
     let checkout = Pipeline(defaultValue: Order(id: 0))
       .then { order in try await loadOrder(order.id) }
       .then { order in
@@ -43,12 +44,12 @@ struct PipelineReadmeTests {
       }
     }
     _ = handle  // keep it to call handle.cancel()
-    // README example 1 ends
+    // RunningPipelines.md example 1 ends
     #expect(order.id == 7 && order.total == 42 && order.charged)
   }
 
   @Test func runnerAndTypedPipeline() async throws {
-    // README example 2 begins
+    // RunningPipelines.md example 2 begins
     // Tasks one after another (the next starts when the previous completed), or a few at once.
     let downloads = (1...10).map { page in
       AnyAsyncTask<String, any Error> { "page \(page)" }
@@ -60,14 +61,14 @@ struct PipelineReadmeTests {
     let wordCount = Pipeline.start(with: { (text: String) in text.split(separator: " ") })
       .then { words in words.count }
     let count = try await wordCount.run("one two three")  // 3
-    // README example 2 ends
+    // RunningPipelines.md example 2 ends
     #expect(pages == (1...10).map { "page \($0)" })
     #expect(count == 3)
   }
 
   @Test func aStepWithADeadline() async throws {
     var timedOut: StepTimeoutError?
-    // README example 3 begins
+    // RunningPipelines.md example 3 begins
     let legacySend: @Sendable (Int, @escaping @Sendable (Result<Int, any Error>) -> Void) -> Void = {
       _, _ in  // a callback API that, this time, never calls back
     }
@@ -77,7 +78,7 @@ struct PipelineReadmeTests {
       _ = try await guarded.run()
     } catch let timeout as StepTimeoutError {
       print(timeout)  // the step did not finish within 0.1 seconds
-      // README example 3 ends
+      // RunningPipelines.md example 3 ends
       timedOut = timeout
     }
     #expect(timedOut == StepTimeoutError(limit: .milliseconds(100)))

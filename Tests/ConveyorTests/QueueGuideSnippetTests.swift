@@ -1,0 +1,95 @@
+import Conveyor
+import ConveyorTestSupport
+import Foundation
+import Testing
+
+// The examples of the "Durable queues" guide (Sources/Conveyor/Conveyor.docc/DurableQueues.md)
+// and of the module's landing page (Conveyor.md), verbatim between the markers, so they compile
+// and run. Types the examples declare are at file scope here.
+
+private struct Thumbnail: Queueable {
+  var photoID: Int
+  var deduplicationKey: String? { "photo-\(photoID)" }  // one waiting job per photo
+}
+
+private struct Reminder: Queueable { var text: String }
+
+private struct Email: Queueable { var to: String }
+
+@Suite("Guide snippets: durable queues", .timeLimit(.minutes(5)))
+struct QueueGuideSnippetTests {
+  @Test func aQueueWithPrioritiesRetriesAndDeduplication() async throws {
+    // DurableQueues.md example 1 begins
+    var configuration = JobQueueConfiguration(identifier: "thumbnails")
+    configuration.concurrency = 4
+    configuration.retryPolicy = .exponential(initial: .seconds(1), maximum: .seconds(300))
+    configuration.maxAttempts = 8
+
+    let thumbnails = try JobQueue<Thumbnail>(configuration: configuration, store: InMemoryJobStore()) {
+      thumbnail, context in
+      print("photo \(thumbnail.photoID), attempt \(context.attempts)")
+      return .handled  // or .retry, .retry(after:), .discard(reason:); a thrown error retries
+    }
+    let first = try await thumbnails.add(Thumbnail(photoID: 7), priority: 10)
+    let again = try await thumbnails.add(Thumbnail(photoID: 7))
+    // again.id == first.id and again.inserted == false, unless the job had already started
+    await thumbnails.waitUntilFinished()
+    await thumbnails.shutdown()
+    // DurableQueues.md example 1 ends
+    #expect(first.inserted)
+    if !again.inserted { #expect(again.id == first.id) }
+    #expect(try await thumbnails.count().total == 0)
+  }
+
+  @Test func aMonitorTaskReportsDeadJobsAndEndsAtShutdown() async throws {
+    let thumbnails = try JobQueue<Thumbnail>(
+      configuration: .init(identifier: "thumbnails"), store: InMemoryJobStore()
+    ) { thumbnail, _ in .discard(reason: "no photo \(thumbnail.photoID)") }
+    // DurableQueues.md example 2 begins
+    let events = thumbnails.events  // the subscription starts here
+    let monitor = Task {
+      for await event in events {
+        if case .died(let id, let reason) = event { print("job \(id) died: \(reason)") }
+        if case .stateChanged(.stopped) = event { break }  // the stream itself does not end
+      }
+    }
+    // DurableQueues.md example 2 ends
+    try await thumbnails.add(Thumbnail(photoID: 8))
+    try await eventually("the job died", timeout: .seconds(240)) { try await thumbnails.count().dead == 1 }
+    await thumbnails.shutdown()
+    await monitor.value  // ends: it saw the queue stop
+  }
+
+  @Test func aManualClockMakesARetryTakeNoTime() async throws {
+    // DurableQueues.md example 3 begins
+    let clock = ManualJobClock()
+    let reminders = try JobQueue<Reminder>(
+      configuration: .init(identifier: "reminders", clock: clock), store: InMemoryJobStore()
+    ) { _, context in
+      context.attempts == 1 ? .retry : .handled  // the first attempt asks for the 15 s retry
+    }
+    try await reminders.add(Reminder(text: "call Ada"))
+    while try await reminders.count() != JobCounts(scheduled: 1) {  // until the retry is scheduled
+      try await Task.sleep(for: .milliseconds(1))
+    }
+    clock.advance(by: .seconds(15))  // the retry is due now, without waiting 15 s
+    await reminders.waitUntilFinished()
+    await reminders.shutdown()
+    // DurableQueues.md example 3 ends
+    #expect(try await reminders.count().total == 0)
+  }
+
+  @Test func theLandingPageExample() async throws {
+    // Conveyor.md example begins
+    let queue = try JobQueue<Email>(
+      configuration: .init(identifier: "emails", maxAttempts: 5), store: InMemoryJobStore()
+    ) { email, context in
+      print("sending to \(email.to), attempt \(context.attempts)")
+      return .handled
+    }
+    try await queue.add(Email(to: "ada@example.com"))
+    // Conveyor.md example ends
+    await queue.waitUntilFinished()
+    await queue.shutdown()
+  }
+}
