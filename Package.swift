@@ -9,7 +9,7 @@ let package = Package(
     .library(name: "ConveyorSQLite", targets: ["ConveyorSQLite"]),
     .library(name: "ConveyorPostgres", targets: ["ConveyorPostgres"]),
     .library(name: "ConveyorNetworking", targets: ["ConveyorNetworking"]),
-    // Drop-in shapes for the three libraries Conveyor grew out of (see the README's migration guide).
+    // Drop-in shapes for the three libraries Conveyor grew out of (see each module's Migrating… guide).
     .library(name: "ConveyorBismuth", targets: ["ConveyorBismuth"]),
     .library(name: "ConveyorOperationKit", targets: ["ConveyorOperationKit"]),
     .library(name: "ConveyorAsyncTaskPerformer", targets: ["ConveyorAsyncTaskPerformer"]),

@@ -98,7 +98,7 @@ enum CLI {
   /// Options every `add` takes.
   static let addOptions = [
     OptionSpec(names: ["--delay"], value: "S", help: "run no sooner than S seconds from now"),
-    OptionSpec(names: ["--priority"], value: "N", help: "lower runs first (default 0)"),
+    OptionSpec(names: ["--priority"], value: "N", help: "higher runs first (default 0)"),
     OptionSpec(names: ["--key"], value: "KEY", help: "while a job with this key waits, return it instead"),
   ]
 

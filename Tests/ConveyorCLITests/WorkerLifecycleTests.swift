@@ -290,6 +290,9 @@ import Testing
     #expect(work.status == 0, "\(work)")
     let started = try work.objects().filter { $0["event"] as? String == "started" }.map { $0["job"] as? Int }
     #expect(started == [high, middle, low])
+    // And the help says so.
+    let help = try await sandbox.run(["add", "exec", "--help"], withDatabase: false)
+    #expect(help.stdout.contains("--priority N") && help.stdout.contains("higher runs first"), "\(help)")
   }
 
   @Test func aKilledWorkersJobIsFinishedByTheNextWorker() async throws {

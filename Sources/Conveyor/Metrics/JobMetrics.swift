@@ -5,7 +5,7 @@ import Synchronization
 /// `Timer`, each made from a label and dimensions), so a one-file adapter bridges it.
 ///
 /// Conveyor depends on nothing outside the toolchain, so it cannot use swift-metrics itself. A
-/// swift-metrics user bridges it like this (the README has the whole file):
+/// swift-metrics user bridges it like this (the <doc:ReportingMetrics> guide has the whole file):
 ///
 /// ```swift
 /// struct SwiftMetricsFactory: JobMetricsFactory {
