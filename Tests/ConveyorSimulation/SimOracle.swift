@@ -127,7 +127,6 @@ final class SimOracle: Sendable {
     _ settlements: [JobSettlement], before: [JobID: Facts], batch: ClaimBatch, lease: Lease, process: Int
   ) {
     let stale = Set(batch.staleSettlements)
-    if !stale.isEmpty { SimCoverage.add("store: stale settlements", stale.count) }
     let paused = store.peekPaused(queue: queue)
     let wallNow = clock.now()
     var laterStart: Date?
@@ -287,10 +286,6 @@ final class SimOracle: Sendable {
   func handlerStarted(_ id: JobID, attempts: Int, process: Int) {
     let record = store.peek(id)
     let now = clock.now()
-    if let e = record?.leaseExpiresAt {
-      let left = e.timeIntervalSince(now)
-      SimCoverage.add(left <= 0 ? "handler start: lease lapsed" : left < 0.2 ? "handler start: lease <0.2s left" : "handler start: ok")
-    }
     state.withLock { state in
       guard var facts = state.jobs[id] else { return }
       facts.handlerStarts += 1
@@ -365,12 +360,6 @@ final class SimOracle: Sendable {
         ($0.key, $0.value.status)
       }
       .sorted { $0.0 < $1.0 }
-    }
-  }
-
-  func running(of process: Int) -> Int {
-    state.withLock { state in
-      state.jobs.values.filter { if case .running(_, let p) = $0.status { p == process } else { false } }.count
     }
   }
 

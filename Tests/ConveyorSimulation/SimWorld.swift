@@ -151,11 +151,9 @@ final class SimWorld: Sendable {
       let loses = chaos && kind != .read && random.chance(probability: scenario.lostAnswer)
       return (before, after, fails, loses)
     }
-    if before > .milliseconds(2) { SimCoverage.add("slow \(kind)") }
     await clock.pass(before)
     if scheduler.condition(of: process) == .zombie { throw SimFault.dead }
     if fails {
-      SimCoverage.add("refused \(kind)")
       trace.note("p\(process) \(kind) failed before reaching the store")
       throw SimFault.refused
     }
@@ -163,9 +161,6 @@ final class SimWorld: Sendable {
     await clock.pass(after)
     if scheduler.condition(of: process) == .zombie { throw SimFault.dead }
     if loses {
-      SimCoverage.add("lost \(kind)")
-      if let batch = value as? ClaimBatch, !batch.claimed.isEmpty { SimCoverage.add("lost settleAndClaim that claimed jobs") }
-      if let batch = value as? ClaimBatch, !batch.staleSettlements.isEmpty || true { _ = batch }
       trace.note("p\(process) \(kind) answer lost after the store applied it")
       throw SimFault.answerLost
     }
@@ -223,22 +218,6 @@ final class SimWorld: Sendable {
       concurrency: concurrency, prefetch: prefetch, claimsAhead: claimsAhead, leaseDuration: lease,
       pollInterval: poll, clock: clock)
     configuration.runtime = .simulated(executor: process.executor, clock: clock)
-    configuration.log = { record in
-      let m = record.message
-      let key: String
-      if m.hasPrefix("handed back") && m.contains("unstarted") { key = "engine: handed back unstarted (lease may have lapsed)" }
-      else if m.hasPrefix("handed back") { key = "engine: handed back claimed ahead" }
-      else if m.hasPrefix("lost the lease") { key = "engine: lost a lease (heartbeat)" }
-      else if m.hasPrefix("handed out") { key = "engine: rescued jobs" }
-      else if m.hasPrefix("a job's outcome was not recorded") { key = "engine: stale settlement" }
-      else if m.hasPrefix("job given back: interrupted") { key = "engine: interrupted by shutdown" }
-      else if m.hasPrefix("could not record outcomes at shutdown") { key = "engine: final flush retry/fail" }
-      else if m.hasPrefix("store error") { key = "engine: store error (loop/worker)" }
-      else if m.hasPrefix("could not extend leases") { key = "engine: heartbeat failed" }
-      else if m.hasPrefix("job is dead") { key = "engine: dead " + (record.metadata["reason"] ?? "") }
-      else { return }
-      SimCoverage.add(key)
-    }
     let id = process.id
     oracle.started(process: id, wall: clock.now())
     let queue = try! JobQueue<SimItem>(configuration: configuration, store: process.store) {
@@ -303,8 +282,6 @@ final class SimWorld: Sendable {
       schedule(at: at) { [self] in
         guard let victim = randomAlive() else { return }
         markGone(victim.id)
-        SimCoverage.add("crash")
-        if oracle.running(of: victim.id) > 0 { SimCoverage.add("crash holding claims") }
         scheduler.set(.crashed, for: victim.id)
         trace.note("p\(victim.id) killed")
         let restart = draw { $0.duration(.zero, lease * 2) }
@@ -316,8 +293,6 @@ final class SimWorld: Sendable {
         guard let victim = randomAlive(), scheduler.condition(of: victim.id) == .running else { return }
         let until = clock.uptime() + draw { $0.duration(lease, lease * 3) }
         scheduler.set(.stalled(until: until), for: victim.id)
-        SimCoverage.add("stall")
-        if oracle.running(of: victim.id) > 0 { SimCoverage.add("stall holding claims") }
         trace.note("p\(victim.id) stalled until \(until)")
       }
     }
@@ -327,7 +302,6 @@ final class SimWorld: Sendable {
           (random.chance(probability: 0.5) ? 1 : -1) * random.duration(lease / 2, lease * 3).inSeconds
         }
         clock.step(by: step)
-        SimCoverage.add(step < 0 ? "clock step back" : "clock step forward")
         oracle.wallClockStepped()
         trace.note("wall clock stepped by \(step) s")
       }

@@ -61,7 +61,6 @@ for seed in first..<(first + count) {
   }
 }
 let elapsed = Date().timeIntervalSince(start)
-if arguments.contains("--coverage") { for (k, v) in SimCoverage.snapshot().sorted(by: { $0.key < $1.key }) { print("\(v)\t\(k)") } }
 print(
   String(
     format:
