@@ -50,13 +50,24 @@ final class SimStore: JobStore {
     async throws -> [ClaimReference]
   {
     try await world.call(process, .heartbeat) {
-      try await self.base.heartbeat(claims, queue: queue, lease: lease, clock: clock)
+      guard self.world.scenario.defect == .renewsStaleClaims else {
+        return try await self.base.heartbeat(claims, queue: queue, lease: lease, clock: clock)
+      }
+      // Each claim of a running job stands for the job's current claim.
+      let current = claims.map { claim -> ClaimReference in
+        guard let record = self.base.peek(claim.id), record.status == .running else { return claim }
+        return ClaimReference(id: claim.id, token: record.claimToken)
+      }
+      let kept = Set(try await self.base.heartbeat(current, queue: queue, lease: lease, clock: clock))
+      return zip(claims, current).filter { kept.contains($0.1) }.map(\.0)
     }
   }
 
   func rescueExpiredLeases(queue: String, clock: any JobClock) async throws -> Int {
     try await world.call(process, .rescue) {
-      let count = try await self.base.rescueExpiredLeases(queue: queue, clock: clock)
+      let judgedBy: any JobClock =
+        self.world.scenario.defect == .rescuesLiveLeases ? AheadClock(base: clock, by: 0.25) : clock
+      let count = try await self.base.rescueExpiredLeases(queue: queue, clock: judgedBy)
       if count > 0 { self.world.oracle.rescued() }
       return count
     }
@@ -151,4 +162,18 @@ final class SimStore: JobStore {
     try? await world.clock.sleep(for: max(timeout, .milliseconds(1)))
     return false
   }
+}
+
+/// A clock whose wall reading is `by` seconds ahead of `base`'s: a store that judges leases by it
+/// ends them early.
+private struct AheadClock: JobClock {
+  let base: any JobClock
+  let by: TimeInterval
+
+  func now() -> Date { base.now().addingTimeInterval(by) }
+  func sleep(until deadline: Date) async throws {
+    try await base.sleep(until: deadline.addingTimeInterval(-by))
+  }
+  func uptime() -> Duration { base.uptime() }
+  func sleep(untilUptime deadline: Duration) async throws { try await base.sleep(untilUptime: deadline) }
 }

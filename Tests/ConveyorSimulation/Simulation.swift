@@ -89,6 +89,13 @@ public enum SimDefect: String, Sendable, Hashable {
   /// outcome of a lapsed claim settles the newer one (the defect of a store that ignores the
   /// claim token).
   case settlesStaleClaims
+  /// The store hands jobs out again a quarter of a second before their lease lapses: a job whose
+  /// worker still holds it runs a second time.
+  case rescuesLiveLeases
+  /// The store renews a running job's lease whatever claim a heartbeat names: a worker whose
+  /// claim passed to another still hears that it holds the job (the defect of a store that
+  /// ignores the claim token in heartbeats).
+  case renewsStaleClaims
 }
 
 /// The outcome of one simulated history.

@@ -1,0 +1,190 @@
+import ConveyorSimulation
+import ConveyorTestSupport
+import Foundation
+import Synchronization
+import Testing
+
+@testable import Conveyor
+
+/// What the deterministic simulation of the queue engine (`Tests/ConveyorSimulation`) promises
+/// beyond its own invariants: that its fixed seeds (`SimulationTests.seeds`) catch a store that
+/// breaks the lease contract, and that a queue on the simulated runtime
+/// (`QueueRuntime.simulated(executor:clock:)`) runs nothing and waits for nothing behind the
+/// simulation's back.
+@Suite(.timeLimit(.minutes(10)))
+struct SimulationCheckTests {
+  /// The earliest of the fixed seeds whose history, with `defect` built into the store, breaks a
+  /// rule; nil when none does. The seeds run in `SimulationTests.parts` parts, each on a thread of
+  /// its own.
+  static func earliestCatch(of defect: SimDefect) async -> SimOutcome? {
+    await withTaskGroup(of: SimOutcome?.self) { group in
+      for part in 0..<SimulationTests.parts {
+        group.addTask {
+          await SimulationTests.simulate { () -> SimOutcome? in
+            for seed in SimulationTests.part(part) {
+              let outcome = Simulation.run(seed: seed, scenario: scenario(seed, defect))
+              if outcome.violation != nil { return outcome }
+            }
+            return nil
+          }
+        }
+      }
+      var earliest: SimOutcome?
+      for await case let outcome? in group where outcome.seed < (earliest?.seed ?? .max) {
+        earliest = outcome
+      }
+      return earliest
+    }
+  }
+
+  /// The scenario `seed` draws, with `defect` built into the store.
+  static func scenario(_ seed: UInt64, _ defect: SimDefect) -> SimScenario {
+    var scenario = SimScenario.drawn(from: seed)
+    scenario.defect = defect
+    return scenario
+  }
+
+  /// A store that rescues leases a quarter of a second before they lapse hands a job out while
+  /// the worker that claimed it still holds it and runs it: the job runs twice at once, which
+  /// leases exist to prevent. No invariant compares a rescue with the lease it ended.
+  @Test func theFixedSeedsCatchAStoreThatRescuesLiveLeases() async {
+    let caught = await Self.earliestCatch(of: .rescuesLiveLeases)
+    #expect(
+      caught != nil, "no seed of \(SimulationTests.seeds) caught a store that rescues leases that still hold")
+  }
+
+  /// A store whose heartbeat renews a running job's lease whatever claim it names tells a worker
+  /// whose claim passed to another that it still holds the job. The simulation can catch it (a
+  /// history beyond the fixed seeds does), but none of the fixed seeds does.
+  @Test func theFixedSeedsCatchAStoreThatRenewsStaleClaims() async {
+    let beyond: UInt64 = 1_162
+    let outcome = await SimulationTests.simulate {
+      Simulation.run(seed: beyond, scenario: Self.scenario(beyond, .renewsStaleClaims))
+    }
+    #expect(
+      outcome.violation != nil, "seed \(beyond) no longer catches it; search beyond the fixed seeds again")
+    let caught = await Self.earliestCatch(of: .renewsStaleClaims)
+    #expect(caught != nil, "no seed of \(SimulationTests.seeds) caught a store that renews stale claims")
+  }
+
+  /// More workers and more frequent faults than any seed draws (six wall-clock steps a minute,
+  /// where the drawn scenarios have at most three). Worker p4 claims jobs 39–41 ahead at 8.867 s
+  /// (lease 2 s); at 9.213 s the wall clock steps forward 2.345 s, so the store's leases lapse and
+  /// another worker's rescue makes the jobs waiting; at 9.423 s it steps back 3.565 s. At 9.626 s
+  /// p4 starts job 40: its lease bound subtracts only the net forward step since the claim
+  /// (`LeaseBound.remaining`: `max(0, now.wallOffset - wallOffset)`, here negative, so nothing),
+  /// and p4 read no clock during the excursion. The store holds the job as waiting: another
+  /// worker may claim and run it at the same time (p6 claims it at 11.018 s).
+  @Test func aJobWhoseLeaseLapsedDuringAWallClockExcursionDoesNotStart() async {
+    var scenario = SimScenario.drawn(from: 458)
+    scenario.workers = 5
+    scenario.crashesPerMinute = 6
+    scenario.stallsPerMinute = 3
+    scenario.clockStepsPerMinute = 6
+    scenario.shutdownsPerMinute = 0
+    scenario.pausesPerMinute = 0
+    scenario.storeFailure = 0.2
+    scenario.lostAnswer = 0
+    scenario.slowCall = 0.1
+    scenario.handlerTrouble = 0.8
+    let outcome = await SimulationTests.simulate { [scenario] in Simulation.run(seed: 458, scenario: scenario)
+    }
+    #expect(
+      outcome.violation == nil,
+      """
+      seed 458, \(outcome.scenario): \(outcome.violation ?? "")
+      \(outcome.trace.suffix(40).joined(separator: "\n"))
+      """)
+  }
+
+  /// A queue on the simulated runtime, over a store that keeps activity counts (as the SQLite and
+  /// PostgreSQL stores do), handles one job while its clock stands still; then the simulation
+  /// waits, running no task. On the simulation's clock no flush of the counts is due, yet the
+  /// store is called: the periodic flush sleeps with `Task.sleep`, in a task on the global
+  /// executor. At shutdown the hand-over of the counts waits in real time (`DispatchSleep`), and
+  /// the queue's loop is resumed from another thread. (The simulation's store keeps no activity,
+  /// so its histories never take these paths.)
+  @Test func aSimulatedQueueRunsNothingBehindTheSimulationsBack() async throws {
+    let store = ReviewQueueActivityTests.ActivityStore(first: .slowButCancellable)
+    let payload = try JSONEncoder().encode(ReviewQueueActivityTests.Item(n: 1))
+    _ = try await store.enqueue([NewJob(payload: payload)], queue: "escape", clock: SystemJobClock())
+    let outcome = try await onOwnThread(name: "simulation-check") {
+      () throws -> (handled: Int, uptime: Duration, called: Bool, foreign: Int, stopped: Bool) in
+      let executor = SteppedExecutor()
+      let clock = ManualJobClock()
+      var configuration = JobQueueConfiguration(
+        identifier: "escape", leaseDuration: .seconds(60), pollInterval: .seconds(1), clock: clock)
+      configuration.runtime = .simulated(executor: executor, clock: clock)
+      configuration.activityFlushInterval = .milliseconds(10)
+      let handledJobs = Atomic(0)
+      let queue = try JobQueue<ReviewQueueActivityTests.Item>(configuration: configuration, store: store) {
+        _, _ in
+        handledJobs.add(1, ordering: .relaxed)
+        return .handled
+      }
+      // The job is handled and its outcome recorded without the clock moving.
+      executor.drive(advancing: nil, until: { store.base.peekAll(queue: "escape").isEmpty })
+      // The simulation waits: no task runs, no clock moves.
+      Thread.sleep(forTimeInterval: 0.5)
+      let called = store.firstCallEntered
+      let uptime = clock.uptime()
+      // Stop the queue, driving it (and its clock) until it has.
+      let stopped = Atomic(false)
+      Task(executorPreference: executor) {
+        await queue.shutdown(gracePeriod: .zero)
+        stopped.store(true, ordering: .relaxed)
+      }
+      executor.drive(advancing: clock, until: { stopped.load(ordering: .relaxed) })
+      return (
+        handledJobs.load(ordering: .relaxed), uptime, called, executor.foreignEnqueues,
+        stopped.load(ordering: .relaxed)
+      )
+    }
+    #expect(outcome.handled == 1)
+    #expect(outcome.stopped)
+    #expect(outcome.uptime == .zero)
+    #expect(!outcome.called, "the store's recordActivity was called though the queue's clock never moved")
+    #expect(outcome.foreign == 0, "\(outcome.foreign) jobs reached the simulated executor from other threads")
+  }
+}
+
+/// An executor that keeps the jobs given to it until the thread that drives it runs them, and
+/// counts the jobs given to it from any other thread (a task that escaped the driving thread).
+final class SteppedExecutor: TaskExecutor {
+  private struct State {
+    var jobs: [UnownedJob] = []
+    var driver: ObjectIdentifier?
+    var foreign = 0
+  }
+  private let state = Mutex(State())
+
+  func enqueue(_ job: consuming ExecutorJob) {
+    let job = UnownedJob(job)
+    let caller = ObjectIdentifier(Thread.current)
+    state.withLock { state in
+      if let driver = state.driver, driver != caller { state.foreign += 1 }
+      state.jobs.append(job)
+    }
+  }
+
+  /// Jobs given from a thread other than the driving one.
+  var foreignEnqueues: Int { state.withLock { $0.foreign } }
+
+  /// Runs the jobs on the calling thread until `done` holds or 30 s of real time pass; whenever
+  /// none is ready, advances `clock` by 100 ms if given (and something sleeps on it), or waits a
+  /// millisecond of real time.
+  func drive(advancing clock: ManualJobClock?, until done: () -> Bool) {
+    state.withLock { $0.driver = ObjectIdentifier(Thread.current) }
+    let deadline = Date().addingTimeInterval(30)
+    while !done() && Date() < deadline {
+      let job = state.withLock { state in state.jobs.isEmpty ? nil : state.jobs.removeFirst() }
+      if let job {
+        job.runSynchronously(on: asUnownedTaskExecutor())
+      } else if let clock, clock.sleeping > 0 {
+        clock.advance(by: .milliseconds(100))
+      } else {
+        Thread.sleep(forTimeInterval: 0.001)
+      }
+    }
+  }
+}
