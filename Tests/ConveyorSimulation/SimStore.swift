@@ -50,24 +50,40 @@ final class SimStore: JobStore {
     async throws -> [ClaimReference]
   {
     try await world.call(process, .heartbeat) {
-      guard self.world.scenario.defect == .renewsStaleClaims else {
-        return try await self.base.heartbeat(claims, queue: queue, lease: lease, clock: clock)
-      }
-      // Each claim of a running job stands for the job's current claim.
-      let current = claims.map { claim -> ClaimReference in
-        guard let record = self.base.peek(claim.id), record.status == .running else { return claim }
-        return ClaimReference(id: claim.id, token: record.claimToken)
-      }
-      let kept = Set(try await self.base.heartbeat(current, queue: queue, lease: lease, clock: clock))
-      return zip(claims, current).filter { kept.contains($0.1) }.map(\.0)
+      let before = Dictionary(
+        claims.compactMap { claim in
+          self.base.peek(claim.id).flatMap { $0.status == .running ? (claim.id, $0.claimToken) : nil }
+        }, uniquingKeysWith: { first, _ in first })
+      let held = try await self.heartbeatOnBase(claims, queue: queue, lease: lease, clock: clock)
+      self.world.oracle.checkHeartbeat(held: held, before: before, process: self.process)
+      return held
     }
+  }
+
+  /// The base store's heartbeat (or, with ``SimDefect/renewsStaleClaims``, a defective one).
+  private func heartbeatOnBase(_ claims: [ClaimReference], queue: String, lease: Lease, clock: any JobClock)
+    async throws -> [ClaimReference]
+  {
+    guard world.scenario.defect == .renewsStaleClaims else {
+      return try await base.heartbeat(claims, queue: queue, lease: lease, clock: clock)
+    }
+    // Each claim of a running job stands for the job's current claim.
+    let current = claims.map { claim -> ClaimReference in
+      guard let record = self.base.peek(claim.id), record.status == .running else { return claim }
+      return ClaimReference(id: claim.id, token: record.claimToken)
+    }
+    let kept = Set(try await self.base.heartbeat(current, queue: queue, lease: lease, clock: clock))
+    return zip(claims, current).filter { kept.contains($0.1) }.map(\.0)
   }
 
   func rescueExpiredLeases(queue: String, clock: any JobClock) async throws -> Int {
     try await world.call(process, .rescue) {
       let judgedBy: any JobClock =
         self.world.scenario.defect == .rescuesLiveLeases ? AheadClock(base: clock, by: 0.25) : clock
+      let before = self.world.oracle.beforeRescue()
+      let now = clock.now()
       let count = try await self.base.rescueExpiredLeases(queue: queue, clock: judgedBy)
+      self.world.oracle.checkRescue(before: before, now: now, process: self.process)
       if count > 0 { self.world.oracle.rescued() }
       return count
     }

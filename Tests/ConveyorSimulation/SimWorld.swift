@@ -102,7 +102,8 @@ final class SimWorld: Sendable {
     state = Mutex(State(random: random))
     let trace = SimTrace(length: 120, clock: clock)
     self.trace = trace
-    oracle = SimOracle(store: base, clock: clock, queue: Self.queueName, note: { trace.note($0()) })
+    oracle = SimOracle(
+      store: base, clock: clock, queue: Self.queueName, lease: lease, note: { trace.note($0()) })
   }
 
   var phase: Phase { state.withLock { $0.phase } }
@@ -302,7 +303,7 @@ final class SimWorld: Sendable {
           (random.chance(probability: 0.5) ? 1 : -1) * random.duration(lease / 2, lease * 3).inSeconds
         }
         clock.step(by: step)
-        oracle.wallClockStepped()
+        oracle.wallClockStepped(by: step)
         trace.note("wall clock stepped by \(step) s")
       }
     }

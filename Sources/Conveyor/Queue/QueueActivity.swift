@@ -174,9 +174,10 @@ extension JobQueue {
   func flushActivityPeriodically() -> Task<Void, Never>? {
     guard store.recordsActivity else { return nil }
     let interval = configuration.activityFlushInterval
-    return Task { [weak self] in
+    let runtime = configuration.runtime
+    return Task(executorPreference: runtime.executor) { [weak self] in
       while !Task.isCancelled {
-        do { try await Task.sleep(for: interval) } catch { return }
+        do { try await runtime.sleep(interval) } catch { return }
         guard let self else { return }
         await self.flushActivity()
       }
@@ -196,21 +197,23 @@ extension JobQueue {
   func handOverActivity(after periodic: Task<Void, Never>?) async {
     guard store.recordsActivity else { return }
     periodic?.cancel()
-    let handover = Task {
+    let runtime = configuration.runtime
+    let handover = Task(executorPreference: runtime.executor) {
       await periodic?.value
       await self.flushActivity()
     }
     let limit = configuration.activityHandoverLimit
-    let finished = await Self.wait(for: handover, atMost: limit)
+    let finished = await Self.wait(for: handover, atMost: limit, runtime: runtime)
     if !finished {
       log(.warning, "the store did not take the activity counts within \(limit); leaving them behind")
     }
   }
 
   /// Waits for `task` to end, or `limit` to pass in real time, whichever comes first, without
-  /// cancelling `task`. Returns whether `task` ended. Both waits are tasks of their own, so the
-  /// bound holds in a cancelled task too.
-  static func wait(for task: Task<Void, Never>, atMost limit: Duration) async -> Bool {
+  /// cancelling `task`. Returns whether `task` ended. Both waits are tasks of their own (on
+  /// `runtime`'s executor, the limit timed by its clock), so the bound holds in a cancelled task
+  /// too.
+  static func wait(for task: Task<Void, Never>, atMost limit: Duration, runtime: QueueRuntime) async -> Bool {
     let waiter = Mutex<CheckedContinuation<Bool, Never>?>(nil)
     let finish: @Sendable (Bool) -> Void = { ended in
       waiter.withLock { waiting in
@@ -220,14 +223,15 @@ extension JobQueue {
     }
     return await withCheckedContinuation { continuation in
       waiter.withLock { $0 = continuation }
-      let timer = Task {
-        try? await DispatchSleep.sleep(for: limit)  // freed at once when cancelled, unlike `Task.sleep`
+      let timer = Task(executorPreference: runtime.executor) {
+        // In production `DispatchSleep`: freed at once when cancelled, unlike `Task.sleep`.
+        try? await runtime.sleep(limit)
         finish(false)
       }
-      Task {
+      Task(executorPreference: runtime.executor) {
         await task.value
+        finish(true)  // before the timer's cancellation, which ends its sleep with finish(false)
         timer.cancel()
-        finish(true)
       }
     }
   }
@@ -239,7 +243,9 @@ extension JobQueue {
     let pending = activityTally.take()
     guard !pending.isEmpty else { return }
     let store = self.store
-    let call = Task { try await store.recordActivity(pending) }
+    let call = Task(executorPreference: configuration.runtime.executor) {
+      try await store.recordActivity(pending)
+    }
     do {
       try await call.value
     } catch {
