@@ -3,8 +3,8 @@ import Foundation
 import Synchronization
 import Testing
 
-// Review of the AsyncTaskPerformer drop-in (issue 10): adversarial probes. Tests marked
-// "// DEFECT:" fail on the reviewed code; the others held.
+// Runs of the AsyncTaskPerformer drop-in end with exactly one completion, whatever the tasks and
+// operations do (call back twice, fail concurrently), and cancelling one run touches no other.
 
 /// Adds `add` to its input after `delay`, reporting twice when asked (the second must be ignored).
 // @unchecked Sendable: only immutable stored properties.
@@ -70,8 +70,8 @@ final class Completions: Sendable {
   }
 }
 
-@Suite("AsyncTaskPerformer drop-in: review", .timeLimit(.minutes(2)))
-struct ReviewTaskPerformerTests {
+@Suite("AsyncTaskPerformer drop-in: one completion per run, cancelling a run", .timeLimit(.minutes(2)))
+struct RunCompletionTests {
   @Test("cancelling one run leaves another run on the same queue untouched")
   func cancelOneRun() async {
     let queue = SynchronousOperationQueue(defaultValue: 0)
