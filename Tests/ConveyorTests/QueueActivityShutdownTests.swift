@@ -5,15 +5,15 @@ import Testing
 
 @testable import Conveyor
 
-/// Review of the queue's activity counts (`QueueActivity.swift`): what a stopping queue does with
-/// the counts it has not yet given to its store.
+/// The queue's activity counts (`QueueActivity.swift`): what a stopping queue does with the counts
+/// it has not yet given to its store.
 ///
 /// The store here is the in-memory store with a `recordActivity` that keeps what it is given and
 /// answers slowly in one of two ways a real store does: a PostgreSQL server that takes a moment
 /// (a cancel request's round trip) to give up a statement, and an SQLite connection busy-waiting
 /// for another process's write lock, which `sqlite3_interrupt` does not cut short.
-@Suite("Review: activity counts at shutdown", .timeLimit(.minutes(2)))
-struct ReviewQueueActivityTests {
+@Suite("Activity counts at shutdown", .timeLimit(.minutes(2)))
+struct QueueActivityShutdownTests {
   struct Item: Queueable { var n: Int }
 
   /// How the store's first `recordActivity` call behaves.
@@ -162,8 +162,9 @@ struct ReviewQueueActivityTests {
   /// counts are with the cancelled call). The cancelled call puts them back into the tally of a
   /// queue that has stopped: they never reach the store.
   ///
-  /// Defect: `JobQueue.runLoop` cancels `activityFlusher` without waiting for it before
-  /// `flushActivity(within:)`; `flushActivity()` then `restore`s into a tally nobody flushes.
+  /// Failed before the fix: `JobQueue.runLoop` cancelled `activityFlusher` without waiting for it
+  /// before `flushActivity(within:)`; `flushActivity()` then `restore`d into a tally nobody
+  /// flushed.
   @Test func countsOfAFlushInFlightWhenTheQueueStopsReachTheStore() async throws {
     let store = ActivityStore(first: .slowButCancellable)
     let queue = try Self.queue(store)
@@ -186,7 +187,8 @@ struct ReviewQueueActivityTests {
   /// promise) when the test lets the store go. (The queue here promises 1 s rather than 5, so
   /// the test need not wait out the default bound; 30 s stays a generous hang bound.)
   ///
-  /// Defect: `JobQueue.flushActivity(within:)` (`withTaskGroup` awaits the cancelled flush).
+  /// Failed before the fix: `JobQueue.flushActivity(within:)` (`withTaskGroup` awaited the
+  /// cancelled flush).
   @Test func aStoreThatIgnoresCancellationDoesNotHoldTheShutdownPastFiveSeconds() async throws {
     let store = ActivityStore(first: .blockedUntilReleased)
     defer { store.release() }
