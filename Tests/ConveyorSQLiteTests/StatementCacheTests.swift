@@ -1,18 +1,15 @@
-import CSQLite
 import Conveyor
 import ConveyorTestSupport
-import Dispatch
 import Foundation
-import Synchronization
 import Testing
 
 @testable import ConveyorSQLite
 
-// Review 7: the statement cache's `recent` array (Connection.statement), and the flush that no
-// longer lingers after a group of one (EnqueueGroups.take).
-
-@Suite("Review7: SQLite statement lookup and flushes after a lone call", .timeLimit(.minutes(2)))
-struct Review7Tests {
+/// `Connection.statement(_:)` keeps prepared statements by their SQL text (a short `recent` list,
+/// then a dictionary): texts that Swift's `==` calls equal but whose bytes differ are different
+/// statements.
+@Suite("SQLite connection: the statement cache", .timeLimit(.minutes(2)))
+struct StatementCacheTests {
   /// The text `sql` returns as its first column, as UTF-8 bytes.
   static func bytes(_ db: Connection, _ sql: String) throws -> [UInt8] {
     var result: [UInt8] = []
@@ -53,7 +50,4 @@ struct Review7Tests {
     let got = try Self.bytes(db, decomposed)
     #expect(got == Array("e\u{301}".utf8), "decomposed text answered \(got)")
   }
-
-  // MARK: Flushes after a group of one
-
 }
