@@ -15,7 +15,7 @@ import Testing
 /// the client sends a statement containing `marker` (by default the store's session setup,
 /// `set_config('lock_timeout', …)`: a server, or network, that stopped answering right after the
 /// connection was made; `ROLLBACK`: one that goes silent as an opening rolls back).
-final class ReviewTimedOutProxy: Sendable {
+final class SilencingProxy: Sendable {
   let port: Int
   private let target: Int
   private let marker: String
@@ -84,10 +84,13 @@ final class ReviewTimedOutProxy: Sendable {
   }
 }
 
-/// Review of `.timedOut` (commits 3ceb0f4, 96c2438). (Timeouts of a few seconds: a loaded CI machine
-/// can take more than one to answer the calls made before the scenario.)
-@Suite("Review: calls ended by callTimeout", .serialized, .timeLimit(.minutes(3)))
-struct ReviewTimedOutTests {
+/// A call the server does not answer ends after `callTimeout` as `.timedOut`, naming what to
+/// raise, unless something else failed: a reconnect refused says so; a session setup that gets no
+/// answer, an opening, a first connect to a frozen postmaster end too. A cancel request meant for
+/// one call never ends the next. (Timeouts of a few seconds: a loaded CI machine can take more than
+/// one to answer the calls made before the scenario.)
+@Suite("PostgreSQL: calls ended by callTimeout or a cancel request", .serialized, .timeLimit(.minutes(3)))
+struct CallTimeoutTests {
   /// `Operation.lastAttemptTimedOut` compares the attempt the watchdog marked with the latest
   /// attempt number, which only `watch()` advances, after a connect succeeded. A call whose first
   /// run was ended by `callTimeout`, and whose every reconnect then failed for another reason
@@ -118,7 +121,7 @@ struct ReviewTimedOutTests {
     let role = uniqueSchema("rev_role")
     try admin.query("CREATE ROLE \(role) SUPERUSER LOGIN")
     defer { _ = try? admin.query("ALTER ROLE \(role) LOGIN") }
-    let proxy = try silentFrom.map { try ReviewTimedOutProxy(target: server.port, silentFromConnection: $0) }
+    let proxy = try silentFrom.map { try SilencingProxy(target: server.port, silentFromConnection: $0) }
     defer { proxy?.close() }
     let url = "postgresql://\(role)@127.0.0.1:\(proxy?.port ?? server.port)/postgres"
     let schema = uniqueSchema("revto")
@@ -150,7 +153,7 @@ struct ReviewTimedOutTests {
     await store.close()
   }
 
-  /// Promise 3: the description no longer doubles punctuation before its advice. libpq's
+  /// The description no longer doubles punctuation before its advice. libpq's
   /// "connection refused" message ends with a question mark ("… accepting TCP/IP
   /// connections?"), after which `description` still adds ". ".
   @Test func aRefusedConnectionsDescriptionHasNoStrayPeriodBeforeItsAdvice() async throws {
@@ -164,7 +167,7 @@ struct ReviewTimedOutTests {
     }
   }
 
-  /// Promise 3: libpq's multi-line messages on one line. A line break "\r\n" (a message quoting
+  /// Libpq's multi-line messages on one line. A line break "\r\n" (a message quoting
   /// data, a server message written with CRLF) is one `Character` in Swift, so splitting on "\n"
   /// leaves it in the message.
   @Test func trimmedPutsACRLFMessageOnOneLine() {
@@ -172,7 +175,7 @@ struct ReviewTimedOutTests {
     #expect(!message.contains("\n") && !message.contains("\r"), "\(message.debugDescription)")
   }
 
-  /// Promise 2: cancelling a call whose first pass connects (without a reconnect deadline) to a
+  /// Cancelling a call whose first pass connects (without a reconnect deadline) to a
   /// server whose postmaster froze still ends it.
   @Test func cancellingAFirstPassConnectToAFrozenPostmasterEndsIt() async throws {
     let server = try await PostgresServer.start()
@@ -200,7 +203,7 @@ struct ReviewTimedOutTests {
     await store.close()
   }
 
-  /// Promise 2: a server that is down (refused) fails a call within about `reconnectTimeout`.
+  /// A server that is down (refused) fails a call within about `reconnectTimeout`.
   @Test func aCallToAStoppedServerEndsAroundReconnectTimeout() async throws {
     let server = try await PostgresServer.start()
     let store = try await PostgresJobStore.open(
@@ -220,7 +223,7 @@ struct ReviewTimedOutTests {
     await store.close()
   }
 
-  /// Promise 1: "a call that gets no answer within callTimeout has its connection's socket shut
+  /// "A call that gets no answer within callTimeout has its connection's socket shut
   /// down". A call that reconnects runs the store's session setup (`setup(fresh)` in
   /// `connected()`) before `watch(operation)` and before the new connection's cancel handle is
   /// stored: a server that stops answering right after the connection is made holds the call
@@ -229,7 +232,7 @@ struct ReviewTimedOutTests {
   @Test func aCallWhoseReconnectGetsNoAnswerToTheSessionSetupEndsAfterCallTimeout() async throws {
     let server = try await PostgresServer.start()
     defer { server.stop() }
-    let proxy = try ReviewTimedOutProxy(target: server.port)
+    let proxy = try SilencingProxy(target: server.port)
     defer { proxy.close() }
     let store = try await PostgresJobStore.open(
       url: proxy.url,
@@ -258,5 +261,157 @@ struct ReviewTimedOutTests {
     proxy.close()  // frees the store's thread
     _ = await call.result
     await store.close()
+  }
+
+  // MARK: Opening and the session setup (commit 379363d)
+
+  /// ("a server silent after the handshake is cut off by callTimeout"), and the README's
+  /// "Connecting never waits without bound either" / "a server that goes away while the store
+  /// opens fails the call at once". Opening runs the same session setup (and the migrations) on a
+  /// connection of its own (`migrating` in `PostgresJobStore.init`), with neither `callTimeout` nor
+  /// any other bound: a server that stops answering right after the handshake holds
+  /// `PostgresJobStore.open` (and its thread) forever, and cancelling the opening task does not
+  /// end it either.
+  @Test func openingAStoreOnAServerSilentAfterTheHandshakeEnds() async throws {
+    let server = try await PostgresServer.start()
+    defer { server.stop() }
+    let proxy = try SilencingProxy(target: server.port)
+    defer { proxy.close() }
+    proxy.startSilencing()
+    let url = proxy.url
+    let finished = Atomic<Bool>(false)
+    let opening = Task {
+      defer { finished.store(true, ordering: .releasing) }
+      return try await PostgresJobStore.open(
+        url: url,
+        options: .init(
+          schema: uniqueSchema("rev2to"), reconnectTimeout: .seconds(2), callTimeout: .seconds(2)))
+    }
+    // Promised: 30 s (callTimeout, at least 30 s for an opening).
+    let ended = await eventually(timeout: .seconds(75)) { finished.load(ordering: .acquiring) }
+    #expect(
+      ended,
+      "open had not ended 75 s after it started (callTimeout 2 s, so 30 s for opening); setups silenced: \(proxy.silenced.load(ordering: .relaxed))"
+    )
+    if ended, case .failure(let error as PostgresError) = await opening.result {
+      #expect(error.code == .timedOut, "\(error)")
+    } else if ended {
+      Issue.record("opening a store on a silent server did not fail with .timedOut")
+    }
+    if !ended {
+      Thread { opening.cancel() }.start()
+      let cancelled = await eventually(timeout: .seconds(5)) { finished.load(ordering: .acquiring) }
+      #expect(cancelled, "nor had it ended 5 s after it was cancelled")
+    }
+    proxy.close()  // frees the opening thread
+    if case .success(let store) = await opening.result { await store.close() }
+  }
+
+  /// ("a cancelled call reaches the setup (PQcancel, then socket shutdown after 2 s)").
+  /// The cancel does end the call, but the call then fails with the closed socket's
+  /// `PostgresError` (libpq's "server closed the connection unexpectedly … check that the server
+  /// is running"), not `CancellationError`: after the 2 s shutdown the loss is handled as any
+  /// other, and with the reconnect deadline passed (here `reconnectTimeout` zero) `run` throws it
+  /// without looking at the cancellation. (A cancelled first-pass connect ends with
+  /// `CancellationError`; a cancelled setup should too.)
+  @Test func cancellingACallWhoseSetupGetsNoAnswerThrowsCancellationError() async throws {
+    let server = try await PostgresServer.start()
+    defer { server.stop() }
+    let proxy = try SilencingProxy(target: server.port)
+    defer { proxy.close() }
+    let store = try await PostgresJobStore.open(
+      url: proxy.url, options: .init(schema: uniqueSchema("rev2to"), reconnectTimeout: .zero))
+    _ = try await store.queueNames()  // the store's connection is open
+    proxy.startSilencing()
+    try await server.terminateClientSessions()
+
+    let finished = Atomic<Bool>(false)
+    let call = Task {
+      defer { finished.store(true, ordering: .releasing) }
+      _ = try await store.queueNames()
+    }
+    // The call reconnects (its first pass: the whole connect timeout) and waits on its setup.
+    let silenced = await eventually(timeout: .seconds(20)) { proxy.silenced.load(ordering: .relaxed) > 0 }
+    #expect(silenced, "the call's setup was never sent")
+    try await Task.sleep(for: .milliseconds(300))
+    let endedBeforeCancel = finished.load(ordering: .acquiring)
+    #expect(!endedBeforeCancel, "the call ended before the cancel")
+    Thread { call.cancel() }.start()
+    let ended = await eventually(timeout: .seconds(15)) { finished.load(ordering: .acquiring) }
+    #expect(ended, "a call cancelled during its setup had not ended 15 s after the cancel")
+    proxy.close()
+    let result = await call.result
+    if case .failure(let error) = result {
+      #expect(error is CancellationError, "a cancelled call failed with \(type(of: error)): \(error)")
+    } else {
+      Issue.record("the cancelled call returned")
+    }
+    await store.close()
+  }
+
+  // MARK: Cancel requests (commit 7bd3d0f)
+
+  /// A cancel request meant for a call must not end the next call on the same connection.
+  /// Failed before the fix (B failed with 57014); now a cancelled block that ends while its
+  /// request is on its way drops its connection, and B runs on a new backend.
+  ///
+  /// `Operation.whileRunning` sends the cancel under the operation's lock "so the block cannot
+  /// finish and let the next block's statement be cancelled instead". Before 7bd3d0f, `PQcancel`
+  /// returned only once the postmaster had handled the request, so that held. Now the request
+  /// is only *started* under the lock: its thread may reach the postmaster after the cancelled
+  /// call finished on its own and the next call's statement started on the same backend (same
+  /// PID and cancel key), which it then cancels.
+  ///
+  /// The delay is made deterministic by stopping only the postmaster (SIGSTOP): the connection's
+  /// backend keeps running, so call A finishes on its own; the cancel request sits in the
+  /// postmaster's listen backlog until SIGCONT, which is sent while call B (never cancelled)
+  /// runs. On a loaded machine the same happens whenever the cancel thread starts or connects
+  /// later than the cancelled statement ends.
+  @Test func aCancelRequestForOneCallDoesNotEndTheNextCall() async throws {
+    let server = try await PostgresServer.start()
+    defer { server.stop() }
+    let connection = SerializedConnection(
+      label: "CancelRequests", conninfo: server.url, scrubber: Scrubber(secrets: []),
+      reconnectTimeout: .seconds(30)  // B reconnects while the postmaster may still be stopped
+    ) { _ in }
+    try await connection.connect()
+    let backendBefore = try await connection.perform(idempotent: true) {
+      try $0.execute("SELECT pg_backend_pid()::int8", prepared: false).int64(0, 0)
+    }
+
+    let postmaster = try server.postmaster()
+    // Call A: short enough to end on its own well before the socket shutdown (2 s after the
+    // cancellation).
+    let callA = Task {
+      try await connection.perform(idempotent: true, retrying: false) {
+        _ = try $0.execute("SELECT pg_sleep(0.6)", prepared: false)
+      }
+    }
+    try await Task.sleep(for: .milliseconds(200))  // A's block is running
+    let frozen = Freeze([postmaster])
+    defer { frozen.thaw() }
+    callA.cancel()  // returns at once: the request waits in the postmaster's backlog
+    // A ends on its own (its backend is not stopped): it returns, or fails with a cancellation;
+    // either way it is over.
+    _ = await callA.result
+
+    // Call B, on the same connection and backend, never cancelled.
+    let callB = Task {
+      try await connection.perform(idempotent: true, retrying: false) {
+        try $0.execute("SELECT pg_backend_pid()::int8, pg_sleep(1.5)", prepared: false).int64(0, 0)
+      }
+    }
+    try await Task.sleep(for: .milliseconds(400))  // B's statement is running
+    frozen.thaw()  // A's cancel request now reaches the server
+    let resultB = await callB.result
+    switch resultB {
+    case .success:
+      break  // on the same backend, or on a new connection (a fix may drop the one A's request targets)
+    case .failure(let error):
+      Issue.record(
+        "call B, never cancelled, failed: \(error) (A's stale cancel request ended B's statement on backend \(backendBefore))"
+      )
+    }
+    await connection.close()
   }
 }

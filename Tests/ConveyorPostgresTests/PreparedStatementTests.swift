@@ -1,20 +1,21 @@
+import CLibPQ
 import Conveyor
-import ConveyorPostgres
+import ConveyorTestSupport
 import Foundation
 import Synchronization
 import Testing
 
-/// Adversarial review of "statements are prepared once per connection" and the NOTIFY sent for a
-/// retry, a release and a rescued lease (issue 9). Tests marked `// DEFECT:` fail against the code
-/// under review; the others document what held.
-@Suite("PostgresJobStore review: prepared statements and NOTIFY", .serialized)
-struct ReviewPreparedAndNotifyTests {
-  func openStore(_ server: PostgresServer, schema: String) async throws -> PostgresJobStore {
-    try await PostgresJobStore.open(
-      url: server.url + "?application_name=\(schema)",
-      options: .init(schema: schema, reconnectTimeout: .seconds(30), callTimeout: .seconds(60)))
-  }
+@testable import ConveyorPostgres
 
+#if canImport(Glibc)
+  import Glibc
+#endif
+
+/// The store's connections keep named prepared statements: a change to the table under them (a
+/// column's type, a new column, a rebuilt index) must not stop claims, listings or lookups, and a
+/// reconnect prepares them again, each connection for its own schema.
+@Suite("PostgreSQL: prepared statements", .serialized)
+struct PreparedStatementTests {
   /// Runs `call` a few times; returns the errors it threw (empty once it succeeded).
   func errors<T: Sendable>(
     attempts: Int = 3, _ call: @Sendable () async throws -> T
@@ -33,7 +34,7 @@ struct ReviewPreparedAndNotifyTests {
 
   // MARK: A table changed after its statements were prepared
 
-  // DEFECT: the store's connection keeps its named prepared statements for its whole life
+  // Failed before the fix: the store's connection keeps its named prepared statements for its whole life
   // (Connection.prepare, the `prepared` cache). A change to the type of a column the store reads
   // (here `last_error text` -> `varchar(4000)`, a change that leaves every stored value and its
   // binary form as they were) makes each prepared statement that returns that column fail with
@@ -45,7 +46,7 @@ struct ReviewPreparedAndNotifyTests {
   @Test func claimingKeepsWorkingAfterAColumnTypeChangesUnderAPreparedStatement() async throws {
     let server = try await PostgresServer.shared()
     let schema = uniqueSchema("rp")
-    let store = try await openStore(server, schema: schema)
+    let store = try await openNamedStore(server, .init(schema: schema, reconnectTimeout: .seconds(30)))
     defer { Task { await store.close() } }
     let clock = SystemJobClock()
     let lease = Lease(owner: "w", duration: .seconds(30))
@@ -66,19 +67,19 @@ struct ReviewPreparedAndNotifyTests {
     #expect(failures.isEmpty, "the claim fails after the ALTER, every time: \(failures)")
 
     // The table is fine: a store that prepares its statements afresh reads it.
-    let fresh = try await openStore(server, schema: schema)
+    let fresh = try await openNamedStore(server, .init(schema: schema, reconnectTimeout: .seconds(30)))
     defer { Task { await fresh.close() } }
     let listed = try await fresh.jobs(queue: "mig", status: nil, after: nil, limit: 10)
     #expect(listed.count >= 1)
   }
 
-  // DEFECT: as above, for the listings (all, and one status) and the lookup by ID (all prepared,
+  // Failed before the fix: as above, for the listings (all, and one status) and the lookup by ID (all prepared,
   // all return `lease_owner`): after `lease_owner text` -> `varchar(200)` they fail with "cached plan must not change
   // result type" on every call; the store never prepares them again (Connection.prepare).
   @Test func listingAndLookupKeepWorkingAfterAColumnTypeChangesUnderAPreparedStatement() async throws {
     let server = try await PostgresServer.shared()
     let schema = uniqueSchema("rp")
-    let store = try await openStore(server, schema: schema)
+    let store = try await openNamedStore(server, .init(schema: schema, reconnectTimeout: .seconds(30)))
     defer { Task { await store.close() } }
     let clock = SystemJobClock()
     let id = try await store.enqueue([NewJob(payload: Data("a".utf8))], queue: "mig", clock: clock)[0].id
@@ -99,12 +100,12 @@ struct ReviewPreparedAndNotifyTests {
     #expect(lookupFailures.isEmpty, "the lookup fails after the ALTER, every time: \(lookupFailures)")
   }
 
-  // Held: a change that leaves the result's types alone (a new column, an index dropped and
+  // A change that leaves the result's types alone (a new column, an index dropped and
   // made again) is replanned by the server.
   @Test func addingAColumnAndRebuildingAnIndexUnderPreparedStatementsIsReplanned() async throws {
     let server = try await PostgresServer.shared()
     let schema = uniqueSchema("rp")
-    let store = try await openStore(server, schema: schema)
+    let store = try await openNamedStore(server, .init(schema: schema, reconnectTimeout: .seconds(30)))
     defer { Task { await store.close() } }
     let clock = SystemJobClock()
     let lease = Lease(owner: "w", duration: .seconds(30))
@@ -126,14 +127,14 @@ struct ReviewPreparedAndNotifyTests {
 
   // MARK: Reconnects and two schemas
 
-  // Held: after `pg_terminate_backend` the store reconnects, and the new connection prepares its
+  // After `pg_terminate_backend` the store reconnects, and the new connection prepares its
   // statements again; two stores on two schemas of one server never read each other's tables.
   @Test func preparedStatementsSurviveATerminatedBackendAndStayWithTheirSchema() async throws {
     let server = try await PostgresServer.shared()
     let schemaA = uniqueSchema("rpa")
     let schemaB = uniqueSchema("rpb")
-    let a = try await openStore(server, schema: schemaA)
-    let b = try await openStore(server, schema: schemaB)
+    let a = try await openNamedStore(server, .init(schema: schemaA, reconnectTimeout: .seconds(30)))
+    let b = try await openNamedStore(server, .init(schema: schemaB, reconnectTimeout: .seconds(30)))
     defer {
       Task {
         await a.close()
@@ -156,69 +157,5 @@ struct ReviewPreparedAndNotifyTests {
     #expect(claimedA.map(\.id) == [idA])
     #expect(claimedB.map(\.id) == [idB])
     #expect(try await a.counts(queue: "q", clock: clock).running == 1)
-  }
-
-  // MARK: NOTIFY
-
-  /// Waits on `listener` for `queue` after draining what is pending; returns whether `action`
-  /// woke it.
-  func wakes(
-    _ listener: PostgresJobStore, queue: String, _ action: @Sendable () async throws -> Void
-  ) async throws -> Bool {
-    while await listener.waitForWork(queue: queue, timeout: .milliseconds(300)) {}
-    let waiter = Task { await listener.waitForWork(queue: queue, timeout: .seconds(10)) }
-    try await Task.sleep(for: .milliseconds(300))
-    try await action()
-    return await waiter.value
-  }
-
-  // Held: a retry, a release and a rescued lease wake a worker idle in another store.
-  @Test func retryReleaseAndRescueWakeAnIdleStoreElsewhere() async throws {
-    let server = try await PostgresServer.shared()
-    let schema = uniqueSchema("rn")
-    let worker = try await openStore(server, schema: schema)
-    let idle = try await openStore(server, schema: schema)
-    defer {
-      Task {
-        await worker.close()
-        await idle.close()
-      }
-    }
-    let clock = SystemJobClock()
-    let lease = Lease(owner: "w", duration: .seconds(30))
-    _ = try await worker.enqueue([NewJob(payload: Data("a".utf8))], queue: "n", clock: clock)
-    // Starts the idle store's listener.
-    _ = await idle.waitForWork(queue: "n", timeout: .seconds(1))
-
-    var claim = try await worker.settleAndClaim([], queue: "n", limit: 1, lease: lease, clock: clock).claimed[
-      0
-    ]
-    .claim
-    let retried = claim
-    #expect(
-      try await wakes(idle, queue: "n") {
-        _ = try await worker.settleAndClaim(
-          [JobSettlement(claim: retried, action: .retry(after: .zero, error: "e"))], queue: "n", limit: 0,
-          lease: lease, clock: clock)
-      })
-    claim = try await worker.settleAndClaim([], queue: "n", limit: 1, lease: lease, clock: clock).claimed[0]
-      .claim
-    let released = claim
-    #expect(
-      try await wakes(idle, queue: "n") {
-        _ = try await worker.settleAndClaim(
-          [JobSettlement(claim: released, action: .release(error: nil))], queue: "n", limit: 0,
-          lease: lease, clock: clock)
-      })
-    let short = Lease(owner: "w", duration: .milliseconds(1))
-    _ = try await worker.settleAndClaim([], queue: "n", limit: 1, lease: short, clock: clock)
-    try await Task.sleep(for: .milliseconds(50))
-    let rescued = Mutex(0)
-    #expect(
-      try await wakes(idle, queue: "n") {
-        let count = try await worker.rescueExpiredLeases(queue: "n", clock: clock)
-        rescued.withLock { $0 = count }
-      })
-    #expect(rescued.withLock { $0 } == 1)
   }
 }

@@ -1,3 +1,4 @@
+import CLibPQ
 import Conveyor
 import ConveyorTestSupport
 import Foundation
@@ -14,7 +15,7 @@ import Testing
 /// swallow the next `LISTEN` (and everything after it on that connection, as a server that stopped
 /// answering), or cut the listener's connections on the server side while keeping the client
 /// side open and silent (a server that died or failed over, whose FIN/RST never reached us).
-final class ReviewListenerProxy: Sendable {
+final class ListenerProxy: Sendable {
   private struct Link {
     var client: Int32
     var server: Int32
@@ -43,7 +44,7 @@ final class ReviewListenerProxy: Sendable {
     self.target = target
     (listener, port) = try PostgresServer.loopbackSocket(listening: true)
     let thread = Thread { [self] in acceptLoop() }
-    thread.name = "ReviewListenerProxy.accept"
+    thread.name = "ListenerProxy.accept"
     thread.start()
   }
 
@@ -151,8 +152,11 @@ final class ReviewListenerProxy: Sendable {
   }
 }
 
-@Suite("Review: the PostgreSQL listener", .serialized, .timeLimit(.minutes(3)))
-struct ReviewListenerTests {
+/// The store's listener (one connection per store that `LISTEN`s for its queues): it must end
+/// when the store closes, retry a `LISTEN` that got no answer, reconnect when its connection
+/// silently died or the server ends idle sessions, and wake the first wait for a new queue.
+@Suite("PostgreSQL: the listener", .serialized, .timeLimit(.minutes(4)))
+struct ListenerTests {
   struct Item: Queueable { var number: Int }
 
   func enqueue(_ number: Int, on store: PostgresJobStore, queue: String) async throws {
@@ -170,7 +174,7 @@ struct ReviewListenerTests {
 
   /// A store reached through `proxy`, whose listener gives up a statement unanswered after its
   /// `callTimeout` (5 s), and another store on the same schema, reached directly.
-  func storesBehind(_ proxy: ReviewListenerProxy, server: PostgresServer, schema: String) async throws -> (
+  func storesBehind(_ proxy: ListenerProxy, server: PostgresServer, schema: String) async throws -> (
     PostgresJobStore, other: PostgresJobStore
   ) {
     let store = try await PostgresJobStore.open(
@@ -200,7 +204,7 @@ struct ReviewListenerTests {
   /// for its answer notices `stop()`.
   @Test func closingTheStoreEndsAListenerWhoseListenGetsNoAnswer() async throws {
     let server = try await PostgresServer.shared()
-    let proxy = try ReviewListenerProxy(target: server.port)
+    let proxy = try ListenerProxy(target: server.port)
     defer { proxy.close() }
     proxy.swallowNextListen()
     let store = try await PostgresJobStore.open(
@@ -220,7 +224,7 @@ struct ReviewListenerTests {
   /// given up after `callTimeout`, and the next `LISTEN` wakes the queue.
   @Test func aListenThatGetsNoAnswerIsRetried() async throws {
     let server = try await PostgresServer.shared()
-    let proxy = try ReviewListenerProxy(target: server.port)
+    let proxy = try ListenerProxy(target: server.port)
     defer { proxy.close() }
     proxy.swallowNextListen()
     let (store, other) = try await storesBehind(proxy, server: server, schema: uniqueSchema("rlhang"))
@@ -243,7 +247,7 @@ struct ReviewListenerTests {
   /// `callTimeout`.
   @Test func aListenerWhoseConnectionSilentlyDiedReconnects() async throws {
     let server = try await PostgresServer.shared()
-    let proxy = try ReviewListenerProxy(target: server.port)
+    let proxy = try ListenerProxy(target: server.port)
     defer { proxy.close() }
     let (store, other) = try await storesBehind(proxy, server: server, schema: uniqueSchema("rlcut"))
     let (jobQueue, handled) = try idleQueue(on: store, queue: "q")
@@ -282,9 +286,7 @@ struct ReviewListenerTests {
     }
     #expect(calls <= 11, "\(calls) waits of 100 ms returned within one second on a closed store")
   }
-}
 
-extension ReviewListenerTests {
   /// The first wait for a queue the store's listener never watched returns at once: a queue that
   /// starts on a store whose listener already runs (another queue started it) looks at the store,
   /// then waits; a notification for it between the two was not kept (nobody watched the name),
@@ -300,13 +302,11 @@ extension ReviewListenerTests {
     #expect(await store.waitForWork(queue: "b", timeout: .milliseconds(300)) == false, "only the first")
     await store.close()
   }
-}
 
-extension ReviewListenerTests {
   /// Control for the proxy: without swallowing, close() does close the listener's connection.
   @Test func controlClosingTheStoreClosesAnAnsweredListener() async throws {
     let server = try await PostgresServer.shared()
-    let proxy = try ReviewListenerProxy(target: server.port)
+    let proxy = try ListenerProxy(target: server.port)
     defer { proxy.close() }
     let store = try await PostgresJobStore.open(url: proxy.url, options: .init(schema: uniqueSchema("rlctl")))
     let waiter = Task { await store.waitForWork(queue: "q", timeout: .seconds(600)) }
@@ -314,5 +314,90 @@ extension ReviewListenerTests {
     #expect(await waiter.value == true)  // the first LISTEN wakes every waiter
     await store.close()
     #expect(await eventually(timeout: .seconds(30)) { proxy.openListenerClients == 0 })
+  }
+
+  func enqueue(_ queue: String, on store: PostgresJobStore) async throws {
+    _ = try await store.enqueue([NewJob(payload: Data("{}".utf8))], queue: queue, clock: SystemJobClock())
+  }
+
+  /// Counts the `true` returns of back-to-back waits for `queue` (as a queue's watcher makes them)
+  /// during `span`.
+  func wakeUps(_ store: PostgresJobStore, queue: String, during span: Duration) async -> Int {
+    let end = ContinuousClock.now + span
+    var woken = 0
+    while ContinuousClock.now < end {
+      let left = end - ContinuousClock.now
+      if await store.waitForWork(queue: queue, timeout: max(left, .milliseconds(1))) { woken += 1 }
+    }
+    return woken
+  }
+
+  /// A database whose sessions the server ends after `idle` without a statement from the client.
+  func idleDatabase(_ server: PostgresServer, idle: String) throws -> String {
+    let admin = try AdminConnection(server.url)
+    let database = uniqueSchema("rl2idle")
+    try admin.query("CREATE DATABASE \(database)")
+    try admin.query("ALTER DATABASE \(database) SET idle_session_timeout = '\(idle)'")
+    return "postgresql://postgres@127.0.0.1:\(server.port)/\(database)"
+  }
+
+  /// idle_session_timeout (which the store's own connection copes with: IdleConnectionTests) shorter
+  /// than the listener's 10 s heartbeat: the server ends the listener's session every few seconds,
+  /// and every reconnect's `LISTEN` wakes every waiter. A queue with nothing to do is woken for
+  /// nothing every ~3 s, forever (and notifications sent while the listener is down are lost).
+  /// Now the listener's own session turns the timeout off (`idle_session_timeout = 0`): its
+  /// heartbeat already gives up a connection that went silent.
+  @Test func aShortIdleSessionTimeoutMakesTheListenerWakeEveryWaiterOverAndOver() async throws {
+    let server = try await PostgresServer.shared()
+    let url = try idleDatabase(server, idle: "2s")
+    let store = try await PostgresJobStore.open(url: url, options: .init(schema: uniqueSchema("rl2idle")))
+    // The first LISTEN wakes the first wait.
+    #expect(await store.waitForWork(queue: "q", timeout: .seconds(30)), "the listener is up")
+    let woken = await wakeUps(store, queue: "q", during: .seconds(15))
+    #expect(woken <= 1, "nothing was added, yet the waiter of queue q was woken \(woken) times in 15 s")
+    await store.close()
+  }
+
+  /// The heartbeat is sent after 10 s without a byte *from the server*; idle_session_timeout
+  /// counts the time without a statement *from the client*. A steady trickle of notifications
+  /// (another queue's jobs, every 2 s) keeps the heartbeat from ever being sent, so even a
+  /// timeout above the heartbeat (12 s) ends the listener's session again and again, each
+  /// reconnect waking every waiter. Now the listener's session turns the timeout off.
+  @Test func notificationsKeepTheHeartbeatFromStoppingAnIdleSessionTimeout() async throws {
+    let server = try await PostgresServer.shared()
+    let url = try idleDatabase(server, idle: "12s")
+    let schema = uniqueSchema("rl2trickle")
+    let store = try await PostgresJobStore.open(url: url, options: .init(schema: schema))
+    let adder = try await PostgresJobStore.open(url: url, options: .init(schema: schema))
+    #expect(await store.waitForWork(queue: "q", timeout: .seconds(30)), "the listener is up")
+    // Another queue ("busy") of the same store gets a job every 2 s.
+    let trickle = Task {
+      while !Task.isCancelled {
+        try? await enqueue("busy", on: adder)
+        try? await Task.sleep(for: .seconds(2))
+      }
+    }
+    let woken = await wakeUps(store, queue: "q", during: .seconds(30))
+    trickle.cancel()
+    _ = await trickle.value
+    #expect(woken <= 1, "nothing was added to queue q, yet its waiter was woken \(woken) times in 30 s")
+    await adder.close()
+    await store.close()
+  }
+
+  /// Control: the server ending the listener's session (pg_terminate_backend): it reconnects and
+  /// the new LISTEN wakes the waiter.
+  @Test func controlATerminatedListenerReconnectsAndWakes() async throws {
+    let server = try await PostgresServer.shared()
+    let admin = try AdminConnection(server.url)
+    let schema = uniqueSchema("rl2term")
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    #expect(await store.waitForWork(queue: "q", timeout: .seconds(30)), "the listener is up")
+    let waiter = Task { await store.waitForWork(queue: "q", timeout: .seconds(60)) }
+    try await Task.sleep(for: .milliseconds(500))
+    try admin.query(
+      "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%LISTEN \"\(schema).jobs\"'")
+    #expect(await waiter.value, "the reconnect's LISTEN woke the waiter")
+    await store.close()
   }
 }

@@ -11,11 +11,14 @@ import Testing
   import Glibc
 #endif
 
-/// Review of the non-blocking connect (`PQconnectStart` / `PQconnectPoll` in 50 ms slices). The
-/// dripping-server, several-host and refused-`connect_timeout` tests failed against its first
-/// version (da1cfe6); each compares the store's connect with libpq's own blocking one.
-@Suite("Review: the non-blocking PostgreSQL connect", .serialized, .timeLimit(.minutes(3)))
-struct ReviewConnectTests {
+/// The store's connect: non-blocking (`PQconnectStart` / `PQconnectPoll` in 50 ms slices), it
+/// must give up where libpq's own blocking connect gives up (a server whose answer trickles in, a
+/// frozen first host, `connect_timeout` values libpq refuses), follow the plan libpq resolves
+/// (hosts and `connect_timeout` from a service file or the environment, conninfo libpq cannot
+/// parse), and never show a password in an error. Each comparison runs libpq's own connect beside
+/// the store's.
+@Suite("PostgreSQL: connecting", .serialized, .timeLimit(.minutes(3)))
+struct ConnectTests {
   /// A fake server on 127.0.0.1 that accepts connections, reads the startup packet, then answers
   /// with the header of a 20,000-byte ErrorResponse and drips its body one byte every 20 ms: the
   /// client's socket turns readable every 20 ms, never staying quiet for 50 ms, and the message
@@ -29,7 +32,7 @@ struct ReviewConnectTests {
     init() throws {
       (listener, port) = try PostgresServer.loopbackSocket(listening: true)
       let thread = Thread { [self] in serve() }
-      thread.name = "review-drip-server"
+      thread.name = "drip-server"
       thread.start()
     }
 
@@ -284,6 +287,186 @@ struct ReviewConnectTests {
       #expect(
         before?.description == after?.description,
         "\(conninfo): before \(String(describing: before)), after \(String(describing: after))")
+    }
+  }
+
+  // MARK: - The connect's plan, from what libpq resolved (commit 12cc914)
+
+  // `plan(_:)` decided single host or several, and read `connect_timeout`, from
+  // `PQconninfoParse`: the conninfo string alone. libpq itself also takes the connection's options
+  // from a service file (`service=`) and from the environment (PGHOST, PGCONNECT_TIMEOUT, …), which
+  // `PQconninfoParse` never reads; and the blocking path handed the conninfo to `PQconnectdbParams`
+  // as an expanded `dbname`, which libpq takes for a plain database name when it is not a
+  // connection string. Each test compares the store's connect with `PQconnectdb`; the four
+  // comparisons failed before the fix (the plan now reads the options libpq resolved, `PQconninfo`
+  // after `PQconnectStart`, and a conninfo libpq cannot parse fails in `PQconnectStart` with
+  // libpq's message).
+
+  /// The service file libpq reads for `service=` (PGSERVICEFILE, set when the first server
+  /// starts; read only when a service is named, so no other test sees it). Each test rewrites it.
+  static var serviceFile: String { PostgresServer.serviceFile }
+
+  static func writeServices(_ text: String) throws {
+    try text.write(toFile: serviceFile, atomically: true, encoding: .utf8)
+  }
+
+  /// A server of its own, frozen whole (SIGSTOP); `body` runs with its port; thawed and stopped
+  /// afterwards.
+  static func withFrozenServer(_ body: (Int) async throws -> Void) async throws {
+    let server = try await PostgresServer.start()
+    defer { server.stop() }
+    let frozen = try server.freeze()
+    defer { frozen.thaw() }
+    try await body(server.port)
+  }
+
+  // MARK: - Hosts named by a service file
+
+  /// The service names two hosts, the first frozen; the conninfo says `connect_timeout=2`.
+  /// `PQconnectdb` gives up on the first host after 2 s and connects to the second. `plan` sees
+  /// no `host` in the string, takes the non-blocking path, applies the 2 s to the whole attempt
+  /// (`PQconnectPoll` never moves on from a host that does not answer) and fails.
+  @Test func aServiceNamingSeveralHostsFallsThroughLikePQconnectdb() async throws {
+    let healthy = try await PostgresServer.shared()
+    try await Self.withFrozenServer { frozenPort in
+      try Self.writeServices(
+        """
+        [svc_two]
+        host=127.0.0.1,127.0.0.1
+        port=\(frozenPort),\(healthy.port)
+        user=postgres
+        dbname=postgres
+
+        """)
+      let conninfo = "service=svc_two connect_timeout=2"
+      let (before, after) = await Self.bothConnects(conninfo, seconds: 30)
+      #expect(before?.description == "connected", "PQconnectdb: \(String(describing: before))")
+      #expect(after?.description == "connected", "Connection(conninfo:): \(String(describing: after))")
+    }
+  }
+
+  // MARK: - connect_timeout given by a service file
+
+  /// The service sets `connect_timeout=2` for a frozen server. `PQconnectdb` gives up after 2 s;
+  /// `plan` does not see the value and the store waits 30 s.
+  @Test func aServicesConnectTimeoutIsHonoured() async throws {
+    try await Self.withFrozenServer { frozenPort in
+      try Self.writeServices(
+        """
+        [svc_frozen]
+        host=127.0.0.1
+        port=\(frozenPort)
+        user=postgres
+        dbname=postgres
+        connect_timeout=2
+
+        """)
+      let conninfo = "service=svc_frozen"
+      let (before, after) = await Self.bothConnects(conninfo, seconds: 10)
+      #expect(before != nil, "PQconnectdb had not given up 10 s after connect_timeout=2")
+      #expect(
+        after != nil,
+        "Connection(conninfo:) had not given up 10 s after the service's connect_timeout=2 (PQconnectdb: \(String(describing: before)))"
+      )
+    }
+  }
+
+  /// The blocking path (several hosts in the conninfo) passes `connect_timeout=30` in the keyword
+  /// array; a service file (like PGCONNECT_TIMEOUT) fills only options left unset, so its
+  /// `connect_timeout=2` is lost: the frozen first host holds the connect 30 s instead of 2 s.
+  @Test func theBlockingPathKeepsAServicesConnectTimeout() async throws {
+    let healthy = try await PostgresServer.shared()
+    try await Self.withFrozenServer { frozenPort in
+      try Self.writeServices(
+        """
+        [svc_timeout]
+        user=postgres
+        dbname=postgres
+        connect_timeout=2
+
+        """)
+      let conninfo = "service=svc_timeout host=127.0.0.1,127.0.0.1 port=\(frozenPort),\(healthy.port)"
+      let (before, after) = await Self.bothConnects(conninfo, seconds: 12)
+      #expect(before?.description == "connected", "PQconnectdb: \(String(describing: before))")
+      #expect(
+        after?.description == "connected",
+        "Connection(conninfo:) after 12 s (the service says connect_timeout=2): \(String(describing: after))")
+    }
+  }
+
+  // MARK: - A conninfo libpq cannot parse
+
+  /// A conninfo that is neither `key=value` pairs nor a URL — a bare word, a URL with a typo —
+  /// is refused by `PQconnectdb` ("missing "=" after …"). The blocking path passes it as an
+  /// expanded `dbname`; libpq takes it for a plain database name and connects to the default
+  /// server (PGHOST or the default socket, port 5432) with it: a different error here, a
+  /// connection to the wrong database where a server listens at the defaults.
+  @Test(arguments: ["postgres", "postgresql:/127.0.0.1/postgres"])
+  func aConninfoLibpqCannotParseIsRefusedAsByPQconnectdb(_ conninfo: String) async throws {
+    let (before, after) = await Self.bothConnects(conninfo, seconds: 30)
+    #expect(
+      before?.description.contains("missing \"=\"") == true, "PQconnectdb: \(String(describing: before))")
+    #expect(
+      after?.description == before?.description,
+      "Connection(conninfo:): \(String(describing: after)); PQconnectdb: \(String(describing: before))")
+  }
+
+  // MARK: - Sanity (expected to pass)
+
+  /// Several hosts in URL form, and quoted key=value values, through the blocking path.
+  @Test func severalHostsInURLAndQuotedFormsConnectAsBefore() async throws {
+    let server = try await PostgresServer.shared()
+    let conninfos = [
+      "postgresql://postgres@127.0.0.1:1,127.0.0.1:\(server.port)/postgres",
+      "postgresql://postgres@127.0.0.1:1,127.0.0.1:\(server.port)/postgres?application_name=a%20b",
+      "host='127.0.0.1,127.0.0.1' port='1,\(server.port)' user=postgres dbname='postgres' application_name='it\\'s'",
+      "host=127.0.0.1,127.0.0.1 port=1,\(server.port) user=postgres dbname=no_such_database",
+    ]
+    for conninfo in conninfos {
+      let (before, after) = await Self.bothConnects(conninfo, seconds: 30)
+      #expect(
+        before?.description == after?.description,
+        "\(conninfo): before \(String(describing: before)), after \(String(describing: after))")
+    }
+  }
+
+  // MARK: - Passwords
+
+  // Failed before the fix: a password given as a URL query parameter (`?password=…`) is not scrubbed when libpq
+  // cannot parse the URL: ConnectionInfo only collects the password of the URL's authority before
+  // calling PQconninfoParse, and libpq's message quotes the offending token
+  // (`invalid percent-encoded token: "…"`), so the password appears in the error's description.
+  @Test func aPasswordInAURLQueryNeverAppearsInAParseError() async throws {
+    let secret = "Sw0rdfish%zzTango"
+    do {
+      _ = try PostgresJobStore(url: "postgresql://app@127.0.0.1:1/app?password=\(secret)")
+      Issue.record("the URL was accepted")
+    } catch {
+      let text = "\(error) \(String(reflecting: error))"
+      #expect(!text.contains("Sw0rdfish"), "the password leaked: \(text)")
+    }
+  }
+
+  @Test func passwordsNeverAppearInConnectionErrors() async throws {
+    let server = try await PostgresServer.shared()
+    let secret = "Xy7Secret9"
+    let urls = [
+      "postgresql://app:\(secret)@127.0.0.1:1/app",  // unreachable
+      "postgresql://postgres:\(secret)@127.0.0.1:\(server.port)/no_such_db_\(secret)x",  // bad database
+      "host=127.0.0.1 port=1 user=app password=\(secret) dbname=app",  // conninfo, unreachable
+      "host=127.0.0.1 port=\(server.port) user=nobody_here password='\(secret)' dbname=postgres",  // bad user
+      "postgresql://app:%58y7Secret9@127.0.0.1:1/app",  // percent-encoded
+      "postgresql://app:\(secret)@127.0.0.1:1/app?sslmode=bogus",
+      "postgresql://app:\(secret)@127.0.0.1:notaport/app",
+    ]
+    for url in urls {
+      do {
+        let store = try await PostgresJobStore.open(url: url)
+        Issue.record("opened \(store.target)")
+      } catch {
+        let text = "\(error) \(String(reflecting: error))"
+        #expect(!text.contains(secret), "leaked for \(url): \(text)")
+      }
     }
   }
 }
