@@ -3,7 +3,7 @@ import Foundation
 import Testing
 
 /// `Config.databaseURL`: the file the queue's items are committed to.
-@Suite("Bismuth: the database file")
+@Suite("Bismuth: the database file", .timeLimit(.minutes(4)))
 @MainActor
 struct DatabaseFileTests {
   /// A databaseURL in a folder that did not exist yet (an app's Application Support subfolder on

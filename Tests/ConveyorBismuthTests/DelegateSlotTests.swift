@@ -5,7 +5,7 @@ import Testing
 @testable import ConveyorBismuth
 
 /// The slot where a handler waits for the queue's delegate, and the items that wait in it.
-@Suite("Bismuth: waiting for a delegate", .timeLimit(.minutes(4)))
+@Suite("Bismuth: waiting for a delegate")
 struct DelegateSlotTests {
   /// A wait whose time is up before it began ends with `CancellationError`. The timer started
   /// before the waiter was recorded, so a timer that fired first would have found nobody to end,
@@ -51,7 +51,8 @@ struct DelegateSlotTests {
   /// lease is renewed while it waits for a delegate), so another queue instance on the same file,
   /// with a delegate, never got it. Failed before the fix: `Adapter.queue(_:handle:...)` waited in
   /// `DelegateSlot.waitForDelegate()` with no bound.
-  @Test("an instance without a delegate does not keep an item from an instance with one")
+  @Test(
+    "an instance without a delegate does not keep an item from an instance with one", .timeLimit(.minutes(4)))
   @MainActor func delegatelessInstanceHoldsItem() async throws {
     let config = try temporaryConfig("shared", retryTime: 0)
     let idle = Bismuth.Queue<NamedItem>(config: config)  // autoStart, no delegate yet
@@ -68,7 +69,9 @@ struct DelegateSlotTests {
     await worker.jobQueue.shutdown(gracePeriod: .zero)
   }
 
-  @Test("an item added to a queue without a delegate, then shut down, comes back with no attempt used")
+  @Test(
+    "an item added to a queue without a delegate, then shut down, comes back with no attempt used",
+    .timeLimit(.minutes(4)))
   @MainActor func shutdownWhileWaitingForDelegate() async throws {
     let config = try temporaryConfig("wait", retryTime: 3600)  // a retry would be an hour away
     let first = Bismuth.Queue<NamedItem>(config: config)
@@ -83,7 +86,9 @@ struct DelegateSlotTests {
     await second.jobQueue.shutdown(gracePeriod: .zero)
   }
 
-  @Test("a queue released while its item waits for a delegate leaves the item, no attempt used")
+  @Test(
+    "a queue released while its item waits for a delegate leaves the item, no attempt used",
+    .timeLimit(.minutes(4)))
   @MainActor func releasedWhileWaitingForDelegate() async throws {
     let config = try temporaryConfig("released", retryTime: 3600)
     do {
