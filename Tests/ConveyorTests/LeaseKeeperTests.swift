@@ -13,11 +13,28 @@ import Testing
   import Darwin
 #endif
 
+/// A user's clock whose monotonic reading runs at half the rate of its wall clock, leaving
+/// `sleep(untilUptime:)` to the protocol's default.
+struct HalfRateUptimeClock: JobClock {
+  let base: ManualJobClock
+  func now() -> Date { base.now() }
+  func sleep(until deadline: Date) async throws { try await base.sleep(until: deadline) }
+  func uptime() -> Duration { base.uptime() / 2 }
+}
+
+/// A clock with only `now()` and `sleep(until:)`: both monotonic methods are the defaults.
+struct WallOnlyClock: JobClock {
+  func now() -> Date { Date() }
+  func sleep(until deadline: Date) async throws { try await SystemJobClock().sleep(until: deadline) }
+}
+
 /// The lease keeper: every queue's keeper heartbeats its claims on one shared thread
 /// (`ThreadExecutor.leases`), so one keeper must neither starve the others nor heartbeat after it
-/// was cancelled or its queue shut down, and errors from the store must not stop it. Serialized:
-/// the tests hold the shared thread on purpose.
-@Suite("Lease keeper", .serialized)
+/// was cancelled or its queue shut down, and errors from the store must not stop it; it sleeps
+/// with `JobClock.sleep(untilUptime:)`, whose default (for clocks that leave it to the protocol)
+/// must not wake early, trap, or miss a deadline reached in steps. Serialized: the tests hold the
+/// shared thread on purpose.
+@Suite("Lease keeper and the default sleep(untilUptime:)", .serialized)
 struct LeaseKeeperTests {
   func configuration(
     _ name: String, lease: Duration, clock: any JobClock, poll: Duration = .seconds(1)
@@ -229,6 +246,38 @@ struct LeaseKeeperTests {
     await queueA.shutdown(gracePeriod: .seconds(1))
     #expect(
       after == atShutdown, "B's store heartbeated \(after - atShutdown) time(s) after B's shutdown returned")
+  }
+
+  // Failed before the fix: the default measured what was left in uptime() and slept as long on
+  // the wall clock, so a clock whose uptime() runs slower woke early.
+  @Test("the default sleep(untilUptime:) does not return before uptime() reaches the deadline")
+  func defaultSleepWaitsForTheUptimeDeadline() async throws {
+    let manual = ManualJobClock()
+    let clock = HalfRateUptimeClock(base: manual)
+    let deadline = clock.uptime() + .seconds(10)
+    let returnedAt = Mutex<Duration?>(nil)
+    let sleeper = Task {
+      try await clock.sleep(untilUptime: deadline)
+      returnedAt.withLock { $0 = clock.uptime() }
+    }
+    try await waitUntilAsleep(1, on: manual)
+    manual.advance(by: .seconds(10))  // uptime() reads 5 s
+    try await waitUntilAsleep(1, on: manual, timeout: .seconds(3))
+    #expect(returnedAt.withLock { $0 } == nil)
+    manual.advance(by: .seconds(10))  // uptime() reads 10 s
+    try await sleeper.value
+    let at = try #require(returnedAt.withLock { $0 })
+    #expect(at >= deadline, "returned at uptime \(at), deadline \(deadline)")
+  }
+
+  // Failed before the fix: `deadline - uptime()` (and, before that, the deadline's seconds)
+  // trapped for a deadline near the most negative `Duration`.
+  @Test("the default sleep(untilUptime:) does not trap on an extreme deadline")
+  func defaultSleepDoesNotTrapOnExtremeDeadline() async {
+    await #expect(processExitsWith: .success) {
+      try? await WallOnlyClock().sleep(untilUptime: Duration(attoseconds: .min))
+      try? await WallOnlyClock().sleep(untilUptime: .zero - .seconds(Int64.max))
+    }
   }
 
   // Failed before the fix: the wall-clock target was `now + left` in one `Double` addition, and a
