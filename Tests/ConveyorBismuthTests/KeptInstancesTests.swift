@@ -29,11 +29,7 @@ private final class RetryAll: BismuthQueueDelegate {
 @MainActor
 struct KeptInstancesTests {
   private func config(_ name: String, autoStart: Bool = false) throws -> Bismuth.Config {
-    var config = Bismuth.Config(identifier: name)
-    config.databaseURL = try temporaryDatabase()
-    config.autoStart = autoStart
-    config.retryTime = 0
-    return config
+    try temporaryConfig(name, retryTime: 0, autoStart: autoStart)
   }
 
   @Test("remove(item) finds an item whose == uses state it does not encode, and items returns it")

@@ -118,10 +118,10 @@ func onThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
   }
 }
 
-/// Connects to 127.0.0.1:`port`, sends `request`, reads until the server closes or the body's
-/// `Content-Length` arrived (30 s at most).
-func exchange(port: UInt16, _ request: [UInt8]) -> [UInt8]? {
-  guard let fd = connectLoopback(port: port) else { return nil }
+/// Connects to `address`:`port` (127.0.0.1 unless told), sends `request`, reads until the server
+/// closes or the body's `Content-Length` arrived (30 s at most).
+func exchange(port: UInt16, address: String = "127.0.0.1", _ request: [UInt8]) -> [UInt8]? {
+  guard let fd = connectLoopback(port: port, address: address) else { return nil }
   defer { close(fd) }
   let sent = request.withUnsafeBytes { send(fd, $0.baseAddress!, $0.count, 0) }
   guard sent == request.count else { return nil }
@@ -141,8 +141,9 @@ func exchange(port: UInt16, _ request: [UInt8]) -> [UInt8]? {
   return response
 }
 
-/// A blocking TCP socket connected to 127.0.0.1:`port` whose reads give up after 30 s, or nil.
-func connectLoopback(port: UInt16) -> Int32? {
+/// A blocking TCP socket connected to `address`:`port` (127.0.0.1 unless told) whose reads give up
+/// after 30 s, or nil.
+func connectLoopback(port: UInt16, address loopback: String = "127.0.0.1") -> Int32? {
   #if canImport(Glibc)
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
   #else
@@ -154,7 +155,7 @@ func connectLoopback(port: UInt16) -> Int32? {
   var address = sockaddr_in()
   address.sin_family = sa_family_t(AF_INET)
   address.sin_port = port.bigEndian
-  address.sin_addr = in_addr(s_addr: inet_addr("127.0.0.1"))
+  address.sin_addr = in_addr(s_addr: inet_addr(loopback))
   let connected = withUnsafePointer(to: &address) {
     $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
       connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))

@@ -293,6 +293,88 @@ struct FileOperationTests {
       return
     }
   }
+
+  // Failed before the fix: a legal file name of 214..255 bytes cannot be written, copied or staged: the
+  // temporary sibling is named `.<name>.<UUID>.tmp` (42 bytes longer) and open(2) fails with
+  // ENAMETOOLONG, although the destination name itself is valid. Promise (issue 13,
+  // FileOperation.write): an atomic write to `destination` (temp file beside, fsync, rename).
+  // Where: FileOperations.sibling(of:) in Sources/ConveyorNetworking/FileOperations.swift.
+  @Test(.timeLimit(.minutes(2))) func aLongButLegalFileNameCanBeWrittenAndCopied() async throws {
+    let name = String(repeating: "n", count: 240)  // NAME_MAX is 255
+    let destination = folder.file(name)
+    // The name itself is fine for the file system.
+    try #require(FileManager.default.createFile(atPath: destination.path, contents: Data("old".utf8)))
+    try FileManager.default.removeItem(at: destination)
+    let written = await fileError(FileOperation.write(Data("hello".utf8), to: destination))
+    #expect(written == nil, "write failed: \(String(describing: written))")
+    try Data("source".utf8).write(to: folder.file("source"))
+    let copied = await fileError(
+      FileOperation.copy(from: folder.file("source"), to: folder.file(String(repeating: "c", count: 240))))
+    #expect(copied == nil, "copy failed: \(String(describing: copied))")
+  }
+
+  // Runs as root only; failed before the fix: overwriting a set-user-ID / set-group-ID file owned by someone
+  // else loses those mode bits: writeNewFile calls fchmod(mode) and THEN fchown(owner), and on
+  // Linux chown clears S_ISUID and S_ISGID (for root too). Promise (FileOperation.write): the new
+  // file "gets its mode (and its owner, when the process may set it)". Where: FileOperations
+  // .writeNewFile, the order of fchmod and fchown.
+  @Test(.enabled(if: geteuid() == 0, "needs root to give the file another owner"), .timeLimit(.minutes(2)))
+  func overwritingKeepsSetIDBitsOfAFileOwnedBySomeoneElse() async throws {
+    let file = folder.file("tool")
+    try Data("#!/bin/sh\n".utf8).write(to: file)
+    try #require(chown(file.path, 4242, 4243) == 0)
+    try #require(chmod(file.path, 0o6755) == 0)
+    try await FileOperation.write(Data("#!/bin/sh\necho new\n".utf8), to: file).run()
+    var info = stat()
+    try #require(stat(file.path, &info) == 0)
+    #expect(info.st_uid == 4242 && info.st_gid == 4243, "owner \(info.st_uid):\(info.st_gid)")
+    #expect(
+      info.st_mode & 0o7777 == 0o6755, "mode is now \(String(info.st_mode & 0o7777, radix: 8)), was 6755")
+  }
+
+  // Many moves racing to one destination without overwrite: exactly one wins, every
+  // other source is still where it was (no file lost).
+  @Test(.timeLimit(.minutes(2))) func racingNoReplaceMovesNeverLoseAFile() async throws {
+    let count = 16
+    for index in 0..<count { try Data("\(index)".utf8).write(to: folder.file("source-\(index)")) }
+    let destination = folder.file("destination")
+    let results = await withTaskGroup(of: Bool.self) { group in
+      for index in 0..<count {
+        group.addTask {
+          await fileError(FileOperation.move(from: folder.file("source-\(index)"), to: destination)) == nil
+        }
+      }
+      return await group.reduce(into: [Bool]()) { $0.append($1) }
+    }
+    #expect(results.filter { $0 }.count == 1)
+    let left = try FileManager.default.contentsOfDirectory(atPath: folder.url.path)
+    #expect(left.filter { $0.hasPrefix("source-") }.count == count - 1)
+    #expect(left.contains("destination"))
+  }
+
+  // A dangling symlink as a no-overwrite destination counts as existing (write, copy and
+  // move refuse it), and an overwriting write goes through it, creating a 0600 file.
+  @Test(.timeLimit(.minutes(2))) func aDanglingSymlinkDestination() async throws {
+    let link = folder.file("link")
+    try FileManager.default.createSymbolicLink(atPath: link.path, withDestinationPath: "target")
+    try Data("s".utf8).write(to: folder.file("source"))
+    #expect(
+      await fileError(FileOperation.write(Data("x".utf8), to: link, overwrite: false))
+        == .destinationExists(path: link.path))
+    #expect(
+      await fileError(FileOperation.copy(from: folder.file("source"), to: link))
+        == .destinationExists(path: link.path))
+    #expect(
+      await fileError(FileOperation.move(from: folder.file("source"), to: link))
+        == .destinationExists(path: link.path))
+    try await FileOperation.write(Data("through".utf8), to: link).run()
+    #expect(try String(contentsOf: folder.file("target"), encoding: .utf8) == "through")
+    var info = stat()
+    try #require(lstat(folder.file("target").path, &info) == 0)
+    #expect(info.st_mode & 0o7777 == 0o600)
+    try #require(lstat(link.path, &info) == 0)
+    #expect(info.st_mode & S_IFMT == S_IFLNK)
+  }
 }
 
 /// Whether `path` exists on a different file system (device) from the temporary directory.

@@ -16,6 +16,14 @@ final class NeverToRun: AsyncOperation<Int, ParseError>, @unchecked Sendable {
   }
 }
 
+/// Finishes from another thread.
+// @unchecked Sendable: no stored properties.
+final class RacingOp: ConveyorOperationKit.AsyncOperation<Int, ParseError>, @unchecked Sendable {
+  override func main() {
+    DispatchQueue.global().async { self.finish(withResult: 1) }
+  }
+}
+
 /// Never finishes by itself: the test finishes it from outside.
 // @unchecked Sendable: no stored properties.
 final class FinishedFromOutside: AsyncOperation<Int, ParseError>, @unchecked Sendable {
@@ -29,7 +37,7 @@ final class FinishedFromOutside: AsyncOperation<Int, ParseError>, @unchecked Sen
 // started, which its queue does at once.
 // Five minutes: the race of cancel() and an early finish runs 30 rounds of 50,000 operations when
 // nothing is wrong, which takes half a minute alone and more in a full run.
-@Suite("OperationKit drop-in: an operation cancelled before it starts", .timeLimit(.minutes(5)))
+@Suite("OperationKit drop-in: an operation cancelled before or as it starts", .timeLimit(.minutes(5)))
 struct CancelBeforeStartTests {
   @Test("queued: cancelled at once, finished when the queue starts it, main() and handlers never run")
   func queued() async {
@@ -120,6 +128,41 @@ struct CancelBeforeStartTests {
     #expect(
       notCancelled.current == 0,
       "operations cancelled before they started are not cancelled (round \(rounds))")
+  }
+
+  @Test("cancel() racing finish(withResult:): always finishes; no handler runs for a cancelled operation")
+  func cancelRacingFinish() async {
+    let handlerOnCancelled = Box(0)
+    let unfinished = Box(0)
+    for _ in 0..<300 {
+      let operation = RacingOp()
+      operation.callbackQueue = makeCallbackQueue()
+      operation.successHandler = { _ in
+        if operation.isCancelled { handlerOnCancelled.current += 1 }
+      }
+      let queue = OperationQueue()
+      queue.addOperation(operation)
+      operation.cancel()
+      if !(await finishes(operation)) { unfinished.current += 1 }
+    }
+    #expect(unfinished.current == 0)
+    #expect(handlerOnCancelled.current == 0)
+  }
+
+  @Test("a cancelled operation not yet started finishes, runs no handler, and its dependent runs")
+  func cancelledBeforeStart() async {
+    let operation = RacingOp()
+    let ran = Box(false)
+    operation.successHandler = { _ in ran.current = true }
+    operation.failureHandler = { _ in ran.current = true }
+    operation.cancel()
+    let dependentRan = Box(false)
+    let dependent = BlockOperation { dependentRan.current = true }
+    dependent.addDependency(operation)
+    await runOnQueue([operation, dependent])
+    try? await Task.sleep(for: .milliseconds(100))
+    #expect(!ran.current)
+    #expect(dependentRan.current)
   }
 }
 

@@ -86,4 +86,46 @@ struct PostgresActivityTests {
     #expect(try await store.oldestReadyRunDate(queue: "big", clock: SystemJobClock()) != nil)
     await store.close()
   }
+
+  /// Rows are merged by the name's bytes, then written under `storable(name)` (NUL as U+FFFD): two
+  /// names that differ only there become one key twice in one `INSERT … ON CONFLICT DO UPDATE`.
+  @Test func activityOfNamesThatStoreAlikeIsRecorded() async throws {
+    let store = try await openCallerClockStore()
+    let minute = QueueActivity.minute(containing: Date().addingTimeInterval(-60))
+    do {
+      try await store.recordActivity([
+        QueueActivity(queue: "a\0b", minute: minute, succeeded: 1),
+        QueueActivity(queue: "a\u{FFFD}b", minute: minute, succeeded: 2),
+        QueueActivity(queue: "mail", minute: minute, succeeded: 5),
+      ])
+    } catch {
+      Issue.record("recordActivity failed (every queue's counts lost): \(error)")
+    }
+    let rows = try await store.activity(since: minute, limit: 10)
+    #expect(
+      rows.reduce(0) { $0 + $1.succeeded } == 8,
+      "rows: \(rows.map { (scalarsInHex($0.queue), $0.succeeded) })")
+    await store.close()
+  }
+
+  /// `activity(since:limit:)` is sorted by queue and then minute with `String`'s `<`: two
+  /// equivalent names' minutes interleave.
+  @Test func activityOfEquivalentNamesIsNotInterleaved() async throws {
+    let store = try await openCallerClockStore()
+    let composed = "caf\u{E9}"
+    let decomposed = "cafe\u{301}"
+    let m1 = QueueActivity.minute(containing: Date().addingTimeInterval(-600))
+    try await store.recordActivity([
+      QueueActivity(queue: composed, minute: m1, succeeded: 1),
+      QueueActivity(queue: decomposed, minute: m1.addingTimeInterval(60), succeeded: 2),
+      QueueActivity(queue: composed, minute: m1.addingTimeInterval(120), succeeded: 3),
+    ])
+    let rows = try await store.activity(since: m1, limit: 10)
+    #expect(
+      rows.map { scalarsInHex($0.queue) } == [
+        scalarsInHex(decomposed), scalarsInHex(composed), scalarsInHex(composed),
+      ],
+      "rows: \(rows.map { (scalarsInHex($0.queue), $0.succeeded) })")
+    await store.close()
+  }
 }

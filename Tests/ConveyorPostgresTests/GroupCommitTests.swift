@@ -330,6 +330,33 @@ struct GroupCommitTests {
     #expect(a.inserted && !b.inserted && a.id == b.id, "\(a) \(b)")
     await store.close()
   }
+
+  /// Two stores enqueue overlapping keys (with equivalent variants) in opposite orders, many times
+  /// at once: no deadlock, one job per key.
+  @Test func overlappingBatchesInOppositeOrdersDoNotDeadlock() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema()
+    let a = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema, clock: .caller))
+    let b = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema, clock: .caller))
+    let keys = (0..<12).flatMap { ["k\($0)\u{E9}", "k\($0)e\u{301}"] }
+    let clock = FixedJobClock(epoch)
+    for round in 0..<20 {
+      let queue = "q\(round)"
+      async let one = a.enqueue(
+        keys.map { NewJob(payload: Data($0.utf8), runAt: epoch, deduplicationKey: $0) }, queue: queue,
+        clock: clock)
+      async let two = b.enqueue(
+        keys.reversed().map { NewJob(payload: Data($0.utf8), runAt: epoch, deduplicationKey: $0) },
+        queue: queue,
+        clock: clock)
+      let (x, y) = try await (one, two)
+      #expect(x.map(\.id) == y.map(\.id).reversed(), "round \(round)")
+      #expect(Set(x.map(\.id)).count == keys.count)
+      #expect(x.filter { $0.inserted }.count + y.filter { $0.inserted }.count == keys.count)
+    }
+    await a.close()
+    await b.close()
+  }
 }
 
 extension Array {

@@ -7,7 +7,7 @@ import Testing
 
 @testable import ConveyorPostgres
 
-@Suite("PostgresJobStore")
+@Suite("PostgresJobStore", .serialized)
 struct PostgresJobStoreTests {
   func open(
     _ schema: String = uniqueSchema(), clock: PostgresJobStore.Clock = .database,
@@ -106,6 +106,27 @@ struct PostgresJobStoreTests {
     let hint = try await store.nextWake(queue: "q", clock: ahead)
     let wait = try #require(hint.nextRun).timeIntervalSince(ahead.now())
     #expect(wait > 50 && wait <= 60, "a minute on the caller's clock: \(wait)")
+    await store.close()
+  }
+
+  /// A worker whose own clock is an hour ahead neither rescues a live lease nor runs a scheduled
+  /// job early (the database clock decides).
+  @Test func anOffsetClockNeitherStealsLeasesNorRunsScheduledJobsEarly() async throws {
+    let server = try await PostgresServer.shared()
+    let store = try await openNamedStore(server, .init(schema: uniqueSchema("rv")))
+    let ahead = ManualJobClock(start: Date().addingTimeInterval(3600))
+    let lease = Lease(owner: "w", duration: .seconds(30))
+    _ = try await store.enqueue([NewJob(payload: Data("now".utf8))], queue: "c", clock: SystemJobClock())
+    _ = try await store.enqueue(
+      [NewJob(payload: Data("later".utf8), runTime: .after(.seconds(600)))], queue: "c", clock: ahead)
+    let batch = try await store.settleAndClaim(
+      [], queue: "c", limit: 10, lease: lease, clock: SystemJobClock())
+    #expect(batch.claimed.map(\.payload) == [Data("now".utf8)])
+    #expect(try await store.rescueExpiredLeases(queue: "c", clock: ahead) == 0)
+    let again = try await store.settleAndClaim([], queue: "c", limit: 10, lease: lease, clock: ahead)
+    #expect(again.claimed.isEmpty)
+    let counts = try await store.counts(queue: "c", clock: ahead)
+    #expect(counts == JobCounts(ready: 0, scheduled: 1, running: 1, dead: 0))
     await store.close()
   }
 
@@ -395,6 +416,53 @@ struct PostgresJobStoreTests {
     await store.close()
   }
 
+  @Test func theEnqueueFunctionWithHostileTextIsOnlyData() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("fn")
+    let store = try await openNamedStore(server, .init(schema: schema))
+    let admin = try AdminConnection(server.url)
+    let hostile = "x'); DROP TABLE \(schema).jobs; --"
+    let quoted = hostile.replacingOccurrences(of: "'", with: "''")
+    let id = try admin.scalar("SELECT \(schema).enqueue('fq', 'payload', 0, NULL, '\(quoted)')")
+    let same = try await store.enqueue(
+      [NewJob(payload: Data("p".utf8), deduplicationKey: hostile)], queue: "fq", clock: SystemJobClock())
+    #expect(same[0].inserted == false && "\(same[0].id)" == id, "the function and the store share dedup keys")
+    #expect(throws: (any Error).self) { try admin.query("SELECT \(schema).enqueue('\(quoted)', 'p')") }
+    try admin.query("BEGIN")
+    _ = try admin.scalar("SELECT \(schema).enqueue('fq', 'rolled back')")
+    try admin.query("ROLLBACK")
+    #expect(try await store.counts(queue: "fq", clock: SystemJobClock()).total == 1)
+    await store.close()
+  }
+
+  // Failed before the fix: the SQL `enqueue` function stores any run date the caller passes, `'infinity'` and
+  // dates after the year 9999 included (SQL.swift version1, `when_ := date_trunc(…, run_at)`),
+  // while every store keeps dates clamped to `JobStoreTime.earliest...latest` ("Later dates (and
+  // infinity) are clamped", JobStore.swift). The store then reports run dates no other store can
+  // hold (year ~294,000), in listings and in `nextWake`.
+  @Test func runDatesFromTheEnqueueFunctionAreClampedLikeTheStores() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("inf")
+    let store = try await openNamedStore(server, .init(schema: schema))
+    let admin = try AdminConnection(server.url)
+    _ = try admin.scalar("SELECT \(schema).enqueue('iq', 'forever', 0, 'infinity')")
+    _ = try admin.scalar("SELECT \(schema).enqueue('iq', 'far', 0, '20000-01-01 00:00:00+00')")
+    _ = try await store.enqueue(
+      [NewJob(payload: Data("store".utf8), runAt: .distantFuture)], queue: "iq", clock: SystemJobClock())
+    let records = try await store.jobs(queue: "iq", status: nil, after: nil, limit: 10)
+    #expect(records.count == 3)
+    for record in records {
+      #expect(
+        record.runAt <= JobStoreTime.latest,
+        "\(String(decoding: record.payload, as: UTF8.self)) runs at \(record.runAt.timeIntervalSince1970)")
+    }
+    let wake = try await store.nextWake(queue: "iq", clock: SystemJobClock())
+    #expect(
+      wake.nextRun.map { $0 <= JobStoreTime.latest.addingTimeInterval(60) } == true,
+      "\(String(describing: wake))")
+    await store.close()
+  }
+
   // MARK: Wake-ups
 
   @Test func anEnqueueWakesAWaitingStoreThroughNotify() async throws {
@@ -489,5 +557,70 @@ struct PostgresJobStoreTests {
     await #expect {
       _ = try await store.counts(queue: "q", clock: SystemJobClock())
     } throws: { ($0 as? PostgresError)?.code == .closed }
+  }
+
+  // MARK: Queues, schemas and keys kept apart
+
+  @Test func twoSchemasDoNotInterfere() async throws {
+    let server = try await PostgresServer.shared()
+    let one = try await openNamedStore(server, .init(schema: uniqueSchema("rv")))
+    let two = try await openNamedStore(server, .init(schema: uniqueSchema("rv")))
+    let clock = SystemJobClock()
+    try await one.setPaused(true, queue: "q")
+    _ = try await one.enqueue(
+      [NewJob(payload: Data("1".utf8), deduplicationKey: "k")], queue: "q", clock: clock)
+    let other = try await two.enqueue(
+      [NewJob(payload: Data("2".utf8), deduplicationKey: "k")], queue: "q", clock: clock)
+    #expect(other[0].inserted, "dedup is per schema")
+    #expect(try await two.isPaused(queue: "q") == false)
+    try await primeListener(two, queue: "q")
+    let waiter = Task { await two.waitForWork(queue: "q", timeout: .seconds(1)) }
+    try await Task.sleep(for: .milliseconds(200))
+    _ = try await one.enqueue([NewJob(payload: Data("3".utf8))], queue: "q", clock: clock)
+    #expect(await waiter.value == false, "another schema's enqueue does not wake this store")
+    let batch = try await two.settleAndClaim(
+      [], queue: "q", limit: 10, lease: Lease(owner: "w", duration: .seconds(30)), clock: clock)
+    #expect(batch.claimed.map(\.payload) == [Data("2".utf8)])
+    await one.close()
+    await two.close()
+  }
+
+  /// Keys of odd content, equivalent variants, in one batch and across calls; a key too long for
+  /// the index is refused with a clear error.
+  @Test func oddAndLongKeysWork() async throws {
+    let store = try await openCallerClockStore()
+    var generator = SystemRandomNumberGenerator()
+    let alphabet = Array("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+    let long = String((0..<6000).map { _ in alphabet.randomElement(using: &generator)! })
+    let keys = [
+      "caf\u{E9}", "cafe\u{301}", "", "\0", "a\0b", "a\u{FFFD}b", "a\u{323}\u{307}", "a\u{307}\u{323}",
+      "\u{AC00}", "\u{1100}\u{1161}", "K", "\u{212A}", "\u{10FFFF}",
+    ]
+    let clock = FixedJobClock(epoch)
+    let first = try await store.enqueue(
+      (keys + keys.reversed()).map { NewJob(payload: Data($0.utf8), runAt: epoch, deduplicationKey: $0) },
+      queue: "q", clock: clock)
+    #expect(first.prefix(keys.count).allSatisfy { $0.inserted })
+    #expect(Array(first.suffix(keys.count).map(\.id)) == first.prefix(keys.count).map(\.id).reversed())
+    #expect(Set(first.map(\.id)).count == keys.count)
+    let listed = try await store.jobs(queue: "q", status: nil, after: nil, limit: 100)
+    #expect(listed.map { $0.deduplicationKey.map { Array($0.utf8) } } == keys.map { Array($0.utf8) })
+    // A key too long for PostgreSQL's index (SQLite and the in-memory store take any length) is
+    // refused with an error that says what to do, and nothing of the add is stored (a documented
+    // limit of `NewJob.deduplicationKey`; the error was PostgreSQL's own before).
+    let before = try await store.counts(queue: "q", clock: clock)
+    do {
+      _ = try await store.enqueue(
+        [
+          NewJob(payload: Data("short".utf8), runAt: epoch),
+          NewJob(payload: Data("long".utf8), runAt: epoch, deduplicationKey: long),
+        ], queue: "q", clock: clock)
+      Issue.record("a 6000-character random key was taken; update the documented limit")
+    } catch let error as PostgresError {
+      #expect(error.description.contains("deduplication key of 6000 bytes is too long"), "\(error)")
+      #expect(error.description.contains("use a shorter key"), "\(error)")
+    }
+    #expect(try await store.counts(queue: "q", clock: clock) == before, "nothing of the add was stored")
+    await store.close()
   }
 }

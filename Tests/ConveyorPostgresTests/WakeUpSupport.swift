@@ -1,6 +1,7 @@
 import Conveyor
 import ConveyorTestSupport
 import Foundation
+import Synchronization
 import Testing
 
 @testable import ConveyorPostgres
@@ -68,4 +69,116 @@ func countTwoWatchers(_ worker: PostgresJobStore, through other: PostgresJobStor
   let (firstWoken, secondWoken) = (await first.value, await second.value)
   #expect(firstWoken && secondWoken, "both waiting watchers are woken")
   #expect(await waitsRegistered(worker, 0))
+}
+
+/// Forwards to a store; once armed, the wait that follows the next wait that returned true starts
+/// late (the watcher is between two waits for that long). Counts `nextWake` calls (one per turn
+/// of the queue's loop that found nothing to do).
+final class LaggingStore: JobStore {
+  let base: PostgresJobStore
+  private struct State {
+    var lagArmed: Duration?
+    var lagNext: Duration?
+    var nextWakes = 0
+  }
+  private let state = Mutex(State())
+
+  init(_ base: PostgresJobStore) { self.base = base }
+
+  func lagAfterNextWakeUp(_ lag: Duration) { state.withLock { $0.lagArmed = lag } }
+  var nextWakeCalls: Int { state.withLock { $0.nextWakes } }
+
+  func waitForWork(queue: String, timeout: Duration) async -> Bool {
+    if let lag = state.withLock({ state -> Duration? in
+      defer { state.lagNext = nil }
+      return state.lagNext
+    }) {
+      try? await Task.sleep(for: lag)
+    }
+    let woken = await base.waitForWork(queue: queue, timeout: timeout)
+    if woken {
+      state.withLock { state in
+        if let lag = state.lagArmed {
+          state.lagArmed = nil
+          state.lagNext = lag
+        }
+      }
+    }
+    return woken
+  }
+
+  func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
+    try await base.enqueue(jobs, queue: queue, clock: clock)
+  }
+  func settleAndClaim(
+    _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, clock: any JobClock
+  ) async throws -> ClaimBatch {
+    try await base.settleAndClaim(settlements, queue: queue, limit: limit, lease: lease, clock: clock)
+  }
+  func heartbeat(_ claims: [ClaimReference], queue: String, lease: Lease, clock: any JobClock)
+    async throws -> [ClaimReference]
+  {
+    try await base.heartbeat(claims, queue: queue, lease: lease, clock: clock)
+  }
+  func rescueExpiredLeases(queue: String, clock: any JobClock) async throws -> Int {
+    try await base.rescueExpiredLeases(queue: queue, clock: clock)
+  }
+  func counts(queue: String, clock: any JobClock) async throws -> JobCounts {
+    try await base.counts(queue: queue, clock: clock)
+  }
+  func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
+    try await base.jobs(queue: queue, status: status, after: after, limit: limit)
+  }
+  func job(_ id: JobID) async throws -> JobRecord? { try await base.job(id) }
+  func remove(_ ids: [JobID], queue: String) async throws -> Int { try await base.remove(ids, queue: queue) }
+  func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int {
+    try await base.clear(queue: queue, statuses: statuses)
+  }
+  func tally(queue: String, statuses: Set<JobStatus>) async throws -> JobTally {
+    try await base.tally(queue: queue, statuses: statuses)
+  }
+  func clear(queue: String, statuses: Set<JobStatus>, through: JobID, expecting expected: Int)
+    async throws -> Int?
+  {
+    try await base.clear(queue: queue, statuses: statuses, through: through, expecting: expected)
+  }
+  func requeueDead(_ ids: [JobID]?, queue: String, clock: any JobClock) async throws -> Int {
+    try await base.requeueDead(ids, queue: queue, clock: clock)
+  }
+  func setPaused(_ paused: Bool, queue: String) async throws {
+    try await base.setPaused(paused, queue: queue)
+  }
+  func isPaused(queue: String) async throws -> Bool { try await base.isPaused(queue: queue) }
+  func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
+    let hint = try await base.nextWake(queue: queue, clock: clock)
+    state.withLock { $0.nextWakes += 1 }
+    return hint
+  }
+  func queueNames() async throws -> [String] { try await base.queueNames() }
+  var maximumLockWait: Duration { base.maximumLockWait }
+}
+
+/// Makes sure the store's listener is up for `queue` and no notification is pending.
+func primeListener(_ store: PostgresJobStore, queue: String) async throws {
+  var live = false
+  for _ in 0..<20 where !live {
+    let waiter = Task { await store.waitForWork(queue: queue, timeout: .seconds(2)) }
+    try await Task.sleep(for: .milliseconds(200))
+    try await store.setPaused(false, queue: queue)
+    live = await waiter.value
+  }
+  #expect(live, "the listener hears a resume")
+  while await store.waitForWork(queue: queue, timeout: .milliseconds(300)) {}
+}
+
+/// Waits on `listener` for `queue` after draining what is pending; returns whether `action`
+/// woke it.
+func wakes(
+  _ listener: PostgresJobStore, queue: String, _ action: @Sendable () async throws -> Void
+) async throws -> Bool {
+  while await listener.waitForWork(queue: queue, timeout: .milliseconds(300)) {}
+  let waiter = Task { await listener.waitForWork(queue: queue, timeout: .seconds(10)) }
+  try await Task.sleep(for: .milliseconds(300))
+  try await action()
+  return await waiter.value
 }

@@ -11,6 +11,11 @@ private struct Message: Queueable {
   var text: String
 }
 
+/// A numbered item of the in-process queue tests.
+private struct Numbered: Queueable, Hashable {
+  var number: Int
+}
+
 @Suite("JobQueue on SQLiteJobStore")
 struct JobQueueOnSQLiteTests {
   @Test func handledJobsAreDeletedAndDeadJobsKeptAcrossReopen() async throws {
@@ -76,6 +81,76 @@ struct JobQueueOnSQLiteTests {
     await #expect(throws: CancellationError.self) { try await task.value }
     // The interrupt does not leak into the next call.
     #expect(try await connection.perform { try $0.scalar("SELECT 42") } == 42)
+  }
+
+  // Failed before the fix (as QueueEngineTests.prefetchedJobWaitsAfterAPauseStoredElsewhere, here with two
+  // connections to one file as two processes have): a job claimed ahead starts after another
+  // worker stored the pause.
+  @Test("on SQLite, a prefetched job waits when another connection pauses the queue")
+  func prefetchedJobWaitsAfterAPauseOnSQLite() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("pause.sqlite")
+    let workerStore = try SQLiteJobStore(path: path)
+    let otherStore = try SQLiteJobStore(path: path)
+    let gate = Gate()
+    let started = Log<Int>()
+    let worker = try JobQueue<Numbered>(
+      configuration: .init(
+        identifier: "numbers", concurrency: 1, prefetch: 1, pollInterval: .milliseconds(50)),
+      store: workerStore
+    ) { item, _ in
+      started.append(item.number)
+      if item.number == 1 { await gate.wait() }
+      return .handled
+    }
+    try await worker.add(contentsOf: [Numbered(number: 1), Numbered(number: 2)])
+    try await eventually("job 1 runs and job 2 is claimed ahead") {
+      try await otherStore.counts(queue: "numbers", clock: SystemJobClock()).running == 2
+        && started.all == [1]
+    }
+    try await otherStore.setPaused(true, queue: "numbers")
+    // The worker notices at its next look at the store (every 50 ms); a loaded machine may delay
+    // that look, so wait for the queue to say so (a queue that never notices fails here).
+    try await eventually("the worker sees the stored pause") { worker.state == .paused }
+    gate.open()
+    try await Task.sleep(for: .milliseconds(500))
+    let startedAfterPause = started.all
+    await worker.shutdown(gracePeriod: .seconds(5))
+    await workerStore.close()
+    await otherStore.close()
+    #expect(startedAfterPause == [1], "the prefetched job started while the file said paused")
+  }
+
+  @Test("two queues on two connections to one file: every job handled exactly once")
+  func twoConnectionsShareTheWork() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("shared.sqlite")
+    let handled = Log<Int>()
+    var queues: [JobQueue<Numbered>] = []
+    var stores: [SQLiteJobStore] = []
+    for _ in 0..<2 {
+      let store = try SQLiteJobStore(path: path)
+      stores.append(store)
+      queues.append(
+        try JobQueue<Numbered>(
+          configuration: .init(
+            identifier: "numbers", concurrency: 2, prefetch: 2, pollInterval: .milliseconds(20)),
+          store: store
+        ) { item, context in
+          handled.append(item.number)
+          return item.number % 9 == 0 && context.attempts == 1 ? .retry(after: .milliseconds(5)) : .handled
+        })
+    }
+    try await queues[0].add(contentsOf: (0..<150).map { Numbered(number: $0) })
+    try await queues[1].add(contentsOf: (150..<300).map { Numbered(number: $0) })
+    let probe = stores[0]
+    try await eventually("all done", timeout: .seconds(60)) {
+      try await probe.counts(queue: "numbers", clock: SystemJobClock()).unfinished == 0
+    }
+    for queue in queues { await queue.shutdown() }
+    for store in stores { await store.close() }
+    let retried = (0..<300).filter { $0 % 9 == 0 }
+    #expect(handled.all.sorted() == (Array(0..<300) + retried).sorted())
   }
 }
 

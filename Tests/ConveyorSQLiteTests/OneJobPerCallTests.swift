@@ -311,11 +311,178 @@ struct OneJobPerCallTests {
     // Checkpoints still send a few groups to the thread.
     #expect(taken < count / 4, "\(taken) of \(count) adds went through the store's thread")
   }
-}
 
-/// A count shared between tasks.
-private final class Tally: Sendable {
-  private let value = Atomic<Int>(0)
-  var count: Int { value.load(ordering: .acquiring) }
-  func add() { value.add(1, ordering: .acquiringAndReleasing) }
+  /// While another connection holds the write lock for 2 s, 16 tasks keep adding (one job per
+  /// call, some keys shared), and a claim, `isPaused` and `nextWake` are called: no caller is
+  /// stuck, and every job is committed exactly once.
+  @Test(arguments: SQLiteJobStore.Synchronous.allCases)
+  func anotherConnectionsLockHoldsNoPoolThreadAndLosesNothing(_ synchronous: SQLiteJobStore.Synchronous)
+    async throws
+  {
+    let folder = try TemporaryFolder()
+    let path = folder.path("held.sqlite")
+    let store = try SQLiteJobStore(
+      path: path, options: .init(synchronous: synchronous, busyTimeout: .seconds(60)))
+    _ = try await store.enqueue([NewJob(payload: payload("seed"), runAt: epoch)], queue: "jobs", now: epoch)
+
+    let ticks = Tally()
+    let ticker = Task {
+      while !Task.isCancelled {
+        try? await Task.sleep(for: .milliseconds(5))
+        ticks.add()
+      }
+    }
+    defer { ticker.cancel() }
+
+    let locked = DispatchSemaphore(value: 0)
+    let ticksWhileHeld = Shared<[Int]>([0, 0])
+    let holder = Thread {
+      let other = try! Connection(path: path, create: false)
+      other.setLockWait(milliseconds: 60_000)
+      try! other.execute("BEGIN IMMEDIATE")
+      ticksWhileHeld.update { $0[0] = ticks.count }
+      locked.signal()
+      Thread.sleep(forTimeInterval: 2)
+      ticksWhileHeld.update { $0[1] = ticks.count }
+      try! other.execute("COMMIT")
+    }
+    holder.start()
+    try await onOwnThread(name: "test-locked") { locked.wait() }
+
+    let adders = (0..<16).map { task in
+      Task { () throws -> [(String, EnqueueResult)] in
+        var results: [(String, EnqueueResult)] = []
+        for call in 0..<10 {
+          let name = "t\(task)-c\(call)"
+          let key = call % 5 == 0 ? "shared-\(call)" : nil
+          let result = try await store.enqueue(
+            [NewJob(payload: payload(name), runAt: epoch, deduplicationKey: key)], queue: "jobs", now: epoch)
+          results.append((name, result[0]))
+        }
+        return results
+      }
+    }
+    let others = Task {
+      _ = try await store.isPaused(queue: "jobs")
+      _ = try await store.nextWake(queue: "jobs", clock: FixedJobClock(epoch))
+      return try await store.settleAndClaim([], queue: "jobs", limit: 1, lease: lease(), now: epoch).claimed
+        .count
+    }
+
+    var all: [(String, EnqueueResult)] = []
+    for adder in adders { all += try await adder.value }
+    #expect(try await others.value == 1)
+    // The ticks are logged, not asserted: they measure the whole test process's pool, which other
+    // suites running beside this one (spawning processes, filling tables) also hold; that this
+    // store's calls wait off the pool is `callsWaitingForAnotherConnectionsLockWaitOffThePool`.
+    let held = ticksWhileHeld.update { $0 }
+    print("timer ticks while another connection held the lock: \(held[1] - held[0])")
+
+    let stored = try storedPayloads(path)
+    #expect(stored.count == Set(stored).count, "a job was committed twice")
+    let inserted = all.filter { $0.1.inserted }
+    #expect(Set(inserted.map(\.0)) == Set(stored).subtracting(["seed"]), "inserted jobs and the file differ")
+    #expect(Set(inserted.map(\.1.id)).count == inserted.count)
+    // Each shared key was inserted once; the other adds of it got that job's ID.
+    for call in [0, 5] {
+      let keyed = all.filter { $0.0.hasSuffix("-c\(call)") }
+      #expect(
+        keyed.filter(\.1.inserted).count == 1,
+        "key shared-\(call) inserted \(keyed.filter(\.1.inserted).count) times")
+      #expect(Set(keyed.map(\.1.id)).count == 1)
+    }
+    await store.close()
+  }
+
+  /// `close()` while calls wait in a group and more calls (inline and grouped) arrive: every caller
+  /// resumes, with its jobs committed exactly when it succeeded, and the file holds nothing else.
+  @Test func closeRacingAGroupAndInlineCalls() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("close.sqlite")
+    let store = try SQLiteJobStore(path: path)
+    _ = try await store.enqueue([NewJob(payload: payload("seed"), runAt: epoch)], queue: "jobs", now: epoch)
+
+    let gate = try await holdConnection(of: store)
+    defer { gate.signal() }
+
+    func adder(_ name: String) -> Task<Bool, Never> {
+      Task {
+        do {
+          _ = try await store.enqueue(
+            [NewJob(payload: payload(name), runAt: epoch)], queue: "jobs", now: epoch)
+          return true
+        } catch {
+          return false
+        }
+      }
+    }
+    let early = (0..<12).map { adder("early-\($0)") }
+    try await eventually("the early adds wait in a group") { store.groups.waitingCount == 12 }
+    let closer = Task { await store.close() }
+    let late = (0..<24).map { index in
+      Task { () -> Bool in
+        if index.isMultiple(of: 3) {
+          _ = try? await store.isPaused(queue: "jobs")
+          _ = try? await store.settleAndClaim([], queue: "jobs", limit: 1, lease: lease(), now: epoch)
+        }
+        return await adder("late-\(index)").value
+      }
+    }
+    gate.signal()
+    await closer.value
+
+    var succeeded: Set<String> = []
+    for (index, task) in early.enumerated() where await task.value { succeeded.insert("early-\(index)") }
+    for (index, task) in late.enumerated() where await task.value { succeeded.insert("late-\(index)") }
+    #expect(succeeded.count >= 12, "the early adds, submitted before close(), must commit")
+    await #expect(throws: SQLiteJobStoreError.self) {
+      _ = try await store.enqueue(
+        [NewJob(payload: payload("after"), runAt: epoch)], queue: "jobs", now: epoch)
+    }
+    let stored = try storedPayloads(path)
+    #expect(stored.count == Set(stored).count, "a job was committed twice")
+    #expect(Set(stored) == succeeded.union(["seed"]), "the file differs from what the callers were told")
+  }
+
+  /// One key repeated inside one call, across the calls of one group, and across two groups:
+  /// one job is inserted, every other add gets its ID.
+  @Test func aKeyRepeatedWithinAndAcrossGroupsIsInsertedOnce() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("dedup.sqlite")
+    let store = try SQLiteJobStore(path: path)
+    var all: [EnqueueResult] = []
+    for round in 0..<2 {
+      let gate = try await holdConnection(of: store)
+      let adders = (0..<6).map { index in
+        Task {
+          try await store.enqueue(
+            [
+              NewJob(payload: payload("r\(round)-\(index)-a"), runAt: epoch, deduplicationKey: "k"),
+              NewJob(payload: payload("r\(round)-\(index)-b"), runAt: epoch),
+              NewJob(payload: payload("r\(round)-\(index)-c"), runAt: epoch, deduplicationKey: "k"),
+            ], queue: "jobs", now: epoch)
+        }
+      }
+      do {
+        try await eventually("the adds wait in a group") { store.groups.waitingCount == 6 }
+      } catch {
+        gate.signal()
+        throw error
+      }
+      gate.signal()
+      for adder in adders {
+        let results = try await adder.value
+        #expect(results.count == 3)
+        #expect(results[1].inserted)
+        all += [results[0], results[2]]
+      }
+    }
+    #expect(all.filter(\.inserted).count == 1, "key k inserted \(all.filter(\.inserted).count) times")
+    #expect(Set(all.map(\.id)).count == 1)
+    #expect(store.groups.groupsCommitted >= 2)
+    let other = try Connection(path: path, create: false)
+    #expect(try other.scalar("SELECT count(*) FROM jobs WHERE dedup_key = 'k'") == 1)
+    #expect(try other.scalar("SELECT count(*) FROM jobs") == 13)
+    await store.close()
+  }
 }

@@ -6,6 +6,16 @@ import Testing
 
 @testable import ConveyorSQLite
 
+/// A clock that cancels the task reading it: the store reads the clock inside its transaction, so
+/// the cancellation arrives mid-transaction, after `BEGIN IMMEDIATE` and before `COMMIT`.
+private struct CancellingClock: JobClock {
+  func now() -> Date {
+    withUnsafeCurrentTask { $0?.cancel() }
+    return epoch
+  }
+  func sleep(until deadline: Date) async throws { try await Task.sleep(for: .milliseconds(1)) }
+}
+
 @Suite("SQLiteJobStore")
 struct SQLiteJobStoreTests {
   @Test func aLeaseShorterThanTwiceTheBusyTimeoutIsRefusedNamingBusyTimeout() async throws {
@@ -253,5 +263,117 @@ struct SQLiteJobStoreTests {
     await #expect(throws: CancellationError.self) { try await task.value }
     // The store still works afterwards.
     #expect(try await store.counts(queue: "jobs", now: epoch).total == 0)
+  }
+
+  /// Failed before the fix (SQLite can report `SQLITE_INTERRUPT` from a `COMMIT` that
+  /// committed, when the progress handler runs at its end; see `InterruptFlag`).
+  /// A cancelled call interrupts its statement and nothing is committed. An add whose
+  /// task is cancelled mid-transaction either commits and returns, or throws `CancellationError`
+  /// and leaves nothing behind.
+  @Test(.timeLimit(.minutes(2))) func aCancelledAddThatThrowsCommittedNothing() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("cancel-add.sqlite")
+    let store = try SQLiteJobStore(path: path)
+    var cancelled: [String] = []
+    var returned = 0
+    for index in 0..<3_000 {
+      let outcome = await Task { () -> Bool? in
+        do {
+          _ = try await store.enqueue(
+            [NewJob(payload: payload("job-\(index)"), runAt: epoch)], queue: "jobs", clock: CancellingClock())
+          return false
+        } catch is CancellationError {
+          return true
+        } catch {
+          Issue.record("add \(index) failed with \(error)")
+          return nil
+        }
+      }.value
+      if outcome == true { cancelled.append("job-\(index)") }
+      if outcome == false { returned += 1 }
+    }
+    let stored = Set(try storedPayloads(path))
+    let committedAnyway = cancelled.filter(stored.contains)
+    #expect(
+      committedAnyway.isEmpty,
+      """
+      \(committedAnyway.count) of \(cancelled.count) adds that threw CancellationError were committed \
+      (\(committedAnyway.prefix(5))); \(returned) returned normally
+      """)
+    await store.close()
+  }
+
+  /// Failed before the fix, as above.
+  /// The same for claims: a claim that throws `CancellationError` claimed nothing, so the running
+  /// count equals the jobs the returned batches hold.
+  @Test(.timeLimit(.minutes(2))) func aCancelledClaimThatThrowsClaimedNothing() async throws {
+    let folder = try TemporaryFolder()
+    let store = try SQLiteJobStore(path: folder.path("cancel-claim.sqlite"))
+    let jobs = (0..<1_500).map { NewJob(payload: payload("\($0)"), runAt: epoch) }
+    _ = try await store.enqueue(jobs, queue: "jobs", now: epoch)
+    var claimedByCallers = 0
+    var threw = 0
+    for _ in 0..<1_500 {
+      let claimed = await Task { () -> Int? in
+        do {
+          return try await store.settleAndClaim(
+            [], queue: "jobs", limit: 1, lease: lease(), clock: CancellingClock()
+          ).claimed.count
+        } catch is CancellationError {
+          return nil
+        } catch {
+          Issue.record("claim failed with \(error)")
+          return nil
+        }
+      }.value
+      if let claimed { claimedByCallers += claimed } else { threw += 1 }
+    }
+    let running = try await store.counts(queue: "jobs", now: epoch).running
+    #expect(
+      running == claimedByCallers,
+      """
+      \(running) jobs are running but the callers got \(claimedByCallers) \
+      (\(threw) claims threw CancellationError): \(running - claimedByCallers) claims were \
+      committed for callers told they were cancelled
+      """)
+    await store.close()
+  }
+
+  // Retry dates on SQLite: exactly the applied retries, each the stored run date, with clamped
+  // delays at a clock near the latest date a store keeps.
+  @Test(.timeLimit(.minutes(2))) func retryDatesAreTheStoredRunDates() async throws {
+    let folder = try TemporaryFolder()
+    let store = try makeStore(folder)
+    for base in [JobStoreTime.latest.addingTimeInterval(-86_400.4567), epoch.addingTimeInterval(0.0006)] {
+      let clock = FixedJobClock(base)
+      _ = try await store.enqueue(
+        (0..<9).map { NewJob(payload: payload("j\($0)"), runAt: epoch) }, queue: "r", clock: clock)
+      let claimed = try await store.settleAndClaim([], queue: "r", limit: 9, lease: lease(), clock: clock)
+        .claimed
+      #expect(claimed.count == 9)
+      let refs = claimed.map { ClaimReference(id: $0.id, token: $0.claimToken) }
+      let actions: [JobSettlement.Action] = [
+        .retry(after: .zero, error: "e"), .retry(after: .milliseconds(1500), error: nil),
+        .retry(after: .seconds(Int64.max), error: nil),
+        .retry(after: .seconds(86_400 * 365 * 200), error: nil),
+        .retry(after: .seconds(-5), error: nil), .complete, .kill(error: "k"), .release(error: nil),
+      ]
+      var settlements = zip(refs, actions).map { JobSettlement(claim: $0, action: $1) }
+      settlements.append(
+        JobSettlement(
+          claim: ClaimReference(id: refs[8].id, token: refs[8].token + 7),
+          action: .retry(after: .seconds(1), error: nil)))
+      let batch = try await store.settleAndClaim(
+        settlements, queue: "r", limit: 0, lease: lease(), clock: clock)
+      let retried = Set(refs[0..<5].map(\.id))
+      #expect(Set(batch.retryDates.keys) == retried)
+      #expect(batch.staleSettlements == [ClaimReference(id: refs[8].id, token: refs[8].token + 7)])
+      for id in retried {
+        let stored = try await store.job(id)?.runAt
+        #expect(batch.retryDates[id] == stored, "job \(id)")
+      }
+      _ = try await store.clear(queue: "r", statuses: Set(JobStatus.allCases))
+    }
+    await store.close()
   }
 }

@@ -196,3 +196,75 @@ func scalar(_ sql: String, path: String) throws -> Int64 {
 func isCommitted(_ id: JobID, path: String) throws -> Bool {
   try scalar("SELECT count(*) FROM jobs WHERE id = \(id.rawValue)", path: path) == 1
 }
+
+/// Everything `store` holds of `queue`'s activity, summed over every minute recorded.
+func activityTotal(_ store: SQLiteJobStore, queue: String) async throws -> QueueActivity {
+  let minutes = try await store.activity(since: Date(timeIntervalSince1970: 0), limit: 1_000)
+  return minutes.filter { $0.queue == queue }
+    .reduce(into: QueueActivity(queue: queue, minute: Date())) { $0.add($1) }
+}
+
+/// Holds the store's connection, starts one task per call (in order, each waiting for the group
+/// before the next starts), releases the connection, and returns each call's outcome: the calls
+/// are committed as one group on the store's thread.
+func enqueueGrouped(
+  _ store: SQLiteJobStore, _ calls: [(queue: String, jobs: [NewJob])]
+) async throws -> [Result<[EnqueueResult], any Error>] {
+  let gate = try await holdConnection(of: store)
+  var adders: [Task<[EnqueueResult], any Error>] = []
+  for (index, call) in calls.enumerated() {
+    adders.append(Task { try await store.enqueue(call.jobs, queue: call.queue, now: epoch) })
+    try await eventually("call \(index) waits for the group") { store.groups.waitingCount == index + 1 }
+  }
+  gate.signal()
+  var results: [Result<[EnqueueResult], any Error>] = []
+  for adder in adders { results.append(await adder.result) }
+  return results
+}
+
+/// ``enqueueGrouped(_:_:)`` of calls to the queue "jobs", each of jobs with the given payload text
+/// and key, to run at `epoch`.
+func enqueueGrouped(
+  _ store: SQLiteJobStore, _ calls: [[(payload: String, key: String?)]]
+) async throws -> [Result<[EnqueueResult], any Error>] {
+  try await enqueueGrouped(
+    store,
+    calls.map { call in
+      (
+        queue: "jobs",
+        jobs: call.map { NewJob(payload: payload($0.payload), runAt: epoch, deduplicationKey: $0.key) }
+      )
+    })
+}
+
+/// The payloads of every job in the file at `path`, in ID order, as another connection sees them
+/// (it waits up to 10 s for a lock).
+func storedPayloads(_ path: String) throws -> [String] {
+  let other = try Connection(path: path, create: false)
+  other.setLockWait(milliseconds: 10_000)
+  var stored: [String] = []
+  try other.query("SELECT payload FROM jobs ORDER BY id") {
+    stored.append(String(decoding: $0.data(0), as: UTF8.self))
+  }
+  return stored
+}
+
+/// A value shared between tasks and threads.
+final class Shared<Value: Sendable>: Sendable {
+  private let storage: Mutex<Value>
+  init(_ value: Value) { storage = Mutex(value) }
+  func update<T>(_ body: (inout Value) -> T) -> T { storage.withLock { body(&$0) } }
+}
+
+/// A count shared between tasks and threads.
+final class Tally: Sendable {
+  private let value = Atomic<Int>(0)
+  var count: Int { value.load(ordering: .acquiring) }
+  func add() { value.add(1, ordering: .acquiringAndReleasing) }
+}
+
+/// The Unicode scalars of `text` in hex, dot-separated ("nil" for none): text compared by bytes,
+/// shown so that equivalent spellings differ.
+func scalarsInHex(_ text: String?) -> String {
+  text.map { $0.unicodeScalars.map { String($0.value, radix: 16) }.joined(separator: ".") } ?? "nil"
+}

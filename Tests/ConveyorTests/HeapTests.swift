@@ -1,4 +1,5 @@
 import ConveyorTestSupport
+import Foundation
 import Testing
 
 @testable import Conveyor
@@ -58,5 +59,43 @@ import Testing
     for value in 6_000...10_000 { #expect(heap.pop() == value) }
     #expect(heap.pop() == nil)
     #expect(heap.count == 0)
+  }
+
+  /// Element counts held in the heap's private arrays, read through reflection.
+  static func footprint<E>(_ heap: Heap<E>) -> Int {
+    var total = 0
+    for child in Mirror(reflecting: heap).children {
+      if let array = child.value as? [E] { total += array.count }
+    }
+    return total
+  }
+
+  @Test(.timeLimit(.minutes(1))) func alternatingTrafficKeepsMemoryBounded() {
+    // Several patterns of endless alternation with a small live set.
+    var heap = Heap<Int>()
+    var live: [Int] = []
+    var next = 1_000_000
+    var generator = SystemRandomNumberGenerator()
+    for step in 0..<200_000 {
+      let value: Int
+      switch step % 4 {
+      case 0: value = next  // in order
+      case 1: value = next - Int.random(in: 0...50, using: &generator)  // straggler
+      case 2: value = (live.min() ?? next)  // ties with the minimum
+      default: value = next + 5
+      }
+      next += 1
+      heap.push(value)
+      live.append(value)
+      if live.count > 16 || step % 3 != 0 {
+        let minimum = live.min()!
+        #expect(heap.pop() == minimum)
+        live.remove(at: live.firstIndex(of: minimum)!)
+      }
+      if step % 1000 == 0 {
+        #expect(heap.count == live.count)
+        #expect(Self.footprint(heap) <= 4 * 1024, "footprint \(Self.footprint(heap)) with \(live.count) live")
+      }
+    }
   }
 }

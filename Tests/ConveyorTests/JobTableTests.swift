@@ -136,12 +136,11 @@ import Testing
     #expect(table.removeValue(for: JobID(1_000_000)) == 7)
     #expect(table.keys == [JobID(1_000_001)])
   }
-}
 
-/// Review (helper, 2026-12-02): a window holding a straggler (a dead job) and spanning few
-/// positions kept every later ID more than `smallGap` past its end in the overflow for as long as
-/// the straggler stayed: a queue whose store also served a busier queue lost the window for good.
-@Suite struct ReviewJobTableTests {
+  /// A window holding a straggler (a dead job) and spanning few positions kept every later ID
+  /// more than `smallGap` past its end in the overflow for as long as the straggler stayed: a
+  /// queue whose store also served a busier queue lost the window for good. (Failed before the
+  /// fix.)
   @Test func newIDsFarPastAWindowOfStragglersTakeTheWindowOver() {
     var table = JobTable<Int>()
     table[JobID(1)] = 1  // a dead job, kept

@@ -36,6 +36,25 @@ final class UploadsViewModel: JobQueueDelegate {
   }
 }
 
+/// Retries each job once, on the main actor, and counts `queueFinished` calls.
+@MainActor
+final class RetryOnceMainActorDelegate: JobQueueDelegate {
+  var attempts: [Int] = []
+  var finished = 0
+  func queue(
+    _ queue: JobQueue<Request>, handle item: Request, attempts: Int,
+    completion: @escaping @Sendable (JobResult) -> Void
+  ) {
+    MainActor.assertIsolated()
+    self.attempts.append(attempts)
+    completion(attempts < 2 ? .retry(after: .zero) : .handled)
+  }
+  func queueFinished(_ queue: JobQueue<Request>) {
+    MainActor.assertIsolated()
+    finished += 1
+  }
+}
+
 @Suite("Main-actor delegates")
 struct MainActorDelegateTests {
   @Test("a @MainActor delegate's methods run on the main actor, retry included")
@@ -54,5 +73,29 @@ struct MainActorDelegateTests {
     #expect(model.finishedCalls >= 1)
     #expect(model.checkedCalls == model.attemptsSeen.count + model.finishedCalls)
     await queue.shutdown()
+  }
+
+  @Test(
+    "a @MainActor delegate runs on the main actor, even while the main actor is kept busy between hops",
+    .timeLimit(.minutes(2)))
+  @MainActor
+  func mainActorDelegateWhileBusy() async throws {
+    let delegate = RetryOnceMainActorDelegate()
+    // Started after the add: a queue started first may report "finished" before the job exists.
+    let queue = try JobQueue<Request>(
+      configuration: JobQueueConfiguration(identifier: "main", autoStart: false), store: InMemoryJobStore(),
+      delegate: delegate)
+    try await queue.add(Request(name: "busy"))
+    queue.start()
+    // Keep the main actor busy in short bursts; the delegate must still get its turns.
+    let deadline = Date().addingTimeInterval(30)
+    while delegate.finished == 0, Date() < deadline {
+      let busyUntil = Date().addingTimeInterval(0.05)
+      while Date() < busyUntil {}
+      await Task.yield()
+    }
+    #expect(delegate.finished == 1)
+    #expect(delegate.attempts == [1, 2])
+    await queue.shutdown(gracePeriod: .zero)
   }
 }

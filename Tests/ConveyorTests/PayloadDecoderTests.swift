@@ -4,6 +4,13 @@ import Testing
 
 @testable import Conveyor
 
+struct DecodedItem: Queueable, Equatable {
+  var name: String
+  var count: Int
+  var tags: [String]
+  var ratio: Double?
+}
+
 /// Differential tests for `PayloadDecoder`: for every input it must give exactly what a default
 /// `JSONDecoder` gives (the same value, or a throw with JSONDecoder's own error), and the fast path
 /// must actually carry the plain payloads it was written for.
@@ -1185,5 +1192,76 @@ import Testing
     // Plain payloads (canonical numbers, valid strings, known keys) must not fall back.
     #expect(plainFast == plainCases, "only \(plainFast) of \(plainCases) plain payloads took the fast path")
     #expect(fastAccepted > 600, "the fast path accepted only \(fastAccepted) decodes")
+  }
+
+  // MARK: - Mutated payloads and many tasks
+
+  /// Mutated payloads: never a trap, and the fast path only ever returns JSONDecoder's value.
+  @Test func mutatedPayloadsNeverTrapAndAgree() {
+    let seeds = [
+      #"{"name":"a\u00e9\ud83d\ude00\n","count":-9223372036854775808,"tags":["x","y\\"],"ratio":1.5e-3}"#,
+      #"{"name":"","count":0,"tags":[],"ratio":null}"#,
+      #"{"name":"é😀","count":18,"tags":["\ud800\udc00"],"ratio":-0.0}"#,
+    ]
+    let alphabet =
+      Array(#"{}[]":,\u0123456789abcdefABCDEF-+.eE ntrufls"#.utf8) + [0x00, 0x80, 0xC3, 0xED, 0xF4, 0xFF]
+    var generator = SystemRandomNumberGenerator()
+    let decoder = PayloadDecoder()
+    for _ in 0..<20_000 {
+      var bytes = Array(seeds.randomElement(using: &generator)!.utf8)
+      for _ in 0..<Int.random(in: 1...4, using: &generator) {
+        let position = Int.random(in: 0..<bytes.count, using: &generator)
+        switch Int.random(in: 0..<3, using: &generator) {
+        case 0: bytes[position] = alphabet.randomElement(using: &generator)!
+        case 1: bytes.insert(alphabet.randomElement(using: &generator)!, at: position)
+        default: if bytes.count > 1 { bytes.remove(at: position) }
+        }
+      }
+      let data = Data(bytes)
+      let reference = Result { try JSONDecoder().decode(DecodedItem.self, from: data) }
+      let mine = Result { try decoder.decode(DecodedItem.self, from: data) }
+      switch (reference, mine) {
+      case (.success(let a), .success(let b)):
+        #expect(
+          a == b && a.ratio?.bitPattern == b.ratio?.bitPattern, "\(String(decoding: data, as: UTF8.self))")
+      case (.failure(let a), .failure(let b)):
+        #expect(String(describing: a) == String(describing: b))
+      default:
+        Issue.record("disagree on \(String(decoding: data, as: UTF8.self)): \(reference) vs \(mine)")
+      }
+    }
+  }
+
+  /// `item(of:)` from many tasks at once gives JSONDecoder's value or error every time.
+  @Test func itemOfIsSafeFromManyTasks() async throws {
+    let store = InMemoryJobStore()
+    var configuration = JobQueueConfiguration(identifier: "items", autoStart: false)
+    configuration.clock = ManualJobClock()
+    let queue = try JobQueue<DecodedItem>(configuration: configuration, store: store) { _, _ in .handled }
+    let good = Data(#"{"name":"n","count":3,"tags":["a"],"ratio":2.5}"#.utf8)
+    let bad = Data(#"{"name":"n","count":3.5,"tags":["a"]}"#.utf8)
+    let records = [good, bad].map { payload in
+      JobRecord(
+        id: JobID(1), queue: "items", payload: payload, status: .pending, priority: 0, attempts: 0,
+        runAt: Date(), createdAt: Date(), deduplicationKey: nil)
+    }
+    let expectedGood = try JSONDecoder().decode(DecodedItem.self, from: good)
+    let expectedBad = String(describing: Result { try JSONDecoder().decode(DecodedItem.self, from: bad) })
+    try await withThrowingTaskGroup(of: Void.self) { group in
+      for task in 0..<32 {
+        group.addTask {
+          for round in 0..<500 {
+            let record = records[(task + round) % 2]
+            let result = Result { try queue.item(of: record) }
+            if record.payload == good {
+              #expect((try? result.get()) == expectedGood)
+            } else {
+              #expect(String(describing: result) == expectedBad)
+            }
+          }
+        }
+      }
+      try await group.waitForAll()
+    }
   }
 }
