@@ -111,8 +111,8 @@ struct SimulationCheckTests {
   /// the queue's loop is resumed from another thread. (The simulation's store keeps no activity,
   /// so its histories never take these paths.)
   @Test func aSimulatedQueueRunsNothingBehindTheSimulationsBack() async throws {
-    let store = ReviewQueueActivityTests.ActivityStore(first: .slowButCancellable)
-    let payload = try JSONEncoder().encode(ReviewQueueActivityTests.Item(n: 1))
+    let store = QueueActivityShutdownTests.ActivityStore(first: .slowButCancellable)
+    let payload = try JSONEncoder().encode(QueueActivityShutdownTests.Item(n: 1))
     _ = try await store.enqueue([NewJob(payload: payload)], queue: "escape", clock: SystemJobClock())
     let outcome = try await onOwnThread(name: "simulation-check") {
       () throws -> (handled: Int, uptime: Duration, called: Bool, foreign: Int, stopped: Bool) in
@@ -123,7 +123,7 @@ struct SimulationCheckTests {
       configuration.runtime = .simulated(executor: executor, clock: clock)
       configuration.activityFlushInterval = .milliseconds(10)
       let handledJobs = Atomic(0)
-      let queue = try JobQueue<ReviewQueueActivityTests.Item>(configuration: configuration, store: store) {
+      let queue = try JobQueue<QueueActivityShutdownTests.Item>(configuration: configuration, store: store) {
         _, _ in
         handledJobs.add(1, ordering: .relaxed)
         return .handled
