@@ -111,7 +111,10 @@ struct SimulationCheckTests {
   /// the queue's loop is resumed from another thread. (The simulation's store keeps no activity,
   /// so its histories never take these paths.)
   @Test func aSimulatedQueueRunsNothingBehindTheSimulationsBack() async throws {
-    let store = QueueActivityShutdownTests.ActivityStore(first: .slowButCancellable)
+    // A store whose calls answer at once: a store that waits in real time (a slow first call)
+    // would resume the queue's task from its timer's thread, which is the store's doing.
+    let store = QueueActivityShutdownTests.ActivityStore(first: .blockedUntilReleased)
+    store.release()
     let payload = try JSONEncoder().encode(QueueActivityShutdownTests.Item(n: 1))
     _ = try await store.enqueue([NewJob(payload: payload)], queue: "escape", clock: SystemJobClock())
     let outcome = try await onOwnThread(name: "simulation-check") {
