@@ -100,7 +100,13 @@ public enum QueueEngineConformance {
       try await late.add(Named(name: "x"))
       let logs = Runs()
       late.start()
-      try await Task.sleep(for: .milliseconds(100))  // the late claim is under way
+      // The late claim has reached the store (its answer is on its way) before the other queue
+      // starts: a loaded machine may take longer than any fixed sleep to send it.
+      let sent = ContinuousClock.now + .seconds(30)
+      while try await store.jobs(queue: "engine", status: .running, after: nil, limit: 1).isEmpty {
+        try expect(ContinuousClock.now < sent, "the late queue's claim never reached the store")
+        try await Task.sleep(for: .milliseconds(5))
+      }
       var otherConfiguration = configuration(lease: .milliseconds(1_500))
       otherConfiguration.log = { logs.append($0.message) }
       let other = try JobQueue<Named>(configuration: otherConfiguration, store: store, handler: handler)
@@ -133,7 +139,13 @@ public enum QueueEngineConformance {
       let late = try JobQueue<Named>(configuration: lateConfiguration, store: delayed, handler: handler)
       try await late.add(Named(name: "x"))
       late.start()
-      try await Task.sleep(for: .milliseconds(100))  // the late claim is under way
+      // The late claim has reached the store (its answer is on its way) before the other queue
+      // starts: a loaded machine may take longer than any fixed sleep to send it.
+      let sent = ContinuousClock.now + .seconds(30)
+      while try await store.jobs(queue: "engine", status: .running, after: nil, limit: 1).isEmpty {
+        try expect(ContinuousClock.now < sent, "the late queue's claim never reached the store")
+        try await Task.sleep(for: .milliseconds(5))
+      }
       var otherConfiguration = configuration(lease: .milliseconds(1_500))
       otherConfiguration.maxAttempts = 1
       let other = try JobQueue<Named>(configuration: otherConfiguration, store: store, handler: handler)
