@@ -1,3 +1,4 @@
+import ConveyorTestSupport
 import Foundation
 import Synchronization
 import Testing
@@ -300,16 +301,24 @@ final class Sandbox {
     }
   #endif
 
-  /// Runs `conveyor` to completion (killing it after `timeout`).
+  /// How many `run`s of the whole test process have a `conveyor` running at once: on a machine of
+  /// two cores, a dozen of them beside the other suites left the test process's own threads a
+  /// fraction of a core, and tests elsewhere waited many seconds for a task to resume.
+  static let runs = AsyncLimit(width: 2)
+
+  /// Runs `conveyor` to completion (killing it after `timeout`; the wait for a place among the
+  /// ``runs`` does not count).
   func run(
     _ arguments: [String], withDatabase: Bool = true, extraEnvironment: [String: String] = [:],
     timeout: Duration = .seconds(20), directory: URL? = nil, standardOutput: FileHandle? = nil
   ) async throws -> Outcome {
-    try await start(
-      arguments, withDatabase: withDatabase, extraEnvironment: extraEnvironment, directory: directory,
-      standardOutput: standardOutput
-    )
-    .waitForExit(timeout: timeout)
+    try await Self.runs.run {
+      try await start(
+        arguments, withDatabase: withDatabase, extraEnvironment: extraEnvironment, directory: directory,
+        standardOutput: standardOutput
+      )
+      .waitForExit(timeout: timeout)
+    }
   }
 
   /// Runs a command that must succeed, and returns its outcome.

@@ -123,12 +123,19 @@ func onThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
 func exchange(port: UInt16, address: String = "127.0.0.1", _ request: [UInt8]) -> [UInt8]? {
   guard let fd = connectLoopback(port: port, address: address) else { return nil }
   defer { close(fd) }
-  let sent = request.withUnsafeBytes { send(fd, $0.baseAddress!, $0.count, 0) }
-  guard sent == request.count else { return nil }
+  var sent = 0
+  while sent < request.count {
+    let count = request.withUnsafeBytes { send(fd, $0.baseAddress! + sent, $0.count - sent, 0) }
+    if count < 0 && errno == EINTR { continue }
+    guard count > 0 else { return nil }
+    sent += count
+  }
   var response: [UInt8] = []
   var chunk = [UInt8](repeating: 0, count: 65_536)
   while true {
+    // A signal (a child process ending) interrupts a read; it is not the end of the answer.
     let count = recv(fd, &chunk, chunk.count, 0)
+    if count < 0 && errno == EINTR { continue }
     if count <= 0 { break }
     response += chunk[0..<count]
     if let end = response.firstRange(of: [13, 10, 13, 10]) {
@@ -142,7 +149,7 @@ func exchange(port: UInt16, address: String = "127.0.0.1", _ request: [UInt8]) -
 }
 
 /// A blocking TCP socket connected to `address`:`port` (127.0.0.1 unless told) whose reads give up
-/// after 30 s, or nil.
+/// after 60 s (a hang guard), or nil.
 func connectLoopback(port: UInt16, address loopback: String = "127.0.0.1") -> Int32? {
   #if canImport(Glibc)
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
@@ -150,7 +157,7 @@ func connectLoopback(port: UInt16, address loopback: String = "127.0.0.1") -> In
     let fd = socket(AF_INET, SOCK_STREAM, 0)
   #endif
   guard fd >= 0 else { return nil }
-  var timeout = timeval(tv_sec: 30, tv_usec: 0)
+  var timeout = timeval(tv_sec: 60, tv_usec: 0)
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
   var address = sockaddr_in()
   address.sin_family = sa_family_t(AF_INET)

@@ -214,10 +214,10 @@ import Testing
     let sandbox = try Sandbox()
     let marker = sandbox.path("finished.txt")
     try await sandbox.add(["exec", "--timeout", "0.5", "--", "sh", "-c", "sleep 60; touch '\(marker)'"])
-    let began = ContinuousClock.now
+    // `run` kills the worker and throws after 20 s of running: the command, left alone, would
+    // sleep a minute. (A bound on the wall time here also counted the wait for a place to run.)
     let work = try await sandbox.run(["work", "--until-empty", "--max-attempts", "1", "--json"])
     #expect(work.status == 1, "\(work)")
-    #expect(ContinuousClock.now - began < .seconds(30), "the command ran past its timeout")
     let died = try #require(try work.objects().first { $0["event"] as? String == "died" })
     #expect((died["error"] as? String)?.contains("timed out after 0.5 s") == true)
     #expect(!FileManager.default.fileExists(atPath: marker))

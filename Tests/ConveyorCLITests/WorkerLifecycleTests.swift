@@ -166,10 +166,9 @@ import Testing
     let holder = try psqlProcess(
       "BEGIN; SELECT pg_advisory_xact_lock(hashtextextended('conveyor.migrate:conveyor', 0)); "
         + "SELECT pg_sleep(60); COMMIT")
-    defer {
-      holder.terminate()
-      holder.waitUntilExit()
-    }
+    // Killed, not waited for: `waitUntilExit` spins a run loop on the calling thread, a thread of
+    // the cooperative pool here, and was seen holding it for 20 s on a loaded machine.
+    defer { kill(holder.processIdentifier, SIGKILL) }
     try await onThreadThrowing { try waitForLocks(granted: true) }
     let worker = try sandbox.start(["--database", server.url, "work", "--json"], withDatabase: false)
     try await onThreadThrowing { try waitForLocks(granted: false) }  // the worker waits for the lock

@@ -18,7 +18,7 @@ final class RawClient: Sendable {
   /// Connects to 127.0.0.1:`port`, from the loopback address `source` (another peer to the
   /// server, e.g. `127.0.0.2`, where Linux routes all of 127/8 to loopback); every read gives up
   /// after `timeout` (a bound a hang blows through, not a pass criterion).
-  init(port: UInt16, timeout: Int = 30, from source: String? = nil) throws {
+  init(port: UInt16, timeout: Int = 60, from source: String? = nil) throws {
     #if canImport(Glibc)
       fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
     #else
@@ -73,6 +73,7 @@ final class RawClient: Sendable {
         #else
           let sent = Darwin.send(fd, raw.baseAddress! + offset, raw.count - offset, 0)
         #endif
+        if sent < 0 && errno == EINTR { continue }
         guard sent > 0 else { return false }
         offset += sent
       }
@@ -96,12 +97,17 @@ final class RawClient: Sendable {
     await blocking { self.readResponseNow() }
   }
 
-  private func readResponseNow() -> Response? {
+  /// Sends text, blocking the calling thread (never a thread of Swift's cooperative pool).
+  @discardableResult
+  func sendNow(_ text: String) -> Bool { Self.send(Array(text.utf8), to: fd) }
+
+  /// Reads one response, blocking the calling thread (never a thread of Swift's cooperative pool).
+  func readResponseNow() -> Response? {
     var pending = buffer.withLock { $0 }
     defer { buffer.withLock { [pending] in $0 = pending } }
     func receive() -> Bool {
       var chunk = [UInt8](repeating: 0, count: 65_536)
-      let count = recv(fd, &chunk, chunk.count, 0)
+      let count = Self.receive(fd, &chunk)
       if count > 0 { pending += chunk[0..<count] }
       return count > 0
     }
@@ -135,13 +141,23 @@ final class RawClient: Sendable {
     }
   }
 
+  /// `recv`, again when a signal interrupted it (a child process ending, say, which would
+  /// otherwise read as a connection the server closed).
+  static func receive(_ fd: Int32, _ chunk: inout [UInt8]) -> Int {
+    while true {
+      let count = recv(fd, &chunk, chunk.count, 0)
+      if count < 0 && errno == EINTR { continue }
+      return count
+    }
+  }
+
   /// Whether the server closed the connection (reads until end of stream or the timeout).
   func isClosedByServer() async -> Bool {
     let fd = fd
     return await blocking {
       var chunk = [UInt8](repeating: 0, count: 65_536)
       while true {
-        let count = recv(fd, &chunk, chunk.count, 0)
+        let count = Self.receive(fd, &chunk)
         if count == 0 { return true }
         if count < 0 { return errno == ECONNRESET }
       }

@@ -174,11 +174,19 @@ struct GroupCommitTests {
       url: url(deadlockTimeout: "4s"), options: .init(schema: schema, lockTimeout: .zero))
     let clock = SystemJobClock()
     let admin = try AdminConnection(server.url)
+    // The slow insert waits for a lock the test holds (`gate`) and lets go of: a fixed sleep ended
+    // before a loaded machine's test looked for it.
+    let gateKey = "hashtext('\(schema)-gate')"
+    let gate = try AdminConnection(server.url)
+    try gate.query("SELECT pg_advisory_lock(\(gateKey))")
     try admin.query(
       """
       CREATE FUNCTION \(schema).slow() RETURNS trigger LANGUAGE plpgsql AS $$
       BEGIN
-        IF convert_from(NEW.payload, 'UTF8') = 'slow' THEN PERFORM pg_sleep(3); END IF;
+        IF convert_from(NEW.payload, 'UTF8') = 'slow' THEN
+          PERFORM pg_advisory_lock(\(gateKey));
+          PERFORM pg_advisory_unlock(\(gateKey));
+        END IF;
         RETURN NEW;
       END $$;
       CREATE TRIGGER slow BEFORE INSERT ON \(schema).jobs FOR EACH ROW EXECUTE FUNCTION \(schema).slow();
@@ -203,14 +211,19 @@ struct GroupCommitTests {
     _ = try await lead.value
     // The group holds `second` while its slow insert runs; another process adds both keys.
     let watcher = try AdminConnection(server.url)
-    try await waitFor("the group's slow insert runs") {
+    func waitingOnLocks() throws -> String? {
       try watcher.scalar(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query LIKE '%\(schema)%'")
-        == "1"
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' "
+          + "AND query LIKE '%\(schema)%'")
     }
-    let both = await Task {
+    try await waitFor("the group's slow insert runs") { try waitingOnLocks() == "1" }
+    let adding = Task {
       try await other.enqueue([job("m1", key: first), job("m2", key: second)], queue: "q", clock: clock)
-    }.result
+    }
+    // The other add waits for the group's key lock too; then the slow insert goes on.
+    try await waitFor("the other process's add to wait") { try waitingOnLocks() == "2" }
+    try gate.query("SELECT pg_advisory_unlock(\(gateKey))")
+    let both = await adding.result
     switch both {
     case .success(let results):
       // No deadlock: the add waited for the group's locks, then found the group's jobs with the

@@ -85,7 +85,9 @@ struct MultiProcessTests {
     // faster engine let the victim finish them all and exit cleanly before the kill (seen once in
     // three fresh-clone runs: "exitStatus() != 0" failed).
     let ids = try await enqueue(5_000, into: database)
-    let extra = ["--lease-ms", "1500", "--handle-ms", "1", "--concurrency", "10"]
+    // Leases of 5 s: a worker that stalls longer than its lease (a loaded machine's stalls passed
+    // 1.5 s) loses jobs it is running to a rescue, which then run twice beyond the bound below.
+    let extra = ["--lease-ms", "5000", "--handle-ms", "1", "--concurrency", "10"]
     // The victim starts first, so the steady worker cannot drain everything before it gets going.
     let victim = try WorkerProcess(database: database, folder: folder, name: "victim", extra: extra)
     try await waitForLines(victim.progress, count: 1)

@@ -14,6 +14,7 @@ public final class InstrumentedJobStore: JobStore {
     var leaseExpirySkew: TimeInterval = 0
     var heartbeatReturnDelay: Duration = .zero
     var claimAnswerDelays: [Duration] = []
+    var claimAnswerHolds: [Gate] = []
     var afterHeartbeat: (@Sendable () -> Void)?
   }
   private let state = Mutex(State())
@@ -68,6 +69,13 @@ public final class InstrumentedJobStore: JobStore {
     state.withLock { $0.claimAnswerDelays = delays }
   }
 
+  /// Holds the answer of the next call that claims jobs until `gate` opens (after the store
+  /// committed the claim): a worker stalled for as long as a test needs, say until another worker
+  /// took the job over, whatever the machine's load.
+  public func holdNextClaimAnswer(until gate: Gate) {
+    state.withLock { $0.claimAnswerHolds.append(gate) }
+  }
+
   /// Runs `hook` after every later heartbeat extended its leases, on the caller's thread and
   /// without suspending (a store that works on the caller's thread), before the call returns.
   public func runAfterEachHeartbeat(_ hook: @escaping @Sendable () -> Void) {
@@ -101,6 +109,11 @@ public final class InstrumentedJobStore: JobStore {
       let delay = state.withLock({ $0.claimAnswerDelays.isEmpty ? nil : $0.claimAnswerDelays.removeFirst() })
     {
       try await Task.sleep(for: delay)
+    }
+    if !batch.claimed.isEmpty,
+      let gate = state.withLock({ $0.claimAnswerHolds.isEmpty ? nil : $0.claimAnswerHolds.removeFirst() })
+    {
+      await gate.wait()
     }
     return batch
   }

@@ -38,6 +38,26 @@ public enum QueueEngineConformance {
     if !condition { throw ConformanceFailure(description: "line \(line): \(message())") }
   }
 
+  /// Waits (a minute at most, a hang guard) until `condition` holds; throws saying `what` did not
+  /// happen.
+  static func waitFor(
+    _ what: String, line: UInt = #line, _ condition: @Sendable () async throws -> Bool
+  ) async throws {
+    let deadline = ContinuousClock.now + .seconds(60)
+    while try await !condition() {
+      try expect(ContinuousClock.now < deadline, "waited a minute for \(what)", line: line)
+      try await Task.sleep(for: .milliseconds(5))
+    }
+  }
+
+  /// Waits until a job of queue `engine` is running in `store`: a claim reached the store (its
+  /// answer may still be on its way back).
+  static func waitUntilRunning(_ store: any JobStore, line: UInt = #line) async throws {
+    try await waitFor("the claim to reach the store", line: line) {
+      try await !store.jobs(queue: "engine", status: .running, after: nil, limit: 1).isEmpty
+    }
+  }
+
   static func payload(_ name: String) throws -> Data { try JSONEncoder().encode(Named(name: name)) }
 
   static func check(_ name: String, _ body: @escaping @Sendable (any JobStore) async throws -> Void)
@@ -83,36 +103,33 @@ public enum QueueEngineConformance {
       try expect(runs.all == ["a1", "b1", "c1", "a2"], "order: \(runs.all)")
     },
     check("a claim answered after its lease lapsed is handed back unstarted, never run twice") { store in
-      // Queue `late` hears of its claim only after the lease lapsed; queue `other` (another
-      // process, on the same store) rescues the job meanwhile and runs it.
-      // Leases of 1.5 s: a loaded machine's stalls stay well within them, so only the late answer
-      // can make a worker lose one.
+      // Queue `late` hears of its claim only once queue `other` (another process, on the same
+      // store) rescued the job and ran it: its answer is held until then, however long a loaded
+      // machine takes (a fixed delay let the answer arrive before the rescue).
       let delayed = InstrumentedJobStore(store)
-      delayed.delayClaimAnswers([.milliseconds(2_500)])
+      let takenOver = Gate()
+      delayed.holdNextClaimAnswer(until: takenOver)
       let runs = Runs()
       let handler: JobQueue<Named>.Handler = { item, _ in
         runs.append(item.name)
         return .handled
       }
+      let lateLogs = Runs()
       var lateConfiguration = configuration(lease: .milliseconds(1_500))
       lateConfiguration.autoStart = false
+      lateConfiguration.log = { lateLogs.append($0.message) }
       let late = try JobQueue<Named>(configuration: lateConfiguration, store: delayed, handler: handler)
       try await late.add(Named(name: "x"))
-      let logs = Runs()
       late.start()
-      // The late claim has reached the store (its answer is on its way) before the other queue
-      // starts: a loaded machine may take longer than any fixed sleep to send it.
-      let sent = ContinuousClock.now + .seconds(30)
-      while try await store.jobs(queue: "engine", status: .running, after: nil, limit: 1).isEmpty {
-        try expect(ContinuousClock.now < sent, "the late queue's claim never reached the store")
-        try await Task.sleep(for: .milliseconds(5))
+      try await waitUntilRunning(store)
+      let other = try JobQueue<Named>(
+        configuration: configuration(lease: .milliseconds(1_500)), store: store, handler: handler)
+      try await waitFor("the other queue to run the job") { runs.all == ["x"] }
+      takenOver.open()
+      try await waitFor("the late queue to hand its claim back") {
+        lateLogs.all.contains { $0.contains("handed back 1 claimed job(s) unstarted") }
       }
-      var otherConfiguration = configuration(lease: .milliseconds(1_500))
-      otherConfiguration.log = { logs.append($0.message) }
-      let other = try JobQueue<Named>(configuration: otherConfiguration, store: store, handler: handler)
       await other.waitUntilFinished()
-      // Long enough for the late answer to arrive and be acted on.
-      try await Task.sleep(for: .milliseconds(3_000))
       await late.shutdown()
       await other.shutdown()
       try expect(runs.all == ["x"], "the handler ran once: \(runs.all)")
@@ -127,30 +144,33 @@ public enum QueueEngineConformance {
     // why.
     check("a claim answered after another worker took the job over counts as a lost attempt") { store in
       let delayed = InstrumentedJobStore(store)
-      delayed.delayClaimAnswers([.milliseconds(2_500)])
+      let takenOver = Gate()
+      delayed.holdNextClaimAnswer(until: takenOver)
       let runs = Runs()
       let handler: JobQueue<Named>.Handler = { item, context in
         runs.append("\(item.name)\(context.attempts)")
         return .handled
       }
+      let lateLogs = Runs()
       var lateConfiguration = configuration(lease: .milliseconds(1_500))
       lateConfiguration.autoStart = false
       lateConfiguration.maxAttempts = 1
+      lateConfiguration.log = { lateLogs.append($0.message) }
       let late = try JobQueue<Named>(configuration: lateConfiguration, store: delayed, handler: handler)
       try await late.add(Named(name: "x"))
       late.start()
-      // The late claim has reached the store (its answer is on its way) before the other queue
-      // starts: a loaded machine may take longer than any fixed sleep to send it.
-      let sent = ContinuousClock.now + .seconds(30)
-      while try await store.jobs(queue: "engine", status: .running, after: nil, limit: 1).isEmpty {
-        try expect(ContinuousClock.now < sent, "the late queue's claim never reached the store")
-        try await Task.sleep(for: .milliseconds(5))
-      }
+      try await waitUntilRunning(store)
       var otherConfiguration = configuration(lease: .milliseconds(1_500))
       otherConfiguration.maxAttempts = 1
       let other = try JobQueue<Named>(configuration: otherConfiguration, store: store, handler: handler)
-      await other.waitUntilFinished()
-      try await Task.sleep(for: .milliseconds(3_000))  // the late answer arrives and is handed back
+      // The other queue rescues the lapsed claim, whose one attempt is used: the job is dead.
+      try await waitFor("the other queue to rescue the job") {
+        try await !store.jobs(queue: "engine", status: .dead, after: nil, limit: 1).isEmpty
+      }
+      takenOver.open()
+      try await waitFor("the late queue to hand its claim back") {
+        lateLogs.all.contains { $0.contains("handed back 1 claimed job(s) unstarted") }
+      }
       await late.shutdown()
       await other.shutdown()
       let dead = try await store.jobs(queue: "engine", status: .dead, after: nil, limit: 5)

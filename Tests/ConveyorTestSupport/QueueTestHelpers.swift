@@ -146,3 +146,40 @@ public final class Gate: Sendable {
     for waiter in waiters { waiter.resume() }
   }
 }
+
+/// At most `width` holders at once, the others waiting in turn, without holding a thread: for
+/// work a test runs to completion that loads the machine (a child process), so tests running side
+/// by side on a small machine do not starve each other's timers.
+public final class AsyncLimit: Sendable {
+  private let state: Mutex<(free: Int, waiters: [CheckedContinuation<Void, Never>])>
+
+  /// A limit of `width` holders.
+  public init(width: Int) { state = Mutex((max(1, width), [])) }
+
+  /// Runs `body` once a place is free, and frees it after.
+  public func run<T>(_ body: () async throws -> T) async rethrows -> T {
+    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+      let admitted = state.withLock { state -> Bool in
+        guard state.free > 0 else {
+          state.waiters.append(continuation)
+          return false
+        }
+        state.free -= 1
+        return true
+      }
+      if admitted { continuation.resume() }
+    }
+    defer {
+      // The place passes to the first waiter, or back to the pool.
+      let next = state.withLock { state -> CheckedContinuation<Void, Never>? in
+        if state.waiters.isEmpty {
+          state.free += 1
+          return nil
+        }
+        return state.waiters.removeFirst()
+      }
+      next?.resume()
+    }
+    return try await body()
+  }
+}
