@@ -34,7 +34,9 @@ struct MultiProcessTests {
     let ids = try await enqueue(300, into: store)
     let victim = try WorkerProcess(
       url: server.url, schema: schema, folder: folder, name: "victim",
-      extra: ["--lease-ms", "1000", "--handle-ms", "40", "--concurrency", "5"])
+      extra: ["--lease-ms", "1000", "--handle-ms", "500", "--concurrency", "5"])
+    // Half a second a job, far longer than a claim: the kill finds the victim inside handlers
+    // (with 40 ms, a loaded machine once killed it while all five workers waited for a claim).
     try await waitForLines(victim.progress, count: 12)
     victim.kill()
     #expect(await victim.exitStatus() != 0)
