@@ -71,6 +71,13 @@ final class Connection {
     handle = try Self.open("file:\(escaped)?immutable=1", flags: flags, describing: path)
   }
 
+  /// Opens `path` read-only, reading through its WAL file (SQLite may use the shared-memory file
+  /// beside it): for reading a database another process may be writing, without writing to it.
+  init(readingOnly path: String) throws {
+    let flags = SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE
+    handle = try Self.open(path, flags: flags, describing: path)
+  }
+
   /// Opens a handle with extended result codes, or throws with SQLite's message.
   private static func open(_ filename: String, flags: Int32, describing path: String) throws -> OpaquePointer
   {

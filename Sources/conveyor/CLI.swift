@@ -24,76 +24,79 @@ enum ExitCode: Int32 {
 
 enum CLI {
   /// Every command, as `conveyor --help` lists them and as each parses its words.
-  static let commands: [CommandSpec] = [
-    CommandSpec(
-      name: "add http", operands: "METHOD URL",
-      summary: "queue an HTTP request; prints the job ID",
-      options: [
-        OptionSpec(names: ["--header", "-H"], value: "'NAME: VALUE'", help: "a header; repeat for more"),
-        OptionSpec(names: ["--data"], value: "TEXT", help: "the body"),
-        OptionSpec(
-          names: ["--data-file"], value: "PATH", help: "the body, read from a file (at most 64 MiB)"),
-        OptionSpec(
-          names: ["--timeout"], value: "S", help: "seconds for the whole request before it is retried"),
-      ] + addOptions,
-      details: """
-        METHOD is a token such as GET, POST, PUT, PATCH, DELETE; URL starts with http:// or https://.
-        Content-Length, Transfer-Encoding and Host are set from the body and the URL. A header
-        given twice keeps both values, joined with ", ". A redirect to another host drops
-        Authorization, Cookie and Proxy-Authorization.
-        """),
-    CommandSpec(
-      name: "add exec", operands: "-- PROGRAM [ARGUMENTS...]",
-      summary: "queue a command, run without a shell; prints the job ID",
-      options: [
-        OptionSpec(
-          names: ["--cwd"], value: "DIR", help: "where it runs (a relative DIR is taken from here, now)"),
-        OptionSpec(names: ["--timeout"], value: "S", help: "seconds before it is stopped and retried"),
-      ] + addOptions, takesCommandAfterDashes: true),
-    CommandSpec(
-      name: "work", operands: "", summary: "handle jobs until SIGINT/SIGTERM/SIGHUP",
-      options: [
-        OptionSpec(names: ["--concurrency", "-c"], value: "N", help: "jobs at once (default 1)"),
-        OptionSpec(names: ["--max-attempts"], value: "N", help: "attempts before a job is dead (default 10)"),
-        OptionSpec(
-          names: ["--lease"], value: "S", help: "seconds a claim lasts without a heartbeat (default 60)"),
-        OptionSpec(
-          names: ["--until-empty"], value: nil,
-          help: "stop when no job is waiting or running (waits for scheduled retries)"),
-        OptionSpec(
-          names: ["--until-idle"], value: nil,
-          help: "stop when no job is ready or running (leaves scheduled jobs for later)"),
-        OptionSpec(names: ["--json"], value: nil, help: "one JSON object per event"),
-        OptionSpec(
-          names: ["--wait-for-database"], value: "S",
-          help: "seconds to wait for a PostgreSQL server that is not up yet (default 60)"),
-      ]),
-    CommandSpec(
-      name: "status", operands: "", summary: "counts by status, and whether the queue is paused",
-      options: [OptionSpec(names: ["--json"], value: nil, help: "as one JSON object")]),
-    CommandSpec(
-      name: "list", operands: "", summary: "jobs with their status and last error",
-      options: [
-        OptionSpec(
-          names: ["--status"], value: "STATUS", help: "ready, scheduled, pending (both), running or dead"),
-        OptionSpec(names: ["--limit", "-n"], value: "N", help: "at most N jobs (default 100)"),
-        OptionSpec(names: ["--json"], value: nil, help: "one JSON object per job"),
-      ]),
-    CommandSpec(
-      name: "retry", operands: "ID... | --all", summary: "re-queue dead jobs",
-      options: [OptionSpec(names: ["--all"], value: nil, help: "every dead job")]),
-    CommandSpec(name: "remove", operands: "ID...", summary: "delete jobs", options: []),
-    CommandSpec(
-      name: "purge", operands: "", summary: "delete dead jobs",
-      options: [OptionSpec(names: ["--all"], value: nil, help: "every job that is not running")]),
-    CommandSpec(name: "pause", operands: "", summary: "stop claiming jobs, for every worker", options: []),
-    CommandSpec(name: "resume", operands: "", summary: "claim jobs again", options: []),
-    Dashboard.spec,
-    CommandSpec(
-      name: "demo", operands: "", summary: "a self-contained run showing retries and recovery",
-      options: [OptionSpec(names: ["--keep"], value: nil, help: "keep the demo's database")]),
-    CommandSpec(name: "help", operands: "[COMMAND]", summary: "this help, or a command's", options: []),
-  ]
+  static let commands: [CommandSpec] =
+    [
+      CommandSpec(
+        name: "add http", operands: "METHOD URL",
+        summary: "queue an HTTP request; prints the job ID",
+        options: [
+          OptionSpec(names: ["--header", "-H"], value: "'NAME: VALUE'", help: "a header; repeat for more"),
+          OptionSpec(names: ["--data"], value: "TEXT", help: "the body"),
+          OptionSpec(
+            names: ["--data-file"], value: "PATH", help: "the body, read from a file (at most 64 MiB)"),
+          OptionSpec(
+            names: ["--timeout"], value: "S", help: "seconds for the whole request before it is retried"),
+        ] + addOptions,
+        details: """
+          METHOD is a token such as GET, POST, PUT, PATCH, DELETE; URL starts with http:// or https://.
+          Content-Length, Transfer-Encoding and Host are set from the body and the URL. A header
+          given twice keeps both values, joined with ", ". A redirect to another host drops
+          Authorization, Cookie and Proxy-Authorization.
+          """),
+      CommandSpec(
+        name: "add exec", operands: "-- PROGRAM [ARGUMENTS...]",
+        summary: "queue a command, run without a shell; prints the job ID",
+        options: [
+          OptionSpec(
+            names: ["--cwd"], value: "DIR", help: "where it runs (a relative DIR is taken from here, now)"),
+          OptionSpec(names: ["--timeout"], value: "S", help: "seconds before it is stopped and retried"),
+        ] + addOptions, takesCommandAfterDashes: true),
+      CommandSpec(
+        name: "work", operands: "", summary: "handle jobs until SIGINT/SIGTERM/SIGHUP",
+        options: [
+          OptionSpec(names: ["--concurrency", "-c"], value: "N", help: "jobs at once (default 1)"),
+          OptionSpec(
+            names: ["--max-attempts"], value: "N", help: "attempts before a job is dead (default 10)"),
+          OptionSpec(
+            names: ["--lease"], value: "S", help: "seconds a claim lasts without a heartbeat (default 60)"),
+          OptionSpec(
+            names: ["--until-empty"], value: nil,
+            help: "stop when no job is waiting or running (waits for scheduled retries)"),
+          OptionSpec(
+            names: ["--until-idle"], value: nil,
+            help: "stop when no job is ready or running (leaves scheduled jobs for later)"),
+          OptionSpec(names: ["--json"], value: nil, help: "one JSON object per event"),
+          OptionSpec(
+            names: ["--wait-for-database"], value: "S",
+            help: "seconds to wait for a PostgreSQL server that is not up yet (default 60)"),
+        ]),
+      CommandSpec(
+        name: "status", operands: "", summary: "counts by status, and whether the queue is paused",
+        options: [OptionSpec(names: ["--json"], value: nil, help: "as one JSON object")]),
+      CommandSpec(
+        name: "list", operands: "", summary: "jobs with their status and last error",
+        options: [
+          OptionSpec(
+            names: ["--status"], value: "STATUS", help: "ready, scheduled, pending (both), running or dead"),
+          OptionSpec(names: ["--limit", "-n"], value: "N", help: "at most N jobs (default 100)"),
+          OptionSpec(names: ["--json"], value: nil, help: "one JSON object per job"),
+        ]),
+      CommandSpec(
+        name: "retry", operands: "ID... | --all", summary: "re-queue dead jobs",
+        options: [OptionSpec(names: ["--all"], value: nil, help: "every dead job")]),
+      CommandSpec(name: "remove", operands: "ID...", summary: "delete jobs", options: []),
+      CommandSpec(
+        name: "purge", operands: "", summary: "delete dead jobs",
+        options: [OptionSpec(names: ["--all"], value: nil, help: "every job that is not running")]),
+      CommandSpec(name: "pause", operands: "", summary: "stop claiming jobs, for every worker", options: []),
+      CommandSpec(name: "resume", operands: "", summary: "claim jobs again", options: []),
+      Dashboard.spec,
+    ] + Migrate.specs + [
+      CommandSpec(
+        name: "demo", operands: "", summary: "a self-contained run showing retries and recovery",
+        options: [OptionSpec(names: ["--keep"], value: nil, help: "keep the demo's database")]),
+      CommandSpec(name: "help", operands: "[COMMAND]", summary: "this help, or a command's", options: []),
+    ]
 
   /// Options every `add` takes.
   static let addOptions = [
@@ -101,6 +104,14 @@ enum CLI {
     OptionSpec(names: ["--priority"], value: "N", help: "higher runs first (default 0)"),
     OptionSpec(names: ["--key"], value: "KEY", help: "while a job with this key waits, return it instead"),
   ]
+
+  /// This build's version; `conveyor --version` prints it with the schema versions it writes.
+  static let version = "0.1.0"
+
+  /// What `conveyor --version` prints.
+  static var versionLine: String {
+    "conveyor \(version) (schema: SQLite \(SQLiteJobStore.schemaVersion), PostgreSQL \(PostgresJobStore.schemaVersion))"
+  }
 
   static var usage: String {
     let width = (commands.map(\.name.count).max() ?? 0) + 2
@@ -111,6 +122,7 @@ enum CLI {
       conveyor: a durable outbox for HTTP requests and shell commands.
 
       Usage: conveyor [--database PATH|URL] [--queue NAME] COMMAND [options]
+             conveyor --version
 
       Commands:
       \(list.joined(separator: "\n"))
@@ -167,6 +179,10 @@ enum CLI {
       let word = words[index]
       if word == "--help" || word == "-h" {
         output(usage)
+        return ExitCode.success.rawValue
+      }
+      if word == "--version" {
+        output(versionLine)
         return ExitCode.success.rawValue
       }
       let (name, inline): (String, String?) =
@@ -227,6 +243,20 @@ enum CLI {
         throw UsageError(description: "unknown job kind \"\(printable(kind))\": use http or exec")
       }
       command = "add \(kind)"
+    } else if command == "migrate" {
+      guard index < words.count, !words[index].hasPrefix("-") else {
+        if index < words.count, words[index] == "--help" || words[index] == "-h" {
+          output(Migrate.specs.map(\.help).joined(separator: "\n\n"))
+          return ExitCode.success.rawValue
+        }
+        throw UsageError(description: "missing migrate command (status, up or sql)")
+      }
+      let verb = words[index]
+      index += 1
+      guard ["status", "up", "sql"].contains(verb) else {
+        throw UsageError(description: "unknown migrate command \"\(printable(verb))\": use status, up or sql")
+      }
+      command = "migrate \(verb)"
     }
     guard let commandSpec = commands.first(where: { $0.name == command }) else {
       throw UsageError(description: "unknown command \"\(command)\"")
@@ -265,6 +295,8 @@ enum CLI {
       output("queue \(context.queue) \(command == "pause" ? "paused" : "resumed")")
       return ExitCode.success.rawValue
     case "dashboard": return try await Dashboard.run(&arguments, context)
+    case "migrate status", "migrate up", "migrate sql":
+      return try await Migrate.run(String(command.dropFirst("migrate ".count)), &arguments, context)
     case "demo": return try await Demo.run(&arguments)
     default:
       throw UsageError(description: "unknown command \"\(command)\"")

@@ -5,7 +5,7 @@ import Testing
 
 /// The queues page's "Last hour" charts and oldest-ready age, from real jobs run by a real worker
 /// process: the dashboard is another process and reads what the worker left in the store.
-@Suite(.timeLimit(.minutes(3))) struct DashboardActivityTests {
+@Suite(.timeLimit(.minutes(10))) struct DashboardActivityTests {
   /// Adds `count` exec jobs running `command` to `queue`.
   static func add(_ sandbox: Sandbox, queue: String, count: Int, _ command: [String]) async throws {
     for _ in 0..<count {

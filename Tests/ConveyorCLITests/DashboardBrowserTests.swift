@@ -8,7 +8,7 @@ import Testing
 /// `$CONVEYOR_DASHBOARD_SCREENSHOT` when set, else the system's temporary folder).
 @Suite(
   .enabled(if: Chromium.path != nil, "chromium is not installed; .ci/run installs it"),
-  .timeLimit(.minutes(4)),
+  .timeLimit(.minutes(10)),
   .serialized)
 struct DashboardBrowserTests {
   @Test func thePagesLoadAndShowTheSeededJobsAndAFilterNarrowsThem() async throws {

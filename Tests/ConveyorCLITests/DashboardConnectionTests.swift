@@ -10,7 +10,7 @@ import Testing
 /// `conveyor dashboard`'s HTTP server on a raw socket: what it refuses before a page is asked for
 /// (malformed and smuggling requests, too many idle clients), with the security headers every
 /// response carries, and the loopback addresses it answers on.
-@Suite(.timeLimit(.minutes(3))) struct DashboardConnectionTests {
+@Suite(.timeLimit(.minutes(10))) struct DashboardConnectionTests {
   // Failed before the fix: README "Every response carries `Content-Security-Policy: …` … They also carry
   // `X-Content-Type-Options: nosniff` …" and Dashboard.swift's "Every response carries a strict
   // Content-Security-Policy". The refusals the HTTP server writes itself (400/408/413/414/431/501/505

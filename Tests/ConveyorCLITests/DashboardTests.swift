@@ -40,7 +40,7 @@ struct SeededJobs {
 
 /// `conveyor dashboard` over HTTP on a real socket: pages, escaping, redaction, actions and every
 /// refusal of the security model.
-@Suite(.timeLimit(.minutes(3))) struct DashboardTests {
+@Suite(.timeLimit(.minutes(10))) struct DashboardTests {
   @Test func theQueuesPageListsQueuesWithStrictSecurityHeaders() async throws {
     let sandbox = try Sandbox()
     _ = try await SeededJobs.seed(sandbox)

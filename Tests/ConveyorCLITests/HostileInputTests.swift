@@ -685,8 +685,15 @@ import Testing
     try #require(
       FileManager.default.createFile(atPath: body, contents: Data(repeating: 0x61, count: 48 << 20)))
     let long = String(repeating: "x", count: 20_000)
-    try await sandbox.add(["http", "POST", "http://127.0.0.1:9/upload/0?q=\(long)", "--data-file", body])
-    try await sandbox.add(["http", "POST", "http://127.0.0.1:9/upload/1", "--key", long, "--data-file", body])
+    // Two adds of 64 MB of JSON each: minutes, not the default 20 s, for a loaded machine (one
+    // was killed after 20 s beside two builds).
+    for words in [
+      ["http", "POST", "http://127.0.0.1:9/upload/0?q=\(long)", "--data-file", body],
+      ["http", "POST", "http://127.0.0.1:9/upload/1", "--key", long, "--data-file", body],
+    ] {
+      let added = try await sandbox.run(["add"] + words, timeout: .seconds(180))
+      #expect(added.status == 0, "\(added.status) \(added.stderr)")
+    }
     let report = sandbox.path("rss.txt")
     let running = try RunningConveyor(
       executable: time,
