@@ -95,7 +95,8 @@ let package = Package(
     .testTarget(name: "ConveyorBismuthTests", dependencies: ["ConveyorBismuth"]),
     .testTarget(name: "ConveyorAsyncTaskPerformerTests", dependencies: ["ConveyorAsyncTaskPerformer"]),
     .testTarget(
-      name: "ConveyorOperationKitTests", dependencies: ["ConveyorOperationKit", "LoopbackHTTPServer"]),
+      name: "ConveyorOperationKitTests",
+      dependencies: ["ConveyorOperationKit", "ConveyorTestSupport", "LoopbackHTTPServer"]),
     .testTarget(
       name: "ConveyorNetworkingTests",
       dependencies: [
