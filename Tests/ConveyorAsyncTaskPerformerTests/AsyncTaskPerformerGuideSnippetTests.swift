@@ -8,7 +8,7 @@ import Testing
 // (AsyncTaskPerformerReadmeTests.swift); the example's `SayHelloTask` and `print` are declared
 // here, and `print` records the lines so the test can read them.
 
-@Suite("Guide snippets: AsyncTaskPerformer drop-in", .timeLimit(.minutes(5)))
+@Suite("Guide snippets: AsyncTaskPerformer drop-in", .timeLimit(.minutes(10)))
 struct AsyncTaskPerformerGuideSnippetTests {
   /// The landing page's task: says hello, then completes.
   struct SayHelloTask: AsyncTask {

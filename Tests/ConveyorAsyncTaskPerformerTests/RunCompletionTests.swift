@@ -70,7 +70,7 @@ final class Completions: Sendable {
   }
 }
 
-@Suite("AsyncTaskPerformer drop-in: one completion per run, cancelling a run", .timeLimit(.minutes(2)))
+@Suite("AsyncTaskPerformer drop-in: one completion per run, cancelling a run", .timeLimit(.minutes(10)))
 struct RunCompletionTests {
   @Test("cancelling one run leaves another run on the same queue untouched")
   func cancelOneRun() async {

@@ -4,7 +4,7 @@ import Testing
 
 /// What the queue does with a handler's completion: the first call counts, later ones and the
 /// calls for an item removed meanwhile are ignored.
-@Suite("Bismuth: a handler's completion", .timeLimit(.minutes(4)))
+@Suite("Bismuth: a handler's completion", .timeLimit(.minutes(10)))
 @MainActor
 struct CompletionTests {
   @Test("a second completion call is ignored: .retry then .handled retries once")

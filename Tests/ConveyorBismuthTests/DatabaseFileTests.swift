@@ -3,7 +3,7 @@ import Foundation
 import Testing
 
 /// `Config.databaseURL`: the file the queue's items are committed to.
-@Suite("Bismuth: the database file", .timeLimit(.minutes(4)))
+@Suite("Bismuth: the database file", .timeLimit(.minutes(10)))
 @MainActor
 struct DatabaseFileTests {
   /// A databaseURL in a folder that did not exist yet (an app's Application Support subfolder on

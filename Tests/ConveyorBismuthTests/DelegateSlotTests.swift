@@ -55,7 +55,8 @@ struct DelegateSlotTests {
   /// with a delegate, never got it. Failed before the fix: `Adapter.queue(_:handle:...)` waited in
   /// `DelegateSlot.waitForDelegate()` with no bound.
   @Test(
-    "an instance without a delegate does not keep an item from an instance with one", .timeLimit(.minutes(4)))
+    "an instance without a delegate does not keep an item from an instance with one", .timeLimit(.minutes(10))
+  )
   @MainActor func delegatelessInstanceHoldsItem() async throws {
     let config = try temporaryConfig("shared", retryTime: 0)
     let idle = Bismuth.Queue<NamedItem>(config: config)  // autoStart, no delegate yet
@@ -74,7 +75,7 @@ struct DelegateSlotTests {
 
   @Test(
     "an item added to a queue without a delegate, then shut down, comes back with no attempt used",
-    .timeLimit(.minutes(4)))
+    .timeLimit(.minutes(10)))
   @MainActor func shutdownWhileWaitingForDelegate() async throws {
     let config = try temporaryConfig("wait", retryTime: 3600)  // a retry would be an hour away
     let first = Bismuth.Queue<NamedItem>(config: config)
@@ -91,7 +92,7 @@ struct DelegateSlotTests {
 
   @Test(
     "a queue released while its item waits for a delegate leaves the item, no attempt used",
-    .timeLimit(.minutes(4)))
+    .timeLimit(.minutes(10)))
   @MainActor func releasedWhileWaitingForDelegate() async throws {
     let config = try temporaryConfig("released", retryTime: 3600)
     do {

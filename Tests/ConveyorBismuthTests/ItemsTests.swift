@@ -3,7 +3,7 @@ import Foundation
 import Testing
 
 /// `items` and `count`: every item not handled yet, the running one included, in arrival order.
-@Suite("Bismuth: items in arrival order", .timeLimit(.minutes(4)))
+@Suite("Bismuth: items in arrival order", .timeLimit(.minutes(10)))
 @MainActor
 struct ItemsTests {
   @Test("items keep arrival order across a retry, and include the running item")

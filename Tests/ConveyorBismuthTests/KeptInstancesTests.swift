@@ -25,7 +25,7 @@ private final class RetryAll: BismuthQueueDelegate {
   }
 }
 
-@Suite("Bismuth: items compared as they were added", .timeLimit(.minutes(4)))
+@Suite("Bismuth: items compared as they were added", .timeLimit(.minutes(10)))
 @MainActor
 struct KeptInstancesTests {
   private func config(_ name: String, autoStart: Bool = false) throws -> Bismuth.Config {

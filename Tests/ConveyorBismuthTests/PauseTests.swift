@@ -3,7 +3,7 @@ import Foundation
 import Testing
 
 /// `pause()` and `resume()` while items run.
-@Suite("Bismuth: pause and resume", .timeLimit(.minutes(4)))
+@Suite("Bismuth: pause and resume", .timeLimit(.minutes(10)))
 @MainActor
 struct PauseTests {
   @Test("pause() while an item runs: it finishes, nothing else starts until resume()")

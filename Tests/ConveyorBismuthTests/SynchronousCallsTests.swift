@@ -4,7 +4,7 @@ import Testing
 
 /// The synchronous calls (`add`, `items`, `count`, `pause`, `resume`) from the main actor inside a
 /// delegate callback and from the cooperative pool.
-@Suite("Bismuth: synchronous calls do not deadlock", .timeLimit(.minutes(4)))
+@Suite("Bismuth: synchronous calls do not deadlock", .timeLimit(.minutes(10)))
 @MainActor
 struct SynchronousCallsTests {
   @Test("synchronous add, items and count from inside a main-actor delegate callback do not deadlock")

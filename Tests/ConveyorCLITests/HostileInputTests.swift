@@ -590,7 +590,10 @@ import Testing
     let text = String(decoding: FileManager.default.contents(atPath: report) ?? Data(), as: UTF8.self)
     let kilobytes = try #require(text.split(separator: "\n").compactMap { Int($0) }.last, "\(text)")
     // The worker itself needs about 40 MB; holding either whole would take 200 to 300 MB more.
-    #expect(kilobytes < 120_000, "peak resident memory \(kilobytes) KB")
+    // Beside two builds, the HTTP body's chunks queued up in FoundationNetworking ahead of the
+    // delegate that drops them (156 MB at the peak; under 120 MB on a quiet machine): the bound
+    // tells a body held whole from that backlog.
+    #expect(kilobytes < 200_000, "peak resident memory \(kilobytes) KB")
   }
 
   // A known gap (README, "Known gaps"): the body of a redirect response is not bounded: swift-corelibs-foundation keeps the

@@ -299,7 +299,7 @@ struct FileOperationTests {
   // ENAMETOOLONG, although the destination name itself is valid. Promise (issue 13,
   // FileOperation.write): an atomic write to `destination` (temp file beside, fsync, rename).
   // Where: FileOperations.sibling(of:) in Sources/ConveyorNetworking/FileOperations.swift.
-  @Test(.timeLimit(.minutes(2))) func aLongButLegalFileNameCanBeWrittenAndCopied() async throws {
+  @Test(.timeLimit(.minutes(10))) func aLongButLegalFileNameCanBeWrittenAndCopied() async throws {
     let name = String(repeating: "n", count: 240)  // NAME_MAX is 255
     let destination = folder.file(name)
     // The name itself is fine for the file system.
@@ -318,7 +318,7 @@ struct FileOperationTests {
   // Linux chown clears S_ISUID and S_ISGID (for root too). Promise (FileOperation.write): the new
   // file "gets its mode (and its owner, when the process may set it)". Where: FileOperations
   // .writeNewFile, the order of fchmod and fchown.
-  @Test(.enabled(if: geteuid() == 0, "needs root to give the file another owner"), .timeLimit(.minutes(2)))
+  @Test(.enabled(if: geteuid() == 0, "needs root to give the file another owner"), .timeLimit(.minutes(10)))
   func overwritingKeepsSetIDBitsOfAFileOwnedBySomeoneElse() async throws {
     let file = folder.file("tool")
     try Data("#!/bin/sh\n".utf8).write(to: file)
@@ -334,7 +334,7 @@ struct FileOperationTests {
 
   // Many moves racing to one destination without overwrite: exactly one wins, every
   // other source is still where it was (no file lost).
-  @Test(.timeLimit(.minutes(2))) func racingNoReplaceMovesNeverLoseAFile() async throws {
+  @Test(.timeLimit(.minutes(10))) func racingNoReplaceMovesNeverLoseAFile() async throws {
     let count = 16
     for index in 0..<count { try Data("\(index)".utf8).write(to: folder.file("source-\(index)")) }
     let destination = folder.file("destination")
@@ -354,7 +354,7 @@ struct FileOperationTests {
 
   // A dangling symlink as a no-overwrite destination counts as existing (write, copy and
   // move refuse it), and an overwriting write goes through it, creating a 0600 file.
-  @Test(.timeLimit(.minutes(2))) func aDanglingSymlinkDestination() async throws {
+  @Test(.timeLimit(.minutes(10))) func aDanglingSymlinkDestination() async throws {
     let link = folder.file("link")
     try FileManager.default.createSymbolicLink(atPath: link.path, withDestinationPath: "target")
     try Data("s".utf8).write(to: folder.file("source"))

@@ -20,7 +20,7 @@ private func publishReport(_ report: Data, in folder: URL) async throws -> URL {
 }
 // NetworkAndFileOperations.md example 2 ends
 
-@Suite("Guide snippets: file operations", .timeLimit(.minutes(5)))
+@Suite("Guide snippets: file operations", .timeLimit(.minutes(10)))
 struct FileOperationsGuideSnippetTests {
   @Test func aReportIsPublishedOnceAndNeverOverwritten() async throws {
     let folder = try TemporaryFolder()

@@ -25,7 +25,7 @@ func httpDate(_ date: Date) -> String {
   return formatter.string(from: date)
 }
 
-@Suite("HTTPDelivery against a local HTTP server", .timeLimit(.minutes(1)))
+@Suite("HTTPDelivery against a local HTTP server", .timeLimit(.minutes(10)))
 struct HTTPDeliveryTests {
   func deliver(_ reply: Reply, _ request: (TestHTTPServer) throws -> HTTPRequest = { .get($0.url("/x")) })
     async throws -> (JobResult, TestHTTPServer)

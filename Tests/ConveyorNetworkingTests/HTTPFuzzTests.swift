@@ -12,7 +12,7 @@ import Testing
 
 /// Random strings as URLs, methods, header names and values, deduplication keys and queue names:
 /// nothing traps, and everything is either refused with an error or stored and read back exactly.
-@Suite("Fuzzing HTTP requests and their storage", .timeLimit(.minutes(2)))
+@Suite("Fuzzing HTTP requests and their storage", .timeLimit(.minutes(10)))
 struct HTTPFuzzTests {
   /// A deterministic generator, so a failure repeats.
   struct Generator: RandomNumberGenerator {

@@ -11,7 +11,7 @@ import Testing
 #endif
 
 /// What a hostile server or a malformed item can do to a delivery, checked on the wire.
-@Suite("HTTP delivery under hostile input", .timeLimit(.minutes(1)))
+@Suite("HTTP delivery under hostile input", .timeLimit(.minutes(10)))
 struct HTTPHostileInputTests {
   @Test func aCrossOriginRedirectDropsCredentialsAddedByTheItemAndByPrepare() async throws {
     let elsewhere = try TestHTTPServer(always: .ok())

@@ -19,7 +19,7 @@ func pattern(_ count: Int) -> Data {
   return data
 }
 
-@Suite("Download operations", .timeLimit(.minutes(1)))
+@Suite("Download operations", .timeLimit(.minutes(10)))
 struct NetworkDownloadTests {
   @Test func downloadMovesTheFileAndReportsProgress() async throws {
     let body = pattern(1_000_000)
@@ -223,7 +223,7 @@ func markedBody(_ count: Int) -> (marker: Data, body: Data) {
   return (marker, marker + pattern(count))
 }
 
-@Suite("Download temporary files", .timeLimit(.minutes(1)))
+@Suite("Download temporary files", .timeLimit(.minutes(10)))
 struct DownloadTemporaryFileTests {
   @Test func successLeavesOnlyTheDestination() async throws {
     let (marker, body) = markedBody(200_000)

@@ -34,7 +34,7 @@ func networkError(_ error: OperationError<NetworkError>?) throws -> NetworkError
 
 // Three minutes, a guard against hangs only: beside the other suites on two cores,
 // `cancelRacingCompletionNeverRunsAHandlerAfterCancel` (60 operations in turn) once took over one.
-@Suite("Network operations against a local HTTP server", .timeLimit(.minutes(3)))
+@Suite("Network operations against a local HTTP server", .timeLimit(.minutes(10)))
 struct NetworkOperationTests {
   @Test func dataOperationReturnsTheBodyAndRunsTheSuccessHandlerOnce() async throws {
     let server = try TestHTTPServer(always: .ok("hello"))

@@ -20,7 +20,7 @@ func flakyServer(failures: Int) throws -> TestHTTPServer {
   }
 }
 
-@Suite("HTTP outbox end to end on SQLite", .timeLimit(.minutes(2)))
+@Suite("HTTP outbox end to end on SQLite", .timeLimit(.minutes(10)))
 struct OutboxEndToEndTests {
   @Test func threeRequestsSurviveARestartAndAreDeliveredInOrderDespite503s() async throws {
     let server = try flakyServer(failures: 2)

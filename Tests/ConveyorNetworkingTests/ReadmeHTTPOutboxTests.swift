@@ -55,7 +55,7 @@ func fetchItem(api: URL, into folder: URL) async throws -> (CatalogItem, URL) {
 
 // End of the README example.
 
-@Suite("README: HTTP outbox", .timeLimit(.minutes(2)))
+@Suite("README: HTTP outbox", .timeLimit(.minutes(10)))
 struct ReadmeHTTPOutboxTests {
   @Test func theExampleDeliversEveryRequest() async throws {
     // The server is busy on the first call and says when to come back: right away.

@@ -12,7 +12,7 @@ import Testing
 /// `NetworkSession`'s promise that credentials meant for one server never reach another: the
 /// `Authorization`, `Cookie` and `Proxy-Authorization` headers and a URL's userinfo are dropped on
 /// a redirect to another origin, whoever set them.
-@Suite("NetworkSession: credentials on redirects", .timeLimit(.minutes(2)))
+@Suite("NetworkSession: credentials on redirects", .timeLimit(.minutes(10)))
 struct RedirectCredentialsTests {
   /// Sends `url` with a data operation on a fresh session and returns the status.
   private func fetch(_ url: URL, session: NetworkSession = NetworkSession()) async throws -> Int {

@@ -9,7 +9,7 @@ import Testing
 
 /// What plain `URLSession` does on this platform, for the parts ConveyorNetworking relies on or
 /// works around. See the DocC catalog's "Linux notes".
-@Suite("URLSession on this platform", .timeLimit(.minutes(1)))
+@Suite("URLSession on this platform", .timeLimit(.minutes(10)))
 struct URLSessionBehaviourTests {
   @Test func completionHandlerDownloadGivesAFileThatExistsDuringTheHandler() async throws {
     let server = try TestHTTPServer(always: .ok("downloaded"))

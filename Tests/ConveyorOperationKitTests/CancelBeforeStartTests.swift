@@ -38,7 +38,7 @@ final class FinishedFromOutside: AsyncOperation<Int, ParseError>, @unchecked Sen
 // started, which its queue does at once.
 // Five minutes: the race of cancel() and an early finish runs 30 rounds of 50,000 operations when
 // nothing is wrong, which takes half a minute alone and more in a full run.
-@Suite("OperationKit drop-in: an operation cancelled before or as it starts", .timeLimit(.minutes(5)))
+@Suite("OperationKit drop-in: an operation cancelled before or as it starts", .timeLimit(.minutes(10)))
 struct CancelBeforeStartTests {
   @Test("queued: cancelled at once, finished when the queue starts it, main() and handlers never run")
   func queued() async {

@@ -19,7 +19,7 @@ func ownSession() -> URLSession {
 
 /// `NetworkDataOperation` and `NetworkDownloadOperation` over real HTTP on loopback, on
 /// `URLSession.shared` and on a session of the user's own.
-@Suite("OperationKit drop-in: network operations", .timeLimit(.minutes(2)))
+@Suite("OperationKit drop-in: network operations", .timeLimit(.minutes(10)))
 struct NetworkOperationTests {
   @Test("an existing URLSession: a 404 reaches failureHandler on callbackQueue with status and body")
   func notFoundOnOwnSession() async throws {

@@ -75,7 +75,7 @@ private func within(_ seconds: Double = 20, _ condition: () -> Bool) async -> Bo
   return condition()
 }
 
-@Suite("OperationKit drop-in: the old kit's own tests", .timeLimit(.minutes(2)))
+@Suite("OperationKit drop-in: the old kit's own tests", .timeLimit(.minutes(10)))
 struct OldKitOwnTests {
   @Test("AsyncOperation: properties before the start")
   func asyncProperties() {

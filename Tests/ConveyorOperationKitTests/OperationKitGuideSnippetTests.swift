@@ -11,7 +11,7 @@ import Testing
 // The example of this module's landing page (ConveyorOperationKit.md), verbatim between the
 // markers, against a server on 127.0.0.1. `MyObject` is the old README's (OperationKitReadmeTests.swift).
 
-@Suite("Guide snippets: OperationKit drop-in", .timeLimit(.minutes(5)))
+@Suite("Guide snippets: OperationKit drop-in", .timeLimit(.minutes(10)))
 struct OperationKitGuideSnippetTests {
   @Test func theLandingPageExampleFetchesAndDecodes() async throws {
     let server = try LoopbackHTTPServer { _, _ in .ok(#"{"name":"Ada"}"#) }

@@ -16,7 +16,7 @@ final class MaybeFinish: SyncOperation<Int, ParseError>, @unchecked Sendable {
   }
 }
 
-@Suite("OperationKit drop-in: SyncOperation is synchronous, as in the old kit", .timeLimit(.minutes(2)))
+@Suite("OperationKit drop-in: SyncOperation is synchronous, as in the old kit", .timeLimit(.minutes(10)))
 struct SynchronousOperationTests {
   @Test("a main() that returns without calling finish finishes the operation, with no handler run")
   func mainWithoutFinishFinishes() async {

@@ -89,7 +89,7 @@ final class SilencingProxy: Sendable {
 /// answer, an opening, a first connect to a frozen postmaster end too. A cancel request meant for
 /// one call never ends the next. (Timeouts of a few seconds: a loaded CI machine can take more than
 /// one to answer the calls made before the scenario.)
-@Suite("PostgreSQL: calls ended by callTimeout or a cancel request", .serialized, .timeLimit(.minutes(3)))
+@Suite("PostgreSQL: calls ended by callTimeout or a cancel request", .serialized, .timeLimit(.minutes(10)))
 struct CallTimeoutTests {
   /// `Operation.lastAttemptTimedOut` compares the attempt the watchdog marked with the latest
   /// attempt number, which only `watch()` advances, after a connect succeeded. A call whose first

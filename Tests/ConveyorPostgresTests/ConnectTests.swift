@@ -17,7 +17,7 @@ import Testing
 /// (hosts and `connect_timeout` from a service file or the environment, conninfo libpq cannot
 /// parse), and never show a password in an error. Each comparison runs libpq's own connect beside
 /// the store's.
-@Suite("PostgreSQL: connecting", .serialized, .timeLimit(.minutes(3)))
+@Suite("PostgreSQL: connecting", .serialized, .timeLimit(.minutes(10)))
 struct ConnectTests {
   /// A fake server on 127.0.0.1 that accepts connections, reads the startup packet, then answers
   /// with the header of a 20,000-byte ErrorResponse and drips its body one byte every 20 ms: the

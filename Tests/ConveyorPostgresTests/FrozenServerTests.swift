@@ -13,7 +13,7 @@ import Testing
 
 /// A server that freezes whole (a paused virtual machine, a host whose packets are dropped): its
 /// postmaster accepts no cancel request either.
-@Suite("PostgreSQL: a server that freezes whole", .serialized, .timeLimit(.minutes(3)))
+@Suite("PostgreSQL: a server that freezes whole", .serialized, .timeLimit(.minutes(10)))
 struct FrozenServerTests {
   /// Cancelling a call to a frozen server ends it: the cancel request, which waits for the
   /// postmaster's answer, is sent on a thread of its own, and the call's socket is shut down

@@ -155,7 +155,7 @@ final class ListenerProxy: Sendable {
 /// The store's listener (one connection per store that `LISTEN`s for its queues): it must end
 /// when the store closes, retry a `LISTEN` that got no answer, reconnect when its connection
 /// silently died or the server ends idle sessions, and wake the first wait for a new queue.
-@Suite("PostgreSQL: the listener", .serialized, .timeLimit(.minutes(4)))
+@Suite("PostgreSQL: the listener", .serialized, .timeLimit(.minutes(10)))
 struct ListenerTests {
   struct Item: Queueable { var number: Int }
 

@@ -185,7 +185,7 @@ private func link(_ descriptor: Int32) -> String? {
 /// one's long migration, a frozen server fails the opening as documented, a newer schema is
 /// reported as such even when its rollback hangs, and the deadline neither shuts down a reused
 /// descriptor nor leaks one.
-@Suite("PostgreSQL: opening under a deadline per statement", .serialized, .timeLimit(.minutes(3)))
+@Suite("PostgreSQL: opening under a deadline per statement", .serialized, .timeLimit(.minutes(10)))
 struct OpeningDeadlineTests {
   /// "Two processes migrating at once both succeed". A second opener waits for the migration
   /// advisory lock while the first migrates; its wait is one statement of the opening, which gets

@@ -60,7 +60,7 @@ private func landingPageExample() async throws {
   await queue.shutdown()
 }
 
-@Suite("Guide snippets: PostgreSQL", .timeLimit(.minutes(5)))
+@Suite("Guide snippets: PostgreSQL", .timeLimit(.minutes(10)))
 struct PostgresGuideSnippetTests {
   @Test func theWorkerHandlesAJobEnqueuedInsideAnApplicationsTransaction() async throws {
     let server = try await PostgresServer.shared()

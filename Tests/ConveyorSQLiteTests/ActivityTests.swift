@@ -77,7 +77,7 @@ struct SQLiteActivityTests {
   }
 
   /// The metrics hook's oldest-ready gauge: a job whose run date was 90 s ago has waited 90 s.
-  @Test(.timeLimit(.minutes(1))) func theMetricsHookReportsTheOldestReadyAge() async throws {
+  @Test(.timeLimit(.minutes(10))) func theMetricsHookReportsTheOldestReadyAge() async throws {
     let folder = try TemporaryFolder()
     let store = try makeStore(folder)
     let queue = try JobQueue<Task12>(
@@ -106,7 +106,7 @@ struct SQLiteActivityTests {
   ///
   /// Failed before the fix: `JobQueue.runLoop` → `flushActivity(within:)` inherited the loop's
   /// cancellation.
-  @Test(.timeLimit(.minutes(2))) func aShutdownThatCutsAHandlerShortStillHandsOverItsCounts() async throws {
+  @Test(.timeLimit(.minutes(10))) func aShutdownThatCutsAHandlerShortStillHandsOverItsCounts() async throws {
     let folder = try TemporaryFolder()
     let store = try makeStore(folder)
     let entered = Counter()
@@ -141,7 +141,7 @@ struct SQLiteActivityTests {
   ///
   /// Measured on the second worker's own contribution, so the loss of the first worker's counts
   /// (the test above) does not hide it.
-  @Test(.timeLimit(.minutes(2))) func aJobInterruptedByAShutdownAndRunAgainIsNotASecondFirstStart()
+  @Test(.timeLimit(.minutes(10))) func aJobInterruptedByAShutdownAndRunAgainIsNotASecondFirstStart()
     async throws
   {
     let folder = try TemporaryFolder()
@@ -174,7 +174,7 @@ struct SQLiteActivityTests {
 
   /// A handler cut short by a shutdown, run again later by another queue, is counted
   /// once; the job discarded and re-queued (attempts reset) is not counted again.
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func interruptedThenRequeuedJobIsCountedOnce() async throws {
     let folder = try TemporaryFolder()
     let store = try SQLiteJobStore(path: folder.path("act.sqlite"))
@@ -212,7 +212,7 @@ struct SQLiteActivityTests {
 
   /// Jobs prefetched and handed back unstarted at shutdown are counted once each when a
   /// later queue runs them.
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func prefetchedJobsHandedBackAtShutdownAreCountedOnce() async throws {
     let scenario = try ClaimAheadScenario()
     defer { scenario.openAll() }

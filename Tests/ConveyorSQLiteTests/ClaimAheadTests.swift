@@ -19,7 +19,7 @@ private struct Step: Queueable {
 /// test holds the queue to; `withKnownIssue` marks the gaps the README lists.
 @Suite("Claiming ahead on SQLiteJobStore")
 struct ClaimAheadTests {
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func aJobClaimedAheadOfALongOneIsHandedBackForAnotherWorker() async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("ahead.sqlite")
@@ -101,7 +101,7 @@ struct ClaimAheadTests {
   /// A held job that has not started within 50 ms while every slot is busy is handed
   /// back for any worker to take. During a shutdown's grace period it is not: it stays held (and
   /// heartbeated) until the running handler ends, however long that takes.
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func aJobHeldAheadIsHandedBackDuringAShutdownGracePeriod() async throws {
     let scenario = try ClaimAheadScenario()
     defer { scenario.openAll() }
@@ -134,7 +134,7 @@ struct ClaimAheadTests {
   /// A job claimed ahead is handed back at once when the queue is paused. (Failed before the
   /// fix: `pause()` set the flag without waking the loop, which slept until the 50 ms hold
   /// ended, so the pause handed nothing back sooner than the hold would have anyway.)
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func pausingHandsBackAJobHeldAheadAtOnce() async throws {
     let scenario = try ClaimAheadScenario()
     defer { scenario.openAll() }
@@ -166,7 +166,7 @@ struct ClaimAheadTests {
   /// claims the job after the held one, which then runs out of order. (The store call is held
   /// open by a hook to make the window deterministic; in production it is the length of one
   /// transaction.)
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func aHandBackRacingTheWorkersClaimKeepsFIFOAtConcurrencyOne() async throws {
     let scenario = try ClaimAheadScenario()
     defer { scenario.openAll() }
@@ -202,7 +202,7 @@ struct ClaimAheadTests {
   /// worker vanishes, the rescue must not count that claim as a lost attempt. With maxAttempts 1
   /// the held job is killed as "the worker stopped during the last one" without ever running.
   /// (Before the change, prefetch 0 claimed only jobs that started at once.)
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func aJobHeldAheadByAVanishedWorkerIsNotKilledWithoutRunning() async throws {
     let scenario = try ClaimAheadScenario()
     defer { scenario.openAll() }
@@ -245,7 +245,7 @@ struct ClaimAheadTests {
 
   /// Documented: not on the in-memory store (its calls are under 10 µs). A worker's first claim has
   /// no measured store call yet and claims ahead anyway, on every new worker.
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func theInMemoryStoreNeverClaimsAhead() async throws {
     let clock = ManualJobClock()
     let store = InMemoryJobStore()
@@ -270,7 +270,7 @@ struct ClaimAheadTests {
   }
 
   /// claimsAhead false: the job after "slow" is never claimed while slow runs.
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func claimsAheadFalseNeverHoldsAJob() async throws {
     let scenario = try ClaimAheadScenario()
     defer { scenario.openAll() }
@@ -291,7 +291,7 @@ struct ClaimAheadTests {
   }
 
   /// A job of 1 ms or more (by the queue's clock) is never followed by a claim ahead.
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func aLongJobIsNotFollowedByAClaimAhead() async throws {
     let clock = ManualJobClock()
     let folder = try TemporaryFolder()
@@ -324,7 +324,7 @@ struct ClaimAheadTests {
 
   /// A job handed back (hold over) keeps attempt 0 and later runs as attempt 1 under
   /// maxAttempts 2, in FIFO order, on the same queue.
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func aHandedBackJobKeepsItsAttemptAndRunsLater() async throws {
     let scenario = try ClaimAheadScenario()
     defer { scenario.openAll() }
@@ -345,7 +345,7 @@ struct ClaimAheadTests {
   }
 
   /// A failed hand-back is tried again: the job does not stay held.
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func aFailedHandBackIsRetried() async throws {
     let scenario = try ClaimAheadScenario()
     defer { scenario.openAll() }
@@ -372,7 +372,7 @@ struct ClaimAheadTests {
   }
 
   /// Shutdown gives a held job back with its attempt (once the running handler ends).
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func shutdownGivesBackAHeldJob() async throws {
     let scenario = try ClaimAheadScenario()
     defer { scenario.openAll() }
@@ -393,7 +393,7 @@ struct ClaimAheadTests {
   /// its 50 ms hold ends is never counted as started when it finally runs (its claim token is 2),
   /// so every hold that ends undercounts the dashboard's starts during ordinary running, not only
   /// at shutdown as documented for `prefetch`.
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func aJobHandedBackAfterItsHoldIsCountedAsStartedWhenItRuns() async throws {
     for claimsAhead in [false, true] {
       let scenario = try ClaimAheadScenario()
@@ -423,7 +423,7 @@ struct ClaimAheadTests {
   /// it stops holding its deduplication key; a duplicate added meanwhile is stored, and when the
   /// held job is handed back the store holds two waiting jobs with one key, and both run.
   /// With `claimsAhead` false the duplicate is refused.
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func aDuplicateOfAJobHeldAheadIsNotStoredTwice() async throws {
     for claimsAhead in [false, true] {
       let scenario = try ClaimAheadScenario()
@@ -470,7 +470,7 @@ struct ClaimAheadTests {
   /// Clear: `clear()` deletes every waiting job. A job claimed ahead is waiting for a
   /// slot, never started, but the store lists it as running: it survives the clear and runs.
   /// With `claimsAhead` false the same sequence deletes it.
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func clearDeletesAJobHeldAheadThatNeverStarted() async throws {
     for claimsAhead in [false, true] {
       let scenario = try ClaimAheadScenario()
@@ -498,7 +498,7 @@ struct ClaimAheadTests {
   /// With no handler (a delegate not ready for jobs), a job claimed ahead is handed
   /// back at once, the loop woken. Nothing wakes the loop when the delegate stops being ready: it
   /// is handed back only when the 50 ms hold ends (never, on a clock that does not move).
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func aDelegateThatStopsTakingJobsHandsBackTheJobHeldAheadWhenItsHoldEnds() async throws {
     let scenario = try ClaimAheadScenario()
     defer { scenario.openAll() }
@@ -528,7 +528,7 @@ struct ClaimAheadTests {
   /// A hand-back that fails: "slow" ends while the loop's hand-back is in flight (its
   /// worker ends), then that call fails. The outcome and the release are kept and recorded, the
   /// loop claims again, every job runs once in FIFO order and the queue finishes.
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func aWorkerEndingDuringAHandBackThatFailsLeavesNoStall() async throws {
     let scenario = try ClaimAheadScenario()
     defer { scenario.openAll() }
@@ -573,7 +573,7 @@ struct ClaimAheadTests {
 
   /// Pause hands back the held job, the paused queue does not spin (no store calls while the
   /// manual clock stands still), and resume runs the rest in order; waitUntilFinished returns.
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func aPausedQueueWithAHandedBackJobIsQuietAndResumesInOrder() async throws {
     let scenario = try ClaimAheadScenario()
     defer { scenario.openAll() }
@@ -626,7 +626,7 @@ struct BatchedClaimAheadTests {
     return try JobQueue<Step>(configuration: configuration, store: store, handler: handler)
   }
 
-  @Test(.timeLimit(.minutes(2)))
+  @Test(.timeLimit(.minutes(10)))
   func aWorkerOfShortJobsClaimsSeveralPerCall() async throws {
     let limits = Log<Int>()
     let store = HookedStore(InMemoryJobStore()) { _, limit in
@@ -652,7 +652,7 @@ struct BatchedClaimAheadTests {
 
   /// The outcomes of a batch's short jobs are recorded while a later job of the batch runs on,
   /// though the queue's poll interval is an hour: the loop records them once the hold passed.
-  @Test(.timeLimit(.minutes(3)))
+  @Test(.timeLimit(.minutes(10)))
   func theOutcomesOfABatchAreRecordedWhileALaterJobOfItRunsOn() async throws {
     let store = InMemoryJobStore()
     let slowStarted = Gate()

@@ -17,7 +17,7 @@ import Testing
 /// and, on the global executor, lets other tasks run on its thread meanwhile. These tests pin down
 /// when it must not: whenever the calls waiting behind it would then depend on something they
 /// cannot count on.
-@Suite("SQLite enqueue: a leader waiting for its followers", .serialized, .timeLimit(.minutes(3)))
+@Suite("SQLite enqueue: a leader waiting for its followers", .serialized, .timeLimit(.minutes(10)))
 struct GatherTests {
   /// A leader whose task prefers an executor of its own keeps that executor while it waits for
   /// its followers: were it to yield, another job on that executor could run first, and a job

@@ -24,7 +24,7 @@ private final class BlockingClock: JobClock {
 /// task does (waits on a busy executor, is cancelled), whatever ends the group (a close, a
 /// trigger, a duplicate key, a rejected call) and however the flush that ended races new calls.
 /// Serialized: the tests fill the cooperative pool and hold the store's thread on purpose.
-@Suite("SQLite enqueue: group commit behind a leader", .serialized, .timeLimit(.minutes(2)))
+@Suite("SQLite enqueue: group commit behind a leader", .serialized, .timeLimit(.minutes(10)))
 struct GroupCommitTests {
   // MARK: The leader and its followers (commit b439a4a)
 

@@ -26,7 +26,7 @@ private func currentThread() -> UInt {
 /// What may run on the caller's thread (Swift's cooperative pool): only the short statements of a
 /// small hot call. Commits that sync the disk, large calls and WAL checkpoints run on the store's
 /// thread. Where a commit ran is read from SQLite's commit hook, never from timings.
-@Suite("SQLiteJobStore: what runs on the caller's thread", .timeLimit(.minutes(2)))
+@Suite("SQLiteJobStore: what runs on the caller's thread", .timeLimit(.minutes(10)))
 struct InlineSafetyTests {
   /// The threads on which a connection's transactions committed, in order.
   final class CommitThreads: Sendable {

@@ -29,7 +29,7 @@ private final class TickingClock: JobClock {
 /// held too long at that hold (not an hour later at its poll), must not be woken for nothing
 /// before, and must not spin when the store fails meanwhile. The poll interval is an hour and
 /// leases are ten minutes, so only the hold can wake the loop in time.
-@Suite("Claiming ahead: the queue loop's sleep", .timeLimit(.minutes(3)))
+@Suite("Claiming ahead: the queue loop's sleep", .timeLimit(.minutes(10)))
 struct LoopSleepTests {
   static let queueName = "loop"
 

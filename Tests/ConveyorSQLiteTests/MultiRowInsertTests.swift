@@ -9,7 +9,7 @@ import Testing
 /// Jobs without keys are inserted with one multi-row `INSERT … RETURNING id` per 32 jobs, for one
 /// call or a group of calls (`SQLiteJobStore.insertTogether`): every call must still get the IDs
 /// of its own jobs, in order, and a row the table does not take must fail only its own call.
-@Suite("One INSERT for the jobs of a group", .serialized, .timeLimit(.minutes(3)))
+@Suite("One INSERT for the jobs of a group", .serialized, .timeLimit(.minutes(10)))
 struct MultiRowInsertTests {
   /// The payload, status and priority stored under each of `ids`, read by another connection.
   func stored(_ ids: [JobID], path: String) throws -> [String] {

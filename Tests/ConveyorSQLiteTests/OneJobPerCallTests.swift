@@ -15,7 +15,7 @@ import Testing
 
 /// The fast paths of one job per call: group commit of concurrent enqueues, inline calls that hand
 /// over to the store's thread when another connection holds the lock.
-@Suite("SQLiteJobStore: one job per call", .timeLimit(.minutes(2)))
+@Suite("SQLiteJobStore: one job per call", .timeLimit(.minutes(10)))
 struct OneJobPerCallTests {
   /// Eight calls that queue up behind a busy connection are committed in one transaction; the
   /// one whose insert fails gets its own error, the duplicate gets the waiting job's ID, and every

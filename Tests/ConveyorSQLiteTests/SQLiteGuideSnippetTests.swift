@@ -55,7 +55,7 @@ private func landingPageExample() async throws {
   await queue.shutdown()
 }
 
-@Suite("Guide snippets: SQLite store", .timeLimit(.minutes(5)))
+@Suite("Guide snippets: SQLite store", .timeLimit(.minutes(10)))
 struct SQLiteGuideSnippetTests {
   @Test func aPaymentIsInTheClosedFile() async throws {
     let folder = try TemporaryFolder()

@@ -270,7 +270,7 @@ struct SQLiteJobStoreTests {
   /// A cancelled call interrupts its statement and nothing is committed. An add whose
   /// task is cancelled mid-transaction either commits and returns, or throws `CancellationError`
   /// and leaves nothing behind.
-  @Test(.timeLimit(.minutes(2))) func aCancelledAddThatThrowsCommittedNothing() async throws {
+  @Test(.timeLimit(.minutes(10))) func aCancelledAddThatThrowsCommittedNothing() async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("cancel-add.sqlite")
     let store = try SQLiteJobStore(path: path)
@@ -306,7 +306,7 @@ struct SQLiteJobStoreTests {
   /// Failed before the fix, as above.
   /// The same for claims: a claim that throws `CancellationError` claimed nothing, so the running
   /// count equals the jobs the returned batches hold.
-  @Test(.timeLimit(.minutes(2))) func aCancelledClaimThatThrowsClaimedNothing() async throws {
+  @Test(.timeLimit(.minutes(10))) func aCancelledClaimThatThrowsClaimedNothing() async throws {
     let folder = try TemporaryFolder()
     let store = try SQLiteJobStore(path: folder.path("cancel-claim.sqlite"))
     let jobs = (0..<1_500).map { NewJob(payload: payload("\($0)"), runAt: epoch) }
@@ -341,7 +341,7 @@ struct SQLiteJobStoreTests {
 
   // Retry dates on SQLite: exactly the applied retries, each the stored run date, with clamped
   // delays at a clock near the latest date a store keeps.
-  @Test(.timeLimit(.minutes(2))) func retryDatesAreTheStoredRunDates() async throws {
+  @Test(.timeLimit(.minutes(10))) func retryDatesAreTheStoredRunDates() async throws {
     let folder = try TemporaryFolder()
     let store = try makeStore(folder)
     for base in [JobStoreTime.latest.addingTimeInterval(-86_400.4567), epoch.addingTimeInterval(0.0006)] {

@@ -8,7 +8,7 @@ import Testing
 /// `Connection.statement(_:)` keeps prepared statements by their SQL text (a short `recent` list,
 /// then a dictionary): texts that Swift's `==` calls equal but whose bytes differ are different
 /// statements.
-@Suite("SQLite connection: the statement cache", .timeLimit(.minutes(2)))
+@Suite("SQLite connection: the statement cache", .timeLimit(.minutes(10)))
 struct StatementCacheTests {
   /// The text `sql` returns as its first column, as UTF-8 bytes.
   static func bytes(_ db: Connection, _ sql: String) throws -> [UInt8] {

@@ -42,7 +42,7 @@ private final class InFlight: Sendable {
 
 @Suite("AsyncTaskRunner")
 struct AsyncTaskRunnerTests {
-  @Test(.timeLimit(.minutes(3)))
+  @Test(.timeLimit(.minutes(10)))
   func sequentialRunStartsEachTaskOnlyAfterThePreviousCompleted() async throws {
     let recorder = Log<String>()
     // Later tasks are quicker: had they started together, they would end first.
@@ -53,7 +53,7 @@ struct AsyncTaskRunnerTests {
     #expect(recorder.all == (0..<count).flatMap { ["start \($0)", "end \($0)"] })
   }
 
-  @Test(.timeLimit(.minutes(3)))
+  @Test(.timeLimit(.minutes(10)))
   func sequentialCompletionFiresOnceOnTheChosenQueue() async throws {
     let key = DispatchSpecificKey<String>()
     let queue = DispatchQueue(label: "runner.callback")
@@ -75,7 +75,7 @@ struct AsyncTaskRunnerTests {
     #expect(recorder.all == (0..<5).flatMap { ["start \($0)", "end \($0)"] })
   }
 
-  @Test(.timeLimit(.minutes(3)))
+  @Test(.timeLimit(.minutes(10)))
   func sequentialFirstErrorStopsAndLaterTasksNeverStart() async throws {
     let recorder = Log<String>()
     let tasks = (0..<6).map { recordedTask($0, delay: 1, recorder: recorder, failing: $0 == 2) }
@@ -89,7 +89,7 @@ struct AsyncTaskRunnerTests {
     #expect(recorder.all == ["start 0", "end 0", "start 1", "end 1", "start 2", "end 2"])
   }
 
-  @Test(.timeLimit(.minutes(3)))
+  @Test(.timeLimit(.minutes(10)))
   func cancellingInTheMiddleStopsTheRunAndOnlyThatRun() async throws {
     let recorder = Log<String>()
     let thirdStarted = Gate()
@@ -123,7 +123,7 @@ struct AsyncTaskRunnerTests {
     #expect(try await other.value == Array(0..<10))
   }
 
-  @Test(.timeLimit(.minutes(3)), arguments: [1, 3, 8])
+  @Test(.timeLimit(.minutes(10)), arguments: [1, 3, 8])
   func concurrentRunRespectsTheWidthAndKeepsInputOrder(width: Int) async throws {
     let inFlight = InFlight()
     let tasks = (0..<40).map { index in
@@ -141,7 +141,7 @@ struct AsyncTaskRunnerTests {
     #expect(inFlight.peak >= 1)
   }
 
-  @Test(.timeLimit(.minutes(3)))
+  @Test(.timeLimit(.minutes(10)))
   func concurrentRunWithSeveralFailuresCompletesOnceAndStartsNothingMore() async throws {
     for _ in 0..<50 {
       let started = Log<String>()
@@ -169,7 +169,7 @@ struct AsyncTaskRunnerTests {
     }
   }
 
-  @Test(.timeLimit(.minutes(3)))
+  @Test(.timeLimit(.minutes(10)))
   func concurrentFailureCancelsTheRunningTasks() async throws {
     let recorder = Log<String>()
     let sleeperStarted = Gate()

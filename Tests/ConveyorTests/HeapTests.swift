@@ -70,7 +70,7 @@ import Testing
     return total
   }
 
-  @Test(.timeLimit(.minutes(1))) func alternatingTrafficKeepsMemoryBounded() {
+  @Test(.timeLimit(.minutes(10))) func alternatingTrafficKeepsMemoryBounded() {
     // Several patterns of endless alternation with a small live set.
     var heap = Heap<Int>()
     var live: [Int] = []

@@ -20,7 +20,7 @@ struct InMemoryJobStoreConformanceTests {
 /// The in-memory store's own promises: what a call that waited for the lock commits, readiness
 /// across wall-clock steps, stale settlements, and queue names and keys compared byte for byte, as
 /// SQLite and PostgreSQL compare (and sort) them.
-@Suite("InMemoryJobStore", .timeLimit(.minutes(3)))
+@Suite("InMemoryJobStore", .timeLimit(.minutes(10)))
 struct InMemoryJobStoreTests {
   static let payload = Data("{}".utf8)
   let lease = Lease(owner: "w", duration: .seconds(30))

@@ -35,7 +35,7 @@ final class RecordingMetrics: JobMetricsFactory {
   }
 }
 
-@Suite(.timeLimit(.minutes(1))) struct JobMetricsTests {
+@Suite(.timeLimit(.minutes(10))) struct JobMetricsTests {
   struct Work: Queueable {
     var fail: Bool
   }

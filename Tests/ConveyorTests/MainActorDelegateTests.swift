@@ -77,7 +77,7 @@ struct MainActorDelegateTests {
 
   @Test(
     "a @MainActor delegate runs on the main actor, even while the main actor is kept busy between hops",
-    .timeLimit(.minutes(2)))
+    .timeLimit(.minutes(10)))
   @MainActor
   func mainActorDelegateWhileBusy() async throws {
     let delegate = RetryOnceMainActorDelegate()

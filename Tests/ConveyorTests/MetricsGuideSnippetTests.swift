@@ -106,7 +106,7 @@ private enum SwiftMetricsStandIns {
   }
 }
 
-@Suite("Guide snippets: metrics", .timeLimit(.minutes(5)))
+@Suite("Guide snippets: metrics", .timeLimit(.minutes(10)))
 struct MetricsGuideSnippetTests {
   @Test func theSwiftMetricsBridgeReportsAQueue() async throws {
     try await SwiftMetricsStandIns.reportedQueue()

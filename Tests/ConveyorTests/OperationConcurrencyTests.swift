@@ -10,7 +10,7 @@ import Testing
 /// completes exactly once.
 // Five minutes: the two races of a finish given before the start run 30 rounds of 50,000
 // operations when nothing is wrong, which takes half a minute alone and more in a full run.
-@Suite("Operation races", .timeLimit(.minutes(5)))
+@Suite("Operation races", .timeLimit(.minutes(10)))
 struct OperationConcurrencyTests {
   @Test func manyConcurrentFinishesCallTheHandlerOnce() async throws {
     let callbacks = DispatchQueue(label: "test.callbacks")

@@ -9,7 +9,7 @@ import Testing
 /// These run on swift-corelibs-foundation's `OperationQueue` on Linux, which has had bugs with
 /// dependencies of asynchronous operations; each test would hang (and hit the time limit) if a
 /// dependent never became ready.
-@Suite("Operations on OperationQueue", .timeLimit(.minutes(1)))
+@Suite("Operations on OperationQueue", .timeLimit(.minutes(10)))
 struct OperationQueueTests {
   /// An async operation that appends `name` to `log` and finishes later on another queue.
   private func delayed(_ name: String, _ log: Log<String>, after seconds: Double = 0.01) -> AsyncOperation<

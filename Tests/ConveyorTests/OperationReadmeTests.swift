@@ -6,7 +6,7 @@ import Testing
 
 /// The examples of the "Typed operations" guide (Sources/Conveyor/Conveyor.docc/TypedOperations.md),
 /// verbatim between the markers, so they compile and run.
-@Suite("Guide snippets: typed operations", .timeLimit(.minutes(1)))
+@Suite("Guide snippets: typed operations", .timeLimit(.minutes(10)))
 struct OperationReadmeTests {
   struct FetchError: Error { var reason: String }
 

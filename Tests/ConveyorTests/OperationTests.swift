@@ -6,7 +6,7 @@ import Testing
 
 @testable import Conveyor
 
-@Suite("AsyncOperation", .timeLimit(.minutes(1)))
+@Suite("AsyncOperation", .timeLimit(.minutes(10)))
 struct AsyncOperationTests {
   @Test func asyncClosureReturnsValue() async throws {
     let operation = AsyncOperation<Int, TestError> { () async throws(TestError) -> Int in 42 }
@@ -259,7 +259,7 @@ struct AsyncOperationTests {
   }
 }
 
-@Suite("SyncOperation", .timeLimit(.minutes(1)))
+@Suite("SyncOperation", .timeLimit(.minutes(10)))
 struct SyncOperationTests {
   @Test func closureReturnsValue() async throws {
     let operation = SyncOperation<Int, Never> { 6 * 7 }

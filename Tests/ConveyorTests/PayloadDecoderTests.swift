@@ -14,7 +14,7 @@ struct DecodedItem: Queueable, Equatable {
 /// Differential tests for `PayloadDecoder`: for every input it must give exactly what a default
 /// `JSONDecoder` gives (the same value, or a throw with JSONDecoder's own error), and the fast path
 /// must actually carry the plain payloads it was written for.
-@Suite(.timeLimit(.minutes(1))) struct PayloadDecoderTests {
+@Suite(.timeLimit(.minutes(10))) struct PayloadDecoderTests {
 
   // MARK: - Harness
 

@@ -12,7 +12,7 @@ import Testing
 /// answers slowly in one of two ways a real store does: a PostgreSQL server that takes a moment
 /// (a cancel request's round trip) to give up a statement, and an SQLite connection busy-waiting
 /// for another process's write lock, which `sqlite3_interrupt` does not cut short.
-@Suite("Activity counts at shutdown", .timeLimit(.minutes(2)))
+@Suite("Activity counts at shutdown", .timeLimit(.minutes(10)))
 struct QueueActivityShutdownTests {
   struct Item: Queueable { var n: Int }
 

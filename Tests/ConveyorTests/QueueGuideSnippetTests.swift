@@ -16,7 +16,7 @@ private struct Reminder: Queueable { var text: String }
 
 private struct Email: Queueable { var to: String }
 
-@Suite("Guide snippets: durable queues", .timeLimit(.minutes(5)))
+@Suite("Guide snippets: durable queues", .timeLimit(.minutes(10)))
 struct QueueGuideSnippetTests {
   @Test func aQueueWithPrioritiesRetriesAndDeduplication() async throws {
     // DurableQueues.md example 1 begins

@@ -27,7 +27,7 @@ import Testing
 ///   executor (so the history is deterministic).
 ///
 /// `swift run -c release conveyor-simulate --seeds N` searches further.
-@Suite(.timeLimit(.minutes(5)))
+@Suite(.timeLimit(.minutes(10)))
 struct SimulationTests {
   /// The seeds every test run checks: a fixed set, so a failure here replays with
   /// `conveyor-simulate --seed S`. `conveyor-simulate --seeds N` searches further.
