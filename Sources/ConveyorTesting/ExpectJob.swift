@@ -1,7 +1,7 @@
 import Conveyor
 import Foundation
 
-/// A job found by ``Conveyor/JobStore/expectJob(of:in:status:count:where:)``: its decoded item and
+/// A job found by `JobStore.expectJob(of:in:status:count:where:)`: its decoded item and
 /// its record (ID, status, attempts, run date, last error).
 public struct FoundJob<Item: Queueable>: Sendable {
   /// The job's payload, decoded as a worker would decode it.
@@ -167,7 +167,7 @@ private struct JobSearch<Item: Queueable> {
 
 extension JobQueue {
   /// Checks that the queue holds jobs matching `predicate`, and returns them (decoded) with their
-  /// records: ``Conveyor/JobStore/expectJob(of:in:status:count:where:)`` for this queue's store,
+  /// records: `JobStore.expectJob(of:in:status:count:where:)` for this queue's store,
   /// identifier and item type.
   @discardableResult
   public func expectJob(
@@ -178,7 +178,7 @@ extension JobQueue {
   }
 
   /// Checks that the queue holds no job matching `predicate`:
-  /// ``Conveyor/JobStore/expectNoJob(of:in:status:where:)`` for this queue's store, identifier and
+  /// `JobStore.expectNoJob(of:in:status:where:)` for this queue's store, identifier and
   /// item type.
   public func expectNoJob(status: JobStatus? = nil, where predicate: (Item) throws -> Bool = { _ in true })
     async throws

@@ -1,7 +1,7 @@
 import Conveyor
 import Foundation
 
-/// What ``Conveyor/JobQueue/runUntilIdle(maxAdvances:until:timeout:)`` did before the queue was
+/// What `JobQueue.runUntilIdle(maxAdvances:until:timeout:)` did before the queue was
 /// idle.
 public struct IdleRun: Sendable, Hashable {
   /// How many times the clock was moved forward to the next run date (a retry's backoff, a delayed
@@ -23,7 +23,7 @@ public struct IdleRun: Sendable, Hashable {
   public var dead: Int { counts.dead }
 }
 
-/// Why ``Conveyor/JobQueue/runUntilIdle(maxAdvances:until:timeout:)`` stopped before the queue was
+/// Why `JobQueue.runUntilIdle(maxAdvances:until:timeout:)` stopped before the queue was
 /// idle, and which jobs were left.
 ///
 /// Its ``description`` says what was expected and what was found, so a test framework that prints

@@ -79,10 +79,14 @@ struct RunUntilIdleTests {
     #expect(error.reason == .advanceLimitReached(3))
     #expect(error.counts == JobCounts(scheduled: 1))
     #expect(error.remaining.map(\.attempts) == [4])
-    #expect(error.description.contains("still scheduled after 3 clock advance(s)"), "\(error)")
-    #expect(error.description.contains("job 1 scheduled for"), "\(error)")
-    #expect(error.description.contains("last error: still down"), "\(error)")
-    #expect(error.description.contains(#"ada@example.com"#), "\(error)")
+    // The text the guide (TestingYourJobs.md) shows, up to the payload, whose keys' order may vary.
+    let expected = """
+      expected queue "emails" to become idle, but jobs were still scheduled after 3 clock advance(s) \
+      (maxAdvances). Clock: 2024-01-01T00:00:45.000Z. Found 0 ready, 1 scheduled, 0 running, 0 dead:
+        job 1 scheduled for 2024-01-01T00:01:00.000Z, 4 attempt(s), last error: still down, payload: {
+      """
+    #expect(error.description.hasPrefix(expected), "\(error)")
+    #expect(error.description.contains(#""to":"ada@example.com""#), "\(error)")
   }
 
   @Test("a run date past the horizon stops the run without moving the clock there")
