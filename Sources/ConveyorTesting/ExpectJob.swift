@@ -77,7 +77,7 @@ extension JobStore {
   ///   - type: the item type the jobs decode as.
   ///   - queue: the queue's identifier.
   ///   - status: only jobs with this status; nil (the default) for any.
-  ///   - count: exactly this many must match; nil (the default) means at least one.
+  ///   - count: exactly this many must match (0 or more); nil (the default) means at least one.
   ///   - predicate: which items match; every item by default. An error it throws is rethrown.
   /// - Returns: the matching jobs, at least one (or exactly `count`).
   /// - Throws: ``JobExpectationError`` listing the queue's jobs when too few or too many match;
@@ -90,7 +90,9 @@ extension JobStore {
     let search = try await findJobs(of: type, in: queue, status: status, where: predicate)
     let holds = count.map { search.matching.count == $0 } ?? !search.matching.isEmpty
     guard holds else {
-      let amount = count.map { "exactly \($0)" } ?? "at least one"
+      // A negative count never holds; the message says why.
+      let amount =
+        count.map { $0 < 0 ? "exactly \($0) (a count must be 0 or more)" : "exactly \($0)" } ?? "at least one"
       throw search.failure(expected: "\(amount) \(describe(type, queue, status)) matching the condition")
     }
     return search.matching

@@ -82,8 +82,14 @@ public func runHandler<Delegate: JobQueueDelegate>(
     store: InMemoryJobStore(), delegate: delegate)
   let completion = CompletionSlot()
   let timer = Task {
-    try? await Task.sleep(for: timeout)  // cancelled once the delegate completes: nothing to report
-    completion.fulfil(nil)
+    // A timer that usually loses its race: a Dispatch timer, freed when cancelled (a cancelled
+    // `Task.sleep` stays scheduled until its deadline on Linux).
+    do {
+      try await DispatchSleep.sleep(for: timeout)
+      completion.fulfil(nil)
+    } catch {
+      // Cancelled: the delegate completed (or the caller gave up); nothing to report.
+    }
   }
   defer { timer.cancel() }
   await delegate.queue(queue, handle: decoded, attempts: attempt) { completion.fulfil($0) }

@@ -117,9 +117,14 @@ extension JobQueue {
   /// next run date, and advances the clock to it. Jobs that another `JobQueue` instance or
   /// process adds to the same store count too. Dead jobs stay, and do not stop the run.
   ///
+  /// The store must date jobs by the queue's clock: the in-memory store and `SQLiteJobStore` do;
+  /// a `PostgresJobStore` does with its `clock` option set to `.caller` (by default the database
+  /// server's clock dates them, and a manual clock cannot move it).
+  ///
   /// - Parameters:
-  ///   - maxAdvances: the most times the clock is moved; more scheduled work throws
-  ///     ``QueueNotIdleError/Reason/advanceLimitReached(_:)`` (a handler that always retries).
+  ///   - maxAdvances: the most times the clock is moved (a negative number counts as zero); more
+  ///     scheduled work throws ``QueueNotIdleError/Reason/advanceLimitReached(_:)`` (a handler
+  ///     that always retries).
   ///   - horizon: the clock is never moved past this date; a later run date throws
   ///     ``QueueNotIdleError/Reason/horizonReached(_:)`` and leaves the clock where it was.
   ///   - timeout: the longest real time to wait for the ready and running jobs to finish between
@@ -136,6 +141,7 @@ extension JobQueue {
     guard let clock = configuration.clock as? ManualJobClock else {
       throw try await notIdle(.clockNotManual, clock: configuration.clock)
     }
+    let maxAdvances = max(0, maxAdvances)
     let startUptime = clock.uptime()
     var advances = 0
     while true {

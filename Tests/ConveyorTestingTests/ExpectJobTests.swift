@@ -70,6 +70,16 @@ struct ExpectJobTests {
       error.description.hasPrefix("expected exactly 1 job of SendEmail with status pending"), "\(error)")
   }
 
+  @Test("a negative count is refused, saying so")
+  func negativeCount() async throws {
+    let error = try await #require(throws: JobExpectationError.self) {
+      try await InMemoryJobStore().expectJob(of: SendEmail.self, in: "emails", count: -1)
+    }
+    #expect(
+      error.description.hasPrefix("expected exactly -1 (a count must be 0 or more) job of SendEmail"),
+      "\(error)")
+  }
+
   @Test("expecting no job fails when one matches and passes when none does", arguments: StoreKind.allCases)
   func expectNoJob(kind: StoreKind) async throws {
     let test = try await storeWithJobs(kind)
