@@ -144,17 +144,33 @@ extension JobQueue {
     let maxAdvances = max(0, maxAdvances)
     let startUptime = clock.uptime()
     var advances = 0
+    // Since when the store's answers have disagreed (nothing ready or running, yet a job due or
+    // running): looked at again every few milliseconds, never spun on, and bounded by `timeout`.
+    var disagreeingSince: ContinuousClock.Instant?
+    func lookAgain() async throws {
+      let since = disagreeingSince ?? .now
+      disagreeingSince = since
+      if ContinuousClock.now - since >= timeout { throw try await notIdle(.timedOut(timeout), clock: clock) }
+      try await Task.sleep(for: .milliseconds(2))
+    }
     while true {
       try await drainReadyJobs(clock: clock, timeout: timeout)
       let hint = try await store.nextWake(queue: configuration.identifier, clock: clock)
       guard let nextRun = hint.nextRun else {
         // Nothing waiting; `drainReadyJobs` saw nothing running either.
-        if hint.nextLeaseExpiry != nil { continue }  // a job was claimed meanwhile (another worker)
+        if hint.nextLeaseExpiry != nil {  // a job was claimed meanwhile (another worker)
+          try await lookAgain()
+          continue
+        }
         let counts = try await count()
         return IdleRun(clockAdvances: advances, timeAdvanced: clock.uptime() - startUptime, counts: counts)
       }
       let now = clock.now()
-      if nextRun <= now { continue }  // became ready meanwhile
+      if nextRun <= now {  // became ready meanwhile
+        try await lookAgain()
+        continue
+      }
+      disagreeingSince = nil
       if let horizon, nextRun > horizon { throw try await notIdle(.horizonReached(horizon), clock: clock) }
       guard advances < maxAdvances else {
         throw try await notIdle(.advanceLimitReached(maxAdvances), clock: clock)

@@ -163,6 +163,21 @@ struct RunUntilIdleTests {
     #expect(run.clockAdvances == 0)
   }
 
+  // Failed before the guard (the run looked at the store again and again without pause, and never
+  // returned): a store reporting a running job's lease while its counts show none running.
+  @Test("a store whose answers disagree makes the run stop after its timeout, not spin")
+  func disagreeingStoreIsBounded() async throws {
+    let clock = ManualJobClock()
+    let queue = try emailQueue(PhantomLeaseStore(), clock: clock) { _, _ in .handled }
+    try await queue.add(SendEmail(to: "ada@example.com"))
+    let error = try await #require(throws: QueueNotIdleError.self) {
+      try await queue.runUntilIdle(timeout: .milliseconds(300))
+    }
+    await queue.shutdown(gracePeriod: .seconds(1))
+    #expect(error.reason == .timedOut(.milliseconds(300)))
+    #expect(error.counts == JobCounts())
+  }
+
   @Test("a paused queue, a stopped queue and a queue on the system clock are refused with what to do")
   func refusals() async throws {
     let clock = ManualJobClock()
