@@ -9,6 +9,8 @@ let package = Package(
     .library(name: "ConveyorSQLite", targets: ["ConveyorSQLite"]),
     .library(name: "ConveyorPostgres", targets: ["ConveyorPostgres"]),
     .library(name: "ConveyorNetworking", targets: ["ConveyorNetworking"]),
+    // Helpers for users' test targets: run a queue until idle on a manual clock, expect jobs.
+    .library(name: "ConveyorTesting", targets: ["ConveyorTesting"]),
     // Drop-in shapes for the three libraries Conveyor grew out of (see each module's Migrating… guide).
     .library(name: "ConveyorBismuth", targets: ["ConveyorBismuth"]),
     .library(name: "ConveyorOperationKit", targets: ["ConveyorOperationKit"]),
@@ -33,6 +35,7 @@ let package = Package(
     .target(name: "ConveyorSQLite", dependencies: ["Conveyor", "CSQLite"]),
     .target(name: "ConveyorPostgres", dependencies: ["Conveyor", "CLibPQ"]),
     .target(name: "ConveyorNetworking", dependencies: ["Conveyor"]),
+    .target(name: "ConveyorTesting", dependencies: ["Conveyor"]),
     // Drop-in shapes of the old libraries' APIs on Conveyor's engine: change only the import.
     .target(name: "ConveyorBismuth", dependencies: ["Conveyor", "ConveyorSQLite"]),
     .target(name: "ConveyorOperationKit", dependencies: ["Conveyor", "ConveyorNetworking"]),
@@ -92,6 +95,10 @@ let package = Package(
       dependencies: ["conveyor", "ConveyorTestSupport", "LoopbackHTTPServer"]
     ),
     .testTarget(name: "ConveyorHTTPServerTests", dependencies: ["ConveyorHTTPServer"]),
+    .testTarget(
+      name: "ConveyorTestingTests",
+      dependencies: ["Conveyor", "ConveyorTesting", "ConveyorSQLite", "ConveyorTestSupport"]
+    ),
     .testTarget(name: "ConveyorBismuthTests", dependencies: ["ConveyorBismuth"]),
     .testTarget(name: "ConveyorAsyncTaskPerformerTests", dependencies: ["ConveyorAsyncTaskPerformer"]),
     .testTarget(

@@ -1,0 +1,208 @@
+import Conveyor
+import ConveyorTestSupport
+import ConveyorTesting
+import Foundation
+import Testing
+
+@Suite("Running a queue until idle on a manual clock", .timeLimit(.minutes(5)))
+struct RunUntilIdleTests {
+  @Test(
+    "a handler that fails twice then succeeds: the job is handled and the clock moved by two backoffs",
+    arguments: StoreKind.allCases)
+  func retriesWithBackoffRunToTheEnd(kind: StoreKind) async throws {
+    let test = try kind.make()
+    let clock = ManualJobClock()
+    let start = clock.now()
+    let attempts = Log<Int>()
+    let queue = try emailQueue(test.store, clock: clock) { _, context in
+      attempts.append(context.attempts)
+      if context.attempts < 3 { throw URLError(.timedOut) }
+      return .handled
+    }
+    try await queue.add(SendEmail(to: "ada@example.com"))
+    let run = try await queue.runUntilIdle()
+    await queue.shutdown(gracePeriod: .seconds(1))
+    #expect(attempts.all == [1, 2, 3])
+    #expect(run.clockAdvances == 2)
+    #expect(run.timeAdvanced == .seconds(30))
+    #expect(clock.now() == start.addingTimeInterval(30))
+    #expect(run.counts == JobCounts())
+    try await queue.expectNoJob()
+  }
+
+  @Test("delayed jobs run in run-date order, the clock moved to each run date", arguments: StoreKind.allCases)
+  func delayedJobsRunInOrder(kind: StoreKind) async throws {
+    let test = try kind.make()
+    let clock = ManualJobClock()
+    let start = clock.now()
+    let ran = Log<String>()
+    let queue = try emailQueue(test.store, clock: clock) { email, _ in
+      ran.append("\(email.to) at +\(Int(clock.now().timeIntervalSince(start))) s")
+      return .handled
+    }
+    try await queue.add(SendEmail(to: "later"), delay: .seconds(3600))
+    try await queue.add(SendEmail(to: "sooner"), delay: .seconds(60))
+    try await queue.add(SendEmail(to: "now"))
+    let run = try await queue.runUntilIdle()
+    await queue.shutdown(gracePeriod: .seconds(1))
+    #expect(ran.all == ["now at +0 s", "sooner at +60 s", "later at +3600 s"])
+    #expect(run.clockAdvances == 2)
+    #expect(run.timeAdvanced == .seconds(3600))
+  }
+
+  @Test("a job that runs out of attempts is left dead and the run ends", arguments: StoreKind.allCases)
+  func deadJobsDoNotStopTheRun(kind: StoreKind) async throws {
+    let test = try kind.make()
+    let clock = ManualJobClock()
+    let queue = try emailQueue(test.store, clock: clock, maxAttempts: 2) { _, _ in
+      .retry(reason: "mailbox full")
+    }
+    try await queue.add(SendEmail(to: "ada@example.com"))
+    let run = try await queue.runUntilIdle()
+    await queue.shutdown(gracePeriod: .seconds(1))
+    #expect(run.dead == 1)
+    #expect(run.clockAdvances == 1)
+    let dead = try await queue.expectJob(status: .dead, count: 1)
+    #expect(dead[0].record.lastError?.hasSuffix("mailbox full") == true, "\(dead[0].record)")
+    #expect(dead[0].record.attempts == 2)
+  }
+
+  @Test("a handler that always retries stops at maxAdvances, and the error lists the job left")
+  func advanceLimit() async throws {
+    let clock = ManualJobClock()
+    let queue = try emailQueue(InMemoryJobStore(), clock: clock) { _, _ in .retry(reason: "still down") }
+    try await queue.add(SendEmail(to: "ada@example.com"))
+    let error = try await #require(throws: QueueNotIdleError.self) {
+      try await queue.runUntilIdle(maxAdvances: 3)
+    }
+    await queue.shutdown(gracePeriod: .seconds(1))
+    #expect(error.reason == .advanceLimitReached(3))
+    #expect(error.counts == JobCounts(scheduled: 1))
+    #expect(error.remaining.map(\.attempts) == [4])
+    // The text the guide (TestingYourJobs.md) shows, up to the payload, whose keys' order may vary.
+    let expected = """
+      expected queue "emails" to become idle, but jobs were still scheduled after 3 clock advance(s) \
+      (maxAdvances). Clock: 2024-01-01T00:00:45.000Z. Found 0 ready, 1 scheduled, 0 running, 0 dead:
+        job 1 scheduled for 2024-01-01T00:01:00.000Z, 4 attempt(s), last error: still down, payload: {
+      """
+    #expect(error.description.hasPrefix(expected), "\(error)")
+    #expect(error.description.contains(#""to":"ada@example.com""#), "\(error)")
+  }
+
+  @Test("a run date past the horizon stops the run without moving the clock there")
+  func horizon() async throws {
+    let clock = ManualJobClock()
+    let start = clock.now()
+    let queue = try emailQueue(InMemoryJobStore(), clock: clock) { _, _ in .handled }
+    try await queue.add(SendEmail(to: "soon"), delay: .seconds(60))
+    try await queue.add(SendEmail(to: "tomorrow"), delay: .seconds(86_400))
+    let horizon = start.addingTimeInterval(3600)
+    let error = try await #require(throws: QueueNotIdleError.self) {
+      try await queue.runUntilIdle(until: horizon)
+    }
+    await queue.shutdown(gracePeriod: .seconds(1))
+    #expect(error.reason == .horizonReached(horizon))
+    #expect(clock.now() == start.addingTimeInterval(60), "moved to the first job's date only")
+    #expect(error.description.contains("lies after the horizon"), "\(error)")
+    try await queue.expectJob(count: 1) { $0.to == "tomorrow" }
+    try await queue.expectNoJob { $0.to == "soon" }
+  }
+
+  @Test(
+    "a job held by another worker's lease: the run stops after its timeout and names the holder",
+    arguments: StoreKind.allCases)
+  func jobRunningElsewhere(kind: StoreKind) async throws {
+    let test = try kind.make()
+    let clock = ManualJobClock()
+    let gate = Gate()
+    defer { gate.open() }
+    let holderStarted = Counter()
+    let holder = try emailQueue(test.store, clock: clock) { _, _ in
+      holderStarted.increment()
+      await gate.wait()
+      return .handled
+    }
+    try await holder.add(SendEmail(to: "held"))
+    try await eventually("the other worker started the job") { holderStarted.value == 1 }
+    let worker = try emailQueue(test.store, clock: clock) { _, _ in .handled }
+    let error = try await #require(throws: QueueNotIdleError.self) {
+      try await worker.runUntilIdle(timeout: .milliseconds(500))
+    }
+    #expect(error.reason == .timedOut(.milliseconds(500)))
+    #expect(error.counts == JobCounts(running: 1))
+    #expect(error.description.contains("job 1 running, lease held by "), "\(error)")
+    // Once the other worker finishes, the run ends.
+    gate.open()
+    let run = try await worker.runUntilIdle()
+    #expect(run.counts == JobCounts())
+    #expect(holderStarted.value == 1)
+    await worker.shutdown(gracePeriod: .seconds(1))
+    await holder.shutdown(gracePeriod: .seconds(1))
+  }
+
+  @Test(
+    "jobs another queue instance added are run, though the worker's poll waits for the clock",
+    arguments: StoreKind.allCases)
+  func jobsAddedElsewhere(kind: StoreKind) async throws {
+    let test = try kind.make()
+    let clock = ManualJobClock()
+    let handled = Log<String>()
+    let worker = try emailQueue(test.store, clock: clock) { email, _ in
+      handled.append(email.to)
+      return .handled
+    }
+    // The worker's loop sleeps until its next poll, a second of the manual clock away.
+    try await waitUntilAsleep(try await mostAsleep(on: clock), on: clock)
+    let producer = try JobQueue<SendEmail>(
+      configuration: .init(identifier: "emails", autoStart: false, clock: clock), store: test.store
+    ) { _, _ in .handled }
+    try await producer.add(SendEmail(to: "from elsewhere"))
+    let run = try await worker.runUntilIdle(timeout: .seconds(30))
+    await worker.shutdown(gracePeriod: .seconds(1))
+    #expect(handled.all == ["from elsewhere"])
+    #expect(run.clockAdvances == 0)
+  }
+
+  // Failed before the guard (the run looked at the store again and again without pause, and never
+  // returned): a store reporting a running job's lease while its counts show none running.
+  @Test("a store whose answers disagree makes the run stop after its timeout, not spin")
+  func disagreeingStoreIsBounded() async throws {
+    let clock = ManualJobClock()
+    let queue = try emailQueue(PhantomLeaseStore(), clock: clock) { _, _ in .handled }
+    try await queue.add(SendEmail(to: "ada@example.com"))
+    let error = try await #require(throws: QueueNotIdleError.self) {
+      try await queue.runUntilIdle(timeout: .milliseconds(300))
+    }
+    await queue.shutdown(gracePeriod: .seconds(1))
+    #expect(error.reason == .timedOut(.milliseconds(300)))
+    #expect(error.counts == JobCounts())
+  }
+
+  @Test("a paused queue, a stopped queue and a queue on the system clock are refused with what to do")
+  func refusals() async throws {
+    let clock = ManualJobClock()
+    let store = InMemoryJobStore()
+    let paused = try emailQueue(store, clock: clock, identifier: "paused") { _, _ in .handled }
+    try await paused.pause()
+    try await paused.add(SendEmail(to: "ada@example.com"))
+    let pausedError = try await #require(throws: QueueNotIdleError.self) { try await paused.runUntilIdle() }
+    #expect(pausedError.reason == .paused)
+    #expect(pausedError.description.contains("call resume() first"), "\(pausedError)")
+    await paused.shutdown(gracePeriod: .seconds(1))
+
+    let stopped = try JobQueue<SendEmail>(
+      configuration: .init(identifier: "stopped", autoStart: false, clock: clock), store: store
+    ) { _, _ in .handled }
+    try await stopped.add(SendEmail(to: "ada@example.com"))
+    let stoppedError = try await #require(throws: QueueNotIdleError.self) { try await stopped.runUntilIdle() }
+    #expect(stoppedError.reason == .stopped)
+    #expect(stoppedError.description.contains("call start() first"), "\(stoppedError)")
+
+    let system = try JobQueue<SendEmail>(
+      configuration: .init(identifier: "system", autoStart: false), store: store
+    ) { _, _ in .handled }
+    let systemError = try await #require(throws: QueueNotIdleError.self) { try await system.runUntilIdle() }
+    #expect(systemError.reason == .clockNotManual)
+    #expect(systemError.description.contains("configuration.clock = ManualJobClock()"), "\(systemError)")
+  }
+}
