@@ -33,6 +33,38 @@ import Testing
     #expect(again.status == 0 && again.stdout.hasSuffix(": up to date\n"), "\(again)")
   }
 
+  /// Without `--database` the status reads the default database's path, as it reads any other:
+  /// it creates neither the file nor its folder.
+  @Test func theStatusOfTheDefaultDatabaseCreatesNoFolder() async throws {
+    let sandbox = try Sandbox()
+    let outcome = try await sandbox.run(["migrate", "status", "--json"], withDatabase: false)
+    #expect(outcome.status == 1, "\(outcome)")
+    #expect(try outcome.object()["state"] as? String == "missing", "\(outcome)")
+    // The sandbox's XDG_DATA_HOME: the default database is in its conveyor folder.
+    let data = sandbox.path("xdg-data")
+    let exists = FileManager.default.fileExists(atPath: data)
+    let inside = exists ? try FileManager.default.subpathsOfDirectory(atPath: data) : []
+    #expect(!exists, "the status created \(data) holding \(inside)")
+  }
+
+  /// The status of a missing file says 'migrate up' creates it: for a path no store can create
+  /// (its folder is missing, its folder is a file, a loop of symbolic links) it is an error
+  /// instead, as 'migrate up' on it is.
+  @Test func theStatusOfAPathNoStoreCanCreateIsAnError() async throws {
+    let sandbox = try Sandbox()
+    try Data("x".utf8).write(to: URL(fileURLWithPath: sandbox.path("file")))
+    try FileManager.default.createSymbolicLink(atPath: sandbox.path("loop1"), withDestinationPath: "loop2")
+    try FileManager.default.createSymbolicLink(atPath: sandbox.path("loop2"), withDestinationPath: "loop1")
+    for path in [
+      sandbox.path("missing/jobs.sqlite"), sandbox.path("file/jobs.sqlite"), sandbox.path("loop1"),
+    ] {
+      let status = try await sandbox.run(["--database", path, "migrate", "status"], withDatabase: false)
+      let up = try await sandbox.run(["--database", path, "migrate", "up"], withDatabase: false)
+      #expect(up.status == 3, "\(path): \(up)")
+      #expect(status.status == 3, "\(path): the status said \(status); then 'migrate up' said \(up)")
+    }
+  }
+
   @Test func misuseSaysWhatToDoAndChangesNothing() async throws {
     let sandbox = try Sandbox()
     for (arguments, message) in [
