@@ -74,6 +74,26 @@ struct SchemaStatusTests {
     await store.close()
   }
 
+  /// A database copied with its WAL file but not its shared-memory file (`cp jobs.sqlite
+  /// jobs.sqlite-wal backup/`, a restore): the status reads it and creates nothing beside it.
+  @Test func theStatusOfAFileWithAWALButNoSharedMemoryFileCreatesNothing() async throws {
+    let folder = try TemporaryFolder()
+    let copy = try TemporaryFolder()
+    let path = folder.path("live.sqlite")
+    let store = try SQLiteJobStore(path: path)
+    _ = try await store.enqueue([NewJob(payload: Data("{}".utf8))], queue: "q", clock: SystemJobClock())
+    for suffix in ["", "-wal"] {
+      try FileManager.default.copyItem(atPath: path + suffix, toPath: copy.path("live.sqlite" + suffix))
+    }
+    await store.close()
+    let before = try contents(of: copy)
+    #expect((before["live.sqlite-wal"]?.count ?? 0) > 0, "the copy has a WAL to read through")
+    let status = try SQLiteJobStore.schemaStatus(path: copy.path("live.sqlite"))
+    #expect(status.databaseVersion == Int(SQLiteJobStore.schemaVersion))
+    let after = try contents(of: copy).keys.sorted()
+    #expect(after == before.keys.sorted(), "the files after the status: \(after)")
+  }
+
   @Test func filesThatAreNotConveyorDatabasesAreRefusedAndLeftUntouched() throws {
     let folder = try TemporaryFolder()
     let text = folder.path("notes.txt")
@@ -90,6 +110,55 @@ struct SchemaStatusTests {
     } throws: { ($0 as? SQLiteJobStoreError)?.code == .foreignDatabase }
     #expect(throws: SQLiteJobStoreError.self) { _ = try SQLiteJobStore.schemaStatus(path: folder.url.path) }
     #expect(throws: SQLiteJobStoreError.self) { _ = try SQLiteJobStore.schemaStatus(path: "/dev/zero") }
+    #expect(try contents(of: folder) == before)
+  }
+
+  /// A Conveyor file at a version no build wrote (0 with tables, or below 0) cannot be migrated:
+  /// the status refuses it as opening it does, instead of listing migrations that opening would
+  /// not apply.
+  @Test func aConveyorFileAtAVersionNoBuildWroteIsRefusedAsOpeningRefusesIt() async throws {
+    for version in [0, -3] {
+      let folder = try TemporaryFolder()
+      let path = folder.path("odd.sqlite")
+      try MigrationTests().execute(
+        path,
+        "CREATE TABLE t (x); PRAGMA application_id = \(SQLiteJobStore.applicationID); PRAGMA user_version = \(version);"
+      )
+      #expect {
+        _ = try SQLiteJobStore(path: path)
+      } throws: { ($0 as? SQLiteJobStoreError)?.code == .unsupportedSchema }
+      do {
+        let status = try SQLiteJobStore.schemaStatus(path: path)
+        let shown = "version \(status.databaseVersion), pending \(status.pending)"
+        Issue.record("user_version \(version): the status read \(shown) of a file opening refuses")
+      } catch {
+        #expect((error as? SQLiteJobStoreError)?.code == .unsupportedSchema, "\(error)")
+      }
+    }
+  }
+
+  /// A damaged Conveyor file is refused with the error opening it gives
+  /// (``SQLiteJobStoreError/Code/corrupt``), and left untouched.
+  @Test func aDamagedFileIsRefusedAsOpeningRefusesIt() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("damaged.sqlite")
+    let store = try SQLiteJobStore(path: path)
+    await store.close()
+    // The first page's b-tree, after the 100-byte file header: garbage.
+    let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: path))
+    try handle.seek(toOffset: 100)
+    try handle.write(contentsOf: Data(repeating: 0xFF, count: 400))
+    try handle.close()
+    let before = try contents(of: folder)
+    #expect {
+      _ = try SQLiteJobStore(path: path)
+    } throws: { ($0 as? SQLiteJobStoreError)?.code == .corrupt }
+    do {
+      let status = try SQLiteJobStore.schemaStatus(path: path)
+      Issue.record("the status read version \(status.databaseVersion) of a damaged file")
+    } catch {
+      #expect((error as? SQLiteJobStoreError)?.code == .corrupt, "\(error)")
+    }
     #expect(try contents(of: folder) == before)
   }
 
