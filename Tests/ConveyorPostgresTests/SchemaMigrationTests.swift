@@ -1,6 +1,7 @@
 import Conveyor
 import ConveyorTestSupport
 import Foundation
+import Synchronization
 import Testing
 
 @testable import ConveyorPostgres
@@ -104,6 +105,136 @@ struct SchemaMigrationTests {
     #expect(try admin.scalar("SELECT max(version) FROM \(schema).schema_migrations") == "3")
     let status = try await PostgresJobStore.schemaStatus(url: server.url, options: .init(schema: schema))
     #expect(status.databaseVersion == 3)
+  }
+
+  /// A status call running in a task of its own, and whether it has ended.
+  final class StatusCall: Sendable {
+    let ended = Atomic<Bool>(false)
+    let task: Task<PostgresSchemaStatus, any Error>
+
+    init(url: String, options: PostgresJobStore.Options) {
+      task = Task { try await PostgresJobStore.schemaStatus(url: url, options: options) }
+      let call = self
+      Task { [task] in
+        _ = await task.result
+        call.ended.store(true, ordering: .relaxed)
+      }
+    }
+
+    /// Waits until the call ends, or `guardTime` (a hang guard) passes; returns whether it ended.
+    func waitForEnd(guardTime: Duration = .seconds(60)) async throws -> Bool {
+      let start = ContinuousClock.now
+      while !ended.load(ordering: .relaxed), ContinuousClock.now - start < guardTime {
+        try await Task.sleep(for: .milliseconds(100))
+      }
+      return ended.load(ordering: .relaxed)
+    }
+  }
+
+  /// Sessions waiting for a lock on the migrations table of `schema`.
+  func sessionsWaitingForTheMigrationsTable(_ schema: String, _ admin: AdminConnection) throws -> Int {
+    Int(
+      try admin.scalar(
+        """
+        SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE NOT l.granted AND n.nspname = '\(schema)' AND c.relname = 'schema_migrations'
+        """) ?? "") ?? 0
+  }
+
+  /// Another session holds a lock on the migrations table (`LOCK TABLE`, `VACUUM FULL`, a DBA's
+  /// `ALTER TABLE`): the status gives up as the options' lockTimeout and callTimeout say, as a
+  /// store's calls and its opening do, instead of waiting for as long as the lock is held.
+  @Test func theStatusGivesUpOnALockedMigrationsTableAsItsOptionsSay() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("statuslock")
+    let admin = try AdminConnection(server.url)
+    try createSchema(SQL(schema: schema), atVersion: PostgresJobStore.schemaVersion, with: admin)
+    let locker = try AdminConnection(server.url)
+    try locker.query("BEGIN")
+    try locker.query("LOCK TABLE \(schema).schema_migrations IN ACCESS EXCLUSIVE MODE")
+    let call = StatusCall(
+      url: server.url,
+      options: .init(schema: schema, lockTimeout: .milliseconds(200), callTimeout: .seconds(1)))
+    // 200 ms of lockTimeout, 1 s of callTimeout: a minute is a hang guard.
+    let ended = try await call.waitForEnd()
+    let waiting = try sessionsWaitingForTheMigrationsTable(schema, admin)
+    try locker.query("ROLLBACK")
+    _ = await call.task.result
+    #expect(ended, "the status still waited after a minute; sessions waiting for the lock: \(waiting)")
+  }
+
+  /// Cancelling the task of a status that waits (here for a lock another session holds, with
+  /// no timeout) ends it, as cancelling an opening does.
+  @Test func cancellingAStatusThatWaitsEndsIt() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("statuscancel")
+    let admin = try AdminConnection(server.url)
+    try createSchema(SQL(schema: schema), atVersion: PostgresJobStore.schemaVersion, with: admin)
+    let locker = try AdminConnection(server.url)
+    try locker.query("BEGIN")
+    try locker.query("LOCK TABLE \(schema).schema_migrations IN ACCESS EXCLUSIVE MODE")
+    let call = StatusCall(
+      url: server.url, options: .init(schema: schema, lockTimeout: .zero, callTimeout: nil))
+    try await waitFor("the status to wait for the lock") {
+      try sessionsWaitingForTheMigrationsTable(schema, admin) == 1
+    }
+    call.task.cancel()
+    let ended = try await call.waitForEnd()
+    let waiting = try sessionsWaitingForTheMigrationsTable(schema, admin)
+    try locker.query("ROLLBACK")
+    let result = await call.task.result
+    #expect(ended, "a minute after the cancellation, sessions still waiting for the lock: \(waiting)")
+    #expect(throws: CancellationError.self) { try result.get() }
+  }
+
+  /// Processes migrating at once (a deployment running `conveyor migrate up` on every host): one
+  /// applies the migrations; the others wait for it under the migration lock, find nothing left
+  /// to apply, and report no change.
+  @Test func onlyTheMigrationThatAppliesTheVersionsReportsAChange() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("migrateonce")
+    let admin = try AdminConnection(server.url)
+    let key = "hashtextextended('conveyor.migrate:' || '\(schema)', 0)"
+    let waiting = """
+      SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+        AND classid::int8 = ((\(key)) >> 32) & 4294967295 AND objid::int8 = (\(key)) & 4294967295
+      """
+    // The migration lock, held while the calls start, so that they all wait for it.
+    try admin.query("SELECT pg_advisory_lock(\(key))")
+    let options = PostgresJobStore.Options(schema: schema)
+    let calls = (0..<3).map { _ in
+      Task { try await PostgresJobStore.migrate(url: server.url, options: options) }
+    }
+    let start = ContinuousClock.now
+    while try admin.scalar(waiting) != "3", ContinuousClock.now - start < .seconds(120) {
+      try await Task.sleep(for: .milliseconds(100))
+    }
+    let waited = try admin.scalar(waiting)
+    try admin.query("SELECT pg_advisory_unlock(\(key))")
+    var reported: [String] = []
+    for call in calls {
+      let (before, after) = try await call.value
+      reported.append("\(before.databaseVersion) -> \(after.databaseVersion)")
+    }
+    #expect(waited == "3", "calls waiting for the migration lock: \(waited ?? "none")")
+    let changes = reported.filter {
+      $0 != "\(PostgresJobStore.schemaVersion) -> \(PostgresJobStore.schemaVersion)"
+    }
+    #expect(changes.count == 1, "the calls reported \(reported)")
+  }
+
+  /// The documentation of ``PostgresJobStore/schemaStatus(url:options:)`` and
+  /// ``PostgresJobStore/migrationSQL(schema:from:)`` says an invalid schema name fails with
+  /// ``PostgresError/Code/invalidOptions``.
+  @Test func anInvalidSchemaNameIsRefusedWithTheDocumentedCode() async throws {
+    #expect {
+      _ = try PostgresJobStore.migrationSQL(schema: "Bad", from: 0)
+    } throws: { ($0 as? PostgresError)?.code == .invalidOptions }
+    await #expect {
+      _ = try await PostgresJobStore.schemaStatus(
+        url: "postgresql://127.0.0.1:1/x", options: .init(schema: "Bad"))
+    } throws: { ($0 as? PostgresError)?.code == .invalidOptions }
   }
 
   @Test func theMigrationSQLRefusesVersionsAndSchemaNamesItCannotUse() throws {
