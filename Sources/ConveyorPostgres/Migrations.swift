@@ -7,9 +7,13 @@ enum Migrations {
   /// nothing to do. A database at a newer version is refused and left untouched (the transaction
   /// is rolled back before anything is created). `beforeEachStatement` runs before each statement
   /// that may wait long (the lock, each migration): the opening restarts its deadline there.
+  ///
+  /// - Returns: The version the schema was at when the lock was taken, and the version it is at
+  ///   now (the same when there was nothing to apply).
+  @discardableResult
   static func apply(
     _ sql: SQL, schemaName: String, on db: Connection, beforeEachStatement: () -> Void = {}
-  ) throws {
+  ) throws -> (from: Int, to: Int) {
     try db.transaction {
       beforeEachStatement()
       try db.execute(SQL.migrationLock, [.text(schemaName)])
@@ -25,7 +29,7 @@ enum Migrations {
           message: "the schema \"\(schemaName)\" has Conveyor schema version \(version), newer than the "
             + "version \(known) this build knows; it was left untouched")
       }
-      guard version < known else { return }
+      guard version < known else { return (Int(version), Int(version)) }
       beforeEachStatement()
       try db.executeScript(sql.migrationTable)
       for index in Int(version)..<Int(known) {
@@ -33,6 +37,7 @@ enum Migrations {
         try db.executeScript(sql.migrations[index])
         try db.execute(sql.recordVersion, [.int64(Int64(index + 1))])
       }
+      return (Int(version), Int(known))
     }
   }
 }

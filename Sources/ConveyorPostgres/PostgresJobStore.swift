@@ -229,47 +229,14 @@ public final class PostgresJobStore: JobStore {
         SET \(SQL.storeSessionSetting) = on
         """)
     }
-    // Migrate on the calling thread, on a connection of its own, closed before returning. Each
-    // statement of it (the setup, the wait for the migration lock, each migration) gets
-    // `callTimeout`, at least 30 s, as a call's statement does: a server silent after the
-    // handshake held the opening for good.
-    do {
-      let migrating = try Self.connectWaiting(
-        url, scrubber: info.scrubber, wait: options.startupWait, isCancelled: isCancelled, onWait: onWait)
-      let limit = options.callTimeout.map { max($0, Self.shortestOpeningLimit) }
-      let deadline = limit.map { SocketDeadline(socket: migrating.socketDescriptor, after: $0) }
-      // Cancelling the opening ends a wait for another process's migration at once: the socket
-      // is shut down, and the statement waiting fails.
-      let cancelling = CancellationWatch(socket: migrating.socketDescriptor, isCancelled: isCancelled)
-      do {
-        try withExtendedLifetime(migrating) {
-          defer {
-            deadline?.disarm()
-            cancelling.disarm()
-          }
-          // The wait for another process's migration and the migrations' own locks (an
-          // `ALTER TABLE` waits for the transactions using the table) are bounded by `callTimeout`
-          // alone: `lockTimeout` bounds the store's calls, not its opening.
-          if pooled {
-            migrating.transactionSettings = "SELECT set_config('lock_timeout', '0', true)"
-          } else {
-            try migrating.execute("SELECT set_config('lock_timeout', '0', false)", prepared: false)
-          }
-          try Migrations.apply(
-            sql, schemaName: options.schema, on: migrating, beforeEachStatement: { deadline?.restart() })
-        }
-      } catch let error as PostgresError where error.isConnectionLoss && cancelling.fired {
-        throw CancellationError()
-      } catch let error as PostgresError where error.isConnectionLoss && deadline?.fired == true {
-        // Only the failure the shutdown caused: an error of its own (a newer schema) whose
-        // rollback then went unanswered stays what it is.
-        throw PostgresError(
-          code: .timedOut,
-          message: "opening the store: a statement of its session setup or migrations (or the wait for "
-            + "another process's migration) got no answer within \(limit ?? .zero) (callTimeout, at least "
-            + "30 s), so it closed the connection",
-          sqlState: error.sqlState, sql: error.sql)
-      }
+    // Migrate on the calling thread, on a connection of its own, closed before returning. The
+    // wait for another process's migration and the migrations' own locks (an `ALTER TABLE`
+    // waits for the transactions using the table) are bounded by `callTimeout` alone:
+    // `lockTimeout` bounds the store's calls, not its opening.
+    _ = try Self.onOpeningConnection(
+      url: url, info: info, options: options, lockTimeout: .zero, isCancelled: isCancelled, onWait: onWait
+    ) { migrating, restart in
+      try Migrations.apply(sql, schemaName: options.schema, on: migrating, beforeEachStatement: restart)
     }
     connection = SerializedConnection(
       label: "Conveyor.PostgresJobStore", conninfo: url, scrubber: info.scrubber,
@@ -290,6 +257,54 @@ public final class PostgresJobStore: JobStore {
   /// The least time opening a store may take for its session setup and migrations, whatever
   /// ``Options/callTimeout`` says.
   static let shortestOpeningLimit = Duration.seconds(30)
+
+  /// Runs `body` on a connection of its own (connected as ``Options/startupWait`` allows, closed
+  /// before returning), as the opening does: each statement `body` marks by calling its second
+  /// argument gets ``Options/callTimeout``, at least 30 s (a server silent after the handshake
+  /// fails with ``PostgresError/Code/timedOut``); lock waits get `lockTimeout` (`.zero`: no
+  /// limit); `isCancelled` shuts the socket, and the call throws `CancellationError`.
+  static func onOpeningConnection<T>(
+    url: String, info: ConnectionInfo, options: Options, lockTimeout: Duration,
+    purpose: String = "opening the store: a statement of its session setup or migrations (or the wait for "
+      + "another process's migration)",
+    isCancelled: @escaping @Sendable () -> Bool, onWait: (@Sendable (PostgresError) -> Void)?,
+    _ body: (Connection, _ restartDeadline: () -> Void) throws -> T
+  ) throws -> T {
+    let connection = try connectWaiting(
+      url, scrubber: info.scrubber, wait: options.startupWait, isCancelled: isCancelled, onWait: onWait)
+    let limit = options.callTimeout.map { max($0, shortestOpeningLimit) }
+    let deadline = limit.map { SocketDeadline(socket: connection.socketDescriptor, after: $0) }
+    // Cancelling ends a wait (for another process's migration, a lock) at once: the socket is
+    // shut down, and the statement waiting fails.
+    let cancelling = CancellationWatch(socket: connection.socketDescriptor, isCancelled: isCancelled)
+    // Whole milliseconds, a positive timeout at least one (PostgreSQL reads 0 as no limit).
+    let milliseconds = lockTimeout > .zero ? max(1, JobStoreTime.milliseconds(lockTimeout)) : 0
+    do {
+      return try withExtendedLifetime(connection) {
+        defer {
+          deadline?.disarm()
+          cancelling.disarm()
+        }
+        if options.pooling != .none {
+          connection.transactionSettings = "SELECT set_config('lock_timeout', '\(milliseconds)ms', true)"
+        } else {
+          try connection.execute(
+            "SELECT set_config('lock_timeout', $1, false)", [.text("\(milliseconds)ms")], prepared: false)
+        }
+        return try body(connection) { deadline?.restart() }
+      }
+    } catch let error as PostgresError where error.isConnectionLoss && cancelling.fired {
+      throw CancellationError()
+    } catch let error as PostgresError where error.isConnectionLoss && deadline?.fired == true {
+      // Only the failure the shutdown caused: an error of its own (a newer schema) whose
+      // rollback then went unanswered stays what it is.
+      throw PostgresError(
+        code: .timedOut,
+        message: "\(purpose) got no answer within \(limit ?? .zero) (callTimeout, at least 30 s), so it "
+          + "closed the connection",
+        sqlState: error.sqlState, sql: error.sql)
+    }
+  }
 
   /// Connects and migrates without blocking the caller's thread, or any thread of the
   /// cooperative pool: the connecting (which may wait for the server up to its connect timeout)

@@ -31,43 +31,76 @@ public struct PostgresSchemaStatus: Sendable, Hashable {
 
 extension PostgresJobStore {
   /// Reads the version of the schema ``Options/schema`` without changing anything: no schema,
-  /// table or row is created, and no lock is taken.
+  /// table or row is created.
   ///
-  /// - Throws: ``PostgresError`` when the server cannot be reached or the statements fail; an
-  ///   invalid schema name fails with ``PostgresError/Code/invalidOptions`` before connecting.
-  public static func schemaStatus(url: String, options: Options = .init()) async throws
-    -> PostgresSchemaStatus
-  {
+  /// It connects as the opening does (``Options/startupWait``); each statement gets
+  /// ``Options/callTimeout`` (at least 30 s), and a wait for a lock on the migrations table
+  /// (another session's `LOCK TABLE`, say) ``Options/lockTimeout``. Cancelling the calling task
+  /// ends it with `CancellationError`.
+  ///
+  /// - Throws: ``PostgresError``: ``PostgresError/Code/invalidSchemaName`` or
+  ///   ``PostgresError/Code/invalidOptions`` before connecting, or the connection's and the
+  ///   statements' failures.
+  public static func schemaStatus(url: String, options: Options = .init()) async throws -> PostgresSchemaStatus {
     try validate(schema: options.schema)
+    try validate(options)
     let info = try ConnectionInfo(url)
     let sql = SQL(schema: options.schema)
-    let cancelled = Atomic<Bool>(false)
-    let version = try await withTaskCancellationHandler {
-      try await onOwnThread(name: "conveyor-postgres-status") { () throws -> Int64 in
-        let connection = try Connection(
-          conninfo: url, scrubber: info.scrubber, isCancelled: { cancelled.load(ordering: .relaxed) })
+    let version = try await onOwnThreadCancellably(name: "conveyor-postgres-status") { isCancelled -> Int64 in
+      try onOpeningConnection(
+        url: url, info: info, options: options, lockTimeout: options.lockTimeout,
+        purpose: "reading the schema's version", isCancelled: isCancelled, onWait: nil
+      ) { connection, restartDeadline -> Int64 in
+        restartDeadline()
         guard try connection.execute(sql.migrationTableExists, prepared: false).bool(0, 0) else { return 0 }
+        restartDeadline()
         return try connection.execute(sql.currentVersion, prepared: false).int64(0, 0)
       }
-    } onCancel: {
-      cancelled.store(true, ordering: .relaxed)
     }
     return PostgresSchemaStatus(schema: options.schema, databaseVersion: Int(clamping: version))
   }
 
   /// Applies the migrations the database lacks, as opening a store does (in one transaction,
-  /// under a lock that makes other processes wait), and returns the status before and after. A
-  /// database newer than this build is refused and left untouched.
+  /// under a lock that makes other processes wait), and returns the version it found once it
+  /// held that lock and the version it left. A process that waited for another's migration
+  /// finds nothing to apply: its two versions are the same. A database newer than this build is
+  /// refused and left untouched.
   ///
   /// Use it where the schema must change at a chosen moment, say a deployment step run before
-  /// the new workers start: `conveyor migrate up` runs it.
+  /// the new workers start: `conveyor migrate up` runs it. It connects, times out and is
+  /// cancelled as opening a store is.
   public static func migrate(url: String, options: Options = .init()) async throws -> (
     before: PostgresSchemaStatus, after: PostgresSchemaStatus
   ) {
-    let before = try await schemaStatus(url: url, options: options)
-    let store = try await open(url: url, options: options)
-    await store.close()
-    return (before, try await schemaStatus(url: url, options: options))
+    try validate(schema: options.schema)
+    try validate(options)
+    let info = try ConnectionInfo(url)
+    let sql = SQL(schema: options.schema)
+    let (from, to) = try await onOwnThreadCancellably(name: "conveyor-postgres-migrate") { isCancelled in
+      try onOpeningConnection(
+        url: url, info: info, options: options, lockTimeout: .zero, isCancelled: isCancelled, onWait: nil
+      ) { connection, restartDeadline in
+        try Migrations.apply(
+          sql, schemaName: options.schema, on: connection, beforeEachStatement: restartDeadline)
+      }
+    }
+    return (
+      PostgresSchemaStatus(schema: options.schema, databaseVersion: from),
+      PostgresSchemaStatus(schema: options.schema, databaseVersion: to)
+    )
+  }
+
+  /// Runs `body` on a thread of its own; cancelling the calling task makes the closure `body` is
+  /// given return true.
+  private static func onOwnThreadCancellably<T: Sendable>(
+    name: String, _ body: @escaping @Sendable (_ isCancelled: @escaping @Sendable () -> Bool) throws -> T
+  ) async throws -> T {
+    let cancelled = Atomic<Bool>(false)
+    return try await withTaskCancellationHandler {
+      try await onOwnThread(name: name) { try body { cancelled.load(ordering: .relaxed) } }
+    } onCancel: {
+      cancelled.store(true, ordering: .relaxed)
+    }
   }
 
   /// The SQL that brings the schema `schema` from version `version` to this build's
@@ -76,8 +109,8 @@ extension PostgresJobStore {
   /// administrator to review, or to run with `psql -v ON_ERROR_STOP=1 -1 -f`. Empty when there is
   /// nothing to run.
   ///
-  /// - Throws: ``PostgresError/Code/invalidOptions`` for an invalid schema name, or a version
-  ///   below 0 or above this build's.
+  /// - Throws: ``PostgresError/Code/invalidSchemaName`` for an invalid schema name, and
+  ///   ``PostgresError/Code/invalidOptions`` for a version below 0 or above this build's.
   public static func migrationSQL(schema: String = "conveyor", from version: Int) throws -> String {
     try validate(schema: schema)
     guard (0...schemaVersion).contains(version) else {

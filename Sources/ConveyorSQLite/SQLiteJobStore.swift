@@ -147,12 +147,22 @@ public final class SQLiteJobStore: JobStore {
     try defaultDatabaseURL(name: name, environment: ProcessInfo.processInfo.environment)
   }
 
+  /// The default location of the database named `name`, as ``defaultDatabaseURL(name:)`` says,
+  /// without creating its folder on Linux (on Apple platforms, Application Support is created if
+  /// missing): for looking at a database without making anything, as
+  /// ``schemaStatus(path:)`` does.
+  public static func defaultDatabaseURLWithoutCreating(name: String = "conveyor") throws -> URL {
+    try defaultDatabaseURL(name: name, environment: ProcessInfo.processInfo.environment, creatingFolder: false)
+  }
+
   /// ``defaultDatabaseURL(name:)`` reading `XDG_DATA_HOME` and `HOME` from `environment`, so
   /// tests need not change the process's environment while other threads read it.
-  static func defaultDatabaseURL(name: String, environment: [String: String]) throws -> URL {
+  static func defaultDatabaseURL(name: String, environment: [String: String], creatingFolder: Bool = true) throws
+    -> URL
+  {
     try validate(name: name)
     let folder = try defaultFolder(environment: environment)
-    try makeFolders(folder)
+    if creatingFolder { try makeFolders(folder) }
     return URL(fileURLWithPath: PathCheck.joined(folder, "\(name).sqlite"), isDirectory: false)
   }
 
@@ -612,30 +622,7 @@ extension SQLiteJobStore {
   fileprivate static func createIfMissing(_ path: String) throws -> Bool {
     var info = stat()
     guard stat(path, &info) != 0 else { return false }
-    guard errno != ELOOP else {
-      throw SQLiteJobStoreError(
-        code: .unusableLink, path: path,
-        message:
-          "this path leads through symbolic links that loop (or through too many of them); pass the path "
-          + "of the database file itself, or mend the links")
-    }
-    guard errno == ENOENT else {
-      let reason = String(cString: strerror(errno))
-      throw SQLiteJobStoreError(
-        code: .cannotCreate, path: path,
-        message:
-          "cannot examine the database file (\(reason)); check that its folder exists and is accessible")
-    }
-    // `path` may be a symbolic link whose target does not exist yet: the file is made there.
-    let chain = PathCheck.followLinks(path)
-    if let refusal = chain.refusal {
-      throw SQLiteJobStoreError(
-        code: .unusableLink, path: path,
-        message:
-          "this is a symbolic link to a database file not made yet, and \(refusal); nothing was created. "
-          + "Pass the path of the database file itself, or replace the link")
-    }
-    let target = chain.end
+    let target = try creatableTarget(missing: path, statError: errno)
     let through = target == path ? "" : " (where the symbolic link leads: \(target))"
     if stat(target + "-wal", &info) == 0 || stat(target + "-journal", &info) == 0 {
       try createEmptyFile(target, reportingAs: path, detail: through, mayExist: true)
@@ -658,6 +645,36 @@ extension SQLiteJobStore {
     if link(building, target) == 0 { return true }
     if errno != EEXIST { try createEmptyFile(target, reportingAs: path, detail: through, mayExist: true) }
     return false
+  }
+
+  /// Where a database at `path`, which `stat` could not find (`statError`, its `errno`), would be
+  /// created (the end of its symbolic links); throws, creating nothing, when it surely cannot be:
+  /// links that loop or that the system refuses to follow, or a path that cannot be examined.
+  static func creatableTarget(missing path: String, statError: Int32) throws -> String {
+    guard statError != ELOOP else {
+      throw SQLiteJobStoreError(
+        code: .unusableLink, path: path,
+        message:
+          "this path leads through symbolic links that loop (or through too many of them); pass the path "
+          + "of the database file itself, or mend the links")
+    }
+    guard statError == ENOENT else {
+      let reason = String(cString: strerror(statError))
+      throw SQLiteJobStoreError(
+        code: .cannotCreate, path: path,
+        message:
+          "cannot examine the database file (\(reason)); check that its folder exists and is accessible")
+    }
+    // `path` may be a symbolic link whose target does not exist yet: the file is made there.
+    let chain = PathCheck.followLinks(path)
+    if let refusal = chain.refusal {
+      throw SQLiteJobStoreError(
+        code: .unusableLink, path: path,
+        message:
+          "this is a symbolic link to a database file not made yet, and \(refusal); nothing was created. "
+          + "Pass the path of the database file itself, or replace the link")
+    }
+    return chain.end
   }
 
   /// Installs the schema in a file only this process knows, and leaves it in WAL mode with
@@ -808,7 +825,7 @@ extension SQLiteJobStore {
     }
   }
 
-  private enum FileKind { case empty, version1, version2, version3, current }
+  enum FileKind { case empty, version1, version2, version3, current }
 
   /// Rebuilds a version 1 database as version 2 inside the caller's transaction, keeping every
   /// job and the `AUTOINCREMENT` counter (so no ID of a deleted job is ever reused).
@@ -819,7 +836,7 @@ extension SQLiteJobStore {
   }
 
   /// Reads the header and schema without writing; throws for anything but an empty or a Conveyor file.
-  private static func inspect(_ db: Connection, path: String) throws -> FileKind {
+  static func inspect(_ db: Connection, path: String) throws -> FileKind {
     let applicationID: Int64
     let version: Int64
     let objects: Int64

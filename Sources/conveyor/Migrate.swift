@@ -81,7 +81,13 @@ enum Migrate {
         build: status.buildVersion,
         pending: status.pending, exists: status.exists)
     case nil:
-      let path = try SQLiteJobStore.defaultDatabaseURL(name: "conveyor").path
+      // The default database's folder is made when it is first opened: missing, it is no error.
+      let path = try SQLiteJobStore.defaultDatabaseURLWithoutCreating(name: "conveyor").path
+      guard FileManager.default.fileExists(atPath: path) else {
+        return Status(
+          database: path, schema: nil, version: 0, build: Int(SQLiteJobStore.schemaVersion),
+          pending: Array(1...Int(SQLiteJobStore.schemaVersion)), exists: false)
+      }
       let status = try SQLiteJobStore.schemaStatus(path: path)
       return Status(
         database: path, schema: nil, version: status.databaseVersion, build: status.buildVersion,

@@ -226,15 +226,19 @@ struct SchemaMigrationTests {
 
   /// The documentation of ``PostgresJobStore/schemaStatus(url:options:)`` and
   /// ``PostgresJobStore/migrationSQL(schema:from:)`` says an invalid schema name fails with
-  /// ``PostgresError/Code/invalidOptions``.
+  /// ``PostgresError/Code/invalidSchemaName`` (it said `invalidOptions`, which the code never
+  /// threw for a name), before connecting.
   @Test func anInvalidSchemaNameIsRefusedWithTheDocumentedCode() async throws {
     #expect {
       _ = try PostgresJobStore.migrationSQL(schema: "Bad", from: 0)
-    } throws: { ($0 as? PostgresError)?.code == .invalidOptions }
+    } throws: { ($0 as? PostgresError)?.code == .invalidSchemaName }
     await #expect {
       _ = try await PostgresJobStore.schemaStatus(
         url: "postgresql://127.0.0.1:1/x", options: .init(schema: "Bad"))
-    } throws: { ($0 as? PostgresError)?.code == .invalidOptions }
+    } throws: { ($0 as? PostgresError)?.code == .invalidSchemaName }
+    await #expect {
+      _ = try await PostgresJobStore.migrate(url: "postgresql://127.0.0.1:1/x", options: .init(schema: "Bad"))
+    } throws: { ($0 as? PostgresError)?.code == .invalidSchemaName }
   }
 
   @Test func theMigrationSQLRefusesVersionsAndSchemaNamesItCannotUse() throws {
