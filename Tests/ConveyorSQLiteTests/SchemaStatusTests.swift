@@ -137,6 +137,48 @@ struct SchemaStatusTests {
     while !released.isSet.load(ordering: .relaxed) { try await Task.sleep(for: .milliseconds(20)) }
   }
 
+  /// Another connection is installing a schema into a pre-made empty file, in rollback-journal
+  /// mode, and its transaction has spilled pages into the file before committing (a store does
+  /// so when it creates its schema in a file it was given; see `refuseForeignFile`): the status
+  /// reads the file as it was, or as it is once committed, and does not call it "not an SQLite
+  /// database" (the opening looks again while a journal is beside the file).
+  @Test func aFileAnotherConnectionIsWritingIsNotRefusedAsDamaged() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("creating.sqlite")
+    #expect(FileManager.default.createFile(atPath: path, contents: Data()))
+    var db: OpaquePointer?
+    try #require(sqlite3_open(path, &db) == SQLITE_OK)
+    try #require(
+      sqlite3_exec(
+        db,
+        """
+        PRAGMA cache_size = 2; BEGIN IMMEDIATE;
+        PRAGMA application_id = \(SQLiteJobStore.applicationID);
+        PRAGMA user_version = \(SQLiteJobStore.schemaVersion);
+        CREATE TABLE spilled (x);
+        WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300)
+        INSERT INTO spilled SELECT randomblob(1000) FROM n;
+        """, nil, nil, nil) == SQLITE_OK)
+    try #require(
+      FileManager.default.fileExists(atPath: path + "-journal"), "a hot journal is beside the file")
+    // Committed a second later, on a thread of its own.
+    nonisolated(unsafe) let writer = db
+    let committed = Flag()
+    Thread.detachNewThread {
+      Thread.sleep(forTimeInterval: 1)
+      sqlite3_exec(writer, "COMMIT", nil, nil, nil)
+      sqlite3_close(writer)
+      committed.isSet.store(true, ordering: .relaxed)
+    }
+    do {
+      let status = try SQLiteJobStore.schemaStatus(path: path)
+      #expect([0, Int(SQLiteJobStore.schemaVersion)].contains(status.databaseVersion))
+    } catch {
+      Issue.record("the status of a file being written, before its commit: \(error)")
+    }
+    while !committed.isSet.load(ordering: .relaxed) { try await Task.sleep(for: .milliseconds(20)) }
+  }
+
   @Test func filesThatAreNotConveyorDatabasesAreRefusedAndLeftUntouched() throws {
     let folder = try TemporaryFolder()
     let text = folder.path("notes.txt")
