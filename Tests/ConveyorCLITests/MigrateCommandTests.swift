@@ -65,6 +65,22 @@ import Testing
     }
   }
 
+  /// A one-byte file (`echo > notes.txt` makes one) is no database: SQLite's Unix VFS reports a
+  /// file of one byte as empty, so the status called it a database with no schema yet and
+  /// 'migrate up' (as any command opening it) replaced the file with a new database. Both are
+  /// refused (exit 3) and the file kept.
+  @Test func aOneByteFileIsRefusedAndKept() async throws {
+    let sandbox = try Sandbox()
+    let path = sandbox.path("notes.txt")
+    try Data("\n".utf8).write(to: URL(fileURLWithPath: path))
+    let status = try await sandbox.run(["--database", path, "migrate", "status"], withDatabase: false)
+    let up = try await sandbox.run(["--database", path, "migrate", "up"], withDatabase: false)
+    let kept = try Data(contentsOf: URL(fileURLWithPath: path))
+    #expect(kept == Data("\n".utf8), "the file now holds \(kept.count) bytes; 'migrate up' said \(up)")
+    #expect(status.status == 3, "\(status)")
+    #expect(up.status == 3, "\(up)")
+  }
+
   @Test func misuseSaysWhatToDoAndChangesNothing() async throws {
     let sandbox = try Sandbox()
     for (arguments, message) in [
