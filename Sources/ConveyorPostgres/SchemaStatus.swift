@@ -41,7 +41,9 @@ extension PostgresJobStore {
   /// - Throws: ``PostgresError``: ``PostgresError/Code/invalidSchemaName`` or
   ///   ``PostgresError/Code/invalidOptions`` before connecting, or the connection's and the
   ///   statements' failures.
-  public static func schemaStatus(url: String, options: Options = .init()) async throws -> PostgresSchemaStatus {
+  public static func schemaStatus(url: String, options: Options = .init()) async throws
+    -> PostgresSchemaStatus
+  {
     try validate(schema: options.schema)
     try validate(options)
     let info = try ConnectionInfo(url)
@@ -106,8 +108,8 @@ extension PostgresJobStore {
   /// The SQL that brings the schema `schema` from version `version` to this build's
   /// (``schemaVersion``), as opening a store runs it: one transaction that takes the migration
   /// lock, checks the version, runs each missing migration and records it. For a database
-  /// administrator to review, or to run with `psql -v ON_ERROR_STOP=1 -1 -f`. Empty when there is
-  /// nothing to run.
+  /// administrator to review, or to run with `psql -v ON_ERROR_STOP=1 -f` as the role the workers
+  /// use (the tables belong to the role that creates them). Empty when there is nothing to run.
   ///
   /// - Throws: ``PostgresError/Code/invalidSchemaName`` for an invalid schema name, and
   ///   ``PostgresError/Code/invalidOptions`` for a version below 0 or above this build's.

@@ -152,12 +152,14 @@ public final class SQLiteJobStore: JobStore {
   /// missing): for looking at a database without making anything, as
   /// ``schemaStatus(path:)`` does.
   public static func defaultDatabaseURLWithoutCreating(name: String = "conveyor") throws -> URL {
-    try defaultDatabaseURL(name: name, environment: ProcessInfo.processInfo.environment, creatingFolder: false)
+    try defaultDatabaseURL(
+      name: name, environment: ProcessInfo.processInfo.environment, creatingFolder: false)
   }
 
   /// ``defaultDatabaseURL(name:)`` reading `XDG_DATA_HOME` and `HOME` from `environment`, so
   /// tests need not change the process's environment while other threads read it.
-  static func defaultDatabaseURL(name: String, environment: [String: String], creatingFolder: Bool = true) throws
+  static func defaultDatabaseURL(name: String, environment: [String: String], creatingFolder: Bool = true)
+    throws
     -> URL
   {
     try validate(name: name)
@@ -719,7 +721,7 @@ extension SQLiteJobStore {
   /// the reading, decides nothing: the look is repeated, with growing pauses, until it is made on
   /// a still file or `timeout` has passed; then its answer stands (a hot journal left by a crash
   /// stays unread and untouched).
-  fileprivate static func refuseForeignFile(_ path: String, within timeout: Duration) throws {
+  static func refuseForeignFile(_ path: String, within timeout: Duration) throws {
     let deadline = ContinuousClock.now + timeout
     var pause = Duration.milliseconds(1)
     while true {
@@ -837,6 +839,15 @@ extension SQLiteJobStore {
 
   /// Reads the header and schema without writing; throws for anything but an empty or a Conveyor file.
   static func inspect(_ db: Connection, path: String) throws -> FileKind {
+    // SQLite reads a file shorter than its header as an empty database (and a store would then
+    // write a database over it); no database file is shorter than a page of 512 bytes.
+    let size = fileSize(path)
+    if size > 0 && size < 512 {
+      throw SQLiteJobStoreError(
+        code: .notADatabase, path: path,
+        message: "this file is not an SQLite database (\(size) bytes, less than any database page), so it "
+          + "was left untouched; pass the path of a Conveyor database, or a new path to create one")
+    }
     let applicationID: Int64
     let version: Int64
     let objects: Int64

@@ -52,7 +52,8 @@ extension SQLiteJobStore {
           message: "no database can be created here: the folder \(folder) does not exist (or is not a "
             + "folder); create it, or pass another path")
       }
-      return SQLiteSchemaStatus(path: path, exists: false, databaseVersion: 0, buildVersion: Int(schemaVersion))
+      return SQLiteSchemaStatus(
+        path: path, exists: false, databaseVersion: 0, buildVersion: Int(schemaVersion))
     }
     let file = PathCheck.sqliteFilename(path)
     // With a WAL file and its shared-memory file beside it (a store has the file open, or
@@ -64,9 +65,22 @@ extension SQLiteJobStore {
     let beside = PathCheck.followLinks(path).end
     var companion = stat()
     let readsWAL =
-      stat(beside + "-wal", &companion) == 0 && companion.st_size > 0 && stat(beside + "-shm", &companion) == 0
+      stat(beside + "-wal", &companion) == 0 && companion.st_size > 0
+      && stat(beside + "-shm", &companion) == 0
+    // A file another connection is writing in rollback-journal mode is looked at again, as
+    // opening does, until it is still (5 s at most).
+    if !readsWAL {
+      do {
+        try refuseForeignFile(path, within: .seconds(5))
+      } catch let error as SQLiteJobStoreError where error.code == .newerSchema {
+        // Reported below, not refused.
+      }
+    }
     let db = readsWAL ? try Connection(readingOnly: file) : try Connection(inspecting: file)
     defer { db.close() }
+    // Another process may hold the lock a moment (a store checkpointing as it closes): wait for
+    // it as a store's calls do.
+    if readsWAL { db.setLockWait(milliseconds: Int32(JobStoreTime.milliseconds(Options().busyTimeout))) }
     // The checks opening makes, and their errors; a newer version is reported, not refused.
     do {
       _ = try inspect(db, path: path)
