@@ -9,6 +9,7 @@ let package = Package(
     .library(name: "ConveyorSQLite", targets: ["ConveyorSQLite"]),
     .library(name: "ConveyorPostgres", targets: ["ConveyorPostgres"]),
     .library(name: "ConveyorNetworking", targets: ["ConveyorNetworking"]),
+    .library(name: "ConveyorDashboard", targets: ["ConveyorDashboard"]),
     // Drop-in shapes for the three libraries Conveyor grew out of (see each module's Migrating… guide).
     .library(name: "ConveyorBismuth", targets: ["ConveyorBismuth"]),
     .library(name: "ConveyorOperationKit", targets: ["ConveyorOperationKit"]),
@@ -33,6 +34,8 @@ let package = Package(
     .target(name: "ConveyorSQLite", dependencies: ["Conveyor", "CSQLite"]),
     .target(name: "ConveyorPostgres", dependencies: ["Conveyor", "CLibPQ"]),
     .target(name: "ConveyorNetworking", dependencies: ["Conveyor"]),
+    // The web dashboard as a library a host server mounts: a request value in, a response out.
+    .target(name: "ConveyorDashboard", dependencies: ["Conveyor"]),
     // Drop-in shapes of the old libraries' APIs on Conveyor's engine: change only the import.
     .target(name: "ConveyorBismuth", dependencies: ["Conveyor", "ConveyorSQLite"]),
     .target(name: "ConveyorOperationKit", dependencies: ["Conveyor", "ConveyorNetworking"]),
@@ -40,8 +43,8 @@ let package = Package(
     .executableTarget(
       name: "conveyor",
       dependencies: [
-        "Conveyor", "ConveyorSQLite", "ConveyorPostgres", "ConveyorNetworking", "ConveyorHTTPServer",
-        "LoopbackHTTPServer",
+        "Conveyor", "ConveyorSQLite", "ConveyorPostgres", "ConveyorNetworking", "ConveyorDashboard",
+        "ConveyorHTTPServer", "LoopbackHTTPServer",
       ]
     ),
 
@@ -89,7 +92,11 @@ let package = Package(
     ),
     .testTarget(
       name: "ConveyorCLITests",
-      dependencies: ["conveyor", "ConveyorTestSupport", "LoopbackHTTPServer"]
+      dependencies: ["conveyor", "ConveyorDashboard", "ConveyorTestSupport", "LoopbackHTTPServer"]
+    ),
+    .testTarget(
+      name: "ConveyorDashboardTests",
+      dependencies: ["Conveyor", "ConveyorDashboard", "ConveyorSQLite", "ConveyorTestSupport"]
     ),
     .testTarget(name: "ConveyorHTTPServerTests", dependencies: ["ConveyorHTTPServer"]),
     .testTarget(name: "ConveyorBismuthTests", dependencies: ["ConveyorBismuth"]),
