@@ -218,8 +218,8 @@ public final class Dashboard: Sendable {
     }
     var response = redirect("/")
     // `Secure` when browsers reach the dashboard over https (a TLS proxy in front): the
-    // `--public-url` says so, or the sign-in form was posted from an https page (a proxy that
-    // keeps `Host` needs no `--public-url`; its `Origin` was checked to be this dashboard's).
+    // public origin says so, or the sign-in form was posted from an https page (a proxy that
+    // keeps `Host` needs no public origin; its `Origin` was checked to be this dashboard's).
     // Without it the browser would also send the cookie in clear to an http URL of the host.
     let fromHTTPS = request.header("Origin").flatMap(DashboardOrigin.init)?.scheme == "https"
     let secure = configuration.publicOrigin?.scheme == "https" || fromHTTPS ? "; Secure" : ""
@@ -255,7 +255,7 @@ public final class Dashboard: Sendable {
     return nil
   }
 
-  /// Whether an `Origin` header is this dashboard's: the `--public-url`, or the `Host` the request
+  /// Whether an `Origin` header is this dashboard's: the public origin, or the `Host` the request
   /// was sent to, by host and port, over `http` or `https` (a TLS proxy that keeps the `Host`).
   /// `null` and any other origin are not.
   func isSameOrigin(_ header: String, host: String?) -> Bool {

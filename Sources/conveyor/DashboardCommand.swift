@@ -70,6 +70,7 @@ enum DashboardCommand {
     let configuration = Self.configuration(
       token: token, secretHeaders: extraSecrets, publicOrigin: publicOrigin,
       database: context.databaseDescription, host: host, port: server.port)
+    // Mounted at the root: the only configuration error (a malformed mount path) cannot occur.
     let dashboard = try Dashboard(store: store, configuration: configuration)
     bound.withLock { $0 = dashboard }
     let shownHost = host.contains(":") ? "[\(host)]" : host
