@@ -54,7 +54,7 @@ public final class Dashboard: Sendable {
     self.store = store
     self.configuration = configuration
     base = try configuration.checkedMountPath()
-    pages = DashboardPages(base: base)
+    pages = DashboardPages(base: base, signInHint: configuration.signInHint)
   }
 
   var secretHeaders: Set<String> { configuration.secretHeaders }

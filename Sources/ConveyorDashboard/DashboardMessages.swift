@@ -199,6 +199,10 @@ public struct DashboardConfiguration: Sendable {
   /// Compared in constant time. Nil (the default) turns the built-in sign-in off.
   public var token: String?
 
+  /// The sentence the built-in sign-in page shows above the token field: where users find the
+  /// token.
+  public var signInHint: String
+
   /// Header names (lower case) whose values are never shown in a job's details or payload.
   public var secretHeaders: Set<String>
 
@@ -242,6 +246,7 @@ public struct DashboardConfiguration: Sendable {
     self.mountPath = mountPath
     authorize = { _ in .allow }
     token = nil
+    signInHint = "This dashboard needs its access token."
     secretHeaders = Self.defaultSecretHeaders
     publicOrigin = nil
     allowedHosts = nil

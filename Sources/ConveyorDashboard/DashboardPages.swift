@@ -25,6 +25,8 @@ func html(_ text: String) -> String {
 struct DashboardPages: Sendable {
   /// The mount path: "" or `/a/b`.
   let base: String
+  /// The sign-in page's sentence on where the token comes from (plain text).
+  var signInHint = ""
 
   /// ``base`` escaped for an attribute.
   var htmlBase: String { html(base) }
@@ -65,7 +67,7 @@ struct DashboardPages: Sendable {
       """
       <h1>Sign in</h1>
       \(warning)
-      <p>This dashboard needs its token (<code>--token</code> or <code>CONVEYOR_DASHBOARD_TOKEN</code>).</p>
+      <p>\(html(signInHint))</p>
       <form method="post" action="\(htmlBase)/login" class="sign-in">
       <label>Token <input type="password" name="token" autocomplete="current-password" required></label>
       <button type="submit">Sign in</button>

@@ -219,6 +219,7 @@ enum DashboardCommand {
   ) -> DashboardConfiguration {
     var configuration = DashboardConfiguration()
     configuration.token = token
+    configuration.signInHint = "This dashboard needs its token (--token or CONVEYOR_DASHBOARD_TOKEN)."
     configuration.secretHeaders = DashboardConfiguration.defaultSecretHeaders.union(secretHeaders)
     configuration.publicOrigin = publicOrigin
     configuration.storeDescription = database

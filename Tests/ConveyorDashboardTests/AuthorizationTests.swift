@@ -47,10 +47,12 @@ import Testing
   @Test func theBuiltInSignInSetsASessionCookieUnderTheMountPath() async throws {
     var configuration = DashboardConfiguration(mountPath: "/ops")
     configuration.token = "a-long-enough-token-0123"
+    configuration.signInHint = "Ask <ops> for the token."
     let harness = try DashboardHarness(configuration)
     harness.store.resetCalls()
     let anonymous = await harness.get("/ops/")
     #expect(anonymous.status == 401)
+    #expect(anonymous.body.contains("<p>Ask &lt;ops&gt; for the token.</p>"))
     #expect(anonymous.urls.contains("/ops/login"))
     #expect(await harness.get("/ops/api/queues").status == 401)
     let wrong = await harness.post("/ops/login", form: [("token", "not-the-token-at-all")])
