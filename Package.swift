@@ -9,6 +9,7 @@ let package = Package(
     .library(name: "ConveyorSQLite", targets: ["ConveyorSQLite"]),
     .library(name: "ConveyorPostgres", targets: ["ConveyorPostgres"]),
     .library(name: "ConveyorNetworking", targets: ["ConveyorNetworking"]),
+    .library(name: "ConveyorDashboard", targets: ["ConveyorDashboard"]),
     // Helpers for users' test targets: run a queue until idle on a manual clock, expect jobs.
     .library(name: "ConveyorTesting", targets: ["ConveyorTesting"]),
     // Drop-in shapes for the three libraries Conveyor grew out of (see each module's Migrating… guide).
@@ -35,6 +36,8 @@ let package = Package(
     .target(name: "ConveyorSQLite", dependencies: ["Conveyor", "CSQLite"]),
     .target(name: "ConveyorPostgres", dependencies: ["Conveyor", "CLibPQ"]),
     .target(name: "ConveyorNetworking", dependencies: ["Conveyor"]),
+    // The web dashboard as a library a host server mounts: a request value in, a response out.
+    .target(name: "ConveyorDashboard", dependencies: ["Conveyor"]),
     .target(name: "ConveyorTesting", dependencies: ["Conveyor"]),
     // Drop-in shapes of the old libraries' APIs on Conveyor's engine: change only the import.
     .target(name: "ConveyorBismuth", dependencies: ["Conveyor", "ConveyorSQLite"]),
@@ -43,8 +46,8 @@ let package = Package(
     .executableTarget(
       name: "conveyor",
       dependencies: [
-        "Conveyor", "ConveyorSQLite", "ConveyorPostgres", "ConveyorNetworking", "ConveyorHTTPServer",
-        "LoopbackHTTPServer",
+        "Conveyor", "ConveyorSQLite", "ConveyorPostgres", "ConveyorNetworking", "ConveyorDashboard",
+        "ConveyorHTTPServer", "LoopbackHTTPServer",
       ]
     ),
 
@@ -92,7 +95,11 @@ let package = Package(
     ),
     .testTarget(
       name: "ConveyorCLITests",
-      dependencies: ["conveyor", "ConveyorTestSupport", "LoopbackHTTPServer"]
+      dependencies: ["conveyor", "ConveyorDashboard", "ConveyorTestSupport", "LoopbackHTTPServer"]
+    ),
+    .testTarget(
+      name: "ConveyorDashboardTests",
+      dependencies: ["Conveyor", "ConveyorDashboard", "ConveyorSQLite", "ConveyorTestSupport"]
     ),
     .testTarget(name: "ConveyorHTTPServerTests", dependencies: ["ConveyorHTTPServer"]),
     .testTarget(

@@ -90,7 +90,7 @@ enum CLI {
         options: [OptionSpec(names: ["--all"], value: nil, help: "every job that is not running")]),
       CommandSpec(name: "pause", operands: "", summary: "stop claiming jobs, for every worker", options: []),
       CommandSpec(name: "resume", operands: "", summary: "claim jobs again", options: []),
-      Dashboard.spec,
+      DashboardCommand.spec,
     ] + Migrate.specs + [
       CommandSpec(
         name: "demo", operands: "", summary: "a self-contained run showing retries and recovery",
@@ -294,7 +294,7 @@ enum CLI {
       if command == "pause" { try await queue.pause() } else { try await queue.resume() }
       output("queue \(context.queue) \(command == "pause" ? "paused" : "resumed")")
       return ExitCode.success.rawValue
-    case "dashboard": return try await Dashboard.run(&arguments, context)
+    case "dashboard": return try await DashboardCommand.run(&arguments, context)
     case "migrate status", "migrate up", "migrate sql":
       return try await Migrate.run(String(command.dropFirst("migrate ".count)), &arguments, context)
     case "demo": return try await Demo.run(&arguments)

@@ -5,6 +5,7 @@ import ConveyorTestSupport
 import Foundation
 import Testing
 
+@testable import ConveyorDashboard
 @testable import conveyor
 
 /// Random command lines: the tool never traps, exits 0, 1, 2 or 3, never echoes a control
@@ -215,10 +216,11 @@ import Testing
   /// `https://dash.example.test`: a page is served only to its own names (421 otherwise), and an
   /// action only from its own origin, by host and port, or the public URL (403 otherwise).
   @Test func hostAndOriginPairsAreJudgedByHostAndPort() async throws {
-    let dashboard = Dashboard(
-      store: InMemoryJobStore(), database: "memory", token: nil, loopback: true, secretHeaders: [],
-      port: 8080, listenHost: "127.0.0.1",
-      publicOrigin: try Dashboard.publicOrigin("https://dash.example.test"))
+    let dashboard = try Dashboard(
+      store: InMemoryJobStore(),
+      configuration: DashboardCommand.configuration(
+        token: nil, publicOrigin: try DashboardCommand.publicOrigin("https://dash.example.test"),
+        database: "memory", host: "127.0.0.1", port: 8080))
     let names = [
       "127.0.0.1", "localhost", "LocalHost", "[::1]", "::1", "evil.example", "dash.example.test",
       "DASH.example.test", "127.0.0.1.evil", "", "a@b", "[::1", "h/x",
@@ -255,7 +257,7 @@ import Testing
         ["127.0.0.1:8080", "localhost:8080", "::1:8080"].contains(hostAt ?? "")
         || endpoint(hostName, hostPort, defaultPort: 443) == "dash.example.test:443"
       let page = await dashboard.respond(
-        to: HTTPServerRequest(method: "GET", target: "/", headers: [("Host", host)]))
+        to: DashboardRequest(method: "GET", target: "/", headers: [("Host", host)]))
       #expect(page.status == (hostAllowed ? 200 : 421), "Host \(host.debugDescription): \(page.status)")
       guard hostAllowed else { continue }
       let lowered = scheme.lowercased()
@@ -268,7 +270,7 @@ import Testing
         originAt != nil
         && (originAt == hostAsSeen || (lowered == "https://" && originAt == "dash.example.test:443"))
       let post = await dashboard.respond(
-        to: HTTPServerRequest(
+        to: DashboardRequest(
           method: "POST", target: "/queues/pause",
           headers: [
             ("Host", host), ("Origin", origin), ("Content-Type", "application/x-www-form-urlencoded"),
@@ -298,12 +300,14 @@ import Testing
     for name in names {
       _ = try await store.enqueue([NewJob(payload: Data("{}".utf8))], queue: name, clock: SystemJobClock())
     }
-    let dashboard = Dashboard(
-      store: store, database: "memory", token: nil, loopback: true, secretHeaders: [], port: 8080)
+    let dashboard = try Dashboard(
+      store: store,
+      configuration: DashboardCommand.configuration(
+        token: nil, database: "memory", host: "127.0.0.1", port: 8080))
     let host = [("Host", "127.0.0.1:8080")]
-    let page = await dashboard.respond(to: HTTPServerRequest(method: "GET", target: "/", headers: host))
+    let page = await dashboard.respond(to: DashboardRequest(method: "GET", target: "/", headers: host))
     let api = await dashboard.respond(
-      to: HTTPServerRequest(method: "GET", target: "/api/queues", headers: host))
+      to: DashboardRequest(method: "GET", target: "/api/queues", headers: host))
     let html = String(decoding: page.body, as: UTF8.self)
     let queues = try #require(
       try jsonObject(String(decoding: api.body, as: UTF8.self))["queues"] as? [[String: Any]])

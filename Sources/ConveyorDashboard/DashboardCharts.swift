@@ -1,5 +1,4 @@
 import Conveyor
-import ConveyorHTTPServer
 import Foundation
 
 /// The queues page's charts of the last hour: inline SVG rendered on the server (no script, no

@@ -1,6 +1,4 @@
 import Conveyor
-import ConveyorHTTPServer
-import ConveyorNetworking
 import Foundation
 
 /// What each page reads from the store. None reads the whole table:
@@ -68,16 +66,17 @@ extension Dashboard {
     return summaries
   }
 
-  func queuesPage(notice: String?) async throws -> HTTPServerResponse {
+  func queuesPage(notice: String?) async throws -> DashboardResponse {
     let now = Date()
     let activity = try await recentActivity(now: now)
     let summaries = try await summaries(activity: activity)
-    return DashboardPages.queues(
-      summaries, activity: activity, now: now, notice: notice, formToken: formToken, database: database)
+    return pages.queues(
+      summaries, activity: activity, now: now, notice: notice, formToken: formToken,
+      database: configuration.storeDescription)
   }
 
   /// The "Last hour" section alone, for the script to swap in.
-  func activityFragment() async throws -> HTTPServerResponse {
+  func activityFragment() async throws -> DashboardResponse {
     let now = Date()
     let activity = try await recentActivity(now: now)
     let names = try await summaries(activity: activity).map(\.name)
@@ -86,7 +85,7 @@ extension Dashboard {
       contentType: "text/html; charset=utf-8")
   }
 
-  func queuesJSON() async throws -> HTTPServerResponse {
+  func queuesJSON() async throws -> DashboardResponse {
     struct Body: Encodable {
       var queues: [QueueSummary]
       var time: String
@@ -96,11 +95,11 @@ extension Dashboard {
     let activity = try await recentActivity(now: Date())
     let body = try encoder.encode(
       Body(queues: try await summaries(activity: activity), time: timestamp(Date())))
-    return HTTPServerResponse(status: 200, headers: [("Content-Type", "application/json")], body: body)
+    return DashboardResponse(status: 200, headers: [("Content-Type", "application/json")], body: body)
   }
 
   /// Prometheus text format 0.0.4: jobs by queue and state, and the pause flag.
-  func metrics() async throws -> HTTPServerResponse {
+  func metrics() async throws -> DashboardResponse {
     let activity = try await recentActivity(now: Date())
     let summaries = try await summaries(activity: activity)
     var lines = [
@@ -221,10 +220,12 @@ extension Dashboard {
   static let shownKey = 1_000
   /// The most queue names the jobs page's queue menu lists.
   static let listedQueues = 1_000
+  /// The most bytes of each payload the jobs page reads for its summary.
+  static let listedPayload = 16 * 1024
   /// The most bytes of a payload the job page reads; a larger payload is described from them.
   static let shownPayload = 256 * 1024
 
-  func jobsPage(_ query: HTTPForm) async throws -> HTTPServerResponse {
+  func jobsPage(_ query: HTTPForm) async throws -> DashboardResponse {
     let names = try await store.queueNames()
     let queue = try query["queue"].flatMap { $0.isEmpty ? nil : $0 }.map(queueName) ?? names.first
     guard let filter = StateFilter(rawValue: query["state"] ?? "") else {
@@ -243,7 +244,7 @@ extension Dashboard {
         // Summaries: only the start of each payload is read (bounded whatever the jobs' sizes).
         let batch = try await store.jobSummaries(
           queue: queue, status: filter.stored, after: cursor, limit: asked,
-          payloadPrefix: PayloadPrefix.listedBytes, errorPrefix: Self.searchedError)
+          payloadPrefix: Self.listedPayload, errorPrefix: Self.searchedError)
         more = batch.count == asked
         for listed in batch {
           var record = listed.record
@@ -252,7 +253,7 @@ extension Dashboard {
             cursor = record.id
             continue
           }
-          let summary = try await OutboxJob.summary(of: listed, in: store) ?? "(not an outbox job)"
+          let summary = try await configuration.summarize(listed, store)
           if !text.isEmpty,
             !(summary.localizedCaseInsensitiveContains(text)
               || (record.lastError?.localizedCaseInsensitiveContains(text) ?? false))
@@ -276,19 +277,19 @@ extension Dashboard {
         if !more { break }
       }
     }
-    return DashboardPages.jobs(
+    return pages.jobs(
       rows, queues: Array(names.prefix(Self.listedQueues)), queue: queue, filter: filter, text: text,
       after: after, next: more ? cursor : nil,
       notice: query["notice"], count: query["count"].flatMap { Int($0) }, formToken: formToken)
   }
 
-  func jobPage(_ id: JobID, notice: String?) async throws -> HTTPServerResponse {
+  func jobPage(_ id: JobID, notice: String?) async throws -> DashboardResponse {
     // At most `shownPayload` bytes (and one more, to know it is larger) are read.
     guard
       let listed = try await store.jobSummary(
         id, payloadPrefix: Self.shownPayload + 1, errorPrefix: Self.shownJobError + 1)
     else {
-      return DashboardPages.message(
+      return pages.message(
         status: 404, title: "Not found", text: "No job \(id): handled, removed, or never added.")
     }
     var record = listed.record
@@ -299,14 +300,14 @@ extension Dashboard {
       payload = redactedJSON(record.payload)
     } else {
       details = .unknown(
-        (OutboxJob.summary(of: listed).map { cut($0, to: Self.shownSummary) + ". " } ?? "")
-          + "The payload is \(listed.payloadSize) bytes: too large to show here.")
+        cut(try await configuration.summarize(listed, store), to: Self.shownSummary)
+          + ". The payload is \(listed.payloadSize) bytes: too large to show here.")
       payload = "(\(listed.payloadSize) bytes: too large to show)"
     }
     record.payload = Data()
     record.lastError = record.lastError.map { cut($0, to: Self.shownJobError) }
     record.deduplicationKey = record.deduplicationKey.map { cut($0, to: Self.shownKey) }
-    return DashboardPages.job(
+    return pages.job(
       record, state: Self.state(of: record, now: Date()), details: details, payload: payload, notice: notice,
       formToken: formToken)
   }
@@ -337,21 +338,21 @@ extension Dashboard {
     try await store.tally(queue: queue, statuses: [state == .dead ? .dead : .pending])
   }
 
-  func confirmPage(_ query: HTTPForm) async throws -> HTTPServerResponse {
+  func confirmPage(_ query: HTTPForm) async throws -> DashboardResponse {
     let (action, queue, state) = try bulkTarget(query)
     let tally = try await bulkTally(queue, state)
-    return DashboardPages.confirm(
+    return pages.confirm(
       action: action, queue: queue, state: state, count: tally.count, through: tally.highestID,
       changed: false,
       formToken: formToken)
   }
 
-  func bulk(_ form: HTTPForm) async throws -> HTTPServerResponse {
+  func bulk(_ form: HTTPForm) async throws -> DashboardResponse {
     let (action, queue, state) = try bulkTarget(form)
     // What the operator confirmed is not what is there now: confirm again.
-    func confirmAgain() async throws -> HTTPServerResponse {
+    func confirmAgain() async throws -> DashboardResponse {
       let tally = try await bulkTally(queue, state)
-      var page = DashboardPages.confirm(
+      var page = pages.confirm(
         action: action, queue: queue, state: state, count: tally.count, through: tally.highestID,
         changed: true,
         formToken: formToken)
@@ -390,25 +391,24 @@ extension Dashboard {
     case unknown(String)
   }
 
+  /// What the application's ``DashboardConfiguration/describe`` says the payload is, redacted:
+  /// secret header values, a URL's password and credential-like query values.
   func describe(_ payload: Data) -> Details {
-    let job: OutboxJob
-    do {
-      job = try JSONDecoder().decode(OutboxJob.self, from: payload)
-    } catch {
-      return .unknown("Not an outbox job (\(error.localizedDescription)); its payload is shown below.")
+    guard let details = configuration.describe(payload) else {
+      return .unknown("A job of this application; its payload is shown below.")
     }
-    switch job.kind {
-    case .http(let request):
-      let headers = request.headers.sorted { $0.key.lowercased() < $1.key.lowercased() }.map {
-        ($0.key, secretHeaders.contains($0.key.lowercased()) ? "[redacted]" : $0.value)
+    switch details {
+    case .httpRequest(let method, let url, let headers, let body):
+      let headers = headers.sorted { $0.name.lowercased() < $1.name.lowercased() }.map {
+        ($0.name, secretHeaders.contains($0.name.lowercased()) ? "[redacted]" : $0.value)
       }
-      let body = request.body.flatMap { $0.count <= 16_384 ? String(data: $0, encoding: .utf8) : nil }
+      let text = body.flatMap { $0.count <= 16_384 ? String(data: $0, encoding: .utf8) : nil }
       return .http(
-        method: request.method, url: Self.redacted(request.url), headers: headers, body: body,
-        bodySize: request.body?.count ?? 0)
-    case .exec(let command):
-      return .exec(
-        arguments: command.arguments, directory: command.workingDirectory, timeout: command.timeout)
+        method: method, url: Self.redacted(url), headers: headers, body: text, bodySize: body?.count ?? 0)
+    case .command(let arguments, let directory, let timeout):
+      return .exec(arguments: arguments, directory: directory, timeout: timeout)
+    case .text(let text):
+      return .unknown(text)
     }
   }
 

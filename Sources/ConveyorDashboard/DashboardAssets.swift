@@ -1,11 +1,10 @@
-import ConveyorHTTPServer
 import Foundation
 
-/// The dashboard's stylesheet and its one script, served from `/static/` (same origin, so the
+/// The dashboard's stylesheet and its one script, served from `static/` under the mount path (same origin, so the
 /// Content-Security-Policy allows them with no inline code). The script only refreshes the
 /// queues page's counts; every page works without it.
 enum DashboardAssets {
-  static func response(for path: String) -> HTTPServerResponse {
+  static func response(for path: String) -> DashboardResponse {
     switch path {
     case "/static/dashboard.css": .text(200, css, contentType: "text/css; charset=utf-8")
     case "/static/dashboard.js": .text(200, script, contentType: "text/javascript; charset=utf-8")
@@ -13,7 +12,7 @@ enum DashboardAssets {
     }
   }
 
-  /// Polls `/api/queues` every 3 s and writes the counts into the table with `textContent` (never
+  /// Polls `api/queues` (under the mount path the page's `data-base` names) every 3 s and writes the counts into the table with `textContent` (never
   /// as HTML); reloads when the queues or a pause flag changed, since their rows hold forms. Rows
   /// are matched by their percent-encoded `key`, never by the name an attribute holds: a browser
   /// changes a name's CR and NUL there, and the page would reload every 3 s.
@@ -24,9 +23,10 @@ enum DashboardAssets {
     "use strict";
     (function () {
       if (document.body.dataset.page !== "queues") return;
+      var base = document.body.dataset.base || "";
       var fields = ["ready", "scheduled", "running", "dead"];
       function refresh() {
-        fetch("/api/queues", { credentials: "same-origin", cache: "no-store" })
+        fetch(base + "/api/queues", { credentials: "same-origin", cache: "no-store" })
           .then(function (response) { return response.ok ? response.json() : null; })
           .then(function (data) {
             if (!data) return;
@@ -52,7 +52,7 @@ enum DashboardAssets {
           .catch(function () {});
       }
       function refreshCharts() {
-        fetch("/api/activity", { credentials: "same-origin", cache: "no-store" })
+        fetch(base + "/api/activity", { credentials: "same-origin", cache: "no-store" })
           .then(function (response) { return response.ok ? response.text() : null; })
           .then(function (text) {
             if (text === null) return;

@@ -1,5 +1,4 @@
 import Conveyor
-import ConveyorHTTPServer
 import Foundation
 
 /// Escapes text for HTML content and quoted attribute values.
@@ -21,9 +20,18 @@ func html(_ text: String) -> String {
 
 /// The dashboard's pages: server-rendered HTML that reads and works without JavaScript. Every
 /// piece of text from the store goes through ``html(_:)``; the only unescaped parts are this
-/// file's literals.
-enum DashboardPages {
-  static func layout(_ title: String, page: String, _ body: String, status: Int = 200) -> HTTPServerResponse {
+/// file's literals and the mount path (checked to hold none of `&<>"'`). Every link, form action
+/// and asset URL starts with the mount path ``base``.
+struct DashboardPages: Sendable {
+  /// The mount path: "" or `/a/b`.
+  let base: String
+  /// The sign-in page's sentence on where the token comes from (plain text).
+  var signInHint = ""
+
+  /// ``base`` escaped for an attribute.
+  var htmlBase: String { html(base) }
+
+  func layout(_ title: String, page: String, _ body: String, status: Int = 200) -> DashboardResponse {
     let text = """
       <!doctype html>
       <html lang="en">
@@ -31,12 +39,12 @@ enum DashboardPages {
       <meta charset="utf-8">
       <meta name="viewport" content="width=device-width, initial-scale=1">
       <title>\(html(title)) · Conveyor</title>
-      <link rel="stylesheet" href="/static/dashboard.css">
-      <script src="/static/dashboard.js" defer></script>
+      <link rel="stylesheet" href="\(htmlBase)/static/dashboard.css">
+      <script src="\(htmlBase)/static/dashboard.js" defer></script>
       </head>
-      <body data-page="\(page)">
-      <header><a class="brand" href="/">Conveyor</a>
-      <nav><a href="/">Queues</a> <a href="/jobs">Jobs</a> <a href="/metrics">Metrics</a></nav></header>
+      <body data-page="\(page)" data-base="\(htmlBase)">
+      <header><a class="brand" href="\(htmlBase)/">Conveyor</a>
+      <nav><a href="\(htmlBase)/">Queues</a> <a href="\(htmlBase)/jobs">Jobs</a> <a href="\(htmlBase)/metrics">Metrics</a></nav></header>
       <main>
       \(body)
       </main>
@@ -46,37 +54,37 @@ enum DashboardPages {
     return .text(status, text, contentType: "text/html; charset=utf-8")
   }
 
-  static func message(status: Int, title: String, text: String) -> HTTPServerResponse {
+  func message(status: Int, title: String, text: String) -> DashboardResponse {
     layout(
       title, page: "message", "<h1>\(html(title))</h1>\n<p class=\"message\">\(html(text))</p>",
       status: status)
   }
 
-  static func signIn(message: String?) -> HTTPServerResponse {
+  func signIn(message: String?) -> DashboardResponse {
     let warning = message.map { "<p class=\"notice error\">\(html($0))</p>" } ?? ""
     return layout(
       "Sign in", page: "sign-in",
       """
       <h1>Sign in</h1>
       \(warning)
-      <p>This dashboard needs its token (<code>--token</code> or <code>CONVEYOR_DASHBOARD_TOKEN</code>).</p>
-      <form method="post" action="/login" class="sign-in">
+      <p>\(html(signInHint))</p>
+      <form method="post" action="\(htmlBase)/login" class="sign-in">
       <label>Token <input type="password" name="token" autocomplete="current-password" required></label>
       <button type="submit">Sign in</button>
       </form>
       """)
   }
 
-  static func hidden(_ name: String, _ value: String) -> String {
+  func hidden(_ name: String, _ value: String) -> String {
     "<input type=\"hidden\" name=\"\(html(name))\" value=\"\(html(value))\">"
   }
 
   /// A one-button POST form carrying the form token.
-  static func button(
+  func button(
     _ label: String, action: String, fields: [(String, String)] = [], formToken: String, style: String = ""
   ) -> String {
     let inputs = ([("csrf", formToken)] + fields).map { hidden($0.0, $0.1) }.joined()
-    return "<form method=\"post\" action=\"\(html(action))\" class=\"inline\">\(inputs)"
+    return "<form method=\"post\" action=\"\(html(base + action))\" class=\"inline\">\(inputs)"
       + "<button type=\"submit\" class=\"\(style)\">\(html(label))</button></form>"
   }
 
@@ -90,27 +98,27 @@ enum DashboardPages {
     "bulk-removed": "Jobs removed:",
   ]
 
-  static func notice(_ key: String?, count: Int? = nil) -> String {
-    guard let key, let text = notices[key] else { return "" }
+  func notice(_ key: String?, count: Int? = nil) -> String {
+    guard let key, let text = Self.notices[key] else { return "" }
     return "<p class=\"notice\" role=\"status\">\(html(text))\(count.map { " \($0)." } ?? "")</p>"
   }
 
   // MARK: queues
 
-  static func queues(
+  func queues(
     _ queues: [Dashboard.QueueSummary], activity: [String: [QueueActivity]], now: Date, notice key: String?,
-    formToken: String, database: String
-  ) -> HTTPServerResponse {
+    formToken: String, database: String?
+  ) -> DashboardResponse {
     var rows = ""
     for queue in queues {
       let name = html(queue.name)
-      let link = "/jobs?queue=" + HTTPForm.encode(queue.name)
+      let link = base + "/jobs?queue=" + HTTPForm.encode(queue.name)
       let toggle = button(
         queue.paused ? "Resume" : "Pause", action: queue.paused ? "/queues/resume" : "/queues/pause",
         fields: [("queue", queue.name)], formToken: formToken)
       let retry =
         queue.dead > 0
-        ? "<a class=\"button\" href=\"/confirm?action=retry-dead&amp;state=dead&amp;queue=\(html(HTTPForm.encode(queue.name)))\">Retry dead…</a>"
+        ? "<a class=\"button\" href=\"\(htmlBase)/confirm?action=retry-dead&amp;state=dead&amp;queue=\(html(HTTPForm.encode(queue.name)))\">Retry dead…</a>"
         : ""
       rows += """
         <tr data-queue="\(name)" data-key="\(html(queue.key))">
@@ -145,17 +153,17 @@ enum DashboardPages {
       \(notice(key))
       \(table)
       \(DashboardCharts.section(queues: queues.map(\.name), activity: activity, now: now))
-      <p class="meta">Database <code>\(html(database))</code> · <span id="updated">counts as of \(html(timestamp(Date())))</span></p>
+      <p class="meta">\(database.map { "Database <code>\(html($0))</code> · " } ?? "")<span id="updated">counts as of \(html(timestamp(Date())))</span></p>
       """)
   }
 
   // MARK: jobs
 
-  static func jobs(
+  func jobs(
     _ rows: [Dashboard.ListedRow], queues: [String], queue: String?, filter: Dashboard.StateFilter,
     text: String,
     after: JobID?, next: JobID?, notice key: String?, count: Int?, formToken: String
-  ) -> HTTPServerResponse {
+  ) -> DashboardResponse {
     let queueOptions = queues.map {
       "<option value=\"\(html($0))\"\($0 == queue ? " selected" : "")>\(html($0))</option>"
     }.joined()
@@ -165,7 +173,7 @@ enum DashboardPages {
     var body = """
       <h1>Jobs\(queue.map { " in " + html($0) } ?? "")</h1>
       \(notice(key, count: count))
-      <form method="get" action="/jobs" class="filters">
+      <form method="get" action="\(htmlBase)/jobs" class="filters">
       <label>Queue <select name="queue">\(queueOptions)</select></label>
       <label>State <select name="state">\(stateOptions)</select></label>
       <label>Text <input type="search" name="q" value="\(html(text))" placeholder="in summary or last error"></label>
@@ -178,10 +186,10 @@ enum DashboardPages {
       body += "<p class=\"bulk\">"
       if filter == .dead {
         body +=
-          "<a class=\"button\" href=\"/confirm?action=retry-dead&amp;state=dead&amp;queue=\(encoded)\">Retry all dead…</a> "
+          "<a class=\"button\" href=\"\(htmlBase)/confirm?action=retry-dead&amp;state=dead&amp;queue=\(encoded)\">Retry all dead…</a> "
       }
       body +=
-        "<a class=\"button danger\" href=\"/confirm?action=remove&amp;state=\(filter.rawValue)&amp;queue=\(encoded)\">Remove all \(filter.rawValue)…</a></p>\n"
+        "<a class=\"button danger\" href=\"\(htmlBase)/confirm?action=remove&amp;state=\(filter.rawValue)&amp;queue=\(encoded)\">Remove all \(filter.rawValue)…</a></p>\n"
     }
     if rows.isEmpty {
       body += "<p class=\"empty\">No jobs match.</p>\n"
@@ -201,7 +209,7 @@ enum DashboardPages {
           ? button("Retry", action: "/jobs/\(record.id)/retry", formToken: formToken) : ""
         body += """
           <tr data-job="\(record.id)">
-          <td><a href="/jobs/\(record.id)">\(record.id)</a></td>
+          <td><a href="\(htmlBase)/jobs/\(record.id)">\(record.id)</a></td>
           <td><span class="badge \(row.state)">\(row.state)</span></td>
           <td class="count">\(record.attempts)</td>
           <td><time>\(html(timestamp(record.runAt)))</time></td>
@@ -219,7 +227,7 @@ enum DashboardPages {
       var parts = ["queue=" + HTTPForm.encode(queue ?? ""), "state=" + filter.rawValue]
       if !text.isEmpty { parts.append("q=" + HTTPForm.encode(text)) }
       if let after { parts.append("after=\(after)") }
-      return html("/jobs?" + parts.joined(separator: "&"))
+      return html(base + "/jobs?" + parts.joined(separator: "&"))
     }
     if after != nil { links.append("<a href=\"\(link(nil))\">First page</a>") }
     if let next { links.append("<a href=\"\(link(next))\" rel=\"next\">Next page</a>") }
@@ -232,10 +240,10 @@ enum DashboardPages {
 
   // MARK: a job
 
-  static func job(
+  func job(
     _ record: JobRecord, state: String, details: Dashboard.Details, payload: String, notice key: String?,
     formToken: String
-  ) -> HTTPServerResponse {
+  ) -> DashboardResponse {
     func row(_ name: String, _ value: String?) -> String {
       "<tr><th scope=\"row\">\(html(name))</th><td>\(value.map(html) ?? "<span class=\"none\">—</span>")</td></tr>"
     }
@@ -294,7 +302,7 @@ enum DashboardPages {
       \(what)
       <h2>Payload</h2>
       <pre class="payload">\(html(payload))</pre>
-      <p><a href="/jobs?queue=\(html(HTTPForm.encode(record.queue)))">All jobs in \(html(record.queue))</a></p>
+      <p><a href="\(htmlBase)/jobs?queue=\(html(HTTPForm.encode(record.queue)))">All jobs in \(html(record.queue))</a></p>
       """)
   }
 
@@ -302,10 +310,10 @@ enum DashboardPages {
 
   /// The confirmation of a bulk action over `count` jobs; `through` (the highest of their IDs,
   /// when known) bounds what the action may touch.
-  static func confirm(
+  func confirm(
     action: Dashboard.BulkAction, queue: String, state: Dashboard.StateFilter, count: Int, through: JobID?,
     changed: Bool, formToken: String
-  ) -> HTTPServerResponse {
+  ) -> DashboardResponse {
     let verb = action == .retryDead ? "Re-queue" : "Remove"
     let what = "\(count) \(state.rawValue) job\(count == 1 ? "" : "s") of queue \(queue)"
     let warning =
@@ -327,7 +335,7 @@ enum DashboardPages {
       \(warning)
       <p>This applies to the \(html(state.rawValue)) jobs counted here: jobs added later are left alone, and
       if the number changed when you confirm, nothing is done and you are asked again.</p>
-      <p class="actions">\(form) <a href="/jobs?queue=\(html(HTTPForm.encode(queue)))&amp;state=\(state.rawValue)">Cancel</a></p>
+      <p class="actions">\(form) <a href="\(htmlBase)/jobs?queue=\(html(HTTPForm.encode(queue)))&amp;state=\(state.rawValue)">Cancel</a></p>
       """)
   }
 }

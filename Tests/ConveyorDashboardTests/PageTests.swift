@@ -1,0 +1,111 @@
+import Conveyor
+import ConveyorDashboard
+import Foundation
+import Testing
+
+/// Pages and actions through the entry point: what they show, what they change, and the
+/// headers every answer carries.
+@Suite struct PageTests {
+  /// Retry of a dead job, pause and resume of a queue, and a bulk removal, each as the page's
+  /// forms post them: the store changes as the notice says.
+  @Test func actionsChangeTheStore() async throws {
+    let harness = try DashboardHarness()
+    let dead = try await harness.deadJob(queue: "mail")
+    let second = try await harness.deadJob(queue: "mail")
+    let token = try await harness.formToken("/jobs/\(dead.rawValue)")
+    let retried = await harness.post("/jobs/\(dead.rawValue)/retry", form: [("csrf", token)])
+    #expect(retried.status == 303, "\(retried)")
+    #expect(try await harness.store.job(dead)?.status == .pending)
+    #expect(await harness.get("/jobs/\(dead.rawValue)?notice=requeued").body.contains("Job re-queued"))
+    #expect(await harness.post("/queues/pause", form: [("csrf", token), ("queue", "mail")]).status == 303)
+    #expect(try await harness.store.isPaused(queue: "mail"))
+    #expect(await harness.get("/").body.contains("badge paused"))
+    #expect(await harness.post("/queues/resume", form: [("csrf", token), ("queue", "mail")]).status == 303)
+    #expect(try await harness.store.isPaused(queue: "mail") == false)
+    let confirm = await harness.get("/confirm?action=remove&state=waiting&queue=mail")
+    #expect(confirm.body.contains("Remove 1 waiting job of queue mail?"), "\(confirm)")
+    let removed = await harness.post(
+      "/bulk",
+      form: [
+        ("csrf", token), ("action", "remove"), ("queue", "mail"), ("state", "waiting"), ("expected", "1"),
+        ("through", String(dead.rawValue)),
+      ])
+    #expect(removed.status == 303, "\(removed)")
+    #expect(try await harness.store.job(dead) == nil)
+    #expect(try await harness.store.job(second)?.status == .dead)
+  }
+
+  /// Every kind of answer carries the security headers: pages, assets, JSON, metrics, a
+  /// redirect, a missing page, a wrong method, a refusal, a sign-in demand, a storage error.
+  @Test func everyAnswerCarriesTheSecurityHeaders() async throws {
+    var configuration = DashboardConfiguration()
+    configuration.token = "a-long-enough-token-0123"
+    let harness = try DashboardHarness(configuration)
+    _ = try await harness.deadJob(queue: "q")
+    let bearer: [(name: String, value: String)] = [("Authorization", "Bearer a-long-enough-token-0123")]
+    var answers: [(String, Answer)] = []
+    for target in [
+      "/", "/jobs", "/api/queues", "/api/activity", "/metrics", "/static/dashboard.js", "/nothing",
+    ] {
+      answers.append((target, await harness.get(target, headers: bearer)))
+    }
+    answers.append(("unauthorized", await harness.get("/")))
+    answers.append(("method", await harness.get("/", method: "DELETE")))
+    answers.append(("no token", await harness.post("/queues/pause", form: [("queue", "q")], headers: bearer)))
+    let token = try await harness.formToken(headers: bearer)
+    harness.store.fail("setPaused", times: 1)
+    let failed = await harness.post(
+      "/queues/pause", form: [("csrf", token), ("queue", "q")], headers: bearer)
+    #expect(failed.status == 500, "\(failed)")
+    #expect(failed.body.contains("disk I/O error (injected)"))
+    answers.append(("storage error", failed))
+    answers.append(
+      (
+        "redirect",
+        await harness.post("/queues/pause", form: [("csrf", token), ("queue", "q")], headers: bearer)
+      ))
+    #expect(Set(answers.map(\.1.status)) == [200, 404, 401, 405, 403, 500, 303])
+    for (what, answer) in answers {
+      #expect(answer.hasSecurityHeaders, "\(what): \(answer)")
+      #expect(answer.response.headers.filter { $0.name == "Content-Security-Policy" }.count == 1)
+    }
+  }
+
+  /// Text from the store is escaped, and the application's job details are redacted: secret
+  /// header values, a URL's password and credential-like query values never reach the page.
+  @Test func storedTextIsEscapedAndCredentialsAreRedacted() async throws {
+    var configuration = DashboardConfiguration()
+    configuration.secretHeaders.insert("x-signature")
+    configuration.describe = { _ in
+      .httpRequest(
+        method: "POST", url: URL(string: "https://user:hunter2@api.example/hook?token=tok-secret&page=2")!,
+        headers: [
+          ("Authorization", "Bearer sk-live-secret"), ("X-Signature", "sig-secret"), ("Accept", "text/plain"),
+        ],
+        body: Data("<b>hello</b>".utf8))
+    }
+    configuration.summarize = { _, _ in "<script>alert(1)</script>" }
+    let harness = try DashboardHarness(configuration)
+    let payload = Data(
+      "{\"headers\":{\"Authorization\":\"Bearer sk-live-secret\"},\"note\":\"<img src=x>\"}".utf8)
+    let id = try await harness.deadJob(queue: "<q>", payload: payload)
+    let job = await harness.get("/jobs/\(id.rawValue)")
+    #expect(job.status == 200)
+    for secret in ["hunter2", "tok-secret", "sk-live-secret", "sig-secret"] {
+      #expect(!job.body.contains(secret), "\(secret) shown")
+    }
+    #expect(job.body.contains("[redacted]"))
+    #expect(job.body.contains("page=2") && job.body.contains("text/plain"))
+    #expect(job.body.contains("&lt;b&gt;hello&lt;/b&gt;") && !job.body.contains("<b>hello"))
+    #expect(job.body.contains("&lt;img src=x&gt;") && !job.body.contains("<img"))
+    #expect(job.body.contains("&lt;q&gt;") && !job.body.contains("<q>"))
+    // The one queue, whose name the jobs page's queue parameter would refuse, is listed first.
+    let list = await harness.get("/jobs")
+    #expect(list.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "\(list)")
+    #expect(!list.body.contains("<script>alert"))
+    let queues = await harness.get("/")
+    #expect(
+      queues.body.contains("<th scope=\"row\"><a href=\"/jobs?queue=%3Cq%3E\">&lt;q&gt;</a></th>"),
+      "\(queues)")
+  }
+}
