@@ -184,6 +184,50 @@ struct RunUntilIdleTests {
     #expect(error.counts == JobCounts())
   }
 
+  // A clock started between two milliseconds (`ManualJobClock(start: Date())` does, one run in two
+  // on average): stores keep run dates in whole milliseconds, rounded to the nearest, so a job is
+  // ready once the clock is within half a millisecond of its date.
+  @Test(
+    "a clock started between two milliseconds is moved by the retry backoffs, not a millisecond more each",
+    arguments: StoreKind.allCases)
+  func clockBetweenMilliseconds(kind: StoreKind) async throws {
+    let test = try kind.make()
+    let clock = ManualJobClock(start: Date(timeIntervalSince1970: 1_704_067_200.0007))
+    let start = clock.now()
+    let queue = try emailQueue(test.store, clock: clock) { _, context in
+      if context.attempts < 3 { throw URLError(.timedOut) }
+      return .handled
+    }
+    try await queue.add(SendEmail(to: "ada@example.com"))
+    let run = try await queue.runUntilIdle()
+    await queue.shutdown(gracePeriod: .seconds(1))
+    #expect(run.clockAdvances == 2)
+    #expect(run.timeAdvanced == .seconds(30), "two 15 s backoffs")
+    #expect(clock.now().timeIntervalSince(start) <= 30.0005, "moved past the second run date")
+  }
+
+  @Test(
+    "a job delayed by a minute runs when the horizon is a minute away, on a clock started between milliseconds"
+  )
+  func horizonOnAClockBetweenMilliseconds() async throws {
+    let clock = ManualJobClock(start: Date(timeIntervalSince1970: 1_704_067_200.0007))
+    let handled = Log<String>()
+    let queue = try emailQueue(InMemoryJobStore(), clock: clock) { email, _ in
+      handled.append(email.to)
+      return .handled
+    }
+    try await queue.add(SendEmail(to: "in a minute"), delay: .seconds(60))
+    let horizon = clock.now().addingTimeInterval(60)
+    do {
+      try await queue.runUntilIdle(until: horizon)
+    } catch {
+      Issue.record("the run stopped: \(error)")
+    }
+    await queue.shutdown(gracePeriod: .seconds(1))
+    #expect(handled.all == ["in a minute"])
+    #expect(clock.now() <= horizon, "the clock is never moved past the horizon")
+  }
+
   @Test("a paused queue, a stopped queue and a queue on the system clock are refused with what to do")
   func refusals() async throws {
     let clock = ManualJobClock()
