@@ -228,6 +228,19 @@ struct RunUntilIdleTests {
     #expect(clock.now() <= horizon, "the clock is never moved past the horizon")
   }
 
+  @Test("a paused queue is refused before the clock is moved to a scheduled job")
+  func pausedQueueKeepsTheClock() async throws {
+    let clock = ManualJobClock()
+    let start = clock.now()
+    let queue = try emailQueue(InMemoryJobStore(), clock: clock) { _, _ in .handled }
+    try await queue.pause()
+    try await queue.add(SendEmail(to: "ada@example.com"), delay: .seconds(3600))
+    let error = try await #require(throws: QueueNotIdleError.self) { try await queue.runUntilIdle() }
+    await queue.shutdown(gracePeriod: .seconds(1))
+    #expect(error.reason == .paused)
+    #expect(clock.now() == start, "refused, yet the clock was moved to the job's run date")
+  }
+
   @Test("a paused queue, a stopped queue and a queue on the system clock are refused with what to do")
   func refusals() async throws {
     let clock = ManualJobClock()
