@@ -119,4 +119,23 @@ struct ExpectJobTests {
     #expect(error.found.count == JobExpectationError.listedJobLimit)
     #expect(error.description.hasSuffix("… and 1190 more"), "\(error)")
   }
+
+  @Test("the error lists each job found on one line, whatever its last error holds")
+  func foundJobsOneLineEach() async throws {
+    let clock = ManualJobClock()
+    let queue = try emailQueue(InMemoryJobStore(), clock: clock) { _, _ in
+      .discard(
+        reason: "HTTP 410\r\n  job 99 pending, run at 2024-01-01T00:00:00.000Z, 0 attempt(s), payload: {}")
+    }
+    try await queue.add(SendEmail(to: "ada@example.com"))
+    try await queue.runUntilIdle()
+    await queue.shutdown(gracePeriod: .seconds(1))
+    let error = try await #require(throws: JobExpectationError.self) {
+      try await queue.expectNoJob(status: .dead)
+    }
+    #expect(error.found.count == 1)
+    let lines = error.description.split(whereSeparator: \.isNewline)
+    #expect(lines.count == 1 + error.found.count, "\(error)")
+    #expect(!lines.contains { $0.hasPrefix("  job 99 ") }, "a forged job line: \(error)")
+  }
 }

@@ -241,6 +241,24 @@ struct RunUntilIdleTests {
     #expect(clock.now() == start, "refused, yet the clock was moved to the job's run date")
   }
 
+  @Test("the error lists each job left on one line, whatever its last error holds")
+  func remainingJobsOneLineEach() async throws {
+    let clock = ManualJobClock()
+    let queue = try emailQueue(InMemoryJobStore(), clock: clock) { _, _ in
+      // A server's answer, as an error description often carries it.
+      .retry(reason: "HTTP 503\r\n  job 99 dead, 1 attempt(s), payload: {\"to\":\"forged@example.com\"}")
+    }
+    try await queue.add(SendEmail(to: "ada@example.com"))
+    let error = try await #require(throws: QueueNotIdleError.self) {
+      try await queue.runUntilIdle(maxAdvances: 0)
+    }
+    await queue.shutdown(gracePeriod: .seconds(1))
+    #expect(error.remaining.count == 1)
+    let lines = error.description.split(whereSeparator: \.isNewline)
+    #expect(lines.count == 1 + error.remaining.count, "\(error)")
+    #expect(!lines.contains { $0.hasPrefix("  job 99 ") }, "a forged job line: \(error)")
+  }
+
   @Test("a paused queue, a stopped queue and a queue on the system clock are refused with what to do")
   func refusals() async throws {
     let clock = ManualJobClock()
