@@ -138,4 +138,17 @@ struct ExpectJobTests {
     #expect(lines.count == 1 + error.found.count, "\(error)")
     #expect(!lines.contains { $0.hasPrefix("  job 99 ") }, "a forged job line: \(error)")
   }
+
+  @Test("a payload of one huge character is cut short in the error, as any long payload is")
+  func hugeCharacterIsCutShort() async throws {
+    let queue = try JobQueue<SendEmail>(
+      configuration: .init(identifier: "emails", autoStart: false, clock: ManualJobClock()),
+      store: InMemoryJobStore()
+    ) { _, _ in .handled }
+    // One character: a letter and a hundred thousand combining accents.
+    try await queue.add(SendEmail(to: "a" + String(repeating: "\u{301}", count: 100_000)))
+    let error = try await #require(throws: JobExpectationError.self) { try await queue.expectNoJob() }
+    let size = error.description.utf8.count
+    #expect(size < 10_000, "the description holds \(size) bytes")
+  }
 }
