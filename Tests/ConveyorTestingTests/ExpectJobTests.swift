@@ -1,7 +1,27 @@
 import Conveyor
 import ConveyorTesting
 import Foundation
+import Synchronization
 import Testing
+
+/// How many `TrackedEmail` items are alive at once.
+private enum LiveItems {
+  static let count = Atomic<Int>(0)
+}
+
+/// Held by a `TrackedEmail` while it lives.
+private final class LiveToken: Sendable {
+  init() { LiveItems.count.add(1, ordering: .relaxed) }
+  deinit { LiveItems.count.subtract(1, ordering: .relaxed) }
+}
+
+/// A `SendEmail` payload decoded as an item that counts how many of its kind are alive.
+private struct TrackedEmail: Queueable {
+  var to: String
+  let token = LiveToken()
+
+  enum CodingKeys: String, CodingKey { case to }
+}
 
 @Suite("Expecting that jobs were added", .timeLimit(.minutes(5)))
 struct ExpectJobTests {
@@ -150,5 +170,23 @@ struct ExpectJobTests {
     let error = try await #require(throws: JobExpectationError.self) { try await queue.expectNoJob() }
     let size = error.description.utf8.count
     #expect(size < 10_000, "the description holds \(size) bytes")
+  }
+
+  @Test("expecting no job keeps the matching jobs it counts no longer than a page")
+  func expectNoJobMemoryIsBounded() async throws {
+    let queue = try JobQueue<SendEmail>(
+      configuration: .init(identifier: "emails", autoStart: false, clock: ManualJobClock()),
+      store: InMemoryJobStore()
+    ) { _, _ in .handled }
+    try await queue.add(contentsOf: (1...1_500).map { SendEmail(to: "user\($0)@example.com") })
+    var mostAlive = 0
+    let error = try await #require(throws: JobExpectationError.self) {
+      try await queue.store.expectNoJob(of: TrackedEmail.self, in: "emails") { _ in
+        mostAlive = max(mostAlive, LiveItems.count.load(ordering: .relaxed))
+        return true
+      }
+    }
+    #expect(error.matching == 1_500)
+    #expect(mostAlive <= 500, "\(mostAlive) decoded items alive at once: every match is kept")
   }
 }
