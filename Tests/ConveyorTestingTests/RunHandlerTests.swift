@@ -1,4 +1,5 @@
 import Conveyor
+import ConveyorTestSupport
 import ConveyorTesting
 import Foundation
 import Synchronization
@@ -60,6 +61,20 @@ private final class SilentDelegate: JobQueueDelegate {
     _ queue: JobQueue<SendEmail>, handle item: SendEmail, attempts: Int,
     completion: @escaping @Sendable (JobResult) -> Void
   ) {}
+}
+
+/// A delegate whose call waits for a gate before it calls its completion (work done inside the
+/// call, as an `async` implementation or a busy actor would).
+private final class StalledDelegate: JobQueueDelegate {
+  let gate = Gate()
+
+  func queue(
+    _ queue: JobQueue<SendEmail>, handle item: SendEmail, attempts: Int,
+    completion: @escaping @Sendable (JobResult) -> Void
+  ) async {
+    await gate.wait()
+    completion(.handled)
+  }
 }
 
 @Suite("Running one job's handler inline", .timeLimit(.minutes(5)))
@@ -152,5 +167,26 @@ struct RunHandlerTests {
       try await runHandler(SilentDelegate(ready: false), on: SendEmail(to: "a@b.c"))
     }
     #expect(unready.description.contains("isReadyForJobs is false"), "\(unready)")
+  }
+
+  @Test("a delegate whose call does not return within the timeout gets the timeout's error")
+  func stalledDelegateTimesOut() async throws {
+    let delegate = StalledDelegate()
+    defer { delegate.gate.open() }
+    let outcome = Log<String>()
+    let run = Task {
+      do {
+        let result = try await runHandler(delegate, on: SendEmail(to: "a@b.c"), timeout: .milliseconds(100))
+        outcome.append("returned \(result)")
+      } catch {
+        outcome.append(String(describing: error))
+      }
+    }
+    // A hang guard, six hundred times the timeout: runHandler should give up after a tenth of a second.
+    let ended = await eventually(timeout: .seconds(60)) { outcome.count > 0 }
+    delegate.gate.open()
+    await run.value
+    #expect(ended, "runHandler was still waiting for the delegate's call long after its timeout")
+    #expect(outcome.all.first?.contains("did not within") == true, "\(outcome.all)")
   }
 }
