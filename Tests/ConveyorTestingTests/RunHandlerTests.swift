@@ -189,4 +189,23 @@ struct RunHandlerTests {
     #expect(ended, "runHandler was still waiting for the delegate's call long after its timeout")
     #expect(outcome.all.first?.contains("did not within") == true, "\(outcome.all)")
   }
+
+  @Test("a cancelled call on a delegate stops waiting for its completion")
+  func cancelledDelegateRunEnds() async throws {
+    let outcome = Log<String>()
+    let run = Task {
+      do {
+        let result = try await runHandler(
+          SilentDelegate(ready: true), on: SendEmail(to: "a@b.c"), timeout: .seconds(600))
+        outcome.append("returned \(result)")
+      } catch {
+        outcome.append(String(describing: error))
+      }
+    }
+    // Cancelled while it waits for the completion (or before it began): either way it should end.
+    run.cancel()
+    // A hang guard, a tenth of the delegate's timeout: a cancelled run should end at once.
+    let ended = await eventually(timeout: .seconds(60)) { outcome.count > 0 }
+    #expect(ended, "runHandler went on waiting for the delegate's completion after its task was cancelled")
+  }
 }
