@@ -4,6 +4,18 @@ import ConveyorTesting
 import Foundation
 import Testing
 
+/// A delegate that is never ready for jobs: its queue claims none.
+private final class UnreadyDelegate: JobQueueDelegate {
+  var isReadyForJobs: Bool { false }
+
+  func queue(
+    _ queue: JobQueue<SendEmail>, handle item: SendEmail, attempts: Int,
+    completion: @escaping @Sendable (JobResult) -> Void
+  ) {
+    completion(.handled)
+  }
+}
+
 @Suite("Running a queue until idle on a manual clock", .timeLimit(.minutes(5)))
 struct RunUntilIdleTests {
   @Test(
@@ -257,6 +269,22 @@ struct RunUntilIdleTests {
     let lines = error.description.split(whereSeparator: \.isNewline)
     #expect(lines.count == 1 + error.remaining.count, "\(error)")
     #expect(!lines.contains { $0.hasPrefix("  job 99 ") }, "a forged job line: \(error)")
+  }
+
+  @Test("a delegate-form queue whose delegate is not ready for jobs is refused, saying so")
+  func delegateNotReadyIsNamed() async throws {
+    let delegate = UnreadyDelegate()
+    let queue = try JobQueue<SendEmail>(
+      configuration: .init(identifier: "emails", clock: ManualJobClock()), store: InMemoryJobStore(),
+      delegate: delegate)
+    try await queue.add(SendEmail(to: "ada@example.com"))
+    let error = try await #require(throws: QueueNotIdleError.self) {
+      try await queue.runUntilIdle(timeout: .seconds(1))
+    }
+    await queue.shutdown(gracePeriod: .seconds(1))
+    withExtendedLifetime(delegate) {}
+    #expect(error.counts == JobCounts(ready: 1))
+    #expect(error.description.contains("isReadyForJobs"), "\(error)")
   }
 
   @Test("a paused queue, a stopped queue and a queue on the system clock are refused with what to do")
