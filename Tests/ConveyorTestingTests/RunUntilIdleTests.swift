@@ -240,6 +240,27 @@ struct RunUntilIdleTests {
     #expect(clock.now() <= horizon, "the clock is never moved past the horizon")
   }
 
+  @Test("the clock is never moved past the horizon, on a clock started between milliseconds")
+  func clockStaysWithinTheHorizon() async throws {
+    let clock = ManualJobClock(start: Date(timeIntervalSince1970: 1_704_067_200.0007))
+    let handled = Log<String>()
+    let queue = try emailQueue(InMemoryJobStore(), clock: clock) { email, _ in
+      handled.append(email.to)
+      return .handled
+    }
+    try await queue.add(SendEmail(to: "in a minute"), delay: .seconds(60))
+    // The job's run date (rounded to the millisecond by the store) lies before the horizon.
+    let horizon = clock.now().addingTimeInterval(60.0005)
+    let runAt = try #require(try await queue.jobs().first?.runAt)
+    #expect(runAt <= horizon)
+    try await queue.runUntilIdle(until: horizon)
+    await queue.shutdown(gracePeriod: .seconds(1))
+    #expect(handled.all == ["in a minute"])
+    #expect(
+      clock.now() <= horizon,
+      "moved to \(clock.now().timeIntervalSince1970), past the horizon \(horizon.timeIntervalSince1970)")
+  }
+
   @Test("a paused queue is refused before the clock is moved to a scheduled job")
   func pausedQueueKeepsTheClock() async throws {
     let clock = ManualJobClock()
