@@ -261,6 +261,19 @@ struct RunUntilIdleTests {
       "moved to \(clock.now().timeIntervalSince1970), past the horizon \(horizon.timeIntervalSince1970)")
   }
 
+  @Test("the error lists a ready job as ready, as its counts do, on a clock started between milliseconds")
+  func listingAgreesWithCounts() async throws {
+    let clock = ManualJobClock(start: Date(timeIntervalSince1970: 1_704_067_200.0007))
+    let queue = try emailQueue(InMemoryJobStore(), clock: clock) { _, _ in .handled }
+    try await queue.pause()
+    try await queue.add(SendEmail(to: "ada@example.com"))
+    let error = try await #require(throws: QueueNotIdleError.self) { try await queue.runUntilIdle() }
+    await queue.shutdown(gracePeriod: .seconds(1))
+    #expect(error.reason == .paused)
+    #expect(error.counts == JobCounts(ready: 1))
+    #expect(error.description.contains("job 1 ready"), "\(error)")
+  }
+
   @Test("a paused queue is refused before the clock is moved to a scheduled job")
   func pausedQueueKeepsTheClock() async throws {
     let clock = ManualJobClock()
