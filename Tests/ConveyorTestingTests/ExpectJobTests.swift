@@ -189,4 +189,17 @@ struct ExpectJobTests {
     #expect(error.matching == 1_500)
     #expect(mostAlive <= 500, "\(mostAlive) decoded items alive at once: every match is kept")
   }
+
+  @Test("the error shows a job's run date to the millisecond the store keeps", arguments: StoreKind.allCases)
+  func runDateMilliseconds(kind: StoreKind) async throws {
+    let test = try kind.make()
+    let queue = try JobQueue<SendEmail>(
+      configuration: .init(identifier: "emails", autoStart: false, clock: ManualJobClock()), store: test.store
+    ) { _, _ in .handled }
+    try await queue.add(SendEmail(to: "ada@example.com"), delay: .milliseconds(15_123))
+    let found = try await queue.expectJob(count: 1)
+    #expect(JobStoreTime.milliseconds(found[0].record.runAt) == 1_704_067_215_123)
+    let error = try await #require(throws: JobExpectationError.self) { try await queue.expectNoJob() }
+    #expect(error.description.contains("run at 2024-01-01T00:00:15.123Z"), "\(error)")
+  }
 }
