@@ -115,8 +115,11 @@ extension JobStore {
     of type: Item.Type, in queue: String, status: JobStatus? = nil,
     where predicate: (Item) throws -> Bool = { _ in true }
   ) async throws {
-    let search = try await findJobs(of: type, in: queue, status: status, where: predicate)
-    guard search.matching.isEmpty else {
+    // Only a page of matches is kept: the error says how many there are, and lists the first.
+    let search = try await findJobs(
+      of: type, in: queue, status: status, keepingAtMost: JobExpectationError.listedJobLimit, where: predicate
+    )
+    guard search.matchCount == 0 else {
       throw search.failure(expected: "no \(describe(type, queue, status)) matching the condition")
     }
   }
@@ -126,7 +129,8 @@ extension JobStore {
   }
 
   private func findJobs<Item: Queueable>(
-    of type: Item.Type, in queue: String, status: JobStatus?, where predicate: (Item) throws -> Bool
+    of type: Item.Type, in queue: String, status: JobStatus?, keepingAtMost keep: Int = .max,
+    where predicate: (Item) throws -> Bool
   ) async throws -> JobSearch<Item> {
     let decoder = JSONDecoder()
     var search = JobSearch<Item>()
@@ -146,7 +150,10 @@ extension JobStore {
           }
           continue
         }
-        if try predicate(item) { search.matching.append(FoundJob(item: item, record: record)) }
+        if try predicate(item) {
+          search.matchCount += 1
+          if search.matching.count < keep { search.matching.append(FoundJob(item: item, record: record)) }
+        }
       }
       guard page.count == 500, let last = page.last else { return search }
       after = last.id
@@ -156,14 +163,17 @@ extension JobStore {
 
 /// What a search of a queue's jobs found.
 private struct JobSearch<Item: Queueable> {
+  /// The matches kept (all of them, unless the search kept at most some).
   var matching: [FoundJob<Item>] = []
+  /// How many jobs matched.
+  var matchCount = 0
   var listed: [JobRecord] = []
   var undecodable: [String] = []
   var total = 0
 
   func failure(expected: String) -> JobExpectationError {
     JobExpectationError(
-      expected: expected, found: listed, total: total, matching: matching.count, undecodable: undecodable)
+      expected: expected, found: listed, total: total, matching: matchCount, undecodable: undecodable)
   }
 }
 

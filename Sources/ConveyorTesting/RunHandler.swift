@@ -86,18 +86,37 @@ public func runHandler<Delegate: JobQueueDelegate>(
     // `Task.sleep` stays scheduled until its deadline on Linux).
     do {
       try await DispatchSleep.sleep(for: timeout)
-      completion.fulfil(nil)
+      completion.fulfil(.timedOut)
     } catch {
       // Cancelled: the delegate completed (or the caller gave up); nothing to report.
     }
   }
   defer { timer.cancel() }
-  await delegate.queue(queue, handle: decoded, attempts: attempt) { completion.fulfil($0) }
-  guard let result = await completion.value else {
+  // The delegate's call runs on its own: one that suspends and never returns does not hold the
+  // wait, which ends at `completion`, the timeout, or the caller's cancellation.
+  let call = Task {
+    await delegate.queue(queue, handle: decoded, attempts: attempt) { completion.fulfil(.result($0)) }
+  }
+  defer { call.cancel() }
+  let outcome = await withTaskCancellationHandler {
+    await completion.value
+  } onCancel: {
+    completion.fulfil(.cancelled)
+  }
+  switch outcome {
+  case .result(let result): return result
+  case .cancelled: throw CancellationError()
+  case .timedOut:
     throw HandlerRunError(
       "expected the delegate to call completion, but it did not within \(timeout) of real time")
   }
-  return result
+}
+
+/// How a wait for a delegate's completion ended.
+private enum CompletionOutcome: Sendable {
+  case result(JobResult)
+  case timedOut
+  case cancelled
 }
 
 private func testContext(attempt: Int, lastError: String?) -> JobContext {
@@ -128,32 +147,32 @@ private func roundTrip<Item: Queueable>(_ item: Item) throws -> Item {
   }
 }
 
-/// The first result given to a completion (nil: timed out), awaited once.
+/// The first outcome of a wait for a completion, awaited once.
 private final class CompletionSlot: Sendable {
   private struct State {
-    var result: JobResult??
-    var waiter: CheckedContinuation<JobResult?, Never>?
+    var outcome: CompletionOutcome?
+    var waiter: CheckedContinuation<CompletionOutcome, Never>?
   }
 
   private let state = Mutex(State())
 
-  /// Keeps the first result and resumes the waiter; later calls are ignored.
-  func fulfil(_ result: JobResult?) {
-    let waiter = state.withLock { state -> CheckedContinuation<JobResult?, Never>? in
-      guard state.result == nil else { return nil }
-      state.result = .some(result)
+  /// Keeps the first outcome and resumes the waiter; later calls are ignored.
+  func fulfil(_ outcome: CompletionOutcome) {
+    let waiter = state.withLock { state -> CheckedContinuation<CompletionOutcome, Never>? in
+      guard state.outcome == nil else { return nil }
+      state.outcome = outcome
       defer { state.waiter = nil }
       return state.waiter
     }
-    waiter?.resume(returning: result)
+    waiter?.resume(returning: outcome)
   }
 
-  /// The first result, once there is one.
-  var value: JobResult? {
+  /// The first outcome, once there is one.
+  var value: CompletionOutcome {
     get async {
-      await withCheckedContinuation { (continuation: CheckedContinuation<JobResult?, Never>) in
-        let ready = state.withLock { state -> JobResult?? in
-          if let result = state.result { return .some(result) }
+      await withCheckedContinuation { (continuation: CheckedContinuation<CompletionOutcome, Never>) in
+        let ready = state.withLock { state -> CompletionOutcome? in
+          if let outcome = state.outcome { return outcome }
           state.waiter = continuation
           return nil
         }

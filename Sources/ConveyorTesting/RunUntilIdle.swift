@@ -46,6 +46,9 @@ public struct QueueNotIdleError: Error, CustomStringConvertible, Sendable {
     case stopped
     /// The queue's clock is not a `ManualJobClock`.
     case clockNotManual
+    /// Jobs are ready but no handler takes them: the queue's delegate was released, or its
+    /// `isReadyForJobs` is false.
+    case noHandler
   }
 
   /// Why the run stopped.
@@ -89,6 +92,10 @@ public struct QueueNotIdleError: Error, CustomStringConvertible, Sendable {
       text += "the queue is not started: call start() first"
     case .clockNotManual:
       text += "its clock is not a ManualJobClock: set configuration.clock = ManualJobClock()"
+    case .noHandler:
+      text +=
+        "no handler takes jobs: the queue's delegate is released, or its isReadyForJobs is false "
+        + "(keep a reference to the delegate, and make it ready)"
     }
     text += ". Clock: \(JobListing.format(now)). Found \(JobListing.describe(counts))"
     if !remaining.isEmpty {
@@ -130,10 +137,10 @@ extension JobQueue {
   ///   - timeout: the longest real time to wait for the ready and running jobs to finish between
   ///     two advances; past it, throws ``QueueNotIdleError/Reason/timedOut(_:)`` listing them (a
   ///     job held by another worker's lease is not taken from it: the clock is never moved while
-  ///     a job runs).
+  ///     a job of this queue runs; a job of another queue on the same clock is not waited for).
   /// - Returns: how often and how far the clock moved, and the counts at the end.
   /// - Throws: ``QueueNotIdleError`` when the queue is not idle at the end, is paused or stopped,
-  ///   or its clock is not a `ManualJobClock`; the store's errors.
+  ///   has no handler taking jobs, or its clock is not a `ManualJobClock`; the store's errors.
   @discardableResult
   public func runUntilIdle(
     maxAdvances: Int = 1_000, until horizon: Date? = nil, timeout: Duration = .seconds(60)
@@ -165,19 +172,26 @@ extension JobQueue {
         let counts = try await count()
         return IdleRun(clockAdvances: advances, timeAdvanced: clock.uptime() - startUptime, counts: counts)
       }
+      // Stores keep run dates, and read the clock, in whole milliseconds rounded to the nearest:
+      // the job is due once the clock's reading, so rounded, reaches its run date. Moving by the
+      // difference in those milliseconds keeps the clock's own fraction of a millisecond.
       let now = clock.now()
-      if nextRun <= now {  // became ready meanwhile
+      let wait = JobStoreTime.milliseconds(nextRun) - JobStoreTime.milliseconds(now)
+      if wait <= 0 {  // became ready meanwhile
         try await lookAgain()
         continue
       }
       disagreeingSince = nil
-      if let horizon, nextRun > horizon { throw try await notIdle(.horizonReached(horizon), clock: clock) }
+      let target = now.addingTimeInterval(TimeInterval(wait) / 1000)
+      if let horizon, target > horizon { throw try await notIdle(.horizonReached(horizon), clock: clock) }
       guard advances < maxAdvances else {
         throw try await notIdle(.advanceLimitReached(maxAdvances), clock: clock)
       }
-      // Whole milliseconds, rounded up: stores keep run dates in milliseconds.
-      let milliseconds = max(1, (nextRun.timeIntervalSince(now) * 1000).rounded(.up))
-      clock.advance(by: .milliseconds(Int64(min(milliseconds, 1e15))))
+      // A paused queue would run nothing at the new time: refused before the clock moves.
+      if try await store.isPaused(queue: configuration.identifier) {
+        throw try await notIdle(.paused, clock: clock)
+      }
+      clock.advance(by: .milliseconds(wait))
       advances += 1
     }
   }
@@ -195,6 +209,9 @@ extension JobQueue {
       if counts.ready == 0 && counts.running == 0 { return }
       if counts.ready > 0, try await store.isPaused(queue: configuration.identifier) {
         throw try await notIdle(.paused, clock: clock)
+      }
+      if counts.ready > 0 && counts.running == 0 && !isHandlerAvailable {
+        throw try await notIdle(.noHandler, clock: clock)
       }
       if ContinuousClock.now >= deadline { throw try await notIdle(.timedOut(timeout), clock: clock) }
       try await Task.sleep(for: .milliseconds(2))
@@ -220,9 +237,17 @@ enum JobListing {
   /// The longest payload excerpt shown.
   static let payloadExcerpt = 200
 
+  /// `date` to the millisecond a store keeps (rounded to the nearest, as stores round), in UTC:
+  /// `2024-01-01T00:00:15.123Z`. (Formatting the `Date` itself cut `…15.123` to `…15.122`.)
   static func format(_ date: Date) -> String {
-    date.formatted(
-      .iso8601.year().month().day().time(includingFractionalSeconds: true).timeZone(separator: .omitted))
+    let milliseconds = JobStoreTime.milliseconds(date)
+    let (seconds, fraction) = milliseconds.quotientAndRemainder(dividingBy: 1000)
+    let (wholeSeconds, thousandths) = fraction < 0 ? (seconds - 1, fraction + 1000) : (seconds, fraction)
+    let whole = Date(timeIntervalSince1970: TimeInterval(wholeSeconds))
+    let text = whole.formatted(
+      .iso8601.year().month().day().time(includingFractionalSeconds: false).timeZone(separator: .omitted))
+    let digits = String(thousandths)
+    return text.dropLast() + "." + String(repeating: "0", count: 3 - digits.count) + digits + "Z"
   }
 
   static func describe(_ counts: JobCounts) -> String {
@@ -239,7 +264,9 @@ enum JobListing {
         text += "pending, run at \(format(record.runAt))"
         break
       }
-      text += record.runAt <= now ? "ready" : "scheduled for \(format(record.runAt))"
+      // Ready as the store tells it: by whole milliseconds.
+      let ready = JobStoreTime.milliseconds(record.runAt) <= JobStoreTime.milliseconds(now)
+      text += ready ? "ready" : "scheduled for \(format(record.runAt))"
     case .running:
       text += "running"
       if let owner = record.leaseOwner { text += ", lease held by \(owner)" }
@@ -252,7 +279,26 @@ enum JobListing {
     return text
   }
 
+  /// At most ``payloadExcerpt`` Unicode scalars of `text` (a character can hold any number of
+  /// them), on one line: line breaks and other control characters are written as escapes, so a
+  /// stored error cannot make a line that reads as another job's.
   static func excerpt(_ text: String) -> String {
-    text.count <= payloadExcerpt ? text : text.prefix(payloadExcerpt) + "…"
+    var result = ""
+    var scalars = 0
+    for scalar in text.unicodeScalars {
+      guard scalars < payloadExcerpt else { return result + "…" }
+      scalars += 1
+      switch scalar {
+      case "\n": result += "\\n"
+      case "\r": result += "\\r"
+      case "\t": result += "\\t"
+      case _
+      where scalar.properties.generalCategory == .control || scalar == "\u{2028}" || scalar == "\u{2029}"
+        || scalar == "\u{85}":
+        result += "\\u{" + String(scalar.value, radix: 16) + "}"
+      default: result.unicodeScalars.append(scalar)
+      }
+    }
+    return result
   }
 }

@@ -352,6 +352,10 @@ extension JobQueue {
     wake.signal()
   }
 
+  /// Whether a handler takes jobs now (``handlerAvailable``), for the test helpers of
+  /// `ConveyorTesting`, which say so rather than wait.
+  package var isHandlerAvailable: Bool { handlerAvailable }
+
   /// Whether a handler exists to run jobs: always for the closure form; while the delegate lives
   /// for the delegate form.
   private var handlerAvailable: Bool {
