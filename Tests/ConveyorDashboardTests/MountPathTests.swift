@@ -77,6 +77,19 @@ import Testing
     #expect(try await harness.store.isPaused(queue: "mail") == false)
   }
 
+  /// A request outside the prefix is answered 404 whatever its method: a host that passes every
+  /// request to the dashboard (a fallback route) gets "not found" for its own paths, not "method
+  /// not allowed".
+  @Test func aRequestOutsideThePrefixIsNotFoundWhateverItsMethod() async throws {
+    let harness = try DashboardHarness(DashboardConfiguration(mountPath: Self.mount))
+    for method in ["PUT", "DELETE", "OPTIONS", "PATCH"] {
+      for target in ["/", "/api/users", "/admin/jobsx"] {
+        let answer = await harness.get(target, method: method)
+        #expect(answer.status == 404, "\(method) \(target): \(answer)")
+      }
+    }
+  }
+
   /// A mount path that is not a plain path is refused with an error that says what is expected.
   @Test func aMalformedMountPathIsRefused() throws {
     for path in ["admin", "/admin/", "/", "/a b", "/a/../b", "/a\"b", "/a?b", "//a", "/a/<b>"] {
