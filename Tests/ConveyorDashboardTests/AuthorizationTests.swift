@@ -92,4 +92,25 @@ import Testing
       to: DashboardRequest(method: "GET", target: "/", headers: [("Host", "LOCALHOST:8080")]))
     #expect(allowed.status == 200)
   }
+
+  /// An empty token (an unset environment variable read as "") does not turn the sign-in into an
+  /// open door: the configuration is refused, or signing in with an empty or missing token fails
+  /// and sets no cookie.
+  @Test func anEmptyTokenOpensNothing() async throws {
+    var configuration = DashboardConfiguration()
+    configuration.token = ""
+    let harness: DashboardHarness
+    do {
+      harness = try DashboardHarness(configuration)
+    } catch is DashboardConfigurationError {
+      return
+    }
+    _ = try await harness.deadJob(queue: "mail")
+    #expect(await harness.get("/").status == 401)
+    for form in [[("token", "")], []] {
+      let signIn = await harness.post("/login", form: form)
+      #expect(signIn.status == 401, "\(form): \(signIn)")
+      #expect(signIn.header("Set-Cookie") == nil, "\(form): a session for an empty token")
+    }
+  }
 }
