@@ -108,4 +108,18 @@ import Testing
       queues.body.contains("<th scope=\"row\"><a href=\"/jobs?queue=%3Cq%3E\">&lt;q&gt;</a></th>"),
       "\(queues)")
   }
+
+  /// A method the dashboard does not serve is answered 405 with the `Allow` field the status
+  /// requires (RFC 9110 15.5.6), so a client learns what to send.
+  @Test func aRefusedMethodIsAnsweredWithTheAllowedOnes() async throws {
+    let harness = try DashboardHarness()
+    for method in ["OPTIONS", "DELETE", "PUT"] {
+      let answer = await harness.get("/", method: method)
+      #expect(answer.status == 405, "\(method): \(answer)")
+      let allow = answer.header("Allow") ?? ""
+      #expect(
+        Set(allow.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) })
+          == ["GET", "HEAD", "POST"], "\(method): Allow \(allow)")
+    }
+  }
 }
