@@ -122,4 +122,28 @@ import Testing
           == ["GET", "HEAD", "POST"], "\(method): Allow \(allow)")
     }
   }
+
+  /// "Retry all dead" applies to the dead jobs the confirmation counted: a job that died after
+  /// it is left dead, even when another counted job went away meanwhile and the count is the same.
+  @Test func aBulkRetryLeavesAJobThatDiedAfterTheConfirmation() async throws {
+    let harness = try DashboardHarness()
+    let counted = try await harness.deadJob(queue: "mail")
+    let confirm = await harness.get("/confirm?action=retry-dead&state=dead&queue=mail")
+    #expect(confirm.body.contains("Re-queue 1 dead job of queue mail?"), "\(confirm)")
+    #expect(confirm.body.contains("name=\"through\" value=\"\(counted.rawValue)\""), "\(confirm)")
+    let token = try await harness.formToken("/jobs/\(counted.rawValue)")
+    // Meanwhile: the counted job is removed (another operator, a script) and another one dies.
+    #expect(try await harness.store.remove([counted], queue: "mail") == 1)
+    let later = try await harness.deadJob(queue: "mail")
+    let answer = await harness.post(
+      "/bulk",
+      form: [
+        ("csrf", token), ("action", "retry-dead"), ("queue", "mail"), ("state", "dead"), ("expected", "1"),
+        ("through", String(counted.rawValue)),
+      ])
+    #expect(answer.status == 409, "\(answer)")
+    #expect(
+      try await harness.store.job(later)?.status == .dead,
+      "a job that died after the confirmation was re-queued")
+  }
 }
