@@ -146,4 +146,21 @@ import Testing
       try await harness.store.job(later)?.status == .dead,
       "a job that died after the confirmation was re-queued")
   }
+
+  /// With no ``DashboardConfiguration/describe``, the payload JSON is shown with URL credentials
+  /// redacted wherever a URL is, not only under a key spelled `url`.
+  @Test func urlCredentialsAnywhereInThePayloadAreRedacted() async throws {
+    let harness = try DashboardHarness()
+    let payload = Data(
+      """
+      {"webhook":"https://user:hunter2@hooks.example/in","URL":"https://api.example/x?api_key=key-secret",
+      "request":{"endpoint":"https://u:pw-secret@api.example/"}}
+      """.utf8)
+    let id = try await harness.deadJob(queue: "mail", payload: payload)
+    let job = await harness.get("/jobs/\(id.rawValue)")
+    #expect(job.status == 200)
+    for secret in ["hunter2", "key-secret", "pw-secret"] {
+      #expect(!job.body.contains(secret), "\(secret) shown")
+    }
+  }
 }
