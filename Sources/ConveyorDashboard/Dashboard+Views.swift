@@ -363,8 +363,24 @@ extension Dashboard {
     let done: Int
     switch action {
     case .retryDead:
-      guard try await bulkTally(queue, state).count == expected else { return try await confirmAgain() }
-      done = try await store.requeueDead(nil, queue: queue, clock: clock)
+      // The dead jobs counted, no others: those with IDs up to the highest counted (a job that
+      // died since, with a higher ID, is left dead), and only if they are still as many.
+      guard let through = form["through"].flatMap({ Int64($0) }) else { return try await confirmAgain() }
+      var ids: [JobID] = []
+      var after: JobID?
+      while true {
+        let page = try await store.jobs(queue: queue, status: .dead, after: after, limit: 500)
+        ids += page.lazy.map(\.id).filter { $0.rawValue <= through }
+        guard page.count == 500, let last = page.last, last.id.rawValue <= through else { break }
+        after = last.id
+      }
+      guard ids.count == expected else { return try await confirmAgain() }
+      var requeued = 0
+      for start in stride(from: 0, to: ids.count, by: 500) {
+        requeued += try await store.requeueDead(
+          Array(ids[start..<min(start + 500, ids.count)]), queue: queue, clock: clock)
+      }
+      done = requeued
     case .remove:
       // Exactly the jobs counted, checked in the deleting transaction: none added since (a higher
       // ID), and only if their number is still the one confirmed.
@@ -550,8 +566,6 @@ extension Dashboard {
             cleaned[name] = secretHeaders.contains(name.lowercased()) ? "[redacted]" : headerValue
           }
           result[key] = cleaned
-        } else if key == "url", let text = item as? String, let url = URL(string: text) {
-          result[key] = Self.redacted(url)
         } else {
           result[key] = redact(item)
         }
@@ -559,6 +573,11 @@ extension Dashboard {
       return result
     }
     if let array = value as? [Any] { return array.map(redact) }
+    // A URL under any key (`url`, `webhook`, `endpoint`…): its password and credential-like
+    // query values are redacted.
+    if let text = value as? String, text.contains("://"), let url = URL(string: text), url.scheme != nil {
+      return Self.redacted(url)
+    }
     return value
   }
 }

@@ -54,6 +54,13 @@ public final class Dashboard: Sendable {
     self.store = store
     self.configuration = configuration
     base = try configuration.checkedMountPath()
+    // An empty or short token would let anyone guess in: the CLI asks for 16 characters too.
+    if let token = configuration.token, token.count < 16 {
+      throw DashboardConfigurationError(
+        description:
+          "the dashboard's token must be at least 16 characters (it has \(token.count)); use a random one, "
+          + "e.g. from `openssl rand -hex 16`, or nil for no built-in sign-in")
+    }
     pages = DashboardPages(base: base, signInHint: configuration.signInHint)
   }
 
@@ -97,11 +104,14 @@ public final class Dashboard: Sendable {
   }
 
   private func route(_ request: DashboardRequest) async -> DashboardResponse {
-    guard ["GET", "HEAD", "POST"].contains(request.method) else {
-      return .text(405, "method not allowed")
-    }
+    // Outside the prefix nothing is the dashboard's, whatever the method.
     guard let path = localPath(request.path) else {
       return .text(404, "not found")
+    }
+    guard ["GET", "HEAD", "POST"].contains(request.method) else {
+      var refusal = DashboardResponse.text(405, "method not allowed")
+      refusal.headers.append(("Allow", "GET, HEAD, POST"))  // RFC 9110, 15.5.6
+      return refusal
     }
     if configuration.allowedHosts != nil, !hostIsAllowed(request.header("Host")) {
       return .text(421, "this dashboard answers only to its own host names (Host header refused)")

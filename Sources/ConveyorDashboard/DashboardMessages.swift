@@ -197,6 +197,8 @@ public struct DashboardConfiguration: Sendable {
   /// page needs `Authorization: Bearer TOKEN` or the session cookie the built-in sign-in form
   /// sets (a random per-instance value, never the token; `HttpOnly`, `SameSite=Strict`).
   /// Compared in constant time. Nil (the default) turns the built-in sign-in off.
+  /// At least 16 characters: a shorter one (or an empty one) is refused when the dashboard is
+  /// created.
   public var token: String?
 
   /// The sentence the built-in sign-in page shows above the token field: where users find the

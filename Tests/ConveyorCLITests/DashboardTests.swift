@@ -166,7 +166,11 @@ struct SeededJobs {
     #expect(confirm.status == 200)
     #expect(confirm.body.contains("Re-queue 1 dead job of queue outbox?"))
     let token = try DashboardProcess.formToken(in: confirm.body)
-    let fields = [("csrf", token), ("action", "retry-dead"), ("queue", "outbox"), ("state", "dead")]
+    // As the confirmation's form sends them, `through` (the highest ID counted) included.
+    let fields = [
+      ("csrf", token), ("action", "retry-dead"), ("queue", "outbox"), ("state", "dead"),
+      ("through", try DashboardProcess.field("through", in: confirm.body)),
+    ]
     let stale = try await dashboard.post("/bulk", fields + [("expected", "5")])
     #expect(stale.status == 409)
     #expect(stale.body.contains("The number changed"))
