@@ -163,4 +163,19 @@ import Testing
       #expect(!job.body.contains(secret), "\(secret) shown")
     }
   }
+
+  /// A queue the store holds under a name outside the identifier rules (another program's, or
+  /// one with a space) is listed, and its links and forms work: its jobs, its confirmation, pause.
+  @Test func theLinksAndFormsOfAQueueWithAnyStoredNameWork() async throws {
+    let harness = try DashboardHarness()
+    _ = try await harness.deadJob(queue: "daily report")
+    let queues = await harness.get("/")
+    #expect(queues.urls.contains("/jobs?queue=daily%20report"), "\(queues)")
+    #expect(await harness.get("/jobs?queue=daily%20report").status == 200)
+    #expect(await harness.get("/confirm?action=retry-dead&state=dead&queue=daily%20report").status == 200)
+    let token = try await harness.formToken()
+    let paused = await harness.post("/queues/pause", form: [("csrf", token), ("queue", "daily report")])
+    #expect(paused.status == 303, "\(paused)")
+    #expect(try await harness.store.isPaused(queue: "daily report"))
+  }
 }
