@@ -385,6 +385,18 @@ struct SeededJobs {
     #expect(paused.status == 303, "\(paused.status)")
   }
 
+  /// A token file's token is taken whole: a long one (5,120 characters, a key from a secret
+  /// manager) must not be cut to the first 4,096 bytes without a word, which refuses the very
+  /// token the file holds (a token too long to use would need a clear error instead).
+  @Test func aLongTokenInATokenFileIsTakenWhole() async throws {
+    let sandbox = try Sandbox()
+    let token = String(repeating: "0123456789abcdef", count: 320)
+    let dashboard = try await DashboardProcess.start(
+      sandbox, ["--listen", "127.0.0.1:0", "--token-file", try Self.tokenFile(sandbox, token)])
+    let bearer = try await dashboard.get("/metrics", headers: [("Authorization", "Bearer \(token)")])
+    #expect(bearer.status == 200, "the file's token was refused: \(bearer.status)")
+  }
+
   static func tokenFile(_ sandbox: Sandbox, _ token: String) throws -> String {
     let path = sandbox.path("token")
     guard FileManager.default.createFile(atPath: path, contents: Data((token + "\n").utf8)) else {
