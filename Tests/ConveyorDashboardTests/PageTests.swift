@@ -178,4 +178,26 @@ import Testing
     #expect(paused.status == 303, "\(paused)")
     #expect(try await harness.store.isPaused(queue: "daily report"))
   }
+
+  /// A URL's user information is a credential too: an API key sent as the user name with an empty
+  /// password (`https://sk_live_…:@api…`, as `curl -u KEY:` sends it) or a token as the user
+  /// (`https://TOKEN@git…`). The job's page redacts it as it redacts a password (the outbox's own
+  /// job list leaves the user out).
+  @Test func aURLsUserNameIsRedactedLikeItsPassword() async throws {
+    var configuration = DashboardConfiguration()
+    configuration.describe = { payload in
+      .httpRequest(
+        method: "POST", url: URL(string: String(decoding: payload, as: UTF8.self))!, headers: [], body: nil)
+    }
+    let harness = try DashboardHarness(configuration)
+    for (url, secret) in [
+      ("https://sk_live_key_secret:@api.payments.example/v1/charges", "sk_live_key_secret"),
+      ("https://ghp_token_secret@git.example/org/repo.git", "ghp_token_secret"),
+    ] {
+      let id = try await harness.deadJob(queue: "mail", payload: Data(url.utf8))
+      let job = await harness.get("/jobs/\(id.rawValue)")
+      #expect(job.status == 200)
+      #expect(!job.body.contains(secret), "\(secret) shown")
+    }
+  }
 }
