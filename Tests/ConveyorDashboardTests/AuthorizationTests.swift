@@ -113,4 +113,22 @@ import Testing
       #expect(signIn.header("Set-Cookie") == nil, "\(form): a session for an empty token")
     }
   }
+
+  /// A request with two `Host` fields names no one host (RFC 9112 3.2: a server must answer it
+  /// 400): with allowed host names it is refused before the hook or the store, whichever of the
+  /// two comes first, since a server or proxy in front may go by the other.
+  @Test func aRequestWithTwoHostFieldsIsRefused() async throws {
+    var configuration = DashboardConfiguration()
+    configuration.allowedHosts = ["localhost:8080"]
+    let harness = try DashboardHarness(configuration)
+    harness.store.resetCalls()
+    for hosts in [["localhost:8080", "evil.example:8080"], ["evil.example:8080", "localhost:8080"]] {
+      let answer = Answer(
+        await harness.dashboard.respond(
+          to: DashboardRequest(method: "GET", target: "/", headers: hosts.map { ("Host", $0) })))
+      #expect([400, 421].contains(answer.status), "\(hosts): \(answer.status)")
+      #expect(answer.hasSecurityHeaders)
+    }
+    #expect(harness.store.totalCalls == 0, "\(harness.store.calls)")
+  }
 }
