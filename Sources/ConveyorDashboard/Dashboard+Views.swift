@@ -436,6 +436,9 @@ extension Dashboard {
   /// The URL with its password and credential-like query values replaced by `[redacted]`.
   static func redacted(_ url: URL) -> String {
     guard var components = URLComponents(url: url, resolvingAgainstBaseURL: false) else { return "(URL)" }
+    // The user name is a credential too: an API key sent as the user (`https://KEY:@host`,
+    // `https://TOKEN@host`).
+    if components.user != nil { components.user = "redacted" }
     if components.password != nil { components.password = "redacted" }
     components.queryItems = components.queryItems?.map { item in
       let name = item.name.lowercased()

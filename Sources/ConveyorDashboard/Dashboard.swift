@@ -108,6 +108,11 @@ public final class Dashboard: Sendable {
     guard let path = localPath(request.path) else {
       return .text(404, "not found")
     }
+    // Two `Host` fields name no one host (RFC 9112, 3.2): a server or proxy in front may go by
+    // either.
+    if request.headers.lazy.filter({ $0.name.lowercased() == "host" }).count > 1 {
+      return .text(400, "a request must carry one Host header field")
+    }
     guard ["GET", "HEAD", "POST"].contains(request.method) else {
       var refusal = DashboardResponse.text(405, "method not allowed")
       refusal.headers.append(("Allow", "GET, HEAD, POST"))  // RFC 9110, 15.5.6
@@ -280,15 +285,19 @@ public final class Dashboard: Sendable {
   }
 
   /// A queue name from a form or query: the rules of a queue identifier.
+  /// A queue name from a link or a form: any name a store may hold (another program's, one
+  /// stored before today's rules), not only those `JobQueue` accepts for a new queue; bounded, so
+  /// a request cannot make the store look for a megabyte of name.
   func queueName(_ text: String?) throws -> String {
-    guard let text else { throw DashboardError(status: 400, text: "No queue named.") }
-    do {
-      try JobQueueConfiguration.validate(identifier: text)
-    } catch {
-      throw DashboardError(status: 400, text: "Not a queue name: \(text)")
+    guard let text, !text.isEmpty else { throw DashboardError(status: 400, text: "No queue named.") }
+    guard text.utf8.count <= Self.longestQueueName else {
+      throw DashboardError(status: 400, text: "Not a queue name: longer than \(Self.longestQueueName) bytes.")
     }
     return text
   }
+
+  /// The longest queue name a request may name.
+  static let longestQueueName = 1024
 }
 
 /// A request the dashboard refuses, with the status and the text shown.

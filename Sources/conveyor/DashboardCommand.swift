@@ -124,13 +124,19 @@ enum DashboardCommand {
       defer { closeQuietly(handle) }
       let data: Data
       do {
-        data = try handle.read(upToCount: 4096) ?? Data()
+        data = try handle.read(upToCount: Self.longestTokenLine + 1) ?? Data()
       } catch {
         throw UsageError(
           description: "cannot read --token-file \"\(printable(file))\": \(error.localizedDescription)")
       }
-      // The first line, without its line break and surrounding spaces (`echo TOKEN > file`).
+      // The first line, without its line break and surrounding spaces (`echo TOKEN > file`),
+      // taken whole: a longer one is refused, never cut.
       let text = String(decoding: data, as: UTF8.self)
+      if data.count > Self.longestTokenLine, !text.contains(where: \.isNewline) {
+        throw UsageError(
+          description: "the first line of --token-file \"\(printable(file))\" is longer than "
+            + "\(Self.longestTokenLine) bytes; put the token alone on the file's first line")
+      }
       token = String(text.prefix { $0 != "\n" && $0 != "\r\n" && $0 != "\r" }).trimmingCharacters(
         in: .whitespaces)
     } else if given == nil {
@@ -142,6 +148,9 @@ enum DashboardCommand {
     }
     return token
   }
+
+  /// The longest first line of a token file read (a token is at least 16 characters).
+  static let longestTokenLine = 64 * 1024
 
   /// Parses `--public-url`: `http` or `https`, a host, an optional port, no path but `/`.
   ///
