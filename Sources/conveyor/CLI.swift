@@ -864,19 +864,6 @@ func printable(_ text: String) -> String {
   return result
 }
 
-/// `text` cut to its first `count` Unicode scalars, "…" marking a cut. A scalar is at most 4
-/// bytes in UTF-8, so the result is bounded in bytes as well; a `Character` is not (one letter
-/// with 60,000 combining marks is one Character of 120 KB). Never splits a scalar.
-func cut(_ text: String, to count: Int) -> String {
-  var scalars = text.unicodeScalars.makeIterator()
-  var kept = String.UnicodeScalarView()
-  for _ in 0..<max(0, count) {
-    guard let scalar = scalars.next() else { return text }
-    kept.append(scalar)
-  }
-  return scalars.next() == nil ? text : String(kept) + "…"
-}
-
 /// C0 and C1 control characters and DEL; also the line and paragraph separators.
 private func isControl(_ scalar: Unicode.Scalar) -> Bool {
   scalar.value < 0x20 || (0x7F...0x9F).contains(scalar.value) || scalar.value == 0x2028

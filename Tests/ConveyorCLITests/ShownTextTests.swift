@@ -13,12 +13,12 @@ import Testing
   @Test func cuttingBoundsBytesAndNeverSplitsAScalar() {
     let letter = "a" + String(repeating: "\u{301}", count: 60_000)
     #expect(letter.count == 1)
-    let shown = conveyor.cut(letter, to: 300)
+    let shown = cut(letter, to: 300)
     #expect(shown.unicodeScalars.count == 301 && shown.hasSuffix("…"))
     #expect(shown.utf8.count <= 300 * 4 + 3)
-    #expect(conveyor.cut("😀é", to: 1) == "😀…")
-    #expect(conveyor.cut("😀é", to: 2) == "😀é")
-    #expect(conveyor.cut("", to: 0) == "" && conveyor.cut("x", to: 0) == "…")
+    #expect(cut("😀é", to: 1) == "😀…")
+    #expect(cut("😀é", to: 2) == "😀é")
+    #expect(cut("", to: 0) == "" && cut("x", to: 0) == "…")
   }
 
   /// A job's pretty JSON is cut at a byte bound (counted as escaped for HTML), with a note, and
