@@ -90,7 +90,8 @@ let package = Package(
     .testTarget(
       name: "ConveyorPostgresTests",
       dependencies: [
-        "Conveyor", "ConveyorPostgres", "ConveyorTestSupport", "CLibPQ", "conveyor-postgres-test-worker",
+        "Conveyor", "ConveyorPostgres", "ConveyorTesting", "ConveyorTestSupport", "CLibPQ",
+        "conveyor-postgres-test-worker",
       ]
     ),
     .testTarget(
