@@ -112,7 +112,13 @@ import Testing
 /// The server on real sockets: keep-alive, refusals, slow and abusive clients, the connection
 /// limit and shutdown; after each abuse a normal request is still served.
 @Suite(.timeLimit(.minutes(10))) struct HTTPServerTests {
-  static func makeServer(_ adjust: (inout HTTPServerLimits) -> Void = { _ in }) throws -> HTTPServer {
+  /// A server on `host` (127.0.0.1 unless told: a test counting connections listens on a
+  /// loopback address of its own, where a client of another test probing a port it believes
+  /// free on 127.0.0.1 cannot take one of its slots).
+  static func makeServer(host: String = "127.0.0.1", _ adjust: (inout HTTPServerLimits) -> Void = { _ in })
+    throws
+    -> HTTPServer
+  {
     var limits = HTTPServerLimits()
     limits.requestTimeout = .seconds(1)
     // Long enough that a loaded machine never idles out a test's first request.
@@ -120,14 +126,16 @@ import Testing
     limits.headTimeout = .seconds(10)
     limits.maximumBodySize = 1000
     adjust(&limits)
-    return try HTTPServer(host: "127.0.0.1", port: 0, limits: limits) { request in
+    return try HTTPServer(host: host, port: 0, limits: limits) { request in
       .text(200, "\(request.method) \(request.target) \(request.body.count)")
     }
   }
 
   /// A normal request on a new connection is answered 200.
-  func expectServes(_ server: HTTPServer, sourceLocation: SourceLocation = #_sourceLocation) async throws {
-    let client = try RawClient(port: server.port)
+  func expectServes(
+    _ server: HTTPServer, host: String = "127.0.0.1", sourceLocation: SourceLocation = #_sourceLocation
+  ) async throws {
+    let client = try RawClient(port: server.port, to: host)
     await client.send("GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
     let response = await client.readResponse()
     #expect(response?.status == 200, sourceLocation: sourceLocation)
@@ -247,7 +255,8 @@ import Testing
     // a loaded machine (whose cooperative pool was measured 14 s late) delays nothing but the
     // handler (before, a client connected early and sent late was closed by the head timeout,
     // which freed its slot for the third).
-    let server = try Self.makeServer {
+    let host = "127.0.0.77"
+    let server = try Self.makeServer(host: host) {
       $0.maximumConnections = 2
       $0.requestTimeout = .seconds(600)
       $0.headTimeout = .seconds(600)
@@ -261,12 +270,12 @@ import Testing
         var statuses: [Int?] = []
         // Both are being served (they hold a slot) once each answered a request.
         for _ in 0..<2 {
-          let client = try RawClient(port: port)
+          let client = try RawClient(port: port, to: host)
           client.sendNow("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
           statuses.append(client.readResponseNow()?.status)
           held.append(client)
         }
-        statuses.append(try RawClient(port: port).readResponseNow()?.status)
+        statuses.append(try RawClient(port: port, to: host).readResponseNow()?.status)
         held.removeAll()  // closes both
         return statuses
       }
@@ -279,7 +288,7 @@ import Testing
       try await Task.sleep(for: .milliseconds(10))
     }
     #expect(server.connectionCount == 0, "the closed connections still hold their slots")
-    try await expectServes(server)
+    try await expectServes(server, host: host)
   }
 
   @Test func randomBytesAreAnsweredWithAnErrorOrACloseAndTheServerKeepsServing() async throws {
@@ -322,7 +331,8 @@ import Testing
   @Test func onePeerCannotTakeEveryConnectionSlot() async throws {
     // Long timeouts: the share, not the deadlines, is under test (on a loaded machine, opening
     // the connections took longer than the head timeout, which then freed slots).
-    let server = try Self.makeServer {
+    let host = "127.0.0.78"
+    let server = try Self.makeServer(host: host) {
       $0.requestTimeout = .seconds(600)
       $0.headTimeout = .seconds(600)
       $0.idleTimeout = .seconds(600)
@@ -337,7 +347,7 @@ import Testing
       Result {
         var held: [RawClient] = []
         for _ in 0..<slots {
-          let client = try RawClient(port: port, from: "127.0.0.2")
+          let client = try RawClient(port: port, from: "127.0.0.2", to: host)
           client.sendNow("G")
           held.append(client)
         }
@@ -348,7 +358,7 @@ import Testing
     }
     let (held, refused) = try opened.get()
     #expect(refused == slots - share)
-    try await expectServes(server)
+    try await expectServes(server, host: host)
     withExtendedLifetime(held) {}
   }
 

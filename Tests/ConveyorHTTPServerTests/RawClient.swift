@@ -15,10 +15,10 @@ final class RawClient: Sendable {
   /// Bytes received and not yet returned; used by one call at a time.
   private let buffer = Mutex<[UInt8]>([])
 
-  /// Connects to 127.0.0.1:`port`, from the loopback address `source` (another peer to the
+  /// Connects to `host` (127.0.0.1 unless told):`port`, from the loopback address `source` (another peer to the
   /// server, e.g. `127.0.0.2`, where Linux routes all of 127/8 to loopback); every read gives up
   /// after `timeout` (a bound a hang blows through, not a pass criterion).
-  init(port: UInt16, timeout: Int = 60, from source: String? = nil) throws {
+  init(port: UInt16, timeout: Int = 60, from source: String? = nil, to host: String = "127.0.0.1") throws {
     #if canImport(Glibc)
       fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
     #else
@@ -40,7 +40,7 @@ final class RawClient: Sendable {
     var address = sockaddr_in()
     address.sin_family = sa_family_t(AF_INET)
     address.sin_port = port.bigEndian
-    address.sin_addr = in_addr(s_addr: inet_addr("127.0.0.1"))
+    address.sin_addr = in_addr(s_addr: inet_addr(host))
     let connected = withUnsafePointer(to: &address) {
       $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
         connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))

@@ -250,9 +250,16 @@ struct FrozenServerTests {
       server, .init(schema: schema, reconnectTimeout: .seconds(3), callTimeout: .seconds(5)))
     _ = try await store.counts(queue: "h", clock: SystemJobClock())
     let admin = try AdminConnection(server.url)
-    let pids = try admin.query(
+    // The opening's own connection (its migrations) is closed, but its backend may take a moment
+    // to leave pg_stat_activity: wait (a minute at most) until only the store's is there.
+    let query =
       "SELECT pid FROM pg_stat_activity WHERE application_name = '\(schema)' AND backend_type = 'client backend'"
-    )
+    var pids = try admin.query(query)
+    let deadline = ContinuousClock.now + .seconds(60)
+    while pids.count > 1 && ContinuousClock.now < deadline {
+      try await Task.sleep(for: .milliseconds(20))
+      pids = try admin.query(query)
+    }
     #expect(pids.count == 1, "one store connection: \(pids)")
     guard let text = pids.first?.first ?? nil, let pid = Int32(text) else { return }
     kill(pid, SIGSTOP)
