@@ -147,8 +147,16 @@ final class ChildProcess: Sendable {
       }
       // The parent-death signal, and the worker's "kill now": end the command, even one that left
       // the group, and the whole group.
+      // While the command is being started (its ID not stored yet), the handler leaves the
+      // killing to the check after the start: killing the group at once would end this process
+      // and leave a command that left the group (setsid) running, as a worker killed right after
+      // its command started did.
       signal(SIGUSR1) { _ in
-        if supervisedCommand > 0 { kill(supervisedCommand, SIGKILL) }
+        guard supervisedCommand > 0 else {
+          killRequested = 1
+          return
+        }
+        kill(supervisedCommand, SIGKILL)
         kill(0, SIGKILL)
       }
       typealias Prctl = @convention(c) (Int32, UInt, UInt, UInt, UInt) -> Int32
@@ -176,7 +184,10 @@ final class ChildProcess: Sendable {
         exit(127)
       }
       supervisedCommand = child
-      if getppid() != parent { kill(child, SIGKILL) }  // the worker died while it started
+      if killRequested != 0 || getppid() != parent {  // asked to kill, or the worker died, meanwhile
+        kill(child, SIGKILL)
+        kill(0, SIGKILL)
+      }
       var status: Int32 = 0
       while waitpid(child, &status, 0) == -1 && errno == EINTR {}
       let number = status & 0x7F
@@ -342,3 +353,6 @@ private final class SpawnThread: Sendable {
 /// cannot capture context. Written once, on the supervisor's only thread, before any handler can
 /// need it; a handler reading 0 still ends the process group.
 nonisolated(unsafe) private var supervisedCommand: pid_t = 0
+/// Set by the supervisor's SIGUSR1 handler when a kill was asked for before the command's ID was
+/// stored (a word written whole; read once the start returned).
+nonisolated(unsafe) private var killRequested: Int32 = 0
