@@ -141,7 +141,7 @@ public final class PostgresJobStore: JobStore {
   /// The schema version this build writes and reads (2 added the activity table; 3 left the
   /// store's own inserts to send their wake-up themselves, without the insert trigger; 4 the
   /// place a retried job takes among ready ones).
-  public static let schemaVersion = 4
+  public static let schemaVersion = 5
 
   /// The options the store was opened with.
   public let options: Options
@@ -637,6 +637,7 @@ public final class PostgresJobStore: JobStore {
           delay(job.runTime).map(PostgresValue.int64) ?? .null(oid: PostgresValue.int8OID),
           .timestamp(date(job.runTime)),
           job.deduplicationKey.map { .bytea(Data($0.utf8)) } ?? .null(oid: PostgresValue.byteaOID), call.now,
+          timeLimit(job),
         ]
       )
     }
@@ -644,6 +645,7 @@ public final class PostgresJobStore: JobStore {
     let uniform = inserting.allSatisfy { index in
       let job = jobs[index]
       return job.deduplicationKey == nil && job.priority == first.priority && job.runTime == first.runTime
+        && job.timeLimitMilliseconds == first.timeLimitMilliseconds
     }
     if uniform {
       return (
@@ -651,7 +653,7 @@ public final class PostgresJobStore: JobStore {
         [
           .text(queue), .byteaArray(inserting.map { jobs[$0].payload }), .int64(Int64(first.priority)),
           delay(first.runTime).map(PostgresValue.int64) ?? .null(oid: PostgresValue.int8OID),
-          .timestamp(date(first.runTime)), call.now,
+          .timestamp(date(first.runTime)), call.now, timeLimit(first),
         ]
       )
     }
@@ -663,8 +665,14 @@ public final class PostgresJobStore: JobStore {
         .int64Array(inserting.map { delay(jobs[$0].runTime) }),
         .timestampArray(inserting.map { date(jobs[$0].runTime) }),
         .byteaArray(inserting.map { jobs[$0].deduplicationKey.map { Data($0.utf8) } }), call.now,
+        .int64Array(inserting.map { jobs[$0].timeLimitMilliseconds }),
       ]
     )
+  }
+
+  /// A job's time limit as the inserts take it: milliseconds, or a NULL `int8`.
+  private static func timeLimit(_ job: NewJob) -> PostgresValue {
+    job.timeLimitMilliseconds.map(PostgresValue.int64) ?? .null(oid: PostgresValue.int8OID)
   }
 
   /// The IDs an insert statement returned (the batch statements add a NULL row, the wake-up's),
@@ -782,7 +790,7 @@ public final class PostgresJobStore: JobStore {
       let rows = results[statements.count - 1]
       // In claim order: each record with its `seq`, the column after the record's.
       let sequenced = try (0..<rows.count).map {
-        (record: try Self.record(rows, $0), seq: rows.int64($0, 13))
+        (record: try Self.record(rows, $0), seq: rows.int64($0, 14))
       }
       let claimed = sequenced.sorted { a, b in
         if a.record.priority != b.record.priority { return a.record.priority > b.record.priority }
@@ -1084,7 +1092,8 @@ public final class PostgresJobStore: JobStore {
       runAt: rows.date(row, 6) ?? Date(timeIntervalSince1970: 0),
       createdAt: rows.date(row, 7) ?? Date(timeIntervalSince1970: 0), lastError: rows.text(row, 8),
       deduplicationKey: rows.optionalData(row, 9).map { String(decoding: $0, as: UTF8.self) },
-      leaseOwner: rows.text(row, 10), leaseExpiresAt: rows.date(row, 11), claimToken: rows.int64(row, 12))
+      leaseOwner: rows.text(row, 10), leaseExpiresAt: rows.date(row, 11), claimToken: rows.int64(row, 12),
+      timeLimit: JobStoreTime.timeLimit(milliseconds: rows.isNull(row, 13) ? nil : rows.int64(row, 13)))
   }
 
   /// Refuses timeouts that would make every call fail or that the server refuses.

@@ -74,7 +74,7 @@ struct SQL {
   }
 
   /// The migrations, in order; version `n` is `migrations[n - 1]`.
-  var migrations: [String] { [version1, version2, version3, version4] }
+  var migrations: [String] { [version1, version2, version3, version4, version5] }
 
   /// The time of a statement: parameter `n`, or the server's clock when it is NULL.
   static func now(_ parameter: Int) -> String {
@@ -263,10 +263,18 @@ struct SQL {
     """
   }
 
+  /// Version 5: a job's own time limit in milliseconds (`NewJob.timeLimit`); NULL, every job
+  /// stored before, keeps the queue's. Adding a nullable column rewrites no row.
+  var version5: String {
+    """
+    ALTER TABLE \(schema).jobs ADD COLUMN time_limit_ms bigint;
+    """
+  }
+
   /// The columns ``PostgresJobStore`` decodes a `JobRecord` from, in order.
   static let columns = """
     id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key, \
-    lease_owner, lease_expires_at, claim_token
+    lease_owner, lease_expires_at, claim_token, time_limit_ms
     """
   static func columns(_ table: String) -> String {
     columns.split(separator: ",").map { "\(table).\($0.trimmingCharacters(in: .whitespaces))" }
@@ -313,12 +321,12 @@ struct SQL {
   static func insert(_ schema: String, channel: String) -> String {
     """
     WITH inserted AS (
-      INSERT INTO \(schema).jobs (queue, payload, status, priority, run_at, created_at, dedup_key)
+      INSERT INTO \(schema).jobs (queue, payload, status, priority, run_at, created_at, dedup_key, time_limit_ms)
       SELECT $1, j.payload, CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END, j.priority,
-        r.run_at, n.now, j.key
+        r.run_at, n.now, j.key, j.time_limit
       FROM (SELECT \(Self.now(7)) AS now) AS n,
-        unnest($2::bytea[], $3::int8[], $4::int8[], $5::timestamptz[], $6::bytea[])
-          WITH ORDINALITY AS j(payload, priority, delay, at, key, ordinal),
+        unnest($2::bytea[], $3::int8[], $4::int8[], $5::timestamptz[], $6::bytea[], $8::int8[])
+          WITH ORDINALITY AS j(payload, priority, delay, at, key, time_limit, ordinal),
         LATERAL (SELECT CASE WHEN j.at IS NOT NULL THEN j.at
           WHEN j.delay IS NOT NULL THEN least(n.now + j.delay * interval '1 millisecond', \(Self.latest))
           ELSE n.now END AS run_at) AS r
@@ -349,8 +357,9 @@ struct SQL {
   static func insertUniform(_ schema: String, channel: String) -> String {
     """
     WITH inserted AS (
-      INSERT INTO \(schema).jobs (queue, payload, status, priority, run_at, created_at)
-      SELECT $1, j.payload, CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END, $3, r.run_at, n.now
+      INSERT INTO \(schema).jobs (queue, payload, status, priority, run_at, created_at, time_limit_ms)
+      SELECT $1, j.payload, CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END, $3, r.run_at, n.now,
+        $7::int8
       FROM (SELECT \(Self.now(6)) AS now) AS n,
         LATERAL (SELECT CASE WHEN $5::timestamptz IS NOT NULL THEN $5::timestamptz
           WHEN $4::int8 IS NOT NULL THEN least(n.now + $4::int8 * interval '1 millisecond', \(Self.latest))
@@ -368,8 +377,8 @@ struct SQL {
   /// statement. Returns the ID. Parameters: queue, payload, priority, delay (ms), date, key, now.
   static func insertOne(_ schema: String, channel: String) -> String {
     """
-    INSERT INTO \(schema).jobs (queue, payload, status, priority, run_at, created_at, dedup_key)
-    SELECT $1, $2, CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END, $3, r.run_at, n.now, $6
+    INSERT INTO \(schema).jobs (queue, payload, status, priority, run_at, created_at, dedup_key, time_limit_ms)
+    SELECT $1, $2, CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END, $3, r.run_at, n.now, $6, $8::int8
     FROM (SELECT \(Self.now(7)) AS now) AS n,
       LATERAL (SELECT CASE WHEN $5::timestamptz IS NOT NULL THEN $5::timestamptz
         WHEN $4::int8 IS NOT NULL THEN least(n.now + $4::int8 * interval '1 millisecond', \(Self.latest))

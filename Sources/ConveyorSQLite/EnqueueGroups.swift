@@ -548,6 +548,7 @@ extension SQLiteJobStore {
         try current.bind(.integer(runAt), at: first + 4)
         try current.bind(.integer(now), at: first + 5)
         try current.bind(.null, at: first + 6)
+        try current.bind(job.timeLimitMilliseconds.map(SQLiteValue.integer) ?? .null, at: first + 7)
         bound += 1
         guard bound == chunk else { continue }
         statement = nil
@@ -593,7 +594,8 @@ extension SQLiteJobStore {
       let stored = try db.run(
         SQL.insert, .text(queue), .blob(job.payload), .text(runAt <= now ? "ready" : "scheduled"),
         .integer(Int64(job.priority)), .integer(runAt), .integer(now),
-        job.deduplicationKey.map(SQLiteValue.text) ?? .null)
+        job.deduplicationKey.map(SQLiteValue.text) ?? .null,
+        job.timeLimitMilliseconds.map(SQLiteValue.integer) ?? .null)
       // A trigger may drop the row without an error (RAISE(IGNORE)): the last row ID is then
       // another job's. The call fails, and nothing of it is added.
       guard stored == 1 else {

@@ -55,7 +55,9 @@ enum SQL {
   static let readyIndex = """
     CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, seq, id) WHERE status = 'ready';
     """
-  /// The jobs table of version 4 (``seqColumn``).
+  /// Version 5: a job's own time limit in milliseconds (``NewJob/timeLimit``); NULL: the queue's.
+  static let timeLimitColumn = "time_limit_ms INTEGER"
+  /// The jobs table of version 5 (``seqColumn``, ``timeLimitColumn``).
   static let tables = """
     CREATE TABLE jobs (
       id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -71,7 +73,8 @@ enum SQL {
       lease_owner TEXT,
       lease_expires_at INTEGER,
       claim_token INTEGER NOT NULL DEFAULT 0,
-      \(seqColumn)
+      \(seqColumn),
+      \(timeLimitColumn)
     );
     """
   /// The indexes of versions 2 and 3.
@@ -173,6 +176,12 @@ enum SQL {
     \(readyIndex)
     PRAGMA user_version = 4;
     """
+  /// Version 4 to 5: every job keeps the queue's time limit (``timeLimitColumn`` NULL). Adding a
+  /// nullable column rewrites no row.
+  static let migrate4to5 = """
+    ALTER TABLE jobs ADD COLUMN \(timeLimitColumn);
+    PRAGMA user_version = 5;
+    """
   static let sequence = "SELECT seq FROM sqlite_sequence WHERE name = ?"
   static let setSequence = """
     INSERT INTO sqlite_sequence (name, seq) SELECT 'jobs', 0
@@ -189,7 +198,7 @@ enum SQL {
   /// The columns ``SQLiteJobStore`` decodes a `JobRecord` from, in order.
   static let columns = """
     id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key, \
-    lease_owner, lease_expires_at, claim_token
+    lease_owner, lease_expires_at, claim_token, time_limit_ms
     """
 
   /// The oldest waiting job with the key. Running jobs do not count: one that is running may
@@ -199,16 +208,16 @@ enum SQL {
     """
   /// The status is a parameter here: an insert maintains the partial indexes row by row.
   static let insert = """
-    INSERT INTO jobs (queue, payload, status, priority, run_at, created_at, dedup_key)
-    VALUES (?, ?, ?, ?, ?, ?, ?)
+    INSERT INTO jobs (queue, payload, status, priority, run_at, created_at, dedup_key, time_limit_ms)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
     """
   /// The parameters of each row of ``insert``.
-  static let insertColumns = 7
+  static let insertColumns = 8
   /// ``insert`` for `rows` rows (1 to ``SQLiteJobStore/rowsPerInsert``) at once, returning each
   /// new row's ID (see ``SQLiteJobStore/insertTogether(_:rows:db:)``).
   static func insert(rows: Int) -> String { insertRows[rows] }
   private static let insertRows = (0...SQLiteJobStore.rowsPerInsert).map { rows in
-    insert + String(repeating: ", (?, ?, ?, ?, ?, ?, ?)", count: max(rows - 1, 0)) + " RETURNING id"
+    insert + String(repeating: ", (?, ?, ?, ?, ?, ?, ?, ?)", count: max(rows - 1, 0)) + " RETURNING id"
   }
   /// Whether the SQLite library knows `RETURNING` (3.35 and later); ``insert(rows:)`` needs it.
   static let hasReturning = sqlite3_libversion_number() >= 3_035_000

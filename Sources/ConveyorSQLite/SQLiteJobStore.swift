@@ -68,7 +68,7 @@ public final class SQLiteJobStore: JobStore {
   /// Version 2 added claim tokens and the ready/scheduled states; version 3 the activity table
   /// (``recordActivity(_:)``); version 4 the place a retried job takes among ready ones. An older
   /// database is migrated when it is opened, in one transaction, keeping every job.
-  public static let schemaVersion: Int32 = 4
+  public static let schemaVersion: Int32 = 5
 
   /// The database file's path.
   public let path: String
@@ -592,7 +592,8 @@ public final class SQLiteJobStore: JobStore {
       id: JobID(row.int64(0)), queue: row.text(1) ?? "", payload: row.data(2), status: status,
       priority: row.int(4), attempts: row.int(5), runAt: date(row.int64(6)), createdAt: date(row.int64(7)),
       lastError: row.text(8), deduplicationKey: row.text(9), leaseOwner: row.text(10),
-      leaseExpiresAt: row.isNull(11) ? nil : date(row.int64(11)), claimToken: row.int64(12))
+      leaseExpiresAt: row.isNull(11) ? nil : date(row.int64(11)), claimToken: row.int64(12),
+      timeLimit: JobStoreTime.timeLimit(milliseconds: row.isNull(13) ? nil : row.int64(13)))
   }
 }
 
@@ -795,10 +796,15 @@ extension SQLiteJobStore {
           try migrateFromVersion1(db)
           try db.execute(SQL.migrate2to3)
           try db.execute(SQL.migrate3to4)
+          try db.execute(SQL.migrate4to5)
         case .version2:
           try db.execute(SQL.migrate2to3)
           try db.execute(SQL.migrate3to4)
-        case .version3: try db.execute(SQL.migrate3to4)
+          try db.execute(SQL.migrate4to5)
+        case .version3:
+          try db.execute(SQL.migrate3to4)
+          try db.execute(SQL.migrate4to5)
+        case .version4: try db.execute(SQL.migrate4to5)
         case .current: break
         }
       }
@@ -827,7 +833,7 @@ extension SQLiteJobStore {
     }
   }
 
-  enum FileKind { case empty, version1, version2, version3, current }
+  enum FileKind { case empty, version1, version2, version3, version4, current }
 
   /// Rebuilds a version 1 database as version 2 inside the caller's transaction, keeping every
   /// job and the `AUTOINCREMENT` counter (so no ID of a deleted job is ever reused).
@@ -889,6 +895,7 @@ extension SQLiteJobStore {
     if version == 1 { return .version1 }
     if version == 2 { return .version2 }
     if version == 3 { return .version3 }
+    if version == 4 { return .version4 }
     guard version == Int64(Self.schemaVersion) else {
       throw SQLiteJobStoreError(
         code: .unsupportedSchema, path: path,

@@ -200,6 +200,9 @@ final class Worker: Sendable {
     case .retryScheduled(let id, let date, let error):
       "job \(id): retry at \(timestamp(date))" + (error.map { " (\(printable($0)))" } ?? "")
     case .died(let id, let reason): "job \(id): dead: \(printable(reason))"
+    case .stuck(let id, let after):
+      "job \(id): stuck: still running \(JobStoreTime.secondsText(after)) after it started, "
+        + "past its time limit; it holds a worker slot"
     case .finished: "queue empty"
     case .enqueued, .stateChanged: nil
     }
@@ -236,6 +239,9 @@ struct EventLine: Encodable {
       self.event = "died"
       job = id.rawValue
       error = reason
+    case .stuck(let id, _):
+      self.event = "stuck"
+      job = id.rawValue
     case .finished: self.event = "finished"
     case .stateChanged(let state):
       self.event = "state"

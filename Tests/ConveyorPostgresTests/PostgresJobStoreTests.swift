@@ -208,6 +208,34 @@ struct PostgresJobStoreTests {
     await store.close()
   }
 
+  /// A schema at version 4 (the release of 2026-12-06) gains per-job time limits when a store
+  /// opens it, with every job kept and each keeping the queue's limit.
+  @Test func aVersion4SchemaGainsTimeLimitsWithEveryJobKept() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("v4")
+    let admin = try AdminConnection(server.url)
+    try createSchema(SQL(schema: schema), atVersion: 4, with: admin)
+    try admin.query(
+      """
+      INSERT INTO \(schema).jobs (queue, payload, status, attempts, run_at, created_at, lease_owner,
+        lease_expires_at, claim_token) VALUES
+      ('mail', '\\x7b7d', 'ready', 0, now(), now(), NULL, NULL, 0),
+      ('mail', '\\x7b7d', 'running', 1, now(), now(), 'w:1', now() + interval '30 seconds', 1),
+      ('mail', '\\x7b7d', 'dead', 3, now(), now(), NULL, NULL, 3)
+      """)
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let versions = try admin.query("SELECT version FROM \(schema).schema_migrations ORDER BY version")
+    #expect(versions == (1...PostgresJobStore.schemaVersion).map { [String($0)] })
+    let mail = try await store.jobs(queue: "mail", status: nil, after: nil, limit: 10)
+    #expect(mail.map(\.status) == [.pending, .running, .dead])
+    #expect(mail.allSatisfy { $0.timeLimit == nil }, "jobs stored before keep the queue's limit")
+    let new = try await store.enqueue(
+      [NewJob(payload: Data("{}".utf8), timeLimit: .milliseconds(1_500))], queue: "mail",
+      clock: SystemJobClock())
+    #expect(try await store.job(new[0].id)?.timeLimit == .milliseconds(1_500))
+    await store.close()
+  }
+
   /// A schema of version 3 is migrated to 4 while an application's transaction that added a job
   /// with `conveyor.enqueue` is still open: the migration (each of its statements bounded by
   /// `callTimeout`, at least 30 s) waits for it, instead of failing the opening after the

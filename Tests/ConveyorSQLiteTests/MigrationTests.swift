@@ -212,4 +212,35 @@ struct MigrationTests {
     let again = try SQLiteJobStore(path: path)
     #expect(try await again.counts(queue: "mail", clock: now).total == 5)
   }
+
+  /// Version 4's schema: version 3 and its migration to 4, as the release of 2026-12-06 wrote it.
+  static let version4 =
+    version3.replacingOccurrences(of: "PRAGMA user_version = 3;", with: "") + SQL.migrate3to4
+
+  @Test func aVersion4DatabaseGainsTimeLimitsWithEveryJobKept() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("v4.sqlite")
+    let t = 1_700_000_000_000
+    try execute(
+      path,
+      Self.version4 + """
+        INSERT INTO jobs VALUES (1, 'mail', x'7b7d', 'ready', 0, 0, \(t), \(t), NULL, 'k', NULL, NULL, 0, 0);
+        INSERT INTO jobs VALUES (2, 'mail', x'7b7d', 'running', 0, 1, \(t), \(t), NULL, NULL, 'w:1', \(t + 60_000), 4, 0);
+        INSERT INTO jobs VALUES (3, 'mail', x'7b7d', 'dead', 0, 3, \(t), \(t), 'fatal', NULL, NULL, NULL, 3, 0);
+        INSERT INTO queues VALUES ('mail', 0, 0);
+        """)
+    let store = try SQLiteJobStore(path: path)
+    let version = try await store.connection.perform { db in
+      try db.scalar("SELECT user_version FROM pragma_user_version") ?? 0
+    }
+    #expect(version == SQLiteJobStore.schemaVersion)
+    let now = FixedJobClock(Date(timeIntervalSince1970: 1_700_000_000))
+    let mail = try await store.jobs(queue: "mail", status: nil, after: nil, limit: 10)
+    #expect(mail.map(\.id.rawValue) == [1, 2, 3])
+    #expect(mail.allSatisfy { $0.timeLimit == nil }, "jobs stored before keep the queue's limit")
+    #expect(try await store.counts(queue: "mail", clock: now) == JobCounts(ready: 1, running: 1, dead: 1))
+    let new = try await store.enqueue(
+      [NewJob(payload: Data("{}".utf8), timeLimit: .seconds(5))], queue: "mail", clock: now)
+    #expect(try await store.job(new[0].id)?.timeLimit == .seconds(5))
+  }
 }

@@ -214,10 +214,19 @@ final class SimWorld: Sendable {
         random.pick([nil, nil, 3, 6] as [Int?])
       )
     }
+    // A time limit cuts slow and stubborn handlers short: their attempts are recorded as timed
+    // out while they still run, and a stubborn one keeps its slot. Above the quick handlers'
+    // 40 ms, so every job still finishes once faults stop.
+    let (timeLimit, grace) = draw { random in
+      (
+        random.pick([nil, nil, lease / 2, lease * 2] as [Duration?]),
+        random.pick([Duration.zero, .milliseconds(200), lease])
+      )
+    }
     var configuration = JobQueueConfiguration(
       identifier: Self.queueName, retryPolicy: .fixed(.milliseconds(500)), maxAttempts: maxAttempts,
       concurrency: concurrency, prefetch: prefetch, claimsAhead: claimsAhead, leaseDuration: lease,
-      pollInterval: poll, clock: clock)
+      pollInterval: poll, timeLimit: timeLimit, timeLimitGrace: grace, clock: clock)
     configuration.runtime = .simulated(executor: process.executor, clock: clock)
     let id = process.id
     oracle.started(process: id, wall: clock.now())
@@ -248,7 +257,7 @@ final class SimWorld: Sendable {
     process.queue.withLock { $0 = queue }
     state.withLock { $0.alive.append(id) }
     trace.note(
-      "p\(id) started (concurrency \(concurrency), prefetch \(prefetch), ahead \(claimsAhead), poll \(poll), max \(maxAttempts.map(String.init) ?? "-"))"
+      "p\(id) started (concurrency \(concurrency), prefetch \(prefetch), ahead \(claimsAhead), poll \(poll), max \(maxAttempts.map(String.init) ?? "-"), limit \(timeLimit.map { "\($0)" } ?? "-"))"
     )
     return process
   }

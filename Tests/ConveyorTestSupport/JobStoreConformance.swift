@@ -93,6 +93,38 @@ public enum JobStoreConformance {
       try expect(record?.createdAt == at(1.5), "created date")
       try expect(record?.priority == -7 && record?.deduplicationKey == "k é", "priority and key")
     },
+    check("a job's own time limit round-trips through every insert, listing and claim") { store in
+      func limited(_ text: String, _ limit: Duration?, key: String? = nil) -> NewJob {
+        NewJob(payload: Data(text.utf8), runAt: at(0), deduplicationKey: key, timeLimit: limit)
+      }
+      // One job (the single-row insert), a batch that shares everything but the limit, a uniform
+      // batch, and a batch with keys: each store has a statement for each.
+      _ = try await store.enqueue([limited("one", .milliseconds(1_500))], queue: "q", clock: now(0))
+      _ = try await store.enqueue(
+        [limited("mixed-a", .seconds(2)), limited("mixed-b", nil)], queue: "q", clock: now(0))
+      _ = try await store.enqueue(
+        [limited("same-a", .seconds(3)), limited("same-b", .seconds(3))], queue: "q", clock: now(0))
+      _ = try await store.enqueue(
+        [limited("keyed", .microseconds(400), key: "k"), limited("unkeyed", .seconds(7 * 86_400))],
+        queue: "q",
+        clock: now(0))
+      let expected: [String: Duration?] = [
+        "one": .milliseconds(1_500), "mixed-a": .seconds(2), "mixed-b": nil, "same-a": .seconds(3),
+        "same-b": .seconds(3), "keyed": .milliseconds(1), "unkeyed": .seconds(7 * 86_400),
+      ]
+      let listed = try await store.jobs(queue: "q", status: nil, after: nil, limit: 10)
+      let claimed = try await claim(store, limit: 10, now: 1).claimed
+      for records in [listed, claimed] {
+        try expect(records.count == expected.count, "every job: \(records.map(text))")
+        for record in records {
+          try expect(
+            expected[text(record)] == record.timeLimit,
+            "\(text(record)): \(String(describing: record.timeLimit))")
+        }
+      }
+      let one = try await store.job(listed[0].id)
+      try expect(one?.timeLimit == .milliseconds(1_500), "job(_:): \(String(describing: one?.timeLimit))")
+    },
     check("claims follow priority, then run date, then ID") { store in
       _ = try await store.enqueue(
         [

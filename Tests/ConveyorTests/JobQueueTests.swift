@@ -239,6 +239,41 @@ struct JobQueueTests {
     #expect(JobQueueConfiguration(identifier: "x").concurrency == 1)
   }
 
+  @Test("a time limit out of range is refused with what is allowed, and nothing is stored")
+  func timeLimitsOutOfRange() async throws {
+    let store = InMemoryJobStore()
+    var configuration = JobQueueConfiguration(identifier: "limits", autoStart: false)
+    for bad: Duration in [
+      .zero, .microseconds(999), .seconds(-1), .seconds(7 * 86_400 + 1), .seconds(Int64.max),
+    ] {
+      configuration.timeLimit = bad
+      #expect(throws: JobQueueError.self) { try configuration.validate() }
+    }
+    configuration.timeLimit = .seconds(7 * 86_400)
+    try configuration.validate()
+    configuration.timeLimitGrace = .seconds(-1)
+    #expect(throws: JobQueueError.self) { try configuration.validate() }
+    configuration.timeLimitGrace = .zero
+    let queue = try JobQueue<Request>(configuration: configuration, store: store) { _, _ in .handled }
+    for bad: Duration in [.zero, .seconds(-5), .seconds(8 * 86_400), .seconds(Int64.max)] {
+      await #expect(throws: JobQueueError.self) { try await queue.add(Request(name: "a"), timeLimit: bad) }
+      await #expect(throws: JobQueueError.self) {
+        try await queue.add(contentsOf: [Request(name: "a")], timeLimit: bad)
+      }
+      await #expect(throws: JobQueueError.self) {
+        try await queue.add(Request(name: "a"), runAt: Date(), timeLimit: bad)
+      }
+    }
+    do {
+      try await queue.add(Request(name: "a"), timeLimit: .zero)
+    } catch {
+      #expect("\(error)".contains("between 1 ms and 7 days"), "\(error)")
+    }
+    #expect(try await queue.count().total == 0, "nothing stored")
+    let added = try await queue.add(Request(name: "a"), timeLimit: .milliseconds(1))
+    #expect(try await store.job(added.id)?.timeLimit == .milliseconds(1))
+  }
+
   @Test("delayed jobs wait; higher priority runs first")
   func delayAndPriority() async throws {
     let (queue, handled) = try recordingQueue(configuration(autoStart: false), store: InMemoryJobStore())

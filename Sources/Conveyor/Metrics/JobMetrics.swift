@@ -65,7 +65,9 @@ extension JobQueue {
   /// becomes ``JobQueueState/stopped``) or the calling task is cancelled.
   ///
   /// Instruments, each with the dimension `queue`:
-  /// - counters `conveyor_jobs_enqueued`, `_started`, `_succeeded`, `_retried`, `_died`;
+  /// - counters `conveyor_jobs_enqueued`, `_started`, `_succeeded`, `_retried`, `_died`, and
+  ///   `_stuck` (handlers still running ``JobQueueConfiguration/timeLimitGrace`` past their time
+  ///   limit, ``JobQueueEvent/stuck(_:after:)``);
   /// - gauges `conveyor_queue_depth` (dimension `state`: ready, scheduled, running, dead), sampled
   ///   from ``count()`` every `depthInterval` (each sample counts the store's indexes: keep the
   ///   interval in seconds, not milliseconds, at millions of jobs);
@@ -97,6 +99,7 @@ extension JobQueue {
     let succeeded = counter("succeeded")
     let retried = counter("retried")
     let died = counter("died")
+    let stuck = counter("stuck")
     let runDuration = factory.makeTimer(label: "conveyor_job_run_duration", dimensions: queueDimension)
     let latency = factory.makeTimer(label: "conveyor_job_enqueue_to_start", dimensions: queueDimension)
     let events = self.events
@@ -154,6 +157,8 @@ extension JobQueue {
         died.increment(by: 1)
         finished(id)
         enqueuedAt[id] = nil
+      case .stuck:
+        stuck.increment(by: 1)
       case .stateChanged(.stopped):
         return
       case .finished, .stateChanged:

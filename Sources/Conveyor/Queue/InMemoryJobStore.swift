@@ -37,7 +37,8 @@ public final class InMemoryJobStore: JobStore {
         let record = JobRecord(
           id: JobID(state.nextID), queue: queue, payload: job.payload, status: .pending,
           priority: job.priority, attempts: 0, runAt: Self.runDate(job.runTime, now: now), createdAt: now,
-          deduplicationKey: job.deduplicationKey)
+          deduplicationKey: job.deduplicationKey,
+          timeLimit: job.timeLimitMilliseconds.map { .milliseconds($0) })
         state.queues[ExactText(queue), default: QueueState()].insertWaiting(
           record, ready: record.runAt <= now)
         results.append(EnqueueResult(id: record.id, inserted: true))

@@ -305,7 +305,16 @@ extension JobQueue {
     while let record = next {
       // A handler is timed only when a store call was (claiming ahead weighs the two).
       let began = timesCalls && storeCall != nil ? clock.uptime() : nil
-      let outcome = await process(record, decoder: decoder)
+      let handled = await process(record, decoder: decoder)
+      var outcome: PendingSettlement? = handled.settlement
+      if let overrun = handled.overrun {
+        // Timed out: the loop records the attempt now; this worker keeps its slot until the
+        // handler returns.
+        core.withLock { $0.state.attemptOutran(record.claim, outcome: handled.settlement) }
+        wake.signal()
+        await waitForOverrun(overrun, of: record)
+        outcome = nil
+      }
       let ahead =
         began.map {
           QueueState.ahead(
@@ -362,34 +371,44 @@ extension JobQueue {
     handler != nil || delegateBox?.isAlive() == true
   }
 
-  private func process(_ record: JobRecord, decoder: PayloadDecoder) async -> PendingSettlement {
+  private func process(_ record: JobRecord, decoder: PayloadDecoder) async -> Handled {
     // A claim counts an attempt before the handler runs, so a job past the limit here had a worker
     // that vanished during its last allowed attempt (a crash, a kill, an out-of-memory): dead, or
     // a job that crashes its worker would be handed out forever. A shutdown gives its attempt
     // back, so it never gets here.
     if let max = configuration.maxAttempts, record.attempts > max {
-      return settlement(for: record, outcome: .abandoned(limit: max))
+      return Handled(settlement(for: record, outcome: .abandoned(limit: max)))
     }
     let item: Item
     do {
       item = try decoder.decode(Item.self, from: record.payload)
     } catch {
-      return settlement(for: record, outcome: .undecodable(String(describing: error)))
+      return Handled(settlement(for: record, outcome: .undecodable(String(describing: error))))
     }
     let context = JobContext(
       id: record.id, queue: identifier, attempts: record.attempts, createdAt: record.createdAt,
       lastError: record.lastError)
-    guard handlerAvailable else { return settlement(for: record, outcome: .noHandler) }
+    guard handlerAvailable else { return Handled(settlement(for: record, outcome: .noHandler)) }
     // Only when a handler is about to run: `.started` means "a handler started on a job".
     emit(.started(record.id, attempt: record.attempts))
     countStart(of: record)
-    do {
-      guard let result = try await handle(item, context) else {
-        return settlement(for: record, outcome: .noHandler)
+    let returned: Result<JobResult?, any Error>
+    if let limit = record.timeLimit ?? configuration.timeLimit {
+      let started = clock.uptime()
+      let (end, handler) = await handle(item, context, until: started + limit)
+      guard let end else {
+        let overrun = Overrun(
+          handler: handler, started: started, stuckAt: started + limit + configuration.timeLimitGrace)
+        return Handled(settlement(for: record, outcome: .timedOut(limit)), overrun: overrun)
       }
-      return settlement(for: record, outcome: .result(result))
-    } catch {
-      return settlement(for: record, outcome: .thrown(error))
+      returned = end
+    } else {
+      do { returned = .success(try await handle(item, context)) } catch { returned = .failure(error) }
+    }
+    switch returned {
+    case .success(let result?): return Handled(settlement(for: record, outcome: .result(result)))
+    case .success(nil): return Handled(settlement(for: record, outcome: .noHandler))
+    case .failure(let error): return Handled(settlement(for: record, outcome: .thrown(error)))
     }
   }
 
@@ -398,6 +417,68 @@ extension JobQueue {
     if let handler { return try await handler(item, context) }
     guard let delegate = delegateBox?.handle else { return nil }
     return try await delegate(self, item, context.attempts)
+  }
+
+  /// Runs the handler in a task of its own until it returns or `deadline` (the clock's uptime)
+  /// passes, whichever comes first: what it returned, or nil when the deadline came first (its
+  /// task is then cancelled, and may still be running). The handler's task, to wait for.
+  ///
+  /// Cancelling the caller (a shutdown's grace ran out) cancels the handler.
+  private func handle(_ item: Item, _ context: JobContext, until deadline: Duration) async -> (
+    Result<JobResult?, any Error>?, Task<Void, Never>
+  ) {
+    let end = CallbackPromise<Result<JobResult?, any Error>?>()
+    let handler = Task(executorPreference: configuration.runtime.executor) {
+      do { end.fulfil(.success(.success(try await self.handle(item, context)))) } catch {
+        end.fulfil(.success(.failure(error)))
+      }
+    }
+    let timer = Task(executorPreference: configuration.runtime.executor) { [clock] in
+      do { try await clock.sleep(untilUptime: deadline) } catch { return }  // the handler returned first
+      end.fulfil(.success(nil))
+    }
+    let result: Result<JobResult?, any Error>?
+    do {
+      result = try await withTaskCancellationHandler {
+        try await end.valueIgnoringCancellation
+      } onCancel: {
+        handler.cancel()
+      }
+    } catch {
+      result = nil  // not reached: `end` is only ever fulfilled with a success
+    }
+    timer.cancel()
+    if result == nil { handler.cancel() }
+    return (result, handler)
+  }
+
+  /// A handler that outran its time limit and still holds its worker: the worker reports it stuck
+  /// once `stuckAt` (the clock's uptime) passes, and takes no other job until it returns.
+  private func waitForOverrun(_ overrun: Overrun, of record: JobRecord) async {
+    let clock = self.clock
+    let stuckAt = overrun.stuckAt
+    let returned = CallbackPromise<Bool>()
+    let handler = overrun.handler
+    let watch = Task(executorPreference: configuration.runtime.executor) {
+      await handler.value
+      returned.fulfil(.success(true))
+    }
+    let timer = Task(executorPreference: configuration.runtime.executor) {
+      do { try await clock.sleep(untilUptime: stuckAt) } catch { return }
+      returned.fulfil(.success(false))
+    }
+    let inTime: Bool
+    do { inTime = try await returned.valueIgnoringCancellation } catch { inTime = true }  // not reached
+    timer.cancel()
+    if !inTime {
+      let after = stuckAt - overrun.started
+      log(
+        .error,
+        "job's handler is stuck: it ran past its time limit, ignores cancellation, and holds a worker slot",
+        ["job": record.id.description, "after": String(describing: after)])
+      emit(.stuck(record.id, after: after))
+    }
+    await watch.value
   }
 
   /// Whether the handler was cut short by a shutdown: the queue is stopping and the handler's
@@ -440,6 +521,9 @@ extension JobQueue {
       return release("the queue's delegate was released before the job ran")
     case .thrown(let error):
       return retry(after: nil, reason: String(describing: error))
+    case .timedOut(let limit):
+      log(.warning, "job's handler ran past its time limit and was cancelled", ["job": record.id.description])
+      return retry(after: nil, reason: "timed out after \(JobStoreTime.secondsText(limit))")
     case .result(let result):
       switch result.kind {
       case .handled:
@@ -512,8 +596,33 @@ extension JobQueue {
 /// How a handler call ended.
 private enum Outcome {
   case result(JobResult)
+  case timedOut(Duration)
   case thrown(any Error)
   case undecodable(String)
   case abandoned(limit: Int)
   case noHandler
+}
+
+/// What a worker's handling of one job came to.
+private struct Handled {
+  /// The attempt's outcome, to record.
+  var settlement: PendingSettlement
+  /// Set when the handler outran its time limit: the outcome is recorded at once, and the worker
+  /// waits for the handler before it takes another job.
+  var overrun: Overrun?
+
+  init(_ settlement: PendingSettlement, overrun: Overrun? = nil) {
+    self.settlement = settlement
+    self.overrun = overrun
+  }
+}
+
+/// A handler still running after its time limit.
+private struct Overrun {
+  /// The handler's task.
+  var handler: Task<Void, Never>
+  /// When it started (the clock's uptime).
+  var started: Duration
+  /// When it counts as stuck (the clock's uptime): its limit plus the grace.
+  var stuckAt: Duration
 }

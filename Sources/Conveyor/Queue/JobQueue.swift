@@ -1,7 +1,7 @@
 import Foundation
 import Synchronization
 
-/// A durable queue of `Codable` jobs: committed before ``add(_:priority:delay:)`` returns, retried
+/// A durable queue of `Codable` jobs: committed before ``add(_:priority:delay:timeLimit:)`` returns, retried
 /// by policy, paused and resumed, and handed out again when a worker dies (at-least-once, with
 /// leases).
 ///
@@ -108,48 +108,62 @@ public final class JobQueue<Item: Queueable>: Sendable {
   ///   - priority: higher runs first among ready jobs. Default 0.
   ///   - delay: the job is not handed out before this much time has passed (negative counts as
   ///     zero; more than 100 years counts as 100 years).
+  ///   - timeLimit: the longest one attempt of this job may run, instead of the queue's
+  ///     ``JobQueueConfiguration/timeLimit``; nil (the default): the queue's. Between 1 ms and 7
+  ///     days, kept in whole milliseconds.
   /// - Returns: the job's ID and whether it was stored. When a *waiting* job already has the
   ///   item's ``Queueable/deduplicationKey``, nothing is stored and that job's ID comes back with
   ///   `inserted` false. A job that is already running does not count: it may have read old data,
   ///   so the new item is stored and runs after it.
+  /// - Throws: ``JobQueueError/invalidTimeLimit(_:)`` for a time limit out of range.
   @discardableResult
-  public func add(_ item: Item, priority: Int = 0, delay: Duration = .zero) async throws -> EnqueueResult {
-    try await add(contentsOf: [item], priority: priority, delay: delay)[0]
+  public func add(_ item: Item, priority: Int = 0, delay: Duration = .zero, timeLimit: Duration? = nil)
+    async throws -> EnqueueResult
+  {
+    try await add(contentsOf: [item], priority: priority, delay: delay, timeLimit: timeLimit)[0]
   }
 
   /// Commits an item to run at a date (a date already past runs at once).
   ///
-  /// - Throws: ``JobQueueError/invalidSchedule(_:)`` for a date that is not finite.
+  /// - Throws: ``JobQueueError/invalidSchedule(_:)`` for a date that is not finite;
+  ///   ``JobQueueError/invalidTimeLimit(_:)`` for a time limit out of range (see
+  ///   ``add(_:priority:delay:timeLimit:)``).
   @discardableResult
-  public func add(_ item: Item, priority: Int = 0, runAt date: Date) async throws -> EnqueueResult {
+  public func add(_ item: Item, priority: Int = 0, runAt date: Date, timeLimit: Duration? = nil) async throws
+    -> EnqueueResult
+  {
     guard date.timeIntervalSince1970.isFinite else {
       // Not `\(date)`: Foundation's description of a NaN date traps.
       throw JobQueueError.invalidSchedule(
         "the run date (\(date.timeIntervalSince1970) s since 1970) is not a finite date; "
           + "pass a real date or a delay")
     }
-    return try await commit(newJobs([item], priority: priority, runTime: .at(date)))[0]
+    return try await commit(newJobs([item], priority: priority, runTime: .at(date), timeLimit: timeLimit))[0]
   }
 
   /// Commits several items in one transaction: all are stored or none.
   ///
-  /// - Returns: one result per item, in order (see ``add(_:priority:delay:)``).
+  /// - Returns: one result per item, in order (see ``add(_:priority:delay:timeLimit:)``).
   @discardableResult
   public func add<Items: Sequence<Item>>(
-    contentsOf items: Items, priority: Int = 0, delay: Duration = .zero
+    contentsOf items: Items, priority: Int = 0, delay: Duration = .zero, timeLimit: Duration? = nil
   ) async throws -> [EnqueueResult] {
-    let jobs = try newJobs(items, priority: priority, runTime: delay > .zero ? .after(delay) : .now)
+    let jobs = try newJobs(
+      items, priority: priority, runTime: delay > .zero ? .after(delay) : .now, timeLimit: timeLimit)
     if jobs.isEmpty { return [] }
     return try await commit(jobs)
   }
 
-  private func newJobs<Items: Sequence<Item>>(_ items: Items, priority: Int, runTime: RunTime) throws
-    -> [NewJob]
-  {
-    try items.map { item in
+  private func newJobs<Items: Sequence<Item>>(
+    _ items: Items, priority: Int, runTime: RunTime, timeLimit: Duration?
+  ) throws -> [NewJob] {
+    if let timeLimit, let problem = JobQueueConfiguration.problem(timeLimit: timeLimit, name: "timeLimit") {
+      throw JobQueueError.invalidTimeLimit(problem)
+    }
+    return try items.map { item in
       NewJob(
         payload: try encode(item), priority: priority, runTime: runTime,
-        deduplicationKey: item.deduplicationKey)
+        deduplicationKey: item.deduplicationKey, timeLimit: timeLimit)
     }
   }
 

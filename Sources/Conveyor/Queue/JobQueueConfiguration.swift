@@ -76,6 +76,23 @@ public struct JobQueueConfiguration: Sendable {
   /// How often an idle worker looks for jobs that other processes added. Jobs added through this
   /// queue instance wake it at once. Default 1 second.
   public var pollInterval: Duration
+  /// The longest one attempt of a job may run; nil (the default): no limit. A job's own limit
+  /// (`add(_:timeLimit:)`, ``NewJob/timeLimit``) overrides it. Between 1 ms and
+  /// ``longestTimeLimit``.
+  ///
+  /// When it passes, the handler's task is cancelled and the attempt is recorded at once as
+  /// failed with the error "timed out after …"; the retry policy and ``maxAttempts`` decide
+  /// what comes next, without waiting for the handler to return. Whatever that handler does
+  /// later is not recorded (its claim is over), and it keeps its worker slot until it returns: a
+  /// handler that ignores cancellation holds a slot, and the job may meanwhile run again
+  /// elsewhere. One that has not returned ``timeLimitGrace`` after its limit is reported
+  /// ``JobQueueEvent/stuck(_:after:)`` and logged as an error, once.
+  ///
+  /// Measured by ``clock`` from the handler's start (decoding excluded).
+  public var timeLimit: Duration?
+  /// How long after its time limit a handler that has not returned is reported stuck. Default 10
+  /// seconds; between zero and ``longestTimeLimit``.
+  public var timeLimitGrace: Duration
   /// The time source. Default: ``SystemJobClock``.
   public var clock: any JobClock
   /// Receives the queue's log records. Payloads are never logged. Default: nil (silent).
@@ -100,8 +117,9 @@ public struct JobQueueConfiguration: Sendable {
     identifier: String, retryPolicy: RetryPolicy = .fixed(.seconds(15)), maxAttempts: Int? = nil,
     concurrency: Int = 1, prefetch: Int = 0, claimsAhead: Bool = true, autoStart: Bool = true,
     canRunInBackground: Bool = true,
-    leaseDuration: Duration = .seconds(60), pollInterval: Duration = .seconds(1),
-    clock: any JobClock = SystemJobClock(), log: (@Sendable (LogRecord) -> Void)? = nil
+    leaseDuration: Duration = .seconds(60), pollInterval: Duration = .seconds(1), timeLimit: Duration? = nil,
+    timeLimitGrace: Duration = .seconds(10), clock: any JobClock = SystemJobClock(),
+    log: (@Sendable (LogRecord) -> Void)? = nil
   ) {
     self.identifier = identifier
     self.retryPolicy = retryPolicy
@@ -113,6 +131,8 @@ public struct JobQueueConfiguration: Sendable {
     self.canRunInBackground = canRunInBackground
     self.leaseDuration = leaseDuration
     self.pollInterval = pollInterval
+    self.timeLimit = timeLimit
+    self.timeLimitGrace = timeLimitGrace
     self.clock = clock
     self.log = log
   }
@@ -132,6 +152,15 @@ public struct JobQueueConfiguration: Sendable {
 
   /// The longest lease, poll interval and delay accepted: one day.
   public static let longestInterval = Duration.seconds(86_400)
+  /// The longest time limit accepted: seven days. Work that may run longer is better split, or
+  /// run without a limit.
+  public static let longestTimeLimit = Duration.seconds(7 * 86_400)
+
+  /// Why a time limit (the queue's or one job's, named `name`) is refused; nil when it is fine.
+  static func problem(timeLimit: Duration, name: String) -> String? {
+    guard timeLimit < .milliseconds(1) || timeLimit > longestTimeLimit else { return nil }
+    return "\(name) must be between 1 ms and 7 days (or nil for no limit), got \(timeLimit)"
+  }
 
   /// Checks every setting; throws ``JobQueueError`` naming the first bad one and how to fix it.
   public func validate() throws(JobQueueError) {
@@ -150,6 +179,12 @@ public struct JobQueueConfiguration: Sendable {
     }
     if pollInterval < .milliseconds(1) || pollInterval > Self.longestInterval {
       throw .invalidConfiguration("pollInterval must be between 1 ms and 1 day, got \(pollInterval)")
+    }
+    if let timeLimit, let problem = Self.problem(timeLimit: timeLimit, name: "timeLimit") {
+      throw .invalidConfiguration(problem)
+    }
+    if timeLimitGrace < .zero || timeLimitGrace > Self.longestTimeLimit {
+      throw .invalidConfiguration("timeLimitGrace must be between 0 and 7 days, got \(timeLimitGrace)")
     }
   }
 
@@ -176,6 +211,8 @@ public enum JobQueueError: Error, Hashable, CustomStringConvertible {
   case encodingFailed(String)
   /// A run date that is not a finite date; nothing was stored. The text says what to pass.
   case invalidSchedule(String)
+  /// A job's time limit is out of range; nothing was stored. The text says what is allowed.
+  case invalidTimeLimit(String)
 
   /// Says what is wrong and what to do.
   public var description: String {
@@ -185,6 +222,7 @@ public enum JobQueueError: Error, Hashable, CustomStringConvertible {
     case .invalidConfiguration(let message): "invalid queue configuration: \(message)"
     case .encodingFailed(let message): "could not encode the item as JSON (nothing was stored): \(message)"
     case .invalidSchedule(let message): "invalid schedule (nothing was stored): \(message)"
+    case .invalidTimeLimit(let message): "invalid time limit (nothing was stored): \(message)"
     }
   }
 }
@@ -245,6 +283,11 @@ public enum JobQueueEvent: Sendable, Hashable {
   case retryScheduled(JobID, at: Date, error: String?)
   /// A job is dead: attempts exhausted, discarded, or undecodable.
   case died(JobID, reason: String)
+  /// A handler ran past its time limit and had not returned `after` (its limit plus
+  /// ``JobQueueConfiguration/timeLimitGrace``) since it started: it ignores cancellation and
+  /// holds a worker slot. Reported once per attempt. The attempt itself was recorded as timed
+  /// out when the limit passed.
+  case stuck(JobID, after: Duration)
   /// No pending or running job is left in the queue.
   case finished
   /// The queue's ``JobQueueState`` changed.

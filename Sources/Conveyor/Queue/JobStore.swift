@@ -71,18 +71,36 @@ public struct NewJob: Sendable, Hashable {
   /// PostgreSQL refuses a key that, with its queue name, takes more than about 2,700 bytes in its
   /// index (after compression): keep keys short, or pass a hash of a long one.
   public var deduplicationKey: String?
+  /// The longest one attempt of this job may run, overriding the queue's
+  /// ``JobQueueConfiguration/timeLimit``; nil: the queue's. Stored in whole milliseconds (a
+  /// limit under 1 ms is stored as 1 ms); ``JobQueue`` checks it is between 1 ms and
+  /// ``JobQueueConfiguration/longestTimeLimit`` before it reaches a store.
+  public var timeLimit: Duration?
 
   /// Describes a job to insert.
-  public init(payload: Data, priority: Int = 0, runTime: RunTime = .now, deduplicationKey: String? = nil) {
+  public init(
+    payload: Data, priority: Int = 0, runTime: RunTime = .now, deduplicationKey: String? = nil,
+    timeLimit: Duration? = nil
+  ) {
     self.payload = payload
     self.priority = priority
     self.runTime = runTime
     self.deduplicationKey = deduplicationKey
+    self.timeLimit = timeLimit
   }
 
   /// Describes a job to insert that runs at a date.
-  public init(payload: Data, priority: Int = 0, runAt: Date, deduplicationKey: String? = nil) {
-    self.init(payload: payload, priority: priority, runTime: .at(runAt), deduplicationKey: deduplicationKey)
+  public init(
+    payload: Data, priority: Int = 0, runAt: Date, deduplicationKey: String? = nil, timeLimit: Duration? = nil
+  ) {
+    self.init(
+      payload: payload, priority: priority, runTime: .at(runAt), deduplicationKey: deduplicationKey,
+      timeLimit: timeLimit)
+  }
+
+  /// ``timeLimit`` as the stores keep it: whole milliseconds, at least 1; nil when unset.
+  package var timeLimitMilliseconds: Int64? {
+    timeLimit.map { max(1, JobStoreTime.milliseconds($0)) }
   }
 }
 
@@ -131,12 +149,14 @@ public struct JobRecord: Sendable, Hashable, Identifiable {
   /// How many times the job has been claimed; never lowered. For a running job it identifies the
   /// current claim (see ``claim``): an outcome or heartbeat applies only to that claim.
   public var claimToken: Int64
+  /// The job's own time limit (``NewJob/timeLimit``); nil: the queue's applies.
+  public var timeLimit: Duration?
 
   /// Creates a record.
   public init(
     id: JobID, queue: String, payload: Data, status: JobStatus, priority: Int, attempts: Int,
     runAt: Date, createdAt: Date, lastError: String? = nil, deduplicationKey: String? = nil,
-    leaseOwner: String? = nil, leaseExpiresAt: Date? = nil, claimToken: Int64 = 0
+    leaseOwner: String? = nil, leaseExpiresAt: Date? = nil, claimToken: Int64 = 0, timeLimit: Duration? = nil
   ) {
     self.id = id
     self.queue = queue
@@ -151,6 +171,7 @@ public struct JobRecord: Sendable, Hashable, Identifiable {
     self.leaseOwner = leaseOwner
     self.leaseExpiresAt = leaseExpiresAt
     self.claimToken = claimToken
+    self.timeLimit = timeLimit
   }
 
   /// The claim this record describes: the job and its ``claimToken``.
@@ -509,6 +530,20 @@ public enum JobStoreTime {
     let clamped = min(max(duration, .zero), longestDelay)
     let (seconds, attoseconds) = clamped.components
     return seconds * 1000 + attoseconds / 1_000_000_000_000_000
+  }
+
+  /// A stored time limit (``NewJob/timeLimitMilliseconds``) as a duration; nil for none, and for
+  /// a value no store writes (zero or negative: the queue's limit applies).
+  package static func timeLimit(milliseconds: Int64?) -> Duration? {
+    guard let milliseconds, milliseconds > 0 else { return nil }
+    return .milliseconds(milliseconds)
+  }
+
+  /// A duration in seconds to whole milliseconds, as messages say it: "30 s", "0.25 s".
+  package static func secondsText(_ duration: Duration) -> String {
+    let milliseconds = milliseconds(duration)
+    if milliseconds % 1000 == 0 { return "\(milliseconds / 1000) s" }
+    return "\(Double(milliseconds) / 1000) s"
   }
 
   /// `date` moved by `duration` (clamped to 0...``longestDelay``), rounded to whole milliseconds.

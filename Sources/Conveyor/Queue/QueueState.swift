@@ -443,12 +443,13 @@ struct QueueState: Sendable {
   /// ``ahead(handler:lastStoreCall:storeCallFloor:jobCeiling:)``; with `prefetch` 0 and
   /// ``Limits/claimsAhead`` the worker then claims one job beyond its own (the loop records this
   /// outcome while the next job runs), or ``batchedAheadJobs`` on a cheap store.
+  /// `outcome` nil: it was handed over already (``attemptOutran(_:outcome:)``).
   mutating func workerFinished(
-    _ claim: ClaimReference, outcome: PendingSettlement, canHandle: Bool, ahead: Ahead = .none,
+    _ claim: ClaimReference, outcome: PendingSettlement?, canHandle: Bool, ahead: Ahead = .none,
     now: ClockReading = .zero
   ) -> WorkerStep {
     inFlight.remove(claim)
-    settlements.append(outcome)
+    if let outcome { settlements.append(outcome) }
     if !stopping, !paused, !buffer.isEmpty {
       // The hold of the job taken now, read before it leaves the buffer.
       let held = handBackDue(canHandle: canHandle)
@@ -480,6 +481,14 @@ struct QueueState: Sendable {
       batchingAhead = ahead == .batch
     }
     return .claim(settlements, limit: 1 + limits.prefetch + extra)
+  }
+
+  /// A handler ran past its time limit: its attempt's outcome is to be recorded now (the loop
+  /// takes it at its next turn), while its worker keeps the slot until the handler returns and
+  /// then calls ``workerFinished(_:outcome:canHandle:ahead:now:)`` with no outcome.
+  mutating func attemptOutran(_ claim: ClaimReference, outcome: PendingSettlement) {
+    inFlight.remove(claim)
+    settlements.append(outcome)
   }
 
   /// The next claimed job for a worker that just claimed (nil: the worker ends). Jobs whose lease
