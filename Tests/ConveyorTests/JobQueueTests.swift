@@ -754,8 +754,68 @@ final class SilentDelegate: JobQueueDelegate {
   }
 }
 
+/// A delegate that holds each job's completion until the test calls ``complete(_:with:)``.
+final class HoldingDelegate: JobQueueDelegate {
+  let calls = Log<String>()
+  private let completions = Mutex<[String: @Sendable (JobResult) -> Void]>([:])
+
+  func queue(
+    _ queue: JobQueue<Request>, handle item: Request, attempts: Int,
+    completion: @escaping @Sendable (JobResult) -> Void
+  ) {
+    completions.withLock { $0[item.name] = completion }
+    calls.append(item.name)
+  }
+
+  /// Calls the completion held for `name`, if any.
+  func complete(_ name: String, with result: JobResult = .handled) {
+    completions.withLock { $0.removeValue(forKey: name) }?(result)
+  }
+}
+
 @Suite("JobQueue edge cases")
 struct JobQueueEdgeCaseTests {
+  /// A delegate cannot see cancellation (its call has no task): one that has not completed at its
+  /// time limit is a handler that ignores cancellation, and must keep its slot and be reported
+  /// stuck as a closure handler is; otherwise the queue runs more jobs at once than its
+  /// concurrency allows while the delegate's work goes on, and nobody hears of it.
+  @Test("a delegate that has not completed past its time limit keeps its slot and is reported stuck")
+  func delegatePastItsTimeLimitKeepsItsSlot() async throws {
+    let clock = ManualJobClock()
+    let delegate = HoldingDelegate()
+    var configuration = JobQueueConfiguration(
+      identifier: "delegate-limit", maxAttempts: 1, autoStart: false, clock: clock)
+    configuration.timeLimit = .seconds(10)
+    configuration.timeLimitGrace = .seconds(10)
+    let queue = try JobQueue<Request>(
+      configuration: configuration, store: InMemoryJobStore(), delegate: delegate)
+    let recorder = EventRecorder(queue.events)
+    let stuck = try await queue.add(Request(name: "stuck")).id
+    try await queue.add(Request(name: "next"))
+    queue.start()
+    try await eventually("the delegate was called") { delegate.calls.all == ["stuck"] }
+    clock.advance(by: .seconds(10))  // the limit
+    try await recorder.wait(for: "the attempt recorded as timed out") { events in
+      events.contains { if case .died(stuck, _) = $0 { true } else { false } }
+    }
+    clock.advance(by: .seconds(10))  // the grace
+    try await eventually("reported stuck, or the next job started") {
+      delegate.calls.all.contains("next")
+        || recorder.events.contains { if case .stuck(stuck, _) = $0 { true } else { false } }
+    }
+    #expect(delegate.calls.all == ["stuck"], "the only slot is still the stuck delegate's")
+    #expect(
+      recorder.events.contains { if case .stuck(stuck, _) = $0 { true } else { false } },
+      "reported stuck: \(recorder.events)")
+    delegate.complete("stuck")
+    try await eventually("the next job ran once the delegate completed") {
+      delegate.calls.all.contains("next")
+    }
+    delegate.complete("next")
+    await queue.waitUntilFinished()
+    await queue.shutdown()
+  }
+
   @Test("a job whose worker died during its last allowed attempt becomes dead, not handed out forever")
   func abandonedJobsRespectMaxAttempts() async throws {
     let clock = ManualJobClock()
