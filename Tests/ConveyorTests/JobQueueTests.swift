@@ -274,6 +274,43 @@ struct JobQueueTests {
     #expect(try await store.job(added.id)?.timeLimit == .milliseconds(1))
   }
 
+  /// `waitUntilFinished` returns "when the store holds no waiting or running job": a handler
+  /// past its time limit whose attempt is recorded (here its job is dead) holds no job, only its
+  /// worker slot. Waiting for it makes a handler that never returns, the very hang time limits
+  /// are for, hang every caller of `waitUntilFinished` (and `.finished`, `queueFinished`) too.
+  @Test("waitUntilFinished returns while a handler past its time limit is stuck, its job recorded")
+  func waitUntilFinishedDoesNotWaitForAStuckHandler() async throws {
+    var configuration = configuration("stuck-finish", autoStart: false, maxAttempts: 1)
+    configuration.timeLimit = .seconds(10)
+    configuration.timeLimitGrace = .seconds(10)
+    let release = Gate()
+    let started = Log<String>()
+    let queue = try JobQueue<Request>(configuration: configuration, store: InMemoryJobStore()) { item, _ in
+      started.append(item.name)
+      await release.wait()  // ignores cancellation
+      return .handled
+    }
+    let recorder = EventRecorder(queue.events)
+    let stuck = try await queue.add(Request(name: "stuck")).id
+    queue.start()
+    try await eventually("the handler started") { started.all == ["stuck"] }
+    clock.advance(by: .seconds(10))  // the limit
+    try await recorder.wait(for: "the attempt recorded: the job is dead") { events in
+      events.contains { if case .died(stuck, _) = $0 { true } else { false } }
+    }
+    #expect(try await queue.count() == JobCounts(dead: 1), "no waiting or running job is left")
+    let returned = Mutex(false)
+    let waiter = Task {
+      await queue.waitUntilFinished()
+      returned.withLock { $0 = true }
+    }
+    let finished = await eventually(timeout: .seconds(20)) { returned.withLock { $0 } }
+    #expect(finished, "waitUntilFinished returned while the stuck handler still holds its slot")
+    release.open()
+    await waiter.value
+    await queue.shutdown()
+  }
+
   @Test("delayed jobs wait; higher priority runs first")
   func delayAndPriority() async throws {
     let (queue, handled) = try recordingQueue(configuration(autoStart: false), store: InMemoryJobStore())
