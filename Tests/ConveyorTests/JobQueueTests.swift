@@ -630,6 +630,51 @@ struct JobQueueTests {
     #expect(record?.attempts == 0, "a shutdown is not an attempt")
   }
 
+  /// A time limit frees the job at once, whatever the handler does: a shutdown whose grace ran
+  /// out ends the queue's loop, but a limit that passes afterwards must still hand the job over
+  /// (given back, as the shutdown rule says), not leave it running under this process's lease,
+  /// heart-beaten, for as long as the handler ignores cancellation.
+  @Test(
+    "a time limit passing after a shutdown's grace ran out frees the job at once, not when the handler returns"
+  )
+  func timeLimitAfterShutdownGraceFreesTheJob() async throws {
+    let store = InMemoryJobStore()
+    var configuration = configuration(maxAttempts: 1)
+    configuration.timeLimit = .seconds(10)
+    configuration.timeLimitGrace = .seconds(10)
+    let release = Gate()
+    let cancelled = Mutex(false)
+    let queue = try JobQueue<Request>(configuration: configuration, store: store) { _, _ in
+      // Ignores cancellation, but says when it came.
+      await withTaskCancellationHandler {
+        await release.wait()
+      } onCancel: {
+        cancelled.withLock { $0 = true }
+      }
+      return .handled
+    }
+    let id = try await queue.add(Request(name: "stuck")).id
+    try await eventually("running") { queue.state == .running }
+    let shutdown = Task { await queue.shutdown(gracePeriod: .milliseconds(50)) }
+    try await eventually("the grace ran out: the handler was cancelled") { cancelled.withLock { $0 } }
+    clock.advance(by: .seconds(10))  // the limit
+    var freed = true
+    do {
+      try await eventually("the job leaves the running state", timeout: .seconds(20)) {
+        try await store.job(id)?.status != .running
+      }
+    } catch {
+      freed = false
+    }
+    let record = try await store.job(id)
+    #expect(
+      freed,
+      "the job left the running state when its limit passed, while the handler still runs: \(String(describing: record))"
+    )
+    release.open()
+    await shutdown.value
+  }
+
   @Test(
     "shutdown is not a crash: a job interrupted on its last allowed attempt runs again after a restart",
     arguments: [1, 3])
