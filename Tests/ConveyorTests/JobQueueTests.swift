@@ -311,6 +311,44 @@ struct JobQueueTests {
     await queue.shutdown()
   }
 
+  /// `.stuck` says a handler "ignores cancellation": its grace must run from when it was
+  /// cancelled. When the limit's cancellation comes late on the queue's clock (a stalled or
+  /// suspended machine; a test clock moved in one step), a handler that honours cancellation at
+  /// once, with a short clean-up, must not be reported stuck, logged as an error and counted.
+  @Test("a handler that honours a late-delivered cancellation promptly is not reported stuck")
+  func lateCancellationGetsItsGrace() async throws {
+    var configuration = configuration("late-cancel", autoStart: false, maxAttempts: 1)
+    configuration.timeLimit = .seconds(10)
+    configuration.timeLimitGrace = .seconds(10)
+    let steps = Log<String>()
+    let queue = try JobQueue<Request>(configuration: configuration, store: InMemoryJobStore()) { _, _ in
+      steps.append("started")
+      do {
+        try await Task.sleep(for: .seconds(600))
+      } catch {
+        // Cancelled: a short clean-up (closing a connection), then it returns.
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+          DispatchQueue.global().asyncAfter(deadline: .now() + 0.05) { continuation.resume() }
+        }
+        steps.append("returned after its cancellation")
+      }
+      return .handled
+    }
+    let recorder = EventRecorder(queue.events)
+    let id = try await queue.add(Request(name: "slow")).id
+    queue.start()
+    try await eventually("the handler started") { steps.all == ["started"] }
+    clock.advance(by: .seconds(30))  // the limit and its grace pass before anything could run
+    try await recorder.wait(for: "the attempt recorded as timed out") { events in
+      events.contains { if case .died(id, _) = $0 { true } else { false } }
+    }
+    try await eventually("the handler returned") { steps.all.count == 2 }
+    await queue.waitUntilFinished()  // the worker let its slot go
+    await queue.shutdown()
+    let stuck = recorder.events.filter { if case .stuck = $0 { true } else { false } }
+    #expect(stuck.isEmpty, "a handler that returned promptly once cancelled was reported stuck: \(stuck)")
+  }
+
   @Test("delayed jobs wait; higher priority runs first")
   func delayAndPriority() async throws {
     let (queue, handled) = try recordingQueue(configuration(autoStart: false), store: InMemoryJobStore())
