@@ -349,6 +349,40 @@ struct JobQueueTests {
     #expect(stuck.isEmpty, "a handler that returned promptly once cancelled was reported stuck: \(stuck)")
   }
 
+  /// A handler that hangs by blocking its thread (a lock taken twice, a semaphore never
+  /// signalled: the deadlocks the time limits guide names) holds a thread of Swift's cooperative
+  /// pool. With as many such handlers as the pool has threads, the limit's timer task cannot run
+  /// before they return; what they return then, long past their limit, must still not be recorded.
+  @Test("a result returned past the limit is not recorded, even when blocked handlers held every pool thread")
+  func resultPastTheLimitIsNotRecordedWhenThePoolWasBlocked() async throws {
+    let jobs = max(2, ProcessInfo.processInfo.activeProcessorCount)
+    let store = InMemoryJobStore()
+    var configuration = JobQueueConfiguration(
+      identifier: "blocked", maxAttempts: 1, concurrency: jobs, autoStart: false)
+    configuration.timeLimit = .milliseconds(100)
+    let hang = DispatchSemaphore(value: 0)
+    let queue = try JobQueue<Request>(configuration: configuration, store: store) { _, _ in
+      hang.wait()  // blocks its thread, as a deadlocked handler does
+      return .handled
+    }
+    try await queue.add(contentsOf: (0..<jobs).map { Request(name: "j\($0)") })
+    // Released from a thread of its own, outside the blocked pool, well past the limit.
+    let releaser = Thread {
+      Thread.sleep(forTimeInterval: 2)
+      for _ in 0..<jobs { hang.signal() }
+    }
+    queue.start()
+    releaser.start()
+    await queue.waitUntilFinished()
+    await queue.shutdown()
+    let records = try await store.jobs(queue: "blocked", status: nil, after: nil, limit: jobs)
+    let timedOut = records.filter { $0.status == .dead && $0.lastError?.contains("timed out") == true }
+    #expect(
+      timedOut.count == jobs,
+      "every attempt ran 2 s past its 0.1 s limit and is recorded as timed out, not as what it returned: \(records)"
+    )
+  }
+
   @Test("delayed jobs wait; higher priority runs first")
   func delayAndPriority() async throws {
     let (queue, handled) = try recordingQueue(configuration(autoStart: false), store: InMemoryJobStore())
