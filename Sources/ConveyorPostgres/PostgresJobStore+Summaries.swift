@@ -62,7 +62,7 @@ enum SummarySQL {
   }
 
   /// Where the payload's size is.
-  static let sizeColumn = 13
+  static let sizeColumn = 14
 
   /// `SQL.list` with summaries. Parameters: queue, after, limit, statuses, payload prefix, error
   /// prefix.

@@ -926,6 +926,46 @@ public final class PostgresJobStore: JobStore {
     }
   }
 
+  /// Cancels unfinished jobs; see ``JobStore/cancel(_:queue:)``. One statement; not repeated
+  /// after a lost connection (a repeat would answer ``CancelResult/notFound`` for the jobs the
+  /// first run cancelled), so such a loss is an error to the caller, who may cancel again.
+  public func cancel(_ ids: [JobID], queue: String?) async throws -> [CancelResult] {
+    if ids.isEmpty { return [] }
+    let sql = self.sql
+    let unique = Array(Set(ids.map(\.rawValue)))
+    let found = try await connection.perform(idempotent: false) { db -> [Int64: String] in
+      let rows = try db.execute(
+        sql.cancel,
+        [.int64Array(unique), queue.map(PostgresValue.text) ?? .null(oid: PostgresValue.textOID)],
+        prepared: false)
+      var found: [Int64: String] = [:]
+      for row in 0..<rows.count { found[rows.int64(row, 0)] = rows.text(row, 1) ?? "" }
+      return found
+    }
+    var answered: Set<Int64> = []
+    return ids.map { id in
+      guard let status = found[id.rawValue], answered.insert(id.rawValue).inserted else { return .notFound }
+      switch status {
+      case "ready", "scheduled": return .cancelledWaiting
+      case "running": return .cancelledRunning
+      default: return .alreadyDead
+      }
+    }
+  }
+
+  /// The claims still current; see ``JobStore/currentClaims(_:queue:)``. One read of the primary
+  /// key.
+  public func currentClaims(_ claims: [ClaimReference], queue: String) async throws -> [ClaimReference] {
+    if claims.isEmpty { return [] }
+    let sql = self.sql
+    let running = try await connection.perform(idempotent: true) { db -> Set<ClaimReference> in
+      let rows = try db.execute(sql.runningClaims, [.int64Array(claims.map(\.id.rawValue)), .text(queue)])
+      return Set(
+        (0..<rows.count).map { ClaimReference(id: JobID(rows.int64($0, 0)), token: rows.int64($0, 1)) })
+    }
+    return claims.filter(running.contains)
+  }
+
   /// Deletes every job of the queue whose status is in `statuses`; returns how many.
   public func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int {
     let stored = statuses.flatMap(Self.stored)

@@ -623,6 +623,24 @@ struct SQL {
   // MARK: Changing
 
   var remove: String { "DELETE FROM \(schema).jobs WHERE queue = $1 AND id = ANY($2::int8[])" }
+  /// Deletes the unfinished jobs among the IDs `$1` (of queue `$2`, or any when NULL); returns
+  /// each found job's ID and status as they were.
+  var cancel: String {
+    """
+    WITH target AS (
+      SELECT id, status FROM \(schema).jobs
+      WHERE id = ANY($1::int8[]) AND ($2::text IS NULL OR queue = $2::text) FOR UPDATE
+    ), gone AS (
+      DELETE FROM \(schema).jobs j USING target t
+      WHERE j.id = t.id AND t.status IN ('ready', 'scheduled', 'running') RETURNING j.id
+    )
+    SELECT t.id, t.status, (SELECT count(*) FROM gone) FROM target t
+    """
+  }
+  /// The running jobs of queue `$2` among the IDs `$1`, with their claim tokens.
+  var runningClaims: String {
+    "SELECT id, claim_token FROM \(schema).jobs WHERE id = ANY($1::int8[]) AND queue = $2 AND status = 'running'"
+  }
   var clear: String { "DELETE FROM \(schema).jobs WHERE queue = $1 AND status = ANY($2::text[])" }
   /// The count and highest ID of some statuses' jobs (`jobs_status`). Parameters: queue, statuses.
   var tally: String {

@@ -328,6 +328,12 @@ enum SQL {
   static let job = "SELECT \(columns) FROM jobs WHERE id = ?"
 
   static let remove = "DELETE FROM jobs WHERE id = ? AND queue = ?"
+  /// A job's status and queue, for ``SQLiteJobStore/cancel(_:queue:)``.
+  static let statusAndQueue = "SELECT status, queue FROM jobs WHERE id = ?"
+  static let removeByID = "DELETE FROM jobs WHERE id = ?"
+  /// Whether a claim is current (``SQLiteJobStore/currentClaims(_:queue:)``): parameters ID,
+  /// queue, token.
+  static let isCurrent = "SELECT 1 FROM jobs WHERE \(held)"
 
   static func clear(_ status: String) -> String {
     "DELETE FROM jobs WHERE queue = ? AND status = '\(status)'"

@@ -132,7 +132,7 @@ enum SummarySQL {
   }
 
   /// Where the payload's length is.
-  static let sizeColumn: Int32 = 13
+  static let sizeColumn: Int32 = 14
 
   /// `statement` (one selecting ``SQL/columns`` from `jobs`) selecting ``columns(errorPrefix:)``
   /// instead.

@@ -411,6 +411,42 @@ public final class SQLiteJobStore: JobStore {
     }
   }
 
+  /// Cancels unfinished jobs; see ``JobStore/cancel(_:queue:)``. One write transaction: a
+  /// primary-key read and delete per ID.
+  public func cancel(_ ids: [JobID], queue: String?) async throws -> [CancelResult] {
+    if ids.isEmpty { return [] }
+    return try await connection.perform { db in
+      try db.transaction(immediate: true) {
+        try ids.map { id -> CancelResult in
+          var found: (status: String, queue: String)?
+          try db.query(SQL.statusAndQueue, .integer(id.rawValue)) {
+            found = ($0.text(0) ?? "", $0.text(1) ?? "")
+          }
+          guard let found, queue == nil || found.queue == queue else { return .notFound }
+          switch found.status {
+          case "ready", "scheduled", "running":
+            try db.run(SQL.removeByID, .integer(id.rawValue))
+            return found.status == "running" ? .cancelledRunning : .cancelledWaiting
+          default: return .alreadyDead
+          }
+        }
+      }
+    }
+  }
+
+  /// The claims still current; see ``JobStore/currentClaims(_:queue:)``. One read transaction:
+  /// a primary-key lookup per claim.
+  public func currentClaims(_ claims: [ClaimReference], queue: String) async throws -> [ClaimReference] {
+    if claims.isEmpty { return [] }
+    return try await connection.perform { db in
+      try db.transaction(immediate: false) {
+        try claims.filter {
+          try db.scalar(SQL.isCurrent, .integer($0.id.rawValue), .text(queue), .integer($0.token)) != nil
+        }
+      }
+    }
+  }
+
   /// Deletes every job of the queue whose status is in `statuses`; returns how many.
   public func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int {
     let stored = statuses.flatMap(SQL.stored)

@@ -84,6 +84,10 @@ enum CLI {
       CommandSpec(
         name: "retry", operands: "ID... | --all", summary: "re-queue dead jobs",
         options: [OptionSpec(names: ["--all"], value: nil, help: "every dead job")]),
+      CommandSpec(
+        name: "cancel", operands: "ID...",
+        summary: "stop jobs for good: a waiting one never runs, a running one's command is stopped",
+        options: []),
       CommandSpec(name: "remove", operands: "ID...", summary: "delete jobs", options: []),
       CommandSpec(
         name: "purge", operands: "", summary: "delete dead jobs",
@@ -286,6 +290,7 @@ enum CLI {
     case "status": return try await status(&arguments, context)
     case "list": return try await list(&arguments, context)
     case "retry": return try await retry(&arguments, context)
+    case "cancel": return try await cancel(&arguments, context)
     case "remove": return try await remove(&arguments, context)
     case "purge": return try await purge(&arguments, context)
     case "pause", "resume":
@@ -737,6 +742,29 @@ enum CLI {
     return ExitCode.success.rawValue
   }
 
+  /// Cancels each job, saying per job what happened. A job already finished (dead, or done and
+  /// deleted) is not an error: nothing was left to stop.
+  static func cancel(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
+    let ids = try jobIDs(&arguments)
+    guard !ids.isEmpty else { throw UsageError(description: "name the job IDs to cancel") }
+    let results = try await context.controlQueue().cancel(ids)
+    for (id, result) in zip(ids, results) {
+      switch result {
+      case .cancelledWaiting: output("job \(id): cancelled; it will not run")
+      case .cancelledRunning:
+        output(
+          "job \(id): cancelled while running; its worker stops it within about a second and does not retry it"
+        )
+      case .alreadyDead: output("job \(id): already dead; nothing to cancel (delete it with remove)")
+      case .notFound:
+        output(
+          "job \(id): no such job in this queue (finished and deleted, removed, or never added); nothing to cancel"
+        )
+      }
+    }
+    return ExitCode.success.rawValue
+  }
+
   static func remove(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
     let ids = try jobIDs(&arguments)
     guard !ids.isEmpty else { throw UsageError(description: "name the job IDs to remove") }
@@ -787,11 +815,12 @@ enum CLI {
   /// Takes the remaining words as job IDs, each once, in order.
   static func jobIDs(_ arguments: inout Arguments) throws -> [JobID] {
     var ids: [JobID] = []
+    var seen: Set<JobID> = []
     while let word = arguments.next() {
       guard let value = Int64(word), value > 0 else {
-        throw UsageError(description: "\"\(word)\" is not a job ID (a positive whole number)")
+        throw UsageError(description: "\"\(printable(word))\" is not a job ID (a positive whole number)")
       }
-      if !ids.contains(JobID(value)) { ids.append(JobID(value)) }
+      if seen.insert(JobID(value)).inserted { ids.append(JobID(value)) }
     }
     return ids
   }

@@ -284,3 +284,72 @@ import Testing
         == true)
   }
 }
+
+/// `cancel`: a waiting job never runs; a job another process runs has its command stopped by that
+/// worker, which goes on working, and is not retried. On a SQLite file and on PostgreSQL.
+@Suite struct CancelCommandTests {
+  @Test func cancellingAWaitingJobMeansItNeverRunsAndSaysSoForEachID() async throws {
+    let sandbox = try Sandbox()
+    let marker = sandbox.path("ran")
+    let id = try await sandbox.add(["exec", "--", "/bin/sh", "-c", "echo ran > \(marker)"])
+    let cancelled = try await sandbox.succeed(["cancel", "\(id)", "\(id + 50)"])
+    #expect(cancelled.stdout.contains("job \(id): cancelled; it will not run"), "\(cancelled)")
+    #expect(cancelled.stdout.contains("job \(id + 50): no such job"), "\(cancelled)")
+    try await sandbox.succeed(["work", "--until-empty"])
+    #expect(!FileManager.default.fileExists(atPath: marker), "the cancelled command ran")
+    let again = try await sandbox.succeed(["cancel", "\(id)"])
+    #expect(again.stdout.contains("no such job"), "a second cancel is a no-op: \(again)")
+    let usage = try await sandbox.run(["cancel"])
+    #expect(usage.status == 2 && usage.stderr.contains("name the job IDs to cancel"), "\(usage)")
+    let bad = try await sandbox.run(["cancel", "12\r\nx"])
+    #expect(bad.status == 2 && !bad.stderr.contains("\r"), "\(bad)")
+  }
+
+  @Test func cancellingAJobAnotherProcessRunsStopsItsCommandOnSQLite() async throws {
+    let sandbox = try Sandbox()
+    try await Self.cancelRunningJob(in: sandbox, database: sandbox.database)
+  }
+
+  @Test(.enabled(if: LocalPostgres.binaries != nil))
+  func cancellingAJobAnotherProcessRunsStopsItsCommandOnPostgreSQL() async throws {
+    let sandbox = try Sandbox()
+    let server = try await LocalPostgres.start(in: sandbox)
+    defer { server.stop() }
+    try await Self.cancelRunningJob(in: sandbox, database: server.url)
+  }
+
+  /// Starts a worker on a job whose command records its process ID and sleeps ten minutes,
+  /// cancels the job from another process, and waits for the command to be gone while the
+  /// worker still runs.
+  static func cancelRunningJob(in sandbox: Sandbox, database: String) async throws {
+    let pidFile = sandbox.path("pid")
+    let added = try await sandbox.run(
+      ["--database", database, "add", "exec", "--", "/bin/sh", "-c", "echo $$ > \(pidFile); exec sleep 600"],
+      withDatabase: false)
+    #expect(added.status == 0, "\(added)")
+    let id = added.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+    // A lease of ten minutes: its heartbeats (every 200 s) cannot be what tells the worker within
+    // the minute this test waits; the worker's claim checks (twice a second) must.
+    let worker = try sandbox.start(
+      ["--database", database, "work", "--json", "--lease", "600"], withDatabase: false)
+    defer { kill(worker.process.processIdentifier, SIGKILL) }
+    func commandPID() -> pid_t? {
+      guard let text = try? String(contentsOfFile: pidFile, encoding: .utf8) else { return nil }
+      return pid_t(text.trimmingCharacters(in: .whitespacesAndNewlines))
+    }
+    try await worker.waitUntil("the command to start", timeout: .seconds(60)) { commandPID() != nil }
+    let pid = try #require(commandPID())
+    let cancelled = try await sandbox.run(["--database", database, "cancel", id], withDatabase: false)
+    #expect(
+      cancelled.status == 0 && cancelled.stdout.contains("job \(id): cancelled while running"), "\(cancelled)"
+    )
+    try await worker.waitUntil("the worker to stop the command", timeout: .seconds(60)) { kill(pid, 0) != 0 }
+    #expect(!worker.hasExited, "the worker goes on working")
+    let listed = try await sandbox.run(["--database", database, "list", "--json"], withDatabase: false)
+    #expect(listed.status == 0 && listed.stdout.isEmpty, "the job is gone: \(listed)")
+    kill(worker.process.processIdentifier, SIGTERM)
+    let done = try await worker.waitForExit(timeout: .seconds(60))
+    let events = try done.objects().compactMap { $0["event"] as? String }
+    #expect(events.filter { $0 != "state" && $0 != "finished" } == ["started"], "not retried: \(done)")
+  }
+}

@@ -111,6 +111,24 @@ final class SimStore: JobStore {
     }
   }
 
+  func cancel(_ ids: [JobID], queue: String?) async throws -> [CancelResult] {
+    try await world.call(process, .change) {
+      let results = try await self.base.cancel(ids, queue: queue)
+      self.world.oracle.removed(zip(ids, results).filter { $0.1.cancelled }.map(\.0))
+      return results
+    }
+  }
+
+  func currentClaims(_ claims: [ClaimReference], queue: String) async throws -> [ClaimReference] {
+    try await world.call(process, .read) {
+      guard self.world.scenario.defect == .renewsStaleClaims else {
+        return try await self.base.currentClaims(claims, queue: queue)
+      }
+      // The same defect as its heartbeat: a claim of a running job counts as its current one.
+      return claims.filter { self.base.peek($0.id)?.status == .running }
+    }
+  }
+
   func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int {
     try await world.call(process, .change) {
       let doomed = try await self.base.jobs(queue: queue, status: nil, after: nil, limit: .max).filter {

@@ -16,6 +16,7 @@ public final class InstrumentedJobStore: JobStore {
     var claimAnswerDelays: [Duration] = []
     var claimAnswerHolds: [Gate] = []
     var afterHeartbeat: (@Sendable () -> Void)?
+    var hidesLostClaims = false
   }
   private let state = Mutex(State())
 
@@ -37,6 +38,13 @@ public final class InstrumentedJobStore: JobStore {
 
   /// Every call so far.
   public var totalCalls: Int { state.withLock { $0.calls.values.reduce(0, +) } }
+
+  /// Makes heartbeats and claim checks answer that every claim is still current, as a store
+  /// that cannot tell would: a queue then learns of a cancelled job only through its own
+  /// `cancel`.
+  public func hideLostClaims() {
+    state.withLock { $0.hidesLostClaims = true }
+  }
 
   /// Forgets the calls counted so far.
   public func resetCalls() {
@@ -123,7 +131,8 @@ public final class InstrumentedJobStore: JobStore {
     async throws -> [ClaimReference]
   {
     try record("heartbeat")
-    let kept = try await base.heartbeat(claims, queue: queue, lease: lease, clock: clock)
+    var kept = try await base.heartbeat(claims, queue: queue, lease: lease, clock: clock)
+    if state.withLock({ $0.hidesLostClaims }) { kept = claims }
     state.withLock { $0.afterHeartbeat }?()
     let delay = state.withLock { $0.heartbeatReturnDelay }
     if delay > .zero { try await Task.sleep(for: delay) }
@@ -158,6 +167,19 @@ public final class InstrumentedJobStore: JobStore {
   public func remove(_ ids: [JobID], queue: String) async throws -> Int {
     try record("remove")
     return try await base.remove(ids, queue: queue)
+  }
+
+  /// Counted, then forwarded to ``base``.
+  public func cancel(_ ids: [JobID], queue: String?) async throws -> [CancelResult] {
+    try record("cancel")
+    return try await base.cancel(ids, queue: queue)
+  }
+
+  /// Counted, then forwarded to ``base``.
+  public func currentClaims(_ claims: [ClaimReference], queue: String) async throws -> [ClaimReference] {
+    try record("currentClaims")
+    let current = try await base.currentClaims(claims, queue: queue)
+    return state.withLock { $0.hidesLostClaims } ? claims : current
   }
 
   /// Counted, then forwarded to ``base``.

@@ -125,6 +125,52 @@ public enum JobStoreConformance {
       let one = try await store.job(listed[0].id)
       try expect(one?.timeLimit == .milliseconds(1_500), "job(_:): \(String(describing: one?.timeLimit))")
     },
+    check("cancel deletes waiting and running jobs, leaves dead ones, and answers for each ID") { store in
+      let added = try await store.enqueue(
+        [job("running"), job("dead"), job("ready"), job("scheduled", at: 3_600), job("other")], queue: "q",
+        clock: now(0))
+      let ids = added.map(\.id)
+      let claimed = try await claim(store, limit: 2, now: 1).claimed
+      try expect(claimed.map(text) == ["running", "dead"], "claimed: \(claimed.map(text))")
+      _ = try await claim(store, limit: 0, settling: [settle(claimed[1], .kill(error: "boom"))], now: 2)
+      let unknown = JobID(ids[4].rawValue + 1_000)
+      let results = try await store.cancel([ids[2], ids[3], ids[0], ids[1], unknown, ids[2]], queue: "q")
+      try expect(
+        results == [
+          .cancelledWaiting, .cancelledWaiting, .cancelledRunning, .alreadyDead, .notFound, .notFound,
+        ],
+        "answers: \(results)")
+      let counts = try await store.counts(queue: "q", clock: now(4))
+      try expect(
+        counts == JobCounts(ready: 1, dead: 1), "the dead job and the untouched one are left: \(counts)")
+      // The cancelled running job's outcome is refused.
+      let late = try await claim(store, limit: 0, settling: [settle(claimed[0], .complete)], now: 4)
+      try expect(late.staleSettlements == [claimed[0].claim], "refused: \(late.staleSettlements)")
+      // Another queue's name finds nothing; no queue finds the job wherever it is.
+      try expect(try await store.cancel([ids[4]], queue: "elsewhere") == [.notFound], "another queue")
+      try expect(try await store.cancel([ids[4]], queue: nil) == [.cancelledWaiting], "any queue")
+      try expect(try await store.cancel([], queue: nil).isEmpty, "nothing asked, nothing answered")
+    },
+    check("currentClaims names the claims still running under their token, reading only") { store in
+      _ = try await store.enqueue([job("a"), job("b"), job("c")], queue: "q", clock: now(0))
+      let claimed = try await claim(store, limit: 3, now: 1, leaseFor: 1).claimed
+      try expect(claimed.count == 3, "three claimed")
+      // b is cancelled; c's lease lapses and it is rescued and claimed again (a new token); a's
+      // lease lapsed too, but nobody took it: still its claim.
+      _ = try await store.cancel([claimed[1].id], queue: "q")
+      _ = try await store.rescueExpiredLeases(queue: "q", clock: now(5))
+      let again = try await claim(store, limit: 3, now: 5).claimed
+      let c = try expectOne(again.filter { text($0) == "c" })
+      let a = try expectOne(again.filter { text($0) == "a" })
+      let asked = claimed.map(\.claim) + [a.claim, c.claim]
+      let current = try await store.currentClaims(asked, queue: "q")
+      try expect(current == [a.claim, c.claim], "only the new claims: \(current)")
+      try expect(
+        try await store.currentClaims([a.claim], queue: "other").isEmpty,
+        "a claim of another queue is not current")
+      let counts = try await store.counts(queue: "q", clock: now(5))
+      try expect(counts == JobCounts(running: 2), "nothing changed: \(counts)")
+    },
     check("claims follow priority, then run date, then ID") { store in
       _ = try await store.enqueue(
         [

@@ -55,7 +55,8 @@ extension QueueEngineConformance {
       }
       let recorder = EventRecorder(queue.events)
       let stuck = try await queue.add(Named(name: "stuck")).id
-      try await queue.add(Named(name: "next"))
+      // A limit of its own, so a loaded machine cannot make this one time out too.
+      try await queue.add(Named(name: "next"), timeLimit: .seconds(600))
       queue.start()
       try await recorder.wait(for: "the stuck event") { events in
         events.contains { if case .stuck(stuck, _) = $0 { true } else { false } }

@@ -121,6 +121,12 @@ struct QueueActivityShutdownTests {
     func remove(_ ids: [JobID], queue: String) async throws -> Int {
       try await base.remove(ids, queue: queue)
     }
+    func cancel(_ ids: [JobID], queue: String?) async throws -> [CancelResult] {
+      try await base.cancel(ids, queue: queue)
+    }
+    func currentClaims(_ claims: [ClaimReference], queue: String) async throws -> [ClaimReference] {
+      try await base.currentClaims(claims, queue: queue)
+    }
     func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int {
       try await base.clear(queue: queue, statuses: statuses)
     }

@@ -292,7 +292,8 @@ struct QueueEngineTests {
     try await eventually("the blocking job started") { started.all == ["0#1"] }
     try await queue.add(EngineItem(number: 1), delay: .milliseconds(300))
     try await eventually("the delayed job started", timeout: .seconds(90)) { started.all.contains("1#1") }
-    #expect(try await queue.count() == JobCounts(running: 1), "only the blocked job is left")
+    // The delayed job's outcome is recorded after its handler returns: wait for it.
+    try await eventually("only the blocked job is left") { try await queue.count() == JobCounts(running: 1) }
     gate.open()
     await queue.waitUntilFinished()
     await queue.shutdown(gracePeriod: .seconds(1))
@@ -677,7 +678,8 @@ struct QueueEngineTests {
       .handled
     }
     try await other.pause()
-    try await Task.sleep(for: .seconds(1))  // 20 poll intervals
+    // Within its poll interval (50 ms), however long a loaded machine takes to run the poll.
+    try await eventually("the worker to notice the stored pause") { worker.state == .paused }
     let stateAfterPolls = worker.state
     gate.open()
     try await Task.sleep(for: .milliseconds(500))

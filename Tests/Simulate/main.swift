@@ -5,6 +5,10 @@ import Foundation
 // second and any violation (its seed, its shrunk scenario and the last events before it).
 //
 //   swift run -c release conveyor-simulate --seeds 100000 [--from SEED] [--seed SEED]
+//                                          [--defect settlesStaleClaims|rescuesLiveLeases|renewsStaleClaims]
+//
+// With `--defect`, each seed's scenario has that defect built into the store: a search for seeds
+// that catch it (the simulation's own check tests name one).
 
 let arguments = Array(CommandLine.arguments.dropFirst())
 @MainActor func option(_ name: String) -> UInt64? {
@@ -12,8 +16,22 @@ let arguments = Array(CommandLine.arguments.dropFirst())
   return UInt64(arguments[index + 1])
 }
 if arguments.contains("--help") || arguments.contains("-h") {
-  print("usage: conveyor-simulate [--seeds N] [--from SEED] | --seed SEED")
+  print("usage: conveyor-simulate [--seeds N] [--from SEED] | --seed SEED [--defect NAME]")
   exit(0)
+}
+let defect = arguments.firstIndex(of: "--defect").flatMap { index in
+  index + 1 < arguments.count ? SimDefect(rawValue: arguments[index + 1]) : nil
+}
+if arguments.contains("--defect") && defect == nil {
+  print("conveyor-simulate: --defect takes settlesStaleClaims, rescuesLiveLeases or renewsStaleClaims")
+  exit(2)
+}
+/// One history of `seed`, with the defect asked for.
+func run(_ seed: UInt64) -> SimOutcome {
+  guard let defect else { return Simulation.run(seed: seed) }
+  var scenario = SimScenario.drawn(from: seed)
+  scenario.defect = defect
+  return Simulation.run(seed: seed, scenario: scenario)
 }
 
 func report(_ outcome: SimOutcome) {
@@ -25,7 +43,7 @@ func report(_ outcome: SimOutcome) {
 }
 
 if let seed = option("--seed") {
-  let outcome = Simulation.run(seed: seed)
+  let outcome = run(seed)
   guard outcome.violation != nil else {
     print(
       "seed \(seed): no violation (\(outcome.lifecycles) jobs finished, \(outcome.steps) steps, \(outcome.simulated) simulated)"
@@ -43,7 +61,7 @@ var lifecycles = 0
 var steps = 0
 var lastReport = start
 for seed in first..<(first + count) {
-  let outcome = Simulation.run(seed: seed)
+  let outcome = run(seed)
   lifecycles += outcome.lifecycles
   steps += outcome.steps
   if outcome.violation != nil {

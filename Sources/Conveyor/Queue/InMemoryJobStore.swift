@@ -163,6 +163,27 @@ public final class InMemoryJobStore: JobStore {
     }
   }
 
+  /// Cancels unfinished jobs; see ``JobStore/cancel(_:queue:)``.
+  public func cancel(_ ids: [JobID], queue: String?) async throws -> [CancelResult] {
+    state.withLock { state in
+      ids.map { id in
+        let name = queue.map(ExactText.init) ?? state.queues.first { $0.value.jobs[id] != nil }?.key
+        guard let name, let record = state.queues[name]?.jobs[id]?.record else { return .notFound }
+        switch record.status {
+        case .dead: return .alreadyDead
+        case .pending, .running:
+          _ = state.queues[name]?.delete(id)
+          return record.status == .running ? .cancelledRunning : .cancelledWaiting
+        }
+      }
+    }
+  }
+
+  /// The claims still current; see ``JobStore/currentClaims(_:queue:)``.
+  public func currentClaims(_ claims: [ClaimReference], queue: String) async throws -> [ClaimReference] {
+    withQueue(queue) { queueState in claims.filter { queueState.isCurrent($0) } }
+  }
+
   /// Deletes jobs by status; see ``JobStore/clear(queue:statuses:)``.
   public func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int {
     withQueue(queue) { queueState in

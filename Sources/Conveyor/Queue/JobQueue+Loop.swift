@@ -182,14 +182,19 @@ extension JobQueue {
 
   /// Heartbeats found claims gone: drop the ones not yet started, and say so.
   private func lost(_ claims: Set<ClaimReference>) {
-    let stillHeld = core.withLock { core in
+    let (stillHeld, handlers) = core.withLock { core in
       let held = Set(core.state.heldClaims)
       core.state.lost(claims)
-      return claims.intersection(held)
+      return (claims.intersection(held), claims.compactMap { core.handlers[$0] })
     }
     for claim in stillHeld {
-      log(.warning, "lost the lease on a job; another worker may run it", ["job": claim.id.description])
+      log(
+        .warning,
+        "the store no longer holds a job for this worker (cancelled, removed, or taken over after its lease lapsed)",
+        ["job": claim.id.description])
     }
+    // Its outcome would be refused: stop the work.
+    for handler in handlers { handler.cancel() }
   }
 
   /// Records outcomes and claims, publishing the events of the outcomes the store accepted; on
@@ -310,9 +315,13 @@ extension JobQueue {
       if let overrun = handled.overrun {
         // Timed out: the loop records the attempt now; this worker keeps its slot until the
         // handler returns.
-        core.withLock { $0.state.attemptOutran(record.claim, outcome: handled.settlement) }
-        wake.signal()
+        if core.withLock({ $0.state.attemptOutran(record.claim, outcome: handled.settlement) }) {
+          wake.signal()
+        } else {
+          await recordAlone(handled.settlement)
+        }
         await waitForOverrun(overrun, of: record)
+        core.withLock { $0.state.overrunEnded() }
         outcome = nil
       }
       let ahead =
@@ -392,18 +401,18 @@ extension JobQueue {
     // Only when a handler is about to run: `.started` means "a handler started on a job".
     emit(.started(record.id, attempt: record.attempts))
     countStart(of: record)
-    let returned: Result<JobResult?, any Error>
-    if let limit = record.timeLimit ?? configuration.timeLimit {
-      let started = clock.uptime()
-      let (end, handler) = await handle(item, context, until: started + limit)
-      guard let end else {
-        let overrun = Overrun(
-          handler: handler, started: started, stuckAt: started + limit + configuration.timeLimitGrace)
-        return Handled(settlement(for: record, outcome: .timedOut(limit)), overrun: overrun)
-      }
-      returned = end
-    } else {
-      do { returned = .success(try await handle(item, context)) } catch { returned = .failure(error) }
+    let limit = record.timeLimit ?? configuration.timeLimit
+    let started = clock.uptime()
+    let (end, handler) = await handle(item, context, claim: record.claim, until: limit.map { started + $0 })
+    guard let returned = end else {
+      // Only with a limit: the deadline came first.
+      let limit = limit ?? .zero
+      // The grace runs from when the handler was cancelled, which may be after the limit (a
+      // stalled machine, a test clock moved in one step).
+      let cancelledAt = max(started + limit, clock.uptime())
+      let overrun = Overrun(
+        handler: handler, started: started, stuckAt: cancelledAt + configuration.timeLimitGrace)
+      return Handled(settlement(for: record, outcome: .timedOut(limit)), overrun: overrun)
     }
     switch returned {
     case .success(let result?): return Handled(settlement(for: record, outcome: .result(result)))
@@ -412,30 +421,51 @@ extension JobQueue {
     }
   }
 
-  /// Runs the handler; nil when the delegate is gone.
-  private func handle(_ item: Item, _ context: JobContext) async throws -> JobResult? {
+  /// Runs the handler; nil when the delegate is gone. A delegate's answer comes through
+  /// `answer`, which the caller ends with `CancellationError` at a shutdown: the delegate cannot
+  /// see its task's cancellation, so a time limit or a lost claim leaves it running, holding its
+  /// slot, as a closure that ignores cancellation does.
+  private func handle(_ item: Item, _ context: JobContext, answer: CallbackPromise<JobResult>) async throws
+    -> JobResult?
+  {
     if let handler { return try await handler(item, context) }
-    guard let delegate = delegateBox?.handle else { return nil }
-    return try await delegate(self, item, context.attempts)
+    guard let delegate = delegateBox?.handle, await delegate(self, item, context.attempts, answer) else {
+      return nil
+    }
+    return try await answer.valueIgnoringCancellation
   }
 
-  /// Runs the handler in a task of its own until it returns or `deadline` (the clock's uptime)
-  /// passes, whichever comes first: what it returned, or nil when the deadline came first (its
-  /// task is then cancelled, and may still be running). The handler's task, to wait for.
+  /// Runs the handler in a task of its own, registered under `claim` (so a claim the store no
+  /// longer holds cancels it), until it returns or `deadline` (the clock's uptime) passes,
+  /// whichever comes first: what it returned, or nil when the deadline came first (its task is
+  /// then cancelled, and may still be running). A result that comes after the deadline counts as
+  /// the deadline coming first (its timer may not have run: every thread of the pool blocked).
+  /// The handler's task, to wait for.
   ///
   /// Cancelling the caller (a shutdown's grace ran out) cancels the handler.
-  private func handle(_ item: Item, _ context: JobContext, until deadline: Duration) async -> (
-    Result<JobResult?, any Error>?, Task<Void, Never>
-  ) {
+  private func handle(_ item: Item, _ context: JobContext, claim: ClaimReference, until deadline: Duration?)
+    async -> (Result<JobResult?, any Error>?, Task<Void, Never>)
+  {
     let end = CallbackPromise<Result<JobResult?, any Error>?>()
+    let answer = CallbackPromise<JobResult>()
+    let clock = self.clock
     let handler = Task(executorPreference: configuration.runtime.executor) {
-      do { end.fulfil(.success(.success(try await self.handle(item, context)))) } catch {
-        end.fulfil(.success(.failure(error)))
+      let result: Result<JobResult?, any Error>
+      do { result = .success(try await self.handle(item, context, answer: answer)) } catch {
+        result = .failure(error)
+      }
+      if let deadline, clock.uptime() > deadline {
+        end.fulfil(.success(nil))
+      } else {
+        end.fulfil(.success(result))
       }
     }
-    let timer = Task(executorPreference: configuration.runtime.executor) { [clock] in
-      do { try await clock.sleep(untilUptime: deadline) } catch { return }  // the handler returned first
-      end.fulfil(.success(nil))
+    core.withLock { $0.handlers[claim] = handler }
+    let timer = deadline.map { deadline in
+      Task(executorPreference: configuration.runtime.executor) {
+        do { try await clock.sleep(untilUptime: deadline) } catch { return }  // the handler returned first
+        end.fulfil(.success(nil))
+      }
     }
     let result: Result<JobResult?, any Error>?
     do {
@@ -443,13 +473,31 @@ extension JobQueue {
         try await end.valueIgnoringCancellation
       } onCancel: {
         handler.cancel()
+        answer.fulfil(.failure(CancellationError()))
       }
     } catch {
       result = nil  // not reached: `end` is only ever fulfilled with a success
     }
-    timer.cancel()
+    timer?.cancel()
     if result == nil { handler.cancel() }
+    core.withLock { _ = $0.handlers.removeValue(forKey: claim) }
     return (result, handler)
+  }
+
+  /// Records one outcome in a store call of its own, in a task no shutdown cancels: for a
+  /// time-limited attempt that outran its limit while the queue stops (its loop records nothing
+  /// more until its workers end). A failure leaves it to the loop's final record.
+  private func recordAlone(_ outcome: PendingSettlement) async {
+    let recorded = await Task(executorPreference: configuration.runtime.executor) { () -> Bool in
+      do {
+        _ = try await self.settleAndClaim([outcome], limit: 0)
+        return true
+      } catch {
+        self.log(.warning, "could not record a timed-out attempt; it is recorded at shutdown: \(error)")
+        return false
+      }
+    }.value
+    if !recorded { core.withLock { $0.state.restore([outcome]) } }
   }
 
   /// A handler that outran its time limit and still holds its worker: the worker reports it stuck

@@ -293,6 +293,36 @@ public final class JobQueue<Item: Queueable>: Sendable {
     try await store.remove(ids, queue: identifier)
   }
 
+  /// Cancels jobs of this queue that have not finished; returns one result per ID, in order.
+  ///
+  /// A waiting job is deleted at once and never runs. A running job is deleted too, so it is not
+  /// retried and its handler's outcome is ignored; its handler's task is cancelled: at once when
+  /// it runs in this queue instance, otherwise when its worker next checks its claims (twice a
+  /// second while it holds any), in whichever process or machine it runs. A dead job, or an ID
+  /// with no job (finished and deleted, never added, or of another queue), is left as it is: see
+  /// ``CancelResult``.
+  @discardableResult
+  public func cancel(_ ids: [JobID]) async throws -> [CancelResult] {
+    let results = try await store.cancel(ids, queue: identifier)
+    let running = Set(zip(ids, results).filter { $0.1 == .cancelledRunning }.map(\.0))
+    if !running.isEmpty { cancelHandlers { running.contains($0.id) } }
+    return results
+  }
+
+  /// Cancels a job of this queue that has not finished; see ``cancel(_:)-([JobID])``.
+  @discardableResult
+  public func cancel(_ id: JobID) async throws -> CancelResult {
+    try await cancel([id])[0]
+  }
+
+  /// Cancels the tasks of this instance's running handlers whose claims match; returns how many.
+  @discardableResult
+  func cancelHandlers(where matches: (ClaimReference) -> Bool) -> Int {
+    let tasks = core.withLock { core in core.handlers.filter { matches($0.key) }.map(\.value) }
+    for task in tasks { task.cancel() }
+    return tasks.count
+  }
+
   /// Deletes a job; returns whether it existed.
   @discardableResult
   public func remove(_ id: JobID) async throws -> Bool {
@@ -417,6 +447,9 @@ struct QueueCore: Sendable {
   var loop: Task<Void, Never>?
   var subscribers: [UUID: AsyncStream<JobQueueEvent>.Continuation] = [:]
   var finishContinuations: [UUID: CheckedContinuation<Void, Never>] = [:]
+  /// The task of each handler running (or running past its time limit), by claim: a claim the
+  /// store no longer holds (cancelled, removed, taken over) has its handler cancelled.
+  var handlers: [ClaimReference: Task<Void, Never>] = [:]
 
   init(_ configuration: JobQueueConfiguration) {
     state = QueueState(
@@ -433,20 +466,22 @@ extension JobQueue {
   /// The delegate, held weakly, with its calls bound to the concrete type.
   final class DelegateBox: Sendable {
     /// Handles a job; nil when the delegate is gone.
-    let handle: @Sendable (JobQueue<Item>, Item, Int) async throws -> JobResult?
+    /// Starts handling a job, its answer to be given to the promise; false when the delegate is
+    /// gone (the promise is then never fulfilled).
+    let handle: @Sendable (JobQueue<Item>, Item, Int, CallbackPromise<JobResult>) async -> Bool
     let finished: @Sendable (JobQueue<Item>) async -> Void
     let isAlive: @Sendable () -> Bool
 
     init<Delegate: JobQueueDelegate>(_ delegate: Delegate) where Delegate.Item == Item {
-      handle = { [weak delegate] queue, item, attempts in
-        guard let delegate, delegate.isReadyForJobs else { return nil }
+      handle = { [weak delegate] queue, item, attempts, promise in
+        guard let delegate, delegate.isReadyForJobs else { return false }
         // The requirement is `async` so that the call hops to the delegate's actor (the main
         // actor for a `@MainActor` delegate); the completion may come during or after it. The
-        // task's cancellation (at the end of a shutdown's grace period) throws, as a closure
-        // handler's would, and goes through the same shutdown rule; a later completion is ignored.
-        let promise = CallbackPromise<JobResult>()
+        // end of a shutdown's grace period fulfils the promise with `CancellationError`, as a
+        // closure handler would throw it, and goes through the same shutdown rule; a later
+        // completion is ignored.
         await delegate.queue(queue, handle: item, attempts: attempts) { promise.fulfil(.success($0)) }
-        return try await promise.value
+        return true
       }
       finished = { [weak delegate] queue in await delegate?.queueFinished(queue) }
       isAlive = { [weak delegate] in delegate?.isReadyForJobs == true }

@@ -395,6 +395,22 @@ public protocol JobStore: Sendable {
   /// Deletes every job of the queue whose status is in `statuses`; returns how many.
   func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int
 
+  /// Cancels jobs that have not finished, in one transaction: each waiting or running job among
+  /// `ids` (of `queue`, or of any queue when nil) is deleted, so it never runs again and a
+  /// running one's outcome is refused. A dead job is left as it is. Returns one result per ID, in
+  /// order (an ID given twice is cancelled once; the second answer is ``CancelResult/notFound``).
+  ///
+  /// A running job's worker learns it at its next ``currentClaims(_:queue:)`` check or heartbeat,
+  /// and cancels the handler's task.
+  func cancel(_ ids: [JobID], queue: String?) async throws -> [CancelResult]
+
+  /// Of `claims`, those still current for `queue`: the job is running under that claim token,
+  /// whatever its lease says. Reads only. A queue asks about its claims twice a second while it
+  /// holds any, and cancels the handlers of claims that are no longer current (cancelled,
+  /// removed, or handed to another worker after their lease lapsed). Default: every claim (the
+  /// store cannot tell; handlers then learn nothing before their heartbeat).
+  func currentClaims(_ claims: [ClaimReference], queue: String) async throws -> [ClaimReference]
+
   /// How many of the queue's jobs have a status in `statuses`, and the highest of their IDs, read
   /// in one snapshot: what an operator confirms before ``clear(queue:statuses:through:expecting:)``.
   func tally(queue: String, statuses: Set<JobStatus>) async throws -> JobTally
@@ -493,6 +509,29 @@ extension JobStore {
 
   /// Cannot tell: nil.
   public func oldestReadyRunDate(queue: String, clock: any JobClock) async throws -> Date? { nil }
+
+  /// Cannot tell: every claim.
+  public func currentClaims(_ claims: [ClaimReference], queue: String) async throws -> [ClaimReference] {
+    claims
+  }
+}
+
+/// What ``JobStore/cancel(_:queue:)`` did with one job.
+public enum CancelResult: String, Sendable, Hashable, Codable {
+  /// The job was waiting (ready or scheduled); it was deleted and will never run.
+  case cancelledWaiting
+  /// The job was running; it was deleted. Its worker cancels the handler's task when it next
+  /// checks its claims (within about a second), ignores the handler's outcome, and the job is not
+  /// retried.
+  case cancelledRunning
+  /// The job is dead, so already finished; nothing changed. Delete it with `remove` or `purge`.
+  case alreadyDead
+  /// No such job (of the queue given): it finished and was deleted, was removed or cancelled
+  /// before, or never existed. Nothing changed.
+  case notFound
+
+  /// Whether this call cancelled the job.
+  public var cancelled: Bool { self == .cancelledWaiting || self == .cancelledRunning }
 }
 
 /// Conversions every store uses, so all of them round and clamp times the same way.

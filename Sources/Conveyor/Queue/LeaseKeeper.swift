@@ -1,7 +1,9 @@
 import Foundation
 
 /// Keeps a queue's leases alive: every third of the lease it heartbeats every claim the queue
-/// holds, and tells the queue which ones it lost.
+/// holds, and tells the queue which ones it lost. Between heartbeats it asks the store, every
+/// ``checkInterval``, which of them are still current (a read), so a job cancelled or removed
+/// in another process has its handler cancelled within about that long.
 ///
 /// A heartbeat is due a third of the lease after the last one *started*: the store computes the
 /// new expiries while the call runs, so a call slow to return (a store thread slow to resume its
@@ -30,6 +32,9 @@ struct LeaseKeeper: Sendable {
 
   /// How long between heartbeats: a third of the lease, so two can fail before it lapses.
   var interval: Duration { lease.duration / 3 }
+  /// How long between checks that the claims are still current (none when the heartbeats come
+  /// as often).
+  var checkInterval = Duration.milliseconds(500)
 
   /// Starts the keeper; cancel the task to stop it.
   func start() -> Task<Void, Never> {
@@ -39,7 +44,18 @@ struct LeaseKeeper: Sendable {
   private func run() async {
     var failures = 0
     var due = clock.uptime() + interval
+    let checks = checkInterval < interval
+    var checkDue = clock.uptime() + checkInterval
     while !Task.isCancelled {
+      if checks && checkDue < due {
+        if checkDue > clock.uptime() {
+          do { try await clock.sleep(untilUptime: checkDue) } catch { return }
+        }
+        checkDue = clock.uptime() + checkInterval
+        await checkClaims()
+        continue
+      }
+      checkDue = due + checkInterval
       if due <= clock.uptime() {
         // Due at once (the last heartbeat took a third of the lease): a sleep until a past
         // deadline may return without suspending, and a store that works on the caller's thread
@@ -72,6 +88,20 @@ struct LeaseKeeper: Sendable {
         due = clock.uptime() + min(interval, .milliseconds(100) * (1 << min(failures, 5)))
         log(.warning, "could not extend leases; trying again: \(error)")
       }
+    }
+  }
+
+  /// Asks the store which held claims are still current, and reports the others lost. A failure
+  /// is left to the next heartbeat, which will find out.
+  private func checkClaims() async {
+    let claims = held()
+    guard !claims.isEmpty else { return }
+    do {
+      let current = Set(try await store.currentClaims(claims, queue: queue))
+      let gone = Set(claims).subtracting(current)
+      if !gone.isEmpty { lost(gone) }
+    } catch {
+      if !Task.isCancelled { log(.debug, "could not check which claims are current: \(error)") }
     }
   }
 }

@@ -280,7 +280,12 @@ struct QueueState: Sendable {
   var freeSlots: Int { max(0, limits.concurrency - workers) }
 
   /// Nothing held in this process: no worker, no claimed job waiting, no outcome unrecorded.
-  var holdsNothing: Bool { workers == 0 && buffer.isEmpty && settlements.isEmpty }
+  var holdsNothing: Bool { workers == overrunning && buffer.isEmpty && settlements.isEmpty }
+
+  /// Workers whose handler outran its time limit: the attempt is recorded, and they hold a slot
+  /// until the handler returns, but no work of the queue's (``holdsNothing`` leaves them out, so
+  /// `waitUntilFinished` does not wait for a handler that may never return).
+  var overrunning = 0
 
   /// The state to publish.
   var computedState: JobQueueState {
@@ -486,10 +491,19 @@ struct QueueState: Sendable {
   /// A handler ran past its time limit: its attempt's outcome is to be recorded now (the loop
   /// takes it at its next turn), while its worker keeps the slot until the handler returns and
   /// then calls ``workerFinished(_:outcome:canHandle:ahead:now:)`` with no outcome.
-  mutating func attemptOutran(_ claim: ClaimReference, outcome: PendingSettlement) {
+  ///
+  /// Returns false when the loop will not record it (the queue is stopping: the loop waits for
+  /// its workers before its final record): the worker records it itself.
+  mutating func attemptOutran(_ claim: ClaimReference, outcome: PendingSettlement) -> Bool {
     inFlight.remove(claim)
+    overrunning += 1
+    guard !stopping else { return false }
     settlements.append(outcome)
+    return true
   }
+
+  /// The handler that outran its limit returned.
+  mutating func overrunEnded() { overrunning -= 1 }
 
   /// The next claimed job for a worker that just claimed (nil: the worker ends). Jobs whose lease
   /// may have lapsed are handed back instead (``mayStart(_:now:)``).

@@ -1,0 +1,100 @@
+import Conveyor
+import Foundation
+
+extension QueueEngineConformance {
+  /// Cancelling, on every store: a waiting job never runs; a running job's handler is cancelled,
+  /// in the queue instance that runs it whichever instance cancels, and it is not retried.
+  static let cancelChecks: [JobStoreCheck] = [
+    check("a cancelled waiting job never runs; a dead one and an unknown ID are left alone") { store in
+      var configuration = configuration()
+      configuration.autoStart = false
+      configuration.maxAttempts = 1
+      let runs = Runs()
+      let queue = try JobQueue<Named>(configuration: configuration, store: store) { item, _ in
+        runs.append(item.name)
+        return item.name == "dies" ? .discard(reason: "no") : .handled
+      }
+      let dies = try await queue.add(Named(name: "dies")).id
+      queue.start()
+      await queue.waitUntilFinished()
+      try await queue.pause()
+      let waiting = try await queue.add(Named(name: "waits")).id
+      let kept = try await queue.add(Named(name: "kept")).id
+      let results = try await queue.cancel([waiting, dies, JobID(kept.rawValue + 100)])
+      try expect(results == [.cancelledWaiting, .alreadyDead, .notFound], "answers: \(results)")
+      try await queue.resume()
+      await queue.waitUntilFinished()
+      await queue.shutdown()
+      try expect(runs.all == ["dies", "kept"], "the cancelled job never ran: \(runs.all)")
+      try expect(try await store.job(dies)?.status == .dead, "the dead job is kept")
+    },
+    check("cancelling a running job in another queue instance cancels its handler; it is not retried") {
+      store in
+      var configuration = configuration()
+      configuration.retryPolicy = .fixed(.zero)
+      configuration.autoStart = false
+      let runs = Runs()
+      let worker = try JobQueue<Named>(configuration: configuration, store: store) { item, context in
+        runs.append("\(item.name)\(context.attempts)")
+        do {
+          try await Task.sleep(for: .seconds(600))
+        } catch {
+          runs.append("cancelled")
+          throw error
+        }
+        return .handled
+      }
+      let recorder = EventRecorder(worker.events)
+      let id = try await worker.add(Named(name: "x")).id
+      worker.start()
+      try await waitFor("the handler to start") { runs.all == ["x1"] }
+      // Another instance on the same store: another process, as far as the worker can tell.
+      var otherConfiguration = configuration
+      otherConfiguration.autoStart = false
+      let other = try JobQueue<Named>(configuration: otherConfiguration, store: store) { _, _ in .handled }
+      try expect(try await other.cancel(id) == .cancelledRunning, "cancelled while running")
+      try await waitFor("the handler to be cancelled") { runs.all.contains("cancelled") }
+      await worker.waitUntilFinished()
+      await worker.shutdown()
+      try expect(runs.all == ["x1", "cancelled"], "not retried: \(runs.all)")
+      try expect(try await store.job(id) == nil, "gone")
+      let outcomes = recorder.events.filter {
+        switch $0 {
+        case .succeeded, .retryScheduled, .died: true
+        default: false
+        }
+      }
+      try expect(outcomes.isEmpty, "no outcome recorded for the cancelled attempt: \(outcomes)")
+    },
+    check("cancelling a job this instance runs cancels its handler without asking the store") { store in
+      // Heartbeats and claim checks say the claim is still held: only the queue's own `cancel`
+      // can tell the handler.
+      let blind = InstrumentedJobStore(store)
+      blind.hideLostClaims()
+      var configuration = configuration()
+      configuration.autoStart = false
+      let started = Gate()
+      let cancelled = Gate()
+      let saw = Runs()
+      let queue = try JobQueue<Named>(configuration: configuration, store: blind) { _, _ in
+        started.open()
+        // A handler that cannot see the store: only its task's cancellation ends it.
+        await withTaskCancellationHandler {
+          await cancelled.wait()
+        } onCancel: {
+          saw.append("cancelled")
+          cancelled.open()
+        }
+        return .handled
+      }
+      let id = try await queue.add(Named(name: "x")).id
+      queue.start()
+      await started.wait()
+      try expect(try await queue.cancel(id) == .cancelledRunning, "cancelled while running")
+      try await waitFor("the handler to be cancelled") { saw.all == ["cancelled"] }
+      await queue.waitUntilFinished()
+      await queue.shutdown()
+      try expect(try await store.job(id) == nil, "gone")
+    },
+  ]
+}
