@@ -96,5 +96,35 @@ extension QueueEngineConformance {
       await queue.shutdown()
       try expect(try await store.job(id) == nil, "gone")
     },
+    check("a job claimed by this instance but not started, when cancelled, never starts") { store in
+      // Heartbeats and claim checks say the claim is still held: only the queue's own `cancel`
+      // can drop the job it holds in its buffer (on a store that tells, the next check would,
+      // racing the slot that frees).
+      let blind = InstrumentedJobStore(store)
+      blind.hideLostClaims()
+      var configuration = configuration()
+      configuration.autoStart = false
+      configuration.concurrency = 1
+      configuration.prefetch = 1
+      let runs = Runs()
+      let first = Gate()
+      let queue = try JobQueue<Named>(configuration: configuration, store: blind) { item, _ in
+        runs.append(item.name)
+        if item.name == "first" { await first.wait() }
+        return .handled
+      }
+      _ = try await queue.add(Named(name: "first"))
+      let buffered = try await queue.add(Named(name: "buffered")).id
+      queue.start()
+      // Both claimed at once (1 + prefetch): the second waits in this instance for the slot.
+      try await waitFor("both jobs to be claimed") {
+        try await store.job(buffered)?.status == .running && runs.all == ["first"]
+      }
+      try expect(try await queue.cancel(buffered) == .cancelledRunning, "cancelled while claimed")
+      first.open()
+      await queue.waitUntilFinished()
+      await queue.shutdown()
+      try expect(runs.all == ["first"], "the cancelled job never started: \(runs.all)")
+    },
   ]
 }
