@@ -126,5 +126,42 @@ extension QueueEngineConformance {
       await queue.shutdown()
       try expect(runs.all == ["first"], "the cancelled job never started: \(runs.all)")
     },
+    check("waitUntilFinished returns while a cancelled job's handler ignores cancellation") { store in
+      // waitUntilFinished returns "when the store holds no waiting or running job of this queue":
+      // a cancelled job is deleted, so nothing is left to wait for, as for a handler past its time
+      // limit whose attempt is recorded.
+      var configuration = configuration()
+      configuration.autoStart = false
+      let started = Gate()
+      let release = Gate()
+      let queue = try JobQueue<Named>(configuration: configuration, store: store) { _, _ in
+        started.open()
+        await release.wait()  // ignores cancellation
+        return .handled
+      }
+      let id = try await queue.add(Named(name: "x")).id
+      queue.start()
+      await started.wait()
+      try expect(try await queue.cancel(id) == .cancelledRunning, "cancelled while running")
+      try expect(
+        try await store.counts(queue: "engine", clock: SystemJobClock()) == JobCounts(), "nothing stored")
+      let finished = Runs()
+      let waiter = Task {
+        await queue.waitUntilFinished()
+        finished.append("finished")
+      }
+      defer { waiter.cancel() }
+      do {
+        try await waitFor("waitUntilFinished to return though the store holds no job") {
+          finished.all == ["finished"]
+        }
+      } catch {
+        release.open()
+        await queue.shutdown()
+        throw error
+      }
+      release.open()
+      await queue.shutdown()
+    },
   ]
 }
