@@ -163,5 +163,44 @@ extension QueueEngineConformance {
       release.open()
       await queue.shutdown()
     },
+    check("a cancelled job's handler that ignores cancellation is reported lost once") { store in
+      // The worker keeps its slot until the handler returns; its claim must not be reported lost
+      // again at every claim check and heartbeat meanwhile.
+      let counted = InstrumentedJobStore(store)
+      var configuration = configuration()
+      configuration.autoStart = false
+      configuration.concurrency = 2
+      let logs = Runs()
+      configuration.log = { logs.append($0.message) }
+      let runs = Runs()
+      let release = Gate()
+      let queue = try JobQueue<Named>(configuration: configuration, store: counted) { item, _ in
+        runs.append(item.name)
+        await release.wait()  // ignores cancellation
+        return .handled
+      }
+      let id = try await queue.add(Named(name: "x")).id
+      // Keeps the queue holding a claim of its own, so it goes on checking.
+      _ = try await queue.add(Named(name: "healthy"))
+      queue.start()
+      try await waitFor("both handlers to start") { runs.all.count == 2 }
+      let other = try JobQueue<Named>(configuration: configuration, store: store) { _, _ in .handled }
+      try expect(try await other.cancel(id) == .cancelledRunning, "cancelled while running")
+      let lostLogs: @Sendable () -> Int = { logs.all.filter { $0.contains("no longer holds a job") }.count }
+      do {
+        try await waitFor("the loss to be reported") { lostLogs() >= 1 }
+        let checks = counted.calls["currentClaims", default: 0]
+        try await waitFor("three more claim checks") {
+          counted.calls["currentClaims", default: 0] >= checks + 3
+        }
+        try expect(lostLogs() == 1, "reported once, not at every check: \(lostLogs()) times")
+      } catch {
+        release.open()
+        await queue.shutdown()
+        throw error
+      }
+      release.open()
+      await queue.shutdown()
+    },
   ]
 }
