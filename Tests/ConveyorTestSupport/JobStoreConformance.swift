@@ -151,6 +151,21 @@ public enum JobStoreConformance {
       try expect(try await store.cancel([ids[4]], queue: nil) == [.cancelledWaiting], "any queue")
       try expect(try await store.cancel([], queue: nil).isEmpty, "nothing asked, nothing answered")
     },
+    check("cancel answers alreadyDead for a dead job each time its ID is given") { store in
+      // The dead job is still there, left as it is: "no such job" would be false, whether the ID
+      // comes twice in one call or in two calls.
+      let added = try await store.enqueue([job("dead"), job("waiting")], queue: "q", clock: now(0))
+      let claimed = try await claim(store, limit: 1, now: 1).claimed
+      _ = try await claim(store, limit: 0, settling: [settle(claimed[0], .kill(error: "boom"))], now: 2)
+      let dead = added[0].id
+      let separately = [
+        try await store.cancel([dead], queue: "q")[0], try await store.cancel([dead], queue: "q")[0],
+      ]
+      try expect(separately == [.alreadyDead, .alreadyDead], "in two calls: \(separately)")
+      let together = try await store.cancel([dead, added[1].id, dead], queue: "q")
+      try expect(together == [.alreadyDead, .cancelledWaiting, .alreadyDead], "in one call: \(together)")
+      try expect(try await store.job(dead)?.status == .dead, "the dead job is kept")
+    },
     check("currentClaims names the claims still running under their token, reading only") { store in
       _ = try await store.enqueue([job("a"), job("b"), job("c")], queue: "q", clock: now(0))
       let claimed = try await claim(store, limit: 3, now: 1, leaseFor: 1).claimed
