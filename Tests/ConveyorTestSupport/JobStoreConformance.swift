@@ -485,6 +485,16 @@ public enum JobStoreConformance {
         try expect(listed.map(text) == [queue, queue], "each queue lists its own: \(listed.map(text))")
       }
     },
+    check("cancel with a queue name touches only that queue, compared byte for byte") { store in
+      // A precomposed and a decomposed "é": two queues to the databases, one to `String`.
+      let composed = "caf\u{E9}"
+      let decomposed = "cafe\u{301}"
+      let added = try await store.enqueue([job("theirs")], queue: decomposed, clock: now(0))
+      let results = try await store.cancel([added[0].id], queue: composed)
+      try expect(results == [.notFound], "another queue's job is not found: \(results)")
+      let counts = try await store.counts(queue: decomposed, clock: now(0))
+      try expect(counts == JobCounts(ready: 1), "its own queue still has it: \(counts)")
+    },
     check("deduplication keys hold while a job waits; a running job lets a new one in") { store in
       let first = try await store.enqueue(
         [job("a", key: "k"), job("b", key: "k"), job("c", key: "other")], queue: "q", clock: now(0))
