@@ -202,5 +202,29 @@ extension QueueEngineConformance {
       release.open()
       await queue.shutdown()
     },
+    check("a job cancelled by this instance while its claim's answer is on the way never starts") { store in
+      // The store committed the claim, so the job is running there, but the answer has not reached
+      // the queue when the queue cancels it. Heartbeats and claim checks say the claim is still
+      // held: only the queue's own `cancel` can keep the handler from running.
+      let blind = InstrumentedJobStore(store)
+      blind.hideLostClaims()
+      let answer = Gate()
+      blind.holdNextClaimAnswer(until: answer)
+      var configuration = configuration()
+      configuration.autoStart = false
+      let runs = Runs()
+      let queue = try JobQueue<Named>(configuration: configuration, store: blind) { item, _ in
+        runs.append(item.name)
+        return .handled
+      }
+      let id = try await queue.add(Named(name: "x")).id
+      queue.start()
+      try await waitUntilRunning(store)
+      try expect(try await queue.cancel(id) == .cancelledRunning, "cancelled while claimed")
+      answer.open()
+      await queue.waitUntilFinished()
+      await queue.shutdown()
+      try expect(runs.all.isEmpty, "the cancelled job never started: \(runs.all)")
+    },
   ]
 }
