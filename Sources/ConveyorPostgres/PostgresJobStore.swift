@@ -942,12 +942,14 @@ public final class PostgresJobStore: JobStore {
       for row in 0..<rows.count { found[rows.int64(row, 0)] = rows.text(row, 1) ?? "" }
       return found
     }
-    var answered: Set<Int64> = []
+    // A job deleted here is gone for an ID given again; a dead one is still dead.
+    var deleted: Set<Int64> = []
     return ids.map { id in
-      guard let status = found[id.rawValue], answered.insert(id.rawValue).inserted else { return .notFound }
+      guard let status = found[id.rawValue] else { return .notFound }
       switch status {
-      case "ready", "scheduled": return .cancelledWaiting
-      case "running": return .cancelledRunning
+      case "ready", "scheduled", "running":
+        guard deleted.insert(id.rawValue).inserted else { return .notFound }
+        return status == "running" ? .cancelledRunning : .cancelledWaiting
       default: return .alreadyDead
       }
     }

@@ -328,8 +328,9 @@ enum SQL {
   static let job = "SELECT \(columns) FROM jobs WHERE id = ?"
 
   static let remove = "DELETE FROM jobs WHERE id = ? AND queue = ?"
-  /// A job's status and queue, for ``SQLiteJobStore/cancel(_:queue:)``.
-  static let statusAndQueue = "SELECT status, queue FROM jobs WHERE id = ?"
+  /// A job's status, if it belongs to queue `?2` (any when NULL; compared byte for byte), for
+  /// ``SQLiteJobStore/cancel(_:queue:)``.
+  static let statusInQueue = "SELECT status FROM jobs WHERE id = ?1 AND (?2 IS NULL OR queue = ?2)"
   static let removeByID = "DELETE FROM jobs WHERE id = ?"
   /// Whether a claim is current (``SQLiteJobStore/currentClaims(_:queue:)``): parameters ID,
   /// queue, token.

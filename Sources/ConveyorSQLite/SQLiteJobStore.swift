@@ -418,15 +418,15 @@ public final class SQLiteJobStore: JobStore {
     return try await connection.perform { db in
       try db.transaction(immediate: true) {
         try ids.map { id -> CancelResult in
-          var found: (status: String, queue: String)?
-          try db.query(SQL.statusAndQueue, .integer(id.rawValue)) {
-            found = ($0.text(0) ?? "", $0.text(1) ?? "")
+          var found: String?
+          try db.query(SQL.statusInQueue, .integer(id.rawValue), queue.map(SQLiteValue.text) ?? .null) {
+            found = $0.text(0) ?? ""
           }
-          guard let found, queue == nil || found.queue == queue else { return .notFound }
-          switch found.status {
+          guard let status = found else { return .notFound }
+          switch status {
           case "ready", "scheduled", "running":
             try db.run(SQL.removeByID, .integer(id.rawValue))
-            return found.status == "running" ? .cancelledRunning : .cancelledWaiting
+            return status == "running" ? .cancelledRunning : .cancelledWaiting
           default: return .alreadyDead
           }
         }

@@ -58,8 +58,11 @@ extension QueueEngineConformance {
       // A limit of its own, so a loaded machine cannot make this one time out too.
       try await queue.add(Named(name: "next"), timeLimit: .seconds(600))
       queue.start()
-      try await recorder.wait(for: "the stuck event") { events in
+      // The attempt is recorded when the limit passes; on a slow store its record may come after
+      // the stuck report: wait for both.
+      try await recorder.wait(for: "the stuck event and the recorded death") { events in
         events.contains { if case .stuck(stuck, _) = $0 { true } else { false } }
+          && events.contains { if case .died(stuck, _) = $0 { true } else { false } }
       }
       try expect(runs.all == ["stuck"], "the stuck handler keeps the only slot: \(runs.all)")
       let dead = try await store.job(stuck)

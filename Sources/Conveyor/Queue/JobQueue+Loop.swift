@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 // The worker loop and the workers: they carry out what `QueueState` decides.
 //
@@ -181,11 +182,14 @@ extension JobQueue {
   }
 
   /// Heartbeats found claims gone: drop the ones not yet started, and say so.
-  private func lost(_ claims: Set<ClaimReference>) {
+  func lost(_ claims: Set<ClaimReference>) {
     let (stillHeld, handlers) = core.withLock { core in
       let held = Set(core.state.heldClaims)
       core.state.lost(claims)
-      return (claims.intersection(held), claims.compactMap { core.handlers[$0] })
+      // A handler still running on one is detached: its claim leaves the held claims (no more
+      // checks, heartbeats or warnings for it) and what it returns is dropped.
+      let abandoned = core.state.abandon(claims)
+      return (claims.intersection(held), abandoned.compactMap { core.handlers[$0] })
     }
     for claim in stillHeld {
       log(
@@ -194,7 +198,7 @@ extension JobQueue {
         ["job": claim.id.description])
     }
     // Its outcome would be refused: stop the work.
-    for handler in handlers { handler.cancel() }
+    for cancel in handlers { cancel() }
   }
 
   /// Records outcomes and claims, publishing the events of the outcomes the store accepted; on
@@ -321,8 +325,13 @@ extension JobQueue {
           await recordAlone(handled.settlement)
         }
         await waitForOverrun(overrun, of: record)
-        core.withLock { $0.state.overrunEnded() }
         outcome = nil
+      }
+      if handled.endsWorker {
+        // This task stays cancelled: it hands its outcome over (dropped, the job being gone)
+        // and ends; the loop starts a new worker for any job claimed meanwhile.
+        core.withLock { $0.state.workerStops(record.claim, outcome: outcome) }
+        break
       }
       let ahead =
         began.map {
@@ -401,12 +410,23 @@ extension JobQueue {
     // Only when a handler is about to run: `.started` means "a handler started on a job".
     emit(.started(record.id, attempt: record.attempts))
     countStart(of: record)
-    let limit = record.timeLimit ?? configuration.timeLimit
+    guard let limit = record.timeLimit ?? configuration.timeLimit else {
+      // No limit: the handler runs in the worker's own task (no task to create, no hop back),
+      // cancellable on request through it; a worker cancelled so ends after this job.
+      let request = HandlerCancellation()
+      withUnsafeCurrentTask { request.arm($0) }
+      core.withLock { $0.handlers[record.claim] = request.cancel }
+      let returned: Result<JobResult?, any Error>
+      do { returned = .success(try await handleInline(item, context)) } catch { returned = .failure(error) }
+      core.withLock { _ = $0.handlers.removeValue(forKey: record.claim) }
+      var handled = Handled(settlement(for: record, outcome: Self.outcome(returned)))
+      handled.endsWorker = request.disarm()
+      return handled
+    }
     let started = clock.uptime()
-    let (end, handler) = await handle(item, context, claim: record.claim, until: limit.map { started + $0 })
+    let (end, handler) = await handle(item, context, claim: record.claim, until: started + limit)
     guard let returned = end else {
-      // Only with a limit: the deadline came first.
-      let limit = limit ?? .zero
+      // The deadline came first.
       // The grace runs from when the handler was cancelled, which may be after the limit (a
       // stalled machine, a test clock moved in one step).
       let cancelledAt = max(started + limit, clock.uptime())
@@ -414,11 +434,28 @@ extension JobQueue {
         handler: handler, started: started, stuckAt: cancelledAt + configuration.timeLimitGrace)
       return Handled(settlement(for: record, outcome: .timedOut(limit)), overrun: overrun)
     }
+    return Handled(settlement(for: record, outcome: Self.outcome(returned)))
+  }
+
+  /// What a handler's return or error means.
+  private static func outcome(_ returned: Result<JobResult?, any Error>) -> Outcome {
     switch returned {
-    case .success(let result?): return Handled(settlement(for: record, outcome: .result(result)))
-    case .success(nil): return Handled(settlement(for: record, outcome: .noHandler))
-    case .failure(let error): return Handled(settlement(for: record, outcome: .thrown(error)))
+    case .success(let result?): .result(result)
+    case .success(nil): .noHandler
+    case .failure(let error): .thrown(error)
     }
+  }
+
+  /// Runs the handler in the worker's task; nil when the delegate is gone. A delegate's call ends
+  /// when the task is cancelled (a shutdown's grace ran out, or the job was cancelled), as a
+  /// closure's would.
+  private func handleInline(_ item: Item, _ context: JobContext) async throws -> JobResult? {
+    if let handler { return try await handler(item, context) }
+    let answer = CallbackPromise<JobResult>()
+    guard let delegate = delegateBox?.handle, await delegate(self, item, context.attempts, answer) else {
+      return nil
+    }
+    return try await answer.value
   }
 
   /// Runs the handler; nil when the delegate is gone. A delegate's answer comes through
@@ -443,7 +480,7 @@ extension JobQueue {
   /// The handler's task, to wait for.
   ///
   /// Cancelling the caller (a shutdown's grace ran out) cancels the handler.
-  private func handle(_ item: Item, _ context: JobContext, claim: ClaimReference, until deadline: Duration?)
+  private func handle(_ item: Item, _ context: JobContext, claim: ClaimReference, until deadline: Duration)
     async -> (Result<JobResult?, any Error>?, Task<Void, Never>)
   {
     let end = CallbackPromise<Result<JobResult?, any Error>?>()
@@ -454,18 +491,16 @@ extension JobQueue {
       do { result = .success(try await self.handle(item, context, answer: answer)) } catch {
         result = .failure(error)
       }
-      if let deadline, clock.uptime() > deadline {
+      if clock.uptime() > deadline {
         end.fulfil(.success(nil))
       } else {
         end.fulfil(.success(result))
       }
     }
-    core.withLock { $0.handlers[claim] = handler }
-    let timer = deadline.map { deadline in
-      Task(executorPreference: configuration.runtime.executor) {
-        do { try await clock.sleep(untilUptime: deadline) } catch { return }  // the handler returned first
-        end.fulfil(.success(nil))
-      }
+    core.withLock { $0.handlers[claim] = { handler.cancel() } }
+    let timer = Task(executorPreference: configuration.runtime.executor) {
+      do { try await clock.sleep(untilUptime: deadline) } catch { return }  // the handler returned first
+      end.fulfil(.success(nil))
     }
     let result: Result<JobResult?, any Error>?
     do {
@@ -478,7 +513,7 @@ extension JobQueue {
     } catch {
       result = nil  // not reached: `end` is only ever fulfilled with a success
     }
-    timer?.cancel()
+    timer.cancel()
     if result == nil { handler.cancel() }
     core.withLock { _ = $0.handlers.removeValue(forKey: claim) }
     return (result, handler)
@@ -658,6 +693,9 @@ private struct Handled {
   /// Set when the handler outran its time limit: the outcome is recorded at once, and the worker
   /// waits for the handler before it takes another job.
   var overrun: Overrun?
+  /// Set when the worker's own task was cancelled to stop the handler (its job was cancelled or
+  /// taken over): the cancellation stays with the task, so the worker ends after this job.
+  var endsWorker = false
 
   init(_ settlement: PendingSettlement, overrun: Overrun? = nil) {
     self.settlement = settlement
@@ -673,4 +711,44 @@ private struct Overrun {
   var started: Duration
   /// When it counts as stuck (the clock's uptime): its limit plus the grace.
   var stuckAt: Duration
+}
+
+/// Cancels a worker's task while it runs a handler in it, on request (the job was cancelled, or
+/// its claim passed to another worker).
+///
+/// An `UnsafeCurrentTask` may be used only while its task runs. It is kept, under this object's
+/// lock, from just before the handler is called (``arm(_:)``, in the task itself) until it returns
+/// (``disarm()``), and ``cancel()`` uses it only under that lock: so only while the task is inside
+/// the handler, alive.
+final class HandlerCancellation: Sendable {
+  /// The task and whether it was cancelled. `@unchecked Sendable`: the `UnsafeCurrentTask` is
+  /// touched only under `state`'s lock, while its task is inside the handler (see above).
+  private struct Slot: @unchecked Sendable {
+    var task: UnsafeCurrentTask?
+    var cancelled = false
+  }
+
+  private let state = Mutex(Slot())
+
+  /// Keeps the running task, just before its handler is called.
+  func arm(_ task: UnsafeCurrentTask?) {
+    state.withLock { $0.task = task }
+  }
+
+  /// Cancels the task if it is still inside the handler.
+  func cancel() {
+    state.withLock { slot in
+      guard let task = slot.task else { return }
+      slot.cancelled = true
+      task.cancel()
+    }
+  }
+
+  /// Forgets the task once its handler returned; whether ``cancel()`` cancelled it.
+  func disarm() -> Bool {
+    state.withLock { slot in
+      slot.task = nil
+      return slot.cancelled
+    }
+  }
 }

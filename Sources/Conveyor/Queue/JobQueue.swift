@@ -304,8 +304,23 @@ public final class JobQueue<Item: Queueable>: Sendable {
   @discardableResult
   public func cancel(_ ids: [JobID]) async throws -> [CancelResult] {
     let results = try await store.cancel(ids, queue: identifier)
+    guard results.count == ids.count else {
+      throw JobQueueError.invalidConfiguration(
+        "the store answered \(results.count) results for \(ids.count) cancelled IDs; its cancel(_:queue:) is broken"
+      )
+    }
     let running = Set(zip(ids, results).filter { $0.1 == .cancelledRunning }.map(\.0))
-    if !running.isEmpty { cancelHandlers { running.contains($0.id) } }
+    if !running.isEmpty {
+      // This instance's claims of those jobs, running or claimed and waiting for a slot, are
+      // gone: the waiting ones never start, the running ones' handlers are cancelled.
+      let claims = core.withLock { core in
+        let held = Set(core.state.heldClaims.filter { running.contains($0.id) })
+        // One whose claim is on its way back here is dropped when it arrives.
+        core.state.noteCancelled(running.subtracting(held.map(\.id)))
+        return held
+      }
+      lost(claims)
+    }
     return results
   }
 
@@ -313,14 +328,6 @@ public final class JobQueue<Item: Queueable>: Sendable {
   @discardableResult
   public func cancel(_ id: JobID) async throws -> CancelResult {
     try await cancel([id])[0]
-  }
-
-  /// Cancels the tasks of this instance's running handlers whose claims match; returns how many.
-  @discardableResult
-  func cancelHandlers(where matches: (ClaimReference) -> Bool) -> Int {
-    let tasks = core.withLock { core in core.handlers.filter { matches($0.key) }.map(\.value) }
-    for task in tasks { task.cancel() }
-    return tasks.count
   }
 
   /// Deletes a job; returns whether it existed.
@@ -447,9 +454,9 @@ struct QueueCore: Sendable {
   var loop: Task<Void, Never>?
   var subscribers: [UUID: AsyncStream<JobQueueEvent>.Continuation] = [:]
   var finishContinuations: [UUID: CheckedContinuation<Void, Never>] = [:]
-  /// The task of each handler running (or running past its time limit), by claim: a claim the
+  /// How to cancel each handler running (or running past its time limit), by claim: a claim the
   /// store no longer holds (cancelled, removed, taken over) has its handler cancelled.
-  var handlers: [ClaimReference: Task<Void, Never>] = [:]
+  var handlers: [ClaimReference: @Sendable () -> Void] = [:]
 
   init(_ configuration: JobQueueConfiguration) {
     state = QueueState(

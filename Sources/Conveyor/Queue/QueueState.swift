@@ -280,12 +280,35 @@ struct QueueState: Sendable {
   var freeSlots: Int { max(0, limits.concurrency - workers) }
 
   /// Nothing held in this process: no worker, no claimed job waiting, no outcome unrecorded.
-  var holdsNothing: Bool { workers == overrunning && buffer.isEmpty && settlements.isEmpty }
+  var holdsNothing: Bool { workers == detached.count && buffer.isEmpty && settlements.isEmpty }
 
-  /// Workers whose handler outran its time limit: the attempt is recorded, and they hold a slot
-  /// until the handler returns, but no work of the queue's (``holdsNothing`` leaves them out, so
-  /// `waitUntilFinished` does not wait for a handler that may never return).
-  var overrunning = 0
+  /// The claims of handlers that still run but no longer hold work of the queue's: their attempt
+  /// is recorded (it outran its time limit) or their job is gone (cancelled, removed, taken over).
+  /// Each holds its worker's slot until the handler returns, but ``holdsNothing`` leaves them out,
+  /// so `waitUntilFinished` does not wait for a handler that may never return.
+  var detached: Set<ClaimReference> = []
+  /// Jobs this instance cancelled while running that it did not hold: a claim of one on its way
+  /// back is dropped when it arrives (``claimed(_:at:lease:)``). The most recent
+  /// ``cancelledHereLimit`` are kept (a job running elsewhere never comes back here).
+  var cancelledHere: Set<JobID> = []
+  private var cancelledHereOrder: [JobID] = []
+  static let cancelledHereLimit = 4_096
+
+  /// Notes jobs cancelled while running that this instance does not hold.
+  mutating func noteCancelled(_ ids: some Sequence<JobID>) {
+    for id in ids where cancelledHere.insert(id).inserted {
+      cancelledHereOrder.append(id)
+    }
+    if cancelledHereOrder.count > Self.cancelledHereLimit {
+      let dropped = cancelledHereOrder.count - Self.cancelledHereLimit
+      for id in cancelledHereOrder.prefix(dropped) { cancelledHere.remove(id) }
+      cancelledHereOrder.removeFirst(dropped)
+    }
+  }
+
+  /// Of ``detached``, the claims the store no longer holds: whatever their handler returns is
+  /// dropped, and they are neither heartbeated nor reported lost again.
+  var abandoned: Set<ClaimReference> = []
 
   /// The state to publish.
   var computedState: JobQueueState {
@@ -374,6 +397,11 @@ struct QueueState: Sendable {
   /// their leases' bound, from when the claim was sent (the store starts the lease no earlier);
   /// nil: not tracked.
   mutating func claimed(_ jobs: [JobRecord], at now: Duration = .zero, lease: LeaseBound? = nil) {
+    var jobs = jobs
+    if !cancelledHere.isEmpty {
+      // Cancelled by this instance while their claim's answer was on its way: never started.
+      jobs.removeAll { cancelledHere.remove($0.id) != nil }
+    }
     guard !jobs.isEmpty else { return }
     buffer.append(jobs, at: now, lease: lease)
     reportedFinished = false
@@ -454,7 +482,8 @@ struct QueueState: Sendable {
     now: ClockReading = .zero
   ) -> WorkerStep {
     inFlight.remove(claim)
-    if let outcome { settlements.append(outcome) }
+    detached.remove(claim)
+    if abandoned.remove(claim) == nil, let outcome { settlements.append(outcome) }
     if !stopping, !paused, !buffer.isEmpty {
       // The hold of the job taken now, read before it leaves the buffer.
       let held = handBackDue(canHandle: canHandle)
@@ -496,14 +525,32 @@ struct QueueState: Sendable {
   /// its workers before its final record): the worker records it itself.
   mutating func attemptOutran(_ claim: ClaimReference, outcome: PendingSettlement) -> Bool {
     inFlight.remove(claim)
-    overrunning += 1
+    // Abandoned already: nothing to record.
+    guard detached.insert(claim).inserted else { return true }
     guard !stopping else { return false }
     settlements.append(outcome)
     return true
   }
 
-  /// The handler that outran its limit returned.
-  mutating func overrunEnded() { overrunning -= 1 }
+  /// The store no longer holds these claims: a handler still running on one is detached and its
+  /// outcome will be dropped. Returns the claims newly abandoned.
+  mutating func abandon(_ claims: Set<ClaimReference>) -> Set<ClaimReference> {
+    var newly: Set<ClaimReference> = []
+    for claim in claims where inFlight.remove(claim) != nil {
+      detached.insert(claim)
+      abandoned.insert(claim)
+      newly.insert(claim)
+    }
+    return newly
+  }
+
+  /// A worker ends after the job of `claim` without taking another (its task was cancelled to
+  /// stop the handler): its outcome, unless abandoned, goes to the loop to record.
+  mutating func workerStops(_ claim: ClaimReference, outcome: PendingSettlement?) {
+    inFlight.remove(claim)
+    detached.remove(claim)
+    if abandoned.remove(claim) == nil, let outcome { settlements.append(outcome) }
+  }
 
   /// The next claimed job for a worker that just claimed (nil: the worker ends). Jobs whose lease
   /// may have lapsed are handed back instead (``mayStart(_:now:)``).
