@@ -90,7 +90,7 @@ public final class HTTPServer: Sendable {
       throw HTTPServerError(description: "cannot resolve \(host): \(String(cString: gai_strerror(lookup)))")
     }
     defer { freeaddrinfo(results) }
-    let fd = socket(first.pointee.ai_family, socketStream, 0)
+    let fd = socket(first.pointee.ai_family, socketStreamClosingOnExec, 0)
     guard fd >= 0 else { throw HTTPServerError(description: "socket: \(Self.errorText())") }
     _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
     var one: Int32 = 1
@@ -295,8 +295,13 @@ func sendBytes(_ fd: Int32, _ bytes: UnsafeRawPointer, _ count: Int) -> Int {
   #endif
 }
 
+// Sockets are made close-on-exec as they are created where the system can (Linux): one set
+// afterwards can be inherited by a child process another thread spawns in between, which then
+// holds the connection open for as long as it lives (the client never sees the close).
 #if canImport(Glibc)
   let socketStream = Int32(SOCK_STREAM.rawValue)
+  let socketStreamClosingOnExec = socketStream | Int32(SOCK_CLOEXEC.rawValue)
 #else
   let socketStream = SOCK_STREAM
+  let socketStreamClosingOnExec = SOCK_STREAM
 #endif

@@ -95,6 +95,7 @@ public final class LoopbackHTTPServer: Sendable {
   public init(_ responder: @escaping Responder) throws {
     let fd = socket(AF_INET, sockStream, 0)
     guard fd >= 0 else { throw LoopbackServerError("socket: \(errno)") }
+    _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
     var one: Int32 = 1
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
     var address = sockaddr_in()
@@ -156,7 +157,9 @@ public final class LoopbackHTTPServer: Sendable {
     if stopped.load(ordering: .acquiring) { return false }
     var poller = pollfd(fd: listener, events: Int16(POLLIN), revents: 0)
     guard poll(&poller, 1, 50) > 0 else { return true }
+    // Close-on-exec at once (`accept4` is not visible from Swift's Glibc).
     let connection = accept(listener, nil, nil)
+    if connection >= 0 { _ = fcntl(connection, F_SETFD, FD_CLOEXEC) }
     if connection >= 0 {
       Thread.detachNewThread { self.serve(connection) }
     }
@@ -312,8 +315,10 @@ public struct LoopbackServerError: Error, CustomStringConvertible {
   init(_ description: String) { self.description = description }
 }
 
+// Close-on-exec from the start where the system can (Linux), so a child process spawned meanwhile
+// does not hold a connection open.
 #if canImport(Glibc)
-  private let sockStream = Int32(SOCK_STREAM.rawValue)
+  private let sockStream = Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue)
 #else
   private let sockStream = SOCK_STREAM
 #endif

@@ -152,7 +152,7 @@ func exchange(port: UInt16, address: String = "127.0.0.1", _ request: [UInt8]) -
 /// after 60 s (a hang guard), or nil.
 func connectLoopback(port: UInt16, address loopback: String = "127.0.0.1") -> Int32? {
   #if canImport(Glibc)
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
   #else
     let fd = socket(AF_INET, SOCK_STREAM, 0)
   #endif

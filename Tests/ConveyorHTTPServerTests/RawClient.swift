@@ -20,7 +20,8 @@ final class RawClient: Sendable {
   /// after `timeout` (a bound a hang blows through, not a pass criterion).
   init(port: UInt16, timeout: Int = 60, from source: String? = nil, to host: String = "127.0.0.1") throws {
     #if canImport(Glibc)
-      fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+      // Close-on-exec: a child process another test spawns must not hold the connection open.
+      fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
     #else
       fd = socket(AF_INET, SOCK_STREAM, 0)
     #endif
