@@ -926,8 +926,8 @@ public final class PostgresJobStore: JobStore {
     }
   }
 
-  /// Cancels unfinished jobs; see ``JobStore/cancel(_:queue:)``. One statement; not repeated
-  /// after a lost connection (a repeat would answer ``CancelResult/notFound`` for the jobs the
+  /// Cancels unfinished jobs; see `JobStore.cancel(_:queue:)`. One statement; not repeated
+  /// after a lost connection (a repeat would answer `CancelResult.notFound` for the jobs the
   /// first run cancelled), so such a loss is an error to the caller, who may cancel again.
   public func cancel(_ ids: [JobID], queue: String?) async throws -> [CancelResult] {
     if ids.isEmpty { return [] }
@@ -955,7 +955,7 @@ public final class PostgresJobStore: JobStore {
     }
   }
 
-  /// The claims still current; see ``JobStore/currentClaims(_:queue:)``. One read of the primary
+  /// The claims still current; see `JobStore.currentClaims(_:queue:)`. One read of the primary
   /// key.
   public func currentClaims(_ claims: [ClaimReference], queue: String) async throws -> [ClaimReference] {
     if claims.isEmpty { return [] }

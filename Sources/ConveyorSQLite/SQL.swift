@@ -55,7 +55,7 @@ enum SQL {
   static let readyIndex = """
     CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, seq, id) WHERE status = 'ready';
     """
-  /// Version 5: a job's own time limit in milliseconds (``NewJob/timeLimit``); NULL: the queue's.
+  /// Version 5: a job's own time limit in milliseconds (`NewJob.timeLimit`); NULL: the queue's.
   static let timeLimitColumn = "time_limit_ms INTEGER"
   /// The jobs table of version 5 (``seqColumn``, ``timeLimitColumn``).
   static let tables = """

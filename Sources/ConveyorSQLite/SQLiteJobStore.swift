@@ -411,7 +411,7 @@ public final class SQLiteJobStore: JobStore {
     }
   }
 
-  /// Cancels unfinished jobs; see ``JobStore/cancel(_:queue:)``. One write transaction: a
+  /// Cancels unfinished jobs; see `JobStore.cancel(_:queue:)`. One write transaction: a
   /// primary-key read and delete per ID.
   public func cancel(_ ids: [JobID], queue: String?) async throws -> [CancelResult] {
     if ids.isEmpty { return [] }
@@ -434,7 +434,7 @@ public final class SQLiteJobStore: JobStore {
     }
   }
 
-  /// The claims still current; see ``JobStore/currentClaims(_:queue:)``. One read transaction:
+  /// The claims still current; see `JobStore.currentClaims(_:queue:)`. One read transaction:
   /// a primary-key lookup per claim.
   public func currentClaims(_ claims: [ClaimReference], queue: String) async throws -> [ClaimReference] {
     if claims.isEmpty { return [] }

@@ -324,7 +324,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
     return results
   }
 
-  /// Cancels a job of this queue that has not finished; see ``cancel(_:)-([JobID])``.
+  /// Cancels a job of this queue that has not finished; see the form that takes a list of IDs.
   @discardableResult
   public func cancel(_ id: JobID) async throws -> CancelResult {
     try await cancel([id])[0]
