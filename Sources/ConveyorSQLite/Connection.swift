@@ -228,7 +228,7 @@ final class Connection {
   /// Runs `body` in a transaction (`BEGIN IMMEDIATE` when `immediate`, else deferred), committing
   /// when it returns and rolling back when it throws.
   func transaction<T>(immediate: Bool, _ body: () throws -> T) throws -> T {
-    try run(immediate ? "BEGIN IMMEDIATE" : "BEGIN DEFERRED")
+    try begin(immediate ? "BEGIN IMMEDIATE" : "BEGIN DEFERRED")
     do {
       let result = try body()
       // From here a cancellation can no longer interrupt: the outcome of `COMMIT` is the truth.
@@ -246,10 +246,18 @@ final class Connection {
 
   /// Rolls back the open transaction, if any.
   ///
-  /// Called only while another error is already being thrown; a failing rollback leaves SQLite to
-  /// roll back when the connection next begins or closes, so its result code adds nothing.
+  /// Called while another error is already being thrown, so its result code adds nothing. A
+  /// rollback that fails (interrupted by the same cancellation, say) leaves the transaction open:
+  /// ``begin(_:)`` rolls it back before the next one, or every later call would fail.
   func rollbackIfNeeded() {
     if !isAutocommit { sqlite3_exec(handle, "ROLLBACK", nil, nil, nil) }
+  }
+
+  /// Begins a transaction (`statement`: a `BEGIN …`), first rolling back one an earlier failure
+  /// left open: nothing ever nests transactions on a connection, so one open here is a remnant.
+  func begin(_ statement: String) throws {
+    if !isAutocommit { try run("ROLLBACK") }
+    try run(statement)
   }
 
   /// Builds an error from a result code and the connection's current message.

@@ -437,7 +437,7 @@ extension SQLiteJobStore {
     }
     if group.count == 1 { return [alone(group[0])] }
     do {
-      try db.run("BEGIN IMMEDIATE")
+      try db.begin("BEGIN IMMEDIATE")
     } catch {
       // No lock within the busy timeout: no call's work began; each fails as a lone call would.
       return group.map { _ in .failure(error) }

@@ -1028,7 +1028,11 @@ struct JobQueueEdgeCaseTests {
     }
     try await queue.add(contentsOf: (0..<10).map { Request(name: "j\($0)") })
     await queue.waitUntilFinished()
-    #expect(handled.all.sorted() == (0..<10).map { "j\($0)" }.sorted(), "each job handled exactly once")
+    // Every job handled and recorded. With a 60 ms lease a loaded machine can let one lapse, and
+    // its job then runs again (at least once, as promised), so a name may appear twice.
+    #expect(Set(handled.all) == Set((0..<10).map { "j\($0)" }), "each job handled: \(handled.all)")
+    #expect(
+      try await store.counts(queue: "rescue", clock: SystemJobClock()).total == 0, "every outcome recorded")
     await queue.shutdown()
   }
 
