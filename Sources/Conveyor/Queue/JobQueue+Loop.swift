@@ -189,7 +189,12 @@ extension JobQueue {
       // A handler still running on one is detached: its claim leaves the held claims (no more
       // checks, heartbeats or warnings for it) and what it returns is dropped.
       let abandoned = core.state.abandon(claims)
-      return (claims.intersection(held), abandoned.compactMap { core.handlers[$0] })
+      let cancels =
+        abandoned.isEmpty
+        ? []
+        : abandoned.compactMap { core.handlers[$0] }
+          + core.inlineHandlers.values.map { handle in { handle.cancel(ifRunning: abandoned) } }
+      return (claims.intersection(held), cancels)
     }
     for claim in stillHeld {
       log(
@@ -302,6 +307,13 @@ extension JobQueue {
     // A decoder of the worker's own: a shared `JSONDecoder` takes its options lock on every
     // decode, which workers on other threads then wait for.
     let decoder = PayloadDecoder()
+    // Lets a handler run in this task be cancelled on request: registered once per worker, not
+    // per job (a per-job registration under the queue's lock cost a quarter of the in-memory
+    // drain at concurrency 4).
+    let cancellation = HandlerCancellation()
+    let worker = ObjectIdentifier(cancellation)
+    core.withLock { $0.inlineHandlers[worker] = cancellation }
+    defer { core.withLock { _ = $0.inlineHandlers.removeValue(forKey: worker) } }
     let clock = self.clock
     let storeCallFloor = configuration.claimAheadStoreCallFloor
     let jobCeiling = configuration.claimAheadJobCeiling
@@ -314,7 +326,7 @@ extension JobQueue {
     while let record = next {
       // A handler is timed only when a store call was (claiming ahead weighs the two).
       let began = timesCalls && storeCall != nil ? clock.uptime() : nil
-      let handled = await process(record, decoder: decoder)
+      let handled = await process(record, decoder: decoder, cancellation: cancellation)
       var outcome: PendingSettlement? = handled.settlement
       if let overrun = handled.overrun {
         // Timed out: the loop records the attempt now; this worker keeps its slot until the
@@ -389,7 +401,9 @@ extension JobQueue {
     handler != nil || delegateBox?.isAlive() == true
   }
 
-  private func process(_ record: JobRecord, decoder: PayloadDecoder) async -> Handled {
+  private func process(_ record: JobRecord, decoder: PayloadDecoder, cancellation: HandlerCancellation) async
+    -> Handled
+  {
     // A claim counts an attempt before the handler runs, so a job past the limit here had a worker
     // that vanished during its last allowed attempt (a crash, a kill, an out-of-memory): dead, or
     // a job that crashes its worker would be handed out forever. A shutdown gives its attempt
@@ -413,14 +427,11 @@ extension JobQueue {
     guard let limit = record.timeLimit ?? configuration.timeLimit else {
       // No limit: the handler runs in the worker's own task (no task to create, no hop back),
       // cancellable on request through it; a worker cancelled so ends after this job.
-      let request = HandlerCancellation()
-      withUnsafeCurrentTask { request.arm($0) }
-      core.withLock { $0.handlers[record.claim] = request.cancel }
+      withUnsafeCurrentTask { cancellation.arm($0, claim: record.claim) }
       let returned: Result<JobResult?, any Error>
       do { returned = .success(try await handleInline(item, context)) } catch { returned = .failure(error) }
-      core.withLock { _ = $0.handlers.removeValue(forKey: record.claim) }
       var handled = Handled(settlement(for: record, outcome: Self.outcome(returned)))
-      handled.endsWorker = request.disarm()
+      handled.endsWorker = cancellation.disarm()
       return handled
     }
     let started = clock.uptime()
@@ -716,38 +727,44 @@ private struct Overrun {
 /// Cancels a worker's task while it runs a handler in it, on request (the job was cancelled, or
 /// its claim passed to another worker).
 ///
-/// An `UnsafeCurrentTask` may be used only while its task runs. It is kept, under this object's
-/// lock, from just before the handler is called (``arm(_:)``, in the task itself) until it returns
-/// (``disarm()``), and ``cancel()`` uses it only under that lock: so only while the task is inside
-/// the handler, alive.
+/// One per worker. An `UnsafeCurrentTask` may be used only while its task runs. It is kept, under
+/// this object's lock, from just before a handler is called (``arm(_:claim:)``, in the task
+/// itself) until it returns (``disarm()``), and ``cancel(ifRunning:)`` uses it only under that
+/// lock: so only while the task is inside the handler, alive.
 final class HandlerCancellation: Sendable {
   /// The task and whether it was cancelled. `@unchecked Sendable`: the `UnsafeCurrentTask` is
   /// touched only under `state`'s lock, while its task is inside the handler (see above).
   private struct Slot: @unchecked Sendable {
     var task: UnsafeCurrentTask?
+    var claim: ClaimReference?
     var cancelled = false
   }
 
   private let state = Mutex(Slot())
 
-  /// Keeps the running task, just before its handler is called.
-  func arm(_ task: UnsafeCurrentTask?) {
-    state.withLock { $0.task = task }
+  /// Keeps the running task, just before its handler is called on the job of `claim`.
+  func arm(_ task: UnsafeCurrentTask?, claim: ClaimReference) {
+    state.withLock { slot in
+      slot.task = task
+      slot.claim = claim
+      slot.cancelled = false
+    }
   }
 
-  /// Cancels the task if it is still inside the handler.
-  func cancel() {
+  /// Cancels the task if it is still inside a handler of one of `claims`.
+  func cancel(ifRunning claims: Set<ClaimReference>) {
     state.withLock { slot in
-      guard let task = slot.task else { return }
+      guard let task = slot.task, let claim = slot.claim, claims.contains(claim) else { return }
       slot.cancelled = true
       task.cancel()
     }
   }
 
-  /// Forgets the task once its handler returned; whether ``cancel()`` cancelled it.
+  /// Forgets the task once its handler returned; whether it was cancelled meanwhile.
   func disarm() -> Bool {
     state.withLock { slot in
       slot.task = nil
+      slot.claim = nil
       return slot.cancelled
     }
   }

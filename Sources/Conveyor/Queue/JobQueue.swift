@@ -457,6 +457,9 @@ struct QueueCore: Sendable {
   /// How to cancel each handler running (or running past its time limit), by claim: a claim the
   /// store no longer holds (cancelled, removed, taken over) has its handler cancelled.
   var handlers: [ClaimReference: @Sendable () -> Void] = [:]
+  /// Each worker's handle on the handler it runs in its own task (jobs without a time limit),
+  /// registered once per worker.
+  var inlineHandlers: [ObjectIdentifier: HandlerCancellation] = [:]
 
   init(_ configuration: JobQueueConfiguration) {
     state = QueueState(
