@@ -151,17 +151,11 @@ extension QueueEngineConformance {
         finished.append("finished")
       }
       defer { waiter.cancel() }
-      do {
+      try await releasing(release, thenStopping: queue) {
         try await waitFor("waitUntilFinished to return though the store holds no job") {
           finished.all == ["finished"]
         }
-      } catch {
-        release.open()
-        await queue.shutdown()
-        throw error
       }
-      release.open()
-      await queue.shutdown()
     },
     check("a cancelled job's handler that ignores cancellation is reported lost once") { store in
       // The worker keeps its slot until the handler returns; its claim must not be reported lost
@@ -187,20 +181,14 @@ extension QueueEngineConformance {
       let other = try JobQueue<Named>(configuration: configuration, store: store) { _, _ in .handled }
       try expect(try await other.cancel(id) == .cancelledRunning, "cancelled while running")
       let lostLogs: @Sendable () -> Int = { logs.all.filter { $0.contains("no longer holds a job") }.count }
-      do {
+      try await releasing(release, thenStopping: queue) {
         try await waitFor("the loss to be reported") { lostLogs() >= 1 }
         let checks = counted.calls["currentClaims", default: 0]
         try await waitFor("three more claim checks") {
           counted.calls["currentClaims", default: 0] >= checks + 3
         }
         try expect(lostLogs() == 1, "reported once, not at every check: \(lostLogs()) times")
-      } catch {
-        release.open()
-        await queue.shutdown()
-        throw error
       }
-      release.open()
-      await queue.shutdown()
     },
     check("a job cancelled by this instance while its claim's answer is on the way never starts") { store in
       // The store committed the claim, so the job is running there, but the answer has not reached
@@ -227,4 +215,20 @@ extension QueueEngineConformance {
       try expect(runs.all.isEmpty, "the cancelled job never started: \(runs.all)")
     },
   ]
+
+  /// Runs `body`, then opens `release` (the handlers waiting on it return) and shuts `queue`
+  /// down, whether `body` threw or not.
+  static func releasing<Item>(
+    _ release: Gate, thenStopping queue: JobQueue<Item>, _ body: () async throws -> Void
+  ) async throws {
+    do {
+      try await body()
+    } catch {
+      release.open()
+      await queue.shutdown()
+      throw error
+    }
+    release.open()
+    await queue.shutdown()
+  }
 }

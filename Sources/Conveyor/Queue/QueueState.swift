@@ -294,6 +294,14 @@ struct QueueState: Sendable {
   private var cancelledHereOrder: [JobID] = []
   static let cancelledHereLimit = 4_096
 
+  /// Forgets `claim` as detached; whether it was abandoned (its outcome is then dropped). Both
+  /// sets are almost always empty: the common case hashes nothing.
+  private mutating func releaseDetached(_ claim: ClaimReference) -> Bool {
+    guard !detached.isEmpty else { return false }
+    detached.remove(claim)
+    return abandoned.remove(claim) != nil
+  }
+
   /// Notes jobs cancelled while running that this instance does not hold.
   mutating func noteCancelled(_ ids: some Sequence<JobID>) {
     for id in ids where cancelledHere.insert(id).inserted {
@@ -482,8 +490,8 @@ struct QueueState: Sendable {
     now: ClockReading = .zero
   ) -> WorkerStep {
     inFlight.remove(claim)
-    detached.remove(claim)
-    if abandoned.remove(claim) == nil, let outcome { settlements.append(outcome) }
+    let dropped = releaseDetached(claim)
+    if let outcome, !dropped { settlements.append(outcome) }
     if !stopping, !paused, !buffer.isEmpty {
       // The hold of the job taken now, read before it leaves the buffer.
       let held = handBackDue(canHandle: canHandle)
@@ -548,8 +556,8 @@ struct QueueState: Sendable {
   /// stop the handler): its outcome, unless abandoned, goes to the loop to record.
   mutating func workerStops(_ claim: ClaimReference, outcome: PendingSettlement?) {
     inFlight.remove(claim)
-    detached.remove(claim)
-    if abandoned.remove(claim) == nil, let outcome { settlements.append(outcome) }
+    let dropped = releaseDetached(claim)
+    if let outcome, !dropped { settlements.append(outcome) }
   }
 
   /// The next claimed job for a worker that just claimed (nil: the worker ends). Jobs whose lease
