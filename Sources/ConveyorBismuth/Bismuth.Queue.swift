@@ -115,6 +115,8 @@ extension Bismuth {
       configuration.maxAttempts = config.maxAttempts
       configuration.autoStart = false
       configuration.canRunInBackground = config.canRunInBackground
+      // As the old library did, a handled item leaves the database.
+      configuration.retention.completed = .none
       if let proxy = config.logProxy {
         configuration.log = { record in
           let fields = record.metadata.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }
@@ -227,16 +229,8 @@ extension Bismuth {
       let jobQueue = jobQueue
       let kept = kept
       _ = report("list items") {
-        let generation = kept.generation
-        var existing: Set<JobID> = []
-        var after: JobID?
-        while true {
-          let page = try await jobQueue.jobs(after: after, limit: 500)
-          for record in page { existing.insert(record.id) }
-          guard let last = page.last, page.count == 500 else { break }
-          after = last.id
-        }
-        kept.prune(keeping: existing, listedAt: generation)
+        let listing = try await Self.unfinishedJobs(jobQueue, kept: kept)
+        kept.prune(keeping: listing.existing, listedAt: listing.generation)
       }
     }
 
@@ -316,25 +310,31 @@ extension Bismuth {
       let generation = kept.generation
       var found: [(id: JobID, item: T)] = []
       var existing: Set<JobID> = []
-      var after: JobID?
-      while true {
-        let page = try await jobQueue.jobs(after: after, limit: 500)
-        let instances = kept.instances(for: page.lazy.map(\.id))
-        for record in page { existing.insert(record.id) }
-        for record in page where record.status != .dead {
-          if let instance = instances[record.id] {
-            found.append((record.id, instance))
-          } else if let item = try? jobQueue.item(of: record) {
-            // An item that no longer decodes is not listed (the old library could not show it
-            // either); the queue makes it a dead job, with the decode error, when it comes up.
-            found.append((record.id, item))
+      // The waiting jobs, then the running ones, merged in ID order; the dead ones keep their
+      // instances (a re-queued one is the item added), but are not listed. Never the history of
+      // completed and cancelled jobs, however long it is.
+      for status in [JobStatus.pending, .running, .dead] {
+        var after: JobID?
+        while true {
+          let page = try await jobQueue.jobs(in: status, after: after, limit: 500)
+          let instances = kept.instances(for: page.lazy.map(\.id))
+          for record in page {
+            existing.insert(record.id)
+            guard status != .dead else { continue }
+            if let instance = instances[record.id] {
+              found.append((record.id, instance))
+            } else if let item = try? jobQueue.item(of: record) {
+              // An item that no longer decodes is not listed (the old library could not show it
+              // either); the queue makes it a dead job, with the decode error, when it comes up.
+              found.append((record.id, item))
+            }
           }
+          guard let last = page.last, page.count == 500 else { break }
+          after = last.id
         }
-        guard let last = page.last, page.count == 500 else {
-          return KeptInstances<T>.Listing(jobs: found, existing: existing, generation: generation)
-        }
-        after = last.id
       }
+      found.sort { $0.id < $1.id }
+      return KeptInstances<T>.Listing(jobs: found, existing: existing, generation: generation)
     }
   }
 }

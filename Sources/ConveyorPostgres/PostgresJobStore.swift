@@ -140,8 +140,9 @@ public final class PostgresJobStore: JobStore {
 
   /// The schema version this build writes and reads (2 added the activity table; 3 left the
   /// store's own inserts to send their wake-up themselves, without the insert trigger; 4 the
-  /// place a retried job takes among ready ones).
-  public static let schemaVersion = 5
+  /// place a retried job takes among ready ones; 5 a job's own time limit; 6 the history of
+  /// finished jobs).
+  public static let schemaVersion = 6
 
   /// The options the store was opened with.
   public let options: Options
@@ -732,12 +733,8 @@ public final class PostgresJobStore: JobStore {
     let sql = self.sql
     let useCaller = options.clock == .caller
     let leaseMilliseconds = JobStoreTime.milliseconds(lease.duration)
-    // Completions alone (a worker's usual batch) take the smaller statement.
-    let completesOnly = settlements.allSatisfy { if case .complete = $0.action { true } else { false } }
-    let settle =
-      completesOnly
-      ? [.int64Array(settlements.map(\.claim.id.rawValue)), .int64Array(settlements.map(\.claim.token))]
-      : Self.settlementParameters(settlements)
+    // Completions alone (a worker's usual batch) take a smaller statement.
+    let completions = Self.completions(settlements)
     // A job put back in the queue (a retry, a release) may be ready now, or sooner than idle
     // workers elsewhere expect: wake them, at commit, as an enqueue does. (When such a settlement
     // turns out stale, the wake-up is spurious, and harmless.)
@@ -746,9 +743,23 @@ public final class PostgresJobStore: JobStore {
       let now: PostgresValue = useCaller ? .timestamp(clock.now()) : .timestamp(nil)
       var statements: [(sql: String, parameters: [PostgresValue])] = []
       if !settlements.isEmpty {
-        statements.append(
-          completesOnly
-            ? (sql.complete, settle + [.text(queue)]) : (sql.settle, settle + [now, .text(queue)]))
+        let claims: [PostgresValue] = [
+          .int64Array(settlements.map(\.claim.id.rawValue)), .int64Array(settlements.map(\.claim.token)),
+        ]
+        switch completions {
+        case .keptAsHistory:
+          statements.append(
+            (
+              sql.complete,
+              claims + [
+                .text(queue), .int64Array(settlements.map(Self.runMilliseconds)),
+                .byteaArray(settlements.map(\.output)), now,
+              ]
+            ))
+        case .deleted: statements.append((sql.completeWithoutHistory, claims + [.text(queue)]))
+        case .mixed:
+          statements.append((sql.settle, Self.settlementParameters(settlements, now: now, queue: queue)))
+        }
         if wakes { statements.append((sql.notify, [.text(queue)])) }
       }
       statements.append(limit > 0 ? (sql.promote, [.text(queue), now]) : (sql.isPaused, [.text(queue)]))
@@ -775,7 +786,7 @@ public final class PostgresJobStore: JobStore {
         stale = settlements.map(\.claim).filter { !claims.contains($0) }
         // The general statement also returns the run date each retry set, from the database's
         // clock: the date the queue's `.retryScheduled` event reports.
-        if !completesOnly {
+        if completions == .mixed {
           for row in 0..<applied.count {
             if let date = applied.date(row, 2) { retryDates[JobID(applied.int64(row, 0))] = date }
           }
@@ -790,7 +801,7 @@ public final class PostgresJobStore: JobStore {
       let rows = results[statements.count - 1]
       // In claim order: each record with its `seq`, the column after the record's.
       let sequenced = try (0..<rows.count).map {
-        (record: try Self.record(rows, $0), seq: rows.int64($0, 14))
+        (record: try Self.record(rows, $0), seq: rows.int64($0, SQL.seqColumn))
       }
       let claimed = sequenced.sorted { a, b in
         if a.record.priority != b.record.priority { return a.record.priority > b.record.priority }
@@ -806,7 +817,32 @@ public final class PostgresJobStore: JobStore {
     }
   }
 
-  private static func settlementParameters(_ settlements: [JobSettlement]) -> [PostgresValue] {
+  /// Which statement a batch of settlements takes.
+  private enum Completions: Equatable {
+    /// Completions only, kept as history: `complete`.
+    case keptAsHistory
+    /// Completions only, none kept: `completeWithoutHistory`.
+    case deleted
+    /// Anything else: `settle`.
+    case mixed
+  }
+
+  private static func completions(_ settlements: [JobSettlement]) -> Completions {
+    guard let first = settlements.first, case .complete = first.action else { return .mixed }
+    let keeps = first.keepsHistory
+    for settlement in settlements {
+      guard case .complete = settlement.action, settlement.keepsHistory == keeps else { return .mixed }
+    }
+    return keeps ? .keptAsHistory : .deleted
+  }
+
+  private static func runMilliseconds(_ settlement: JobSettlement) -> Int64? {
+    settlement.runDuration.map(JobStoreTime.milliseconds)
+  }
+
+  private static func settlementParameters(_ settlements: [JobSettlement], now: PostgresValue, queue: String)
+    -> [PostgresValue]
+  {
     var ids: [Int64?] = []
     var tokens: [Int64?] = []
     var kinds: [Int32] = []
@@ -815,27 +851,29 @@ public final class PostgresJobStore: JobStore {
     for settlement in settlements {
       ids.append(settlement.claim.id.rawValue)
       tokens.append(settlement.claim.token)
+      let keeps = settlement.keepsHistory
       switch settlement.action {
       case .complete:
-        kinds.append(0)
+        kinds.append(keeps ? 0 : 4)
         delays.append(nil)
         errors.append(nil)
       case .retry(let delay, let error):
         kinds.append(1)
         delays.append(JobStoreTime.milliseconds(delay))
-        errors.append(error.map(Self.storable))
+        errors.append(error.map { Self.storable(JobHistory.bounded($0)) })
       case .kill(let error):
-        kinds.append(2)
+        kinds.append(keeps ? 2 : 5)
         delays.append(nil)
-        errors.append(Self.storable(error))
+        errors.append(Self.storable(JobHistory.bounded(error)))
       case .release(let error):
         kinds.append(3)
         delays.append(nil)
-        errors.append(error.map(Self.storable))
+        errors.append(error.map { Self.storable(JobHistory.bounded($0)) })
       }
     }
     return [
-      .int64Array(ids), .int64Array(tokens), .int32Array(kinds), .int64Array(delays), .textArray(errors),
+      .int64Array(ids), .int64Array(tokens), .int32Array(kinds), .int64Array(delays), .textArray(errors), now,
+      .text(queue), .int64Array(settlements.map(runMilliseconds)), .byteaArray(settlements.map(\.output)),
     ]
   }
 
@@ -889,14 +927,23 @@ public final class PostgresJobStore: JobStore {
       let row = try db.execute(sql.counts, [.text(queue), now])
       return JobCounts(
         ready: Int(row.int64(0, 0)), scheduled: Int(row.int64(0, 1)), running: Int(row.int64(0, 2)),
-        dead: Int(row.int64(0, 3)))
+        dead: Int(row.int64(0, 3)), completed: Int(row.int64(0, 4)), cancelled: Int(row.int64(0, 5)))
     }
   }
 
-  /// Lists jobs in ID order, one page at a time.
+  /// Lists jobs one page at a time: in ID order, or for completed and cancelled jobs in the order
+  /// they finished (see `JobStore.jobs(queue:status:after:limit:)`).
   public func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
     guard limit > 0 else { return [] }
     let sql = self.sql
+    if let status, status == .completed || status == .cancelled {
+      let statement = sql.history(Self.stored(status)[0])
+      return try await connection.perform(idempotent: true) { db in
+        let rows = try db.execute(
+          statement, [.text(queue), .int64(after?.rawValue ?? 0), .int64(Int64(limit))], prepared: false)
+        return try (0..<rows.count).map { try Self.record(rows, $0) }
+      }
+    }
     let statuses: PostgresValue = status.map { .textArray(Self.stored($0)) } ?? .null(oid: 1009)
     return try await connection.perform(idempotent: true) { db in
       // Not prepared: listing is not a hot path, and a connection keeps no statement for it.
@@ -926,30 +973,33 @@ public final class PostgresJobStore: JobStore {
     }
   }
 
-  /// Cancels unfinished jobs; see `JobStore.cancel(_:queue:)`. One statement; not repeated
+  /// Cancels unfinished jobs; see `JobStore.cancel(_:queue:clock:)`. One statement; not repeated
   /// after a lost connection (a repeat would answer `CancelResult.notFound` for the jobs the
   /// first run cancelled), so such a loss is an error to the caller, who may cancel again.
-  public func cancel(_ ids: [JobID], queue: String?) async throws -> [CancelResult] {
+  public func cancel(_ ids: [JobID], queue: String?, clock: any JobClock) async throws -> [CancelResult] {
     if ids.isEmpty { return [] }
     let sql = self.sql
     let unique = Array(Set(ids.map(\.rawValue)))
+    let now = now(clock)
     let found = try await connection.perform(idempotent: false) { db -> [Int64: String] in
       let rows = try db.execute(
         sql.cancel,
-        [.int64Array(unique), queue.map(PostgresValue.text) ?? .null(oid: PostgresValue.textOID)],
+        [.int64Array(unique), queue.map(PostgresValue.text) ?? .null(oid: PostgresValue.textOID), now],
         prepared: false)
       var found: [Int64: String] = [:]
       for row in 0..<rows.count { found[rows.int64(row, 0)] = rows.text(row, 1) ?? "" }
       return found
     }
-    // A job deleted here is gone for an ID given again; a dead one is still dead.
-    var deleted: Set<Int64> = []
+    // A job cancelled here is already cancelled for an ID given again.
+    var cancelled: Set<Int64> = []
     return ids.map { id in
       guard let status = found[id.rawValue] else { return .notFound }
       switch status {
       case "ready", "scheduled", "running":
-        guard deleted.insert(id.rawValue).inserted else { return .notFound }
+        guard cancelled.insert(id.rawValue).inserted else { return .alreadyCancelled }
         return status == "running" ? .cancelledRunning : .cancelledWaiting
+      case "completed": return .alreadyCompleted
+      case "cancelled": return .alreadyCancelled
       default: return .alreadyDead
       }
     }
@@ -988,6 +1038,25 @@ public final class PostgresJobStore: JobStore {
       let rows = try db.execute(sql.tally, [.text(queue), .textArray(stored)], prepared: false)
       return JobTally(
         count: Int(rows.int64(0, 0)), highestID: rows.isNull(0, 1) ? nil : JobID(rows.int64(0, 1)))
+    }
+  }
+
+  /// Deletes a batch of old finished jobs; see `JobStore.prune(queue:status:olderThan:limit:clock:)`.
+  /// One statement: a range of `jobs_finished`, oldest first, skipping rows another pruner holds.
+  public func prune(
+    queue: String, status: JobStatus, olderThan age: Duration, limit: Int, clock: any JobClock
+  )
+    async throws -> Int
+  {
+    guard status.isFinished, limit > 0 else { return 0 }
+    let statement = sql.prune(Self.stored(status)[0])
+    let now = now(clock)
+    // A zero age means every job of the status; any other is at least a millisecond.
+    let milliseconds = age > .zero ? max(1, JobStoreTime.milliseconds(age)) : 0
+    return try await connection.perform(idempotent: true) { db in
+      try db.execute(
+        statement, [.text(queue), .int64(milliseconds), now, .int64(Int64(limit))], prepared: false
+      ).changed
     }
   }
 
@@ -1112,6 +1181,8 @@ public final class PostgresJobStore: JobStore {
     case .pending: ["ready", "scheduled"]
     case .running: ["running"]
     case .dead: ["dead"]
+    case .completed: ["completed"]
+    case .cancelled: ["cancelled"]
     }
   }
 
@@ -1123,6 +1194,8 @@ public final class PostgresJobStore: JobStore {
     case "ready", "scheduled": status = .pending
     case "running": status = .running
     case "dead": status = .dead
+    case "completed": status = .completed
+    case "cancelled": status = .cancelled
     default:
       throw PostgresError(
         code: .protocolViolation, message: "job \(rows.int64(row, 0)) has an unknown status '\(statusText)'")
@@ -1135,7 +1208,22 @@ public final class PostgresJobStore: JobStore {
       createdAt: rows.date(row, 7) ?? Date(timeIntervalSince1970: 0), lastError: rows.text(row, 8),
       deduplicationKey: rows.optionalData(row, 9).map { String(decoding: $0, as: UTF8.self) },
       leaseOwner: rows.text(row, 10), leaseExpiresAt: rows.date(row, 11), claimToken: rows.int64(row, 12),
-      timeLimit: JobStoreTime.timeLimit(milliseconds: rows.isNull(row, 13) ? nil : rows.int64(row, 13)))
+      timeLimit: JobStoreTime.timeLimit(milliseconds: rows.isNull(row, 13) ? nil : rows.int64(row, 13)),
+      finishedAt: rows.date(row, 14), errors: try errors(rows, row, 15),
+      runDuration: rows.isNull(row, 16) ? nil : .milliseconds(rows.int64(row, 16)),
+      output: rows.optionalData(row, 17))
+  }
+
+  /// A JSON array of strings (`SQL.appendError`) as a list; NULL as none.
+  private static func errors(_ rows: QueryResult, _ row: Int, _ column: Int) throws -> [String] {
+    guard let text = rows.text(row, column) else { return [] }
+    do {
+      return try JSONDecoder().decode([String].self, from: Data(text.utf8))
+    } catch {
+      throw PostgresError(
+        code: .protocolViolation,
+        message: "job \(rows.int64(row, 0)) has a list of errors that is not a JSON array of strings")
+    }
   }
 
   /// Refuses timeouts that would make every call fail or that the server refuses.

@@ -1,3 +1,5 @@
+import Conveyor
+
 /// The schema, its migrations and every statement the store sends, for one schema name.
 ///
 /// Every value is a bound parameter; the only text spliced into SQL is the schema name (checked
@@ -41,6 +43,7 @@ struct SQL {
   let insertOne: String
   let settle: String
   let complete: String
+  let completeWithoutHistory: String
   let promote: String
   let claim: String
   let heartbeat: String
@@ -61,6 +64,7 @@ struct SQL {
     insertOne = Self.insertOne(schema, channel: channel)
     settle = Self.settle(schema)
     complete = Self.complete(schema)
+    completeWithoutHistory = Self.completeWithoutHistory(schema)
     promote = Self.promote(schema)
     claim = Self.claim(schema)
     heartbeat = Self.heartbeat(schema)
@@ -74,7 +78,7 @@ struct SQL {
   }
 
   /// The migrations, in order; version `n` is `migrations[n - 1]`.
-  var migrations: [String] { [version1, version2, version3, version4, version5] }
+  var migrations: [String] { [version1, version2, version3, version4, version5, version6] }
 
   /// The time of a statement: parameter `n`, or the server's clock when it is NULL.
   static func now(_ parameter: Int) -> String {
@@ -271,11 +275,49 @@ struct SQL {
     """
   }
 
+  /// Version 6: the finished states `completed` and `cancelled`, and each job's history: when it
+  /// finished, its attempts' errors (a JSON array of strings, as text: the latest
+  /// `JobHistory.maximumErrors`), how long its last attempt ran, its output. The status check is
+  /// replaced (checked against every row, under the migration lock). A dead job counts as finished
+  /// when it is migrated (so none is pruned at the first start), and a job's last error starts its
+  /// list. `jobs_finished` orders the history by finishing time, for pruning and history pages.
+  /// The rows changed here keep their queue names whatever they are: the check of printable
+  /// names (``version4``, `NOT VALID`) is set aside while they change, then set again.
+  var version6: String {
+    """
+    ALTER TABLE \(schema).jobs DROP CONSTRAINT jobs_status_check;
+    ALTER TABLE \(schema).jobs ADD CONSTRAINT jobs_status_check
+      CHECK (status IN ('ready', 'scheduled', 'running', 'dead', 'completed', 'cancelled'));
+    ALTER TABLE \(schema).jobs ADD COLUMN finished_at timestamptz, ADD COLUMN errors text,
+      ADD COLUMN run_ms bigint, ADD COLUMN output bytea;
+    ALTER TABLE \(schema).jobs DROP CONSTRAINT jobs_queue_printable;
+    UPDATE \(schema).jobs SET finished_at = date_trunc('milliseconds', now()) WHERE status = 'dead';
+    UPDATE \(schema).jobs SET errors = jsonb_build_array(last_error)::text WHERE last_error IS NOT NULL;
+    ALTER TABLE \(schema).jobs ADD CONSTRAINT jobs_queue_printable
+      CHECK (queue !~ '[\\x01-\\x1f\\x7f]') NOT VALID;
+    CREATE INDEX jobs_finished ON \(schema).jobs (queue, status, finished_at, id)
+      WHERE status IN ('completed', 'cancelled', 'dead');
+    """
+  }
+
   /// The columns ``PostgresJobStore`` decodes a `JobRecord` from, in order.
   static let columns = """
     id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key, \
-    lease_owner, lease_expires_at, claim_token, time_limit_ms
+    lease_owner, lease_expires_at, claim_token, time_limit_ms, finished_at, errors, run_ms, output
     """
+  /// Where the claim's `seq` follows the record's columns.
+  static let seqColumn = 18
+
+  /// `errors` (of the row `j`) with the text `error` appended as a JSON string, unless it is
+  /// NULL, keeping the latest `JobHistory.maximumErrors`.
+  static func appendError(_ error: String) -> String {
+    """
+    CASE WHEN \(error) IS NULL THEN j.errors
+    WHEN jsonb_array_length(coalesce(j.errors, '[]')::jsonb) >= \(JobHistory.maximumErrors)
+    THEN ((j.errors::jsonb - 0) || jsonb_build_array(\(error)))::text
+    ELSE (coalesce(j.errors, '[]')::jsonb || jsonb_build_array(\(error)))::text END
+    """
+  }
   static func columns(_ table: String) -> String {
     columns.split(separator: ",").map { "\(table).\($0.trimmingCharacters(in: .whitespaces))" }
       .joined(separator: ", ")
@@ -414,19 +456,21 @@ struct SQL {
 
   /// Applies a batch of settlements in one statement; returns the claims that applied (ID and
   /// token), each with the run date a retry set (NULL for the other kinds).
-  /// Kinds: 0 complete, 1 retry (delay in ms), 2 kill, 3 release. Each applies only while its
-  /// claim is current: running, with the same claim token (``currentClaims(_:queueParameter:)``
-  /// finds and locks those, then the rows are deleted or changed by ID).
-  /// Parameters: ids, tokens, kinds, delays, errors, now, queue.
+  /// Kinds: 0 complete, 1 retry (delay in ms), 2 kill, 3 release, 4 complete and delete, 5 kill
+  /// and delete (no history kept). Each applies only while its claim is current: running, with
+  /// the same claim token (``currentClaims(_:queueParameter:)`` finds and locks those, then the
+  /// rows are deleted or changed by ID).
+  /// Parameters: ids, tokens, kinds, delays, errors, now, queue, run times (ms), outputs.
   static func settle(_ schema: String) -> String {
     """
     WITH n AS (SELECT \(Self.now(6)) AS now),
     s AS (
-      SELECT * FROM unnest($1::int8[], $2::int8[], $3::int4[], $4::int8[], $5::text[])
-        WITH ORDINALITY AS s(id, token, kind, delay, error, ord)
+      SELECT * FROM unnest($1::int8[], $2::int8[], $3::int4[], $4::int8[], $5::text[], $8::int8[], $9::bytea[])
+        WITH ORDINALITY AS s(id, token, kind, delay, error, ran, output, ord)
     ),
     c AS MATERIALIZED (
-      SELECT s.id, s.kind, s.delay, s.error, s.ord FROM s \(Self.currentClaims(schema, queueParameter: 7))
+      SELECT s.id, s.kind, s.delay, s.error, s.ran, s.output, s.ord
+      FROM s \(Self.currentClaims(schema, queueParameter: 7))
     ),
     r AS MATERIALIZED (
       SELECT c.id, row_number() OVER (ORDER BY c.ord) AS place FROM c, n
@@ -438,14 +482,18 @@ struct SQL {
       RETURNING retry_seq
     ),
     done AS (
-      DELETE FROM \(schema).jobs j WHERE j.id = ANY(ARRAY(SELECT id FROM c WHERE kind = 0))
+      DELETE FROM \(schema).jobs j WHERE j.id = ANY(ARRAY(SELECT id FROM c WHERE kind IN (4, 5)))
       RETURNING j.id, j.claim_token, NULL::timestamptz AS retry_at
     ),
     changed AS (
       UPDATE \(schema).jobs j SET
-        status = CASE c.kind WHEN 2 THEN 'dead' WHEN 3 THEN 'ready'
+        status = CASE c.kind WHEN 0 THEN 'completed' WHEN 2 THEN 'dead' WHEN 3 THEN 'ready'
           ELSE CASE WHEN least(n.now + c.delay * interval '1 millisecond', \(Self.latest)) <= n.now
             THEN 'ready' ELSE 'scheduled' END END,
+        finished_at = CASE WHEN c.kind IN (0, 2) THEN n.now ELSE j.finished_at END,
+        errors = CASE WHEN c.kind IN (1, 2) THEN \(appendError("c.error")) ELSE j.errors END,
+        run_ms = coalesce(c.ran, j.run_ms),
+        output = CASE WHEN c.kind = 0 THEN c.output ELSE j.output END,
         run_at = CASE WHEN c.kind = 1
           THEN least(n.now + c.delay * interval '1 millisecond', \(Self.latest)) ELSE j.run_at END,
         seq = CASE WHEN c.kind <> 1 THEN j.seq WHEN r.place IS NULL THEN 0
@@ -454,18 +502,33 @@ struct SQL {
         last_error = CASE WHEN c.kind = 2 THEN c.error ELSE coalesce(c.error, j.last_error) END,
         lease_owner = NULL, lease_expires_at = NULL
       FROM c LEFT JOIN r ON r.id = c.id, n
-      WHERE j.id = ANY(ARRAY(SELECT id FROM c WHERE kind <> 0)) AND c.id = j.id
+      WHERE j.id = ANY(ARRAY(SELECT id FROM c WHERE kind < 4)) AND c.id = j.id
       RETURNING j.id, j.claim_token, CASE WHEN c.kind = 1 THEN j.run_at END AS retry_at
     )
     SELECT id, claim_token, retry_at FROM done UNION ALL SELECT id, claim_token, retry_at FROM changed
     """
   }
 
-  /// Deletes the current claims among completions, the usual batch of settlements; returns the
-  /// claims that applied (ID and token). The same rule as ``settle``'s, with a plan a quarter its size (no time, no
-  /// update, no union), so a worker's commonest call costs the server less. Parameters: ids,
-  /// tokens, queue.
+  /// Completes the current claims among completions, the usual batch of settlements, keeping
+  /// them as history; returns the claims that applied (ID and token). The same rule as
+  /// ``settle``'s, with a smaller plan (no retry places, no union). Parameters: ids, tokens,
+  /// queue, run times (ms), outputs, now.
   static func complete(_ schema: String) -> String {
+    """
+    UPDATE \(schema).jobs j SET status = 'completed', finished_at = \(Self.now(6)),
+      run_ms = coalesce(c.ran, j.run_ms), output = c.output, lease_owner = NULL, lease_expires_at = NULL
+    FROM (
+      SELECT s.id, s.ran, s.output FROM unnest($1::int8[], $2::int8[], $4::int8[], $5::bytea[])
+        AS s(id, token, ran, output) \(currentClaims(schema, queueParameter: 3))
+    ) AS c
+    WHERE j.id = c.id
+    RETURNING j.id, j.claim_token
+    """
+  }
+
+  /// Deletes the current claims among completions whose queue keeps no history of completed
+  /// jobs; returns the claims that applied (ID and token). Parameters: ids, tokens, queue.
+  static func completeWithoutHistory(_ schema: String) -> String {
     """
     DELETE FROM \(schema).jobs j WHERE j.id = ANY(ARRAY(
       SELECT s.id FROM unnest($1::int8[], $2::int8[]) AS s(id, token) \(currentClaims(schema, queueParameter: 3))))
@@ -558,7 +621,9 @@ struct SQL {
           + (SELECT count(*) FROM \(schema).jobs WHERE queue = $1 AND status = 'scheduled' AND run_at <= \(now)),
         (SELECT count(*) FROM \(schema).jobs WHERE queue = $1 AND status = 'scheduled' AND run_at > \(now)),
         (SELECT count(*) FROM \(schema).jobs WHERE queue = $1 AND status = 'running'),
-        (SELECT count(*) FROM \(schema).jobs WHERE queue = $1 AND status = 'dead')
+        (SELECT count(*) FROM \(schema).jobs WHERE queue = $1 AND status = 'dead'),
+        (SELECT count(*) FROM \(schema).jobs WHERE queue = $1 AND status = 'completed'),
+        (SELECT count(*) FROM \(schema).jobs WHERE queue = $1 AND status = 'cancelled')
       """
   }
 
@@ -574,13 +639,39 @@ struct SQL {
   var list: String {
     """
     SELECT \(Self.columns("page")) FROM
-      unnest(coalesce($4::text[], ARRAY['ready', 'scheduled', 'running', 'dead'])) AS wanted (status)
+      unnest(coalesce($4::text[], ARRAY['ready', 'scheduled', 'running', 'dead', 'completed', 'cancelled']))
+        AS wanted (status)
       CROSS JOIN LATERAL (
         SELECT \(Self.columns) FROM \(schema).jobs
         WHERE queue = $1 AND status = wanted.status AND id > $2
         ORDER BY id LIMIT $3
       ) AS page
     ORDER BY page.id LIMIT $3
+    """
+  }
+
+  /// A page of a finished status's jobs in the order they finished (`jobs_finished`), after the
+  /// finishing time and ID of the job `$2` when it has that status, from the oldest otherwise.
+  /// Parameters: queue, after, limit.
+  func history(_ status: String) -> String {
+    """
+    SELECT \(Self.columns) FROM \(schema).jobs
+    WHERE queue = $1 AND status = '\(status)' AND (finished_at, id) > (
+      coalesce((SELECT finished_at FROM \(schema).jobs WHERE id = $2 AND status = '\(status)'), '-infinity'),
+      coalesce((SELECT id FROM \(schema).jobs WHERE id = $2 AND status = '\(status)'), 0))
+    ORDER BY finished_at, id LIMIT $3
+    """
+  }
+
+  /// Deletes a batch of a finished status's oldest jobs (`jobs_finished`), finished more than
+  /// `$2` ms before now (`$3`), or whenever when `$2` is 0, skipping rows another pruner holds.
+  /// Parameters: queue, age, now, limit.
+  func prune(_ status: String) -> String {
+    """
+    DELETE FROM \(schema).jobs WHERE id = ANY(ARRAY(
+      SELECT id FROM \(schema).jobs WHERE queue = $1 AND status = '\(status)'
+        AND ($2::int8 = 0 OR finished_at < \(Self.now(3)) - $2::int8 * interval '1 millisecond')
+      ORDER BY finished_at LIMIT $4 FOR UPDATE SKIP LOCKED))
     """
   }
 
@@ -623,16 +714,17 @@ struct SQL {
   // MARK: Changing
 
   var remove: String { "DELETE FROM \(schema).jobs WHERE queue = $1 AND id = ANY($2::int8[])" }
-  /// Deletes the unfinished jobs among the IDs `$1` (of queue `$2`, or any when NULL); returns
-  /// each found job's ID and status as they were.
+  /// Cancels the unfinished jobs among the IDs `$1` (of queue `$2`, or any when NULL) at `$3`;
+  /// returns each found job's ID and status as they were.
   var cancel: String {
     """
     WITH target AS (
       SELECT id, status FROM \(schema).jobs
       WHERE id = ANY($1::int8[]) AND ($2::text IS NULL OR queue = $2::text) FOR UPDATE
     ), gone AS (
-      DELETE FROM \(schema).jobs j USING target t
-      WHERE j.id = t.id AND t.status IN ('ready', 'scheduled', 'running') RETURNING j.id
+      UPDATE \(schema).jobs j SET status = 'cancelled', finished_at = \(Self.now(3)), lease_owner = NULL,
+        lease_expires_at = NULL
+      FROM target t WHERE j.id = t.id AND t.status IN ('ready', 'scheduled', 'running') RETURNING j.id
     )
     SELECT t.id, t.status, (SELECT count(*) FROM gone) FROM target t
     """
@@ -669,7 +761,7 @@ struct SQL {
   private func requeued(_ nowParameter: Int) -> String {
     """
     UPDATE \(schema).jobs j SET status = 'ready', run_at = \(Self.now(nowParameter)), seq = 0, attempts = 0,
-      lease_owner = NULL, lease_expires_at = NULL
+      lease_owner = NULL, lease_expires_at = NULL, finished_at = NULL
     """
   }
   /// Every dead job without a key. Parameters: queue, now.

@@ -57,13 +57,16 @@ enum SQL {
     """
   /// Version 5: a job's own time limit in milliseconds (`NewJob.timeLimit`); NULL: the queue's.
   static let timeLimitColumn = "time_limit_ms INTEGER"
-  /// The jobs table of version 5 (``seqColumn``, ``timeLimitColumn``).
+  /// The jobs table of version 6: the finished states `completed` and `cancelled`, and each job's
+  /// history: when it finished, its attempts' errors (a JSON array of strings, the latest
+  /// ``JobHistory/maximumErrors``), how long its last attempt ran, its output.
   static let tables = """
     CREATE TABLE jobs (
       id INTEGER PRIMARY KEY AUTOINCREMENT,
       queue TEXT NOT NULL,
       payload BLOB NOT NULL,
-      status TEXT NOT NULL CHECK (status IN ('ready', 'scheduled', 'running', 'dead')),
+      status TEXT NOT NULL
+        CHECK (status IN ('ready', 'scheduled', 'running', 'dead', 'completed', 'cancelled')),
       priority INTEGER NOT NULL DEFAULT 0,
       attempts INTEGER NOT NULL DEFAULT 0,
       run_at INTEGER NOT NULL,
@@ -74,7 +77,11 @@ enum SQL {
       lease_expires_at INTEGER,
       claim_token INTEGER NOT NULL DEFAULT 0,
       \(seqColumn),
-      \(timeLimitColumn)
+      \(timeLimitColumn),
+      finished_at INTEGER,
+      errors TEXT,
+      run_ms INTEGER,
+      output BLOB
     );
     """
   /// The indexes of versions 2 and 3.
@@ -82,10 +89,25 @@ enum SQL {
     CREATE INDEX jobs_ready ON jobs (queue, priority DESC, run_at, id) WHERE status = 'ready';
     \(otherIndexes)
     """
-  /// The indexes of version 4.
-  static let indexes = """
+  /// The indexes of version 4 and 5.
+  static let indexesVersion4 = """
     \(readyIndex)
     \(otherIndexes)
+    """
+  /// Version 6: each finished status's jobs by queue and finishing time, for pruning (oldest
+  /// first), counts and history pages. One index per status: SQLite uses a partial index only
+  /// when a query's terms imply its `WHERE`, and `status = 'completed'` does not imply
+  /// `status IN ('completed', …)`. Waiting and running jobs are in none, so claims and adds never
+  /// touch them; a completion adds one entry at the end of `jobs_completed`.
+  static let finishedIndex = """
+    CREATE INDEX jobs_completed ON jobs (queue, finished_at) WHERE status = 'completed';
+    CREATE INDEX jobs_cancelled ON jobs (queue, finished_at) WHERE status = 'cancelled';
+    CREATE INDEX jobs_dead_finished ON jobs (queue, finished_at) WHERE status = 'dead';
+    """
+  /// The indexes of version 6.
+  static let indexes = """
+    \(indexesVersion4)
+    \(finishedIndex)
     """
   /// The indexes every version since 2 has.
   static let otherIndexes = """
@@ -182,6 +204,31 @@ enum SQL {
     ALTER TABLE jobs ADD COLUMN \(timeLimitColumn);
     PRAGMA user_version = 5;
     """
+  /// Version 5 to 6, in one transaction: the table is rebuilt (SQLite cannot change a `CHECK`
+  /// constraint in place) with every job. A dead job counts as finished when it is migrated (so
+  /// no dead job is pruned at the first start), and a job's last error starts its list of
+  /// errors. The caller carries the `AUTOINCREMENT` counter over.
+  static func migrate5to6(now: Int64) -> String {
+    """
+    ALTER TABLE jobs RENAME TO jobs_v5;
+    DROP INDEX jobs_ready;
+    DROP INDEX jobs_scheduled;
+    DROP INDEX jobs_dedup;
+    DROP INDEX jobs_running;
+    DROP INDEX jobs_dead;
+    \(tables)
+    INSERT INTO jobs (id, queue, payload, status, priority, attempts, run_at, created_at, last_error,
+      dedup_key, lease_owner, lease_expires_at, claim_token, seq, time_limit_ms, finished_at, errors)
+    SELECT id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key,
+      lease_owner, lease_expires_at, claim_token, seq, time_limit_ms,
+      CASE status WHEN 'dead' THEN \(now) END,
+      CASE WHEN last_error IS NOT NULL THEN json_array(last_error) END
+    FROM jobs_v5;
+    DROP TABLE jobs_v5;
+    \(indexes)
+    PRAGMA user_version = 6;
+    """
+  }
   static let sequence = "SELECT seq FROM sqlite_sequence WHERE name = ?"
   static let setSequence = """
     INSERT INTO sqlite_sequence (name, seq) SELECT 'jobs', 0
@@ -198,7 +245,7 @@ enum SQL {
   /// The columns ``SQLiteJobStore`` decodes a `JobRecord` from, in order.
   static let columns = """
     id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key, \
-    lease_owner, lease_expires_at, claim_token, time_limit_ms
+    lease_owner, lease_expires_at, claim_token, time_limit_ms, finished_at, errors, run_ms, output
     """
 
   /// The oldest waiting job with the key. Running jobs do not count: one that is running may
@@ -251,19 +298,40 @@ enum SQL {
 
   /// The fence: an outcome or heartbeat applies only to the job's current claim.
   private static let held = "id = ? AND queue = ? AND status = 'running' AND claim_token = ?"
-  static let complete = "DELETE FROM jobs WHERE \(held)"
+  /// Deletes a completed job (its queue keeps no history of completed jobs).
+  static let completeWithoutHistory = "DELETE FROM jobs WHERE \(held)"
+  /// Parameters: now, run time (NULL: kept), output, then the claim.
+  static let complete = """
+    UPDATE jobs SET status = 'completed', finished_at = ?, run_ms = coalesce(?, run_ms), output = ?,
+    lease_owner = NULL, lease_expires_at = NULL WHERE \(held)
+    """
+  /// `errors` with the error parameter `error` appended (nothing when it is NULL), keeping the
+  /// latest ``JobHistory/maximumErrors``.
+  static func appendError(_ error: String) -> String {
+    """
+    CASE WHEN \(error) IS NULL THEN errors WHEN errors IS NULL THEN json_array(\(error))
+    WHEN json_array_length(errors) >= \(JobHistory.maximumErrors)
+    THEN json_insert(json_remove(errors, '$[0]'), '$[#]', \(error))
+    ELSE json_insert(errors, '$[#]', \(error)) END
+    """
+  }
   /// Parameters: run date, now, error, then the claim. A job retried straight into the ready
   /// state takes its queue's next place (``nextRetryPlace``, raised just before), so it goes
   /// behind every job ready when it was retried (``seqColumn``).
+  /// ``appendError(_:)`` records the error in the job's history; parameter 7: the run time
+  /// (NULL: kept).
   static let retry = """
     UPDATE jobs SET status = CASE WHEN ?1 <= ?2 THEN 'ready' ELSE 'scheduled' END, run_at = ?1,
     seq = CASE WHEN ?1 <= ?2 THEN (SELECT retry_seq FROM queues WHERE name = ?6) ELSE 0 END,
-    last_error = coalesce(?3, last_error), lease_owner = NULL, lease_expires_at = NULL
+    last_error = coalesce(?3, last_error), errors = \(appendError("?3")), run_ms = coalesce(?7, run_ms),
+    lease_owner = NULL, lease_expires_at = NULL
     WHERE id = ?4 AND queue = ?6 AND status = 'running' AND claim_token = ?5
     """
+  /// Parameters: error, now, run time (NULL: kept), then the claim.
   static let kill = """
-    UPDATE jobs SET status = 'dead', last_error = ?, lease_owner = NULL, lease_expires_at = NULL
-    WHERE \(held)
+    UPDATE jobs SET status = 'dead', last_error = ?1, errors = \(appendError("?1")), finished_at = ?2,
+    run_ms = coalesce(?3, run_ms), lease_owner = NULL, lease_expires_at = NULL
+    WHERE id = ?4 AND queue = ?5 AND status = 'running' AND claim_token = ?6
     """
   /// Back to ready in its old place (its run date was at or before the claim), the attempt
   /// its claim counted given back.
@@ -298,6 +366,8 @@ enum SQL {
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'scheduled')
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'running')
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'dead')
+    OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'completed')
+    OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'cancelled')
     ORDER BY name
     """
 
@@ -311,9 +381,25 @@ enum SQL {
     case .pending: filter = "AND +status IN ('ready', 'scheduled')"
     case .running: filter = "AND status = 'running'"
     case .dead: filter = "AND status = 'dead'"
+    case .completed, .cancelled: return history(status!, after: true)
     }
     return "SELECT \(columns) FROM jobs WHERE queue = ? AND id > ? \(filter) ORDER BY id LIMIT ?"
   }
+
+  /// A page of a finished status's jobs in the order they finished (its index): from the
+  /// start (parameters queue, limit), or after a job's finishing time and ID (parameters queue,
+  /// finishing time, ID, limit).
+  static func history(_ status: JobStatus, after: Bool) -> String {
+    let stored = stored(status)[0]
+    let from = after ? "AND (finished_at, id) > (?2, ?3)" : ""
+    return """
+      SELECT \(columns) FROM jobs WHERE queue = ?1 AND status = '\(stored)' \(from)
+      ORDER BY finished_at, id LIMIT ?\(after ? 4 : 2)
+      """
+  }
+
+  /// A finished job's finishing time, when it has status `?2` (a history page's cursor).
+  static let finishedAt = "SELECT finished_at FROM jobs WHERE id = ?1 AND status = ?2"
 
   /// The stored statuses a public status covers.
   static func stored(_ status: JobStatus) -> [String] {
@@ -321,7 +407,26 @@ enum SQL {
     case .pending: ["ready", "scheduled"]
     case .running: ["running"]
     case .dead: ["dead"]
+    case .completed: ["completed"]
+    case .cancelled: ["cancelled"]
     }
+  }
+
+  /// Deletes a batch of a finished status's oldest jobs, finished before a time (its index).
+  /// Parameters: queue, before, limit.
+  static func prune(_ status: String) -> String {
+    """
+    DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE queue = ?1 AND status = '\(status)'
+    AND finished_at < ?2 ORDER BY finished_at LIMIT ?3)
+    """
+  }
+  /// Deletes a batch of a finished status's oldest jobs, whenever they finished. Parameters:
+  /// queue, limit.
+  static func pruneAll(_ status: String) -> String {
+    """
+    DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE queue = ?1 AND status = '\(status)'
+    ORDER BY finished_at LIMIT ?2)
+    """
   }
 
   /// One job by its ID: a primary-key lookup (the dashboard's job page).
@@ -329,9 +434,13 @@ enum SQL {
 
   static let remove = "DELETE FROM jobs WHERE id = ? AND queue = ?"
   /// A job's status, if it belongs to queue `?2` (any when NULL; compared byte for byte), for
-  /// ``SQLiteJobStore/cancel(_:queue:)``.
+  /// ``SQLiteJobStore/cancel(_:queue:clock:)``.
   static let statusInQueue = "SELECT status FROM jobs WHERE id = ?1 AND (?2 IS NULL OR queue = ?2)"
-  static let removeByID = "DELETE FROM jobs WHERE id = ?"
+  /// Parameters: now, ID.
+  static let cancel = """
+    UPDATE jobs SET status = 'cancelled', finished_at = ?, lease_owner = NULL, lease_expires_at = NULL
+    WHERE id = ?
+    """
   /// Whether a claim is current (``SQLiteJobStore/currentClaims(_:queue:)``): parameters ID,
   /// queue, token.
   static let isCurrent = "SELECT 1 FROM jobs WHERE \(held)"
@@ -356,7 +465,7 @@ enum SQL {
   /// What re-queueing sets; the first parameter is the run date.
   private static let requeued = """
     UPDATE jobs SET status = 'ready', run_at = ?, seq = 0, attempts = 0, lease_owner = NULL,
-    lease_expires_at = NULL
+    lease_expires_at = NULL, finished_at = NULL
     """
   /// Re-queues every dead job without a deduplication key (the keyed ones go one at a time).
   static let requeueAllWithoutKey = """

@@ -22,6 +22,12 @@ extension SQLiteJobStore {
     -> [JobRecord]
   {
     var records: [JobRecord] = []
+    if let status, status == .completed || status == .cancelled {
+      try historyPage(
+        db, queue: queue, status: status, after: after, limit: limit, statement: { $0 },
+        row: { records.append(try record($0)) })
+      return records
+    }
     if status == .running || status == .dead {
       try db.query(SQL.list(status), .text(queue), .integer(after), .integer(Int64(limit))) {
         records.append(try record($0))
@@ -48,6 +54,30 @@ extension SQLiteJobStore {
       try db.query(SQL.job, .integer(id)) { records.append(try record($0)) }
     }
     return records
+  }
+}
+
+extension SQLiteJobStore {
+  /// A page of completed or cancelled jobs in the order they finished, after the job `after`
+  /// (from the oldest when that job is not one of them, or gone): a range of the status's index (`jobs_completed`, …)
+  /// from the cursor, whatever the size of the history. `statement` may rewrite the selected
+  /// columns.
+  static func historyPage(
+    _ db: Connection, queue: String, status: JobStatus, after: Int64, limit: Int,
+    statement: (String) -> String, row: (Statement) throws -> Void
+  ) throws {
+    var cursor: Int64?
+    try db.query(SQL.finishedAt, .integer(after), .text(SQL.stored(status)[0])) {
+      cursor = $0.isNull(0) ? nil : $0.int64(0)
+    }
+    if let cursor {
+      try db.query(
+        statement(SQL.history(status, after: true)), .text(queue), .integer(cursor), .integer(after),
+        .integer(Int64(limit)), row: row)
+    } else {
+      try db.query(
+        statement(SQL.history(status, after: false)), .text(queue), .integer(Int64(limit)), row: row)
+    }
   }
 }
 
@@ -78,7 +108,11 @@ enum ListingSQL {
   /// The IDs of the queue's jobs after an ID, from its partial indexes (no table row is read), in
   /// ID order. Parameters: queue, after, limit.
   static func idsAfter(_ status: JobStatus?) -> String {
-    let statuses = status == nil ? ["ready", "scheduled", "running", "dead"] : ["ready", "scheduled"]
+    // The history's arms read the queue's part of `jobs_completed` and `jobs_cancelled` and sort it: only when the
+    // window held other queues' rows.
+    let statuses =
+      status == nil
+      ? ["ready", "scheduled", "running", "dead", "completed", "cancelled"] : ["ready", "scheduled"]
     let arms = statuses.map { "SELECT id FROM jobs WHERE queue = ?1 AND status = '\($0)' AND id > ?2" }
     return arms.joined(separator: "\nUNION ALL\n") + "\nORDER BY id LIMIT ?3"
   }

@@ -51,6 +51,12 @@ extension SQLiteJobStore: JobSummaryListing {
     func add(_ row: Statement) throws {
       summaries.append(try summary(row, db: db, payloadPrefix: payloadPrefix))
     }
+    if let status, status == .completed || status == .cancelled {
+      try historyPage(
+        db, queue: queue, status: status, after: after, limit: limit,
+        statement: { SummarySQL.rows($0, errorPrefix: errorPrefix) }, row: add)
+      return summaries
+    }
     if status == .running || status == .dead {
       try db.query(
         SummarySQL.rows(SQL.list(status), errorPrefix: errorPrefix), .text(queue), .integer(after),
@@ -116,11 +122,13 @@ extension SQLiteJobStore: JobSummaryListing {
 /// The statements of `SQLiteJobStore+Summaries.swift`: the listing's, with the payload column
 /// replaced and the last error cut.
 enum SummarySQL {
-  /// ``SQL/columns`` with an empty payload and the last error's first `errorPrefix` characters,
-  /// then the payload's length.
+  /// ``SQL/columns`` with an empty payload, the last error's first `errorPrefix` characters, no
+  /// list of errors and no output (a page holds none of them), then the payload's length.
   static func columns(errorPrefix: Int) -> String {
     SQL.columns.replacingOccurrences(of: "payload,", with: "NULL,")
-      .replacingOccurrences(of: "last_error,", with: "\(cutError(errorPrefix)),") + ", length(payload)"
+      .replacingOccurrences(of: "last_error,", with: "\(cutError(errorPrefix)),")
+      .replacingOccurrences(of: "errors,", with: "NULL,")
+      .replacingOccurrences(of: "output", with: "NULL") + ", length(payload)"
   }
 
   /// The last error's first `errorPrefix` characters (code points). The count is written into the
@@ -132,7 +140,7 @@ enum SummarySQL {
   }
 
   /// Where the payload's length is.
-  static let sizeColumn: Int32 = 14
+  static let sizeColumn: Int32 = 18
 
   /// `statement` (one selecting ``SQL/columns`` from `jobs`) selecting ``columns(errorPrefix:)``
   /// instead.
@@ -147,6 +155,8 @@ enum SummarySQL {
   static func windowed(_ status: JobStatus?, errorPrefix: Int) -> String {
     let kept = SQL.columns.replacingOccurrences(of: "payload, ", with: "")
       .replacingOccurrences(of: "last_error,", with: "\(cutError(errorPrefix)) AS last_error,")
+      .replacingOccurrences(of: "errors,", with: "NULL AS errors,")
+      .replacingOccurrences(of: "output", with: "NULL AS output")
     let outer = SQL.columns.replacingOccurrences(of: "payload,", with: "NULL,") + ", payload_length"
     return """
       SELECT \(outer) FROM (

@@ -66,9 +66,10 @@ public final class SQLiteJobStore: JobStore {
   /// The schema version this build writes and reads (`PRAGMA user_version`).
   ///
   /// Version 2 added claim tokens and the ready/scheduled states; version 3 the activity table
-  /// (``recordActivity(_:)``); version 4 the place a retried job takes among ready ones. An older
+  /// (``recordActivity(_:)``); version 4 the place a retried job takes among ready ones; version
+  /// 5 a job's own time limit; version 6 the history of finished jobs. An older
   /// database is migrated when it is opened, in one transaction, keeping every job.
-  public static let schemaVersion: Int32 = 5
+  public static let schemaVersion: Int32 = 6
 
   /// The database file's path.
   public let path: String
@@ -372,7 +373,8 @@ public final class SQLiteJobStore: JobStore {
         let due = Int(try db.scalar(SQL.countDue, .text(queue), .integer(now)) ?? 0)
         return JobCounts(
           ready: try count("ready") + due, scheduled: try count("scheduled") - due,
-          running: try count("running"), dead: try count("dead"))
+          running: try count("running"), dead: try count("dead"), completed: try count("completed"),
+          cancelled: try count("cancelled"))
       }
     }
   }
@@ -411,13 +413,14 @@ public final class SQLiteJobStore: JobStore {
     }
   }
 
-  /// Cancels unfinished jobs; see `JobStore.cancel(_:queue:)`. One write transaction: a
+  /// Cancels unfinished jobs; see `JobStore.cancel(_:queue:clock:)`. One write transaction: a
   /// primary-key read and delete per ID.
-  public func cancel(_ ids: [JobID], queue: String?) async throws -> [CancelResult] {
+  public func cancel(_ ids: [JobID], queue: String?, clock: any JobClock) async throws -> [CancelResult] {
     if ids.isEmpty { return [] }
     return try await connection.perform { db in
       try db.transaction(immediate: true) {
-        try ids.map { id -> CancelResult in
+        let now = millis(clock.now())
+        return try ids.map { id -> CancelResult in
           var found: String?
           try db.query(SQL.statusInQueue, .integer(id.rawValue), queue.map(SQLiteValue.text) ?? .null) {
             found = $0.text(0) ?? ""
@@ -425,8 +428,10 @@ public final class SQLiteJobStore: JobStore {
           guard let status = found else { return .notFound }
           switch status {
           case "ready", "scheduled", "running":
-            try db.run(SQL.removeByID, .integer(id.rawValue))
+            try db.run(SQL.cancel, .integer(now), .integer(id.rawValue))
             return status == "running" ? .cancelledRunning : .cancelledWaiting
+          case "completed": return .alreadyCompleted
+          case "cancelled": return .alreadyCancelled
           default: return .alreadyDead
           }
         }
@@ -494,6 +499,26 @@ public final class SQLiteJobStore: JobStore {
         return try stored.reduce(0) {
           $0 + (try db.run(SQL.clearThrough($1), .text(queue), .integer(through.rawValue)))
         }
+      }
+    }
+  }
+
+  /// Deletes a batch of old finished jobs; see `JobStore.prune(queue:status:olderThan:limit:clock:)`.
+  /// One short write transaction: a range of the status's index (`jobs_completed`, …), oldest first.
+  public func prune(
+    queue: String, status: JobStatus, olderThan age: Duration, limit: Int, clock: any JobClock
+  )
+    async throws -> Int
+  {
+    guard status.isFinished, limit > 0 else { return 0 }
+    let stored = SQL.stored(status)[0]
+    return try await connection.perform { db in
+      try db.transaction(immediate: true) {
+        guard age > .zero else {
+          return try db.run(SQL.pruneAll(stored), .text(queue), .integer(Int64(limit)))
+        }
+        let before = millis(clock.now()) &- JobStoreTime.milliseconds(age)
+        return try db.run(SQL.prune(stored), .text(queue), .integer(before), .integer(Int64(limit)))
       }
     }
   }
@@ -596,18 +621,26 @@ public final class SQLiteJobStore: JobStore {
     let queue = SQLiteValue.text(queue)
     let token = SQLiteValue.integer(settlement.claim.token)
     let changed: Int
+    let ran = settlement.runDuration.map { SQLiteValue.integer(JobStoreTime.milliseconds($0)) } ?? .null
     switch settlement.action {
+    case .complete where !settlement.keepsHistory:
+      changed = try db.run(SQL.completeWithoutHistory, id, queue, token)
     case .complete:
-      changed = try db.run(SQL.complete, id, queue, token)
+      changed = try db.run(
+        SQL.complete, .integer(now), ran, settlement.output.map(SQLiteValue.blob) ?? .null, id, queue, token)
     case .retry(let delay, let error):
       let runAt = millis(now, adding: delay)
       if runAt <= now { try db.run(SQL.nextRetryPlace, queue) }
       changed = try db.run(
-        SQL.retry, .integer(runAt), .integer(now), error.map(SQLiteValue.text) ?? .null, id, token, queue)
+        SQL.retry, .integer(runAt), .integer(now), error.map { .text(JobHistory.bounded($0)) } ?? .null, id,
+        token, queue, ran)
+    case .kill where !settlement.keepsHistory:
+      changed = try db.run(SQL.completeWithoutHistory, id, queue, token)
     case .kill(let error):
-      changed = try db.run(SQL.kill, .text(error), id, queue, token)
+      changed = try db.run(SQL.kill, .text(JobHistory.bounded(error)), .integer(now), ran, id, queue, token)
     case .release(let error):
-      changed = try db.run(SQL.release, error.map(SQLiteValue.text) ?? .null, id, queue, token)
+      changed = try db.run(
+        SQL.release, error.map { .text(JobHistory.bounded($0)) } ?? .null, id, queue, token)
     }
     return changed > 0
   }
@@ -620,6 +653,8 @@ public final class SQLiteJobStore: JobStore {
     case "ready", "scheduled": status = .pending
     case "running": status = .running
     case "dead": status = .dead
+    case "completed": status = .completed
+    case "cancelled": status = .cancelled
     default:
       throw SQLiteError(
         code: .corrupt, message: "job \(row.int64(0)) has an unknown status '\(statusText)'", sql: row.sql)
@@ -629,7 +664,24 @@ public final class SQLiteJobStore: JobStore {
       priority: row.int(4), attempts: row.int(5), runAt: date(row.int64(6)), createdAt: date(row.int64(7)),
       lastError: row.text(8), deduplicationKey: row.text(9), leaseOwner: row.text(10),
       leaseExpiresAt: row.isNull(11) ? nil : date(row.int64(11)), claimToken: row.int64(12),
-      timeLimit: JobStoreTime.timeLimit(milliseconds: row.isNull(13) ? nil : row.int64(13)))
+      timeLimit: JobStoreTime.timeLimit(milliseconds: row.isNull(13) ? nil : row.int64(13)),
+      finishedAt: row.isNull(14) ? nil : date(row.int64(14)), errors: try errors(row, 15),
+      runDuration: row.isNull(16) ? nil : .milliseconds(row.int64(16)),
+      output: row.isNull(17) ? nil : row.data(17))
+  }
+
+  /// A JSON array of strings (``SQL/appendError(_:)``) as a list; NULL as none.
+  private static func errors(_ row: Statement, _ column: Int32) throws -> [String] {
+    guard !row.isNull(column) else { return [] }
+    let text = row.data(column)
+    do {
+      return try JSONDecoder().decode([String].self, from: text)
+    } catch {
+      throw SQLiteError(
+        code: .corrupt,
+        message: "job \(row.int64(0)) has a list of errors that is not a JSON array of strings",
+        sql: row.sql)
+    }
   }
 }
 
@@ -833,14 +885,20 @@ extension SQLiteJobStore {
           try db.execute(SQL.migrate2to3)
           try db.execute(SQL.migrate3to4)
           try db.execute(SQL.migrate4to5)
+          try migrateFromVersion5(db)
         case .version2:
           try db.execute(SQL.migrate2to3)
           try db.execute(SQL.migrate3to4)
           try db.execute(SQL.migrate4to5)
+          try migrateFromVersion5(db)
         case .version3:
           try db.execute(SQL.migrate3to4)
           try db.execute(SQL.migrate4to5)
-        case .version4: try db.execute(SQL.migrate4to5)
+          try migrateFromVersion5(db)
+        case .version4:
+          try db.execute(SQL.migrate4to5)
+          try migrateFromVersion5(db)
+        case .version5: try migrateFromVersion5(db)
         case .current: break
         }
       }
@@ -869,7 +927,15 @@ extension SQLiteJobStore {
     }
   }
 
-  enum FileKind { case empty, version1, version2, version3, version4, current }
+  enum FileKind { case empty, version1, version2, version3, version4, version5, current }
+
+  /// Rebuilds a version 5 database as version 6 inside the caller's transaction, keeping every
+  /// job and the `AUTOINCREMENT` counter.
+  private static func migrateFromVersion5(_ db: Connection) throws {
+    let sequence = try db.scalar(SQL.sequence, .text("jobs")) ?? 0
+    try db.execute(SQL.migrate5to6(now: millis(Date())))
+    try db.execute(SQL.setSequence.replacingOccurrences(of: "?", with: String(sequence)))
+  }
 
   /// Rebuilds a version 1 database as version 2 inside the caller's transaction, keeping every
   /// job and the `AUTOINCREMENT` counter (so no ID of a deleted job is ever reused).
@@ -932,6 +998,7 @@ extension SQLiteJobStore {
     if version == 2 { return .version2 }
     if version == 3 { return .version3 }
     if version == 4 { return .version4 }
+    if version == 5 { return .version5 }
     guard version == Int64(Self.schemaVersion) else {
       throw SQLiteJobStoreError(
         code: .unsupportedSchema, path: path,

@@ -76,7 +76,8 @@ extension JobStore {
   /// - Parameters:
   ///   - type: the item type the jobs decode as.
   ///   - queue: the queue's identifier.
-  ///   - status: only jobs with this status; nil (the default) for any.
+  ///   - status: only jobs with this status; nil (the default) for any job that is not history:
+  ///     pending, running or dead (pass `.completed` or `.cancelled` to search the history).
   ///   - count: exactly this many must match (0 or more); nil (the default) means at least one.
   ///   - predicate: which items match; every item by default. An error it throws is rethrown.
   /// - Returns: the matching jobs, at least one (or exactly `count`).
@@ -107,7 +108,8 @@ extension JobStore {
   /// - Parameters:
   ///   - type: the item type the jobs decode as.
   ///   - queue: the queue's identifier.
-  ///   - status: only jobs with this status; nil (the default) for any.
+  ///   - status: only jobs with this status; nil (the default) for any job that is not history:
+  ///     pending, running or dead (pass `.completed` or `.cancelled` to search the history).
   ///   - predicate: which items count; every item by default. An error it throws is rethrown.
   /// - Throws: ``JobExpectationError`` listing the queue's jobs when one matches; the store's
   ///   errors.
@@ -138,6 +140,8 @@ extension JobStore {
     while true {
       let page = try await jobs(queue: queue, status: status, after: after, limit: 500)
       for record in page {
+        // Without a status, the history of completed and cancelled jobs is not searched.
+        if status == nil && (record.status == .completed || record.status == .cancelled) { continue }
         search.total += 1
         if search.listed.count < JobExpectationError.listedJobLimit { search.listed.append(record) }
         let item: Item

@@ -9,7 +9,9 @@ public struct IdleRun: Sendable, Hashable {
   public var clockAdvances: Int
   /// How far the clock moved in all.
   public var timeAdvanced: Duration
-  /// The queue's jobs at the end: none ready, scheduled or running; ``dead`` ones stay.
+  /// The queue's jobs at the end: none ready, scheduled or running; ``dead`` ones stay. The
+  /// history is left out: `completed` and `cancelled` are 0 (list them with
+  /// `jobs(in: .completed)`), so a run that handled every job ends with `JobCounts()`.
   public var counts: JobCounts
 
   /// Creates a summary.
@@ -107,6 +109,14 @@ public struct QueueNotIdleError: Error, CustomStringConvertible, Sendable {
 }
 
 extension JobQueue {
+  /// `counts` without the history (completed and cancelled as 0).
+  static func withoutHistory(_ counts: JobCounts) -> JobCounts {
+    var counts = counts
+    counts.completed = 0
+    counts.cancelled = 0
+    return counts
+  }
+
   /// Runs the queue on its `ManualJobClock` until no job is ready, scheduled or running: handles
   /// every ready job, then moves the clock to the next run date (a retry's backoff, a delayed or
   /// scheduled job) and goes on.
@@ -170,7 +180,9 @@ extension JobQueue {
           continue
         }
         let counts = try await count()
-        return IdleRun(clockAdvances: advances, timeAdvanced: clock.uptime() - startUptime, counts: counts)
+        return IdleRun(
+          clockAdvances: advances, timeAdvanced: clock.uptime() - startUptime,
+          counts: Self.withoutHistory(counts))
       }
       // Stores keep run dates, and read the clock, in whole milliseconds rounded to the nearest:
       // the job is due once the clock's reading, so rounded, reaches its run date. Moving by the
@@ -227,7 +239,8 @@ extension JobQueue {
       remaining += try await jobs(in: status, limit: limit - remaining.count)
     }
     return QueueNotIdleError(
-      reason: reason, queue: configuration.identifier, counts: try await count(), remaining: remaining,
+      reason: reason, queue: configuration.identifier, counts: Self.withoutHistory(try await count()),
+      remaining: remaining,
       now: clock.now())
   }
 }
@@ -272,6 +285,8 @@ enum JobListing {
       if let owner = record.leaseOwner { text += ", lease held by \(owner)" }
       if let expiry = record.leaseExpiresAt { text += " until \(format(expiry))" }
     case .dead: text += "dead"
+    case .completed: text += "completed"
+    case .cancelled: text += "cancelled"
     }
     text += ", \(record.attempts) attempt(s)"
     if let error = record.lastError { text += ", last error: \(excerpt(error))" }

@@ -179,6 +179,34 @@ struct Arguments {
     return .milliseconds(milliseconds)
   }
 
+  /// A duration option written as a whole number and a unit: `90s`, `15m`, `24h`, `7d` (`0`
+  /// alone is zero), at most 100 years; nil when absent.
+  func duration(_ name: String) throws -> Duration? {
+    guard let text = option(name) else { return nil }
+    guard let duration = Self.duration(text) else {
+      throw UsageError(
+        description:
+          "\(name) must be a whole number with a unit s, m, h or d (such as 90s, 15m, 24h, 7d; at most "
+          + "36500d), got \"\(printable(text))\"")
+    }
+    return duration
+  }
+
+  /// `90s`, `15m`, `24h`, `7d` or `0` as a duration; nil for anything else, or more than 100 years.
+  static func duration(_ text: String) -> Duration? {
+    if text == "0" { return .zero }
+    let units: [Character: Int64] = ["s": 1, "m": 60, "h": 3_600, "d": 86_400]
+    guard let unit = text.last, let seconds = units[unit] else { return nil }
+    let digits = text.dropLast()
+    // Digits only: no sign, no space, no fraction; at most 12 of them, so nothing overflows.
+    guard !digits.isEmpty, digits.count <= 12, digits.allSatisfy({ $0.isASCII && $0.isNumber }),
+      let count = Int64(digits)
+    else { return nil }
+    let total = count * seconds
+    guard total <= 36_500 * 86_400 else { return nil }
+    return .seconds(total)
+  }
+
   /// Fails if an operand is left that the command did not take.
   func finish() throws {
     if let extra = operands.first {

@@ -69,7 +69,7 @@ enum CLI {
           OptionSpec(
             names: ["--wait-for-database"], value: "S",
             help: "seconds to wait for a PostgreSQL server that is not up yet (default 60)"),
-        ]),
+        ] + retentionOptions),
       CommandSpec(
         name: "status", operands: "", summary: "counts by status, and whether the queue is paused",
         options: [OptionSpec(names: ["--json"], value: nil, help: "as one JSON object")]),
@@ -77,7 +77,8 @@ enum CLI {
         name: "list", operands: "", summary: "jobs with their status and last error",
         options: [
           OptionSpec(
-            names: ["--status"], value: "STATUS", help: "ready, scheduled, pending (both), running or dead"),
+            names: ["--status"], value: "STATUS",
+            help: "ready, scheduled, pending (both), running, dead, completed or cancelled"),
           OptionSpec(names: ["--limit", "-n"], value: "N", help: "at most N jobs (default 100)"),
           OptionSpec(names: ["--json"], value: nil, help: "one JSON object per job"),
         ]),
@@ -89,9 +90,7 @@ enum CLI {
         summary: "stop jobs for good: a waiting one never runs, a running one's command is stopped",
         options: []),
       CommandSpec(name: "remove", operands: "ID...", summary: "delete jobs", options: []),
-      CommandSpec(
-        name: "purge", operands: "", summary: "delete dead jobs",
-        options: [OptionSpec(names: ["--all"], value: nil, help: "every job that is not running")]),
+    ] + historySpecs + [
       CommandSpec(name: "pause", operands: "", summary: "stop claiming jobs, for every worker", options: []),
       CommandSpec(name: "resume", operands: "", summary: "claim jobs again", options: []),
       DashboardCommand.spec,
@@ -293,6 +292,7 @@ enum CLI {
     case "cancel": return try await cancel(&arguments, context)
     case "remove": return try await remove(&arguments, context)
     case "purge": return try await purge(&arguments, context)
+    case "show": return try await show(&arguments, context)
     case "pause", "resume":
       try arguments.finish()
       let queue = try context.controlQueue()
@@ -598,13 +598,15 @@ enum CLI {
     let untilIdle = arguments.flag("--until-idle")
     let json = arguments.flag("--json")
     let wait = try arguments.seconds("--wait-for-database") ?? .seconds(60)
+    let retention = try retention(&arguments)
     try arguments.finish()
     if untilEmpty && untilIdle {
       throw UsageError(description: "use --until-empty or --until-idle, not both")
     }
     let options = Worker.Options(
       concurrency: concurrency, maxAttempts: maxAttempts, leaseDuration: lease, untilEmpty: untilEmpty,
-      untilIdle: untilIdle, output: json ? .json : (isatty(STDOUT_FILENO) == 1 ? .live : .lines))
+      untilIdle: untilIdle, output: json ? .json : (isatty(STDOUT_FILENO) == 1 ? .live : .lines),
+      retention: retention)
     // One watcher from here to the end: a signal while the database is awaited ends the wait; one
     // after it stops the queue.
     let signals = SignalWatcher()
@@ -645,19 +647,23 @@ enum CLI {
       output("scheduled \(counts.scheduled)")
       output("running   \(counts.running)")
       output("dead      \(counts.dead)")
+      output("completed \(counts.completed)")
+      output("cancelled \(counts.cancelled)")
     }
     return ExitCode.success.rawValue
   }
 
   /// The words `list --status` takes: the stored statuses, and `status`'s two kinds of pending.
   enum ListedStatus: String, CaseIterable {
-    case ready, scheduled, pending, running, dead
+    case ready, scheduled, pending, running, dead, completed, cancelled
 
     var stored: JobStatus {
       switch self {
       case .ready, .scheduled, .pending: .pending
       case .running: .running
       case .dead: .dead
+      case .completed: .completed
+      case .cancelled: .cancelled
       }
     }
 
@@ -680,7 +686,8 @@ enum CLI {
       guard let status = ListedStatus(rawValue: text) else {
         throw UsageError(
           description:
-            "--status must be ready, scheduled, pending, running or dead, got \"\(printable(text))\"")
+            "--status must be ready, scheduled, pending, running, dead, completed or cancelled, got "
+            + "\"\(printable(text))\"")
       }
       return status
     }
@@ -711,6 +718,10 @@ enum CLI {
           output(
             pad(record.id.description, 8) + pad(shownStatus, 10) + pad(String(record.attempts), 6)
               + pad(timestamp(record.runAt), 21) + printable(summary))
+          if let finished = record.finishedAt {
+            let ran = record.runDuration.map { " after running \(JobStoreTime.secondsText($0))" } ?? ""
+            output(String(repeating: " ", count: 8) + "finished \(timestamp(finished))\(ran)")
+          }
           if let error = record.lastError {
             output(String(repeating: " ", count: 8) + "last error: \(printable(error))")
           }
@@ -742,8 +753,8 @@ enum CLI {
     return ExitCode.success.rawValue
   }
 
-  /// Cancels each job, saying per job what happened. A job already finished (dead, or done and
-  /// deleted) is not an error: nothing was left to stop.
+  /// Cancels each job, saying per job what happened. A job already finished (completed,
+  /// cancelled, dead, or pruned) is not an error: nothing was left to stop.
   static func cancel(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
     let ids = try jobIDs(&arguments)
     guard !ids.isEmpty else { throw UsageError(description: "name the job IDs to cancel") }
@@ -756,9 +767,11 @@ enum CLI {
           "job \(id): cancelled while running; its worker stops it within about a second and does not retry it"
         )
       case .alreadyDead: output("job \(id): already dead; nothing to cancel (delete it with remove)")
+      case .alreadyCompleted: output("job \(id): already completed; nothing to cancel")
+      case .alreadyCancelled: output("job \(id): already cancelled; nothing to do")
       case .notFound:
         output(
-          "job \(id): no such job in this queue (finished and deleted, removed, or never added); nothing to cancel"
+          "job \(id): no such job in this queue (removed, pruned from the history, or never added); nothing to cancel"
         )
       }
     }
@@ -775,15 +788,6 @@ enum CLI {
         "conveyor: \(ids.count - count) of the IDs were not found (already removed, or in another queue)")
     }
     return count == ids.count ? ExitCode.success.rawValue : ExitCode.failure.rawValue
-  }
-
-  static func purge(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
-    let all = arguments.flag("--all")
-    try arguments.finish()
-    let queue = try context.controlQueue()
-    let count = all ? try await queue.clear() : try await queue.purgeDead()
-    output("deleted \(count) \(all ? "" : "dead ")job(s)")
-    return ExitCode.success.rawValue
   }
 
   /// Splits `Name: value`; the name must be an HTTP token (checked by Unicode scalar, so that a
@@ -850,6 +854,8 @@ struct ListedJob: Encodable {
   var createdAt: String
   var job: String
   var lastError: String?
+  var finishedAt: String?
+  var runMilliseconds: Int64?
 
   init(_ record: JobRecord, summary: String) {
     id = record.id.rawValue
@@ -859,6 +865,8 @@ struct ListedJob: Encodable {
     createdAt = timestamp(record.createdAt)
     job = summary
     lastError = record.lastError
+    finishedAt = record.finishedAt.map(timestamp)
+    runMilliseconds = record.runDuration.map(JobStoreTime.milliseconds)
   }
 }
 

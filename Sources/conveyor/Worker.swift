@@ -25,6 +25,8 @@ final class Worker: Sendable {
     var untilIdle = false
     var output = Output.lines
     var gracePeriod: Duration = .seconds(30)
+    /// How long finished jobs are kept (`--keep-completed`, `--keep-cancelled`, `--keep-dead`).
+    var retention = JobRetention.default
   }
 
   /// Outcomes counted during one `run`.
@@ -45,7 +47,8 @@ final class Worker: Sendable {
     self.store = store
     var configuration = JobQueueConfiguration(
       identifier: name, retryPolicy: options.retryPolicy, maxAttempts: options.maxAttempts,
-      concurrency: options.concurrency, autoStart: false, leaseDuration: options.leaseDuration)
+      concurrency: options.concurrency, autoStart: false, leaseDuration: options.leaseDuration,
+      retention: options.retention)
     // Storage trouble (the worker retries it with backoff) and lost leases go to standard error;
     // a job's own outcome is already reported by the event lines.
     configuration.log = { record in

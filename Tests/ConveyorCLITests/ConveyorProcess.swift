@@ -342,8 +342,15 @@ final class Sandbox {
     return id
   }
 
-  /// The counts `status --json` reports.
+  /// The counts `status --json` reports of jobs that are not history: waiting, running, dead.
   func counts(sourceLocation: SourceLocation = #_sourceLocation) async throws -> [String: Int] {
+    try await allCounts(sourceLocation: sourceLocation).filter {
+      $0.key != "completed" && $0.key != "cancelled"
+    }
+  }
+
+  /// Every count `status --json` reports, the history's included.
+  func allCounts(sourceLocation: SourceLocation = #_sourceLocation) async throws -> [String: Int] {
     let status = try await succeed(["status", "--json"], sourceLocation: sourceLocation).object()
     guard let counts = status["counts"] as? [String: Int] else {
       throw HarnessError(description: "status --json has no counts: \(status)")
@@ -359,7 +366,16 @@ final class Sandbox {
   }
 }
 
-/// Counts with every status zero but those given.
+/// Counts with every status zero but those given (without the history: see `allCounts`).
 func counts(ready: Int = 0, scheduled: Int = 0, running: Int = 0, dead: Int = 0) -> [String: Int] {
   ["ready": ready, "scheduled": scheduled, "running": running, "dead": dead]
+}
+
+/// Every count `status --json` reports, the history's included, zero but those given.
+func allCounts(
+  ready: Int = 0, scheduled: Int = 0, running: Int = 0, dead: Int = 0, completed: Int = 0, cancelled: Int = 0
+) -> [String: Int] {
+  counts(ready: ready, scheduled: scheduled, running: running, dead: dead).merging(
+    ["completed": completed, "cancelled": cancelled]
+  ) { a, _ in a }
 }

@@ -59,7 +59,7 @@ import Testing
       let status = try await sandbox.run(
         ["--database", name, "status", "--json"], withDatabase: false, directory: sandbox.folder)
       #expect(status.status == 0, "\(name): \(status)")
-      #expect((try? status.object()["counts"] as? [String: Int]) == counts(ready: 1), "\(name): \(status)")
+      #expect((try? status.object()["counts"] as? [String: Int]) == allCounts(ready: 1), "\(name): \(status)")
       #expect(FileManager.default.fileExists(atPath: sandbox.path(name)), "\(name) is a file")
     }
     let fromEnvironment = try await sandbox.run(
@@ -167,7 +167,7 @@ import Testing
       ["--database", conninfo, "add", "exec", "--", "true"], withDatabase: false, directory: sandbox.folder)
     #expect(added.status == 0, "\(added)")
     let status = try await sandbox.run(["--database", server.url, "status", "--json"], withDatabase: false)
-    #expect((try? status.object()["counts"] as? [String: Int]) == counts(ready: 1), "\(status)")
+    #expect((try? status.object()["counts"] as? [String: Int]) == allCounts(ready: 1), "\(status)")
     let made = Set(try FileManager.default.contentsOfDirectory(atPath: sandbox.folder.path)).subtracting(
       before)
     #expect(made.allSatisfy { $0.hasSuffix(".stdout") || $0.hasSuffix(".stderr") }, "\(made)")

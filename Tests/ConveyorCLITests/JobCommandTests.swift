@@ -62,7 +62,7 @@ import Testing
     #expect(try await sandbox.counts() == counts(ready: 1))
     let other = try await sandbox.succeed(["--queue", "other", "status", "--json"]).object()
     #expect(other["queue"] as? String == "other")
-    #expect(other["counts"] as? [String: Int] == counts(ready: 2))
+    #expect(other["counts"] as? [String: Int] == allCounts(ready: 2))
   }
 
   @Test func listShowsJobsFiltersByStatusAndLimits() async throws {
@@ -298,7 +298,10 @@ import Testing
     try await sandbox.succeed(["work", "--until-empty"])
     #expect(!FileManager.default.fileExists(atPath: marker), "the cancelled command ran")
     let again = try await sandbox.succeed(["cancel", "\(id)"])
-    #expect(again.stdout.contains("no such job"), "a second cancel is a no-op: \(again)")
+    #expect(again.stdout.contains("job \(id): already cancelled"), "a second cancel is a no-op: \(again)")
+    let shown = try await sandbox.succeed(["show", "\(id)", "--json"]).object()
+    #expect(
+      shown["status"] as? String == "cancelled" && shown["finishedAt"] != nil, "kept as history: \(shown)")
     let usage = try await sandbox.run(["cancel"])
     #expect(usage.status == 2 && usage.stderr.contains("name the job IDs to cancel"), "\(usage)")
     let bad = try await sandbox.run(["cancel", "12\r\nx"])
@@ -345,8 +348,11 @@ import Testing
     )
     try await worker.waitUntil("the worker to stop the command", timeout: .seconds(60)) { kill(pid, 0) != 0 }
     #expect(!worker.hasExited, "the worker goes on working")
-    let listed = try await sandbox.run(["--database", database, "list", "--json"], withDatabase: false)
-    #expect(listed.status == 0 && listed.stdout.isEmpty, "the job is gone: \(listed)")
+    let listed = try await sandbox.run(
+      ["--database", database, "list", "--status", "cancelled", "--json"], withDatabase: false)
+    #expect(
+      listed.status == 0 && (try? listed.objects().map { ($0["id"] as? Int).map(String.init) }) == [id],
+      "the job is cancelled: \(listed)")
     kill(worker.process.processIdentifier, SIGTERM)
     let done = try await worker.waitForExit(timeout: .seconds(60))
     let events = try done.objects().compactMap { $0["event"] as? String }

@@ -64,14 +64,27 @@ struct ExplainTests {
         indexes: ["jobs_scheduled"]),
       Case(
         name: "settle",
-        prepare: "(int8[], int8[], int4[], int8[], text[], timestamptz, text) AS \(sql.settle)",
+        prepare:
+          "(int8[], int8[], int4[], int8[], text[], timestamptz, text, int8[], bytea[]) AS \(sql.settle)",
         execute:
           "(\(ids), \(tokens), array_fill(0, ARRAY[100]), array_fill(NULL::int8, ARRAY[100]), "
-          + "array_fill(NULL::text, ARRAY[100]), NULL, 'big')",
+          + "array_fill(NULL::text, ARRAY[100]), NULL, 'big', array_fill(NULL::int8, ARRAY[100]), "
+          + "array_fill(NULL::bytea, ARRAY[100]))",
         indexes: ["jobs_pkey"]),
       Case(
-        name: "complete", prepare: "(int8[], int8[], text) AS \(sql.complete)",
+        name: "complete", prepare: "(int8[], int8[], text, int8[], bytea[], timestamptz) AS \(sql.complete)",
+        execute:
+          "(\(ids), \(tokens), 'big', array_fill(NULL::int8, ARRAY[100]), array_fill(NULL::bytea, ARRAY[100]), NULL)",
+        indexes: ["jobs_pkey"]),
+      Case(
+        name: "complete without history", prepare: "(int8[], int8[], text) AS \(sql.completeWithoutHistory)",
         execute: "(\(ids), \(tokens), 'big')", indexes: ["jobs_pkey"]),
+      Case(
+        name: "prune", prepare: "(text, int8, timestamptz, int8) AS \(sql.prune("completed"))",
+        execute: "('big', 86400000, NULL, 500)", indexes: ["jobs_finished"], prepared: false),
+      Case(
+        name: "history", prepare: "(text, int8, int8) AS \(sql.history("completed"))",
+        execute: "('big', 5, 100)", indexes: ["jobs_finished"], prepared: false),
       Case(
         name: "heartbeat", prepare: "(int8[], int8[], int8, timestamptz, text) AS \(sql.heartbeat)",
         execute: "(\(ids), \(tokens), 60000, NULL, 'big')", indexes: ["jobs_pkey"]),
@@ -165,11 +178,19 @@ struct ExplainTests {
     let cases = [
       (
         "settle",
-        "(int8[], int8[], int4[], int8[], text[], timestamptz, text) AS \(sql.settle)",
+        "(int8[], int8[], int4[], int8[], text[], timestamptz, text, int8[], bytea[]) AS \(sql.settle)",
         "(\(ids), \(tokens), array_fill(0, ARRAY[100]), array_fill(NULL::int8, ARRAY[100]), "
-          + "array_fill(NULL::text, ARRAY[100]), NULL, 'q')"
+          + "array_fill(NULL::text, ARRAY[100]), NULL, 'q', array_fill(NULL::int8, ARRAY[100]), "
+          + "array_fill(NULL::bytea, ARRAY[100]))"
       ),
-      ("complete", "(int8[], int8[], text) AS \(sql.complete)", "(\(ids), \(tokens), 'q')"),
+      (
+        "complete", "(int8[], int8[], text, int8[], bytea[], timestamptz) AS \(sql.complete)",
+        "(\(ids), \(tokens), 'q', array_fill(NULL::int8, ARRAY[100]), array_fill(NULL::bytea, ARRAY[100]), NULL)"
+      ),
+      (
+        "complete without history", "(int8[], int8[], text) AS \(sql.completeWithoutHistory)",
+        "(\(ids), \(tokens), 'q')"
+      ),
       (
         "heartbeat", "(int8[], int8[], int8, timestamptz, text) AS \(sql.heartbeat)",
         "(\(ids), \(tokens), 60000, NULL, 'q')"
@@ -213,15 +234,21 @@ struct ExplainTests {
     // Half completed, half retried.
     let kinds = "'{\((1...1000).map { String($0 % 2) }.joined(separator: ","))}'::int4[]"
     try admin.query(
-      "PREPARE settle_batch (int8[], int8[], int4[], int8[], text[], timestamptz, text) AS \(sql.settle)")
+      "PREPARE settle_batch (int8[], int8[], int4[], int8[], text[], timestamptz, text, int8[], bytea[]) AS \(sql.settle)"
+    )
     try admin.query("PREPARE heartbeat_batch (int8[], int8[], int8, timestamptz, text) AS \(sql.heartbeat)")
-    try admin.query("PREPARE complete_batch (int8[], int8[], text) AS \(sql.complete)")
+    try admin.query(
+      "PREPARE complete_batch (int8[], int8[], text, int8[], bytea[], timestamptz) AS \(sql.complete)")
     for (name, execute) in [
       ("heartbeat_batch", "(\(ids), \(tokens), 60000, NULL, 'q')"),
-      ("complete_batch", "(\(ids), \(tokens), 'q')"),
+      (
+        "complete_batch",
+        "(\(ids), \(tokens), 'q', array_fill(NULL::int8, ARRAY[1000]), array_fill(NULL::bytea, ARRAY[1000]), NULL)"
+      ),
       (
         "settle_batch",
-        "(\(ids), \(tokens), \(kinds), array_fill(1000::int8, ARRAY[1000]), array_fill(NULL::text, ARRAY[1000]), NULL, 'q')"
+        "(\(ids), \(tokens), \(kinds), array_fill(1000::int8, ARRAY[1000]), array_fill(NULL::text, ARRAY[1000]), NULL, 'q', "
+          + "array_fill(NULL::int8, ARRAY[1000]), array_fill(NULL::bytea, ARRAY[1000]))"
       ),
     ] {
       try admin.query("BEGIN")

@@ -236,6 +236,49 @@ struct PostgresJobStoreTests {
     await store.close()
   }
 
+  /// A schema at version 5 (the release of 2026-12-06, time limits) gains the history of finished
+  /// jobs when a store opens it, with every job kept: a dead job counts as finished when migrated,
+  /// and a job's last error starts its list of errors.
+  @Test func aVersion5SchemaGainsTheHistoryWithEveryJobKept() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("v5")
+    let admin = try AdminConnection(server.url)
+    try createSchema(SQL(schema: schema), atVersion: 5, with: admin)
+    try admin.query(
+      """
+      INSERT INTO \(schema).jobs (queue, payload, status, attempts, run_at, created_at, last_error,
+        dedup_key, lease_owner, lease_expires_at, claim_token, time_limit_ms) VALUES
+      ('mail', '\\x7b7d', 'ready', 1, now(), now(), 'flaky', 'k', NULL, NULL, 1, NULL),
+      ('mail', '\\x7b7d', 'running', 1, now(), now(), NULL, NULL, 'w:1', now() + interval '30 seconds', 1, NULL),
+      ('mail', '\\x7b7d', 'dead', 3, now(), now(), 'fatal', NULL, NULL, NULL, 3, NULL),
+      ('mail', '\\x7b7d', 'scheduled', 0, now() + interval '1 hour', now(), NULL, NULL, NULL, NULL, 0, 2500)
+      """)
+    let before = Date()
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let versions = try admin.query("SELECT version FROM \(schema).schema_migrations ORDER BY version")
+    #expect(versions == (1...PostgresJobStore.schemaVersion).map { [String($0)] })
+    let mail = try await store.jobs(queue: "mail", status: nil, after: nil, limit: 10)
+    #expect(mail.map(\.status) == [.pending, .running, .dead, .pending])
+    #expect(mail[0].errors == ["flaky"] && mail[0].deduplicationKey == "k")
+    #expect(mail[1].finishedAt == nil && mail[1].errors.isEmpty)
+    #expect(
+      mail[2].errors == ["fatal"] && (mail[2].finishedAt ?? .distantPast) >= before.addingTimeInterval(-5))
+    #expect(mail[3].timeLimit == .milliseconds(2_500))
+    let pruned = try await store.prune(
+      queue: "mail", status: .dead, olderThan: .seconds(86_400), limit: 10, clock: SystemJobClock())
+    #expect(pruned == 0, "a migrated dead job is as old as the migration")
+    let duplicate = try await store.enqueue(
+      [NewJob(payload: Data("{}".utf8), deduplicationKey: "k")], queue: "mail", clock: SystemJobClock())
+    #expect(duplicate.first == EnqueueResult(id: mail[0].id, inserted: false))
+    let settled = try await store.settleAndClaim(
+      [JobSettlement(claim: mail[1].claim, action: .complete, output: Data("1".utf8))], queue: "mail",
+      limit: 0, lease: Lease(owner: "w:2", duration: .seconds(60)), clock: SystemJobClock())
+    #expect(settled.staleSettlements.isEmpty)
+    let completed = try await store.job(mail[1].id)
+    #expect(completed?.status == .completed && completed?.output == Data("1".utf8))
+    await store.close()
+  }
+
   /// A schema of version 3 is migrated to 4 while an application's transaction that added a job
   /// with `conveyor.enqueue` is still open: the migration (each of its statements bounded by
   /// `callTimeout`, at least 30 s) waits for it, instead of failing the opening after the

@@ -84,7 +84,7 @@ struct PostgresPipelineTests {
     // The store still works, and the settlement applies now.
     let batch = try await store.settleAndClaim([settlement], queue: "q", limit: 1, lease: lease, clock: clock)
     #expect(batch.staleSettlements.isEmpty)
-    #expect(try await store.counts(queue: "q", clock: clock) == JobCounts())
+    #expect(try await store.counts(queue: "q", clock: clock) == JobCounts(completed: 1))
     await store.close()
   }
 
@@ -318,7 +318,7 @@ struct PostgresPipelineTests {
     #expect(violations.withLock { $0 }.isEmpty, "\(violations.withLock { $0 })")
     #expect(ids.count == Set(ids).count, "a job was claimed twice")
     #expect(Set(ids).count == 300, "every job was claimed once: \(Set(ids).count)")
-    #expect(try await first.counts(queue: "q", clock: clock) == JobCounts())
+    #expect(try await first.counts(queue: "q", clock: clock) == JobCounts(completed: 300))
     await first.close()
     await second.close()
   }
@@ -383,7 +383,7 @@ struct PostgresPipelineTests {
     // Ready after: 5 never claimed + 2,500 released - 10 claimed now.
     #expect(
       try await store.counts(queue: "q", clock: clock)
-        == JobCounts(ready: 2_495, scheduled: 2_500, running: 10, dead: 2_500))
+        == JobCounts(ready: 2_495, scheduled: 2_500, running: 10, dead: 2_500, completed: 2_500))
     await store.close()
   }
 
@@ -435,9 +435,12 @@ struct PostgresPipelineTests {
       (
         "settle", sql.settle,
         "('{1,2}'::int8[], '{1,1}'::int8[], '{0,1}'::int4[], '{NULL,10}'::int8[], '{NULL,NULL}'::text[], "
-          + "NULL::timestamptz, 'q')"
+          + "NULL::timestamptz, 'q', '{NULL,NULL}'::int8[], '{NULL,NULL}'::bytea[])"
       ),
-      ("complete", sql.complete, "('{1,2}'::int8[], '{1,1}'::int8[], 'q')"),
+      (
+        "complete", sql.complete,
+        "('{1,2}'::int8[], '{1,1}'::int8[], 'q', '{NULL,NULL}'::int8[], '{NULL,NULL}'::bytea[], NULL::timestamptz)"
+      ),
       (
         "heartbeat", sql.heartbeat, "('{1,2}'::int8[], '{1,1}'::int8[], 600000::int8, NULL::timestamptz, 'q')"
       ),

@@ -131,8 +131,13 @@ final class LaggingStore: JobStore {
   }
   func job(_ id: JobID) async throws -> JobRecord? { try await base.job(id) }
   func remove(_ ids: [JobID], queue: String) async throws -> Int { try await base.remove(ids, queue: queue) }
-  func cancel(_ ids: [JobID], queue: String?) async throws -> [CancelResult] {
-    try await base.cancel(ids, queue: queue)
+  func cancel(_ ids: [JobID], queue: String?, clock: any JobClock) async throws -> [CancelResult] {
+    try await base.cancel(ids, queue: queue, clock: clock)
+  }
+  func prune(queue: String, status: JobStatus, olderThan age: Duration, limit: Int, clock: any JobClock)
+    async throws -> Int
+  {
+    try await base.prune(queue: queue, status: status, olderThan: age, limit: limit, clock: clock)
   }
   func currentClaims(_ claims: [ClaimReference], queue: String) async throws -> [ClaimReference] {
     try await base.currentClaims(claims, queue: queue)

@@ -120,7 +120,7 @@ struct SQLiteActivityTests {
       return .handled
     }
     let handled = try await queue.add(Task12(text: "quick")).id
-    try await eventually("the quick job was handled") { try await store.job(handled) == nil }
+    try await eventually("the quick job was handled") { try await store.job(handled)?.status == .completed }
     try await queue.add(Task12(text: "long"))
     try await eventually("the long handler started") { entered.value == 1 }
     // Within a second or so of the start: the periodic flush (every 5 s) has not run yet.
@@ -203,7 +203,7 @@ struct SQLiteActivityTests {
     }
     try await eventually("dead", timeout: .seconds(30)) { try await store.job(id)?.status == .dead }
     #expect(try await second.requeueDead() == 1)
-    try await eventually("done", timeout: .seconds(30)) { try await store.job(id) == nil }
+    try await eventually("done", timeout: .seconds(30)) { try await store.job(id)?.status == .completed }
     await second.shutdown(gracePeriod: .seconds(5))
     #expect(runs.all == ["job attempt 1", "job attempt 1", "job attempt 1"])
     let total = try await activityTotal(store, queue: "act")

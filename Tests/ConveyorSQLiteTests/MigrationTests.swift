@@ -243,4 +243,61 @@ struct MigrationTests {
       [NewJob(payload: Data("{}".utf8), timeLimit: .seconds(5))], queue: "mail", clock: now)
     #expect(try await store.job(new[0].id)?.timeLimit == .seconds(5))
   }
+
+  /// Version 5's schema: version 4 and its migration to 5, as the release of 2026-12-06 wrote it.
+  static let version5 =
+    version4.replacingOccurrences(of: "PRAGMA user_version = 4;", with: "") + SQL.migrate4to5
+
+  @Test func aVersion5DatabaseGainsTheHistoryWithEveryJobKept() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("v5.sqlite")
+    let t = 1_700_000_000_000
+    // IDs up to 40 were used (the counter), jobs 1 to 4 are left: one waiting with an error of an
+    // earlier attempt, one running, one dead, one waiting with a time limit.
+    try execute(
+      path,
+      Self.version5 + """
+        INSERT INTO jobs VALUES (1, 'mail', x'7b7d', 'ready', 0, 1, \(t), \(t), 'flaky', 'k', NULL, NULL, 1, 0, NULL);
+        INSERT INTO jobs VALUES (2, 'mail', x'7b7d', 'running', 0, 1, \(t), \(t), NULL, NULL, 'w:1', \(t + 60_000), 4, 0, NULL);
+        INSERT INTO jobs VALUES (3, 'mail', x'7b7d', 'dead', 0, 3, \(t), \(t), 'fatal', NULL, NULL, NULL, 3, 0, NULL);
+        INSERT INTO jobs VALUES (4, 'mail', x'7b7d', 'scheduled', 5, 0, \(t + 9_000), \(t), NULL, NULL, NULL, NULL, 0, 0, 2500);
+        INSERT INTO queues VALUES ('mail', 0, 0);
+        UPDATE sqlite_sequence SET seq = 40 WHERE name = 'jobs';
+        """)
+    let before = Date()
+    let store = try SQLiteJobStore(path: path)
+    let version = try await store.connection.perform { db in
+      try db.scalar("SELECT user_version FROM pragma_user_version") ?? 0
+    }
+    #expect(version == SQLiteJobStore.schemaVersion)
+    let now = FixedJobClock(Date(timeIntervalSince1970: 1_700_000_000))
+    let mail = try await store.jobs(queue: "mail", status: nil, after: nil, limit: 10)
+    #expect(mail.map(\.id.rawValue) == [1, 2, 3, 4])
+    #expect(mail.map(\.status) == [.pending, .running, .dead, .pending])
+    #expect(mail[0].errors == ["flaky"] && mail[0].lastError == "flaky" && mail[0].deduplicationKey == "k")
+    #expect(mail[1].leaseOwner == "w:1" && mail[1].claimToken == 4 && mail[1].finishedAt == nil)
+    // The dead job counts as finished when it was migrated: no retention prunes it at once.
+    #expect(
+      mail[2].errors == ["fatal"] && (mail[2].finishedAt ?? .distantPast) >= before.addingTimeInterval(-1))
+    #expect(mail[3].timeLimit == .milliseconds(2_500) && mail[3].priority == 5)
+    let pruned = try await store.prune(
+      queue: "mail", status: .dead, olderThan: .seconds(86_400), limit: 10, clock: SystemJobClock())
+    #expect(pruned == 0)
+    #expect(
+      try await store.counts(queue: "mail", clock: now)
+        == JobCounts(ready: 1, scheduled: 1, running: 1, dead: 1))
+    // The counter is carried over: a new job takes 41, not 5.
+    let new = try await store.enqueue([NewJob(payload: Data("{}".utf8))], queue: "mail", clock: now)
+    #expect(new.first?.id == JobID(41))
+    // The deduplication key still holds, and the running job's claim still settles, kept as
+    // history.
+    let duplicate = try await store.enqueue(
+      [NewJob(payload: Data("{}".utf8), deduplicationKey: "k")], queue: "mail", clock: now)
+    #expect(duplicate.first == EnqueueResult(id: JobID(1), inserted: false))
+    let settled = try await store.settleAndClaim(
+      [JobSettlement(claim: mail[1].claim, action: .complete)], queue: "mail", limit: 0,
+      lease: Lease(owner: "w:2", duration: .seconds(60)), clock: now)
+    #expect(settled.staleSettlements.isEmpty)
+    #expect(try await store.job(mail[1].id)?.status == .completed)
+  }
 }

@@ -1,5 +1,6 @@
 import Conveyor
 import ConveyorSQLite
+import ConveyorTestSupport
 import Foundation
 import Synchronization
 import Testing
@@ -38,5 +39,34 @@ struct ReadmeQueueTests {
 
     #expect(sent.withLock { $0 } == ["ada@example.com"])
     #expect(try await store.counts(queue: "emails", now: Date()).total == 0)
+  }
+
+  @Test("the job's life example cancels a job and finds it in the history")
+  func jobsLife() async throws {
+    let folder = try TemporaryFolder()
+    let store = try SQLiteJobStore(path: folder.path("jobs.sqlite"))
+
+    // --- README code starts ---
+    var configuration = JobQueueConfiguration(identifier: "emails")
+    configuration.timeLimit = .seconds(30)  // a handler past it is cancelled, then retried
+    configuration.retention.completed = .days(7)  // keep a week of completed jobs (default 1 day)
+    let emails = try JobQueue<WelcomeEmail>(configuration: configuration, store: store) { email, _ in
+      .handled(output: ["sent": email.address])  // kept with the job
+    }
+    let id = try await emails.add(WelcomeEmail(address: "bob@example.com")).id
+    try await emails.cancel(id)  // it never runs, or its handler is cancelled
+    let job = try await emails.job(id)  // status .cancelled, finishedAt, errors, output…
+    // --- README code ends ---
+
+    #expect(job?.status == .cancelled && job?.finishedAt != nil)
+    let done = try await emails.add(WelcomeEmail(address: "ada@example.com")).id
+    await emails.waitUntilFinished()
+    await emails.shutdown()
+    let completed = try await emails.job(done)
+    #expect(completed?.status == .completed)
+    #expect(
+      try completed.flatMap { try emails.output(of: $0, as: [String: String].self) } == [
+        "sent": "ada@example.com"
+      ])
   }
 }

@@ -95,8 +95,10 @@ struct SQLiteJobStoreTests {
       ], queue: "jobs", limit: 10, lease: lease(), now: later)
     #expect(batch.staleSettlements == [forged, ClaimReference(id: JobID(999), token: 1)])
     #expect(batch.claimed.isEmpty)
-    let all = try await store.jobs(queue: "jobs", status: nil, after: nil, limit: 10)
-    #expect(all.map(\.id) == [ids[1], ids[2], ids[3]])
+    let every = try await store.jobs(queue: "jobs", status: nil, after: nil, limit: 10)
+    #expect(every.map(\.id) == ids)
+    #expect(every[0].status == .completed)
+    let all = Array(every.dropFirst())
     #expect(all[0].status == .pending && all[0].lastError == "boom" && all[0].attempts == 1)
     #expect(
       all[0].runAt == epoch.addingTimeInterval(30) && all[0].leaseOwner == nil && all[0].leaseExpiresAt == nil
@@ -204,7 +206,12 @@ struct SQLiteJobStoreTests {
       (SQL.count("scheduled"), "jobs_scheduled"), (SQL.list(.running), "jobs_running"),
       (SQL.list(.dead), "jobs_dead"), (ListingSQL.windowed(.pending), "PRIMARY KEY"),
       (ListingSQL.windowed(nil), "PRIMARY KEY"), (ListingSQL.windowEnd, "PRIMARY KEY"),
-      (SQL.queueNames, "jobs_dead"),
+      (SQL.queueNames, "jobs_dead"), (SQL.count("completed"), "jobs_completed"),
+      (SQL.count("cancelled"), "jobs_cancelled"), (SQL.history(.completed, after: false), "jobs_completed"),
+      (SQL.history(.completed, after: true), "jobs_completed"),
+      (SQL.history(.cancelled, after: true), "jobs_cancelled"), (SQL.prune("completed"), "jobs_completed"),
+      (SQL.prune("cancelled"), "jobs_cancelled"), (SQL.prune("dead"), "jobs_dead_finished"),
+      (SQL.pruneAll("completed"), "jobs_completed"), (SQL.finishedAt, "PRIMARY KEY"),
     ]
     for (sql, index) in expectations {
       let shown = plan(sql)

@@ -24,6 +24,8 @@ final class SimOracle: Sendable {
     case rescuesLapsed = "a rescue hands out only jobs whose lease has lapsed"
     case renewsOwnClaim = "a heartbeat keeps only claims that are current"
     case deterministic = "every task runs on the simulation's executor"
+    case historyKept =
+      "a completed job stays in the store as completed, with its finishing time, until its retention passes"
   }
 
   /// A broken rule, with what showed it.
@@ -54,6 +56,8 @@ final class SimOracle: Sendable {
   }
 
   private struct State {
+    /// Whether a process keeps finished jobs briefly (or not at all): then they may leave the store.
+    var historyMayGo = false
     var jobs: [JobID: Facts] = [:]
     var commits = 0
     /// Each lease owner's process.
@@ -400,10 +404,42 @@ final class SimOracle: Sendable {
     note("p\(process) waitUntilFinished returned")
   }
 
-  /// Every job not finished for good is in the store.
+  /// Noted when a process keeps finished jobs briefly (or not at all), so a completed job may
+  /// leave the store.
+  func historyMayGo() { state.withLock { $0.historyMayGo = true } }
+
+  /// Every completed job is in the store as completed, with its finishing time, unless a process
+  /// keeps finished jobs briefly.
+  func checkHistory() {
+    let (done, mayGo) = state.withLock { state in
+      (state.jobs.filter { $0.value.status == .done }.map(\.key).sorted(), state.historyMayGo)
+    }
+    for id in done {
+      guard let record = store.peek(id) else {
+        if mayGo { continue }
+        fail(
+          .historyKept,
+          "job \(id) completed, then left the store while every process keeps completed jobs a day")
+        return
+      }
+      guard record.status == .completed, record.finishedAt != nil else {
+        fail(
+          .historyKept,
+          "job \(id) completed, but the store holds it as \(record.status) finished at \(String(describing: record.finishedAt))"
+        )
+        return
+      }
+    }
+  }
+
+  /// Every job not finished for good is in the store (a dead one may be pruned when a process
+  /// keeps dead jobs briefly).
   func checkNothingLost() {
     let expected = state.withLock { state in
-      state.jobs.filter { $0.value.status != .done && $0.value.status != .removed }.map(\.key)
+      state.jobs.filter {
+        $0.value.status != .done && $0.value.status != .removed
+          && !($0.value.status == .dead && state.historyMayGo)
+      }.map(\.key)
     }
     for id in expected where store.peek(id) == nil {
       fail(.neverLost, "job \(id) is gone from the store, never handled")

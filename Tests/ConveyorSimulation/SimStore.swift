@@ -111,11 +111,29 @@ final class SimStore: JobStore {
     }
   }
 
-  func cancel(_ ids: [JobID], queue: String?) async throws -> [CancelResult] {
+  func cancel(_ ids: [JobID], queue: String?, clock: any JobClock) async throws -> [CancelResult] {
     try await world.call(process, .change) {
-      let results = try await self.base.cancel(ids, queue: queue)
+      let results = try await self.base.cancel(ids, queue: queue, clock: clock)
       self.world.oracle.removed(zip(ids, results).filter { $0.1.cancelled }.map(\.0))
       return results
+    }
+  }
+
+  func prune(queue: String, status: JobStatus, olderThan age: Duration, limit: Int, clock: any JobClock)
+    async throws -> Int
+  {
+    try await world.call(process, .change) {
+      switch self.world.scenario.defect {
+      case .prunesEarly?:
+        return try await self.base.prune(
+          queue: queue, status: status, olderThan: .zero, limit: limit, clock: clock)
+      case .prunesUnfinished?:
+        let oldest = try await self.base.jobs(queue: queue, status: .pending, after: nil, limit: 1)
+        _ = try await self.base.remove(oldest.map(\.id), queue: queue)
+      default: break
+      }
+      return try await self.base.prune(
+        queue: queue, status: status, olderThan: age, limit: limit, clock: clock)
     }
   }
 

@@ -223,10 +223,22 @@ final class SimWorld: Sendable {
         random.pick([Duration.zero, .milliseconds(200), lease])
       )
     }
+    // Most processes keep the history a day (nothing leaves the store in a history); some prune
+    // it every second after a few seconds, or keep none, so pruning runs beside the claims.
+    let retention = draw { random in
+      random.pick([
+        JobRetention.default, .default,
+        JobRetention(
+          completed: .for(.seconds(3)), cancelled: .for(.seconds(2)), dead: .for(.seconds(20)),
+          interval: .seconds(1)),
+        JobRetention(completed: .none, cancelled: .none, dead: .for(.seconds(5)), interval: .seconds(1)),
+      ])
+    }
+    if retention != .default { oracle.historyMayGo() }
     var configuration = JobQueueConfiguration(
       identifier: Self.queueName, retryPolicy: .fixed(.milliseconds(500)), maxAttempts: maxAttempts,
       concurrency: concurrency, prefetch: prefetch, claimsAhead: claimsAhead, leaseDuration: lease,
-      pollInterval: poll, timeLimit: timeLimit, timeLimitGrace: grace, clock: clock)
+      pollInterval: poll, timeLimit: timeLimit, timeLimitGrace: grace, retention: retention, clock: clock)
     configuration.runtime = .simulated(executor: process.executor, clock: clock)
     let id = process.id
     oracle.started(process: id, wall: clock.now())
@@ -257,7 +269,7 @@ final class SimWorld: Sendable {
     process.queue.withLock { $0 = queue }
     state.withLock { $0.alive.append(id) }
     trace.note(
-      "p\(id) started (concurrency \(concurrency), prefetch \(prefetch), ahead \(claimsAhead), poll \(poll), max \(maxAttempts.map(String.init) ?? "-"), limit \(timeLimit.map { "\($0)" } ?? "-"))"
+      "p\(id) started (concurrency \(concurrency), prefetch \(prefetch), ahead \(claimsAhead), poll \(poll), max \(maxAttempts.map(String.init) ?? "-"), limit \(timeLimit.map { "\($0)" } ?? "-"), history \(retention == .default ? "a day" : "pruned"))"
     )
     return process
   }
@@ -437,7 +449,10 @@ final class SimWorld: Sendable {
           violation = .init(invariant: .progresses, detail: "200,000 steps without time passing")
           break
         }
-        if steps % 512 == 0 { oracle.checkNothingLost() }
+        if steps % 512 == 0 {
+          oracle.checkNothingLost()
+          oracle.checkHistory()
+        }
         continue
       }
       let now = clock.uptime()
@@ -477,6 +492,7 @@ final class SimWorld: Sendable {
     }
     if violation == nil {
       oracle.checkNothingLost()
+      oracle.checkHistory()
       violation = oracle.violation
     }
     if scheduler.counts.foreign > 0 && violation == nil {

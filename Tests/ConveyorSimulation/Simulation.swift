@@ -96,6 +96,12 @@ public enum SimDefect: String, Sendable, Hashable {
   /// claim passed to another still hears that it holds the job (the defect of a store that
   /// ignores the claim token in heartbeats).
   case renewsStaleClaims
+  /// The store's pruning ignores the age it is given: a completed job is deleted as soon as a
+  /// queue prunes, whatever its retention.
+  case prunesEarly
+  /// The store's pruning also deletes the oldest waiting job (the defect of a prune that reads
+  /// the wrong status).
+  case prunesUnfinished
 }
 
 /// The outcome of one simulated history.

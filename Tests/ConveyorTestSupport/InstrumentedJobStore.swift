@@ -170,9 +170,19 @@ public final class InstrumentedJobStore: JobStore {
   }
 
   /// Counted, then forwarded to ``base``.
-  public func cancel(_ ids: [JobID], queue: String?) async throws -> [CancelResult] {
+  public func cancel(_ ids: [JobID], queue: String?, clock: any JobClock) async throws -> [CancelResult] {
     try record("cancel")
-    return try await base.cancel(ids, queue: queue)
+    return try await base.cancel(ids, queue: queue, clock: clock)
+  }
+
+  /// Counted, then forwarded to ``base``.
+  public func prune(
+    queue: String, status: JobStatus, olderThan age: Duration, limit: Int, clock: any JobClock
+  )
+    async throws -> Int
+  {
+    try record("prune")
+    return try await base.prune(queue: queue, status: status, olderThan: age, limit: limit, clock: clock)
   }
 
   /// Counted, then forwarded to ``base``.

@@ -39,7 +39,15 @@ public enum JobSummaryChecks {
       ], queue: "s", limit: 0,
       lease: lease,
       clock: clock)
-    for status in [nil, JobStatus.pending, .running, .dead] {
+    // Two complete with an output, one is cancelled: the history's pages, in the order they finished.
+    let more = try await store.settleAndClaim([], queue: "s", limit: 2, lease: lease, clock: clock).claimed
+    _ = try await store.settleAndClaim(
+      more.map { JobSettlement(claim: $0.claim, action: .complete, output: Data("{\"n\":1}".utf8)) },
+      queue: "s",
+      limit: 0, lease: lease, clock: FixedJobClock(clock.now().addingTimeInterval(1)))
+    let waiting = try await store.jobs(queue: "s", status: .pending, after: nil, limit: 1)
+    _ = try await store.cancel(waiting.map(\.id), queue: "s", clock: clock)
+    for status in [nil, JobStatus.pending, .running, .dead, .completed, .cancelled] {
       for limit in [1, 3, 100] {
         for (prefix, errorPrefix) in [(0, 0), (1, 3), (100, 100_001), (70_001, Int.max)] {
           var after: JobID?
@@ -92,6 +100,9 @@ public enum JobSummaryChecks {
     var cut = record
     cut.payload = Data(record.payload.prefix(max(0, prefix)))
     cut.lastError = record.lastError.map { JobSummary.errorPrefix($0, errorPrefix) }
+    // A summary holds no list of errors and no output.
+    cut.errors = []
+    cut.output = nil
     try expect(
       summary.record == cut,
       "job \(record.id): the record with its payload's first \(prefix) bytes, its error's first "

@@ -57,7 +57,7 @@ extension QueueEngineConformance {
       await worker.waitUntilFinished()
       await worker.shutdown()
       try expect(runs.all == ["x1", "cancelled"], "not retried: \(runs.all)")
-      try expect(try await store.job(id) == nil, "gone")
+      try expect(try await store.job(id)?.status == .cancelled, "kept as cancelled")
       let outcomes = recorder.events.filter {
         switch $0 {
         case .succeeded, .retryScheduled, .died: true
@@ -94,7 +94,7 @@ extension QueueEngineConformance {
       try await waitFor("the handler to be cancelled") { saw.all == ["cancelled"] }
       await queue.waitUntilFinished()
       await queue.shutdown()
-      try expect(try await store.job(id) == nil, "gone")
+      try expect(try await store.job(id)?.status == .cancelled, "kept as cancelled")
     },
     check("a job claimed by this instance but not started, when cancelled, never starts") { store in
       // Heartbeats and claim checks say the claim is still held: only the queue's own `cancel`
@@ -128,8 +128,8 @@ extension QueueEngineConformance {
     },
     check("waitUntilFinished returns while a cancelled job's handler ignores cancellation") { store in
       // waitUntilFinished returns "when the store holds no waiting or running job of this queue":
-      // a cancelled job is deleted, so nothing is left to wait for, as for a handler past its time
-      // limit whose attempt is recorded.
+      // a cancelled job is finished, so nothing is left to wait for, as for a handler past its
+      // time limit whose attempt is recorded.
       var configuration = configuration()
       configuration.autoStart = false
       let started = Gate()
@@ -144,7 +144,8 @@ extension QueueEngineConformance {
       await started.wait()
       try expect(try await queue.cancel(id) == .cancelledRunning, "cancelled while running")
       try expect(
-        try await store.counts(queue: "engine", clock: SystemJobClock()) == JobCounts(), "nothing stored")
+        try await store.counts(queue: "engine", clock: SystemJobClock()) == JobCounts(cancelled: 1),
+        "nothing unfinished stored")
       let finished = Runs()
       let waiter = Task {
         await queue.waitUntilFinished()

@@ -50,3 +50,14 @@ extension JobStore {
     try await nextWake(queue: queue, clock: SystemJobClock())
   }
 }
+
+extension JobCounts {
+  /// These counts without the history: completed and cancelled as 0 (waiting, running and dead
+  /// jobs as counted), for checks of what a queue still holds to work on.
+  public var withoutHistory: JobCounts {
+    var counts = self
+    counts.completed = 0
+    counts.cancelled = 0
+    return counts
+  }
+}

@@ -61,6 +61,18 @@ struct SimulationCheckTests {
     #expect(caught != nil, "no seed of \(SimulationTests.seeds) caught a store that renews stale claims")
   }
 
+  /// A store whose pruning ignores the age deletes completed jobs that every process keeps a day.
+  @Test func theFixedSeedsCatchAStoreThatPrunesEarly() async {
+    let caught = await Self.earliestCatch(of: .prunesEarly)
+    #expect(caught != nil, "no seed of \(SimulationTests.seeds) caught a store that prunes too early")
+  }
+
+  /// A store whose pruning deletes a waiting job loses it.
+  @Test func theFixedSeedsCatchAStoreThatPrunesUnfinishedJobs() async {
+    let caught = await Self.earliestCatch(of: .prunesUnfinished)
+    #expect(caught != nil, "no seed of \(SimulationTests.seeds) caught a store that prunes waiting jobs")
+  }
+
   /// More workers and more frequent faults than any seed draws (six wall-clock steps a minute,
   /// where the drawn scenarios have at most three). Worker p4 claims jobs 39–41 ahead at 8.867 s
   /// (lease 2 s); at 9.213 s the wall clock steps forward 2.345 s, so the store's leases lapse and
@@ -126,7 +138,8 @@ struct SimulationCheckTests {
         return .handled
       }
       // The job is handled and its outcome recorded without the clock moving.
-      executor.drive(advancing: nil, until: { store.base.peekAll(queue: "escape").isEmpty })
+      executor.drive(
+        advancing: nil, until: { store.base.peekAll(queue: "escape").map(\.status) == [.completed] })
       // The simulation waits: no task runs, no clock moves.
       Thread.sleep(forTimeInterval: 0.5)
       let called = store.firstCallEntered

@@ -5,7 +5,8 @@ import Foundation
 // second and any violation (its seed, its shrunk scenario and the last events before it).
 //
 //   swift run -c release conveyor-simulate --seeds 100000 [--from SEED] [--seed SEED]
-//                                          [--defect settlesStaleClaims|rescuesLiveLeases|renewsStaleClaims]
+//                                          [--defect settlesStaleClaims|rescuesLiveLeases|renewsStaleClaims|
+//                                                   prunesEarly|prunesUnfinished]
 //
 // With `--defect`, each seed's scenario has that defect built into the store: a search for seeds
 // that catch it (the simulation's own check tests name one).
@@ -23,7 +24,9 @@ let defect = arguments.firstIndex(of: "--defect").flatMap { index in
   index + 1 < arguments.count ? SimDefect(rawValue: arguments[index + 1]) : nil
 }
 if arguments.contains("--defect") && defect == nil {
-  print("conveyor-simulate: --defect takes settlesStaleClaims, rescuesLiveLeases or renewsStaleClaims")
+  print(
+    "conveyor-simulate: --defect takes settlesStaleClaims, rescuesLiveLeases, renewsStaleClaims, prunesEarly or prunesUnfinished"
+  )
   exit(2)
 }
 /// One history of `seed`, with the defect asked for.

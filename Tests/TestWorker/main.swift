@@ -161,7 +161,9 @@ func trickle(_ arguments: ArraySlice<String>) async throws {
   else { throw Failure("usage: conveyor-test-worker trickle --count N --payload-bytes B [--database PATH]") }
   let store: any JobStore =
     try values["--database"].map { try SQLiteJobStore(path: $0) } ?? InMemoryJobStore()
-  let configuration = JobQueueConfiguration(identifier: "trickle", pollInterval: .milliseconds(50))
+  // No history: what is measured is the engine's own memory, not the completed jobs kept.
+  let configuration = JobQueueConfiguration(
+    identifier: "trickle", pollInterval: .milliseconds(50), retention: JobRetention(completed: .none))
   let queue = try JobQueue<PayloadJob>(configuration: configuration, store: store) { _, _ in .handled }
   let text = String(repeating: "x", count: bytes)
   func run(_ jobs: Int) async throws {

@@ -130,6 +130,8 @@ public final class InMemoryJobStore: JobStore {
         case .pending: counts.scheduled += 1
         case .running: counts.running += 1
         case .dead: counts.dead += 1
+        case .completed: counts.completed += 1
+        case .cancelled: counts.cancelled += 1
         }
       }
       return counts
@@ -142,11 +144,23 @@ public final class InMemoryJobStore: JobStore {
   {
     state.withLock { state in
       guard limit > 0, let jobs = state.queues[ExactText(queue)]?.jobs else { return [] }
+      if let status, status == .completed || status == .cancelled {
+        // In the order they finished, from the one after `after` (the start when it is gone).
+        let history = jobs.values.map(\.record).filter { $0.status == status }.sorted(by: Self.finishOrder)
+        let start = after.flatMap { after in history.firstIndex { $0.id == after }.map { $0 + 1 } } ?? 0
+        return Array(history[start...].prefix(limit))
+      }
       let matching = jobs.values.map(\.record).filter { record in
         (status == nil || record.status == status) && (after.map { record.id > $0 } ?? true)
       }
       return Array(matching.sorted { $0.id < $1.id }.prefix(limit))
     }
+  }
+
+  /// Finish date, then ID.
+  static func finishOrder(_ a: JobRecord, _ b: JobRecord) -> Bool {
+    let (x, y) = (a.finishedAt ?? .distantPast, b.finishedAt ?? .distantPast)
+    return x != y ? x < y : a.id < b.id
   }
 
   /// The job with this ID; see ``JobStore/job(_:)``.
@@ -163,19 +177,37 @@ public final class InMemoryJobStore: JobStore {
     }
   }
 
-  /// Cancels unfinished jobs; see ``JobStore/cancel(_:queue:)``.
-  public func cancel(_ ids: [JobID], queue: String?) async throws -> [CancelResult] {
+  /// Cancels unfinished jobs; see ``JobStore/cancel(_:queue:clock:)``.
+  public func cancel(_ ids: [JobID], queue: String?, clock: any JobClock) async throws -> [CancelResult] {
     state.withLock { state in
-      ids.map { id in
+      let now = JobStoreTime.normalized(clock.now())
+      return ids.map { id in
         let name = queue.map(ExactText.init) ?? state.queues.first { $0.value.jobs[id] != nil }?.key
         guard let name, let record = state.queues[name]?.jobs[id]?.record else { return .notFound }
         switch record.status {
         case .dead: return .alreadyDead
+        case .completed: return .alreadyCompleted
+        case .cancelled: return .alreadyCancelled
         case .pending, .running:
-          _ = state.queues[name]?.delete(id)
+          state.queues[name]?.finish(id, as: .cancelled, now: now, error: nil)
           return record.status == .running ? .cancelledRunning : .cancelledWaiting
         }
       }
+    }
+  }
+
+  /// Deletes old finished jobs; see ``JobStore/prune(queue:status:olderThan:limit:clock:)``.
+  public func prune(
+    queue: String, status: JobStatus, olderThan age: Duration, limit: Int, clock: any JobClock
+  )
+    async throws -> Int
+  {
+    guard status.isFinished, limit > 0 else { return 0 }
+    return withQueue(queue) { queueState in
+      let now = JobStoreTime.normalized(clock.now())
+      let cutoff = JobStoreTime.date(
+        milliseconds: JobStoreTime.milliseconds(now) - JobStoreTime.milliseconds(age))
+      return queueState.prune(status, finishedBefore: age == .zero ? nil : cutoff, limit: limit)
     }
   }
 
@@ -327,6 +359,16 @@ extension InMemoryJobStore {
     static func == (a: RunDateOrder, b: RunDateOrder) -> Bool { !(a < b) && !(b < a) }
   }
 
+  /// A finished job's place in pruning order: finish date, then ID.
+  fileprivate struct FinishOrder: Comparable, Sendable {
+    var id: JobID
+    var finishedAt: Date
+
+    static func < (a: FinishOrder, b: FinishOrder) -> Bool {
+      a.finishedAt != b.finishedAt ? a.finishedAt < b.finishedAt : a.id < b.id
+    }
+  }
+
   /// A stored job and whether it is in the ready state (claimable whatever the clock says now),
   /// as SQLite keeps it: a waiting job is ready when it was committed, retried or given back with
   /// a run date that had come, or when a claim promoted it.
@@ -351,6 +393,9 @@ extension InMemoryJobStore {
     var running: Set<JobID> = []
     /// Waiting jobs by deduplication key (usually one; a retried job can wait beside a newer one).
     var dedup: [ExactText: Set<JobID>] = [:]
+    /// Finished jobs by finish date, for pruning (entries of jobs since deleted or re-queued are
+    /// skipped when met).
+    var finished = Heap<FinishOrder>()
     /// The place last given to a job retried straight into the ready state (``Slot/seq``): each
     /// such retry takes the next, so it goes behind every ready job of its run date.
     var lastRetrySeq: Int64 = 0
@@ -428,34 +473,55 @@ extension InMemoryJobStore {
     /// Applies a settlement if its claim is current; returns whether it applied.
     mutating func settle(_ settlement: JobSettlement, now: Date) -> Bool {
       if case .complete = settlement.action {
-        guard jobs.update(settlement.id, { Self.isCurrent(settlement.claim, $0) }) == true else {
-          return false
+        // Completed in place: a running job holds no waiting state (ready mark, deduplication
+        // key) to drop.
+        let keeps = settlement.keepsHistory
+        let completed = jobs.update(settlement.id) { slot -> Bool in
+          guard Self.isCurrent(settlement.claim, slot) else { return false }
+          guard keeps else { return true }
+          slot.record.status = .completed
+          slot.record.finishedAt = now
+          slot.record.leaseOwner = nil
+          slot.record.leaseExpiresAt = nil
+          if let ran = settlement.runDuration { slot.record.runDuration = ran }
+          if let output = settlement.output { slot.record.output = output }
+          return true
         }
-        // A running job holds no waiting state (ready mark, deduplication key) to drop.
-        jobs.removeValue(for: settlement.id)
+        guard completed == true else { return false }
         running.remove(settlement.id)
+        if keeps {
+          finished.push(FinishOrder(id: settlement.id, finishedAt: now))
+        } else {
+          jobs.removeValue(for: settlement.id)
+        }
         return true
       }
       guard let slot = jobs[settlement.id], Self.isCurrent(settlement.claim, slot) else { return false }
       let record = slot.record
       switch settlement.action {
       case .complete:
-        delete(record.id)
+        if settlement.keepsHistory {
+          finish(
+            record.id, as: .completed, now: now, runDuration: settlement.runDuration,
+            output: settlement.output)
+        } else {
+          delete(record.id)
+        }
       case .retry(let delay, let error):
         let runAt = JobStoreTime.date(now, adding: delay)
         let ready = runAt <= now
         if ready { lastRetrySeq += 1 }
+        jobs[record.id]?.record.errors = JobHistory.appending(error, to: record.errors)
+        if let ran = settlement.runDuration { jobs[record.id]?.record.runDuration = ran }
         makeWaiting(
           record.id, runAt: runAt, error: error ?? record.lastError, ready: ready,
           seq: ready ? lastRetrySeq : 0)
       case .kill(let error):
-        running.remove(record.id)
-        var dead = record
-        dead.status = .dead
-        dead.lastError = error
-        dead.leaseOwner = nil
-        dead.leaseExpiresAt = nil
-        jobs[record.id] = Slot(record: dead, ready: false, seq: slot.seq)
+        if settlement.keepsHistory {
+          finish(record.id, as: .dead, now: now, error: error, runDuration: settlement.runDuration)
+        } else {
+          delete(record.id)
+        }
       case .release(let error):
         jobs[record.id]?.record.attempts = max(0, record.attempts - 1)
         makeWaiting(
@@ -464,10 +530,52 @@ extension InMemoryJobStore {
       return true
     }
 
+    /// Makes a waiting or running job finished with `status` (its deduplication key and lease
+    /// released), noting it for pruning.
+    mutating func finish(
+      _ id: JobID, as status: JobStatus, now: Date, error: String? = nil, runDuration: Duration? = nil,
+      output: Data? = nil
+    ) {
+      guard var record = jobs[id]?.record else { return }
+      if record.status == .pending { stopWaiting(record) }
+      running.remove(id)
+      record.status = status
+      record.finishedAt = now
+      if let error {
+        record.lastError = error
+        record.errors = JobHistory.appending(error, to: record.errors)
+      }
+      if let runDuration { record.runDuration = runDuration }
+      if let output { record.output = output }
+      record.leaseOwner = nil
+      record.leaseExpiresAt = nil
+      jobs[id] = Slot(record: record, ready: false, seq: 0)
+      finished.push(FinishOrder(id: id, finishedAt: now))
+    }
+
+    /// Deletes up to `limit` jobs with `status` that finished before `cutoff` (nil: any), oldest
+    /// first.
+    mutating func prune(_ status: JobStatus, finishedBefore cutoff: Date?, limit: Int) -> Int {
+      var doomed: [JobID] = []
+      var kept: [FinishOrder] = []
+      while doomed.count < limit, let top = finished.peek {
+        if let cutoff, top.finishedAt >= cutoff { break }
+        finished.pop()
+        // Entries go stale when a job is deleted or re-queued (lazy deletion).
+        guard let record = jobs[top.id]?.record, record.status.isFinished, record.finishedAt == top.finishedAt
+        else { continue }
+        if record.status == status { doomed.append(top.id) } else { kept.append(top) }
+      }
+      for entry in kept { finished.push(entry) }
+      for id in doomed { delete(id) }
+      return doomed.count
+    }
+
     mutating func makeWaiting(_ id: JobID, runAt: Date, error: String?, ready isReady: Bool, seq: Int64) {
       guard var record = jobs[id]?.record else { return }
       running.remove(id)
       record.status = .pending
+      record.finishedAt = nil
       record.runAt = runAt
       record.lastError = error
       record.leaseOwner = nil

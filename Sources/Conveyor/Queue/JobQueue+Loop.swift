@@ -28,6 +28,7 @@ extension JobQueue {
       }
     }
     let activityFlusher = flushActivityPeriodically()
+    let pruner = pruneHistoryPeriodically()
     var failures = 0
     // A discarding group: finished workers are freed at once, so memory stays flat however many
     // jobs pass through.
@@ -48,6 +49,7 @@ extension JobQueue {
       // for them.
     }
     await finalFlush()
+    pruner?.cancel()
     await handOverActivity(after: activityFlusher)
     watcher.cancel()
     keeper.cancel()
@@ -428,9 +430,11 @@ extension JobQueue {
       // No limit: the handler runs in the worker's own task (no task to create, no hop back),
       // cancellable on request through it; a worker cancelled so ends after this job.
       withUnsafeCurrentTask { cancellation.arm($0, claim: record.claim) }
+      let started = clock.uptime()
       let returned: Result<JobResult?, any Error>
       do { returned = .success(try await handleInline(item, context)) } catch { returned = .failure(error) }
-      var handled = Handled(settlement(for: record, outcome: Self.outcome(returned)))
+      var handled = Handled(
+        settlement(for: record, outcome: Self.outcome(returned), ran: clock.uptime() - started))
       handled.endsWorker = cancellation.disarm()
       return handled
     }
@@ -443,9 +447,9 @@ extension JobQueue {
       let cancelledAt = max(started + limit, clock.uptime())
       let overrun = Overrun(
         handler: handler, started: started, stuckAt: cancelledAt + configuration.timeLimitGrace)
-      return Handled(settlement(for: record, outcome: .timedOut(limit)), overrun: overrun)
+      return Handled(settlement(for: record, outcome: .timedOut(limit), ran: limit), overrun: overrun)
     }
-    return Handled(settlement(for: record, outcome: Self.outcome(returned)))
+    return Handled(settlement(for: record, outcome: Self.outcome(returned), ran: clock.uptime() - started))
   }
 
   /// What a handler's return or error means.
@@ -581,9 +585,22 @@ extension JobQueue {
     Task.isCancelled && core.withLock { $0.state.stopping }
   }
 
-  private func settlement(for record: JobRecord, outcome: Outcome) -> PendingSettlement {
-    func done(_ action: JobSettlement.Action, _ event: JobQueueEvent?) -> PendingSettlement {
-      PendingSettlement(settlement: JobSettlement(claim: record.claim, action: action), event: event)
+  /// The settlement of a handled job; `ran`: how long its handler ran (nil when none ran).
+  private func settlement(for record: JobRecord, outcome: Outcome, ran: Duration? = nil) -> PendingSettlement
+  {
+    func done(_ action: JobSettlement.Action, _ event: JobQueueEvent?, output: Data? = nil)
+      -> PendingSettlement
+    {
+      let keeps: Bool
+      switch action {
+      case .complete: keeps = configuration.retention.completed != .none
+      case .kill: keeps = configuration.retention.dead != .none
+      case .retry, .release: keeps = true
+      }
+      return PendingSettlement(
+        settlement: JobSettlement(
+          claim: record.claim, action: action, runDuration: ran, output: output, keepsHistory: keeps),
+        event: event)
     }
     func release(_ why: String) -> PendingSettlement {
       log(.info, "job given back: \(why)", ["job": record.id.description])
@@ -620,8 +637,13 @@ extension JobQueue {
       return retry(after: nil, reason: "timed out after \(JobStoreTime.secondsText(limit))")
     case .result(let result):
       switch result.kind {
-      case .handled:
-        return done(.complete, .succeeded(record.id))
+      case .handled(let output):
+        if case .failure(let problem) = output {
+          log(.error, "job's output not stored", ["job": record.id.description, "reason": problem.message])
+        }
+        var stored: Data?
+        if case .success(let data) = output { stored = data }
+        return done(.complete, .succeeded(record.id), output: stored)
       case .retry(let delay, let reason):
         return retry(after: delay, reason: reason ?? "handler asked to retry")
       case .discard(let reason):

@@ -286,6 +286,23 @@ public final class JobQueue<Item: Queueable>: Sendable {
     try PayloadDecoder.decode(Item.self, from: record.payload, fallback: decoder)
   }
 
+  /// The job with this ID, if it belongs to this queue: waiting, running, or finished and kept
+  /// as history (``JobRetention``), with its status, attempts, errors, run time and output.
+  public func job(_ id: JobID) async throws -> JobRecord? {
+    guard let record = try await store.job(id), record.queue == identifier else { return nil }
+    return record
+  }
+
+  /// Decodes a completed job's output (``JobResult/handled(output:)``); nil when it has none.
+  ///
+  /// - Throws: the decoding error when the stored JSON is not an `Output`.
+  public func output<Output: Decodable>(of record: JobRecord, as type: Output.Type = Output.self) throws
+    -> Output?
+  {
+    guard let output = record.output else { return nil }
+    return try JSONDecoder().decode(Output.self, from: output)
+  }
+
   /// Deletes jobs whatever their status; returns how many existed. A running job's handler is not
   /// interrupted, but its outcome is then ignored.
   @discardableResult
@@ -303,10 +320,10 @@ public final class JobQueue<Item: Queueable>: Sendable {
   /// ``CancelResult``.
   @discardableResult
   public func cancel(_ ids: [JobID]) async throws -> [CancelResult] {
-    let results = try await store.cancel(ids, queue: identifier)
+    let results = try await store.cancel(ids, queue: identifier, clock: clock)
     guard results.count == ids.count else {
       throw JobQueueError.invalidConfiguration(
-        "the store answered \(results.count) results for \(ids.count) cancelled IDs; its cancel(_:queue:) is broken"
+        "the store answered \(results.count) results for \(ids.count) cancelled IDs; its cancel(_:queue:clock:) is broken"
       )
     }
     let running = Set(zip(ids, results).filter { $0.1 == .cancelledRunning }.map(\.0))

@@ -93,6 +93,10 @@ public struct JobQueueConfiguration: Sendable {
   /// How long after its time limit a handler that has not returned is reported stuck. Default 10
   /// seconds; between zero and ``longestTimeLimit``.
   public var timeLimitGrace: Duration
+  /// How long finished jobs are kept as history, by status, and how often the queue prunes
+  /// older ones (``JobRetention``). Default ``JobRetention/default``: completed 1 day, cancelled
+  /// 7 days, dead 30 days.
+  public var retention: JobRetention
   /// The time source. Default: ``SystemJobClock``.
   public var clock: any JobClock
   /// Receives the queue's log records. Payloads are never logged. Default: nil (silent).
@@ -118,8 +122,8 @@ public struct JobQueueConfiguration: Sendable {
     concurrency: Int = 1, prefetch: Int = 0, claimsAhead: Bool = true, autoStart: Bool = true,
     canRunInBackground: Bool = true,
     leaseDuration: Duration = .seconds(60), pollInterval: Duration = .seconds(1), timeLimit: Duration? = nil,
-    timeLimitGrace: Duration = .seconds(10), clock: any JobClock = SystemJobClock(),
-    log: (@Sendable (LogRecord) -> Void)? = nil
+    timeLimitGrace: Duration = .seconds(10), retention: JobRetention = .default,
+    clock: any JobClock = SystemJobClock(), log: (@Sendable (LogRecord) -> Void)? = nil
   ) {
     self.identifier = identifier
     self.retryPolicy = retryPolicy
@@ -133,6 +137,7 @@ public struct JobQueueConfiguration: Sendable {
     self.pollInterval = pollInterval
     self.timeLimit = timeLimit
     self.timeLimitGrace = timeLimitGrace
+    self.retention = retention
     self.clock = clock
     self.log = log
   }
@@ -186,6 +191,7 @@ public struct JobQueueConfiguration: Sendable {
     if timeLimitGrace < .zero || timeLimitGrace > Self.longestTimeLimit {
       throw .invalidConfiguration("timeLimitGrace must be between 0 and 7 days, got \(timeLimitGrace)")
     }
+    try retention.validate()
   }
 
   /// Checks a queue identifier: 1–128 characters of `A-Z a-z 0-9 . _ -`.

@@ -19,14 +19,18 @@ public struct JobSummary: Sendable, Hashable, Identifiable {
     self.payloadSize = payloadSize
   }
 
-  /// A summary of a whole record: its payload cut to its first `payloadPrefix` bytes, and its
-  /// last error to its first `errorPrefix` Unicode scalars (``errorPrefix(_:_:)``).
+  /// A summary of a whole record: its payload cut to its first `payloadPrefix` bytes, its last
+  /// error to its first `errorPrefix` Unicode scalars (``errorPrefix(_:_:)``), and without its
+  /// list of errors and its output (read those with `JobStore.job(_:)`).
   public init(cutting record: JobRecord, to payloadPrefix: Int, errorPrefix: Int = .max) {
     var cut = record
     if record.payload.count > payloadPrefix {
       cut.payload = Data(record.payload.prefix(max(0, payloadPrefix)))
     }
     cut.lastError = record.lastError.map { Self.errorPrefix($0, errorPrefix) }
+    // A summary holds the last error only: no list of errors, no output.
+    cut.errors = []
+    cut.output = nil
     self.init(record: cut, payloadSize: record.payload.count)
   }
 

@@ -34,15 +34,27 @@ public struct JobID: RawRepresentable, Hashable, Comparable, Sendable, Codable, 
 
 /// Where a stored job is in its life.
 ///
-/// Handled jobs are deleted, so there is no "done" status: a job is waiting, being worked on, or
-/// dead and kept for inspection.
+/// A job waits (`pending`), runs (`running`), and finishes `completed`, `cancelled` or `dead`.
+/// Finished jobs are kept as history for their queue's ``JobRetention``, then pruned.
 public enum JobStatus: String, Sendable, Codable, CaseIterable, Hashable {
   /// Waiting to run: ready when its run date has come, scheduled before that.
   case pending
   /// Claimed by a worker that holds a lease on it.
   case running
-  /// Failed for good (attempts exhausted, discarded, or undecodable); kept until re-queued or purged.
+  /// Failed for good (attempts exhausted, discarded, or undecodable); kept until re-queued,
+  /// purged, or pruned by its retention.
   case dead
+  /// Handled: the handler returned ``JobResult/handled``. Kept as history until pruned.
+  case completed
+  /// Cancelled before it finished (``JobStore/cancel(_:queue:clock:)``). Kept as history until pruned.
+  case cancelled
+
+  /// Whether a job with this status is finished (completed, cancelled or dead): it never runs
+  /// again unless a dead one is re-queued.
+  public var isFinished: Bool { self == .dead || self == .completed || self == .cancelled }
+
+  /// The statuses of finished jobs, which history keeps: completed, cancelled, dead.
+  public static let finished: [JobStatus] = [.completed, .cancelled, .dead]
 }
 
 /// When a new job may first run.
@@ -151,12 +163,24 @@ public struct JobRecord: Sendable, Hashable, Identifiable {
   public var claimToken: Int64
   /// The job's own time limit (``NewJob/timeLimit``); nil: the queue's applies.
   public var timeLimit: Duration?
+  /// For a finished job (completed, cancelled or dead), when it finished, by the store's clock.
+  public var finishedAt: Date?
+  /// The errors of the job's failed attempts, oldest first: each retry's and the final one's
+  /// (``JobHistory/maximumErrors`` kept at most, the latest; each cut to
+  /// ``JobHistory/maximumErrorBytes``).
+  public var errors: [String]
+  /// How long the handler of the job's latest recorded attempt ran; nil before one is recorded.
+  public var runDuration: Duration?
+  /// For a completed job, the output its handler returned (``JobResult/handled(output:)``),
+  /// encoded as JSON; nil when it returned none.
+  public var output: Data?
 
   /// Creates a record.
   public init(
     id: JobID, queue: String, payload: Data, status: JobStatus, priority: Int, attempts: Int,
     runAt: Date, createdAt: Date, lastError: String? = nil, deduplicationKey: String? = nil,
-    leaseOwner: String? = nil, leaseExpiresAt: Date? = nil, claimToken: Int64 = 0, timeLimit: Duration? = nil
+    leaseOwner: String? = nil, leaseExpiresAt: Date? = nil, claimToken: Int64 = 0, timeLimit: Duration? = nil,
+    finishedAt: Date? = nil, errors: [String] = [], runDuration: Duration? = nil, output: Data? = nil
   ) {
     self.id = id
     self.queue = queue
@@ -172,6 +196,10 @@ public struct JobRecord: Sendable, Hashable, Identifiable {
     self.leaseExpiresAt = leaseExpiresAt
     self.claimToken = claimToken
     self.timeLimit = timeLimit
+    self.finishedAt = finishedAt
+    self.errors = errors
+    self.runDuration = runDuration
+    self.output = output
   }
 
   /// The claim this record describes: the job and its ``claimToken``.
@@ -224,12 +252,14 @@ public struct Lease: Sendable, Hashable {
 public struct JobSettlement: Sendable, Hashable {
   /// What to do with the job.
   public enum Action: Sendable, Hashable {
-    /// Handled: delete the job.
+    /// Handled: the job becomes ``JobStatus/completed`` (or is deleted, when
+    /// ``JobSettlement/keepsHistory`` is false).
     case complete
     /// Put the job back as waiting, to run after `delay` (from the store's clock while it holds
     /// its lock), recording the error if any.
     case retry(after: Duration, error: String?)
-    /// Mark the job dead with the given reason.
+    /// Mark the job dead with the given reason (or delete it, when ``JobSettlement/keepsHistory``
+    /// is false).
     case kill(error: String)
     /// Give the job back: ready again in its old place, its attempt count lowered by the one its
     /// claim added. For a job claimed but never started, and for a handler interrupted by a
@@ -241,14 +271,29 @@ public struct JobSettlement: Sendable, Hashable {
   public var claim: ClaimReference
   /// What to do.
   public var action: Action
+  /// How long the handler ran this attempt, stored as the job's ``JobRecord/runDuration``; nil
+  /// when no handler ran (the stored value is kept).
+  public var runDuration: Duration?
+  /// For ``Action/complete``, the handler's encoded output (at most
+  /// ``JobHistory/maximumOutputBytes``), stored as ``JobRecord/output``.
+  public var output: Data?
+  /// Whether a job that finishes by this settlement (completed or dead) is kept as history;
+  /// false deletes it (the queue's ``JobRetention`` keeps none of that status).
+  public var keepsHistory: Bool
 
   /// The job settled.
   public var id: JobID { claim.id }
 
   /// Creates a settlement.
-  public init(claim: ClaimReference, action: Action) {
+  public init(
+    claim: ClaimReference, action: Action, runDuration: Duration? = nil, output: Data? = nil,
+    keepsHistory: Bool = true
+  ) {
     self.claim = claim
     self.action = action
+    self.runDuration = runDuration
+    self.output = output
+    self.keepsHistory = keepsHistory
   }
 }
 
@@ -285,19 +330,42 @@ public struct JobCounts: Sendable, Hashable, Codable {
   public var running: Int
   /// Dead jobs.
   public var dead: Int
+  /// Completed jobs kept as history.
+  public var completed: Int
+  /// Cancelled jobs kept as history.
+  public var cancelled: Int
 
   /// Creates counts.
-  public init(ready: Int = 0, scheduled: Int = 0, running: Int = 0, dead: Int = 0) {
+  public init(
+    ready: Int = 0, scheduled: Int = 0, running: Int = 0, dead: Int = 0, completed: Int = 0,
+    cancelled: Int = 0
+  ) {
     self.ready = ready
     self.scheduled = scheduled
     self.running = running
     self.dead = dead
+    self.completed = completed
+    self.cancelled = cancelled
+  }
+
+  /// Decodes counts; the history's counts are 0 when absent (counts encoded before they existed).
+  public init(from decoder: any Decoder) throws {
+    let container = try decoder.container(keyedBy: CodingKeys.self)
+    ready = try container.decode(Int.self, forKey: .ready)
+    scheduled = try container.decode(Int.self, forKey: .scheduled)
+    running = try container.decode(Int.self, forKey: .running)
+    dead = try container.decode(Int.self, forKey: .dead)
+    completed = try container.decodeIfPresent(Int.self, forKey: .completed) ?? 0
+    cancelled = try container.decodeIfPresent(Int.self, forKey: .cancelled) ?? 0
   }
 
   /// Jobs still to be handled: ready, scheduled and running.
   public var unfinished: Int { ready + scheduled + running }
-  /// Every job the queue holds.
+  /// Jobs not handled: unfinished and dead (what the queue holds besides its history of
+  /// completed and cancelled jobs).
   public var total: Int { unfinished + dead }
+  /// Finished jobs kept: completed, cancelled and dead.
+  public var finished: Int { completed + cancelled + dead }
 }
 
 /// How many jobs of some statuses a queue holds, and the highest of their IDs (nil: none), as
@@ -382,8 +450,14 @@ public protocol JobStore: Sendable {
   /// Counts the queue's jobs by status.
   func counts(queue: String, clock: any JobClock) async throws -> JobCounts
 
-  /// Lists jobs in ID order, a page at a time: those with IDs greater than `after`, at most `limit`,
-  /// filtered by status when `status` is not nil. Never reads more than the page from storage.
+  /// Lists jobs a page at a time, at most `limit`, filtered by status when `status` is not nil.
+  /// Never reads more than the page from storage.
+  ///
+  /// Pages of ``JobStatus/completed`` and ``JobStatus/cancelled`` jobs are in the order the jobs
+  /// finished (``JobRecord/finishedAt``, then ID), from the one after the job `after` names;
+  /// other pages are in ID order, from the first ID greater than `after`. Either way, pass the
+  /// last job of the previous page as `after`. (A history page whose `after` job was pruned
+  /// meanwhile starts again from the oldest kept.)
   func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord]
 
   /// The job with this ID, of whatever queue, or nil: one primary-key lookup.
@@ -396,13 +470,14 @@ public protocol JobStore: Sendable {
   func clear(queue: String, statuses: Set<JobStatus>) async throws -> Int
 
   /// Cancels jobs that have not finished, in one transaction: each waiting or running job among
-  /// `ids` (of `queue`, or of any queue when nil) is deleted, so it never runs again and a
-  /// running one's outcome is refused. A dead job is left as it is. Returns one result per ID, in
-  /// order (an ID given twice is cancelled once; the second answer is ``CancelResult/notFound``).
+  /// `ids` (of `queue`, or of any queue when nil) becomes ``JobStatus/cancelled`` with its
+  /// finishing time, so it never runs again and a running one's outcome is refused. A finished
+  /// job is left as it is. Returns one result per ID, in order (an ID given twice is cancelled
+  /// once; the second answer is ``CancelResult/alreadyCancelled``).
   ///
   /// A running job's worker learns it at its next ``currentClaims(_:queue:)`` check or heartbeat,
   /// and cancels the handler's task.
-  func cancel(_ ids: [JobID], queue: String?) async throws -> [CancelResult]
+  func cancel(_ ids: [JobID], queue: String?, clock: any JobClock) async throws -> [CancelResult]
 
   /// Of `claims`, those still current for `queue`: the job is running under that claim token,
   /// whatever its lease says. Reads only. A queue asks about its claims twice a second while it
@@ -423,6 +498,14 @@ public protocol JobStore: Sendable {
   /// since has a higher ID, and a job that started or came back since changes the number.
   func clear(queue: String, statuses: Set<JobStatus>, through: JobID, expecting expected: Int) async throws
     -> Int?
+
+  /// Deletes up to `limit` of the queue's finished jobs with status `status` that finished more
+  /// than `age` ago by the store's clock (zero: all of them), oldest first, in one short
+  /// transaction; returns how many. Call it again while it returns `limit`: each call holds the
+  /// store's write lock only for its batch. Safe while other processes prune the same queue.
+  /// Returns 0 for an unfinished status (`pending`, `running`), which is never pruned.
+  func prune(queue: String, status: JobStatus, olderThan age: Duration, limit: Int, clock: any JobClock)
+    async throws -> Int
 
   /// Makes dead jobs ready again, now, attempts reset to zero; `ids` nil means every dead job of
   /// the queue. Returns how many. Jobs that are not dead are left alone.
@@ -516,18 +599,22 @@ extension JobStore {
   }
 }
 
-/// What ``JobStore/cancel(_:queue:)`` did with one job.
+/// What ``JobStore/cancel(_:queue:clock:)`` did with one job.
 public enum CancelResult: String, Sendable, Hashable, Codable {
-  /// The job was waiting (ready or scheduled); it was deleted and will never run.
+  /// The job was waiting (ready or scheduled); it is cancelled and will never run.
   case cancelledWaiting
-  /// The job was running; it was deleted. Its worker cancels the handler's task when it next
+  /// The job was running; it is cancelled. Its worker cancels the handler's task when it next
   /// checks its claims (within about a second), ignores the handler's outcome, and the job is not
   /// retried.
   case cancelledRunning
   /// The job is dead, so already finished; nothing changed. Delete it with `remove` or `purge`.
   case alreadyDead
-  /// No such job (of the queue given): it finished and was deleted, was removed or cancelled
-  /// before, or never existed. Nothing changed.
+  /// The job already completed; nothing changed.
+  case alreadyCompleted
+  /// The job was already cancelled; nothing changed.
+  case alreadyCancelled
+  /// No such job (of the queue given): it was removed or pruned, or never existed. Nothing
+  /// changed.
   case notFound
 
   /// Whether this call cancelled the job.

@@ -49,15 +49,47 @@ public struct JobContext: Sendable, Hashable {
 /// A thrown error counts as ``retry`` and is recorded as the job's last error.
 public struct JobResult: Sendable, Hashable, CustomStringConvertible {
   enum Kind: Sendable, Hashable {
-    case handled
+    /// `output`: the encoded output, or why it could not be stored.
+    case handled(output: Result<Data, OutputError>?)
     case retry(after: Duration?, reason: String?)
     case discard(reason: String)
   }
 
   let kind: Kind
 
-  /// The job is done: it is deleted from the store.
-  public static let handled = JobResult(kind: .handled)
+  /// Why an output was not stored.
+  struct OutputError: Error, Hashable {
+    let message: String
+  }
+
+  /// The job is done: it is kept as ``JobStatus/completed`` for the queue's ``JobRetention``.
+  public static let handled = JobResult(kind: .handled(output: nil))
+
+  /// The job is done, with an output kept in its history (``JobRecord/output``; read it back with
+  /// ``JobQueue/output(of:as:)``), encoded as JSON.
+  ///
+  /// An output that does not encode, or whose JSON exceeds ``JobHistory/maximumOutputBytes``, is
+  /// not stored: the job still completes without output (its work is done and must not run
+  /// again), and the queue logs the reason as an error naming the job.
+  public static func handled<Output: Encodable>(output: Output) -> JobResult {
+    let encoded: Result<Data, OutputError>
+    do {
+      let data = try JSONEncoder().encode(output)
+      if data.count > JobHistory.maximumOutputBytes {
+        encoded = .failure(
+          OutputError(
+            message: "the output was not stored: its JSON takes \(data.count) bytes, more than the "
+              + "\(JobHistory.maximumOutputBytes) a job may keep; store large results elsewhere and "
+              + "return their location"))
+      } else {
+        encoded = .success(data)
+      }
+    } catch {
+      encoded = .failure(
+        OutputError(message: "the output was not stored: it does not encode as JSON: \(error)"))
+    }
+    return JobResult(kind: .handled(output: encoded))
+  }
 
   /// Try again after the delay the queue's ``RetryPolicy`` gives (dead once `maxAttempts` is reached).
   public static let retry = JobResult(kind: .retry(after: nil, reason: nil))
@@ -84,7 +116,9 @@ public struct JobResult: Sendable, Hashable, CustomStringConvertible {
   /// A short text for logs.
   public var description: String {
     switch kind {
-    case .handled: "handled"
+    case .handled(nil): "handled"
+    case .handled(.success(let data)): "handled with \(data.count) bytes of output"
+    case .handled(.failure(let error)): "handled; \(error.message)"
     case .retry(let delay, let reason):
       "retry" + (delay.map { " after \($0)" } ?? "") + (reason.map { ": \($0)" } ?? "")
     case .discard(let reason): "discard: \(reason)"
