@@ -44,3 +44,22 @@ struct Comparison {
 func section(_ title: String) {
   print("\n== \(title) ==")
 }
+
+/// Seconds since `start` (monotonic clock).
+func seconds(since start: ContinuousClock.Instant) -> Double {
+  let elapsed = ContinuousClock.now - start
+  return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+}
+
+/// Times `subject` and `baseline` alternately, so a busy neighbour slows both alike; returns the
+/// best time of each.
+func interleaved(
+  repeats: Int = 5, _ subject: () async throws -> Double, baseline: () async throws -> Double
+) async throws -> (subject: Double, baseline: Double) {
+  var best = (subject: Double.infinity, baseline: Double.infinity)
+  for _ in 0..<repeats {
+    best.baseline = min(best.baseline, try await baseline())
+    best.subject = min(best.subject, try await subject())
+  }
+  return best
+}

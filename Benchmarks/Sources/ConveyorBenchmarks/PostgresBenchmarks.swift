@@ -79,7 +79,7 @@ private struct PostgresBench {
 
   /// Only the row of adds 100 per call, for profiling it alone (CONVEYOR_BENCH_POSTGRES=insert100).
   func runBatchInsert() async throws {
-    let (store, raw) = try await interleaved {
+    let (store, raw) = try await interleaved(repeats: 3) {
       try await storeInsert(batched, batch: 100)
     } baseline: {
       try rawInsert(batched, batch: 100)
@@ -95,7 +95,7 @@ private struct PostgresBench {
   func runSingleDrains() async throws {
     section("PostgreSQL claim+complete, 1 per call (best of 3, runs interleaved)")
     for connections in [1, 4] {
-      let (store, raw) = try await interleaved {
+      let (store, raw) = try await interleaved(repeats: 3) {
         try await storeDrain(drainOne, batch: 1, connections: connections)
       } baseline: {
         try rawDrain(drainOne, batch: 1, connections: connections)
@@ -112,7 +112,7 @@ private struct PostgresBench {
   func runStoreSection() async throws {
     section("PostgreSQL store vs raw libpq (best of 3, runs interleaved)")
 
-    var (store, raw) = try await interleaved {
+    var (store, raw) = try await interleaved(repeats: 3) {
       try await storeInsert(singles, batch: 1)
     } baseline: {
       try rawInsert(singles, batch: 1)
@@ -122,7 +122,7 @@ private struct PostgresBench {
       baselineName: "raw insert, 1 per transaction", baselineSeconds: raw, goal: 0.7
     ).print()
     // The same, against a baseline that also sends the NOTIFY every add must send.
-    (store, raw) = try await interleaved {
+    (store, raw) = try await interleaved(repeats: 3) {
       try await storeInsert(singles, batch: 1)
     } baseline: {
       try rawInsert(singles, batch: 1, notify: true)
@@ -137,7 +137,7 @@ private struct PostgresBench {
     var storeTimes: [Int: Double] = [:]
     var rawTimes: [Int: Double] = [:]
     for connections in [1, 4] {
-      (store, raw) = try await interleaved {
+      (store, raw) = try await interleaved(repeats: 3) {
         try await storeDrain(drainOne, batch: 1, connections: connections)
       } baseline: {
         try rawDrain(drainOne, batch: 1, connections: connections)
@@ -159,7 +159,7 @@ private struct PostgresBench {
     ).print()
 
     for connections in [1, 4] {
-      (store, raw) = try await interleaved {
+      (store, raw) = try await interleaved(repeats: 3) {
         try await storeDrain(drainBatched, batch: 100, connections: connections)
       } baseline: {
         try rawDrain(drainBatched, batch: 100, connections: connections)
@@ -189,7 +189,7 @@ private struct PostgresBench {
     section(
       "PostgreSQL: concurrent adds, one job per call (fsync=\(fsync), synchronous_commit=\(synchronous))")
     let count = 4_000
-    let (eight, one) = try await interleaved {
+    let (eight, one) = try await interleaved(repeats: 3) {
       try await storeInsert(count, batch: 1, tasks: 8)
     } baseline: {
       try await storeInsert(count, batch: 1, tasks: 1)
@@ -279,7 +279,7 @@ private struct PostgresBench {
 
   func runQueueSection() async throws {
     section("JobQueue on PostgresJobStore, no-op handler (best of 3, runs interleaved)")
-    var (queue, raw) = try await interleaved {
+    var (queue, raw) = try await interleaved(repeats: 3) {
       try await queueDrain(drainOne, workers: 1, concurrency: 1, prefetch: 0)
     } baseline: {
       try rawDrain(drainOne, batch: 1, connections: 1)
@@ -288,7 +288,7 @@ private struct PostgresBench {
       name: "JobQueue drain, 1 worker, concurrency 1", count: drainOne, seconds: queue,
       baselineName: "raw, 1 per txn, 1 conn", baselineSeconds: raw, goal: 0.7
     ).print()
-    (queue, raw) = try await interleaved {
+    (queue, raw) = try await interleaved(repeats: 3) {
       try await queueDrain(drainOne, workers: 4, concurrency: 1, prefetch: 0)
     } baseline: {
       try rawDrain(drainOne, batch: 1, connections: 4)
@@ -297,7 +297,7 @@ private struct PostgresBench {
       name: "JobQueue drain, 4 workers, concurrency 1", count: drainOne, seconds: queue,
       baselineName: "raw, 1 per txn, 4 conn", baselineSeconds: raw, goal: 0.7
     ).print()
-    (queue, raw) = try await interleaved {
+    (queue, raw) = try await interleaved(repeats: 3) {
       try await queueDrain(drainBatched, workers: 4, concurrency: 4, prefetch: 96)
     } baseline: {
       try rawDrain(drainBatched, batch: 100, connections: 4)
@@ -502,24 +502,6 @@ private func drainPostgresStore(_ store: PostgresJobStore, batch size: Int, limi
   return handled
 }
 
-/// Times `subject` and `baseline` alternately, so a busy neighbour slows both alike; returns the
-/// best time of each.
-private func interleaved(
-  repeats: Int = 3, _ subject: () async throws -> Double, baseline: () async throws -> Double
-) async throws -> (subject: Double, baseline: Double) {
-  var best = (subject: Double.infinity, baseline: Double.infinity)
-  for _ in 0..<repeats {
-    best.baseline = min(best.baseline, try await baseline())
-    best.subject = min(best.subject, try await subject())
-  }
-  return best
-}
-
-private func seconds(since start: ContinuousClock.Instant) -> Double {
-  let elapsed = ContinuousClock.now - start
-  return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-}
-
 /// The raw queues of one drain and what each thread got.
 private final class ThreadResults: @unchecked Sendable {
   // Safe without a lock: thread `i` alone writes `results[i]`, before `group.leave()`; the
@@ -669,7 +651,7 @@ private final class RawConnection {
 /// The baseline queue: a table with the columns an at-least-once queue needs, a partial index of
 /// ready jobs in claim order, and indexes for lease expiry and deduplication (as the store keeps).
 /// Claims are `FOR UPDATE SKIP LOCKED` with a fencing token; completions delete only the current
-/// claim. Each drain transaction (BEGIN, the previous batch's DELETE, the next claim, COMMIT) is
+/// claim. Each drain transaction (BEGIN, the previous batch's completion, the next claim, COMMIT) is
 /// sent pipelined: one round trip. Inserts are one prepared statement per transaction.
 private final class RawQueue {
   let connection: RawConnection
@@ -717,7 +699,9 @@ private final class RawQueue {
     try connection.prepare(
       "complete",
       """
-      DELETE FROM \(schema).jobs j USING unnest($1::int8[], $2::int8[]) AS s(id, token)
+      UPDATE \(schema).jobs j SET status = 'completed', finished_at = now(), lease_owner = NULL,
+        lease_expires_at = NULL
+      FROM unnest($1::int8[], $2::int8[]) AS s(id, token)
       WHERE j.id = s.id AND j.claim_token = s.token AND j.status = 'running'
       """)
     try connection.prepare(
@@ -784,7 +768,7 @@ private final class RawQueue {
       try connection.send("claim", [queue, limit, owner])
       try connection.send("commit", [])
       guard PQpipelineSync(handle) == 1 else { throw BenchmarkFailure("sync: \(connection.error)") }
-      // The results, in order: BEGIN, [DELETE], the claim, COMMIT, then the sync.
+      // The results, in order: BEGIN, [the completion], the claim, COMMIT, then the sync.
       let statements = previous.isEmpty ? 3 : 4
       var claimed: [(id: Int64, token: Int64)] = []
       for index in 0..<statements {

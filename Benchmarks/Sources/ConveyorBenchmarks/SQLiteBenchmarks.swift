@@ -227,19 +227,6 @@ private func compareStoreWithRaw(
   }
 }
 
-/// Times `subject` and `baseline` alternately, so a busy neighbour slows both alike; returns the
-/// best time of each.
-private func interleaved(
-  repeats: Int = 5, _ subject: () async throws -> Double, baseline: () async throws -> Double
-) async throws -> (subject: Double, baseline: Double) {
-  var best = (subject: Double.infinity, baseline: Double.infinity)
-  for _ in 0..<repeats {
-    best.baseline = min(best.baseline, try await baseline())
-    best.subject = min(best.subject, try await subject())
-  }
-  return best
-}
-
 /// Seconds to insert `count` jobs through the raw API, `batch` per transaction.
 private func rawInsert(_ path: String, _ synchronous: String, _ count: Int, batch: Int) async throws -> Double
 {
@@ -280,13 +267,8 @@ private func storeDrain(_ path: String, _ synchronous: SQLiteJobStore.Synchronou
   return seconds(since: start)
 }
 
-private func seconds(since start: ContinuousClock.Instant) -> Double {
-  let elapsed = ContinuousClock.now - start
-  return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-}
-
 /// The item the engine benchmarks drain.
-private struct BenchItem: Queueable {
+struct BenchItem: Queueable {
   var url: String
   var attempt: Int
   var body: String
@@ -516,6 +498,12 @@ struct BenchmarkFailure: Error, CustomStringConvertible {
   init(_ description: String) { self.description = description }
 }
 
+/// Runs `sql` on the Conveyor database at `path` (made by the store if missing) with the raw API.
+func execOnSQLiteFile(_ path: String, _ sql: String) async throws {
+  let raw = try await RawQueue.open(path: path, synchronous: "NORMAL")
+  try raw.exec(sql)
+}
+
 /// Removes the folder; a queue shutting down may still be closing its store, so try twice.
 private func removeBenchmarkFolder(_ folder: URL) {
   for attempt in 1...2 {
@@ -684,8 +672,12 @@ private final class RawQueue {
   func drain(batch: Int, expected: Int) throws {
     let begin = try statement("BEGIN IMMEDIATE")
     let commit = try statement("COMMIT")
+    // Completed jobs are kept as history, as the store keeps them.
     let complete = try statement(
-      "DELETE FROM jobs WHERE id = ? AND queue = ? AND status = 'running' AND claim_token = ?")
+      """
+      UPDATE jobs SET status = 'completed', finished_at = ?4, lease_owner = NULL, lease_expires_at = NULL
+      WHERE id = ?1 AND queue = ?2 AND status = 'running' AND claim_token = ?3
+      """)
     let paused = try statement("SELECT 1 FROM queues WHERE name = ? AND paused = 1")
     let promote = try statement(
       "UPDATE jobs SET status = 'ready' WHERE queue = ? AND status = 'scheduled' AND run_at <= ?")
@@ -709,6 +701,7 @@ private final class RawQueue {
         sqlite3_bind_int64(complete, 1, job.id)
         sqlite3_bind_text(complete, 2, queueName, 5, bench_sqlite_static())
         sqlite3_bind_int64(complete, 3, job.token)
+        sqlite3_bind_int64(complete, 4, now)
         _ = try step(complete)
         sqlite3_reset(complete)
         guard sqlite3_changes(db) == 1 else { throw BenchmarkFailure("stale completion") }

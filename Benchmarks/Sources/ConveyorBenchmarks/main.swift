@@ -11,5 +11,6 @@ if wants("sqlite") { try await runSQLiteBenchmarks() }
 if wants("operations") { try await runOperationBenchmarks() }
 if wants("pipelines") { try await runPipelineBenchmarks() }
 if wants("queue") { try await runQueueBenchmarks() }
+if wants("history") { try await runHistoryBenchmarks() }
 // Needs a server: run through Benchmarks/with-postgres.sh (skipped without CONVEYOR_POSTGRES_URL).
 if wants("postgres") { try await runPostgresBenchmarks() }

@@ -1,0 +1,155 @@
+import Conveyor
+import ConveyorSQLite
+import Foundation
+
+// The history of finished jobs on SQLite: the drain and the single add with 1,000,000 completed
+// jobs kept, against the same on an empty history; and pruning a million completed jobs while a
+// worker claims (each claim's latency, p50 and p99, against the same claims without pruning).
+
+func runHistoryBenchmarks() async throws {
+  let folder = FileManager.default.temporaryDirectory.appendingPathComponent("conveyor-history-\(UUID())")
+  try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+  defer { try? FileManager.default.removeItem(at: folder) }
+  var next = 0
+  func newPath() -> String {
+    next += 1
+    return folder.appendingPathComponent("h\(next).sqlite").path
+  }
+  section("SQLite store with 1,000,000 completed jobs kept as history")
+  let kept = 1_000_000
+  let historyPath = newPath()
+  let fill = try await seconds { try await fillHistory(historyPath, completed: kept) }
+  print(String(format: "made %d completed jobs in %.1f s", kept, fill))
+  let history = try SQLiteJobStore(path: historyPath)
+  let count = 20_000
+
+  /// Seconds for a JobQueue (no-op handler) to drain `count` new jobs of `store`.
+  func drain(_ store: SQLiteJobStore, concurrency: Int) async throws -> Double {
+    let payload = try JSONEncoder().encode(BenchItem(url: "https://example.com/h", attempt: 1, body: "hi"))
+    let jobs = Array(repeating: NewJob(payload: payload, runAt: benchEpoch), count: 1_000)
+    for _ in 0..<(count / 1_000) { _ = try await store.enqueue(jobs, queue: "bench", clock: benchClock) }
+    let configuration = JobQueueConfiguration(identifier: "bench", concurrency: concurrency, autoStart: false)
+    let queue = try JobQueue<BenchItem>(configuration: configuration, store: store) { _, _ in .handled }
+    let start = ContinuousClock.now
+    queue.start()
+    await queue.waitUntilFinished()
+    let elapsed = seconds(since: start)
+    await queue.shutdown(gracePeriod: .seconds(5))
+    return elapsed
+  }
+  for concurrency in [1, 4] {
+    let (full, empty) = try await interleaved(repeats: 3) {
+      try await drain(history, concurrency: concurrency)
+    } baseline: {
+      try await drain(try SQLiteJobStore(path: newPath()), concurrency: concurrency)
+    }
+    Comparison(
+      name: "JobQueue drain c\(concurrency), 1M completed kept", count: count, seconds: full,
+      baselineName: "the same, empty history", baselineSeconds: empty, goal: 0.95
+    ).print()
+  }
+  /// Seconds to add `count` jobs one per call.
+  func addOneByOne(_ store: SQLiteJobStore, count: Int) async throws -> Double {
+    let job = NewJob(payload: benchPayload, runAt: benchEpoch)
+    let start = ContinuousClock.now
+    for _ in 0..<count { _ = try await store.enqueue([job], queue: "adds", clock: benchClock) }
+    return seconds(since: start)
+  }
+  let adds = 5_000
+  let (addFull, addEmpty) = try await interleaved(repeats: 3) {
+    try await addOneByOne(history, count: adds)
+  } baseline: {
+    try await addOneByOne(try SQLiteJobStore(path: newPath()), count: adds)
+  }
+  Comparison(
+    name: "enqueue 1 per call, 1M completed kept", count: adds, seconds: addFull,
+    baselineName: "the same, empty history", baselineSeconds: addEmpty, goal: 0.95
+  ).print()
+
+  // Pruning: a worker's claims (one job per call, completing the previous one) with and without
+  // a pruner deleting the million completed jobs in batches of 500 beside it.
+  section("Pruning 1,000,000 completed jobs while a worker claims (SQLite)")
+  let pruneStore = try SQLiteJobStore(path: historyPath)
+  let quiet = try await claimLatencies(pruneStore, claims: 4_000)
+  let (busy, pruned, pruneTime) = try await claimLatenciesWhilePruning(pruneStore, claims: 4_000)
+  print(
+    String(
+      format: "claim latency without pruning: p50 %.2f ms, p99 %.2f ms, max %.2f ms", quiet.p50, quiet.p99,
+      quiet.max))
+  print(
+    String(
+      format:
+        "claim latency while pruning:   p50 %.2f ms, p99 %.2f ms, max %.2f ms (%d pruned in %.1f s, %.0f/s)",
+      busy.p50, busy.p99, busy.max, pruned, pruneTime, Double(pruned) / pruneTime))
+}
+
+/// Latencies in milliseconds.
+struct Latencies {
+  var p50: Double
+  var p99: Double
+  var max: Double
+
+  init(_ samples: [Double]) {
+    let sorted = samples.sorted()
+    func at(_ fraction: Double) -> Double {
+      sorted[min(sorted.count - 1, Int(Double(sorted.count) * fraction))]
+    }
+    p50 = at(0.5)
+    p99 = at(0.99)
+    max = sorted.last ?? 0
+  }
+}
+
+/// Adds `claims` jobs, then claims them one per call, completing each with the next claim; the
+/// latency of each call.
+private func claimLatencies(_ store: SQLiteJobStore, claims: Int) async throws -> Latencies {
+  let jobs = Array(repeating: NewJob(payload: benchPayload, runAt: benchEpoch), count: 1_000)
+  for _ in 0..<(claims / 1_000) { _ = try await store.enqueue(jobs, queue: "claims", clock: benchClock) }
+  let lease = Lease(owner: "bench", duration: .seconds(3_600))
+  var samples: [Double] = []
+  var settlements: [JobSettlement] = []
+  while true {
+    let start = ContinuousClock.now
+    let claimed = try await store.settleAndClaim(
+      settlements, queue: "claims", limit: 1, lease: lease, clock: benchClock
+    ).claimed
+    samples.append(seconds(since: start) * 1_000)
+    guard let job = claimed.first else { break }
+    settlements = [JobSettlement(claim: job.claim, action: .complete)]
+  }
+  return Latencies(samples)
+}
+
+/// `claimLatencies` while a queue purges the completed jobs of queue "bench" (as its pruner does);
+/// the latencies, how many were pruned, and how long pruning took.
+private func claimLatenciesWhilePruning(_ store: SQLiteJobStore, claims: Int) async throws
+  -> (Latencies, Int, Double)
+{
+  // A queue's own pruning (batches of 500, each followed by a rest as long as it took).
+  let queue = try JobQueue<BenchItem>(
+    configuration: JobQueueConfiguration(identifier: "bench", autoStart: false), store: store
+  ) { _, _ in .handled }
+  let pruner = Task { () async throws -> (Int, Double) in
+    let start = ContinuousClock.now
+    let deleted = try await queue.purge(.completed)
+    return (deleted, seconds(since: start))
+  }
+  let latencies = try await claimLatencies(store, claims: claims)
+  let (deleted, time) = try await pruner.value
+  return (latencies, deleted, time)
+}
+
+/// Makes a store at `path` holding `completed` completed jobs of queue "bench" (finished over the
+/// last day), written with one SQL statement.
+private func fillHistory(_ path: String, completed: Int) async throws {
+  let now = Int64(Date().timeIntervalSince1970 * 1000)
+  try await execOnSQLiteFile(
+    path,
+    """
+    WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < \(completed))
+    INSERT INTO jobs (queue, payload, status, priority, attempts, run_at, created_at, finished_at, run_ms)
+    SELECT 'bench', CAST('{"url":"https://example.com/hook","attempt":1,"body":"hello, world"}' AS BLOB),
+      'completed', 0, 1, \(now - 86_400_000) + i, \(now - 86_400_000) + i, \(now - 86_400_000) + i * 80, 3
+    FROM n;
+    """)
+}
