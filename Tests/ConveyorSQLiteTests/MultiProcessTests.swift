@@ -52,6 +52,73 @@ struct MultiProcessTests {
     #expect(try await store.counts(queue: "jobs", now: Date()).total == 0)
   }
 
+  /// A process pruning the history is killed with SIGKILL between and inside its batches: every
+  /// waiting, running and dead job is still there, whole, the file is sound, and a second pruner
+  /// finishes the work.
+  @Test func aPrunerKilledMidwayLosesNoUnfinishedJob() async throws {
+    let folder = try TemporaryFolder()
+    let database = folder.path("prune.sqlite")
+    let waiting = try await enqueue(500, into: database)
+    let store = try SQLiteJobStore(path: database)
+    let lease = Lease(owner: "other", duration: .seconds(3_600))
+    let running = try await store.settleAndClaim([], queue: "jobs", limit: 20, lease: lease, now: Date())
+      .claimed
+    #expect(running.count == 20)
+    let dying = try await store.settleAndClaim([], queue: "jobs", limit: 10, lease: lease, now: Date())
+      .claimed
+    _ = try await store.settleAndClaim(
+      dying.map { JobSettlement(claim: $0.claim, action: .kill(error: "dead")) }, queue: "jobs", limit: 0,
+      lease: lease, now: Date())
+    // 100,000 completed jobs, written in one statement.
+    let now = Int64(Date().timeIntervalSince1970 * 1000)
+    try await store.connection.perform { db in
+      try db.execute(
+        """
+        WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000)
+        INSERT INTO jobs (queue, payload, status, priority, attempts, run_at, created_at, finished_at)
+        SELECT 'jobs', CAST('{"number":-1}' AS BLOB), 'completed', 0, 1, \(now), \(now), \(now) - i FROM n
+        """)
+    }
+    let before = try await store.counts(queue: "jobs", now: Date())
+    #expect(before == JobCounts(ready: 470, running: 20, dead: 10, completed: 100_000))
+    await store.close()
+    let pruner = try WorkerProcess(database: database, folder: folder, name: "pruner", command: "prune")
+    // Killed once it has deleted a few batches, while it deletes the next ones.
+    try await waitForLines(pruner.progress, count: 5)
+    pruner.kill()
+    #expect(await pruner.exitStatus() != 0)
+    #expect(try !FileManager.default.fileExists(atPath: pruner.output) || readIDs(pruner.output).isEmpty)
+    let reopened = try SQLiteJobStore(path: database)
+    let after = try await reopened.counts(queue: "jobs", now: Date())
+    #expect(after.withoutHistory == before.withoutHistory, "every unfinished and dead job is kept: \(after)")
+    #expect(after.completed < before.completed, "the pruner deleted some: \(after)")
+    let integrity = try await reopened.connection.perform { db in
+      var result = ""
+      try db.query("PRAGMA integrity_check") { result += $0.text(0) ?? "" }
+      return result
+    }
+    #expect(integrity == "ok")
+    var kept = Set<Int64>()
+    var cursor: JobID?
+    while true {
+      let page = try await reopened.jobs(queue: "jobs", status: nil, after: cursor, limit: 1_000)
+      guard let last = page.last else { break }
+      for record in page where record.status != .completed {
+        kept.insert(record.id.rawValue)
+        #expect(
+          (try? JSONDecoder().decode(TestJob.self, from: record.payload)) != nil, "job \(record.id) whole")
+      }
+      cursor = last.id
+    }
+    #expect(kept == waiting, "the same jobs: \(waiting.subtracting(kept).count) missing")
+    await reopened.close()
+    // A second pruner finishes what the first began.
+    let second = try WorkerProcess(database: database, folder: folder, name: "second", command: "prune")
+    #expect(await second.exitStatus() == 0)
+    let final = try SQLiteJobStore(path: database)
+    #expect(try await final.counts(queue: "jobs", now: Date()) == before.withoutHistory)
+  }
+
   @Test func anotherWorkerFinishesAfterOneIsKilledMidJob() async throws {
     let folder = try TemporaryFolder()
     let database = folder.path("crash.sqlite")

@@ -112,12 +112,15 @@ final class WorkerProcess: @unchecked Sendable {
   let output: String
   let progress: String
 
-  init(database: String, folder: TemporaryFolder, name: String, extra: [String] = []) throws {
+  /// Runs the worker's `command` (`work`, or `prune`) on `database`'s queue "jobs".
+  init(
+    database: String, folder: TemporaryFolder, name: String, command: String = "work", extra: [String] = []
+  ) throws {
     output = folder.path("\(name).handled")
     progress = folder.path("\(name).progress")
     process.executableURL = try testWorkerURL()
     process.arguments =
-      ["work", "--database", database, "--queue", "jobs", "--output", output, "--progress", progress] + extra
+      [command, "--database", database, "--queue", "jobs", "--output", output, "--progress", progress] + extra
     try process.run()
   }
 

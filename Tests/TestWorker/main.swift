@@ -10,6 +10,11 @@
 // "<id>\n" to --progress (if given) when the handler starts, then sleeps --handle-ms, then appends
 // "<id>\n" to --output. Each append is one write(2), so it survives SIGKILL of this process.
 //
+//   conveyor-test-worker prune --database PATH --queue NAME --output FILE --progress FILE
+//
+// Deletes the queue's completed jobs in batches of 100 (`JobStore.prune`), appending the number
+// deleted so far to --progress after each batch, and "done" to --output at the end.
+//
 //   conveyor-test-worker trickle --count N --payload-bytes B [--database PATH]
 //
 // Trickles N jobs with B-byte payloads through a JobQueue one at a time (add, wait until finished,
@@ -74,8 +79,8 @@ struct Arguments {
       default: throw Failure("unknown option \(flag)")
       }
     }
-    guard command == "work", !database.isEmpty, !output.isEmpty else {
-      throw Failure("usage: conveyor-test-worker work --database PATH --output FILE [options]")
+    guard command == "work" || command == "prune", !database.isEmpty, !output.isEmpty else {
+      throw Failure("usage: conveyor-test-worker work|prune --database PATH --output FILE [options]")
     }
   }
 }
@@ -127,6 +132,22 @@ func work(_ arguments: Arguments) async throws {
   await queue.shutdown(gracePeriod: .seconds(5))
   let counts = try await store.counts(queue: arguments.queue, clock: SystemJobClock())
   guard counts.unfinished == 0 else { throw Failure("finished with \(counts) left") }
+}
+
+/// Deletes the queue's completed jobs in batches of 100, as a queue's pruner does, appending the
+/// number deleted so far to --progress after each batch; writes "done" to --output at the end.
+func prune(_ arguments: Arguments) async throws {
+  let store = try await SQLiteJobStore.open(path: arguments.database)
+  let progress = try arguments.progress.map { try LineFile(path: $0) }
+  var deleted = 0
+  while true {
+    let batch = try await store.prune(
+      queue: arguments.queue, status: .completed, olderThan: .zero, limit: 100, clock: SystemJobClock())
+    deleted += batch
+    try progress?.append(String(deleted))
+    if batch < 100 { break }
+  }
+  try LineFile(path: arguments.output).append("done")
 }
 
 /// The options of the `trickle` and `trap-check` commands: `--name value` pairs.
@@ -346,6 +367,7 @@ do {
   case "trap-check": try await trapCheck(arguments.dropFirst())
   case "starve": try await starve(arguments.dropFirst())
   case "timeouts": try await timeouts(arguments.dropFirst())
+  case "prune": try await prune(Arguments(arguments))
   default: try await work(Arguments(arguments))
   }
 } catch {

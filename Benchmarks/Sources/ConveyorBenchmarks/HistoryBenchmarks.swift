@@ -37,6 +37,31 @@ func runHistoryBenchmarks() async throws {
     await queue.shutdown(gracePeriod: .seconds(5))
     return elapsed
   }
+  /// Seconds for the store alone to claim and complete `count` new jobs of `store`, one per call.
+  func storeDrain(_ store: SQLiteJobStore) async throws -> Double {
+    let jobs = Array(repeating: NewJob(payload: benchPayload, runAt: benchEpoch), count: 1_000)
+    for _ in 0..<(count / 1_000) { _ = try await store.enqueue(jobs, queue: "bench", clock: benchClock) }
+    let lease = Lease(owner: "bench", duration: .seconds(3_600))
+    var settlements: [JobSettlement] = []
+    let start = ContinuousClock.now
+    while true {
+      let claimed = try await store.settleAndClaim(
+        settlements, queue: "bench", limit: 1, lease: lease, clock: benchClock
+      ).claimed
+      guard let job = claimed.first else { break }
+      settlements = [JobSettlement(claim: job.claim, action: .complete)]
+    }
+    return seconds(since: start)
+  }
+  let (storeFull, storeEmpty) = try await interleaved(repeats: 3) {
+    try await storeDrain(history)
+  } baseline: {
+    try await storeDrain(try SQLiteJobStore(path: newPath()))
+  }
+  Comparison(
+    name: "store claim+complete 1 per call, 1M kept", count: count, seconds: storeFull,
+    baselineName: "the same, empty history", baselineSeconds: storeEmpty, goal: nil
+  ).print()
   for concurrency in [1, 4] {
     let (full, empty) = try await interleaved(repeats: 3) {
       try await drain(history, concurrency: concurrency)
