@@ -30,6 +30,7 @@ func runPostgresBenchmarks() async throws {
   if only == nil || only == "queue" { try await bench.runQueueSection() }
   if only == nil || only == "backlog" { try await bench.runBacklogSection() }
   if only == nil || only == "latency" { try await bench.runLatencySection() }
+  if only == nil || only == "history" { try await bench.runHistorySection() }
 }
 
 private struct PostgresBench {
@@ -273,6 +274,124 @@ private struct PostgresBench {
       _ = try await store.enqueue(Array(jobs.prefix(left)), queue: "bench", clock: benchClock)
       left -= min(left, 1_000)
     }
+  }
+
+  // MARK: History
+
+  /// The drain and the single add with 1,000,000 completed jobs kept, against the same on an
+  /// empty history; claim latency while a queue purges them (CONVEYOR_BENCH_POSTGRES=history).
+  func runHistorySection() async throws {
+    section("PostgreSQL with 1,000,000 completed jobs kept as history (best of 3, interleaved)")
+    let kept = newSchema("history")
+    defer { try? drop(kept) }
+    let store = try await openStore(kept)
+    let fill = try await seconds {
+      let raw = try RawConnection(url)
+      try raw.exec(
+        """
+        INSERT INTO \(kept).jobs (queue, payload, status, attempts, run_at, created_at, finished_at, run_ms)
+        SELECT 'bench', '\\x7b7d'::bytea, 'completed', 1, now(), now(), now() - i * interval '80 ms', 3
+        FROM generate_series(1, 1000000) AS i
+        """)
+      try raw.exec("VACUUM ANALYZE \(kept).jobs")
+    }
+    print(String(format: "made 1000000 completed jobs in %.1f s", fill))
+    /// Seconds for a queue on `store` at `concurrency` to drain `count` new jobs.
+    func drain(_ store: PostgresJobStore, count: Int, concurrency: Int) async throws -> Double {
+      let payload = try JSONEncoder().encode(PostgresBenchItem(number: 1))
+      let jobs = Array(repeating: NewJob(payload: payload, runAt: benchEpoch), count: 1_000)
+      for _ in 0..<(count / 1_000) { _ = try await store.enqueue(jobs, queue: "bench", clock: benchClock) }
+      let queue = try JobQueue<PostgresBenchItem>(
+        configuration: JobQueueConfiguration(identifier: "bench", concurrency: concurrency, autoStart: false),
+        store: store
+      ) { _, _ in .handled }
+      let start = ContinuousClock.now
+      queue.start()
+      await queue.waitUntilFinished()
+      let elapsed = seconds(since: start)
+      await queue.shutdown(gracePeriod: .seconds(5))
+      return elapsed
+    }
+    for concurrency in [1, 4] {
+      let count = concurrency == 1 ? drainOne : drainOne * 2
+      let (full, empty) = try await interleaved(repeats: 3) {
+        try await drain(store, count: count, concurrency: concurrency)
+      } baseline: {
+        let schema = newSchema("empty")
+        defer { try? drop(schema) }
+        let fresh = try await openStore(schema)
+        let time = try await drain(fresh, count: count, concurrency: concurrency)
+        await fresh.close()
+        return time
+      }
+      Comparison(
+        name: "JobQueue drain c\(concurrency), 1M completed kept", count: count, seconds: full,
+        baselineName: "the same, empty history", baselineSeconds: empty, goal: 0.95
+      ).print()
+    }
+    /// Seconds to add `count` jobs one per call.
+    func adds(_ store: PostgresJobStore, count: Int) async throws -> Double {
+      let job = NewJob(payload: benchPayload, runAt: benchEpoch)
+      return try await seconds {
+        for _ in 0..<count { _ = try await store.enqueue([job], queue: "adds", clock: benchClock) }
+      }
+    }
+    let (addFull, addEmpty) = try await interleaved(repeats: 3) {
+      try await adds(store, count: 2_000)
+    } baseline: {
+      let schema = newSchema("emptyadds")
+      defer { try? drop(schema) }
+      let fresh = try await openStore(schema)
+      let time = try await adds(fresh, count: 2_000)
+      await fresh.close()
+      return time
+    }
+    Comparison(
+      name: "enqueue 1 per call, 1M completed kept", count: 2_000, seconds: addFull,
+      baselineName: "the same, empty history", baselineSeconds: addEmpty, goal: 0.95
+    ).print()
+    // Claim latency (one job per call, completing the previous) without and with a queue
+    // purging the million completed jobs beside it, on its own connection.
+    func claimLatencies(_ store: PostgresJobStore) async throws -> Latencies {
+      let jobs = Array(repeating: NewJob(payload: benchPayload, runAt: benchEpoch), count: 1_000)
+      for _ in 0..<3 { _ = try await store.enqueue(jobs, queue: "claims", clock: benchClock) }
+      let lease = Lease(owner: "bench", duration: .seconds(3_600))
+      var samples: [Double] = []
+      var settlements: [JobSettlement] = []
+      while true {
+        let start = ContinuousClock.now
+        let claimed = try await store.settleAndClaim(
+          settlements, queue: "claims", limit: 1, lease: lease, clock: benchClock
+        ).claimed
+        samples.append(seconds(since: start) * 1_000)
+        guard let job = claimed.first else { break }
+        settlements = [JobSettlement(claim: job.claim, action: .complete)]
+      }
+      return Latencies(samples)
+    }
+    let quiet = try await claimLatencies(store)
+    let prunerStore = try await openStore(kept)
+    let purger = try JobQueue<PostgresBenchItem>(
+      configuration: JobQueueConfiguration(identifier: "bench", autoStart: false), store: prunerStore
+    ) { _, _ in .handled }
+    let pruning = Task { () async throws -> (Int, Double) in
+      let start = ContinuousClock.now
+      let deleted = try await purger.purge(.completed)
+      return (deleted, seconds(since: start))
+    }
+    let busy = try await claimLatencies(store)
+    let (pruned, pruneTime) = try await pruning.value
+    print(
+      String(
+        format: "claim latency without pruning: p50 %.2f ms, p99 %.2f ms, max %.2f ms", quiet.p50, quiet.p99,
+        quiet.max))
+    print(
+      String(
+        format:
+          "claim latency while pruning:   p50 %.2f ms, p99 %.2f ms, max %.2f ms (%d pruned in %.1f s, %.0f/s)",
+        busy.p50, busy.p99, busy.max, pruned, pruneTime, Double(pruned) / pruneTime))
+    await prunerStore.close()
+    await store.close()
   }
 
   // MARK: JobQueue
