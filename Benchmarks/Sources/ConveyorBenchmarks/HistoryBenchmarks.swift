@@ -97,15 +97,7 @@ func runHistoryBenchmarks() async throws {
   let pruneStore = try SQLiteJobStore(path: historyPath)
   let quiet = try await claimLatencies(pruneStore, claims: 4_000)
   let (busy, pruned, pruneTime) = try await claimLatenciesWhilePruning(pruneStore, claims: 4_000)
-  print(
-    String(
-      format: "claim latency without pruning: p50 %.2f ms, p99 %.2f ms, max %.2f ms", quiet.p50, quiet.p99,
-      quiet.max))
-  print(
-    String(
-      format:
-        "claim latency while pruning:   p50 %.2f ms, p99 %.2f ms, max %.2f ms (%d pruned in %.1f s, %.0f/s)",
-      busy.p50, busy.p99, busy.max, pruned, pruneTime, Double(pruned) / pruneTime))
+  printPruningLatencies(quiet: quiet, busy: busy, pruned: pruned, seconds: pruneTime)
 }
 
 /// Latencies in milliseconds.
@@ -125,9 +117,9 @@ struct Latencies {
   }
 }
 
-/// Adds `claims` jobs, then claims them one per call, completing each with the next claim; the
-/// latency of each call.
-private func claimLatencies(_ store: SQLiteJobStore, claims: Int) async throws -> Latencies {
+/// Adds `claims` jobs to queue "claims" of `store`, then claims them one per call, completing
+/// each with the next claim; the latency of each call.
+func claimLatencies(_ store: any JobStore, claims: Int) async throws -> Latencies {
   let jobs = Array(repeating: NewJob(payload: benchPayload, runAt: benchEpoch), count: 1_000)
   for _ in 0..<(claims / 1_000) { _ = try await store.enqueue(jobs, queue: "claims", clock: benchClock) }
   let lease = Lease(owner: "bench", duration: .seconds(3_600))
@@ -143,6 +135,19 @@ private func claimLatencies(_ store: SQLiteJobStore, claims: Int) async throws -
     settlements = [JobSettlement(claim: job.claim, action: .complete)]
   }
   return Latencies(samples)
+}
+
+/// Prints the claim latencies without and with pruning, and the pruning's pace.
+func printPruningLatencies(quiet: Latencies, busy: Latencies, pruned: Int, seconds: Double) {
+  print(
+    String(
+      format: "claim latency without pruning: p50 %.2f ms, p99 %.2f ms, max %.2f ms", quiet.p50, quiet.p99,
+      quiet.max))
+  print(
+    String(
+      format:
+        "claim latency while pruning:   p50 %.2f ms, p99 %.2f ms, max %.2f ms (%d pruned in %.1f s, %.0f/s)",
+      busy.p50, busy.p99, busy.max, pruned, seconds, Double(pruned) / seconds))
 }
 
 /// `claimLatencies` while a queue purges the completed jobs of queue "bench" (as its pruner does);

@@ -352,24 +352,7 @@ private struct PostgresBench {
     ).print()
     // Claim latency (one job per call, completing the previous) without and with a queue
     // purging the million completed jobs beside it, on its own connection.
-    func claimLatencies(_ store: PostgresJobStore) async throws -> Latencies {
-      let jobs = Array(repeating: NewJob(payload: benchPayload, runAt: benchEpoch), count: 1_000)
-      for _ in 0..<3 { _ = try await store.enqueue(jobs, queue: "claims", clock: benchClock) }
-      let lease = Lease(owner: "bench", duration: .seconds(3_600))
-      var samples: [Double] = []
-      var settlements: [JobSettlement] = []
-      while true {
-        let start = ContinuousClock.now
-        let claimed = try await store.settleAndClaim(
-          settlements, queue: "claims", limit: 1, lease: lease, clock: benchClock
-        ).claimed
-        samples.append(seconds(since: start) * 1_000)
-        guard let job = claimed.first else { break }
-        settlements = [JobSettlement(claim: job.claim, action: .complete)]
-      }
-      return Latencies(samples)
-    }
-    let quiet = try await claimLatencies(store)
+    let quiet = try await claimLatencies(store, claims: 3_000)
     let prunerStore = try await openStore(kept)
     let purger = try JobQueue<PostgresBenchItem>(
       configuration: JobQueueConfiguration(identifier: "bench", autoStart: false), store: prunerStore
@@ -379,17 +362,9 @@ private struct PostgresBench {
       let deleted = try await purger.purge(.completed)
       return (deleted, seconds(since: start))
     }
-    let busy = try await claimLatencies(store)
+    let busy = try await claimLatencies(store, claims: 3_000)
     let (pruned, pruneTime) = try await pruning.value
-    print(
-      String(
-        format: "claim latency without pruning: p50 %.2f ms, p99 %.2f ms, max %.2f ms", quiet.p50, quiet.p99,
-        quiet.max))
-    print(
-      String(
-        format:
-          "claim latency while pruning:   p50 %.2f ms, p99 %.2f ms, max %.2f ms (%d pruned in %.1f s, %.0f/s)",
-        busy.p50, busy.p99, busy.max, pruned, pruneTime, Double(pruned) / pruneTime))
+    printPruningLatencies(quiet: quiet, busy: busy, pruned: pruned, seconds: pruneTime)
     await prunerStore.close()
     await store.close()
   }
