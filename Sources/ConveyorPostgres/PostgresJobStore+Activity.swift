@@ -42,7 +42,7 @@ extension PostgresJobStore {
       .textArray(rows.map { Self.storable($0.queue) }), .timestampArray(rows.map(\.minute)),
       .int64Array(rows.map(\.succeeded)), .int64Array(rows.map(\.retried)), .int64Array(rows.map(\.died)),
       .int64Array(rows.map(\.started)), .int64Array(rows.map(\.waitMillisecondsTotal)),
-      .int64Array(rows.map(\.waitMillisecondsMax)),
+      .int64Array(rows.map(\.waitMillisecondsMax)), .int64Array(rows.map(\.stuck)),
       .timestamp(QueueActivity.retentionCutoff(recording: rows)),
     ]
     try await connection.perform(idempotent: true) { db in
@@ -66,7 +66,7 @@ extension PostgresJobStore {
           queue: result.text(row, 0) ?? "", minute: result.date(row, 1) ?? from,
           succeeded: result.int64(row, 2), retried: result.int64(row, 3), died: result.int64(row, 4),
           started: result.int64(row, 5), waitMillisecondsTotal: result.int64(row, 6),
-          waitMillisecondsMax: result.int64(row, 7))
+          waitMillisecondsMax: result.int64(row, 7), stuck: result.int64(row, 8))
       }
       return rows.sorted { (ExactText($0.queue), $0.minute) < (ExactText($1.queue), $1.minute) }
     }
@@ -92,20 +92,21 @@ extension PostgresJobStore {
 
 extension SQL {
   /// Adds a batch (no queue and minute twice) to the stored minutes. Parameters: queues, minutes,
-  /// succeeded, retried, died, started, total waits, longest waits.
+  /// succeeded, retried, died, started, total waits, longest waits, stuck handlers.
   var recordActivity: String {
     """
     INSERT INTO \(schema).activity AS a
-      (queue, minute, succeeded, retried, died, started, wait_total_ms, wait_max_ms)
+      (queue, minute, succeeded, retried, died, started, wait_total_ms, wait_max_ms, stuck)
     SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::int8[], $4::int8[], $5::int8[], $6::int8[],
-      $7::int8[], $8::int8[])
+      $7::int8[], $8::int8[], $9::int8[])
     ON CONFLICT (queue, minute) DO UPDATE SET
       succeeded = a.succeeded + excluded.succeeded,
       retried = a.retried + excluded.retried,
       died = a.died + excluded.died,
       started = a.started + excluded.started,
       wait_total_ms = a.wait_total_ms + excluded.wait_total_ms,
-      wait_max_ms = greatest(a.wait_max_ms, excluded.wait_max_ms)
+      wait_max_ms = greatest(a.wait_max_ms, excluded.wait_max_ms),
+      stuck = a.stuck + excluded.stuck
     """
   }
 
@@ -116,7 +117,7 @@ extension SQL {
   /// sorts the rows by queue and minute. Parameters: the first minute, the most rows.
   var readActivity: String {
     """
-    SELECT queue, minute, succeeded, retried, died, started, wait_total_ms, wait_max_ms
+    SELECT queue, minute, succeeded, retried, died, started, wait_total_ms, wait_max_ms, stuck
     FROM \(schema).activity WHERE minute >= $1 ORDER BY minute DESC LIMIT $2
     """
   }

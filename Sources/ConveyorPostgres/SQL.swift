@@ -281,6 +281,7 @@ struct SQL {
   /// replaced (checked against every row, under the migration lock). A dead job counts as finished
   /// when it is migrated (so none is pruned at the first start), and a job's last error starts its
   /// list. `jobs_finished` orders the history by finishing time, for pruning and history pages.
+  /// The activity table counts handlers reported stuck per minute.
   /// The rows changed here keep their queue names whatever they are: the check of printable
   /// names (``version4``, `NOT VALID`) is set aside while they change, then set again.
   var version6: String {
@@ -297,6 +298,7 @@ struct SQL {
       CHECK (queue !~ '[\\x01-\\x1f\\x7f]') NOT VALID;
     CREATE INDEX jobs_finished ON \(schema).jobs (queue, status, finished_at, id)
       WHERE status IN ('completed', 'cancelled', 'dead');
+    ALTER TABLE \(schema).activity ADD COLUMN stuck bigint NOT NULL DEFAULT 0;
     """
   }
 

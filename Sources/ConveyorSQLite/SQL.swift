@@ -134,7 +134,8 @@ enum SQL {
     """
   /// Version 3: workers' per-minute counts (``SQLiteJobStore/recordActivity(_:)``), keyed by
   /// queue and minute (milliseconds since 1970), so a chart reads one range of the key.
-  static let activityTable = """
+  /// Version 6 adds ``stuckColumn``.
+  static let activityTableVersion3 = """
     CREATE TABLE activity (
       queue TEXT NOT NULL,
       minute INTEGER NOT NULL,
@@ -148,6 +149,12 @@ enum SQL {
     ) WITHOUT ROWID;
     CREATE INDEX activity_minute ON activity (minute);
     """
+  /// Version 6: handlers reported stuck per minute.
+  static let stuckColumn = "stuck INTEGER NOT NULL DEFAULT 0"
+  /// The activity table of version 6.
+  static let activityTable = activityTableVersion3.replacingOccurrences(
+    of: "wait_max_ms INTEGER NOT NULL DEFAULT 0,",
+    with: "wait_max_ms INTEGER NOT NULL DEFAULT 0,\n  \(stuckColumn),")
   static let schema = """
     \(tables)
     \(indexes)
@@ -186,7 +193,7 @@ enum SQL {
     """
   /// Version 2 to 3: adds the activity table; every job stays as it is.
   static let migrate2to3 = """
-    \(activityTable)
+    \(activityTableVersion3)
     PRAGMA user_version = 3;
     """
   /// Version 3 to 4: every job keeps its place (``seqColumn`` 0), the claim's index gains the
@@ -226,6 +233,7 @@ enum SQL {
     FROM jobs_v5;
     DROP TABLE jobs_v5;
     \(indexes)
+    ALTER TABLE activity ADD COLUMN \(stuckColumn);
     PRAGMA user_version = 6;
     """
   }

@@ -32,7 +32,7 @@ extension SQLiteJobStore {
           try db.run(
             ActivitySQL.record, .text(row.queue), .integer(millis(row.minute)), .integer(row.succeeded),
             .integer(row.retried), .integer(row.died), .integer(row.started),
-            .integer(row.waitMillisecondsTotal), .integer(row.waitMillisecondsMax))
+            .integer(row.waitMillisecondsTotal), .integer(row.waitMillisecondsMax), .integer(row.stuck))
         }
         try db.run(ActivitySQL.prune, .integer(cutoff))
       }
@@ -51,7 +51,7 @@ extension SQLiteJobStore {
           QueueActivity(
             queue: row.text(0) ?? "", minute: date(row.int64(1)), succeeded: row.int64(2),
             retried: row.int64(3), died: row.int64(4), started: row.int64(5),
-            waitMillisecondsTotal: row.int64(6), waitMillisecondsMax: row.int64(7)))
+            waitMillisecondsTotal: row.int64(6), waitMillisecondsMax: row.int64(7), stuck: row.int64(8)))
       }
       return rows.sorted { (ExactText($0.queue), $0.minute) < (ExactText($1.queue), $1.minute) }
     }
@@ -89,24 +89,25 @@ extension SQLiteJobStore {
 
 /// The statements of `SQLiteJobStore+Activity.swift`.
 enum ActivitySQL {
-  /// Parameters: queue, minute, succeeded, retried, died, started, total wait, longest wait.
+  /// Parameters: queue, minute, succeeded, retried, died, started, total wait, longest wait, stuck.
   static let record = """
-    INSERT INTO activity (queue, minute, succeeded, retried, died, started, wait_total_ms, wait_max_ms)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+    INSERT INTO activity (queue, minute, succeeded, retried, died, started, wait_total_ms, wait_max_ms, stuck)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (queue, minute) DO UPDATE SET
       succeeded = activity.succeeded + excluded.succeeded,
       retried = activity.retried + excluded.retried,
       died = activity.died + excluded.died,
       started = activity.started + excluded.started,
       wait_total_ms = activity.wait_total_ms + excluded.wait_total_ms,
-      wait_max_ms = max(activity.wait_max_ms, excluded.wait_max_ms)
+      wait_max_ms = max(activity.wait_max_ms, excluded.wait_max_ms),
+      stuck = activity.stuck + excluded.stuck
     """
   /// A range of `activity_minute`.
   static let prune = "DELETE FROM activity WHERE minute < ?"
   /// A range of `activity_minute`, newest first (a limit keeps the latest minutes); the caller
   /// sorts the rows by queue and minute.
   static let read = """
-    SELECT queue, minute, succeeded, retried, died, started, wait_total_ms, wait_max_ms
+    SELECT queue, minute, succeeded, retried, died, started, wait_total_ms, wait_max_ms, stuck
     FROM activity WHERE minute >= ? ORDER BY minute DESC LIMIT ?
     """
   /// The first entry of `jobs_ready`: the highest priority level's oldest run date.

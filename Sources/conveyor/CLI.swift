@@ -631,15 +631,21 @@ enum CLI {
     let queue = try context.controlQueue()
     let counts = try await queue.count()
     let paused = try await store.isPaused(queue: context.queue)
+    // Handlers reported stuck in the last hour, as the workers counted them (their activity).
+    let stuck = try await store.activity(since: Date().addingTimeInterval(-3_600), limit: 100_000)
+      .filter { $0.queue == context.queue }.reduce(Int64(0)) { $0 &+ $1.stuck }
     if json {
       struct Status: Encodable {
         var database: String
         var queue: String
         var paused: Bool
         var counts: JobCounts
+        var stuckInTheLastHour: Int64
       }
       try printJSON(
-        Status(database: context.databaseDescription, queue: context.queue, paused: paused, counts: counts))
+        Status(
+          database: context.databaseDescription, queue: context.queue, paused: paused, counts: counts,
+          stuckInTheLastHour: stuck))
     } else {
       output("database  \(printable(context.databaseDescription))")
       output("queue     \(context.queue)\(paused ? " (paused)" : "")")
@@ -649,6 +655,11 @@ enum CLI {
       output("dead      \(counts.dead)")
       output("completed \(counts.completed)")
       output("cancelled \(counts.cancelled)")
+      if stuck > 0 {
+        output(
+          "stuck     \(stuck) in the last hour: handlers past their time limit that ignore cancellation, "
+            + "each holding a worker slot until it returns")
+      }
     }
     return ExitCode.success.rawValue
   }

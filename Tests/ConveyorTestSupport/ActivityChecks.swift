@@ -18,8 +18,10 @@ public enum ActivityChecks {
       QueueActivity(
         queue: "mail", minute: m0, succeeded: 3, started: 2, waitMillisecondsTotal: 100,
         waitMillisecondsMax: 80),
-      QueueActivity(queue: "mail", minute: m1, retried: 1),
+      QueueActivity(queue: "mail", minute: m1, retried: 1, stuck: 2),
       QueueActivity(queue: "hooks", minute: m0.addingTimeInterval(5), died: 1),
+      // A minute with only a stuck handler is recorded too.
+      QueueActivity(queue: "stuck", minute: m0, stuck: 1),
     ])
     // A second worker's counts of the same minute add up; the longest wait is the larger one.
     try await store.recordActivity([
@@ -29,8 +31,10 @@ public enum ActivityChecks {
     ])
     let all = try await store.activity(since: m0.addingTimeInterval(-3600), limit: 100)
     try expect(
-      all.map { "\($0.queue)@\(Int($0.minute.timeIntervalSince(m0)))" } == ["hooks@0", "mail@0", "mail@60"],
+      all.map { "\($0.queue)@\(Int($0.minute.timeIntervalSince(m0)))" }
+        == ["hooks@0", "mail@0", "mail@60", "stuck@0"],
       "rows by queue and minute: \(all)")
+    try expect(all[2].stuck == 2 && all[3].stuck == 1 && all[1].stuck == 0, "stuck handlers counted: \(all)")
     let mail = all[1]
     try expect(
       mail.succeeded == 5 && mail.started == 3 && mail.waitMillisecondsTotal == 150

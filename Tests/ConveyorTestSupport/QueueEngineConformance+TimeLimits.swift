@@ -79,6 +79,12 @@ extension QueueEngineConformance {
       let counts = try await store.counts(queue: "engine", clock: SystemJobClock())
       try expect(
         counts == JobCounts(dead: 1, completed: 1), "the timed-out job is dead, the next done: \(counts)")
+      // A store that keeps activity counts the stuck handler (what `conveyor status` shows).
+      if store.recordsActivity {
+        let minutes = try await store.activity(since: Date().addingTimeInterval(-3_600), limit: 100)
+        let stuckCount = minutes.filter { $0.queue == "engine" }.reduce(Int64(0)) { $0 + $1.stuck }
+        try expect(stuckCount == 1, "one stuck handler in the activity: \(minutes)")
+      }
     },
     check("a job's own time limit overrides the queue's, shorter or longer") { store in
       var configuration = configuration()

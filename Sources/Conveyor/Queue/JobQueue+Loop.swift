@@ -575,6 +575,7 @@ extension JobQueue {
         "job's handler is stuck: it ran past its time limit, ignores cancellation, and holds a worker slot",
         ["job": record.id.description, "after": String(describing: after)])
       emit(.stuck(record.id, after: after))
+      if store.recordsActivity { activityTally.stuck(queue: identifier, at: clock.now()) }
     }
     await watch.value
   }

@@ -26,11 +26,14 @@ public struct QueueActivity: Sendable, Hashable, Codable {
   public var waitMillisecondsTotal: Int64
   /// The longest of those waits, in milliseconds.
   public var waitMillisecondsMax: Int64
+  /// Handlers reported stuck in the minute: past their time limit and its grace, ignoring
+  /// cancellation, each holding a worker slot until it returns (``JobQueueEvent/stuck(_:after:)``).
+  public var stuck: Int64
 
   /// Creates a minute's activity.
   public init(
     queue: String, minute: Date, succeeded: Int64 = 0, retried: Int64 = 0, died: Int64 = 0,
-    started: Int64 = 0, waitMillisecondsTotal: Int64 = 0, waitMillisecondsMax: Int64 = 0
+    started: Int64 = 0, waitMillisecondsTotal: Int64 = 0, waitMillisecondsMax: Int64 = 0, stuck: Int64 = 0
   ) {
     self.queue = queue
     self.minute = QueueActivity.minute(containing: minute)
@@ -40,6 +43,22 @@ public struct QueueActivity: Sendable, Hashable, Codable {
     self.started = started
     self.waitMillisecondsTotal = waitMillisecondsTotal
     self.waitMillisecondsMax = waitMillisecondsMax
+    self.stuck = stuck
+  }
+
+  /// Decodes a minute; ``stuck`` is 0 when absent (a minute encoded before it was counted).
+  public init(from decoder: any Decoder) throws {
+    let container = try decoder.container(keyedBy: CodingKeys.self)
+    self.init(
+      queue: try container.decode(String.self, forKey: .queue),
+      minute: try container.decode(Date.self, forKey: .minute),
+      succeeded: try container.decode(Int64.self, forKey: .succeeded),
+      retried: try container.decode(Int64.self, forKey: .retried),
+      died: try container.decode(Int64.self, forKey: .died),
+      started: try container.decode(Int64.self, forKey: .started),
+      waitMillisecondsTotal: try container.decode(Int64.self, forKey: .waitMillisecondsTotal),
+      waitMillisecondsMax: try container.decode(Int64.self, forKey: .waitMillisecondsMax),
+      stuck: try container.decodeIfPresent(Int64.self, forKey: .stuck) ?? 0)
   }
 
   /// Jobs that finished a run in the minute: succeeded, retried or died.
@@ -58,10 +77,11 @@ public struct QueueActivity: Sendable, Hashable, Codable {
     started &+= other.started
     waitMillisecondsTotal &+= other.waitMillisecondsTotal
     waitMillisecondsMax = max(waitMillisecondsMax, other.waitMillisecondsMax)
+    stuck &+= other.stuck
   }
 
   /// Whether nothing was counted.
-  public var isEmpty: Bool { finished == 0 && started == 0 }
+  public var isEmpty: Bool { finished == 0 && started == 0 && stuck == 0 }
 
   /// The start of the minute holding `date`, in whole milliseconds since 1970.
   public static func minute(containing date: Date) -> Date {
@@ -111,6 +131,11 @@ final class ActivityTally: Sendable {
     case .died: update(queue: queue, at: now) { $0.died &+= 1 }
     default: break
     }
+  }
+
+  /// Counts a handler reported stuck.
+  func stuck(queue: String, at now: Date) {
+    update(queue: queue, at: now) { $0.stuck &+= 1 }
   }
 
   private func update(queue: String, at now: Date, _ change: (inout QueueActivity) -> Void) {
