@@ -37,7 +37,8 @@ import Testing
 
   /// Cancel on a waiting job's page, as its form posts it: the job is cancelled in the store, the
   /// page says so and offers no Cancel button any more; a second post answers that it was
-  /// already cancelled. A finished job's page and row have no Cancel button.
+  /// already cancelled, one on a dead job that it is dead, one on a running job that its worker
+  /// stops it. A finished job's page and row have no Cancel button.
   @Test func aCancelPostCancelsAWaitingJobAndSaysSo() async throws {
     let harness = try DashboardHarness()
     // The dead job first: `deadJob` kills the first ready job of the queue.
@@ -63,6 +64,22 @@ import Testing
     #expect(deadAnswer.header("Location") == "/jobs/\(dead.rawValue)?notice=already-dead", "\(deadAnswer)")
     #expect(try await harness.store.job(dead)?.status == .dead)
     #expect(!(await harness.get("/jobs/\(dead.rawValue)").body.contains("/cancel\"")))
+    // A running job: cancelled too, and the page says its worker stops the handler.
+    let running = try await harness.waitingJob(queue: "mail")
+    let lease = Lease(owner: "test", duration: .seconds(60))
+    let claimed = try await harness.store.settleAndClaim(
+      [], queue: "mail", limit: 1, lease: lease, clock: harness.clock
+    ).claimed
+    #expect(claimed.map(\.id) == [running])
+    #expect(
+      await harness.get("/jobs/\(running.rawValue)").body.contains(
+        "action=\"/jobs/\(running.rawValue)/cancel\""))
+    let stopped = await harness.post("/jobs/\(running.rawValue)/cancel", form: [("csrf", token)])
+    #expect(stopped.header("Location") == "/jobs/\(running.rawValue)?notice=cancelled-running", "\(stopped)")
+    #expect(try await harness.store.job(running)?.status == .cancelled)
+    #expect(
+      await harness.get("/jobs/\(running.rawValue)?notice=cancelled-running").body.contains(
+        "Job cancelled while it ran"))
     let gone = await harness.post("/jobs/999999/cancel", form: [("csrf", token)])
     #expect(gone.status == 404, "\(gone)")
   }
