@@ -9,10 +9,14 @@ import Foundation
 ///   queue), `isPaused` (one primary-key row) and `oldestReadyRunDate` (one seek of the ready
 ///   index per priority level, one of the scheduled index).
 /// - Jobs (`/jobs`): `jobs(queue:status:after:limit:)` pages in ID order from `after`: running and
-///   dead jobs from their partial indexes; waiting ones (SQLite) from a window of 256 rows of the
+///   dead jobs from their partial indexes, completed and cancelled ones in finishing order from
+///   theirs; waiting ones (SQLite) from a window of 256 rows of the
 ///   table in ID order, then from the queue's ready and scheduled indexes. The text filter and the ready/scheduled split are applied to what was read,
 ///   at most ``Dashboard/readLimit`` jobs per page; "Next" continues after the last job read.
-/// - A job (`/jobs/ID`): `SQLiteJobStore.job(_:)`, one primary-key lookup.
+/// - A job (`/jobs/ID`): `jobSummary` (one primary-key lookup, at most 256 KiB of payload), then,
+///   for a job that ran or finished, `job(_:)` for its history (its attempts' errors and output,
+///   which summaries leave out).
+/// - The queue's counts above its job list, as on the queues page.
 /// - Bulk confirmation and actions: `counts`, then `requeueDead(nil)` (the dead index) or
 ///   `clear` (one status's partial index).
 extension Dashboard {
@@ -27,6 +31,10 @@ extension Dashboard {
     var scheduled: Int
     var running: Int
     var dead: Int
+    /// Completed jobs kept as history.
+    var completed: Int
+    /// Cancelled jobs kept as history.
+    var cancelled: Int
     var paused: Bool
     /// Seconds since the oldest ready job's run date; nil when none is ready (or the store cannot
     /// tell).
@@ -60,7 +68,8 @@ extension Dashboard {
         QueueSummary(
           name: name, key: HTTPForm.encode(name), ready: counts.ready, scheduled: counts.scheduled,
           running: counts.running,
-          dead: counts.dead, paused: paused, oldestReadyAge: age,
+          dead: counts.dead, completed: counts.completed, cancelled: counts.cancelled, paused: paused,
+          oldestReadyAge: age,
           oldest: age.map { DashboardCharts.duration(milliseconds: $0 * 1000) } ?? "—"))
     }
     return summaries
@@ -110,7 +119,7 @@ extension Dashboard {
       let label = Self.prometheusLabel(queue.name)
       for (state, value) in [
         ("ready", queue.ready), ("scheduled", queue.scheduled), ("running", queue.running),
-        ("dead", queue.dead),
+        ("dead", queue.dead), ("completed", queue.completed), ("cancelled", queue.cancelled),
       ] {
         lines.append("conveyor_jobs{queue=\"\(label)\",state=\"\(state)\"} \(value)")
       }
@@ -177,7 +186,7 @@ extension Dashboard {
   /// The states the jobs page filters by.
   enum StateFilter: String, CaseIterable {
     case all = ""
-    case ready, scheduled, waiting, running, dead
+    case ready, scheduled, waiting, running, dead, completed, cancelled
 
     var stored: JobStatus? {
       switch self {
@@ -185,6 +194,8 @@ extension Dashboard {
       case .ready, .scheduled, .waiting: .pending
       case .running: .running
       case .dead: .dead
+      case .completed: .completed
+      case .cancelled: .cancelled
       }
     }
 
@@ -216,6 +227,16 @@ extension Dashboard {
   static let searchedError = 4 * 1024
   /// The most Unicode scalars of a last error a job's page reads and shows.
   static let shownJobError = 64 * 1024
+  /// The most errors of a job's attempts its page shows (the latest): as many as a store keeps
+  /// (``JobHistory/maximumErrors``).
+  static let shownErrors = JobHistory.maximumErrors
+  /// The most Unicode scalars of each attempt's error a job's page shows: as many bytes as a store
+  /// keeps of one (``JobHistory/maximumErrorBytes``).
+  static let shownAttemptError = JobHistory.maximumErrorBytes
+  /// The most bytes of a job's output its page shows: as many as a store keeps
+  /// (``JobHistory/maximumOutputBytes``); a larger one (another program's store) is described by
+  /// its size.
+  static let shownOutput = JobHistory.maximumOutputBytes
   /// The most Unicode scalars of a `--key` a job's page shows.
   static let shownKey = 1_000
   /// The most queue names the jobs page's queue menu lists.
@@ -236,7 +257,9 @@ extension Dashboard {
     var rows: [ListedRow] = []
     var cursor = after
     var more = false
+    var counts: JobCounts?
     if let queue {
+      counts = try await store.counts(queue: queue, clock: clock)
       let now = Date()
       var read = 0
       reading: while rows.count < Self.pageSize && read < Self.readLimit {
@@ -278,8 +301,8 @@ extension Dashboard {
       }
     }
     return pages.jobs(
-      rows, queues: Array(names.prefix(Self.listedQueues)), queue: queue, filter: filter, text: text,
-      after: after, next: more ? cursor : nil,
+      rows, queues: Array(names.prefix(Self.listedQueues)), queue: queue, counts: counts, filter: filter,
+      text: text, after: after, next: more ? cursor : nil,
       notice: query["notice"], count: query["count"].flatMap { Int($0) }, formToken: formToken)
   }
 
@@ -307,9 +330,42 @@ extension Dashboard {
     record.payload = Data()
     record.lastError = record.lastError.map { cut($0, to: Self.shownJobError) }
     record.deduplicationKey = record.deduplicationKey.map { cut($0, to: Self.shownKey) }
+    // A summary leaves the history out (every attempt's error, the output): a job that ran or
+    // finished is read whole for it, one more primary-key lookup (its payload too, at most what
+    // the store took). What the page shows of it is bounded.
+    var history = JobHistoryView()
+    if record.attempts > 0 || record.status.isFinished, let full = try await store.job(id) {
+      history.omittedErrors = max(0, full.errors.count - Self.shownErrors)
+      history.errors = full.errors.suffix(Self.shownErrors).map { cut($0, to: Self.shownAttemptError) }
+      history.output = full.output.map(outputText)
+      record.finishedAt = full.finishedAt
+      record.runDuration = full.runDuration
+    }
     return pages.job(
-      record, state: Self.state(of: record, now: Date()), details: details, payload: payload, notice: notice,
-      formToken: formToken)
+      record, state: Self.state(of: record, now: Date()), details: details, payload: payload,
+      history: history,
+      notice: notice, formToken: formToken)
+  }
+
+  /// What a job's page shows of its history besides its record's fields: its attempts' errors
+  /// (the latest ``shownErrors``, each cut to ``shownAttemptError`` scalars) and its output as
+  /// text.
+  struct JobHistoryView {
+    /// The errors shown, oldest first.
+    var errors: [String] = []
+    /// How many older errors are left out.
+    var omittedErrors = 0
+    /// The output as the page shows it; nil when the job has none.
+    var output: String?
+  }
+
+  /// A job's output (JSON) as text: indented and redacted as the payload is, at most
+  /// ``shownPrettyJSON`` bytes once escaped; an output that is not JSON is shown as UTF-8 text,
+  /// cut; one over ``shownOutput`` bytes is described by its size.
+  func outputText(_ output: Data) -> String {
+    guard output.count <= Self.shownOutput else { return "(\(output.count) bytes: too large to show)" }
+    return prettyRedactedJSON(output)
+      ?? cut(String(decoding: output, as: UTF8.self), to: Self.shownOutput)
   }
 
   /// The bulk actions the confirmation page offers.
@@ -462,13 +518,19 @@ extension Dashboard {
   /// shape, with a note where it is cut.
   func redactedJSON(_ payload: Data) -> String {
     guard payload.count <= 256 * 1024 else { return "(\(payload.count) bytes: too large to show)" }
+    return prettyRedactedJSON(payload) ?? "(\(payload.count) bytes, not JSON)"
+  }
+
+  /// `json` redacted and indented (``indented(_:limit:)``), or nil when it is not JSON.
+  private func prettyRedactedJSON(_ json: Data) -> String? {
     do {
-      let object = try JSONSerialization.jsonObject(with: payload, options: [.fragmentsAllowed])
+      let object = try JSONSerialization.jsonObject(with: json, options: [.fragmentsAllowed])
       let compact = try JSONSerialization.data(
         withJSONObject: redact(object), options: [.sortedKeys, .withoutEscapingSlashes, .fragmentsAllowed])
       return Self.indented(compact, limit: Self.shownPrettyJSON)
     } catch {
-      return "(\(payload.count) bytes, not JSON)"
+      // Not JSON: the caller says so.
+      return nil
     }
   }
 

@@ -6,9 +6,11 @@ import Foundation
 /// own) by converting the server's request to a ``DashboardRequest``, calling
 /// ``respond(to:)`` and converting the ``DashboardResponse`` back.
 ///
-/// Pages: queues with counts, charts of the last hour and pause/resume; jobs by queue, state and
-/// text; a job with its details, retry and remove; bulk retry and remove with a confirmation;
-/// `api/queues` (JSON) and `metrics` (Prometheus text).
+/// Pages: queues with counts (the history's too), charts of the last hour and pause/resume; jobs
+/// by queue, state (completed and cancelled included) and text; a job with its details, its
+/// history (finishing time, run time, every attempt's error, output), retry, cancel and remove;
+/// bulk retry and remove with a confirmation; `api/queues` (JSON) and `metrics` (Prometheus
+/// text).
 ///
 /// Security model:
 /// - ``DashboardConfiguration/authorize`` (the host application's check) runs on every request
@@ -176,7 +178,7 @@ public final class Dashboard: Sendable {
     default:
       let parts = path.split(separator: "/")
       guard parts.count == 3, parts[0] == "jobs", let raw = Int64(parts[1]), raw > 0,
-        ["retry", "remove"].contains(parts[2])
+        ["retry", "cancel", "remove"].contains(parts[2])
       else { return pages.message(status: 404, title: "Not found", text: "No action at \(path).") }
       let id = JobID(raw)
       guard let record = try await store.job(id) else {
@@ -185,6 +187,15 @@ public final class Dashboard: Sendable {
       if parts[2] == "retry" {
         let count = try await store.requeueDead([id], queue: record.queue, clock: clock)
         return redirect("/jobs/\(id)?notice=" + (count == 1 ? "requeued" : "not-requeued"))
+      }
+      if parts[2] == "cancel" {
+        // A waiting or running job becomes cancelled; a finished one is left as it is. The answer
+        // says which, in words, on the job's page.
+        let result = try await store.cancel([id], queue: record.queue, clock: clock).first ?? .notFound
+        guard result != .notFound else {
+          return pages.message(status: 404, title: "Not found", text: "Job \(id) is gone: removed or pruned.")
+        }
+        return redirect("/jobs/\(id)?notice=" + DashboardPages.noticeKey(result))
       }
       _ = try await store.remove([id], queue: record.queue)
       return redirect("/jobs?queue=\(HTTPForm.encode(record.queue))&notice=removed")

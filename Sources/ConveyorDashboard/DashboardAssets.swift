@@ -24,7 +24,7 @@ enum DashboardAssets {
     (function () {
       if (document.body.dataset.page !== "queues") return;
       var base = document.body.dataset.base || "";
-      var fields = ["ready", "scheduled", "running", "dead"];
+      var fields = ["ready", "scheduled", "running", "dead", "completed", "cancelled"];
       function refresh() {
         fetch(base + "/api/queues", { credentials: "same-origin", cache: "no-store" })
           .then(function (response) { return response.ok ? response.json() : null; })
@@ -97,6 +97,12 @@ enum DashboardAssets {
     .badge.scheduled { background: #fbf3d0; color: var(--scheduled); }
     .badge.running { background: #e3eafb; color: var(--running); }
     .badge.dead, .badge.paused { background: #fbe4e2; color: var(--dead); }
+    .badge.completed { background: #e1f3e7; color: var(--ready); }
+    .badge.cancelled { background: #eceef2; color: var(--muted); text-decoration: line-through; }
+    p.counts { font-size: .9rem; color: var(--muted); }
+    p.counts .count { font-variant-numeric: tabular-nums; font-weight: 600; }
+    ol.errors { padding-left: 1.5rem; }
+    ol.errors pre { margin: .3rem 0; }
     form.inline { display: inline; }
     button, .button { font: inherit; font-size: .85rem; padding: .3rem .8rem; border-radius: 6px;
       border: 1px solid #b9c2d0; background: #fff; color: var(--ink); cursor: pointer; text-decoration: none;

@@ -94,9 +94,34 @@ struct DashboardPages: Sendable {
     "requeued": "Job re-queued: it is ready to run.",
     "not-requeued": "Not re-queued: the job is not dead, or a waiting job holds its key.",
     "removed": "Job removed.",
+    "cancelled-waiting": "Job cancelled: it was waiting, and will never run.",
+    "cancelled-running":
+      "Job cancelled while it ran: its worker stops the handler at its next check (within about a second) "
+      + "and ignores its outcome; it is not retried.",
+    "already-dead": "Not cancelled: the job is dead, so already finished.",
+    "already-completed": "Not cancelled: the job already completed.",
+    "already-cancelled": "Not cancelled: the job was already cancelled.",
     "bulk-requeued": "Dead jobs re-queued:",
     "bulk-removed": "Jobs removed:",
   ]
+
+  /// The notice a cancel's answer is shown with (one of ``notices``' keys).
+  static func noticeKey(_ result: CancelResult) -> String {
+    switch result {
+    case .cancelledWaiting: "cancelled-waiting"
+    case .cancelledRunning: "cancelled-running"
+    case .alreadyDead: "already-dead"
+    case .alreadyCompleted: "already-completed"
+    case .alreadyCancelled: "already-cancelled"
+    case .notFound: "not-found"
+    }
+  }
+
+  /// The button that cancels a waiting or running job; none for a finished one.
+  func cancelButton(_ record: JobRecord, formToken: String) -> String {
+    record.status == .pending || record.status == .running
+      ? button("Cancel", action: "/jobs/\(record.id)/cancel", formToken: formToken, style: "danger") : ""
+  }
 
   func notice(_ key: String?, count: Int? = nil) -> String {
     guard let key, let text = Self.notices[key] else { return "" }
@@ -127,6 +152,8 @@ struct DashboardPages: Sendable {
         <td class="count" data-field="scheduled"><a href="\(html(link))&amp;state=scheduled">\(queue.scheduled)</a></td>
         <td class="count" data-field="running"><a href="\(html(link))&amp;state=running">\(queue.running)</a></td>
         <td class="count\(queue.dead > 0 ? " dead" : "")" data-field="dead"><a href="\(html(link))&amp;state=dead">\(queue.dead)</a></td>
+        <td class="count" data-field="completed"><a href="\(html(link))&amp;state=completed">\(queue.completed)</a></td>
+        <td class="count" data-field="cancelled"><a href="\(html(link))&amp;state=cancelled">\(queue.cancelled)</a></td>
         <td class="count" data-field="oldest">\(html(queue.oldest))</td>
         <td data-field="paused">\(queue.paused ? "<span class=\"badge paused\">paused</span>" : "<span class=\"badge\">active</span>")</td>
         <td class="actions">\(toggle) \(retry)</td>
@@ -141,7 +168,8 @@ struct DashboardPages: Sendable {
       <table class="queues">
       <thead><tr><th scope="col">Queue</th><th scope="col" class="count">Ready</th>
       <th scope="col" class="count">Scheduled</th><th scope="col" class="count">Running</th>
-      <th scope="col" class="count">Dead</th><th scope="col" class="count" title="How long the oldest ready job has waited since its run date">Oldest ready</th><th scope="col">State</th><th scope="col">Actions</th></tr></thead>
+      <th scope="col" class="count">Dead</th><th scope="col" class="count" title="Completed jobs kept as history">Completed</th>
+      <th scope="col" class="count" title="Cancelled jobs kept as history">Cancelled</th><th scope="col" class="count" title="How long the oldest ready job has waited since its run date">Oldest ready</th><th scope="col">State</th><th scope="col">Actions</th></tr></thead>
       <tbody>
       \(rows)</tbody>
       </table>
@@ -160,8 +188,8 @@ struct DashboardPages: Sendable {
   // MARK: jobs
 
   func jobs(
-    _ rows: [Dashboard.ListedRow], queues: [String], queue: String?, filter: Dashboard.StateFilter,
-    text: String,
+    _ rows: [Dashboard.ListedRow], queues: [String], queue: String?, counts: JobCounts?,
+    filter: Dashboard.StateFilter, text: String,
     after: JobID?, next: JobID?, notice key: String?, count: Int?, formToken: String
   ) -> DashboardResponse {
     let queueOptions = queues.map {
@@ -181,6 +209,18 @@ struct DashboardPages: Sendable {
       </form>
 
       """
+    if let queue, let counts {
+      // The queue's counts, each a link to its filter.
+      let encoded = html(HTTPForm.encode(queue))
+      let links = [
+        ("ready", counts.ready), ("scheduled", counts.scheduled), ("running", counts.running),
+        ("dead", counts.dead), ("completed", counts.completed), ("cancelled", counts.cancelled),
+      ].map { state, count in
+        "<a href=\"\(htmlBase)/jobs?queue=\(encoded)&amp;state=\(state)\" data-field=\"\(state)\">\(state) "
+          + "<span class=\"count\">\(count)</span></a>"
+      }
+      body += "<p class=\"counts\">\(links.joined(separator: " · "))</p>\n"
+    }
     if let queue, filter == .dead || filter == .waiting {
       let encoded = html(HTTPForm.encode(queue))
       body += "<p class=\"bulk\">"
@@ -197,7 +237,7 @@ struct DashboardPages: Sendable {
       body += """
         <table class="jobs">
         <thead><tr><th scope="col">ID</th><th scope="col">State</th><th scope="col">Tries</th><th scope="col">Run at</th>
-        <th scope="col">Job</th><th scope="col">Last error</th><th scope="col"></th></tr></thead>
+        <th scope="col">Finished</th><th scope="col">Job</th><th scope="col">Last error</th><th scope="col"></th></tr></thead>
         <tbody>
 
         """
@@ -206,13 +246,16 @@ struct DashboardPages: Sendable {
         let error = cut(record.lastError ?? "", to: Dashboard.shownError)
         let retry =
           record.status == .dead
-          ? button("Retry", action: "/jobs/\(record.id)/retry", formToken: formToken) : ""
+          ? button("Retry", action: "/jobs/\(record.id)/retry", formToken: formToken)
+          : cancelButton(record, formToken: formToken)
+        let finished = record.finishedAt.map { "<time>\(html(timestamp($0)))</time>" } ?? ""
         body += """
           <tr data-job="\(record.id)">
           <td><a href="\(htmlBase)/jobs/\(record.id)">\(record.id)</a></td>
           <td><span class="badge \(row.state)">\(row.state)</span></td>
           <td class="count">\(record.attempts)</td>
           <td><time>\(html(timestamp(record.runAt)))</time></td>
+          <td>\(finished)</td>
           <td class="summary">\(html(row.summary))</td>
           <td class="error">\(html(error))</td>
           <td class="actions">\(retry)</td>
@@ -233,16 +276,17 @@ struct DashboardPages: Sendable {
     if let next { links.append("<a href=\"\(link(next))\" rel=\"next\">Next page</a>") }
     body += "<p class=\"pages\">\(links.joined(separator: " · "))</p>\n"
     body +=
-      "<p class=\"meta\">Up to \(Dashboard.pageSize) jobs a page in ID order; the text and ready/scheduled "
-      + "filters look at up to \(Dashboard.readLimit) jobs per page.</p>"
+      "<p class=\"meta\">Up to \(Dashboard.pageSize) jobs a page in ID order (completed and cancelled jobs in "
+      + "the order they finished); the text and ready/scheduled filters look at up to \(Dashboard.readLimit) "
+      + "jobs per page.</p>"
     return layout("Jobs", page: "jobs", body)
   }
 
   // MARK: a job
 
   func job(
-    _ record: JobRecord, state: String, details: Dashboard.Details, payload: String, notice key: String?,
-    formToken: String
+    _ record: JobRecord, state: String, details: Dashboard.Details, payload: String,
+    history: Dashboard.JobHistoryView, notice key: String?, formToken: String
   ) -> DashboardResponse {
     func row(_ name: String, _ value: String?) -> String {
       "<tr><th scope=\"row\">\(html(name))</th><td>\(value.map(html) ?? "<span class=\"none\">—</span>")</td></tr>"
@@ -254,6 +298,9 @@ struct DashboardPages: Sendable {
       row("Priority", String(record.priority)),
       row("Run at", timestamp(record.runAt)),
       row("Created", timestamp(record.createdAt)),
+      row("Finished", record.finishedAt.map(timestamp)),
+      row("Run time", record.runDuration.map { Self.duration($0) + " (the last attempt)" }),
+      row("Time limit", record.timeLimit.map { Self.duration($0) } ?? "the queue's"),
       row("Lease owner", record.leaseOwner),
       row("Lease expires", record.leaseExpiresAt.map(timestamp)),
       row("Key", record.deduplicationKey),
@@ -284,11 +331,25 @@ struct DashboardPages: Sendable {
     if record.status == .dead {
       actions.append(button("Retry", action: "/jobs/\(record.id)/retry", formToken: formToken))
     }
+    let cancel = cancelButton(record, formToken: formToken)
+    if !cancel.isEmpty { actions.append(cancel) }
     actions.append(
       button("Remove", action: "/jobs/\(record.id)/remove", formToken: formToken, style: "danger"))
-    let error =
+    var error =
       record.lastError.map { "<h2>Last error</h2>\n<pre class=\"error\">\(html($0))</pre>" }
       ?? ""
+    if !history.errors.isEmpty {
+      let omitted =
+        history.omittedErrors > 0
+        ? "<p class=\"meta\">\(history.omittedErrors) older error\(history.omittedErrors == 1 ? "" : "s") not shown.</p>\n"
+        : ""
+      let items = history.errors.map { "<li><pre class=\"error\">\(html($0))</pre></li>" }.joined(
+        separator: "\n")
+      error += "\n<h2>Errors of its attempts</h2>\n\(omitted)<ol class=\"errors\">\n\(items)\n</ol>"
+    }
+    if let output = history.output {
+      error += "\n<h2>Output</h2>\n<pre class=\"output\">\(html(output))</pre>"
+    }
     return layout(
       "Job \(record.id)", page: "job",
       """
@@ -304,6 +365,13 @@ struct DashboardPages: Sendable {
       <pre class="payload">\(html(payload))</pre>
       <p><a href="\(htmlBase)/jobs?queue=\(html(HTTPForm.encode(record.queue)))">All jobs in \(html(record.queue))</a></p>
       """)
+  }
+
+  /// A duration as a job's page shows it (a negative one, from a hostile store, as zero).
+  static func duration(_ duration: Duration) -> String {
+    let parts = duration.components
+    let milliseconds = Double(parts.seconds) * 1000 + Double(parts.attoseconds) / 1e15
+    return DashboardCharts.duration(milliseconds: max(0, milliseconds))
   }
 
   // MARK: bulk

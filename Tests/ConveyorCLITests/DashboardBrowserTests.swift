@@ -3,7 +3,7 @@ import Testing
 
 /// The dashboard in a real headless Chromium (Debian `chromium`, which `.ci/run` installs): the
 /// pages load under the strict Content-Security-Policy and show the seeded jobs, a filter narrows
-/// the list, a click on Retry re-queues a dead job, the live script updates counts, and off
+/// the list, a click on Retry re-queues a dead job, one on Cancel cancels a waiting job, the live script updates counts, and off
 /// loopback only the sign-in form shows. A screenshot of the queues page is saved (to
 /// `$CONVEYOR_DASHBOARD_SCREENSHOT` when set, else the system's temporary folder).
 @Suite(
@@ -76,6 +76,23 @@ struct DashboardBrowserTests {
     #expect(
       try await browser.evaluate("document.getElementById('updated').textContent").hasPrefix(
         "live, counts as of"))
+  }
+
+  /// A click on a waiting job's Cancel button cancels it, and the page then says so and offers
+  /// no Cancel button.
+  @Test func aCancelClickCancelsAWaitingJob() async throws {
+    let sandbox = try Sandbox()
+    let jobs = try await SeededJobs.seed(sandbox)
+    let dashboard = try await DashboardProcess.start(sandbox)
+    let browser = try await DrivenBrowser(
+      URL(string: "jobs/\(jobs.http)", relativeTo: dashboard.url)!.absoluteURL,
+      profile: URL(fileURLWithPath: sandbox.path("chromium")))
+    let button = "document.querySelector('form[action=\"/jobs/\(jobs.http)/cancel\"] button')"
+    try await browser.waitUntil("the Cancel button", "\(button) !== null")
+    _ = try await browser.evaluate("\(button).click(), 'clicked'")
+    try await browser.waitUntil("the cancelled notice", "document.body.innerText.includes('Job cancelled')")
+    #expect(try await sandbox.allCounts() == allCounts(dead: 1, cancelled: 1))
+    #expect(try await browser.evaluate("String(\(button) === null)") == "true", "Cancel offered again")
   }
 
   @Test func offLoopbackTheBrowserSeesOnlyTheSignInForm() async throws {

@@ -107,6 +107,76 @@ struct SeededJobs {
     #expect(after.body.contains(#"<span class="badge ready">ready</span>"#))
   }
 
+  @Test func aWaitingJobIsCancelledByAPostFromItsPageAndListedAsCancelled() async throws {
+    let sandbox = try Sandbox()
+    let jobs = try await SeededJobs.seed(sandbox)
+    let dashboard = try await DashboardProcess.start(sandbox)
+    let page = try await dashboard.get("/jobs/\(jobs.http)")
+    #expect(page.body.contains("action=\"/jobs/\(jobs.http)/cancel\""), "no Cancel button: \(page)")
+    #expect(
+      !(try await dashboard.get("/jobs/\(jobs.dead)")).body.contains("/cancel\""), "a dead job offers Cancel")
+    let token = try DashboardProcess.formToken(in: page.body)
+    let cancelled = try await dashboard.post("/jobs/\(jobs.http)/cancel", [("csrf", token)])
+    #expect(cancelled.status == 303, "\(cancelled)")
+    #expect(cancelled.headers["location"] == "/jobs/\(jobs.http)?notice=cancelled-waiting")
+    #expect(try await sandbox.allCounts() == allCounts(dead: 1, cancelled: 1))
+    let shown = try await sandbox.succeed(["show", String(jobs.http), "--json"]).object()
+    #expect(shown["status"] as? String == "cancelled" && shown["finishedAt"] is String, "\(shown)")
+    let after = try await dashboard.get("/jobs/\(jobs.http)?notice=cancelled-waiting")
+    #expect(after.body.contains("Job cancelled: it was waiting, and will never run."), "\(after)")
+    #expect(after.body.contains(#"<span class="badge cancelled">cancelled</span>"#))
+    #expect(!after.body.contains("/cancel\""), "a cancelled job offers Cancel")
+    let again = try await dashboard.post("/jobs/\(jobs.http)/cancel", [("csrf", token)])
+    #expect(again.headers["location"] == "/jobs/\(jobs.http)?notice=already-cancelled")
+    let list = try await dashboard.get("/jobs?queue=outbox&state=cancelled")
+    #expect(
+      list.body.contains("<tr data-job=\"\(jobs.http)\">")
+        && !list.body.contains("<tr data-job=\"\(jobs.dead)\">"),
+      "\(list)")
+    let queues = try await dashboard.get("/")
+    #expect(
+      queues.body.contains(#"data-field="cancelled"><a href="/jobs?queue=outbox&amp;state=cancelled">1</a>"#),
+      "\(queues)")
+  }
+
+  /// A completed job's history: the outbox's jobs return no output, so the one a handler would
+  /// have returned, and two failed attempts' errors (one with `<script>`), are written into its
+  /// row as the store keeps them. The page shows them escaped, with its finishing time and run
+  /// time and no Cancel button; the completed filter lists it, the cancelled one does not.
+  @Test func aCompletedJobsPageShowsItsErrorsAndOutputEscaped() async throws {
+    let sandbox = try Sandbox()
+    let id = try await sandbox.add(["exec", "--", "true"])
+    _ = try await sandbox.succeed(["work", "--until-empty"])
+    #expect(try await sandbox.allCounts() == allCounts(completed: 1))
+    let hostile = SeededJobs.hostileText.replacingOccurrences(of: "'", with: "''")
+    try Self.executeSQL(
+      sandbox,
+      "UPDATE jobs SET errors = json_array('\(hostile)', 'second & last'), "
+        + "output = CAST('{\"reply\":\"<b>ok</b>\"}' AS BLOB) WHERE id = \(id);")
+    let dashboard = try await DashboardProcess.start(sandbox)
+    let page = try await dashboard.get("/jobs/\(id)")
+    #expect(page.status == 200)
+    #expect(page.body.contains(#"<span class="badge completed">completed</span>"#), "\(page)")
+    #expect(
+      page.body.contains(
+        "<li><pre class=\"error\">&lt;script&gt;alert(&quot;pwned&quot;)&lt;/script&gt; it&#39;s &quot;quoted&quot;</pre></li>"
+      ))
+    #expect(page.body.contains("<li><pre class=\"error\">second &amp; last</pre></li>"))
+    #expect(!page.body.contains("<script>alert") && !page.body.contains(#"("pwned")"#))
+    #expect(
+      page.body.contains(
+        "<pre class=\"output\">{\n  &quot;reply&quot; : &quot;&lt;b&gt;ok&lt;/b&gt;&quot;\n}</pre>"))
+    #expect(!page.body.contains("<b>ok"))
+    #expect(
+      page.body.range(of: #"<th scope="row">Finished</th><td>\d{4}-"#, options: .regularExpression) != nil)
+    #expect(page.body.contains(" (the last attempt)</td>"), "the run time")
+    #expect(!page.body.contains("/cancel\""), "a completed job offers Cancel")
+    let completed = try await dashboard.get("/jobs?queue=outbox&state=completed")
+    #expect(completed.body.contains("<tr data-job=\"\(id)\">"), "\(completed)")
+    let cancelled = try await dashboard.get("/jobs?queue=outbox&state=cancelled")
+    #expect(cancelled.status == 200 && !cancelled.body.contains("<tr data-job=\"\(id)\">"))
+  }
+
   @Test func crossSiteAndTokenlessPostsAreRefused() async throws {
     let sandbox = try Sandbox()
     let jobs = try await SeededJobs.seed(sandbox)
@@ -708,6 +778,7 @@ struct SeededJobs {
       ("/queues/resume", [("queue", "outbox")]),
       ("/jobs/\(jobs.dead)/retry", []),
       ("/jobs/\(jobs.http)/remove", []),
+      ("/jobs/\(jobs.http)/cancel", []),
       ("/bulk", [("action", "remove"), ("queue", "outbox"), ("state", "waiting"), ("expected", "1")]),
     ]
     let origin = "http://127.0.0.1:\(dashboard.port)"
@@ -727,8 +798,8 @@ struct SeededJobs {
         path + "?csrf=\(csrf)&" + form.map { "\($0.0)=\($0.1)" }.joined(separator: "&"))
       #expect(get.status == 404 || get.status == 405, "GET \(path): \(get.status)")
     }
-    let counts = try await sandbox.counts()
-    #expect(counts["dead"] == 1, "\(counts)")
+    let counts = try await sandbox.allCounts()
+    #expect(counts == allCounts(ready: 1, dead: 1), "\(counts)")
     #expect(try await dashboard.get("/jobs/\(jobs.http)").status == 200, "the HTTP job was removed")
   }
   // Dedup keys, header names and values, exec arguments and `javascript:` URLs are escaped.

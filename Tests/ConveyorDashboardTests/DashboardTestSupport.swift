@@ -73,6 +73,35 @@ struct DashboardHarness {
     return claim.id
   }
 
+  /// Adds a waiting job to `queue`.
+  func waitingJob(queue: String, payload: Data = Data("{}".utf8)) async throws -> JobID {
+    try #require(try await store.enqueue([NewJob(payload: payload)], queue: queue, clock: clock).first).id
+  }
+
+  /// Adds a job to `queue` whose attempts fail with `errors`, one each (each retried at once),
+  /// and whose last attempt completes with `output` after running `runDuration`: a completed job
+  /// with a history.
+  func completedJob(
+    queue: String, errors: [String] = [], output: Data? = nil, runDuration: Duration = .milliseconds(1_500)
+  ) async throws -> JobID {
+    let id = try await waitingJob(queue: queue)
+    let lease = Lease(owner: "test", duration: .seconds(60))
+    for error in errors + [nil] {
+      let claimed = try await store.settleAndClaim([], queue: queue, limit: 1, lease: lease, clock: clock)
+        .claimed
+      let claim = try #require(claimed.first { $0.id == id }?.claim, "job \(id) was not claimed")
+      let settlement =
+        error.map {
+          JobSettlement(claim: claim, action: .retry(after: .zero, error: $0), runDuration: .milliseconds(5))
+        }
+        ?? JobSettlement(claim: claim, action: .complete, runDuration: runDuration, output: output)
+      let batch = try await store.settleAndClaim(
+        [settlement], queue: queue, limit: 0, lease: lease, clock: clock)
+      #expect(batch.staleSettlements.isEmpty)
+    }
+    return id
+  }
+
   static func encode(_ text: String) -> String {
     text.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? text
   }

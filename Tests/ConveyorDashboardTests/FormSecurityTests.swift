@@ -4,7 +4,8 @@ import Foundation
 import Testing
 
 /// Cross-site request forgery: every POST needs the instance's form token, a same-origin
-/// `Origin` and `Sec-Fetch-Site`, and a form body; a refused POST changes nothing in the store.
+/// `Origin` and `Sec-Fetch-Site`, and a form body; a refused POST (pause, retry, cancel) changes
+/// nothing in the store.
 @Suite struct FormSecurityTests {
   /// Refused: no token, another instance's token, a foreign or `null` origin, a cross-site fetch,
   /// a JSON body. The queue stays unpaused and the dead job dead; then the same form from the
@@ -12,6 +13,7 @@ import Testing
   @Test func aForgedPostIsRefusedAndChangesNothing() async throws {
     let harness = try DashboardHarness()
     let dead = try await harness.deadJob(queue: "mail")
+    let waiting = try await harness.waitingJob(queue: "mail")
     let token = try await harness.formToken()
     let other = try DashboardHarness()
     _ = try await other.deadJob(queue: "mail")
@@ -19,6 +21,7 @@ import Testing
     #expect(otherToken != token, "a form token is per instance")
     let pause = "/queues/pause"
     let retry = "/jobs/\(dead.rawValue)/retry"
+    let cancel = "/jobs/\(waiting.rawValue)/cancel"
     let refusals: [(String, Answer)] = [
       ("no token", await harness.post(pause, form: [("queue", "mail")])),
       ("empty token", await harness.post(pause, form: [("csrf", ""), ("queue", "mail")])),
@@ -49,6 +52,16 @@ import Testing
         "retry from another site",
         await harness.post(retry, form: [("csrf", token)], origin: "http://evil.example")
       ),
+      ("cancel without token", await harness.post(cancel, form: [])),
+      ("cancel with another instance's token", await harness.post(cancel, form: [("csrf", otherToken)])),
+      (
+        "cancel from another site",
+        await harness.post(cancel, form: [("csrf", token)], origin: "http://evil.example")
+      ),
+      (
+        "cancel cross-site fetch",
+        await harness.post(cancel, form: [("csrf", token)], fetchSite: "cross-site")
+      ),
     ]
     for (what, answer) in refusals {
       #expect(answer.status == 403, "\(what): \(answer)")
@@ -62,6 +75,7 @@ import Testing
     #expect(json.status == 415)
     #expect(try await harness.store.isPaused(queue: "mail") == false)
     #expect(try await harness.store.job(dead)?.status == .dead)
+    #expect(try await harness.store.job(waiting)?.status == .pending, "a refused cancel cancelled")
     let paused = await harness.post(pause, form: [("csrf", token), ("queue", "mail")])
     #expect(paused.status == 303, "\(paused)")
     #expect(try await harness.store.isPaused(queue: "mail"))

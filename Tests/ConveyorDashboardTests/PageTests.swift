@@ -35,6 +35,118 @@ import Testing
     #expect(try await harness.store.job(second)?.status == .dead)
   }
 
+  /// Cancel on a waiting job's page, as its form posts it: the job is cancelled in the store, the
+  /// page says so and offers no Cancel button any more; a second post answers that it was
+  /// already cancelled, one on a dead job that it is dead, one on a running job that its worker
+  /// stops it. A finished job's page and row have no Cancel button.
+  @Test func aCancelPostCancelsAWaitingJobAndSaysSo() async throws {
+    let harness = try DashboardHarness()
+    // The dead job first: `deadJob` kills the first ready job of the queue.
+    let dead = try await harness.deadJob(queue: "mail")
+    let waiting = try await harness.waitingJob(queue: "mail")
+    let page = await harness.get("/jobs/\(waiting.rawValue)")
+    let cancelForm = "action=\"/jobs/\(waiting.rawValue)/cancel\""
+    #expect(page.body.contains(cancelForm), "\(page)")
+    #expect(await harness.get("/jobs?queue=mail").body.contains(cancelForm), "the row's Cancel button")
+    let token = try await harness.formToken("/jobs/\(waiting.rawValue)")
+    let cancelled = await harness.post("/jobs/\(waiting.rawValue)/cancel", form: [("csrf", token)])
+    #expect(cancelled.status == 303, "\(cancelled)")
+    #expect(cancelled.header("Location") == "/jobs/\(waiting.rawValue)?notice=cancelled-waiting")
+    let record = try #require(try await harness.store.job(waiting))
+    #expect(record.status == .cancelled && record.finishedAt != nil)
+    let after = await harness.get("/jobs/\(waiting.rawValue)?notice=cancelled-waiting")
+    #expect(after.body.contains("Job cancelled: it was waiting, and will never run."), "\(after)")
+    #expect(after.body.contains("<span class=\"badge cancelled\">cancelled</span>"))
+    #expect(!after.body.contains(cancelForm), "a cancelled job offers Cancel")
+    let again = await harness.post("/jobs/\(waiting.rawValue)/cancel", form: [("csrf", token)])
+    #expect(again.header("Location") == "/jobs/\(waiting.rawValue)?notice=already-cancelled", "\(again)")
+    let deadAnswer = await harness.post("/jobs/\(dead.rawValue)/cancel", form: [("csrf", token)])
+    #expect(deadAnswer.header("Location") == "/jobs/\(dead.rawValue)?notice=already-dead", "\(deadAnswer)")
+    #expect(try await harness.store.job(dead)?.status == .dead)
+    #expect(!(await harness.get("/jobs/\(dead.rawValue)").body.contains("/cancel\"")))
+    // A running job: cancelled too, and the page says its worker stops the handler.
+    let running = try await harness.waitingJob(queue: "mail")
+    let lease = Lease(owner: "test", duration: .seconds(60))
+    let claimed = try await harness.store.settleAndClaim(
+      [], queue: "mail", limit: 1, lease: lease, clock: harness.clock
+    ).claimed
+    #expect(claimed.map(\.id) == [running])
+    #expect(
+      await harness.get("/jobs/\(running.rawValue)").body.contains(
+        "action=\"/jobs/\(running.rawValue)/cancel\""))
+    let stopped = await harness.post("/jobs/\(running.rawValue)/cancel", form: [("csrf", token)])
+    #expect(stopped.header("Location") == "/jobs/\(running.rawValue)?notice=cancelled-running", "\(stopped)")
+    #expect(try await harness.store.job(running)?.status == .cancelled)
+    #expect(
+      await harness.get("/jobs/\(running.rawValue)?notice=cancelled-running").body.contains(
+        "Job cancelled while it ran"))
+    let gone = await harness.post("/jobs/999999/cancel", form: [("csrf", token)])
+    #expect(gone.status == 404, "\(gone)")
+  }
+
+  /// A completed job's page shows its history: finishing time, attempts, the last attempt's run
+  /// time, every attempt's error and its output, all escaped; the time limit is the queue's.
+  @Test func aCompletedJobsPageShowsItsHistoryEscaped() async throws {
+    let harness = try DashboardHarness()
+    let id = try await harness.completedJob(
+      queue: "mail", errors: ["<script>alert(1)</script>", "timeout & \"retry\""],
+      output: Data(#"{"note":"<b>sent</b>","url":"https://user:hunter2@api.example/x"}"#.utf8),
+      runDuration: .milliseconds(1_500))
+    let record = try #require(try await harness.store.job(id))
+    #expect(record.status == .completed && record.errors.count == 2 && record.output != nil)
+    let page = await harness.get("/jobs/\(id.rawValue)")
+    #expect(page.status == 200)
+    #expect(page.body.contains("<span class=\"badge completed\">completed</span>"), "\(page)")
+    #expect(page.body.contains("<th scope=\"row\">Attempts</th><td>3</td>"))
+    #expect(page.body.contains("<th scope=\"row\">Run time</th><td>1.5 s (the last attempt)</td>"))
+    #expect(page.body.contains("<th scope=\"row\">Time limit</th><td>the queue&#39;s</td>"))
+    let finished = try #require(record.finishedAt)
+    #expect(page.body.contains("<th scope=\"row\">Finished</th><td>\(finished.ISO8601Format())</td>"))
+    #expect(page.body.contains("<li><pre class=\"error\">&lt;script&gt;alert(1)&lt;/script&gt;</pre></li>"))
+    #expect(page.body.contains("<li><pre class=\"error\">timeout &amp; &quot;retry&quot;</pre></li>"))
+    #expect(!page.body.contains("<script>alert"), "an error inserted as HTML")
+    #expect(page.body.contains("&quot;note&quot; : &quot;&lt;b&gt;sent&lt;/b&gt;&quot;"), "the output")
+    #expect(
+      !page.body.contains("<b>sent") && !page.body.contains("hunter2"), "the output unescaped or unredacted")
+    #expect(!page.body.contains("/cancel\""), "a completed job offers Cancel")
+  }
+
+  /// The queues page and a queue's job list count completed and cancelled jobs, and the
+  /// completed and cancelled filters list those jobs only.
+  @Test func theHistoryIsCountedAndFiltered() async throws {
+    let harness = try DashboardHarness()
+    let completed = try await harness.completedJob(queue: "mail")
+    let cancelled = try await harness.waitingJob(queue: "mail")
+    let waiting = try await harness.waitingJob(queue: "mail")
+    #expect(
+      try await harness.store.cancel([cancelled], queue: "mail", clock: harness.clock) == [.cancelledWaiting])
+    let queues = await harness.get("/")
+    #expect(
+      queues.body.contains(
+        #"data-field="completed"><a href="/jobs?queue=mail&amp;state=completed">1</a>"#), "\(queues)")
+    #expect(
+      queues.body.contains(#"data-field="cancelled"><a href="/jobs?queue=mail&amp;state=cancelled">1</a>"#))
+    let list = await harness.get("/jobs?queue=mail")
+    #expect(
+      list.body.contains(#"state=completed" data-field="completed">completed <span class="count">1</span>"#))
+    #expect(
+      list.body.contains(#"state=cancelled" data-field="cancelled">cancelled <span class="count">1</span>"#))
+    for (state, shown) in [("completed", completed), ("cancelled", cancelled)] {
+      let page = await harness.get("/jobs?queue=mail&state=\(state)")
+      #expect(page.status == 200)
+      #expect(page.body.contains("<option value=\"\(state)\" selected>"), "\(page)")
+      for id in [completed, cancelled, waiting] {
+        #expect(
+          page.body.contains("<tr data-job=\"\(id.rawValue)\">") == (id == shown), "\(state) lists job \(id)")
+      }
+    }
+    let api = await harness.get("/api/queues")
+    #expect(api.body.contains("\"completed\":1") && api.body.contains("\"cancelled\":1"), "\(api)")
+    let metrics = await harness.get("/metrics").body
+    #expect(metrics.contains("conveyor_jobs{queue=\"mail\",state=\"completed\"} 1\n"))
+    #expect(metrics.contains("conveyor_jobs{queue=\"mail\",state=\"cancelled\"} 1\n"))
+  }
+
   /// Every kind of answer carries the security headers: pages, assets, JSON, metrics, a
   /// redirect, a missing page, a wrong method, a refusal, a sign-in demand, a storage error.
   @Test func everyAnswerCarriesTheSecurityHeaders() async throws {
