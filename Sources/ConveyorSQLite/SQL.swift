@@ -398,8 +398,9 @@ enum SQL {
       """
   }
 
-  /// A finished job's finishing time, when it has status `?2` (a history page's cursor).
-  static let finishedAt = "SELECT finished_at FROM jobs WHERE id = ?1 AND status = ?2"
+  /// A finished job's finishing time, when it has status `?2` and is of queue `?3` (a history
+  /// page's cursor).
+  static let finishedAt = "SELECT finished_at FROM jobs WHERE id = ?1 AND status = ?2 AND queue = ?3"
 
   /// The stored statuses a public status covers.
   static func stored(_ status: JobStatus) -> [String] {
