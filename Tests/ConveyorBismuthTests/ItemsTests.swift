@@ -26,26 +26,32 @@ struct ItemsTests {
   }
 }
 
-/// A store that forwards to another and, once armed, lets another process's worker claim the
-/// queue's first waiting job right after a listing of waiting jobs has been read: the moment a
-/// listing that reads waiting and running jobs separately can see one job twice.
-private final class ClaimAfterWaitingListing: JobStore {
+/// A store that forwards to another and, once armed, runs a step of another process's worker
+/// right after a listing of waiting jobs has been read: the moment a listing that reads waiting
+/// and running jobs separately can see a job twice, or not at all.
+private final class StepAfterWaitingListing: JobStore {
+  typealias Step = @Sendable (InMemoryJobStore, String) async throws -> Void
   let base = InMemoryJobStore()
-  private let armed = Mutex(false)
+  private let armed = Mutex<Step?>(nil)
 
-  func arm() { armed.withLock { $0 = true } }
+  func arm(_ step: @escaping Step) { armed.withLock { $0 = step } }
+
+  /// Another process's worker claims the queue's first waiting job.
+  static let claimElsewhere: Step = { base, queue in
+    _ = try await base.settleAndClaim(
+      [], queue: queue, limit: 1, lease: Lease(owner: "elsewhere", duration: .seconds(60)),
+      clock: SystemJobClock())
+  }
 
   func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
     let page = try await base.jobs(queue: queue, status: status, after: after, limit: limit)
     if status == .pending,
-      armed.withLock({ armed in
-        defer { armed = false }
+      let step = armed.withLock({ armed in
+        defer { armed = nil }
         return armed
       })
     {
-      _ = try await base.settleAndClaim(
-        [], queue: queue, limit: 1, lease: Lease(owner: "elsewhere", duration: .seconds(60)),
-        clock: SystemJobClock())
+      try await step(base, queue)
     }
     return page
   }
@@ -116,14 +122,41 @@ private final class ClaimAfterWaitingListing: JobStore {
 struct ItemsWhileWorkedElsewhereTests {
   @Test("an item claimed elsewhere while items are listed is listed once")
   func itemClaimedDuringListingIsListedOnce() async throws {
-    let store = ClaimAfterWaitingListing()
+    let store = StepAfterWaitingListing()
     let config = try temporaryConfig("claimed-elsewhere", autoStart: false)
     let queue = try Bismuth.Queue<NamedItem>(config: config, store: store)
     queue.add([NamedItem(name: "a")])
     #expect(queue.items.map(\.name) == ["a"])
-    store.arm()
+    store.arm(StepAfterWaitingListing.claimElsewhere)
     // Waiting when the waiting jobs are read, running when the running ones are.
     #expect(queue.items.map(\.name) == ["a"])
+    await queue.jobQueue.shutdown(gracePeriod: .zero)
+  }
+
+  @Test("an item retried elsewhere while items are listed is listed, and can be removed")
+  func itemRetriedDuringListingIsListed() async throws {
+    let store = StepAfterWaitingListing()
+    let config = try temporaryConfig("retried-elsewhere", autoStart: false)
+    let queue = try Bismuth.Queue<NamedItem>(config: config, store: store)
+    queue.add([NamedItem(name: "a")])
+    let lease = Lease(owner: "elsewhere", duration: .seconds(60))
+    // Claimed elsewhere; once the waiting jobs are read, retried (waiting again) before the
+    // running ones are.
+    func claimedThenRetried() async throws -> StepAfterWaitingListing.Step {
+      let held = try await store.base.settleAndClaim(
+        [], queue: "retried-elsewhere", limit: 1, lease: lease, clock: SystemJobClock()
+      ).claimed
+      #expect(held.count == 1)
+      return { base, queue in
+        _ = try await base.settleAndClaim(
+          held.map { JobSettlement(claim: $0.claim, action: .retry(after: .zero, error: "again")) },
+          queue: queue, limit: 0, lease: lease, clock: SystemJobClock())
+      }
+    }
+    store.arm(try await claimedThenRetried())
+    #expect(queue.items.map(\.name) == ["a"])
+    store.arm(try await claimedThenRetried())
+    #expect(queue.remove(NamedItem(name: "a")) == 1)
     await queue.jobQueue.shutdown(gracePeriod: .zero)
   }
 }
