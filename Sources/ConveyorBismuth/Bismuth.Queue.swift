@@ -319,8 +319,8 @@ extension Bismuth {
           let page = try await jobQueue.jobs(in: status, after: after, limit: 500)
           let instances = kept.instances(for: page.lazy.map(\.id))
           for record in page {
-            existing.insert(record.id)
-            guard status != .dead else { continue }
+            // A job claimed between the waiting and the running pass is in both: listed once.
+            guard existing.insert(record.id).inserted, status != .dead else { continue }
             if let instance = instances[record.id] {
               found.append((record.id, instance))
             } else if let item = try? jobQueue.item(of: record) {

@@ -860,15 +860,15 @@ public final class PostgresJobStore: JobStore {
       case .retry(let delay, let error):
         kinds.append(1)
         delays.append(JobStoreTime.milliseconds(delay))
-        errors.append(error.map { Self.storable(JobHistory.bounded($0)) })
+        errors.append(error.map { JobHistory.bounded(Self.storable($0)) })
       case .kill(let error):
         kinds.append(keeps ? 2 : 5)
         delays.append(nil)
-        errors.append(Self.storable(JobHistory.bounded(error)))
+        errors.append(JobHistory.bounded(Self.storable(error)))
       case .release(let error):
         kinds.append(3)
         delays.append(nil)
-        errors.append(error.map { Self.storable(JobHistory.bounded($0)) })
+        errors.append(error.map { JobHistory.bounded(Self.storable($0)) })
       }
     }
     return [

@@ -653,14 +653,16 @@ struct SQL {
   }
 
   /// A page of a finished status's jobs in the order they finished (`jobs_finished`), after the
-  /// finishing time and ID of the job `$2` when it has that status, from the oldest otherwise.
-  /// Parameters: queue, after, limit.
+  /// finishing time and ID of the job `$2` when it is of the queue and has that status, from the
+  /// oldest otherwise. Parameters: queue, after, limit.
   func history(_ status: String) -> String {
     """
     SELECT \(Self.columns) FROM \(schema).jobs
     WHERE queue = $1 AND status = '\(status)' AND (finished_at, id) > (
-      coalesce((SELECT finished_at FROM \(schema).jobs WHERE id = $2 AND status = '\(status)'), '-infinity'),
-      coalesce((SELECT id FROM \(schema).jobs WHERE id = $2 AND status = '\(status)'), 0))
+      coalesce(
+        (SELECT finished_at FROM \(schema).jobs WHERE id = $2 AND queue = $1 AND status = '\(status)'),
+        '-infinity'),
+      coalesce((SELECT id FROM \(schema).jobs WHERE id = $2 AND queue = $1 AND status = '\(status)'), 0))
     ORDER BY finished_at, id LIMIT $3
     """
   }

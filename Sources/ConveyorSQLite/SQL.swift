@@ -237,6 +237,15 @@ enum SQL {
     PRAGMA user_version = 6;
     """
   }
+  /// Of the jobs after `?1`, up to 100 in ID order whose last error is longer than a kept error
+  /// may be, with its first characters: more characters than the bound has bytes, enough for
+  /// `JobHistory.bounded` to cut it as it would cut the whole.
+  static let longErrors = """
+    SELECT id, substr(last_error, 1, \(JobHistory.maximumErrorBytes + 1)) FROM jobs
+    WHERE id > ?1 AND length(CAST(last_error AS BLOB)) > \(JobHistory.maximumErrorBytes) ORDER BY id LIMIT 100
+    """
+  /// Parameters: the bounded error, the job.
+  static let setErrors = "UPDATE jobs SET errors = json_array(?1) WHERE id = ?2"
   static let sequence = "SELECT seq FROM sqlite_sequence WHERE name = ?"
   static let setSequence = """
     INSERT INTO sqlite_sequence (name, seq) SELECT 'jobs', 0
@@ -406,8 +415,9 @@ enum SQL {
       """
   }
 
-  /// A finished job's finishing time, when it has status `?2` (a history page's cursor).
-  static let finishedAt = "SELECT finished_at FROM jobs WHERE id = ?1 AND status = ?2"
+  /// A finished job's finishing time, when it has status `?2` and is of queue `?3` (a history
+  /// page's cursor).
+  static let finishedAt = "SELECT finished_at FROM jobs WHERE id = ?1 AND status = ?2 AND queue = ?3"
 
   /// The stored statuses a public status covers.
   static func stored(_ status: JobStatus) -> [String] {

@@ -67,7 +67,7 @@ extension SQLiteJobStore {
     statement: (String) -> String, row: (Statement) throws -> Void
   ) throws {
     var cursor: Int64?
-    try db.query(SQL.finishedAt, .integer(after), .text(SQL.stored(status)[0])) {
+    try db.query(SQL.finishedAt, .integer(after), .text(SQL.stored(status)[0]), .text(queue)) {
       cursor = $0.isNull(0) ? nil : $0.int64(0)
     }
     if let cursor {

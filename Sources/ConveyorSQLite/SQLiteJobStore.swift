@@ -935,6 +935,16 @@ extension SQLiteJobStore {
     let sequence = try db.scalar(SQL.sequence, .text("jobs")) ?? 0
     try db.execute(SQL.migrate5to6(now: millis(Date())))
     try db.execute(SQL.setSequence.replacingOccurrences(of: "?", with: String(sequence)))
+    // Version 5 kept a last error whole: the list of errors it starts is bounded as every error
+    // recorded since, a batch of jobs at a time.
+    var after: Int64 = 0
+    while true {
+      var batch: [(id: Int64, error: String)] = []
+      try db.query(SQL.longErrors, .integer(after)) { batch.append(($0.int64(0), $0.text(1) ?? "")) }
+      for job in batch { try db.run(SQL.setErrors, .text(JobHistory.bounded(job.error)), .integer(job.id)) }
+      guard let last = batch.last else { return }
+      after = last.id
+    }
   }
 
   /// Rebuilds a version 1 database as version 2 inside the caller's transaction, keeping every

@@ -279,6 +279,49 @@ struct PostgresJobStoreTests {
     await store.close()
   }
 
+  /// A version 5 schema's last errors were stored whole (nothing bounded them then): the list of
+  /// errors a migrated job starts with keeps each within `JobHistory.maximumErrorBytes`, as every
+  /// error recorded since.
+  @Test func aVersion5JobsLongLastErrorIsBoundedInItsHistory() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("v5long")
+    let admin = try AdminConnection(server.url)
+    try createSchema(SQL(schema: schema), atVersion: 5, with: admin)
+    // 6000 "é": 12000 bytes of UTF-8.
+    try admin.query(
+      """
+      INSERT INTO \(schema).jobs (queue, payload, status, attempts, run_at, created_at, last_error, claim_token)
+      VALUES ('mail', '\\x7b7d', 'dead', 3, now(), now(), repeat('é', 6000), 3)
+      """)
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let dead = try await store.jobs(queue: "mail", status: .dead, after: nil, limit: 10)
+    #expect(dead.count == 1)
+    let bytes = dead.first?.errors.first?.utf8.count ?? .max
+    #expect(bytes <= JobHistory.maximumErrorBytes, "the migrated error keeps \(bytes) bytes")
+    #expect(dead.first?.errors.first?.hasSuffix("…") == true)
+    await store.close()
+  }
+
+  /// A waiting job stored before queue names were checked (version 3), in a queue whose name has
+  /// a control character, can still be cancelled by its ID, as it could be when a cancel deleted
+  /// it: marking it cancelled changes its status, not its queue.
+  @Test func aJobOfAQueueNamedBeforeNamesWereCheckedCanBeCancelled() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("v3cancel")
+    let admin = try AdminConnection(server.url)
+    try createSchema(SQL(schema: schema), atVersion: 3, with: admin)
+    try admin.query(
+      """
+      INSERT INTO \(schema).jobs (id, queue, payload, status, run_at, created_at)
+      VALUES (7, E'bad\\rname', '\\x7b7d', 'ready', now(), now())
+      """)
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let results = try await store.cancel([JobID(7)], queue: nil, clock: SystemJobClock())
+    #expect(results == [.cancelledWaiting])
+    #expect(try await store.job(JobID(7))?.status == .cancelled)
+    await store.close()
+  }
+
   /// A schema of version 3 is migrated to 4 while an application's transaction that added a job
   /// with `conveyor.enqueue` is still open: the migration (each of its statements bounded by
   /// `callTimeout`, at least 30 s) waits for it, instead of failing the opening after the

@@ -300,4 +300,30 @@ struct MigrationTests {
     #expect(settled.staleSettlements.isEmpty)
     #expect(try await store.job(mail[1].id)?.status == .completed)
   }
+
+  /// A version 5 database's last errors were stored whole (nothing bounded them then): the list
+  /// of errors a migrated job starts with keeps each within ``JobHistory/maximumErrorBytes``, as
+  /// every error recorded since.
+  @Test func aVersion5JobsLongLastErrorIsBoundedInItsHistory() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("v5-long.sqlite")
+    let t = 1_700_000_000_000
+    // 6000 "é": 12000 bytes of UTF-8.
+    let long = "replace(hex(zeroblob(6000)), '00', 'é')"
+    try execute(
+      path,
+      Self.version5 + """
+        INSERT INTO jobs VALUES (1, 'mail', x'7b7d', 'dead', 0, 3, \(t), \(t), \(long), NULL, NULL, NULL, 3, 0, NULL);
+        INSERT INTO jobs VALUES (2, 'mail', x'7b7d', 'ready', 0, 1, \(t), \(t), \(long), NULL, NULL, NULL, 1, 0, NULL);
+        """)
+    let store = try SQLiteJobStore(path: path)
+    let mail = try await store.jobs(queue: "mail", status: nil, after: nil, limit: 10)
+    #expect(mail.count == 2)
+    for record in mail {
+      #expect(record.errors.count == 1)
+      let bytes = record.errors.first?.utf8.count ?? .max
+      #expect(bytes <= JobHistory.maximumErrorBytes, "job \(record.id)'s error keeps \(bytes) bytes")
+      #expect(record.errors.first?.hasSuffix("…") == true)
+    }
+  }
 }

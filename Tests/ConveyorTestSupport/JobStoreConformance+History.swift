@@ -153,5 +153,46 @@ extension JobStoreConformance {
         queue: "q", status: .dead, olderThan: .zero, limit: 10, clock: now(5))
       try expect(pruned == 0, "a re-queued job is not pruned as dead: \(pruned)")
     },
+    check("a history page after a job of another queue starts from the queue's oldest") { store in
+      // Queue q's jobs complete at 2 s and 4 s; another queue's job completes between them, at 3 s.
+      _ = try await store.enqueue([job("q1"), job("q2")], queue: "q", clock: now(0))
+      _ = try await store.enqueue([job("elsewhere")], queue: "other", clock: now(0))
+      let mine = try await claim(store, limit: 2, now: 1).claimed
+      let theirs = try expectOne(try await claim(store, "other", limit: 1, now: 1).claimed)
+      _ = try await claim(store, limit: 0, settling: [settle(mine[0], .complete)], now: 2)
+      _ = try await claim(store, "other", limit: 0, settling: [settle(theirs, .complete)], now: 3)
+      _ = try await claim(store, limit: 0, settling: [settle(mine[1], .complete)], now: 4)
+      // The cursor is not one of q's completed jobs: the page starts from q's oldest, as for any
+      // cursor that is not one of them (it is not a place in q's history).
+      let page = try await store.jobs(queue: "q", status: .completed, after: theirs.id, limit: 10)
+      try expect(page.map(text) == ["q1", "q2"], "from the oldest: \(page.map(text))")
+      let summaries = try await store.jobSummaries(
+        queue: "q", status: .completed, after: theirs.id, limit: 10, payloadPrefix: 8)
+      try expect(
+        summaries.map(\.record.id) == mine.map(\.id), "summaries the same: \(summaries.map(\.record.id))")
+    },
+    check("prune counts each job it deletes once") { store in
+      // A job dies, is re-queued and dies again within the same millisecond of the store's clock.
+      _ = try await store.enqueue([job("twice")], queue: "q", clock: now(0))
+      let first = try expectOne(try await claim(store, limit: 1, now: 1).claimed)
+      _ = try await claim(store, limit: 0, settling: [settle(first, .kill(error: "one"))], now: 1)
+      try expect(try await store.requeueDead(nil, queue: "q", clock: now(1)) == 1, "re-queued")
+      let second = try expectOne(try await claim(store, limit: 1, now: 1).claimed)
+      _ = try await claim(store, limit: 0, settling: [settle(second, .kill(error: "two"))], now: 1)
+      let pruned = try await store.prune(
+        queue: "q", status: .dead, olderThan: .zero, limit: 10, clock: now(2))
+      try expect(pruned == 1, "one job deleted, counted once: \(pruned)")
+      try expect(try await store.counts(queue: "q", clock: now(2)) == JobCounts(), "none left")
+    },
+    check("an error of NUL characters is kept within the bound") { store in
+      // The bound is on the error as kept (PostgreSQL keeps a NUL as U+FFFD, 3 bytes of UTF-8).
+      _ = try await store.enqueue([job("nul")], queue: "q", clock: now(0))
+      let held = try expectOne(try await claim(store, limit: 1, now: 1).claimed)
+      let nuls = String(repeating: "\0", count: JobHistory.maximumErrorBytes)
+      _ = try await claim(store, limit: 0, settling: [settle(held, .kill(error: nuls))], now: 2)
+      let record = try await store.job(held.id)
+      let bytes = record?.errors.first?.utf8.count ?? .max
+      try expect(record?.errors.count == 1 && bytes <= JobHistory.maximumErrorBytes, "kept \(bytes) bytes")
+    },
   ]
 }

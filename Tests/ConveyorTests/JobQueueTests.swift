@@ -239,6 +239,18 @@ struct JobQueueTests {
     #expect(JobQueueConfiguration(identifier: "x").concurrency == 1)
   }
 
+  @Test("a retention period out of range is refused, however many days it names")
+  func retentionOutOfRange() throws {
+    var configuration = JobQueueConfiguration(identifier: "history", autoStart: false)
+    // 2^57 + 1 days is far more than 100 years; 86 400 times it wraps around Int64 to one day.
+    for days in [0, -1, 36_501, Int.max, Int.min, (1 << 57) + 1] {
+      configuration.retention.completed = .days(days)
+      #expect(throws: JobQueueError.self, "\(days) days") { try configuration.validate() }
+    }
+    configuration.retention.completed = .days(36_500)
+    try configuration.validate()
+  }
+
   @Test("a time limit out of range is refused with what is allowed, and nothing is stored")
   func timeLimitsOutOfRange() async throws {
     let store = InMemoryJobStore()

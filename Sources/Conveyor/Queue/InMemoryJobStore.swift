@@ -557,6 +557,8 @@ extension InMemoryJobStore {
     /// first.
     mutating func prune(_ status: JobStatus, finishedBefore cutoff: Date?, limit: Int) -> Int {
       var doomed: [JobID] = []
+      // A job that finished twice at the same time (re-queued in between) has two entries.
+      var seen: Set<JobID> = []
       var kept: [FinishOrder] = []
       while doomed.count < limit, let top = finished.peek {
         if let cutoff, top.finishedAt >= cutoff { break }
@@ -564,7 +566,11 @@ extension InMemoryJobStore {
         // Entries go stale when a job is deleted or re-queued (lazy deletion).
         guard let record = jobs[top.id]?.record, record.status.isFinished, record.finishedAt == top.finishedAt
         else { continue }
-        if record.status == status { doomed.append(top.id) } else { kept.append(top) }
+        if record.status != status {
+          kept.append(top)
+        } else if seen.insert(top.id).inserted {
+          doomed.append(top.id)
+        }
       }
       for entry in kept { finished.push(entry) }
       for id in doomed { delete(id) }

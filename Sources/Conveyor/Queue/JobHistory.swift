@@ -21,8 +21,12 @@ public struct JobRetention: Sendable, Hashable {
     /// Kept this long after the job finished (more than zero, at most 100 years).
     case `for`(Duration)
 
-    /// Kept this many days.
-    public static func days(_ days: Int) -> Period { .for(.seconds(Int64(clamping: days) &* 86_400)) }
+    /// Kept this many days. A count beyond what a duration holds gives one ``JobRetention/validate()``
+    /// refuses, rather than wrapping around to another period.
+    public static func days(_ days: Int) -> Period {
+      let (seconds, overflow) = Int64(clamping: days).multipliedReportingOverflow(by: 86_400)
+      return .for(.seconds(overflow ? (days < 0 ? Int64.min : Int64.max) : seconds))
+    }
   }
 
   /// How long completed jobs are kept. Default 1 day.
