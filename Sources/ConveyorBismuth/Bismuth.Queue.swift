@@ -115,8 +115,9 @@ extension Bismuth {
       configuration.maxAttempts = config.maxAttempts
       configuration.autoStart = false
       configuration.canRunInBackground = config.canRunInBackground
-      // As the old library did, a handled item leaves the database.
+      // As the old library did, a handled (or cancelled) item leaves the database.
       configuration.retention.completed = .none
+      configuration.retention.cancelled = .none
       if let proxy = config.logProxy {
         configuration.log = { record in
           let fields = record.metadata.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }
@@ -310,30 +311,29 @@ extension Bismuth {
       let generation = kept.generation
       var found: [(id: JobID, item: T)] = []
       var existing: Set<JobID> = []
-      // The waiting jobs, then the running ones, merged in ID order; the dead ones keep their
-      // instances (a re-queued one is the item added), but are not listed. Never the history of
-      // completed and cancelled jobs, however long it is.
-      for status in [JobStatus.pending, .running, .dead] {
-        var after: JobID?
-        while true {
-          let page = try await jobQueue.jobs(in: status, after: after, limit: 500)
-          let instances = kept.instances(for: page.lazy.map(\.id))
-          for record in page {
-            // A job claimed between the waiting and the running pass is in both: listed once.
-            guard existing.insert(record.id).inserted, status != .dead else { continue }
-            if let instance = instances[record.id] {
-              found.append((record.id, instance))
-            } else if let item = try? jobQueue.item(of: record) {
-              // An item that no longer decodes is not listed (the old library could not show it
-              // either); the queue makes it a dead job, with the decode error, when it comes up.
-              found.append((record.id, item))
-            }
+      // One pass over every status in ID order, so a job that moves between waiting and running
+      // meanwhile (claimed, retried elsewhere) is seen once: a Bismuth queue keeps no completed
+      // jobs, so the history this reads is the few cancelled jobs. Dead jobs keep their instances
+      // (a re-queued one is the item added), but are not listed.
+      var after: JobID?
+      while true {
+        let page = try await jobQueue.jobs(after: after, limit: 500)
+        let instances = kept.instances(for: page.lazy.map(\.id))
+        for record in page
+        where record.status == .pending || record.status == .running || record.status == .dead {
+          existing.insert(record.id)
+          guard record.status != .dead else { continue }
+          if let instance = instances[record.id] {
+            found.append((record.id, instance))
+          } else if let item = try? jobQueue.item(of: record) {
+            // An item that no longer decodes is not listed (the old library could not show it
+            // either); the queue makes it a dead job, with the decode error, when it comes up.
+            found.append((record.id, item))
           }
-          guard let last = page.last, page.count == 500 else { break }
-          after = last.id
         }
+        guard let last = page.last, page.count == 500 else { break }
+        after = last.id
       }
-      found.sort { $0.id < $1.id }
       return KeptInstances<T>.Listing(jobs: found, existing: existing, generation: generation)
     }
   }

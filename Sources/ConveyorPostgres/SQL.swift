@@ -280,7 +280,9 @@ struct SQL {
   /// `JobHistory.maximumErrors`), how long its last attempt ran, its output. The status check is
   /// replaced (checked against every row, under the migration lock). A dead job counts as finished
   /// when it is migrated (so none is pruned at the first start), and a job's last error starts its
-  /// list. `jobs_finished` orders the history by finishing time, for pruning and history pages.
+  /// list (an error longer than `JobHistory.maximumErrorBytes`, which earlier versions kept whole,
+  /// keeps its first 1,023 characters and "…": at most 4 bytes each, so within the bound).
+  /// `jobs_finished` orders the history by finishing time, for pruning and history pages.
   /// The activity table counts handlers reported stuck per minute.
   /// The rows changed here keep their queue names whatever they are: the check of printable
   /// names (``version4``, `NOT VALID`) is set aside while they change, then set again.
@@ -293,7 +295,10 @@ struct SQL {
       ADD COLUMN run_ms bigint, ADD COLUMN output bytea;
     ALTER TABLE \(schema).jobs DROP CONSTRAINT jobs_queue_printable;
     UPDATE \(schema).jobs SET finished_at = date_trunc('milliseconds', now()) WHERE status = 'dead';
-    UPDATE \(schema).jobs SET errors = jsonb_build_array(last_error)::text WHERE last_error IS NOT NULL;
+    UPDATE \(schema).jobs SET errors = jsonb_build_array(
+        CASE WHEN octet_length(last_error) > \(JobHistory.maximumErrorBytes)
+        THEN left(last_error, \(JobHistory.maximumErrorBytes / 4 - 1)) || '…' ELSE last_error END)::text
+      WHERE last_error IS NOT NULL;
     ALTER TABLE \(schema).jobs ADD CONSTRAINT jobs_queue_printable
       CHECK (queue !~ '[\\x01-\\x1f\\x7f]') NOT VALID;
     CREATE INDEX jobs_finished ON \(schema).jobs (queue, status, finished_at, id)
@@ -719,18 +724,24 @@ struct SQL {
 
   var remove: String { "DELETE FROM \(schema).jobs WHERE queue = $1 AND id = ANY($2::int8[])" }
   /// Cancels the unfinished jobs among the IDs `$1` (of queue `$2`, or any when NULL) at `$3`;
-  /// returns each found job's ID and status as they were.
+  /// returns each found job's ID and status as they were. A job of a queue named with a control
+  /// character before names were checked (``version4``'s `NOT VALID` check refuses any change of
+  /// such a row) is deleted instead, as every cancel did before the history was kept.
   var cancel: String {
     """
     WITH target AS (
-      SELECT id, status FROM \(schema).jobs
+      SELECT id, status, queue ~ '[\\x01-\\x1f\\x7f]' AS unprintable FROM \(schema).jobs
       WHERE id = ANY($1::int8[]) AND ($2::text IS NULL OR queue = $2::text) FOR UPDATE
     ), gone AS (
       UPDATE \(schema).jobs j SET status = 'cancelled', finished_at = \(Self.now(3)), lease_owner = NULL,
         lease_expires_at = NULL
-      FROM target t WHERE j.id = t.id AND t.status IN ('ready', 'scheduled', 'running') RETURNING j.id
+      FROM target t WHERE j.id = t.id AND t.status IN ('ready', 'scheduled', 'running') AND NOT t.unprintable
+      RETURNING j.id
+    ), legacy AS (
+      DELETE FROM \(schema).jobs j USING target t
+      WHERE j.id = t.id AND t.status IN ('ready', 'scheduled', 'running') AND t.unprintable RETURNING j.id
     )
-    SELECT t.id, t.status, (SELECT count(*) FROM gone) FROM target t
+    SELECT t.id, t.status, (SELECT count(*) FROM gone) + (SELECT count(*) FROM legacy) FROM target t
     """
   }
   /// The running jobs of queue `$2` among the IDs `$1`, with their claim tokens.

@@ -27,8 +27,8 @@ struct ItemsTests {
 }
 
 /// A store that forwards to another and, once armed, runs a step of another process's worker
-/// right after a listing of waiting jobs has been read: the moment a listing that reads waiting
-/// and running jobs separately can see a job twice, or not at all.
+/// right after a page of waiting jobs (or of all jobs) has been read: the moment a listing that
+/// read waiting and running jobs separately could see a job twice, or not at all.
 private final class StepAfterWaitingListing: JobStore {
   typealias Step = @Sendable (InMemoryJobStore, String) async throws -> Void
   let base = InMemoryJobStore()
@@ -45,7 +45,7 @@ private final class StepAfterWaitingListing: JobStore {
 
   func jobs(queue: String, status: JobStatus?, after: JobID?, limit: Int) async throws -> [JobRecord] {
     let page = try await base.jobs(queue: queue, status: status, after: after, limit: limit)
-    if status == .pending,
+    if status == .pending || status == nil,
       let step = armed.withLock({ armed in
         defer { armed = nil }
         return armed
