@@ -393,9 +393,9 @@ extension InMemoryJobStore {
     var running: Set<JobID> = []
     /// Waiting jobs by deduplication key (usually one; a retried job can wait beside a newer one).
     var dedup: [ExactText: Set<JobID>] = [:]
-    /// Finished jobs by finish date, for pruning (entries of jobs since deleted or re-queued are
-    /// skipped when met).
-    var finished = Heap<FinishOrder>()
+    /// Each finished status's jobs by finish date, for pruning (entries of jobs since deleted or
+    /// re-queued are skipped when met).
+    var finished: [JobStatus: Heap<FinishOrder>] = [:]
     /// The place last given to a job retried straight into the ready state (``Slot/seq``): each
     /// such retry takes the next, so it goes behind every ready job of its run date.
     var lastRetrySeq: Int64 = 0
@@ -490,7 +490,7 @@ extension InMemoryJobStore {
         guard completed == true else { return false }
         running.remove(settlement.id)
         if keeps {
-          finished.push(FinishOrder(id: settlement.id, finishedAt: now))
+          finished[.completed, default: Heap()].push(FinishOrder(id: settlement.id, finishedAt: now))
         } else {
           jobs.removeValue(for: settlement.id)
         }
@@ -514,7 +514,7 @@ extension InMemoryJobStore {
         jobs[record.id]?.record.errors = JobHistory.appending(error, to: record.errors)
         if let ran = settlement.runDuration { jobs[record.id]?.record.runDuration = ran }
         makeWaiting(
-          record.id, runAt: runAt, error: error ?? record.lastError, ready: ready,
+          record.id, runAt: runAt, error: error.map(JobHistory.bounded) ?? record.lastError, ready: ready,
           seq: ready ? lastRetrySeq : 0)
       case .kill(let error):
         if settlement.keepsHistory {
@@ -525,7 +525,9 @@ extension InMemoryJobStore {
       case .release(let error):
         jobs[record.id]?.record.attempts = max(0, record.attempts - 1)
         makeWaiting(
-          record.id, runAt: record.runAt, error: error ?? record.lastError, ready: true, seq: slot.seq)
+          record.id, runAt: record.runAt, error: error.map(JobHistory.bounded) ?? record.lastError,
+          ready: true,
+          seq: slot.seq)
       }
       return true
     }
@@ -542,7 +544,8 @@ extension InMemoryJobStore {
       record.status = status
       record.finishedAt = now
       if let error {
-        record.lastError = error
+        // Bounded as the databases keep it.
+        record.lastError = JobHistory.bounded(error)
         record.errors = JobHistory.appending(error, to: record.errors)
       }
       if let runDuration { record.runDuration = runDuration }
@@ -550,7 +553,7 @@ extension InMemoryJobStore {
       record.leaseOwner = nil
       record.leaseExpiresAt = nil
       jobs[id] = Slot(record: record, ready: false, seq: 0)
-      finished.push(FinishOrder(id: id, finishedAt: now))
+      finished[status, default: Heap()].push(FinishOrder(id: id, finishedAt: now))
     }
 
     /// Deletes up to `limit` jobs with `status` that finished before `cutoff` (nil: any), oldest
@@ -559,20 +562,14 @@ extension InMemoryJobStore {
       var doomed: [JobID] = []
       // A job that finished twice at the same time (re-queued in between) has two entries.
       var seen: Set<JobID> = []
-      var kept: [FinishOrder] = []
-      while doomed.count < limit, let top = finished.peek {
+      while doomed.count < limit, let top = finished[status]?.peek {
         if let cutoff, top.finishedAt >= cutoff { break }
-        finished.pop()
+        finished[status]?.pop()
         // Entries go stale when a job is deleted or re-queued (lazy deletion).
-        guard let record = jobs[top.id]?.record, record.status.isFinished, record.finishedAt == top.finishedAt
+        guard let record = jobs[top.id]?.record, record.status == status, record.finishedAt == top.finishedAt
         else { continue }
-        if record.status != status {
-          kept.append(top)
-        } else if seen.insert(top.id).inserted {
-          doomed.append(top.id)
-        }
+        if seen.insert(top.id).inserted { doomed.append(top.id) }
       }
-      for entry in kept { finished.push(entry) }
       for id in doomed { delete(id) }
       return doomed.count
     }
