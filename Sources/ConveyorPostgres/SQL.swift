@@ -34,6 +34,9 @@ struct SQL {
   let schema: String
   /// The channel `NOTIFY` uses; the payload is the queue name.
   let channel: String
+  /// The channel a cancel announces the running jobs it cancelled on (``cancel``); the payload
+  /// is ``CancelPayload``'s.
+  let cancelChannel: String
 
   // The statements of adds, claims, settlements and heartbeats, built once: their text is also
   // the key of each connection's prepared statements. Built on every call, the claim's text alone
@@ -59,6 +62,7 @@ struct SQL {
     let schema = "\"\(name)\""
     self.schema = schema
     channel = "\(name).jobs"
+    cancelChannel = "\(name).cancels"
     insert = Self.insert(schema, channel: channel)
     insertUniform = Self.insertUniform(schema, channel: channel)
     insertOne = Self.insertOne(schema, channel: channel)
@@ -716,6 +720,12 @@ struct SQL {
   var remove: String { "DELETE FROM \(schema).jobs WHERE queue = $1 AND id = ANY($2::int8[])" }
   /// Cancels the unfinished jobs among the IDs `$1` (of queue `$2`, or any when NULL) at `$3`;
   /// returns each found job's ID and status as they were.
+  ///
+  /// The same statement announces the running jobs it cancelled on ``cancelChannel``, one
+  /// notification per queue (see ``CancelPayload``): `NOTIFY` delivers it when the transaction
+  /// commits, never for one rolled back. A payload must stay under 8,000 bytes: one too long to
+  /// name its jobs says "* queue" (check every claim of the queue), and one whose queue name alone
+  /// is too long says "*" (every queue).
   var cancel: String {
     """
     WITH target AS (
@@ -724,9 +734,19 @@ struct SQL {
     ), gone AS (
       UPDATE \(schema).jobs j SET status = 'cancelled', finished_at = \(Self.now(3)), lease_owner = NULL,
         lease_expires_at = NULL
-      FROM target t WHERE j.id = t.id AND t.status IN ('ready', 'scheduled', 'running') RETURNING j.id
+      FROM target t WHERE j.id = t.id AND t.status IN ('ready', 'scheduled', 'running')
+      RETURNING j.id, j.queue, t.status
+    ), told AS (
+      SELECT pg_notify('\(cancelChannel)', CASE
+          WHEN octet_length(named) < \(CancelPayload.limit) THEN named
+          WHEN octet_length(queue) < \(CancelPayload.limit - 2) THEN '* ' || queue
+          ELSE '*' END)
+      FROM (
+        SELECT queue, string_agg(id::text, ',' ORDER BY id) || ' ' || queue AS named
+        FROM gone WHERE status = 'running' GROUP BY queue
+      ) running
     )
-    SELECT t.id, t.status, (SELECT count(*) FROM gone) FROM target t
+    SELECT t.id, t.status, (SELECT count(*) FROM gone), (SELECT count(*) FROM told) FROM target t
     """
   }
   /// The running jobs of queue `$2` among the IDs `$1`, with their claim tokens.
