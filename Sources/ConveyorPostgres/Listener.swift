@@ -4,7 +4,8 @@ import Foundation
 import Synchronization
 
 /// Receives the store's notifications on a connection of its own and wakes the tasks waiting in
-/// ``wait(queue:timeout:)``.
+/// ``wait(queue:timeout:)``; hands the cancels' announcements (on a channel of their own) to the
+/// subscribers of ``cancellations(queue:)``.
 ///
 /// The connection lives on a thread of its own, started by the first wait: the thread `LISTEN`s,
 /// then blocks in `poll(2)` on the socket (a quarter second at most, to notice ``stop()``), and
@@ -13,6 +14,8 @@ import Synchronization
 /// Every `LISTEN`, the first included, wakes every waiter (and makes every watched queue's next
 /// wait return at once), since notifications sent before it are lost; so does the first wait
 /// for a queue this listener never watched, which may follow a notification it did not keep.
+/// Every `LISTEN` also gives every subscriber to cancellations a notice naming no job (check
+/// every claim), for the same reason.
 ///
 /// A connection that goes silent is given up: after ``heartbeatAfter`` without a byte from the
 /// server the thread sends `SELECT 1`, and a statement (that one, or `LISTEN`) whose answer takes
@@ -50,7 +53,22 @@ final class Listener: Sendable {
     var watchers: [ExactText: Int] = [:]
     /// Queues a wait was made for, so `pending` only holds names someone watches.
     var watched: Set<ExactText> = []
+    /// The subscribers to cancellations, by token.
+    var subscribers: [UInt64: Subscriber] = [:]
+    /// Whether the thread's `LISTEN` holds now: a subscriber that joins then is told at once to
+    /// check its claims (the `LISTEN`'s own notice went out before it joined).
+    var listening = false
   }
+
+  /// A subscriber to one queue's cancellations (a running `JobQueue`'s lease keeper).
+  private struct Subscriber {
+    var queue: ExactText
+    var continuation: AsyncStream<CancellationNotice>.Continuation
+  }
+
+  /// The notices a subscriber may have waiting before the oldest are dropped: a subscriber reads
+  /// them as they come, and one dropped is made up by the queue's periodic check of its claims.
+  static let noticeBuffer = 64
 
   /// Early returns a queue's notifications left for watchers that did not wait then.
   private struct Owed {
@@ -73,6 +91,7 @@ final class Listener: Sendable {
   private let conninfo: String
   private let scrubber: Scrubber
   private let channel: String
+  private let cancelChannel: String
   private let answerTimeout: Duration
 
   /// How long the connection may stay silent before the thread asks the server for a sign of life.
@@ -81,22 +100,75 @@ final class Listener: Sendable {
   /// - Parameters:
   ///   - answerTimeout: The longest the thread waits for the answer to `LISTEN` or a heartbeat
   ///     before it gives the connection up (the store's `callTimeout`).
-  init(conninfo: String, scrubber: Scrubber, channel: String, answerTimeout: Duration) {
+  ///   - cancelChannel: The channel cancels announce the running jobs they cancelled on
+  ///     (``CancelPayload``).
+  init(conninfo: String, scrubber: Scrubber, channel: String, cancelChannel: String, answerTimeout: Duration)
+  {
     self.conninfo = conninfo
     self.scrubber = scrubber
     self.channel = channel
+    self.cancelChannel = cancelChannel
     self.answerTimeout = answerTimeout
   }
 
-  /// Ends the thread within a quarter second and wakes every waiter. Later waits last their
-  /// timeout and return false, as a store that hears of nothing does.
+  /// Ends the thread within a quarter second, wakes every waiter and ends every subscription to
+  /// cancellations. Later waits last their timeout and return false, as a store that hears of
+  /// nothing does; later subscriptions end at once.
   func stop() {
-    let waiters = state.withLock { state -> [Waiter] in
+    let (waiters, subscribers) = state.withLock { state -> ([Waiter], [Subscriber]) in
       state.stopped = true
-      defer { state.waiters = [:] }
-      return Array(state.waiters.values)
+      defer {
+        state.waiters = [:]
+        state.subscribers = [:]
+      }
+      return (Array(state.waiters.values), Array(state.subscribers.values))
     }
     for waiter in waiters { waiter.resume(returning: false) }
+    for subscriber in subscribers { subscriber.continuation.finish() }
+  }
+
+  /// The announcements of cancelled running jobs of `queue` (queue names told apart byte for
+  /// byte), from the first `LISTEN` on, until the iteration ends or the listener stops. Starts
+  /// the thread if no wait did.
+  func cancellations(queue name: String) -> AsyncStream<CancellationNotice> {
+    let (stream, continuation) = AsyncStream.makeStream(
+      of: CancellationNotice.self, bufferingPolicy: .bufferingNewest(Self.noticeBuffer))
+    let token = state.withLock { state -> UInt64 in
+      state.nextToken += 1
+      return state.nextToken
+    }
+    continuation.onTermination = { [weak self] _ in
+      _ = self?.state.withLock { $0.subscribers.removeValue(forKey: token) }
+    }
+    let (subscribed, listening) = state.withLock { state -> (Bool, Bool) in
+      guard !state.stopped else { return (false, false) }
+      state.subscribers[token] = Subscriber(queue: ExactText(name), continuation: continuation)
+      return (true, state.listening)
+    }
+    guard subscribed else {
+      continuation.finish()
+      return stream
+    }
+    // Anything announced before it joined is unknown to it: it checks its claims once.
+    if listening { continuation.yield(CancellationNotice(jobs: nil)) }
+    // Started once the subscriber is in place, so the thread's first `LISTEN` tells it.
+    startIfNeeded()
+    return stream
+  }
+
+  /// Number of subscribers to cancellations (for tests).
+  var subscriberCount: Int { state.withLock { $0.subscribers.count } }
+
+  /// Hands a cancel's announcement to the subscribers of its queue (of every queue when it names
+  /// none), or a notice naming no job to every subscriber when `payload` is nil (after a
+  /// `LISTEN`).
+  private func announce(_ payload: String?) {
+    let parsed = payload.map(CancelPayload.parse) ?? (queue: nil, notice: CancellationNotice(jobs: nil))
+    let queue = parsed.queue.map(ExactText.init)
+    let reached = state.withLock { state in
+      state.subscribers.values.filter { queue == nil || $0.queue == queue }.map(\.continuation)
+    }
+    for continuation in reached { continuation.yield(parsed.notice) }
   }
 
   /// Waits for a notification about `queue`, `timeout`, or the task's cancellation.
@@ -225,10 +297,13 @@ final class Listener: Sendable {
         continue
       }
       let listening = ContinuousClock.now
+      state.withLock { $0.listening = true }
       // Notifications sent before this `LISTEN` (while connecting for the first time, or while
-      // down) are lost: every waiter looks again.
+      // down) are lost: every waiter looks again, and every subscriber checks its claims.
       deliver(nil)
+      announce(nil)
       listen(on: connection)
+      state.withLock { $0.listening = false }
       // A connection that lasted only moments (a server that ends sessions at once, a proxy
       // that drops them) is not opened again at full speed: each time wakes every waiter.
       if ContinuousClock.now - listening < Self.heartbeatAfter {
@@ -247,7 +322,8 @@ final class Listener: Sendable {
   private var listenScript: String {
     """
     SELECT set_config('idle_session_timeout', '0', false) FROM pg_settings WHERE name = 'idle_session_timeout';
-    LISTEN "\(channel)"
+    LISTEN "\(channel)";
+    LISTEN "\(cancelChannel)"
     """
   }
 
@@ -270,9 +346,10 @@ final class Listener: Sendable {
         lastHeard = .now
       }
       while let notification = PQnotifies(handle) {
-        let queue = String(cString: notification.pointee.extra)
+        let channel = String(cString: notification.pointee.relname)
+        let payload = String(cString: notification.pointee.extra)
         PQfreemem(notification)
-        deliver(queue)
+        if channel == cancelChannel { announce(payload) } else { deliver(payload) }
       }
       if PQstatus(handle) != CONNECTION_OK { return }
     }
@@ -310,5 +387,29 @@ final class Listener: Sendable {
     let end = ContinuousClock.now + .milliseconds(Int64(pause * 1000))
     while !isStopped && ContinuousClock.now < end { Thread.sleep(forTimeInterval: 0.05) }
     pause = min(pause * 2, 1)
+  }
+}
+
+/// The payload of a cancel's notification (``SQL/cancel``), one per queue: the IDs of the running
+/// jobs it cancelled, in decimal, separated by commas, a space, then the queue name
+/// (`"12,15 mail"`); `"* mail"` when the IDs would make it too long (some of the queue's running
+/// jobs); `"*"` when the queue name alone would (some running jobs of some queue).
+enum CancelPayload {
+  /// A payload is shorter than this many bytes (PostgreSQL's limit, by default).
+  static let limit = 8_000
+
+  /// The queue (nil: any) and the notice a payload gives. One it cannot read concerns every
+  /// claim of every queue: the check that follows costs a read, a notice dropped a cancellation.
+  static func parse(_ payload: String) -> (queue: String?, notice: CancellationNotice) {
+    guard let space = payload.firstIndex(of: " ") else { return (nil, CancellationNotice(jobs: nil)) }
+    let queue = String(payload[payload.index(after: space)...])
+    let head = payload[..<space]
+    if head == "*" { return (queue, CancellationNotice(jobs: nil)) }
+    var jobs: Set<JobID> = []
+    for field in head.split(separator: ",", omittingEmptySubsequences: false) {
+      guard let id = Int64(field) else { return (queue, CancellationNotice(jobs: nil)) }
+      jobs.insert(JobID(id))
+    }
+    return (queue, CancellationNotice(jobs: jobs))
   }
 }

@@ -251,6 +251,7 @@ public final class PostgresJobStore: JobStore {
     listener = try listenURL.map { listenURL in
       Listener(
         conninfo: listenURL, scrubber: try ConnectionInfo(listenURL).scrubber, channel: sql.channel,
+        cancelChannel: sql.cancelChannel,
         answerTimeout: options.callTimeout ?? .seconds(60))
     }
   }
@@ -976,6 +977,9 @@ public final class PostgresJobStore: JobStore {
   /// Cancels unfinished jobs; see `JobStore.cancel(_:queue:clock:)`. One statement; not repeated
   /// after a lost connection (a repeat would answer `CancelResult.notFound` for the jobs the
   /// first run cancelled), so such a loss is an error to the caller, who may cancel again.
+  ///
+  /// The statement also announces the running jobs it cancelled (``cancellations(queue:)``) with
+  /// a `NOTIFY`, delivered to every store listening on the schema when it commits.
   public func cancel(_ ids: [JobID], queue: String?, clock: any JobClock) async throws -> [CancelResult] {
     if ids.isEmpty { return [] }
     let sql = self.sql
@@ -1171,6 +1175,17 @@ public final class PostgresJobStore: JobStore {
       return false
     }
     return await listener.wait(queue: queue, timeout: timeout)
+  }
+
+  /// Announcements of the running jobs of `queue` cancelled by any process's
+  /// ``cancel(_:queue:clock:)`` on this schema (a `NOTIFY` sent by the cancel's own statement, so
+  /// only a cancel that commits announces anything), heard on the listener's connection: a
+  /// running `JobQueue` cancels such a job's handler within a round trip instead of at its next
+  /// periodic check (every 500 ms). nil through a transaction pooler with no `listenURL` (no
+  /// session to listen on): queues then rely on the periodic check. The announcements end when
+  /// the store closes. See `JobStore.cancellations(queue:)`.
+  public func cancellations(queue: String) -> AsyncStream<CancellationNotice>? {
+    listener?.cancellations(queue: queue)
   }
 
   // MARK: - Helpers

@@ -34,6 +34,9 @@ struct SQL {
   let schema: String
   /// The channel `NOTIFY` uses; the payload is the queue name.
   let channel: String
+  /// The channel a cancel announces the running jobs it cancelled on (``cancel``); the payload
+  /// is ``CancelPayload``'s.
+  let cancelChannel: String
 
   // The statements of adds, claims, settlements and heartbeats, built once: their text is also
   // the key of each connection's prepared statements. Built on every call, the claim's text alone
@@ -59,6 +62,7 @@ struct SQL {
     let schema = "\"\(name)\""
     self.schema = schema
     channel = "\(name).jobs"
+    cancelChannel = "\(name).cancels"
     insert = Self.insert(schema, channel: channel)
     insertUniform = Self.insertUniform(schema, channel: channel)
     insertOne = Self.insertOne(schema, channel: channel)
@@ -727,6 +731,12 @@ struct SQL {
   /// returns each found job's ID and status as they were. A job of a queue named with a control
   /// character before names were checked (``version4``'s `NOT VALID` check refuses any change of
   /// such a row) is deleted instead, as every cancel did before the history was kept.
+  ///
+  /// The same statement announces the running jobs it cancelled on ``cancelChannel``, one
+  /// notification per queue (see ``CancelPayload``): `NOTIFY` delivers it when the transaction
+  /// commits, never for one rolled back. A payload must stay under 8,000 bytes: one too long to
+  /// name its jobs says "* queue" (check every claim of the queue), and one whose queue name alone
+  /// is too long says "*" (every queue).
   var cancel: String {
     """
     WITH target AS (
@@ -736,12 +746,24 @@ struct SQL {
       UPDATE \(schema).jobs j SET status = 'cancelled', finished_at = \(Self.now(3)), lease_owner = NULL,
         lease_expires_at = NULL
       FROM target t WHERE j.id = t.id AND t.status IN ('ready', 'scheduled', 'running') AND NOT t.unprintable
-      RETURNING j.id
+      RETURNING j.id, j.queue, t.status
     ), legacy AS (
       DELETE FROM \(schema).jobs j USING target t
-      WHERE j.id = t.id AND t.status IN ('ready', 'scheduled', 'running') AND t.unprintable RETURNING j.id
+      WHERE j.id = t.id AND t.status IN ('ready', 'scheduled', 'running') AND t.unprintable
+      RETURNING j.id, j.queue, t.status
+    ), told AS (
+      SELECT pg_notify('\(cancelChannel)', CASE
+          WHEN octet_length(named) < \(CancelPayload.limit) THEN named
+          WHEN octet_length(queue) < \(CancelPayload.limit - 2) THEN '* ' || queue
+          ELSE '*' END)
+      FROM (
+        SELECT queue, string_agg(id::text, ',' ORDER BY id) || ' ' || queue AS named
+        FROM (SELECT * FROM gone UNION ALL SELECT * FROM legacy) AS stopped
+        WHERE status = 'running' GROUP BY queue
+      ) running
     )
-    SELECT t.id, t.status, (SELECT count(*) FROM gone) + (SELECT count(*) FROM legacy) FROM target t
+    SELECT t.id, t.status, (SELECT count(*) FROM gone) + (SELECT count(*) FROM legacy), (SELECT count(*) FROM told)
+    FROM target t
     """
   }
   /// The running jobs of queue `$2` among the IDs `$1`, with their claim tokens.

@@ -775,7 +775,7 @@ enum CLI {
       case .cancelledWaiting: output("job \(id): cancelled; it will not run")
       case .cancelledRunning:
         output(
-          "job \(id): cancelled while running; its worker stops it within about a second and does not retry it"
+          "job \(id): cancelled while running; its worker stops it (within about a second) and does not retry it"
         )
       case .alreadyDead: output("job \(id): already dead; nothing to cancel (delete it with remove)")
       case .alreadyCompleted: output("job \(id): already completed; nothing to cancel")

@@ -92,6 +92,38 @@ struct PgBouncerTests {
     await adder.close()
   }
 
+  @Test func withoutAListenURLARunningHandlerLearnsOfACancelAtTheClaimCheck() async throws {
+    let schema = uniqueSchema("bouncer_cancel")
+    let worker = try await open(schema, listening: false)
+    let canceller = try await open(schema, listening: false)
+    #expect(worker.cancellations(queue: "q") == nil, "no session to listen on: no announcements")
+    // Heartbeats every 200 s: only the periodic check of the claims (500 ms) can reach the
+    // handler within the test's wait.
+    let configuration = JobQueueConfiguration(identifier: "q", leaseDuration: .seconds(600))
+    let runs = Mutex<[String]>([])
+    let queue = try JobQueue<Item>(configuration: configuration, store: worker) { _, _ in
+      runs.withLock { $0.append("started") }
+      do {
+        try await Task.sleep(for: .seconds(600))
+      } catch {
+        runs.withLock { $0.append("cancelled") }
+        throw error
+      }
+      return .handled
+    }
+    let id = try await queue.add(Item(number: 1)).id
+    try await eventually("the handler to start", timeout: .seconds(60)) {
+      runs.withLock { $0 } == ["started"]
+    }
+    #expect(try await canceller.cancel([id], queue: "q", clock: SystemJobClock()) == [.cancelledRunning])
+    try await eventually("the handler to be cancelled", timeout: .seconds(60)) {
+      runs.withLock { $0 } == ["started", "cancelled"]
+    }
+    await queue.shutdown()
+    await worker.close()
+    await canceller.close()
+  }
+
   @Test func withoutAListenURLWorkersPoll() async throws {
     let store = try await open(listening: false)
     let handled = Mutex(0)

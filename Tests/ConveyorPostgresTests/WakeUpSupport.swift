@@ -107,6 +107,10 @@ final class LaggingStore: JobStore {
     return woken
   }
 
+  func cancellations(queue: String) -> AsyncStream<CancellationNotice>? {
+    base.cancellations(queue: queue)
+  }
+
   func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
     try await base.enqueue(jobs, queue: queue, clock: clock)
   }

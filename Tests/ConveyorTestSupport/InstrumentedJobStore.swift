@@ -185,6 +185,11 @@ public final class InstrumentedJobStore: JobStore {
     return try await base.prune(queue: queue, status: status, olderThan: age, limit: limit, clock: clock)
   }
 
+  /// Forwarded to ``base``.
+  public func cancellations(queue: String) -> AsyncStream<CancellationNotice>? {
+    base.cancellations(queue: queue)
+  }
+
   /// Counted, then forwarded to ``base``.
   public func currentClaims(_ claims: [ClaimReference], queue: String) async throws -> [ClaimReference] {
     try record("currentClaims")

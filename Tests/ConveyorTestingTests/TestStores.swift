@@ -94,6 +94,9 @@ final class PhantomLeaseStore: JobStore {
   {
     try await base.prune(queue: queue, status: status, olderThan: age, limit: limit, clock: clock)
   }
+  func cancellations(queue: String) -> AsyncStream<CancellationNotice>? {
+    base.cancellations(queue: queue)
+  }
   func currentClaims(_ claims: [ClaimReference], queue: String) async throws -> [ClaimReference] {
     try await base.currentClaims(claims, queue: queue)
   }

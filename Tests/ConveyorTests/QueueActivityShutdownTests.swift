@@ -129,6 +129,9 @@ struct QueueActivityShutdownTests {
     {
       try await base.prune(queue: queue, status: status, olderThan: age, limit: limit, clock: clock)
     }
+    func cancellations(queue: String) -> AsyncStream<CancellationNotice>? {
+      base.cancellations(queue: queue)
+    }
     func currentClaims(_ claims: [ClaimReference], queue: String) async throws -> [ClaimReference] {
       try await base.currentClaims(claims, queue: queue)
     }

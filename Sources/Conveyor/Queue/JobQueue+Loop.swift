@@ -18,7 +18,8 @@ extension JobQueue {
       held: { [weak self] in self?.core.withLock { $0.state.heldClaims } ?? [] },
       lost: { [weak self] claims in self?.lost(claims) },
       renewed: { [weak self] claims, sent in self?.core.withLock { $0.state.renewed(claims, sentAt: sent) } },
-      log: { [weak self] level, message in self?.log(level, message) }
+      log: { [weak self] level, message in self?.log(level, message) },
+      checkInterval: configuration.claimCheckInterval
     ).start()
     // Wakes the loop when the store hears of work from elsewhere (see `JobStore.waitForWork`).
     let watcher = Task(executorPreference: configuration.runtime.executor) {

@@ -113,6 +113,10 @@ public struct JobQueueConfiguration: Sendable {
   /// The longest job after which a worker claims ahead (see ``claimsAhead``). Internal: tests
   /// that must claim ahead on a loaded machine raise it.
   var claimAheadJobCeiling = QueueState.shortJob
+  /// How often the lease keeper asks the store whether the claims it holds are still current
+  /// (``LeaseKeeper/checkInterval``). Package-wide for tests: a test that must prove a
+  /// cancellation arrived by the store's notice, not by this check, makes it longer than the test.
+  package var claimCheckInterval = Duration.milliseconds(500)
   /// Where the queue's tasks run and how it waits in real time; a simulation replaces it.
   package var runtime = QueueRuntime.production
 

@@ -476,12 +476,14 @@ public protocol JobStore: Sendable {
   /// once; the second answer is ``CancelResult/alreadyCancelled``).
   ///
   /// A running job's worker learns it at its next ``currentClaims(_:queue:)`` check or heartbeat,
-  /// and cancels the handler's task.
+  /// and cancels the handler's task; sooner with a store that announces cancellations
+  /// (``cancellations(queue:)``), which announces only the cancels that commit.
   func cancel(_ ids: [JobID], queue: String?, clock: any JobClock) async throws -> [CancelResult]
 
   /// Of `claims`, those still current for `queue`: the job is running under that claim token,
   /// whatever its lease says. Reads only. A queue asks about its claims twice a second while it
-  /// holds any, and cancels the handlers of claims that are no longer current (cancelled,
+  /// holds any (and at once on a ``cancellations(queue:)`` notice about one of them), and cancels
+  /// the handlers of claims that are no longer current (cancelled,
   /// removed, or handed to another worker after their lease lapsed). Default: every claim (the
   /// store cannot tell; handlers then learn nothing before their heartbeat).
   func currentClaims(_ claims: [ClaimReference], queue: String) async throws -> [ClaimReference]
@@ -548,6 +550,18 @@ public protocol JobStore: Sendable {
   /// sleeps for `timeout` and returns false.
   func waitForWork(queue: String, timeout: Duration) async -> Bool
 
+  /// The store's announcements that running jobs of `queue` were cancelled, from this process or
+  /// any other (PostgreSQL's `NOTIFY`), or nil when the store announces none (the default).
+  ///
+  /// A running queue subscribes once, while it runs: on each notice it asks
+  /// ``currentClaims(_:queue:)`` about the claims it holds among the notice's jobs (all of them
+  /// when the notice names none), and cancels the handlers of claims no longer current, without
+  /// waiting for its next periodic check. Nothing is read when no notice names a job it holds.
+  /// The periodic check stays the fallback for a notice that never comes (a lost connection, a
+  /// full buffer), so a store may drop notices, but must announce only cancels that committed.
+  /// Ending the iteration (cancelling the task that iterates) ends the subscription.
+  func cancellations(queue: String) -> AsyncStream<CancellationNotice>?
+
   /// Whether the store keeps ``QueueActivity`` (``recordActivity(_:)`` stores it). Queues count
   /// activity only for a store that keeps it. Default false.
   var recordsActivity: Bool { get }
@@ -581,6 +595,9 @@ extension JobStore {
     return false
   }
 
+  /// Announces nothing: nil (queues rely on their periodic check of their claims).
+  public func cancellations(queue: String) -> AsyncStream<CancellationNotice>? { nil }
+
   /// Keeps no activity: false.
   public var recordsActivity: Bool { false }
 
@@ -599,13 +616,30 @@ extension JobStore {
   }
 }
 
+/// A store's announcement that running jobs of a queue were cancelled
+/// (``JobStore/cancellations(queue:)``).
+public struct CancellationNotice: Sendable, Hashable {
+  /// The running jobs cancelled, or nil when the notice does not name them (too many for one
+  /// notice, or the store may have missed some, as after a reconnect): a queue then checks every
+  /// claim it holds.
+  public var jobs: Set<JobID>?
+
+  /// A notice naming `jobs`, or naming none (nil).
+  public init(jobs: Set<JobID>?) {
+    self.jobs = jobs
+  }
+
+  /// Whether the notice may concern the job: it names it, or names none.
+  public func concerns(_ job: JobID) -> Bool { jobs?.contains(job) ?? true }
+}
+
 /// What ``JobStore/cancel(_:queue:clock:)`` did with one job.
 public enum CancelResult: String, Sendable, Hashable, Codable {
   /// The job was waiting (ready or scheduled); it is cancelled and will never run.
   case cancelledWaiting
   /// The job was running; it is cancelled. Its worker cancels the handler's task when it next
-  /// checks its claims (within about a second), ignores the handler's outcome, and the job is not
-  /// retried.
+  /// checks its claims (within about a second; at once when the store announces cancellations,
+  /// as PostgreSQL does), ignores the handler's outcome, and the job is not retried.
   case cancelledRunning
   /// The job is dead, so already finished; nothing changed. Delete it with `remove` or `purge`.
   case alreadyDead

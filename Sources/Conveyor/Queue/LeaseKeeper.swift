@@ -5,6 +5,12 @@ import Foundation
 /// ``checkInterval``, which of them are still current (a read), so a job cancelled or removed
 /// in another process has its handler cancelled within about that long.
 ///
+/// A store that announces cancellations (``JobStore/cancellations(queue:)``, PostgreSQL's
+/// `NOTIFY`) makes that sooner: the keeper follows its notices beside the loop above, and on one
+/// that concerns a claim it holds it runs the same check at once, for those claims. A notice
+/// about jobs it does not hold costs no store call; no notice, nothing. The periodic check stays,
+/// for a notice lost (a reconnect, a proxy without `LISTEN`).
+///
 /// A heartbeat is due a third of the lease after the last one *started*: the store computes the
 /// new expiries while the call runs, so a call slow to return (a store thread slow to resume its
 /// caller, a starved machine) does not push the next heartbeat out and eat into the lease. A
@@ -38,7 +44,24 @@ struct LeaseKeeper: Sendable {
 
   /// Starts the keeper; cancel the task to stop it.
   func start() -> Task<Void, Never> {
-    Task(executorPreference: executor) { await run() }
+    Task(executorPreference: executor) {
+      guard let notices = store.cancellations(queue: queue) else { return await run() }
+      await withDiscardingTaskGroup { group in
+        group.addTask { await follow(notices) }
+        await run()
+        // Stopped (the keeper's task cancelled): the group cancels the follower's iteration.
+        group.cancelAll()
+      }
+    }
+  }
+
+  /// Checks at once the held claims each notice concerns, until the task is cancelled or the
+  /// store ends the announcements (closed).
+  private func follow(_ notices: AsyncStream<CancellationNotice>) async {
+    for await notice in notices {
+      let claims = held().filter { notice.concerns($0.id) }
+      if !claims.isEmpty { await checkClaims(claims) }
+    }
   }
 
   private func run() async {
@@ -94,7 +117,11 @@ struct LeaseKeeper: Sendable {
   /// Asks the store which held claims are still current, and reports the others lost. A failure
   /// is left to the next heartbeat, which will find out.
   private func checkClaims() async {
-    let claims = held()
+    await checkClaims(held())
+  }
+
+  /// The same for some of the held claims.
+  private func checkClaims(_ claims: [ClaimReference]) async {
     guard !claims.isEmpty else { return }
     do {
       let current = Set(try await store.currentClaims(claims, queue: queue))
