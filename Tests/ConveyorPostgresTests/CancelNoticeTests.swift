@@ -125,10 +125,10 @@ struct CancelNoticeTests {
     await canceller.close()
   }
 
-  // The payload is split at its first space read as a `Character`: a space followed by a
-  // combining mark (a queue name that starts with one) is one grapheme, not " ", so the split
-  // fell on a later space, the notice went to another queue ("b", told to check every claim)
-  // and never to the queue whose job was cancelled.
+  // Failed before the payload was split by Unicode scalars: a space followed by a combining mark
+  // (a queue name that starts with one) is one `Character`, not " ", so the split fell on a later
+  // space, the notice went to another queue ("b", told to check every claim) and never to the
+  // queue whose job was cancelled.
   @Test func aQueueNameStartingWithACombiningMarkIsToldOfItsOwnCancels() async throws {
     let (worker, canceller) = try await twoStores()
     let name = "\u{301}a b"
