@@ -401,9 +401,12 @@ enum CancelPayload {
   /// The queue (nil: any) and the notice a payload gives. One it cannot read concerns every
   /// claim of every queue: the check that follows costs a read, a notice dropped a cancellation.
   static func parse(_ payload: String) -> (queue: String?, notice: CancellationNotice) {
-    guard let space = payload.firstIndex(of: " ") else { return (nil, CancellationNotice(jobs: nil)) }
-    let queue = String(payload[payload.index(after: space)...])
-    let head = payload[..<space]
+    // Split by Unicode scalars, not `Character`s: a queue name may start with a combining mark,
+    // which makes one grapheme of it and the space before it.
+    let scalars = payload.unicodeScalars
+    guard let space = scalars.firstIndex(of: " ") else { return (nil, CancellationNotice(jobs: nil)) }
+    let queue = String(scalars[scalars.index(after: space)...])
+    let head = String(scalars[..<space])
     if head == "*" { return (queue, CancellationNotice(jobs: nil)) }
     var jobs: Set<JobID> = []
     for field in head.split(separator: ",", omittingEmptySubsequences: false) {

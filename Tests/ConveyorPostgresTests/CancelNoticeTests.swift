@@ -125,6 +125,31 @@ struct CancelNoticeTests {
     await canceller.close()
   }
 
+  // Failed before the payload was split by Unicode scalars: a space followed by a combining mark
+  // (a queue name that starts with one) is one `Character`, not " ", so the split fell on a later
+  // space, the notice went to another queue ("b", told to check every claim) and never to the
+  // queue whose job was cancelled.
+  @Test func aQueueNameStartingWithACombiningMarkIsToldOfItsOwnCancels() async throws {
+    let (worker, canceller) = try await twoStores()
+    let name = "\u{301}a b"
+    let own = Notices(worker.cancellations(queue: name))
+    let other = Notices(worker.cancellations(queue: "b"))
+    try await own.listening()
+    try await other.listening()
+    let running = try await claim(1, in: name, from: worker)
+    #expect(try await canceller.cancel(running, queue: name, clock: SystemJobClock()) == [.cancelledRunning])
+    // A later cancel in "b" orders the notices: once it is in, the first one has been handed out.
+    let marker = try await claim(1, in: "b", from: worker)
+    #expect(try await canceller.cancel(marker, queue: "b", clock: SystemJobClock()) == [.cancelledRunning])
+    try await eventually("the notice of the cancel in b", timeout: .seconds(30)) {
+      other.named.contains(Set(marker))
+    }
+    #expect(own.afterListening == [Set(running)], "the queue's own notice names its job")
+    #expect(other.afterListening == [Set(marker)], "another queue hears only of its own cancels")
+    await worker.close()
+    await canceller.close()
+  }
+
   @Test func payloadsAreReadAsTheCancelWritesThem() {
     func read(_ payload: String) -> (String?, Set<Int64>?) {
       let (queue, notice) = CancelPayload.parse(payload)
@@ -132,6 +157,7 @@ struct CancelNoticeTests {
     }
     #expect(read("12,15 mail") == ("mail", [12, 15]))
     #expect(read("7 a queue with spaces") == ("a queue with spaces", [7]))
+    #expect(read("7 \u{301}mail") == ("\u{301}mail", [7]), "a name that starts with a combining mark")
     #expect(read("* mail") == ("mail", nil))
     #expect(read("*") == (nil, nil))
     // What it cannot read concerns every claim: a check costs a read, a lost notice a cancel.
