@@ -683,7 +683,7 @@ private final class RawQueue {
       "UPDATE jobs SET status = 'ready' WHERE queue = ? AND status = 'scheduled' AND run_at <= ?")
     let select = try statement(
       "SELECT id, payload, attempts, created_at, last_error, claim_token FROM jobs "
-        + "WHERE queue = ? AND status = 'ready' ORDER BY priority DESC, run_at, id LIMIT ?")
+        + "WHERE queue = ? AND status = 'ready' ORDER BY priority DESC, run_at, seq, id LIMIT ?")
     let claim = try statement(
       "UPDATE jobs SET status = 'running', "
         + "attempts = CASE WHEN attempts < 9223372036854775807 THEN attempts + 1 ELSE attempts END, "
