@@ -33,10 +33,20 @@ struct OpeningTests {
     }
     try await eventually("the opening says it waits") { waits.withLock { $0 } == 1 }
     try await Task.sleep(for: .milliseconds(700))  // a few more attempts fail meanwhile
+    // The port was free while the server was down: a client's connection elsewhere may hold it
+    // as its own (ephemeral) port for a moment, and the server then cannot bind it. Try again.
     try await PostgresServer.onBackgroundThread {
-      try server.control([
-        "start", "-w", "-t", "60", "-l", server.folder + "/server.log", "-o", server.serverOptions,
-      ])
+      var attempt = 0
+      while true {
+        attempt += 1
+        do {
+          return try server.control([
+            "start", "-w", "-t", "60", "-l", server.folder + "/server.log", "-o", server.serverOptions,
+          ])
+        } catch where attempt < 5 {
+          Thread.sleep(forTimeInterval: 1)
+        }
+      }
     }
     let store = try await opening.value
     #expect(waits.withLock { $0 } == 1, "said once")
