@@ -43,7 +43,7 @@ struct OpeningTests {
           return try server.control([
             "start", "-w", "-t", "60", "-l", server.folder + "/server.log", "-o", server.serverOptions,
           ])
-        } catch where attempt < 5 {
+        } catch  where attempt < 5 {
           Thread.sleep(forTimeInterval: 1)
         }
       }
