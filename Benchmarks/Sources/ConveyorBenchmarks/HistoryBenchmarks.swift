@@ -23,40 +23,11 @@ func runHistoryBenchmarks() async throws {
   let history = try SQLiteJobStore(path: historyPath)
   let count = 20_000
 
-  /// Seconds for a JobQueue (no-op handler) to drain `count` new jobs of `store`.
-  func drain(_ store: SQLiteJobStore, concurrency: Int) async throws -> Double {
-    let payload = try JSONEncoder().encode(BenchItem(url: "https://example.com/h", attempt: 1, body: "hi"))
-    let jobs = Array(repeating: NewJob(payload: payload, runAt: benchEpoch), count: 1_000)
-    for _ in 0..<(count / 1_000) { _ = try await store.enqueue(jobs, queue: "bench", clock: benchClock) }
-    let configuration = JobQueueConfiguration(identifier: "bench", concurrency: concurrency, autoStart: false)
-    let queue = try JobQueue<BenchItem>(configuration: configuration, store: store) { _, _ in .handled }
-    let start = ContinuousClock.now
-    queue.start()
-    await queue.waitUntilFinished()
-    let elapsed = seconds(since: start)
-    await queue.shutdown(gracePeriod: .seconds(5))
-    return elapsed
-  }
-  /// Seconds for the store alone to claim and complete `count` new jobs of `store`, one per call.
-  func storeDrain(_ store: SQLiteJobStore) async throws -> Double {
-    let jobs = Array(repeating: NewJob(payload: benchPayload, runAt: benchEpoch), count: 1_000)
-    for _ in 0..<(count / 1_000) { _ = try await store.enqueue(jobs, queue: "bench", clock: benchClock) }
-    let lease = Lease(owner: "bench", duration: .seconds(3_600))
-    var settlements: [JobSettlement] = []
-    let start = ContinuousClock.now
-    while true {
-      let claimed = try await store.settleAndClaim(
-        settlements, queue: "bench", limit: 1, lease: lease, clock: benchClock
-      ).claimed
-      guard let job = claimed.first else { break }
-      settlements = [JobSettlement(claim: job.claim, action: .complete)]
-    }
-    return seconds(since: start)
-  }
+  // The store alone: claim and complete one per call (the claim-latency loop, timed whole).
   let (storeFull, storeEmpty) = try await interleaved(repeats: 3) {
-    try await storeDrain(history)
+    try await claimLatencies(history, claims: count).total
   } baseline: {
-    try await storeDrain(try SQLiteJobStore(path: newPath()))
+    try await claimLatencies(try SQLiteJobStore(path: newPath()), claims: count).total
   }
   Comparison(
     name: "store claim+complete 1 per call, 1M kept", count: count, seconds: storeFull,
@@ -64,21 +35,14 @@ func runHistoryBenchmarks() async throws {
   ).print()
   for concurrency in [1, 4] {
     let (full, empty) = try await interleaved(repeats: 3) {
-      try await drain(history, concurrency: concurrency)
+      try await historyDrain(history, count: count, concurrency: concurrency)
     } baseline: {
-      try await drain(try SQLiteJobStore(path: newPath()), concurrency: concurrency)
+      try await historyDrain(try SQLiteJobStore(path: newPath()), count: count, concurrency: concurrency)
     }
     Comparison(
       name: "JobQueue drain c\(concurrency), 1M completed kept", count: count, seconds: full,
       baselineName: "the same, empty history", baselineSeconds: empty, goal: 0.95
     ).print()
-  }
-  /// Seconds to add `count` jobs one per call.
-  func addOneByOne(_ store: SQLiteJobStore, count: Int) async throws -> Double {
-    let job = NewJob(payload: benchPayload, runAt: benchEpoch)
-    let start = ContinuousClock.now
-    for _ in 0..<count { _ = try await store.enqueue([job], queue: "adds", clock: benchClock) }
-    return seconds(since: start)
   }
   let adds = 5_000
   let (addFull, addEmpty) = try await interleaved(repeats: 3) {
@@ -100,13 +64,40 @@ func runHistoryBenchmarks() async throws {
   printPruningLatencies(quiet: quiet, busy: busy, pruned: pruned, seconds: pruneTime)
 }
 
+/// Seconds for a `JobQueue` at `concurrency` (no-op handler) to drain `count` new jobs of queue
+/// "bench" of `store`.
+func historyDrain(_ store: any JobStore, count: Int, concurrency: Int) async throws -> Double {
+  let payload = try JSONEncoder().encode(BenchItem(url: "https://example.com/h", attempt: 1, body: "hi"))
+  let jobs = Array(repeating: NewJob(payload: payload, runAt: benchEpoch), count: 1_000)
+  for _ in 0..<(count / 1_000) { _ = try await store.enqueue(jobs, queue: "bench", clock: benchClock) }
+  let configuration = JobQueueConfiguration(identifier: "bench", concurrency: concurrency, autoStart: false)
+  let queue = try JobQueue<BenchItem>(configuration: configuration, store: store) { _, _ in .handled }
+  let start = ContinuousClock.now
+  queue.start()
+  await queue.waitUntilFinished()
+  let elapsed = seconds(since: start)
+  await queue.shutdown(gracePeriod: .seconds(5))
+  return elapsed
+}
+
+/// Seconds to add `count` jobs to queue "adds" of `store`, one per call.
+func addOneByOne(_ store: any JobStore, count: Int) async throws -> Double {
+  let job = NewJob(payload: benchPayload, runAt: benchEpoch)
+  let start = ContinuousClock.now
+  for _ in 0..<count { _ = try await store.enqueue([job], queue: "adds", clock: benchClock) }
+  return seconds(since: start)
+}
+
 /// Latencies in milliseconds.
 struct Latencies {
   var p50: Double
   var p99: Double
   var max: Double
+  /// All the samples together, in seconds.
+  var total: Double
 
   init(_ samples: [Double]) {
+    total = samples.reduce(0, +) / 1_000
     let sorted = samples.sorted()
     func at(_ fraction: Double) -> Double {
       sorted[min(sorted.count - 1, Int(Double(sorted.count) * fraction))]

@@ -296,31 +296,15 @@ private struct PostgresBench {
       try raw.exec("VACUUM ANALYZE \(kept).jobs")
     }
     print(String(format: "made 1000000 completed jobs in %.1f s", fill))
-    /// Seconds for a queue on `store` at `concurrency` to drain `count` new jobs.
-    func drain(_ store: PostgresJobStore, count: Int, concurrency: Int) async throws -> Double {
-      let payload = try JSONEncoder().encode(PostgresBenchItem(number: 1))
-      let jobs = Array(repeating: NewJob(payload: payload, runAt: benchEpoch), count: 1_000)
-      for _ in 0..<(count / 1_000) { _ = try await store.enqueue(jobs, queue: "bench", clock: benchClock) }
-      let queue = try JobQueue<PostgresBenchItem>(
-        configuration: JobQueueConfiguration(identifier: "bench", concurrency: concurrency, autoStart: false),
-        store: store
-      ) { _, _ in .handled }
-      let start = ContinuousClock.now
-      queue.start()
-      await queue.waitUntilFinished()
-      let elapsed = seconds(since: start)
-      await queue.shutdown(gracePeriod: .seconds(5))
-      return elapsed
-    }
     for concurrency in [1, 4] {
       let count = concurrency == 1 ? drainOne : drainOne * 2
       let (full, empty) = try await interleaved(repeats: 3) {
-        try await drain(store, count: count, concurrency: concurrency)
+        try await historyDrain(store, count: count, concurrency: concurrency)
       } baseline: {
         let schema = newSchema("empty")
         defer { try? drop(schema) }
         let fresh = try await openStore(schema)
-        let time = try await drain(fresh, count: count, concurrency: concurrency)
+        let time = try await historyDrain(fresh, count: count, concurrency: concurrency)
         await fresh.close()
         return time
       }
@@ -329,20 +313,13 @@ private struct PostgresBench {
         baselineName: "the same, empty history", baselineSeconds: empty, goal: 0.95
       ).print()
     }
-    /// Seconds to add `count` jobs one per call.
-    func adds(_ store: PostgresJobStore, count: Int) async throws -> Double {
-      let job = NewJob(payload: benchPayload, runAt: benchEpoch)
-      return try await seconds {
-        for _ in 0..<count { _ = try await store.enqueue([job], queue: "adds", clock: benchClock) }
-      }
-    }
     let (addFull, addEmpty) = try await interleaved(repeats: 3) {
-      try await adds(store, count: 2_000)
+      try await addOneByOne(store, count: 2_000)
     } baseline: {
       let schema = newSchema("emptyadds")
       defer { try? drop(schema) }
       let fresh = try await openStore(schema)
-      let time = try await adds(fresh, count: 2_000)
+      let time = try await addOneByOne(fresh, count: 2_000)
       await fresh.close()
       return time
     }
