@@ -315,8 +315,9 @@ enum SQL {
 
   /// The fence: an outcome or heartbeat applies only to the job's current claim.
   private static let held = "id = ? AND queue = ? AND status = 'running' AND claim_token = ?"
-  /// Deletes a completed job (its queue keeps no history of completed jobs).
-  static let completeWithoutHistory = "DELETE FROM jobs WHERE \(held)"
+  /// Deletes a job as it finishes (completed or dead) when its queue keeps no history of that
+  /// status (`JobSettlement.keepsHistory` false).
+  static let deleteHeld = "DELETE FROM jobs WHERE \(held)"
   /// Parameters: now, run time (NULL: kept), output, then the claim.
   static let complete = """
     UPDATE jobs SET status = 'completed', finished_at = ?, run_ms = coalesce(?, run_ms), output = ?,

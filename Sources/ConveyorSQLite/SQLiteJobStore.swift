@@ -624,7 +624,7 @@ public final class SQLiteJobStore: JobStore {
     let ran = settlement.runDuration.map { SQLiteValue.integer(JobStoreTime.milliseconds($0)) } ?? .null
     switch settlement.action {
     case .complete where !settlement.keepsHistory:
-      changed = try db.run(SQL.completeWithoutHistory, id, queue, token)
+      changed = try db.run(SQL.deleteHeld, id, queue, token)
     case .complete:
       changed = try db.run(
         SQL.complete, .integer(now), ran, settlement.output.map(SQLiteValue.blob) ?? .null, id, queue, token)
@@ -635,7 +635,7 @@ public final class SQLiteJobStore: JobStore {
         SQL.retry, .integer(runAt), .integer(now), error.map { .text(JobHistory.bounded($0)) } ?? .null, id,
         token, queue, ran)
     case .kill where !settlement.keepsHistory:
-      changed = try db.run(SQL.completeWithoutHistory, id, queue, token)
+      changed = try db.run(SQL.deleteHeld, id, queue, token)
     case .kill(let error):
       changed = try db.run(SQL.kill, .text(JobHistory.bounded(error)), .integer(now), ran, id, queue, token)
     case .release(let error):
