@@ -31,13 +31,15 @@ final class ClaimAheadScenario: Sendable {
     path = folder.path("ahead.sqlite")
   }
 
+  /// A configuration of the scenario's queue; `claimsAhead` nil leaves the library's default.
   func configuration(
-    maxAttempts: Int? = nil, claimsAhead: Bool = true, lease: Duration = .seconds(60),
+    maxAttempts: Int? = nil, claimsAhead: Bool? = true, lease: Duration = .seconds(60),
     log: Bool = true
   ) -> JobQueueConfiguration {
     var configuration = JobQueueConfiguration(
-      identifier: "ahead", maxAttempts: maxAttempts, claimsAhead: claimsAhead, autoStart: false,
+      identifier: "ahead", maxAttempts: maxAttempts, autoStart: false,
       leaseDuration: lease, clock: clock, log: log ? logs.append : nil)
+    if let claimsAhead { configuration.claimsAhead = claimsAhead }
     // Store calls take no time on this clock: count them as worth overlapping.
     configuration.claimAheadStoreCallFloor = .zero
     return configuration

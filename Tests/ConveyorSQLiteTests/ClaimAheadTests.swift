@@ -16,7 +16,9 @@ private struct Step: Queueable {
 /// when the queue pauses or shuts down, keeping its attempt and its place. A manual clock makes
 /// every handler "short" (its time does not move while one runs) and lets the test end the hold
 /// when it chooses. The comments name the promise of `JobQueueConfiguration.claimsAhead` each
-/// test holds the queue to; `withKnownIssue` marks the gaps the README lists.
+/// test holds the queue to. Claiming ahead is opt-in: the tests of deduplication, `clear()` and
+/// attempts check that the default keeps each guarantee and that the option gives up exactly
+/// what its documentation says.
 @Suite("Claiming ahead on SQLiteJobStore")
 struct ClaimAheadTests {
   @Test(.timeLimit(.minutes(10)))
@@ -33,7 +35,8 @@ struct ClaimAheadTests {
     let slowStarted = Gate()
     let release = Gate()
     func configuration(log: (@Sendable (LogRecord) -> Void)?) -> JobQueueConfiguration {
-      var configuration = JobQueueConfiguration(identifier: "ahead", autoStart: false, clock: clock, log: log)
+      var configuration = JobQueueConfiguration(
+        identifier: "ahead", claimsAhead: true, autoStart: false, clock: clock, log: log)
       // Store calls take no time on this clock: count them as worth overlapping.
       configuration.claimAheadStoreCallFloor = .zero
       return configuration
@@ -252,7 +255,8 @@ struct ClaimAheadTests {
     let seen = Log<JobStatus?>()
     let ids = Mutex<[JobID]>([])
     // Default floor (10 µs): on this clock every store call takes 0, so nothing is "slow".
-    let configuration = JobQueueConfiguration(identifier: "mem", autoStart: false, clock: clock)
+    let configuration = JobQueueConfiguration(
+      identifier: "mem", claimsAhead: true, autoStart: false, clock: clock)
     let queue = try JobQueue<AheadItem>(configuration: configuration, store: store) { item, _ in
       if item.name == "b" {
         let c = ids.withLock { $0[2] }
@@ -269,13 +273,14 @@ struct ClaimAheadTests {
     #expect(seen.all == [.pending], "while b ran, c was \(seen.all)")
   }
 
-  /// claimsAhead false: the job after "slow" is never claimed while slow runs.
-  @Test(.timeLimit(.minutes(10)))
-  func claimsAheadFalseNeverHoldsAJob() async throws {
+  /// The default configuration (and claimsAhead false): the job after "slow" is never claimed
+  /// while slow runs.
+  @Test(.timeLimit(.minutes(10)), arguments: [nil, false])
+  func byDefaultAJobIsNeverHeldAhead(claimsAhead: Bool?) async throws {
     let scenario = try ClaimAheadScenario()
     defer { scenario.openAll() }
     let store = try SQLiteJobStore(path: scenario.path)
-    let first = try scenario.queue(scenario.configuration(claimsAhead: false), store: store)
+    let first = try scenario.queue(scenario.configuration(claimsAhead: claimsAhead), store: store)
     try await first.add(contentsOf: [
       AheadItem(name: "quick"), AheadItem(name: "slow"), AheadItem(name: "next"),
     ])
@@ -299,7 +304,8 @@ struct ClaimAheadTests {
     let slowStarted = Gate()
     let slowGoes = Gate()
     defer { slowGoes.open() }
-    var configuration = JobQueueConfiguration(identifier: "long", autoStart: false, clock: clock)
+    var configuration = JobQueueConfiguration(
+      identifier: "long", claimsAhead: true, autoStart: false, clock: clock)
     configuration.claimAheadStoreCallFloor = .zero
     let queue = try JobQueue<AheadItem>(configuration: configuration, store: store) { item, _ in
       if item.name == "long" { clock.advance(by: .milliseconds(1)) }
@@ -419,80 +425,56 @@ struct ClaimAheadTests {
     }
   }
 
-  /// Deduplication: a job claimed ahead has not started (it has read nothing), yet
-  /// it stops holding its deduplication key; a duplicate added meanwhile is stored, and when the
-  /// held job is handed back the store holds two waiting jobs with one key, and both run.
-  /// With `claimsAhead` false the duplicate is refused.
-  @Test(.timeLimit(.minutes(10)))
-  func aDuplicateOfAJobHeldAheadIsNotStoredTwice() async throws {
-    for claimsAhead in [false, true] {
-      let scenario = try ClaimAheadScenario()
-      defer { scenario.openAll() }
-      let store = try SQLiteJobStore(path: scenario.path)
-      let queue = try scenario.queue(scenario.configuration(claimsAhead: claimsAhead), store: store)
-      let ids = try await scenario.runUntilSlow(
-        queue, store: store, rest: [AheadItem(name: "next", key: "k")], expectHeld: claimsAhead)
-      let duplicate = try await queue.add(AheadItem(name: "duplicate", key: "k"))
-      // Known gap (README, "Known gaps": a job claimed ahead counts as running for
-      // deduplication, and one handed back does not merge with a waiting duplicate).
-      withKnownIssue("a job claimed ahead counts as running for deduplication") {
-        #expect(
-          !duplicate.inserted, "claimsAhead \(claimsAhead): a waiting, unstarted job holds the key")
-      } when: {
-        claimsAhead
+  /// Deduplication: by default a job waiting behind a running one is waiting in the store, so a
+  /// duplicate merges with it and one job of the key runs. With `claimsAhead` (opt-in) the job
+  /// claimed ahead counts as running, as documented: the duplicate is stored, and when the held
+  /// job is handed back both run.
+  @Test(.timeLimit(.minutes(10)), arguments: [nil, true])
+  func aDuplicateOfAJobWaitingBehindARunningOneMergesUnlessClaimedAhead(claimsAhead: Bool?) async throws {
+    let heldAhead = claimsAhead ?? false
+    let scenario = try ClaimAheadScenario()
+    defer { scenario.openAll() }
+    let store = try SQLiteJobStore(path: scenario.path)
+    let queue = try scenario.queue(scenario.configuration(claimsAhead: claimsAhead), store: store)
+    let ids = try await scenario.runUntilSlow(
+      queue, store: store, rest: [AheadItem(name: "next", key: "k")], expectHeld: heldAhead)
+    let duplicate = try await queue.add(AheadItem(name: "duplicate", key: "k"))
+    #expect(duplicate.inserted == heldAhead, "claimsAhead \(String(describing: claimsAhead))")
+    if !heldAhead { #expect(duplicate.id == ids[2], "the duplicate names the waiting job") }
+    if heldAhead {
+      scenario.clock.advance(by: .milliseconds(50))
+      try await eventually("handed back", timeout: .seconds(30)) {
+        try await store.job(ids[2])?.status == .pending
       }
-      if claimsAhead {
-        scenario.clock.advance(by: .milliseconds(50))
-        try await eventually("handed back", timeout: .seconds(30)) {
-          try await store.job(ids[2])?.status == .pending
-        }
-        let waiting = try await store.jobs(queue: "ahead", status: .pending, after: nil, limit: 10)
-        withKnownIssue("a job handed back does not merge with a waiting duplicate") {
-          #expect(
-            waiting.filter { $0.deduplicationKey == "k" }.count <= 1,
-            "one waiting job per key: \(waiting.map(\.id))")
-        }
-      }
-      scenario.slowGoes.open()
-      await queue.waitUntilFinished()
-      await queue.shutdown(gracePeriod: .seconds(5))
-      let runs = scenario.runs.all
-      withKnownIssue("both jobs of the key run") {
-        #expect(
-          runs.filter { $0.hasPrefix("next") || $0.hasPrefix("duplicate") }.count == 1,
-          "claimsAhead \(claimsAhead): runs \(runs)")
-      } when: {
-        claimsAhead
-      }
+      let waiting = try await store.jobs(queue: "ahead", status: .pending, after: nil, limit: 10)
+      #expect(waiting.filter { $0.deduplicationKey == "k" }.count == 2, "the documented cost")
     }
+    scenario.slowGoes.open()
+    await queue.waitUntilFinished()
+    await queue.shutdown(gracePeriod: .seconds(5))
+    let runs = scenario.runs.all.filter { $0.hasPrefix("next") || $0.hasPrefix("duplicate") }
+    #expect(runs.count == (heldAhead ? 2 : 1), "claimsAhead \(String(describing: claimsAhead)): runs \(runs)")
   }
 
-  /// Clear: `clear()` deletes every waiting job. A job claimed ahead is waiting for a
-  /// slot, never started, but the store lists it as running: it survives the clear and runs.
-  /// With `claimsAhead` false the same sequence deletes it.
-  @Test(.timeLimit(.minutes(10)))
-  func clearDeletesAJobHeldAheadThatNeverStarted() async throws {
-    for claimsAhead in [false, true] {
-      let scenario = try ClaimAheadScenario()
-      defer { scenario.openAll() }
-      let store = try SQLiteJobStore(path: scenario.path)
-      let queue = try scenario.queue(scenario.configuration(claimsAhead: claimsAhead), store: store)
-      _ = try await scenario.runUntilSlow(
-        queue, store: store, rest: [AheadItem(name: "next")], expectHeld: claimsAhead)
-      try await queue.clear()
-      scenario.slowGoes.open()
-      await queue.waitUntilFinished()
-      await queue.shutdown(gracePeriod: .seconds(5))
-      let runs = scenario.runs.all
-      // Known gap (README, "Known gaps"): a job claimed ahead counts as running for clear().
-      withKnownIssue("a job claimed ahead counts as running for clear()") {
-        #expect(
-          !runs.contains("next attempt 1"),
-          "claimsAhead \(claimsAhead): a job cleared before it started ran: \(runs)")
-      } when: {
-        claimsAhead
-      }
-    }
+  /// `clear()` deletes every waiting job: by default that includes the job waiting behind a
+  /// running one, which never runs. With `claimsAhead` (opt-in) the job claimed ahead counts as
+  /// running, as documented: `clear()` leaves it, and it runs.
+  @Test(.timeLimit(.minutes(10)), arguments: [nil, true])
+  func clearDeletesAJobWaitingBehindARunningOneUnlessClaimedAhead(claimsAhead: Bool?) async throws {
+    let heldAhead = claimsAhead ?? false
+    let scenario = try ClaimAheadScenario()
+    defer { scenario.openAll() }
+    let store = try SQLiteJobStore(path: scenario.path)
+    let queue = try scenario.queue(scenario.configuration(claimsAhead: claimsAhead), store: store)
+    _ = try await scenario.runUntilSlow(
+      queue, store: store, rest: [AheadItem(name: "next")], expectHeld: heldAhead)
+    try await queue.clear()
+    scenario.slowGoes.open()
+    await queue.waitUntilFinished()
+    await queue.shutdown(gracePeriod: .seconds(5))
+    #expect(
+      scenario.runs.all.contains("next attempt 1") == heldAhead,
+      "claimsAhead \(String(describing: claimsAhead)): runs \(scenario.runs.all)")
   }
 
   /// With no handler (a delegate not ready for jobs), a job claimed ahead is handed
@@ -618,7 +600,8 @@ struct BatchedClaimAheadTests {
     handler: @escaping @Sendable (Step, JobContext) async throws -> JobResult
   ) throws -> JobQueue<Step> {
     var configuration = JobQueueConfiguration(
-      identifier: "batch", concurrency: concurrency, autoStart: false, pollInterval: .seconds(3_600))
+      identifier: "batch", concurrency: concurrency, claimsAhead: true, autoStart: false,
+      pollInterval: .seconds(3_600))
     // Every call that took any time counts as cheap, however slow the build or the machine.
     configuration.claimAheadStoreCallFloor = .seconds(1)
     // And every job that took under a minute as short, however loaded the machine.

@@ -40,7 +40,8 @@ struct LoopSleepTests {
     floor: Duration, concurrency: Int = 1, clock: any JobClock = SystemJobClock(), shortJobs: Bool = true
   ) -> JobQueueConfiguration {
     var configuration = JobQueueConfiguration(
-      identifier: Self.queueName, concurrency: concurrency, autoStart: false, pollInterval: .seconds(3_600))
+      identifier: Self.queueName, concurrency: concurrency, claimsAhead: true, autoStart: false,
+      pollInterval: .seconds(3_600))
     // Long leases: the loop also wakes at the next lease expiry, which would record the outcomes
     // after a lease (60 s by default) rather than the promised 50 ms hold.
     configuration.leaseDuration = .seconds(600)

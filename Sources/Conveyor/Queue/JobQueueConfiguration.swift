@@ -27,10 +27,13 @@ public struct JobQueueConfiguration: Sendable {
   /// Extra ready jobs claimed in the same store transaction beyond the free handler slots, held
   /// under this worker's lease until a slot frees. 0 (the default) claims only what can run now,
   /// which shares work fairly between workers; a larger value trades fairness for fewer
-  /// transactions.
+  /// transactions. A prefetched job counts as running until it starts or is handed back, with
+  /// the costs ``claimsAhead`` lists: a duplicate added meanwhile is stored, ``JobQueue/clear()``
+  /// leaves it, and a process that dies leaves it an attempt it never ran.
   public var prefetch: Int
   /// Whether a worker that has just run a short job claims one job ahead, with `prefetch` 0.
-  /// Default true.
+  /// Default false: a speed-up for queues of very short jobs that gives up three guarantees, so
+  /// a queue opts in.
   ///
   /// A worker whose job took less than 1 ms (decoding and handler), on a store whose calls take
   /// 10 µs or more (SQLite, PostgreSQL), claims its next job and the one after it in one store
@@ -51,15 +54,19 @@ public struct JobQueueConfiguration: Sendable {
   /// frees within 50 ms of its claim (measured by ``clock``: the job running took longer than the
   /// ones before it), the queue hands it back, ready in its old place with its attempt given
   /// back, for any worker to take. It is handed back at once when the queue is paused or shuts
-  /// down, and when its delegate goes away, within those 50 ms. It counts as running for
-  /// ``JobQueue/clear()``, which does not delete it.
-  /// A job is never claimed ahead after one that took 1 ms or longer, so long jobs are shared
-  /// between workers as without it.
+  /// down, and when its delegate goes away, within those 50 ms. A job is never claimed ahead
+  /// after one that took 1 ms or longer, so long jobs are shared between workers as without it.
   ///
-  /// Ignored when `prefetch` is above 0, and when ``maxAttempts`` is 1: a job claimed ahead by
-  /// a process that dies keeps the attempt its claim counted, as a prefetched one does, and with
-  /// one attempt allowed it would die without running. A job claimed ahead counts as running for
-  /// deduplication. false: claim only what can run now.
+  /// What it gives up, as `prefetch` does: until it is handed back or starts, a job claimed
+  /// ahead counts as running, not waiting.
+  /// - **Deduplication**: a duplicate added meanwhile is stored beside it; if it is then handed
+  ///   back, both run.
+  /// - **``JobQueue/clear()``** leaves it, and it runs.
+  /// - **Attempts**: if its process dies, it keeps the attempt its claim counted, though it never
+  ///   ran. (Ignored when ``maxAttempts`` is 1, where such a job would die without running.)
+  ///
+  /// These cannot be kept without a store call between the claim and the handler's start, which
+  /// is the very wait this overlaps. Ignored when `prefetch` is above 0.
   public var claimsAhead: Bool
   /// Whether the queue starts working as soon as it is created. Default true; false waits for
   /// ``JobQueue/start()``.
@@ -123,7 +130,7 @@ public struct JobQueueConfiguration: Sendable {
   /// Creates a configuration with the defaults above.
   public init(
     identifier: String, retryPolicy: RetryPolicy = .fixed(.seconds(15)), maxAttempts: Int? = nil,
-    concurrency: Int = 1, prefetch: Int = 0, claimsAhead: Bool = true, autoStart: Bool = true,
+    concurrency: Int = 1, prefetch: Int = 0, claimsAhead: Bool = false, autoStart: Bool = true,
     canRunInBackground: Bool = true,
     leaseDuration: Duration = .seconds(60), pollInterval: Duration = .seconds(1), timeLimit: Duration? = nil,
     timeLimitGrace: Duration = .seconds(10), retention: JobRetention = .default,
