@@ -141,8 +141,8 @@ public final class PostgresJobStore: JobStore {
   /// The schema version this build writes and reads (2 added the activity table; 3 left the
   /// store's own inserts to send their wake-up themselves, without the insert trigger; 4 the
   /// place a retried job takes among ready ones; 5 a job's own time limit; 6 the history of
-  /// finished jobs).
-  public static let schemaVersion = 6
+  /// finished jobs; 7 an index of the running and completed jobs with a deduplication key).
+  public static let schemaVersion = 7
 
   /// The options the store was opened with.
   public let options: Options
@@ -601,6 +601,9 @@ public final class PostgresJobStore: JobStore {
   private static func insert(_ call: EnqueueCall, sql: SQL, db: Connection, keysLocked: Bool = false) throws
     -> [EnqueueResult]
   {
+    if call.jobs.contains(where: \.hasDeduplicationOptions) {
+      return try insertEach(call, sql: sql, db: db, keysLocked: keysLocked)
+    }
     var existing: [Data: Int64] = [:]
     if !call.keys.isEmpty {
       if !keysLocked { try db.execute(sql.lockKeys, [.text(call.queue), .byteaArray(call.keys)]) }
@@ -616,6 +619,64 @@ public final class PostgresJobStore: JobStore {
       ids = try insertedIDs(try db.execute(statement.sql, statement.parameters), expected: inserting.count)
     }
     return try results(call, existing: existing, ids: ids, inserting: inserting)
+  }
+
+  /// Runs a call with a job whose key has a scope or a conflict choice other than the defaults
+  /// (inside a transaction, its keys locked), one job at a time in order: each looks for the
+  /// existing job of its key within its scope (a waiting one first), then keeps it, replaces it
+  /// or inserts a new job. A later job of the call sees what an earlier one stored.
+  private static func insertEach(_ call: EnqueueCall, sql: SQL, db: Connection, keysLocked: Bool) throws
+    -> [EnqueueResult]
+  {
+    if !keysLocked { try db.execute(sql.lockKeys, [.text(call.queue), .byteaArray(call.keys)]) }
+    var results: [EnqueueResult] = []
+    results.reserveCapacity(call.jobs.count)
+    for (index, job) in call.jobs.enumerated() {
+      if let key = job.deduplicationKey.map({ Data($0.utf8) }),
+        let result = try resolveDuplicate(job, key: key, call: call, sql: sql, db: db)
+      {
+        results.append(result)
+        continue
+      }
+      let statement = insertStatement(call, inserting: [index], sql: sql)
+      let id = try insertedIDs(try db.execute(statement.sql, statement.parameters), expected: 1)[0]
+      results.append(EnqueueResult(id: JobID(id), outcome: .inserted))
+    }
+    return results
+  }
+
+  /// The result for `job` when a job of its key exists within its scope (kept, or replaced
+  /// while it waits); nil when none does and the job is to be inserted. The key's lock is held,
+  /// so only a worker's claim can move a waiting job on meanwhile: a replace that finds its job
+  /// claimed looks again.
+  private static func resolveDuplicate(_ job: NewJob, key: Data, call: EnqueueCall, sql: SQL, db: Connection)
+    throws -> EnqueueResult?
+  {
+    let queue = PostgresValue.text(call.queue)
+    while true {
+      let waiting = try db.execute(sql.findWaiting, [queue, .bytea(key)])
+      var found = waiting.isNull(0, 0) ? nil : (id: waiting.int64(0, 0), waiting: true)
+      if found == nil, job.deduplicationScope.includesRunning {
+        var period = PostgresValue.null(oid: PostgresValue.int8OID)
+        if case .completedWithin(let duration) = job.deduplicationScope {
+          period = .int64(JobStoreTime.milliseconds(duration))
+        }
+        let keyed = try db.execute(sql.findKeyed, [queue, .bytea(key), call.now, period])
+        found = keyed.isNull(0, 0) ? nil : (id: keyed.int64(0, 0), waiting: false)
+      }
+      guard let found else { return nil }
+      guard found.waiting, job.onConflict == .replace else {
+        return EnqueueResult(id: JobID(found.id), outcome: .existing)
+      }
+      let replaced = try db.execute(
+        sql.replaceWaiting,
+        [
+          .int64(found.id), .bytea(job.payload), .int64(Int64(job.priority)),
+          delay(job.runTime).map(PostgresValue.int64) ?? .null(oid: PostgresValue.int8OID),
+          .timestamp(date(job.runTime)), call.now, timeLimit(job), queue,
+        ])
+      if replaced.count == 1 { return EnqueueResult(id: JobID(found.id), outcome: .replaced) }
+    }
   }
 
   /// The statement that inserts the jobs at `inserting` (not empty): one job with scalar

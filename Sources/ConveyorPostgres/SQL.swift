@@ -28,6 +28,8 @@ import Conveyor
 ///   (``nextWake``), the running and dead counts, listings (``list``: each status's part in ID
 ///   order), clearing by status.
 /// - `jobs_dedup (queue, dedup_key) WHERE … waiting`: the duplicate check of an enqueue.
+/// - `jobs_keyed (queue, dedup_key, status, finished_at) WHERE … running or completed`: the
+///   wider deduplication scopes (version 7).
 /// - The primary key: settlements (``settle``), heartbeats, the claim's update, ``job``.
 struct SQL {
   /// The quoted schema name, e.g. `"conveyor"`.
@@ -82,7 +84,7 @@ struct SQL {
   }
 
   /// The migrations, in order; version `n` is `migrations[n - 1]`.
-  var migrations: [String] { [version1, version2, version3, version4, version5, version6] }
+  var migrations: [String] { [version1, version2, version3, version4, version5, version6, version7] }
 
   /// The time of a statement: parameter `n`, or the server's clock when it is NULL.
   static func now(_ parameter: Int) -> String {
@@ -311,6 +313,16 @@ struct SQL {
     """
   }
 
+  /// Version 7: the running and completed jobs that have a deduplication key, by key, for the
+  /// wider deduplication scopes (`DeduplicationScope.waitingOrRunning`, `.completedWithin`).
+  /// Jobs without a key are in none of it, so their claims and completions never touch it.
+  var version7: String {
+    """
+    CREATE INDEX jobs_keyed ON \(schema).jobs (queue, dedup_key, status, finished_at)
+      WHERE dedup_key IS NOT NULL AND status IN ('running', 'completed');
+    """
+  }
+
   /// The columns ``PostgresJobStore`` decodes a `JobRecord` from, in order.
   static let columns = """
     id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key, \
@@ -357,6 +369,41 @@ struct SQL {
   }
   /// The oldest waiting job of each key (a separate statement after the locks, so its snapshot
   /// sees every job committed by an enqueuer that held a lock before). Parameters: queue, keys.
+  /// The oldest waiting job of one key. Parameters: queue, key.
+  var findWaiting: String {
+    """
+    SELECT min(id) FROM \(schema).jobs
+    WHERE queue = $1 AND dedup_key = $2 AND dedup_key IS NOT NULL AND status IN ('ready', 'scheduled')
+    """
+  }
+  /// The oldest job of one key that runs, or that completed at or after now (`$3`, NULL: the
+  /// server's clock) less `$4` milliseconds (NULL: no completed job counts). Parameters: queue,
+  /// key, now, period.
+  var findKeyed: String {
+    """
+    SELECT min(id) FROM \(schema).jobs
+    WHERE queue = $1 AND dedup_key = $2 AND dedup_key IS NOT NULL AND status IN ('running', 'completed')
+      AND (status = 'running' OR finished_at >= \(Self.now(3)) - $4::int8 * interval '1 millisecond')
+    """
+  }
+  /// Gives the waiting job `$1` a new payload, priority, run date (as ``insertOne`` computes it)
+  /// and time limit, and wakes the workers; returns its ID, or nothing when it no longer waits
+  /// (claimed since it was found). Its place, attempts and errors stay. Parameters: ID, payload,
+  /// priority, delay (ms), date, now, time limit, queue.
+  var replaceWaiting: String {
+    """
+    UPDATE \(schema).jobs AS j SET payload = $2, priority = $3, run_at = r.run_at,
+      status = CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END, time_limit_ms = $7::int8
+    FROM (SELECT \(Self.now(6)) AS now) AS n,
+      LATERAL (SELECT CASE WHEN $5::timestamptz IS NOT NULL THEN $5::timestamptz
+        WHEN $4::int8 IS NOT NULL THEN least(n.now + $4::int8 * interval '1 millisecond', \(Self.latest))
+        ELSE n.now END AS run_at) AS r,
+      (SELECT pg_notify('\(channel)', $8)) AS wake
+    WHERE j.id = $1 AND j.status IN ('ready', 'scheduled')
+    RETURNING j.id
+    """
+  }
+
   static func findDuplicates(_ schema: String) -> String {
     """
     SELECT dedup_key, min(id) FROM \(schema).jobs

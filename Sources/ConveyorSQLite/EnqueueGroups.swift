@@ -584,11 +584,33 @@ extension SQLiteJobStore {
     var results: [EnqueueResult] = []
     results.reserveCapacity(jobs.count)
     for job in jobs {
-      if let key = job.deduplicationKey,
-        let existing = try db.scalar(SQL.findDuplicate, .text(queue), .text(key))
-      {
-        results.append(EnqueueResult(id: JobID(existing), inserted: false))
-        continue
+      if let key = job.deduplicationKey {
+        var found = try db.scalar(SQL.findDuplicate, .text(queue), .text(key)).map { (id: $0, waiting: true) }
+        if found == nil, job.deduplicationScope.includesRunning {
+          let since = job.deduplicationScope.completedSince(now: now)
+          found = try db.scalar(
+            SQL.findKeyed, .text(queue), .text(key), since.map(SQLiteValue.integer) ?? .null
+          )
+          .map { (id: $0, waiting: false) }
+        }
+        if let found {
+          guard found.waiting, job.onConflict == .replace else {
+            results.append(EnqueueResult(id: JobID(found.id), outcome: .existing))
+            continue
+          }
+          let runAt = runAt(job.runTime, now: now)
+          let replaced = try db.run(
+            SQL.replaceWaiting, .blob(job.payload), .integer(Int64(job.priority)), .integer(runAt),
+            .text(runAt <= now ? "ready" : "scheduled"),
+            job.timeLimitMilliseconds.map(SQLiteValue.integer) ?? .null, .integer(found.id))
+          // In this write transaction the job found waiting cannot have moved on.
+          guard replaced == 1 else {
+            throw SQLiteError(
+              code: .constraint, message: "the waiting job \(found.id) to replace was not updated")
+          }
+          results.append(EnqueueResult(id: JobID(found.id), outcome: .replaced))
+          continue
+        }
       }
       let runAt = runAt(job.runTime, now: now)
       let stored = try db.run(

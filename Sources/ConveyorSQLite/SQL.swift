@@ -105,9 +105,21 @@ enum SQL {
     CREATE INDEX jobs_dead_finished ON jobs (queue, finished_at) WHERE status = 'dead';
     """
   /// The indexes of version 6.
-  static let indexes = """
+  static let indexesVersion6 = """
     \(indexesVersion4)
     \(finishedIndex)
+    """
+  /// Version 7: the running and completed jobs that have a deduplication key, by key, for the
+  /// wider deduplication scopes (`DeduplicationScope.waitingOrRunning`, `.completedWithin`).
+  /// Jobs without a key are in none of it, so their claims and completions never touch it.
+  static let keyedIndex = """
+    CREATE INDEX jobs_keyed ON jobs (queue, dedup_key, status, finished_at)
+      WHERE dedup_key IS NOT NULL AND status IN ('running', 'completed');
+    """
+  /// The indexes of version 7.
+  static let indexes = """
+    \(indexesVersion6)
+    \(keyedIndex)
     """
   /// The indexes every version since 2 has.
   static let otherIndexes = """
@@ -232,11 +244,16 @@ enum SQL {
       CASE WHEN last_error IS NOT NULL THEN json_array(last_error) END
     FROM jobs_v5;
     DROP TABLE jobs_v5;
-    \(indexes)
+    \(indexesVersion6)
     ALTER TABLE activity ADD COLUMN \(stuckColumn);
     PRAGMA user_version = 6;
     """
   }
+  /// Version 6 to 7: one index more (``keyedIndex``).
+  static let migrate6to7 = """
+    \(keyedIndex)
+    PRAGMA user_version = 7;
+    """
   /// Of the jobs after `?1`, up to 100 in ID order whose last error is longer than a kept error
   /// may be, with its first characters: more characters than the bound has bytes, enough for
   /// `JobHistory.bounded` to cut it as it would cut the whole.
@@ -269,6 +286,20 @@ enum SQL {
   /// have read old data, so a new job with its key must run after it.
   static let findDuplicate = """
     SELECT min(id) FROM jobs WHERE queue = ? AND dedup_key = ? AND status IN ('ready', 'scheduled')
+    """
+  /// The oldest job of the key `?2` that runs, or that completed at or after `?3` (milliseconds;
+  /// NULL: no completed job counts), for the wider deduplication scopes. `INDEXED BY`: a
+  /// statement that could not use ``keyedIndex`` fails to prepare instead of scanning the table.
+  static let findKeyed = """
+    SELECT min(id) FROM jobs INDEXED BY jobs_keyed
+    WHERE queue = ?1 AND dedup_key = ?2 AND dedup_key IS NOT NULL AND status IN ('running', 'completed')
+      AND (status = 'running' OR finished_at >= ?3)
+    """
+  /// Gives the waiting job `?6` a new payload, priority, run date, state and time limit
+  /// (`DeduplicationConflict.replace`); its place (`seq`), attempts and errors stay.
+  static let replaceWaiting = """
+    UPDATE jobs SET payload = ?1, priority = ?2, run_at = ?3, status = ?4, time_limit_ms = ?5
+    WHERE id = ?6 AND status IN ('ready', 'scheduled')
     """
   /// The status is a parameter here: an insert maintains the partial indexes row by row.
   static let insert = """

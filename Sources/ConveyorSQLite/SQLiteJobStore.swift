@@ -67,9 +67,10 @@ public final class SQLiteJobStore: JobStore {
   ///
   /// Version 2 added claim tokens and the ready/scheduled states; version 3 the activity table
   /// (``recordActivity(_:)``); version 4 the place a retried job takes among ready ones; version
-  /// 5 a job's own time limit; version 6 the history of finished jobs. An older
+  /// 5 a job's own time limit; version 6 the history of finished jobs; version 7 an index of the
+  /// running and completed jobs with a deduplication key. An older
   /// database is migrated when it is opened, in one transaction, keeping every job.
-  public static let schemaVersion: Int32 = 6
+  public static let schemaVersion: Int32 = 7
 
   /// The database file's path.
   public let path: String
@@ -886,19 +887,26 @@ extension SQLiteJobStore {
           try db.execute(SQL.migrate3to4)
           try db.execute(SQL.migrate4to5)
           try migrateFromVersion5(db)
+          try db.execute(SQL.migrate6to7)
         case .version2:
           try db.execute(SQL.migrate2to3)
           try db.execute(SQL.migrate3to4)
           try db.execute(SQL.migrate4to5)
           try migrateFromVersion5(db)
+          try db.execute(SQL.migrate6to7)
         case .version3:
           try db.execute(SQL.migrate3to4)
           try db.execute(SQL.migrate4to5)
           try migrateFromVersion5(db)
+          try db.execute(SQL.migrate6to7)
         case .version4:
           try db.execute(SQL.migrate4to5)
           try migrateFromVersion5(db)
-        case .version5: try migrateFromVersion5(db)
+          try db.execute(SQL.migrate6to7)
+        case .version5:
+          try migrateFromVersion5(db)
+          try db.execute(SQL.migrate6to7)
+        case .version6: try db.execute(SQL.migrate6to7)
         case .current: break
         }
       }
@@ -927,7 +935,7 @@ extension SQLiteJobStore {
     }
   }
 
-  enum FileKind { case empty, version1, version2, version3, version4, version5, current }
+  enum FileKind { case empty, version1, version2, version3, version4, version5, version6, current }
 
   /// Rebuilds a version 5 database as version 6 inside the caller's transaction, keeping every
   /// job and the `AUTOINCREMENT` counter.
@@ -1009,6 +1017,7 @@ extension SQLiteJobStore {
     if version == 3 { return .version3 }
     if version == 4 { return .version4 }
     if version == 5 { return .version5 }
+    if version == 6 { return .version6 }
     guard version == Int64(Self.schemaVersion) else {
       throw SQLiteJobStoreError(
         code: .unsupportedSchema, path: path,

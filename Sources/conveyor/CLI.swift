@@ -106,6 +106,13 @@ enum CLI {
     OptionSpec(names: ["--delay"], value: "S", help: "run no sooner than S seconds from now"),
     OptionSpec(names: ["--priority"], value: "N", help: "higher runs first (default 0)"),
     OptionSpec(names: ["--key"], value: "KEY", help: "while a job with this key waits, return it instead"),
+    OptionSpec(
+      names: ["--unique"], value: "SCOPE",
+      help: "with --key, which jobs of the key count: waiting (default), running (waiting or "
+        + "running), or a duration such as 1h (also completed within it)"),
+    OptionSpec(
+      names: ["--replace"], value: nil,
+      help: "with --key, give a waiting job of the key this job's request, priority and delay"),
   ]
 
   /// This build's version; `conveyor --version` prints it with the schema versions it writes.
@@ -527,6 +534,12 @@ enum CLI {
   static func add(_ job: OutboxJob, _ arguments: Arguments, _ context: Context) async throws -> Int32 {
     let delay = try arguments.seconds("--delay") ?? .zero
     let priority = try arguments.integer("--priority", in: -1_000_000...1_000_000) ?? 0
+    let scope = try uniqueness(arguments)
+    let onConflict: DeduplicationConflict = arguments.flag("--replace") ? .replace : .useExisting
+    if job.deduplicationKey == nil, arguments.option("--unique") != nil || arguments.flag("--replace") {
+      throw UsageError(
+        description: "--unique and --replace need a --key: they say what a job of the key does")
+    }
     let store = try context.openStore()
     let encoded = try JSONEncoder().encode(job)
     let payload = PayloadPrefix.summaryMembersFirst(encoded) ?? encoded
@@ -534,11 +547,24 @@ enum CLI {
       [
         NewJob(
           payload: payload, priority: priority, runTime: delay > .zero ? .after(delay) : .now,
-          deduplicationKey: job.deduplicationKey)
+          deduplicationKey: job.deduplicationKey, deduplicationScope: scope, onConflict: onConflict)
       ], queue: context.queue, clock: SystemJobClock())[0]
     let id = result.id
-    if !result.inserted {
-      printError("conveyor: not stored: job \(id) with the same --key is already waiting")
+    switch result.outcome {
+    case .inserted: break
+    case .existing:
+      let which =
+        switch scope {
+        case .waiting: "is already waiting"
+        case .waitingOrRunning: "is already waiting or running"
+        case .completedWithin:
+          "is waiting, running or completed within --unique \(arguments.option("--unique") ?? "")"
+        }
+      printError("conveyor: not stored: job \(id) with the same --key \(which)")
+    case .replaced:
+      printError(
+        "conveyor: job \(id) with the same --key was waiting; it now has this job's request, priority and delay"
+      )
     }
     if let failure = output(id.description) {
       printError(
@@ -546,6 +572,22 @@ enum CLI {
       return ExitCode.failure.rawValue
     }
     return ExitCode.success.rawValue
+  }
+
+  /// The `--unique` scope: `waiting` (the default), `running`, or a duration above zero.
+  static func uniqueness(_ arguments: Arguments) throws -> DeduplicationScope {
+    guard let text = arguments.option("--unique") else { return .waiting }
+    switch text {
+    case "waiting": return .waiting
+    case "running": return .waitingOrRunning
+    default:
+      guard let period = Arguments.duration(text), period > .zero else {
+        throw UsageError(
+          description: "--unique must be waiting, running, or a duration above zero such as 90s, 15m, "
+            + "24h or 7d (at most 36500d), got \"\(printable(text))\"")
+      }
+      return .completedWithin(period)
+    }
   }
 
   /// Parses an `http://` or `https://` URL; the scheme may be given in any case.

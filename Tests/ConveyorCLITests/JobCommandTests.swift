@@ -38,6 +38,43 @@ import Testing
     #expect(try await sandbox.counts() == counts(ready: 1))
   }
 
+  /// `--replace` is a debounce: the waiting job of the key takes the newest command and delay,
+  /// and runs once.
+  @Test func addWithReplaceGivesTheWaitingJobOfTheKeyTheNewCommand() async throws {
+    let sandbox = try Sandbox()
+    let first = try await sandbox.add([
+      "exec", "--key", "k", "--replace", "--delay", "600", "--", "echo", "one",
+    ])
+    let replaced = try await sandbox.run(["add", "exec", "--key", "k", "--replace", "--", "echo", "two"])
+    #expect(replaced.status == 0 && replaced.stdout == "\(first)\n", "\(replaced)")
+    #expect(replaced.stderr.contains("job \(first) with the same --key was waiting; it now has this job's"))
+    #expect(try await sandbox.counts() == counts(ready: 1), "one job, ready at once")
+    let shown = try await sandbox.succeed(["show", String(first)]).stdout
+    #expect(shown.contains("echo two") && !shown.contains("echo one"), "\(shown)")
+  }
+
+  /// `--unique running`: a running job of the key stops a new one; `--unique 1h` also a job
+  /// completed within the hour.
+  @Test func addWithUniqueCountsRunningAndCompletedJobsOfTheKey() async throws {
+    let sandbox = try Sandbox()
+    let first = try await sandbox.add(["exec", "--key", "k", "--unique", "1h", "--", "true"])
+    try await sandbox.succeed(["work", "--until-empty"])
+    #expect(try await sandbox.allCounts() == allCounts(completed: 1))
+    let within = try await sandbox.run(["add", "exec", "--key", "k", "--unique", "1h", "--", "true"])
+    #expect(within.status == 0 && within.stdout == "\(first)\n", "\(within)")
+    #expect(
+      within.stderr.contains("not stored: job \(first) with the same --key is waiting, running or completed"))
+    // The default scope leaves the completed job out.
+    let plain = try await sandbox.add(["exec", "--key", "k", "--", "true"])
+    #expect(plain != first)
+    for bad in [["--unique", "soon"], ["--unique", "0"], ["--unique", "-1h"]] {
+      let refused = try await sandbox.run(["add", "exec", "--key", "k"] + bad + ["--", "true"])
+      #expect(refused.status == 2 && refused.stderr.contains("--unique must be"), "\(bad): \(refused)")
+    }
+    let keyless = try await sandbox.run(["add", "exec", "--replace", "--", "true"])
+    #expect(keyless.status == 2 && keyless.stderr.contains("need a --key"), "\(keyless)")
+  }
+
   @Test func theDatabaseComesFromTheEnvironmentWithoutDatabase() async throws {
     let sandbox = try Sandbox()
     let fromVariable = sandbox.path("from-variable.sqlite")

@@ -279,6 +279,45 @@ struct PostgresJobStoreTests {
     await store.close()
   }
 
+  /// A schema at version 6 (the release of 2026-12-06, history) gains the index of keyed running
+  /// and completed jobs when a store opens it, with every job kept; the wider deduplication
+  /// scopes then see the jobs stored before.
+  @Test func aVersion6SchemaGainsTheKeyedIndexWithEveryJobKept() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("v6")
+    let admin = try AdminConnection(server.url)
+    try createSchema(SQL(schema: schema), atVersion: 6, with: admin)
+    try admin.query(
+      """
+      INSERT INTO \(schema).jobs (queue, payload, status, attempts, run_at, created_at, dedup_key,
+        lease_owner, lease_expires_at, claim_token, finished_at) VALUES
+      ('mail', '\\x7b7d', 'running', 1, now(), now(), 'r', 'w:1', now() + interval '30 seconds', 1, NULL),
+      ('mail', '\\x7b7d', 'completed', 1, now(), now(), 'c', NULL, NULL, 1, now() - interval '10 minutes'),
+      ('mail', '\\x7b7d', 'ready', 0, now(), now(), NULL, NULL, NULL, 0, NULL)
+      """)
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let versions = try admin.query("SELECT version FROM \(schema).schema_migrations ORDER BY version")
+    #expect(versions == (1...PostgresJobStore.schemaVersion).map { [String($0)] })
+    let index = try admin.query(
+      "SELECT count(*) FROM pg_indexes WHERE schemaname = '\(schema.replacingOccurrences(of: "\"", with: ""))' AND indexname = 'jobs_keyed'"
+    )
+    #expect(index == [["1"]])
+    let mail = try await store.jobs(queue: "mail", status: nil, after: nil, limit: 10)
+    #expect(mail.map(\.status) == [.running, .completed, .pending])
+    let found = try await store.enqueue(
+      [
+        NewJob(payload: Data("{}".utf8), deduplicationKey: "r", deduplicationScope: .waitingOrRunning),
+        NewJob(
+          payload: Data("{}".utf8), deduplicationKey: "c",
+          deduplicationScope: .completedWithin(.seconds(3_600))),
+        NewJob(
+          payload: Data("{}".utf8), deduplicationKey: "c", deduplicationScope: .completedWithin(.seconds(60))),
+      ], queue: "mail", clock: SystemJobClock())
+    #expect(found.map(\.outcome) == [.existing, .existing, .inserted])
+    #expect(found[0].id == mail[0].id && found[1].id == mail[1].id)
+    await store.close()
+  }
+
   /// A version 5 schema's last errors were stored whole (nothing bounded them then): the list of
   /// errors a migrated job starts with keeps each within `JobHistory.maximumErrorBytes`, as every
   /// error recorded since.

@@ -301,6 +301,51 @@ struct MigrationTests {
     #expect(try await store.job(mail[1].id)?.status == .completed)
   }
 
+  /// A version 6 database (the release of 2026-12-06, history) gains the index of keyed running
+  /// and completed jobs, with every job kept; the wider deduplication scopes then see the jobs
+  /// stored before. The file is made by this build and taken back to version 6's schema, which
+  /// differs from version 7's by that index alone.
+  @Test func aVersion6DatabaseGainsTheKeyedIndexWithEveryJobKept() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("v6.sqlite")
+    let t = 1_700_000_000_000
+    do { _ = try SQLiteJobStore(path: path) }
+    try execute(
+      path,
+      """
+      DROP INDEX jobs_keyed;
+      PRAGMA user_version = 6;
+      INSERT INTO queues (name) VALUES ('mail');
+      INSERT INTO jobs (queue, payload, status, attempts, run_at, created_at, dedup_key, lease_owner,
+        lease_expires_at, claim_token, finished_at) VALUES
+      ('mail', x'7b7d', 'running', 1, \(t), \(t), 'r', 'w:1', \(t + 60_000), 1, NULL),
+      ('mail', x'7b7d', 'completed', 1, \(t), \(t), 'c', NULL, NULL, 1, \(t - 600_000)),
+      ('mail', x'7b7d', 'ready', 0, \(t), \(t), NULL, NULL, NULL, 0, NULL);
+      """)
+    let store = try SQLiteJobStore(path: path)
+    let (version, index) = try await store.connection.perform { db in
+      (
+        try db.scalar("SELECT user_version FROM pragma_user_version") ?? 0,
+        try db.scalar("SELECT count(*) FROM sqlite_master WHERE name = 'jobs_keyed'") ?? 0
+      )
+    }
+    #expect(version == SQLiteJobStore.schemaVersion && index == 1)
+    let mail = try await store.jobs(queue: "mail", status: nil, after: nil, limit: 10)
+    #expect(mail.map(\.status) == [.running, .completed, .pending])
+    let now = FixedJobClock(Date(timeIntervalSince1970: 1_700_000_000))
+    let found = try await store.enqueue(
+      [
+        NewJob(payload: Data("{}".utf8), deduplicationKey: "r", deduplicationScope: .waitingOrRunning),
+        NewJob(
+          payload: Data("{}".utf8), deduplicationKey: "c",
+          deduplicationScope: .completedWithin(.seconds(3_600))),
+        NewJob(
+          payload: Data("{}".utf8), deduplicationKey: "c", deduplicationScope: .completedWithin(.seconds(60))),
+      ], queue: "mail", clock: now)
+    #expect(found.map(\.outcome) == [.existing, .existing, .inserted])
+    #expect(found[0].id == mail[0].id && found[1].id == mail[1].id)
+  }
+
   /// A version 5 database's last errors were stored whole (nothing bounded them then): the list
   /// of errors a migrated job starts with keeps each within ``JobHistory/maximumErrorBytes``, as
   /// every error recorded since.

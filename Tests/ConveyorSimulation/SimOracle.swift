@@ -26,6 +26,9 @@ final class SimOracle: Sendable {
     case deterministic = "every task runs on the simulation's executor"
     case historyKept =
       "a completed job stays in the store as completed, with its finishing time, until its retention passes"
+    case oneAtATime =
+      "an add of a key one at a time (waitingOrRunning) stores no job while another of its key waits or runs"
+    case newestPayload = "a job replaced while it waited runs with the payload of the last replace"
   }
 
   /// A broken rule, with what showed it.
@@ -53,6 +56,13 @@ final class SimOracle: Sendable {
     var handlerStarts = 0
     /// When the job was last claimed (uptime).
     var claimedAt = Duration.zero
+    /// Its deduplication key and scope, as the application asked.
+    var key: String? = nil
+    var scope = DeduplicationScope.waiting
+    /// The application's job number in its payload: as added, then as the last replace gave it.
+    var payloadJob = -1
+    /// The payload it was added with.
+    var firstPayload = Data()
   }
 
   private struct State {
@@ -134,9 +144,41 @@ final class SimOracle: Sendable {
 
   func enqueued(_ results: [EnqueueResult], _ jobs: [NewJob], process: Int) {
     state.withLock { state in
-      for result in results where result.inserted {
-        state.commits += 1
-        state.jobs[result.id] = Facts(committed: state.commits)
+      for (result, job) in zip(results, jobs) {
+        let payloadJob = (try? JSONDecoder().decode(SimItem.self, from: job.payload))?.job ?? -1
+        switch result.outcome {
+        case .inserted:
+          if let key = job.deduplicationKey, job.deduplicationScope == .waitingOrRunning,
+            let other = state.jobs.first(where: { id, facts in
+              id != result.id && facts.key == key
+                && {
+                  if case .waiting = facts.status {
+                    true
+                  } else if case .running = facts.status {
+                    true
+                  } else {
+                    false
+                  }
+                }()
+            })
+          {
+            state.violation =
+              state.violation
+              ?? Violation(
+                invariant: .oneAtATime,
+                detail:
+                  "p\(process) stored job \(result.id) of key \(key) while job \(other.key) of it is \(other.value.status)"
+              )
+          }
+          state.commits += 1
+          state.jobs[result.id] = Facts(
+            committed: state.commits, key: job.deduplicationKey, scope: job.deduplicationScope,
+            payloadJob: payloadJob, firstPayload: job.payload)
+        case .replaced:
+          state.jobs[result.id]?.payloadJob = payloadJob
+        case .existing:
+          break
+        }
       }
     }
     note("p\(process) added \(results.filter(\.inserted).map(\.id.description).joined(separator: ","))")
@@ -343,8 +385,12 @@ final class SimOracle: Sendable {
 
   // MARK: Handlers
 
-  /// A handler of `process` starts on job `id` as its attempt `attempts`.
-  func handlerStarted(_ id: JobID, attempts: Int, process: Int) {
+  /// The payload job `id` was added with (for ``SimDefect/runsStalePayload``).
+  func firstPayload(of id: JobID) -> Data? { state.withLock { $0.jobs[id]?.firstPayload } }
+
+  /// A handler of `process` starts on job `id` as its attempt `attempts`, with the payload of
+  /// the application's job `payloadJob`.
+  func handlerStarted(_ id: JobID, attempts: Int, payloadJob: Int, process: Int) {
     let record = store.peek(id)
     let now = clock.now()
     state.withLock { state in
@@ -370,6 +416,15 @@ final class SimOracle: Sendable {
               "p\(process) started job \(id) while the store holds it as \(record.map { "\($0.status) by \($0.leaseOwner.flatMap { state.owners[$0] }.map { "p\($0)" } ?? "nobody") until \($0.leaseExpiresAt.map { "\($0.timeIntervalSince(now)) s from now" } ?? "-")" } ?? "gone")"
           )
         return
+      }
+      if payloadJob != facts.payloadJob {
+        state.violation =
+          state.violation
+          ?? Violation(
+            invariant: .newestPayload,
+            detail:
+              "p\(process) started job \(id) with the payload of job \(payloadJob); the last replace gave it \(facts.payloadJob)"
+          )
       }
       if attempts != facts.claims - facts.releases {
         state.violation =

@@ -17,7 +17,11 @@ final class SimStore: JobStore {
 
   func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
     try await world.call(process, .enqueue) {
-      let results = try await self.base.enqueue(jobs, queue: queue, clock: clock)
+      var stored = jobs
+      if self.world.scenario.defect == .ignoresRunningForUniqueness {
+        for index in stored.indices { stored[index].deduplicationScope = .waiting }
+      }
+      let results = try await self.base.enqueue(stored, queue: queue, clock: clock)
       self.world.oracle.enqueued(results, jobs, process: self.process)
       return results
     }
@@ -38,8 +42,15 @@ final class SimStore: JobStore {
         }
       }
       let before = self.world.oracle.beforeSettling(settlements, queue: queue)
-      let batch = try await self.base.settleAndClaim(
+      var batch = try await self.base.settleAndClaim(
         settlements, queue: queue, limit: limit, lease: lease, clock: clock)
+      if self.world.scenario.defect == .runsStalePayload {
+        for index in batch.claimed.indices {
+          if let first = self.world.oracle.firstPayload(of: batch.claimed[index].id) {
+            batch.claimed[index].payload = first
+          }
+        }
+      }
       self.world.oracle.settled(
         settlements, before: before, batch: batch, lease: lease, process: self.process)
       return batch

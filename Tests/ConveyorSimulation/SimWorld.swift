@@ -246,7 +246,7 @@ final class SimWorld: Sendable {
       [weak self] item, context in
       guard let self else { return .handled }
       if scheduler.condition(of: id) != .zombie {
-        oracle.handlerStarted(context.id, attempts: context.attempts, process: id)
+        oracle.handlerStarted(context.id, attempts: context.attempts, payloadJob: item.job, process: id)
       }
       switch behaviour(job: item.job, attempt: context.attempts) {
       case .succeed(let time):
@@ -369,16 +369,33 @@ final class SimWorld: Sendable {
   /// The application adds job `job`, trying again while the store refuses the call (a lost
   /// answer may have committed it: it is not added again, as an application could not tell).
   private func add(_ job: Int, from process: Process) async {
-    let payload = try! JSONEncoder().encode(SimItem(job: job))
+    let new = Self.newJob(job)
     while true {
       do {
-        _ = try await process.store.enqueue([NewJob(payload: payload)], queue: Self.queueName, clock: clock)
+        _ = try await process.store.enqueue([new], queue: Self.queueName, clock: clock)
         return
       } catch SimFault.refused {
         try? await clock.sleep(for: .milliseconds(50))
       } catch {
         return
       }
+    }
+  }
+
+  /// The job the application adds as its `job`th: most without a key; every sixth from the
+  /// second on with one of three keys added one at a time (`.waitingOrRunning`); every sixth from
+  /// the fifth on with one of two keys that replace their waiting job (a debounce). Chosen by the
+  /// number alone, so it draws nothing from the seed.
+  static func newJob(_ job: Int) -> NewJob {
+    let payload = try! JSONEncoder().encode(SimItem(job: job))
+    switch job % 6 {
+    case 1:
+      return NewJob(
+        payload: payload, deduplicationKey: "one-\(job % 3)", deduplicationScope: .waitingOrRunning)
+    case 4:
+      return NewJob(payload: payload, deduplicationKey: "latest-\(job % 2)", onConflict: .replace)
+    default:
+      return NewJob(payload: payload)
     }
   }
 

@@ -102,6 +102,12 @@ public enum SimDefect: String, Sendable, Hashable {
   /// The store's pruning also deletes the oldest waiting job (the defect of a prune that reads
   /// the wrong status).
   case prunesUnfinished
+  /// The store takes every deduplication scope as `.waiting`: an add of a key whose job runs
+  /// stores a second job though the add asked for one at a time.
+  case ignoresRunningForUniqueness
+  /// A claim hands out the payload a job was added with, not the one a replace gave it (the
+  /// defect of a worker or store that keeps payloads it read before).
+  case runsStalePayload
 }
 
 /// The outcome of one simulated history.

@@ -773,10 +773,10 @@ public enum JobStoreConformance {
         let left = try await store.counts(queue: "q", clock: now(0))
         try expect(left.total == 0, "every job completed: \(left)")
       },
-    ] + historyChecks
+    ] + historyChecks + deduplicationChecks
 
-  static func expectOne(_ records: [JobRecord], line: UInt = #line) throws -> JobRecord {
-    try expect(records.count == 1, "exactly one record, got \(records.count)", line: line)
-    return records[0]
+  static func expectOne<Element>(_ elements: [Element], line: UInt = #line) throws -> Element {
+    try expect(elements.count == 1, "exactly one, got \(elements.count)", line: line)
+    return elements[0]
   }
 }

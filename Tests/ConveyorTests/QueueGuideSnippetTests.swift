@@ -14,6 +14,20 @@ private struct Thumbnail: Queueable {
 
 private struct Reminder: Queueable { var text: String }
 
+// DurableQueues.md, "Deduplication scopes and debouncing": the types.
+private struct SyncAccount: Queueable {
+  var accountID: String
+  var deduplicationKey: String? { "sync-\(accountID)" }
+  var deduplicationScope: DeduplicationScope { .completedWithin(.seconds(3_600)) }  // at most one per hour
+}
+
+private struct SaveDraft: Queueable {
+  var documentID: String
+  var text: String
+  var deduplicationKey: String? { documentID }
+  var onConflict: DeduplicationConflict { .replace }  // each save replaces the waiting one
+}
+
 private struct Email: Queueable { var to: String }
 
 @Suite("Guide snippets: durable queues", .timeLimit(.minutes(10)))
@@ -39,6 +53,29 @@ struct QueueGuideSnippetTests {
     #expect(first.inserted)
     if !again.inserted { #expect(again.id == first.id) }
     #expect(try await thumbnails.count().total == 0)
+  }
+
+  @Test func scopedAndDebouncedItems() async throws {
+    let store = InMemoryJobStore()
+    let drafts = try JobQueue<SaveDraft>(
+      configuration: .init(identifier: "drafts", autoStart: false), store: store
+    ) { _, _ in .handled }
+    // DurableQueues.md deduplication example begins
+    let saved = try await drafts.add(SaveDraft(documentID: "d1", text: "Hello"), delay: .seconds(5))
+    // saved.outcome is .inserted the first time, then .replaced while that job waits
+    // DurableQueues.md deduplication example ends
+    let again = try await drafts.add(SaveDraft(documentID: "d1", text: "Hello, world"), delay: .seconds(5))
+    #expect(saved.outcome == .inserted && again.outcome == .replaced && again.id == saved.id)
+    let syncs = try JobQueue<SyncAccount>(
+      configuration: .init(identifier: "syncs", autoStart: false), store: store
+    ) { _, _ in .handled }
+    let first = try await syncs.add(SyncAccount(accountID: "a"))
+    syncs.start()
+    await syncs.waitUntilFinished()
+    let within = try await syncs.add(SyncAccount(accountID: "a"))
+    #expect(within.outcome == .existing && within.id == first.id, "completed within the hour")
+    await syncs.shutdown()
+    await drafts.shutdown()
   }
 
   @Test func aMonitorTaskReportsDeadJobsAndEndsAtShutdown() async throws {

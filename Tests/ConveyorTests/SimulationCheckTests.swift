@@ -73,6 +73,22 @@ struct SimulationCheckTests {
     #expect(caught != nil, "no seed of \(SimulationTests.seeds) caught a store that prunes waiting jobs")
   }
 
+  /// A store that takes every deduplication scope as `.waiting` stores a second job of a key
+  /// added one at a time while its job runs.
+  @Test func theFixedSeedsCatchAStoreThatIgnoresRunningJobsForUniqueness() async {
+    let caught = await Self.earliestCatch(of: .ignoresRunningForUniqueness)
+    #expect(
+      caught != nil, "no seed of \(SimulationTests.seeds) caught a store that ignores running jobs for a key")
+  }
+
+  /// A claim that hands out a job's first payload after a replace runs stale work.
+  @Test func theFixedSeedsCatchAClaimThatRunsAStalePayload() async {
+    let caught = await Self.earliestCatch(of: .runsStalePayload)
+    #expect(
+      caught != nil,
+      "no seed of \(SimulationTests.seeds) caught a claim that runs a replaced job's old payload")
+  }
+
   /// More workers and more frequent faults than any seed draws (six wall-clock steps a minute,
   /// where the drawn scenarios have at most three). Worker p4 claims jobs 39–41 ahead at 8.867 s
   /// (lease 2 s); at 9.213 s the wall clock steps forward 2.345 s, so the store's leases lapse and

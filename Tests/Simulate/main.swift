@@ -6,7 +6,8 @@ import Foundation
 //
 //   swift run -c release conveyor-simulate --seeds 100000 [--from SEED] [--seed SEED]
 //                                          [--defect settlesStaleClaims|rescuesLiveLeases|renewsStaleClaims|
-//                                                   prunesEarly|prunesUnfinished]
+//                                                   prunesEarly|prunesUnfinished|
+//                                                   ignoresRunningForUniqueness|runsStalePayload]
 //
 // With `--defect`, each seed's scenario has that defect built into the store: a search for seeds
 // that catch it (the simulation's own check tests name one).
@@ -25,7 +26,8 @@ let defect = arguments.firstIndex(of: "--defect").flatMap { index in
 }
 if arguments.contains("--defect") && defect == nil {
   print(
-    "conveyor-simulate: --defect takes settlesStaleClaims, rescuesLiveLeases, renewsStaleClaims, prunesEarly or prunesUnfinished"
+    "conveyor-simulate: --defect takes settlesStaleClaims, rescuesLiveLeases, renewsStaleClaims, prunesEarly, "
+      + "prunesUnfinished, ignoresRunningForUniqueness or runsStalePayload"
   )
   exit(2)
 }

@@ -27,6 +27,18 @@ public final class InMemoryJobStore: JobStore {
       var results: [EnqueueResult] = []
       results.reserveCapacity(jobs.count)
       for job in jobs {
+        if job.hasDeduplicationOptions, let key = job.deduplicationKey,
+          let found = state.queues[ExactText(queue)]?.existing(
+            ExactText(key), scope: job.deduplicationScope, now: now)
+        {
+          guard found.waiting, job.onConflict == .replace else {
+            results.append(EnqueueResult(id: found.id, outcome: .existing))
+            continue
+          }
+          state.queues[ExactText(queue)]?.replace(found.id, with: job, now: now)
+          results.append(EnqueueResult(id: found.id, outcome: .replaced))
+          continue
+        }
         if let key = job.deduplicationKey,
           let existing = state.queues[ExactText(queue)]?.dedup[ExactText(key)]?.min()
         {
@@ -393,6 +405,9 @@ extension InMemoryJobStore {
     var running: Set<JobID> = []
     /// Waiting jobs by deduplication key (usually one; a retried job can wait beside a newer one).
     var dedup: [ExactText: Set<JobID>] = [:]
+    /// Every stored job with a deduplication key, whatever its status, by key: the wider
+    /// ``DeduplicationScope``s look for running and completed ones here.
+    var keyed: [ExactText: Set<JobID>] = [:]
     /// Each finished status's jobs by finish date, for pruning (entries of jobs since deleted or
     /// re-queued are skipped when met).
     var finished: [JobStatus: Heap<FinishOrder>] = [:]
@@ -424,7 +439,10 @@ extension InMemoryJobStore {
 
     mutating func insertWaiting(_ record: JobRecord, ready isReady: Bool, seq: Int64 = 0) {
       jobs[record.id] = Slot(record: record, ready: isReady, seq: seq)
-      if let key = record.deduplicationKey { dedup[ExactText(key), default: []].insert(record.id) }
+      if let key = record.deduplicationKey {
+        dedup[ExactText(key), default: []].insert(record.id)
+        keyed[ExactText(key), default: []].insert(record.id)
+      }
       let entry = Entry(id: record.id, priority: record.priority, runAt: record.runAt, seq: seq)
       if isReady {
         ready.push(ClaimOrder(entry))
@@ -491,8 +509,8 @@ extension InMemoryJobStore {
         running.remove(settlement.id)
         if keeps {
           finished[.completed, default: Heap()].push(FinishOrder(id: settlement.id, finishedAt: now))
-        } else {
-          jobs.removeValue(for: settlement.id)
+        } else if let removed = jobs.removeValue(for: settlement.id) {
+          forgetKey(of: removed.record)
         }
         return true
       }
@@ -586,6 +604,43 @@ extension InMemoryJobStore {
       insertWaiting(record, ready: isReady, seq: seq)
     }
 
+    /// The oldest job of `key` within `scope` at `now`, and whether it waits: a waiting one
+    /// first, else (for the wider scopes) a running one or one completed within the period.
+    func existing(_ key: ExactText, scope: DeduplicationScope, now: Date) -> (id: JobID, waiting: Bool)? {
+      if let waiting = dedup[key]?.min() { return (waiting, true) }
+      guard scope.includesRunning, let ids = keyed[key] else { return nil }
+      let since = scope.completedSince(now: JobStoreTime.milliseconds(now)).map {
+        JobStoreTime.date(milliseconds: $0)
+      }
+      let found = ids.filter { id in
+        guard let record = jobs[id]?.record else { return false }
+        if record.status == .running { return true }
+        guard let since, record.status == .completed, let finished = record.finishedAt else { return false }
+        return finished >= since
+      }
+      return found.min().map { ($0, false) }
+    }
+
+    /// Gives the waiting job `id` the payload, priority, run time and time limit of `job`,
+    /// keeping its place among jobs of the same priority and run date.
+    mutating func replace(_ id: JobID, with job: NewJob, now: Date) {
+      guard let slot = jobs[id], slot.record.status == .pending else { return }
+      var record = slot.record
+      record.payload = job.payload
+      record.priority = job.priority
+      record.runAt = InMemoryJobStore.runDate(job.runTime, now: now)
+      record.timeLimit = job.timeLimitMilliseconds.map { .milliseconds($0) }
+      // The old heap entries no longer match the record (``isCurrent(_:_:)``): they are skipped.
+      insertWaiting(record, ready: record.runAt <= now, seq: slot.seq)
+    }
+
+    /// Forgets a deleted job's key.
+    mutating func forgetKey(of record: JobRecord) {
+      guard let key = record.deduplicationKey.map(ExactText.init) else { return }
+      keyed[key]?.remove(record.id)
+      if keyed[key]?.isEmpty == true { keyed[key] = nil }
+    }
+
     /// Drops a waiting job's hold on its deduplication key (it is going away).
     mutating func stopWaiting(_ record: JobRecord) {
       guard let key = record.deduplicationKey else { return }
@@ -602,6 +657,7 @@ extension InMemoryJobStore {
     mutating func delete(_ id: JobID) -> Bool {
       guard let record = jobs[id]?.record else { return false }
       if record.status == .pending { stopWaiting(record) }
+      forgetKey(of: record)
       jobs[id] = nil
       running.remove(id)
       return true

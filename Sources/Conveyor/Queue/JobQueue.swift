@@ -111,11 +111,15 @@ public final class JobQueue<Item: Queueable>: Sendable {
   ///   - timeLimit: the longest one attempt of this job may run, instead of the queue's
   ///     ``JobQueueConfiguration/timeLimit``; nil (the default): the queue's. Between 1 ms and 7
   ///     days, kept in whole milliseconds.
-  /// - Returns: the job's ID and whether it was stored. When a *waiting* job already has the
-  ///   item's ``Queueable/deduplicationKey``, nothing is stored and that job's ID comes back with
-  ///   `inserted` false. A job that is already running does not count: it may have read old data,
-  ///   so the new item is stored and runs after it.
-  /// - Throws: ``JobQueueError/invalidTimeLimit(_:)`` for a time limit out of range.
+  /// - Returns: the job's ID and what was done. When a *waiting* job already has the item's
+  ///   ``Queueable/deduplicationKey``, nothing is stored and that job's ID comes back with
+  ///   `outcome` `.existing`. A job that is already running does not count: it may have read old
+  ///   data, so the new item is stored and runs after it. The item's
+  ///   ``Queueable/deduplicationScope`` widens which jobs count, and its ``Queueable/onConflict``
+  ///   `.replace` gives a waiting job the new payload, priority, delay and time limit (`.replaced`).
+  /// - Throws: ``JobQueueError/invalidTimeLimit(_:)`` for a time limit out of range;
+  ///   ``JobQueueError/invalidDeduplication(_:)`` for a ``DeduplicationScope/completedWithin(_:)``
+  ///   period out of range or longer than the queue's ``JobRetention/completed``.
   @discardableResult
   public func add(_ item: Item, priority: Int = 0, delay: Duration = .zero, timeLimit: Duration? = nil)
     async throws -> EnqueueResult
@@ -161,9 +165,30 @@ public final class JobQueue<Item: Queueable>: Sendable {
       throw JobQueueError.invalidTimeLimit(problem)
     }
     return try items.map { item in
-      NewJob(
-        payload: try encode(item), priority: priority, runTime: runTime,
-        deduplicationKey: item.deduplicationKey, timeLimit: timeLimit)
+      let key = item.deduplicationKey
+      let scope = key == nil ? .waiting : item.deduplicationScope
+      if let problem = problem(scope) { throw JobQueueError.invalidDeduplication(problem) }
+      return NewJob(
+        payload: try encode(item), priority: priority, runTime: runTime, deduplicationKey: key,
+        deduplicationScope: scope, onConflict: item.onConflict, timeLimit: timeLimit)
+    }
+  }
+
+  /// Why this queue cannot keep `scope`, or nil: a period out of range, or one that outlives the
+  /// completed jobs the queue keeps (the store could not see them).
+  private func problem(_ scope: DeduplicationScope) -> String? {
+    if let problem = scope.problem { return problem }
+    guard case .completedWithin(let period) = scope else { return nil }
+    switch configuration.retention.completed {
+    case .forever: return nil
+    case .none:
+      return "deduplicationScope \(scope) needs completed jobs kept, and the queue's "
+        + "retention.completed is .none: keep them at least \(period)"
+    case .for(let kept):
+      return kept >= period
+        ? nil
+        : "deduplicationScope \(scope) outlives the queue's retention.completed (\(kept)): keep "
+          + "completed jobs at least \(period), or shorten the period"
     }
   }
 

@@ -230,6 +230,9 @@ public enum JobQueueError: Error, Hashable, CustomStringConvertible {
   case invalidSchedule(String)
   /// A job's time limit is out of range; nothing was stored. The text says what is allowed.
   case invalidTimeLimit(String)
+  /// An item's deduplication scope cannot be kept: a period out of range, or one longer than
+  /// the queue keeps completed jobs. Nothing was stored; the text says what to change.
+  case invalidDeduplication(String)
 
   /// Says what is wrong and what to do.
   public var description: String {
@@ -240,6 +243,7 @@ public enum JobQueueError: Error, Hashable, CustomStringConvertible {
     case .encodingFailed(let message): "could not encode the item as JSON (nothing was stored): \(message)"
     case .invalidSchedule(let message): "invalid schedule (nothing was stored): \(message)"
     case .invalidTimeLimit(let message): "invalid time limit (nothing was stored): \(message)"
+    case .invalidDeduplication(let message): "invalid deduplication (nothing was stored): \(message)"
     }
   }
 }

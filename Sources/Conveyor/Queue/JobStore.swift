@@ -83,6 +83,14 @@ public struct NewJob: Sendable, Hashable {
   /// PostgreSQL refuses a key that, with its queue name, takes more than about 2,700 bytes in its
   /// index (after compression): keep keys short, or pass a hash of a long one.
   public var deduplicationKey: String?
+  /// Which jobs of ``deduplicationKey`` stop this one from being stored. Default
+  /// ``DeduplicationScope/waiting`` (above). Ignored without a key.
+  public var deduplicationScope: DeduplicationScope = .waiting
+  /// What to do with the existing job of ``deduplicationKey`` within the scope: keep it
+  /// (``DeduplicationConflict/useExisting``, the default) or, while it waits, give it this job's
+  /// payload, priority, run time and time limit (``DeduplicationConflict/replace``). Ignored
+  /// without a key.
+  public var onConflict: DeduplicationConflict = .useExisting
   /// The longest one attempt of this job may run, overriding the queue's
   /// ``JobQueueConfiguration/timeLimit``; nil: the queue's. Stored in whole milliseconds (a
   /// limit under 1 ms is stored as 1 ms); ``JobQueue`` checks it is between 1 ms and
@@ -92,13 +100,22 @@ public struct NewJob: Sendable, Hashable {
   /// Describes a job to insert.
   public init(
     payload: Data, priority: Int = 0, runTime: RunTime = .now, deduplicationKey: String? = nil,
+    deduplicationScope: DeduplicationScope = .waiting, onConflict: DeduplicationConflict = .useExisting,
     timeLimit: Duration? = nil
   ) {
     self.payload = payload
     self.priority = priority
     self.runTime = runTime
     self.deduplicationKey = deduplicationKey
+    self.deduplicationScope = deduplicationScope
+    self.onConflict = onConflict
     self.timeLimit = timeLimit
+  }
+
+  /// Whether this job has a key with a scope or a conflict choice other than the defaults: the
+  /// stores take it one at a time, by ``deduplicationScope`` and ``onConflict``.
+  package var hasDeduplicationOptions: Bool {
+    deduplicationKey != nil && (deduplicationScope != .waiting || onConflict != .useExisting)
   }
 
   /// Describes a job to insert that runs at a date.
@@ -118,15 +135,24 @@ public struct NewJob: Sendable, Hashable {
 
 /// The outcome of inserting one ``NewJob``.
 public struct EnqueueResult: Sendable, Hashable {
-  /// The new job's ID, or the ID of the waiting job with the same deduplication key.
+  /// The new job's ID, or the ID of the existing job with the same deduplication key.
   public var id: JobID
-  /// `false` when a job with the same deduplication key was already waiting, so nothing was stored.
-  public var inserted: Bool
+  /// What the add did: stored a new job, found an existing one of the key, or replaced a
+  /// waiting one's payload and run time.
+  public var outcome: EnqueueOutcome
+
+  /// Whether a new job was stored (``outcome`` is ``EnqueueOutcome/inserted``).
+  public var inserted: Bool { outcome == .inserted }
 
   /// Creates a result.
-  public init(id: JobID, inserted: Bool) {
+  public init(id: JobID, outcome: EnqueueOutcome) {
     self.id = id
-    self.inserted = inserted
+    self.outcome = outcome
+  }
+
+  /// Creates a result: inserted, or an existing job's ID.
+  public init(id: JobID, inserted: Bool) {
+    self.init(id: id, outcome: inserted ? .inserted : .existing)
   }
 }
 
@@ -423,8 +449,12 @@ public struct WakeHint: Sendable, Hashable {
 public protocol JobStore: Sendable {
   /// Commits new jobs to a queue in one transaction, in order.
   ///
-  /// Returns one result per job, in the same order. A job whose deduplication key matches a
-  /// waiting (not running) job of the queue, or an earlier job of the same batch, is not inserted.
+  /// Returns one result per job, in the same order. A job whose deduplication key matches a job
+  /// of the queue within its ``NewJob/deduplicationScope`` (by default a waiting, not running,
+  /// one), or an earlier job of the same batch, is not inserted; with
+  /// ``DeduplicationConflict/replace`` a waiting match takes its payload, priority, run time and
+  /// time limit instead. Jobs are taken in order, so a later job of the batch sees what an
+  /// earlier one did.
   func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult]
 
   /// Applies settlements, then claims up to `limit` ready jobs under `lease`, in one transaction.

@@ -7,18 +7,37 @@ import Foundation
 ///   var fileID: String
 ///   var deduplicationKey: String? { fileID }  // one pending upload per file
 /// }
+///
+/// struct RefreshSearchIndex: Queueable {
+///   var userID: String
+///   var deduplicationKey: String? { userID }
+///   var onConflict: DeduplicationConflict { .replace }  // each add pushes the one waiting job later
+/// }
 /// ```
 public protocol Queueable: Codable, Sendable {
   /// While a *waiting* job has this key, adding another item with the same key stores nothing and
-  /// returns the waiting job's ID (`EnqueueResult.inserted` is false). A job that is already
+  /// returns the waiting job's ID (`EnqueueResult.outcome` is `.existing`). A job that is already
   /// running does not count: it may have read old data, so the new item is stored and runs after
-  /// it. Nil (the default) never deduplicates.
+  /// it. ``deduplicationScope`` widens this; ``onConflict`` replaces the waiting job instead. Nil
+  /// (the default) never deduplicates.
   var deduplicationKey: String? { get }
+  /// Which jobs of ``deduplicationKey`` stop a new one: ``DeduplicationScope/waiting`` (the
+  /// default), ``DeduplicationScope/waitingOrRunning`` (one at a time), or
+  /// ``DeduplicationScope/completedWithin(_:)`` (at most one per period).
+  var deduplicationScope: DeduplicationScope { get }
+  /// What an add does with the existing job of ``deduplicationKey``:
+  /// ``DeduplicationConflict/useExisting`` (the default) or ``DeduplicationConflict/replace``,
+  /// which gives a waiting job the new payload and run time (a debounce).
+  var onConflict: DeduplicationConflict { get }
 }
 
 extension Queueable {
   /// No deduplication.
   public var deduplicationKey: String? { nil }
+  /// Only waiting jobs count.
+  public var deduplicationScope: DeduplicationScope { .waiting }
+  /// The existing job is kept.
+  public var onConflict: DeduplicationConflict { .useExisting }
 }
 
 /// What a handler knows about the job it is handling.
