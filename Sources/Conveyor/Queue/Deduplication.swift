@@ -20,6 +20,7 @@ public enum DeduplicationScope: Sendable, Hashable, CustomStringConvertible {
   /// otherwise. `period` is between 1 ms and 100 years.
   case completedWithin(Duration)
 
+  /// The scope as written in Swift, such as `completedWithin(3600.0 seconds)`.
   public var description: String {
     switch self {
     case .waiting: "waiting"
