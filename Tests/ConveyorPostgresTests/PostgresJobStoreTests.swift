@@ -777,4 +777,55 @@ struct PostgresJobStoreTests {
     #expect(try await store.counts(queue: "q", clock: clock) == before, "nothing of the add was stored")
     await store.close()
   }
+
+  // MARK: Deduplication scopes across connections
+
+  /// `.waitingOrRunning` keeps at most one job of a key waiting or running while a worker on
+  /// another connection hands the job back and claims it again: every add meanwhile finds it,
+  /// whether it is running or waiting at that moment.
+  @Test func waitingOrRunningFindsAJobHandedBackWhileTheAddLooks() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("wr")
+    let adder = try await openNamedStore(server, .init(schema: schema))
+    let worker = try await openNamedStore(server, .init(schema: schema))
+    let clock = SystemJobClock()
+    func add() async throws -> EnqueueResult {
+      try await adder.enqueue(
+        [NewJob(payload: Data("{}".utf8), deduplicationKey: "k", deduplicationScope: .waitingOrRunning)],
+        queue: "q", clock: clock)[0]
+    }
+    let first = try await add()
+    #expect(first.outcome == .inserted)
+    let lease = Lease(owner: "w", duration: .seconds(60))
+    let stop = Atomic<Bool>(false)
+    // The worker claims the job and hands it back, over and over: running, waiting, running...
+    let cycles = Task {
+      var cycles = 0
+      while !stop.load(ordering: .relaxed) {
+        let batch = try await worker.settleAndClaim([], queue: "q", limit: 1, lease: lease, clock: clock)
+        _ = try await worker.settleAndClaim(
+          batch.claimed.map { JobSettlement(claim: $0.claim, action: .release(error: nil)) }, queue: "q",
+          limit: 0, lease: lease, clock: clock)
+        cycles += 1
+      }
+      return cycles
+    }
+    // The window is one round trip of the add: many tries, ending at the first job stored.
+    var inserted: [JobID] = []
+    var tries = 0
+    while inserted.isEmpty && tries < 10_000 {
+      let result = try await add()
+      if result.outcome == .inserted { inserted.append(result.id) }
+      tries += 1
+    }
+    stop.store(true, ordering: .relaxed)
+    let ran = try await cycles.value
+    let jobs = try await adder.jobs(queue: "q", status: nil, after: nil, limit: 100)
+    #expect(
+      inserted.isEmpty,
+      "add \(tries) stored a second job of the key beside the one waiting or running (\(ran) claim cycles)")
+    #expect(jobs.count == 1, "jobs of the key: \(jobs.map { ($0.id, $0.status) })")
+    await adder.close()
+    await worker.close()
+  }
 }
