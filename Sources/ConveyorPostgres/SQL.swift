@@ -376,14 +376,18 @@ struct SQL {
     WHERE queue = $1 AND dedup_key = $2 AND dedup_key IS NOT NULL AND status IN ('ready', 'scheduled')
     """
   }
-  /// The oldest job of one key that runs, or that completed at or after now (`$3`, NULL: the
-  /// server's clock) less `$4` milliseconds (NULL: no completed job counts). Parameters: queue,
-  /// key, now, period.
+  /// The oldest waiting job of one key, and the oldest that runs or that completed at or after
+  /// now (`$3`, NULL: the server's clock) less `$4` milliseconds (NULL: no completed job counts),
+  /// for the wider scopes. One statement, so one snapshot: a job handed back or retried by a
+  /// worker meanwhile (running, then waiting) is seen in one state or the other, never missed
+  /// by both looks. Parameters: queue, key, now, period.
   var findKeyed: String {
     """
-    SELECT min(id) FROM \(schema).jobs
-    WHERE queue = $1 AND dedup_key = $2 AND dedup_key IS NOT NULL AND status IN ('running', 'completed')
-      AND (status = 'running' OR finished_at >= \(Self.now(3)) - $4::int8 * interval '1 millisecond')
+    SELECT (SELECT min(id) FROM \(schema).jobs
+        WHERE queue = $1 AND dedup_key = $2 AND dedup_key IS NOT NULL AND status IN ('ready', 'scheduled')),
+      (SELECT min(id) FROM \(schema).jobs
+        WHERE queue = $1 AND dedup_key = $2 AND dedup_key IS NOT NULL AND status IN ('running', 'completed')
+          AND (status = 'running' OR finished_at >= \(Self.now(3)) - $4::int8 * interval '1 millisecond'))
     """
   }
   /// Gives the waiting job `$1` a new payload, priority, run date (as ``insertOne`` computes it)
