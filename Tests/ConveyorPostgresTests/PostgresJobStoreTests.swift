@@ -828,4 +828,45 @@ struct PostgresJobStoreTests {
     await adder.close()
     await worker.close()
   }
+
+  /// A replace whose update a trigger drops (a `BEFORE UPDATE` trigger returning NULL) fails
+  /// with an error that says so, as an insert whose row a trigger drops does, instead of looking
+  /// for the waiting job and updating it again and again until the call times out.
+  @Test func aReplaceWhoseUpdateATriggerDropsFailsWithAClearError() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("rt")
+    let store = try await openNamedStore(
+      server, .init(schema: schema, reconnectTimeout: .zero, callTimeout: .seconds(3)))
+    let clock = SystemJobClock()
+    func replace(_ text: String) -> NewJob {
+      NewJob(payload: Data(text.utf8), deduplicationKey: "k", onConflict: .replace)
+    }
+    let first = try await store.enqueue([replace("a")], queue: "q", clock: clock)[0]
+    #expect(first.outcome == .inserted)
+    try AdminConnection(server.url).query(
+      """
+      CREATE FUNCTION \(schema).keep() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN
+        IF NEW.payload <> OLD.payload THEN RETURN NULL; END IF;
+        RETURN NEW;
+      END $$;
+      CREATE TRIGGER keep BEFORE UPDATE ON \(schema).jobs FOR EACH ROW EXECUTE FUNCTION \(schema).keep();
+      """)
+    let call = Task { try await store.enqueue([replace("b")], queue: "q", clock: clock) }
+    let ended = Task {
+      try? await Task.sleep(for: .seconds(30))
+      call.cancel()
+    }
+    do {
+      let results = try await call.value
+      Issue.record("the dropped replace was reported as \(results)")
+    } catch {
+      #expect(
+        "\(error)".contains("not updated") || "\(error)".contains("trigger"),
+        "the error does not say the replace was dropped: \(error)")
+    }
+    ended.cancel()
+    #expect(try await store.job(first.id).map { String(decoding: $0.payload, as: UTF8.self) } == "a")
+    await store.close()
+  }
 }
