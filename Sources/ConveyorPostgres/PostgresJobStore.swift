@@ -682,7 +682,15 @@ public final class PostgresJobStore: JobStore {
           delay(job.runTime).map(PostgresValue.int64) ?? .null(oid: PostgresValue.int8OID),
           .timestamp(date(job.runTime)), call.now, timeLimit(job), queue,
         ])
-      if replaced.count == 1 { return EnqueueResult(id: JobID(found.id), outcome: .replaced) }
+      if replaced.int64(0, 1) == 1 { return EnqueueResult(id: JobID(found.id), outcome: .replaced) }
+      // Found waiting and locked, yet not updated: a trigger dropped the update. Looking again
+      // would find it again, forever.
+      if replaced.int64(0, 0) == 1 {
+        throw PostgresError(
+          code: .protocolViolation,
+          message: "the waiting job \(found.id) to replace was not updated (a trigger on the jobs table "
+            + "dropped the update); nothing of this add was stored")
+      }
     }
   }
 

@@ -869,4 +869,52 @@ struct PostgresJobStoreTests {
     #expect(try await store.job(first.id).map { String(decoding: $0.payload, as: UTF8.self) } == "a")
     await store.close()
   }
+
+  /// Replaces racing a worker on another connection that claims and completes the key's job:
+  /// a claimed job keeps the payload it was claimed with, and every add is kept (it replaced a
+  /// waiting job or stored a new one): the last add's payload is the one left waiting.
+  @Test func aReplaceNeverChangesAClaimedJobAndNeverLosesTheAdd() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("rc")
+    let adder = try await openNamedStore(server, .init(schema: schema))
+    let worker = try await openNamedStore(server, .init(schema: schema))
+    let clock = SystemJobClock()
+    let lease = Lease(owner: "w", duration: .seconds(60))
+    let stop = Atomic<Bool>(false)
+    let claims = Task { () -> [(JobID, Data)] in
+      var claimed: [(JobID, Data)] = []
+      var settling: [JobSettlement] = []
+      while !stop.load(ordering: .relaxed) {
+        let batch = try await worker.settleAndClaim(
+          settling, queue: "q", limit: 1, lease: lease, clock: clock)
+        claimed += batch.claimed.map { ($0.id, $0.payload) }
+        settling = batch.claimed.map { JobSettlement(claim: $0.claim, action: .complete) }
+      }
+      _ = try await worker.settleAndClaim(settling, queue: "q", limit: 0, lease: lease, clock: clock)
+      return claimed
+    }
+    var outcomes: [EnqueueOutcome] = []
+    for add in 0..<1_500 {
+      let result = try await adder.enqueue(
+        [NewJob(payload: Data("\(add)".utf8), deduplicationKey: "k", onConflict: .replace)], queue: "q",
+        clock: clock)[0]
+      outcomes.append(result.outcome)
+    }
+    stop.store(true, ordering: .relaxed)
+    let claimed = try await claims.value
+    for (id, payload) in claimed {
+      let stored = try await adder.job(id)
+      #expect(stored?.payload == payload, "job \(id) was claimed with one payload and completed with another")
+    }
+    let waiting = try await adder.jobs(queue: "q", status: .pending, after: nil, limit: 10)
+    let last = waiting.last.map { String(decoding: $0.payload, as: UTF8.self) }
+    let lastClaimed = claimed.last.map { String(decoding: $0.1, as: UTF8.self) }
+    #expect(
+      last == "1499" || (waiting.isEmpty && lastClaimed == "1499"),
+      "the last add: \(String(describing: last))")
+    #expect(outcomes.allSatisfy { $0 != .existing }, "an add was dropped")
+    #expect(claimed.count > 1, "the worker claimed \(claimed.count) jobs")
+    await adder.close()
+    await worker.close()
+  }
 }
