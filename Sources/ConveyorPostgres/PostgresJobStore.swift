@@ -654,15 +654,22 @@ public final class PostgresJobStore: JobStore {
   {
     let queue = PostgresValue.text(call.queue)
     while true {
-      let waiting = try db.execute(sql.findWaiting, [queue, .bytea(key)])
-      var found = waiting.isNull(0, 0) ? nil : (id: waiting.int64(0, 0), waiting: true)
-      if found == nil, job.deduplicationScope.includesRunning {
+      var found: (id: Int64, waiting: Bool)?
+      if job.deduplicationScope.includesRunning {
+        // Waiting and running jobs in one statement (one snapshot): see ``SQL/findKeyed``.
         var period = PostgresValue.null(oid: PostgresValue.int8OID)
         if case .completedWithin(let duration) = job.deduplicationScope {
           period = .int64(JobStoreTime.milliseconds(duration))
         }
         let keyed = try db.execute(sql.findKeyed, [queue, .bytea(key), call.now, period])
-        found = keyed.isNull(0, 0) ? nil : (id: keyed.int64(0, 0), waiting: false)
+        if !keyed.isNull(0, 0) {
+          found = (keyed.int64(0, 0), true)
+        } else if !keyed.isNull(0, 1) {
+          found = (keyed.int64(0, 1), false)
+        }
+      } else {
+        let waiting = try db.execute(sql.findWaiting, [queue, .bytea(key)])
+        found = waiting.isNull(0, 0) ? nil : (id: waiting.int64(0, 0), waiting: true)
       }
       guard let found else { return nil }
       guard found.waiting, job.onConflict == .replace else {
@@ -675,7 +682,15 @@ public final class PostgresJobStore: JobStore {
           delay(job.runTime).map(PostgresValue.int64) ?? .null(oid: PostgresValue.int8OID),
           .timestamp(date(job.runTime)), call.now, timeLimit(job), queue,
         ])
-      if replaced.count == 1 { return EnqueueResult(id: JobID(found.id), outcome: .replaced) }
+      if replaced.int64(0, 1) == 1 { return EnqueueResult(id: JobID(found.id), outcome: .replaced) }
+      // Found waiting and locked, yet not updated: a trigger dropped the update. Looking again
+      // would find it again, forever.
+      if replaced.int64(0, 0) == 1 {
+        throw PostgresError(
+          code: .protocolViolation,
+          message: "the waiting job \(found.id) to replace was not updated (a trigger on the jobs table "
+            + "dropped the update); nothing of this add was stored")
+      }
     }
   }
 

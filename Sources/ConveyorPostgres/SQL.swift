@@ -376,31 +376,41 @@ struct SQL {
     WHERE queue = $1 AND dedup_key = $2 AND dedup_key IS NOT NULL AND status IN ('ready', 'scheduled')
     """
   }
-  /// The oldest job of one key that runs, or that completed at or after now (`$3`, NULL: the
-  /// server's clock) less `$4` milliseconds (NULL: no completed job counts). Parameters: queue,
-  /// key, now, period.
+  /// The oldest waiting job of one key, and the oldest that runs or that completed at or after
+  /// now (`$3`, NULL: the server's clock) less `$4` milliseconds (NULL: no completed job counts),
+  /// for the wider scopes. One statement, so one snapshot: a job handed back or retried by a
+  /// worker meanwhile (running, then waiting) is seen in one state or the other, never missed
+  /// by both looks. Parameters: queue, key, now, period.
   var findKeyed: String {
     """
-    SELECT min(id) FROM \(schema).jobs
-    WHERE queue = $1 AND dedup_key = $2 AND dedup_key IS NOT NULL AND status IN ('running', 'completed')
-      AND (status = 'running' OR finished_at >= \(Self.now(3)) - $4::int8 * interval '1 millisecond')
+    SELECT (SELECT min(id) FROM \(schema).jobs
+        WHERE queue = $1 AND dedup_key = $2 AND dedup_key IS NOT NULL AND status IN ('ready', 'scheduled')),
+      (SELECT min(id) FROM \(schema).jobs
+        WHERE queue = $1 AND dedup_key = $2 AND dedup_key IS NOT NULL AND status IN ('running', 'completed')
+          AND (status = 'running' OR finished_at >= \(Self.now(3)) - $4::int8 * interval '1 millisecond'))
     """
   }
   /// Gives the waiting job `$1` a new payload, priority, run date (as ``insertOne`` computes it)
-  /// and time limit, and wakes the workers; returns its ID, or nothing when it no longer waits
-  /// (claimed since it was found). Its place, attempts and errors stay. Parameters: ID, payload,
-  /// priority, delay (ms), date, now, time limit, queue.
+  /// and time limit, and wakes the workers. Returns how many jobs it found waiting (and locked)
+  /// and how many it updated: 0 and 0 when the job no longer waits (claimed since it was found),
+  /// 1 and 0 when a trigger dropped the update. Its place, attempts and errors stay. Parameters:
+  /// ID, payload, priority, delay (ms), date, now, time limit, queue.
   var replaceWaiting: String {
     """
-    UPDATE \(schema).jobs AS j SET payload = $2, priority = $3, run_at = r.run_at,
-      status = CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END, time_limit_ms = $7::int8
-    FROM (SELECT \(Self.now(6)) AS now) AS n,
-      LATERAL (SELECT CASE WHEN $5::timestamptz IS NOT NULL THEN $5::timestamptz
-        WHEN $4::int8 IS NOT NULL THEN least(n.now + $4::int8 * interval '1 millisecond', \(Self.latest))
-        ELSE n.now END AS run_at) AS r,
-      (SELECT pg_notify('\(channel)', $8)) AS wake
-    WHERE j.id = $1 AND j.status IN ('ready', 'scheduled')
-    RETURNING j.id
+    WITH target AS (
+      SELECT id FROM \(schema).jobs WHERE id = $1 AND status IN ('ready', 'scheduled') FOR UPDATE
+    ), replaced AS (
+      UPDATE \(schema).jobs AS j SET payload = $2, priority = $3, run_at = r.run_at,
+        status = CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END, time_limit_ms = $7::int8
+      FROM target AS t, (SELECT \(Self.now(6)) AS now) AS n,
+        LATERAL (SELECT CASE WHEN $5::timestamptz IS NOT NULL THEN $5::timestamptz
+          WHEN $4::int8 IS NOT NULL THEN least(n.now + $4::int8 * interval '1 millisecond', \(Self.latest))
+          ELSE n.now END AS run_at) AS r,
+        (SELECT pg_notify('\(channel)', $8)) AS wake
+      WHERE j.id = t.id
+      RETURNING j.id
+    )
+    SELECT (SELECT count(*) FROM target), (SELECT count(*) FROM replaced)
     """
   }
 

@@ -777,4 +777,144 @@ struct PostgresJobStoreTests {
     #expect(try await store.counts(queue: "q", clock: clock) == before, "nothing of the add was stored")
     await store.close()
   }
+
+  // MARK: Deduplication scopes across connections
+
+  /// `.waitingOrRunning` keeps at most one job of a key waiting or running while a worker on
+  /// another connection hands the job back and claims it again: every add meanwhile finds it,
+  /// whether it is running or waiting at that moment.
+  @Test func waitingOrRunningFindsAJobHandedBackWhileTheAddLooks() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("wr")
+    let adder = try await openNamedStore(server, .init(schema: schema))
+    let worker = try await openNamedStore(server, .init(schema: schema))
+    let clock = SystemJobClock()
+    func add() async throws -> EnqueueResult {
+      try await adder.enqueue(
+        [NewJob(payload: Data("{}".utf8), deduplicationKey: "k", deduplicationScope: .waitingOrRunning)],
+        queue: "q", clock: clock)[0]
+    }
+    let first = try await add()
+    #expect(first.outcome == .inserted)
+    let lease = Lease(owner: "w", duration: .seconds(60))
+    let stop = Atomic<Bool>(false)
+    // The worker claims the job and hands it back, over and over: running, waiting, running...
+    let cycles = Task {
+      var cycles = 0
+      while !stop.load(ordering: .relaxed) {
+        let batch = try await worker.settleAndClaim([], queue: "q", limit: 1, lease: lease, clock: clock)
+        _ = try await worker.settleAndClaim(
+          batch.claimed.map { JobSettlement(claim: $0.claim, action: .release(error: nil)) }, queue: "q",
+          limit: 0, lease: lease, clock: clock)
+        cycles += 1
+      }
+      return cycles
+    }
+    // The window is one round trip of the add: many tries, ending at the first job stored.
+    var inserted: [JobID] = []
+    var tries = 0
+    while inserted.isEmpty && tries < 10_000 {
+      let result = try await add()
+      if result.outcome == .inserted { inserted.append(result.id) }
+      tries += 1
+    }
+    stop.store(true, ordering: .relaxed)
+    let ran = try await cycles.value
+    let jobs = try await adder.jobs(queue: "q", status: nil, after: nil, limit: 100)
+    #expect(
+      inserted.isEmpty,
+      "add \(tries) stored a second job of the key beside the one waiting or running (\(ran) claim cycles)")
+    #expect(jobs.count == 1, "jobs of the key: \(jobs.map { ($0.id, $0.status) })")
+    await adder.close()
+    await worker.close()
+  }
+
+  /// A replace whose update a trigger drops (a `BEFORE UPDATE` trigger returning NULL) fails
+  /// with an error that says so, as an insert whose row a trigger drops does, instead of looking
+  /// for the waiting job and updating it again and again until the call times out.
+  @Test func aReplaceWhoseUpdateATriggerDropsFailsWithAClearError() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("rt")
+    let store = try await openNamedStore(
+      server, .init(schema: schema, reconnectTimeout: .zero, callTimeout: .seconds(3)))
+    let clock = SystemJobClock()
+    func replace(_ text: String) -> NewJob {
+      NewJob(payload: Data(text.utf8), deduplicationKey: "k", onConflict: .replace)
+    }
+    let first = try await store.enqueue([replace("a")], queue: "q", clock: clock)[0]
+    #expect(first.outcome == .inserted)
+    try AdminConnection(server.url).query(
+      """
+      CREATE FUNCTION \(schema).keep() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN
+        IF NEW.payload <> OLD.payload THEN RETURN NULL; END IF;
+        RETURN NEW;
+      END $$;
+      CREATE TRIGGER keep BEFORE UPDATE ON \(schema).jobs FOR EACH ROW EXECUTE FUNCTION \(schema).keep();
+      """)
+    let call = Task { try await store.enqueue([replace("b")], queue: "q", clock: clock) }
+    let ended = Task {
+      try? await Task.sleep(for: .seconds(30))
+      call.cancel()
+    }
+    do {
+      let results = try await call.value
+      Issue.record("the dropped replace was reported as \(results)")
+    } catch {
+      #expect(
+        "\(error)".contains("not updated") || "\(error)".contains("trigger"),
+        "the error does not say the replace was dropped: \(error)")
+    }
+    ended.cancel()
+    #expect(try await store.job(first.id).map { String(decoding: $0.payload, as: UTF8.self) } == "a")
+    await store.close()
+  }
+
+  /// Replaces racing a worker on another connection that claims and completes the key's job:
+  /// a claimed job keeps the payload it was claimed with, and every add is kept (it replaced a
+  /// waiting job or stored a new one): the last add's payload is the one left waiting.
+  @Test func aReplaceNeverChangesAClaimedJobAndNeverLosesTheAdd() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("rc")
+    let adder = try await openNamedStore(server, .init(schema: schema))
+    let worker = try await openNamedStore(server, .init(schema: schema))
+    let clock = SystemJobClock()
+    let lease = Lease(owner: "w", duration: .seconds(60))
+    let stop = Atomic<Bool>(false)
+    let claims = Task { () -> [(JobID, Data)] in
+      var claimed: [(JobID, Data)] = []
+      var settling: [JobSettlement] = []
+      while !stop.load(ordering: .relaxed) {
+        let batch = try await worker.settleAndClaim(
+          settling, queue: "q", limit: 1, lease: lease, clock: clock)
+        claimed += batch.claimed.map { ($0.id, $0.payload) }
+        settling = batch.claimed.map { JobSettlement(claim: $0.claim, action: .complete) }
+      }
+      _ = try await worker.settleAndClaim(settling, queue: "q", limit: 0, lease: lease, clock: clock)
+      return claimed
+    }
+    var outcomes: [EnqueueOutcome] = []
+    for add in 0..<1_500 {
+      let result = try await adder.enqueue(
+        [NewJob(payload: Data("\(add)".utf8), deduplicationKey: "k", onConflict: .replace)], queue: "q",
+        clock: clock)[0]
+      outcomes.append(result.outcome)
+    }
+    stop.store(true, ordering: .relaxed)
+    let claimed = try await claims.value
+    for (id, payload) in claimed {
+      let stored = try await adder.job(id)
+      #expect(stored?.payload == payload, "job \(id) was claimed with one payload and completed with another")
+    }
+    let waiting = try await adder.jobs(queue: "q", status: .pending, after: nil, limit: 10)
+    let last = waiting.last.map { String(decoding: $0.payload, as: UTF8.self) }
+    let lastClaimed = claimed.last.map { String(decoding: $0.1, as: UTF8.self) }
+    #expect(
+      last == "1499" || (waiting.isEmpty && lastClaimed == "1499"),
+      "the last add: \(String(describing: last))")
+    #expect(outcomes.allSatisfy { $0 != .existing }, "an add was dropped")
+    #expect(claimed.count > 1, "the worker claimed \(claimed.count) jobs")
+    await adder.close()
+    await worker.close()
+  }
 }
