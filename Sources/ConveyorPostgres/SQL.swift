@@ -367,8 +367,6 @@ struct SQL {
     ) AS keys ORDER BY k
     """
   }
-  /// The oldest waiting job of each key (a separate statement after the locks, so its snapshot
-  /// sees every job committed by an enqueuer that held a lock before). Parameters: queue, keys.
   /// The oldest waiting job of one key. Parameters: queue, key.
   var findWaiting: String {
     """
@@ -414,6 +412,8 @@ struct SQL {
     """
   }
 
+  /// The oldest waiting job of each key (a separate statement after the locks, so its snapshot
+  /// sees every job committed by an enqueuer that held a lock before). Parameters: queue, keys.
   static func findDuplicates(_ schema: String) -> String {
     """
     SELECT dedup_key, min(id) FROM \(schema).jobs

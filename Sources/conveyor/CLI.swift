@@ -540,6 +540,11 @@ enum CLI {
       throw UsageError(
         description: "--unique and --replace need a --key: they say what a job of the key does")
     }
+    if case .completedWithin(let period) = scope, period > .seconds(86_400) {
+      printError(
+        "conveyor: note: --unique \(arguments.option("--unique") ?? "") looks back further than the day workers keep "
+          + "completed jobs by default; run them with --keep-completed of at least as long")
+    }
     let store = try context.openStore()
     let encoded = try JSONEncoder().encode(job)
     let payload = PayloadPrefix.summaryMembersFirst(encoded) ?? encoded

@@ -71,6 +71,8 @@ import Testing
       let refused = try await sandbox.run(["add", "exec", "--key", "k"] + bad + ["--", "true"])
       #expect(refused.status == 2 && refused.stderr.contains("--unique must be"), "\(bad): \(refused)")
     }
+    let longer = try await sandbox.run(["add", "exec", "--key", "w", "--unique", "7d", "--", "true"])
+    #expect(longer.status == 0 && longer.stderr.contains("run them with --keep-completed"), "\(longer)")
     let keyless = try await sandbox.run(["add", "exec", "--replace", "--", "true"])
     #expect(keyless.status == 2 && keyless.stderr.contains("need a --key"), "\(keyless)")
   }
