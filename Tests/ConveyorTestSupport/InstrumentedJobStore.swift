@@ -17,6 +17,7 @@ public final class InstrumentedJobStore: JobStore {
     var claimAnswerHolds: [Gate] = []
     var afterHeartbeat: (@Sendable () -> Void)?
     var hidesLostClaims = false
+    var settlementsSent: [[JobSettlement]] = []
   }
   private let state = Mutex(State())
 
@@ -38,6 +39,9 @@ public final class InstrumentedJobStore: JobStore {
 
   /// Every call so far.
   public var totalCalls: Int { state.withLock { $0.calls.values.reduce(0, +) } }
+
+  /// The settlements of every `settleAndClaim` call so far, failed ones included, in order.
+  public var settlementsSent: [[JobSettlement]] { state.withLock { $0.settlementsSent } }
 
   /// Makes heartbeats and claim checks answer that every claim is still current, as a store
   /// that cannot tell would: a queue then learns of a cancelled job only through its own
@@ -110,6 +114,7 @@ public final class InstrumentedJobStore: JobStore {
   public func settleAndClaim(
     _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, clock: any JobClock
   ) async throws -> ClaimBatch {
+    state.withLock { $0.settlementsSent.append(settlements) }
     try record("settleAndClaim")
     let batch = try await base.settleAndClaim(
       settlements, queue: queue, limit: limit, lease: lease, clock: clock)

@@ -845,6 +845,44 @@ struct JobQueueFailureTests {
     await queue.shutdown()
   }
 
+  @Test("an attempt that outran its limit during a shutdown, whose record failed, is recorded once")
+  func anOutrunAttemptWhoseRecordFailedIsSentOnce() async throws {
+    let clock = ManualJobClock()
+    let store = InstrumentedJobStore()
+    var configuration = JobQueueConfiguration(
+      identifier: "outran", maxAttempts: 3, autoStart: false, clock: clock)
+    configuration.timeLimit = .seconds(10)
+    let started = Gate()
+    let release = Gate()
+    defer { release.open() }
+    let queue = try JobQueue<Request>(configuration: configuration, store: store) { _, _ in
+      started.open()
+      await release.wait()  // ignores cancellation
+      return .handled
+    }
+    let id = try await queue.add(Request(name: "slow")).id
+    queue.start()
+    await started.wait()
+    let stopping = Task { await queue.shutdown(gracePeriod: .seconds(3_600)) }
+    try await eventually("shutdown began") { queue.isStopping }
+    // The limit passes while the queue stops: the worker records the attempt itself, and that
+    // call fails.
+    store.fail("settleAndClaim", times: 1)
+    clock.advance(by: .seconds(10))
+    try await eventually("the failed record was tried") {
+      store.settlementsSent.contains { $0.contains { $0.id == id } }
+    }
+    release.open()
+    await stopping.value
+    for sent in store.settlementsSent {
+      let claims = sent.map(\.claim)
+      #expect(Set(claims).count == claims.count, "a call carried a claim twice: \(claims)")
+    }
+    let record = try await store.job(id)
+    #expect(
+      record?.status == .pending && record?.errors.count == 1, "retried once: \(String(describing: record))")
+  }
+
   @Test("log records never carry payloads")
   func logsHaveNoPayloads() async throws {
     let logged = Log<LogRecord>()

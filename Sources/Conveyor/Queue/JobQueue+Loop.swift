@@ -539,16 +539,15 @@ extension JobQueue {
   /// time-limited attempt that outran its limit while the queue stops (its loop records nothing
   /// more until its workers end). A failure leaves it to the loop's final record.
   private func recordAlone(_ outcome: PendingSettlement) async {
-    let recorded = await Task(executorPreference: configuration.runtime.executor) { () -> Bool in
+    // A failed call has put the outcome back already (`settleAndClaim` restores what it could
+    // not record): restoring it here too sent it twice in the shutdown's final record.
+    await Task(executorPreference: configuration.runtime.executor) {
       do {
         _ = try await self.settleAndClaim([outcome], limit: 0)
-        return true
       } catch {
         self.log(.warning, "could not record a timed-out attempt; it is recorded at shutdown: \(error)")
-        return false
       }
     }.value
-    if !recorded { core.withLock { $0.state.restore([outcome]) } }
   }
 
   /// A handler that outran its time limit and still holds its worker: the worker reports it stuck
