@@ -304,15 +304,7 @@ struct PostgresJobStoreTests {
     #expect(index == [["1"]])
     let mail = try await store.jobs(queue: "mail", status: nil, after: nil, limit: 10)
     #expect(mail.map(\.status) == [.running, .completed, .pending])
-    let found = try await store.enqueue(
-      [
-        NewJob(payload: Data("{}".utf8), deduplicationKey: "r", deduplicationScope: .waitingOrRunning),
-        NewJob(
-          payload: Data("{}".utf8), deduplicationKey: "c",
-          deduplicationScope: .completedWithin(.seconds(3_600))),
-        NewJob(
-          payload: Data("{}".utf8), deduplicationKey: "c", deduplicationScope: .completedWithin(.seconds(60))),
-      ], queue: "mail", clock: SystemJobClock())
+    let found = try await store.addScopedProbes(queue: "mail", clock: SystemJobClock())
     #expect(found.map(\.outcome) == [.existing, .existing, .inserted])
     #expect(found[0].id == mail[0].id && found[1].id == mail[1].id)
     await store.close()

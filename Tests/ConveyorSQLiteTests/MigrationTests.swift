@@ -333,15 +333,7 @@ struct MigrationTests {
     let mail = try await store.jobs(queue: "mail", status: nil, after: nil, limit: 10)
     #expect(mail.map(\.status) == [.running, .completed, .pending])
     let now = FixedJobClock(Date(timeIntervalSince1970: 1_700_000_000))
-    let found = try await store.enqueue(
-      [
-        NewJob(payload: Data("{}".utf8), deduplicationKey: "r", deduplicationScope: .waitingOrRunning),
-        NewJob(
-          payload: Data("{}".utf8), deduplicationKey: "c",
-          deduplicationScope: .completedWithin(.seconds(3_600))),
-        NewJob(
-          payload: Data("{}".utf8), deduplicationKey: "c", deduplicationScope: .completedWithin(.seconds(60))),
-      ], queue: "mail", clock: now)
+    let found = try await store.addScopedProbes(queue: "mail", clock: now)
     #expect(found.map(\.outcome) == [.existing, .existing, .inserted])
     #expect(found[0].id == mail[0].id && found[1].id == mail[1].id)
   }

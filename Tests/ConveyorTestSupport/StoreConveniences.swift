@@ -61,3 +61,20 @@ extension JobCounts {
     return counts
   }
 }
+
+/// The migration tests' look at jobs stored before the keyed-jobs index (schema 7).
+extension JobStore {
+  /// Adds, to `queue`, a job of key "r" one at a time, then two of key "c": one scoped to an hour
+  /// after completion, one to a minute. A store whose running job of "r" and job of "c" completed
+  /// ten minutes before are seen answers `.existing`, `.existing`, `.inserted`.
+  public func addScopedProbes(queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
+    let payload = Data("{}".utf8)
+    return try await enqueue(
+      [
+        NewJob(payload: payload, deduplicationKey: "r", deduplicationScope: .waitingOrRunning),
+        NewJob(
+          payload: payload, deduplicationKey: "c", deduplicationScope: .completedWithin(.seconds(3_600))),
+        NewJob(payload: payload, deduplicationKey: "c", deduplicationScope: .completedWithin(.seconds(60))),
+      ], queue: queue, clock: clock)
+  }
+}
