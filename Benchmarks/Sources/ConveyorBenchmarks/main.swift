@@ -12,5 +12,6 @@ if wants("operations") { try await runOperationBenchmarks() }
 if wants("pipelines") { try await runPipelineBenchmarks() }
 if wants("queue") { try await runQueueBenchmarks() }
 if wants("history") { try await runHistoryBenchmarks() }
+if wants("schedules") { try await runScheduleBenchmarks() }
 // Needs a server: run through Benchmarks/with-postgres.sh (skipped without CONVEYOR_POSTGRES_URL).
 if wants("postgres") { try await runPostgresBenchmarks() }
