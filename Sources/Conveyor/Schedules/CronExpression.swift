@@ -392,11 +392,23 @@ public struct CronExpression: Sendable, Hashable, CustomStringConvertible {
 public enum ScheduleError: Error, Sendable, Hashable, CustomStringConvertible {
   /// A cron expression that cannot be parsed or never fires; the text says what to change.
   case invalidExpression(String)
+  /// A time zone this system does not know.
+  case invalidTimeZone(String)
+  /// An interval that is not whole seconds from 1 second to 366 days.
+  case invalidInterval(String)
+  /// A catch-up bound out of range.
+  case invalidCatchUp(String)
+  /// A jitter out of range.
+  case invalidJitter(String)
 
   /// Says what is wrong and what to do.
   public var description: String {
     switch self {
     case .invalidExpression(let message): "invalid cron expression: \(message)"
+    case .invalidTimeZone(let message): "invalid time zone: \(message)"
+    case .invalidInterval(let message): "invalid interval: \(message)"
+    case .invalidCatchUp(let message): "invalid catch-up: \(message)"
+    case .invalidJitter(let message): "invalid jitter: \(message)"
     }
   }
 }

@@ -1,0 +1,197 @@
+import Foundation
+
+/// When a periodic job fires, and what a schedule does with the slots it missed while nothing
+/// ran: the timing part of a schedule, a pure value every process computes the same way.
+///
+/// ```swift
+/// let digest = try ScheduleTiming(cron: "0 8 * * MON-FRI", timeZone: "Europe/Berlin", catchUp: .latest)
+/// let sync = try ScheduleTiming(every: .seconds(300))  // :00, :05, :10… UTC
+/// ```
+///
+/// A *slot* is one instant at which the schedule fires: a fire time of its cron expression on its
+/// time zone's wall clock, or a whole multiple of its interval since 1970-01-01 UTC (so every
+/// process, and every restart, agrees on the slots). A slot's job runs at the slot plus the
+/// schedule's jitter for that slot, a fraction of ``jitter`` drawn from the schedule's name and
+/// the slot alone, so it too is the same in every process.
+public struct ScheduleTiming: Sendable, Hashable {
+  /// How the slots are spaced.
+  public enum Spacing: Sendable, Hashable {
+    /// The fire times of a cron expression on the time zone's wall clock.
+    case cron(CronExpression)
+    /// Every whole multiple of this interval since 1970-01-01 UTC (1 second to 366 days).
+    case every(Duration)
+  }
+
+  /// What to do with slots that passed while no process fired them (all workers down, the
+  /// schedule paused): a slot is *missed* once it is older than ``ScheduleTiming/grace``.
+  public enum CatchUp: Sendable, Hashable {
+    /// Fire none of the missed slots; the schedule goes on from the next one.
+    case skip
+    /// Fire the latest missed slot once, and none before it.
+    case latest
+    /// Fire every missed slot, oldest first, but at most this many (the latest ones; 1 to
+    /// 1,000).
+    case all(atMost: Int)
+  }
+
+  /// How the slots are spaced.
+  public let spacing: Spacing
+  /// The zone whose wall clock a cron expression reads (interval schedules ignore it).
+  public let timeZone: TimeZone
+  /// What happens to missed slots. Default ``CatchUp/skip``.
+  public let catchUp: CatchUp
+  /// The most a slot's job is delayed after its slot, to spread schedules that share a slot.
+  /// Default zero; at most the smallest gap the schedule may have between two slots would be
+  /// sensible, and at most 1 hour is taken.
+  public let jitter: Duration
+
+  /// How late a slot may be fired and still count as on time, not missed: 1 minute. A process
+  /// checks due schedules at least every poll interval, so a slot is normally fired within one.
+  public static let grace = Duration.seconds(60)
+  /// The longest ``jitter``.
+  public static let longestJitter = Duration.seconds(3_600)
+  /// The longest interval.
+  public static let longestInterval = Duration.seconds(366 * 86_400)
+  /// The most slots ``CatchUp/all(atMost:)`` fires at once.
+  public static let mostCaughtUp = 1_000
+
+  /// A cron schedule on the wall clock of the zone named `timeZone` (an IANA name such as
+  /// "Europe/Berlin"; default "UTC").
+  ///
+  /// - Throws: ``ScheduleError`` for a bad expression, an unknown zone, a catch-up bound or a
+  ///   jitter out of range.
+  public init(cron: String, timeZone: String = "UTC", catchUp: CatchUp = .skip, jitter: Duration = .zero)
+    throws(ScheduleError)
+  {
+    guard let zone = TimeZone(identifier: timeZone) else {
+      throw .invalidTimeZone(
+        "\(CronExpression.quoted(timeZone)) is not a time zone this system knows; give an IANA name such as "
+          + "\"Europe/Berlin\" or \"UTC\"")
+    }
+    try self.init(spacing: .cron(try CronExpression(cron)), timeZone: zone, catchUp: catchUp, jitter: jitter)
+  }
+
+  /// A schedule that fires every `interval`, at its whole multiples since 1970-01-01 UTC.
+  ///
+  /// - Throws: ``ScheduleError/invalidInterval(_:)`` outside 1 second to 366 days, or not whole
+  ///   seconds; ``ScheduleError/invalidCatchUp(_:)``, ``ScheduleError/invalidJitter(_:)``.
+  public init(every interval: Duration, catchUp: CatchUp = .skip, jitter: Duration = .zero)
+    throws(ScheduleError)
+  {
+    try self.init(
+      spacing: .every(interval), timeZone: TimeZone(identifier: "UTC")!, catchUp: catchUp, jitter: jitter)
+  }
+
+  /// A schedule from its parts, checked as the other initializers check them.
+  public init(spacing: Spacing, timeZone: TimeZone, catchUp: CatchUp = .skip, jitter: Duration = .zero)
+    throws(ScheduleError)
+  {
+    if case .every(let interval) = spacing {
+      guard interval >= .seconds(1), interval <= Self.longestInterval, interval.components.attoseconds == 0
+      else {
+        throw .invalidInterval(
+          "an interval of \(interval) is not whole seconds from 1 second to 366 days; use a cron expression "
+            + "for calendar periods such as months")
+      }
+    }
+    if case .all(let bound) = catchUp, !(1...Self.mostCaughtUp).contains(bound) {
+      throw .invalidCatchUp("catch up .all(atMost: \(bound)) must fire 1 to \(Self.mostCaughtUp) slots")
+    }
+    guard jitter >= .zero, jitter <= Self.longestJitter else {
+      throw .invalidJitter("a jitter of \(jitter) must be from zero to 1 hour")
+    }
+    self.spacing = spacing
+    self.timeZone = timeZone
+    self.catchUp = catchUp
+    self.jitter = jitter
+  }
+
+  /// The first slot after `date`; nil when none comes before year 9999.
+  public func nextSlot(after date: Date) -> Date? {
+    switch spacing {
+    case .cron(let expression): return expression.nextFire(after: date, in: timeZone)
+    case .every(let interval):
+      let step = interval.components.seconds
+      let seconds = date.timeIntervalSince1970
+      guard seconds.isFinite, seconds < CronExpression.latestSecond else { return nil }
+      let at = Int64(max(seconds, CronExpression.earliestSecond).rounded(.down))
+      let next = (CronExpression.floorDiv(at, step) + 1) * step
+      return TimeInterval(next) < CronExpression.latestSecond
+        ? Date(timeIntervalSince1970: TimeInterval(next)) : nil
+    }
+  }
+
+  /// What a process firing the schedule at `now` does, the last slot fired being `lastSlot` (nil:
+  /// none yet, and the schedule counts from `since`, when it was stored): the slots to fire now,
+  /// oldest first, and the next slot after `now`, when it is due again.
+  ///
+  /// Slots within ``grace`` of `now` are on time and always fire (at most ``mostCaughtUp``);
+  /// older ones are missed, and the catch-up policy decides: ``CatchUp/skip`` fires none of them,
+  /// ``CatchUp/latest`` the latest one when no slot is on time, ``CatchUp/all(atMost:)`` the
+  /// latest ones up to its bound, on-time slots included. Bounded whatever the downtime: it walks
+  /// at most a few thousand slots.
+  public func due(lastSlot: Date?, since: Date, now: Date) -> (fire: [Date], next: Date?) {
+    let from = lastSlot ?? since
+    let next = nextSlot(after: max(from, now))
+    guard from < now else { return ([], next) }
+    let onTimeFrom = now.addingTimeInterval(-Self.grace.seconds)
+    let onTime = latestSlots(
+      after: max(from, onTimeFrom.addingTimeInterval(-0.001)), through: now, count: Self.mostCaughtUp)
+    switch catchUp {
+    case .skip:
+      return (onTime, next)
+    case .latest:
+      return (onTime.isEmpty ? latestSlots(after: from, through: now, count: 1) : onTime, next)
+    case .all(let bound):
+      return (latestSlots(after: from, through: now, count: max(bound, onTime.count)), next)
+    }
+  }
+
+  /// The latest `count` slots after `from` and at or before `now`, oldest first. An interval's
+  /// are computed; a cron expression's are walked forward from a point before `now` that moves
+  /// back (a day, then twice as far each time, never before `from`) until it holds `count` slots,
+  /// so the walk covers at most about twice the slots it keeps, or a day's.
+  func latestSlots(after from: Date, through now: Date, count: Int) -> [Date] {
+    guard count > 0, from < now else { return [] }
+    if case .every(let interval) = spacing {
+      let step = interval.components.seconds
+      guard let first = nextSlot(after: from), first <= now else { return [] }
+      let at = Int64(now.timeIntervalSince1970.rounded(.down))
+      let latest = CronExpression.floorDiv(at, step) * step
+      let firstSecond = Int64(first.timeIntervalSince1970)
+      let available = (latest - firstSecond) / step + 1
+      let taken = min(Int64(count), available)
+      return (0..<taken).map { Date(timeIntervalSince1970: TimeInterval(latest - (taken - 1 - $0) * step)) }
+    }
+    var window: TimeInterval = 86_400
+    while true {
+      let start = max(from, now.addingTimeInterval(-window))
+      var found: [Date] = []
+      var cursor = start
+      while let following = nextSlot(after: cursor), following <= now {
+        found.append(following)
+        cursor = following
+      }
+      if found.count >= count || start <= from { return Array(found.suffix(count)) }
+      window *= 2
+    }
+  }
+
+  /// When the job of `slot` runs: the slot plus a share of ``jitter`` drawn from `name` and the
+  /// slot, the same in every process.
+  public func runDate(ofSlot slot: Date, name: String) -> Date {
+    guard jitter > .zero else { return slot }
+    // FNV-1a over the name and the slot's second: stable across processes and builds.
+    var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+    for byte in name.utf8 {
+      hash = (hash ^ UInt64(byte)) &* 0x0000_0100_0000_01B3
+    }
+    var second = UInt64(bitPattern: Int64(slot.timeIntervalSince1970.rounded(.down)))
+    for _ in 0..<8 {
+      hash = (hash ^ (second & 0xFF)) &* 0x0000_0100_0000_01B3
+      second >>= 8
+    }
+    let millis = UInt64(JobStoreTime.milliseconds(jitter))
+    return slot.addingTimeInterval(Double(hash % (millis + 1)) / 1_000)
+  }
+}
