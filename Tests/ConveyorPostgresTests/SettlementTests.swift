@@ -265,4 +265,122 @@ struct SettlementTests {
     }
     await postgres.close()
   }
+
+  /// A settle-and-claim the server carried out (and committed) whose answer the network lost
+  /// (``AnswerLosingProxy``): the store connects again and runs the call again. The second run
+  /// must not claim beside the first run's claim, which no worker hears of (it would stay running
+  /// with no handler until its lease lapses, its attempt counted), nor report the first run's
+  /// recorded outcome as stale (the queue would then say it was not recorded, and drop its event).
+  @Test func aCallWhoseAnswerWasLostNeitherClaimsTwiceNorCallsItsRecordedOutcomeStale() async throws {
+    let server = try await PostgresServer.shared()
+    let proxy = try AnswerLosingProxy(target: server.port)
+    defer { proxy.close() }
+    let store = try await PostgresJobStore.open(
+      url: proxy.url, options: .init(schema: uniqueSchema("pglostans"), reconnectTimeout: .seconds(20)))
+    let clock = SystemJobClock()
+    let lease = Lease(owner: "w", duration: .seconds(60))
+    let ids = try await store.enqueue(["a", "b", "c", "d"].map { textJob($0) }, queue: "q", clock: clock)
+      .map(\.id)
+    // Claims "a", then records it and claims "b", as a worker would: the statements are prepared on
+    // this connection from now on, so the call below is one round trip.
+    let first = try await store.settleAndClaim([], queue: "q", limit: 1, lease: lease, clock: clock)
+    let claimOfA = try #require(first.claimed.first?.claim)
+    let second = try await store.settleAndClaim(
+      [JobSettlement(claim: claimOfA, action: .complete)], queue: "q", limit: 1, lease: lease, clock: clock)
+    #expect(first.claimed.map(\.id) == [ids[0]] && second.claimed.map(\.id) == [ids[1]])
+    let claimOfB = try #require(second.claimed.first?.claim)
+
+    proxy.arm()
+    let batch = try await store.settleAndClaim(
+      [JobSettlement(claim: claimOfB, action: .complete)], queue: "q", limit: 1, lease: lease, clock: clock)
+    #expect(proxy.cuts == 1, "the answer of the call was lost once")
+    #expect(try await store.job(ids[1])?.status == .completed)
+    #expect(
+      batch.staleSettlements.isEmpty, "the completion of b was recorded, not stale: \(batch.staleSettlements)"
+    )
+    let running = try await store.jobs(queue: "q", status: .running, after: nil, limit: 10)
+    #expect(
+      running.map(\.id) == batch.claimed.map(\.id),
+      "running in the store: \(running.map(\.id)) (attempts \(running.map(\.attempts))); claimed by the call: \(batch.claimed.map(\.id))"
+    )
+    await store.close()
+  }
+}
+
+/// A TCP proxy in front of a server that, once armed, passes the client's next bytes on to the
+/// server, swallows the server's answers to them, and half a second later breaks the connection:
+/// a call the server carried out whose answer the network lost.
+final class AnswerLosingProxy: Sendable {
+  let port: Int
+  private let target: Int
+  private let listener: Int32
+  private let sockets = Mutex<[Int32]>([])
+  private let armed = Atomic<Bool>(false)
+  private let cutCount = Atomic<Int>(0)
+
+  /// One proxied connection: whether the server's answers are swallowed.
+  private final class Link: Sendable {
+    let losing = Atomic<Bool>(false)
+  }
+
+  var url: String { "postgresql://postgres@127.0.0.1:\(port)/postgres" }
+  /// How many connections were broken so.
+  var cuts: Int { cutCount.load(ordering: .acquiring) }
+
+  init(target: Int) throws {
+    self.target = target
+    (listener, port) = try PostgresServer.loopbackSocket(listening: true)
+    Thread { [self] in acceptLoop() }.start()
+  }
+
+  /// The next bytes any client sends are answered into the void, then the connection breaks.
+  func arm() { armed.store(true, ordering: .releasing) }
+
+  func close() {
+    shutdown(listener, Int32(SHUT_RDWR))
+    for socket in sockets.withLock({ $0 }) { shutdown(socket, Int32(SHUT_RDWR)) }
+  }
+
+  private func acceptLoop() {
+    PostgresServer.acceptProxied(on: listener, to: target) { client, server in
+      sockets.withLock { $0 += [client, server] }
+      let link = Link()
+      Thread { [self] in pump(from: client, to: server, link: link, fromClient: true) }.start()
+      Thread { [self] in pump(from: server, to: client, link: link, fromClient: false) }.start()
+      return true
+    }
+  }
+
+  private func pump(from source: Int32, to sink: Int32, link: Link, fromClient: Bool) {
+    var buffer = [UInt8](repeating: 0, count: 65_536)
+    while true {
+      let count = buffer.withUnsafeMutableBytes { recv(source, $0.baseAddress!, $0.count, 0) }
+      if count < 0 && errno == EINTR { continue }
+      if count <= 0 {
+        shutdown(sink, Int32(SHUT_RDWR))
+        return
+      }
+      let cutting =
+        fromClient
+        && armed.compareExchange(
+          expected: true, desired: false, ordering: .acquiringAndReleasing
+        ).exchanged
+      if cutting { link.losing.store(true, ordering: .releasing) }
+      if !fromClient && link.losing.load(ordering: .acquiring) { continue }  // lost on the way
+      guard
+        buffer.withUnsafeBytes({
+          PostgresServer.sendAll(sink, UnsafeRawBufferPointer(rebasing: $0[0..<count]))
+        })
+      else { return }
+      if cutting {
+        // The client's further bytes of the call still pass; the server carries it out meanwhile.
+        Thread { [self] in
+          Thread.sleep(forTimeInterval: 0.5)
+          cutCount.add(1, ordering: .releasing)
+          shutdown(source, Int32(SHUT_RDWR))
+          shutdown(sink, Int32(SHUT_RDWR))
+        }.start()
+      }
+    }
+  }
 }

@@ -1,5 +1,6 @@
 import Conveyor
 import Foundation
+import Synchronization
 
 extension QueueEngineConformance {
   /// Cancelling, on every store: a waiting job never runs; a running job's handler is cancelled,
@@ -94,6 +95,52 @@ extension QueueEngineConformance {
       try await waitFor("the handler to be cancelled") { saw.all == ["cancelled"] }
       await queue.waitUntilFinished()
       await queue.shutdown()
+      try expect(try await store.job(id)?.status == .cancelled, "kept as cancelled")
+    },
+    check("a job cancelled after its worker took it, before its handler started, does not run on") { store in
+      // The worker has the job (its claim answered, a slot taken) and is decoding its item when
+      // the queue's own `cancel` comes: the handler must then never start, or be cancelled.
+      let blind = InstrumentedJobStore(store)
+      blind.hideLostClaims()
+      var configuration = configuration()
+      configuration.autoStart = false
+      // The held decoding blocks its thread: the queue's own, not one of the cooperative pool's
+      // (two checks held at once on a two-core machine would hold the whole pool).
+      configuration.runtime.executor = OneThreadExecutor()
+      let name = "held-\(UUID().uuidString)"
+      let hold = HeldInDecoding.hold(name)
+      defer { hold.letGo() }
+      let runs = Runs()
+      let queue = try JobQueue<HeldInDecoding>(configuration: configuration, store: blind) { _, _ in
+        runs.append("started")
+        do {
+          try await Task.sleep(for: .seconds(600))
+        } catch {
+          runs.append("cancelled")
+          throw error
+        }
+        return .handled
+      }
+      let id = try await queue.add(HeldInDecoding(name: name)).id
+      queue.start()
+      try await waitFor("the worker to decode the job") { hold.isReached }
+      try expect(try await queue.cancel(id) == .cancelledRunning, "cancelled while its worker holds it")
+      hold.letGo()
+      // The worker goes on: its handler must not start, or be cancelled at once. (Two seconds for
+      // it to start; five more for a started handler to see its cancellation.)
+      var deadline = ContinuousClock.now + .seconds(2)
+      while runs.all.isEmpty && ContinuousClock.now < deadline {
+        try await Task.sleep(for: .milliseconds(20))
+      }
+      deadline = ContinuousClock.now + .seconds(5)
+      while runs.all == ["started"] && ContinuousClock.now < deadline {
+        try await Task.sleep(for: .milliseconds(20))
+      }
+      let seen = runs.all
+      await queue.shutdown(gracePeriod: .zero)
+      try expect(
+        seen.isEmpty || seen == ["started", "cancelled"],
+        "the cancelled job's handler ran on, uncancelled: \(seen)")
       try expect(try await store.job(id)?.status == .cancelled, "kept as cancelled")
     },
     check("a job claimed by this instance but not started, when cancelled, never starts") { store in
@@ -231,5 +278,51 @@ extension QueueEngineConformance {
     }
     release.open()
     await queue.shutdown()
+  }
+}
+
+/// An item whose decoding, for a name registered with ``hold(_:)``, waits until the test lets it
+/// go: a worker that has taken its job and not yet started the handler. The wait blocks the
+/// decoding thread (decoding is synchronous), for 30 seconds at most.
+struct HeldInDecoding: Queueable {
+  var name: String
+
+  /// The hold of one name.
+  final class Hold: Sendable {
+    private let reached = Atomic<Bool>(false)
+    private let go = DispatchSemaphore(value: 0)
+    private let released = Atomic<Bool>(false)
+
+    /// Whether a worker is decoding the item and waits.
+    var isReached: Bool { reached.load(ordering: .acquiring) }
+
+    /// Lets the decoding go on (once; later calls do nothing).
+    func letGo() {
+      if !released.exchange(true, ordering: .acquiringAndReleasing) { go.signal() }
+    }
+
+    fileprivate func wait() {
+      reached.store(true, ordering: .releasing)
+      _ = go.wait(timeout: .now() + 30)
+    }
+  }
+
+  private static let holds = Mutex<[String: Hold]>([:])
+
+  /// Holds the next decoding of an item named `name`.
+  static func hold(_ name: String) -> Hold {
+    let hold = Hold()
+    holds.withLock { $0[name] = hold }
+    return hold
+  }
+
+  init(name: String) { self.name = name }
+
+  private enum CodingKeys: String, CodingKey { case name }
+
+  init(from decoder: any Decoder) throws {
+    let container = try decoder.container(keyedBy: CodingKeys.self)
+    name = try container.decode(String.self, forKey: .name)
+    if let hold = Self.holds.withLock({ $0.removeValue(forKey: name) }) { hold.wait() }
   }
 }

@@ -424,13 +424,25 @@ extension JobQueue {
       id: record.id, queue: identifier, attempts: record.attempts, createdAt: record.createdAt,
       lastError: record.lastError)
     guard handlerAvailable else { return Handled(settlement(for: record, outcome: .noHandler)) }
+    let limit = record.timeLimit ?? configuration.timeLimit
+    let cancelledEarly =
+      limit == nil
+      && withUnsafeCurrentTask { (task: UnsafeCurrentTask?) -> Bool in
+        cancellation.arm(task, claim: record.claim)
+      }
+    if cancelledEarly {
+      // Cancelled (or taken over) since this worker took the job, before its handler could be
+      // cancelled: none starts. The outcome is dropped with the abandoned claim.
+      return Handled(
+        PendingSettlement(
+          settlement: JobSettlement(claim: record.claim, action: .release(error: nil)), event: nil))
+    }
     // Only when a handler is about to run: `.started` means "a handler started on a job".
     emit(.started(record.id, attempt: record.attempts))
     countStart(of: record)
-    guard let limit = record.timeLimit ?? configuration.timeLimit else {
+    guard let limit else {
       // No limit: the handler runs in the worker's own task (no task to create, no hop back),
       // cancellable on request through it; a worker cancelled so ends after this job.
-      withUnsafeCurrentTask { cancellation.arm($0, claim: record.claim) }
       let started = clock.uptime()
       let returned: Result<JobResult?, any Error>
       do { returned = .success(try await handleInline(item, context)) } catch { returned = .failure(error) }
@@ -513,7 +525,13 @@ extension JobQueue {
         end.fulfil(.success(result))
       }
     }
-    core.withLock { $0.handlers[claim] = { handler.cancel() } }
+    // Registered and looked at under one lock: a claim abandoned before the registration (no
+    // handler was there to cancel) cancels the handler here.
+    let abandoned = core.withLock { core in
+      core.handlers[claim] = { handler.cancel() }
+      return core.state.abandoned.contains(claim)
+    }
+    if abandoned { handler.cancel() }
     let timer = Task(executorPreference: configuration.runtime.executor) {
       do { try await clock.sleep(untilUptime: deadline) } catch { return }  // the handler returned first
       end.fulfil(.success(nil))
@@ -761,23 +779,35 @@ final class HandlerCancellation: Sendable {
     var task: UnsafeCurrentTask?
     var claim: ClaimReference?
     var cancelled = false
+    /// Claims cancelled while no handler of theirs was armed: the worker may have taken one and
+    /// not armed it yet. Forgotten at the next ``arm(_:claim:)``.
+    var missed: Set<ClaimReference> = []
   }
 
   private let state = Mutex(Slot())
 
-  /// Keeps the running task, just before its handler is called on the job of `claim`.
-  func arm(_ task: UnsafeCurrentTask?, claim: ClaimReference) {
+  /// Keeps the running task, just before its handler is called on the job of `claim`; returns
+  /// true, keeping nothing, when `claim` was cancelled before (after the worker took its job): its
+  /// handler must not start.
+  func arm(_ task: UnsafeCurrentTask?, claim: ClaimReference) -> Bool {
     state.withLock { slot in
-      slot.task = task
-      slot.claim = claim
+      let early = !slot.missed.isEmpty && slot.missed.contains(claim)
+      slot.missed.removeAll()
+      slot.task = early ? nil : task
+      slot.claim = early ? nil : claim
       slot.cancelled = false
+      return early
     }
   }
 
-  /// Cancels the task if it is still inside a handler of one of `claims`.
+  /// Cancels the task if it is still inside a handler of one of `claims`; otherwise notes them
+  /// for the next ``arm(_:claim:)``.
   func cancel(ifRunning claims: Set<ClaimReference>) {
     state.withLock { slot in
-      guard let task = slot.task, let claim = slot.claim, claims.contains(claim) else { return }
+      guard let task = slot.task, let claim = slot.claim, claims.contains(claim) else {
+        slot.missed.formUnion(claims)
+        return
+      }
       slot.cancelled = true
       task.cancel()
     }
