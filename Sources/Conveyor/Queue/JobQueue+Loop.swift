@@ -425,11 +425,11 @@ extension JobQueue {
       lastError: record.lastError)
     guard handlerAvailable else { return Handled(settlement(for: record, outcome: .noHandler)) }
     let limit = record.timeLimit ?? configuration.timeLimit
-    let cancelledEarly =
-      limit == nil
-      && withUnsafeCurrentTask { (task: UnsafeCurrentTask?) -> Bool in
-        cancellation.arm(task, claim: record.claim)
-      }
+    // Armed on every job (with the task only when the handler runs in it), so the claims noted
+    // for a worker between two jobs never pile up.
+    let cancelledEarly = withUnsafeCurrentTask { (task: UnsafeCurrentTask?) -> Bool in
+      cancellation.arm(limit == nil ? task : nil, claim: record.claim)
+    }
     if cancelledEarly {
       // Cancelled (or taken over) since this worker took the job, before its handler could be
       // cancelled: none starts. The outcome is dropped with the abandoned claim.
