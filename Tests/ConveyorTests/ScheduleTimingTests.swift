@@ -93,7 +93,7 @@ struct ScheduleTimingTests {
     #expect(try ScheduleTiming(every: .seconds(60)).runDate(ofSlot: slot, name: "x") == slot)
   }
 
-  @Test func badSettingsAreRefusedWithWhatToChange() {
+  @Test func badSettingsAreRefusedWithWhatToChange() throws {
     func refuses(_ expected: String, _ make: () throws -> ScheduleTiming) {
       do {
         _ = try make()
@@ -112,7 +112,15 @@ struct ScheduleTimingTests {
     refuses("from zero to 1 hour") { try ScheduleTiming(every: .seconds(60), jitter: .seconds(-1)) }
     refuses("from zero to 1 hour") { try ScheduleTiming(every: .seconds(60), jitter: .seconds(3_601)) }
     refuses("is not a time zone") { try ScheduleTiming(cron: "@daily", timeZone: "Mars/Olympus_Mons") }
+    // Foundation would take this one as Europe/Berlin once that zone is loaded.
+    _ = TimeZone(identifier: "Europe/Berlin")
     refuses("is not a time zone") { try ScheduleTiming(cron: "@daily", timeZone: "Europe/Berlin\u{0}") }
+    refuses("is not a time zone") { try ScheduleTiming(cron: "@daily", timeZone: "Europe/Berlin\u{0}junk") }
+    refuses("is not a time zone") { try ScheduleTiming(cron: "@daily", timeZone: "") }
+    refuses("is not a time zone") {
+      try ScheduleTiming(cron: "@daily", timeZone: String(repeating: "A", count: 65))
+    }
+    #expect(try ScheduleTiming(cron: "@daily", timeZone: "Etc/GMT+5").timeZone.identifier == "Etc/GMT+5")
     refuses("has 1 field(s)") { try ScheduleTiming(cron: "soon") }
   }
 }

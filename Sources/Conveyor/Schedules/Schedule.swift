@@ -63,7 +63,13 @@ public struct ScheduleTiming: Sendable, Hashable {
   public init(cron: String, timeZone: String = "UTC", catchUp: CatchUp = .skip, jitter: Duration = .zero)
     throws(ScheduleError)
   {
-    guard let zone = TimeZone(identifier: timeZone) else {
+    // Foundation takes a name with a NUL in it as the name before the NUL once that zone is
+    // loaded: only the characters of IANA names reach it.
+    let allowed = timeZone.utf8.allSatisfy { byte in
+      (65...90).contains(byte) || (97...122).contains(byte) || (48...57).contains(byte)
+        || "/_-+".utf8.contains(byte)
+    }
+    guard (1...64).contains(timeZone.utf8.count), allowed, let zone = TimeZone(identifier: timeZone) else {
       throw .invalidTimeZone(
         "\(CronExpression.quoted(timeZone)) is not a time zone this system knows; give an IANA name such as "
           + "\"Europe/Berlin\" or \"UTC\"")
