@@ -34,6 +34,8 @@ struct MigrationTests {
     var db: OpaquePointer?
     guard sqlite3_open(path, &db) == SQLITE_OK else { throw SQLFailure(description: "open") }
     defer { sqlite3_close(db) }
+    // A store just let go may still be closing its connection on its own thread.
+    sqlite3_busy_timeout(db, 30_000)
     var message: UnsafeMutablePointer<CChar>?
     guard sqlite3_exec(db, sql, nil, nil, &message) == SQLITE_OK else {
       throw SQLFailure(description: message.map { String(cString: $0) } ?? "exec failed")
@@ -309,7 +311,7 @@ struct MigrationTests {
     let folder = try TemporaryFolder()
     let path = folder.path("v6.sqlite")
     let t = 1_700_000_000_000
-    do { _ = try SQLiteJobStore(path: path) }
+    await (try SQLiteJobStore(path: path)).close()
     try execute(
       path,
       """
