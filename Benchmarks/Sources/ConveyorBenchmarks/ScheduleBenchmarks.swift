@@ -22,11 +22,11 @@ func runScheduleBenchmarks() async throws {
   }
   var sink = 0.0
   let (cron, foundation) = try await interleaved(repeats: 5) {
-    try await seconds {
+    await seconds {
       for start in starts { sink += daily.nextFire(after: start, in: berlin)?.timeIntervalSince1970 ?? 0 }
     }
   } baseline: {
-    try await seconds {
+    await seconds {
       for start in starts {
         sink +=
           calendar.nextDate(after: start, matching: matching, matchingPolicy: .nextTime)?
@@ -45,13 +45,13 @@ func runScheduleBenchmarks() async throws {
   ]
   .map { try CronExpression($0) }
   let (mixed, foundationAgain) = try await interleaved(repeats: 5) {
-    try await seconds {
+    await seconds {
       for (index, start) in starts.enumerated() {
         sink += mix[index % mix.count].nextFire(after: start, in: berlin)?.timeIntervalSince1970 ?? 0
       }
     }
   } baseline: {
-    try await seconds {
+    await seconds {
       for start in starts {
         sink +=
           calendar.nextDate(after: start, matching: matching, matchingPolicy: .nextTime)?
