@@ -234,7 +234,9 @@ struct OpeningTests {
   /// `DispatchQueue.global()` (where it waited before) runs on the very threads of the pool, so
   /// opens waiting there kept every task of the process from running. Here more opens wait than
   /// the pool has threads, and the lock is released by the test's task once it wakes from a
-  /// sleep: before the fix it woke only when the opens gave up, so they failed as busy.
+  /// sleep: before the fix it woke only when the opens gave up, so they failed as busy. The opens
+  /// wait up to 20 s: with the whole suite running beside it, the test's task once woke from its
+  /// 0.3 s sleep more than 3 s late, though no open held its thread.
   @Test func opensWaitingForALockDoNotHoldThePoolsThreads() async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("locked.sqlite")
@@ -260,7 +262,7 @@ struct OpeningTests {
       }.start()
     }
     let openers = (0..<2 * ProcessInfo.processInfo.activeProcessorCount + 4).map { _ in
-      Task { try await SQLiteJobStore.open(path: path, options: .init(busyTimeout: .seconds(3))) }
+      Task { try await SQLiteJobStore.open(path: path, options: .init(busyTimeout: .seconds(20))) }
     }
     try await Task.sleep(for: .milliseconds(300))  // the opens are waiting for the lock
     release.signal()
