@@ -492,12 +492,14 @@ struct GatherTests {
   /// (Holding the first leader off the pool meanwhile, with CPU-bound work, holds every pool
   /// thread on this 2-core machine, so the second lead could not run either: the interleaving
   /// where the first leader runs again during the second gathering is argued from the code: it
-  /// compares its own slot, `state.gathering?.slot === slot`.)
+  /// compares its own slot, `state.gathering?.slot === slot`.) The leaders run at `.low`, below
+  /// the high-priority taker, not at `.background`: in a full parallel run of the suite a
+  /// background task once waited more than 90 s for a thread.
   @Test func aNewGatheringRightAfterATakeover() async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("jobs.sqlite")
     let store = try await storeExpectingFourFollowers(folder, linger: .seconds(60))
-    let first = Task.detached(priority: .background) {
+    let first = Task.detached(priority: .low) {
       try await store.enqueue(
         [NewJob(payload: payload("first leader"), runAt: epoch)], queue: "jobs", now: epoch)
     }
@@ -510,7 +512,7 @@ struct GatherTests {
     // A second lead with four followers (the next leader expects four again), then a second
     // gathering leader at background priority, taken over in turn.
     try await leadWithFourFollowers(store)
-    let second = Task.detached(priority: .background) {
+    let second = Task.detached(priority: .low) {
       try await store.enqueue(
         [NewJob(payload: payload("second leader"), runAt: epoch)], queue: "jobs", now: epoch)
     }
