@@ -22,41 +22,7 @@ public final class InMemoryJobStore: JobStore {
 
   /// Commits new jobs; see ``JobStore/enqueue(_:queue:clock:)``.
   public func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
-    state.withLock { state in
-      let now = JobStoreTime.normalized(clock.now())
-      var results: [EnqueueResult] = []
-      results.reserveCapacity(jobs.count)
-      for job in jobs {
-        if job.hasDeduplicationOptions, let key = job.deduplicationKey,
-          let found = state.queues[ExactText(queue)]?.existing(
-            ExactText(key), scope: job.deduplicationScope, now: now)
-        {
-          guard found.waiting, job.onConflict == .replace else {
-            results.append(EnqueueResult(id: found.id, outcome: .existing))
-            continue
-          }
-          state.queues[ExactText(queue)]?.replace(found.id, with: job, now: now)
-          results.append(EnqueueResult(id: found.id, outcome: .replaced))
-          continue
-        }
-        if let key = job.deduplicationKey,
-          let existing = state.queues[ExactText(queue)]?.dedup[ExactText(key)]?.min()
-        {
-          results.append(EnqueueResult(id: existing, inserted: false))
-          continue
-        }
-        state.nextID += 1
-        let record = JobRecord(
-          id: JobID(state.nextID), queue: queue, payload: job.payload, status: .pending,
-          priority: job.priority, attempts: 0, runAt: Self.runDate(job.runTime, now: now), createdAt: now,
-          deduplicationKey: job.deduplicationKey,
-          timeLimit: job.timeLimitMilliseconds.map { .milliseconds($0) })
-        state.queues[ExactText(queue), default: QueueState()].insertWaiting(
-          record, ready: record.runAt <= now)
-        results.append(EnqueueResult(id: record.id, inserted: true))
-      }
-      return results
-    }
+    state.withLock { state in state.enqueue(jobs, queue: queue, now: JobStoreTime.normalized(clock.now())) }
   }
 
   static func runDate(_ runTime: RunTime, now: Date) -> Date {
@@ -290,10 +256,66 @@ public final class InMemoryJobStore: JobStore {
 
   /// When a worker is next needed; see ``JobStore/nextWake(queue:clock:)``.
   public func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
-    withQueue(queue) { queueState in
-      var hint = queueState.nextWake(now: JobStoreTime.normalized(clock.now()))
-      hint.paused = queueState.paused
+    state.withLock { state in
+      var hint = state.queues[ExactText(queue), default: QueueState()].nextWake(
+        now: JobStoreTime.normalized(clock.now()))
+      hint.paused = state.queues[ExactText(queue)]?.paused ?? false
+      hint.nextScheduleDue = state.schedules[ExactText(queue)]?.values.compactMap(\.nextDue).min()
       return hint
+    }
+  }
+
+  /// Stores schedules; see ``JobStore/saveSchedules(_:queue:origin:clock:)``.
+  public func saveSchedules(
+    _ schedules: [ScheduleDefinition], queue: String, origin: ScheduleOrigin, clock: any JobClock
+  ) async throws -> ScheduleSaveSummary {
+    try state.withLock { state throws(ScheduleError) in
+      let existing = Array((state.schedules[ExactText(queue)] ?? [:]).values)
+      let (writes, summary) = try ScheduleBook.save(
+        schedules, queue: queue, origin: origin, existing: existing, now: JobStoreTime.normalized(clock.now()))
+      for write in writes { state.schedules[ExactText(queue), default: [:]][ExactText(write.name)] = write }
+      return summary
+    }
+  }
+
+  /// The stored schedules; see ``JobStore/schedules(queue:)``.
+  public func schedules(queue: String?) async throws -> [StoredSchedule] {
+    state.withLock { state in
+      state.schedules.filter { entry in queue.map { entry.key == ExactText($0) } ?? true }.values
+        .flatMap(\.values)
+        .sorted { (ExactText($0.queue), ExactText($0.name)) < (ExactText($1.queue), ExactText($1.name)) }
+    }
+  }
+
+  /// Pauses or resumes a schedule; see ``JobStore/setSchedulePaused(_:name:queue:clock:)``.
+  public func setSchedulePaused(_ paused: Bool, name: String, queue: String, clock: any JobClock) async throws
+    -> Bool
+  {
+    state.withLock { state in
+      guard let stored = state.schedules[ExactText(queue)]?[ExactText(name)] else { return false }
+      state.schedules[ExactText(queue)]?[ExactText(name)] = stored.pausing(
+        paused, now: JobStoreTime.normalized(clock.now()))
+      return true
+    }
+  }
+
+  /// Deletes a schedule; see ``JobStore/removeSchedule(name:queue:)``.
+  public func removeSchedule(name: String, queue: String) async throws -> Bool {
+    state.withLock { state in state.schedules[ExactText(queue)]?.removeValue(forKey: ExactText(name)) != nil }
+  }
+
+  /// Fires due schedules; see ``JobStore/fireDueSchedules(queue:clock:)``.
+  public func fireDueSchedules(queue: String, clock: any JobClock) async throws -> ScheduleFiring {
+    state.withLock { state in
+      let now = JobStoreTime.normalized(clock.now())
+      let due = (state.schedules[ExactText(queue)] ?? [:]).values.filter { ($0.nextDue ?? .distantFuture) <= now }
+      var added: [JobID] = []
+      for schedule in due.sorted(by: { ExactText($0.name) < ExactText($1.name) }) {
+        let (jobs, after) = schedule.firing(now: now)
+        added += state.enqueue(jobs, queue: queue, now: now).filter(\.inserted).map(\.id)
+        state.schedules[ExactText(queue)]?[ExactText(schedule.name)] = after
+      }
+      return ScheduleFiring(added: added, nextDue: state.schedules[ExactText(queue)]?.values.compactMap(\.nextDue).min())
     }
   }
 
@@ -331,6 +353,44 @@ extension InMemoryJobStore {
     var nextID: Int64 = 0
     /// By name, compared byte for byte as the databases compare it (see ``ExactText``).
     var queues: [ExactText: QueueState] = [:]
+    /// Schedules by queue, then name.
+    var schedules: [ExactText: [ExactText: StoredSchedule]] = [:]
+
+    /// Commits `jobs` to `queue` at `now`; see ``JobStore/enqueue(_:queue:clock:)``.
+    mutating func enqueue(_ jobs: [NewJob], queue: String, now: Date) -> [EnqueueResult] {
+    var results: [EnqueueResult] = []
+    results.reserveCapacity(jobs.count)
+    for job in jobs {
+      if job.hasDeduplicationOptions, let key = job.deduplicationKey,
+        let found = queues[ExactText(queue)]?.existing(
+          ExactText(key), scope: job.deduplicationScope, now: now)
+      {
+        guard found.waiting, job.onConflict == .replace else {
+          results.append(EnqueueResult(id: found.id, outcome: .existing))
+          continue
+        }
+        queues[ExactText(queue)]?.replace(found.id, with: job, now: now)
+        results.append(EnqueueResult(id: found.id, outcome: .replaced))
+        continue
+      }
+      if let key = job.deduplicationKey,
+        let existing = queues[ExactText(queue)]?.dedup[ExactText(key)]?.min()
+      {
+        results.append(EnqueueResult(id: existing, inserted: false))
+        continue
+      }
+      nextID += 1
+      let record = JobRecord(
+        id: JobID(nextID), queue: queue, payload: job.payload, status: .pending,
+        priority: job.priority, attempts: 0, runAt: InMemoryJobStore.runDate(job.runTime, now: now), createdAt: now,
+        deduplicationKey: job.deduplicationKey,
+        timeLimit: job.timeLimitMilliseconds.map { .milliseconds($0) })
+      queues[ExactText(queue), default: QueueState()].insertWaiting(
+        record, ready: record.runAt <= now)
+      results.append(EnqueueResult(id: record.id, inserted: true))
+    }
+    return results
+    }
   }
 
   /// One heap entry: a pending job's ordering key. Entries go stale when the job changes; they are

@@ -153,6 +153,28 @@ extension JobQueue {
         hint.nextLeaseExpiry = now.addingTimeInterval(configuration.pollInterval.seconds)
       }
     }
+    // Schedules due: fired here, from the hint the loop reads anyway, so an idle queue with
+    // schedules calls the store no more often than one without (see `fireDueSchedules`).
+    var scheduleDue = hint.nextScheduleDue
+    if let due = scheduleDue, due <= now {
+      let firing = try await store.fireDueSchedules(queue: identifier, clock: clock)
+      if !firing.added.isEmpty {
+        log(.debug, "schedules added \(firing.added.count) job(s)", ["jobs": String(firing.added.count)])
+        let subscribers = core.withLock { core in
+          core.state.noteNewWork()
+          return Array(core.subscribers.values)
+        }
+        for id in firing.added {
+          for subscriber in subscribers { subscriber.yield(.enqueued(id)) }
+        }
+        return .some(nil)
+      }
+      // Nothing to add (another process fired the slot): wait for the next due time, but never
+      // spin on one that stays past.
+      now = clock.now()
+      scheduleDue = firing.nextDue.map { max($0, now.addingTimeInterval(configuration.pollInterval.seconds)) }
+      if let next = firing.nextDue, next > now { scheduleDue = next }
+    }
     // The stored pause flag, set or cleared by any worker: a queue that is not claiming (its
     // slots busy, jobs claimed ahead) must still stop starting them.
     let pauseChanged = core.withLock { core -> Bool in
@@ -169,6 +191,7 @@ extension JobQueue {
     }
     var wait = configuration.pollInterval
     if let expiry = hint.nextLeaseExpiry { wait = min(wait, duration(from: now, to: expiry)) }
+    if let due = scheduleDue { wait = min(wait, max(duration(from: now, to: due), .milliseconds(1))) }
     if let run = hint.nextRun, core.withLock({ $0.state.canClaim(canHandle: canHandle) }) {
       let untilRun = duration(from: now, to: run)
       if untilRun <= .zero { return .some(nil) }

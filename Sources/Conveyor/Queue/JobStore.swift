@@ -417,12 +417,19 @@ public struct WakeHint: Sendable, Hashable {
   public var nextLeaseExpiry: Date?
   /// Whether the queue's stored pause flag is set.
   public var paused: Bool
+  /// The earliest ``StoredSchedule/nextDue`` of the queue's schedules that fire, or nil: when
+  /// the queue should call ``JobStore/fireDueSchedules(queue:clock:)``. Schedules do not keep a
+  /// queue from being finished.
+  public var nextScheduleDue: Date?
 
   /// Creates a hint.
-  public init(nextRun: Date? = nil, nextLeaseExpiry: Date? = nil, paused: Bool = false) {
+  public init(
+    nextRun: Date? = nil, nextLeaseExpiry: Date? = nil, paused: Bool = false, nextScheduleDue: Date? = nil
+  ) {
     self.nextRun = nextRun
     self.nextLeaseExpiry = nextLeaseExpiry
     self.paused = paused
+    self.nextScheduleDue = nextScheduleDue
   }
 
   /// True when the queue holds no waiting and no running job: it is finished.
@@ -610,6 +617,32 @@ public protocol JobStore: Sendable {
   /// jobs whose run date has come and that no worker holds), as a date of `clock`; nil when none is
   /// ready or the store cannot tell without reading every ready job. Default nil.
   func oldestReadyRunDate(queue: String, clock: any JobClock) async throws -> Date?
+
+  /// Stores `schedules` for `queue` in one transaction, each new one counting its slots from the
+  /// clock's now and each stored one keeping its last slot (see ``ScheduleBook`` for the rules).
+  /// With ``ScheduleOrigin/declared``, `schedules` is the whole of what the code declares: the
+  /// queue's other declared schedules become inactive. Default: throws
+  /// ``ScheduleError/unsupported(_:)``.
+  func saveSchedules(_ schedules: [ScheduleDefinition], queue: String, origin: ScheduleOrigin, clock: any JobClock)
+    async throws -> ScheduleSaveSummary
+
+  /// The schedules of `queue`, or of every queue when nil, sorted by queue and name. Default: none.
+  func schedules(queue: String?) async throws -> [StoredSchedule]
+
+  /// Pauses or resumes the schedule `name` of `queue` (see ``StoredSchedule/pausing(_:now:)``);
+  /// false when there is none. Default: false.
+  func setSchedulePaused(_ paused: Bool, name: String, queue: String, clock: any JobClock) async throws -> Bool
+
+  /// Deletes the schedule `name` of `queue` (the jobs it added stay); false when there is none.
+  /// Default: false.
+  func removeSchedule(name: String, queue: String) async throws -> Bool
+
+  /// Fires the queue's schedules that are due by the clock: for each, in one transaction with the
+  /// jobs it adds, advances its last slot (``StoredSchedule/firing(now:)``), so that however many
+  /// processes call this at once each slot's job is added once. A schedule the store cannot read
+  /// back (a row written by a newer release, say) is not fired and no longer due, rather than
+  /// failing the call. Default: nothing fired, nothing due.
+  func fireDueSchedules(queue: String, clock: any JobClock) async throws -> ScheduleFiring
 }
 
 extension JobStore {
@@ -639,6 +672,29 @@ extension JobStore {
 
   /// Cannot tell: nil.
   public func oldestReadyRunDate(queue: String, clock: any JobClock) async throws -> Date? { nil }
+
+  /// Keeps no schedules: throws ``ScheduleError/unsupported(_:)``.
+  public func saveSchedules(
+    _ schedules: [ScheduleDefinition], queue: String, origin: ScheduleOrigin, clock: any JobClock
+  ) async throws -> ScheduleSaveSummary {
+    throw ScheduleError.unsupported("\(type(of: self)) keeps no schedules; use a store that does (SQLite, PostgreSQL)")
+  }
+
+  /// Keeps no schedules: none.
+  public func schedules(queue: String?) async throws -> [StoredSchedule] { [] }
+
+  /// Keeps no schedules: false.
+  public func setSchedulePaused(_ paused: Bool, name: String, queue: String, clock: any JobClock) async throws
+    -> Bool
+  { false }
+
+  /// Keeps no schedules: false.
+  public func removeSchedule(name: String, queue: String) async throws -> Bool { false }
+
+  /// Keeps no schedules: nothing fired, nothing due.
+  public func fireDueSchedules(queue: String, clock: any JobClock) async throws -> ScheduleFiring {
+    ScheduleFiring(added: [], nextDue: nil)
+  }
 
   /// Cannot tell: every claim.
   public func currentClaims(_ claims: [ClaimReference], queue: String) async throws -> [ClaimReference] {

@@ -400,6 +400,12 @@ public enum ScheduleError: Error, Sendable, Hashable, CustomStringConvertible {
   case invalidCatchUp(String)
   /// A jitter out of range.
   case invalidJitter(String)
+  /// A schedule name that is not 1–128 characters of `A-Z a-z 0-9 . _ -`, or used twice.
+  case invalidName(String)
+  /// A time limit for the schedule's jobs out of range.
+  case invalidTimeLimit(String)
+  /// The store does not keep schedules.
+  case unsupported(String)
 
   /// Says what is wrong and what to do.
   public var description: String {
@@ -409,6 +415,9 @@ public enum ScheduleError: Error, Sendable, Hashable, CustomStringConvertible {
     case .invalidInterval(let message): "invalid interval: \(message)"
     case .invalidCatchUp(let message): "invalid catch-up: \(message)"
     case .invalidJitter(let message): "invalid jitter: \(message)"
+    case .invalidName(let message): "invalid schedule name: \(message)"
+    case .invalidTimeLimit(let message): "invalid time limit: \(message)"
+    case .unsupported(let message): "schedules unsupported: \(message)"
     }
   }
 }

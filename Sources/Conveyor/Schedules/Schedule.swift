@@ -23,7 +23,8 @@ public struct ScheduleTiming: Sendable, Hashable {
   }
 
   /// What to do with slots that passed while no process fired them (all workers down, the
-  /// schedule paused): a slot is *missed* once it is older than ``ScheduleTiming/grace``.
+  /// workers stopped): a slot is *missed* once it is older than ``ScheduleTiming/grace``. Slots
+  /// that pass while a schedule is paused are skipped, not missed (see ``StoredSchedule/paused``).
   public enum CatchUp: Sendable, Hashable {
     /// Fire none of the missed slots; the schedule goes on from the next one.
     case skip
@@ -42,7 +43,7 @@ public struct ScheduleTiming: Sendable, Hashable {
   public let catchUp: CatchUp
   /// The most a slot's job is delayed after its slot, to spread schedules that share a slot.
   /// Default zero; at most the smallest gap the schedule may have between two slots would be
-  /// sensible, and at most 1 hour is taken.
+  /// sensible, and at most 1 hour is taken. Kept in whole milliseconds.
   public let jitter: Duration
 
   /// How late a slot may be fired and still count as on time, not missed: 1 minute. A process
@@ -109,7 +110,8 @@ public struct ScheduleTiming: Sendable, Hashable {
     self.spacing = spacing
     self.timeZone = timeZone
     self.catchUp = catchUp
-    self.jitter = jitter
+    // Kept in whole milliseconds, as the stores keep it.
+    self.jitter = .milliseconds(JobStoreTime.milliseconds(jitter))
   }
 
   /// The first slot after `date`; nil when none comes before year 9999.

@@ -1,0 +1,311 @@
+import Foundation
+
+/// A periodic job as the code or an operator declares it: a name, when it fires, and the job each
+/// slot adds.
+///
+/// ```swift
+/// let digest = try ScheduleDefinition(
+///   name: "daily-digest",
+///   timing: ScheduleTiming(cron: "0 8 * * *", timeZone: "Europe/Berlin", catchUp: .latest),
+///   payload: JSONEncoder().encode(SendDigest()))
+/// ```
+///
+/// A ``JobQueue`` makes these from items with
+/// ``JobQueue/declareSchedules(_:)``; stores keep them (see ``StoredSchedule``).
+public struct ScheduleDefinition: Sendable, Hashable {
+  /// The schedule's name, unique within its queue: 1–128 characters of `A-Z a-z 0-9 . _ -`.
+  public let name: String
+  /// When slots come and what happens to missed ones.
+  public let timing: ScheduleTiming
+  /// The encoded item each slot's job carries.
+  public let payload: Data
+  /// The priority of each slot's job.
+  public let priority: Int
+  /// The time limit of each slot's job in whole milliseconds; nil: the queue's.
+  public let timeLimit: Duration?
+
+  /// Describes a schedule.
+  ///
+  /// - Throws: ``ScheduleError/invalidName(_:)`` for a name that is empty, longer than 128
+  ///   characters or has a character outside `A-Z a-z 0-9 . _ -`;
+  ///   ``ScheduleError/invalidTimeLimit(_:)`` for a time limit outside 1 ms to 7 days.
+  public init(name: String, timing: ScheduleTiming, payload: Data, priority: Int = 0, timeLimit: Duration? = nil)
+    throws(ScheduleError)
+  {
+    do {
+      try JobQueueConfiguration.validate(identifier: name)
+    } catch {
+      throw .invalidName(
+        "\(CronExpression.quoted(name)) is not a schedule name: use 1–128 characters of A-Z a-z 0-9 . _ -")
+    }
+    if let timeLimit, let problem = JobQueueConfiguration.problem(timeLimit: timeLimit, name: "timeLimit") {
+      throw .invalidTimeLimit(problem)
+    }
+    self.name = name
+    self.timing = timing
+    self.payload = payload
+    self.priority = priority
+    // Kept in whole milliseconds, as the stores keep it, so a definition read back is equal.
+    self.timeLimit = timeLimit.map { .milliseconds(max(1, JobStoreTime.milliseconds($0))) }
+  }
+
+  /// The job of `slot`: this schedule's payload, priority and time limit, run at the slot plus
+  /// its jitter.
+  public func job(forSlot slot: Date) -> NewJob {
+    NewJob(
+      payload: payload, priority: priority, runAt: timing.runDate(ofSlot: slot, name: name), timeLimit: timeLimit)
+  }
+}
+
+/// Where a stored schedule came from, which decides what removes it (see
+/// ``JobStore/saveSchedules(_:queue:origin:clock:)``).
+public enum ScheduleOrigin: String, Sendable, Hashable, Codable {
+  /// Declared by code at start (``JobQueue/declareSchedules(_:)``): the code's latest list is the
+  /// whole truth, so a declared schedule missing from it becomes inactive (kept, shown, never
+  /// fired) until a later declaration names it again.
+  case declared
+  /// Added by a person or a program one at a time (``JobQueue/addSchedule(_:)``, `conveyor
+  /// schedule add`): kept until removed.
+  case added
+}
+
+/// A schedule as a store keeps it: the definition and where it stands.
+public struct StoredSchedule: Sendable, Hashable {
+  /// The queue its jobs go to.
+  public var queue: String
+  /// What it is.
+  public var definition: ScheduleDefinition
+  /// Where it came from.
+  public var origin: ScheduleOrigin
+  /// False for a declared schedule that the code's latest declaration left out: kept, never fired.
+  public var active: Bool
+  /// Paused by an operator: never fired until resumed, and the slots that pass meanwhile are
+  /// skipped whatever the catch-up policy. Kept when code declares the schedule again.
+  public var paused: Bool
+  /// When it was first stored: a schedule that never fired counts its slots from here.
+  public var createdAt: Date
+  /// The latest slot fired or passed over (skipped, or missed and not caught up), or nil.
+  public var lastSlot: Date?
+  /// When a process should next fire it (nil: no slot comes before year 9999). A process whose
+  /// clock passes this fires every due slot in one transaction.
+  public var nextDue: Date?
+
+  /// Describes a stored schedule.
+  public init(
+    queue: String, definition: ScheduleDefinition, origin: ScheduleOrigin, active: Bool = true,
+    paused: Bool = false, createdAt: Date, lastSlot: Date? = nil, nextDue: Date?
+  ) {
+    self.queue = queue
+    self.definition = definition
+    self.origin = origin
+    self.active = active
+    self.paused = paused
+    self.createdAt = createdAt
+    self.lastSlot = lastSlot
+    self.nextDue = nextDue
+  }
+
+  /// The schedule's name.
+  public var name: String { definition.name }
+
+  /// Whether processes fire it: active and not paused.
+  public var fires: Bool { active && !paused }
+
+  /// A new schedule stored at `now`: its first slot is the first after `now`.
+  public static func new(
+    _ definition: ScheduleDefinition, queue: String, origin: ScheduleOrigin, now: Date
+  ) -> StoredSchedule {
+    StoredSchedule(
+      queue: queue, definition: definition, origin: origin, createdAt: now,
+      nextDue: definition.timing.nextSlot(after: now))
+  }
+
+  /// What firing at `now` does: the jobs of the due slots (oldest first, by the catch-up policy;
+  /// see ``ScheduleTiming/due(lastSlot:since:now:)``) and the schedule after it, its last slot the
+  /// latest at or before `now`, fired or not, so a slot is considered once.
+  public func firing(now: Date) -> (jobs: [NewJob], after: StoredSchedule) {
+    var after = self
+    guard fires else {
+      after.nextDue = nil
+      return ([], after)
+    }
+    let timing = definition.timing
+    let from = lastSlot ?? createdAt
+    let (fire, next) = timing.due(lastSlot: lastSlot, since: createdAt, now: now)
+    if let latest = timing.latestSlots(after: from, through: now, count: 1).first { after.lastSlot = latest }
+    after.nextDue = next
+    return (fire.map(definition.job(forSlot:)), after)
+  }
+
+  /// The schedule paused, or resumed at `now`: a resumed schedule skips the slots that passed
+  /// while it was paused and fires from the next one.
+  public func pausing(_ paused: Bool, now: Date) -> StoredSchedule {
+    var after = self
+    guard paused != self.paused else { return after }
+    after.paused = paused
+    if paused {
+      after.nextDue = nil
+    } else {
+      after.skipPassedSlots(now: now)
+    }
+    return after
+  }
+
+  /// Marks every slot at or before `now` as passed and sets the next due time after `now`.
+  mutating func skipPassedSlots(now: Date) {
+    let timing = definition.timing
+    if let latest = timing.latestSlots(after: lastSlot ?? createdAt, through: now, count: 1).first {
+      lastSlot = latest
+    }
+    nextDue = fires ? timing.nextSlot(after: max(lastSlot ?? now, now)) : nil
+  }
+
+  /// The schedule stored again with `definition` from `origin` at `now`: a changed expression or
+  /// payload takes effect from the next slot, and the last slot is kept, so no slot fires twice.
+  /// An inactive schedule declared again becomes active and skips the slots that passed while it
+  /// was inactive; a paused one stays paused.
+  public func redeclared(_ definition: ScheduleDefinition, origin: ScheduleOrigin, now: Date) -> StoredSchedule {
+    var after = self
+    after.definition = definition
+    after.origin = origin
+    if !active {
+      after.active = true
+      after.skipPassedSlots(now: now)
+    } else if fires {
+      // Due now when the new timing has a slot since the last one (the next firing applies the
+      // catch-up policy to it), else at the new timing's next slot.
+      let (fire, next) = definition.timing.due(lastSlot: lastSlot, since: createdAt, now: now)
+      after.nextDue = fire.isEmpty ? next : now
+    }
+    return after
+  }
+
+  /// The schedule left out of the code's declaration: inactive, never fired.
+  public func retired() -> StoredSchedule {
+    var after = self
+    after.active = false
+    after.nextDue = nil
+    return after
+  }
+}
+
+/// What ``JobStore/fireDueSchedules(queue:clock:)`` did.
+public struct ScheduleFiring: Sendable, Hashable {
+  /// The jobs the due slots added, oldest slot first.
+  public var added: [JobID]
+  /// The earliest ``StoredSchedule/nextDue`` of the queue's schedules afterwards, or nil.
+  public var nextDue: Date?
+
+  /// Describes a firing.
+  public init(added: [JobID], nextDue: Date?) {
+    self.added = added
+    self.nextDue = nextDue
+  }
+}
+
+/// What ``JobStore/saveSchedules(_:queue:origin:clock:)`` did, by schedule name.
+public struct ScheduleSaveSummary: Sendable, Hashable {
+  /// Schedules stored for the first time.
+  public var created: [String] = []
+  /// Schedules whose definition, origin or activity changed.
+  public var updated: [String] = []
+  /// Schedules stored exactly as given already.
+  public var unchanged: [String] = []
+  /// Declared schedules the declaration left out, now inactive.
+  public var retired: [String] = []
+
+  /// An empty summary.
+  public init() {}
+}
+
+/// The bookkeeping every store shares for schedules: the stores read and write rows, these
+/// decide what the rows become.
+public enum ScheduleBook {
+  /// The rows to write when `schedules` are saved from `origin` over the `existing` schedules of
+  /// `queue`, and what that did. With ``ScheduleOrigin/declared``, declared schedules missing from
+  /// `schedules` are retired.
+  ///
+  /// - Throws: ``ScheduleError/invalidName(_:)`` when two schedules share a name.
+  public static func save(
+    _ schedules: [ScheduleDefinition], queue: String, origin: ScheduleOrigin, existing: [StoredSchedule], now: Date
+  ) throws(ScheduleError) -> (writes: [StoredSchedule], summary: ScheduleSaveSummary) {
+    var seen = Set<String>()
+    for schedule in schedules where !seen.insert(schedule.name).inserted {
+      throw .invalidName("two schedules are named \(CronExpression.quoted(schedule.name)); give each its own name")
+    }
+    let byName = Dictionary(existing.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
+    var writes: [StoredSchedule] = []
+    var summary = ScheduleSaveSummary()
+    for definition in schedules {
+      guard let stored = byName[definition.name] else {
+        writes.append(.new(definition, queue: queue, origin: origin, now: now))
+        summary.created.append(definition.name)
+        continue
+      }
+      if stored.definition == definition && stored.origin == origin && stored.active {
+        summary.unchanged.append(definition.name)
+      } else {
+        writes.append(stored.redeclared(definition, origin: origin, now: now))
+        summary.updated.append(definition.name)
+      }
+    }
+    if origin == .declared {
+      for stored in existing where stored.origin == .declared && stored.active && !seen.contains(stored.name) {
+        writes.append(stored.retired())
+        summary.retired.append(stored.name)
+      }
+    }
+    return (writes, summary)
+  }
+}
+
+extension ScheduleTiming {
+  /// The spacing as stored: `cron <expression>` or `every <seconds>`.
+  public var storedSpacing: String {
+    switch spacing {
+    case .cron(let expression): "cron \(expression.text)"
+    case .every(let interval): "every \(interval.components.seconds)"
+    }
+  }
+
+  /// The catch-up policy as stored: `skip`, `latest` or `all <bound>`.
+  public var storedCatchUp: String {
+    switch catchUp {
+    case .skip: "skip"
+    case .latest: "latest"
+    case .all(let bound): "all \(bound)"
+    }
+  }
+
+  /// A timing from its stored form (see ``storedSpacing`` and ``storedCatchUp``).
+  ///
+  /// - Throws: ``ScheduleError`` when a part does not parse or is out of range.
+  public init(storedSpacing: String, timeZone: String, catchUp: String, jitterMilliseconds: Int64)
+    throws(ScheduleError)
+  {
+    let catchUpPolicy: CatchUp
+    switch catchUp {
+    case "skip": catchUpPolicy = .skip
+    case "latest": catchUpPolicy = .latest
+    case _ where catchUp.hasPrefix("all "):
+      guard let bound = Int(catchUp.dropFirst(4)) else { throw .invalidCatchUp("stored catch-up \(catchUp)") }
+      catchUpPolicy = .all(atMost: bound)
+    default: throw .invalidCatchUp("stored catch-up \(CronExpression.quoted(catchUp))")
+    }
+    guard (0...JobStoreTime.milliseconds(Self.longestJitter)).contains(jitterMilliseconds) else {
+      throw .invalidJitter("stored jitter of \(jitterMilliseconds) ms")
+    }
+    let jitter = Duration.milliseconds(jitterMilliseconds)
+    if storedSpacing.hasPrefix("cron ") {
+      try self.init(
+        cron: String(storedSpacing.dropFirst(5)), timeZone: timeZone, catchUp: catchUpPolicy, jitter: jitter)
+    } else if storedSpacing.hasPrefix("every "), let seconds = Int64(storedSpacing.dropFirst(6)) {
+      try self.init(every: .seconds(seconds), catchUp: catchUpPolicy, jitter: jitter)
+    } else {
+      throw .invalidExpression("stored spacing \(CronExpression.quoted(storedSpacing)) is neither cron nor every")
+    }
+  }
+
+  /// The time zone's IANA name, as stored.
+  public var timeZoneName: String { timeZone.identifier }
+}

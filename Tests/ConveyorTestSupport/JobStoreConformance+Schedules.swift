@@ -1,0 +1,194 @@
+import Conveyor
+import Foundation
+
+extension JobStoreConformance {
+  /// A schedule named `name` every `seconds`, carrying `text`.
+  static func every(
+    _ seconds: Int64, _ name: String = "s", text: String = "tick", catchUp: ScheduleTiming.CatchUp = .skip,
+    priority: Int = 0, timeLimit: Duration? = nil
+  ) throws -> ScheduleDefinition {
+    try ScheduleDefinition(
+      name: name, timing: try ScheduleTiming(every: .seconds(seconds), catchUp: catchUp),
+      payload: Data(text.utf8), priority: priority, timeLimit: timeLimit)
+  }
+
+  /// The run dates of the queue's jobs, as seconds after `t0`, in ID order.
+  static func runSeconds(_ store: any JobStore, _ queue: String = "q") async throws -> [Double] {
+    try await store.jobs(queue: queue, status: nil, after: nil, limit: 1_000).map {
+      $0.runAt.timeIntervalSince(t0)
+    }
+  }
+
+  /// The stored schedule `name` of queue "q".
+  static func stored(_ store: any JobStore, _ name: String = "s") async throws -> StoredSchedule {
+    guard let found = try await store.schedules(queue: "q").first(where: { $0.name == name }) else {
+      throw ConformanceFailure(description: "no stored schedule \(name)")
+    }
+    return found
+  }
+
+  /// `t0` is 1,700,000,000 s since 1970, a multiple of 100 (and of 20, 50): slots of intervals
+  /// dividing it fall on whole offsets from it.
+  static let scheduleChecks: [JobStoreCheck] = [
+    check("a saved schedule round-trips and is due at its first slot after now") { store in
+      let berlin = try ScheduleDefinition(
+        name: "digest",
+        timing: try ScheduleTiming(
+          cron: "0 8 * * MON-FRI", timeZone: "Europe/Berlin", catchUp: .all(atMost: 7), jitter: .milliseconds(1_500)),
+        payload: Data([0, 1, 255]), priority: -3, timeLimit: .seconds(90))
+      let sync = try every(100, "sync", catchUp: .latest)
+      let summary = try await store.saveSchedules([berlin, sync], queue: "q", origin: .declared, clock: now(1))
+      try expect(Set(summary.created) == ["digest", "sync"], "both created: \(summary)")
+      let listed = try await store.schedules(queue: "q")
+      try expect(listed.map(\.name) == ["digest", "sync"], "listed by name: \(listed.map(\.name))")
+      try expect(listed[0].definition == berlin && listed[1].definition == sync, "definitions round-trip: \(listed)")
+      try expect(
+        listed.allSatisfy { $0.origin == .declared && $0.active && !$0.paused && $0.lastSlot == nil },
+        "declared, active, never fired: \(listed)")
+      try expect(listed[1].createdAt == at(1) && listed[1].nextDue == at(100), "sync due at its first slot")
+      try expect(
+        listed[0].nextDue == berlin.timing.nextSlot(after: at(1)), "digest due at its first slot: \(listed[0])")
+      let hint = try await store.nextWake(queue: "q", clock: now(1))
+      try expect(hint.nextScheduleDue == at(100), "the hint names the earliest due schedule: \(hint)")
+      try expect(hint.isFinished, "schedules do not keep a queue unfinished")
+      try expect(try await store.schedules(queue: "r").isEmpty, "another queue has none")
+      try expect(try await store.schedules(queue: nil).count == 2, "every queue's")
+      let again = try await store.saveSchedules([berlin, sync], queue: "q", origin: .declared, clock: now(2))
+      try expect(Set(again.unchanged) == ["digest", "sync"] && again.created.isEmpty, "unchanged: \(again)")
+    },
+    check("firing a due slot adds its job once, however often it is called") { store in
+      _ = try await store.saveSchedules(
+        [try every(100, priority: 4, timeLimit: .seconds(30))], queue: "q", origin: .added, clock: now(0))
+      let early = try await store.fireDueSchedules(queue: "q", clock: now(99))
+      try expect(early.added.isEmpty && early.nextDue == at(100), "nothing before the slot: \(early)")
+      let fired = try await store.fireDueSchedules(queue: "q", clock: now(100))
+      let id = try expectOne(fired.added)
+      try expect(fired.nextDue == at(200), "next due at the next slot: \(fired)")
+      let record = try await store.job(id)
+      try expect(
+        record?.runAt == at(100) && record.map(text) == "tick" && record?.priority == 4
+          && record?.timeLimit == .seconds(30), "the slot's job: \(String(describing: record))")
+      let twice = try await store.fireDueSchedules(queue: "q", clock: now(100))
+      try expect(twice.added.isEmpty, "the slot fired already: \(twice)")
+      let schedule = try await stored(store)
+      try expect(schedule.lastSlot == at(100) && schedule.nextDue == at(200), "advanced: \(schedule)")
+      try expect(try await store.fireDueSchedules(queue: "r", clock: now(200)).added.isEmpty, "only its queue")
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(230))
+      let seconds = try await runSeconds(store)
+      try expect(seconds == [100, 200], "one job per slot: \(seconds)")
+    },
+    check("many callers firing at once add each slot's job once") { store in
+      _ = try await store.saveSchedules([try every(100)], queue: "q", origin: .added, clock: now(0))
+      for slot in 1...5 {
+        let seconds = Double(slot * 100)
+        let added = try await withThrowingTaskGroup(of: Int.self) { group in
+          for _ in 0..<8 {
+            group.addTask { try await store.fireDueSchedules(queue: "q", clock: now(seconds)).added.count }
+          }
+          return try await group.reduce(0, +)
+        }
+        try expect(added == 1, "slot \(slot): \(added) jobs added")
+      }
+      try expect(try await runSeconds(store) == [100, 200, 300, 400, 500], "each slot once")
+    },
+    check("after downtime each catch-up policy fires exactly its slots") { store in
+      // Slots at 100, 200, … ; firing first at 1,070: 1,000 (70 s old) is missed, the grace is 60 s.
+      let policies: [(String, ScheduleTiming.CatchUp, [Double])] = [
+        ("skip", .skip, []), ("latest", .latest, [1_000]), ("all3", .all(atMost: 3), [800, 900, 1_000]),
+        ("all50", .all(atMost: 50), [100, 200, 300, 400, 500, 600, 700, 800, 900, 1_000]),
+      ]
+      for (name, policy, _) in policies {
+        _ = try await store.saveSchedules(
+          [try every(100, name, text: name, catchUp: policy)], queue: "q", origin: .added, clock: now(0))
+      }
+      let fired = try await store.fireDueSchedules(queue: "q", clock: now(1_070))
+      let jobs = try await store.jobs(queue: "q", status: nil, after: nil, limit: 100)
+      for (name, _, expected) in policies {
+        let seconds = jobs.filter { text($0) == name }.map { $0.runAt.timeIntervalSince(t0) }
+        try expect(seconds == expected, "\(name) fired \(seconds), not \(expected)")
+      }
+      try expect(fired.added.count == 14 && fired.nextDue == at(1_100), "fourteen jobs, due at 1,100: \(fired)")
+      // On time again: every policy fires the next slot, once.
+      let next = try await store.fireDueSchedules(queue: "q", clock: now(1_100))
+      try expect(next.added.count == 4, "one each at 1,100: \(next)")
+      // A slot within the grace is on time whatever the policy.
+      let late = try await store.fireDueSchedules(queue: "q", clock: now(1_259))
+      try expect(late.added.count == 4, "1,200 (59 s old) is on time for all four: \(late)")
+    },
+    check("a paused schedule fires nothing and skips the slots that pass while paused") { store in
+      _ = try await store.saveSchedules(
+        [try every(100, catchUp: .all(atMost: 100))], queue: "q", origin: .added, clock: now(0))
+      try expect(try await store.setSchedulePaused(true, name: "s", queue: "q", clock: now(50)), "found")
+      try expect(!(try await store.setSchedulePaused(true, name: "nope", queue: "q", clock: now(50))), "unknown")
+      try expect(try await stored(store).paused, "paused")
+      try expect(
+        try await store.nextWake(queue: "q", clock: now(50)).nextScheduleDue == nil, "a paused schedule is not due")
+      try expect(try await store.fireDueSchedules(queue: "q", clock: now(500)).added.isEmpty, "nothing fired")
+      try expect(try await store.setSchedulePaused(false, name: "s", queue: "q", clock: now(510)), "resumed")
+      let resumed = try await stored(store)
+      try expect(!resumed.paused && resumed.nextDue == at(600), "due at the next slot: \(resumed)")
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(600))
+      let seconds = try await runSeconds(store)
+      try expect(seconds == [600], "the paused slots were skipped: \(seconds)")
+    },
+    check("a declaration retires the declared schedules it leaves out and keeps added ones") { store in
+      _ = try await store.saveSchedules(
+        [try every(100, "a"), try every(100, "b")], queue: "q", origin: .declared, clock: now(0))
+      _ = try await store.saveSchedules([try every(100, "c")], queue: "q", origin: .added, clock: now(0))
+      let summary = try await store.saveSchedules([try every(100, "a")], queue: "q", origin: .declared, clock: now(50))
+      try expect(summary.retired == ["b"] && summary.unchanged == ["a"], "b retired: \(summary)")
+      let b = try await stored(store, "b")
+      try expect(!b.active && b.nextDue == nil, "kept, inactive: \(b)")
+      try expect(try await stored(store, "c").active, "an added schedule is left alone")
+      let fired = try await store.fireDueSchedules(queue: "q", clock: now(100))
+      try expect(fired.added.count == 2, "a and c fire, b does not: \(fired)")
+      let back = try await store.saveSchedules(
+        [try every(100, "a"), try every(100, "b")], queue: "q", origin: .declared, clock: now(350))
+      try expect(back.updated == ["b"], "b declared again: \(back)")
+      let active = try await stored(store, "b")
+      try expect(active.active && active.nextDue == at(400), "active from its next slot: \(active)")
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(400))
+      let bJobs = try await store.jobs(queue: "q", status: nil, after: nil, limit: 100).filter {
+        text($0) == "tick" && $0.runAt == at(400)
+      }
+      try expect(bJobs.count == 3, "a, b and c fire at 400: \(bJobs.count)")
+    },
+    check("a changed schedule keeps its last slot: no slot fires twice or is skipped") { store in
+      _ = try await store.saveSchedules([try every(100, text: "old")], queue: "q", origin: .declared, clock: now(0))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(100))
+      let changed = try await store.saveSchedules(
+        [try every(100, text: "new")], queue: "q", origin: .declared, clock: now(110))
+      try expect(changed.updated == ["s"], "updated: \(changed)")
+      try expect(try await store.fireDueSchedules(queue: "q", clock: now(110)).added.isEmpty, "100 fired already")
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(200))
+      let jobs = try await store.jobs(queue: "q", status: nil, after: nil, limit: 10)
+      try expect(jobs.map(text) == ["old", "new"], "the next slot has the new payload: \(jobs.map(text))")
+      // A new spacing whose slot between the last one and now is on time fires at once.
+      _ = try await store.saveSchedules([try every(50, text: "fast")], queue: "q", origin: .declared, clock: now(260))
+      let fast = try await stored(store)
+      try expect(fast.nextDue == at(260), "due now: \(fast)")
+      let fired = try await store.fireDueSchedules(queue: "q", clock: now(260))
+      try expect(try expectOne(fired.added) > JobID(0), "the slot at 250 fired")
+      let seconds = try await runSeconds(store)
+      try expect(seconds == [100, 200, 250], "one job per slot: \(seconds)")
+    },
+    check("a removed schedule is gone and its jobs stay") { store in
+      _ = try await store.saveSchedules([try every(100)], queue: "q", origin: .added, clock: now(0))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(100))
+      try expect(try await store.removeSchedule(name: "s", queue: "q"), "removed")
+      try expect(!(try await store.removeSchedule(name: "s", queue: "q")), "only once")
+      try expect(try await store.schedules(queue: "q").isEmpty, "gone")
+      try expect(try await store.fireDueSchedules(queue: "q", clock: now(200)).added.isEmpty, "never fires")
+      try expect(try await runSeconds(store) == [100], "its job stays")
+    },
+    check("two schedules with one name in a save are refused and nothing is stored") { store in
+      do {
+        _ = try await store.saveSchedules([try every(100), try every(200)], queue: "q", origin: .added, clock: now(0))
+        throw ConformanceFailure(description: "a duplicate name was stored")
+      } catch let error as ScheduleError {
+        guard case .invalidName = error else { throw error }
+      }
+      try expect(try await store.schedules(queue: "q").isEmpty, "nothing stored")
+    },
+  ]
+}
