@@ -204,6 +204,11 @@ final class Connection {
 
   /// Runs a cached query with `values`, calling `row` for each result row.
   func query(_ sql: String, _ values: SQLiteValue..., row: (Statement) throws -> Void) throws {
+    try query(sql, values, row: row)
+  }
+
+  /// Runs a cached query with the values of an array (see ``query(_:_:row:)``).
+  func query(_ sql: String, _ values: [SQLiteValue], row: (Statement) throws -> Void) throws {
     let statement = try statement(sql)
     defer { statement.reset() }  // also after a value SQLite refused: no copy stays bound
     try statement.bind(values)

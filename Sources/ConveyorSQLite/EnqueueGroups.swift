@@ -577,7 +577,7 @@ extension SQLiteJobStore {
   }
 
   /// Inserts jobs in order inside the caller's transaction, skipping duplicates by key.
-  private static func insert(_ jobs: [NewJob], queue: String, now: Int64, db: Connection) throws
+  static func insert(_ jobs: [NewJob], queue: String, now: Int64, db: Connection) throws
     -> [EnqueueResult]
   {
     if !db.notedQueues.contains(ExactText(queue)) { try db.run(SQL.noteQueue, .text(queue)) }

@@ -167,11 +167,35 @@ enum SQL {
   static let activityTable = activityTableVersion3.replacingOccurrences(
     of: "wait_max_ms INTEGER NOT NULL DEFAULT 0,",
     with: "wait_max_ms INTEGER NOT NULL DEFAULT 0,\n  \(stuckColumn),")
+  /// Version 8: stored schedules, one row each, keyed by queue and name (see
+  /// `SQLiteJobStore+Schedules`). Every column but the last three is the definition; `last_slot`
+  /// and `next_due` are milliseconds since 1970.
+  static let schedulesTable = """
+    CREATE TABLE schedules (
+      queue TEXT NOT NULL,
+      name TEXT NOT NULL,
+      spacing TEXT NOT NULL,
+      time_zone TEXT NOT NULL,
+      catch_up TEXT NOT NULL,
+      jitter_ms INTEGER NOT NULL,
+      payload BLOB NOT NULL,
+      priority INTEGER NOT NULL,
+      time_limit_ms INTEGER,
+      origin TEXT NOT NULL,
+      active INTEGER NOT NULL,
+      paused INTEGER NOT NULL,
+      created_at INTEGER NOT NULL,
+      last_slot INTEGER,
+      next_due INTEGER,
+      PRIMARY KEY (queue, name)
+    ) WITHOUT ROWID;
+    """
   static let schema = """
     \(tables)
     \(indexes)
     \(queuesTable)
     \(activityTable)
+    \(schedulesTable)
     PRAGMA application_id = \(SQLiteJobStore.applicationID);
     PRAGMA user_version = \(SQLiteJobStore.schemaVersion);
     """
@@ -253,6 +277,32 @@ enum SQL {
   static let migrate6to7 = """
     \(keyedIndex)
     PRAGMA user_version = 7;
+    """
+  /// Version 7 to 8: the schedules table; every job stays as it is.
+  static let migrate7to8 = """
+    \(schedulesTable)
+    PRAGMA user_version = 8;
+    """
+  /// A schedule's columns, in the order `SQLiteJobStore.schedule(from:)` reads them.
+  static let scheduleColumns = """
+    queue, name, spacing, time_zone, catch_up, jitter_ms, payload, priority, time_limit_ms, origin, active,
+    paused, created_at, last_slot, next_due
+    """
+  static let schedulesOfQueue = "SELECT \(scheduleColumns) FROM schedules WHERE queue = ? ORDER BY name"
+  static let allSchedules = "SELECT \(scheduleColumns) FROM schedules ORDER BY queue, name"
+  static let scheduleNamed = "SELECT \(scheduleColumns) FROM schedules WHERE queue = ? AND name = ?"
+  static let dueSchedules = """
+    SELECT \(scheduleColumns) FROM schedules
+    WHERE queue = ? AND next_due <= ? AND active = 1 AND paused = 0 ORDER BY name
+    """
+  static let saveSchedule = """
+    INSERT OR REPLACE INTO schedules (\(scheduleColumns)) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    """
+  /// A schedule the store cannot read back is no longer due (see `JobStore.fireDueSchedules`).
+  static let setScheduleNotDue = "UPDATE schedules SET next_due = NULL WHERE queue = ? AND name = ?"
+  static let deleteSchedule = "DELETE FROM schedules WHERE queue = ? AND name = ?"
+  static let nextScheduleDue = """
+    SELECT min(next_due) FROM schedules WHERE queue = ? AND active = 1 AND paused = 0
     """
   /// Of the jobs after `?1`, up to 100 in ID order whose last error is longer than a kept error
   /// may be, with its first characters: more characters than the bound has bytes, enough for

@@ -68,9 +68,9 @@ public final class SQLiteJobStore: JobStore {
   /// Version 2 added claim tokens and the ready/scheduled states; version 3 the activity table
   /// (``recordActivity(_:)``); version 4 the place a retried job takes among ready ones; version
   /// 5 a job's own time limit; version 6 the history of finished jobs; version 7 an index of the
-  /// running and completed jobs with a deduplication key. An older
+  /// running and completed jobs with a deduplication key; version 8 stored schedules. An older
   /// database is migrated when it is opened, in one transaction, keeping every job.
-  public static let schemaVersion: Int32 = 7
+  public static let schemaVersion: Int32 = 8
 
   /// The database file's path.
   public let path: String
@@ -566,7 +566,10 @@ public final class SQLiteJobStore: JobStore {
         let run = try ready ?? db.scalar(SQL.nextScheduled, .text(queue))
         let expiry = try db.scalar(SQL.nextExpiry, .text(queue))
         let paused = try db.scalar(SQL.isPaused, .text(queue)) != nil
-        return WakeHint(nextRun: run.map(date), nextLeaseExpiry: expiry.map(date), paused: paused)
+        let scheduleDue = try db.scalar(SQL.nextScheduleDue, .text(queue))
+        return WakeHint(
+          nextRun: run.map(date), nextLeaseExpiry: expiry.map(date), paused: paused,
+          nextScheduleDue: scheduleDue.map(date))
       }
     }
   }
@@ -883,30 +886,24 @@ extension SQLiteJobStore {
         case .empty: try db.execute(SQL.schema)
         case .version1:
           try migrateFromVersion1(db)
-          try db.execute(SQL.migrate2to3)
-          try db.execute(SQL.migrate3to4)
-          try db.execute(SQL.migrate4to5)
-          try migrateFromVersion5(db)
-          try db.execute(SQL.migrate6to7)
+          fallthrough
         case .version2:
           try db.execute(SQL.migrate2to3)
-          try db.execute(SQL.migrate3to4)
-          try db.execute(SQL.migrate4to5)
-          try migrateFromVersion5(db)
-          try db.execute(SQL.migrate6to7)
+          fallthrough
         case .version3:
           try db.execute(SQL.migrate3to4)
-          try db.execute(SQL.migrate4to5)
-          try migrateFromVersion5(db)
-          try db.execute(SQL.migrate6to7)
+          fallthrough
         case .version4:
           try db.execute(SQL.migrate4to5)
-          try migrateFromVersion5(db)
-          try db.execute(SQL.migrate6to7)
+          fallthrough
         case .version5:
           try migrateFromVersion5(db)
+          fallthrough
+        case .version6:
           try db.execute(SQL.migrate6to7)
-        case .version6: try db.execute(SQL.migrate6to7)
+          fallthrough
+        case .version7:
+          try db.execute(SQL.migrate7to8)
         case .current: break
         }
       }
@@ -935,7 +932,7 @@ extension SQLiteJobStore {
     }
   }
 
-  enum FileKind { case empty, version1, version2, version3, version4, version5, version6, current }
+  enum FileKind { case empty, version1, version2, version3, version4, version5, version6, version7, current }
 
   /// Rebuilds a version 5 database as version 6 inside the caller's transaction, keeping every
   /// job and the `AUTOINCREMENT` counter.
@@ -1018,6 +1015,7 @@ extension SQLiteJobStore {
     if version == 4 { return .version4 }
     if version == 5 { return .version5 }
     if version == 6 { return .version6 }
+    if version == 7 { return .version7 }
     guard version == Int64(Self.schemaVersion) else {
       throw SQLiteJobStoreError(
         code: .unsupportedSchema, path: path,

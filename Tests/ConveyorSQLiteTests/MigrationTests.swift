@@ -306,7 +306,7 @@ struct MigrationTests {
   /// A version 6 database (the release of 2026-12-06, history) gains the index of keyed running
   /// and completed jobs, with every job kept; the wider deduplication scopes then see the jobs
   /// stored before. The file is made by this build and taken back to version 6's schema, which
-  /// differs from version 7's by that index alone.
+  /// differs from version 8's by that index and the schedules table.
   @Test func aVersion6DatabaseGainsTheKeyedIndexWithEveryJobKept() async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("v6.sqlite")
@@ -316,6 +316,7 @@ struct MigrationTests {
       path,
       """
       DROP INDEX jobs_keyed;
+      DROP TABLE schedules;
       PRAGMA user_version = 6;
       INSERT INTO queues (name) VALUES ('mail');
       INSERT INTO jobs (queue, payload, status, attempts, run_at, created_at, dedup_key, lease_owner,
@@ -338,6 +339,40 @@ struct MigrationTests {
     let found = try await store.addScopedProbes(queue: "mail", clock: now)
     #expect(found.map(\.outcome) == [.existing, .existing, .inserted])
     #expect(found[0].id == mail[0].id && found[1].id == mail[1].id)
+  }
+
+  /// A version 7 database (the release of 2026-12-06, deduplication scopes) gains the schedules
+  /// table with every job kept, and schedules then fire into it. The file is made by this build
+  /// and taken back to version 7's schema, which differs from version 8's by that table alone.
+  @Test func aVersion7DatabaseGainsTheSchedulesTableWithEveryJobKept() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("v7.sqlite")
+    let t = 1_700_000_000_000
+    await (try SQLiteJobStore(path: path)).close()
+    try execute(
+      path,
+      """
+      DROP TABLE schedules;
+      PRAGMA user_version = 7;
+      INSERT INTO queues (name) VALUES ('mail');
+      INSERT INTO jobs (queue, payload, status, attempts, run_at, created_at, claim_token) VALUES
+      ('mail', x'7b7d', 'ready', 0, \(t), \(t), 0),
+      ('mail', x'7b7d', 'scheduled', 0, \(t + 60_000), \(t), 0);
+      """)
+    let store = try SQLiteJobStore(path: path)
+    let version = try await store.connection.perform { db in
+      try db.scalar("SELECT user_version FROM pragma_user_version") ?? 0
+    }
+    #expect(version == SQLiteJobStore.schemaVersion)
+    let before = try await store.jobs(queue: "mail", status: nil, after: nil, limit: 10)
+    #expect(before.map(\.id) == [JobID(1), JobID(2)])
+    let start = FixedJobClock(Date(timeIntervalSince1970: 1_700_000_000))
+    let schedule = try ScheduleDefinition(
+      name: "tick", timing: try ScheduleTiming(every: .seconds(100)), payload: Data("{}".utf8))
+    _ = try await store.saveSchedules([schedule], queue: "mail", origin: .added, clock: start)
+    let fired = try await store.fireDueSchedules(
+      queue: "mail", clock: FixedJobClock(Date(timeIntervalSince1970: 1_700_000_100)))
+    #expect(fired.added == [JobID(3)])
   }
 
   /// A version 5 database's last errors were stored whole (nothing bounded them then): the list
