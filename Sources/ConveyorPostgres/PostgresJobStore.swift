@@ -142,7 +142,7 @@ public final class PostgresJobStore: JobStore {
   /// store's own inserts to send their wake-up themselves, without the insert trigger; 4 the
   /// place a retried job takes among ready ones; 5 a job's own time limit; 6 the history of
   /// finished jobs; 7 an index of the running and completed jobs with a deduplication key).
-  public static let schemaVersion = 7
+  public static let schemaVersion = 8
 
   /// The options the store was opened with.
   public let options: Options
@@ -397,7 +397,7 @@ public final class PostgresJobStore: JobStore {
   public var maximumLockWaitSetting: String { "PostgresJobStore.Options.lockTimeout" }
 
   /// The time a statement uses: the caller's clock, or NULL for the database's.
-  private func now(_ clock: any JobClock) -> PostgresValue {
+  func now(_ clock: any JobClock) -> PostgresValue {
     options.clock == .caller ? .timestamp(clock.now()) : .timestamp(nil)
   }
 
@@ -598,7 +598,7 @@ public final class PostgresJobStore: JobStore {
 
   /// Runs a call's statements on `db` (inside a transaction when it has keys): the key locks and
   /// the look for waiting duplicates, then one insert of the jobs to add.
-  private static func insert(_ call: EnqueueCall, sql: SQL, db: Connection, keysLocked: Bool = false) throws
+  static func insert(_ call: EnqueueCall, sql: SQL, db: Connection, keysLocked: Bool = false) throws
     -> [EnqueueResult]
   {
     if call.jobs.contains(where: \.hasDeduplicationOptions) {
@@ -1217,15 +1217,20 @@ public final class PostgresJobStore: JobStore {
   public func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
     let sql = self.sql
     let now = now(clock)
-    let (serverNow, ready, scheduled, expiry, paused) = try await connection.perform(idempotent: true) { db in
+    let (serverNow, ready, scheduled, expiry, paused, scheduleDue) = try await connection.perform(
+      idempotent: true
+    ) {
+      db in
       let row = try db.execute(sql.nextWake, [.text(queue), now])
-      return (row.date(0, 0), row.date(0, 1), row.date(0, 2), row.date(0, 3), row.bool(0, 4))
+      return (row.date(0, 0), row.date(0, 1), row.date(0, 2), row.date(0, 3), row.bool(0, 4), row.date(0, 5))
     }
-    var hint = WakeHint(nextRun: ready ?? scheduled, nextLeaseExpiry: expiry, paused: paused)
+    var hint = WakeHint(
+      nextRun: ready ?? scheduled, nextLeaseExpiry: expiry, paused: paused, nextScheduleDue: scheduleDue)
     if options.clock == .database, let serverNow {
       let offset = clock.now().timeIntervalSince(serverNow)
       hint.nextRun = hint.nextRun?.addingTimeInterval(offset)
       hint.nextLeaseExpiry = hint.nextLeaseExpiry?.addingTimeInterval(offset)
+      hint.nextScheduleDue = hint.nextScheduleDue?.addingTimeInterval(offset)
     }
     return hint
   }

@@ -84,7 +84,9 @@ struct SQL {
   }
 
   /// The migrations, in order; version `n` is `migrations[n - 1]`.
-  var migrations: [String] { [version1, version2, version3, version4, version5, version6, version7] }
+  var migrations: [String] {
+    [version1, version2, version3, version4, version5, version6, version7, version8]
+  }
 
   /// The time of a statement: parameter `n`, or the server's clock when it is NULL.
   static func now(_ parameter: Int) -> String {
@@ -322,6 +324,81 @@ struct SQL {
       WHERE dedup_key IS NOT NULL AND status IN ('running', 'completed');
     """
   }
+
+  /// Version 8: stored schedules, one row each, keyed by queue and name (see
+  /// `PostgresJobStore+Schedules`). Every column up to `paused` is the definition or its state as
+  /// `StoredSchedule` holds it.
+  var version8: String {
+    """
+    CREATE TABLE \(schema).schedules (
+      queue text NOT NULL,
+      name text NOT NULL,
+      spacing text NOT NULL,
+      time_zone text NOT NULL,
+      catch_up text NOT NULL,
+      jitter_ms bigint NOT NULL,
+      payload bytea NOT NULL,
+      priority bigint NOT NULL,
+      time_limit_ms bigint,
+      origin text NOT NULL,
+      active boolean NOT NULL,
+      paused boolean NOT NULL,
+      created_at timestamptz NOT NULL,
+      last_slot timestamptz,
+      next_due timestamptz,
+      PRIMARY KEY (queue, name)
+    );
+    """
+  }
+
+  /// A schedule's columns, in the order `PostgresJobStore.schedule(_:row:)` reads them.
+  static let scheduleColumns = """
+    queue, name, spacing, time_zone, catch_up, jitter_ms, payload, priority, time_limit_ms, origin, active, \
+    paused, created_at, last_slot, next_due
+    """
+  var schedulesOfQueue: String {
+    "SELECT \(Self.scheduleColumns) FROM \(schema).schedules WHERE queue = $1 ORDER BY name"
+  }
+  var schedulesOfQueueLocked: String {
+    "SELECT \(Self.scheduleColumns) FROM \(schema).schedules WHERE queue = $1 ORDER BY name FOR UPDATE"
+  }
+  var allSchedules: String { "SELECT \(Self.scheduleColumns) FROM \(schema).schedules ORDER BY queue, name" }
+  var scheduleNamedLocked: String {
+    "SELECT \(Self.scheduleColumns) FROM \(schema).schedules WHERE queue = $1 AND name = $2 FOR UPDATE"
+  }
+  /// The due schedules of a queue, locked; one that another transaction is firing is skipped
+  /// (that transaction fires it). Parameters: queue, now.
+  var dueSchedules: String {
+    """
+    SELECT \(Self.scheduleColumns) FROM \(schema).schedules
+    WHERE queue = $1 AND next_due <= $2 AND active AND NOT paused ORDER BY name FOR UPDATE SKIP LOCKED
+    """
+  }
+  var saveSchedule: String {
+    """
+    INSERT INTO \(schema).schedules (\(Self.scheduleColumns))
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+    ON CONFLICT (queue, name) DO UPDATE SET spacing = EXCLUDED.spacing, time_zone = EXCLUDED.time_zone,
+      catch_up = EXCLUDED.catch_up, jitter_ms = EXCLUDED.jitter_ms, payload = EXCLUDED.payload,
+      priority = EXCLUDED.priority, time_limit_ms = EXCLUDED.time_limit_ms, origin = EXCLUDED.origin,
+      active = EXCLUDED.active, paused = EXCLUDED.paused, created_at = EXCLUDED.created_at,
+      last_slot = EXCLUDED.last_slot, next_due = EXCLUDED.next_due
+    """
+  }
+  /// Serialises the saves of a queue's schedules: a save reads every row of the queue and writes
+  /// some, and two saves must not both find a schedule missing (the schemas of one database
+  /// share it: a wait, never a wrong answer). Parameter: queue.
+  static let lockSchedulesOfQueue =
+    "SELECT pg_advisory_xact_lock(hashtextextended('conveyor.schedules:' || $1, 0))"
+  var setScheduleNotDue: String {
+    "UPDATE \(schema).schedules SET next_due = NULL WHERE queue = $1 AND name = $2"
+  }
+  var deleteSchedule: String { "DELETE FROM \(schema).schedules WHERE queue = $1 AND name = $2" }
+  var nextScheduleDue: String {
+    "SELECT min(next_due) FROM \(schema).schedules WHERE queue = $1 AND active AND NOT paused"
+  }
+  /// The server's clock, to the millisecond.
+  static let serverNow = "SELECT date_trunc('milliseconds', statement_timestamp())"
 
   /// The columns ``PostgresJobStore`` decodes a `JobRecord` from, in order.
   static let columns = """
@@ -746,8 +823,8 @@ struct SQL {
   }
 
   /// The server's time, the next ready job's run date (in claim order, so from `jobs_ready`), the
-  /// earliest scheduled run date, the earliest lease expiry and the pause flag. Parameters: queue,
-  /// now.
+  /// earliest scheduled run date, the earliest lease expiry, the pause flag and the earliest due
+  /// schedule. Parameters: queue, now.
   static func nextWake(_ schema: String) -> String {
     """
     SELECT \(Self.now(2)),
@@ -755,7 +832,8 @@ struct SQL {
         ORDER BY priority DESC, run_at, seq, id LIMIT 1),
       (SELECT min(run_at) FROM \(schema).jobs WHERE queue = $1 AND status = 'scheduled'),
       (SELECT min(lease_expires_at) FROM \(schema).jobs WHERE queue = $1 AND status = 'running'),
-      coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false)
+      coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false),
+      (SELECT min(next_due) FROM \(schema).schedules WHERE queue = $1 AND active AND NOT paused)
     """
   }
 

@@ -13,9 +13,12 @@ extension SQLiteJobStore {
   ) async throws -> ScheduleSaveSummary {
     try await connection.perform { db in
       try db.transaction(immediate: true) {
-        let existing = try Self.readSchedules(db, SQL.schedulesOfQueue, .text(queue)).compactMap { try? $0.get() }
+        let existing = try Self.readSchedules(db, SQL.schedulesOfQueue, .text(queue)).compactMap {
+          try? $0.get()
+        }  // one it cannot read back is written anew when saved by name
         let (writes, summary) = try ScheduleBook.save(
-          schedules, queue: queue, origin: origin, existing: existing, now: JobStoreTime.normalized(clock.now()))
+          schedules, queue: queue, origin: origin, existing: existing,
+          now: JobStoreTime.normalized(clock.now()))
         for write in writes { try Self.write(write, db: db) }
         return summary
       }
@@ -62,14 +65,17 @@ extension SQLiteJobStore {
       try db.transaction(immediate: true) {
         let now = JobStoreTime.normalized(clock.now())
         var added: [JobID] = []
-        for (name, row) in try Self.readNamedSchedules(db, SQL.dueSchedules, [.text(queue), .integer(millis(now))]) {
+        for (name, row) in try Self.readNamedSchedules(
+          db, SQL.dueSchedules, [.text(queue), .integer(millis(now))])
+        {
           guard case .success(let schedule) = row else {
             try db.run(SQL.setScheduleNotDue, .text(queue), .text(name))
             continue
           }
           let (jobs, after) = schedule.firing(now: now)
           if !jobs.isEmpty {
-            added += try Self.insert(jobs, queue: queue, now: millis(now), db: db).filter(\.inserted).map(\.id)
+            added += try Self.insert(jobs, queue: queue, now: millis(now), db: db).filter(\.inserted).map(
+              \.id)
           }
           try Self.write(after, db: db)
         }
@@ -111,7 +117,8 @@ extension SQLiteJobStore {
             return StoredSchedule(
               queue: queue, definition: definition, origin: origin, active: row.int64(10) != 0,
               paused: row.int64(11) != 0, createdAt: date(row.int64(12)),
-              lastSlot: row.isNull(13) ? nil : date(row.int64(13)), nextDue: row.isNull(14) ? nil : date(row.int64(14)))
+              lastSlot: row.isNull(13) ? nil : date(row.int64(13)),
+              nextDue: row.isNull(14) ? nil : date(row.int64(14)))
           }
         ))
     }
@@ -125,10 +132,13 @@ extension SQLiteJobStore {
     func optional(_ value: Date?) -> SQLiteValue { value.map { .integer(millis($0)) } ?? .null }
     _ = try db.run(
       SQL.saveSchedule, .text(schedule.queue), .text(schedule.name), .text(timing.storedSpacing),
-      .text(timing.timeZoneName), .text(timing.storedCatchUp), .integer(JobStoreTime.milliseconds(timing.jitter)),
+      .text(timing.timeZoneName), .text(timing.storedCatchUp),
+      .integer(JobStoreTime.milliseconds(timing.jitter)),
       .blob(definition.payload), .integer(Int64(definition.priority)),
-      definition.timeLimit.map { .integer(JobStoreTime.milliseconds($0)) } ?? .null, .text(schedule.origin.rawValue),
-      .integer(schedule.active ? 1 : 0), .integer(schedule.paused ? 1 : 0), .integer(millis(schedule.createdAt)),
+      definition.timeLimit.map { .integer(JobStoreTime.milliseconds($0)) } ?? .null,
+      .text(schedule.origin.rawValue),
+      .integer(schedule.active ? 1 : 0), .integer(schedule.paused ? 1 : 0),
+      .integer(millis(schedule.createdAt)),
       optional(schedule.lastSlot), optional(schedule.nextDue))
   }
 }

@@ -310,6 +310,36 @@ struct PostgresJobStoreTests {
     await store.close()
   }
 
+  /// A schema at version 7 (the release of 2026-12-06, deduplication scopes) gains the schedules
+  /// table when a store opens it, with every job kept, and schedules then fire into it.
+  @Test func aVersion7SchemaGainsTheSchedulesTableWithEveryJobKept() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("v7")
+    let admin = try AdminConnection(server.url)
+    try createSchema(SQL(schema: schema), atVersion: 7, with: admin)
+    try admin.query(
+      """
+      INSERT INTO \(schema).jobs (queue, payload, status, attempts, run_at, created_at, claim_token) VALUES
+      ('mail', '\\x7b7d', 'ready', 0, now(), now(), 0),
+      ('mail', '\\x7b7d', 'scheduled', 0, now() + interval '1 hour', now(), 0)
+      """)
+    let store = try await PostgresJobStore.open(
+      url: server.url, options: .init(schema: schema, clock: .caller))
+    let versions = try admin.query("SELECT version FROM \(schema).schema_migrations ORDER BY version")
+    #expect(versions == (1...PostgresJobStore.schemaVersion).map { [String($0)] })
+    let before = try await store.jobs(queue: "mail", status: nil, after: nil, limit: 10)
+    #expect(before.count == 2)
+    let start = FixedJobClock(Date(timeIntervalSince1970: 1_700_000_000))
+    let schedule = try ScheduleDefinition(
+      name: "tick", timing: try ScheduleTiming(every: .seconds(100)), payload: Data("{}".utf8))
+    _ = try await store.saveSchedules([schedule], queue: "mail", origin: .added, clock: start)
+    let fired = try await store.fireDueSchedules(
+      queue: "mail", clock: FixedJobClock(Date(timeIntervalSince1970: 1_700_000_100)))
+    #expect(fired.added.count == 1)
+    #expect(try await store.jobs(queue: "mail", status: nil, after: nil, limit: 10).count == 3)
+    await store.close()
+  }
+
   /// A version 5 schema's last errors were stored whole (nothing bounded them then): the list of
   /// errors a migrated job starts with keeps each within `JobHistory.maximumErrorBytes`, as every
   /// error recorded since.

@@ -34,20 +34,24 @@ extension JobStoreConformance {
       let berlin = try ScheduleDefinition(
         name: "digest",
         timing: try ScheduleTiming(
-          cron: "0 8 * * MON-FRI", timeZone: "Europe/Berlin", catchUp: .all(atMost: 7), jitter: .milliseconds(1_500)),
+          cron: "0 8 * * MON-FRI", timeZone: "Europe/Berlin", catchUp: .all(atMost: 7),
+          jitter: .milliseconds(1_500)),
         payload: Data([0, 1, 255]), priority: -3, timeLimit: .seconds(90))
       let sync = try every(100, "sync", catchUp: .latest)
-      let summary = try await store.saveSchedules([berlin, sync], queue: "q", origin: .declared, clock: now(1))
+      let summary = try await store.saveSchedules(
+        [berlin, sync], queue: "q", origin: .declared, clock: now(1))
       try expect(Set(summary.created) == ["digest", "sync"], "both created: \(summary)")
       let listed = try await store.schedules(queue: "q")
       try expect(listed.map(\.name) == ["digest", "sync"], "listed by name: \(listed.map(\.name))")
-      try expect(listed[0].definition == berlin && listed[1].definition == sync, "definitions round-trip: \(listed)")
+      try expect(
+        listed[0].definition == berlin && listed[1].definition == sync, "definitions round-trip: \(listed)")
       try expect(
         listed.allSatisfy { $0.origin == .declared && $0.active && !$0.paused && $0.lastSlot == nil },
         "declared, active, never fired: \(listed)")
       try expect(listed[1].createdAt == at(1) && listed[1].nextDue == at(100), "sync due at its first slot")
       try expect(
-        listed[0].nextDue == berlin.timing.nextSlot(after: at(1)), "digest due at its first slot: \(listed[0])")
+        listed[0].nextDue == berlin.timing.nextSlot(after: at(1)),
+        "digest due at its first slot: \(listed[0])")
       let hint = try await store.nextWake(queue: "q", clock: now(1))
       try expect(hint.nextScheduleDue == at(100), "the hint names the earliest due schedule: \(hint)")
       try expect(hint.isFinished, "schedules do not keep a queue unfinished")
@@ -72,7 +76,8 @@ extension JobStoreConformance {
       try expect(twice.added.isEmpty, "the slot fired already: \(twice)")
       let schedule = try await stored(store)
       try expect(schedule.lastSlot == at(100) && schedule.nextDue == at(200), "advanced: \(schedule)")
-      try expect(try await store.fireDueSchedules(queue: "r", clock: now(200)).added.isEmpty, "only its queue")
+      try expect(
+        try await store.fireDueSchedules(queue: "r", clock: now(200)).added.isEmpty, "only its queue")
       _ = try await store.fireDueSchedules(queue: "q", clock: now(230))
       let seconds = try await runSeconds(store)
       try expect(seconds == [100, 200], "one job per slot: \(seconds)")
@@ -107,7 +112,8 @@ extension JobStoreConformance {
         let seconds = jobs.filter { text($0) == name }.map { $0.runAt.timeIntervalSince(t0) }
         try expect(seconds == expected, "\(name) fired \(seconds), not \(expected)")
       }
-      try expect(fired.added.count == 14 && fired.nextDue == at(1_100), "fourteen jobs, due at 1,100: \(fired)")
+      try expect(
+        fired.added.count == 14 && fired.nextDue == at(1_100), "fourteen jobs, due at 1,100: \(fired)")
       // On time again: every policy fires the next slot, once.
       let next = try await store.fireDueSchedules(queue: "q", clock: now(1_100))
       try expect(next.added.count == 4, "one each at 1,100: \(next)")
@@ -119,10 +125,12 @@ extension JobStoreConformance {
       _ = try await store.saveSchedules(
         [try every(100, catchUp: .all(atMost: 100))], queue: "q", origin: .added, clock: now(0))
       try expect(try await store.setSchedulePaused(true, name: "s", queue: "q", clock: now(50)), "found")
-      try expect(!(try await store.setSchedulePaused(true, name: "nope", queue: "q", clock: now(50))), "unknown")
+      try expect(
+        !(try await store.setSchedulePaused(true, name: "nope", queue: "q", clock: now(50))), "unknown")
       try expect(try await stored(store).paused, "paused")
       try expect(
-        try await store.nextWake(queue: "q", clock: now(50)).nextScheduleDue == nil, "a paused schedule is not due")
+        try await store.nextWake(queue: "q", clock: now(50)).nextScheduleDue == nil,
+        "a paused schedule is not due")
       try expect(try await store.fireDueSchedules(queue: "q", clock: now(500)).added.isEmpty, "nothing fired")
       try expect(try await store.setSchedulePaused(false, name: "s", queue: "q", clock: now(510)), "resumed")
       let resumed = try await stored(store)
@@ -135,7 +143,8 @@ extension JobStoreConformance {
       _ = try await store.saveSchedules(
         [try every(100, "a"), try every(100, "b")], queue: "q", origin: .declared, clock: now(0))
       _ = try await store.saveSchedules([try every(100, "c")], queue: "q", origin: .added, clock: now(0))
-      let summary = try await store.saveSchedules([try every(100, "a")], queue: "q", origin: .declared, clock: now(50))
+      let summary = try await store.saveSchedules(
+        [try every(100, "a")], queue: "q", origin: .declared, clock: now(50))
       try expect(summary.retired == ["b"] && summary.unchanged == ["a"], "b retired: \(summary)")
       let b = try await stored(store, "b")
       try expect(!b.active && b.nextDue == nil, "kept, inactive: \(b)")
@@ -154,17 +163,20 @@ extension JobStoreConformance {
       try expect(bJobs.count == 3, "a, b and c fire at 400: \(bJobs.count)")
     },
     check("a changed schedule keeps its last slot: no slot fires twice or is skipped") { store in
-      _ = try await store.saveSchedules([try every(100, text: "old")], queue: "q", origin: .declared, clock: now(0))
+      _ = try await store.saveSchedules(
+        [try every(100, text: "old")], queue: "q", origin: .declared, clock: now(0))
       _ = try await store.fireDueSchedules(queue: "q", clock: now(100))
       let changed = try await store.saveSchedules(
         [try every(100, text: "new")], queue: "q", origin: .declared, clock: now(110))
       try expect(changed.updated == ["s"], "updated: \(changed)")
-      try expect(try await store.fireDueSchedules(queue: "q", clock: now(110)).added.isEmpty, "100 fired already")
+      try expect(
+        try await store.fireDueSchedules(queue: "q", clock: now(110)).added.isEmpty, "100 fired already")
       _ = try await store.fireDueSchedules(queue: "q", clock: now(200))
       let jobs = try await store.jobs(queue: "q", status: nil, after: nil, limit: 10)
       try expect(jobs.map(text) == ["old", "new"], "the next slot has the new payload: \(jobs.map(text))")
       // A new spacing whose slot between the last one and now is on time fires at once.
-      _ = try await store.saveSchedules([try every(50, text: "fast")], queue: "q", origin: .declared, clock: now(260))
+      _ = try await store.saveSchedules(
+        [try every(50, text: "fast")], queue: "q", origin: .declared, clock: now(260))
       let fast = try await stored(store)
       try expect(fast.nextDue == at(260), "due now: \(fast)")
       let fired = try await store.fireDueSchedules(queue: "q", clock: now(260))
@@ -183,7 +195,8 @@ extension JobStoreConformance {
     },
     check("two schedules with one name in a save are refused and nothing is stored") { store in
       do {
-        _ = try await store.saveSchedules([try every(100), try every(200)], queue: "q", origin: .added, clock: now(0))
+        _ = try await store.saveSchedules(
+          [try every(100), try every(200)], queue: "q", origin: .added, clock: now(0))
         throw ConformanceFailure(description: "a duplicate name was stored")
       } catch let error as ScheduleError {
         guard case .invalidName = error else { throw error }

@@ -272,7 +272,8 @@ public final class InMemoryJobStore: JobStore {
     try state.withLock { state throws(ScheduleError) in
       let existing = Array((state.schedules[ExactText(queue)] ?? [:]).values)
       let (writes, summary) = try ScheduleBook.save(
-        schedules, queue: queue, origin: origin, existing: existing, now: JobStoreTime.normalized(clock.now()))
+        schedules, queue: queue, origin: origin, existing: existing, now: JobStoreTime.normalized(clock.now())
+      )
       for write in writes { state.schedules[ExactText(queue), default: [:]][ExactText(write.name)] = write }
       return summary
     }
@@ -308,14 +309,17 @@ public final class InMemoryJobStore: JobStore {
   public func fireDueSchedules(queue: String, clock: any JobClock) async throws -> ScheduleFiring {
     state.withLock { state in
       let now = JobStoreTime.normalized(clock.now())
-      let due = (state.schedules[ExactText(queue)] ?? [:]).values.filter { ($0.nextDue ?? .distantFuture) <= now }
+      let due = (state.schedules[ExactText(queue)] ?? [:]).values.filter {
+        ($0.nextDue ?? .distantFuture) <= now
+      }
       var added: [JobID] = []
       for schedule in due.sorted(by: { ExactText($0.name) < ExactText($1.name) }) {
         let (jobs, after) = schedule.firing(now: now)
         added += state.enqueue(jobs, queue: queue, now: now).filter(\.inserted).map(\.id)
         state.schedules[ExactText(queue)]?[ExactText(schedule.name)] = after
       }
-      return ScheduleFiring(added: added, nextDue: state.schedules[ExactText(queue)]?.values.compactMap(\.nextDue).min())
+      return ScheduleFiring(
+        added: added, nextDue: state.schedules[ExactText(queue)]?.values.compactMap(\.nextDue).min())
     }
   }
 
@@ -358,38 +362,39 @@ extension InMemoryJobStore {
 
     /// Commits `jobs` to `queue` at `now`; see ``JobStore/enqueue(_:queue:clock:)``.
     mutating func enqueue(_ jobs: [NewJob], queue: String, now: Date) -> [EnqueueResult] {
-    var results: [EnqueueResult] = []
-    results.reserveCapacity(jobs.count)
-    for job in jobs {
-      if job.hasDeduplicationOptions, let key = job.deduplicationKey,
-        let found = queues[ExactText(queue)]?.existing(
-          ExactText(key), scope: job.deduplicationScope, now: now)
-      {
-        guard found.waiting, job.onConflict == .replace else {
-          results.append(EnqueueResult(id: found.id, outcome: .existing))
+      var results: [EnqueueResult] = []
+      results.reserveCapacity(jobs.count)
+      for job in jobs {
+        if job.hasDeduplicationOptions, let key = job.deduplicationKey,
+          let found = queues[ExactText(queue)]?.existing(
+            ExactText(key), scope: job.deduplicationScope, now: now)
+        {
+          guard found.waiting, job.onConflict == .replace else {
+            results.append(EnqueueResult(id: found.id, outcome: .existing))
+            continue
+          }
+          queues[ExactText(queue)]?.replace(found.id, with: job, now: now)
+          results.append(EnqueueResult(id: found.id, outcome: .replaced))
           continue
         }
-        queues[ExactText(queue)]?.replace(found.id, with: job, now: now)
-        results.append(EnqueueResult(id: found.id, outcome: .replaced))
-        continue
+        if let key = job.deduplicationKey,
+          let existing = queues[ExactText(queue)]?.dedup[ExactText(key)]?.min()
+        {
+          results.append(EnqueueResult(id: existing, inserted: false))
+          continue
+        }
+        nextID += 1
+        let record = JobRecord(
+          id: JobID(nextID), queue: queue, payload: job.payload, status: .pending,
+          priority: job.priority, attempts: 0, runAt: InMemoryJobStore.runDate(job.runTime, now: now),
+          createdAt: now,
+          deduplicationKey: job.deduplicationKey,
+          timeLimit: job.timeLimitMilliseconds.map { .milliseconds($0) })
+        queues[ExactText(queue), default: QueueState()].insertWaiting(
+          record, ready: record.runAt <= now)
+        results.append(EnqueueResult(id: record.id, inserted: true))
       }
-      if let key = job.deduplicationKey,
-        let existing = queues[ExactText(queue)]?.dedup[ExactText(key)]?.min()
-      {
-        results.append(EnqueueResult(id: existing, inserted: false))
-        continue
-      }
-      nextID += 1
-      let record = JobRecord(
-        id: JobID(nextID), queue: queue, payload: job.payload, status: .pending,
-        priority: job.priority, attempts: 0, runAt: InMemoryJobStore.runDate(job.runTime, now: now), createdAt: now,
-        deduplicationKey: job.deduplicationKey,
-        timeLimit: job.timeLimitMilliseconds.map { .milliseconds($0) })
-      queues[ExactText(queue), default: QueueState()].insertWaiting(
-        record, ready: record.runAt <= now)
-      results.append(EnqueueResult(id: record.id, inserted: true))
-    }
-    return results
+      return results
     }
   }
 

@@ -623,7 +623,9 @@ public protocol JobStore: Sendable {
   /// With ``ScheduleOrigin/declared``, `schedules` is the whole of what the code declares: the
   /// queue's other declared schedules become inactive. Default: throws
   /// ``ScheduleError/unsupported(_:)``.
-  func saveSchedules(_ schedules: [ScheduleDefinition], queue: String, origin: ScheduleOrigin, clock: any JobClock)
+  func saveSchedules(
+    _ schedules: [ScheduleDefinition], queue: String, origin: ScheduleOrigin, clock: any JobClock
+  )
     async throws -> ScheduleSaveSummary
 
   /// The schedules of `queue`, or of every queue when nil, sorted by queue and name. Default: none.
@@ -631,7 +633,8 @@ public protocol JobStore: Sendable {
 
   /// Pauses or resumes the schedule `name` of `queue` (see ``StoredSchedule/pausing(_:now:)``);
   /// false when there is none. Default: false.
-  func setSchedulePaused(_ paused: Bool, name: String, queue: String, clock: any JobClock) async throws -> Bool
+  func setSchedulePaused(_ paused: Bool, name: String, queue: String, clock: any JobClock) async throws
+    -> Bool
 
   /// Deletes the schedule `name` of `queue` (the jobs it added stay); false when there is none.
   /// Default: false.
@@ -677,7 +680,8 @@ extension JobStore {
   public func saveSchedules(
     _ schedules: [ScheduleDefinition], queue: String, origin: ScheduleOrigin, clock: any JobClock
   ) async throws -> ScheduleSaveSummary {
-    throw ScheduleError.unsupported("\(type(of: self)) keeps no schedules; use a store that does (SQLite, PostgreSQL)")
+    throw ScheduleError.unsupported(
+      "\(type(of: self)) keeps no schedules; use a store that does (SQLite, PostgreSQL)")
   }
 
   /// Keeps no schedules: none.

@@ -52,7 +52,8 @@ extension JobQueue {
     try await save([schedule], origin: .added)
   }
 
-  private func save(_ schedules: [ScheduleDefinition], origin: ScheduleOrigin) async throws -> ScheduleSaveSummary
+  private func save(_ schedules: [ScheduleDefinition], origin: ScheduleOrigin) async throws
+    -> ScheduleSaveSummary
   {
     let summary = try await store.saveSchedules(schedules, queue: identifier, origin: origin, clock: clock)
     wake.signal()

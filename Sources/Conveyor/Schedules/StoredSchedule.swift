@@ -29,7 +29,9 @@ public struct ScheduleDefinition: Sendable, Hashable {
   /// - Throws: ``ScheduleError/invalidName(_:)`` for a name that is empty, longer than 128
   ///   characters or has a character outside `A-Z a-z 0-9 . _ -`;
   ///   ``ScheduleError/invalidTimeLimit(_:)`` for a time limit outside 1 ms to 7 days.
-  public init(name: String, timing: ScheduleTiming, payload: Data, priority: Int = 0, timeLimit: Duration? = nil)
+  public init(
+    name: String, timing: ScheduleTiming, payload: Data, priority: Int = 0, timeLimit: Duration? = nil
+  )
     throws(ScheduleError)
   {
     do {
@@ -53,7 +55,8 @@ public struct ScheduleDefinition: Sendable, Hashable {
   /// its jitter.
   public func job(forSlot slot: Date) -> NewJob {
     NewJob(
-      payload: payload, priority: priority, runAt: timing.runDate(ofSlot: slot, name: name), timeLimit: timeLimit)
+      payload: payload, priority: priority, runAt: timing.runDate(ofSlot: slot, name: name),
+      timeLimit: timeLimit)
   }
 }
 
@@ -164,7 +167,9 @@ public struct StoredSchedule: Sendable, Hashable {
   /// payload takes effect from the next slot, and the last slot is kept, so no slot fires twice.
   /// An inactive schedule declared again becomes active and skips the slots that passed while it
   /// was inactive; a paused one stays paused.
-  public func redeclared(_ definition: ScheduleDefinition, origin: ScheduleOrigin, now: Date) -> StoredSchedule {
+  public func redeclared(_ definition: ScheduleDefinition, origin: ScheduleOrigin, now: Date)
+    -> StoredSchedule
+  {
     var after = self
     after.definition = definition
     after.origin = origin
@@ -227,11 +232,13 @@ public enum ScheduleBook {
   ///
   /// - Throws: ``ScheduleError/invalidName(_:)`` when two schedules share a name.
   public static func save(
-    _ schedules: [ScheduleDefinition], queue: String, origin: ScheduleOrigin, existing: [StoredSchedule], now: Date
+    _ schedules: [ScheduleDefinition], queue: String, origin: ScheduleOrigin, existing: [StoredSchedule],
+    now: Date
   ) throws(ScheduleError) -> (writes: [StoredSchedule], summary: ScheduleSaveSummary) {
     var seen = Set<String>()
     for schedule in schedules where !seen.insert(schedule.name).inserted {
-      throw .invalidName("two schedules are named \(CronExpression.quoted(schedule.name)); give each its own name")
+      throw .invalidName(
+        "two schedules are named \(CronExpression.quoted(schedule.name)); give each its own name")
     }
     let byName = Dictionary(existing.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
     var writes: [StoredSchedule] = []
@@ -250,7 +257,8 @@ public enum ScheduleBook {
       }
     }
     if origin == .declared {
-      for stored in existing where stored.origin == .declared && stored.active && !seen.contains(stored.name) {
+      for stored in existing where stored.origin == .declared && stored.active && !seen.contains(stored.name)
+      {
         writes.append(stored.retired())
         summary.retired.append(stored.name)
       }
@@ -302,7 +310,8 @@ extension ScheduleTiming {
     } else if storedSpacing.hasPrefix("every "), let seconds = Int64(storedSpacing.dropFirst(6)) {
       try self.init(every: .seconds(seconds), catchUp: catchUpPolicy, jitter: jitter)
     } else {
-      throw .invalidExpression("stored spacing \(CronExpression.quoted(storedSpacing)) is neither cron nor every")
+      throw .invalidExpression(
+        "stored spacing \(CronExpression.quoted(storedSpacing)) is neither cron nor every")
     }
   }
 
