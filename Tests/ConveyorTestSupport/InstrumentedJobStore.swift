@@ -256,6 +256,40 @@ public final class InstrumentedJobStore: JobStore {
   }
 
   /// Counted, then forwarded to ``base``.
+  public func saveSchedules(
+    _ schedules: [ScheduleDefinition], queue: String, origin: ScheduleOrigin, clock: any JobClock
+  ) async throws -> ScheduleSaveSummary {
+    try record("saveSchedules")
+    return try await base.saveSchedules(schedules, queue: queue, origin: origin, clock: clock)
+  }
+
+  /// Counted, then forwarded to ``base``.
+  public func schedules(queue: String?) async throws -> [StoredSchedule] {
+    try record("schedules")
+    return try await base.schedules(queue: queue)
+  }
+
+  /// Counted, then forwarded to ``base``.
+  public func setSchedulePaused(_ paused: Bool, name: String, queue: String, clock: any JobClock) async throws
+    -> Bool
+  {
+    try record("setSchedulePaused")
+    return try await base.setSchedulePaused(paused, name: name, queue: queue, clock: clock)
+  }
+
+  /// Counted, then forwarded to ``base``.
+  public func removeSchedule(name: String, queue: String) async throws -> Bool {
+    try record("removeSchedule")
+    return try await base.removeSchedule(name: name, queue: queue)
+  }
+
+  /// Counted, then forwarded to ``base``.
+  public func fireDueSchedules(queue: String, clock: any JobClock) async throws -> ScheduleFiring {
+    try record("fireDueSchedules")
+    return try await base.fireDueSchedules(queue: queue, clock: clock)
+  }
+
+  /// Counted, then forwarded to ``base``.
   public var maximumLockWait: Duration { base.maximumLockWait }
 
   /// Forwarded to ``base``.
