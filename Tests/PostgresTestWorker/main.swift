@@ -2,9 +2,10 @@
 //
 //   conveyor-postgres-test-worker --database URL --schema NAME --queue NAME --output FILE
 //                                 [--progress FILE] [--concurrency N] [--lease-ms MS] [--handle-ms MS]
-//                                 [--poll-ms MS]
+//                                 [--poll-ms MS] [--forever 1]
 //
-// Runs a JobQueue<TestJob> on the PostgreSQL store until the queue holds no pending or running job
+// Runs a JobQueue<TestJob> on the PostgreSQL store (firing its stored schedules, as every queue
+// does) until the queue holds no pending or running job, or with --forever 1 until it is killed
 // (jobs held by a killed worker count until their lease runs out and they are handled here). For
 // every job it appends "<id>\n" to --progress (if given) when the handler starts, then sleeps
 // --handle-ms, then appends "<id>\n" to --output. Each append is one write(2), so it survives
@@ -79,6 +80,9 @@ func main() async throws {
     if handle > .zero { try await Task.sleep(for: handle) }
     try handled.append(context.id.description)
     return .handled
+  }
+  if values["--forever"] == "1" {
+    while true { try await Task.sleep(for: .seconds(3_600)) }
   }
   await queue.waitUntilFinished()
   await queue.shutdown(gracePeriod: .seconds(5))

@@ -2,9 +2,10 @@
 //
 //   conveyor-test-worker work --database PATH --queue NAME --output FILE
 //                             [--progress FILE] [--concurrency N] [--prefetch N] [--lease-ms MS]
-//                             [--handle-ms MS]
+//                             [--handle-ms MS] [--forever 1]
 //
-// Runs a JobQueue<TestJob> on the SQLite file until the queue holds no pending or running job
+// Runs a JobQueue<TestJob> on the SQLite file (firing its stored schedules, as every queue does)
+// until the queue holds no pending or running job, or with --forever 1 until it is killed
 // (jobs held by a killed worker count until their lease runs out and they are handled here).
 // For every job it appends
 // "<id>\n" to --progress (if given) when the handler starts, then sleeps --handle-ms, then appends
@@ -61,6 +62,7 @@ struct Arguments {
   var prefetch = 0
   var leaseMilliseconds = 30_000
   var handleMilliseconds = 0
+  var forever = false
 
   init(_ arguments: [String]) throws {
     var iterator = arguments.makeIterator()
@@ -76,6 +78,7 @@ struct Arguments {
       case "--prefetch": prefetch = Int(value) ?? prefetch
       case "--lease-ms": leaseMilliseconds = Int(value) ?? leaseMilliseconds
       case "--handle-ms": handleMilliseconds = Int(value) ?? handleMilliseconds
+      case "--forever": forever = value == "1"
       default: throw Failure("unknown option \(flag)")
       }
     }
@@ -127,6 +130,9 @@ func work(_ arguments: Arguments) async throws {
     if handleDuration > .zero { try await Task.sleep(for: handleDuration) }
     try output.append(context.id.description)
     return .handled
+  }
+  if arguments.forever {
+    while true { try await Task.sleep(for: .seconds(3_600)) }
   }
   await queue.waitUntilFinished()
   await queue.shutdown(gracePeriod: .seconds(5))
