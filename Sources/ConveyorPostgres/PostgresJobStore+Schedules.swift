@@ -12,7 +12,7 @@ import Foundation
 // With `Clock.database` the slots are judged by the server's clock, as leases are.
 
 extension PostgresJobStore {
-  /// Stores schedules; see ``JobStore/saveSchedules(_:queue:origin:clock:)``.
+  /// Stores schedules; see `JobStore.saveSchedules(_:queue:origin:clock:)`.
   public func saveSchedules(
     _ schedules: [ScheduleDefinition], queue: String, origin: ScheduleOrigin, clock: any JobClock
   ) async throws -> ScheduleSaveSummary {
@@ -32,10 +32,10 @@ extension PostgresJobStore {
     }
   }
 
-  /// The stored schedules; see ``JobStore/schedules(queue:)``. With ``Clock/database`` the dates
+  /// The stored schedules; see `JobStore.schedules(queue:)`. With `Clock.database` the dates
   /// are the server's.
   ///
-  /// - Throws: ``ScheduleError`` naming a schedule the store cannot read back (written by a newer
+  /// - Throws: `ScheduleError` naming a schedule the store cannot read back (written by a newer
   ///   release, say).
   public func schedules(queue: String?) async throws -> [StoredSchedule] {
     let sql = self.sql
@@ -46,7 +46,7 @@ extension PostgresJobStore {
     }
   }
 
-  /// Pauses or resumes a schedule; see ``JobStore/setSchedulePaused(_:name:queue:clock:)``.
+  /// Pauses or resumes a schedule; see `JobStore.setSchedulePaused(_:name:queue:clock:)`.
   public func setSchedulePaused(_ paused: Bool, name: String, queue: String, clock: any JobClock) async throws
     -> Bool
   {
@@ -63,7 +63,7 @@ extension PostgresJobStore {
     }
   }
 
-  /// Deletes a schedule; see ``JobStore/removeSchedule(name:queue:)``.
+  /// Deletes a schedule; see `JobStore.removeSchedule(name:queue:)`.
   public func removeSchedule(name: String, queue: String) async throws -> Bool {
     let sql = self.sql
     return try await connection.perform(idempotent: true) { db in
@@ -71,9 +71,9 @@ extension PostgresJobStore {
     }
   }
 
-  /// Fires due schedules; see ``JobStore/fireDueSchedules(queue:clock:)``. One transaction for
-  /// the due schedules of the queue that no other transaction is firing. With ``Clock/database``
-  /// the returned due date is moved onto `clock`, as ``nextWake(queue:clock:)``'s are.
+  /// Fires due schedules; see `JobStore.fireDueSchedules(queue:clock:)`. One transaction for
+  /// the due schedules of the queue that no other transaction is firing. With `Clock.database`
+  /// the returned due date is moved onto `clock`, as `nextWake(queue:clock:)`'s are.
   public func fireDueSchedules(queue: String, clock: any JobClock) async throws -> ScheduleFiring {
     let sql = self.sql
     let useServerClock = options.clock == .database
@@ -104,7 +104,7 @@ extension PostgresJobStore {
     return ScheduleFiring(added: firing.added, nextDue: firing.nextDue?.addingTimeInterval(offset))
   }
 
-  /// The time schedules are judged by: the server's (``Clock/database``) or the caller's, to the
+  /// The time schedules are judged by: the server's (`Clock.database`) or the caller's, to the
   /// millisecond.
   private static func scheduleNow(_ db: Connection, clock: any JobClock, server: Bool) throws -> Date {
     guard server else { return JobStoreTime.normalized(clock.now()) }
@@ -114,7 +114,7 @@ extension PostgresJobStore {
     return now
   }
 
-  /// The rows of a query of ``SQL/scheduleColumns``, by name, each read back or the reason it
+  /// The rows of a query of `SQL.scheduleColumns`, by name, each read back or the reason it
   /// cannot be.
   private static func readSchedules(_ rows: QueryResult) -> [(
     name: String, row: Result<StoredSchedule, ScheduleError>

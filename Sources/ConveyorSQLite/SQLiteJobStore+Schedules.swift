@@ -7,7 +7,7 @@ import Foundation
 // transaction, so a slot fired by one process is seen as fired by every other.
 
 extension SQLiteJobStore {
-  /// Stores schedules; see ``JobStore/saveSchedules(_:queue:origin:clock:)``.
+  /// Stores schedules; see `JobStore.saveSchedules(_:queue:origin:clock:)`.
   public func saveSchedules(
     _ schedules: [ScheduleDefinition], queue: String, origin: ScheduleOrigin, clock: any JobClock
   ) async throws -> ScheduleSaveSummary {
@@ -25,9 +25,9 @@ extension SQLiteJobStore {
     }
   }
 
-  /// The stored schedules; see ``JobStore/schedules(queue:)``.
+  /// The stored schedules; see `JobStore.schedules(queue:)`.
   ///
-  /// - Throws: ``ScheduleError`` naming a schedule the store cannot read back (written by a newer
+  /// - Throws: `ScheduleError` naming a schedule the store cannot read back (written by a newer
   ///   release, say).
   public func schedules(queue: String?) async throws -> [StoredSchedule] {
     try await connection.perform { db in
@@ -38,7 +38,7 @@ extension SQLiteJobStore {
     }
   }
 
-  /// Pauses or resumes a schedule; see ``JobStore/setSchedulePaused(_:name:queue:clock:)``.
+  /// Pauses or resumes a schedule; see `JobStore.setSchedulePaused(_:name:queue:clock:)`.
   public func setSchedulePaused(_ paused: Bool, name: String, queue: String, clock: any JobClock) async throws
     -> Bool
   {
@@ -53,12 +53,12 @@ extension SQLiteJobStore {
     }
   }
 
-  /// Deletes a schedule; see ``JobStore/removeSchedule(name:queue:)``.
+  /// Deletes a schedule; see `JobStore.removeSchedule(name:queue:)`.
   public func removeSchedule(name: String, queue: String) async throws -> Bool {
     try await connection.perform { db in try db.run(SQL.deleteSchedule, .text(queue), .text(name)) > 0 }
   }
 
-  /// Fires due schedules; see ``JobStore/fireDueSchedules(queue:clock:)``. One transaction for
+  /// Fires due schedules; see `JobStore.fireDueSchedules(queue:clock:)`. One transaction for
   /// every due schedule of the queue: the jobs of their slots and their rows advanced.
   public func fireDueSchedules(queue: String, clock: any JobClock) async throws -> ScheduleFiring {
     try await connection.perform { db in
@@ -85,14 +85,14 @@ extension SQLiteJobStore {
     }
   }
 
-  /// The rows a query of ``SQL/scheduleColumns`` returns, each read back or the reason it cannot be.
+  /// The rows a query of `SQL.scheduleColumns` returns, each read back or the reason it cannot be.
   private static func readSchedules(_ db: Connection, _ sql: String, _ values: SQLiteValue...) throws
     -> [Result<StoredSchedule, ScheduleError>]
   {
     try readNamedSchedules(db, sql, values).map(\.row)
   }
 
-  /// The rows a query of ``SQL/scheduleColumns`` returns, by name, each read back or the reason
+  /// The rows a query of `SQL.scheduleColumns` returns, by name, each read back or the reason
   /// it cannot be.
   private static func readNamedSchedules(_ db: Connection, _ sql: String, _ values: [SQLiteValue]) throws
     -> [(name: String, row: Result<StoredSchedule, ScheduleError>)]

@@ -35,7 +35,8 @@ struct ScheduleProcessTests {
       workers[victim].kill()
       _ = await workers[victim].exitStatus()
       kills += 1
-      workers[victim] = try WorkerProcess(database: database, folder: folder, name: "w\(victim)-\(kills)", extra: extra)
+      workers[victim] = try WorkerProcess(
+        database: database, folder: folder, name: "w\(victim)-\(kills)", extra: extra)
     }
     for worker in workers {
       worker.kill()

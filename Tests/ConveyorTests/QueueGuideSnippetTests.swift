@@ -3,8 +3,8 @@ import ConveyorTestSupport
 import Foundation
 import Testing
 
-// The examples of the "Durable queues" guide (Sources/Conveyor/Conveyor.docc/DurableQueues.md)
-// and of the module's landing page (Conveyor.md), verbatim between the markers, so they compile
+// The examples of the "Durable queues" guide (Sources/Conveyor/Conveyor.docc/DurableQueues.md),
+// of the "Schedules" guide (Schedules.md) and of the module's landing page (Conveyor.md), verbatim between the markers, so they compile
 // and run. Types the examples declare are at file scope here.
 
 private struct Thumbnail: Queueable {
@@ -30,6 +30,11 @@ private struct SaveDraft: Queueable {
 
 private struct Email: Queueable { var to: String }
 
+// Schedules.md: the type.
+private struct SendDigest: Queueable {
+  var edition: String
+}
+
 @Suite("Guide snippets: durable queues", .timeLimit(.minutes(10)))
 struct QueueGuideSnippetTests {
   @Test func aQueueWithPrioritiesRetriesAndDeduplication() async throws {
@@ -53,6 +58,31 @@ struct QueueGuideSnippetTests {
     #expect(first.inserted)
     if !again.inserted { #expect(again.id == first.id) }
     #expect(try await thumbnails.count().total == 0)
+  }
+
+  @Test func declaredSchedulesAreStoredAndFire() async throws {
+    let store = InMemoryJobStore()
+    // Schedules.md example begins
+    let digests = try JobQueue<SendDigest>(configuration: .init(identifier: "digests"), store: store) {
+      item, _ in
+      // send the digest...
+      return .handled
+    }
+    let morning = try ScheduleTiming(cron: "0 8 * * MON-FRI", timeZone: "Europe/Berlin", catchUp: .latest)
+    let hourly = try ScheduleTiming(every: .seconds(3_600), catchUp: .all(atMost: 24))
+    try await digests.declareSchedules([
+      try digests.schedule("weekday-digest", morning, item: SendDigest(edition: "morning")),
+      try digests.schedule("hourly-digest", hourly, item: SendDigest(edition: "hourly"), priority: -1),
+    ])
+    // Schedules.md example ends
+    let stored = try await digests.schedules()
+    #expect(stored.map(\.name) == ["hourly-digest", "weekday-digest"])
+    #expect(stored.allSatisfy { $0.fires && $0.nextDue != nil && $0.origin == .declared })
+    let again = try await digests.declareSchedules([
+      try digests.schedule("hourly-digest", hourly, item: SendDigest(edition: "hourly"), priority: -1)
+    ])
+    #expect(again.unchanged == ["hourly-digest"] && again.retired == ["weekday-digest"])
+    await digests.shutdown()
   }
 
   @Test func scopedAndDebouncedItems() async throws {

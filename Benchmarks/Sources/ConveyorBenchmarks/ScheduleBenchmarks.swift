@@ -1,4 +1,5 @@
 import Conveyor
+import ConveyorSQLite
 import Foundation
 
 /// The next fire time of 10,000 schedules, against Foundation's `Calendar.nextDate(after:matching:)`
@@ -64,4 +65,70 @@ func runScheduleBenchmarks() async throws {
     baselineName: "Calendar.nextDate, 08:00 daily", baselineSeconds: foundationAgain, goal: nil
   ).print()
   if sink == 42 { print("") }  // keeps the results alive
+  try await runScheduleStoreBenchmarks()
+}
+
+/// What schedules cost a worker on an SQLite file: the idle loop's look at the store
+/// (`nextWake`, which also reads the next due schedule) with 100 schedules stored against none,
+/// and firing a due slot against adding the same job.
+func runScheduleStoreBenchmarks() async throws {
+  section("Schedules on SQLite: an idle worker's look at the store, and firing (best of 5, interleaved)")
+  let folder = FileManager.default.temporaryDirectory.appendingPathComponent("conveyor-schedules-\(UUID())")
+  try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+  defer { try? FileManager.default.removeItem(at: folder) }
+  let plain = try SQLiteJobStore(path: folder.appendingPathComponent("plain.sqlite").path)
+  let scheduled = try SQLiteJobStore(path: folder.appendingPathComponent("scheduled.sqlite").path)
+  let clock = SystemJobClock()
+  let daily = try ScheduleTiming(cron: "@daily")
+  let hundred = try (0..<100).map {
+    try ScheduleDefinition(name: "s\($0)", timing: daily, payload: Data("{}".utf8))
+  }
+  _ = try await scheduled.saveSchedules(hundred, queue: "q", origin: .declared, clock: clock)
+  let looks = 20_000
+  func look(_ store: SQLiteJobStore) async throws -> Double {
+    try await seconds {
+      for _ in 0..<looks { _ = try await store.nextWake(queue: "q", clock: clock) }
+    }
+  }
+  let (withSchedules, without) = try await interleaved(repeats: 5) {
+    try await look(scheduled)
+  } baseline: {
+    try await look(plain)
+  }
+  Comparison(
+    name: "nextWake, 100 schedules stored", count: looks, seconds: withSchedules,
+    baselineName: "nextWake, no schedule", baselineSeconds: without, goal: nil
+  ).print()
+  // Firing: one schedule every second, a clock that moves a second per call, so each call fires
+  // one slot (its job and the row in one transaction), against adding one job per call.
+  let slots = 2_000
+  let tick = try ScheduleDefinition(
+    name: "tick", timing: try ScheduleTiming(every: .seconds(1)), payload: Data("{}".utf8))
+  var round = 0
+  let (firing, adding) = try await interleaved(repeats: 5) {
+    round += 1
+    let store = try SQLiteJobStore(path: folder.appendingPathComponent("fire-\(round).sqlite").path)
+    let manual = ManualJobClock()
+    _ = try await store.saveSchedules([tick], queue: "q", origin: .added, clock: manual)
+    return try await seconds {
+      for _ in 0..<slots {
+        manual.advance(by: .seconds(1))
+        guard try await store.fireDueSchedules(queue: "q", clock: manual).added.count == 1 else {
+          throw BenchmarkFailure("a slot did not add one job")
+        }
+      }
+    }
+  } baseline: {
+    round += 1
+    let store = try SQLiteJobStore(path: folder.appendingPathComponent("add-\(round).sqlite").path)
+    return try await seconds {
+      for _ in 0..<slots {
+        _ = try await store.enqueue([NewJob(payload: Data("{}".utf8))], queue: "q", clock: clock)
+      }
+    }
+  }
+  Comparison(
+    name: "fireDueSchedules, one slot per call", count: slots, seconds: firing,
+    baselineName: "enqueue, one job per call", baselineSeconds: adding, goal: nil
+  ).print()
 }
