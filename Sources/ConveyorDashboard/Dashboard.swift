@@ -9,8 +9,8 @@ import Foundation
 /// Pages: queues with counts (the history's too), charts of the last hour and pause/resume; jobs
 /// by queue, state (completed and cancelled included) and text; a job with its details, its
 /// history (finishing time, run time, every attempt's error, output), retry, cancel and remove;
-/// bulk retry and remove with a confirmation; `api/queues` (JSON) and `metrics` (Prometheus
-/// text).
+/// bulk retry and remove with a confirmation; every queue's stored schedules with pause/resume;
+/// `api/queues` (JSON) and `metrics` (Prometheus text).
 ///
 /// Security model:
 /// - ``DashboardConfiguration/authorize`` (the host application's check) runs on every request
@@ -156,6 +156,7 @@ public final class Dashboard: Sendable {
     switch path {
     case "/": return try await queuesPage(notice: query["notice"])
     case "/jobs": return try await jobsPage(query)
+    case "/schedules": return try await schedulesPage(notice: query["notice"])
     case "/confirm": return try await confirmPage(query)
     case "/metrics": return try await metrics()
     case "/api/queues": return try await queuesJSON()
@@ -174,6 +175,8 @@ public final class Dashboard: Sendable {
       let queue = try queueName(form["queue"])
       try await store.setPaused(path == "/queues/pause", queue: queue)
       return redirect("/?notice=" + (path == "/queues/pause" ? "paused" : "resumed"))
+    case "/schedules/pause", "/schedules/resume":
+      return try await setSchedulePaused(path == "/schedules/pause", form: form)
     case "/bulk": return try await bulk(form)
     default:
       let parts = path.split(separator: "/")

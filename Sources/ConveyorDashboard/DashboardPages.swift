@@ -44,7 +44,7 @@ struct DashboardPages: Sendable {
       </head>
       <body data-page="\(page)" data-base="\(htmlBase)">
       <header><a class="brand" href="\(htmlBase)/">Conveyor</a>
-      <nav><a href="\(htmlBase)/">Queues</a> <a href="\(htmlBase)/jobs">Jobs</a> <a href="\(htmlBase)/metrics">Metrics</a></nav></header>
+      <nav><a href="\(htmlBase)/">Queues</a> <a href="\(htmlBase)/jobs">Jobs</a> <a href="\(htmlBase)/schedules">Schedules</a> <a href="\(htmlBase)/metrics">Metrics</a></nav></header>
       <main>
       \(body)
       </main>
@@ -103,6 +103,9 @@ struct DashboardPages: Sendable {
     "already-cancelled": "Not cancelled: the job was already cancelled.",
     "bulk-requeued": "Dead jobs re-queued:",
     "bulk-removed": "Jobs removed:",
+    "schedule-paused":
+      "Schedule paused: no slot fires until it is resumed, and the slots that pass meanwhile are skipped.",
+    "schedule-resumed": "Schedule resumed: it fires from its next slot.",
   ]
 
   /// The notice a cancel's answer is shown with (one of ``notices``' keys).

@@ -93,7 +93,8 @@ enum CLI {
     ] + historySpecs + [
       CommandSpec(name: "pause", operands: "", summary: "stop claiming jobs, for every worker", options: []),
       CommandSpec(name: "resume", operands: "", summary: "claim jobs again", options: []),
-      DashboardCommand.spec,
+    ] + ScheduleCommands.specs + [
+      DashboardCommand.spec
     ] + Migrate.specs + [
       CommandSpec(
         name: "demo", operands: "", summary: "a self-contained run showing retries and recovery",
@@ -114,6 +115,9 @@ enum CLI {
       names: ["--replace"], value: nil,
       help: "with --key, give a waiting job of the key this job's request, priority and delay"),
   ]
+
+  /// The priorities `--priority` takes.
+  static let priorities = -1_000_000...1_000_000
 
   /// This build's version; `conveyor --version` prints it with the schema versions it writes.
   static let version = "0.1.0"
@@ -149,7 +153,8 @@ enum CLI {
         --queue, -q NAME      queue name (default: outbox)
 
       Exit codes: 0 success, 1 jobs died (work --until-empty/--until-idle), IDs not found
-                  (retry, remove) or output could not be written, 2 usage error, 3 database error.
+                  (retry, remove), no schedule of the name (schedule remove/pause/resume) or
+                  output could not be written, 2 usage error, 3 database error.
       """
   }
 
@@ -239,39 +244,35 @@ enum CLI {
     }
     var command = words[index]
     index += 1
-    if command == "add" {
+    // Commands of two words: the group, then its verb.
+    let groups = [
+      ("add", "job kind", ["http", "exec"]), ("migrate", "migrate command", ["status", "up", "sql"]),
+      ("schedule", "schedule command", ["add", "remove", "pause", "resume"]),
+    ]
+    if let (group, what, verbs) = groups.first(where: { $0.0 == command }) {
+      let choices = verbs.dropLast().joined(separator: ", ") + " or " + verbs.last!
       guard index < words.count, !words[index].hasPrefix("-") else {
         if index < words.count, words[index] == "--help" || words[index] == "-h" {
-          output(spec("add http").help + "\n\n" + spec("add exec").help)
+          output(commands.filter { $0.name.hasPrefix(group + " ") }.map(\.help).joined(separator: "\n\n"))
           return ExitCode.success.rawValue
         }
-        throw UsageError(description: "missing job kind (http or exec)")
-      }
-      let kind = words[index]
-      index += 1
-      guard kind == "http" || kind == "exec" else {
-        throw UsageError(description: "unknown job kind \"\(printable(kind))\": use http or exec")
-      }
-      command = "add \(kind)"
-    } else if command == "migrate" {
-      guard index < words.count, !words[index].hasPrefix("-") else {
-        if index < words.count, words[index] == "--help" || words[index] == "-h" {
-          output(Migrate.specs.map(\.help).joined(separator: "\n\n"))
-          return ExitCode.success.rawValue
-        }
-        throw UsageError(description: "missing migrate command (status, up or sql)")
+        throw UsageError(description: "missing \(what) (\(choices))")
       }
       let verb = words[index]
       index += 1
-      guard ["status", "up", "sql"].contains(verb) else {
-        throw UsageError(description: "unknown migrate command \"\(printable(verb))\": use status, up or sql")
+      guard verbs.contains(verb) else {
+        throw UsageError(description: "unknown \(what) \"\(printable(verb))\": use \(choices)")
       }
-      command = "migrate \(verb)"
+      command = "\(group) \(verb)"
     }
     guard let commandSpec = commands.first(where: { $0.name == command }) else {
       throw UsageError(description: "unknown command \"\(command)\"")
     }
-    var arguments = try Arguments(Array(words[index...]), for: commandSpec)
+    var commandWords = Array(words[index...])
+    // `schedule add`'s words end with a job as `add` takes it: parsed apart, by `add`'s rules.
+    var scheduledJob: ScheduleCommands.JobWords?
+    if command == "schedule add" { (commandWords, scheduledJob) = ScheduleCommands.splitJob(commandWords) }
+    var arguments = try Arguments(commandWords, for: commandSpec)
     if arguments.wantsHelp {
       output(commandSpec.help)
       return ExitCode.success.rawValue
@@ -306,6 +307,11 @@ enum CLI {
       if command == "pause" { try await queue.pause() } else { try await queue.resume() }
       output("queue \(context.queue) \(command == "pause" ? "paused" : "resumed")")
       return ExitCode.success.rawValue
+    case "schedule add": return try await ScheduleCommands.add(&arguments, job: scheduledJob, context)
+    case "schedule remove", "schedule pause", "schedule resume":
+      return try await ScheduleCommands.change(
+        String(command.dropFirst("schedule ".count)), &arguments, context)
+    case "schedules": return try await ScheduleCommands.list(&arguments, context)
     case "dashboard": return try await DashboardCommand.run(&arguments, context)
     case "migrate status", "migrate up", "migrate sql":
       return try await Migrate.run(String(command.dropFirst("migrate ".count)), &arguments, context)
@@ -458,6 +464,16 @@ enum CLI {
   static let maximumBodySize = 64 << 20
 
   static func addHTTP(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
+    try await add(try httpJob(&arguments), arguments, context)
+  }
+
+  static func addExec(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
+    try await add(try execJob(&arguments), arguments, context)
+  }
+
+  /// The HTTP job `add http`'s words describe (and `schedule add … http`'s, whose words hold no
+  /// `--key`).
+  static func httpJob(_ arguments: inout Arguments) throws -> OutboxJob {
     let method = try arguments.required("HTTP method (GET, POST, PUT, PATCH, DELETE, ...)").uppercased()
     let urlText = try arguments.required("URL")
     try arguments.finish()
@@ -485,10 +501,12 @@ enum CLI {
     } catch {
       throw UsageError(description: error.description)
     }
-    return try await add(OutboxJob(kind: .http(request), key: arguments.option("--key")), arguments, context)
+    return OutboxJob(kind: .http(request), key: arguments.option("--key"))
   }
 
-  static func addExec(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
+  /// The command job `add exec`'s words describe (and `schedule add … exec`'s, whose words hold
+  /// no `--key`).
+  static func execJob(_ arguments: inout Arguments) throws -> OutboxJob {
     guard arguments.next() == "--" else {
       throw UsageError(description: "put the command after --, e.g. conveyor add exec -- echo hello")
     }
@@ -498,7 +516,7 @@ enum CLI {
     let directory = try arguments.option("--cwd").map(workingDirectory)
     let timeout = try arguments.seconds("--timeout", allowingZero: false)
     let command = ShellCommand(arguments: words, workingDirectory: directory, timeout: timeout?.secondsValue)
-    return try await add(OutboxJob(kind: .exec(command), key: arguments.option("--key")), arguments, context)
+    return OutboxJob(kind: .exec(command), key: arguments.option("--key"))
   }
 
   /// A `--cwd` as stored: a relative one means the folder it names from here, where the command
@@ -529,11 +547,11 @@ enum CLI {
     }
   }
 
-  /// Stores `job` with the `add` options and prints its ID. Its JSON is stored with each object's
-  /// members smallest first, so that listings find its summary in the payload's first bytes.
+  /// Stores `job` with the `add` options and prints its ID; its payload as ``storedPayload(_:)``
+  /// makes it.
   static func add(_ job: OutboxJob, _ arguments: Arguments, _ context: Context) async throws -> Int32 {
     let delay = try arguments.seconds("--delay") ?? .zero
-    let priority = try arguments.integer("--priority", in: -1_000_000...1_000_000) ?? 0
+    let priority = try arguments.integer("--priority", in: priorities) ?? 0
     let scope = try uniqueness(arguments)
     let onConflict: DeduplicationConflict = arguments.flag("--replace") ? .replace : .useExisting
     if job.deduplicationKey == nil, arguments.option("--unique") != nil || arguments.flag("--replace") {
@@ -546,8 +564,7 @@ enum CLI {
           + "completed jobs by default; run them with --keep-completed of at least as long")
     }
     let store = try context.openStore()
-    let encoded = try JSONEncoder().encode(job)
-    let payload = PayloadPrefix.summaryMembersFirst(encoded) ?? encoded
+    let payload = try storedPayload(job)
     let result = try await store.enqueue(
       [
         NewJob(
@@ -577,6 +594,13 @@ enum CLI {
       return ExitCode.failure.rawValue
     }
     return ExitCode.success.rawValue
+  }
+
+  /// `job` as `add` stores it: its JSON with each object's members smallest first, so that
+  /// listings find its summary in the payload's first bytes.
+  static func storedPayload(_ job: OutboxJob) throws -> Data {
+    let encoded = try JSONEncoder().encode(job)
+    return PayloadPrefix.summaryMembersFirst(encoded) ?? encoded
   }
 
   /// The `--unique` scope: `waiting` (the default), `running`, or a duration above zero.

@@ -81,6 +81,42 @@ import Testing
     #expect(try await harness.store.isPaused(queue: "mail"))
   }
 
+  /// A schedule's pause form without the instance's token, or from another site, is refused and
+  /// leaves the schedule firing; the same form with the page's token pauses it.
+  @Test func aForgedSchedulePauseIsRefusedAndChangesNothing() async throws {
+    let harness = try DashboardHarness(countingCalls: false)
+    try await harness.schedule("tick", queue: "mail")
+    let token = try await harness.formToken("/schedules")
+    let other = try DashboardHarness(countingCalls: false)
+    try await other.schedule("tick", queue: "mail")
+    let otherToken = try await other.formToken("/schedules")
+    let pause = "/schedules/pause"
+    let fields = [("queue", "mail"), ("name", "tick")]
+    let refusals: [(String, Answer)] = [
+      ("no token", await harness.post(pause, form: fields)),
+      ("empty token", await harness.post(pause, form: [("csrf", "")] + fields)),
+      ("another instance's token", await harness.post(pause, form: [("csrf", otherToken)] + fields)),
+      (
+        "foreign origin",
+        await harness.post(pause, form: [("csrf", token)] + fields, origin: "https://evil.example")
+      ),
+      ("null origin", await harness.post(pause, form: [("csrf", token)] + fields, origin: "null")),
+      (
+        "cross-site fetch",
+        await harness.post(pause, form: [("csrf", token)] + fields, fetchSite: "cross-site")
+      ),
+    ]
+    for (what, answer) in refusals {
+      #expect(answer.status == 403, "\(what): \(answer)")
+      #expect(answer.hasSecurityHeaders, "\(what)")
+    }
+    #expect(
+      try await harness.storedSchedule("tick", queue: "mail")?.paused == false, "a refused pause paused")
+    let paused = await harness.post(pause, form: [("csrf", token)] + fields)
+    #expect(paused.status == 303, "\(paused)")
+    #expect(try await harness.storedSchedule("tick", queue: "mail")?.paused == true)
+  }
+
   /// A POST from the public origin is accepted when the `Host` a proxy passed on differs.
   @Test func aPostFromThePublicOriginIsAccepted() async throws {
     var configuration = DashboardConfiguration()

@@ -35,6 +35,59 @@ import Testing
     #expect(try await harness.store.job(second)?.status == .dead)
   }
 
+  /// The schedules page, linked from every page's navigation, lists every queue's stored
+  /// schedules with their spacing, zone, catch-up, state, next slot (UTC and the zone's) and
+  /// job; text from the store is escaped.
+  @Test func theSchedulesPageListsEveryQueuesSchedulesEscaped() async throws {
+    var configuration = DashboardConfiguration()
+    configuration.describe = { _ in
+      .command(arguments: ["echo", "<b>hi</b>"], workingDirectory: nil, timeout: nil)
+    }
+    let harness = try DashboardHarness(configuration, countingCalls: false)
+    #expect(await harness.get("/schedules").body.contains("No schedules"))
+    try await harness.schedule("digest", queue: "<q>")
+    try await harness.schedule("tick", queue: "mail")
+    let page = await harness.get("/schedules")
+    #expect(page.status == 200 && page.hasSecurityHeaders, "\(page)")
+    #expect(await harness.get("/").urls.contains("/schedules"), "the navigation links the page")
+    #expect(
+      page.body.contains("<th scope=\"row\">digest</th>") && page.body.contains("<th scope=\"row\">tick</th>")
+    )
+    #expect(page.body.contains(">&lt;q&gt;</a>") && !page.body.contains("<q>"), "\(page)")
+    #expect(page.body.contains("exec echo &lt;b&gt;hi&lt;/b&gt;") && !page.body.contains("<b>hi"))
+    #expect(page.body.contains("<code>cron */5 * * * *</code>") && page.body.contains(">Europe/Berlin<"))
+    #expect(page.body.contains("<td data-field=\"catch-up\">skip</td>"))
+    #expect(page.body.contains("<span class=\"badge\">active</span>"))
+    // The next slot in UTC, and in Berlin with its offset.
+    #expect(page.body.contains(":00Z</time>"))
+    #expect(page.body.contains(":00+01:00</time>") || page.body.contains(":00+02:00</time>"), "\(page)")
+  }
+
+  /// Pause and Resume on the schedules page, as their forms post them: the stored schedule is
+  /// paused, then resumed, and the page says so; a schedule that is gone is answered 404.
+  @Test func aSchedulesPauseAndResumeFormsChangeTheStore() async throws {
+    let harness = try DashboardHarness(countingCalls: false)
+    try await harness.schedule("tick", queue: "mail")
+    let token = try await harness.formToken("/schedules")
+    let form = [("csrf", token), ("queue", "mail"), ("name", "tick")]
+    let paused = await harness.post("/schedules/pause", form: form)
+    #expect(
+      paused.status == 303 && paused.header("Location") == "/schedules?notice=schedule-paused", "\(paused)")
+    #expect(try await harness.storedSchedule("tick", queue: "mail")?.paused == true)
+    let page = await harness.get("/schedules?notice=schedule-paused")
+    #expect(
+      page.body.contains("Schedule paused")
+        && page.body.contains("<span class=\"badge paused\">paused</span>"))
+    #expect(page.body.contains("action=\"/schedules/resume\""), "a paused schedule offers Resume")
+    #expect(page.body.contains("<td data-field=\"next\"><span class=\"none\">—</span></td>"), "no next slot")
+    let resumed = await harness.post("/schedules/resume", form: form)
+    #expect(resumed.status == 303, "\(resumed)")
+    #expect(try await harness.storedSchedule("tick", queue: "mail")?.paused == false)
+    let gone = await harness.post(
+      "/schedules/pause", form: [("csrf", token), ("queue", "mail"), ("name", "other")])
+    #expect(gone.status == 404 && gone.body.contains("has no schedule other"), "\(gone)")
+  }
+
   /// Cancel on a waiting job's page, as its form posts it: the job is cancelled in the store, the
   /// page says so and offers no Cancel button any more; a second post answers that it was
   /// already cancelled, one on a dead job that it is dead, one on a running job that its worker
