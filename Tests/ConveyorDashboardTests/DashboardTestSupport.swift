@@ -14,17 +14,13 @@ struct DashboardHarness {
   let dashboard: Dashboard
   let clock = SystemJobClock()
 
-  /// With `countingCalls` false the dashboard reads the SQLite store itself, not through
-  /// ``store`` (which counts calls but forwards no schedule calls).
-  init(_ configuration: DashboardConfiguration = DashboardConfiguration(), countingCalls: Bool = true) throws
-  {
+  init(_ configuration: DashboardConfiguration = DashboardConfiguration()) throws {
     folder = try TemporaryFolder(prefix: "conveyor-dashboard-tests")
     store = InstrumentedJobStore(try SQLiteJobStore(path: folder.path("jobs.sqlite")))
-    dashboard = try Dashboard(store: countingCalls ? store : store.base, configuration: configuration)
+    dashboard = try Dashboard(store: store, configuration: configuration)
   }
 
-  /// Stores a schedule of `queue` firing every 5 minutes in Berlin, whose job is `payload`; the dashboard
-  /// must read the store itself (`countingCalls: false`) to see it.
+  /// Stores a schedule of `queue` firing every 5 minutes in Berlin, whose job is `payload`.
   func schedule(_ name: String, queue: String, payload: Data = Data("{}".utf8)) async throws {
     let definition = try ScheduleDefinition(
       name: name, timing: try ScheduleTiming(cron: "*/5 * * * *", timeZone: "Europe/Berlin"), payload: payload

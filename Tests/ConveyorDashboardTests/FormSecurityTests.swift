@@ -84,10 +84,10 @@ import Testing
   /// A schedule's pause form without the instance's token, or from another site, is refused and
   /// leaves the schedule firing; the same form with the page's token pauses it.
   @Test func aForgedSchedulePauseIsRefusedAndChangesNothing() async throws {
-    let harness = try DashboardHarness(countingCalls: false)
+    let harness = try DashboardHarness()
     try await harness.schedule("tick", queue: "mail")
     let token = try await harness.formToken("/schedules")
-    let other = try DashboardHarness(countingCalls: false)
+    let other = try DashboardHarness()
     try await other.schedule("tick", queue: "mail")
     let otherToken = try await other.formToken("/schedules")
     let pause = "/schedules/pause"

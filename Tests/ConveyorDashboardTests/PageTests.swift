@@ -43,7 +43,7 @@ import Testing
     configuration.describe = { _ in
       .command(arguments: ["echo", "<b>hi</b>"], workingDirectory: nil, timeout: nil)
     }
-    let harness = try DashboardHarness(configuration, countingCalls: false)
+    let harness = try DashboardHarness(configuration)
     #expect(await harness.get("/schedules").body.contains("No schedules"))
     try await harness.schedule("digest", queue: "<q>")
     try await harness.schedule("tick", queue: "mail")
@@ -66,7 +66,7 @@ import Testing
   /// Pause and Resume on the schedules page, as their forms post them: the stored schedule is
   /// paused, then resumed, and the page says so; a schedule that is gone is answered 404.
   @Test func aSchedulesPauseAndResumeFormsChangeTheStore() async throws {
-    let harness = try DashboardHarness(countingCalls: false)
+    let harness = try DashboardHarness()
     try await harness.schedule("tick", queue: "mail")
     let token = try await harness.formToken("/schedules")
     let form = [("csrf", token), ("queue", "mail"), ("name", "tick")]

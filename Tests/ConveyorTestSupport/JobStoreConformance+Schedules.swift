@@ -57,6 +57,15 @@ extension JobStoreConformance {
       try expect(hint.isFinished, "schedules do not keep a queue unfinished")
       try expect(try await store.schedules(queue: "r").isEmpty, "another queue has none")
       try expect(try await store.schedules(queue: nil).count == 2, "every queue's")
+      // A zone keeps the name it was given ("UTC" is "GMT" to Foundation on Linux).
+      let utc = try ScheduleDefinition(
+        name: "utc", timing: try ScheduleTiming(cron: "@hourly"), payload: Data())
+      _ = try await store.saveSchedules([utc], queue: "z", origin: .added, clock: now(1))
+      let zoned = try await store.schedules(queue: "z")
+      try expect(
+        zoned.map(\.definition.timing.timeZoneName) == ["UTC"] && zoned.first?.definition == utc,
+        "UTC round-trips: \(zoned)")
+      try expect(listed[0].definition.timing.timeZoneName == "Europe/Berlin", "Berlin round-trips")
       let again = try await store.saveSchedules([berlin, sync], queue: "q", origin: .declared, clock: now(2))
       try expect(Set(again.unchanged) == ["digest", "sync"] && again.created.isEmpty, "unchanged: \(again)")
     },

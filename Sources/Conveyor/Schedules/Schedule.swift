@@ -39,6 +39,9 @@ public struct ScheduleTiming: Sendable, Hashable {
   public let spacing: Spacing
   /// The zone whose wall clock a cron expression reads (interval schedules ignore it).
   public let timeZone: TimeZone
+  /// The zone's name as given ("UTC" stays "UTC", where Foundation on Linux names that zone
+  /// "GMT"): what the stores keep and listings show.
+  public let timeZoneName: String
   /// What happens to missed slots. Default ``CatchUp/skip``.
   public let catchUp: CatchUp
   /// The most a slot's job is delayed after its slot, to spread schedules that share a slot.
@@ -75,7 +78,9 @@ public struct ScheduleTiming: Sendable, Hashable {
         "\(CronExpression.quoted(timeZone)) is not a time zone this system knows; give an IANA name such as "
           + "\"Europe/Berlin\" or \"UTC\"")
     }
-    try self.init(spacing: .cron(try CronExpression(cron)), timeZone: zone, catchUp: catchUp, jitter: jitter)
+    try self.init(
+      spacing: .cron(try CronExpression(cron)), timeZone: zone, named: timeZone, catchUp: catchUp,
+      jitter: jitter)
   }
 
   /// A schedule that fires every `interval`, at its whole multiples since 1970-01-01 UTC.
@@ -86,11 +91,19 @@ public struct ScheduleTiming: Sendable, Hashable {
     throws(ScheduleError)
   {
     try self.init(
-      spacing: .every(interval), timeZone: TimeZone(identifier: "UTC")!, catchUp: catchUp, jitter: jitter)
+      spacing: .every(interval), timeZone: TimeZone(identifier: "UTC")!, named: "UTC", catchUp: catchUp,
+      jitter: jitter)
   }
 
   /// A schedule from its parts, checked as the other initializers check them.
   public init(spacing: Spacing, timeZone: TimeZone, catchUp: CatchUp = .skip, jitter: Duration = .zero)
+    throws(ScheduleError)
+  {
+    try self.init(
+      spacing: spacing, timeZone: timeZone, named: timeZone.identifier, catchUp: catchUp, jitter: jitter)
+  }
+
+  private init(spacing: Spacing, timeZone: TimeZone, named name: String, catchUp: CatchUp, jitter: Duration)
     throws(ScheduleError)
   {
     if case .every(let interval) = spacing {
@@ -109,6 +122,7 @@ public struct ScheduleTiming: Sendable, Hashable {
     }
     self.spacing = spacing
     self.timeZone = timeZone
+    self.timeZoneName = name
     self.catchUp = catchUp
     // Kept in whole milliseconds, as the stores keep it.
     self.jitter = .milliseconds(JobStoreTime.milliseconds(jitter))

@@ -314,7 +314,4 @@ extension ScheduleTiming {
         "stored spacing \(CronExpression.quoted(storedSpacing)) is neither cron nor every")
     }
   }
-
-  /// The time zone's IANA name, as stored.
-  public var timeZoneName: String { timeZone.identifier }
 }
