@@ -59,6 +59,15 @@ struct ReadmeQueueTests {
     // --- README code ends ---
 
     #expect(job?.status == .cancelled && job?.finishedAt != nil)
+
+    // --- README schedule code starts ---
+    let digest = try ScheduleTiming(cron: "0 8 * * MON-FRI", timeZone: "Europe/Berlin", catchUp: .latest)
+    try await emails.declareSchedules([
+      try emails.schedule("digest", digest, item: WelcomeEmail(address: "team@example.com"))
+    ])
+    // --- README schedule code ends ---
+    #expect(try await emails.schedules().map(\.name) == ["digest"])
+
     let done = try await emails.add(WelcomeEmail(address: "ada@example.com")).id
     await emails.waitUntilFinished()
     await emails.shutdown()
