@@ -128,11 +128,13 @@ extension PostgresJobStore {
           let timing = try ScheduleTiming(
             storedSpacing: rows.text(index, 2) ?? "", timeZone: rows.text(index, 3) ?? "",
             catchUp: rows.text(index, 4) ?? "", jitterMilliseconds: rows.int64(index, 5))
+          let (scope, conflict) = try ScheduleDefinition.deduplication(
+            storedScope: rows.text(index, 16) ?? "", onConflict: rows.text(index, 17) ?? "")
           let definition = try ScheduleDefinition(
             name: name, timing: timing, payload: rows.data(index, 6),
             priority: Int(clamping: rows.int64(index, 7)),
-            timeLimit: rows.isNull(index, 8)
-              ? nil : JobStoreTime.timeLimit(milliseconds: rows.int64(index, 8)))
+            timeLimit: rows.isNull(index, 8) ? nil : JobStoreTime.timeLimit(milliseconds: rows.int64(index, 8)),
+            deduplicationKey: rows.text(index, 15), deduplicationScope: scope, onConflict: conflict)
           guard let origin = ScheduleOrigin(rawValue: rows.text(index, 9) ?? "") else {
             throw .unsupported("schedule \(name) of queue \(queue) has an origin this build does not know")
           }
@@ -163,6 +165,8 @@ extension PostgresJobStore {
           ?? .null(oid: PostgresValue.int8OID),
         .text(schedule.origin.rawValue), .bool(schedule.active), .bool(schedule.paused),
         .timestamp(schedule.createdAt), .timestamp(schedule.lastSlot), .timestamp(schedule.nextDue),
+        definition.deduplicationKey.map { .text($0) } ?? .null(oid: PostgresValue.textOID),
+        .text(definition.storedDeduplicationScope), .text(definition.storedOnConflict),
       ])
   }
 }

@@ -346,6 +346,9 @@ struct SQL {
       created_at timestamptz NOT NULL,
       last_slot timestamptz,
       next_due timestamptz,
+      dedup_key text,
+      dedup_scope text NOT NULL,
+      on_conflict text NOT NULL,
       PRIMARY KEY (queue, name)
     );
     """
@@ -354,7 +357,7 @@ struct SQL {
   /// A schedule's columns, in the order `PostgresJobStore.schedule(_:row:)` reads them.
   static let scheduleColumns = """
     queue, name, spacing, time_zone, catch_up, jitter_ms, payload, priority, time_limit_ms, origin, active, \
-    paused, created_at, last_slot, next_due
+    paused, created_at, last_slot, next_due, dedup_key, dedup_scope, on_conflict
     """
   var schedulesOfQueue: String {
     "SELECT \(Self.scheduleColumns) FROM \(schema).schedules WHERE queue = $1 ORDER BY name"
@@ -377,12 +380,13 @@ struct SQL {
   var saveSchedule: String {
     """
     INSERT INTO \(schema).schedules (\(Self.scheduleColumns))
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
     ON CONFLICT (queue, name) DO UPDATE SET spacing = EXCLUDED.spacing, time_zone = EXCLUDED.time_zone,
       catch_up = EXCLUDED.catch_up, jitter_ms = EXCLUDED.jitter_ms, payload = EXCLUDED.payload,
       priority = EXCLUDED.priority, time_limit_ms = EXCLUDED.time_limit_ms, origin = EXCLUDED.origin,
       active = EXCLUDED.active, paused = EXCLUDED.paused, created_at = EXCLUDED.created_at,
-      last_slot = EXCLUDED.last_slot, next_due = EXCLUDED.next_due
+      last_slot = EXCLUDED.last_slot, next_due = EXCLUDED.next_due, dedup_key = EXCLUDED.dedup_key,
+      dedup_scope = EXCLUDED.dedup_scope, on_conflict = EXCLUDED.on_conflict
     """
   }
   /// Serialises the saves of a queue's schedules: a save reads every row of the queue and writes

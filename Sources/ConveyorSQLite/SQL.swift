@@ -168,8 +168,9 @@ enum SQL {
     of: "wait_max_ms INTEGER NOT NULL DEFAULT 0,",
     with: "wait_max_ms INTEGER NOT NULL DEFAULT 0,\n  \(stuckColumn),")
   /// Version 8: stored schedules, one row each, keyed by queue and name (see
-  /// `SQLiteJobStore+Schedules`). Every column but the last three is the definition; `last_slot`
-  /// and `next_due` are milliseconds since 1970.
+  /// `SQLiteJobStore+Schedules`): the definition, with the deduplication of its jobs in the last
+  /// three columns, and where it stands; `created_at`, `last_slot` and `next_due` are
+  /// milliseconds since 1970.
   static let schedulesTable = """
     CREATE TABLE schedules (
       queue TEXT NOT NULL,
@@ -187,6 +188,9 @@ enum SQL {
       created_at INTEGER NOT NULL,
       last_slot INTEGER,
       next_due INTEGER,
+      dedup_key TEXT,
+      dedup_scope TEXT NOT NULL,
+      on_conflict TEXT NOT NULL,
       PRIMARY KEY (queue, name)
     ) WITHOUT ROWID;
     """
@@ -286,7 +290,7 @@ enum SQL {
   /// A schedule's columns, in the order `SQLiteJobStore.schedule(from:)` reads them.
   static let scheduleColumns = """
     queue, name, spacing, time_zone, catch_up, jitter_ms, payload, priority, time_limit_ms, origin, active,
-    paused, created_at, last_slot, next_due
+    paused, created_at, last_slot, next_due, dedup_key, dedup_scope, on_conflict
     """
   static let schedulesOfQueue = "SELECT \(scheduleColumns) FROM schedules WHERE queue = ? ORDER BY name"
   static let allSchedules = "SELECT \(scheduleColumns) FROM schedules ORDER BY queue, name"
@@ -296,7 +300,7 @@ enum SQL {
     WHERE queue = ? AND next_due <= ? AND active = 1 AND paused = 0 ORDER BY name
     """
   static let saveSchedule = """
-    INSERT OR REPLACE INTO schedules (\(scheduleColumns)) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    INSERT OR REPLACE INTO schedules (\(scheduleColumns)) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     """
   /// A schedule the store cannot read back is no longer due (see `JobStore.fireDueSchedules`).
   static let setScheduleNotDue = "UPDATE schedules SET next_due = NULL WHERE queue = ? AND name = ?"

@@ -108,9 +108,12 @@ extension SQLiteJobStore {
             let timing = try ScheduleTiming(
               storedSpacing: row.text(2) ?? "", timeZone: row.text(3) ?? "", catchUp: row.text(4) ?? "",
               jitterMilliseconds: row.int64(5))
+            let (scope, conflict) = try ScheduleDefinition.deduplication(
+              storedScope: row.text(16) ?? "", onConflict: row.text(17) ?? "")
             let definition = try ScheduleDefinition(
               name: name, timing: timing, payload: row.data(6), priority: row.int(7),
-              timeLimit: row.isNull(8) ? nil : JobStoreTime.timeLimit(milliseconds: row.int64(8)))
+              timeLimit: row.isNull(8) ? nil : JobStoreTime.timeLimit(milliseconds: row.int64(8)),
+              deduplicationKey: row.text(15), deduplicationScope: scope, onConflict: conflict)
             guard let origin = ScheduleOrigin(rawValue: row.text(9) ?? "") else {
               throw .unsupported("schedule \(name) of queue \(queue) has an origin this build does not know")
             }
@@ -139,6 +142,7 @@ extension SQLiteJobStore {
       .text(schedule.origin.rawValue),
       .integer(schedule.active ? 1 : 0), .integer(schedule.paused ? 1 : 0),
       .integer(millis(schedule.createdAt)),
-      optional(schedule.lastSlot), optional(schedule.nextDue))
+      optional(schedule.lastSlot), optional(schedule.nextDue), definition.deduplicationKey.map { .text($0) } ?? .null,
+      .text(definition.storedDeduplicationScope), .text(definition.storedOnConflict))
   }
 }

@@ -31,13 +31,24 @@ enum ScheduleCommands {
         OptionSpec(
           names: ["--time-limit"], value: "D",
           help: "each job's time limit per attempt, 1s to 7d (default none)"),
+        OptionSpec(
+          names: ["--key"], value: "KEY",
+          help: "each job's deduplication key: a slot whose job finds a waiting one of the key adds nothing"),
+        OptionSpec(
+          names: ["--unique"], value: "SCOPE",
+          help: "with --key, which jobs of the key count: waiting (default), running (so the schedule "
+            + "never runs twice at once), or a duration such as 1h (also completed within it)"),
+        OptionSpec(
+          names: ["--replace"], value: nil,
+          help: "with --key, give a waiting job of the key the new slot's job instead"),
       ],
       details: """
         NAME is 1-128 characters of A-Z a-z 0-9 . _ -, unique in the queue; adding a NAME again
         updates it from its next slot (no slot fires twice; a paused schedule stays paused). Give
         exactly one of --cron and --every. After the schedule's options comes the job, exactly as
         'conveyor add exec' or 'conveyor add http' takes it (see 'conveyor help add'), without
-        --delay, --key, --unique, --replace or --priority, e.g.
+        --delay (each slot is the job's time); --priority, --key, --unique and --replace are options
+        of the schedule, e.g.
           conveyor schedule add nightly --cron '0 3 * * *' --time-zone Europe/Berlin exec -- ./backup.sh
           conveyor schedule add ping --every 5m http GET https://example.com/health
         A slot's job is added once, however many workers run, and runs as any job does (retries,
@@ -172,6 +183,12 @@ enum ScheduleCommands {
     let jitter = try arguments.duration("--jitter") ?? .zero
     let priority = try arguments.integer("--priority", in: CLI.priorities) ?? 0
     let timeLimit = try arguments.duration("--time-limit")
+    let key = arguments.option("--key")
+    let scope = try CLI.uniqueness(arguments)
+    let onConflict: DeduplicationConflict = arguments.flag("--replace") ? .replace : .useExisting
+    if key == nil, arguments.option("--unique") != nil || arguments.flag("--replace") {
+      throw UsageError(description: "--unique and --replace need a --key: they say what a slot's job of the key does")
+    }
     let definition: ScheduleDefinition
     do {
       let timing =
@@ -181,7 +198,8 @@ enum ScheduleCommands {
           try ScheduleTiming(every: every ?? .zero, catchUp: catchUp, jitter: jitter)
         }
       definition = try ScheduleDefinition(
-        name: name, timing: timing, payload: payload, priority: priority, timeLimit: timeLimit)
+        name: name, timing: timing, payload: payload, priority: priority, timeLimit: timeLimit,
+        deduplicationKey: key, deduplicationScope: scope, onConflict: onConflict)
     } catch {
       throw UsageError(description: error.description)
     }
@@ -387,6 +405,11 @@ struct ListedSchedule: Encodable {
   var jitterMilliseconds: Int64
   var priority: Int
   var timeLimitMilliseconds: Int64?
+  /// Each job's deduplication key, and `--unique` as `add` takes it (`waiting`, `running` or a
+  /// number of seconds), and whether `--replace` was given; absent without a key.
+  var key: String?
+  var unique: String?
+  var replace: Bool?
   /// The next slot in UTC, for a schedule that fires.
   var nextFire: String?
   /// The next slot in the schedule's zone, with its offset.
@@ -414,6 +437,16 @@ struct ListedSchedule: Encodable {
     jitterMilliseconds = JobStoreTime.milliseconds(timing.jitter)
     priority = schedule.definition.priority
     timeLimitMilliseconds = schedule.definition.timeLimit.map(JobStoreTime.milliseconds)
+    key = schedule.definition.deduplicationKey
+    if key != nil {
+      unique =
+        switch schedule.definition.deduplicationScope {
+        case .waiting: "waiting"
+        case .waitingOrRunning: "running"
+        case .completedWithin(let period): "\(JobStoreTime.milliseconds(period) / 1_000)s"
+        }
+      replace = schedule.definition.onConflict == .replace
+    }
     let next = schedule.fires ? timing.nextSlot(after: now) : nil
     nextFire = next.map(timestamp)
     nextFireLocal = next.map { ScheduleCommands.localTimestamp($0, in: timing.timeZone) }

@@ -28,9 +28,15 @@ import Testing
     try await sandbox.succeed([
       "schedule", "add", "tick", "--every", "15m", "exec", "--", "echo", "hello world",
     ])
+    try await sandbox.succeed([
+      "schedule", "add", "single", "--every", "1h", "--key", "backup", "--unique", "running", "exec", "--", "true",
+    ])
 
     var listed = try await schedules(sandbox)
-    #expect(listed.keys.sorted() == ["digest", "tick"])
+    #expect(listed.keys.sorted() == ["digest", "single", "tick"])
+    let single = try #require(listed["single"])
+    #expect(single["key"] as? String == "backup" && single["unique"] as? String == "running", "\(single)")
+    #expect(single["replace"] as? Bool == false)
     let digest = try #require(listed["digest"])
     #expect(digest["spacing"] as? String == "cron 0 8 * * MON-FRI")
     #expect(digest["timeZone"] as? String == "Europe/Berlin")
@@ -78,7 +84,7 @@ import Testing
 
     let removed = try await sandbox.succeed(["schedule", "remove", "tick"])
     #expect(removed.stdout.hasPrefix("schedule tick removed from queue outbox"))
-    #expect(try await schedules(sandbox).keys.sorted() == ["digest"])
+    #expect(try await schedules(sandbox).keys.sorted() == ["digest", "single"])
     for verb in ["remove", "pause", "resume"] {
       let absent = try await sandbox.run(["schedule", verb, "tick"])
       #expect(
@@ -109,6 +115,8 @@ import Testing
       (["--every", "1m", "--jitter", "2h"], "invalid jitter"),
       (["--every", "1m", "--time-zone", "UTC"], "--time-zone applies to --cron"),
       (["--every", "1m", "--time-limit", "8d"], "invalid time limit"),
+      (["--every", "1m", "--unique", "running"], "--unique and --replace need a --key"),
+      (["--every", "1m", "--key", "k", "--unique", "sometimes"], "--unique must be waiting, running"),
     ]
     for (options, message) in refusals {
       let outcome = try await sandbox.run(["schedule", "add", "nightly"] + options + job)
@@ -120,7 +128,7 @@ import Testing
     let jobRefusals: [([String], String)] = [
       (["--every", "1m"], "missing the job"),
       (["--every", "1m", "ftp", "x"], "unknown job kind \"ftp\""),
-      (["--every", "1m", "exec", "--key", "k", "--", "true"], "--key is an option of conveyor add"),
+      (["--every", "1m", "exec", "--key", "k", "--", "true"], "--key is an option of the schedule"),
       (["--every", "1m", "exec", "--delay", "5", "--", "true"], "--delay is an option of conveyor add"),
       (["exec", "--every", "1m", "--", "true"], "--every is an option of the schedule"),
       (["--every", "1m", "exec"], "put the command after --"),

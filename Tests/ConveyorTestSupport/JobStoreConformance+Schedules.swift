@@ -36,7 +36,8 @@ extension JobStoreConformance {
         timing: try ScheduleTiming(
           cron: "0 8 * * MON-FRI", timeZone: "Europe/Berlin", catchUp: .all(atMost: 7),
           jitter: .milliseconds(1_500)),
-        payload: Data([0, 1, 255]), priority: -3, timeLimit: .seconds(90))
+        payload: Data([0, 1, 255]), priority: -3, timeLimit: .seconds(90), deduplicationKey: "digest é",
+        deduplicationScope: .completedWithin(.milliseconds(600_500)), onConflict: .replace)
       let sync = try every(100, "sync", catchUp: .latest)
       let summary = try await store.saveSchedules(
         [berlin, sync], queue: "q", origin: .declared, clock: now(1))
@@ -90,6 +91,21 @@ extension JobStoreConformance {
       _ = try await store.fireDueSchedules(queue: "q", clock: now(230))
       let seconds = try await runSeconds(store)
       try expect(seconds == [100, 200], "one job per slot: \(seconds)")
+    },
+    check("a slot whose job would overlap the previous one's, still running, adds nothing") { store in
+      let single = try ScheduleDefinition(
+        name: "s", timing: try ScheduleTiming(every: .seconds(100)), payload: Data("tick".utf8),
+        deduplicationKey: "only-one", deduplicationScope: .waitingOrRunning)
+      _ = try await store.saveSchedules([single], queue: "q", origin: .added, clock: now(0))
+      let first = try expectOne(try await store.fireDueSchedules(queue: "q", clock: now(100)).added)
+      let running = try expectOne(try await claim(store, now: 101).claimed)
+      try expect(running.id == first && running.deduplicationKey == "only-one", "the slot's job: \(running)")
+      let during = try await store.fireDueSchedules(queue: "q", clock: now(200))
+      try expect(during.added.isEmpty && during.nextDue == at(300), "merged with the running job: \(during)")
+      try expect(try await stored(store).lastSlot == at(200), "the slot was considered")
+      _ = try await claim(store, limit: 0, settling: [settle(running, .complete)], now: 250)
+      let after = try await store.fireDueSchedules(queue: "q", clock: now(300))
+      try expect(after.added.count == 1, "the next slot after it finished: \(after)")
     },
     check("many callers firing at once add each slot's job once") { store in
       _ = try await store.saveSchedules([try every(100)], queue: "q", origin: .added, clock: now(0))

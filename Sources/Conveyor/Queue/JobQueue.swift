@@ -176,7 +176,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
 
   /// Why this queue cannot keep `scope`, or nil: a period out of range, or one that outlives the
   /// completed jobs the queue keeps (the store could not see them).
-  private func problem(_ scope: DeduplicationScope) -> String? {
+  func problem(_ scope: DeduplicationScope) -> String? {
     if let problem = scope.problem { return problem }
     guard case .completedWithin(let period) = scope else { return nil }
     switch configuration.retention.completed {

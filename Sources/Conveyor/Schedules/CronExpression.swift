@@ -404,6 +404,8 @@ public enum ScheduleError: Error, Sendable, Hashable, CustomStringConvertible {
   case invalidName(String)
   /// A time limit for the schedule's jobs out of range.
   case invalidTimeLimit(String)
+  /// A deduplication scope for the schedule's jobs out of range, or one the queue cannot keep.
+  case invalidDeduplication(String)
   /// The store does not keep schedules.
   case unsupported(String)
 
@@ -417,6 +419,7 @@ public enum ScheduleError: Error, Sendable, Hashable, CustomStringConvertible {
     case .invalidJitter(let message): "invalid jitter: \(message)"
     case .invalidName(let message): "invalid schedule name: \(message)"
     case .invalidTimeLimit(let message): "invalid time limit: \(message)"
+    case .invalidDeduplication(let message): "invalid deduplication: \(message)"
     case .unsupported(let message): "schedules unsupported: \(message)"
     }
   }

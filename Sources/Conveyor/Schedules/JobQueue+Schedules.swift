@@ -4,7 +4,10 @@ import Foundation
 // started queue of the same identifier (see `JobQueue+Loop`).
 
 extension JobQueue {
-  /// A schedule that adds `item` to this queue at every slot of `timing`.
+  /// A schedule that adds `item` to this queue at every slot of `timing`, with the item's
+  /// deduplication key, scope and conflict choice: an item whose scope is
+  /// ``DeduplicationScope/waitingOrRunning`` is never run twice at once, a slot that comes while
+  /// the previous slot's job waits or runs adding nothing.
   ///
   /// ```swift
   /// let digest = try queue.schedule(
@@ -13,7 +16,9 @@ extension JobQueue {
   /// ```
   ///
   /// - Throws: ``ScheduleError/invalidName(_:)``, ``ScheduleError/invalidTimeLimit(_:)``;
-  ///   ``JobQueueError/encodingFailed(_:)`` when the item does not encode.
+  ///   ``ScheduleError/invalidDeduplication(_:)`` for a scope the queue cannot keep (see
+  ///   ``JobQueue/add(_:priority:delay:timeLimit:)``); ``JobQueueError/encodingFailed(_:)`` when
+  ///   the item does not encode.
   public func schedule(
     _ name: String, _ timing: ScheduleTiming, item: Item, priority: Int = 0, timeLimit: Duration? = nil
   ) throws -> ScheduleDefinition {
@@ -23,8 +28,12 @@ extension JobQueue {
     } catch {
       throw JobQueueError.encodingFailed(String(describing: error))
     }
+    let key = item.deduplicationKey
+    let scope = key == nil ? DeduplicationScope.waiting : item.deduplicationScope
+    if let problem = problem(scope) { throw ScheduleError.invalidDeduplication(problem) }
     return try ScheduleDefinition(
-      name: name, timing: timing, payload: payload, priority: priority, timeLimit: timeLimit)
+      name: name, timing: timing, payload: payload, priority: priority, timeLimit: timeLimit,
+      deduplicationKey: key, deduplicationScope: scope, onConflict: item.onConflict)
   }
 
   /// Stores the schedules this code declares, in one transaction: new ones are added, changed

@@ -23,17 +23,27 @@ public struct ScheduleDefinition: Sendable, Hashable {
   public let priority: Int
   /// The time limit of each slot's job in whole milliseconds; nil: the queue's.
   public let timeLimit: Duration?
+  /// The deduplication key of each slot's job (see ``NewJob/deduplicationKey``), or nil. With
+  /// ``DeduplicationScope/waitingOrRunning`` a slot whose job would overlap the previous one's,
+  /// still waiting or running, adds nothing: the schedule never runs twice at once.
+  public let deduplicationKey: String?
+  /// Which jobs of ``deduplicationKey`` stop a slot's job (a period is kept in whole
+  /// milliseconds). Ignored without a key.
+  public let deduplicationScope: DeduplicationScope
+  /// What a slot's job does with the waiting job of its key. Ignored without a key.
+  public let onConflict: DeduplicationConflict
 
   /// Describes a schedule.
   ///
   /// - Throws: ``ScheduleError/invalidName(_:)`` for a name that is empty, longer than 128
   ///   characters or has a character outside `A-Z a-z 0-9 . _ -`;
-  ///   ``ScheduleError/invalidTimeLimit(_:)`` for a time limit outside 1 ms to 7 days.
+  ///   ``ScheduleError/invalidTimeLimit(_:)`` for a time limit outside 1 ms to 7 days;
+  ///   ``ScheduleError/invalidDeduplication(_:)`` for a scope's period out of range.
   public init(
-    name: String, timing: ScheduleTiming, payload: Data, priority: Int = 0, timeLimit: Duration? = nil
-  )
-    throws(ScheduleError)
-  {
+    name: String, timing: ScheduleTiming, payload: Data, priority: Int = 0, timeLimit: Duration? = nil,
+    deduplicationKey: String? = nil, deduplicationScope: DeduplicationScope = .waiting,
+    onConflict: DeduplicationConflict = .useExisting
+  ) throws(ScheduleError) {
     do {
       try JobQueueConfiguration.validate(identifier: name)
     } catch {
@@ -49,14 +59,58 @@ public struct ScheduleDefinition: Sendable, Hashable {
     self.priority = priority
     // Kept in whole milliseconds, as the stores keep it, so a definition read back is equal.
     self.timeLimit = timeLimit.map { .milliseconds(max(1, JobStoreTime.milliseconds($0))) }
+    if let problem = deduplicationScope.problem { throw .invalidDeduplication(problem) }
+    self.deduplicationKey = deduplicationKey
+    if case .completedWithin(let period) = deduplicationScope {
+      self.deduplicationScope = .completedWithin(.milliseconds(JobStoreTime.milliseconds(period)))
+    } else {
+      self.deduplicationScope = deduplicationScope
+    }
+    self.onConflict = onConflict
   }
 
-  /// The job of `slot`: this schedule's payload, priority and time limit, run at the slot plus
-  /// its jitter.
+  /// The job of `slot`: this schedule's payload, priority, time limit and deduplication, run at
+  /// the slot plus its jitter.
   public func job(forSlot slot: Date) -> NewJob {
     NewJob(
-      payload: payload, priority: priority, runAt: timing.runDate(ofSlot: slot, name: name),
-      timeLimit: timeLimit)
+      payload: payload, priority: priority, runTime: .at(timing.runDate(ofSlot: slot, name: name)),
+      deduplicationKey: deduplicationKey, deduplicationScope: deduplicationKey == nil ? .waiting : deduplicationScope,
+      onConflict: onConflict, timeLimit: timeLimit)
+  }
+
+  /// ``deduplicationScope`` as stored: `waiting`, `waitingOrRunning` or `completedWithin <ms>`.
+  public var storedDeduplicationScope: String {
+    switch deduplicationScope {
+    case .waiting: "waiting"
+    case .waitingOrRunning: "waitingOrRunning"
+    case .completedWithin(let period): "completedWithin \(JobStoreTime.milliseconds(period))"
+    }
+  }
+
+  /// ``onConflict`` as stored: `useExisting` or `replace`.
+  public var storedOnConflict: String { onConflict == .replace ? "replace" : "useExisting" }
+
+  /// A scope and a conflict choice from their stored forms (see ``storedDeduplicationScope``).
+  ///
+  /// - Throws: ``ScheduleError/invalidDeduplication(_:)`` when one does not parse.
+  public static func deduplication(storedScope scope: String, onConflict: String) throws(ScheduleError)
+    -> (DeduplicationScope, DeduplicationConflict)
+  {
+    let conflict: DeduplicationConflict
+    switch onConflict {
+    case "useExisting": conflict = .useExisting
+    case "replace": conflict = .replace
+    default: throw .invalidDeduplication("stored conflict choice \(CronExpression.quoted(onConflict))")
+    }
+    switch scope {
+    case "waiting": return (.waiting, conflict)
+    case "waitingOrRunning": return (.waitingOrRunning, conflict)
+    case _ where scope.hasPrefix("completedWithin "):
+      guard let milliseconds = Int64(scope.dropFirst(16)) else { break }
+      return (.completedWithin(.milliseconds(milliseconds)), conflict)
+    default: break
+    }
+    throw .invalidDeduplication("stored scope \(CronExpression.quoted(scope))")
   }
 }
 
