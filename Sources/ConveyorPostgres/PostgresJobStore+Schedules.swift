@@ -93,7 +93,9 @@ extension PostgresJobStore {
             let call = EnqueueCall(jobs: jobs, queue: queue, now: .timestamp(now))
             added += try Self.insert(call, sql: sql, db: db).filter(\.inserted).map(\.id)
           }
-          try Self.write(after, sql: sql, db: db)
+          try db.execute(
+            sql.advanceSchedule,
+            [.text(queue), .text(found.name), .timestamp(after.lastSlot), .timestamp(after.nextDue)])
         }
         let next = try db.execute(sql.nextScheduleDue, [.text(queue)]).date(0, 0)
         return (ScheduleFiring(added: added, nextDue: next), now)
@@ -133,7 +135,8 @@ extension PostgresJobStore {
           let definition = try ScheduleDefinition(
             name: name, timing: timing, payload: rows.data(index, 6),
             priority: Int(clamping: rows.int64(index, 7)),
-            timeLimit: rows.isNull(index, 8) ? nil : JobStoreTime.timeLimit(milliseconds: rows.int64(index, 8)),
+            timeLimit: rows.isNull(index, 8)
+              ? nil : JobStoreTime.timeLimit(milliseconds: rows.int64(index, 8)),
             deduplicationKey: rows.text(index, 15), deduplicationScope: scope, onConflict: conflict)
           guard let origin = ScheduleOrigin(rawValue: rows.text(index, 9) ?? "") else {
             throw .unsupported("schedule \(name) of queue \(queue) has an origin this build does not know")

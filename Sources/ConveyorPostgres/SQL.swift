@@ -351,6 +351,7 @@ struct SQL {
       on_conflict text NOT NULL,
       PRIMARY KEY (queue, name)
     );
+    CREATE INDEX schedules_due ON \(schema).schedules (queue, next_due) WHERE active AND NOT paused;
     """
   }
 
@@ -394,6 +395,10 @@ struct SQL {
   /// share it: a wait, never a wrong answer). Parameter: queue.
   static let lockSchedulesOfQueue =
     "SELECT pg_advisory_xact_lock(hashtextextended('conveyor.schedules:' || $1, 0))"
+  /// A fired schedule's new last slot and due time. Parameters: queue, name, last slot, next due.
+  var advanceSchedule: String {
+    "UPDATE \(schema).schedules SET last_slot = $3, next_due = $4 WHERE queue = $1 AND name = $2"
+  }
   var setScheduleNotDue: String {
     "UPDATE \(schema).schedules SET next_due = NULL WHERE queue = $1 AND name = $2"
   }

@@ -193,6 +193,7 @@ enum SQL {
       on_conflict TEXT NOT NULL,
       PRIMARY KEY (queue, name)
     ) WITHOUT ROWID;
+    CREATE INDEX schedules_due ON schedules (queue, next_due) WHERE active = 1 AND paused = 0;
     """
   static let schema = """
     \(tables)
@@ -295,18 +296,22 @@ enum SQL {
   static let schedulesOfQueue = "SELECT \(scheduleColumns) FROM schedules WHERE queue = ? ORDER BY name"
   static let allSchedules = "SELECT \(scheduleColumns) FROM schedules ORDER BY queue, name"
   static let scheduleNamed = "SELECT \(scheduleColumns) FROM schedules WHERE queue = ? AND name = ?"
+  /// The due schedules, found in `schedules_due`.
   static let dueSchedules = """
-    SELECT \(scheduleColumns) FROM schedules
+    SELECT \(scheduleColumns) FROM schedules INDEXED BY schedules_due
     WHERE queue = ? AND next_due <= ? AND active = 1 AND paused = 0 ORDER BY name
     """
+  /// A fired schedule's new last slot and due time (its definition is unchanged).
+  static let advanceSchedule = "UPDATE schedules SET last_slot = ?, next_due = ? WHERE queue = ? AND name = ?"
   static let saveSchedule = """
     INSERT OR REPLACE INTO schedules (\(scheduleColumns)) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     """
   /// A schedule the store cannot read back is no longer due (see `JobStore.fireDueSchedules`).
   static let setScheduleNotDue = "UPDATE schedules SET next_due = NULL WHERE queue = ? AND name = ?"
   static let deleteSchedule = "DELETE FROM schedules WHERE queue = ? AND name = ?"
+  /// The earliest due time: the first entry of `schedules_due` for the queue.
   static let nextScheduleDue = """
-    SELECT min(next_due) FROM schedules WHERE queue = ? AND active = 1 AND paused = 0
+    SELECT min(next_due) FROM schedules INDEXED BY schedules_due WHERE queue = ? AND active = 1 AND paused = 0
     """
   /// Of the jobs after `?1`, up to 100 in ID order whose last error is longer than a kept error
   /// may be, with its first characters: more characters than the bound has bytes, enough for

@@ -77,7 +77,9 @@ extension SQLiteJobStore {
             added += try Self.insert(jobs, queue: queue, now: millis(now), db: db).filter(\.inserted).map(
               \.id)
           }
-          try Self.write(after, db: db)
+          func optional(_ value: Date?) -> SQLiteValue { value.map { .integer(millis($0)) } ?? .null }
+          try db.run(
+            SQL.advanceSchedule, optional(after.lastSlot), optional(after.nextDue), .text(queue), .text(name))
         }
         let next = try db.scalar(SQL.nextScheduleDue, .text(queue))
         return ScheduleFiring(added: added, nextDue: next.map(date))
@@ -142,7 +144,8 @@ extension SQLiteJobStore {
       .text(schedule.origin.rawValue),
       .integer(schedule.active ? 1 : 0), .integer(schedule.paused ? 1 : 0),
       .integer(millis(schedule.createdAt)),
-      optional(schedule.lastSlot), optional(schedule.nextDue), definition.deduplicationKey.map { .text($0) } ?? .null,
+      optional(schedule.lastSlot), optional(schedule.nextDue),
+      definition.deduplicationKey.map { .text($0) } ?? .null,
       .text(definition.storedDeduplicationScope), .text(definition.storedOnConflict))
   }
 }

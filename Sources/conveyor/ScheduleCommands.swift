@@ -187,7 +187,8 @@ enum ScheduleCommands {
     let scope = try CLI.uniqueness(arguments)
     let onConflict: DeduplicationConflict = arguments.flag("--replace") ? .replace : .useExisting
     if key == nil, arguments.option("--unique") != nil || arguments.flag("--replace") {
-      throw UsageError(description: "--unique and --replace need a --key: they say what a slot's job of the key does")
+      throw UsageError(
+        description: "--unique and --replace need a --key: they say what a slot's job of the key does")
     }
     let definition: ScheduleDefinition
     do {

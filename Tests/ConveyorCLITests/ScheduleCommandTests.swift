@@ -29,7 +29,8 @@ import Testing
       "schedule", "add", "tick", "--every", "15m", "exec", "--", "echo", "hello world",
     ])
     try await sandbox.succeed([
-      "schedule", "add", "single", "--every", "1h", "--key", "backup", "--unique", "running", "exec", "--", "true",
+      "schedule", "add", "single", "--every", "1h", "--key", "backup", "--unique", "running", "exec", "--",
+      "true",
     ])
 
     var listed = try await schedules(sandbox)

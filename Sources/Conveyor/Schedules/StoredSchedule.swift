@@ -74,7 +74,8 @@ public struct ScheduleDefinition: Sendable, Hashable {
   public func job(forSlot slot: Date) -> NewJob {
     NewJob(
       payload: payload, priority: priority, runTime: .at(timing.runDate(ofSlot: slot, name: name)),
-      deduplicationKey: deduplicationKey, deduplicationScope: deduplicationKey == nil ? .waiting : deduplicationScope,
+      deduplicationKey: deduplicationKey,
+      deduplicationScope: deduplicationKey == nil ? .waiting : deduplicationScope,
       onConflict: onConflict, timeLimit: timeLimit)
   }
 
