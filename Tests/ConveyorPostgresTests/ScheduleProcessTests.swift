@@ -59,3 +59,40 @@ struct ScheduleProcessTests {
     await store.close()
   }
 }
+
+extension ScheduleProcessTests {
+  /// Schedules stored two hours and ten minutes ago (on the caller's clock, the test's), while no
+  /// worker ran: the first worker process started fires each catch-up policy's slots exactly
+  /// (see `CatchUpProbe`), judged by the server's clock on the same machine.
+  @Test func aWorkerStartedAfterDowntimeFiresEachCatchUpPolicysSlots() async throws {
+    let server = try await PostgresServer.shared()
+    for attempt in 0..<3 {
+      let schema = uniqueSchema("catchup")
+      let folder = try makeFolder()
+      defer { try? FileManager.default.removeItem(atPath: folder) }
+      let setup = try await PostgresJobStore.open(
+        url: server.url, options: .init(schema: schema, clock: .caller))
+      _ = try await setup.saveSchedules(
+        try CatchUpProbe.definitions(), queue: "jobs", origin: .added, clock: CatchUpProbe.storedClock())
+      try await setup.setPaused(true, queue: "jobs")  // the jobs stay where the test reads them
+      let start = Date()
+      let worker = try WorkerProcess(
+        url: server.url, schema: schema, folder: folder, name: "w", extra: ["--forever", "1"])
+      try await eventually("the first firing") {
+        try await !setup.jobs(queue: "jobs", status: nil, after: nil, limit: 1).isEmpty
+      }
+      let end = Date()
+      worker.kill()
+      _ = await worker.exitStatus()
+      let jobs = try await setup.jobs(queue: "jobs", status: nil, after: nil, limit: 1_000)
+      await setup.close()
+      do {
+        let problems = try CatchUpProbe.problems(in: jobs, firedBetween: start, and: end)
+        #expect(problems.isEmpty, "\(problems)")
+        return
+      } catch is CatchUpProbeUndecided {
+        if attempt == 2 { Issue.record("three firings straddled a minute") }
+      }
+    }
+  }
+}
