@@ -16,46 +16,21 @@ struct ScheduleProcessTests {
     let folder = try makeFolder()
     defer { try? FileManager.default.removeItem(atPath: folder) }
     let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
-    let tick = try ScheduleDefinition(
-      name: "tick", timing: try ScheduleTiming(every: .seconds(1)),
-      payload: try JSONEncoder().encode(TestJob(number: 0)))
-    _ = try await store.saveSchedules([tick], queue: "jobs", origin: .added, clock: SystemJobClock())
+    _ = try await store.saveSchedules(
+      [try SlotFiringProbe.schedule()], queue: "jobs", origin: .added, clock: SystemJobClock())
     let extra = ["--forever", "1", "--lease-ms", "5000"]
-    var workers = try (0..<4).map {
-      try WorkerProcess(url: server.url, schema: schema, folder: folder, name: "w\($0)-0", extra: extra)
+    func start(_ slot: Int, _ generation: Int) throws -> WorkerProcess {
+      try WorkerProcess(
+        url: server.url, schema: schema, folder: folder, name: "w\(slot)-\(generation)", extra: extra)
     }
-    var random = SeededRandom(seed: 34)
-    let end = Date().addingTimeInterval(62)
-    var kills = 0
-    while Date() < end {
-      // Just after the next whole second plus a little: when the workers fire that slot.
-      let now = Date().timeIntervalSince1970
-      let target = now.rounded(.down) + 1 + Double(random.below(40)) / 1_000
-      try await Task.sleep(for: .milliseconds(Int64((target - now) * 1_000)))
-      let victim = random.below(workers.count)
-      workers[victim].kill()
-      _ = await workers[victim].exitStatus()
-      kills += 1
-      workers[victim] = try WorkerProcess(
-        url: server.url, schema: schema, folder: folder, name: "w\(victim)-\(kills)", extra: extra)
-    }
-    for worker in workers {
-      worker.kill()
-      _ = await worker.exitStatus()
-    }
-    var seconds: [Int64] = []
-    var cursor: JobID?
-    while true {
-      let page = try await store.jobs(queue: "jobs", status: nil, after: cursor, limit: 1_000)
-      guard let last = page.last else { break }
-      seconds += page.map { Int64($0.runAt.timeIntervalSince1970.rounded(.down)) }
-      cursor = last.id
-    }
-    let slots = seconds.sorted()
-    #expect(Set(slots).count == slots.count, "a slot fired twice: \(slots)")
-    #expect(slots.count >= 60, "sixty slots or more fired: \(slots.count), \(kills) kills")
-    #expect(
-      (slots.last ?? 0) - (slots.first ?? 0) + 1 == Int64(slots.count), "a slot was skipped: \(slots)")
+    let kills = try await SlotFiringProbe.killJustAfterSlots(
+      try (0..<4).map { try start($0, 0) }, for: 62,
+      kill: { worker in
+        worker.kill()
+        _ = await worker.exitStatus()
+      }, start: start)
+    let problems = try await SlotFiringProbe.problems(store, queue: "jobs", least: 60)
+    #expect(problems.isEmpty, "\(problems) (\(kills) kills)")
     await store.close()
   }
 }
