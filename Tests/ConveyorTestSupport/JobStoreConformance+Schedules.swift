@@ -240,6 +240,20 @@ extension JobStoreConformance {
       let later = try await stored(store, "nightly")
       try expect(later.active, "the added schedule was retired by a declaration without it: \(later)")
     },
+    check("an interval schedule made from its parts round-trips and is unchanged when declared again") {
+      store in
+      // `init(spacing:timeZone:)` is public and takes any zone; an interval ignores it.
+      guard let berlin = TimeZone(identifier: "Europe/Berlin") else {
+        throw ConformanceFailure(description: "no Europe/Berlin on this system")
+      }
+      let timing = try ScheduleTiming(spacing: .every(.seconds(100)), timeZone: berlin)
+      let sync = try ScheduleDefinition(name: "sync", timing: timing, payload: Data("sync".utf8))
+      _ = try await store.saveSchedules([sync], queue: "q", origin: .declared, clock: now(0))
+      let listed = try await stored(store, "sync")
+      try expect(listed.definition == sync, "read back as declared: \(listed.definition) vs \(sync)")
+      let again = try await store.saveSchedules([sync], queue: "q", origin: .declared, clock: now(10))
+      try expect(again.unchanged == ["sync"], "declared again as it was: \(again)")
+    },
     check("a removed schedule is gone and its jobs stay") { store in
       _ = try await store.saveSchedules([try every(100)], queue: "q", origin: .added, clock: now(0))
       _ = try await store.fireDueSchedules(queue: "q", clock: now(100))
