@@ -223,6 +223,19 @@ extension JobStoreConformance {
         "slots of the new spacing from before the declaration were fired: \(beforeDeclaration) (all: \(seconds))"
       )
     },
+    check("a slot that came due before a change of spacing still fires") { store in
+      // Every 100 s, fired at 100. The slot at 200 comes due; at 205, before any process fired it
+      // (a release being replaced around the slot), the code declares every 400 s (slots at 400,
+      // 800…). The slot at 200 was the schedule's, on time, and not fired: changing the schedule
+      // must not skip it.
+      _ = try await store.saveSchedules([try every(100)], queue: "q", origin: .declared, clock: now(0))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(100))
+      _ = try await store.saveSchedules([try every(400)], queue: "q", origin: .declared, clock: now(205))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(205))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(400))
+      let seconds = try await runSeconds(store)
+      try expect(seconds == [100, 200, 400], "the slot at 200 was skipped: \(seconds)")
+    },
     check("a declaration leaves an added schedule of the same name alone") { store in
       // An operator added "nightly" (conveyor schedule add); a later release declares a schedule
       // of the same name. Declarations leave added schedules alone: the operator's schedule keeps
