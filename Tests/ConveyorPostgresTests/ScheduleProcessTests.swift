@@ -33,6 +33,34 @@ struct ScheduleProcessTests {
     #expect(problems.isEmpty, "\(problems) (\(kills) kills)")
     await store.close()
   }
+  /// `schedules(queue:)` lists by queue and name in byte order, as SQLite and the in-memory
+  /// store do (and as `queueNames()` does), whatever the database's collation: here a database
+  /// of the ICU locale en-US.
+  @Test func schedulesAreListedInByteOrderInAnICUDatabase() async throws {
+    let server = try await PostgresServer.shared()
+    let database = uniqueSchema("schedicu")
+    try AdminConnection(server.url).query(
+      "CREATE DATABASE \(database) TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' ENCODING 'UTF8'")
+    let url = "postgresql://postgres@127.0.0.1:\(server.port)/\(database)"
+    let store = try await PostgresJobStore.open(url: url, options: .init(schema: uniqueSchema("schedicu")))
+    let names = ["B", "a", "a-b", "a_b", "a.b", "ab", "Z", "_x", "0"]
+    let clock = SystemJobClock()
+    for queue in ["b", "C"] {
+      _ = try await store.saveSchedules(
+        try names.map {
+          try ScheduleDefinition(name: $0, timing: try ScheduleTiming(every: .seconds(60)), payload: Data())
+        }, queue: queue, origin: .added, clock: clock)
+    }
+    func byBytes(_ left: String, _ right: String) -> Bool {
+      Array(left.utf8).lexicographicallyPrecedes(Array(right.utf8))
+    }
+    let sortedNames = names.sorted(by: byBytes)
+    let listed = try await store.schedules(queue: "b").map(\.name)
+    #expect(listed == sortedNames, "one queue's schedules in byte order")
+    let all = try await store.schedules(queue: nil).map { "\($0.queue)/\($0.name)" }
+    #expect(all == ["C", "b"].flatMap { queue in sortedNames.map { "\(queue)/\($0)" } }, "every queue's")
+    await store.close()
+  }
 }
 
 extension ScheduleProcessTests {

@@ -31,6 +31,34 @@ struct ScheduleProcessTests {
     #expect(problems.isEmpty, "\(problems) (\(kills) kills)")
     await store.close()
   }
+  /// Two releases share a file during a rolling deploy: the older one cannot read a schedule the
+  /// newer one stored (a catch-up policy it does not know, say), so its firing marks it not due.
+  /// Once the older release is gone, the newer one declares the schedule again at start, as the
+  /// guide says to: the schedule fires again from its next slot, not never.
+  @Test func aScheduleAnOlderReleaseCouldNotReadFiresAgainOnceDeclaredByOneThatCan() async throws {
+    let folder = try TemporaryFolder()
+    let store = try SQLiteJobStore(path: folder.path("releases.sqlite"))
+    let t0 = Date(timeIntervalSince1970: 1_700_000_000)
+    func at(_ seconds: Double) -> FixedJobClock { FixedJobClock(t0.addingTimeInterval(seconds)) }
+    let sync = try ScheduleDefinition(
+      name: "sync", timing: try ScheduleTiming(every: .seconds(100)), payload: Data("sync".utf8))
+    _ = try await store.saveSchedules([sync], queue: "q", origin: .declared, clock: at(0))
+    _ = try await store.fireDueSchedules(queue: "q", clock: at(100))
+    // What the older release reads: a policy it does not know. Its firing passes the row over.
+    _ = try await store.connection.perform { db in
+      try db.run("UPDATE schedules SET catch_up = 'newer-policy' WHERE name = 'sync'")
+    }
+    _ = try await store.fireDueSchedules(queue: "q", clock: at(200))
+    // The newer release, which reads its own row, is the only one left; it declares at start.
+    _ = try await store.connection.perform { db in
+      try db.run("UPDATE schedules SET catch_up = 'skip' WHERE name = 'sync'")
+    }
+    _ = try await store.saveSchedules([sync], queue: "q", origin: .declared, clock: at(250))
+    let stored = try #require(try await store.schedules(queue: "q").first)
+    #expect(stored.nextDue != nil, "the declared schedule is never due again: \(stored)")
+    let fired = try await store.fireDueSchedules(queue: "q", clock: at(300))
+    #expect(fired.added.count == 1, "the slot at 300 fired: \(fired)")
+  }
 }
 
 extension ScheduleProcessTests {

@@ -209,6 +209,80 @@ extension JobStoreConformance {
       let seconds = try await runSeconds(store)
       try expect(seconds == [100, 200, 250], "one job per slot: \(seconds)")
     },
+    check("a pause skips only the slots that pass while paused, not one due before it") { store in
+      // The slot at 100 comes due and is on time until 160; an operator pauses at 110, before any
+      // process fired it, and resumes at 120. The slot passed before the pause, so it is not one
+      // the pause skips: it is still on time and fires.
+      _ = try await store.saveSchedules([try every(100)], queue: "q", origin: .added, clock: now(0))
+      try expect(try await store.setSchedulePaused(true, name: "s", queue: "q", clock: now(110)), "paused")
+      try expect(try await store.setSchedulePaused(false, name: "s", queue: "q", clock: now(120)), "resumed")
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(120))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(200))
+      let seconds = try await runSeconds(store)
+      try expect(seconds == [100, 200], "the slot due before the pause was skipped: \(seconds)")
+    },
+    check("a changed spacing does not fire slots older than the grace before it was declared") { store in
+      // Every 100 s, fired on time at 100 and 200; at 290 the code declares every 10 s. No process
+      // was down: the slots 210 and 220 of the new spacing were never slots of the schedule, so no
+      // catch-up policy has missed slots to fire (the new timing applies from the next slot).
+      _ = try await store.saveSchedules(
+        [try every(100, catchUp: .all(atMost: 100))], queue: "q", origin: .declared, clock: now(0))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(100))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(200))
+      _ = try await store.saveSchedules(
+        [try every(10, catchUp: .all(atMost: 100))], queue: "q", origin: .declared, clock: now(290))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(290))
+      let seconds = try await runSeconds(store)
+      let beforeDeclaration = seconds.filter { $0 > 200 && $0 < 230 }
+      try expect(
+        beforeDeclaration.isEmpty,
+        "slots of the new spacing from before the declaration were fired: \(beforeDeclaration) (all: \(seconds))"
+      )
+    },
+    check("a slot that came due before a change of spacing still fires") { store in
+      // Every 100 s, fired at 100. The slot at 200 comes due; at 205, before any process fired it
+      // (a release being replaced around the slot), the code declares every 400 s (slots at 400,
+      // 800…). The slot at 200 was the schedule's, on time, and not fired: changing the schedule
+      // must not skip it.
+      _ = try await store.saveSchedules([try every(100)], queue: "q", origin: .declared, clock: now(0))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(100))
+      _ = try await store.saveSchedules([try every(400)], queue: "q", origin: .declared, clock: now(205))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(205))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(400))
+      let seconds = try await runSeconds(store)
+      try expect(seconds == [100, 200, 400], "the slot at 200 was skipped: \(seconds)")
+    },
+    check("a declaration leaves an added schedule of the same name alone") { store in
+      // An operator added "nightly" (conveyor schedule add); a later release declares a schedule
+      // of the same name. Declarations leave added schedules alone: the operator's schedule keeps
+      // its job, stays added, and is not retired by a declaration that leaves the name out.
+      _ = try await store.saveSchedules(
+        [try every(100, "nightly", text: "operator")], queue: "q", origin: .added, clock: now(0))
+      _ = try await store.saveSchedules(
+        [try every(100, "nightly", text: "code")], queue: "q", origin: .declared, clock: now(10))
+      let after = try await stored(store, "nightly")
+      try expect(
+        after.origin == .added && after.definition.payload == Data("operator".utf8),
+        "the declaration took over the added schedule: origin \(after.origin), payload "
+          + "\(String(decoding: after.definition.payload, as: UTF8.self))")
+      _ = try await store.saveSchedules([], queue: "q", origin: .declared, clock: now(20))
+      let later = try await stored(store, "nightly")
+      try expect(later.active, "the added schedule was retired by a declaration without it: \(later)")
+    },
+    check("an interval schedule made from its parts round-trips and is unchanged when declared again") {
+      store in
+      // `init(spacing:timeZone:)` is public and takes any zone; an interval ignores it.
+      guard let berlin = TimeZone(identifier: "Europe/Berlin") else {
+        throw ConformanceFailure(description: "no Europe/Berlin on this system")
+      }
+      let timing = try ScheduleTiming(spacing: .every(.seconds(100)), timeZone: berlin)
+      let sync = try ScheduleDefinition(name: "sync", timing: timing, payload: Data("sync".utf8))
+      _ = try await store.saveSchedules([sync], queue: "q", origin: .declared, clock: now(0))
+      let listed = try await stored(store, "sync")
+      try expect(listed.definition == sync, "read back as declared: \(listed.definition) vs \(sync)")
+      let again = try await store.saveSchedules([sync], queue: "q", origin: .declared, clock: now(10))
+      try expect(again.unchanged == ["sync"], "declared again as it was: \(again)")
+    },
     check("a removed schedule is gone and its jobs stay") { store in
       _ = try await store.saveSchedules([try every(100)], queue: "q", origin: .added, clock: now(0))
       _ = try await store.fireDueSchedules(queue: "q", clock: now(100))
