@@ -24,8 +24,11 @@ extension PostgresJobStore {
         let now = try Self.scheduleNow(db, clock: clock, server: useServerClock)
         let existing = try Self.readSchedules(db.execute(sql.schedulesOfQueueLocked, [.text(queue)]))
           .compactMap { try? $0.row.get() }  // one it cannot read back is written anew when saved by name
-        let (writes, summary) = try ScheduleBook.save(
+        let (writes, jobs, summary) = try ScheduleBook.save(
           schedules, queue: queue, origin: origin, existing: existing, now: now)
+        if !jobs.isEmpty {
+          _ = try Self.insert(EnqueueCall(jobs: jobs, queue: queue, now: .timestamp(now)), sql: sql, db: db)
+        }
         for write in writes { try Self.write(write, sql: sql, db: db) }
         return summary
       }
@@ -57,7 +60,11 @@ extension PostgresJobStore {
         let rows = try db.execute(sql.scheduleNamedLocked, [.text(queue), .text(name)])
         guard let found = Self.readSchedules(rows).first else { return false }
         let now = try Self.scheduleNow(db, clock: clock, server: useServerClock)
-        try Self.write(try found.row.get().pausing(paused, now: now), sql: sql, db: db)
+        let (jobs, after) = try found.row.get().pausing(paused, now: now)
+        if !jobs.isEmpty {
+          _ = try Self.insert(EnqueueCall(jobs: jobs, queue: queue, now: .timestamp(now)), sql: sql, db: db)
+        }
+        try Self.write(after, sql: sql, db: db)
         return true
       }
     }
@@ -85,7 +92,12 @@ extension PostgresJobStore {
         var added: [JobID] = []
         for found in Self.readSchedules(try db.execute(sql.dueSchedules, [.text(queue), .timestamp(now)])) {
           guard case .success(let schedule) = found.row else {
-            try db.execute(sql.setScheduleNotDue, [.text(queue), .text(found.name)])
+            try db.execute(
+              sql.postponeSchedule,
+              [
+                .text(queue), .text(found.name),
+                .timestamp(JobStoreTime.date(now, adding: ScheduleBook.unreadablePostponement)),
+              ])
             continue
           }
           let (jobs, after) = schedule.firing(now: now)

@@ -361,12 +361,14 @@ struct SQL {
     paused, created_at, last_slot, next_due, dedup_key, dedup_scope, on_conflict
     """
   var schedulesOfQueue: String {
-    "SELECT \(Self.scheduleColumns) FROM \(schema).schedules WHERE queue = $1 ORDER BY name"
+    "SELECT \(Self.scheduleColumns) FROM \(schema).schedules WHERE queue = $1 ORDER BY name COLLATE \"C\""
   }
   var schedulesOfQueueLocked: String {
-    "SELECT \(Self.scheduleColumns) FROM \(schema).schedules WHERE queue = $1 ORDER BY name FOR UPDATE"
+    "SELECT \(Self.scheduleColumns) FROM \(schema).schedules WHERE queue = $1 ORDER BY name COLLATE \"C\" FOR UPDATE"
   }
-  var allSchedules: String { "SELECT \(Self.scheduleColumns) FROM \(schema).schedules ORDER BY queue, name" }
+  var allSchedules: String {
+    "SELECT \(Self.scheduleColumns) FROM \(schema).schedules ORDER BY queue COLLATE \"C\", name COLLATE \"C\""
+  }
   var scheduleNamedLocked: String {
     "SELECT \(Self.scheduleColumns) FROM \(schema).schedules WHERE queue = $1 AND name = $2 FOR UPDATE"
   }
@@ -375,7 +377,7 @@ struct SQL {
   var dueSchedules: String {
     """
     SELECT \(Self.scheduleColumns) FROM \(schema).schedules
-    WHERE queue = $1 AND next_due <= $2 AND active AND NOT paused ORDER BY name FOR UPDATE SKIP LOCKED
+    WHERE queue = $1 AND next_due <= $2 AND active AND NOT paused ORDER BY name COLLATE "C" FOR UPDATE SKIP LOCKED
     """
   }
   var saveSchedule: String {
@@ -399,8 +401,10 @@ struct SQL {
   var advanceSchedule: String {
     "UPDATE \(schema).schedules SET last_slot = $3, next_due = $4 WHERE queue = $1 AND name = $2"
   }
-  var setScheduleNotDue: String {
-    "UPDATE \(schema).schedules SET next_due = NULL WHERE queue = $1 AND name = $2"
+  /// A schedule this build cannot read back (a newer release's) is due again later, not never:
+  /// processes that can read it fire it meanwhile. Parameters: queue, name, due time.
+  var postponeSchedule: String {
+    "UPDATE \(schema).schedules SET next_due = $3 WHERE queue = $1 AND name = $2"
   }
   var deleteSchedule: String { "DELETE FROM \(schema).schedules WHERE queue = $1 AND name = $2" }
   var nextScheduleDue: String {

@@ -306,8 +306,9 @@ enum SQL {
   static let saveSchedule = """
     INSERT OR REPLACE INTO schedules (\(scheduleColumns)) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     """
-  /// A schedule the store cannot read back is no longer due (see `JobStore.fireDueSchedules`).
-  static let setScheduleNotDue = "UPDATE schedules SET next_due = NULL WHERE queue = ? AND name = ?"
+  /// A schedule this build cannot read back (a newer release's) is due again later, not never:
+  /// processes that can read it fire it meanwhile (see `JobStore.fireDueSchedules`).
+  static let postponeSchedule = "UPDATE schedules SET next_due = ? WHERE queue = ? AND name = ?"
   static let deleteSchedule = "DELETE FROM schedules WHERE queue = ? AND name = ?"
   /// The earliest due time: the first entry of `schedules_due` for the queue.
   static let nextScheduleDue = """

@@ -16,9 +16,10 @@ extension SQLiteJobStore {
         let existing = try Self.readSchedules(db, SQL.schedulesOfQueue, .text(queue)).compactMap {
           try? $0.get()
         }  // one it cannot read back is written anew when saved by name
-        let (writes, summary) = try ScheduleBook.save(
-          schedules, queue: queue, origin: origin, existing: existing,
-          now: JobStoreTime.normalized(clock.now()))
+        let now = JobStoreTime.normalized(clock.now())
+        let (writes, jobs, summary) = try ScheduleBook.save(
+          schedules, queue: queue, origin: origin, existing: existing, now: now)
+        if !jobs.isEmpty { _ = try Self.insert(jobs, queue: queue, now: millis(now), db: db) }
         for write in writes { try Self.write(write, db: db) }
         return summary
       }
@@ -47,7 +48,10 @@ extension SQLiteJobStore {
         guard let row = try Self.readSchedules(db, SQL.scheduleNamed, .text(queue), .text(name)).first else {
           return false
         }
-        try Self.write(try row.get().pausing(paused, now: JobStoreTime.normalized(clock.now())), db: db)
+        let now = JobStoreTime.normalized(clock.now())
+        let (jobs, after) = try row.get().pausing(paused, now: now)
+        if !jobs.isEmpty { _ = try Self.insert(jobs, queue: queue, now: millis(now), db: db) }
+        try Self.write(after, db: db)
         return true
       }
     }
@@ -69,7 +73,10 @@ extension SQLiteJobStore {
           db, SQL.dueSchedules, [.text(queue), .integer(millis(now))])
         {
           guard case .success(let schedule) = row else {
-            try db.run(SQL.setScheduleNotDue, .text(queue), .text(name))
+            try db.run(
+              SQL.postponeSchedule,
+              .integer(millis(JobStoreTime.date(now, adding: ScheduleBook.unreadablePostponement))),
+              .text(queue), .text(name))
             continue
           }
           let (jobs, after) = schedule.firing(now: now)

@@ -271,9 +271,10 @@ public final class InMemoryJobStore: JobStore {
   ) async throws -> ScheduleSaveSummary {
     try state.withLock { state throws(ScheduleError) in
       let existing = Array((state.schedules[ExactText(queue)] ?? [:]).values)
-      let (writes, summary) = try ScheduleBook.save(
-        schedules, queue: queue, origin: origin, existing: existing, now: JobStoreTime.normalized(clock.now())
-      )
+      let now = JobStoreTime.normalized(clock.now())
+      let (writes, jobs, summary) = try ScheduleBook.save(
+        schedules, queue: queue, origin: origin, existing: existing, now: now)
+      if !jobs.isEmpty { _ = state.enqueue(jobs, queue: queue, now: now) }
       for write in writes { state.schedules[ExactText(queue), default: [:]][ExactText(write.name)] = write }
       return summary
     }
@@ -294,8 +295,10 @@ public final class InMemoryJobStore: JobStore {
   {
     state.withLock { state in
       guard let stored = state.schedules[ExactText(queue)]?[ExactText(name)] else { return false }
-      state.schedules[ExactText(queue)]?[ExactText(name)] = stored.pausing(
-        paused, now: JobStoreTime.normalized(clock.now()))
+      let now = JobStoreTime.normalized(clock.now())
+      let (jobs, after) = stored.pausing(paused, now: now)
+      if !jobs.isEmpty { _ = state.enqueue(jobs, queue: queue, now: now) }
+      state.schedules[ExactText(queue)]?[ExactText(name)] = after
       return true
     }
   }

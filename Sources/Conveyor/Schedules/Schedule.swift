@@ -78,6 +78,20 @@ public struct ScheduleTiming: Sendable, Hashable {
         "\(CronExpression.quoted(timeZone)) is not a time zone this system knows; give an IANA name such as "
           + "\"Europe/Berlin\" or \"UTC\"")
     }
+    // Foundation also takes offsets ("UTC+5", read as +05:00 where POSIX reads -05:00) and
+    // abbreviations ("PST", whose meaning differs between systems): only zone names are taken.
+    if timeZone.hasPrefix("UTC") || timeZone.hasPrefix("GMT"), timeZone.count > 3 {
+      throw .invalidTimeZone(
+        "\(CronExpression.quoted(timeZone)) is an offset, not a zone name; give an IANA name such as "
+          + "\"Etc/GMT-5\" (five hours ahead of UTC) or the zone of a place")
+    }
+    if !["UTC", "GMT"].contains(timeZone), let named = TimeZone.abbreviationDictionary[timeZone],
+      !TimeZone.knownTimeZoneIdentifiers.contains(timeZone)
+    {
+      throw .invalidTimeZone(
+        "\(CronExpression.quoted(timeZone)) is an abbreviation, not a zone name; give an IANA name such as "
+          + "\"\(named)\"")
+    }
     try self.init(
       spacing: .cron(try CronExpression(cron)), timeZone: zone, named: timeZone, catchUp: catchUp,
       jitter: jitter)
@@ -95,12 +109,19 @@ public struct ScheduleTiming: Sendable, Hashable {
       jitter: jitter)
   }
 
-  /// A schedule from its parts, checked as the other initializers check them.
+  /// A schedule from its parts, checked as the other initializers check them. An interval's
+  /// zone is UTC whatever `timeZone` says (its slots do not depend on one).
   public init(spacing: Spacing, timeZone: TimeZone, catchUp: CatchUp = .skip, jitter: Duration = .zero)
     throws(ScheduleError)
   {
-    try self.init(
-      spacing: spacing, timeZone: timeZone, named: timeZone.identifier, catchUp: catchUp, jitter: jitter)
+    if case .every = spacing {
+      try self.init(
+        spacing: spacing, timeZone: TimeZone(identifier: "UTC")!, named: "UTC", catchUp: catchUp,
+        jitter: jitter)
+    } else {
+      try self.init(
+        spacing: spacing, timeZone: timeZone, named: timeZone.identifier, catchUp: catchUp, jitter: jitter)
+    }
   }
 
   private init(spacing: Spacing, timeZone: TimeZone, named name: String, catchUp: CatchUp, jitter: Duration)

@@ -195,18 +195,22 @@ public struct StoredSchedule: Sendable, Hashable {
     return (fire.map(definition.job(forSlot:)), after)
   }
 
-  /// The schedule paused, or resumed at `now`: a resumed schedule skips the slots that passed
-  /// while it was paused and fires from the next one.
-  public func pausing(_ paused: Bool, now: Date) -> StoredSchedule {
-    var after = self
-    guard paused != self.paused else { return after }
-    after.paused = paused
+  /// The schedule paused, or resumed, at `now`. A pause first fires the slots already due (the
+  /// jobs returned, to add in the same transaction), so it skips only the slots that come while
+  /// it lasts; a resumed schedule skips those and fires from the next slot.
+  public func pausing(_ paused: Bool, now: Date) -> (jobs: [NewJob], after: StoredSchedule) {
+    guard paused != self.paused else { return ([], self) }
     if paused {
+      var (jobs, after) = firing(now: now)
+      if !active { jobs = [] }
+      after.paused = true
       after.nextDue = nil
-    } else {
-      after.skipPassedSlots(now: now)
+      return (jobs, after)
     }
-    return after
+    var after = self
+    after.paused = false
+    after.skipPassedSlots(now: now)
+    return ([], after)
   }
 
   /// Marks every slot at or before `now` as passed and sets the next due time after `now`.
@@ -218,26 +222,38 @@ public struct StoredSchedule: Sendable, Hashable {
     nextDue = fires ? timing.nextSlot(after: max(lastSlot ?? now, now)) : nil
   }
 
-  /// The schedule stored again with `definition` from `origin` at `now`: a changed expression or
-  /// payload takes effect from the next slot, and the last slot is kept, so no slot fires twice.
-  /// An inactive schedule declared again becomes active and skips the slots that passed while it
-  /// was inactive; a paused one stays paused.
+  /// The schedule stored again with `definition` from `origin` at `now`, and the jobs to add in
+  /// the same transaction. A firing schedule first fires, with its old definition, the slots
+  /// already due; the new definition applies from the next slot, and no slot fires twice. A new
+  /// timing's own slots older than ``ScheduleTiming/grace`` were never the schedule's and never
+  /// fire; its on-time ones do. An inactive schedule declared again becomes active and skips the
+  /// slots that passed while it was inactive; a paused one stays paused.
   public func redeclared(_ definition: ScheduleDefinition, origin: ScheduleOrigin, now: Date)
-    -> StoredSchedule
+    -> (jobs: [NewJob], after: StoredSchedule)
   {
+    var jobs: [NewJob] = []
     var after = self
+    if fires { (jobs, after) = firing(now: now) }
     after.definition = definition
     after.origin = origin
     if !active {
       after.active = true
       after.skipPassedSlots(now: now)
     } else if fires {
-      // Due now when the new timing has a slot since the last one (the next firing applies the
-      // catch-up policy to it), else at the new timing's next slot.
-      let (fire, next) = definition.timing.due(lastSlot: lastSlot, since: createdAt, now: now)
+      let timing = definition.timing
+      if timing != self.definition.timing {
+        let graceStart = now.addingTimeInterval(-ScheduleTiming.grace.seconds)
+        if let latest = timing.latestSlots(after: after.lastSlot ?? createdAt, through: graceStart, count: 1)
+          .first
+        {
+          after.lastSlot = latest
+        }
+      }
+      // Due now when the timing has an on-time slot since the last one, else at its next slot.
+      let (fire, next) = timing.due(lastSlot: after.lastSlot, since: createdAt, now: now)
       after.nextDue = fire.isEmpty ? next : now
     }
-    return after
+    return (jobs, after)
   }
 
   /// The schedule left out of the code's declaration: inactive, never fired.
@@ -273,6 +289,9 @@ public struct ScheduleSaveSummary: Sendable, Hashable {
   public var unchanged: [String] = []
   /// Declared schedules the declaration left out, now inactive.
   public var retired: [String] = []
+  /// Names the declaration gave that a schedule added at run time already holds: that schedule
+  /// is left as it is, and the declared one is not stored (remove the added one to declare it).
+  public var heldByAdded: [String] = []
 
   /// An empty summary.
   public init() {}
@@ -281,15 +300,22 @@ public struct ScheduleSaveSummary: Sendable, Hashable {
 /// The bookkeeping every store shares for schedules: the stores read and write rows, these
 /// decide what the rows become.
 public enum ScheduleBook {
+  /// How long a store puts off a schedule it cannot read back (a row a newer release wrote)
+  /// when it comes due: the process neither fires it nor spins on it, and processes of the newer
+  /// release, which can read it, fire it meanwhile, within the grace.
+  public static let unreadablePostponement = Duration.seconds(30)
+
   /// The rows to write when `schedules` are saved from `origin` over the `existing` schedules of
-  /// `queue`, and what that did. With ``ScheduleOrigin/declared``, declared schedules missing from
-  /// `schedules` are retired.
+  /// `queue`, the jobs to add with them (slots already due of schedules that change; see
+  /// ``StoredSchedule/redeclared(_:origin:now:)``), and what that did. With
+  /// ``ScheduleOrigin/declared``, declared schedules missing from `schedules` are retired, and
+  /// added schedules are left alone.
   ///
   /// - Throws: ``ScheduleError/invalidName(_:)`` when two schedules share a name.
   public static func save(
     _ schedules: [ScheduleDefinition], queue: String, origin: ScheduleOrigin, existing: [StoredSchedule],
     now: Date
-  ) throws(ScheduleError) -> (writes: [StoredSchedule], summary: ScheduleSaveSummary) {
+  ) throws(ScheduleError) -> (writes: [StoredSchedule], jobs: [NewJob], summary: ScheduleSaveSummary) {
     var seen = Set<String>()
     for schedule in schedules where !seen.insert(schedule.name).inserted {
       throw .invalidName(
@@ -297,6 +323,7 @@ public enum ScheduleBook {
     }
     let byName = Dictionary(existing.map { ($0.name, $0) }, uniquingKeysWith: { first, _ in first })
     var writes: [StoredSchedule] = []
+    var jobs: [NewJob] = []
     var summary = ScheduleSaveSummary()
     for definition in schedules {
       guard let stored = byName[definition.name] else {
@@ -304,10 +331,19 @@ public enum ScheduleBook {
         summary.created.append(definition.name)
         continue
       }
-      if stored.definition == definition && stored.origin == origin && stored.active {
+      if origin == .declared && stored.origin == .added {
+        summary.heldByAdded.append(definition.name)
+        continue
+      }
+      // A firing schedule with no due time (its timing had no slot left, or a row was written
+      // without one) is stored again, which sets it.
+      let lostDueTime = stored.fires && stored.nextDue == nil && definition.timing.nextSlot(after: now) != nil
+      if stored.definition == definition && stored.origin == origin && stored.active && !lostDueTime {
         summary.unchanged.append(definition.name)
       } else {
-        writes.append(stored.redeclared(definition, origin: origin, now: now))
+        let (due, after) = stored.redeclared(definition, origin: origin, now: now)
+        jobs += due
+        writes.append(after)
         summary.updated.append(definition.name)
       }
     }
@@ -318,7 +354,7 @@ public enum ScheduleBook {
         summary.retired.append(stored.name)
       }
     }
-    return (writes, summary)
+    return (writes, jobs, summary)
   }
 }
 
