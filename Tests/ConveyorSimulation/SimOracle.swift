@@ -29,6 +29,10 @@ final class SimOracle: Sendable {
     case oneAtATime =
       "an add of a key one at a time (waitingOrRunning) stores no job while another of its key waits or runs"
     case newestPayload = "a job replaced while it waited runs with the payload of the last replace"
+    case eachSlotOnce = "a schedule adds at most one job for each of its slots"
+    case noSlotSkipped =
+      "a schedule that catches up every missed slot has a job for each slot from its creation through its last slot, but those a resume passed over"
+    case firedWhenDue = "a schedule's job is added no earlier than its slot"
   }
 
   /// A broken rule, with what showed it.
@@ -65,7 +69,21 @@ final class SimOracle: Sendable {
     var firstPayload = Data()
   }
 
+  /// What the oracle knows of one schedule: its jobs by slot, and the stored schedule as the last
+  /// call that changed it left it.
+  struct ScheduleFacts: Sendable {
+    var jobs: [Date: JobID] = [:]
+    var stored: StoredSchedule?
+    /// The slots checked so far run through this one (or the schedule's creation).
+    var checkedThrough: Date?
+    /// The wall clock's reading when the schedule was last paused.
+    var pausedAt: Date?
+    /// Slots from `from` (the pause) and through `through` were passed over by a resume.
+    var pausedOver: [(from: Date, through: Date)] = []
+  }
+
   private struct State {
+    var schedules: [String: ScheduleFacts] = [:]
     /// Whether a process keeps finished jobs briefly (or not at all): then they may leave the store.
     var historyMayGo = false
     var jobs: [JobID: Facts] = [:]
@@ -91,11 +109,15 @@ final class SimOracle: Sendable {
   /// How much of its lease a claim must surely have left for its handler to start: a third of the
   /// lease (the engine's margin), less 2 ms for the millisecond readings the engine takes.
   let startMargin: TimeInterval
+  /// Whether a resumed schedule must still fire the slots that were due, and not fired, when it
+  /// was paused (see ``SimScenario/dueSlotsOutlivePause``).
+  let dueSlotsOutlivePause: Bool
 
   init(
-    store: InMemoryJobStore, clock: SimClock, queue: String, lease: Duration,
+    store: InMemoryJobStore, clock: SimClock, queue: String, lease: Duration, dueSlotsOutlivePause: Bool,
     note: @escaping @Sendable (@autoclosure () -> String) -> Void
   ) {
+    self.dueSlotsOutlivePause = dueSlotsOutlivePause
     startMargin = lease.inSeconds / 3 - 0.002
     self.store = store
     self.clock = clock
@@ -381,6 +403,117 @@ final class SimOracle: Sendable {
 
   func paused(_ paused: Bool, queue: String) {
     note("queue \(paused ? "paused" : "resumed")")
+  }
+
+  // MARK: Schedules
+
+  /// A process's call stored or changed the schedules, which are now `stored`.
+  func schedulesStored(_ stored: [StoredSchedule], process: Int) {
+    state.withLock { state in
+      for schedule in stored { Self.update(&state, with: schedule) }
+    }
+    note("p\(process) stored schedules \(stored.map { "\($0.name) next \($0.nextDue.map(Self.at) ?? "-")" })")
+  }
+
+  /// A process's call paused or resumed a schedule: it was `before`, it is `after`. A resume
+  /// passes over the slots that came while the schedule was paused, and (unless
+  /// ``dueSlotsOutlivePause``) those due before the pause and not yet fired.
+  func schedulePaused(_ paused: Bool, before: StoredSchedule?, after: StoredSchedule?, process: Int) {
+    let now = clock.now()
+    state.withLock { state in
+      guard let before, let after else { return }
+      if paused && !before.paused {
+        state.schedules[after.name, default: ScheduleFacts()].pausedAt = now
+      } else if !paused && before.paused, let through = after.lastSlot,
+        let pausedAt = state.schedules[after.name]?.pausedAt
+      {
+        // The library's rule passes over every slot not fired when the schedule was paused; the
+        // documented one, only those after the pause (see `SimScenario.dueSlotsOutlivePause`).
+        let from =
+          dueSlotsOutlivePause
+          ? pausedAt : min(pausedAt, (before.lastSlot ?? before.createdAt).addingTimeInterval(0.001))
+        state.schedules[after.name, default: ScheduleFacts()].pausedOver.append((from, through))
+      }
+      Self.update(&state, with: after)
+    }
+    note(
+      "p\(process) schedule \(before?.name ?? "?") \(paused ? "paused" : "resumed")\(after.flatMap(\.lastSlot).map { ", last slot \(Self.at($0))" } ?? "")"
+    )
+  }
+
+  /// A process's firing at the wall clock's `now` added `records` (the stored jobs, as the store
+  /// holds them now), and left the schedules as `stored`.
+  func schedulesFired(_ records: [JobRecord], stored: [StoredSchedule], now: Date, process: Int) {
+    state.withLock { state in
+      for record in records {
+        let payloadJob = (try? JSONDecoder().decode(SimItem.self, from: record.payload))?.job ?? 0
+        guard let name = SimWorld.scheduleNames[payloadJob] else {
+          state.violation =
+            state.violation
+            ?? Violation(
+              invariant: .eachSlotOnce, detail: "job \(record.id) fired with the payload of no schedule")
+          continue
+        }
+        // Jitter is zero: a job runs at its slot.
+        let slot = record.runAt
+        if let other = state.schedules[name]?.jobs[slot] {
+          state.violation =
+            state.violation
+            ?? Violation(
+              invariant: .eachSlotOnce,
+              detail:
+                "p\(process) added job \(record.id) for slot \(Self.at(slot)) of \(name), which job \(other) has"
+            )
+        }
+        if record.createdAt < slot || now < slot {
+          state.violation =
+            state.violation
+            ?? Violation(
+              invariant: .firedWhenDue,
+              detail:
+                "p\(process) added job \(record.id) of \(name) at \(Self.at(now)) (dated \(Self.at(record.createdAt))), before its slot \(Self.at(slot))"
+            )
+        }
+        state.schedules[name, default: ScheduleFacts()].jobs[slot] = record.id
+        state.commits += 1
+        state.jobs[record.id] = Facts(
+          committed: state.commits, payloadJob: payloadJob, firstPayload: record.payload)
+      }
+      for schedule in stored { Self.update(&state, with: schedule) }
+    }
+    if !records.isEmpty {
+      note("p\(process) fired \(records.map { "\($0.id)@\(Self.at($0.runAt))" }.joined(separator: ","))")
+    }
+  }
+
+  /// Keeps `schedule` as stored and checks its slots up to its last one.
+  private static func update(_ state: inout State, with schedule: StoredSchedule) {
+    var facts = state.schedules[schedule.name, default: ScheduleFacts()]
+    facts.stored = schedule
+    defer { state.schedules[schedule.name] = facts }
+    guard let last = schedule.lastSlot, case .all = schedule.definition.timing.catchUp else { return }
+    var cursor = facts.checkedThrough ?? schedule.createdAt
+    while let slot = schedule.definition.timing.nextSlot(after: cursor), slot <= last {
+      cursor = slot
+      if facts.jobs[slot] == nil
+        && !facts.pausedOver.contains(where: { $0.from <= slot && slot <= $0.through })
+      {
+        state.violation =
+          state.violation
+          ?? Violation(
+            invariant: .noSlotSkipped,
+            detail:
+              "\(schedule.name)'s last slot is \(at(last)), but slot \(at(slot)) has no job and passed in no pause"
+          )
+        break
+      }
+    }
+    facts.checkedThrough = cursor
+  }
+
+  /// A wall-clock date as seconds since the simulation's epoch.
+  static func at(_ date: Date) -> String {
+    String(format: "%.3fs", date.timeIntervalSince(SimClock.epoch))
   }
 
   // MARK: Handlers

@@ -220,6 +220,84 @@ final class SimStore: JobStore {
     try await world.call(process, .read) { try await self.base.queueNames() }
   }
 
+  // MARK: Schedules
+
+  func saveSchedules(
+    _ schedules: [ScheduleDefinition], queue: String, origin: ScheduleOrigin, clock: any JobClock
+  ) async throws -> ScheduleSaveSummary {
+    try await world.call(process, .change) {
+      let summary = try await self.base.saveSchedules(schedules, queue: queue, origin: origin, clock: clock)
+      self.world.oracle.schedulesStored(try await self.base.schedules(queue: queue), process: self.process)
+      return summary
+    }
+  }
+
+  func schedules(queue: String?) async throws -> [StoredSchedule] {
+    try await world.call(process, .read) { try await self.base.schedules(queue: queue) }
+  }
+
+  func setSchedulePaused(_ paused: Bool, name: String, queue: String, clock: any JobClock) async throws
+    -> Bool
+  {
+    try await world.call(process, .change) {
+      // As with the queue's pause: a pause still on its way when faults stop is dropped, or it
+      // would outlast the resume that ends the chaos.
+      if paused && self.world.phase != .chaos {
+        self.world.trace.note("p\(self.process) schedule pause dropped: faults have stopped")
+        return true
+      }
+      let before = try await self.base.schedules(queue: queue).first { $0.name == name }
+      let found = try await self.base.setSchedulePaused(paused, name: name, queue: queue, clock: clock)
+      let after = try await self.base.schedules(queue: queue).first { $0.name == name }
+      self.world.oracle.schedulePaused(paused, before: before, after: after, process: self.process)
+      return found
+    }
+  }
+
+  func removeSchedule(name: String, queue: String) async throws -> Bool {
+    try await world.call(process, .change) { try await self.base.removeSchedule(name: name, queue: queue) }
+  }
+
+  func fireDueSchedules(queue: String, clock: any JobClock) async throws -> ScheduleFiring {
+    try await world.call(process, .change) {
+      let early = self.world.scenario.defect == .firesEarly && self.world.draw { $0.chance(probability: 0.3) }
+      let judgedBy: any JobClock = early ? AheadClock(base: clock, by: 1.5) : clock
+      let now = clock.now()
+      var firing = try await self.base.fireDueSchedules(queue: queue, clock: judgedBy)
+      switch self.world.scenario.defect {
+      case .firesSlotTwice?:
+        // The jobs of a firing that left its schedule unadvanced are added again by the next.
+        let again = self.world.unadvanced.withLock { jobs in
+          defer { jobs = [] }
+          return jobs
+        }
+        if !again.isEmpty {
+          firing.added += try await self.base.enqueue(again, queue: queue, clock: clock).filter(\.inserted)
+            .map(\.id)
+        }
+        if !firing.added.isEmpty && self.world.draw({ $0.chance(probability: 0.2) }) {
+          let jobs = firing.added.compactMap(self.base.peek).map { record in
+            NewJob(
+              payload: record.payload, priority: record.priority, runAt: record.runAt,
+              timeLimit: record.timeLimit)
+          }
+          self.world.unadvanced.withLock { $0 = jobs }
+        }
+      case .skipsSlot?:
+        if let first = firing.added.first, self.world.draw({ $0.chance(probability: 0.2) }) {
+          _ = try await self.base.remove([first], queue: queue)
+          firing.added.removeFirst()
+        }
+      default: break
+      }
+      self.world.oracle.schedulesFired(
+        firing.added.compactMap(self.base.peek), stored: try await self.base.schedules(queue: queue),
+        now: now,
+        process: self.process)
+      return firing
+    }
+  }
+
   /// Hears of nothing: idle workers poll, on the simulated clock.
   func waitForWork(queue: String, timeout: Duration) async -> Bool {
     try? await world.clock.sleep(for: max(timeout, .milliseconds(1)))

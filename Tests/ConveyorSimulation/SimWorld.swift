@@ -80,6 +80,10 @@ final class SimWorld: Sendable {
   }
 
   static let queueName = "sim"
+  /// The schedules the workers may declare, by the (negative) job number their payload carries:
+  /// `tick` (-1), every ``SimScenario/scheduleEvery``, and `minute` (-2), a cron schedule firing
+  /// each minute.
+  static let scheduleNames = [-1: "tick", -2: "minute"]
   /// The application's process: it adds the jobs and pauses the queue; it never crashes.
   static let application = 0
 
@@ -92,6 +96,14 @@ final class SimWorld: Sendable {
   let oracle: SimOracle
   /// The lease every worker's queue asks for.
   let lease: Duration
+  /// The schedules every worker declares when it starts (none without
+  /// ``SimScenario/scheduleEvery``). Each catches up every slot it missed: no history leaves the
+  /// queue without a firing process, or jumps the wall clock, for anywhere near 1,000 slots or
+  /// 10 minutes.
+  let schedules: [ScheduleDefinition]
+  /// The jobs of a firing whose schedule a store with ``SimDefect/firesSlotTwice`` did not advance:
+  /// the next firing adds them again.
+  let unadvanced = Mutex<[NewJob]>([])
   private let state: Mutex<State>
 
   init(seed: UInt64, scenario: SimScenario) {
@@ -102,8 +114,21 @@ final class SimWorld: Sendable {
     state = Mutex(State(random: random))
     let trace = SimTrace(length: 120, clock: clock)
     self.trace = trace
+    if let every = scenario.scheduleEvery {
+      schedules = [
+        try! ScheduleDefinition(
+          name: "tick", timing: ScheduleTiming(every: every, catchUp: .all(atMost: 1_000)),
+          payload: JSONEncoder().encode(SimItem(job: -1))),
+        try! ScheduleDefinition(
+          name: "minute", timing: ScheduleTiming(cron: "* * * * *", catchUp: .all(atMost: 10)),
+          payload: JSONEncoder().encode(SimItem(job: -2))),
+      ]
+    } else {
+      schedules = []
+    }
     oracle = SimOracle(
-      store: base, clock: clock, queue: Self.queueName, lease: lease, note: { trace.note($0()) })
+      store: base, clock: clock, queue: Self.queueName, lease: lease,
+      dueSlotsOutlivePause: scenario.dueSlotsOutlivePause, note: { trace.note($0()) })
   }
 
   var phase: Phase { state.withLock { $0.phase } }
@@ -248,7 +273,15 @@ final class SimWorld: Sendable {
       if scheduler.condition(of: id) != .zombie {
         oracle.handlerStarted(context.id, attempts: context.attempts, payloadJob: item.job, process: id)
       }
-      switch behaviour(job: item.job, attempt: context.attempts) {
+      // A schedule's jobs share a payload: each behaves by its own number in the store. Once
+      // faults stop they behave, or a schedule firing faster than troubled handlers finish (one
+      // worker, a slot a second, attempts of seconds) would keep the queue from ever finishing.
+      let scheduled = item.job < 0
+      let job = scheduled ? 1_000_000 + Int(context.id.rawValue) : item.job
+      let behaviour =
+        scheduled && phase != .chaos
+        ? .succeed(after: .milliseconds(5)) : behaviour(job: job, attempt: context.attempts)
+      switch behaviour {
       case .succeed(let time):
         try await clock.sleep(for: time)
         return .handled
@@ -268,6 +301,9 @@ final class SimWorld: Sendable {
     }
     process.queue.withLock { $0 = queue }
     state.withLock { $0.alive.append(id) }
+    if !schedules.isEmpty {
+      spawn(process) { [self] in await declareSchedules(on: queue) }
+    }
     trace.note(
       "p\(id) started (concurrency \(concurrency), prefetch \(prefetch), ahead \(claimsAhead), poll \(poll), max \(maxAttempts.map(String.init) ?? "-"), limit \(timeLimit.map { "\($0)" } ?? "-"), history \(retention == .default ? "a day" : "pruned"))"
     )
@@ -328,6 +364,14 @@ final class SimWorld: Sendable {
         trace.note("wall clock stepped by \(step) s")
       }
     }
+    if let jump = scenario.clockJump {
+      let at = draw { $0.duration(.zero, span) }
+      schedule(at: at) { [self] in
+        clock.step(by: jump.inSeconds)
+        oracle.wallClockStepped(by: jump.inSeconds)
+        trace.note("wall clock jumped by \(jump.inSeconds) s")
+      }
+    }
     for at in times(scenario.shutdownsPerMinute, within: span) {
       schedule(at: at) { [self] in
         guard let victim = randomAlive(), let queue = victim.queue.withLock({ $0 }) else { return }
@@ -348,6 +392,23 @@ final class SimWorld: Sendable {
         let resume = draw { $0.duration(.milliseconds(100), lease * 2) }
         schedule(at: clock.uptime() + resume) { [self] in
           spawn(application) { [self] in await setPaused(false, from: application) }
+        }
+      }
+    }
+    // An operator pauses the `tick` schedule through a worker's queue and resumes it a little
+    // later (either call is lost if that worker dies meanwhile).
+    if !schedules.isEmpty {
+      for at in times(scenario.schedulePausesPerMinute, within: span) {
+        schedule(at: at) { [self] in
+          guard let operatorProcess = randomAlive(), let queue = operatorProcess.queue.withLock({ $0 }) else {
+            return
+          }
+          spawn(operatorProcess) { [self] in await pauseTick(true, on: queue) }
+          let resume = draw { $0.duration(.milliseconds(100), lease * 3) }
+          schedule(at: clock.uptime() + resume) { [self] in
+            guard let other = randomAlive(), let queue = other.queue.withLock({ $0 }) else { return }
+            spawn(other) { [self] in await pauseTick(false, on: queue) }
+          }
         }
       }
     }
@@ -413,7 +474,50 @@ final class SimWorld: Sendable {
     }
   }
 
-  /// Faults stop: the queue is resumed, and a worker started if none is alive.
+  /// A worker declares the schedules as it starts, trying again while the store refuses the call.
+  private func declareSchedules(on queue: JobQueue<SimItem>) async {
+    while true {
+      do {
+        try await queue.declareSchedules(schedules)
+        return
+      } catch SimFault.refused {
+        try? await clock.sleep(for: .milliseconds(50))
+      } catch {
+        return
+      }
+    }
+  }
+
+  /// Pauses or resumes the `tick` schedule through `queue`, trying again while the store refuses.
+  private func pauseTick(_ paused: Bool, on queue: JobQueue<SimItem>) async {
+    while true {
+      do {
+        if paused { try await queue.pauseSchedule("tick") } else { try await queue.resumeSchedule("tick") }
+        return
+      } catch SimFault.refused {
+        try? await clock.sleep(for: .milliseconds(50))
+      } catch {
+        return
+      }
+    }
+  }
+
+  /// The application resumes the `tick` schedule once faults stop.
+  private func resumeTick(from process: Process) async {
+    while true {
+      do {
+        _ = try await process.store.setSchedulePaused(
+          false, name: "tick", queue: Self.queueName, clock: clock)
+        return
+      } catch SimFault.refused {
+        try? await clock.sleep(for: .milliseconds(50))
+      } catch {
+        return
+      }
+    }
+  }
+
+  /// Faults stop: the queue and its schedule are resumed, and a worker started if none is alive.
   private func heal() {
     state.withLock { $0.phase = .heal }
     trace.note("faults stop")
@@ -422,6 +526,7 @@ final class SimWorld: Sendable {
     }
     if let application = process(Self.application) {
       spawn(application) { [self] in await setPaused(false, from: application) }
+      if !schedules.isEmpty { spawn(application) { [self] in await resumeTick(from: application) } }
     }
     if state.withLock({ $0.alive.isEmpty }) { startWorker() }
   }

@@ -32,6 +32,19 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
   /// Chance that an attempt's handler misbehaves (throws, retries, is slow, ignores cancellation,
   /// discards).
   public var handlerTrouble: Double
+  /// The interval of the schedule the workers declare (`tick`, every slot caught up), beside a
+  /// cron schedule firing each minute (`minute`); nil: no schedules.
+  public var scheduleEvery: Duration? = nil
+  /// Pauses of the `tick` schedule (resumed a little later) per simulated minute.
+  public var schedulePausesPerMinute: Double = 0
+  /// A jump of the wall clock forward, once during the chaos, far past the schedules' grace (a
+  /// host suspended and resumed): their slots meanwhile are missed and caught up. Nil: none.
+  public var clockJump: Duration? = nil
+  /// Whether the oracle holds a resumed schedule to the documented rule (`StoredSchedule.paused`:
+  /// the slots that pass while it is paused are skipped), so a slot already due and not yet
+  /// fired when it was paused must still get its job. False: the rule the stores keep
+  /// (`StoredSchedule.pausing`), a resume passes over every slot not fired before it.
+  public var dueSlotsOutlivePause = false
   /// A defect built into the simulated store on purpose, to show that the checks catch it (nil:
   /// the store keeps its contract).
   public var defect: SimDefect? = nil
@@ -39,7 +52,7 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
   /// The scenario a seed draws.
   public static func drawn(from seed: UInt64) -> SimScenario {
     var random = SeededRandom(seed: seed ^ 0x5CE7_A210)
-    return SimScenario(
+    var scenario = SimScenario(
       workers: 1 + random.below(3), jobs: random.pick([4, 40, 150, 400]) + random.below(24),
       chaos: .seconds(10 + random.below(30)),
       crashesPerMinute: random.pick([0, 1, 3, 6]), stallsPerMinute: random.pick([0, 1, 3]),
@@ -47,6 +60,11 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
       pausesPerMinute: random.pick([0, 0, 1, 2]), storeFailure: random.pick([0, 0.01, 0.05]),
       lostAnswer: random.pick([0, 0.01, 0.03]), slowCall: random.pick([0, 0.005, 0.02]),
       handlerTrouble: random.pick([0.05, 0.2, 0.4]))
+    // Drawn after the rest, so the other knobs are those each seed drew before schedules.
+    scenario.scheduleEvery = random.pick([nil, .seconds(1), .seconds(2), .seconds(5)] as [Duration?])
+    scenario.schedulePausesPerMinute = random.pick([0, 1, 3])
+    scenario.clockJump = random.pick([nil, nil, nil, .seconds(90), .seconds(200)] as [Duration?])
+    return scenario
   }
 
   /// Smaller versions of this scenario, one change each, for shrinking.
@@ -70,6 +88,9 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
     with { $0.lostAnswer = 0 }
     with { $0.slowCall = 0 }
     with { $0.handlerTrouble = 0 }
+    with { $0.schedulePausesPerMinute = 0 }
+    with { $0.scheduleEvery = nil }
+    with { $0.clockJump = nil }
     return options
   }
 
@@ -77,7 +98,9 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
   public var description: String {
     "workers \(workers), jobs \(jobs), chaos \(chaos), crashes/min \(crashesPerMinute), stalls/min \(stallsPerMinute), "
       + "clock steps/min \(clockStepsPerMinute), shutdowns/min \(shutdownsPerMinute), pauses/min \(pausesPerMinute), "
-      + "store failures \(storeFailure), lost answers \(lostAnswer), slow calls \(slowCall), handler trouble \(handlerTrouble)"
+      + "store failures \(storeFailure), lost answers \(lostAnswer), slow calls \(slowCall), handler trouble \(handlerTrouble), "
+      + "schedule every \(scheduleEvery.map { "\($0)" } ?? "-"), schedule pauses/min \(schedulePausesPerMinute), "
+      + "clock jump \(clockJump.map { "\($0)" } ?? "-")"
       + (defect.map { ", defect \($0)" } ?? "")
   }
 }
@@ -108,6 +131,16 @@ public enum SimDefect: String, Sendable, Hashable {
   /// A claim hands out the payload a job was added with, not the one a replace gave it (the
   /// defect of a worker or store that keeps payloads it read before).
   case runsStalePayload
+  /// Once in a while a firing leaves the schedule's last slot where it was, so the next firing
+  /// adds the same slot's job again (the defect of a store that inserts the jobs but loses the
+  /// update of the schedule's row).
+  case firesSlotTwice
+  /// Once in a while a firing passes over a due slot without adding its job, as a store that
+  /// advances the schedule's last slot one slot too far does.
+  case skipsSlot
+  /// Once in a while a firing judges due slots by a clock 1.5 seconds ahead: a slot's job is
+  /// added before its slot (dated by that clock, so its creation date does not show it).
+  case firesEarly
 }
 
 /// The outcome of one simulated history.
@@ -179,7 +212,8 @@ enum SimFault: Error, CustomStringConvertible {
   }
 }
 
-/// The item the simulated application adds: which job of the scenario it is.
+/// The item the simulated application adds: which job of the scenario it is, or (negative) which
+/// schedule added it (see ``SimWorld/scheduleNames``).
 struct SimItem: Queueable {
   var job: Int
 }

@@ -89,6 +89,36 @@ struct SimulationCheckTests {
       "no seed of \(SimulationTests.seeds) caught a claim that runs a replaced job's old payload")
   }
 
+  /// A store whose firing now and then leaves the schedule's last slot unadvanced adds the same
+  /// slot's job again at the next firing.
+  @Test func theFixedSeedsCatchAStoreThatFiresASlotTwice() async {
+    let caught = await Self.earliestCatch(of: .firesSlotTwice)
+    #expect(caught != nil, "no seed of \(SimulationTests.seeds) caught a store that fires a slot twice")
+    #expect(
+      caught?.violation?.hasPrefix("a schedule adds at most one job for each of its slots") == true,
+      "\(caught?.violation ?? "")")
+  }
+
+  /// A store whose firing now and then passes over a due slot without adding its job leaves a
+  /// slot of a schedule that catches up every slot without a job.
+  @Test func theFixedSeedsCatchAStoreThatSkipsASlot() async {
+    let caught = await Self.earliestCatch(of: .skipsSlot)
+    #expect(caught != nil, "no seed of \(SimulationTests.seeds) caught a store that skips a slot")
+    #expect(
+      caught?.violation?.hasPrefix("a schedule that catches up every missed slot") == true,
+      "\(caught?.violation ?? "")")
+  }
+
+  /// A store that now and then judges due slots by a clock ahead of the wall clock adds a slot's
+  /// job before the slot.
+  @Test func theFixedSeedsCatchAStoreThatFiresASlotEarly() async {
+    let caught = await Self.earliestCatch(of: .firesEarly)
+    #expect(caught != nil, "no seed of \(SimulationTests.seeds) caught a store that fires a slot early")
+    #expect(
+      caught?.violation?.hasPrefix("a schedule's job is added no earlier than its slot") == true,
+      "\(caught?.violation ?? "")")
+  }
+
   /// More workers and more frequent faults than any seed draws (six wall-clock steps a minute,
   /// where the drawn scenarios have at most three). Worker p4 claims jobs 39–41 ahead at 8.867 s
   /// (lease 2 s); at 9.213 s the wall clock steps forward 2.345 s, so the store's leases lapse and

@@ -7,7 +7,8 @@ import Foundation
 //   swift run -c release conveyor-simulate --seeds 100000 [--from SEED] [--seed SEED]
 //                                          [--defect settlesStaleClaims|rescuesLiveLeases|renewsStaleClaims|
 //                                                   prunesEarly|prunesUnfinished|
-//                                                   ignoresRunningForUniqueness|runsStalePayload]
+//                                                   ignoresRunningForUniqueness|runsStalePayload|
+//                                                   firesSlotTwice|skipsSlot|firesEarly]
 //
 // With `--defect`, each seed's scenario has that defect built into the store: a search for seeds
 // that catch it (the simulation's own check tests name one).
@@ -27,7 +28,8 @@ let defect = arguments.firstIndex(of: "--defect").flatMap { index in
 if arguments.contains("--defect") && defect == nil {
   print(
     "conveyor-simulate: --defect takes settlesStaleClaims, rescuesLiveLeases, renewsStaleClaims, prunesEarly, "
-      + "prunesUnfinished, ignoresRunningForUniqueness or runsStalePayload"
+      + "prunesUnfinished, ignoresRunningForUniqueness, runsStalePayload, firesSlotTwice, skipsSlot "
+      + "or firesEarly"
   )
   exit(2)
 }
