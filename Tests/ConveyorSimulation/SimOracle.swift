@@ -76,7 +76,7 @@ final class SimOracle: Sendable {
     var stored: StoredSchedule?
     /// The slots checked so far run through this one (or the schedule's creation).
     var checkedThrough: Date?
-    /// The wall clock's reading when the schedule was last paused.
+    /// The schedule's last slot when it was last paused (the pause fired every slot due then).
     var pausedAt: Date?
     /// Slots from `from` (the pause) and through `through` were passed over by a resume.
     var pausedOver: [(from: Date, through: Date)] = []
@@ -109,15 +109,12 @@ final class SimOracle: Sendable {
   /// How much of its lease a claim must surely have left for its handler to start: a third of the
   /// lease (the engine's margin), less 2 ms for the millisecond readings the engine takes.
   let startMargin: TimeInterval
-  /// Whether a resumed schedule must still fire the slots that were due, and not fired, when it
-  /// was paused (see ``SimScenario/dueSlotsOutlivePause``).
-  let dueSlotsOutlivePause: Bool
 
   init(
-    store: InMemoryJobStore, clock: SimClock, queue: String, lease: Duration, dueSlotsOutlivePause: Bool,
+    store: InMemoryJobStore, clock: SimClock, queue: String, lease: Duration,
     note: @escaping @Sendable (@autoclosure () -> String) -> Void
   ) {
-    self.dueSlotsOutlivePause = dueSlotsOutlivePause
+
     startMargin = lease.inSeconds / 3 - 0.002
     self.store = store
     self.clock = clock
@@ -415,24 +412,19 @@ final class SimOracle: Sendable {
     note("p\(process) stored schedules \(stored.map { "\($0.name) next \($0.nextDue.map(Self.at) ?? "-")" })")
   }
 
-  /// A process's call paused or resumed a schedule: it was `before`, it is `after`. A resume
-  /// passes over the slots that came while the schedule was paused, and (unless
-  /// ``dueSlotsOutlivePause``) those due before the pause and not yet fired.
+  /// A process's call paused or resumed a schedule: it was `before`, it is `after`. A pause fires
+  /// the slots due then; a resume passes over the slots that came while the schedule was paused,
+  /// after the pause's last slot, and no other.
   func schedulePaused(_ paused: Bool, before: StoredSchedule?, after: StoredSchedule?, process: Int) {
-    let now = clock.now()
     state.withLock { state in
       guard let before, let after else { return }
       if paused && !before.paused {
-        state.schedules[after.name, default: ScheduleFacts()].pausedAt = now
+        state.schedules[after.name, default: ScheduleFacts()].pausedAt = after.lastSlot ?? after.createdAt
       } else if !paused && before.paused, let through = after.lastSlot,
         let pausedAt = state.schedules[after.name]?.pausedAt
       {
-        // The library's rule passes over every slot not fired when the schedule was paused; the
-        // documented one, only those after the pause (see `SimScenario.dueSlotsOutlivePause`).
-        let from =
-          dueSlotsOutlivePause
-          ? pausedAt : min(pausedAt, (before.lastSlot ?? before.createdAt).addingTimeInterval(0.001))
-        state.schedules[after.name, default: ScheduleFacts()].pausedOver.append((from, through))
+        state.schedules[after.name, default: ScheduleFacts()].pausedOver.append(
+          (pausedAt.addingTimeInterval(0.001), through))
       }
       Self.update(&state, with: after)
     }
@@ -456,7 +448,7 @@ final class SimOracle: Sendable {
         }
         // Jitter is zero: a job runs at its slot.
         let slot = record.runAt
-        if let other = state.schedules[name]?.jobs[slot] {
+        if let other = state.schedules[name]?.jobs[slot], other != record.id {
           state.violation =
             state.violation
             ?? Violation(

@@ -226,8 +226,15 @@ final class SimStore: JobStore {
     _ schedules: [ScheduleDefinition], queue: String, origin: ScheduleOrigin, clock: any JobClock
   ) async throws -> ScheduleSaveSummary {
     try await world.call(process, .change) {
+      let now = clock.now()
+      let known = Set(self.base.peekAll(queue: queue).map(\.id))
       let summary = try await self.base.saveSchedules(schedules, queue: queue, origin: origin, clock: clock)
-      self.world.oracle.schedulesStored(try await self.base.schedules(queue: queue), process: self.process)
+      // A changed schedule fires the slots already due, in the same call.
+      let added = self.base.peekAll(queue: queue).filter { !known.contains($0.id) }.sorted { $0.id < $1.id }
+      let stored = try await self.base.schedules(queue: queue)
+      // The jobs first, then the schedules as stored, which are checked against them.
+      self.world.oracle.schedulesFired(added, stored: [], now: now, process: self.process)
+      self.world.oracle.schedulesStored(stored, process: self.process)
       return summary
     }
   }
@@ -246,9 +253,16 @@ final class SimStore: JobStore {
         self.world.trace.note("p\(self.process) schedule pause dropped: faults have stopped")
         return true
       }
+      let now = clock.now()
       let before = try await self.base.schedules(queue: queue).first { $0.name == name }
+      let known = Set(self.base.peekAll(queue: queue).map(\.id))
       let found = try await self.base.setSchedulePaused(paused, name: name, queue: queue, clock: clock)
-      let after = try await self.base.schedules(queue: queue).first { $0.name == name }
+      // A pause fires the slots already due, in the same call.
+      let added = self.base.peekAll(queue: queue).filter { !known.contains($0.id) }.sorted { $0.id < $1.id }
+      let stored = try await self.base.schedules(queue: queue)
+      // The jobs first, then the pause or resume, which checks the schedule against them.
+      self.world.oracle.schedulesFired(added, stored: [], now: now, process: self.process)
+      let after = stored.first { $0.name == name }
       self.world.oracle.schedulePaused(paused, before: before, after: after, process: self.process)
       return found
     }

@@ -128,7 +128,7 @@ final class SimWorld: Sendable {
     }
     oracle = SimOracle(
       store: base, clock: clock, queue: Self.queueName, lease: lease,
-      dueSlotsOutlivePause: scenario.dueSlotsOutlivePause, note: { trace.note($0()) })
+      note: { trace.note($0()) })
   }
 
   var phase: Phase { state.withLock { $0.phase } }

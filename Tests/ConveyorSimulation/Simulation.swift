@@ -40,11 +40,7 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
   /// A jump of the wall clock forward, once during the chaos, far past the schedules' grace (a
   /// host suspended and resumed): their slots meanwhile are missed and caught up. Nil: none.
   public var clockJump: Duration? = nil
-  /// Whether the oracle holds a resumed schedule to the documented rule (`StoredSchedule.paused`:
-  /// the slots that pass while it is paused are skipped), so a slot already due and not yet
-  /// fired when it was paused must still get its job. False: the rule the stores keep
-  /// (`StoredSchedule.pausing`), a resume passes over every slot not fired before it.
-  public var dueSlotsOutlivePause = false
+
   /// A defect built into the simulated store on purpose, to show that the checks catch it (nil:
   /// the store keeps its contract).
   public var defect: SimDefect? = nil

@@ -101,16 +101,12 @@ struct SimulationTests {
     #expect(outcome.violation == nil, "seed \(seed): \(outcome.violation ?? "")")
   }
 
-  /// A slot due when its schedule is paused, and not yet fired, is skipped by the resume, though
-  /// the schedule catches up every slot and the documentation of `StoredSchedule.paused` skips
-  /// only "the slots that pass meanwhile". In this history (seed 5, shrunk) the only worker p1
-  /// is stuck in a slow store call from 0.3 s, so `tick` (every second, `.all(atMost: 1000)`)
-  /// fires nothing; at 5.182 s an operator pauses it (slots 1–5 s due, unfired); the wall
-  /// clock jumps 200 s; at 16.001 s the resume (`StoredSchedule.pausing(false, now:)`,
-  /// `skipPassedSlots`) sets its last slot to 216 s, passing over slots 1–5 s with those of the
-  /// pause. A fix needs the pause's time kept with the schedule (the rows keep none), or the
-  /// documentation to say that a pause also drops the slots due and not yet fired; the lead
-  /// decides. The histories the other tests run hold the stores to their present rule.
+  /// A slot due when its schedule is paused, and not yet fired, still gets its job: the pause
+  /// fires it. In this history (seed 5, shrunk) the only worker p1 is stuck in a slow store call
+  /// from 0.3 s, so `tick` (every second, `.all(atMost: 1000)`) fires nothing; at 5.182 s an
+  /// operator pauses it (slots 1–5 s due, unfired); the wall clock jumps 200 s; at 16.001 s it is
+  /// resumed. Before the pause fired the due slots, the resume passed over slots 1–5 s with
+  /// those of the pause.
   @Test func aSlotDueWhenItsScheduleIsPausedIsStillFiredAfterTheResume() async {
     var scenario = SimScenario.drawn(from: 5)
     scenario.workers = 1
@@ -128,16 +124,13 @@ struct SimulationTests {
     scenario.scheduleEvery = .seconds(1)
     scenario.schedulePausesPerMinute = 3
     scenario.clockJump = .seconds(200)
-    scenario.dueSlotsOutlivePause = true
     let outcome = await Self.simulate { [scenario] in Simulation.run(seed: 5, scenario: scenario) }
-    withKnownIssue("a resume passes over the slots due and not fired when the schedule was paused") {
-      #expect(
-        outcome.violation == nil,
-        """
-        seed 5, \(outcome.scenario): \(outcome.violation ?? "")
-        \(outcome.trace.suffix(40).joined(separator: "\n"))
-        """)
-    }
+    #expect(
+      outcome.violation == nil,
+      """
+      seed 5, \(outcome.scenario): \(outcome.violation ?? "")
+      \(outcome.trace.suffix(40).joined(separator: "\n"))
+      """)
   }
 
   @Test func aSeedReplaysExactly() async {
