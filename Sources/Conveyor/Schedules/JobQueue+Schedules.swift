@@ -36,11 +36,12 @@ extension JobQueue {
       deduplicationKey: key, deduplicationScope: scope, onConflict: item.onConflict)
   }
 
-  /// Stores the schedules this code declares, in one transaction: new ones are added, changed
-  /// ones updated (a new timing or item takes effect from the next slot; no slot fires twice),
-  /// and declared schedules of this queue that `schedules` leaves out become inactive: kept and
-  /// listed, never fired, until a declaration names them again. Schedules added with
-  /// ``addSchedule(_:)`` are left alone. Call it once at start, with every schedule; when several
+    /// Stores the schedules this code declares, in one transaction: new ones are added, changed
+  /// ones updated (their slots already due fire first, with the old definition; the new one
+  /// takes effect from the next slot; no slot fires twice), and declared schedules of this queue
+  /// that `schedules` leaves out become inactive: kept and listed, never fired, until a
+  /// declaration names them again. Schedules added with ``addSchedule(_:)`` are left alone, even
+  /// one of a declared name (see ``ScheduleSaveSummary/heldByAdded``). Call it once at start, with every schedule; when several
   /// releases run side by side, the last to start decides.
   ///
   /// Every started queue of this identifier, in any process sharing the store, fires the due
@@ -74,8 +75,9 @@ extension JobQueue {
     try await store.schedules(queue: identifier)
   }
 
-  /// Pauses a schedule: no slot fires until ``resumeSchedule(_:)``, and the slots that pass
-  /// meanwhile are skipped. False when there is no schedule of that name.
+    /// Pauses a schedule: the slots already due fire first (in the same transaction), then no slot
+  /// fires until ``resumeSchedule(_:)``, and the slots that come meanwhile are skipped. False when
+  /// there is no schedule of that name.
   @discardableResult
   public func pauseSchedule(_ name: String) async throws -> Bool {
     try await store.setSchedulePaused(true, name: name, queue: identifier, clock: clock)
