@@ -65,6 +65,32 @@ struct CLITests {
     #expect(after.contains("\"ready\":0") && after.contains("\"running\":0"), "\(after)")
   }
 
+  /// `schedule add|pause|resume|remove` and `schedules` against a PostgreSQL URL, in a schema of
+  /// their own.
+  @Test func schedulesAreStoredListedPausedAndRemovedOnAPostgresURL() async throws {
+    let server = try await PostgresServer.shared()
+    let url = "postgresql://postgres@127.0.0.1:\(server.port)/postgres"
+    let queue = "sched-\(UInt32.random(in: 0...UInt32.max))"
+    let (added, addOutput) = try await conveyor([
+      "-d", url, "-q", queue, "schedule", "add", "nightly", "--cron", "0 3 * * *", "--time-zone",
+      "Europe/Berlin",
+      "--key", "nightly", "--unique", "running", "exec", "--", "/bin/true",
+    ])
+    #expect(added == 0 && addOutput.contains("schedule nightly created in queue \(queue)"), "\(addOutput)")
+    let (listed, list) = try await conveyor(["-d", url, "-q", queue, "schedules", "--json"])
+    #expect(
+      listed == 0 && list.contains(#""name":"nightly""#) && list.contains(#""unique":"running""#), "\(list)")
+    let (paused, _) = try await conveyor(["-d", url, "-q", queue, "schedule", "pause", "nightly"])
+    let (_, state) = try await conveyor(["-d", url, "-q", queue, "schedules", "--json"])
+    #expect(paused == 0 && state.contains(#""state":"paused""#), "\(state)")
+    let (resumed, _) = try await conveyor(["-d", url, "-q", queue, "schedule", "resume", "nightly"])
+    #expect(resumed == 0)
+    let (removed, _) = try await conveyor(["-d", url, "-q", queue, "schedule", "remove", "nightly"])
+    let (gone, absent) = try await conveyor(["-d", url, "-q", queue, "schedule", "remove", "nightly"])
+    #expect(
+      removed == 0 && gone == 1 && absent.contains("no schedule nightly in queue \(queue)"), "\(absent)")
+  }
+
   @Test func anUnreachableServerIsADatabaseErrorWithoutThePassword() async throws {
     let (code, output) = try await conveyor(
       ["-d", "postgresql://me:Sekr1t-PW@127.0.0.1:1/app?connect_timeout=2", "status"])
