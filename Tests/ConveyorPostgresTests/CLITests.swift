@@ -65,7 +65,7 @@ struct CLITests {
     #expect(after.contains("\"ready\":0") && after.contains("\"running\":0"), "\(after)")
   }
 
-  /// `schedule add|pause|resume|remove` and `schedules` against a PostgreSQL URL, in a schema of
+  /// `schedule add|pause|resume|remove` and `schedules` against a PostgreSQL URL, in a queue of
   /// their own.
   @Test func schedulesAreStoredListedPausedAndRemovedOnAPostgresURL() async throws {
     let server = try await PostgresServer.shared()
