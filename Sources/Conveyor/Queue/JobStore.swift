@@ -618,7 +618,7 @@ public protocol JobStore: Sendable {
   /// ready or the store cannot tell without reading every ready job. Default nil.
   func oldestReadyRunDate(queue: String, clock: any JobClock) async throws -> Date?
 
-    /// Stores `schedules` for `queue` in one transaction, each new one counting its slots from the
+  /// Stores `schedules` for `queue` in one transaction, each new one counting its slots from the
   /// clock's now and each stored one keeping its last slot, with the jobs of the slots a changed
   /// schedule had due (see ``ScheduleBook`` for the rules).
   /// With ``ScheduleOrigin/declared``, `schedules` is the whole of what the code declares: the
@@ -632,7 +632,7 @@ public protocol JobStore: Sendable {
   /// The schedules of `queue`, or of every queue when nil, sorted by queue and name. Default: none.
   func schedules(queue: String?) async throws -> [StoredSchedule]
 
-    /// Pauses or resumes the schedule `name` of `queue` in one transaction, with the jobs of the
+  /// Pauses or resumes the schedule `name` of `queue` in one transaction, with the jobs of the
   /// slots a pause finds due (see ``StoredSchedule/pausing(_:now:)``); false when there is none.
   /// Default: false.
   func setSchedulePaused(_ paused: Bool, name: String, queue: String, clock: any JobClock) async throws

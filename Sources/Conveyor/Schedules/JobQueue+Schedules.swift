@@ -36,7 +36,7 @@ extension JobQueue {
       deduplicationKey: key, deduplicationScope: scope, onConflict: item.onConflict)
   }
 
-    /// Stores the schedules this code declares, in one transaction: new ones are added, changed
+  /// Stores the schedules this code declares, in one transaction: new ones are added, changed
   /// ones updated (their slots already due fire first, with the old definition; the new one
   /// takes effect from the next slot; no slot fires twice), and declared schedules of this queue
   /// that `schedules` leaves out become inactive: kept and listed, never fired, until a
@@ -75,7 +75,7 @@ extension JobQueue {
     try await store.schedules(queue: identifier)
   }
 
-    /// Pauses a schedule: the slots already due fire first (in the same transaction), then no slot
+  /// Pauses a schedule: the slots already due fire first (in the same transaction), then no slot
   /// fires until ``resumeSchedule(_:)``, and the slots that come meanwhile are skipped. False when
   /// there is no schedule of that name.
   @discardableResult
