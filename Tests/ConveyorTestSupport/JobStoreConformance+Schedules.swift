@@ -460,5 +460,15 @@ extension JobStoreConformance {
       let next = try await store.fireDueSchedules(queue: "q", clock: now(300))
       try expect(next.added.count == 1, "the next slot after it finished: \(next)")
     },
+    check("a schedule's deduplication key with a NUL in it round-trips, as a job's does") { store in
+      // Jobs keep any key (PostgreSQL as bytes); a schedule's jobs carry the schedule's key.
+      let keyed = try ScheduleDefinition(
+        name: "s", timing: try ScheduleTiming(every: .seconds(100)), payload: Data("tick".utf8),
+        deduplicationKey: "tenant\u{0}7", deduplicationScope: .waitingOrRunning)
+      _ = try await store.saveSchedules([keyed], queue: "q", origin: .declared, clock: now(0))
+      try expect(try await stored(store).definition == keyed, "read back as saved")
+      let id = try expectOne(try await store.fireDueSchedules(queue: "q", clock: now(100)).added)
+      try expect(try await store.job(id)?.deduplicationKey == "tenant\u{0}7", "the job carries the key")
+    },
   ]
 }
