@@ -470,5 +470,34 @@ extension JobStoreConformance {
       let id = try expectOne(try await store.fireDueSchedules(queue: "q", clock: now(100)).added)
       try expect(try await store.job(id)?.deduplicationKey == "tenant\u{0}7", "the job carries the key")
     },
+    check("a cron schedule moved to another zone on the night the clocks go back fires 02:30 once") { store in
+      // 2023-10-29: Berlin and Paris go from 03:00 CEST back to 02:00 CET at 01:00 UTC, so 02:30 is
+      // 00:30 UTC, then again 01:30 UTC. The schedule fires the first; at 01:10 UTC a release
+      // moves it to Paris (same rules): the second 02:30 is not a new slot.
+      func utc(_ day: Int, _ hour: Int, _ minute: Int) -> Date {
+        let seconds: Int = (day - 28) * 86_400 + hour * 3_600 + minute * 60
+        return Date(timeIntervalSince1970: 1_698_451_200 + Double(seconds))
+      }
+      func night(_ zone: String) throws -> ScheduleDefinition {
+        try ScheduleDefinition(
+          name: "s", timing: try ScheduleTiming(cron: "30 2 * * *", timeZone: zone), payload: Data(zone.utf8))
+      }
+      _ = try await store.saveSchedules(
+        [try night("Europe/Berlin")], queue: "q", origin: .declared, clock: FixedJobClock(utc(28, 12, 0)))
+      _ = try await store.fireDueSchedules(queue: "q", clock: FixedJobClock(utc(29, 0, 30)))
+      _ = try await store.saveSchedules(
+        [try night("Europe/Paris")], queue: "q", origin: .declared, clock: FixedJobClock(utc(29, 1, 10)))
+      for minute in [10, 30, 31] {
+        _ = try await store.fireDueSchedules(queue: "q", clock: FixedJobClock(utc(29, 1, minute)))
+      }
+      _ = try await store.fireDueSchedules(queue: "q", clock: FixedJobClock(utc(30, 1, 30)))
+      let jobs = try await store.jobs(queue: "q", status: nil, after: nil, limit: 10)
+      let runs: [Date] = jobs.map(\.runAt)
+      let items: [String] = jobs.map(text)
+      let expected: [Date] = [utc(29, 0, 30), utc(30, 1, 30)]
+      try expect(
+        runs == expected && items == ["Europe/Berlin", "Europe/Paris"], "02:30 once a night: \(runs) \(items)"
+      )
+    },
   ]
 }
