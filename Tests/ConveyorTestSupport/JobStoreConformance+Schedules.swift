@@ -499,5 +499,26 @@ extension JobStoreConformance {
         runs == expected && items == ["Europe/Berlin", "Europe/Paris"], "02:30 once a night: \(runs) \(items)"
       )
     },
+    check("a refused declaration adds no job of a due slot and changes no schedule") { store in
+      _ = try await store.saveSchedules(
+        [try every(100, "a", text: "old"), try every(100, "b")], queue: "q", origin: .declared, clock: now(0))
+      do {
+        // "a" changes while its slot at 100 is due (its old item would fire), then a name repeats.
+        _ = try await store.saveSchedules(
+          [try every(100, "a", text: "new"), try every(100, "c"), try every(200, "c")], queue: "q",
+          origin: .declared, clock: now(110))
+        throw ConformanceFailure(description: "a duplicate name was stored")
+      } catch let error as ScheduleError {
+        guard case .invalidName = error else { throw error }
+      }
+      try expect(try await runSeconds(store).isEmpty, "no job of the refused declaration")
+      let listed = try await store.schedules(queue: "q")
+      try expect(
+        listed.map(\.name) == ["a", "b"] && listed.allSatisfy { $0.active && $0.lastSlot == nil },
+        "unchanged: \(listed)")
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(110))
+      try expect(
+        try await store.jobs(queue: "q", status: nil, after: nil, limit: 10).map(text) == ["old", "tick"], "")
+    },
   ]
 }
