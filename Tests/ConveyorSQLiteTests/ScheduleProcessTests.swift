@@ -125,3 +125,32 @@ extension ScheduleProcessTests {
       "the declaration replaced the added schedule: \(summary), origin \(stored.origin), payload \(text)")
   }
 }
+
+extension ScheduleProcessTests {
+  /// During a rolling deploy an older release cannot read a schedule the newer one stored. The
+  /// newer release looks for due schedules a second after each of the older one's looks; the
+  /// slot at 100 must still be fired, once, by the newer release within the grace: the older
+  /// release's postponement must not hide it from the release that can fire it.
+  @Test func aSlotAnOlderReleaseCannotReadIsFiredByTheNewerOneWithinTheGrace() async throws {
+    let folder = try TemporaryFolder()
+    let store = try SQLiteJobStore(path: folder.path("releases.sqlite"))
+    let t0 = Date(timeIntervalSince1970: 1_700_000_000)
+    func at(_ seconds: Double) -> FixedJobClock { FixedJobClock(t0.addingTimeInterval(seconds)) }
+    let sync = try ScheduleDefinition(
+      name: "sync", timing: try ScheduleTiming(every: .seconds(100)), payload: Data("sync".utf8))
+    _ = try await store.saveSchedules([sync], queue: "q", origin: .declared, clock: at(0))
+    func looks(readable: Bool, at seconds: Double) async throws {
+      let policy = readable ? "skip" : "newer-policy"
+      _ = try await store.connection.perform { db in
+        try db.run("UPDATE schedules SET catch_up = '\(policy)' WHERE name = 'sync'")
+      }
+      _ = try await store.fireDueSchedules(queue: "q", clock: at(seconds))
+    }
+    for second in [100.0, 130, 160] {
+      try await looks(readable: false, at: second)  // the older release
+      try await looks(readable: true, at: second + 1)  // the newer release
+    }
+    let jobs = try await store.jobs(queue: "q", status: nil, after: nil, limit: 10)
+    #expect(jobs.map(\.runAt) == [t0.addingTimeInterval(100)], "the slot at 100: \(jobs.map(\.runAt))")
+  }
+}
