@@ -99,3 +99,41 @@ extension ScheduleProcessTests {
     }
   }
 }
+
+extension ScheduleProcessTests {
+  /// With `Clock.database` a pause and a declaration judge the slots they fire by the server's
+  /// clock, as a firing does, whatever the caller's clock says (here years behind): the pause
+  /// fires the slot due before it, the resume skips none after it, and each slot is added once.
+  @Test func aPauseAndADeclarationFireTheSlotsDueByTheServersClock() async throws {
+    let server = try await PostgresServer.shared()
+    let store = try await PostgresJobStore.open(
+      url: server.url, options: .init(schema: uniqueSchema("schedclock")))
+    let behind = FixedJobClock(Date(timeIntervalSince1970: 1_700_000_000))
+    func every(_ text: String) throws -> ScheduleDefinition {
+      try ScheduleDefinition(
+        name: "s", timing: try ScheduleTiming(every: .seconds(1)), payload: Data(text.utf8))
+    }
+    _ = try await store.saveSchedules([try every("a")], queue: "q", origin: .declared, clock: behind)
+    let created = try #require(try await store.schedules(queue: "q").first).createdAt
+    try await Task.sleep(for: .milliseconds(1_300))
+    #expect(try await store.setSchedulePaused(true, name: "s", queue: "q", clock: behind))
+    let paused = try await store.jobs(queue: "q", status: nil, after: nil, limit: 100)
+    #expect(!paused.isEmpty, "the pause fired no slot due by the server's clock")
+    #expect(
+      paused.allSatisfy { $0.runAt > created }, "slots from before the schedule: \(paused.map(\.runAt))")
+    #expect(try await store.setSchedulePaused(false, name: "s", queue: "q", clock: behind))
+    let resumedAt = try #require(try await store.schedules(queue: "q").first).lastSlot
+    try await Task.sleep(for: .milliseconds(1_300))
+    _ = try await store.saveSchedules([try every("b")], queue: "q", origin: .declared, clock: behind)
+    let jobs = try await store.jobs(queue: "q", status: nil, after: nil, limit: 100)
+    let saved = jobs.filter {
+      String(decoding: $0.payload, as: UTF8.self) == "a" && !paused.map(\.id).contains($0.id)
+    }
+    #expect(!saved.isEmpty, "the declaration fired no slot due by the server's clock with the old item")
+    #expect(
+      saved.allSatisfy { $0.runAt > (resumedAt ?? created) },
+      "a slot of the pause fired: \(saved.map(\.runAt))")
+    #expect(Set(jobs.map(\.runAt)).count == jobs.count, "a slot fired twice: \(jobs.map(\.runAt))")
+    await store.close()
+  }
+}

@@ -93,3 +93,64 @@ extension ScheduleProcessTests {
     }
   }
 }
+
+extension ScheduleProcessTests {
+  /// An operator added "nightly" through a newer release, which stored a catch-up policy the older
+  /// release cannot read. The older release, still running during a rolling deploy, declares a
+  /// schedule of the same name at start. Declarations leave added schedules alone, readable or
+  /// not: the operator's row must stay as it is, not be replaced by the declared one.
+  @Test func aDeclarationLeavesAnAddedScheduleItCannotReadAlone() async throws {
+    let folder = try TemporaryFolder()
+    let store = try SQLiteJobStore(path: folder.path("releases.sqlite"))
+    let t0 = Date(timeIntervalSince1970: 1_700_000_000)
+    func at(_ seconds: Double) -> FixedJobClock { FixedJobClock(t0.addingTimeInterval(seconds)) }
+    func nightly(_ text: String) throws -> ScheduleDefinition {
+      try ScheduleDefinition(
+        name: "nightly", timing: try ScheduleTiming(every: .seconds(100)), payload: Data(text.utf8))
+    }
+    _ = try await store.saveSchedules([try nightly("operator")], queue: "q", origin: .added, clock: at(0))
+    _ = try await store.connection.perform { db in
+      try db.run("UPDATE schedules SET catch_up = 'newer-policy' WHERE name = 'nightly'")
+    }
+    let summary = try await store.saveSchedules(
+      [try nightly("code")], queue: "q", origin: .declared, clock: at(10))
+    // The newer release reads its row again.
+    _ = try await store.connection.perform { db in
+      try db.run("UPDATE schedules SET catch_up = 'skip' WHERE name = 'nightly'")
+    }
+    let stored = try #require(try await store.schedules(queue: "q").first)
+    let text = String(decoding: stored.definition.payload, as: UTF8.self)
+    #expect(
+      stored.origin == .added && text == "operator",
+      "the declaration replaced the added schedule: \(summary), origin \(stored.origin), payload \(text)")
+  }
+}
+
+extension ScheduleProcessTests {
+  /// During a rolling deploy an older release cannot read a schedule the newer one stored. The
+  /// newer release looks for due schedules a second after each of the older one's looks; the
+  /// slot at 100 must still be fired, once, by the newer release within the grace: the older
+  /// release's postponement must not hide it from the release that can fire it.
+  @Test func aSlotAnOlderReleaseCannotReadIsFiredByTheNewerOneWithinTheGrace() async throws {
+    let folder = try TemporaryFolder()
+    let store = try SQLiteJobStore(path: folder.path("releases.sqlite"))
+    let t0 = Date(timeIntervalSince1970: 1_700_000_000)
+    func at(_ seconds: Double) -> FixedJobClock { FixedJobClock(t0.addingTimeInterval(seconds)) }
+    let sync = try ScheduleDefinition(
+      name: "sync", timing: try ScheduleTiming(every: .seconds(100)), payload: Data("sync".utf8))
+    _ = try await store.saveSchedules([sync], queue: "q", origin: .declared, clock: at(0))
+    func looks(readable: Bool, at seconds: Double) async throws {
+      let policy = readable ? "skip" : "newer-policy"
+      _ = try await store.connection.perform { db in
+        try db.run("UPDATE schedules SET catch_up = '\(policy)' WHERE name = 'sync'")
+      }
+      _ = try await store.fireDueSchedules(queue: "q", clock: at(seconds))
+    }
+    for second in [100.0, 130, 160] {
+      try await looks(readable: false, at: second)  // the older release
+      try await looks(readable: true, at: second + 1)  // the newer release
+    }
+    let jobs = try await store.jobs(queue: "q", status: nil, after: nil, limit: 10)
+    #expect(jobs.map(\.runAt) == [t0.addingTimeInterval(100)], "the slot at 100: \(jobs.map(\.runAt))")
+  }
+}

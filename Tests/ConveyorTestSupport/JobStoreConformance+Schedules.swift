@@ -302,5 +302,223 @@ extension JobStoreConformance {
       }
       try expect(try await store.schedules(queue: "q").isEmpty, "nothing stored")
     },
+    check("a cron schedule made from its parts with an offset zone is refused or read back as saved") {
+      store in
+      // `init(spacing:timeZone:)` is public and takes any `TimeZone`; one made from an offset is
+      // named "GMT+0500", which `init(cron:timeZone:)`, the stores' reading path, refuses.
+      guard let plusFive = TimeZone(secondsFromGMT: 5 * 3_600) else {
+        throw ConformanceFailure(description: "no +05:00 zone on this system")
+      }
+      let timing: ScheduleTiming
+      do {
+        timing = try ScheduleTiming(spacing: .cron(try CronExpression("@hourly")), timeZone: plusFive)
+      } catch {
+        return  // refused when made: nothing unreadable can be stored
+      }
+      let hourly = try ScheduleDefinition(name: "s", timing: timing, payload: Data("tick".utf8))
+      _ = try await store.saveSchedules([hourly], queue: "q", origin: .declared, clock: now(0))
+      let listed: [StoredSchedule]
+      do {
+        listed = try await store.schedules(queue: "q")
+      } catch {
+        throw ConformanceFailure(description: "a schedule the store took cannot be listed: \(error)")
+      }
+      try expect(listed.map(\.definition) == [hourly], "read back as saved: \(listed)")
+      guard let slot = timing.nextSlot(after: at(0)) else {
+        throw ConformanceFailure(description: "an hourly timing without a next slot")
+      }
+      _ = try await store.fireDueSchedules(queue: "q", clock: FixedJobClock(slot))
+      let seconds = try await runSeconds(store)
+      try expect(seconds == [slot.timeIntervalSince(t0)], "its next slot fired: \(seconds)")
+    },
+    check("a retirement skips only the slots that pass while inactive, not one due before it") { store in
+      // The slot at 100 comes due and is on time until 160; at 110, before any process fired it, a
+      // release that leaves the schedule out starts, and at 120 one that declares it again (a
+      // rollback). The slot passed before the schedule became inactive, as a slot due before a
+      // pause, which a pause fires: it is not one the inactivity skips.
+      _ = try await store.saveSchedules([try every(100)], queue: "q", origin: .declared, clock: now(0))
+      _ = try await store.saveSchedules([], queue: "q", origin: .declared, clock: now(110))
+      _ = try await store.saveSchedules([try every(100)], queue: "q", origin: .declared, clock: now(120))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(120))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(200))
+      let seconds = try await runSeconds(store)
+      try expect(seconds == [100, 200], "the slot due before the retirement was lost: \(seconds)")
+    },
+    check("a slot due when a schedule's item changes gets the old item") { store in
+      _ = try await store.saveSchedules(
+        [try every(100, text: "old")], queue: "q", origin: .declared, clock: now(0))
+      _ = try await store.saveSchedules(
+        [try every(100, text: "new")], queue: "q", origin: .declared, clock: now(110))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(110))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(200))
+      let jobs = try await store.jobs(queue: "q", status: nil, after: nil, limit: 10)
+      try expect(
+        jobs.map(text) == ["old", "new"] && jobs.map { $0.runAt } == [at(100), at(200)],
+        "slot 100 old, 200 new: \(jobs.map(text)) \(jobs.map { $0.runAt.timeIntervalSince(t0) })")
+    },
+    check("pausing, resuming and pausing again at once fires each due slot once") { store in
+      _ = try await store.saveSchedules(
+        [try every(100, catchUp: .all(atMost: 100))], queue: "q", origin: .added, clock: now(0))
+      for (paused, second) in [
+        (true, 110.0), (false, 111), (true, 112), (false, 113), (true, 250), (false, 260),
+      ] {
+        _ = try await store.setSchedulePaused(paused, name: "s", queue: "q", clock: now(second))
+      }
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(300))
+      let seconds = try await runSeconds(store)
+      try expect(seconds == [100, 200, 300], "each slot once, 200 by the pause at 250: \(seconds)")
+    },
+    check("an inactive schedule paused, declared again and resumed fires from its next slot") { store in
+      _ = try await store.saveSchedules([try every(100)], queue: "q", origin: .declared, clock: now(0))
+      _ = try await store.saveSchedules([], queue: "q", origin: .declared, clock: now(50))
+      try expect(try await store.setSchedulePaused(true, name: "s", queue: "q", clock: now(60)), "paused")
+      try expect(try await runSeconds(store).isEmpty, "an inactive schedule's pause fires nothing")
+      _ = try await store.saveSchedules([try every(100)], queue: "q", origin: .declared, clock: now(150))
+      let declared = try await stored(store)
+      try expect(declared.active && declared.paused && declared.nextDue == nil, "active, paused: \(declared)")
+      try expect(try await store.fireDueSchedules(queue: "q", clock: now(200)).added.isEmpty, "paused")
+      _ = try await store.setSchedulePaused(false, name: "s", queue: "q", clock: now(210))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(300))
+      try expect(try await runSeconds(store) == [300], "from the slot after the resume")
+    },
+    check("a never-fired schedule paused after downtime fires what its catch-up policy fires") { store in
+      _ = try await store.saveSchedules(
+        [
+          try every(100, "l", text: "l", catchUp: .latest),
+          try every(100, "a", text: "a", catchUp: .all(atMost: 2)),
+        ],
+        queue: "q", origin: .added, clock: now(0))
+      _ = try await store.setSchedulePaused(true, name: "l", queue: "q", clock: now(1_070))
+      _ = try await store.setSchedulePaused(true, name: "a", queue: "q", clock: now(1_070))
+      _ = try await store.setSchedulePaused(false, name: "l", queue: "q", clock: now(1_500))
+      _ = try await store.setSchedulePaused(false, name: "a", queue: "q", clock: now(1_500))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(1_600))
+      let jobs = try await store.jobs(queue: "q", status: nil, after: nil, limit: 100)
+      let l = jobs.filter { text($0) == "l" }.map { $0.runAt.timeIntervalSince(t0) }
+      let a = jobs.filter { text($0) == "a" }.map { $0.runAt.timeIntervalSince(t0) }
+      try expect(l == [1_000, 1_600] && a == [900, 1_000, 1_600], "latest \(l), all(2) \(a)")
+    },
+    check("a paused schedule given a new spacing skips the new slots of its pause when resumed") { store in
+      _ = try await store.saveSchedules([try every(100)], queue: "q", origin: .declared, clock: now(0))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(100))
+      _ = try await store.setSchedulePaused(true, name: "s", queue: "q", clock: now(150))
+      _ = try await store.saveSchedules([try every(50)], queue: "q", origin: .declared, clock: now(170))
+      try expect(try await stored(store).nextDue == nil, "still paused")
+      _ = try await store.setSchedulePaused(false, name: "s", queue: "q", clock: now(210))
+      let resumed = try await stored(store)
+      try expect(resumed.nextDue == at(250), "due at the new spacing's next slot: \(resumed)")
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(210))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(250))
+      try expect(try await runSeconds(store) == [100, 250], "200 came while paused")
+    },
+    check("spacings changed back and forth within a minute fire no slot twice") { store in
+      _ = try await store.saveSchedules(
+        [try every(100, catchUp: .all(atMost: 1_000))], queue: "q", origin: .declared, clock: now(0))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(100))
+      var second = 130.0
+      for spacing: Int64 in [7, 100, 3, 100, 7, 1] {
+        _ = try await store.saveSchedules(
+          [try every(spacing, catchUp: .all(atMost: 1_000))], queue: "q", origin: .declared,
+          clock: now(second))
+        second += 4
+      }
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(second))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(200))
+      let seconds = try await runSeconds(store)
+      try expect(Set(seconds).count == seconds.count, "a slot fired twice: \(seconds)")
+      try expect(seconds.allSatisfy { $0 == 100 || ($0 > 100 && $0 <= 200) }, "in range: \(seconds)")
+    },
+    check("a declaration held by an added schedule takes the name once the added one is removed") { store in
+      _ = try await store.saveSchedules(
+        [try every(100, "n", text: "operator")], queue: "q", origin: .added, clock: now(0))
+      let held = try await store.saveSchedules(
+        [try every(100, "n", text: "code")], queue: "q", origin: .declared, clock: now(10))
+      try expect(held.heldByAdded == ["n"] && held.created.isEmpty && held.updated.isEmpty, "held: \(held)")
+      try expect(try await store.removeSchedule(name: "n", queue: "q"), "removed")
+      let taken = try await store.saveSchedules(
+        [try every(100, "n", text: "code")], queue: "q", origin: .declared, clock: now(20))
+      try expect(taken.created == ["n"] && taken.heldByAdded.isEmpty, "created: \(taken)")
+      let after = try await stored(store, "n")
+      try expect(after.origin == .declared && after.definition.payload == Data("code".utf8), "\(after)")
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(100))
+      try expect(
+        try await store.jobs(queue: "q", status: nil, after: nil, limit: 10).map(text) == ["code"], "")
+    },
+    check("a schedule that never runs twice at once keeps its key across a change of item") { store in
+      func single(_ text: String) throws -> ScheduleDefinition {
+        try ScheduleDefinition(
+          name: "s", timing: try ScheduleTiming(every: .seconds(100)), payload: Data(text.utf8),
+          deduplicationKey: "only-one", deduplicationScope: .waitingOrRunning)
+      }
+      _ = try await store.saveSchedules([try single("old")], queue: "q", origin: .declared, clock: now(0))
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(100))
+      let running = try expectOne(try await claim(store, now: 101).claimed)
+      _ = try await store.saveSchedules([try single("new")], queue: "q", origin: .declared, clock: now(150))
+      let during = try await store.fireDueSchedules(queue: "q", clock: now(200))
+      try expect(during.added.isEmpty, "a second job while the first runs: \(during)")
+      _ = try await claim(store, limit: 0, settling: [settle(running, .complete)], now: 250)
+      let next = try await store.fireDueSchedules(queue: "q", clock: now(300))
+      try expect(next.added.count == 1, "the next slot after it finished: \(next)")
+    },
+    check("a schedule's deduplication key with a NUL in it round-trips, as a job's does") { store in
+      // Jobs keep any key (PostgreSQL as bytes); a schedule's jobs carry the schedule's key.
+      let keyed = try ScheduleDefinition(
+        name: "s", timing: try ScheduleTiming(every: .seconds(100)), payload: Data("tick".utf8),
+        deduplicationKey: "tenant\u{0}7", deduplicationScope: .waitingOrRunning)
+      _ = try await store.saveSchedules([keyed], queue: "q", origin: .declared, clock: now(0))
+      try expect(try await stored(store).definition == keyed, "read back as saved")
+      let id = try expectOne(try await store.fireDueSchedules(queue: "q", clock: now(100)).added)
+      try expect(try await store.job(id)?.deduplicationKey == "tenant\u{0}7", "the job carries the key")
+    },
+    check("a cron schedule moved to another zone on the night the clocks go back fires 02:30 once") { store in
+      // 2023-10-29: Berlin and Paris go from 03:00 CEST back to 02:00 CET at 01:00 UTC, so 02:30 is
+      // 00:30 UTC, then again 01:30 UTC. The schedule fires the first; at 01:10 UTC a release
+      // moves it to Paris (same rules): the second 02:30 is not a new slot.
+      func utc(_ day: Int, _ hour: Int, _ minute: Int) -> Date {
+        let seconds: Int = (day - 28) * 86_400 + hour * 3_600 + minute * 60
+        return Date(timeIntervalSince1970: 1_698_451_200 + Double(seconds))
+      }
+      func night(_ zone: String) throws -> ScheduleDefinition {
+        try ScheduleDefinition(
+          name: "s", timing: try ScheduleTiming(cron: "30 2 * * *", timeZone: zone), payload: Data(zone.utf8))
+      }
+      _ = try await store.saveSchedules(
+        [try night("Europe/Berlin")], queue: "q", origin: .declared, clock: FixedJobClock(utc(28, 12, 0)))
+      _ = try await store.fireDueSchedules(queue: "q", clock: FixedJobClock(utc(29, 0, 30)))
+      _ = try await store.saveSchedules(
+        [try night("Europe/Paris")], queue: "q", origin: .declared, clock: FixedJobClock(utc(29, 1, 10)))
+      for minute in [10, 30, 31] {
+        _ = try await store.fireDueSchedules(queue: "q", clock: FixedJobClock(utc(29, 1, minute)))
+      }
+      _ = try await store.fireDueSchedules(queue: "q", clock: FixedJobClock(utc(30, 1, 30)))
+      let jobs = try await store.jobs(queue: "q", status: nil, after: nil, limit: 10)
+      let runs: [Date] = jobs.map(\.runAt)
+      let items: [String] = jobs.map(text)
+      let expected: [Date] = [utc(29, 0, 30), utc(30, 1, 30)]
+      try expect(
+        runs == expected && items == ["Europe/Berlin", "Europe/Paris"], "02:30 once a night: \(runs) \(items)"
+      )
+    },
+    check("a refused declaration adds no job of a due slot and changes no schedule") { store in
+      _ = try await store.saveSchedules(
+        [try every(100, "a", text: "old"), try every(100, "b")], queue: "q", origin: .declared, clock: now(0))
+      do {
+        // "a" changes while its slot at 100 is due (its old item would fire), then a name repeats.
+        _ = try await store.saveSchedules(
+          [try every(100, "a", text: "new"), try every(100, "c"), try every(200, "c")], queue: "q",
+          origin: .declared, clock: now(110))
+        throw ConformanceFailure(description: "a duplicate name was stored")
+      } catch let error as ScheduleError {
+        guard case .invalidName = error else { throw error }
+      }
+      try expect(try await runSeconds(store).isEmpty, "no job of the refused declaration")
+      let listed = try await store.schedules(queue: "q")
+      try expect(
+        listed.map(\.name) == ["a", "b"] && listed.allSatisfy { $0.active && $0.lastSlot == nil },
+        "unchanged: \(listed)")
+      _ = try await store.fireDueSchedules(queue: "q", clock: now(110))
+      try expect(
+        try await store.jobs(queue: "q", status: nil, after: nil, limit: 10).map(text) == ["old", "tick"], "")
+    },
   ]
 }

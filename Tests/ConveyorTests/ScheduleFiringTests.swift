@@ -125,4 +125,37 @@ struct ScheduleFiringTests {
     let seconds = store.peekAll(queue: "ticks").map { $0.runAt.timeIntervalSince(start) }.sorted()
     #expect(seconds == [480, 540, 600], "the latest three slots: \(seconds)")
   }
+
+  /// A pause and a declaration fire the slots already due (see `StoredSchedule.pausing` and
+  /// `redeclared`): those jobs are committed by this queue, so they are reported as enqueued, as
+  /// the jobs its loop fires are (the metrics count enqueued jobs from these events).
+  @Test func theJobsAPauseOrADeclarationFiresAreReportedAsEnqueued() async throws {
+    let clock = ManualJobClock(start: Date(timeIntervalSince1970: 1_700_000_000))
+    let store = InMemoryJobStore()
+    let queue = try await Self.pausedQueue(store, clock: clock)
+    let every = try ScheduleTiming(every: .seconds(100))
+    try await queue.declareSchedules([
+      try queue.schedule("p", every, item: Tick(name: "p")),
+      try queue.schedule("d", every, item: Tick(name: "d")),
+    ])
+    let events = queue.events
+    clock.advance(by: .seconds(110))  // the slot at 100 is due for both
+    try await queue.pauseSchedule("p")
+    try await queue.declareSchedules([
+      try queue.schedule("p", every, item: Tick(name: "p")),
+      try queue.schedule("d", every, item: Tick(name: "d2")),
+    ])
+    let marker = try await queue.add(Tick(name: "marker")).id
+    var reported: [JobID] = []
+    for await event in events {
+      guard case .enqueued(let id) = event else { continue }
+      if id == marker { break }
+      reported.append(id)
+    }
+    let fired = try await store.jobs(queue: "ticks", status: nil, after: nil, limit: 10).map(\.id).filter {
+      $0 != marker
+    }
+    #expect(fired.count == 2, "the pause and the declaration each fired the slot at 100: \(fired)")
+    #expect(reported == fired, "reported \(reported) of \(fired)")
+  }
 }

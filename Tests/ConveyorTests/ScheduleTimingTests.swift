@@ -123,4 +123,22 @@ struct ScheduleTimingTests {
     #expect(try ScheduleTiming(cron: "@daily", timeZone: "Etc/GMT+5").timeZone.identifier == "Etc/GMT+5")
     refuses("has 1 field(s)") { try ScheduleTiming(cron: "soon") }
   }
+
+  @Test(arguments: ["Etc/UTC", "US/Eastern", "America/Argentina/Buenos_Aires", "Etc/GMT+5", "GMT", "UTC"])
+  func zoneNamesAreTaken(_ name: String) throws {
+    let timing = try ScheduleTiming(cron: "@daily", timeZone: name)
+    #expect(timing.timeZoneName == name)
+  }
+
+  @Test func aZoneMadeFromAnOffsetIsRefusedOrReadBackByItsName() throws {
+    // `init(spacing:timeZone:)` names the zone by its identifier; the stores read a timing back
+    // with `init(cron:timeZone:)` from that name, which must be taken again.
+    let plusFive = try #require(TimeZone(secondsFromGMT: 5 * 3_600))
+    guard let timing = try? ScheduleTiming(spacing: .cron(try CronExpression("@hourly")), timeZone: plusFive)
+    else { return }
+    let again = try ScheduleTiming(
+      storedSpacing: timing.storedSpacing, timeZone: timing.timeZoneName, catchUp: timing.storedCatchUp,
+      jitterMilliseconds: 0)
+    #expect(again == timing)
+  }
 }
