@@ -12,7 +12,8 @@ import Foundation
 // With `Clock.database` the slots are judged by the server's clock, as leases are.
 
 extension PostgresJobStore {
-  /// Stores schedules; see `JobStore.saveSchedules(_:queue:origin:clock:)`.
+  /// Stores schedules; see `JobStore.saveSchedules(_:queue:origin:clock:)`. A stored schedule
+  /// this build cannot read back (a newer release's) is left as it is.
   public func saveSchedules(
     _ schedules: [ScheduleDefinition], queue: String, origin: ScheduleOrigin, clock: any JobClock
   ) async throws -> ScheduleSaveSummary {
@@ -22,12 +23,16 @@ extension PostgresJobStore {
       try db.transaction {
         try db.execute(SQL.lockSchedulesOfQueue, [.text(queue)])
         let now = try Self.scheduleNow(db, clock: clock, server: useServerClock)
-        let existing = try Self.readSchedules(db.execute(sql.schedulesOfQueueLocked, [.text(queue)]))
-          .compactMap { try? $0.row.get() }  // one it cannot read back is written anew when saved by name
-        let (writes, jobs, summary) = try ScheduleBook.save(
-          schedules, queue: queue, origin: origin, existing: existing, now: now)
+        let rows = Self.readSchedules(try db.execute(sql.schedulesOfQueueLocked, [.text(queue)]))
+        let existing = rows.compactMap { try? $0.row.get() }
+        let unreadable = Set(rows.filter { (try? $0.row.get()) == nil }.map(\.name))
+        var (writes, jobs, summary) = try ScheduleBook.save(
+          schedules, queue: queue, origin: origin, existing: existing, unreadable: unreadable, now: now)
         if !jobs.isEmpty {
-          _ = try Self.insert(EnqueueCall(jobs: jobs, queue: queue, now: .timestamp(now)), sql: sql, db: db)
+          summary.added = try Self.insert(
+            EnqueueCall(jobs: jobs, queue: queue, now: .timestamp(now)), sql: sql, db: db
+          )
+          .filter(\.inserted).map(\.id)
         }
         for write in writes { try Self.write(write, sql: sql, db: db) }
         return summary
@@ -49,23 +54,27 @@ extension PostgresJobStore {
     }
   }
 
-  /// Pauses or resumes a schedule; see `JobStore.setSchedulePaused(_:name:queue:clock:)`.
-  public func setSchedulePaused(_ paused: Bool, name: String, queue: String, clock: any JobClock) async throws
-    -> Bool
+  /// Pauses or resumes a schedule; see `JobStore.changeSchedulePause(_:name:queue:clock:)`.
+  public func changeSchedulePause(_ paused: Bool, name: String, queue: String, clock: any JobClock)
+    async throws -> [JobID]?
   {
     let sql = self.sql
     let useServerClock = options.clock == .database
     return try await connection.perform(idempotent: true) { db in
       try db.transaction {
         let rows = try db.execute(sql.scheduleNamedLocked, [.text(queue), .text(name)])
-        guard let found = Self.readSchedules(rows).first else { return false }
+        guard let found = Self.readSchedules(rows).first else { return nil }
         let now = try Self.scheduleNow(db, clock: clock, server: useServerClock)
         let (jobs, after) = try found.row.get().pausing(paused, now: now)
+        var added: [JobID] = []
         if !jobs.isEmpty {
-          _ = try Self.insert(EnqueueCall(jobs: jobs, queue: queue, now: .timestamp(now)), sql: sql, db: db)
+          added = try Self.insert(
+            EnqueueCall(jobs: jobs, queue: queue, now: .timestamp(now)), sql: sql, db: db
+          )
+          .filter(\.inserted).map(\.id)
         }
         try Self.write(after, sql: sql, db: db)
-        return true
+        return added
       }
     }
   }
@@ -97,6 +106,7 @@ extension PostgresJobStore {
               [
                 .text(queue), .text(found.name),
                 .timestamp(JobStoreTime.date(now, adding: ScheduleBook.unreadablePostponement)),
+                .timestamp(now.addingTimeInterval(-Double(ScheduleTiming.grace.components.seconds))),
               ])
             continue
           }
@@ -149,7 +159,9 @@ extension PostgresJobStore {
             priority: Int(clamping: rows.int64(index, 7)),
             timeLimit: rows.isNull(index, 8)
               ? nil : JobStoreTime.timeLimit(milliseconds: rows.int64(index, 8)),
-            deduplicationKey: rows.text(index, 15), deduplicationScope: scope, onConflict: conflict)
+            deduplicationKey: rows.isNull(index, 15)
+              ? nil : String(decoding: rows.data(index, 15), as: UTF8.self), deduplicationScope: scope,
+            onConflict: conflict)
           guard let origin = ScheduleOrigin(rawValue: rows.text(index, 9) ?? "") else {
             throw .unsupported("schedule \(name) of queue \(queue) has an origin this build does not know")
           }
@@ -180,7 +192,7 @@ extension PostgresJobStore {
           ?? .null(oid: PostgresValue.int8OID),
         .text(schedule.origin.rawValue), .bool(schedule.active), .bool(schedule.paused),
         .timestamp(schedule.createdAt), .timestamp(schedule.lastSlot), .timestamp(schedule.nextDue),
-        definition.deduplicationKey.map { .text($0) } ?? .null(oid: PostgresValue.textOID),
+        definition.deduplicationKey.map { .bytea(Data($0.utf8)) } ?? .null(oid: PostgresValue.byteaOID),
         .text(definition.storedDeduplicationScope), .text(definition.storedOnConflict),
       ])
   }

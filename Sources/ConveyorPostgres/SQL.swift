@@ -346,7 +346,7 @@ struct SQL {
       created_at timestamptz NOT NULL,
       last_slot timestamptz,
       next_due timestamptz,
-      dedup_key text,
+            dedup_key bytea,
       dedup_scope text NOT NULL,
       on_conflict text NOT NULL,
       PRIMARY KEY (queue, name)
@@ -401,10 +401,11 @@ struct SQL {
   var advanceSchedule: String {
     "UPDATE \(schema).schedules SET last_slot = $3, next_due = $4 WHERE queue = $1 AND name = $2"
   }
-  /// A schedule this build cannot read back (a newer release's) is due again later, not never:
-  /// processes that can read it fire it meanwhile. Parameters: queue, name, due time.
+  /// A schedule this build cannot read back (a newer release's), due for longer than the grace,
+  /// is due again later, not never; before that it is left to the processes that can read it.
+  /// Parameters: queue, name, due time, the grace's start.
   var postponeSchedule: String {
-    "UPDATE \(schema).schedules SET next_due = $3 WHERE queue = $1 AND name = $2"
+    "UPDATE \(schema).schedules SET next_due = $3 WHERE queue = $1 AND name = $2 AND next_due <= $4"
   }
   var deleteSchedule: String { "DELETE FROM \(schema).schedules WHERE queue = $1 AND name = $2" }
   var nextScheduleDue: String {

@@ -306,9 +306,11 @@ enum SQL {
   static let saveSchedule = """
     INSERT OR REPLACE INTO schedules (\(scheduleColumns)) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     """
-  /// A schedule this build cannot read back (a newer release's) is due again later, not never:
-  /// processes that can read it fire it meanwhile (see `JobStore.fireDueSchedules`).
-  static let postponeSchedule = "UPDATE schedules SET next_due = ? WHERE queue = ? AND name = ?"
+  /// A schedule this build cannot read back (a newer release's), due for longer than the grace,
+  /// is due again later, not never; before that it is left to the processes that can read it
+  /// (see `JobStore.fireDueSchedules`). Parameters: due time, queue, name, the grace's start.
+  static let postponeSchedule =
+    "UPDATE schedules SET next_due = ? WHERE queue = ? AND name = ? AND next_due <= ?"
   static let deleteSchedule = "DELETE FROM schedules WHERE queue = ? AND name = ?"
   /// The earliest due time: the first entry of `schedules_due` for the queue.
   static let nextScheduleDue = """

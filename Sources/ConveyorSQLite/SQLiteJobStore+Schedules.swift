@@ -7,19 +7,23 @@ import Foundation
 // transaction, so a slot fired by one process is seen as fired by every other.
 
 extension SQLiteJobStore {
-  /// Stores schedules; see `JobStore.saveSchedules(_:queue:origin:clock:)`.
+  /// Stores schedules; see `JobStore.saveSchedules(_:queue:origin:clock:)`. A stored schedule
+  /// this build cannot read back (a newer release's) is left as it is.
   public func saveSchedules(
     _ schedules: [ScheduleDefinition], queue: String, origin: ScheduleOrigin, clock: any JobClock
   ) async throws -> ScheduleSaveSummary {
     try await connection.perform { db in
       try db.transaction(immediate: true) {
-        let existing = try Self.readSchedules(db, SQL.schedulesOfQueue, .text(queue)).compactMap {
-          try? $0.get()
-        }  // one it cannot read back is written anew when saved by name
+        let rows = try Self.readNamedSchedules(db, SQL.schedulesOfQueue, [.text(queue)])
+        let existing = rows.compactMap { try? $0.row.get() }
+        let unreadable = Set(rows.filter { (try? $0.row.get()) == nil }.map(\.name))
         let now = JobStoreTime.normalized(clock.now())
-        let (writes, jobs, summary) = try ScheduleBook.save(
-          schedules, queue: queue, origin: origin, existing: existing, now: now)
-        if !jobs.isEmpty { _ = try Self.insert(jobs, queue: queue, now: millis(now), db: db) }
+        var (writes, jobs, summary) = try ScheduleBook.save(
+          schedules, queue: queue, origin: origin, existing: existing, unreadable: unreadable, now: now)
+        if !jobs.isEmpty {
+          summary.added = try Self.insert(jobs, queue: queue, now: millis(now), db: db).filter(\.inserted)
+            .map(\.id)
+        }
         for write in writes { try Self.write(write, db: db) }
         return summary
       }
@@ -39,20 +43,23 @@ extension SQLiteJobStore {
     }
   }
 
-  /// Pauses or resumes a schedule; see `JobStore.setSchedulePaused(_:name:queue:clock:)`.
-  public func setSchedulePaused(_ paused: Bool, name: String, queue: String, clock: any JobClock) async throws
-    -> Bool
+  /// Pauses or resumes a schedule; see `JobStore.changeSchedulePause(_:name:queue:clock:)`.
+  public func changeSchedulePause(_ paused: Bool, name: String, queue: String, clock: any JobClock)
+    async throws -> [JobID]?
   {
     try await connection.perform { db in
       try db.transaction(immediate: true) {
         guard let row = try Self.readSchedules(db, SQL.scheduleNamed, .text(queue), .text(name)).first else {
-          return false
+          return nil
         }
         let now = JobStoreTime.normalized(clock.now())
         let (jobs, after) = try row.get().pausing(paused, now: now)
-        if !jobs.isEmpty { _ = try Self.insert(jobs, queue: queue, now: millis(now), db: db) }
+        var added: [JobID] = []
+        if !jobs.isEmpty {
+          added = try Self.insert(jobs, queue: queue, now: millis(now), db: db).filter(\.inserted).map(\.id)
+        }
         try Self.write(after, db: db)
-        return true
+        return added
       }
     }
   }
@@ -76,7 +83,8 @@ extension SQLiteJobStore {
             try db.run(
               SQL.postponeSchedule,
               .integer(millis(JobStoreTime.date(now, adding: ScheduleBook.unreadablePostponement))),
-              .text(queue), .text(name))
+              .text(queue), .text(name),
+              .integer(millis(now) - JobStoreTime.milliseconds(ScheduleTiming.grace)))
             continue
           }
           let (jobs, after) = schedule.firing(now: now)

@@ -227,10 +227,9 @@ final class SimStore: JobStore {
   ) async throws -> ScheduleSaveSummary {
     try await world.call(process, .change) {
       let now = clock.now()
-      let known = Set(self.base.peekAll(queue: queue).map(\.id))
       let summary = try await self.base.saveSchedules(schedules, queue: queue, origin: origin, clock: clock)
-      // A changed schedule fires the slots already due, in the same call.
-      let added = self.base.peekAll(queue: queue).filter { !known.contains($0.id) }.sorted { $0.id < $1.id }
+      // A changed or retired schedule fires the slots already due, in the same call.
+      let added = summary.added.compactMap(self.base.peek)
       let stored = try await self.base.schedules(queue: queue)
       // The jobs first, then the schedules as stored, which are checked against them.
       self.world.oracle.schedulesFired(added, stored: [], now: now, process: self.process)
@@ -243,28 +242,27 @@ final class SimStore: JobStore {
     try await world.call(process, .read) { try await self.base.schedules(queue: queue) }
   }
 
-  func setSchedulePaused(_ paused: Bool, name: String, queue: String, clock: any JobClock) async throws
-    -> Bool
+  func changeSchedulePause(_ paused: Bool, name: String, queue: String, clock: any JobClock) async throws
+    -> [JobID]?
   {
     try await world.call(process, .change) {
       // As with the queue's pause: a pause still on its way when faults stop is dropped, or it
       // would outlast the resume that ends the chaos.
       if paused && self.world.phase != .chaos {
         self.world.trace.note("p\(self.process) schedule pause dropped: faults have stopped")
-        return true
+        return []
       }
       let now = clock.now()
       let before = try await self.base.schedules(queue: queue).first { $0.name == name }
-      let known = Set(self.base.peekAll(queue: queue).map(\.id))
-      let found = try await self.base.setSchedulePaused(paused, name: name, queue: queue, clock: clock)
-      // A pause fires the slots already due, in the same call.
-      let added = self.base.peekAll(queue: queue).filter { !known.contains($0.id) }.sorted { $0.id < $1.id }
+      let added = try await self.base.changeSchedulePause(paused, name: name, queue: queue, clock: clock)
+      // A pause fires the slots already due, in the same call: the jobs first, then the pause or
+      // resume, which checks the schedule against them.
       let stored = try await self.base.schedules(queue: queue)
-      // The jobs first, then the pause or resume, which checks the schedule against them.
-      self.world.oracle.schedulesFired(added, stored: [], now: now, process: self.process)
+      self.world.oracle.schedulesFired(
+        (added ?? []).compactMap(self.base.peek), stored: [], now: now, process: self.process)
       let after = stored.first { $0.name == name }
       self.world.oracle.schedulePaused(paused, before: before, after: after, process: self.process)
-      return found
+      return added
     }
   }
 

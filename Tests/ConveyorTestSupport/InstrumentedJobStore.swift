@@ -270,11 +270,11 @@ public final class InstrumentedJobStore: JobStore {
   }
 
   /// Counted, then forwarded to ``base``.
-  public func setSchedulePaused(_ paused: Bool, name: String, queue: String, clock: any JobClock) async throws
-    -> Bool
+  public func changeSchedulePause(_ paused: Bool, name: String, queue: String, clock: any JobClock)
+    async throws -> [JobID]?
   {
-    try record("setSchedulePaused")
-    return try await base.setSchedulePaused(paused, name: name, queue: queue, clock: clock)
+    try record("changeSchedulePause")
+    return try await base.changeSchedulePause(paused, name: name, queue: queue, clock: clock)
   }
 
   /// Counted, then forwarded to ``base``.

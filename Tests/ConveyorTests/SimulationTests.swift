@@ -152,9 +152,13 @@ struct SimulationTests {
   /// A store that applies an outcome to whatever claim the job has now (ignoring the claim it
   /// names) lets a stale outcome settle a newer claim: the simulation must say so, shrink the
   /// history, and the shrunk history must fail again when replayed.
+  /// Searched over twice the fixed seeds, stopping at the first that catches it: since schedules
+  /// joined the histories, seed 225 is the first
+  /// (`conveyor-simulate --seeds 400 --defect settlesStaleClaims`).
   @Test func aStoreThatSettlesStaleClaimsIsCaughtShrunkAndReplayed() async throws {
+    let searched: Range<UInt64> = Self.seeds.lowerBound..<(2 * Self.seeds.upperBound)
     let caught = await Self.simulate { () -> SimOutcome? in
-      for seed in Self.seeds {
+      for seed in searched {
         var scenario = SimScenario.drawn(from: seed)
         scenario.defect = .settlesStaleClaims
         let outcome = Simulation.run(seed: seed, scenario: scenario)
@@ -162,7 +166,7 @@ struct SimulationTests {
       }
       return nil
     }
-    let failing = try #require(caught, "no seed of \(Self.seeds) caught a store that settles stale claims")
+    let failing = try #require(caught, "no seed of \(searched) caught a store that settles stale claims")
     // The stale outcome is caught as it settles, or by what it leaves behind: a job finished
     // twice, or a handler started on a job the stale outcome deleted.
     let caughtBy = [

@@ -272,9 +272,11 @@ public final class InMemoryJobStore: JobStore {
     try state.withLock { state throws(ScheduleError) in
       let existing = Array((state.schedules[ExactText(queue)] ?? [:]).values)
       let now = JobStoreTime.normalized(clock.now())
-      let (writes, jobs, summary) = try ScheduleBook.save(
+      var (writes, jobs, summary) = try ScheduleBook.save(
         schedules, queue: queue, origin: origin, existing: existing, now: now)
-      if !jobs.isEmpty { _ = state.enqueue(jobs, queue: queue, now: now) }
+      if !jobs.isEmpty {
+        summary.added = state.enqueue(jobs, queue: queue, now: now).filter(\.inserted).map(\.id)
+      }
       for write in writes { state.schedules[ExactText(queue), default: [:]][ExactText(write.name)] = write }
       return summary
     }
@@ -289,17 +291,17 @@ public final class InMemoryJobStore: JobStore {
     }
   }
 
-  /// Pauses or resumes a schedule; see ``JobStore/setSchedulePaused(_:name:queue:clock:)``.
-  public func setSchedulePaused(_ paused: Bool, name: String, queue: String, clock: any JobClock) async throws
-    -> Bool
+  /// Pauses or resumes a schedule; see ``JobStore/changeSchedulePause(_:name:queue:clock:)``.
+  public func changeSchedulePause(_ paused: Bool, name: String, queue: String, clock: any JobClock)
+    async throws -> [JobID]?
   {
     state.withLock { state in
-      guard let stored = state.schedules[ExactText(queue)]?[ExactText(name)] else { return false }
+      guard let stored = state.schedules[ExactText(queue)]?[ExactText(name)] else { return nil }
       let now = JobStoreTime.normalized(clock.now())
       let (jobs, after) = stored.pausing(paused, now: now)
-      if !jobs.isEmpty { _ = state.enqueue(jobs, queue: queue, now: now) }
+      let added = jobs.isEmpty ? [] : state.enqueue(jobs, queue: queue, now: now).filter(\.inserted).map(\.id)
       state.schedules[ExactText(queue)]?[ExactText(name)] = after
-      return true
+      return added
     }
   }
 

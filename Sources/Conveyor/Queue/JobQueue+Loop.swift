@@ -160,13 +160,7 @@ extension JobQueue {
       let firing = try await store.fireDueSchedules(queue: identifier, clock: clock)
       if !firing.added.isEmpty {
         log(.debug, "schedules added \(firing.added.count) job(s)", ["jobs": String(firing.added.count)])
-        let subscribers = core.withLock { core in
-          core.state.noteNewWork()
-          return Array(core.subscribers.values)
-        }
-        for id in firing.added {
-          for subscriber in subscribers { subscriber.yield(.enqueued(id)) }
-        }
+        announce(added: firing.added)
         return .some(nil)
       }
       // Nothing to add (another process fired the slot): wait for the next due time, but never

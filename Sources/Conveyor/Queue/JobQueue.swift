@@ -194,15 +194,21 @@ public final class JobQueue<Item: Queueable>: Sendable {
 
   private func commit(_ jobs: [NewJob]) async throws -> [EnqueueResult] {
     let results = try await store.enqueue(jobs, queue: identifier, clock: clock)
+    announce(added: results.filter(\.inserted).map(\.id))
+    return results
+  }
+
+  /// Tells the loop and the subscribers of jobs this queue committed (added, or fired from its
+  /// schedules): new work, and an `.enqueued` event each.
+  func announce(added ids: [JobID]) {
     let subscribers = core.withLock { core in
       core.state.noteNewWork()
       return core.subscribers.isEmpty ? [] : Array(core.subscribers.values)
     }
-    for result in results where result.inserted {
-      for subscriber in subscribers { subscriber.yield(.enqueued(result.id)) }
+    for id in ids {
+      for subscriber in subscribers { subscriber.yield(.enqueued(id)) }
     }
     wake.signal()
-    return results
   }
 
   private func encode(_ item: Item) throws(JobQueueError) -> Data {

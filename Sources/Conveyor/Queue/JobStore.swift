@@ -633,10 +633,10 @@ public protocol JobStore: Sendable {
   func schedules(queue: String?) async throws -> [StoredSchedule]
 
   /// Pauses or resumes the schedule `name` of `queue` in one transaction, with the jobs of the
-  /// slots a pause finds due (see ``StoredSchedule/pausing(_:now:)``); false when there is none.
-  /// Default: false.
-  func setSchedulePaused(_ paused: Bool, name: String, queue: String, clock: any JobClock) async throws
-    -> Bool
+  /// slots a pause finds due (see ``StoredSchedule/pausing(_:now:)``). Returns those jobs (none
+  /// for a resume); nil when there is no schedule of that name. Default: nil.
+  func changeSchedulePause(_ paused: Bool, name: String, queue: String, clock: any JobClock) async throws
+    -> [JobID]?
 
   /// Deletes the schedule `name` of `queue` (the jobs it added stay); false when there is none.
   /// Default: false.
@@ -689,10 +689,18 @@ extension JobStore {
   /// Keeps no schedules: none.
   public func schedules(queue: String?) async throws -> [StoredSchedule] { [] }
 
-  /// Keeps no schedules: false.
+  /// Keeps no schedules: nil.
+  public func changeSchedulePause(_ paused: Bool, name: String, queue: String, clock: any JobClock)
+    async throws -> [JobID]?
+  { nil }
+
+  /// Pauses or resumes the schedule `name` of `queue` (see
+  /// ``changeSchedulePause(_:name:queue:clock:)``); false when there is none.
   public func setSchedulePaused(_ paused: Bool, name: String, queue: String, clock: any JobClock) async throws
     -> Bool
-  { false }
+  {
+    try await changeSchedulePause(paused, name: name, queue: queue, clock: clock) != nil
+  }
 
   /// Keeps no schedules: false.
   public func removeSchedule(name: String, queue: String) async throws -> Bool { false }

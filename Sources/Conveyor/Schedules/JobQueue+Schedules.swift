@@ -66,7 +66,7 @@ extension JobQueue {
     -> ScheduleSaveSummary
   {
     let summary = try await store.saveSchedules(schedules, queue: identifier, origin: origin, clock: clock)
-    wake.signal()
+    announce(added: summary.added)
     return summary
   }
 
@@ -80,15 +80,20 @@ extension JobQueue {
   /// there is no schedule of that name.
   @discardableResult
   public func pauseSchedule(_ name: String) async throws -> Bool {
-    try await store.setSchedulePaused(true, name: name, queue: identifier, clock: clock)
+    guard let added = try await store.changeSchedulePause(true, name: name, queue: identifier, clock: clock)
+    else {
+      return false
+    }
+    announce(added: added)
+    return true
   }
 
   /// Resumes a paused schedule from its next slot. False when there is no schedule of that name.
   @discardableResult
   public func resumeSchedule(_ name: String) async throws -> Bool {
-    let found = try await store.setSchedulePaused(false, name: name, queue: identifier, clock: clock)
+    let found = try await store.changeSchedulePause(false, name: name, queue: identifier, clock: clock)
     wake.signal()
-    return found
+    return found != nil
   }
 
   /// Deletes a schedule; the jobs it added stay. False when there is no schedule of that name.

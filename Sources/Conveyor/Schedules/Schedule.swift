@@ -59,14 +59,11 @@ public struct ScheduleTiming: Sendable, Hashable {
   /// The most slots ``CatchUp/all(atMost:)`` fires at once.
   public static let mostCaughtUp = 1_000
 
-  /// A cron schedule on the wall clock of the zone named `timeZone` (an IANA name such as
-  /// "Europe/Berlin"; default "UTC").
+  /// The zone of an IANA name; the stores read a stored timing's zone back through it.
   ///
-  /// - Throws: ``ScheduleError`` for a bad expression, an unknown zone, a catch-up bound or a
-  ///   jitter out of range.
-  public init(cron: String, timeZone: String = "UTC", catchUp: CatchUp = .skip, jitter: Duration = .zero)
-    throws(ScheduleError)
-  {
+  /// - Throws: ``ScheduleError/invalidTimeZone(_:)`` for a name this system does not know, an
+  ///   offset, or an abbreviation, saying which name to give.
+  static func zone(named timeZone: String) throws(ScheduleError) -> TimeZone {
     // Foundation takes a name with a NUL in it as the name before the NUL once that zone is
     // loaded: only the characters of IANA names reach it.
     let allowed = timeZone.utf8.allSatisfy { byte in
@@ -92,6 +89,18 @@ public struct ScheduleTiming: Sendable, Hashable {
         "\(CronExpression.quoted(timeZone)) is an abbreviation, not a zone name; give an IANA name such as "
           + "\"\(named)\"")
     }
+    return zone
+  }
+
+  /// A cron schedule on the wall clock of the zone named `timeZone` (an IANA name such as
+  /// "Europe/Berlin"; default "UTC").
+  ///
+  /// - Throws: ``ScheduleError`` for a bad expression, an unknown zone, a catch-up bound or a
+  ///   jitter out of range.
+  public init(cron: String, timeZone: String = "UTC", catchUp: CatchUp = .skip, jitter: Duration = .zero)
+    throws(ScheduleError)
+  {
+    let zone = try Self.zone(named: timeZone)
     try self.init(
       spacing: .cron(try CronExpression(cron)), timeZone: zone, named: timeZone, catchUp: catchUp,
       jitter: jitter)
@@ -109,8 +118,9 @@ public struct ScheduleTiming: Sendable, Hashable {
       jitter: jitter)
   }
 
-  /// A schedule from its parts, checked as the other initializers check them. An interval's
-  /// zone is UTC whatever `timeZone` says (its slots do not depend on one).
+  /// A schedule from its parts, checked as the other initializers check them (a cron
+  /// expression's zone must be one an IANA name gives, not one made from an offset). An
+  /// interval's zone is UTC whatever `timeZone` says (its slots do not depend on one).
   public init(spacing: Spacing, timeZone: TimeZone, catchUp: CatchUp = .skip, jitter: Duration = .zero)
     throws(ScheduleError)
   {
@@ -119,6 +129,9 @@ public struct ScheduleTiming: Sendable, Hashable {
         spacing: spacing, timeZone: TimeZone(identifier: "UTC")!, named: "UTC", catchUp: catchUp,
         jitter: jitter)
     } else {
+      // Checked as a name is: a zone made from an offset (`TimeZone(secondsFromGMT:)`, named
+      // "GMT+0500") could not be read back.
+      _ = try Self.zone(named: timeZone.identifier)
       try self.init(
         spacing: spacing, timeZone: timeZone, named: timeZone.identifier, catchUp: catchUp, jitter: jitter)
     }

@@ -256,12 +256,15 @@ public struct StoredSchedule: Sendable, Hashable {
     return (jobs, after)
   }
 
-  /// The schedule left out of the code's declaration: inactive, never fired.
-  public func retired() -> StoredSchedule {
-    var after = self
+  /// The schedule left out of the code's declaration at `now`: inactive, never fired, once the
+  /// slots already due have fired (the jobs returned, to add in the same transaction), as a
+  /// pause does.
+  public func retired(now: Date) -> (jobs: [NewJob], after: StoredSchedule) {
+    var (jobs, after) = firing(now: now)
+    if !fires { (jobs, after) = ([], self) }
     after.active = false
     after.nextDue = nil
-    return after
+    return (jobs, after)
   }
 }
 
@@ -292,6 +295,12 @@ public struct ScheduleSaveSummary: Sendable, Hashable {
   /// Names the declaration gave that a schedule added at run time already holds: that schedule
   /// is left as it is, and the declared one is not stored (remove the added one to declare it).
   public var heldByAdded: [String] = []
+  /// Names whose stored schedule this build cannot read back (one a newer release wrote): left
+  /// as they are.
+  public var unreadable: [String] = []
+  /// The jobs the save added: slots already due of schedules it changed or retired, fired with
+  /// their old definitions.
+  public var added: [JobID] = []
 
   /// An empty summary.
   public init() {}
@@ -311,10 +320,12 @@ public enum ScheduleBook {
   /// ``ScheduleOrigin/declared``, declared schedules missing from `schedules` are retired, and
   /// added schedules are left alone.
   ///
+  /// Names in `unreadable` (stored rows the store cannot read back) are left alone.
+  ///
   /// - Throws: ``ScheduleError/invalidName(_:)`` when two schedules share a name.
   public static func save(
     _ schedules: [ScheduleDefinition], queue: String, origin: ScheduleOrigin, existing: [StoredSchedule],
-    now: Date
+    unreadable: Set<String> = [], now: Date
   ) throws(ScheduleError) -> (writes: [StoredSchedule], jobs: [NewJob], summary: ScheduleSaveSummary) {
     var seen = Set<String>()
     for schedule in schedules where !seen.insert(schedule.name).inserted {
@@ -326,6 +337,10 @@ public enum ScheduleBook {
     var jobs: [NewJob] = []
     var summary = ScheduleSaveSummary()
     for definition in schedules {
+      if unreadable.contains(definition.name) {
+        summary.unreadable.append(definition.name)
+        continue
+      }
       guard let stored = byName[definition.name] else {
         writes.append(.new(definition, queue: queue, origin: origin, now: now))
         summary.created.append(definition.name)
@@ -350,7 +365,9 @@ public enum ScheduleBook {
     if origin == .declared {
       for stored in existing where stored.origin == .declared && stored.active && !seen.contains(stored.name)
       {
-        writes.append(stored.retired())
+        let (due, after) = stored.retired(now: now)
+        jobs += due
+        writes.append(after)
         summary.retired.append(stored.name)
       }
     }
