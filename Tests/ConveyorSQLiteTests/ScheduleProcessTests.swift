@@ -65,32 +65,19 @@ extension ScheduleProcessTests {
   /// Schedules stored two hours and ten minutes ago, while no worker ran: the first worker process
   /// started fires each catch-up policy's slots exactly (see `CatchUpProbe`).
   @Test func aWorkerStartedAfterDowntimeFiresEachCatchUpPolicysSlots() async throws {
-    for attempt in 0..<3 {
-      let folder = try TemporaryFolder()
-      let database = folder.path("catch-up.sqlite")
-      let store = try SQLiteJobStore(path: database)
-      _ = try await store.saveSchedules(
-        try CatchUpProbe.definitions(), queue: "jobs", origin: .added, clock: CatchUpProbe.storedClock())
-      try await store.setPaused(true, queue: "jobs")  // the jobs stay where the test reads them
-      let start = Date()
-      let worker = try WorkerProcess(
-        database: database, folder: folder, name: "w", extra: ["--forever", "1"])
-      try await eventually("the first firing") {
-        try await !store.jobs(queue: "jobs", status: nil, after: nil, limit: 1).isEmpty
-      }
-      let end = Date()
-      worker.kill()
-      _ = await worker.exitStatus()
-      let jobs = try await store.jobs(queue: "jobs", status: nil, after: nil, limit: 1_000)
-      await store.close()
-      do {
-        let problems = try CatchUpProbe.problems(in: jobs, firedBetween: start, and: end)
-        #expect(problems.isEmpty, "\(problems)")
-        return
-      } catch is CatchUpProbeUndecided {
-        if attempt == 2 { Issue.record("three firings straddled a minute") }
+    let folder = try TemporaryFolder()
+    let problems = try await CatchUpProbe.check {
+      let store = try SQLiteJobStore(path: folder.path("catch-up-\(UUID().uuidString).sqlite"))
+      return (store, { await store.close() })
+    } startWorker: { store in
+      let path = try #require((store as? SQLiteJobStore)?.path)
+      let worker = try WorkerProcess(database: path, folder: folder, name: "w", extra: ["--forever", "1"])
+      return {
+        worker.kill()
+        _ = await worker.exitStatus()
       }
     }
+    #expect(problems.isEmpty, "\(problems)")
   }
 }
 

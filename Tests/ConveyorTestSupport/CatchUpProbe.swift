@@ -74,5 +74,37 @@ public enum CatchUpProbe {
   }
 }
 
+extension CatchUpProbe {
+  /// Runs `attempt` (store the schedules with ``storedClock()`` in a fresh store, pause its
+  /// queue `queue` so the jobs stay, start a worker process, and return when it stops) until its
+  /// firing can be judged, at most three times; what is wrong, or empty.
+  public static func check(
+    _ store: @escaping () async throws -> (any JobStore, stop: () async -> Void),
+    startWorker: (any JobStore) async throws -> (() async -> Void), queue: String = "jobs"
+  ) async throws -> [String] {
+    for _ in 0..<3 {
+      let (jobStore, close) = try await store()
+      _ = try await jobStore.saveSchedules(
+        try definitions(), queue: queue, origin: .added, clock: storedClock())
+      try await jobStore.setPaused(true, queue: queue)  // the jobs stay where the check reads them
+      let start = Date()
+      let stopWorker = try await startWorker(jobStore)
+      try await eventually("the first firing") {
+        try await !jobStore.jobs(queue: queue, status: nil, after: nil, limit: 1).isEmpty
+      }
+      let end = Date()
+      await stopWorker()
+      let jobs = try await jobStore.jobs(queue: queue, status: nil, after: nil, limit: 1_000)
+      await close()
+      do {
+        return try problems(in: jobs, firedBetween: start, and: end)
+      } catch is CatchUpProbeUndecided {
+        continue
+      }
+    }
+    return ["three firings straddled a minute"]
+  }
+}
+
 /// The firing window straddled a boundary the expectations depend on: run the probe again.
 public struct CatchUpProbeUndecided: Error {}
