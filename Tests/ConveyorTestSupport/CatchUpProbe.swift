@@ -6,7 +6,7 @@ import Foundation
 ///
 /// Every schedule is stored ``downtime`` before now and carries its name as its payload. The
 /// minutely ones have a slot on time (within the minute's grace) whenever they are fired; the
-/// hourly ones have one only in the first minute after the hour, and ``problems(in:firedBetween:)``
+/// hourly ones have one only in the first minute after the hour, and ``problems(in:firedBetween:and:created:)``
 /// judges them by when the firing may have happened.
 public enum CatchUpProbe {
   /// How long before now the schedules are stored: ten minutely and two hourly slots missed.
@@ -35,13 +35,13 @@ public enum CatchUpProbe {
   public static func storedClock() -> any JobClock { FixedJobClock(Date().addingTimeInterval(-downtime)) }
 
   /// The names whose jobs the first firing must have added, each with its run dates, when it
-  /// happened between `start` and `end`; nil when the hourly ones cannot be judged (the window
-  /// straddles the end of an hour's first minute).
-  static func expected(firedBetween start: Date, and end: Date) -> [String: [Int64]]? {
+  /// happened between `start` and `end` and the schedules were stored at `created`; nil when the
+  /// hourly ones cannot be judged (the window straddles the end of an hour's first minute).
+  static func expected(firedBetween start: Date, and end: Date, created: Date) -> [String: [Int64]]? {
     func slots(every step: Int64, at date: Date) -> Int64 {
       Int64(date.timeIntervalSince1970.rounded(.down)) / step * step
     }
-    let created = start.addingTimeInterval(-downtime).timeIntervalSince1970
+    let created = created.timeIntervalSince1970
     let minute = slots(every: 60, at: start)
     guard minute == slots(every: 60, at: end) else { return nil }
     let hour = slots(every: 3_600, at: start)
@@ -58,10 +58,10 @@ public enum CatchUpProbe {
   /// What is wrong with `jobs` (every job of the queue) after a first firing between `start` and
   /// `end`; empty when each policy fired exactly its slots. Throws when the window cannot be
   /// judged (see ``expected(firedBetween:and:)``), so the caller tries again.
-  public static func problems(in jobs: [JobRecord], firedBetween start: Date, and end: Date) throws
-    -> [String]
+  public static func problems(in jobs: [JobRecord], firedBetween start: Date, and end: Date, created: Date)
+    throws -> [String]
   {
-    guard let expected = expected(firedBetween: start, and: end) else {
+    guard let expected = expected(firedBetween: start, and: end, created: created) else {
       throw CatchUpProbeUndecided()
     }
     var problems: [String] = []
@@ -86,6 +86,11 @@ extension CatchUpProbe {
       let (jobStore, close) = try await store()
       _ = try await jobStore.saveSchedules(
         try definitions(), queue: queue, origin: .added, clock: storedClock())
+      // Counted from when they were stored, not from now: on a loaded machine a minute may turn
+      // between the two.
+      guard let created = try await jobStore.schedules(queue: queue).first?.createdAt else {
+        return ["the schedules were not stored"]
+      }
       try await jobStore.setPaused(true, queue: queue)  // the jobs stay where the check reads them
       let start = Date()
       let stopWorker = try await startWorker(jobStore)
@@ -97,7 +102,7 @@ extension CatchUpProbe {
       let jobs = try await jobStore.jobs(queue: queue, status: nil, after: nil, limit: 1_000)
       await close()
       do {
-        return try problems(in: jobs, firedBetween: start, and: end)
+        return try problems(in: jobs, firedBetween: start, and: end, created: created)
       } catch is CatchUpProbeUndecided {
         continue
       }
