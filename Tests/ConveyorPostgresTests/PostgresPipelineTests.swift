@@ -398,7 +398,7 @@ struct PostgresPipelineTests {
     let (server, store) = try await open()
     let schema = store.options.schema
     let admin = try AdminConnection(server.url)
-        try await add(40, to: store)
+    try await add(40, to: store)
     // The statistics stay those of this ANALYZE: an autovacuum's ANALYZE during the rounds below
     // (seen once in a loaded CI run: a `complete` plan made for 80 rows) would change the plans
     // this test looks at from run to run.
