@@ -95,7 +95,9 @@ struct ScheduleFiringTests {
         clock.advance(by: .seconds(1))
         try await waitUntilAsleep(asleep, on: clock)
       }
-      let counted = store.calls
+      // The loop's calls: the history pruner is a task of its own, whose first turn may or may
+      // not fall within the minute on a loaded machine (seen in a fresh-clone CI run).
+      let counted = store.calls.filter { $0.key != "prune" }
       await queue.shutdown()
       return counted
     }
