@@ -168,9 +168,14 @@ public final class JobQueue<Item: Queueable>: Sendable {
       let key = item.deduplicationKey
       let scope = key == nil ? .waiting : item.deduplicationScope
       if let problem = problem(scope) { throw JobQueueError.invalidDeduplication(problem) }
+      let orderingKey = item.orderingKey
+      if let orderingKey, let problem = OrderingKey.problem(orderingKey) {
+        throw JobQueueError.invalidOrderingKey(problem)
+      }
       return NewJob(
         payload: try encode(item), priority: priority, runTime: runTime, deduplicationKey: key,
-        deduplicationScope: scope, onConflict: item.onConflict, timeLimit: timeLimit)
+        deduplicationScope: scope, onConflict: item.onConflict, timeLimit: timeLimit, orderingKey: orderingKey
+      )
     }
   }
 

@@ -233,6 +233,9 @@ public enum JobQueueError: Error, Hashable, CustomStringConvertible {
   /// An item's deduplication scope cannot be kept: a period out of range, or one longer than
   /// the queue keeps completed jobs. Nothing was stored; the text says what to change.
   case invalidDeduplication(String)
+  /// An ordering key breaks ``OrderingKey``'s rules (empty, too long, or with NUL); nothing was
+  /// stored. The text says what to pass.
+  case invalidOrderingKey(String)
 
   /// Says what is wrong and what to do.
   public var description: String {
@@ -244,6 +247,7 @@ public enum JobQueueError: Error, Hashable, CustomStringConvertible {
     case .invalidSchedule(let message): "invalid schedule (nothing was stored): \(message)"
     case .invalidTimeLimit(let message): "invalid time limit (nothing was stored): \(message)"
     case .invalidDeduplication(let message): "invalid deduplication (nothing was stored): \(message)"
+    case .invalidOrderingKey(let message): "invalid ordering key (nothing was stored): \(message)"
     }
   }
 }

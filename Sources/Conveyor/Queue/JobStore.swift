@@ -96,12 +96,18 @@ public struct NewJob: Sendable, Hashable {
   /// limit under 1 ms is stored as 1 ms); ``JobQueue`` checks it is between 1 ms and
   /// ``JobQueueConfiguration/longestTimeLimit`` before it reaches a store.
   public var timeLimit: Duration?
+  /// When set, the job runs only after every earlier job of its queue with the same key has
+  /// finished, one at a time, in the order they were added (see <doc:OrderingKeys>). Until then
+  /// it is *held* (``JobRecord/isHeld``): waiting, but not claimable. A key is 1 to
+  /// ``OrderingKey/maximumBytes`` UTF-8 bytes without NUL, compared byte for byte; stores refuse
+  /// other keys with ``JobQueueError/invalidOrderingKey(_:)``.
+  public var orderingKey: String?
 
   /// Describes a job to insert.
   public init(
     payload: Data, priority: Int = 0, runTime: RunTime = .now, deduplicationKey: String? = nil,
     deduplicationScope: DeduplicationScope = .waiting, onConflict: DeduplicationConflict = .useExisting,
-    timeLimit: Duration? = nil
+    timeLimit: Duration? = nil, orderingKey: String? = nil
   ) {
     self.payload = payload
     self.priority = priority
@@ -110,6 +116,7 @@ public struct NewJob: Sendable, Hashable {
     self.deduplicationScope = deduplicationScope
     self.onConflict = onConflict
     self.timeLimit = timeLimit
+    self.orderingKey = orderingKey
   }
 
   /// Whether this job has a key with a scope or a conflict choice other than the defaults: the
@@ -200,13 +207,19 @@ public struct JobRecord: Sendable, Hashable, Identifiable {
   /// For a completed job, the output its handler returned (``JobResult/handled(output:)``),
   /// encoded as JSON; nil when it returned none.
   public var output: Data?
+  /// The job's ordering key (``NewJob/orderingKey``), if any.
+  public var orderingKey: String?
+  /// Whether the job waits behind an earlier unfinished (or dead) job of its ordering key: its
+  /// status is ``JobStatus/pending`` but no worker may claim it until the jobs before it finish.
+  public var isHeld: Bool
 
   /// Creates a record.
   public init(
     id: JobID, queue: String, payload: Data, status: JobStatus, priority: Int, attempts: Int,
     runAt: Date, createdAt: Date, lastError: String? = nil, deduplicationKey: String? = nil,
     leaseOwner: String? = nil, leaseExpiresAt: Date? = nil, claimToken: Int64 = 0, timeLimit: Duration? = nil,
-    finishedAt: Date? = nil, errors: [String] = [], runDuration: Duration? = nil, output: Data? = nil
+    finishedAt: Date? = nil, errors: [String] = [], runDuration: Duration? = nil, output: Data? = nil,
+    orderingKey: String? = nil, isHeld: Bool = false
   ) {
     self.id = id
     self.queue = queue
@@ -226,6 +239,8 @@ public struct JobRecord: Sendable, Hashable, Identifiable {
     self.errors = errors
     self.runDuration = runDuration
     self.output = output
+    self.orderingKey = orderingKey
+    self.isHeld = isHeld
   }
 
   /// The claim this record describes: the job and its ``claimToken``.
@@ -360,11 +375,14 @@ public struct JobCounts: Sendable, Hashable, Codable {
   public var completed: Int
   /// Cancelled jobs kept as history.
   public var cancelled: Int
+  /// Waiting jobs held behind an earlier job of their ordering key (``JobRecord/isHeld``),
+  /// counted in neither ``ready`` nor ``scheduled``.
+  public var held: Int
 
   /// Creates counts.
   public init(
     ready: Int = 0, scheduled: Int = 0, running: Int = 0, dead: Int = 0, completed: Int = 0,
-    cancelled: Int = 0
+    cancelled: Int = 0, held: Int = 0
   ) {
     self.ready = ready
     self.scheduled = scheduled
@@ -372,6 +390,7 @@ public struct JobCounts: Sendable, Hashable, Codable {
     self.dead = dead
     self.completed = completed
     self.cancelled = cancelled
+    self.held = held
   }
 
   /// Decodes counts; the history's counts are 0 when absent (counts encoded before they existed).
@@ -383,10 +402,11 @@ public struct JobCounts: Sendable, Hashable, Codable {
     dead = try container.decode(Int.self, forKey: .dead)
     completed = try container.decodeIfPresent(Int.self, forKey: .completed) ?? 0
     cancelled = try container.decodeIfPresent(Int.self, forKey: .cancelled) ?? 0
+    held = try container.decodeIfPresent(Int.self, forKey: .held) ?? 0
   }
 
-  /// Jobs still to be handled: ready, scheduled and running.
-  public var unfinished: Int { ready + scheduled + running }
+  /// Jobs still to be handled: ready, scheduled, held and running.
+  public var unfinished: Int { ready + scheduled + held + running }
   /// Jobs not handled: unfinished and dead (what the queue holds besides its history of
   /// completed and cancelled jobs).
   public var total: Int { unfinished + dead }

@@ -29,6 +29,11 @@ public protocol Queueable: Codable, Sendable {
   /// ``DeduplicationConflict/useExisting`` (the default) or ``DeduplicationConflict/replace``,
   /// which gives a waiting job the new payload and run time (a debounce).
   var onConflict: DeduplicationConflict { get }
+  /// Jobs of one queue with the same ordering key run one at a time, in the order they were
+  /// added, across every process sharing the store: a later job waits while an earlier one waits
+  /// for a retry, and while an earlier one is dead (see <doc:OrderingKeys>). Nil (the default):
+  /// no order. At most ``OrderingKey/maximumBytes`` UTF-8 bytes, not empty, no NUL.
+  var orderingKey: String? { get }
 }
 
 extension Queueable {
@@ -38,6 +43,8 @@ extension Queueable {
   public var deduplicationScope: DeduplicationScope { .waiting }
   /// The existing job is kept.
   public var onConflict: DeduplicationConflict { .useExisting }
+  /// No order.
+  public var orderingKey: String? { nil }
 }
 
 /// What a handler knows about the job it is handling.
