@@ -224,6 +224,15 @@ final class Connection {
     return statement.int64(0)
   }
 
+  /// Runs a cached query and returns its first row's first column as text (nil for no row or NULL).
+  func scalarText(_ sql: String, _ values: SQLiteValue...) throws -> String? {
+    let statement = try statement(sql)
+    defer { statement.reset() }  // also after a value SQLite refused: no copy stays bound
+    try statement.bind(values)
+    guard try statement.step(), !statement.isNull(0) else { return nil }
+    return statement.text(0)
+  }
+
   /// The rowid of the most recent successful insert.
   var lastInsertRowID: Int64 { sqlite3_last_insert_rowid(handle) }
 

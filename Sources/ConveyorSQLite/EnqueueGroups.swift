@@ -473,7 +473,9 @@ extension SQLiteJobStore {
     throws -> [[EnqueueResult]]
   {
     let rows = calls.reduce(0) { $0 + $1.jobs.count }
-    if rows > 1, SQL.hasReturning, calls.allSatisfy({ $0.jobs.allSatisfy { $0.deduplicationKey == nil } }) {
+    if rows > 1, SQL.hasReturning,
+      calls.allSatisfy({ $0.jobs.allSatisfy { $0.deduplicationKey == nil && $0.orderingKey == nil } })
+    {
       return try insertTogether(calls, rows: rows, db: db)
     }
     return try calls.map { call in
@@ -549,6 +551,7 @@ extension SQLiteJobStore {
         try current.bind(.integer(now), at: first + 5)
         try current.bind(.null, at: first + 6)
         try current.bind(job.timeLimitMilliseconds.map(SQLiteValue.integer) ?? .null, at: first + 7)
+        try current.bind(.null, at: first + 8)
         bound += 1
         guard bound == chunk else { continue }
         statement = nil
@@ -613,11 +616,16 @@ extension SQLiteJobStore {
         }
       }
       let runAt = runAt(job.runTime, now: now)
+      // A job whose ordering key's line holds an earlier job waits behind it, held.
+      let held =
+        try job.orderingKey.map { try db.scalar(SQL.lineTaken, .text(queue), .text($0)) != nil } ?? false
       let stored = try db.run(
-        SQL.insert, .text(queue), .blob(job.payload), .text(runAt <= now ? "ready" : "scheduled"),
+        SQL.insert, .text(queue), .blob(job.payload),
+        .text(held ? "held" : runAt <= now ? "ready" : "scheduled"),
         .integer(Int64(job.priority)), .integer(runAt), .integer(now),
         job.deduplicationKey.map(SQLiteValue.text) ?? .null,
-        job.timeLimitMilliseconds.map(SQLiteValue.integer) ?? .null)
+        job.timeLimitMilliseconds.map(SQLiteValue.integer) ?? .null,
+        job.orderingKey.map(SQLiteValue.text) ?? .null)
       // A trigger may drop the row without an error (RAISE(IGNORE)): the last row ID is then
       // another job's. The call fails, and nothing of it is added.
       guard stored == 1 else {

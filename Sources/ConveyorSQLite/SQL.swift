@@ -57,10 +57,10 @@ enum SQL {
     """
   /// Version 5: a job's own time limit in milliseconds (`NewJob.timeLimit`); NULL: the queue's.
   static let timeLimitColumn = "time_limit_ms INTEGER"
-  /// The jobs table of version 6: the finished states `completed` and `cancelled`, and each job's
+  /// The jobs table of versions 6 to 8: the finished states `completed` and `cancelled`, and each job's
   /// history: when it finished, its attempts' errors (a JSON array of strings, the latest
   /// ``JobHistory/maximumErrors``), how long its last attempt ran, its output.
-  static let tables = """
+  static let tablesVersion6 = """
     CREATE TABLE jobs (
       id INTEGER PRIMARY KEY AUTOINCREMENT,
       queue TEXT NOT NULL,
@@ -82,6 +82,34 @@ enum SQL {
       errors TEXT,
       run_ms INTEGER,
       output BLOB
+    );
+    """
+  /// The jobs table of version 9: the `held` state and each job's ordering key (see
+  /// ``orderedIndex``). A held job waits behind an earlier job of its key; it is in no claim
+  /// index, so a claim never reads it.
+  static let tables = """
+    CREATE TABLE jobs (
+      id INTEGER PRIMARY KEY AUTOINCREMENT,
+      queue TEXT NOT NULL,
+      payload BLOB NOT NULL,
+      status TEXT NOT NULL
+        CHECK (status IN ('ready', 'scheduled', 'held', 'running', 'dead', 'completed', 'cancelled')),
+      priority INTEGER NOT NULL DEFAULT 0,
+      attempts INTEGER NOT NULL DEFAULT 0,
+      run_at INTEGER NOT NULL,
+      created_at INTEGER NOT NULL,
+      last_error TEXT,
+      dedup_key TEXT,
+      lease_owner TEXT,
+      lease_expires_at INTEGER,
+      claim_token INTEGER NOT NULL DEFAULT 0,
+      \(seqColumn),
+      \(timeLimitColumn),
+      finished_at INTEGER,
+      errors TEXT,
+      run_ms INTEGER,
+      output BLOB,
+      ordering_key TEXT
     );
     """
   /// The indexes of versions 2 and 3.
@@ -116,10 +144,37 @@ enum SQL {
     CREATE INDEX jobs_keyed ON jobs (queue, dedup_key, status, finished_at)
       WHERE dedup_key IS NOT NULL AND status IN ('running', 'completed');
     """
-  /// The indexes of version 7.
-  static let indexes = """
+  /// The indexes of versions 7 and 8.
+  static let indexesVersion7 = """
     \(indexesVersion6)
     \(keyedIndex)
+    """
+  /// Version 9: each ordering key's line, the jobs of the key that wait (held or not), run or
+  /// are dead, in ID order: its first entry is the one job of the key that may be other than
+  /// held. Jobs without a key are in none of it.
+  static let orderedIndex = """
+    CREATE INDEX jobs_ordered ON jobs (queue, ordering_key, id)
+      WHERE ordering_key IS NOT NULL AND status IN ('ready', 'scheduled', 'held', 'running', 'dead');
+    CREATE INDEX jobs_held ON jobs (queue, id) WHERE status = 'held';
+    """
+  /// The terms that let SQLite use ``orderedIndex`` (a query's terms must imply its `WHERE`).
+  static let inLine =
+    "ordering_key IS NOT NULL AND status IN ('ready', 'scheduled', 'held', 'running', 'dead')"
+  /// The waiting jobs by key (version 9: held ones too), for the duplicate check of an enqueue.
+  static let dedupIndex = """
+    CREATE INDEX jobs_dedup ON jobs (queue, dedup_key)
+      WHERE dedup_key IS NOT NULL AND status IN ('ready', 'scheduled', 'held');
+    """
+  /// The indexes of version 9.
+  static let indexes = """
+    \(readyIndex)
+    CREATE INDEX jobs_scheduled ON jobs (queue, run_at) WHERE status = 'scheduled';
+    \(dedupIndex)
+    CREATE INDEX jobs_running ON jobs (queue, id) WHERE status = 'running';
+    CREATE INDEX jobs_dead ON jobs (queue, id) WHERE status = 'dead';
+    \(finishedIndex)
+    \(keyedIndex)
+    \(orderedIndex)
     """
   /// The indexes every version since 2 has.
   static let otherIndexes = """
@@ -264,7 +319,7 @@ enum SQL {
     DROP INDEX jobs_dedup;
     DROP INDEX jobs_running;
     DROP INDEX jobs_dead;
-    \(tables)
+    \(tablesVersion6)
     INSERT INTO jobs (id, queue, payload, status, priority, attempts, run_at, created_at, last_error,
       dedup_key, lease_owner, lease_expires_at, claim_token, seq, time_limit_ms, finished_at, errors)
     SELECT id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key,
@@ -287,6 +342,31 @@ enum SQL {
   static let migrate7to8 = """
     \(schedulesTable)
     PRAGMA user_version = 8;
+    """
+  /// Version 8 to 9, in one transaction: the table is rebuilt (SQLite cannot change a `CHECK`
+  /// constraint in place) with every job as it was, none of them with an ordering key. The
+  /// caller carries the `AUTOINCREMENT` counter over.
+  static let migrate8to9 = """
+    DROP INDEX jobs_ready;
+    DROP INDEX jobs_scheduled;
+    DROP INDEX jobs_dedup;
+    DROP INDEX jobs_running;
+    DROP INDEX jobs_dead;
+    DROP INDEX jobs_completed;
+    DROP INDEX jobs_cancelled;
+    DROP INDEX jobs_dead_finished;
+    DROP INDEX jobs_keyed;
+    ALTER TABLE jobs RENAME TO jobs_v8;
+    \(tables)
+    INSERT INTO jobs (id, queue, payload, status, priority, attempts, run_at, created_at, last_error,
+      dedup_key, lease_owner, lease_expires_at, claim_token, seq, time_limit_ms, finished_at, errors, run_ms,
+      output)
+    SELECT id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key,
+      lease_owner, lease_expires_at, claim_token, seq, time_limit_ms, finished_at, errors, run_ms, output
+    FROM jobs_v8;
+    DROP TABLE jobs_v8;
+    \(indexes)
+    PRAGMA user_version = 9;
     """
   /// A schedule's columns, in the order `SQLiteJobStore.schedule(from:)` reads them.
   static let scheduleColumns = """
@@ -341,13 +421,13 @@ enum SQL {
   /// The columns ``SQLiteJobStore`` decodes a `JobRecord` from, in order.
   static let columns = """
     id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key, \
-    lease_owner, lease_expires_at, claim_token, time_limit_ms, finished_at, errors, run_ms, output
+    lease_owner, lease_expires_at, claim_token, time_limit_ms, finished_at, errors, run_ms, output, ordering_key
     """
 
   /// The oldest waiting job with the key. Running jobs do not count: one that is running may
   /// have read old data, so a new job with its key must run after it.
   static let findDuplicate = """
-    SELECT min(id) FROM jobs WHERE queue = ? AND dedup_key = ? AND status IN ('ready', 'scheduled')
+    SELECT min(id) FROM jobs WHERE queue = ? AND dedup_key = ? AND status IN ('ready', 'scheduled', 'held')
     """
   /// The oldest job of the key `?2` that runs, or that completed at or after `?3` (milliseconds;
   /// NULL: no completed job counts), for the wider deduplication scopes. `INDEXED BY`: a
@@ -358,23 +438,40 @@ enum SQL {
       AND (status = 'running' OR finished_at >= ?3)
     """
   /// Gives the waiting job `?6` a new payload, priority, run date, state and time limit
-  /// (`DeduplicationConflict.replace`); its place (`seq`), attempts and errors stay.
+  /// (`DeduplicationConflict.replace`); its place (`seq`), attempts, errors and ordering key stay,
+  /// and a held job stays held.
   static let replaceWaiting = """
-    UPDATE jobs SET payload = ?1, priority = ?2, run_at = ?3, status = ?4, time_limit_ms = ?5
-    WHERE id = ?6 AND status IN ('ready', 'scheduled')
+    UPDATE jobs SET payload = ?1, priority = ?2, run_at = ?3,
+      status = CASE status WHEN 'held' THEN 'held' ELSE ?4 END, time_limit_ms = ?5
+    WHERE id = ?6 AND status IN ('ready', 'scheduled', 'held')
+    """
+  /// Whether the line of the ordering key `?2` holds a job: a new job of the key is then held.
+  static let lineTaken = """
+    SELECT 1 FROM jobs INDEXED BY jobs_ordered WHERE queue = ?1 AND ordering_key = ?2 AND \(inLine) LIMIT 1
+    """
+  /// The first job of the line of the ordering key `?2`, and its status.
+  static let lineHead = """
+    SELECT id, status FROM jobs INDEXED BY jobs_ordered WHERE queue = ?1 AND ordering_key = ?2 AND \(inLine)
+    ORDER BY id LIMIT 1
+    """
+  /// A held job whose turn came: scheduled, so a claim makes it ready once its run date has come.
+  static let unhold = "UPDATE jobs SET status = 'scheduled', seq = 0 WHERE id = ? AND status = 'held'"
+  /// A job's ordering key, status and queue, if it belongs to queue `?2` (any when NULL).
+  static let orderingKeyOf = """
+    SELECT ordering_key, status, queue FROM jobs WHERE id = ?1 AND (?2 IS NULL OR queue = ?2)
     """
   /// The status is a parameter here: an insert maintains the partial indexes row by row.
   static let insert = """
-    INSERT INTO jobs (queue, payload, status, priority, run_at, created_at, dedup_key, time_limit_ms)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+    INSERT INTO jobs (queue, payload, status, priority, run_at, created_at, dedup_key, time_limit_ms, ordering_key)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
     """
   /// The parameters of each row of ``insert``.
-  static let insertColumns = 8
+  static let insertColumns = 9
   /// ``insert`` for `rows` rows (1 to ``SQLiteJobStore/rowsPerInsert``) at once, returning each
   /// new row's ID (see ``SQLiteJobStore/insertTogether(_:rows:db:)``).
   static func insert(rows: Int) -> String { insertRows[rows] }
   private static let insertRows = (0...SQLiteJobStore.rowsPerInsert).map { rows in
-    insert + String(repeating: ", (?, ?, ?, ?, ?, ?, ?, ?)", count: max(rows - 1, 0)) + " RETURNING id"
+    insert + String(repeating: ", (?, ?, ?, ?, ?, ?, ?, ?, ?)", count: max(rows - 1, 0)) + " RETURNING id"
   }
   /// Whether the SQLite library knows `RETURNING` (3.35 and later); ``insert(rows:)`` needs it.
   static let hasReturning = sqlite3_libversion_number() >= 3_035_000
@@ -475,6 +572,7 @@ enum SQL {
     SELECT name FROM queues WHERE paused = 1
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'ready')
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'scheduled')
+    OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'held')
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'running')
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'dead')
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'completed')
@@ -489,7 +587,7 @@ enum SQL {
     let filter: String
     switch status {
     case nil: filter = ""
-    case .pending: filter = "AND +status IN ('ready', 'scheduled')"
+    case .pending: filter = "AND +status IN ('ready', 'scheduled', 'held')"
     case .running: filter = "AND status = 'running'"
     case .dead: filter = "AND status = 'dead'"
     case .completed, .cancelled: return history(status!, after: true)
@@ -516,7 +614,7 @@ enum SQL {
   /// The stored statuses a public status covers.
   static func stored(_ status: JobStatus) -> [String] {
     switch status {
-    case .pending: ["ready", "scheduled"]
+    case .pending: ["ready", "scheduled", "held"]
     case .running: ["running"]
     case .dead: ["dead"]
     case .completed: ["completed"]
@@ -529,7 +627,7 @@ enum SQL {
   static func prune(_ status: String) -> String {
     """
     DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE queue = ?1 AND status = '\(status)'
-    AND finished_at < ?2 ORDER BY finished_at LIMIT ?3)
+    AND finished_at < ?2 ORDER BY finished_at LIMIT ?3) RETURNING ordering_key
     """
   }
   /// Deletes a batch of a finished status's oldest jobs, whenever they finished. Parameters:
@@ -537,7 +635,7 @@ enum SQL {
   static func pruneAll(_ status: String) -> String {
     """
     DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE queue = ?1 AND status = '\(status)'
-    ORDER BY finished_at LIMIT ?2)
+    ORDER BY finished_at LIMIT ?2) RETURNING ordering_key
     """
   }
 
@@ -558,7 +656,7 @@ enum SQL {
   static let isCurrent = "SELECT 1 FROM jobs WHERE \(held)"
 
   static func clear(_ status: String) -> String {
-    "DELETE FROM jobs WHERE queue = ? AND status = '\(status)'"
+    "DELETE FROM jobs WHERE queue = ? AND status = '\(status)' RETURNING ordering_key"
   }
 
   /// The count and highest ID of a status's jobs (its partial index).
@@ -571,13 +669,18 @@ enum SQL {
   }
   /// Deletes a status's jobs with IDs up to a bound.
   static func clearThrough(_ status: String) -> String {
-    "DELETE FROM jobs WHERE queue = ? AND status = '\(status)' AND id <= ?"
+    "DELETE FROM jobs WHERE queue = ? AND status = '\(status)' AND id <= ? RETURNING ordering_key"
   }
 
   /// What re-queueing sets; the first parameter is the run date.
+  /// A dead job that is not the first of its ordering key's line goes back held.
   private static let requeued = """
-    UPDATE jobs SET status = 'ready', run_at = ?, seq = 0, attempts = 0, lease_owner = NULL,
-    lease_expires_at = NULL, finished_at = NULL
+    UPDATE jobs SET status = CASE WHEN ordering_key IS NOT NULL AND EXISTS (
+        SELECT 1 FROM jobs AS line INDEXED BY jobs_ordered WHERE line.queue = jobs.queue
+        AND line.ordering_key = jobs.ordering_key AND line.ordering_key IS NOT NULL
+        AND line.status IN ('ready', 'scheduled', 'held', 'running', 'dead') AND line.id < jobs.id)
+      THEN 'held' ELSE 'ready' END,
+    run_at = ?, seq = 0, attempts = 0, lease_owner = NULL, lease_expires_at = NULL, finished_at = NULL
     """
   /// Re-queues every dead job without a deduplication key (the keyed ones go one at a time).
   static let requeueAllWithoutKey = """
@@ -591,6 +694,6 @@ enum SQL {
     \(requeued) WHERE queue = ? AND status = 'dead' AND id = ?
     AND (dedup_key IS NULL OR NOT EXISTS (
       SELECT 1 FROM jobs AS live WHERE live.queue = jobs.queue AND live.dedup_key = jobs.dedup_key
-      AND live.status IN ('ready', 'scheduled')))
+      AND live.status IN ('ready', 'scheduled', 'held')))
     """
 }

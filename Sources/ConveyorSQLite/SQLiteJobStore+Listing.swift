@@ -8,7 +8,7 @@ import Conveyor
 // 1. A window of the table in ID order from `after` (``ListingSQL/window`` rows at most): a queue
 //    that holds a fair share of the rows fills its page here, reading about what it shows.
 // 2. When the window ends before the page is full, the rest comes from the queue's own partial
-//    indexes: the IDs of its ready and scheduled jobs (`jobs_ready`, `jobs_scheduled`, read
+//    indexes: the IDs of its ready, scheduled and held jobs (`jobs_ready`, `jobs_scheduled`, `jobs_held`, read
 //    without touching the table) and, for all states, of its running and dead jobs (`jobs_running`,
 //    `jobs_dead`, a seek each), merged in ID order; then one primary-key lookup per job shown.
 //
@@ -86,9 +86,9 @@ enum ListingSQL {
   /// The most table rows the first step reads.
   static let window: Int64 = 256
 
-  /// The filter of a listing's status (waiting: ready or scheduled; nil: every status).
-  private static func filter(_ status: JobStatus?) -> String {
-    status == nil ? "" : "AND +status IN ('ready', 'scheduled')"
+  /// The filter of a listing's status (waiting: ready, scheduled or held; nil: every status).
+  static func filter(_ status: JobStatus?) -> String {
+    status == nil ? "" : "AND +status IN ('ready', 'scheduled', 'held')"
   }
 
   /// The queue's jobs among the next `window` rows of the table in ID order (the caller sorts
@@ -112,7 +112,8 @@ enum ListingSQL {
     // window held other queues' rows.
     let statuses =
       status == nil
-      ? ["ready", "scheduled", "running", "dead", "completed", "cancelled"] : ["ready", "scheduled"]
+      ? ["ready", "scheduled", "held", "running", "dead", "completed", "cancelled"]
+      : ["ready", "scheduled", "held"]
     let arms = statuses.map { "SELECT id FROM jobs WHERE queue = ?1 AND status = '\($0)' AND id > ?2" }
     return arms.joined(separator: "\nUNION ALL\n") + "\nORDER BY id LIMIT ?3"
   }

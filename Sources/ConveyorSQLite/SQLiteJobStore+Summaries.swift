@@ -140,7 +140,7 @@ enum SummarySQL {
   }
 
   /// Where the payload's length is.
-  static let sizeColumn: Int32 = 18
+  static let sizeColumn: Int32 = 19
 
   /// `statement` (one selecting ``SQL/columns`` from `jobs`) selecting ``columns(errorPrefix:)``
   /// instead.
@@ -161,7 +161,7 @@ enum SummarySQL {
     return """
       SELECT \(outer) FROM (
         SELECT \(kept), length(payload) AS payload_length FROM jobs WHERE id > ?2 ORDER BY id LIMIT ?3)
-      WHERE queue = ?1 \(status == nil ? "" : "AND +status IN ('ready', 'scheduled')") LIMIT ?4
+      WHERE queue = ?1 \(ListingSQL.filter(status)) LIMIT ?4
       """
   }
 }

@@ -68,9 +68,10 @@ public final class SQLiteJobStore: JobStore {
   /// Version 2 added claim tokens and the ready/scheduled states; version 3 the activity table
   /// (``recordActivity(_:)``); version 4 the place a retried job takes among ready ones; version
   /// 5 a job's own time limit; version 6 the history of finished jobs; version 7 an index of the
-  /// running and completed jobs with a deduplication key; version 8 stored schedules. An older
-  /// database is migrated when it is opened, in one transaction, keeping every job.
-  public static let schemaVersion: Int32 = 8
+  /// running and completed jobs with a deduplication key; version 8 stored schedules; version 9
+  /// ordering keys and the held state. An older database is migrated when it is opened, in one
+  /// transaction, keeping every job.
+  public static let schemaVersion: Int32 = 9
 
   /// The database file's path.
   public let path: String
@@ -205,6 +206,7 @@ public final class SQLiteJobStore: JobStore {
   /// committed all the same, and so are the calls waiting behind a cancelled caller.
   public func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
     if jobs.isEmpty { return [] }
+    try OrderingKey.check(jobs)
     // A connection whose commits sync the disk runs nothing inline: its adds go straight to the
     // group on the store's thread, with no leader to linger for followers on the pool.
     if Self.isSmall(jobs), connection.runsInline, groups.lead() {
@@ -375,7 +377,7 @@ public final class SQLiteJobStore: JobStore {
         return JobCounts(
           ready: try count("ready") + due, scheduled: try count("scheduled") - due,
           running: try count("running"), dead: try count("dead"), completed: try count("completed"),
-          cancelled: try count("cancelled"))
+          cancelled: try count("cancelled"), held: try count("held"))
       }
     }
   }
@@ -409,7 +411,15 @@ public final class SQLiteJobStore: JobStore {
     if ids.isEmpty { return 0 }
     return try await connection.perform { db in
       try db.transaction(immediate: true) {
-        try Set(ids).reduce(0) { $0 + (try db.run(SQL.remove, .integer($1.rawValue), .text(queue))) }
+        var keys: [String] = []
+        let removed = try Set(ids).reduce(0) { count, id in
+          if let key = try db.scalarText(SQL.orderingKeyOf, .integer(id.rawValue), .text(queue)) {
+            keys.append(key)
+          }
+          return count + (try db.run(SQL.remove, .integer(id.rawValue), .text(queue)))
+        }
+        try Self.advanceLines(keys, queue: queue, db: db)
+        return removed
       }
     }
   }
@@ -422,15 +432,16 @@ public final class SQLiteJobStore: JobStore {
       try db.transaction(immediate: true) {
         let now = millis(clock.now())
         return try ids.map { id -> CancelResult in
-          var found: String?
-          try db.query(SQL.statusInQueue, .integer(id.rawValue), queue.map(SQLiteValue.text) ?? .null) {
-            found = $0.text(0) ?? ""
+          var found: (key: String?, status: String, queue: String)?
+          try db.query(SQL.orderingKeyOf, .integer(id.rawValue), queue.map(SQLiteValue.text) ?? .null) {
+            found = ($0.text(0), $0.text(1) ?? "", $0.text(2) ?? "")
           }
-          guard let status = found else { return .notFound }
-          switch status {
-          case "ready", "scheduled", "running":
+          guard let found else { return .notFound }
+          switch found.status {
+          case "ready", "scheduled", "held", "running":
             try db.run(SQL.cancel, .integer(now), .integer(id.rawValue))
-            return status == "running" ? .cancelledRunning : .cancelledWaiting
+            if let key = found.key { try Self.advanceLines([key], queue: found.queue, db: db) }
+            return found.status == "running" ? .cancelledRunning : .cancelledWaiting
           case "completed": return .alreadyCompleted
           case "cancelled": return .alreadyCancelled
           default: return .alreadyDead
@@ -459,7 +470,9 @@ public final class SQLiteJobStore: JobStore {
     if stored.isEmpty { return 0 }
     return try await connection.perform { db in
       try db.transaction(immediate: true) {
-        try stored.reduce(0) { $0 + (try db.run(SQL.clear($1), .text(queue))) }
+        try stored.reduce(0) {
+          $0 + (try Self.deleteAdvancing(SQL.clear($1), .text(queue), queue: queue, db: db))
+        }
       }
     }
   }
@@ -498,7 +511,9 @@ public final class SQLiteJobStore: JobStore {
         }
         guard count == expected else { return nil }
         return try stored.reduce(0) {
-          $0 + (try db.run(SQL.clearThrough($1), .text(queue), .integer(through.rawValue)))
+          $0
+            + (try Self.deleteAdvancing(
+              SQL.clearThrough($1), .text(queue), .integer(through.rawValue), queue: queue, db: db))
         }
       }
     }
@@ -516,10 +531,12 @@ public final class SQLiteJobStore: JobStore {
     return try await connection.perform { db in
       try db.transaction(immediate: true) {
         guard age > .zero else {
-          return try db.run(SQL.pruneAll(stored), .text(queue), .integer(Int64(limit)))
+          return try Self.deleteAdvancing(
+            SQL.pruneAll(stored), .text(queue), .integer(Int64(limit)), queue: queue, db: db)
         }
         let before = millis(clock.now()) &- JobStoreTime.milliseconds(age)
-        return try db.run(SQL.prune(stored), .text(queue), .integer(before), .integer(Int64(limit)))
+        return try Self.deleteAdvancing(
+          SQL.prune(stored), .text(queue), .integer(before), .integer(Int64(limit)), queue: queue, db: db)
       }
     }
   }
@@ -622,10 +639,21 @@ public final class SQLiteJobStore: JobStore {
     -> Bool
   {
     let id = SQLiteValue.integer(settlement.claim.id.rawValue)
+    let queueName = queue
     let queue = SQLiteValue.text(queue)
     let token = SQLiteValue.integer(settlement.claim.token)
     let changed: Int
     let ran = settlement.runDuration.map { SQLiteValue.integer(JobStoreTime.milliseconds($0)) } ?? .null
+    // A job that completes or is deleted leaves its ordering key's line: the next job of the key
+    // may run. One primary-key lookup; a retried, released or dead job keeps its place.
+    var leavesLine: Bool {
+      switch settlement.action {
+      case .complete: true
+      case .kill: !settlement.keepsHistory
+      case .retry, .release: false
+      }
+    }
+    let key = leavesLine ? try db.scalarText(SQL.orderingKeyOf, id, queue) : nil
     switch settlement.action {
     case .complete where !settlement.keepsHistory:
       changed = try db.run(SQL.deleteHeld, id, queue, token)
@@ -646,6 +674,7 @@ public final class SQLiteJobStore: JobStore {
       changed = try db.run(
         SQL.release, error.map { .text(JobHistory.bounded($0)) } ?? .null, id, queue, token)
     }
+    if let key, changed > 0 { try advanceLines([key], queue: queueName, db: db) }
     return changed > 0
   }
 
@@ -654,7 +683,7 @@ public final class SQLiteJobStore: JobStore {
     let statusText = row.text(3) ?? ""
     let status: JobStatus
     switch statusText {
-    case "ready", "scheduled": status = .pending
+    case "ready", "scheduled", "held": status = .pending
     case "running": status = .running
     case "dead": status = .dead
     case "completed": status = .completed
@@ -671,7 +700,35 @@ public final class SQLiteJobStore: JobStore {
       timeLimit: JobStoreTime.timeLimit(milliseconds: row.isNull(13) ? nil : row.int64(13)),
       finishedAt: row.isNull(14) ? nil : date(row.int64(14)), errors: try errors(row, 15),
       runDuration: row.isNull(16) ? nil : .milliseconds(row.int64(16)),
-      output: row.isNull(17) ? nil : row.data(17))
+      output: row.isNull(17) ? nil : row.data(17), orderingKey: row.text(18), isHeld: statusText == "held")
+  }
+
+  // MARK: - Ordering keys
+
+  /// After jobs of these ordering keys left their lines (finished or deleted), makes each line's
+  /// first job, if held, scheduled: it runs next (see `SQL.lineHead`). Inside the caller's write
+  /// transaction; one index seek per key.
+  static func advanceLines(_ keys: some Sequence<String>, queue: String, db: Connection) throws {
+    for key in Set(keys) {
+      var head: (id: Int64, status: String)?
+      try db.query(SQL.lineHead, .text(queue), .text(key)) { head = ($0.int64(0), $0.text(1) ?? "") }
+      if let head, head.status == "held" { try db.run(SQL.unhold, .integer(head.id)) }
+    }
+  }
+
+  /// Runs a `DELETE … RETURNING ordering_key`, then advances the lines of the deleted jobs' keys;
+  /// returns how many jobs were deleted.
+  static func deleteAdvancing(_ sql: String, _ values: SQLiteValue..., queue: String, db: Connection) throws
+    -> Int
+  {
+    var deleted = 0
+    var keys: [String] = []
+    try db.query(sql, values) { row in
+      deleted += 1
+      if let key = row.text(0) { keys.append(key) }
+    }
+    try advanceLines(keys, queue: queue, db: db)
+    return deleted
   }
 
   /// A JSON array of strings (``SQL/appendError(_:)``) as a list; NULL as none.
@@ -904,6 +961,9 @@ extension SQLiteJobStore {
           fallthrough
         case .version7:
           try db.execute(SQL.migrate7to8)
+          fallthrough
+        case .version8:
+          try migrateFromVersion8(db)
         case .current: break
         }
       }
@@ -932,7 +992,17 @@ extension SQLiteJobStore {
     }
   }
 
-  enum FileKind { case empty, version1, version2, version3, version4, version5, version6, version7, current }
+  enum FileKind {
+    case empty, version1, version2, version3, version4, version5, version6, version7, version8, current
+  }
+
+  /// Rebuilds a version 8 database as version 9 inside the caller's transaction, keeping every
+  /// job and the `AUTOINCREMENT` counter.
+  private static func migrateFromVersion8(_ db: Connection) throws {
+    let sequence = try db.scalar(SQL.sequence, .text("jobs")) ?? 0
+    try db.execute(SQL.migrate8to9)
+    try db.execute(SQL.setSequence.replacingOccurrences(of: "?", with: String(sequence)))
+  }
 
   /// Rebuilds a version 5 database as version 6 inside the caller's transaction, keeping every
   /// job and the `AUTOINCREMENT` counter.
@@ -1016,6 +1086,7 @@ extension SQLiteJobStore {
     if version == 5 { return .version5 }
     if version == 6 { return .version6 }
     if version == 7 { return .version7 }
+    if version == 8 { return .version8 }
     guard version == Int64(Self.schemaVersion) else {
       throw SQLiteJobStoreError(
         code: .unsupportedSchema, path: path,

@@ -375,6 +375,91 @@ struct MigrationTests {
     #expect(fired.added == [JobID(3)])
   }
 
+  /// A version 8 database (the release of 2026-12-06, schedules) is rebuilt with the held state
+  /// and the ordering-key column, every job kept as it was (status, lease, key, history, output)
+  /// and the ID counter carried over; ordering keys then work on it.
+  @Test func aVersion8DatabaseIsRebuiltForOrderingKeysWithEveryJobKept() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("v8.sqlite")
+    let t = 1_700_000_000_000
+    try execute(
+      path,
+      """
+      \(SQL.tablesVersion6)
+      \(SQL.indexesVersion7)
+      \(SQL.queuesTable)
+      \(SQL.activityTable)
+      \(SQL.schedulesTable)
+      PRAGMA application_id = \(SQLiteJobStore.applicationID);
+      PRAGMA user_version = 8;
+      INSERT INTO queues (name) VALUES ('mail');
+      INSERT INTO jobs (id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key,
+        lease_owner, lease_expires_at, claim_token, seq, time_limit_ms, finished_at, errors, run_ms, output) VALUES
+      (1, 'mail', x'7b7d', 'ready', 3, 0, \(t), \(t), NULL, 'k', NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, NULL),
+      (2, 'mail', x'7b7d', 'scheduled', 0, 1, \(t + 60_000), \(t), 'e', NULL, NULL, NULL, 1, 2, 2500, NULL,
+        '["e"]', 12, NULL),
+      (3, 'mail', x'7b7d', 'running', 0, 1, \(t), \(t), NULL, NULL, 'w:1', \(t + 60_000), 4, 0, NULL, NULL, NULL,
+        NULL, NULL),
+      (4, 'mail', x'7b7d', 'dead', 0, 3, \(t), \(t), 'fatal', NULL, NULL, NULL, 3, 0, NULL, \(t), '["fatal"]', 5,
+        NULL),
+      (40, 'mail', x'7b7d', 'completed', 0, 1, \(t), \(t), NULL, 'c', NULL, NULL, 1, 0, NULL, \(t), NULL, 7,
+        x'7b2278223a317d');
+      """)
+    let before = try readRows(path)
+    let store = try SQLiteJobStore(path: path)
+    let (version, indexes) = try await store.connection.perform { db in
+      (
+        try db.scalar("SELECT user_version FROM pragma_user_version") ?? 0,
+        try db.scalar("SELECT count(*) FROM sqlite_master WHERE name IN ('jobs_ordered', 'jobs_held')") ?? 0
+      )
+    }
+    #expect(version == SQLiteJobStore.schemaVersion && indexes == 2)
+    await store.close()
+    #expect(try readRows(path) == before, "every column of every job as it was")
+    let reopened = try SQLiteJobStore(path: path)
+    let mail = try await reopened.jobs(queue: "mail", status: nil, after: nil, limit: 10)
+    #expect(mail.map(\.status) == [.pending, .pending, .running, .dead, .completed])
+    #expect(mail.allSatisfy { $0.orderingKey == nil && !$0.isHeld })
+    #expect(mail[2].leaseOwner == "w:1" && mail[2].claimToken == 4)
+    let now = FixedJobClock(Date(timeIntervalSince1970: 1_700_000_000))
+    let added = try await reopened.enqueue(
+      [
+        NewJob(payload: Data("{}".utf8), orderingKey: "order-1"),
+        NewJob(payload: Data("{}".utf8), orderingKey: "order-1"),
+      ], queue: "mail", clock: now)
+    #expect(added.map(\.id) == [JobID(41), JobID(42)], "the counter is carried over")
+    #expect(try await reopened.job(JobID(42))?.isHeld == true)
+    let duplicate = try await reopened.enqueue(
+      [NewJob(payload: Data("{}".utf8), deduplicationKey: "k")], queue: "mail", clock: now)
+    #expect(duplicate.first == EnqueueResult(id: JobID(1), inserted: false), "keys still deduplicate")
+  }
+
+  /// Every column of every job, as text, in ID order (read with the SQLite library alone).
+  private func readRows(_ path: String) throws -> [String] {
+    var db: OpaquePointer?
+    guard sqlite3_open(path, &db) == SQLITE_OK else { throw SQLFailure(description: "open") }
+    defer { sqlite3_close(db) }
+    sqlite3_busy_timeout(db, 30_000)
+    let sql = """
+      SELECT id, queue, hex(payload), status, priority, attempts, run_at, created_at, last_error, dedup_key,
+        lease_owner, lease_expires_at, claim_token, seq, time_limit_ms, finished_at, errors, run_ms, hex(output)
+      FROM jobs ORDER BY id
+      """
+    var statement: OpaquePointer?
+    guard sqlite3_prepare_v2(db, sql, -1, &statement, nil) == SQLITE_OK else {
+      throw SQLFailure(description: String(cString: sqlite3_errmsg(db)))
+    }
+    defer { sqlite3_finalize(statement) }
+    var rows: [String] = []
+    while sqlite3_step(statement) == SQLITE_ROW {
+      rows.append(
+        (0..<19).map { column in
+          sqlite3_column_text(statement, Int32(column)).map { String(cString: $0) } ?? "NULL"
+        }.joined(separator: "|"))
+    }
+    return rows
+  }
+
   /// A version 5 database's last errors were stored whole (nothing bounded them then): the list
   /// of errors a migrated job starts with keeps each within ``JobHistory/maximumErrorBytes``, as
   /// every error recorded since.

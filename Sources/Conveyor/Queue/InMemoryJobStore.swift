@@ -22,7 +22,10 @@ public final class InMemoryJobStore: JobStore {
 
   /// Commits new jobs; see ``JobStore/enqueue(_:queue:clock:)``.
   public func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
-    state.withLock { state in state.enqueue(jobs, queue: queue, now: JobStoreTime.normalized(clock.now())) }
+    try OrderingKey.check(jobs)
+    return state.withLock { state in
+      state.enqueue(jobs, queue: queue, now: JobStoreTime.normalized(clock.now()))
+    }
   }
 
   static func runDate(_ runTime: RunTime, now: Date) -> Date {
@@ -103,6 +106,7 @@ public final class InMemoryJobStore: JobStore {
       guard let queueState = state.queues[ExactText(queue)] else { return counts }
       for slot in queueState.jobs.values {
         switch slot.record.status {
+        case .pending where slot.record.isHeld: counts.held += 1
         // Ready once marked so (as SQLite stores it), or once its date has come.
         case .pending where slot.ready || slot.record.runAt <= now: counts.ready += 1
         case .pending: counts.scheduled += 1
@@ -394,9 +398,8 @@ extension InMemoryJobStore {
           priority: job.priority, attempts: 0, runAt: InMemoryJobStore.runDate(job.runTime, now: now),
           createdAt: now,
           deduplicationKey: job.deduplicationKey,
-          timeLimit: job.timeLimitMilliseconds.map { .milliseconds($0) })
-        queues[ExactText(queue), default: QueueState()].insertWaiting(
-          record, ready: record.runAt <= now)
+          timeLimit: job.timeLimitMilliseconds.map { .milliseconds($0) }, orderingKey: job.orderingKey)
+        queues[ExactText(queue), default: QueueState()].insertNew(record, now: now)
         results.append(EnqueueResult(id: record.id, inserted: true))
       }
       return results
@@ -484,6 +487,9 @@ extension InMemoryJobStore {
     /// The place last given to a job retried straight into the ready state (``Slot/seq``): each
     /// such retry takes the next, so it goes behind every ready job of its run date.
     var lastRetrySeq: Int64 = 0
+    /// By ordering key, the jobs of the key that are waiting (held or not), running or dead,
+    /// in ID order: only the first may be other than held.
+    var lines: [ExactText: OrderLine] = [:]
 
     /// Whether `slot` holds the job of `entry` as the entry saw it: waiting, with the entry's run
     /// date and priority.
@@ -507,12 +513,24 @@ extension InMemoryJobStore {
       slot.record.status == .running && slot.record.claimToken == claim.token
     }
 
+    /// Stores a new job: held when its ordering key's line holds an earlier job.
+    mutating func insertNew(_ record: JobRecord, now: Date) {
+      var record = record
+      if let key = record.orderingKey.map(ExactText.init) {
+        record.isHeld = !(lines[key]?.isEmpty ?? true)
+        lines[key, default: OrderLine()].append(record.id)
+      }
+      insertWaiting(record, ready: record.runAt <= now)
+    }
+
+    /// Stores a waiting job; a held one (``JobRecord/isHeld``) goes in no claim heap.
     mutating func insertWaiting(_ record: JobRecord, ready isReady: Bool, seq: Int64 = 0) {
-      jobs[record.id] = Slot(record: record, ready: isReady, seq: seq)
+      jobs[record.id] = Slot(record: record, ready: isReady && !record.isHeld, seq: seq)
       if let key = record.deduplicationKey {
         dedup[ExactText(key), default: []].insert(record.id)
         keyed[ExactText(key), default: []].insert(record.id)
       }
+      if record.isHeld { return }
       let entry = Entry(id: record.id, priority: record.priority, runAt: record.runAt, seq: seq)
       if isReady {
         ready.push(ClaimOrder(entry))
@@ -577,11 +595,13 @@ extension InMemoryJobStore {
         }
         guard completed == true else { return false }
         running.remove(settlement.id)
+        let key = jobs[settlement.id]?.record.orderingKey
         if keeps {
           finished[.completed, default: Heap()].push(FinishOrder(id: settlement.id, finishedAt: now))
         } else if let removed = jobs.removeValue(for: settlement.id) {
           forgetKey(of: removed.record)
         }
+        if let key { leaveLine(settlement.id, key: key) }
         return true
       }
       guard let slot = jobs[settlement.id], Self.isCurrent(settlement.claim, slot) else { return false }
@@ -640,8 +660,11 @@ extension InMemoryJobStore {
       if let output { record.output = output }
       record.leaseOwner = nil
       record.leaseExpiresAt = nil
+      record.isHeld = false
       jobs[id] = Slot(record: record, ready: false, seq: 0)
       finished[status, default: Heap()].push(FinishOrder(id: id, finishedAt: now))
+      // A dead job keeps its place at the head of its key's line: it blocks the key.
+      if status != .dead, let key = record.orderingKey { leaveLine(id, key: key) }
     }
 
     /// Deletes up to `limit` jobs with `status` that finished before `cutoff` (nil: any), oldest
@@ -671,6 +694,9 @@ extension InMemoryJobStore {
       record.lastError = error
       record.leaseOwner = nil
       record.leaseExpiresAt = nil
+      // A job that waits again (retried, released, rescued, re-queued) is held unless it heads
+      // its key's line.
+      record.isHeld = record.orderingKey.map { lines[ExactText($0)]?.first != id } ?? false
       insertWaiting(record, ready: isReady, seq: seq)
     }
 
@@ -730,7 +756,22 @@ extension InMemoryJobStore {
       forgetKey(of: record)
       jobs[id] = nil
       running.remove(id)
+      if let key = record.orderingKey { leaveLine(id, key: key) }
       return true
+    }
+
+    /// Takes a finished or deleted job out of its ordering key's line; the next job, if held,
+    /// becomes scheduled (the next claim makes it ready once due).
+    mutating func leaveLine(_ id: JobID, key: String) {
+      let key = ExactText(key)
+      lines[key]?.remove(id)
+      guard let next = lines[key]?.first else {
+        lines[key] = nil
+        return
+      }
+      guard var record = jobs[next]?.record, record.status == .pending, record.isHeld else { return }
+      record.isHeld = false
+      insertWaiting(record, ready: false, seq: 0)
     }
 
     /// A ready job is due now, whatever its date says (the wall clock may have stepped back).
@@ -743,5 +784,40 @@ extension InMemoryJobStore {
       }.min()
       return WakeHint(nextRun: nextRun, nextLeaseExpiry: leaseExpiry)
     }
+  }
+}
+
+/// The jobs of one ordering key that are waiting, running or dead, in ID order (see
+/// `InMemoryJobStore.QueueState.lines`). New IDs are appended (they only grow) and the first
+/// usually leaves first, so both are O(1); another job leaves in O(n).
+struct OrderLine: Sendable {
+  private var ids: [JobID] = []
+  private var start = 0
+
+  var isEmpty: Bool { start == ids.count }
+  var first: JobID? { isEmpty ? nil : ids[start] }
+
+  /// Adds a job; its ID is greater than every ID in the line.
+  mutating func append(_ id: JobID) { ids.append(id) }
+
+  mutating func remove(_ id: JobID) {
+    if first == id {
+      start += 1
+      if start == ids.count {
+        ids.removeAll(keepingCapacity: true)
+        start = 0
+      } else if start >= 64 && start * 2 >= ids.count {
+        ids.removeFirst(start)
+        start = 0
+      }
+      return
+    }
+    var low = start
+    var high = ids.count
+    while low < high {
+      let middle = (low + high) / 2
+      if ids[middle] < id { low = middle + 1 } else { high = middle }
+    }
+    if low < ids.count, ids[low] == id { ids.remove(at: low) }
   }
 }
