@@ -418,7 +418,7 @@ public final class SQLiteJobStore: JobStore {
           }
           return count + (try db.run(SQL.remove, .integer(id.rawValue), .text(queue)))
         }
-        try Self.advanceLines(keys, queue: queue, db: db)
+        try Self.advanceLines(keys, queue: queue, now: nil, db: db)
         return removed
       }
     }
@@ -440,7 +440,7 @@ public final class SQLiteJobStore: JobStore {
           switch found.status {
           case "ready", "scheduled", "held", "running":
             try db.run(SQL.cancel, .integer(now), .integer(id.rawValue))
-            if let key = found.key { try Self.advanceLines([key], queue: found.queue, db: db) }
+            if let key = found.key { try Self.advanceLines([key], queue: found.queue, now: now, db: db) }
             return found.status == "running" ? .cancelledRunning : .cancelledWaiting
           case "completed": return .alreadyCompleted
           case "cancelled": return .alreadyCancelled
@@ -642,39 +642,39 @@ public final class SQLiteJobStore: JobStore {
     let queueName = queue
     let queue = SQLiteValue.text(queue)
     let token = SQLiteValue.integer(settlement.claim.token)
-    let changed: Int
+    var changed: Int
     let ran = settlement.runDuration.map { SQLiteValue.integer(JobStoreTime.milliseconds($0)) } ?? .null
-    // A job that completes or is deleted leaves its ordering key's line: the next job of the key
-    // may run. One primary-key lookup; a retried, released or dead job keeps its place.
-    var leavesLine: Bool {
-      switch settlement.action {
-      case .complete: true
-      case .kill: !settlement.keepsHistory
-      case .retry, .release: false
-      }
-    }
-    let key = leavesLine ? try db.scalarText(SQL.orderingKeyOf, id, queue) : nil
+    // A job that completes or is deleted leaves its ordering key's line, and the next job of the
+    // key may run. The statement for a job in no line runs first: the usual job costs what it did
+    // before ordering keys; a job in a line then costs a lookup of its key more.
+    var key: String?
     switch settlement.action {
-    case .complete where !settlement.keepsHistory:
-      changed = try db.run(SQL.deleteHeld, id, queue, token)
+    case .complete where !settlement.keepsHistory, .kill where !settlement.keepsHistory:
+      changed = try db.run(SQL.deleteHeldOutOfLine, id, queue, token)
+      if changed == 0, let found = try db.scalarText(SQL.orderingKeyOf, id, queue) {
+        key = found
+        changed = try db.run(SQL.deleteHeld, id, queue, token)
+      }
     case .complete:
-      changed = try db.run(
-        SQL.complete, .integer(now), ran, settlement.output.map(SQLiteValue.blob) ?? .null, id, queue, token)
+      let output = settlement.output.map(SQLiteValue.blob) ?? .null
+      changed = try db.run(SQL.completeOutOfLine, .integer(now), ran, output, id, queue, token)
+      if changed == 0, let found = try db.scalarText(SQL.orderingKeyOf, id, queue) {
+        key = found
+        changed = try db.run(SQL.complete, .integer(now), ran, output, id, queue, token)
+      }
     case .retry(let delay, let error):
       let runAt = millis(now, adding: delay)
       if runAt <= now { try db.run(SQL.nextRetryPlace, queue) }
       changed = try db.run(
         SQL.retry, .integer(runAt), .integer(now), error.map { .text(JobHistory.bounded($0)) } ?? .null, id,
         token, queue, ran)
-    case .kill where !settlement.keepsHistory:
-      changed = try db.run(SQL.deleteHeld, id, queue, token)
     case .kill(let error):
       changed = try db.run(SQL.kill, .text(JobHistory.bounded(error)), .integer(now), ran, id, queue, token)
     case .release(let error):
       changed = try db.run(
         SQL.release, error.map { .text(JobHistory.bounded($0)) } ?? .null, id, queue, token)
     }
-    if let key, changed > 0 { try advanceLines([key], queue: queueName, db: db) }
+    if let key, changed > 0 { try advanceLines([key], queue: queueName, now: now, db: db) }
     return changed > 0
   }
 
@@ -705,14 +705,19 @@ public final class SQLiteJobStore: JobStore {
 
   // MARK: - Ordering keys
 
-  /// After jobs of these ordering keys left their lines (finished or deleted), makes each line's
-  /// first job, if held, scheduled: it runs next (see `SQL.lineHead`). Inside the caller's write
-  /// transaction; one index seek per key.
-  static func advanceLines(_ keys: some Sequence<String>, queue: String, db: Connection) throws {
+  /// After jobs of these ordering keys left their lines (finished or deleted), lets each line's
+  /// first job, if held, run next (see `SQL.lineHead`): ready when its run date has come by `now`,
+  /// else scheduled (without a `now`, always scheduled: the next claim makes it ready when due).
+  /// Inside the caller's write transaction; one index seek per key.
+  static func advanceLines(_ keys: some Sequence<String>, queue: String, now: Int64?, db: Connection) throws {
     for key in Set(keys) {
-      var head: (id: Int64, status: String)?
-      try db.query(SQL.lineHead, .text(queue), .text(key)) { head = ($0.int64(0), $0.text(1) ?? "") }
-      if let head, head.status == "held" { try db.run(SQL.unhold, .integer(head.id)) }
+      var head: (id: Int64, status: String, runAt: Int64)?
+      try db.query(SQL.lineHead, .text(queue), .text(key)) {
+        head = ($0.int64(0), $0.text(1) ?? "", $0.int64(2))
+      }
+      guard let head, head.status == "held" else { continue }
+      let ready = now.map { head.runAt <= $0 } ?? false
+      try db.run(SQL.unhold, .integer(head.id), .text(ready ? "ready" : "scheduled"))
     }
   }
 
@@ -727,7 +732,7 @@ public final class SQLiteJobStore: JobStore {
       deleted += 1
       if let key = row.text(0) { keys.append(key) }
     }
-    try advanceLines(keys, queue: queue, db: db)
+    try advanceLines(keys, queue: queue, now: nil, db: db)
     return deleted
   }
 

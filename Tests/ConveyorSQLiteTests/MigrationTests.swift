@@ -410,7 +410,7 @@ struct MigrationTests {
     let (version, indexes) = try await store.connection.perform { db in
       (
         try db.scalar("SELECT user_version FROM pragma_user_version") ?? 0,
-        try db.scalar("SELECT count(*) FROM sqlite_master WHERE name IN ('jobs_ordered', 'jobs_held')") ?? 0
+        try db.scalar("SELECT count(*) FROM sqlite_master WHERE name IN ('jobs_line', 'jobs_held')") ?? 0
       )
     }
     #expect(version == SQLiteJobStore.schemaVersion && indexes == 2)

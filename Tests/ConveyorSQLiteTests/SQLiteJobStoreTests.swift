@@ -245,6 +245,44 @@ struct SQLiteJobStoreTests {
     #expect(large < small * 2 + 100, "steps: \(small) with one job, \(large) with 20,000 scheduled")
   }
 
+  @Test func aHundredThousandBlockedOrderingKeysCostAClaimNothing() async throws {
+    // Counted in SQLite virtual-machine steps (not time): 100,000 ordering keys whose heads wait
+    // for a retry an hour away, each with a held job behind it, and 1,000 keys whose head is
+    // dead with a held job behind it, cost a claim no more than a queue of one ready job. Held
+    // jobs are in no index a claim reads.
+    let folder = try TemporaryFolder()
+    let store = try makeStore(folder)
+    _ = try await store.enqueue([NewJob(payload: payload("now"), runAt: epoch)], queue: "jobs", now: epoch)
+    let small = try await store.claimSteps(queue: "jobs", now: epoch)
+    for batch in stride(from: 0, to: 100_000, by: 5_000) {
+      _ = try await store.enqueue(
+        (batch..<batch + 5_000).flatMap { key in
+          [
+            NewJob(payload: payload("head"), runAt: epoch.addingTimeInterval(3_600), orderingKey: "k\(key)"),
+            NewJob(payload: payload("next"), runAt: epoch, orderingKey: "k\(key)"),
+          ]
+        }, queue: "jobs", now: epoch)
+    }
+    _ = try await store.enqueue(
+      (0..<1_000).flatMap { key in
+        [
+          NewJob(payload: payload("dies"), runAt: epoch, orderingKey: "dead\(key)"),
+          NewJob(payload: payload("next"), runAt: epoch, orderingKey: "dead\(key)"),
+        ]
+      }, queue: "jobs", now: epoch)
+    let claimed = try await store.settleAndClaim([], queue: "jobs", limit: 1_001, lease: lease(), now: epoch)
+    #expect(claimed.claimed.count == 1_001, "the first job and the 1,000 heads that die")
+    _ = try await store.settleAndClaim(
+      claimed.claimed.filter { $0.orderingKey != nil }.map {
+        JobSettlement(claim: $0.claim, action: .kill(error: "no"))
+      }, queue: "jobs", limit: 0, lease: lease(), now: epoch)
+    _ = try await store.enqueue([NewJob(payload: payload("now"), runAt: epoch)], queue: "jobs", now: epoch)
+    let counts = try await store.counts(queue: "jobs", clock: FixedJobClock(epoch))
+    #expect(counts.held == 101_000 && counts.dead == 1_000 && counts.ready == 1, "\(counts)")
+    let large = try await store.claimSteps(queue: "jobs", now: epoch)
+    #expect(large < small * 2 + 100, "steps: \(small) with one job, \(large) with 101,000 keys blocked")
+  }
+
   @Test func statementsArePreparedOnce() async throws {
     let folder = try TemporaryFolder()
     let store = try makeStore(folder)

@@ -13,5 +13,6 @@ if wants("pipelines") { try await runPipelineBenchmarks() }
 if wants("queue") { try await runQueueBenchmarks() }
 if wants("history") { try await runHistoryBenchmarks() }
 if wants("schedules") { try await runScheduleBenchmarks() }
+if wants("ordering") { try await runOrderingBenchmarks() }
 // Needs a server: run through Benchmarks/with-postgres.sh (skipped without CONVEYOR_POSTGRES_URL).
 if wants("postgres") { try await runPostgresBenchmarks() }

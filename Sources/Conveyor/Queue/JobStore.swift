@@ -127,11 +127,13 @@ public struct NewJob: Sendable, Hashable {
 
   /// Describes a job to insert that runs at a date.
   public init(
-    payload: Data, priority: Int = 0, runAt: Date, deduplicationKey: String? = nil, timeLimit: Duration? = nil
+    payload: Data, priority: Int = 0, runAt: Date, deduplicationKey: String? = nil,
+    timeLimit: Duration? = nil,
+    orderingKey: String? = nil
   ) {
     self.init(
       payload: payload, priority: priority, runTime: .at(runAt), deduplicationKey: deduplicationKey,
-      timeLimit: timeLimit)
+      timeLimit: timeLimit, orderingKey: orderingKey)
   }
 
   /// ``timeLimit`` as the stores keep it: whole milliseconds, at least 1; nil when unset.
