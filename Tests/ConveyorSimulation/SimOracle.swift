@@ -33,6 +33,8 @@ final class SimOracle: Sendable {
     case noSlotSkipped =
       "a schedule that catches up every missed slot has a job for each slot from its creation through its last slot, but those a resume passed over"
     case firedWhenDue = "a schedule's job is added no earlier than its slot"
+    case keyInOrder =
+      "a job of an ordering key is claimed only once every job of its key added before it has finished"
   }
 
   /// A broken rule, with what showed it.
@@ -67,6 +69,8 @@ final class SimOracle: Sendable {
     var payloadJob = -1
     /// The payload it was added with.
     var firstPayload = Data()
+    /// Its ordering key, as the application asked.
+    var orderingKey: String? = nil
   }
 
   /// What the oracle knows of one schedule: its jobs by slot, and the stored schedule as the last
@@ -192,7 +196,7 @@ final class SimOracle: Sendable {
           state.commits += 1
           state.jobs[result.id] = Facts(
             committed: state.commits, key: job.deduplicationKey, scope: job.deduplicationScope,
-            payloadJob: payloadJob, firstPayload: job.payload)
+            payloadJob: payloadJob, firstPayload: job.payload, orderingKey: job.orderingKey)
         case .replaced:
           state.jobs[result.id]?.payloadJob = payloadJob
         case .existing:
@@ -218,6 +222,9 @@ final class SimOracle: Sendable {
     let paused = store.peekPaused(queue: queue)
     let wallNow = clock.now()
     var laterStart: Date?
+    /// Claimed jobs of an ordering key, each with a job of its key added before it and not known
+    /// to have finished.
+    var earlierOfKey: [(claimed: JobID, key: String, earlier: JobID, status: Status)] = []
     state.withLock { state in
       state.owners[lease.owner] = process
       for settlement in settlements where !stale.contains(settlement.claim) {
@@ -264,6 +271,14 @@ final class SimOracle: Sendable {
                 "job \(record.id) claimed (token \(record.claimToken)) while \(facts.status), last token \(facts.token)"
             )
         }
+        if let key = facts.orderingKey {
+          for (id, other) in state.jobs
+          where id < record.id && other.orderingKey == key && other.status != .done
+            && other.status != .removed
+          {
+            earlierOfKey.append((record.id, key, id, other.status))
+          }
+        }
         facts.claims += 1
         facts.claimedAt = clock.uptime()
         facts.token = record.claimToken
@@ -294,6 +309,13 @@ final class SimOracle: Sendable {
     }
     if let start = laterStart {
       checkFirstClaim(batch.claimed, process: process, processStart: start, now: wallNow)
+    }
+    // A dead job pruned from the store no longer holds its key (its retention passed).
+    if let broken = earlierOfKey.first(where: { $0.status != .dead || store.peek($0.earlier) != nil }) {
+      fail(
+        .keyInOrder,
+        "p\(process) claimed job \(broken.claimed) of key \(broken.key) while job \(broken.earlier) of it, added before, is \(broken.status)"
+      )
     }
     if !batch.claimed.isEmpty || !settlements.isEmpty {
       note(
@@ -571,7 +593,13 @@ final class SimOracle: Sendable {
 
   /// A `waitUntilFinished` registered after `commits` returned.
   func waiterReturned(registeredAfter commits: Int, process: Int) {
-    let unfinished = store.peekAll(queue: queue).filter { $0.status == .pending || $0.status == .running }
+    let all = store.peekAll(queue: queue)
+    // A job held behind a dead job of its ordering key waits for an operator, as dead jobs do.
+    let deadKeys = Set(all.filter { $0.status == .dead }.compactMap(\.orderingKey))
+    let unfinished = all.filter {
+      ($0.status == .pending || $0.status == .running)
+        && !($0.isHeld && deadKeys.contains($0.orderingKey ?? ""))
+    }
     let early = state.withLock { state in
       unfinished.filter { (state.jobs[$0.id]?.committed ?? .max) <= commits }.map(\.id)
     }
@@ -627,19 +655,24 @@ final class SimOracle: Sendable {
     }
   }
 
-  /// Whether every job the history added is handled, dead or removed.
-  var allFinished: Bool {
-    state.withLock { state in
-      state.jobs.values.allSatisfy { [.done, .dead, .removed].contains($0.status) }
-    }
-  }
+  /// Whether every job the history added is handled, dead or removed (or waits behind a dead job
+  /// of its ordering key, which blocks the key until an operator acts, as documented).
+  var allFinished: Bool { unfinished.isEmpty }
 
   /// The jobs not finished, for the liveness report.
   var unfinished: [(JobID, Status)] {
     state.withLock { state in
-      state.jobs.filter { ![.done, .dead, .removed].contains($0.value.status) }.map {
-        ($0.key, $0.value.status)
+      let deadKeys = state.jobs.filter { $0.value.status == .dead }.compactMap { id, facts in
+        facts.orderingKey.map { ($0, id) }
       }
+      func blocked(_ id: JobID, _ facts: Facts) -> Bool {
+        guard facts.status == .waiting, let key = facts.orderingKey else { return false }
+        return deadKeys.contains { $0.0 == key && $0.1 < id }
+      }
+      return state.jobs.filter {
+        ![.done, .dead, .removed].contains($0.value.status) && !blocked($0.key, $0.value)
+      }
+      .map { ($0.key, $0.value.status) }
       .sorted { $0.0 < $1.0 }
     }
   }

@@ -21,6 +21,9 @@ final class SimStore: JobStore {
       if self.world.scenario.defect == .ignoresRunningForUniqueness {
         for index in stored.indices { stored[index].deduplicationScope = .waiting }
       }
+      if self.world.scenario.defect == .ignoresOrderingKeys {
+        for index in stored.indices { stored[index].orderingKey = nil }
+      }
       let results = try await self.base.enqueue(stored, queue: queue, clock: clock)
       self.world.oracle.enqueued(results, jobs, process: self.process)
       return results

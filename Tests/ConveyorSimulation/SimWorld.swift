@@ -445,11 +445,15 @@ final class SimWorld: Sendable {
 
   /// The job the application adds as its `job`th: most without a key; every sixth from the
   /// second on with one of three keys added one at a time (`.waitingOrRunning`); every sixth from
-  /// the fifth on with one of two keys that replace their waiting job (a debounce). Chosen by the
-  /// number alone, so it draws nothing from the seed.
+  /// the fifth on with one of two keys that replace their waiting job (a debounce); every sixth
+  /// from the fourth on with one of two ordering keys. Chosen by the number alone, so it draws
+  /// nothing from the seed.
   static func newJob(_ job: Int) -> NewJob {
-    let payload = try! JSONEncoder().encode(SimItem(job: job))
+    let order = job % 6 == 3 ? "order-\(job / 6 % 2)" : nil
+    let payload = try! JSONEncoder().encode(SimItem(job: job, order: order))
     switch job % 6 {
+    case 3:
+      return NewJob(payload: payload, orderingKey: order)
     case 1:
       return NewJob(
         payload: payload, deduplicationKey: "one-\(job % 3)", deduplicationScope: .waitingOrRunning)

@@ -137,6 +137,9 @@ public enum SimDefect: String, Sendable, Hashable {
   /// Once in a while a firing judges due slots by a clock 1.5 seconds ahead: a slot's job is
   /// added before its slot (dated by that clock, so its creation date does not show it).
   case firesEarly
+  /// The store stores jobs without their ordering keys: jobs of a key run side by side and out
+  /// of the order they were added.
+  case ignoresOrderingKeys
 }
 
 /// The outcome of one simulated history.
@@ -212,4 +215,7 @@ enum SimFault: Error, CustomStringConvertible {
 /// schedule added it (see ``SimWorld/scheduleNames``).
 struct SimItem: Queueable {
   var job: Int
+  /// The item's ordering key, if any.
+  var order: String? = nil
+  var orderingKey: String? { order }
 }

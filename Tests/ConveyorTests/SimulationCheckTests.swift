@@ -119,6 +119,16 @@ struct SimulationCheckTests {
       "\(caught?.violation ?? "")")
   }
 
+  /// A store that drops ordering keys runs the jobs of a key side by side and out of the order
+  /// they were added.
+  @Test func theFixedSeedsCatchAStoreThatIgnoresOrderingKeys() async {
+    let caught = await Self.earliestCatch(of: .ignoresOrderingKeys)
+    #expect(caught != nil, "no seed of \(SimulationTests.seeds) caught a store that ignores ordering keys")
+    #expect(
+      caught?.violation?.hasPrefix("a job of an ordering key is claimed only once") == true,
+      "\(caught?.violation ?? "")")
+  }
+
   /// More workers and more frequent faults than any seed draws (six wall-clock steps a minute,
   /// where the drawn scenarios have at most three). Worker p4 claims jobs 39–41 ahead at 8.867 s
   /// (lease 2 s); at 9.213 s the wall clock steps forward 2.345 s, so the store's leases lapse and

@@ -8,7 +8,7 @@ import Foundation
 //                                          [--defect settlesStaleClaims|rescuesLiveLeases|renewsStaleClaims|
 //                                                   prunesEarly|prunesUnfinished|
 //                                                   ignoresRunningForUniqueness|runsStalePayload|
-//                                                   firesSlotTwice|skipsSlot|firesEarly]
+//                                                   firesSlotTwice|skipsSlot|firesEarly|ignoresOrderingKeys]
 //
 // With `--defect`, each seed's scenario has that defect built into the store: a search for seeds
 // that catch it (the simulation's own check tests name one).
@@ -28,8 +28,8 @@ let defect = arguments.firstIndex(of: "--defect").flatMap { index in
 if arguments.contains("--defect") && defect == nil {
   print(
     "conveyor-simulate: --defect takes settlesStaleClaims, rescuesLiveLeases, renewsStaleClaims, prunesEarly, "
-      + "prunesUnfinished, ignoresRunningForUniqueness, runsStalePayload, firesSlotTwice, skipsSlot "
-      + "or firesEarly"
+      + "prunesUnfinished, ignoresRunningForUniqueness, runsStalePayload, firesSlotTwice, skipsSlot, "
+      + "firesEarly or ignoresOrderingKeys"
   )
   exit(2)
 }

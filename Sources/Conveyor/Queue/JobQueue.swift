@@ -422,7 +422,8 @@ public final class JobQueue<Item: Queueable>: Sendable {
   }
 
   /// Returns when the store holds no waiting or running job of this queue (dead jobs do not
-  /// count), or when the calling task is cancelled.
+  /// count, nor do jobs held behind a dead job of their ordering key: both wait for an operator),
+  /// or when the calling task is cancelled.
   ///
   /// The answer comes from the store, looked at after this call began, so jobs added by another
   /// `JobQueue` instance or another process on the same store count too. The queue must be
