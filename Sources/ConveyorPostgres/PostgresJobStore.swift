@@ -1070,34 +1070,49 @@ public final class PostgresJobStore: JobStore {
     }
   }
 
-  /// Deletes the given jobs whatever their status; returns how many existed. The jobs that are
-  /// not held go first, then, under the locks of their lines, the held ones (see `SQL.version9`'s
-  /// lock order), then the next job of each line left is promoted: one transaction.
+  /// Deletes the given jobs whatever their status; returns how many existed.
+  ///
+  /// In one transaction, the jobs that are not held go first; then, under the locks of their
+  /// lines, the ones still held (see `SQL.version9`'s lock order); then the next job of each line
+  /// left is promoted. A job held when the transaction looked but promoted before its line's
+  /// lock was granted is not waited for under that lock (its worker may be settling it, waiting
+  /// for the same lock): it is removed by a transaction of its own after this one commits.
   public func remove(_ ids: [JobID], queue: String) async throws -> Int {
     if ids.isEmpty { return 0 }
     let sql = self.sql
     let unique = Array(Set(ids.map(\.rawValue)))
     return try await connection.perform(idempotent: true) { db in
-      try db.transaction {
-        let held = try db.execute(sql.heldAmong, [.int64Array(unique), .text(queue)], prepared: false)
-        let heldIDs = (0..<held.count).map { held.int64($0, 0) }
-        var lines = Lines()
-        for row in 0..<held.count { lines.add(queue, held.text(row, 2)) }
-        let gone = try db.execute(
-          sql.remove, [.text(queue), .int64Array(unique), .bool(false)], prepared: false)
-        var count = gone.count
-        for row in 0..<gone.count where Lines.isInLine(gone.text(row, 0)) {
-          lines.add(queue, gone.text(row, 1))
+      var count = 0
+      var remaining = unique
+      while !remaining.isEmpty {
+        let ids = remaining
+        remaining = try db.transaction {
+          let held = try db.execute(sql.heldAmong, [.int64Array(ids), .text(queue)], prepared: false)
+          let heldIDs = (0..<held.count).map { held.int64($0, 0) }
+          var lines = Lines()
+          for row in 0..<held.count { lines.add(queue, held.text(row, 2)) }
+          let gone = try db.execute(
+            sql.remove, [.text(queue), .int64Array(ids), .bool(false)], prepared: false)
+          count += gone.count
+          for row in 0..<gone.count where Lines.isInLine(gone.text(row, 0)) {
+            lines.add(queue, gone.text(row, 1))
+          }
+          var moved: [Int64] = []
+          if !heldIDs.isEmpty {
+            try lines.lock(sql: sql, db: db)
+            count += try db.execute(
+              sql.remove, [.text(queue), .int64Array(heldIDs), .bool(true)], prepared: false
+            ).count
+            // The held jobs promoted meanwhile (still there, no longer held): next round.
+            let present = try db.execute(
+              sql.presentNotHeld, [.int64Array(heldIDs), .text(queue)], prepared: false)
+            moved = (0..<present.count).map { present.int64($0, 0) }
+          }
+          try lines.promote(sql: sql, db: db)
+          return moved
         }
-        if !heldIDs.isEmpty {
-          try lines.lock(sql: sql, db: db)
-          count += try db.execute(
-            sql.remove, [.text(queue), .int64Array(heldIDs), .bool(true)], prepared: false
-          ).count
-        }
-        try lines.promote(sql: sql, db: db)
-        return count
       }
+      return count
     }
   }
 
@@ -1114,34 +1129,45 @@ public final class PostgresJobStore: JobStore {
     let now = now(clock)
     let queueValue = queue.map(PostgresValue.text) ?? .null(oid: PostgresValue.textOID)
     let found = try await connection.perform(idempotent: false) { db -> [Int64: String] in
-      // The jobs that are not held first, then, under the locks of their lines, the held ones
-      // (see `SQL.version9`'s lock order), then the next job of each line left is promoted.
-      try db.transaction {
-        let held = try db.execute(sql.heldAmong, [.int64Array(unique), queueValue], prepared: false)
-        let heldIDs = (0..<held.count).map { held.int64($0, 0) }
-        var lines = Lines()
-        for row in 0..<held.count { lines.add(held.text(row, 1) ?? "", held.text(row, 2)) }
-        var found: [Int64: String] = [:]
-        func cancel(_ ids: [Int64], held: Bool) throws {
-          let rows = try db.execute(
-            sql.cancel, [.int64Array(ids), queueValue, now, .bool(held)], prepared: false)
-          for row in 0..<rows.count where found[rows.int64(row, 0)] == nil {
-            let status = rows.text(row, 1) ?? ""
-            found[rows.int64(row, 0)] = status
-            if Lines.isInLine(status), status != "dead" {
-              lines.add(rows.text(row, 4) ?? "", rows.text(row, 5))
+      // In one transaction, the jobs that are not held first; then, under the locks of their
+      // lines, the ones still held (see `SQL.version9`'s lock order); then the next job of each
+      // line left is promoted. A job held when the transaction looked but promoted before its
+      // line's lock was granted is not waited for under that lock (its worker may be settling
+      // it, waiting for the same lock): a transaction of its own cancels it after this one.
+      var found: [Int64: String] = [:]
+      var remaining = unique
+      while !remaining.isEmpty {
+        let ids = remaining
+        remaining = try db.transaction {
+          let held = try db.execute(sql.heldAmong, [.int64Array(ids), queueValue], prepared: false)
+          let heldIDs = (0..<held.count).map { held.int64($0, 0) }
+          var lines = Lines()
+          for row in 0..<held.count { lines.add(held.text(row, 1) ?? "", held.text(row, 2)) }
+          var seen: Set<Int64> = []
+          func cancel(_ ids: [Int64], held: Bool) throws {
+            let rows = try db.execute(
+              sql.cancel, [.int64Array(ids), queueValue, now, .bool(held)], prepared: false)
+            for row in 0..<rows.count {
+              let status = rows.text(row, 1) ?? ""
+              found[rows.int64(row, 0)] = status
+              seen.insert(rows.int64(row, 0))
+              if Lines.isInLine(status), status != "dead" {
+                lines.add(rows.text(row, 4) ?? "", rows.text(row, 5))
+              }
             }
           }
+          try cancel(ids, held: false)
+          var moved: [Int64] = []
+          if !heldIDs.isEmpty {
+            try lines.lock(sql: sql, db: db)
+            try cancel(heldIDs, held: true)
+            moved = heldIDs.filter { !seen.contains($0) }
+          }
+          try lines.promote(sql: sql, db: db)
+          return moved
         }
-        try cancel(unique, held: false)
-        let waiting = heldIDs.filter { found[$0] == nil }
-        if !waiting.isEmpty {
-          try lines.lock(sql: sql, db: db)
-          try cancel(waiting, held: true)
-        }
-        try lines.promote(sql: sql, db: db)
-        return found
       }
+      return found
     }
     // A job cancelled here is already cancelled for an ID given again.
     var cancelled: Set<Int64> = []

@@ -1014,11 +1014,11 @@ struct SQL {
 
   // MARK: Changing
 
-  /// Deletes jobs of queue `$1` among the IDs `$2`, held ones only when `$3` is true (see
-  /// ``cancel``); returns each one's status and ordering key.
+  /// Deletes jobs of queue `$1` among the IDs `$2`: those not held when `$3` is false, the held
+  /// ones alone when it is true (see ``cancel``); returns each one's status and ordering key.
   var remove: String {
     """
-    DELETE FROM \(schema).jobs WHERE queue = $1 AND id = ANY($2::int8[]) AND ($3::bool OR status <> 'held')
+    DELETE FROM \(schema).jobs WHERE queue = $1 AND id = ANY($2::int8[]) AND (status = 'held') = $3::bool
     RETURNING status, ordering_key
     """
   }
@@ -1028,6 +1028,10 @@ struct SQL {
     SELECT id, queue, ordering_key FROM \(schema).jobs
     WHERE id = ANY($1::int8[]) AND ($2::text IS NULL OR queue = $2::text) AND status = 'held'
     """
+  }
+  /// The jobs among the IDs `$1` of queue `$2` that are not held.
+  var presentNotHeld: String {
+    "SELECT id FROM \(schema).jobs WHERE id = ANY($1::int8[]) AND queue = $2 AND status <> 'held'"
   }
   /// The ordering keys of the queue's held jobs with IDs up to `$2`.
   var heldLines: String {
@@ -1048,9 +1052,10 @@ struct SQL {
   var promoteLinesNow: String { "SELECT \(schema).promote_lines($1::text[], $2::text[])" }
   /// Cancels the unfinished jobs among the IDs `$1` (of queue `$2`, or any when NULL) at `$3`;
   /// returns each found job's ID and status as they were, and (columns 4 and 5) its queue and
-  /// ordering key. Held jobs are left alone (not even locked) unless `$4` is true: a cancel
-  /// changes the other jobs first, then takes the locks of the lines, then cancels the held jobs
-  /// (see ``version9``'s lock order). A job of a queue named with a control
+  /// ordering key. It cancels the jobs that are not held when `$4` is false (held ones are not
+  /// even locked), the held ones alone when it is true: a cancel changes the other jobs first,
+  /// then takes the locks of the lines, then cancels the held jobs (see ``version9``'s lock
+  /// order). A job of a queue named with a control
   /// character before names were checked (``version4``'s `NOT VALID` check refuses any change of
   /// such a row) is deleted instead, as every cancel did before the history was kept.
   ///
@@ -1063,7 +1068,7 @@ struct SQL {
     """
     WITH target AS (
       SELECT id, status, queue, ordering_key, queue ~ '[\\x01-\\x1f\\x7f]' AS unprintable FROM \(schema).jobs
-      WHERE id = ANY($1::int8[]) AND ($2::text IS NULL OR queue = $2::text) AND ($4::bool OR status <> 'held')
+      WHERE id = ANY($1::int8[]) AND ($2::text IS NULL OR queue = $2::text) AND (status = 'held') = $4::bool
       FOR UPDATE
     ), gone AS (
       UPDATE \(schema).jobs j SET status = 'cancelled', finished_at = \(Self.now(3)), lease_owner = NULL,
