@@ -161,12 +161,16 @@ struct OrderingConcurrencyTests {
     }
     let result = watch.state.withLock { $0 }
     // A job cancelled or removed while it ran let the next one start: not a violation.
+    // So did one whose claim's answer came back after the next one's was recorded.
     let violations = result.violations.filter { violation in
-      !result.ended.contains { violation.hasSuffix("while \($0) ran") }
+      !result.ended.contains { violation.hasSuffix("while \($0) ran") || violation.hasPrefix("\($0) of ") }
     }
     #expect(violations.isEmpty, "\(violations)")
+    // A job cancelled or removed as it was claimed may be recorded after the next one of its
+    // key (the operator's cancel let that one run before the claim's answer came back).
     for (key, ids) in result.claimed {
-      #expect(ids == ids.sorted(), "\(key) claimed out of order: \(ids)")
+      let kept = ids.filter { !result.ended.contains($0) }
+      #expect(kept == kept.sorted(), "\(key) claimed out of order: \(ids), ended: \(result.ended.sorted())")
     }
     // Each adder: 60 jobs, a second one every fifth (12), a job of key-0 every seventh (9).
     let expected = 243
