@@ -30,6 +30,10 @@ import Conveyor
 /// - `jobs_dedup (queue, dedup_key) WHERE … waiting`: the duplicate check of an enqueue.
 /// - `jobs_keyed (queue, dedup_key, status, finished_at) WHERE … running or completed`: the
 ///   wider deduplication scopes (version 7).
+/// - `jobs_ordered (queue, ordering_key, id) WHERE … ready, scheduled, running, held or dead`:
+///   the first job of an ordering key's line, one seek (version 9: an add's look at its line,
+///   `promote_lines`, a re-queue's). Held jobs are in no other partial index: claims, promotion
+///   and the next wake never read them; counts and listings find them in `jobs_status`.
 /// - The primary key: settlements (``settle``), heartbeats, the claim's update, ``job``.
 struct SQL {
   /// The quoted schema name, e.g. `"conveyor"`.
