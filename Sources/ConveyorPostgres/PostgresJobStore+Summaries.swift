@@ -78,14 +78,14 @@ enum SummarySQL {
   }
 
   /// Where the payload's size is.
-  static let sizeColumn = 18
+  static let sizeColumn = 19
 
   /// `SQL.list` with summaries. Parameters: queue, after, limit, statuses, payload prefix, error
   /// prefix.
   static func list(_ schema: String) -> String {
     """
     SELECT \(SQL.columns("page")), page.payload_size FROM
-      unnest(coalesce($4::text[], ARRAY['ready', 'scheduled', 'running', 'dead', 'completed', 'cancelled']))
+      unnest(coalesce($4::text[], ARRAY['ready', 'scheduled', 'held', 'running', 'dead', 'completed', 'cancelled']))
         AS wanted (status)
       CROSS JOIN LATERAL (
         SELECT \(columns(prefixParameter: 5, errorParameter: 6)) FROM \(schema).jobs

@@ -141,8 +141,9 @@ public final class PostgresJobStore: JobStore {
   /// The schema version this build writes and reads (2 added the activity table; 3 left the
   /// store's own inserts to send their wake-up themselves, without the insert trigger; 4 the
   /// place a retried job takes among ready ones; 5 a job's own time limit; 6 the history of
-  /// finished jobs; 7 an index of the running and completed jobs with a deduplication key).
-  public static let schemaVersion = 8
+  /// finished jobs; 7 an index of the running and completed jobs with a deduplication key; 8 stored
+  /// schedules; 9 ordering keys).
+  public static let schemaVersion = 9
 
   /// The options the store was opened with.
   public let options: Options
@@ -417,6 +418,7 @@ public final class PostgresJobStore: JobStore {
   /// Not run again when the connection breaks while committing (the jobs could be added twice):
   /// that case throws ``PostgresError/Code/commitUnknown`` (to every call of the group).
   public func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
+    try OrderingKey.check(jobs)
     if jobs.isEmpty { return [] }
     let call = EnqueueCall(jobs: jobs, queue: queue, now: now(clock))
     let sql = self.sql
@@ -466,6 +468,11 @@ public final class PostgresJobStore: JobStore {
     var candidates: [Int]
     /// For each job, the earlier job of the call with its key (nil: none).
     var sameAs: [Int?]
+    /// The call's distinct ordering keys: the lines whose locks it takes.
+    var orderingKeys: [String]
+    /// Whether the call takes locks (it has deduplication or ordering keys), so runs in a
+    /// transaction of its own.
+    var needsLocks: Bool { !keys.isEmpty || !orderingKeys.isEmpty }
 
     init(jobs: [NewJob], queue: String, now: PostgresValue) {
       self.jobs = jobs
@@ -487,17 +494,22 @@ public final class PostgresJobStore: JobStore {
       self.sameAs = sameAs
       keys = firstWithKey.keys.sorted { $0.lexicographicallyPrecedes($1) }
       candidates = sameAs.indices.filter { sameAs[$0] == nil }
+      orderingKeys = Set(jobs.compactMap(\.orderingKey)).sorted()
     }
 
     /// The payload and key bytes of the call: what bounds a group.
-    var bytes: Int { jobs.reduce(0) { $0 + $1.payload.count + ($1.deduplicationKey?.utf8.count ?? 0) } }
+    var bytes: Int {
+      jobs.reduce(0) {
+        $0 + $1.payload.count + ($1.deduplicationKey?.utf8.count ?? 0) + ($1.orderingKey?.utf8.count ?? 0)
+      }
+    }
   }
 
-  /// Commits one call in its own transaction (a call without keys is one statement, atomic on its
-  /// own).
+  /// Commits one call in its own transaction (a call without keys, deduplication or ordering, is
+  /// one statement, atomic on its own).
   static func commit(_ call: EnqueueCall, sql: SQL, db: Connection) throws -> [EnqueueResult] {
     do {
-      return call.keys.isEmpty
+      return !call.needsLocks
         ? try insert(call, sql: sql, db: db) : try db.transaction { try insert(call, sql: sql, db: db) }
     } catch let error as PostgresError where error.sqlState == "54000" && !call.keys.isEmpty {
       // An index entry over PostgreSQL's limit: with a key, the key is what made it so.
@@ -546,7 +558,7 @@ public final class PostgresJobStore: JobStore {
     if progress.together {
       do {
         let outcomes: [Result<[EnqueueResult], any Error>]
-        if calls.allSatisfy(\.keys.isEmpty) {
+        if !calls.contains(where: \.needsLocks) {
           // Checked statements: a row a trigger drops fails the pipeline, so nothing commits.
           let statements = calls.map {
             insertStatement($0, inserting: $0.candidates, sql: sql, checked: true)
@@ -561,7 +573,13 @@ public final class PostgresJobStore: JobStore {
         } else {
           outcomes = try db.transaction {
             let pairs = calls.flatMap { call in call.keys.map { (call.queue, $0) } }
-            try db.execute(sql.lockKeysOfQueues, [.textArray(pairs.map(\.0)), .byteaArray(pairs.map(\.1))])
+            let lines = calls.flatMap { call in call.orderingKeys.map { (call.queue, $0) } }
+            try db.execute(
+              sql.lockKeysOfQueues,
+              [
+                .textArray(pairs.map(\.0)), .byteaArray(pairs.map(\.1)), .textArray(lines.map(\.0)),
+                .textArray(lines.map(\.1)),
+              ])
             return try calls.map { .success(try insert($0, sql: sql, db: db, keysLocked: true)) }
           }
         }
@@ -605,8 +623,8 @@ public final class PostgresJobStore: JobStore {
       return try insertEach(call, sql: sql, db: db, keysLocked: keysLocked)
     }
     var existing: [Data: Int64] = [:]
+    if call.needsLocks, !keysLocked { try lockKeys(call, sql: sql, db: db) }
     if !call.keys.isEmpty {
-      if !keysLocked { try db.execute(sql.lockKeys, [.text(call.queue), .byteaArray(call.keys)]) }
       let found = try db.execute(sql.findDuplicates, [.text(call.queue), .byteaArray(call.keys)])
       for row in 0..<found.count { existing[found.data(row, 0)] = found.int64(row, 1) }
     }
@@ -621,6 +639,13 @@ public final class PostgresJobStore: JobStore {
     return try results(call, existing: existing, ids: ids, inserting: inserting)
   }
 
+  /// Takes the locks of a call's deduplication keys and of its ordering keys' lines, in one pass
+  /// (``SQL/lockKeys(_:)``).
+  private static func lockKeys(_ call: EnqueueCall, sql: SQL, db: Connection) throws {
+    try db.execute(
+      sql.lockKeys, [.text(call.queue), .byteaArray(call.keys), .textArray(call.orderingKeys)])
+  }
+
   /// Runs a call with a job whose key has a scope or a conflict choice other than the defaults
   /// (inside a transaction, its keys locked), one job at a time in order: each looks for the
   /// existing job of its key within its scope (a waiting one first), then keeps it, replaces it
@@ -628,7 +653,7 @@ public final class PostgresJobStore: JobStore {
   private static func insertEach(_ call: EnqueueCall, sql: SQL, db: Connection, keysLocked: Bool) throws
     -> [EnqueueResult]
   {
-    if !keysLocked { try db.execute(sql.lockKeys, [.text(call.queue), .byteaArray(call.keys)]) }
+    if !keysLocked { try lockKeys(call, sql: sql, db: db) }
     var results: [EnqueueResult] = []
     results.reserveCapacity(call.jobs.count)
     for (index, job) in call.jobs.enumerated() {
@@ -706,7 +731,9 @@ public final class PostgresJobStore: JobStore {
   {
     let jobs = call.jobs
     let queue = call.queue
-    if inserting.count == 1, !checked, let index = inserting.first {
+    // A job with an ordering key takes the batch statement, the one that finds its line.
+    let ordered = inserting.contains { jobs[$0].orderingKey != nil }
+    if inserting.count == 1, !checked, !ordered, let index = inserting.first {
       let job = jobs[index]
       return (
         sql.insertOne,
@@ -722,7 +749,8 @@ public final class PostgresJobStore: JobStore {
     let first = jobs[inserting[0]]
     let uniform = inserting.allSatisfy { index in
       let job = jobs[index]
-      return job.deduplicationKey == nil && job.priority == first.priority && job.runTime == first.runTime
+      return job.deduplicationKey == nil && job.orderingKey == nil && job.priority == first.priority
+        && job.runTime == first.runTime
         && job.timeLimitMilliseconds == first.timeLimitMilliseconds
     }
     if uniform {
@@ -744,6 +772,7 @@ public final class PostgresJobStore: JobStore {
         .timestampArray(inserting.map { date(jobs[$0].runTime) }),
         .byteaArray(inserting.map { jobs[$0].deduplicationKey.map { Data($0.utf8) } }), call.now,
         .int64Array(inserting.map { jobs[$0].timeLimitMilliseconds }),
+        .textArray(inserting.map { jobs[$0].orderingKey }),
       ]
     )
   }
@@ -1004,7 +1033,8 @@ public final class PostgresJobStore: JobStore {
       let row = try db.execute(sql.counts, [.text(queue), now])
       return JobCounts(
         ready: Int(row.int64(0, 0)), scheduled: Int(row.int64(0, 1)), running: Int(row.int64(0, 2)),
-        dead: Int(row.int64(0, 3)), completed: Int(row.int64(0, 4)), cancelled: Int(row.int64(0, 5)))
+        dead: Int(row.int64(0, 3)), completed: Int(row.int64(0, 4)), cancelled: Int(row.int64(0, 5)),
+        held: Int(row.int64(0, 6)))
     }
   }
 
@@ -1041,12 +1071,48 @@ public final class PostgresJobStore: JobStore {
   }
 
   /// Deletes the given jobs whatever their status; returns how many existed.
+  ///
+  /// In one transaction, the jobs that are not held go first; then, under the locks of their
+  /// lines, the ones still held (see `SQL.version9`'s lock order); then the next job of each line
+  /// left is promoted. A job held when the transaction looked but promoted before its line's
+  /// lock was granted is not waited for under that lock (its worker may be settling it, waiting
+  /// for the same lock): it is removed by a transaction of its own after this one commits.
   public func remove(_ ids: [JobID], queue: String) async throws -> Int {
     if ids.isEmpty { return 0 }
     let sql = self.sql
     let unique = Array(Set(ids.map(\.rawValue)))
     return try await connection.perform(idempotent: true) { db in
-      try db.execute(sql.remove, [.text(queue), .int64Array(unique)], prepared: false).changed
+      var count = 0
+      var remaining = unique
+      while !remaining.isEmpty {
+        let ids = remaining
+        remaining = try db.transaction {
+          let held = try db.execute(sql.heldAmong, [.int64Array(ids), .text(queue)], prepared: false)
+          let heldIDs = (0..<held.count).map { held.int64($0, 0) }
+          var lines = Lines()
+          for row in 0..<held.count { lines.add(queue, held.text(row, 2)) }
+          let gone = try db.execute(
+            sql.remove, [.text(queue), .int64Array(ids), .bool(false)], prepared: false)
+          count += gone.count
+          for row in 0..<gone.count where Lines.isInLine(gone.text(row, 0)) {
+            lines.add(queue, gone.text(row, 1))
+          }
+          var moved: [Int64] = []
+          if !heldIDs.isEmpty {
+            try lines.lock(sql: sql, db: db)
+            count += try db.execute(
+              sql.remove, [.text(queue), .int64Array(heldIDs), .bool(true)], prepared: false
+            ).count
+            // The held jobs promoted meanwhile (still there, no longer held): next round.
+            let present = try db.execute(
+              sql.presentNotHeld, [.int64Array(heldIDs), .text(queue)], prepared: false)
+            moved = (0..<present.count).map { present.int64($0, 0) }
+          }
+          try lines.promote(sql: sql, db: db)
+          return moved
+        }
+      }
+      return count
     }
   }
 
@@ -1061,13 +1127,46 @@ public final class PostgresJobStore: JobStore {
     let sql = self.sql
     let unique = Array(Set(ids.map(\.rawValue)))
     let now = now(clock)
+    let queueValue = queue.map(PostgresValue.text) ?? .null(oid: PostgresValue.textOID)
     let found = try await connection.perform(idempotent: false) { db -> [Int64: String] in
-      let rows = try db.execute(
-        sql.cancel,
-        [.int64Array(unique), queue.map(PostgresValue.text) ?? .null(oid: PostgresValue.textOID), now],
-        prepared: false)
+      // In one transaction, the jobs that are not held first; then, under the locks of their
+      // lines, the ones still held (see `SQL.version9`'s lock order); then the next job of each
+      // line left is promoted. A job held when the transaction looked but promoted before its
+      // line's lock was granted is not waited for under that lock (its worker may be settling
+      // it, waiting for the same lock): a transaction of its own cancels it after this one.
       var found: [Int64: String] = [:]
-      for row in 0..<rows.count { found[rows.int64(row, 0)] = rows.text(row, 1) ?? "" }
+      var remaining = unique
+      while !remaining.isEmpty {
+        let ids = remaining
+        remaining = try db.transaction {
+          let held = try db.execute(sql.heldAmong, [.int64Array(ids), queueValue], prepared: false)
+          let heldIDs = (0..<held.count).map { held.int64($0, 0) }
+          var lines = Lines()
+          for row in 0..<held.count { lines.add(held.text(row, 1) ?? "", held.text(row, 2)) }
+          var seen: Set<Int64> = []
+          func cancel(_ ids: [Int64], held: Bool) throws {
+            let rows = try db.execute(
+              sql.cancel, [.int64Array(ids), queueValue, now, .bool(held)], prepared: false)
+            for row in 0..<rows.count {
+              let status = rows.text(row, 1) ?? ""
+              found[rows.int64(row, 0)] = status
+              seen.insert(rows.int64(row, 0))
+              if Lines.isInLine(status), status != "dead" {
+                lines.add(rows.text(row, 4) ?? "", rows.text(row, 5))
+              }
+            }
+          }
+          try cancel(ids, held: false)
+          var moved: [Int64] = []
+          if !heldIDs.isEmpty {
+            try lines.lock(sql: sql, db: db)
+            try cancel(heldIDs, held: true)
+            moved = heldIDs.filter { !seen.contains($0) }
+          }
+          try lines.promote(sql: sql, db: db)
+          return moved
+        }
+      }
       return found
     }
     // A job cancelled here is already cancelled for an ID given again.
@@ -1075,7 +1174,7 @@ public final class PostgresJobStore: JobStore {
     return ids.map { id in
       guard let status = found[id.rawValue] else { return .notFound }
       switch status {
-      case "ready", "scheduled", "running":
+      case "ready", "scheduled", "held", "running":
         guard cancelled.insert(id.rawValue).inserted else { return .alreadyCancelled }
         return status == "running" ? .cancelledRunning : .cancelledWaiting
       case "completed": return .alreadyCompleted
@@ -1104,7 +1203,79 @@ public final class PostgresJobStore: JobStore {
     if stored.isEmpty { return 0 }
     let sql = self.sql
     return try await connection.perform(idempotent: true) { db in
-      try db.execute(sql.clear, [.text(queue), .textArray(stored)], prepared: false).changed
+      try db.transaction { try Self.clear(queue: queue, stored: stored, through: .max, sql: sql, db: db) }
+    }
+  }
+
+  /// Deletes the queue's jobs of the stored statuses with IDs up to `through`, in the caller's
+  /// transaction; returns how many. The jobs that are not held go first; then, under the locks
+  /// of the lines of the queue's held jobs, the held ones (a held job added meanwhile in a line
+  /// not locked stays); then the next job of each line left is promoted (see `SQL.version9`'s
+  /// lock order).
+  private static func clear(queue: String, stored: [String], through: Int64, sql: SQL, db: Connection)
+    throws -> Int
+  {
+    var lines = Lines()
+    let unheld = stored.filter { $0 != "held" }
+    var count = 0
+    if !unheld.isEmpty {
+      let gone = try db.execute(
+        sql.clearThrough, [.text(queue), .textArray(unheld), .int64(through)], prepared: false)
+      count = gone.count
+      for row in 0..<gone.count where Lines.isInLine(gone.text(row, 0)) {
+        lines.add(queue, gone.text(row, 1))
+      }
+    }
+    if stored.contains("held") {
+      let held = try db.execute(sql.heldLines, [.text(queue), .int64(through)], prepared: false)
+      let keys = (0..<held.count).compactMap { held.text($0, 0) }
+      if !keys.isEmpty {
+        for key in keys { lines.add(queue, key) }
+        try lines.lock(sql: sql, db: db)
+        count += try db.execute(
+          sql.clearHeld, [.text(queue), .int64(through), .textArray(keys)], prepared: false
+        ).count
+      }
+    }
+    try lines.promote(sql: sql, db: db)
+    return count
+  }
+
+  /// Lines (a queue and an ordering key) some jobs left or are about to leave: locked, then
+  /// promoted (see `SQL.version9`).
+  struct Lines {
+    private var seen: Set<[String]> = []
+    private var queues: [String] = []
+    private var keys: [String] = []
+
+    /// Whether a job of this stored status is in its line.
+    static func isInLine(_ status: String?) -> Bool {
+      switch status {
+      case "ready", "scheduled", "running", "held", "dead": true
+      default: false
+      }
+    }
+
+    /// Adds a job's line; a job without a key has none.
+    mutating func add(_ queue: String, _ key: String?) {
+      guard let key, seen.insert([queue, key]).inserted else { return }
+      queues.append(queue)
+      keys.append(key)
+    }
+
+    var isEmpty: Bool { keys.isEmpty }
+
+    /// Takes the lines' locks, in lock-key order.
+    func lock(sql: SQL, db: Connection) throws {
+      if isEmpty { return }
+      try db.execute(sql.lockLines, [.textArray(queues), .textArray(keys)], prepared: false)
+    }
+
+    /// Locks the lines and promotes the next job of each, in a statement of its own (a new
+    /// snapshot, taken after the locks were granted).
+    func promote(sql: SQL, db: Connection) throws {
+      if isEmpty { return }
+      try db.execute(sql.promoteLinesNow, [.textArray(queues), .textArray(keys)], prepared: false)
     }
   }
 
@@ -1134,9 +1305,9 @@ public final class PostgresJobStore: JobStore {
     // A zero age means every job of the status; any other is at least a millisecond.
     let milliseconds = age > .zero ? max(1, JobStoreTime.milliseconds(age)) : 0
     return try await connection.perform(idempotent: true) { db in
-      try db.execute(
-        statement, [.text(queue), .int64(milliseconds), now, .int64(Int64(limit))], prepared: false
-      ).changed
+      let rows = try db.execute(
+        statement, [.text(queue), .int64(milliseconds), now, .int64(Int64(limit))], prepared: false)
+      return (0..<rows.count).first { !rows.isNull($0, 0) }.map { Int(rows.int64($0, 0)) } ?? 0
     }
   }
 
@@ -1153,9 +1324,8 @@ public final class PostgresJobStore: JobStore {
     return try await connection.perform(idempotent: false) { db in
       do {
         return try db.transaction {
-          let deleted = try db.execute(
-            sql.clearThrough, [.text(queue), .textArray(stored), .int64(through.rawValue)], prepared: false
-          ).count
+          let deleted = try Self.clear(
+            queue: queue, stored: stored, through: through.rawValue, sql: sql, db: db)
           guard deleted == expected else { throw CountDiffers() }
           return deleted
         }
@@ -1171,17 +1341,39 @@ public final class PostgresJobStore: JobStore {
     let now = now(clock)
     let count = try await connection.perform(idempotent: true) { db in
       try db.transaction {
-        func requeue(_ id: Int64) throws -> Int {
-          try db.execute(sql.lockKeyOfJob, [.text(queue), .int64(id)], prepared: false)
-          return try db.execute(sql.requeueOne, [.text(queue), now, .int64(id)], prepared: false).changed
+        // The dead jobs and their keys, then every lock they need (deduplication keys and
+        // lines) in one pass, as an enqueue takes them; then the jobs found, each skipped when a
+        // prune or removal holds it.
+        let dead = try db.execute(
+          sql.deadJobs,
+          [.text(queue), ids.map { .int64Array(Array(Set($0.map(\.rawValue)))) } ?? .null(oid: 1016)],
+          prepared: false)
+        var unkeyed: [Int64] = []
+        var keyed: [Int64] = []
+        var keys = Set<Data>()
+        var lines = Set<String>()
+        for row in 0..<dead.count {
+          if let key = dead.optionalData(row, 1) {
+            keyed.append(dead.int64(row, 0))
+            keys.insert(key)
+          } else {
+            unkeyed.append(dead.int64(row, 0))
+          }
+          if let line = dead.text(row, 2) { lines.insert(line) }
+        }
+        if !keys.isEmpty || !lines.isEmpty {
+          try db.execute(
+            sql.lockKeys,
+            [.text(queue), .byteaArray(Array(keys)), .textArray(Array(lines))], prepared: false)
         }
         var total = 0
-        if let ids {
-          total = try Set(ids.map(\.rawValue)).sorted().reduce(0) { $0 + (try requeue($1)) }
-        } else {
-          total = try db.execute(sql.requeueAllWithoutKey, [.text(queue), now], prepared: false).changed
-          let keyed = try db.execute(sql.deadWithKey, [.text(queue)], prepared: false)
-          for row in 0..<keyed.count { total += try requeue(keyed.int64(row, 0)) }
+        if !unkeyed.isEmpty {
+          total = try db.execute(
+            sql.requeueWithoutKey, [.text(queue), now, .int64Array(unkeyed)], prepared: false
+          ).changed
+        }
+        for id in keyed {
+          total += try db.execute(sql.requeueOne, [.text(queue), now, .int64(id)], prepared: false).changed
         }
         // Idle workers wake for re-queued jobs, by ID or all.
         if total > 0 { try db.execute(sql.notify, [.text(queue)]) }
@@ -1274,7 +1466,7 @@ public final class PostgresJobStore: JobStore {
   /// The stored statuses a public status covers.
   static func stored(_ status: JobStatus) -> [String] {
     switch status {
-    case .pending: ["ready", "scheduled"]
+    case .pending: ["ready", "scheduled", "held"]
     case .running: ["running"]
     case .dead: ["dead"]
     case .completed: ["completed"]
@@ -1287,7 +1479,7 @@ public final class PostgresJobStore: JobStore {
     let statusText = rows.text(row, 3) ?? ""
     let status: JobStatus
     switch statusText {
-    case "ready", "scheduled": status = .pending
+    case "ready", "scheduled", "held": status = .pending
     case "running": status = .running
     case "dead": status = .dead
     case "completed": status = .completed
@@ -1307,7 +1499,7 @@ public final class PostgresJobStore: JobStore {
       timeLimit: JobStoreTime.timeLimit(milliseconds: rows.isNull(row, 13) ? nil : rows.int64(row, 13)),
       finishedAt: rows.date(row, 14), errors: try errors(rows, row, 15),
       runDuration: rows.isNull(row, 16) ? nil : .milliseconds(rows.int64(row, 16)),
-      output: rows.optionalData(row, 17))
+      output: rows.optionalData(row, 17), orderingKey: rows.text(row, 18), isHeld: statusText == "held")
   }
 
   /// A JSON array of strings (`SQL.appendError`) as a list; NULL as none.

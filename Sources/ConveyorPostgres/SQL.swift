@@ -30,6 +30,10 @@ import Conveyor
 /// - `jobs_dedup (queue, dedup_key) WHERE … waiting`: the duplicate check of an enqueue.
 /// - `jobs_keyed (queue, dedup_key, status, finished_at) WHERE … running or completed`: the
 ///   wider deduplication scopes (version 7).
+/// - `jobs_ordered (queue, ordering_key, id) WHERE … ready, scheduled, running, held or dead`:
+///   the first job of an ordering key's line, one seek (version 9: an add's look at its line,
+///   `promote_lines`, a re-queue's). Held jobs are in no other partial index: claims, promotion
+///   and the next wake never read them; counts and listings find them in `jobs_status`.
 /// - The primary key: settlements (``settle``), heartbeats, the claim's update, ``job``.
 struct SQL {
   /// The quoted schema name, e.g. `"conveyor"`.
@@ -85,7 +89,7 @@ struct SQL {
 
   /// The migrations, in order; version `n` is `migrations[n - 1]`.
   var migrations: [String] {
-    [version1, version2, version3, version4, version5, version6, version7, version8]
+    [version1, version2, version3, version4, version5, version6, version7, version8, version9]
   }
 
   /// The time of a statement: parameter `n`, or the server's clock when it is NULL.
@@ -159,10 +163,18 @@ struct SQL {
     CREATE TRIGGER jobs_inserted AFTER INSERT ON \(schema).jobs
       REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION \(schema).jobs_inserted();
 
+    \(enqueueFunctions(waiting: "'ready', 'scheduled'", replacing: false))
+    """
+  }
+
+  /// `enqueue`, for applications' own transactions (``version1``; ``version9`` counts held jobs
+  /// as waiting). `waiting`: the statuses of a waiting duplicate, as SQL literals.
+  private func enqueueFunctions(waiting: String, replacing: Bool) -> String {
+    """
     -- Adds a job inside the caller's transaction (the outbox pattern): it exists if and only if
     -- that transaction commits. Returns the job's ID, or the ID of the waiting job with the same
     -- deduplication key. run_at NULL means now, by the database's clock.
-    CREATE FUNCTION \(schema).enqueue(
+    CREATE \(replacing ? "OR REPLACE " : "")FUNCTION \(schema).enqueue(
       queue text, payload bytea, priority bigint DEFAULT 0, run_at timestamptz DEFAULT NULL,
       dedup_key text DEFAULT NULL
     ) RETURNS bigint LANGUAGE plpgsql AS $body$
@@ -182,7 +194,7 @@ struct SQL {
       IF key_ IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(\(schema).dedup_lock_key(queue, key_));
         SELECT min(j.id) INTO id_ FROM \(schema).jobs j
-          WHERE j.queue = enqueue.queue AND j.dedup_key = key_ AND j.status IN ('ready', 'scheduled');
+          WHERE j.queue = enqueue.queue AND j.dedup_key = key_ AND j.status IN (\(waiting));
         IF id_ IS NOT NULL THEN RETURN id_; END IF;
       END IF;
       INSERT INTO \(schema).jobs (queue, payload, status, priority, run_at, created_at, dedup_key)
@@ -192,7 +204,7 @@ struct SQL {
       RETURN id_;
     END
     $body$;
-    CREATE FUNCTION \(schema).enqueue(
+    CREATE \(replacing ? "OR REPLACE " : "")FUNCTION \(schema).enqueue(
       queue text, payload text, priority bigint DEFAULT 0, run_at timestamptz DEFAULT NULL,
       dedup_key text DEFAULT NULL
     ) RETURNS bigint LANGUAGE sql
@@ -355,6 +367,88 @@ struct SQL {
     """
   }
 
+  /// The statuses of a line: the jobs of one queue and ordering key not finished yet (a dead job
+  /// stays in its line, blocking it, until it is re-queued, removed or pruned). Only the line's
+  /// lowest ID may be other than `held`.
+  static let lineStatuses = "'ready', 'scheduled', 'running', 'held', 'dead'"
+
+  /// Version 9: ordering keys (`NewJob.orderingKey`). A job's key (`ordering_key`, text: a key
+  /// never holds NUL); the status `held` for a waiting job behind an earlier job of its line
+  /// (see ``lineStatuses``), which is in no claim index, so claims never read it; `jobs_ordered`
+  /// finds a line's lowest ID in one seek; held jobs are counted and listed through
+  /// `jobs_status`; a held job counts as waiting for deduplication (`jobs_dedup` and `enqueue`
+  /// are rebuilt to say so).
+  ///
+  /// `order_lock_key` is the advisory lock of a line, in a namespace of its own ('conveyor.order:'
+  /// where deduplication has 'conveyor.dedup:'). `promote_lines` locks lines and then (a new
+  /// statement, so a new snapshot: it sees what the transactions it waited for committed) makes
+  /// the lowest ID of each line `scheduled` (seq 0) when it is held: the next claim's promotion
+  /// makes it ready once its run date has come. Its statements see the changes of the statement
+  /// that calls it (it is volatile), so a settlement calls it once its rows are changed.
+  ///
+  /// The lock order, which keeps ordinary traffic free of deadlocks: the rows of jobs that are
+  /// not held (settlements, cancels, removals and prunes change them first), then the advisory
+  /// locks of lines and deduplication keys, all taken in one pass in lock-key order, then held
+  /// rows (only ever changed while their line's lock is held: promotion, and the second step of a
+  /// cancel, remove or clear). An enqueue takes its locks before it inserts; a re-queue takes its
+  /// locks first and skips dead rows another transaction holds.
+  ///
+  /// Adding a nullable column rewrites no row; the status check is checked against every row
+  /// (`VALIDATE`, which blocks no writer once the new check is in place).
+  var version9: String {
+    """
+    ALTER TABLE \(schema).jobs ADD COLUMN ordering_key text;
+    ALTER TABLE \(schema).jobs DROP CONSTRAINT jobs_status_check;
+    ALTER TABLE \(schema).jobs ADD CONSTRAINT jobs_status_check
+      CHECK (status IN ('ready', 'scheduled', 'held', 'running', 'dead', 'completed', 'cancelled')) NOT VALID;
+    ALTER TABLE \(schema).jobs VALIDATE CONSTRAINT jobs_status_check;
+    CREATE INDEX jobs_ordered ON \(schema).jobs (queue, ordering_key, id)
+      WHERE ordering_key IS NOT NULL AND status IN (\(Self.lineStatuses));
+    DROP INDEX \(schema).jobs_dedup;
+    CREATE INDEX jobs_dedup ON \(schema).jobs (queue, dedup_key)
+      WHERE dedup_key IS NOT NULL AND status IN ('ready', 'scheduled', 'held');
+    \(enqueueFunctions(waiting: "'ready', 'scheduled', 'held'", replacing: true))
+
+    CREATE FUNCTION \(schema).order_lock_key(queue text, key text) RETURNS bigint
+      LANGUAGE sql IMMUTABLE PARALLEL SAFE
+      AS $body$ SELECT hashtextextended('conveyor.order:' || queue || ':' || key, 0) $body$;
+
+    -- Locks the lines (queue, key) pairwise, in lock-key order; NULL keys are skipped.
+    CREATE FUNCTION \(schema).lock_lines(queues text[], keys text[]) RETURNS void LANGUAGE plpgsql AS $body$
+    BEGIN
+      PERFORM pg_advisory_xact_lock(k) FROM (
+        SELECT DISTINCT \(schema).order_lock_key(q, key) AS k FROM unnest(queues, keys) AS t(q, key)
+        WHERE key IS NOT NULL
+      ) AS l ORDER BY k;
+    END
+    $body$;
+
+    -- Locks the lines, then makes the lowest ID of each scheduled (seq 0) when it is held, and
+    -- wakes the workers of the queues where it promoted a job. Returns how many it promoted.
+    CREATE FUNCTION \(schema).promote_lines(queues text[], keys text[]) RETURNS bigint
+      LANGUAGE plpgsql AS $body$
+    DECLARE
+      promoted bigint;
+    BEGIN
+      PERFORM \(schema).lock_lines(queues, keys);
+      WITH heads AS (
+        UPDATE \(schema).jobs SET status = 'scheduled', seq = 0 WHERE id = ANY(ARRAY(
+          SELECT (SELECT j.id FROM \(schema).jobs j
+              WHERE j.queue = t.q AND j.ordering_key = t.key AND j.status IN (\(Self.lineStatuses))
+              ORDER BY j.id LIMIT 1)
+          FROM (SELECT DISTINCT q, key FROM unnest(queues, keys) AS u(q, key) WHERE key IS NOT NULL) AS t))
+        AND status = 'held'
+        RETURNING queue
+      )
+      SELECT coalesce(sum(woken.n), 0) INTO promoted FROM (
+        SELECT queue, count(*) AS n FROM heads GROUP BY queue
+      ) AS woken, LATERAL (SELECT pg_notify('\(channel)', woken.queue)) AS wake;
+      RETURN promoted;
+    END
+    $body$;
+    """
+  }
+
   /// A schedule's columns, in the order `PostgresJobStore.schedule(_:row:)` reads them.
   static let scheduleColumns = """
     queue, name, spacing, time_zone, catch_up, jitter_ms, payload, priority, time_limit_ms, origin, active, \
@@ -417,10 +511,10 @@ struct SQL {
   /// The columns ``PostgresJobStore`` decodes a `JobRecord` from, in order.
   static let columns = """
     id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key, \
-    lease_owner, lease_expires_at, claim_token, time_limit_ms, finished_at, errors, run_ms, output
+    lease_owner, lease_expires_at, claim_token, time_limit_ms, finished_at, errors, run_ms, output, ordering_key
     """
   /// Where the claim's `seq` follows the record's columns.
-  static let seqColumn = 18
+  static let seqColumn = 19
 
   /// `errors` (of the row `j`) with the text `error` appended as a JSON string, unless it is
   /// NULL, keeping the latest `JobHistory.maximumErrors`.
@@ -439,22 +533,27 @@ struct SQL {
 
   // MARK: Enqueue
 
-  /// Takes the deduplication locks of a batch's keys, in a fixed order so two enqueuers never
-  /// deadlock. Parameters: queue, keys.
+  /// Takes the deduplication locks of a batch's keys and the locks of its ordering keys' lines
+  /// (see ``version9``), in one pass in lock-key order, so two enqueuers never deadlock.
+  /// Parameters: queue, deduplication keys, ordering keys.
   static func lockKeys(_ schema: String) -> String {
     """
     SELECT pg_advisory_xact_lock(k) FROM (
-      SELECT DISTINCT \(schema).dedup_lock_key($1, key) AS k FROM unnest($2::bytea[]) AS key
+      SELECT \(schema).dedup_lock_key($1, key) AS k FROM unnest($2::bytea[]) AS key
+      UNION
+      SELECT \(schema).order_lock_key($1, key) FROM unnest($3::text[]) AS key
     ) AS keys ORDER BY k
     """
   }
   /// Takes the deduplication locks of a group's keys, of any queues, in the one order
   /// ``lockKeys`` takes a single batch's in (by lock key), so a group and a lone add never
-  /// deadlock. Parameters: queues, keys (pairwise).
+  /// deadlock. Parameters: queues, keys (pairwise), then queues, ordering keys (pairwise).
   static func lockKeysOfQueues(_ schema: String) -> String {
     """
     SELECT pg_advisory_xact_lock(k) FROM (
-      SELECT DISTINCT \(schema).dedup_lock_key(q, key) AS k FROM unnest($1::text[], $2::bytea[]) AS t(q, key)
+      SELECT \(schema).dedup_lock_key(q, key) AS k FROM unnest($1::text[], $2::bytea[]) AS t(q, key)
+      UNION
+      SELECT \(schema).order_lock_key(q, key) FROM unnest($3::text[], $4::text[]) AS t(q, key)
     ) AS keys ORDER BY k
     """
   }
@@ -462,7 +561,7 @@ struct SQL {
   var findWaiting: String {
     """
     SELECT min(id) FROM \(schema).jobs
-    WHERE queue = $1 AND dedup_key = $2 AND dedup_key IS NOT NULL AND status IN ('ready', 'scheduled')
+    WHERE queue = $1 AND dedup_key = $2 AND dedup_key IS NOT NULL AND status IN ('ready', 'scheduled', 'held')
     """
   }
   /// The oldest waiting job of one key, and the oldest that runs or that completed at or after
@@ -473,7 +572,7 @@ struct SQL {
   var findKeyed: String {
     """
     SELECT (SELECT min(id) FROM \(schema).jobs
-        WHERE queue = $1 AND dedup_key = $2 AND dedup_key IS NOT NULL AND status IN ('ready', 'scheduled')),
+        WHERE queue = $1 AND dedup_key = $2 AND dedup_key IS NOT NULL AND status IN ('ready', 'scheduled', 'held')),
       (SELECT min(id) FROM \(schema).jobs
         WHERE queue = $1 AND dedup_key = $2 AND dedup_key IS NOT NULL AND status IN ('running', 'completed')
           AND (status = 'running' OR finished_at >= \(Self.now(3)) - $4::int8 * interval '1 millisecond'))
@@ -487,10 +586,11 @@ struct SQL {
   var replaceWaiting: String {
     """
     WITH target AS (
-      SELECT id FROM \(schema).jobs WHERE id = $1 AND status IN ('ready', 'scheduled') FOR UPDATE
+      SELECT id FROM \(schema).jobs WHERE id = $1 AND status IN ('ready', 'scheduled', 'held') FOR UPDATE
     ), replaced AS (
       UPDATE \(schema).jobs AS j SET payload = $2, priority = $3, run_at = r.run_at,
-        status = CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END, time_limit_ms = $7::int8
+        status = CASE WHEN j.status = 'held' THEN 'held' WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END,
+        time_limit_ms = $7::int8
       FROM target AS t, (SELECT \(Self.now(6)) AS now) AS n,
         LATERAL (SELECT CASE WHEN $5::timestamptz IS NOT NULL THEN $5::timestamptz
           WHEN $4::int8 IS NOT NULL THEN least(n.now + $4::int8 * interval '1 millisecond', \(Self.latest))
@@ -508,7 +608,7 @@ struct SQL {
   static func findDuplicates(_ schema: String) -> String {
     """
     SELECT dedup_key, min(id) FROM \(schema).jobs
-    WHERE queue = $1 AND dedup_key = ANY($2::bytea[]) AND status IN ('ready', 'scheduled')
+    WHERE queue = $1 AND dedup_key = ANY($2::bytea[]) AND status IN ('ready', 'scheduled', 'held')
     GROUP BY dedup_key
     """
   }
@@ -517,17 +617,26 @@ struct SQL {
   /// skips the store's sessions (see ``version3``). A job's run date is its date, or now plus its
   /// delay, or now. Returns the IDs, then a row with a NULL ID (the wake-up's). When a trigger of
   /// the application's dropped rows, the statement fails (`expect_inserted`), so nothing of the
-  /// batch commits: it is sent alone, committing when it ends. Parameters: queue, payloads,
-  /// priorities, delays (ms), dates, keys, now.
+  /// batch commits: it is sent alone, committing when it ends. A job with an ordering key is
+  /// stored `held` when its line (``lineStatuses``) already holds a job or an earlier job of the
+  /// batch has its key: the caller holds the lines' locks (``lockKeys(_:)``), taken in an earlier
+  /// statement, so this one sees every job an earlier enqueuer committed. Parameters: queue,
+  /// payloads, priorities, delays (ms), dates, keys, now, time limits, ordering keys.
   static func insert(_ schema: String, channel: String) -> String {
     """
     WITH inserted AS (
-      INSERT INTO \(schema).jobs (queue, payload, status, priority, run_at, created_at, dedup_key, time_limit_ms)
-      SELECT $1, j.payload, CASE WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END, j.priority,
-        r.run_at, n.now, j.key, j.time_limit
+      INSERT INTO \(schema).jobs (queue, payload, status, priority, run_at, created_at, dedup_key, time_limit_ms,
+        ordering_key)
+      SELECT $1, j.payload,
+        CASE WHEN j.line IS NOT NULL AND (j.place > 1 OR EXISTS (
+            SELECT 1 FROM \(schema).jobs l
+            WHERE l.queue = $1 AND l.ordering_key = j.line AND l.status IN (\(lineStatuses))))
+          THEN 'held' WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END,
+        j.priority, r.run_at, n.now, j.key, j.time_limit, j.line
       FROM (SELECT \(Self.now(7)) AS now) AS n,
-        unnest($2::bytea[], $3::int8[], $4::int8[], $5::timestamptz[], $6::bytea[], $8::int8[])
-          WITH ORDINALITY AS j(payload, priority, delay, at, key, time_limit, ordinal),
+        (SELECT u.*, row_number() OVER (PARTITION BY u.line ORDER BY u.ordinal) AS place
+          FROM unnest($2::bytea[], $3::int8[], $4::int8[], $5::timestamptz[], $6::bytea[], $8::int8[], $9::text[])
+            WITH ORDINALITY AS u(payload, priority, delay, at, key, time_limit, line, ordinal)) AS j,
         LATERAL (SELECT CASE WHEN j.at IS NOT NULL THEN j.at
           WHEN j.delay IS NOT NULL THEN least(n.now + j.delay * interval '1 millisecond', \(Self.latest))
           ELSE n.now END AS run_at) AS r
@@ -613,6 +722,22 @@ struct SQL {
     """
   }
 
+  /// The CTE `lines` of a settlement: when some of its jobs left their lines (`after`, a relation
+  /// with columns `q`, the queue, and `line`, the ordering key of a job that left its line, else
+  /// NULL), ``version9``'s `promote_lines` locks those lines and promotes the next job of each.
+  /// The statement must read `lines` (`… UNION ALL SELECT … FROM lines WHERE promoted < 0`, which
+  /// returns no row), which reads `after` to its end first: the function's statements, a new
+  /// snapshot each, then see every row the statement changed. A batch without keyed jobs
+  /// aggregates its rows and calls nothing.
+  static func promoteLines(_ schema: String, after relation: String) -> String {
+    """
+    lines AS (
+      SELECT \(schema).promote_lines(array_agg(q), array_agg(line)) AS promoted FROM \(relation)
+      WHERE line IS NOT NULL HAVING count(*) > 0
+    )
+    """
+  }
+
   /// Applies a batch of settlements in one statement; returns the claims that applied (ID and
   /// token), each with the run date a retry set (NULL for the other kinds).
   /// Kinds: 0 complete, 1 retry (delay in ms), 2 kill, 3 release, 4 complete and delete, 5 kill
@@ -642,7 +767,7 @@ struct SQL {
     ),
     done AS (
       DELETE FROM \(schema).jobs j WHERE j.id = ANY(ARRAY(SELECT id FROM c WHERE kind IN (4, 5)))
-      RETURNING j.id, j.claim_token, NULL::timestamptz AS retry_at
+      RETURNING j.id, j.claim_token, NULL::timestamptz AS retry_at, j.queue AS q, j.ordering_key AS line
     ),
     changed AS (
       UPDATE \(schema).jobs j SET
@@ -662,9 +787,12 @@ struct SQL {
         lease_owner = NULL, lease_expires_at = NULL
       FROM c LEFT JOIN r ON r.id = c.id, n
       WHERE j.id = ANY(ARRAY(SELECT id FROM c WHERE kind < 4)) AND c.id = j.id
-      RETURNING j.id, j.claim_token, CASE WHEN c.kind = 1 THEN j.run_at END AS retry_at
-    )
+      RETURNING j.id, j.claim_token, CASE WHEN c.kind = 1 THEN j.run_at END AS retry_at, j.queue AS q,
+        CASE WHEN c.kind = 0 THEN j.ordering_key END AS line
+    ),
+    \(promoteLines(schema, after: "(SELECT q, line FROM done UNION ALL SELECT q, line FROM changed) AS left_lines"))
     SELECT id, claim_token, retry_at FROM done UNION ALL SELECT id, claim_token, retry_at FROM changed
+    UNION ALL SELECT NULL, NULL, NULL FROM lines WHERE promoted < 0
     """
   }
 
@@ -674,14 +802,18 @@ struct SQL {
   /// queue, run times (ms), outputs, now.
   static func complete(_ schema: String) -> String {
     """
-    UPDATE \(schema).jobs j SET status = 'completed', finished_at = \(Self.now(6)),
-      run_ms = coalesce(c.ran, j.run_ms), output = c.output, lease_owner = NULL, lease_expires_at = NULL
-    FROM (
-      SELECT s.id, s.ran, s.output FROM unnest($1::int8[], $2::int8[], $4::int8[], $5::bytea[])
-        AS s(id, token, ran, output) \(currentClaims(schema, queueParameter: 3))
-    ) AS c
-    WHERE j.id = c.id
-    RETURNING j.id, j.claim_token
+    WITH done AS (
+      UPDATE \(schema).jobs j SET status = 'completed', finished_at = \(Self.now(6)),
+        run_ms = coalesce(c.ran, j.run_ms), output = c.output, lease_owner = NULL, lease_expires_at = NULL
+      FROM (
+        SELECT s.id, s.ran, s.output FROM unnest($1::int8[], $2::int8[], $4::int8[], $5::bytea[])
+          AS s(id, token, ran, output) \(currentClaims(schema, queueParameter: 3))
+      ) AS c
+      WHERE j.id = c.id
+      RETURNING j.id, j.claim_token, j.queue AS q, j.ordering_key AS line
+    ),
+    \(promoteLines(schema, after: "done"))
+    SELECT id, claim_token FROM done UNION ALL SELECT NULL, NULL FROM lines WHERE promoted < 0
     """
   }
 
@@ -689,9 +821,13 @@ struct SQL {
   /// jobs; returns the claims that applied (ID and token). Parameters: ids, tokens, queue.
   static func completeWithoutHistory(_ schema: String) -> String {
     """
-    DELETE FROM \(schema).jobs j WHERE j.id = ANY(ARRAY(
-      SELECT s.id FROM unnest($1::int8[], $2::int8[]) AS s(id, token) \(currentClaims(schema, queueParameter: 3))))
-    RETURNING j.id, j.claim_token
+    WITH done AS (
+      DELETE FROM \(schema).jobs j WHERE j.id = ANY(ARRAY(
+        SELECT s.id FROM unnest($1::int8[], $2::int8[]) AS s(id, token) \(currentClaims(schema, queueParameter: 3))))
+      RETURNING j.id, j.claim_token, j.queue AS q, j.ordering_key AS line
+    ),
+    \(promoteLines(schema, after: "done"))
+    SELECT id, claim_token FROM done UNION ALL SELECT NULL, NULL FROM lines WHERE promoted < 0
     """
   }
 
@@ -765,7 +901,7 @@ struct SQL {
   /// Counts by status; scheduled jobs already due count as ready. Parameters: queue, now.
   ///
   /// One count per status, each from the index that holds that status (`jobs_ready`,
-  /// `jobs_scheduled` by run date, `jobs_status` for running and dead), so nothing reads the
+  /// `jobs_scheduled` by run date, `jobs_status` for running, dead and held), so nothing reads the
   /// table from end to end: one `count(*) FILTER` over the queue's rows needed every row's
   /// status and run date and was planned as a sequential scan. The ready count reads `jobs_ready`
   /// in its order, so the planner walks the narrow index instead of the table even when nearly
@@ -782,7 +918,8 @@ struct SQL {
         (SELECT count(*) FROM \(schema).jobs WHERE queue = $1 AND status = 'running'),
         (SELECT count(*) FROM \(schema).jobs WHERE queue = $1 AND status = 'dead'),
         (SELECT count(*) FROM \(schema).jobs WHERE queue = $1 AND status = 'completed'),
-        (SELECT count(*) FROM \(schema).jobs WHERE queue = $1 AND status = 'cancelled')
+        (SELECT count(*) FROM \(schema).jobs WHERE queue = $1 AND status = 'cancelled'),
+        (SELECT count(*) FROM \(schema).jobs WHERE queue = $1 AND status = 'held')
       """
   }
 
@@ -798,7 +935,7 @@ struct SQL {
   var list: String {
     """
     SELECT \(Self.columns("page")) FROM
-      unnest(coalesce($4::text[], ARRAY['ready', 'scheduled', 'running', 'dead', 'completed', 'cancelled']))
+      unnest(coalesce($4::text[], ARRAY['ready', 'scheduled', 'held', 'running', 'dead', 'completed', 'cancelled']))
         AS wanted (status)
       CROSS JOIN LATERAL (
         SELECT \(Self.columns) FROM \(schema).jobs
@@ -825,14 +962,20 @@ struct SQL {
   }
 
   /// Deletes a batch of a finished status's oldest jobs (`jobs_finished`), finished more than
-  /// `$2` ms before now (`$3`), or whenever when `$2` is 0, skipping rows another pruner holds.
-  /// Parameters: queue, age, now, limit.
+  /// `$2` ms before now (`$3`), or whenever when `$2` is 0, skipping rows another pruner holds;
+  /// returns how many. A pruned dead job leaves its line: the next job of the line is promoted
+  /// (``promoteLines(_:after:)``). Parameters: queue, age, now, limit.
   func prune(_ status: String) -> String {
     """
-    DELETE FROM \(schema).jobs WHERE id = ANY(ARRAY(
-      SELECT id FROM \(schema).jobs WHERE queue = $1 AND status = '\(status)'
-        AND ($2::int8 = 0 OR finished_at < \(Self.now(3)) - $2::int8 * interval '1 millisecond')
-      ORDER BY finished_at LIMIT $4 FOR UPDATE SKIP LOCKED))
+    WITH gone AS (
+      DELETE FROM \(schema).jobs WHERE id = ANY(ARRAY(
+        SELECT id FROM \(schema).jobs WHERE queue = $1 AND status = '\(status)'
+          AND ($2::int8 = 0 OR finished_at < \(Self.now(3)) - $2::int8 * interval '1 millisecond')
+        ORDER BY finished_at LIMIT $4 FOR UPDATE SKIP LOCKED))
+      RETURNING queue AS q, CASE WHEN status = 'dead' THEN ordering_key END AS line
+    ),
+    \(Self.promoteLines(schema, after: "gone"))
+    SELECT count(*) FROM gone UNION ALL SELECT NULL FROM lines WHERE promoted < 0
     """
   }
 
@@ -875,9 +1018,48 @@ struct SQL {
 
   // MARK: Changing
 
-  var remove: String { "DELETE FROM \(schema).jobs WHERE queue = $1 AND id = ANY($2::int8[])" }
+  /// Deletes jobs of queue `$1` among the IDs `$2`: those not held when `$3` is false, the held
+  /// ones alone when it is true (see ``cancel``); returns each one's status and ordering key.
+  var remove: String {
+    """
+    DELETE FROM \(schema).jobs WHERE queue = $1 AND id = ANY($2::int8[]) AND (status = 'held') = $3::bool
+    RETURNING status, ordering_key
+    """
+  }
+  /// The held jobs among the IDs `$1` (of queue `$2`, or any when NULL): ID, queue, ordering key.
+  var heldAmong: String {
+    """
+    SELECT id, queue, ordering_key FROM \(schema).jobs
+    WHERE id = ANY($1::int8[]) AND ($2::text IS NULL OR queue = $2::text) AND status = 'held'
+    """
+  }
+  /// The jobs among the IDs `$1` of queue `$2` that are not held.
+  var presentNotHeld: String {
+    "SELECT id FROM \(schema).jobs WHERE id = ANY($1::int8[]) AND queue = $2 AND status <> 'held'"
+  }
+  /// The ordering keys of the queue's held jobs with IDs up to `$2`.
+  var heldLines: String {
+    "SELECT DISTINCT ordering_key FROM \(schema).jobs WHERE queue = $1 AND status = 'held' AND id <= $2"
+  }
+  /// Deletes the queue's held jobs with IDs up to `$2` whose lines `$3` the caller locked; one row
+  /// per job.
+  var clearHeld: String {
+    """
+    DELETE FROM \(schema).jobs WHERE queue = $1 AND status = 'held' AND id <= $2 AND ordering_key = ANY($3::text[])
+    RETURNING 1
+    """
+  }
+  /// Locks lines. Parameters: queues, keys (pairwise).
+  var lockLines: String { "SELECT \(schema).lock_lines($1::text[], $2::text[])" }
+  /// Promotes the next job of each line (locking the lines first). Parameters: queues, keys
+  /// (pairwise).
+  var promoteLinesNow: String { "SELECT \(schema).promote_lines($1::text[], $2::text[])" }
   /// Cancels the unfinished jobs among the IDs `$1` (of queue `$2`, or any when NULL) at `$3`;
-  /// returns each found job's ID and status as they were. A job of a queue named with a control
+  /// returns each found job's ID and status as they were, and (columns 4 and 5) its queue and
+  /// ordering key. It cancels the jobs that are not held when `$4` is false (held ones are not
+  /// even locked), the held ones alone when it is true: a cancel changes the other jobs first,
+  /// then takes the locks of the lines, then cancels the held jobs (see ``version9``'s lock
+  /// order). A job of a queue named with a control
   /// character before names were checked (``version4``'s `NOT VALID` check refuses any change of
   /// such a row) is deleted instead, as every cancel did before the history was kept.
   ///
@@ -889,16 +1071,17 @@ struct SQL {
   var cancel: String {
     """
     WITH target AS (
-      SELECT id, status, queue ~ '[\\x01-\\x1f\\x7f]' AS unprintable FROM \(schema).jobs
-      WHERE id = ANY($1::int8[]) AND ($2::text IS NULL OR queue = $2::text) FOR UPDATE
+      SELECT id, status, queue, ordering_key, queue ~ '[\\x01-\\x1f\\x7f]' AS unprintable FROM \(schema).jobs
+      WHERE id = ANY($1::int8[]) AND ($2::text IS NULL OR queue = $2::text) AND (status = 'held') = $4::bool
+      FOR UPDATE
     ), gone AS (
       UPDATE \(schema).jobs j SET status = 'cancelled', finished_at = \(Self.now(3)), lease_owner = NULL,
         lease_expires_at = NULL
-      FROM target t WHERE j.id = t.id AND t.status IN ('ready', 'scheduled', 'running') AND NOT t.unprintable
+      FROM target t WHERE j.id = t.id AND t.status IN ('ready', 'scheduled', 'held', 'running') AND NOT t.unprintable
       RETURNING j.id, j.queue, t.status
     ), legacy AS (
       DELETE FROM \(schema).jobs j USING target t
-      WHERE j.id = t.id AND t.status IN ('ready', 'scheduled', 'running') AND t.unprintable
+      WHERE j.id = t.id AND t.status IN ('ready', 'scheduled', 'held', 'running') AND t.unprintable
       RETURNING j.id, j.queue, t.status
     ), told AS (
       SELECT pg_notify('\(cancelChannel)', CASE
@@ -911,7 +1094,8 @@ struct SQL {
         WHERE status = 'running' GROUP BY queue
       ) running
     )
-    SELECT t.id, t.status, (SELECT count(*) FROM gone) + (SELECT count(*) FROM legacy), (SELECT count(*) FROM told)
+    SELECT t.id, t.status, (SELECT count(*) FROM gone) + (SELECT count(*) FROM legacy), (SELECT count(*) FROM told),
+      t.queue, t.ordering_key
     FROM target t
     """
   }
@@ -919,15 +1103,18 @@ struct SQL {
   var runningClaims: String {
     "SELECT id, claim_token FROM \(schema).jobs WHERE id = ANY($1::int8[]) AND queue = $2 AND status = 'running'"
   }
-  var clear: String { "DELETE FROM \(schema).jobs WHERE queue = $1 AND status = ANY($2::text[])" }
+
   /// The count and highest ID of some statuses' jobs (`jobs_status`). Parameters: queue, statuses.
   var tally: String {
     "SELECT count(*), max(id) FROM \(schema).jobs WHERE queue = $1 AND status = ANY($2::text[])"
   }
-  /// Deletes some statuses' jobs with IDs up to a bound; one row per job deleted. Parameters:
-  /// queue, statuses, the bound.
+  /// Deletes some statuses' jobs (never held ones: ``clearHeld``) with IDs up to a bound; each
+  /// deleted job's status and ordering key. Parameters: queue, statuses, the bound.
   var clearThrough: String {
-    "DELETE FROM \(schema).jobs WHERE queue = $1 AND status = ANY($2::text[]) AND id <= $3 RETURNING 1"
+    """
+    DELETE FROM \(schema).jobs WHERE queue = $1 AND status = ANY($2::text[]) AND id <= $3
+    RETURNING status, ordering_key
+    """
   }
 
   static func isPaused(_ schema: String) -> String {
@@ -943,35 +1130,43 @@ struct SQL {
   /// queue.
   static func notify(_ channel: String) -> String { "SELECT pg_notify('\(channel)', $1)" }
 
-  /// What re-queueing sets.
+  /// What re-queueing sets: ready, or held when an earlier job of its line is still there (a
+  /// dead job is normally its line's first).
   private func requeued(_ nowParameter: Int) -> String {
     """
-    UPDATE \(schema).jobs j SET status = 'ready', run_at = \(Self.now(nowParameter)), seq = 0, attempts = 0,
+    UPDATE \(schema).jobs j SET status = CASE WHEN j.ordering_key IS NOT NULL AND EXISTS (
+        SELECT 1 FROM \(schema).jobs l WHERE l.queue = j.queue AND l.ordering_key = j.ordering_key
+          AND l.status IN (\(Self.lineStatuses)) AND l.id < j.id) THEN 'held' ELSE 'ready' END,
+      run_at = \(Self.now(nowParameter)), seq = 0, attempts = 0,
       lease_owner = NULL, lease_expires_at = NULL, finished_at = NULL
     """
   }
-  /// Every dead job without a key. Parameters: queue, now.
-  var requeueAllWithoutKey: String {
-    "\(requeued(2)) WHERE j.queue = $1 AND j.status = 'dead' AND j.dedup_key IS NULL"
-  }
-  /// The dead jobs with a key, oldest first. Parameter: queue.
-  var deadWithKey: String {
-    "SELECT id FROM \(schema).jobs WHERE queue = $1 AND status = 'dead' AND dedup_key IS NOT NULL ORDER BY id"
-  }
-  /// Locks a dead job's key before it is re-queued. Parameters: queue, id.
-  var lockKeyOfJob: String {
+  /// The queue's dead jobs among the IDs `$2` (all when NULL), oldest first, with their keys.
+  var deadJobs: String {
     """
-    SELECT pg_advisory_xact_lock(\(schema).dedup_lock_key(queue, dedup_key)) FROM \(schema).jobs
-    WHERE queue = $1 AND id = $2 AND dedup_key IS NOT NULL
+    SELECT id, dedup_key, ordering_key FROM \(schema).jobs
+    WHERE queue = $1 AND status = 'dead' AND ($2::int8[] IS NULL OR id = ANY($2::int8[])) ORDER BY id
     """
   }
-  /// One dead job, unless a waiting job holds its key. Parameters: queue, now, id.
+  /// Dead jobs without a deduplication key, by ID (their locks are held: see ``deadJobs``); a row
+  /// another transaction holds (a prune or removal under way) is skipped. Parameters: queue, now,
+  /// IDs.
+  var requeueWithoutKey: String {
+    """
+    \(requeued(2)) WHERE j.id = ANY(ARRAY(
+      SELECT id FROM \(schema).jobs WHERE queue = $1 AND status = 'dead' AND id = ANY($3::int8[])
+        AND dedup_key IS NULL FOR UPDATE SKIP LOCKED))
+    """
+  }
+  /// One dead job, unless a waiting job holds its key; skipped when another transaction holds it.
+  /// Parameters: queue, now, id.
   var requeueOne: String {
     """
-    \(requeued(2)) WHERE j.queue = $1 AND j.status = 'dead' AND j.id = $3
+    \(requeued(2)) WHERE j.id = ANY(ARRAY(
+      SELECT id FROM \(schema).jobs WHERE queue = $1 AND status = 'dead' AND id = $3 FOR UPDATE SKIP LOCKED))
     AND (j.dedup_key IS NULL OR NOT EXISTS (
       SELECT 1 FROM \(schema).jobs live WHERE live.queue = j.queue AND live.dedup_key = j.dedup_key
-      AND live.status IN ('ready', 'scheduled')))
+      AND live.status IN ('ready', 'scheduled', 'held')))
     """
   }
 }

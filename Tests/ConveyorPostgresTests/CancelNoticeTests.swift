@@ -93,9 +93,11 @@ struct CancelNoticeTests {
     let running = try await claim(2, in: "a", from: worker)
     // The store's own cancel statement, in a transaction rolled back.
     let admin = try AdminConnection(server.url)
-    _ = try admin.query("PREPARE cancel_jobs(int8[], text, timestamptz) AS \(worker.sql.cancel)")
+    // (Its fourth parameter: false cancels the jobs that are not held.)
+    _ = try admin.query("PREPARE cancel_jobs(int8[], text, timestamptz, bool) AS \(worker.sql.cancel)")
     _ = try admin.query("BEGIN")
-    let rows = try admin.query("EXECUTE cancel_jobs(ARRAY[\(running[0].rawValue)]::int8[], 'a', NULL)")
+    let rows = try admin.query(
+      "EXECUTE cancel_jobs(ARRAY[\(running[0].rawValue)]::int8[], 'a', NULL, false)")
     #expect(rows.first?[1] == "running", "the statement cancelled the running job before the rollback")
     _ = try admin.query("ROLLBACK")
     #expect(try await worker.job(running[0])?.status == .running)

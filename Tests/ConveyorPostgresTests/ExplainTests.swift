@@ -153,6 +153,84 @@ struct ExplainTests {
     await store.close()
   }
 
+  /// Ordering keys cost a claim nothing, however many jobs wait behind their key's first: with
+  /// 100,000 held jobs behind 100,000 dead or running heads, the claim (planned for its values
+  /// and once for every value, and run) reads the ready index alone, never a held row, and the
+  /// promotion, the next wake and the counts read no held row either. The lookup of a line's
+  /// first job (a settlement's promotion) is one seek of `jobs_ordered`.
+  @Test func blockedKeysCostAClaimNothing() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("plans")
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let sql = store.sql
+    let admin = try AdminConnection(server.url)
+    let now = "date_trunc('milliseconds', now())"
+    // Keys 1…100,000: a dead head (even keys) or a running one (odd keys), then a held job each;
+    // then 1,000 ready jobs without a key.
+    try await admin.queryOffPool(
+      """
+      INSERT INTO \(schema).jobs (queue, payload, status, run_at, created_at, ordering_key, lease_owner,
+        lease_expires_at)
+      SELECT 'big', '\\x7b7d'::bytea,
+        CASE WHEN i > 200000 THEN 'ready' WHEN i > 100000 THEN 'held' WHEN i % 2 = 0 THEN 'dead' ELSE 'running' END,
+        \(now) - interval '1 minute', \(now),
+        CASE WHEN i <= 200000 THEN 'key-' || ((i - 1) % 100000 + 1) END,
+        CASE WHEN i <= 100000 AND i % 2 = 1 THEN 'w' END,
+        CASE WHEN i <= 100000 AND i % 2 = 1 THEN \(now) + interval '1 hour' END
+      FROM generate_series(1, 201000) AS i
+      """)
+    try await admin.queryOffPool("VACUUM ANALYZE \(schema).jobs")
+    #expect(
+      try await store.counts(queue: "big", clock: SystemJobClock())
+        == JobCounts(ready: 1000, running: 50000, dead: 50000, held: 100000))
+    // The store's session settings (see `PostgresJobStore.init`).
+    try admin.query("SET enable_seqscan = off; SET enable_mergejoin = off")
+    let statements = [
+      ("claim", "(text, int8, text, int8, timestamptz) AS \(sql.claim)", "('big', 100, 'w', 60000, NULL)"),
+      ("promote", "(text, timestamptz) AS \(sql.promote)", "('big', NULL)"),
+      ("nextWake", "(text, timestamptz) AS \(sql.nextWake)", "('big', NULL)"),
+    ]
+    for (number, (name, prepare, execute)) in statements.enumerated() {
+      try admin.query("PREPARE blocked_\(number) \(prepare)")
+      for mode in ["force_custom_plan", "force_generic_plan"] {
+        try admin.query("SET plan_cache_mode = \(mode)")
+        try admin.query("BEGIN")
+        let rows = try admin.query(
+          "EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) EXECUTE blocked_\(number) \(execute)")
+        try admin.query("ROLLBACK")
+        let plan = rows.compactMap { $0.first ?? nil }.joined(separator: "\n")
+        #expect(!plan.contains("Seq Scan on jobs"), "\(name) (\(mode)) scans the jobs table:\n\(plan)")
+        // The next wake reads the running jobs' leases from `jobs_status` (status 'running').
+        for index in ["jobs_ordered", "jobs_dedup"] + (name == "nextWake" ? [] : ["jobs_status"]) {
+          #expect(!plan.contains(" \(index) "), "\(name) (\(mode)) reads \(index):\n\(plan)")
+        }
+        if name == "claim" {
+          #expect(plan.contains(" jobs_ready "), "the claim reads the ready index:\n\(plan)")
+          // Every index or table row the claim read: the 100 it took (and nothing held).
+          let read = plan.split(separator: "\n").filter {
+            $0.contains("Index Scan") || $0.contains("Index Only Scan")
+          }
+          .compactMap { line -> Int? in
+            guard let range = line.range(of: "rows=", options: .backwards) else { return nil }
+            return Int(line[range.upperBound...].prefix { $0.isNumber })
+          }
+          #expect(read.allSatisfy { $0 <= 100 }, "the claim read more than it took:\n\(plan)")
+        }
+      }
+    }
+    // A line's first job: one seek of `jobs_ordered`, for a key with a dead head and a held job.
+    try admin.query("SET plan_cache_mode = force_custom_plan")
+    let head = try admin.query(
+      """
+      EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) SELECT id FROM \(schema).jobs
+      WHERE queue = 'big' AND ordering_key = 'key-2' AND status IN (\(SQL.lineStatuses)) ORDER BY id LIMIT 1
+      """
+    ).compactMap { $0.first ?? nil }.joined(separator: "\n")
+    #expect(head.contains(" jobs_ordered "), "the first of a line is found in jobs_ordered:\n\(head)")
+    #expect(!head.contains("Seq Scan"), "\(head)")
+    await store.close()
+  }
+
   // Failed before the fix: a prepared settlement's plan made while the statistics said no job was
   // running (a table analyzed before workers claimed) walked every running job of the queue for
   // each settlement, and kept doing so as hundreds ran: a JobQueue with prefetch 96 spent 4 ms in

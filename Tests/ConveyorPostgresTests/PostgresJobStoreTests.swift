@@ -340,6 +340,63 @@ struct PostgresJobStoreTests {
     await store.close()
   }
 
+  /// A schema at version 8 (the release of 2026-12-06, schedules) gains ordering keys when a
+  /// store opens it, with every job kept as it was (none held, none with a key); the held status,
+  /// the line index and the rebuilt deduplication index are in place, and ordering works on it.
+  @Test func aVersion8SchemaGainsOrderingKeysWithEveryJobKept() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("v8")
+    let admin = try AdminConnection(server.url)
+    try createSchema(SQL(schema: schema), atVersion: 8, with: admin)
+    try admin.query(
+      """
+      INSERT INTO \(schema).jobs (queue, payload, status, attempts, run_at, created_at, dedup_key,
+        lease_owner, lease_expires_at, claim_token, finished_at) VALUES
+      ('mail', '\\x7b7d', 'ready', 0, now(), now(), 'w', NULL, NULL, 0, NULL),
+      ('mail', '\\x7b7d', 'scheduled', 0, now() + interval '1 hour', now(), NULL, NULL, NULL, 0, NULL),
+      ('mail', '\\x7b7d', 'running', 1, now(), now(), NULL, 'w:1', now() + interval '30 seconds', 1, NULL),
+      ('mail', '\\x7b7d', 'dead', 3, now(), now(), NULL, NULL, NULL, 3, now()),
+      ('mail', '\\x7b7d', 'completed', 1, now(), now(), NULL, NULL, NULL, 1, now())
+      """)
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let versions = try admin.query("SELECT version FROM \(schema).schema_migrations ORDER BY version")
+    #expect(versions == (1...PostgresJobStore.schemaVersion).map { [String($0)] })
+    #expect(PostgresJobStore.schemaVersion == 9)
+    let bare = schema.replacingOccurrences(of: "\"", with: "")
+    let indexes = try admin.query(
+      """
+      SELECT indexname FROM pg_indexes WHERE schemaname = '\(bare)'
+        AND indexname IN ('jobs_ordered', 'jobs_dedup') ORDER BY indexname
+      """)
+    #expect(indexes == [["jobs_dedup"], ["jobs_ordered"]])
+    let dedupIndex = try admin.query(
+      "SELECT indexdef FROM pg_indexes WHERE schemaname = '\(bare)' AND indexname = 'jobs_dedup'")
+    #expect(dedupIndex.first?.first??.contains("held") == true, "\(dedupIndex)")
+    let jobs = try await store.jobs(queue: "mail", status: nil, after: nil, limit: 10)
+    #expect(jobs.map(\.status) == [.pending, .pending, .running, .dead, .completed])
+    #expect(jobs.allSatisfy { !$0.isHeld && $0.orderingKey == nil })
+    let clock = SystemJobClock()
+    #expect(
+      try await store.counts(queue: "mail", clock: clock)
+        == JobCounts(
+          ready: 1, scheduled: 1, running: 1, dead: 1, completed: 1))
+    let added = try await store.enqueue(
+      [
+        NewJob(payload: Data("a1".utf8), orderingKey: "K"),
+        NewJob(payload: Data("a2".utf8), deduplicationKey: "d", orderingKey: "K"),
+      ], queue: "mail", clock: clock)
+    #expect(try await store.job(added[0].id)?.isHeld == false)
+    #expect(try await store.job(added[1].id)?.isHeld == true)
+    let again = try await store.enqueue(
+      [NewJob(payload: Data("a2".utf8), deduplicationKey: "d", orderingKey: "K")], queue: "mail", clock: clock
+    )
+    #expect(again.map(\.id) == [added[1].id] && again.map(\.inserted) == [false])
+    // An application's own transaction counts a held job as waiting too.
+    let id = try admin.query("SELECT \(schema).enqueue('mail', '{}'::text, dedup_key => 'd')")
+    #expect(id == [[String(added[1].id.rawValue)]])
+    await store.close()
+  }
+
   /// A version 5 schema's last errors were stored whole (nothing bounded them then): the list of
   /// errors a migrated job starts with keeps each within `JobHistory.maximumErrorBytes`, as every
   /// error recorded since.

@@ -1,0 +1,181 @@
+import Conveyor
+import Foundation
+import Synchronization
+import Testing
+
+@testable import ConveyorPostgres
+
+/// Ordering keys under real concurrency: several stores (a connection each, so transactions
+/// truly overlap, which one store's serialized connection never does) add, claim, settle,
+/// cancel, remove and re-queue jobs of a few keys at once.
+@Suite("PostgresJobStore ordering keys under concurrency", .serialized)
+struct OrderingConcurrencyTests {
+  /// What the workers saw, shared under its lock.
+  final class Watch: Sendable {
+    struct State {
+      /// The job of each key a worker runs now.
+      var running: [String: Int64] = [:]
+      /// The IDs claimed, per key, in claim order.
+      var claimed: [String: [Int64]] = [:]
+      var violations: [String] = []
+      var added: [Int64] = []
+      /// Jobs the operator cancelled while they ran, or removed.
+      var ended: Set<Int64> = []
+      /// The adders still adding.
+      var adders = 0
+    }
+    let state = Mutex(State())
+  }
+
+  /// Whether any line has no first job that may run, or more than one: the committed state must
+  /// never show either. Returns the offending lines.
+  static func brokenLines(_ admin: AdminConnection, schema: String) throws -> [[String?]] {
+    try admin.query(
+      """
+      SELECT queue, ordering_key, first, free, free_first FROM (
+        SELECT queue, ordering_key, min(id) AS first, count(*) FILTER (WHERE status <> 'held') AS free,
+          min(id) FILTER (WHERE status <> 'held') AS free_first
+        FROM \(schema).jobs WHERE ordering_key IS NOT NULL AND status IN (\(SQL.lineStatuses))
+        GROUP BY queue, ordering_key
+      ) AS lines WHERE free <> 1 OR free_first <> first
+      """)
+  }
+
+  /// Three adders, four workers (completing with and without history, retrying, killing) and an
+  /// operator (cancelling and removing held jobs, re-queueing dead ones) on five keys: no line is
+  /// ever left without a runnable first job or with two, no two jobs of a key run at once, each
+  /// key's jobs are claimed in the order they were added, and every job ends.
+  @Test func addersWorkersAndAnOperatorNeverBreakALine() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("ordering")
+    let options = PostgresJobStore.Options(schema: schema)
+    var opened: [PostgresJobStore] = []
+    for _ in 0..<8 { opened.append(try await PostgresJobStore.open(url: server.url, options: options)) }
+    let stores = opened
+    let url = server.url
+    let watch = Watch()
+    let keys = (0..<5).map { "key-\($0)" }
+    watch.state.withLock { $0.adders = 3 }
+    let clock = SystemJobClock()
+    let deadline = Date().addingTimeInterval(90)
+    /// Whether every adder finished and no job is left to run (or it is too late).
+    @Sendable func drained(_ store: PostgresJobStore) async throws -> Bool {
+      if Date() > deadline {
+        watch.state.withLock { $0.violations.append("not drained in time") }
+        return true
+      }
+      guard watch.state.withLock({ $0.adders }) == 0 else { return false }
+      return try await store.counts(queue: "q", clock: clock).total == 0
+    }
+    try await withThrowingTaskGroup(of: Void.self) { group in
+      for adder in 0..<3 {
+        let store = stores[adder]
+        group.addTask {
+          defer { watch.state.withLock { $0.adders -= 1 } }
+          for n in 0..<60 {
+            let key = keys[(n + adder) % keys.count]
+            var batch = [NewJob(payload: Data("\(adder)-\(n)".utf8), orderingKey: key)]
+            if n % 5 == 0 { batch.append(NewJob(payload: Data("\(adder)-\(n)b".utf8), orderingKey: key)) }
+            if n % 7 == 0 { batch.append(NewJob(payload: Data("\(adder)-\(n)c".utf8), orderingKey: keys[0])) }
+            let added = try await store.enqueue(batch, queue: "q", clock: clock)
+            watch.state.withLock { $0.added += added.map(\.id.rawValue) }
+            try await Task.sleep(for: .milliseconds(Int.random(in: 0...4)))
+          }
+        }
+      }
+      for worker in 0..<4 {
+        let store = stores[3 + worker]
+        group.addTask {
+          var settling: [JobSettlement] = []
+          while true {
+            let batch = try await store.settleAndClaim(
+              settling, queue: "q", limit: 2, lease: Lease(owner: "w\(worker)", duration: .seconds(60)),
+              clock: clock)
+            settling = []
+            for record in batch.claimed {
+              let key = record.orderingKey ?? "?"
+              watch.state.withLock { state in
+                if let other = state.running[key] {
+                  state.violations.append("\(record.id.rawValue) of \(key) claimed while \(other) ran")
+                }
+                state.running[key] = record.id.rawValue
+                state.claimed[key, default: []].append(record.id.rawValue)
+              }
+            }
+            try await Task.sleep(for: .milliseconds(Int.random(in: 0...3)))
+            for record in batch.claimed {
+              let roll = Int.random(in: 0..<20)
+              let action: JobSettlement.Action =
+                roll == 0
+                ? .kill(error: "broken") : roll == 1 ? .retry(after: .zero, error: "again") : .complete
+              let key = record.orderingKey ?? "?"
+              // Marked done before the call that carries it: the next job of the key may be
+              // claimed once it commits.
+              watch.state.withLock { state in
+                if state.running[key] == record.id.rawValue { state.running[key] = nil }
+              }
+              settling.append(JobSettlement(claim: record.claim, action: action, keepsHistory: roll % 2 == 0))
+            }
+            if batch.claimed.isEmpty {
+              if try await drained(store) { break }
+              try await Task.sleep(for: .milliseconds(5))
+            }
+          }
+        }
+      }
+      let operatorStore = stores[7]
+      group.addTask {
+        var round = 0
+        while !(try await drained(operatorStore)) {
+          round += 1
+          let pending = try await operatorStore.jobs(queue: "q", status: .pending, after: nil, limit: 50)
+          if let held = pending.filter(\.isHeld).randomElement() {
+            if round % 2 == 0 {
+              let result = try await operatorStore.cancel([held.id], queue: "q", clock: clock)
+              if result == [.cancelledRunning] {
+                _ = watch.state.withLock { $0.ended.insert(held.id.rawValue) }
+              }
+            } else {
+              // Removed whatever it became meanwhile: its worker, if any, then finds it gone.
+              _ = watch.state.withLock { $0.ended.insert(held.id.rawValue) }
+              _ = try await operatorStore.remove([held.id], queue: "q")
+            }
+          }
+          if round % 3 == 0 {
+            _ = try await operatorStore.prune(
+              queue: "q", status: .dead, olderThan: .zero, limit: 1, clock: clock)
+          }
+          _ = try await operatorStore.requeueDead(nil, queue: "q", clock: clock)
+          try await Task.sleep(for: .milliseconds(Int.random(in: 5...15)))
+        }
+      }
+      group.addTask {
+        let admin = try AdminConnection(url)
+        while !(try await drained(operatorStore)) {
+          let broken = try Self.brokenLines(admin, schema: schema)
+          if !broken.isEmpty { watch.state.withLock { $0.violations.append("broken lines: \(broken)") } }
+          try await Task.sleep(for: .milliseconds(10))
+        }
+      }
+      try await group.waitForAll()
+    }
+    let result = watch.state.withLock { $0 }
+    // A job cancelled or removed while it ran let the next one start: not a violation.
+    // So did one whose claim's answer came back after the next one's was recorded.
+    let violations = result.violations.filter { violation in
+      !result.ended.contains { violation.hasSuffix("while \($0) ran") || violation.hasPrefix("\($0) of ") }
+    }
+    #expect(violations.isEmpty, "\(violations)")
+    // A job cancelled or removed as it was claimed may be recorded after the next one of its
+    // key (the operator's cancel let that one run before the claim's answer came back).
+    for (key, ids) in result.claimed {
+      let kept = ids.filter { !result.ended.contains($0) }
+      #expect(kept == kept.sorted(), "\(key) claimed out of order: \(ids), ended: \(result.ended.sorted())")
+    }
+    // Each adder: 60 jobs, a second one every fifth (12), a job of key-0 every seventh (9).
+    let expected = 243
+    #expect(result.added.count == expected)
+    #expect(try Self.brokenLines(try AdminConnection(url), schema: schema).isEmpty)
+    for store in stores { await store.close() }
+  }
+}
