@@ -11,6 +11,14 @@
 // --handle-ms, then appends "<id>\n" to --output. Each append is one write(2), so it survives
 // SIGKILL of this process. It prints "store-errors <n>" (warnings the queue logged about the
 // store) before it exits.
+//
+// With --ordered-log FILE [--prefetch N] [--claims-ahead 1] [--retry-ms MS] it runs a JobQueue of
+// `OrderingProbe` items (`{"key": K, "index": I}`, K the ordering key or absent) instead, until it
+// is killed, appending to the shared FILE, one write(2) each: "start K I PID ATTEMPT MS" when the
+// handler starts, "fail K I PID ATTEMPT MS" when it fails the first attempt of an index that is
+// 3 modulo 7 (retried after --retry-ms), and "end K I PID ATTEMPT MS" when it has handled the job
+// (after sleeping 1 to --handle-ms ms). K is "-" for a job without a key; MS the wall clock in
+// milliseconds.
 import Conveyor
 import ConveyorPostgres
 import Foundation
@@ -48,6 +56,44 @@ struct TestJob: Queueable {
   var number: Int
 }
 
+/// The item of the ordered mode, as `OrderingProbe` enqueues it: `index` within its ordering
+/// `key`, or among the jobs without one.
+struct OrderedJob: Queueable {
+  var key: String?
+  var index: Int
+  var orderingKey: String? { key }
+}
+
+/// Runs `OrderedJob`s until killed, logging each handler's start, planned failure and end to
+/// `path` (see the header).
+func orderedWork(
+  store: PostgresJobStore, configuration: JobQueueConfiguration, path: String, values: [String: String]
+) async throws {
+  let log = try LineFile(path: path)
+  let pid = getpid()
+  let handleMilliseconds = max(1, Int(values["--handle-ms"] ?? "") ?? 1)
+  let retry = Duration.milliseconds(Int(values["--retry-ms"] ?? "") ?? 50)
+  var configuration = configuration
+  configuration.prefetch = Int(values["--prefetch"] ?? "") ?? 0
+  configuration.claimsAhead = values["--claims-ahead"] == "1"
+  let queue = try JobQueue<OrderedJob>(configuration: configuration, store: store) { item, context in
+    func line(_ event: String) -> String {
+      let milliseconds = Int64(Date().timeIntervalSince1970 * 1_000)
+      return "\(event) \(item.key ?? "-") \(item.index) \(pid) \(context.attempts) \(milliseconds)"
+    }
+    try log.append(line("start"))
+    try await Task.sleep(for: .milliseconds(Int.random(in: 1...handleMilliseconds)))
+    if item.index % 7 == 3 && context.attempts == 1 {
+      try log.append(line("fail"))
+      return .retry(after: retry, reason: "the planned first failure")
+    }
+    try log.append(line("end"))
+    return .handled
+  }
+  while !Task.isCancelled { try await Task.sleep(for: .seconds(3_600)) }
+  await queue.shutdown(gracePeriod: .seconds(1))
+}
+
 func main() async throws {
   var values: [String: String] = [:]
   var iterator = CommandLine.arguments.dropFirst().makeIterator()
@@ -75,6 +121,10 @@ func main() async throws {
         storeErrors.add(1, ordering: .relaxed)
       }
     })
+  if let path = values["--ordered-log"] {
+    try await orderedWork(store: store, configuration: configuration, path: path, values: values)
+    return
+  }
   let queue = try JobQueue<TestJob>(configuration: configuration, store: store) { _, context in
     try progress?.append(context.id.description)
     if handle > .zero { try await Task.sleep(for: handle) }

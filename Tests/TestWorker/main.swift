@@ -16,6 +16,17 @@
 // Deletes the queue's completed jobs in batches of 100 (`JobStore.prune`), appending the number
 // deleted so far to --progress after each batch, and "done" to --output at the end.
 //
+//   conveyor-test-worker ordered-work --database PATH --queue NAME --output FILE --log FILE
+//                                     [--concurrency N] [--prefetch N] [--claims-ahead 1]
+//                                     [--lease-ms MS] [--handle-ms MS] [--retry-ms MS]
+//
+// Runs a JobQueue of `OrderingProbe` items (`{"key": K, "index": I}`, K the ordering key or
+// absent) until it is killed, appending to the shared --log, one write(2) each:
+// "start K I PID ATTEMPT MS" when the handler starts, "fail K I PID ATTEMPT MS" when it fails
+// the first attempt of an index that is 3 modulo 7 (retried after --retry-ms), and
+// "end K I PID ATTEMPT MS" when it has handled the job (after sleeping 1 to --handle-ms ms). K is
+// "-" for a job without a key; MS the wall clock in milliseconds.
+//
 //   conveyor-test-worker trickle --count N --payload-bytes B [--database PATH]
 //
 // Trickles N jobs with B-byte payloads through a JobQueue one at a time (add, wait until finished,
@@ -63,6 +74,9 @@ struct Arguments {
   var leaseMilliseconds = 30_000
   var handleMilliseconds = 0
   var forever = false
+  var log = ""
+  var claimsAhead = false
+  var retryMilliseconds = 50
 
   init(_ arguments: [String]) throws {
     var iterator = arguments.makeIterator()
@@ -79,11 +93,17 @@ struct Arguments {
       case "--lease-ms": leaseMilliseconds = Int(value) ?? leaseMilliseconds
       case "--handle-ms": handleMilliseconds = Int(value) ?? handleMilliseconds
       case "--forever": forever = value == "1"
+      case "--log": log = value
+      case "--claims-ahead": claimsAhead = value == "1"
+      case "--retry-ms": retryMilliseconds = Int(value) ?? retryMilliseconds
       default: throw Failure("unknown option \(flag)")
       }
     }
-    guard command == "work" || command == "prune", !database.isEmpty, !output.isEmpty else {
-      throw Failure("usage: conveyor-test-worker work|prune --database PATH --output FILE [options]")
+    guard ["work", "prune", "ordered-work"].contains(command), !database.isEmpty, !output.isEmpty,
+      command != "ordered-work" || !log.isEmpty
+    else {
+      throw Failure(
+        "usage: conveyor-test-worker work|prune|ordered-work --database PATH --output FILE [options]")
     }
   }
 }
@@ -138,6 +158,45 @@ func work(_ arguments: Arguments) async throws {
   await queue.shutdown(gracePeriod: .seconds(5))
   let counts = try await store.counts(queue: arguments.queue, clock: SystemJobClock())
   guard counts.unfinished == 0 else { throw Failure("finished with \(counts) left") }
+}
+
+/// The item of `ordered-work`, as `OrderingProbe` enqueues it: `index` within its ordering
+/// `key`, or among the jobs without one.
+struct OrderedJob: Queueable {
+  var key: String?
+  var index: Int
+  var orderingKey: String? { key }
+}
+
+/// Runs `OrderedJob`s until killed, logging each handler's start, planned failure and end to
+/// the shared --log (see the header).
+func orderedWork(_ arguments: Arguments) async throws {
+  let store = try await SQLiteJobStore.open(
+    path: arguments.database, options: .init(busyTimeout: .milliseconds(arguments.leaseMilliseconds / 2)))
+  let log = try LineFile(path: arguments.log)
+  let pid = getpid()
+  let handleMilliseconds = max(1, arguments.handleMilliseconds)
+  let retry = Duration.milliseconds(arguments.retryMilliseconds)
+  let configuration = JobQueueConfiguration(
+    identifier: arguments.queue, concurrency: arguments.concurrency, prefetch: arguments.prefetch,
+    claimsAhead: arguments.claimsAhead, leaseDuration: .milliseconds(arguments.leaseMilliseconds),
+    pollInterval: .milliseconds(20))
+  let queue = try JobQueue<OrderedJob>(configuration: configuration, store: store) { item, context in
+    func line(_ event: String) -> String {
+      let milliseconds = Int64(Date().timeIntervalSince1970 * 1_000)
+      return "\(event) \(item.key ?? "-") \(item.index) \(pid) \(context.attempts) \(milliseconds)"
+    }
+    try log.append(line("start"))
+    try await Task.sleep(for: .milliseconds(Int.random(in: 1...handleMilliseconds)))
+    if item.index % 7 == 3 && context.attempts == 1 {
+      try log.append(line("fail"))
+      return .retry(after: retry, reason: "the planned first failure")
+    }
+    try log.append(line("end"))
+    return .handled
+  }
+  while !Task.isCancelled { try await Task.sleep(for: .seconds(3_600)) }
+  await queue.shutdown(gracePeriod: .seconds(1))
 }
 
 /// Deletes the queue's completed jobs in batches of 100, as a queue's pruner does, appending the
@@ -374,6 +433,7 @@ do {
   case "starve": try await starve(arguments.dropFirst())
   case "timeouts": try await timeouts(arguments.dropFirst())
   case "prune": try await prune(Arguments(arguments))
+  case "ordered-work": try await orderedWork(Arguments(arguments))
   default: try await work(Arguments(arguments))
   }
 } catch {

@@ -1,0 +1,37 @@
+import Conveyor
+import ConveyorTestSupport
+import Foundation
+import Testing
+
+@testable import ConveyorSQLite
+
+@Suite("Ordering keys across processes on SQLite")
+struct OrderingProcessTests {
+  /// Four worker processes share one file and drain 40 ordering keys of 25 jobs each (and 300
+  /// jobs without a key), some failing once, while one of them is killed with SIGKILL and started
+  /// again every 300 to 500 ms for the whole drain: each key's jobs start in the order they were
+  /// added, one at a time, a later one only after the one before it ended; none is lost and the
+  /// store ends with every job completed once (see `OrderingProbe` for the rules, and for the
+  /// one exception to "one at a time", a worker stopped past its lease, which SIGKILL is not).
+  @Test func fourWorkersKeepEachKeysOrderWhileBeingKilled() async throws {
+    let folder = try TemporaryFolder()
+    let database = folder.path("ordering.sqlite")
+    let log = folder.path("ordering.log")
+    let store = try SQLiteJobStore(path: database)
+    let outcome = try await OrderingProbe.run(
+      store: store, log: log,
+      start: { slot, generation in
+        try WorkerProcess(
+          database: database, folder: folder, name: "w\(slot)-\(generation)", command: "ordered-work",
+          extra: OrderingProbe.workerOptions(slot: slot) + ["--log", log])
+      },
+      kill: { worker in
+        worker.kill()
+        _ = await worker.exitStatus()
+        return worker.process.processIdentifier
+      })
+    #expect(outcome.problems.isEmpty, "\(outcome.problems) (\(outcome.summary))")
+    print("OrderingProcessTests (SQLite): \(outcome.summary)")
+    await store.close()
+  }
+}

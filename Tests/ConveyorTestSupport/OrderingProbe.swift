@@ -1,0 +1,362 @@
+import Conveyor
+import Foundation
+
+#if canImport(Glibc)
+  import Glibc
+#elseif canImport(Darwin)
+  import Darwin
+#endif
+
+/// Jobs in ordering keys handled by worker processes while one of them is killed with SIGKILL and
+/// started again every 300 to 500 ms, for the whole drain: for the crash tests of every store
+/// that shares ordering keys across processes.
+///
+/// ``keyCount`` keys of ``jobsPerKey`` jobs each, added in rounds (round *r* adds index *r* of
+/// every key, interleaved with ``unkeyedPerRound`` jobs without a key): ``roundsBeforeStart``
+/// rounds before the workers start, the others one every 400 ms while they drain, so adds race
+/// with the ends of their keys' lines. The workers (``workerOptions(slot:)``: concurrency 4, 2 s
+/// leases, handlers of 1 to 60 ms, one worker prefetching and one claiming ahead) log each handler's start, planned
+/// failure (the first attempt of every index 3 modulo 7, retried after 50 ms) and end to one
+/// shared file, and the probe logs each worker it killed, once it has exited, to the same file
+/// (see ``problems(inLog:)`` for the lines and the rules).
+///
+/// What "one at a time" means across a crash: a killed worker's job comes back when its lease
+/// lapses (at least once) and is still its key's head, so the order is kept and the key's later
+/// jobs wait for it. The one exception to "one at a time" is the lease lapse itself: a worker
+/// that is *stopped* (SIGSTOP, a stall) past its lease may still be running the job when it is
+/// handed to another worker, and then two run at once. The probe kills with SIGKILL, after which
+/// the killed worker's handler is gone, and logs the kill before the lease can lapse; its 2 s
+/// leases are far longer than the few milliseconds a handler runs, so a stall that long inside a
+/// handler (which the rules would report as two in flight) is not expected.
+public enum OrderingProbe {
+  /// How many ordering keys.
+  public static let keyCount = 40
+  /// How many jobs each key has (indices 0 to 24), and how many rounds are added.
+  public static let jobsPerKey = 25
+  /// How many jobs without a key each round adds.
+  public static let unkeyedPerRound = 12
+  /// How many rounds are stored before the workers start.
+  public static let roundsBeforeStart = 6
+  /// How many 100 ms ticks pass between two rounds added during the drain.
+  public static let ticksPerRound = 4
+  /// How many jobs in all.
+  public static let jobCount = (keyCount + unkeyedPerRound) * jobsPerKey
+
+  /// A job's payload: its `index` within its ordering `key`, or among the jobs without one.
+  public struct Item: Codable, Hashable, Sendable {
+    /// The job's ordering key; nil for a job without one.
+    public var key: String?
+    /// The job's place in its key (0 to 24), or its number among the jobs without a key.
+    public var index: Int
+
+    /// An item.
+    public init(key: String?, index: Int) {
+      self.key = key
+      self.index = index
+    }
+  }
+
+  /// The name of key `number`: mostly ASCII, every tenth not (keys compare byte for byte).
+  public static func key(_ number: Int) -> String {
+    number % 10 == 9 ? "clé-\(number)" : "key-\(number)"
+  }
+
+  /// Round `round`'s jobs, in the order they are added: index `round` of every key, with a job
+  /// without a key after every third key.
+  public static func jobs(round: Int) throws -> [NewJob] {
+    var jobs: [NewJob] = []
+    var unkeyed = 0
+    for number in 0..<keyCount {
+      let key = key(number)
+      jobs.append(
+        NewJob(payload: try JSONEncoder().encode(Item(key: key, index: round)), orderingKey: key))
+      if number % 3 == 2 && unkeyed < unkeyedPerRound {
+        jobs.append(NewJob(payload: try JSONEncoder().encode(Item(key: nil, index: round * 100 + unkeyed))))
+        unkeyed += 1
+      }
+    }
+    for index in unkeyed..<unkeyedPerRound {
+      jobs.append(NewJob(payload: try JSONEncoder().encode(Item(key: nil, index: round * 100 + index))))
+    }
+    return jobs
+  }
+
+  /// The options of worker `slot` (0 to 3), besides the store's and the log's: concurrency 4,
+  /// 2 s leases, handlers of 1 to 60 ms (long enough that most kills cut some short), retries after 50 ms; slot 2 prefetches 2 jobs and slot 3
+  /// claims ahead.
+  public static func workerOptions(slot: Int) -> [String] {
+    let base = ["--concurrency", "4", "--lease-ms", "2000", "--handle-ms", "60", "--retry-ms", "50"]
+    switch slot % 4 {
+    case 2: return base + ["--prefetch", "2"]
+    case 3: return base + ["--claims-ahead", "1"]
+    default: return base
+    }
+  }
+
+  /// What a run found: its problems (empty when the store kept every rule) and what happened.
+  public struct Outcome: Sendable {
+    /// What is wrong, one sentence each (at most 20 from the log and 20 from the store).
+    public var problems: [String]
+    /// How long the drain took, how many kills, and the log's ``Statistics``.
+    public var summary: String
+  }
+
+  /// Adds the jobs to `store`'s queue `queue` and drains them with `workers` processes
+  /// (`start(slot, generation)`, each given ``workerOptions(slot:)`` and the shared `log`),
+  /// killing one (`kill`, which returns its process ID once it has exited) and starting another
+  /// in its place every 300 to 500 ms until the queue holds no unfinished job or `drainLimit`
+  /// passes; then kills them all and checks the log and the store.
+  public static func run<Worker>(
+    store: any JobStore, queue: String = "jobs", log: String, workers count: Int = 4,
+    drainLimit: Duration = .seconds(45), start: (_ slot: Int, _ generation: Int) throws -> Worker,
+    kill: (Worker) async -> Int32
+  ) async throws -> Outcome {
+    var found: [String] = []
+    let clock = SystemJobClock()
+    for round in 0..<roundsBeforeStart {
+      _ = try await store.enqueue(try jobs(round: round), queue: queue, clock: clock)
+    }
+    let before = try await store.counts(queue: queue, clock: clock)
+    // Each key's first job is ready, its later ones held; every job without a key is ready.
+    let expected = JobCounts(
+      ready: keyCount + roundsBeforeStart * unkeyedPerRound, held: (roundsBeforeStart - 1) * keyCount)
+    if before != expected {
+      found.append("before the workers started the store counted \(before), expected \(expected)")
+    }
+    var workers = try (0..<count).map { try start($0, 0) }
+    var random = SeededRandom(seed: 61)
+    var round = roundsBeforeStart
+    var kills = 0
+    var nextKill = 3 + random.below(3)
+    var tick = 0
+    let began = ContinuousClock.now
+    var drained = false
+    while ContinuousClock.now - began < drainLimit {
+      try await Task.sleep(for: .milliseconds(100))
+      tick += 1
+      if round < jobsPerKey {
+        if tick % ticksPerRound == 0 {
+          _ = try await store.enqueue(try jobs(round: round), queue: queue, clock: clock)
+          round += 1
+        }
+      } else if try await store.counts(queue: queue, clock: clock).unfinished == 0 {
+        drained = true
+        break
+      }
+      if tick >= nextKill {
+        let slot = random.below(workers.count)
+        let pid = await kill(workers[slot])
+        try append("killed \(pid) \(milliseconds())", to: log)
+        kills += 1
+        workers[slot] = try start(slot, kills)
+        nextKill = tick + 3 + random.below(3)
+      }
+    }
+    let drainTime = ContinuousClock.now - began
+    for worker in workers {
+      let pid = await kill(worker)
+      try append("killed \(pid) \(milliseconds())", to: log)
+    }
+    if !drained {
+      let counts = try await store.counts(queue: queue, clock: clock)
+      found.append("not drained within \(drainLimit): \(counts)")
+    }
+    let text = try String(contentsOfFile: log, encoding: .utf8)
+    let (logProblems, statistics) = problems(inLog: text)
+    found += logProblems
+    found += try await storeProblems(store, queue: queue)
+    let seconds = Double(drainTime.components.seconds) + Double(drainTime.components.attoseconds) / 1e18
+    let summary =
+      "drained in \(String(format: "%.1f", seconds)) s with \(kills) kills; \(statistics)"
+    return Outcome(problems: found, summary: summary)
+  }
+
+  /// What happened in a log, besides its problems.
+  public struct Statistics: Sendable, CustomStringConvertible {
+    /// Handler starts.
+    public var starts = 0
+    /// Planned failures.
+    public var failures = 0
+    /// Attempts a kill cut short (started, neither failed nor ended).
+    public var stranded = 0
+    /// How many of ``stranded`` had a key.
+    public var strandedWithKey = 0
+    /// Starts of a job that had already ended (its worker was killed before the store recorded
+    /// it: at least once).
+    public var rerunsAfterEnd = 0
+
+    /// The statistics in a sentence.
+    public var description: String {
+      "\(starts) starts, \(failures) planned failures, \(stranded) attempts cut short by a kill "
+        + "(\(strandedWithKey) with a key), \(rerunsAfterEnd) runs again after an end"
+    }
+  }
+
+  /// What is wrong in a shared log, and what happened. Its lines, in the order they were
+  /// appended: `start K I PID ATTEMPT MS`, `fail K I PID ATTEMPT MS`, `end K I PID ATTEMPT MS`
+  /// from the workers (K `-` for a job without a key) and `killed PID MS` from the probe, once
+  /// the worker has exited. The rules, for every key:
+  /// - **order**: a start of index *i* > 0 comes after an end of *i* − 1 (a failed attempt or
+  ///   one cut short by a kill is not an end: a retrying head holds its key, and so does a
+  ///   crashed one until it ends);
+  /// - **no going back**: no index starts after a later index of its key started;
+  /// - **one at a time**: no job of the key starts while another attempt of the key is in flight
+  ///   in a worker not yet killed;
+  /// - **none lost**: every job, with a key or without, has an end.
+  public static func problems(inLog text: String) -> ([String], Statistics) {
+    struct Attempt {
+      var index: Int
+      var pid: Int32
+      var line: String
+    }
+    var problems: [String] = []
+    var statistics = Statistics()
+    var ended = Set<Item>()
+    var furthest: [String: (index: Int, line: String)] = [:]
+    var inFlight: [String: [Attempt]] = [:]
+    var killed = Set<Int32>()
+    for line in text.split(separator: "\n").map(String.init) {
+      let fields = line.split(separator: " ").map(String.init)
+      if fields.count == 3, fields[0] == "killed", let pid = Int32(fields[1]) {
+        killed.insert(pid)
+        for (key, attempts) in inFlight {
+          let cut = attempts.filter { $0.pid == pid }
+          statistics.stranded += cut.count
+          if key != "-" { statistics.strandedWithKey += cut.count }
+          inFlight[key] = attempts.filter { $0.pid != pid }
+        }
+        continue
+      }
+      guard fields.count == 6, let index = Int(fields[2]), let pid = Int32(fields[3]) else {
+        problems.append("an unreadable line: \(line)")
+        continue
+      }
+      let key = fields[1]
+      let item = Item(key: key == "-" ? nil : key, index: index)
+      if killed.contains(pid) { problems.append("a line from a worker already killed: \(line)") }
+      switch fields[0] {
+      case "start":
+        statistics.starts += 1
+        if ended.contains(item) { statistics.rerunsAfterEnd += 1 }
+        if key != "-" {
+          if index > 0 && !ended.contains(Item(key: key, index: index - 1)) {
+            problems.append("order: \(line) before any end of index \(index - 1)")
+          }
+          if let seen = furthest[key], seen.index > index {
+            problems.append("going back: \(line) after \(seen.line)")
+          }
+          if let other = inFlight[key]?.first {
+            problems.append("two at a time: \(line) while \(other.line) is in flight")
+          }
+          if (furthest[key]?.index ?? -1) < index { furthest[key] = (index, line) }
+        }
+        inFlight[key, default: []].append(Attempt(index: index, pid: pid, line: line))
+      case "fail", "end":
+        let attempts = inFlight[key] ?? []
+        guard let position = attempts.firstIndex(where: { $0.index == index && $0.pid == pid }) else {
+          problems.append("an outcome without its start: \(line)")
+          continue
+        }
+        inFlight[key]?.remove(at: position)
+        if fields[0] == "fail" {
+          statistics.failures += 1
+        } else {
+          ended.insert(item)
+        }
+      default:
+        problems.append("an unreadable line: \(line)")
+      }
+    }
+    var lost: [Item] = []
+    for round in 0..<jobsPerKey {
+      for number in 0..<keyCount where !ended.contains(Item(key: key(number), index: round)) {
+        lost.append(Item(key: key(number), index: round))
+      }
+      for index in 0..<unkeyedPerRound where !ended.contains(Item(key: nil, index: round * 100 + index)) {
+        lost.append(Item(key: nil, index: round * 100 + index))
+      }
+    }
+    if !lost.isEmpty {
+      problems.append(
+        "\(lost.count) jobs never ended: \(lost.prefix(10).map { "\($0.key ?? "-") \($0.index)" })")
+    }
+    if statistics.failures == 0 { problems.append("no planned failure ran: the retry path was not tested") }
+    if statistics.strandedWithKey == 0 {
+      problems.append("no kill cut a job with a key short: the crash path was not tested")
+    }
+    if problems.count > 20 { problems = Array(problems.prefix(20)) + ["… \(problems.count - 20) more"] }
+    return (problems, statistics)
+  }
+
+  /// What is wrong with the jobs `store` holds in `queue` after the drain: every job is there
+  /// once, completed, with its key, and each key's jobs finished in index order.
+  public static func storeProblems(_ store: any JobStore, queue: String = "jobs") async throws -> [String] {
+    var problems: [String] = []
+    let counts = try await store.counts(queue: queue, clock: SystemJobClock())
+    if counts != JobCounts(completed: jobCount) {
+      problems.append("the store counts \(counts), expected \(jobCount) completed and nothing else")
+    }
+    var records: [Item: JobRecord] = [:]
+    var cursor: JobID?
+    while true {
+      let page = try await store.jobs(queue: queue, status: nil, after: cursor, limit: 1_000)
+      guard let last = page.last else { break }
+      for record in page {
+        guard let item = try? JSONDecoder().decode(Item.self, from: record.payload) else {
+          problems.append("job \(record.id) has an unreadable payload")
+          continue
+        }
+        if let earlier = records[item] {
+          problems.append("\(item) stored twice: jobs \(earlier.id) and \(record.id)")
+        }
+        records[item] = record
+        if record.status != .completed || record.isHeld {
+          problems.append("\(item) is \(record.status)\(record.isHeld ? ", held" : "")")
+        }
+        if record.orderingKey != item.key {
+          problems.append("\(item) has the ordering key \(record.orderingKey ?? "nil")")
+        }
+      }
+      cursor = last.id
+    }
+    if records.count != jobCount { problems.append("\(records.count) jobs stored, expected \(jobCount)") }
+    for number in 0..<keyCount {
+      let key = key(number)
+      for index in 1..<jobsPerKey {
+        guard let before = records[Item(key: key, index: index - 1)],
+          let after = records[Item(key: key, index: index)]
+        else { continue }
+        if before.id.rawValue >= after.id.rawValue {
+          problems.append("\(key) \(index) has an ID (\(after.id)) before \(index - 1)'s (\(before.id))")
+        }
+        if let first = before.finishedAt, let second = after.finishedAt, second < first {
+          problems.append("\(key) \(index) finished at \(second), before \(index - 1) at \(first)")
+        }
+      }
+    }
+    if problems.count > 20 { problems = Array(problems.prefix(20)) + ["… \(problems.count - 20) more"] }
+    return problems
+  }
+
+  /// The wall clock in milliseconds, as the workers log it.
+  static func milliseconds() -> Int64 { Int64(Date().timeIntervalSince1970 * 1_000) }
+
+  /// Appends `line` to the file at `path` with one write(2).
+  static func append(_ line: String, to path: String) throws {
+    let descriptor = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
+    guard descriptor >= 0 else { throw OrderingProbeFailure("cannot open \(path): errno \(errno)") }
+    defer { close(descriptor) }
+    let bytes = Array((line + "\n").utf8)
+    let written = bytes.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+    guard written == bytes.count else {
+      throw OrderingProbeFailure("cannot write to \(path): errno \(errno)")
+    }
+  }
+}
+
+/// The probe could not write its log.
+public struct OrderingProbeFailure: Error, CustomStringConvertible {
+  /// What failed.
+  public var description: String
+  init(_ description: String) { self.description = description }
+}
