@@ -11,7 +11,7 @@ import Foundation
 /// - Jobs (`/jobs`): `jobs(queue:status:after:limit:)` pages in ID order from `after`: running and
 ///   dead jobs from their partial indexes, completed and cancelled ones in finishing order from
 ///   theirs; waiting ones (SQLite) from a window of 256 rows of the
-///   table in ID order, then from the queue's ready and scheduled indexes. The text filter and the ready/scheduled split are applied to what was read,
+///   table in ID order, then from the queue's ready, scheduled and held indexes. The text filter and the ready/scheduled/held split are applied to what was read,
 ///   at most ``Dashboard/readLimit`` jobs per page; "Next" continues after the last job read.
 /// - A job (`/jobs/ID`): `jobSummary` (one primary-key lookup, at most 256 KiB of payload), then,
 ///   for a job that ran or finished, `job(_:)` for its history (its attempts' errors and output,
@@ -29,6 +29,8 @@ extension Dashboard {
     var key: String
     var ready: Int
     var scheduled: Int
+    /// Waiting jobs held behind an earlier job of their ordering key (``JobCounts/held``).
+    var held: Int
     var running: Int
     var dead: Int
     /// Completed jobs kept as history.
@@ -67,7 +69,7 @@ extension Dashboard {
       summaries.append(
         QueueSummary(
           name: name, key: HTTPForm.encode(name), ready: counts.ready, scheduled: counts.scheduled,
-          running: counts.running,
+          held: counts.held, running: counts.running,
           dead: counts.dead, completed: counts.completed, cancelled: counts.cancelled, paused: paused,
           oldestReadyAge: age,
           oldest: age.map { DashboardCharts.duration(milliseconds: $0 * 1000) } ?? "—"))
@@ -118,8 +120,9 @@ extension Dashboard {
     for queue in summaries {
       let label = Self.prometheusLabel(queue.name)
       for (state, value) in [
-        ("ready", queue.ready), ("scheduled", queue.scheduled), ("running", queue.running),
-        ("dead", queue.dead), ("completed", queue.completed), ("cancelled", queue.cancelled),
+        ("ready", queue.ready), ("scheduled", queue.scheduled), ("held", queue.held),
+        ("running", queue.running), ("dead", queue.dead), ("completed", queue.completed),
+        ("cancelled", queue.cancelled),
       ] {
         lines.append("conveyor_jobs{queue=\"\(label)\",state=\"\(state)\"} \(value)")
       }
@@ -186,12 +189,12 @@ extension Dashboard {
   /// The states the jobs page filters by.
   enum StateFilter: String, CaseIterable {
     case all = ""
-    case ready, scheduled, waiting, running, dead, completed, cancelled
+    case ready, scheduled, held, waiting, running, dead, completed, cancelled
 
     var stored: JobStatus? {
       switch self {
       case .all: nil
-      case .ready, .scheduled, .waiting: .pending
+      case .ready, .scheduled, .held, .waiting: .pending
       case .running: .running
       case .dead: .dead
       case .completed: .completed
@@ -201,8 +204,9 @@ extension Dashboard {
 
     func includes(_ record: JobRecord, now: Date) -> Bool {
       switch self {
-      case .ready: record.runAt <= now
-      case .scheduled: record.runAt > now
+      case .ready: !record.isHeld && record.runAt <= now
+      case .scheduled: !record.isHeld && record.runAt > now
+      case .held: record.isHeld
       default: true
       }
     }
@@ -237,7 +241,7 @@ extension Dashboard {
   /// (``JobHistory/maximumOutputBytes``); a larger one (another program's store) is described by
   /// its size.
   static let shownOutput = JobHistory.maximumOutputBytes
-  /// The most Unicode scalars of a `--key` a job's page shows.
+  /// The most Unicode scalars of a `--key` or an ordering key a job's page (or row) shows.
   static let shownKey = 1_000
   /// The most queue names the jobs page's queue menu lists.
   static let listedQueues = 1_000
@@ -287,6 +291,7 @@ extension Dashboard {
           // A row keeps what it shows: the summary and the error cut short, no payload.
           record.payload = Data()
           record.lastError = record.lastError.map { cut($0, to: Self.shownError) }
+          record.orderingKey = record.orderingKey.map { cut($0, to: Self.shownKey) }
           let row = ListedRow(
             record: record, state: Self.state(of: record, now: now),
             summary: cut(summary, to: Self.shownSummary))
@@ -330,6 +335,7 @@ extension Dashboard {
     record.payload = Data()
     record.lastError = record.lastError.map { cut($0, to: Self.shownJobError) }
     record.deduplicationKey = record.deduplicationKey.map { cut($0, to: Self.shownKey) }
+    record.orderingKey = record.orderingKey.map { cut($0, to: Self.shownKey) }
     // A summary leaves the history out (every attempt's error, the output): a job that ran or
     // finished is read whole for it, one more primary-key lookup (its payload too, at most what
     // the store took). What the page shows of it is bounded.
@@ -452,8 +458,10 @@ extension Dashboard {
 
   // MARK: what a job is
 
+  /// A waiting job is ready, scheduled, or held (behind an earlier job of its ordering key).
   static func state(of record: JobRecord, now: Date) -> String {
-    record.status == .pending ? (record.runAt <= now ? "ready" : "scheduled") : record.status.rawValue
+    guard record.status == .pending else { return record.status.rawValue }
+    return record.isHeld ? "held" : record.runAt <= now ? "ready" : "scheduled"
   }
 
   /// What a job is, for its page: an HTTP request (credentials redacted) or a command.

@@ -24,7 +24,7 @@ enum DashboardAssets {
     (function () {
       if (document.body.dataset.page !== "queues") return;
       var base = document.body.dataset.base || "";
-      var fields = ["ready", "scheduled", "running", "dead", "completed", "cancelled"];
+      var fields = ["ready", "scheduled", "held", "running", "dead", "completed", "cancelled"];
       function refresh() {
         fetch(base + "/api/queues", { credentials: "same-origin", cache: "no-store" })
           .then(function (response) { return response.ok ? response.json() : null; })
@@ -95,6 +95,8 @@ enum DashboardAssets {
       background: #e9edf3; color: var(--muted); }
     .badge.ready { background: #e1f3e7; color: var(--ready); }
     .badge.scheduled { background: #fbf3d0; color: var(--scheduled); }
+    .badge.held { background: #f1e6fa; color: #6a3d8f; }
+    .held-by { display: block; color: var(--muted); font-family: system-ui, sans-serif; }
     .badge.running { background: #e3eafb; color: var(--running); }
     .badge.dead, .badge.paused { background: #fbe4e2; color: var(--dead); }
     .badge.completed { background: #e1f3e7; color: var(--ready); }
@@ -114,6 +116,7 @@ enum DashboardAssets {
     .filters input, .filters select { font: inherit; padding: .3rem .4rem; min-width: 12rem; }
     .notice { background: #e1f3e7; border: 1px solid #b8dfc5; padding: .6rem .9rem; border-radius: 6px; }
     .notice.error { background: #fbe4e2; border-color: #efbdb8; }
+    .notice.held { background: #f1e6fa; border-color: #d8c2ea; }
     .meta, .none, .empty { color: var(--muted); font-size: .85rem; }
     pre { background: #fff; border: 1px solid var(--line); padding: .8rem; overflow: auto; max-height: 30rem;
       white-space: pre-wrap; word-break: break-word; }

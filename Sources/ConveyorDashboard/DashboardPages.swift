@@ -153,6 +153,7 @@ struct DashboardPages: Sendable {
         <th scope="row"><a href="\(html(link))">\(name)</a></th>
         <td class="count" data-field="ready"><a href="\(html(link))&amp;state=ready">\(queue.ready)</a></td>
         <td class="count" data-field="scheduled"><a href="\(html(link))&amp;state=scheduled">\(queue.scheduled)</a></td>
+        <td class="count" data-field="held"><a href="\(html(link))&amp;state=held">\(queue.held)</a></td>
         <td class="count" data-field="running"><a href="\(html(link))&amp;state=running">\(queue.running)</a></td>
         <td class="count\(queue.dead > 0 ? " dead" : "")" data-field="dead"><a href="\(html(link))&amp;state=dead">\(queue.dead)</a></td>
         <td class="count" data-field="completed"><a href="\(html(link))&amp;state=completed">\(queue.completed)</a></td>
@@ -170,7 +171,7 @@ struct DashboardPages: Sendable {
       : """
       <table class="queues">
       <thead><tr><th scope="col">Queue</th><th scope="col" class="count">Ready</th>
-      <th scope="col" class="count">Scheduled</th><th scope="col" class="count">Running</th>
+      <th scope="col" class="count">Scheduled</th><th scope="col" class="count" title="\(html(Self.heldMeaning))">Held</th><th scope="col" class="count">Running</th>
       <th scope="col" class="count">Dead</th><th scope="col" class="count" title="Completed jobs kept as history">Completed</th>
       <th scope="col" class="count" title="Cancelled jobs kept as history">Cancelled</th><th scope="col" class="count" title="How long the oldest ready job has waited since its run date">Oldest ready</th><th scope="col">State</th><th scope="col">Actions</th></tr></thead>
       <tbody>
@@ -216,10 +217,12 @@ struct DashboardPages: Sendable {
       // The queue's counts, each a link to its filter.
       let encoded = html(HTTPForm.encode(queue))
       let links = [
-        ("ready", counts.ready), ("scheduled", counts.scheduled), ("running", counts.running),
-        ("dead", counts.dead), ("completed", counts.completed), ("cancelled", counts.cancelled),
+        ("ready", counts.ready), ("scheduled", counts.scheduled), ("held", counts.held),
+        ("running", counts.running), ("dead", counts.dead), ("completed", counts.completed),
+        ("cancelled", counts.cancelled),
       ].map { state, count in
-        "<a href=\"\(htmlBase)/jobs?queue=\(encoded)&amp;state=\(state)\" data-field=\"\(state)\">\(state) "
+        "<a href=\"\(htmlBase)/jobs?queue=\(encoded)&amp;state=\(state)\" data-field=\"\(state)\""
+          + (state == "held" ? " title=\"\(html(Self.heldMeaning))\"" : "") + ">\(state) "
           + "<span class=\"count\">\(count)</span></a>"
       }
       body += "<p class=\"counts\">\(links.joined(separator: " · "))</p>\n"
@@ -259,7 +262,7 @@ struct DashboardPages: Sendable {
           <td class="count">\(record.attempts)</td>
           <td><time>\(html(timestamp(record.runAt)))</time></td>
           <td>\(finished)</td>
-          <td class="summary">\(html(row.summary))</td>
+          <td class="summary">\(html(row.summary))\(heldBy(record))</td>
           <td class="error">\(html(error))</td>
           <td class="actions">\(retry)</td>
           </tr>
@@ -280,7 +283,7 @@ struct DashboardPages: Sendable {
     body += "<p class=\"pages\">\(links.joined(separator: " · "))</p>\n"
     body +=
       "<p class=\"meta\">Up to \(Dashboard.pageSize) jobs a page in ID order (completed and cancelled jobs in "
-      + "the order they finished); the text and ready/scheduled filters look at up to \(Dashboard.readLimit) "
+      + "the order they finished); the text and ready/scheduled/held filters look at up to \(Dashboard.readLimit) "
       + "jobs per page.</p>"
     return layout("Jobs", page: "jobs", body)
   }
@@ -307,7 +310,14 @@ struct DashboardPages: Sendable {
       row("Lease owner", record.leaseOwner),
       row("Lease expires", record.leaseExpiresAt.map(timestamp)),
       row("Key", record.deduplicationKey),
+      row("Ordering key", record.orderingKey),
     ].joined(separator: "\n")
+    let held =
+      record.isHeld
+      ? "<p class=\"notice held\" role=\"status\">Held by ordering key <code>\(html(record.orderingKey ?? ""))</code> "
+        + "(waits for the earlier job of its key): it runs once every earlier job of the queue with this key "
+        + "has finished. A dead one holds it until that one is retried or removed.</p>"
+      : ""
     var what: String
     switch details {
     case .http(let method, let url, let headers, let body, let bodySize):
@@ -358,6 +368,7 @@ struct DashboardPages: Sendable {
       """
       <h1>Job \(record.id)</h1>
       \(notice(key))
+      \(held)
       <p class="actions">\(actions.joined(separator: " "))</p>
       <table class="facts"><tbody>
       \(facts)
@@ -368,6 +379,16 @@ struct DashboardPages: Sendable {
       <pre class="payload">\(html(payload))</pre>
       <p><a href="\(htmlBase)/jobs?queue=\(html(HTTPForm.encode(record.queue)))">All jobs in \(html(record.queue))</a></p>
       """)
+  }
+
+  /// What "held" means, for the titles of the held counts.
+  static let heldMeaning = "Waiting behind an earlier job of their ordering key"
+
+  /// A held row's mark under its summary: the key that holds it, escaped.
+  func heldBy(_ record: JobRecord) -> String {
+    guard record.isHeld else { return "" }
+    return
+      "<span class=\"held-by\">held by ordering key <code>\(html(record.orderingKey ?? ""))</code></span>"
   }
 
   /// A duration as a job's page shows it (a negative one, from a hostile store, as zero).

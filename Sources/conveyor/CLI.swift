@@ -42,6 +42,8 @@ enum CLI {
           Content-Length, Transfer-Encoding and Host are set from the body and the URL. A header
           given twice keeps both values, joined with ", ". A redirect to another host drops
           Authorization, Cookie and Proxy-Authorization.
+
+          \(orderingDetails)
           """),
       CommandSpec(
         name: "add exec", operands: "-- PROGRAM [ARGUMENTS...]",
@@ -50,7 +52,7 @@ enum CLI {
           OptionSpec(
             names: ["--cwd"], value: "DIR", help: "where it runs (a relative DIR is taken from here, now)"),
           OptionSpec(names: ["--timeout"], value: "S", help: "seconds before it is stopped and retried"),
-        ] + addOptions, takesCommandAfterDashes: true),
+        ] + addOptions, takesCommandAfterDashes: true, details: orderingDetails),
       CommandSpec(
         name: "work", operands: "", summary: "handle jobs until SIGINT/SIGTERM/SIGHUP",
         options: [
@@ -78,7 +80,7 @@ enum CLI {
         options: [
           OptionSpec(
             names: ["--status"], value: "STATUS",
-            help: "ready, scheduled, pending (both), running, dead, completed or cancelled"),
+            help: "ready, scheduled, held, pending (all three), running, dead, completed or cancelled"),
           OptionSpec(names: ["--limit", "-n"], value: "N", help: "at most N jobs (default 100)"),
           OptionSpec(names: ["--json"], value: nil, help: "one JSON object per job"),
         ]),
@@ -114,7 +116,19 @@ enum CLI {
     OptionSpec(
       names: ["--replace"], value: nil,
       help: "with --key, give a waiting job of the key this job's request, priority and delay"),
+    OptionSpec(
+      names: ["--ordering-key"], value: "KEY",
+      help: "run after every earlier job of the queue with this key, one at a time (1-512 bytes)"),
   ]
+
+  /// What `add --help` says of `--ordering-key`.
+  static let orderingDetails = """
+    Jobs of the queue with the same --ordering-key run one at a time, in the order they were
+    added, whatever their priority and however many workers run. A later one is held: it waits
+    while an earlier one waits, runs, waits for a retry, or is dead (a dead job holds its key's
+    later jobs until it is re-queued with 'conveyor retry', removed, or purged). 'conveyor status'
+    counts held jobs; 'conveyor show ID' says which key holds one. Schedules take no ordering key.
+    """
 
   /// The priorities `--priority` takes.
   static let priorities = -1_000_000...1_000_000
@@ -271,7 +285,10 @@ enum CLI {
     var commandWords = Array(words[index...])
     // `schedule add`'s words end with a job as `add` takes it: parsed apart, by `add`'s rules.
     var scheduledJob: ScheduleCommands.JobWords?
-    if command == "schedule add" { (commandWords, scheduledJob) = ScheduleCommands.splitJob(commandWords) }
+    if command == "schedule add" {
+      try ScheduleCommands.refuseOrderingKey(commandWords)
+      (commandWords, scheduledJob) = ScheduleCommands.splitJob(commandWords)
+    }
     var arguments = try Arguments(commandWords, for: commandSpec)
     if arguments.wantsHelp {
       output(commandSpec.help)
@@ -501,7 +518,8 @@ enum CLI {
     } catch {
       throw UsageError(description: error.description)
     }
-    return OutboxJob(kind: .http(request), key: arguments.option("--key"))
+    return OutboxJob(
+      kind: .http(request), key: arguments.option("--key"), orderingKey: try orderingKey(arguments))
   }
 
   /// The command job `add exec`'s words describe (and `schedule add … exec`'s, whose words hold
@@ -516,7 +534,27 @@ enum CLI {
     let directory = try arguments.option("--cwd").map(workingDirectory)
     let timeout = try arguments.seconds("--timeout", allowingZero: false)
     let command = ShellCommand(arguments: words, workingDirectory: directory, timeout: timeout?.secondsValue)
-    return OutboxJob(kind: .exec(command), key: arguments.option("--key"))
+    return OutboxJob(
+      kind: .exec(command), key: arguments.option("--key"), orderingKey: try orderingKey(arguments))
+  }
+
+  /// The `--ordering-key`, if given, refused (exit 2, nothing stored) by ``OrderingKey``'s rules
+  /// with what to pass instead.
+  static func orderingKey(_ arguments: Arguments) throws -> String? {
+    guard let key = arguments.option("--ordering-key") else { return nil }
+    guard let problem = OrderingKey.problem(key) else { return key }
+    let bytes = key.utf8.count
+    let description =
+      if key.isEmpty {
+        "--ordering-key cannot be empty: give a key such as an order or customer ID, or leave the "
+          + "option out for a job that waits for no other"
+      } else if bytes > OrderingKey.maximumBytes {
+        "--ordering-key is at most \(OrderingKey.maximumBytes) UTF-8 bytes, this one has \(bytes): pass a "
+          + "shorter key, such as an ID or a hash of a long one"
+      } else {
+        "--ordering-key: \(problem)"
+      }
+    throw UsageError(description: description)
   }
 
   /// A `--cwd` as stored: a relative one means the folder it names from here, where the command
@@ -569,7 +607,8 @@ enum CLI {
       [
         NewJob(
           payload: payload, priority: priority, runTime: delay > .zero ? .after(delay) : .now,
-          deduplicationKey: job.deduplicationKey, deduplicationScope: scope, onConflict: onConflict)
+          deduplicationKey: job.deduplicationKey, deduplicationScope: scope, onConflict: onConflict,
+          orderingKey: job.orderingKey)
       ], queue: context.queue, clock: SystemJobClock())[0]
     let id = result.id
     switch result.outcome {
@@ -588,6 +627,12 @@ enum CLI {
         "conveyor: job \(id) with the same --key was waiting; it now has this job's request, priority and delay"
       )
     }
+    if job.orderingKey != nil, let record = try await store.job(id), record.isHeld,
+      let key = record.orderingKey
+    {
+      printError(
+        "conveyor: job \(id) is \(heldText(key)); it runs once every earlier job of its key has finished")
+    }
     if let failure = output(id.description) {
       printError(
         "conveyor: job \(id) was added, but its ID could not be written to standard output (\(failure))")
@@ -595,6 +640,14 @@ enum CLI {
     }
     return ExitCode.success.rawValue
   }
+
+  /// `held by ordering key "KEY"`, the key escaped (``printable(_:)``).
+  static func heldText(_ key: String) -> String {
+    "held by ordering key \"\(printable(key))\""
+  }
+
+  /// What `status` says of held jobs.
+  static let heldExplanation = "waiting behind an earlier job of their ordering key"
 
   /// `job` as `add` stores it: its JSON with each object's members smallest first, so that
   /// listings find its summary in the payload's first bytes.
@@ -722,10 +775,16 @@ enum CLI {
       output("queue     \(context.queue)\(paused ? " (paused)" : "")")
       output("ready     \(counts.ready)")
       output("scheduled \(counts.scheduled)")
+      output("held      \(counts.held)" + (counts.held > 0 ? " (\(heldExplanation))" : ""))
       output("running   \(counts.running)")
       output("dead      \(counts.dead)")
       output("completed \(counts.completed)")
       output("cancelled \(counts.cancelled)")
+      if counts.held > 0, counts.dead > 0 {
+        output(
+          "note      a dead job holds the later jobs of its ordering key until it is re-queued "
+            + "(conveyor retry), removed or purged")
+      }
       if stuck > 0 {
         output(
           "stuck     \(stuck) in the last hour: handlers past their time limit that ignore cancellation, "
@@ -737,11 +796,11 @@ enum CLI {
 
   /// The words `list --status` takes: the stored statuses, and `status`'s two kinds of pending.
   enum ListedStatus: String, CaseIterable {
-    case ready, scheduled, pending, running, dead, completed, cancelled
+    case ready, scheduled, held, pending, running, dead, completed, cancelled
 
     var stored: JobStatus {
       switch self {
-      case .ready, .scheduled, .pending: .pending
+      case .ready, .scheduled, .held, .pending: .pending
       case .running: .running
       case .dead: .dead
       case .completed: .completed
@@ -752,11 +811,18 @@ enum CLI {
     /// Whether a record of ``stored`` status is listed, `now` telling ready from scheduled.
     func includes(_ record: JobRecord, now: Date) -> Bool {
       switch self {
-      case .ready: record.runAt <= now
-      case .scheduled: record.runAt > now
+      case .ready: !record.isHeld && record.runAt <= now
+      case .scheduled: !record.isHeld && record.runAt > now
+      case .held: record.isHeld
       default: true
       }
     }
+  }
+
+  /// A job's status as `list` and `show` name it: a pending one is ready, scheduled or held.
+  static func shownStatus(_ record: JobRecord, now: Date) -> String {
+    guard record.status == .pending else { return record.status.rawValue }
+    return record.isHeld ? "held" : record.runAt <= now ? "ready" : "scheduled"
   }
 
   static func list(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
@@ -768,7 +834,7 @@ enum CLI {
       guard let status = ListedStatus(rawValue: text) else {
         throw UsageError(
           description:
-            "--status must be ready, scheduled, pending, running, dead, completed or cancelled, got "
+            "--status must be ready, scheduled, held, pending, running, dead, completed or cancelled, got "
             + "\"\(printable(text))\"")
       }
       return status
@@ -792,8 +858,7 @@ enum CLI {
         var record = listed.record
         record.lastError = record.lastError.map { cut($0, to: listedError) }
         let summary = try await OutboxJob.summary(of: listed, in: store) ?? "(undecodable payload)"
-        let shownStatus =
-          record.status == .pending ? (record.runAt <= now ? "ready" : "scheduled") : record.status.rawValue
+        let shownStatus = Self.shownStatus(record, now: now)
         if json {
           try printJSON(ListedJob(record, summary: summary))
         } else {
@@ -803,6 +868,13 @@ enum CLI {
           if let finished = record.finishedAt {
             let ran = record.runDuration.map { " after running \(JobStoreTime.secondsText($0))" } ?? ""
             output(String(repeating: " ", count: 8) + "finished \(timestamp(finished))\(ran)")
+          }
+          if let key = record.orderingKey {
+            output(
+              String(repeating: " ", count: 8)
+                + (record.isHeld
+                  ? "\(heldText(key)) (waits for the earlier jobs of its key)"
+                  : "ordering key \"\(printable(key))\""))
           }
           if let error = record.lastError {
             output(String(repeating: " ", count: 8) + "last error: \(printable(error))")
@@ -938,10 +1010,16 @@ struct ListedJob: Encodable {
   var lastError: String?
   var finishedAt: String?
   var runMilliseconds: Int64?
+  /// The job's `--ordering-key`; absent without one.
+  var orderingKey: String?
+  /// Whether the job (pending) waits behind an earlier job of its ordering key.
+  var held: Bool
 
   init(_ record: JobRecord, summary: String) {
     id = record.id.rawValue
     status = record.status.rawValue
+    orderingKey = record.orderingKey
+    held = record.isHeld
     attempts = record.attempts
     runAt = timestamp(record.runAt)
     createdAt = timestamp(record.createdAt)

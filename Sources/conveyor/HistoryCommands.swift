@@ -73,7 +73,11 @@ extension CLI {
     }
     output("job       \(shown.id)")
     output("queue     \(printable(shown.queue))")
-    output("status    \(shown.status)")
+    output(
+      "status    \(shown.status)"
+        + (record.isHeld
+          ? " (\(heldText(record.orderingKey ?? "")): it waits for the earlier jobs of its key to finish)"
+          : ""))
     output("job       \(printable(summary))")
     output("attempts  \(shown.attempts)")
     output("created   \(shown.createdAt)")
@@ -82,6 +86,7 @@ extension CLI {
     if let ran = record.runDuration { output("ran       \(JobStoreTime.secondsText(ran)) (last attempt)") }
     if let limit = record.timeLimit { output("limit     \(JobStoreTime.secondsText(limit))") }
     if let key = shown.deduplicationKey { output("key       \(printable(key))") }
+    if let key = shown.orderingKey { output("ordering key \(printable(key))") }
     if let owner = shown.leaseOwner {
       output("lease     \(printable(owner)) until \(shown.leaseExpiresAt ?? "?")")
     }
@@ -139,6 +144,10 @@ struct ShownJob: Encodable {
   var runMilliseconds: Int64?
   var timeLimitMilliseconds: Int64?
   var deduplicationKey: String?
+  /// The job's `--ordering-key`; absent without one.
+  var orderingKey: String?
+  /// Whether the job (pending) waits behind an earlier job of its ordering key.
+  var held: Bool
   var leaseOwner: String?
   var leaseExpiresAt: String?
   var lastError: String?
@@ -159,6 +168,8 @@ struct ShownJob: Encodable {
     runMilliseconds = record.runDuration.map(JobStoreTime.milliseconds)
     timeLimitMilliseconds = record.timeLimit.map(JobStoreTime.milliseconds)
     deduplicationKey = record.deduplicationKey
+    orderingKey = record.orderingKey
+    held = record.isHeld
     leaseOwner = record.leaseOwner
     leaseExpiresAt = record.leaseExpiresAt.map(timestamp)
     lastError = record.lastError

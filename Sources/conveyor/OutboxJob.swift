@@ -12,6 +12,9 @@ struct OutboxJob: Queueable, Hashable {
   var kind: Kind
   /// Set with `--key`: while a job with this key waits, adding another returns the waiting one.
   var key: String?
+  /// Set with `--ordering-key`: jobs of the queue with the same ordering key run one at a time, in
+  /// the order they were added. Absent from payloads stored before it existed (decoded as nil).
+  var orderingKey: String? = nil
 
   var deduplicationKey: String? { key }
 

@@ -52,7 +52,8 @@ enum ScheduleCommands {
           conveyor schedule add nightly --cron '0 3 * * *' --time-zone Europe/Berlin exec -- ./backup.sh
           conveyor schedule add ping --every 5m http GET https://example.com/health
         A slot's job is added once, however many workers run, and runs as any job does (retries,
-        dead jobs). Prints whether it was created or updated, and the next fire time.
+        dead jobs). Prints whether it was created or updated, and the next fire time. Schedules
+        cannot carry an ordering key yet: --ordering-key is refused (exit 2), here or in the job.
         """),
     CommandSpec(
       name: "schedule remove", operands: "NAME", summary: "delete a schedule (the jobs it added stay)",
@@ -108,6 +109,31 @@ enum ScheduleCommands {
       index += 1
     }
     return (words, nil)
+  }
+
+  /// What refuses `--ordering-key` in `schedule add`: a stored schedule has no ordering key for its
+  /// slots' jobs, and one dropped silently would let them run out of order.
+  static let noOrderingKey =
+    "schedules cannot carry an ordering key yet: a slot's job would be added without one, so "
+    + "--ordering-key is refused and nothing was stored; add such jobs with conveyor add exec|http "
+    + "--ordering-key KEY"
+
+  /// Refuses `--ordering-key` anywhere among `schedule add`'s words before `--`, the schedule's
+  /// or the job's: an option's value (`--key --ordering-key`) is skipped, not taken for one.
+  static func refuseOrderingKey(_ words: [String]) throws {
+    let valued = Set(
+      (CLI.spec("schedule add").options + CLI.spec("add http").options + CLI.spec("add exec").options)
+        .filter { $0.value != nil }.flatMap(\.names))
+    var index = 0
+    while index < words.count {
+      let word = words[index]
+      index += 1
+      if word == "--" { return }
+      guard word.hasPrefix("-"), word.count > 1 else { continue }
+      let name = word.hasPrefix("--") ? String(word.prefix { $0 != "=" }) : word
+      if name == "--ordering-key" { throw UsageError(description: noOrderingKey) }
+      if valued.contains(name), !word.contains("=") { index += 1 }
+    }
   }
 
   /// `add exec`'s or `add http`'s description without the options of `add` itself, which a

@@ -113,6 +113,7 @@ final class Worker: Sendable {
       output("done: \(tally.succeeded) delivered, \(tally.retried) retries scheduled, \(tally.died) dead")
     }
     let stopsByItself = options.untilEmpty || options.untilIdle
+    if stopsByItself { await reportHeld() }
     return stopsByItself && tally.died > 0 ? ExitCode.failure.rawValue : ExitCode.success.rawValue
   }
 
@@ -136,6 +137,17 @@ final class Worker: Sendable {
             + "--until-idle would stop when no job is ready")
       }
     } catch {}
+  }
+
+  /// After stopping by itself: says on standard error how many jobs are left held behind an
+  /// earlier job of their ordering key (a dead one holds them until an operator acts).
+  private func reportHeld() async {
+    guard let counts = try? await queue.count(), counts.held > 0 else { return }
+    printError(
+      "conveyor: \(counts.held) job(s) left held behind an earlier job of their ordering key"
+        + (counts.dead > 0
+          ? "; a dead job holds its key's later jobs until it is re-queued (conveyor retry), removed or purged"
+          : ""))
   }
 
   /// With `--until-idle`: shuts the queue down once no job is running and none can be claimed

@@ -367,15 +367,18 @@ final class Sandbox {
 }
 
 /// Counts with every status zero but those given (without the history: see `allCounts`).
-func counts(ready: Int = 0, scheduled: Int = 0, running: Int = 0, dead: Int = 0) -> [String: Int] {
-  ["ready": ready, "scheduled": scheduled, "running": running, "dead": dead]
+func counts(ready: Int = 0, scheduled: Int = 0, held: Int = 0, running: Int = 0, dead: Int = 0) -> [String:
+  Int]
+{
+  ["ready": ready, "scheduled": scheduled, "held": held, "running": running, "dead": dead]
 }
 
 /// Every count `status --json` reports, the history's included, zero but those given.
 func allCounts(
-  ready: Int = 0, scheduled: Int = 0, running: Int = 0, dead: Int = 0, completed: Int = 0, cancelled: Int = 0
+  ready: Int = 0, scheduled: Int = 0, held: Int = 0, running: Int = 0, dead: Int = 0, completed: Int = 0,
+  cancelled: Int = 0
 ) -> [String: Int] {
-  counts(ready: ready, scheduled: scheduled, running: running, dead: dead).merging(
+  counts(ready: ready, scheduled: scheduled, held: held, running: running, dead: dead).merging(
     ["completed": completed, "cancelled": cancelled]
   ) { a, _ in a }
 }

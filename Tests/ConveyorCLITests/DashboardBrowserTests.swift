@@ -73,6 +73,13 @@ struct DashboardBrowserTests {
     try await sandbox.add(["exec", "--", "true"])
     try await browser.waitUntil("the live count", "\(readyCell).textContent === '3'")
     #expect(try await browser.evaluate("window.marker") == "same page", "updated without a reload")
+    // A job held behind an earlier one of its ordering key is counted in its own column, live too.
+    let heldCell = "document.querySelector('tr[data-queue=\"outbox\"] [data-field=\"held\"] a')"
+    #expect(try await browser.evaluate("\(heldCell).textContent") == "0")
+    try await sandbox.add(["exec", "--ordering-key", "K", "--", "true"])
+    try await sandbox.add(["exec", "--ordering-key", "K", "--", "true"])
+    try await browser.waitUntil("the live held count", "\(heldCell).textContent === '1'")
+    #expect(try await browser.evaluate("window.marker") == "same page", "updated without a reload")
     #expect(
       try await browser.evaluate("document.getElementById('updated').textContent").hasPrefix(
         "live, counts as of"))

@@ -864,8 +864,8 @@ struct SeededJobs {
     let page = try await dashboard.get("/jobs?queue=emails")
     #expect(page.status == 200 && page.body.contains("welcome"))
     for (filter, statuses) in [
-      ("", ["ready", "scheduled", "running", "dead"]),
-      ("AND +status IN ('ready', 'scheduled')", ["ready", "scheduled"]),
+      ("", ["ready", "scheduled", "held", "running", "dead"]),
+      ("AND +status IN ('ready', 'scheduled', 'held')", ["ready", "scheduled", "held"]),
     ] {
       let window =
         "SELECT * FROM (SELECT * FROM jobs WHERE id > 0 ORDER BY id LIMIT 256) WHERE queue = 'emails' \(filter) LIMIT 100;"

@@ -53,7 +53,7 @@ import Testing
     Mistake(arguments: ["--queue", "bad name", "status"], message: #"invalid queue identifier "bad name""#),
     Mistake(
       arguments: ["list", "--status", "sleeping"],
-      message: #"--status must be ready, scheduled, pending, running, dead, completed or cancelled"#),
+      message: #"--status must be ready, scheduled, held, pending, running, dead, completed or cancelled"#),
     Mistake(arguments: ["retry", "abc"], message: #""abc" is not a job ID (a positive whole number)"#),
     Mistake(arguments: ["remove", "12x"], message: #""12x" is not a job ID (a positive whole number)"#),
     Mistake(arguments: ["retry"], message: "name dead job IDs to retry, or --all"),

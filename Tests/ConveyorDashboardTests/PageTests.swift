@@ -366,3 +366,60 @@ import Testing
     }
   }
 }
+
+/// Ordering keys on the pages: a held job's page says which key holds it, rows and counts mark
+/// held jobs, and a key is escaped wherever it is shown.
+@Suite struct OrderingKeyPageTests {
+  @Test func aHeldJobsPageSaysHeldAndEscapesItsKey() async throws {
+    let harness = try DashboardHarness()
+    let key = "<script>alert(1)</script>"
+    let escaped = "&lt;script&gt;alert(1)&lt;/script&gt;"
+    let added = try await harness.store.enqueue(
+      [
+        NewJob(payload: Data("{}".utf8), orderingKey: key),
+        NewJob(payload: Data("{}".utf8), orderingKey: key),
+      ],
+      queue: "mail", clock: harness.clock)
+    let (first, second) = (added[0].id, added[1].id)
+    #expect(try await harness.store.job(second)?.isHeld == true)
+
+    let page = await harness.get("/jobs/\(second.rawValue)")
+    #expect(page.status == 200 && page.hasSecurityHeaders, "\(page)")
+    #expect(page.body.contains("<span class=\"badge held\">held</span>"), "\(page)")
+    #expect(
+      page.body.contains(
+        "Held by ordering key <code>\(escaped)</code> (waits for the earlier job of its key)"),
+      "\(page)")
+    #expect(page.body.contains("<th scope=\"row\">Ordering key</th><td>\(escaped)</td>"))
+    #expect(!page.body.contains("<script>alert"), "the key is escaped")
+    let head = await harness.get("/jobs/\(first.rawValue)")
+    #expect(head.body.contains("<span class=\"badge ready\">ready</span>") && !head.body.contains("Held by"))
+    #expect(head.body.contains("<td>\(escaped)</td>") && !head.body.contains("<script>alert"))
+
+    // The job list: the queue's held count, the held row marked, and the held filter.
+    let list = await harness.get("/jobs?queue=mail")
+    #expect(list.body.contains("data-field=\"held\""), "\(list)")
+    #expect(list.body.contains(">held <span class=\"count\">1</span></a>"), "\(list)")
+    #expect(
+      list.body.contains("held by ordering key <code>\(escaped)</code>")
+        && !list.body.contains("<script>alert"))
+    let held = await harness.get("/jobs?queue=mail&state=held")
+    #expect(
+      held.body.contains("data-job=\"\(second.rawValue)\"")
+        && !held.body.contains("data-job=\"\(first.rawValue)\""))
+    let ready = await harness.get("/jobs?queue=mail&state=ready")
+    #expect(
+      ready.body.contains("data-job=\"\(first.rawValue)\"")
+        && !ready.body.contains("data-job=\"\(second.rawValue)\""))
+
+    // The queues page, its JSON and the metrics count it.
+    #expect(
+      await harness.get("/").body.contains(
+        "<td class=\"count\" data-field=\"held\"><a href=\"/jobs?queue=mail&amp;state=held\">1</a></td>"))
+    let api = try #require(
+      try JSONSerialization.jsonObject(with: await harness.get("/api/queues").response.body) as? [String: Any]
+    )
+    #expect((api["queues"] as? [[String: Any]])?.first?["held"] as? Int == 1)
+    #expect(await harness.get("/metrics").body.contains("conveyor_jobs{queue=\"mail\",state=\"held\"} 1\n"))
+  }
+}
