@@ -4,7 +4,7 @@ import Foundation
 import Testing
 
 // The examples of the "Durable queues" guide (Sources/Conveyor/Conveyor.docc/DurableQueues.md),
-// of the "Schedules" guide (Schedules.md) and of the module's landing page (Conveyor.md), verbatim between the markers, so they compile
+// of the "Schedules" guide (Schedules.md), of the "Ordering keys" guide (OrderingKeys.md) and of the module's landing page (Conveyor.md), verbatim between the markers, so they compile
 // and run. Types the examples declare are at file scope here.
 
 private struct Thumbnail: Queueable {
@@ -29,6 +29,13 @@ private struct SaveDraft: Queueable {
 }
 
 private struct Email: Queueable { var to: String }
+
+// OrderingKeys.md: the type.
+private struct OrderEvent: Queueable {
+  var orderID: String
+  var action: String
+  var orderingKey: String? { orderID }  // one order's events in turn
+}
 
 // Schedules.md: the type.
 private struct SendDigest: Queueable {
@@ -144,6 +151,27 @@ struct QueueGuideSnippetTests {
     await reminders.shutdown()
     // DurableQueues.md example 3 ends
     #expect(try await reminders.count().total == 0)
+  }
+
+  @Test func orderEventsRunInTurnPerOrder() async throws {
+    let store = InMemoryJobStore()
+    let handled = Log<String>()
+    // OrderingKeys.md example begins
+    let events = try JobQueue<OrderEvent>(configuration: .init(identifier: "order-events"), store: store) {
+      event, _ in
+      // call the partner's API for the event...
+      handled.append("\(event.orderID) \(event.action)")
+      return .handled
+    }
+    try await events.add(OrderEvent(orderID: "A-17", action: "create"))
+    try await events.add(OrderEvent(orderID: "A-17", action: "cancel"))  // held until "create" finished
+    try await events.add(OrderEvent(orderID: "B-4", action: "create"))  // runs beside A-17's jobs
+    // OrderingKeys.md example ends
+    await events.waitUntilFinished()
+    await events.shutdown()
+    let order = handled.all
+    #expect(order.count == 3)
+    #expect(order.firstIndex(of: "A-17 create")! < order.firstIndex(of: "A-17 cancel")!, "\(order)")
   }
 
   @Test func theLandingPageExample() async throws {
