@@ -201,5 +201,5 @@ public enum QueueEngineConformance {
         try expect(
           logs.all.contains { $0.contains("handed back 1 claimed job(s) unstarted") }, "said so: \(logs.all)")
       },
-    ] + timeLimitChecks + cancelChecks + historyChecks + deduplicationChecks + scheduleChecks
+    ] + timeLimitChecks + cancelChecks + historyChecks + deduplicationChecks + scheduleChecks + orderingChecks
 }

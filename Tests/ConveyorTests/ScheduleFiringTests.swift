@@ -79,6 +79,25 @@ struct ScheduleFiringTests {
 
   /// The hint the loop reads on every idle turn carries the next due schedule, so a queue whose
   /// schedule is not due makes exactly the store calls of a queue without one.
+  /// A schedule stores no ordering key, so an item with one is refused rather than fired out of
+  /// order; nothing is stored.
+  @Test func anItemWithAnOrderingKeyIsRefusedAsASchedulesItem() async throws {
+    struct Ordered: Queueable { var orderingKey: String? { "order-1" } }
+    let store = InMemoryJobStore()
+    let queue = try JobQueue<Ordered>(
+      configuration: .init(identifier: "ordered", autoStart: false), store: store
+    ) {
+      _, _ in .handled
+    }
+    #expect {
+      _ = try queue.schedule("tick", try ScheduleTiming(every: .seconds(60)), item: Ordered())
+    } throws: { error in
+      guard case ScheduleError.unsupported(let message) = error else { return false }
+      return message.contains("ordering key")
+    }
+    #expect(try await store.schedules(queue: nil).isEmpty)
+  }
+
   @Test func anIdleQueueWithASchedulePollsTheStoreAsOftenAsOneWithout() async throws {
     func calls(withSchedule: Bool) async throws -> [String: Int] {
       let clock = ManualJobClock()

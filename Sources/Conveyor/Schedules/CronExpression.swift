@@ -406,7 +406,8 @@ public enum ScheduleError: Error, Sendable, Hashable, CustomStringConvertible {
   case invalidTimeLimit(String)
   /// A deduplication scope for the schedule's jobs out of range, or one the queue cannot keep.
   case invalidDeduplication(String)
-  /// The store does not keep schedules.
+  /// The store does not keep schedules, or the schedule asks for what schedules cannot do yet (an
+  /// item with an ordering key).
   case unsupported(String)
 
   /// Says what is wrong and what to do.
@@ -420,7 +421,7 @@ public enum ScheduleError: Error, Sendable, Hashable, CustomStringConvertible {
     case .invalidName(let message): "invalid schedule name: \(message)"
     case .invalidTimeLimit(let message): "invalid time limit: \(message)"
     case .invalidDeduplication(let message): "invalid deduplication: \(message)"
-    case .unsupported(let message): "schedules unsupported: \(message)"
+    case .unsupported(let message): "unsupported: \(message)"
     }
   }
 }

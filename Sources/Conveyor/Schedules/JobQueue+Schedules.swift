@@ -17,8 +17,9 @@ extension JobQueue {
   ///
   /// - Throws: ``ScheduleError/invalidName(_:)``, ``ScheduleError/invalidTimeLimit(_:)``;
   ///   ``ScheduleError/invalidDeduplication(_:)`` for a scope the queue cannot keep (see
-  ///   ``JobQueue/add(_:priority:delay:timeLimit:)``); ``JobQueueError/encodingFailed(_:)`` when
-  ///   the item does not encode.
+  ///   ``JobQueue/add(_:priority:delay:timeLimit:)``); ``ScheduleError/unsupported(_:)`` for an
+  ///   item with an ordering key (a schedule cannot carry one yet);
+  ///   ``JobQueueError/encodingFailed(_:)`` when the item does not encode.
   public func schedule(
     _ name: String, _ timing: ScheduleTiming, item: Item, priority: Int = 0, timeLimit: Duration? = nil
   ) throws -> ScheduleDefinition {
@@ -31,6 +32,12 @@ extension JobQueue {
     let key = item.deduplicationKey
     let scope = key == nil ? DeduplicationScope.waiting : item.deduplicationScope
     if let problem = problem(scope) { throw ScheduleError.invalidDeduplication(problem) }
+    // A schedule stores no ordering key: its jobs would run out of the order the item asks for.
+    if item.orderingKey != nil {
+      throw ScheduleError.unsupported(
+        "a schedule cannot carry an ordering key yet (the item's orderingKey is \"\(item.orderingKey!)\"); "
+          + "schedule an item without one, and have its handler add the ordered jobs")
+    }
     return try ScheduleDefinition(
       name: name, timing: timing, payload: payload, priority: priority, timeLimit: timeLimit,
       deduplicationKey: key, deduplicationScope: scope, onConflict: item.onConflict)

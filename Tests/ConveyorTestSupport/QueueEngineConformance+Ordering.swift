@@ -1,0 +1,68 @@
+import Conveyor
+import Foundation
+import Synchronization
+
+extension QueueEngineConformance {
+  /// An item of an ordering key.
+  struct Step: Queueable, Hashable {
+    var key: String
+    var index: Int
+    var failsFirst = false
+    var orderingKey: String? { key }
+  }
+
+  /// Ordering keys through a queue, on every store.
+  static let orderingChecks: [JobStoreCheck] = [
+    check("a queue at concurrency 4 runs each key's jobs one at a time, in order, retries included") {
+      store in
+      var configuration = configuration()
+      configuration.autoStart = false
+      configuration.concurrency = 4
+      configuration.retryPolicy = .fixed(.milliseconds(20))
+      let log = Mutex((running: Set<String>(), order: [String: [Int]](), overlaps: [String]()))
+      let queue = try JobQueue<Step>(configuration: configuration, store: store) { step, context in
+        let overlapped = log.withLock { log in
+          log.order[step.key, default: []].append(step.index)
+          return !log.running.insert(step.key).inserted
+        }
+        if overlapped { log.withLock { $0.overlaps.append("\(step.key) \(step.index)") } }
+        try await Task.sleep(for: .milliseconds(2))
+        log.withLock { _ = $0.running.remove(step.key) }
+        if step.failsFirst && context.attempts == 1 {
+          return .retry(after: .milliseconds(20), reason: "once")
+        }
+        return .handled
+      }
+      var steps: [Step] = []
+      for index in 0..<6 {
+        for key in ["a", "b", "c"] { steps.append(Step(key: key, index: index, failsFirst: index == 2)) }
+      }
+      _ = try await queue.add(contentsOf: steps)
+      let counts = try await queue.count()
+      try expect(counts.held == 15 && counts.ready == 3, "three heads, 15 held: \(counts)")
+      queue.start()
+      await queue.waitUntilFinished()
+      await queue.shutdown()
+      let result = log.withLock { $0 }
+      try expect(result.overlaps.isEmpty, "two of a key at once: \(result.overlaps)")
+      for key in ["a", "b", "c"] {
+        try expect(
+          result.order[key] == [0, 1, 2, 2, 3, 4, 5],
+          "key \(key) in order: \(String(describing: result.order[key]))")
+      }
+    },
+    check("a queue refuses an item whose ordering key breaks the rules, storing nothing") { store in
+      let queue = try JobQueue<Step>(configuration: configuration(), store: store) { _, _ in .handled }
+      for bad in ["", "a\u{0}b", String(repeating: "é", count: 257)] {
+        do {
+          _ = try await queue.add(contentsOf: [Step(key: "fine", index: 0), Step(key: bad, index: 1)])
+          throw ConformanceFailure(description: "took the key \(bad.debugDescription.prefix(20))")
+        } catch JobQueueError.invalidOrderingKey(let message) {
+          try expect(!message.isEmpty, "a message")
+        }
+      }
+      try expect(try await queue.count().total == 0, "nothing stored")
+      await queue.shutdown()
+    },
+  ]
+}
