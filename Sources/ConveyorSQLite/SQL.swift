@@ -454,6 +454,12 @@ enum SQL {
     SELECT id, status, run_at FROM jobs INDEXED BY jobs_line WHERE queue = ?1 AND ordering_key = ?2 AND line = 1
     ORDER BY id LIMIT 1
     """
+  /// ``lineHead`` of the ordering key of job `?2` (of queue `?1`), which just left its line.
+  static let lineHeadAfter = """
+    SELECT id, status, run_at FROM jobs INDEXED BY jobs_line
+    WHERE queue = ?1 AND ordering_key = (SELECT ordering_key FROM jobs WHERE id = ?2) AND line = 1
+    ORDER BY id LIMIT 1
+    """
   /// A held job whose turn came: ready (`?2`) or scheduled (`?3`, a claim makes it ready once
   /// its run date has come).
   static let unhold = "UPDATE jobs SET status = ?2, seq = 0 WHERE id = ?1 AND status = 'held'"
@@ -519,6 +525,11 @@ enum SQL {
   static let complete = """
     UPDATE jobs SET status = 'completed', finished_at = ?, run_ms = coalesce(?, run_ms), output = ?,
     lease_owner = NULL, lease_expires_at = NULL, line = NULL WHERE \(held)
+    """
+  /// ``complete`` for a job in its ordering key's line (one in no line changes nothing).
+  static let completeInLine = """
+    UPDATE jobs SET status = 'completed', finished_at = ?, run_ms = coalesce(?, run_ms), output = ?,
+    lease_owner = NULL, lease_expires_at = NULL, line = NULL WHERE \(held) AND line = 1
     """
   /// ``complete`` for a job in no ordering key's line (one in a line changes nothing): the usual
   /// completion, which then needs no lookup of a key.

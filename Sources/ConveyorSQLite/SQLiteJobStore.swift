@@ -655,6 +655,16 @@ public final class SQLiteJobStore: JobStore {
         key = found
         changed = try db.run(SQL.deleteHeld, id, queue, token)
       }
+    case .complete where settlement.ordered:
+      // The claim had an ordering key: the statement for a job in a line first, then the next job
+      // of its key found through the completed job (no lookup of the key before).
+      let output = settlement.output.map(SQLiteValue.blob) ?? .null
+      changed = try db.run(SQL.completeInLine, .integer(now), ran, output, id, queue, token)
+      if changed > 0 {
+        try advanceLine(of: settlement.claim.id.rawValue, queue: queueName, now: now, db: db)
+      } else {
+        changed = try db.run(SQL.completeOutOfLine, .integer(now), ran, output, id, queue, token)
+      }
     case .complete:
       let output = settlement.output.map(SQLiteValue.blob) ?? .null
       changed = try db.run(SQL.completeOutOfLine, .integer(now), ran, output, id, queue, token)
@@ -719,6 +729,16 @@ public final class SQLiteJobStore: JobStore {
       let ready = now.map { head.runAt <= $0 } ?? false
       try db.run(SQL.unhold, .integer(head.id), .text(ready ? "ready" : "scheduled"))
     }
+  }
+
+  /// ``advanceLines(_:queue:now:db:)`` for the key of job `id`, which just left its line.
+  static func advanceLine(of id: Int64, queue: String, now: Int64, db: Connection) throws {
+    var head: (id: Int64, status: String, runAt: Int64)?
+    try db.query(SQL.lineHeadAfter, .text(queue), .integer(id)) {
+      head = ($0.int64(0), $0.text(1) ?? "", $0.int64(2))
+    }
+    guard let head, head.status == "held" else { return }
+    try db.run(SQL.unhold, .integer(head.id), .text(head.runAt <= now ? "ready" : "scheduled"))
   }
 
   /// Runs a `DELETE … RETURNING ordering_key`, then advances the lines of the deleted jobs' keys;

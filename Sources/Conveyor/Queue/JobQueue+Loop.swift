@@ -633,10 +633,10 @@ extension JobQueue {
       case .kill: keeps = configuration.retention.dead != .none
       case .retry, .release: keeps = true
       }
-      return PendingSettlement(
-        settlement: JobSettlement(
-          claim: record.claim, action: action, runDuration: ran, output: output, keepsHistory: keeps),
-        event: event)
+      var settlement = JobSettlement(
+        claim: record.claim, action: action, runDuration: ran, output: output, keepsHistory: keeps)
+      settlement.ordered = record.orderingKey != nil
+      return PendingSettlement(settlement: settlement, event: event)
     }
     func release(_ why: String) -> PendingSettlement {
       log(.info, "job given back: \(why)", ["job": record.id.description])

@@ -323,6 +323,9 @@ public struct JobSettlement: Sendable, Hashable {
   /// Whether a job that finishes by this settlement (completed or dead) is kept as history;
   /// false deletes it (the queue's ``JobRetention`` keeps none of that status).
   public var keepsHistory: Bool
+  /// Whether the claimed record had an ordering key: a hint a store may use to pick the statement
+  /// it tries first. A store's outcome never depends on it.
+  package var ordered = false
 
   /// The job settled.
   public var id: JobID { claim.id }
