@@ -285,6 +285,27 @@ extension JobStoreConformance {
       let left = try await store.counts(queue: "q", clock: now(1))
       try expect(left.total == 0, "every job completed: \(left)")
     },
+    check("ordering key: clearing the pending jobs deletes every waiting job of a key, held ones too") {
+      store in
+      _ = try await store.enqueue(
+        [ordered("a1"), ordered("a2"), ordered("a3"), ordered("a4")], queue: "q", clock: now(0))
+      let cleared = try await store.clear(queue: "q", statuses: [.pending])
+      let left = try await store.counts(queue: "q", clock: now(1))
+      try expect(cleared == 4 && left.total == 0, "every pending job cleared: \(cleared) cleared, left \(left)")
+    },
+    check("ordering key: clearing the counted pending jobs deletes every one of them, held ones too") {
+      store in
+      _ = try await store.enqueue(
+        [ordered("a1"), ordered("a2"), ordered("a3"), ordered("a4")], queue: "q", clock: now(0))
+      let tally = try await store.tally(queue: "q", statuses: [.pending])
+      try expect(tally.count == 4, "four pending: \(tally)")
+      let cleared = try await store.clear(
+        queue: "q", statuses: [.pending], through: tally.highestID!, expecting: tally.count)
+      let left = try await store.counts(queue: "q", clock: now(1))
+      try expect(
+        cleared == 4 && left.total == 0,
+        "every counted job cleared: \(String(describing: cleared)) cleared, left \(left)")
+    },
   ]
 }
 
