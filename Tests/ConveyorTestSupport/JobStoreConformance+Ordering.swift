@@ -291,7 +291,8 @@ extension JobStoreConformance {
         [ordered("a1"), ordered("a2"), ordered("a3"), ordered("a4")], queue: "q", clock: now(0))
       let cleared = try await store.clear(queue: "q", statuses: [.pending])
       let left = try await store.counts(queue: "q", clock: now(1))
-      try expect(cleared == 4 && left.total == 0, "every pending job cleared: \(cleared) cleared, left \(left)")
+      try expect(
+        cleared == 4 && left.total == 0, "every pending job cleared: \(cleared) cleared, left \(left)")
     },
     check("ordering key: clearing the counted pending jobs deletes every one of them, held ones too") {
       store in
@@ -306,7 +307,9 @@ extension JobStoreConformance {
         cleared == 4 && left.total == 0,
         "every counted job cleared: \(String(describing: cleared)) cleared, left \(left)")
     },
-    check("ordering key: a held job that was due when added runs right after its head, though the clock stepped back") {
+    check(
+      "ordering key: a held job that was due when added runs right after its head, though the clock stepped back"
+    ) {
       store in
       // Added at 50, due at once; the wall clock then steps back to 10.
       _ = try await store.enqueue(

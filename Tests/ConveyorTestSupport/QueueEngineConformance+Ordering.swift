@@ -67,7 +67,8 @@ extension QueueEngineConformance {
       await queue.shutdown()
       try expect(!during.contains("start a2"), "a2 started while a1's handler still ran: \(during)")
     },
-    check("ordering key: waitUntilFinished waits for jobs held behind a head waiting for its retry") { store in
+    check("ordering key: waitUntilFinished waits for jobs held behind a head waiting for its retry") {
+      store in
       var configuration = configuration()
       configuration.autoStart = false
       configuration.retryPolicy = .fixed(.milliseconds(300))
