@@ -179,11 +179,12 @@ struct OrderingConcurrencyTests {
     for store in stores { await store.close() }
   }
 
-  /// An add that replaces a waiting job (`.replace`) with an ordering key, and a cancel of that
-  /// job, at once: ordinary traffic, which must not deadlock. The add takes its line's lock, then
+  /// An add that replaces a waiting job (`.replace`) with an ordering key, and a cancel, a removal
+  /// or a clear of that job, at once: ordinary traffic, which must not deadlock. The add takes its line's lock, then
   /// (its deduplication key's lock granted) locks the waiting job's row to replace it; the cancel
   /// locks the job's row, then its line's lock to promote the next job.
-  @Test func aReplacingAddAndACancelOfTheReplacedJobDoNotDeadlock() async throws {
+  @Test(arguments: ["cancel", "remove", "clear"])
+  func aReplacingAddAndAnOperatorDeletingTheReplacedJobDoNotDeadlock(_ operation: String) async throws {
     let server = try await PostgresServer.shared()
     let schema = uniqueSchema("orderdeadlock")
     let options = PostgresJobStore.Options(schema: schema, lockTimeout: .zero)
@@ -217,15 +218,21 @@ struct OrderingConcurrencyTests {
         queue: "q", clock: clock)
     }
     try await waitFor("the add to hold the line's lock and wait") { try lockWaiters() == "1" }
-    let cancelling = Task { try await canceller.cancel([waiting.id], queue: "q", clock: clock) }
-    try await waitFor("the cancel to wait for the line's lock") { try lockWaiters() == "2" }
+    let cancelling = Task {
+      switch operation {
+      case "cancel": _ = try await canceller.cancel([waiting.id], queue: "q", clock: clock)
+      case "remove": _ = try await canceller.remove([waiting.id], queue: "q")
+      default: _ = try await canceller.clear(queue: "q", statuses: [.pending])
+      }
+    }
+    try await waitFor("the \(operation) to wait for the line's lock") { try lockWaiters() == "2" }
     try gate.query(
       "SELECT pg_advisory_unlock(\(schema).dedup_lock_key('q', convert_to('\(dedup)', 'UTF8')))")
     let added = await adding.result
     let cancelled = await cancelling.result
     var failures: [String] = []
     if case .failure(let error) = added { failures.append("the add failed: \(error)") }
-    if case .failure(let error) = cancelled { failures.append("the cancel failed: \(error)") }
+    if case .failure(let error) = cancelled { failures.append("the \(operation) failed: \(error)") }
     #expect(failures.isEmpty, "\(failures)")
     await adder.close()
     await canceller.close()
