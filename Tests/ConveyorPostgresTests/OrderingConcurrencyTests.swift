@@ -178,4 +178,68 @@ struct OrderingConcurrencyTests {
     #expect(try Self.brokenLines(try AdminConnection(url), schema: schema).isEmpty)
     for store in stores { await store.close() }
   }
+
+  /// An add that replaces a waiting job (`.replace`) with an ordering key, and a cancel, a removal
+  /// or a clear of that job, at once: ordinary traffic, which must not deadlock. The add takes its line's lock, then
+  /// (its deduplication key's lock granted) locks the waiting job's row to replace it; the cancel
+  /// locks the job's row, then its line's lock to promote the next job.
+  @Test(arguments: ["cancel", "remove", "clear"])
+  func aReplacingAddAndAnOperatorDeletingTheReplacedJobDoNotDeadlock(_ operation: String) async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("orderdeadlock")
+    let options = PostgresJobStore.Options(schema: schema, lockTimeout: .zero)
+    let adder = try await PostgresJobStore.open(url: server.url, options: options)
+    let canceller = try await PostgresJobStore.open(url: server.url, options: options)
+    let clock = SystemJobClock()
+    let admin = try AdminConnection(server.url)
+    // A deduplication key whose lock comes after the line's in lock-key order: the add holds the
+    // line's lock while it waits for the deduplication key's (which the test holds a moment).
+    let dedup = try (0..<32).map { "d\($0)" }.first { key in
+      try admin.scalar(
+        "SELECT \(schema).dedup_lock_key('q', convert_to('\(key)', 'UTF8')) > \(schema).order_lock_key('q', 'K')"
+      )
+        == "t"
+    }!
+    let waiting = try expectOne(
+      try await adder.enqueue(
+        [NewJob(payload: Data("x".utf8), deduplicationKey: dedup, orderingKey: "K")], queue: "q", clock: clock
+      ))
+    let gate = try AdminConnection(server.url)
+    try gate.query(
+      "SELECT pg_advisory_lock(\(schema).dedup_lock_key('q', convert_to('\(dedup)', 'UTF8')))")
+    let watcher = try AdminConnection(server.url)
+    func lockWaiters() throws -> String? {
+      try watcher.scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%\(schema)%'")
+    }
+    let adding = Task {
+      try await adder.enqueue(
+        [NewJob(payload: Data("x2".utf8), deduplicationKey: dedup, onConflict: .replace, orderingKey: "K")],
+        queue: "q", clock: clock)
+    }
+    try await waitFor("the add to hold the line's lock and wait") { try lockWaiters() == "1" }
+    let cancelling = Task {
+      switch operation {
+      case "cancel": _ = try await canceller.cancel([waiting.id], queue: "q", clock: clock)
+      case "remove": _ = try await canceller.remove([waiting.id], queue: "q")
+      default: _ = try await canceller.clear(queue: "q", statuses: [.pending])
+      }
+    }
+    try await waitFor("the \(operation) to wait for the line's lock") { try lockWaiters() == "2" }
+    try gate.query(
+      "SELECT pg_advisory_unlock(\(schema).dedup_lock_key('q', convert_to('\(dedup)', 'UTF8')))")
+    let added = await adding.result
+    let cancelled = await cancelling.result
+    var failures: [String] = []
+    if case .failure(let error) = added { failures.append("the add failed: \(error)") }
+    if case .failure(let error) = cancelled { failures.append("the \(operation) failed: \(error)") }
+    #expect(failures.isEmpty, "\(failures)")
+    await adder.close()
+    await canceller.close()
+  }
+
+  private func expectOne<Element>(_ elements: [Element]) throws -> Element {
+    guard elements.count == 1, let only = elements.first else { throw HarnessError("not one: \(elements)") }
+    return only
+  }
 }

@@ -285,6 +285,44 @@ extension JobStoreConformance {
       let left = try await store.counts(queue: "q", clock: now(1))
       try expect(left.total == 0, "every job completed: \(left)")
     },
+    check("ordering key: clearing the pending jobs deletes every waiting job of a key, held ones too") {
+      store in
+      _ = try await store.enqueue(
+        [ordered("a1"), ordered("a2"), ordered("a3"), ordered("a4")], queue: "q", clock: now(0))
+      let cleared = try await store.clear(queue: "q", statuses: [.pending])
+      let left = try await store.counts(queue: "q", clock: now(1))
+      try expect(
+        cleared == 4 && left.total == 0, "every pending job cleared: \(cleared) cleared, left \(left)")
+    },
+    check("ordering key: clearing the counted pending jobs deletes every one of them, held ones too") {
+      store in
+      _ = try await store.enqueue(
+        [ordered("a1"), ordered("a2"), ordered("a3"), ordered("a4")], queue: "q", clock: now(0))
+      let tally = try await store.tally(queue: "q", statuses: [.pending])
+      try expect(tally.count == 4, "four pending: \(tally)")
+      let cleared = try await store.clear(
+        queue: "q", statuses: [.pending], through: tally.highestID!, expecting: tally.count)
+      let left = try await store.counts(queue: "q", clock: now(1))
+      try expect(
+        cleared == 4 && left.total == 0,
+        "every counted job cleared: \(String(describing: cleared)) cleared, left \(left)")
+    },
+    check(
+      "ordering key: a held job that was due when added runs right after its head, though the clock stepped back"
+    ) {
+      store in
+      // Added at 50, due at once; the wall clock then steps back to 10.
+      _ = try await store.enqueue(
+        [ordered("a1", at: 50), ordered("a2", at: 50), job("free", at: 50)], queue: "q", clock: now(50))
+      let first = try await claim(store, limit: 10, now: 51)
+      try expect(Set(texts(first)) == ["a1", "free"], "the head and the free job: \(texts(first))")
+      let a1 = first.claimed.first { text($0) == "a1" }!
+      _ = try await store.enqueue([job("plain", at: 50)], queue: "q", clock: now(50))
+      let next = try await claim(store, limit: 10, settling: [settle(a1, .complete)], now: 10)
+      try expect(
+        Set(texts(next)) == ["a2", "plain"],
+        "a2, due since 50, runs once a1 completed, as an unkeyed job due since 50 does: \(texts(next))")
+    },
   ]
 }
 
