@@ -423,7 +423,8 @@ struct SQL {
     END
     $body$;
 
-    -- Locks the lines, then makes the lowest ID of each scheduled (seq 0) when it is held, and
+    -- Locks the lines, then makes the lowest ID of each, when it is held, ready if it was due when
+    -- added (a clock stepped back since does not delay it) and scheduled otherwise (seq 0), and
     -- wakes the workers of the queues where it promoted a job. Returns how many it promoted.
     CREATE FUNCTION \(schema).promote_lines(queues text[], keys text[]) RETURNS bigint
       LANGUAGE plpgsql AS $body$
@@ -432,7 +433,8 @@ struct SQL {
     BEGIN
       PERFORM \(schema).lock_lines(queues, keys);
       WITH heads AS (
-        UPDATE \(schema).jobs SET status = 'scheduled', seq = 0 WHERE id = ANY(ARRAY(
+        UPDATE \(schema).jobs SET status = CASE WHEN run_at <= created_at THEN 'ready' ELSE 'scheduled' END,
+          seq = 0 WHERE id = ANY(ARRAY(
           SELECT (SELECT j.id FROM \(schema).jobs j
               WHERE j.queue = t.q AND j.ordering_key = t.key AND j.status IN (\(Self.lineStatuses))
               ORDER BY j.id LIMIT 1)

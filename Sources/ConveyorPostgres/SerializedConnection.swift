@@ -274,6 +274,7 @@ final class SerializedConnection: @unchecked Sendable {
     let deadline = ContinuousClock.now + reconnectTimeout
     var pause = Duration.milliseconds(10)
     var replanned = false
+    var deadlocks = 0
     var firstPass = true
     // The last reconnect that failed before the deadline (a refused login, a wrong password):
     // what the reader must fix when a later reconnect is only cut short by the deadline.
@@ -299,6 +300,15 @@ final class SerializedConnection: @unchecked Sendable {
         // running the block again is safe whether or not it is idempotent; the connection has
         // forgotten its prepared statements. Once: a second failure is the caller's.
         replanned = true
+      } catch let error as PostgresError where error.sqlState == "40P01" && deadlocks < 3 {
+        // The server broke a deadlock by rolling back this call's transaction, nothing of which
+        // was committed: the block runs again (twice at most, after a short pause), as the other
+        // transaction has gone on. A block of several transactions (cancel, remove) starts over
+        // with the work of those that committed already done: a job removed by an earlier one is
+        // not counted again. Ordinary traffic takes its locks in one order (see
+        // `SQL.version9`); a deadlock comes from an add replacing a job an operator deletes.
+        deadlocks += 1
+        Thread.sleep(forTimeInterval: Double(deadlocks) * 0.01)
       } catch let error as PostgresError where error.isConnectionLoss {
         let ambiguous = connection?.lostDuringCommit ?? false
         drop()

@@ -451,12 +451,12 @@ enum SQL {
     """
   /// The first job of the line of the ordering key `?2`, and its status.
   static let lineHead = """
-    SELECT id, status, run_at FROM jobs INDEXED BY jobs_line WHERE queue = ?1 AND ordering_key = ?2 AND line = 1
-    ORDER BY id LIMIT 1
+    SELECT id, status, run_at, created_at FROM jobs INDEXED BY jobs_line
+    WHERE queue = ?1 AND ordering_key = ?2 AND line = 1 ORDER BY id LIMIT 1
     """
   /// ``lineHead`` of the ordering key of job `?2` (of queue `?1`), which just left its line.
   static let lineHeadAfter = """
-    SELECT id, status, run_at FROM jobs INDEXED BY jobs_line
+    SELECT id, status, run_at, created_at FROM jobs INDEXED BY jobs_line
     WHERE queue = ?1 AND ordering_key = (SELECT ordering_key FROM jobs WHERE id = ?2) AND line = 1
     ORDER BY id LIMIT 1
     """

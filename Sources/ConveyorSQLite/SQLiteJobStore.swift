@@ -470,9 +470,14 @@ public final class SQLiteJobStore: JobStore {
     if stored.isEmpty { return 0 }
     return try await connection.perform { db in
       try db.transaction(immediate: true) {
-        try stored.reduce(0) {
-          $0 + (try Self.deleteAdvancing(SQL.clear($1), .text(queue), queue: queue, db: db))
+        // Every status first, then the lines: a line advanced between two statuses would make a
+        // held job of a status already cleared scheduled, and leave it.
+        var keys: [String] = []
+        let cleared = try stored.reduce(0) {
+          $0 + (try Self.delete(SQL.clear($1), .text(queue), keys: &keys, db: db))
         }
+        try Self.advanceLines(keys, queue: queue, now: nil, db: db)
+        return cleared
       }
     }
   }
@@ -510,11 +515,14 @@ public final class SQLiteJobStore: JobStore {
           count += Int(try db.scalar(SQL.countThrough(status), .text(queue), .integer(through.rawValue)) ?? 0)
         }
         guard count == expected else { return nil }
-        return try stored.reduce(0) {
+        var keys: [String] = []
+        let cleared = try stored.reduce(0) {
           $0
-            + (try Self.deleteAdvancing(
-              SQL.clearThrough($1), .text(queue), .integer(through.rawValue), queue: queue, db: db))
+            + (try Self.delete(
+              SQL.clearThrough($1), .text(queue), .integer(through.rawValue), keys: &keys, db: db))
         }
+        try Self.advanceLines(keys, queue: queue, now: nil, db: db)
+        return cleared
       }
     }
   }
@@ -721,24 +729,36 @@ public final class SQLiteJobStore: JobStore {
   /// Inside the caller's write transaction; one index seek per key.
   static func advanceLines(_ keys: some Sequence<String>, queue: String, now: Int64?, db: Connection) throws {
     for key in Set(keys) {
-      var head: (id: Int64, status: String, runAt: Int64)?
+      var head: (id: Int64, status: String, ready: Bool)?
       try db.query(SQL.lineHead, .text(queue), .text(key)) {
-        head = ($0.int64(0), $0.text(1) ?? "", $0.int64(2))
+        head = ($0.int64(0), $0.text(1) ?? "", $0.int64(2) <= max(now ?? .min, $0.int64(3)))
       }
       guard let head, head.status == "held" else { continue }
-      let ready = now.map { head.runAt <= $0 } ?? false
-      try db.run(SQL.unhold, .integer(head.id), .text(ready ? "ready" : "scheduled"))
+      try db.run(SQL.unhold, .integer(head.id), .text(head.ready ? "ready" : "scheduled"))
     }
   }
 
   /// ``advanceLines(_:queue:now:db:)`` for the key of job `id`, which just left its line.
   static func advanceLine(of id: Int64, queue: String, now: Int64, db: Connection) throws {
-    var head: (id: Int64, status: String, runAt: Int64)?
+    var head: (id: Int64, status: String, ready: Bool)?
     try db.query(SQL.lineHeadAfter, .text(queue), .integer(id)) {
-      head = ($0.int64(0), $0.text(1) ?? "", $0.int64(2))
+      head = ($0.int64(0), $0.text(1) ?? "", $0.int64(2) <= max(now, $0.int64(3)))
     }
     guard let head, head.status == "held" else { return }
-    try db.run(SQL.unhold, .integer(head.id), .text(head.runAt <= now ? "ready" : "scheduled"))
+    try db.run(SQL.unhold, .integer(head.id), .text(head.ready ? "ready" : "scheduled"))
+  }
+
+  /// Runs a `DELETE … RETURNING` of each deleted job's key while it was in its line, adding the
+  /// keys to `keys`; returns how many jobs were deleted.
+  static func delete(_ sql: String, _ values: SQLiteValue..., keys: inout [String], db: Connection) throws
+    -> Int
+  {
+    var deleted = 0
+    try db.query(sql, values) { row in
+      deleted += 1
+      if let key = row.text(0) { keys.append(key) }
+    }
+    return deleted
   }
 
   /// Runs a `DELETE … RETURNING ordering_key`, then advances the lines of the deleted jobs' keys;

@@ -771,7 +771,8 @@ extension InMemoryJobStore {
       }
       guard var record = jobs[next]?.record, record.status == .pending, record.isHeld else { return }
       record.isHeld = false
-      insertWaiting(record, ready: false, seq: 0)
+      // Ready when it was due when added, so a clock stepped back since does not delay it.
+      insertWaiting(record, ready: record.runAt <= record.createdAt, seq: 0)
     }
 
     /// A ready job is due now, whatever its date says (the wall clock may have stepped back).
