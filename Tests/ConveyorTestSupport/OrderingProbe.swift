@@ -105,10 +105,12 @@ public enum OrderingProbe {
   /// (`start(slot, generation)`, each given ``workerOptions(slot:)`` and the shared `log`),
   /// killing one (`kill`, which returns its process ID once it has exited) and starting another
   /// in its place every 300 to 500 ms until the queue holds no unfinished job or `drainLimit`
-  /// passes; then kills them all and checks the log and the store.
+  /// passes (about 10 s alone; the limit leaves room for a loaded machine running the whole suite,
+  /// where this task's 100 ms sleeps were seen to take a second); then kills them all and checks
+  /// the log and the store.
   public static func run<Worker>(
     store: any JobStore, queue: String = "jobs", log: String, workers count: Int = 4,
-    drainLimit: Duration = .seconds(45), start: (_ slot: Int, _ generation: Int) throws -> Worker,
+    drainLimit: Duration = .seconds(240), start: (_ slot: Int, _ generation: Int) throws -> Worker,
     kill: (Worker) async -> Int32
   ) async throws -> Outcome {
     var found: [String] = []
