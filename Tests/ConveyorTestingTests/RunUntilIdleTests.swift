@@ -274,6 +274,31 @@ struct RunUntilIdleTests {
     #expect(error.description.contains("job 1 ready"), "\(error)")
   }
 
+  /// An event of an order: the order's events run one at a time, in the order added.
+  struct OrderEvent: Queueable {
+    var order: String
+    var orderingKey: String? { order }
+  }
+
+  @Test("the error lists a job held behind an earlier job of its ordering key as held, and counts it")
+  func heldJobsAreListedAsHeld() async throws {
+    let clock = ManualJobClock()
+    let queue = try JobQueue<OrderEvent>(
+      configuration: .init(identifier: "orders", clock: clock), store: InMemoryJobStore()
+    ) { _, _ in .handled }
+    try await queue.pause()
+    try await queue.add(OrderEvent(order: "A-17"))
+    try await queue.add(OrderEvent(order: "A-17"))
+    let error = try await #require(throws: QueueNotIdleError.self) { try await queue.runUntilIdle() }
+    await queue.shutdown(gracePeriod: .seconds(1))
+    #expect(error.reason == .paused)
+    #expect(error.counts == JobCounts(ready: 1, held: 1))
+    #expect(error.remaining.map(\.isHeld) == [false, true])
+    #expect(error.description.contains("job 1 ready"), "\(error)")
+    #expect(!error.description.contains("job 2 ready"), "a held job listed as ready: \(error)")
+    #expect(error.description.contains("1 held"), "the counts leave the held job out: \(error)")
+  }
+
   @Test("a paused queue is refused before the clock is moved to a scheduled job")
   func pausedQueueKeepsTheClock() async throws {
     let clock = ManualJobClock()

@@ -74,6 +74,34 @@ final class RecordingMetrics: JobMetricsFactory {
     #expect(timers.values.joined().allSatisfy { $0 >= 0 })
   }
 
+  struct Ordered: Queueable {
+    var key: String
+    var orderingKey: String? { key }
+  }
+
+  /// Jobs held behind an earlier job of their ordering key are waiting jobs: the depth gauges
+  /// must count them (a `held` state, as the dashboard's `/metrics` has), or the queue's depth
+  /// drops by every held job the moment an ordering key is given.
+  @Test func theDepthCountsJobsHeldBehindAnEarlierJobOfTheirOrderingKey() async throws {
+    let queue = try JobQueue<Ordered>(
+      configuration: JobQueueConfiguration(identifier: "ordered-depth", autoStart: false),
+      store: InMemoryJobStore()
+    ) { _, _ in .handled }
+    for _ in 0..<3 { try await queue.add(Ordered(key: "K")) }
+    #expect(try await queue.count() == JobCounts(ready: 1, held: 2))
+    let metrics = RecordingMetrics()
+    let reporting = Task { await queue.reportMetrics(to: metrics, depthInterval: .milliseconds(10)) }
+    defer { reporting.cancel() }
+    while metrics.gauges.withLock({ $0["conveyor_queue_depth{queue=ordered-depth,state=ready}"] }) == nil {
+      try await Task.sleep(for: .milliseconds(5))
+    }
+    let depth = metrics.gauges.withLock { gauges in
+      gauges.filter { $0.key.hasPrefix("conveyor_queue_depth{") }
+    }
+    #expect(depth["conveyor_queue_depth{queue=ordered-depth,state=held}"] == 2, "\(depth)")
+    #expect(depth.values.reduce(0, +) == 3, "every waiting job in some state: \(depth)")
+  }
+
   @Test func theNoOpFactoryAcceptsEverything() {
     let metrics = NoOpJobMetrics()
     metrics.makeCounter(label: "c", dimensions: []).increment(by: 1)
