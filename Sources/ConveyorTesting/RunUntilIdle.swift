@@ -264,7 +264,8 @@ enum JobListing {
   }
 
   static func describe(_ counts: JobCounts) -> String {
-    "\(counts.ready) ready, \(counts.scheduled) scheduled, \(counts.running) running, \(counts.dead) dead"
+    "\(counts.ready) ready, \(counts.scheduled) scheduled, "
+      + (counts.held > 0 ? "\(counts.held) held, " : "") + "\(counts.running) running, \(counts.dead) dead"
   }
 
   /// A job in one line; `now` (the queue's clock) tells ready from scheduled jobs, nil says
@@ -272,6 +273,8 @@ enum JobListing {
   static func describe(_ record: JobRecord, now: Date?) -> String {
     var text = "job \(record.id) "
     switch record.status {
+    case .pending where record.isHeld:
+      text += "held by ordering key \"\(excerpt(record.orderingKey ?? ""))\""
     case .pending:
       guard let now else {
         text += "pending, run at \(format(record.runAt))"

@@ -68,7 +68,7 @@ extension JobQueue {
   /// - counters `conveyor_jobs_enqueued`, `_started`, `_succeeded`, `_retried`, `_died`, and
   ///   `_stuck` (handlers still running ``JobQueueConfiguration/timeLimitGrace`` past their time
   ///   limit, ``JobQueueEvent/stuck(_:after:)``);
-  /// - gauges `conveyor_queue_depth` (dimension `state`: ready, scheduled, running, dead), sampled
+  /// - gauges `conveyor_queue_depth` (dimension `state`: ready, scheduled, held, running, dead), sampled
   ///   from ``count()`` every `depthInterval` (each sample counts the store's indexes: keep the
   ///   interval in seconds, not milliseconds, at millions of jobs);
   /// - timers `conveyor_job_run_duration` (from a handler's start to its outcome) and
@@ -105,7 +105,7 @@ extension JobQueue {
     let events = self.events
     let sampler = depthInterval.map { interval in
       Task { [weak self] in
-        let gauges = ["ready", "scheduled", "running", "dead"].map { state in
+        let gauges = ["ready", "scheduled", "held", "running", "dead"].map { state in
           factory.makeGauge(label: "conveyor_queue_depth", dimensions: queueDimension + [("state", state)])
         }
         let oldestReady = factory.makeGauge(
@@ -114,7 +114,8 @@ extension JobQueue {
           guard let self else { return }
           // A failed sample is skipped: the queue logs storage errors itself.
           if let counts = try? await self.count() {
-            for (gauge, value) in zip(gauges, [counts.ready, counts.scheduled, counts.running, counts.dead]) {
+            let values = [counts.ready, counts.scheduled, counts.held, counts.running, counts.dead]
+            for (gauge, value) in zip(gauges, values) {
               gauge.record(Double(value))
             }
           }
