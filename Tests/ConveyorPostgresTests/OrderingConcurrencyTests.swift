@@ -57,11 +57,19 @@ struct OrderingConcurrencyTests {
     let keys = (0..<5).map { "key-\($0)" }
     watch.state.withLock { $0.adders = 3 }
     let clock = SystemJobClock()
-    let deadline = Date().addingTimeInterval(90)
+    // About 2 s alone; a whole-suite run on a loaded machine took over 90 s.
+    let deadline = Date().addingTimeInterval(300)
     /// Whether every adder finished and no job is left to run (or it is too late).
     @Sendable func drained(_ store: PostgresJobStore) async throws -> Bool {
       if Date() > deadline {
-        watch.state.withLock { $0.violations.append("not drained in time") }
+        let counts = try await store.counts(queue: "q", clock: clock)
+        var left: [String] = []
+        for status in [JobStatus.pending, .running, .dead] {
+          left += try await store.jobs(queue: "q", status: status, after: nil, limit: 10).map {
+            "\($0.id) \($0.status)\($0.isHeld ? " held" : "") \($0.orderingKey ?? "-")"
+          }
+        }
+        watch.state.withLock { $0.violations.append("not drained in time: \(counts), first left: \(left)") }
         return true
       }
       guard watch.state.withLock({ $0.adders }) == 0 else { return false }
