@@ -26,6 +26,7 @@ struct OrderingProcessTests {
           url: server.url, schema: schema, folder: folder, name: "w\(slot)-\(generation)",
           extra: OrderingProbe.workerOptions(slot: slot) + ["--ordered-log", log, "--poll-ms", "20"])
       },
+      pid: { $0.pid },
       kill: { worker in
         worker.kill()
         _ = await worker.exitStatus()

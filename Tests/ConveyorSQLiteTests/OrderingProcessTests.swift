@@ -25,6 +25,7 @@ struct OrderingProcessTests {
           database: database, folder: folder, name: "w\(slot)-\(generation)", command: "ordered-work",
           extra: OrderingProbe.workerOptions(slot: slot) + ["--log", log])
       },
+      pid: { $0.process.processIdentifier },
       kill: { worker in
         worker.kill()
         _ = await worker.exitStatus()

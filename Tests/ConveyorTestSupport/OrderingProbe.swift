@@ -111,7 +111,7 @@ public enum OrderingProbe {
   public static func run<Worker>(
     store: any JobStore, queue: String = "jobs", log: String, workers count: Int = 4,
     drainLimit: Duration = .seconds(240), start: (_ slot: Int, _ generation: Int) throws -> Worker,
-    kill: (Worker) async -> Int32
+    pid: (Worker) -> Int32, kill: (Worker) async -> Int32
   ) async throws -> Outcome {
     var found: [String] = []
     let clock = SystemJobClock()
@@ -146,7 +146,11 @@ public enum OrderingProbe {
         break
       }
       if tick >= nextKill {
-        let slot = random.below(workers.count)
+        // A worker that runs a job with a key, when the log shows one (so the crash path is
+        // tested however slow the machine is), else one drawn at random.
+        let drawn = random.below(workers.count)
+        let running = Self.pidsRunningKeyedJobs(log: log)
+        let slot = workers.indices.first { running.contains(pid(workers[$0])) } ?? drawn
         let pid = await kill(workers[slot])
         try append("killed \(pid) \(milliseconds())", to: log)
         kills += 1
@@ -174,6 +178,24 @@ public enum OrderingProbe {
   }
 
   /// What happened in a log, besides its problems.
+  /// The processes that, by the last lines of the log, have started a job with a key and not
+  /// yet ended it or failed it.
+  static func pidsRunningKeyedJobs(log: String) -> Set<Int32> {
+    guard let text = try? String(contentsOfFile: log, encoding: .utf8) else { return [] }
+    var open: [String: Int32] = [:]
+    for line in text.split(separator: "\n").suffix(400) {
+      let parts = line.split(separator: " ")
+      guard parts.count >= 5, parts[1] != "-", let pid = Int32(parts[3]) else { continue }
+      let attempt = parts[1...4].joined(separator: " ")
+      switch parts[0] {
+      case "start": open[attempt] = pid
+      case "end", "fail": open[attempt] = nil
+      default: break
+      }
+    }
+    return Set(open.values)
+  }
+
   public struct Statistics: Sendable, CustomStringConvertible {
     /// Handler starts.
     public var starts = 0
