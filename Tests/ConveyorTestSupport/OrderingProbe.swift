@@ -177,7 +177,6 @@ public enum OrderingProbe {
     return Outcome(problems: found, summary: summary)
   }
 
-  /// What happened in a log, besides its problems.
   /// The processes that, by the last lines of the log, have started a job with a key and not
   /// yet ended it or failed it.
   static func pidsRunningKeyedJobs(log: String) -> Set<Int32> {
@@ -196,6 +195,7 @@ public enum OrderingProbe {
     return Set(open.values)
   }
 
+  /// What happened in a log, besides its problems.
   public struct Statistics: Sendable, CustomStringConvertible {
     /// Handler starts.
     public var starts = 0
