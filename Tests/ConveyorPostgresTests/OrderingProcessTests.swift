@@ -6,7 +6,7 @@ import Testing
 
 @Suite("Ordering keys across processes on PostgreSQL")
 struct OrderingProcessTests {
-  /// Four worker processes share one schema and drain 40 ordering keys of 25 jobs each (and 300
+  /// Four worker processes share one schema and drain 16 ordering keys of 15 jobs each (and 60
   /// jobs without a key), some failing once, while one of them is killed with SIGKILL and started
   /// again every 300 to 500 ms for the whole drain: each key's jobs start in the order they were
   /// added, one at a time, a later one only after the one before it ended; none is lost and the
