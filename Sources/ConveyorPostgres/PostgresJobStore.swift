@@ -142,8 +142,8 @@ public final class PostgresJobStore: JobStore {
   /// store's own inserts to send their wake-up themselves, without the insert trigger; 4 the
   /// place a retried job takes among ready ones; 5 a job's own time limit; 6 the history of
   /// finished jobs; 7 an index of the running and completed jobs with a deduplication key; 8 stored
-  /// schedules; 9 ordering keys).
-  public static let schemaVersion = 9
+  /// schedules; 9 ordering keys; 10 the queues' stored limits).
+  public static let schemaVersion = 10
 
   /// The options the store was opened with.
   public let options: Options
@@ -904,7 +904,16 @@ public final class PostgresJobStore: JobStore {
       guard limit > 0 else {
         return ClaimBatch(claimed: [], staleSettlements: stale, paused: pausedBefore, retryDates: retryDates)
       }
-      let rows = results[statements.count - 1]
+      var rows = results[statements.count - 1]
+      if !pausedBefore, flag.count > 0, !flag.isNull(0, 1) {
+        // A concurrency limit: the claim above took nothing. Claims of the queue take turns under
+        // its lock and count the running jobs (a second transaction; the settlements are in).
+        let claim: [PostgresValue] = [
+          .text(queue), .int64(Int64(limit)), .text(Self.storable(lease.owner)), .int64(leaseMilliseconds),
+          now,
+        ]
+        rows = try db.pipeline([(SQL.limitLock, [.text(queue)]), (sql.limitedClaim, claim)])[1]
+      }
       // In claim order: each record with its `seq`, the column after the record's.
       let sequenced = try (0..<rows.count).map {
         (record: try Self.record(rows, $0), seq: rows.int64($0, SQL.seqColumn))
@@ -1389,6 +1398,30 @@ public final class PostgresJobStore: JobStore {
     try await connection.perform(idempotent: true) { db in
       try db.transaction {
         try db.execute(sql.setPaused, [.text(queue), .bool(paused)])
+        try db.execute(sql.notify, [.text(queue)])
+      }
+    }
+  }
+
+  /// The stored limits; see `JobStore.limits(queue:)`.
+  public func limits(queue: String) async throws -> QueueLimits {
+    let sql = self.sql
+    return try await connection.perform(idempotent: true) { db in
+      let row = try db.execute(sql.concurrency, [.text(queue)])
+      return QueueLimits(concurrency: row.count > 0 && !row.isNull(0, 0) ? Int(row.int64(0, 0)) : nil)
+    }
+  }
+
+  /// Stores limits and wakes the queue's listening workers (a raised limit frees places); see
+  /// `JobStore.setLimits(_:queue:)`.
+  public func setLimits(_ limits: QueueLimits, queue: String) async throws {
+    try limits.check()
+    let sql = self.sql
+    try await connection.perform(idempotent: true) { db in
+      try db.transaction {
+        try db.execute(
+          sql.setConcurrency,
+          [.text(queue), limits.concurrency.map { .int64(Int64($0)) } ?? .null(oid: PostgresValue.int8OID)])
         try db.execute(sql.notify, [.text(queue)])
       }
     }

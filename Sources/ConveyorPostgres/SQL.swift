@@ -55,6 +55,7 @@ struct SQL {
   let completeWithoutHistory: String
   let promote: String
   let claim: String
+  let limitedClaim: String
   let heartbeat: String
   let rescue: String
   let nextWake: String
@@ -77,6 +78,7 @@ struct SQL {
     completeWithoutHistory = Self.completeWithoutHistory(schema)
     promote = Self.promote(schema)
     claim = Self.claim(schema)
+    limitedClaim = Self.limitedClaim(schema)
     heartbeat = Self.heartbeat(schema)
     rescue = Self.rescue(schema)
     nextWake = Self.nextWake(schema)
@@ -89,7 +91,7 @@ struct SQL {
 
   /// The migrations, in order; version `n` is `migrations[n - 1]`.
   var migrations: [String] {
-    [version1, version2, version3, version4, version5, version6, version7, version8, version9]
+    [version1, version2, version3, version4, version5, version6, version7, version8, version9, version10]
   }
 
   /// The time of a statement: parameter `n`, or the server's clock when it is NULL.
@@ -448,6 +450,14 @@ struct SQL {
       RETURN promoted;
     END
     $body$;
+    """
+  }
+
+  /// Version 10: a queue's stored concurrency limit (`QueueLimits.concurrency`; NULL: none).
+  /// Adding a nullable column rewrites no row.
+  var version10: String {
+    """
+    ALTER TABLE \(schema).queues ADD COLUMN concurrency integer CHECK (concurrency > 0);
     """
   }
 
@@ -848,7 +858,8 @@ struct SQL {
         WHERE queue = $1 AND status = 'scheduled' AND run_at <= \(Self.now(2))
         FOR UPDATE SKIP LOCKED))
     )
-    SELECT coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false)
+    SELECT coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false),
+      (SELECT concurrency FROM \(schema).queues WHERE name = $1)
     """
   }
 
@@ -869,8 +880,37 @@ struct SQL {
       lease_expires_at = least(\(Self.now(5)) + $4 * interval '1 millisecond', \(Self.latest))
     WHERE j.id = ANY(ARRAY(
       SELECT id FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
-        AND NOT EXISTS (SELECT 1 FROM \(schema).queues q WHERE q.name = $1 AND q.paused)
+        AND NOT EXISTS (
+          SELECT 1 FROM \(schema).queues q WHERE q.name = $1 AND (q.paused OR q.concurrency IS NOT NULL))
       ORDER BY priority DESC, run_at, seq, id LIMIT $2 FOR UPDATE SKIP LOCKED))
+    RETURNING \(Self.columns("j")), j.seq
+    """
+  }
+
+  /// Serializes the claims of a queue with a concurrency limit: each takes this lock, then counts
+  /// the running jobs in a later statement, whose snapshot sees every claim committed before
+  /// (a claim's transaction ends, releasing the lock, once its jobs are visible). Parameter:
+  /// queue.
+  static let limitLock = "SELECT pg_advisory_xact_lock(hashtextextended('conveyor.limit:' || $1, 0))"
+
+  /// ``claim`` for a queue with a concurrency limit, run after ``limitLock`` in the same
+  /// transaction: it takes no more than the limit less the running jobs (all of them when the
+  /// limit was removed meanwhile: `least` skips a NULL). The running jobs are counted from
+  /// `jobs_status`, at most the limit's worth. Parameters as ``claim``'s.
+  static func limitedClaim(_ schema: String) -> String {
+    """
+    UPDATE \(schema).jobs j SET status = 'running',
+      attempts = CASE WHEN j.attempts < 9223372036854775807 THEN j.attempts + 1 ELSE j.attempts END,
+      claim_token = j.claim_token + 1, lease_owner = $3,
+      lease_expires_at = least(\(Self.now(5)) + $4 * interval '1 millisecond', \(Self.latest))
+    WHERE j.id = ANY(ARRAY(
+      SELECT id FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
+        AND NOT EXISTS (SELECT 1 FROM \(schema).queues q WHERE q.name = $1 AND q.paused)
+      ORDER BY priority DESC, run_at, seq, id
+      LIMIT greatest(0, least($2,
+        (SELECT q.concurrency FROM \(schema).queues q WHERE q.name = $1)
+          - (SELECT count(*) FROM \(schema).jobs r WHERE r.queue = $1 AND r.status = 'running')))
+      FOR UPDATE SKIP LOCKED))
     RETURNING \(Self.columns("j")), j.seq
     """
   }
@@ -987,12 +1027,15 @@ struct SQL {
   static func nextWake(_ schema: String) -> String {
     """
     SELECT \(Self.now(2)),
-      (SELECT run_at FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
+      (SELECT run_at FROM \(schema).jobs WHERE queue = $1 AND status = 'ready' AND NOT lim.at_limit
         ORDER BY priority DESC, run_at, seq, id LIMIT 1),
-      (SELECT min(run_at) FROM \(schema).jobs WHERE queue = $1 AND status = 'scheduled'),
+      (SELECT min(run_at) FROM \(schema).jobs WHERE queue = $1 AND status = 'scheduled' AND NOT lim.at_limit),
       (SELECT min(lease_expires_at) FROM \(schema).jobs WHERE queue = $1 AND status = 'running'),
       coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false),
       (SELECT min(next_due) FROM \(schema).schedules WHERE queue = $1 AND active AND NOT paused)
+    FROM (SELECT coalesce((
+      SELECT q.concurrency <= (SELECT count(*) FROM \(schema).jobs r WHERE r.queue = $1 AND r.status = 'running')
+      FROM \(schema).queues q WHERE q.name = $1), false) AS at_limit) AS lim
     """
   }
 
@@ -1121,6 +1164,15 @@ struct SQL {
 
   static func isPaused(_ schema: String) -> String {
     "SELECT coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false)"
+  }
+  /// The stored concurrency limit. Parameter: queue.
+  var concurrency: String { "SELECT concurrency::int8 FROM \(schema).queues WHERE name = $1" }
+  /// Stores the concurrency limit (NULL: none). Parameters: queue, limit.
+  var setConcurrency: String {
+    """
+    INSERT INTO \(schema).queues (name, concurrency) VALUES ($1, $2)
+    ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency
+    """
   }
   var setPaused: String {
     """

@@ -190,9 +190,13 @@ enum SQL {
     """
   /// Version 4: a queue's counter of places given to jobs retried straight into the ready state.
   static let retrySeqColumn = "retry_seq INTEGER NOT NULL DEFAULT 0"
-  /// The queues table of version 4.
+  /// Version 10: the queue's stored ``QueueLimits/concurrency`` (NULL: none).
+  static let concurrencyColumn = "concurrency INTEGER"
+  /// The queues table of version 10.
   static let queuesTable = """
-    CREATE TABLE queues (name TEXT PRIMARY KEY, paused INTEGER NOT NULL DEFAULT 0, \(retrySeqColumn)) WITHOUT ROWID;
+    CREATE TABLE queues (
+      name TEXT PRIMARY KEY, paused INTEGER NOT NULL DEFAULT 0, \(retrySeqColumn), \(concurrencyColumn)
+    ) WITHOUT ROWID;
     """
   /// Raises the queue's counter of retry places (``retry`` reads it); the row is made if missing.
   static let nextRetryPlace = """
@@ -368,6 +372,11 @@ enum SQL {
     \(indexes)
     PRAGMA user_version = 9;
     """
+  /// Version 9 to 10: queues keep a concurrency limit (none set).
+  static let migrate9to10 = """
+    ALTER TABLE queues ADD COLUMN \(concurrencyColumn);
+    PRAGMA user_version = 10;
+    """
   /// A schedule's columns, in the order `SQLiteJobStore.schedule(from:)` reads them.
   static let scheduleColumns = """
     queue, name, spacing, time_zone, catch_up, jitter_ms, payload, priority, time_limit_ms, origin, active,
@@ -490,6 +499,15 @@ enum SQL {
   static let noteQueue = "INSERT OR IGNORE INTO queues (name) VALUES (?)"
 
   static let isPaused = "SELECT 1 FROM queues WHERE name = ? AND paused = 1"
+  /// The pause flag and the concurrency limit, for a claim (no row: neither).
+  static let claimFlags = "SELECT paused, concurrency FROM queues WHERE name = ?"
+  static let concurrency = "SELECT concurrency FROM queues WHERE name = ?"
+  static let setConcurrency = """
+    INSERT INTO queues (name, concurrency) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET concurrency = ?2
+    """
+  /// The queue's running jobs, from `jobs_running` (those under a lease, or lapsed and not yet
+  /// rescued): a claim under a concurrency limit reads at most the limit's worth of entries.
+  static let runningCount = "SELECT count(*) FROM jobs WHERE queue = ? AND status = 'running'"
   static let pause = """
     INSERT INTO queues (name, paused) VALUES (?, 1) ON CONFLICT (name) DO UPDATE SET paused = 1
     """

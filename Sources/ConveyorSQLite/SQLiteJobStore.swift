@@ -69,9 +69,9 @@ public final class SQLiteJobStore: JobStore {
   /// (``recordActivity(_:)``); version 4 the place a retried job takes among ready ones; version
   /// 5 a job's own time limit; version 6 the history of finished jobs; version 7 an index of the
   /// running and completed jobs with a deduplication key; version 8 stored schedules; version 9
-  /// ordering keys and the held state. An older database is migrated when it is opened, in one
-  /// transaction, keeping every job.
-  public static let schemaVersion: Int32 = 9
+  /// ordering keys and the held state; version 10 the queues' stored limits. An older database is
+  /// migrated when it is opened, in one transaction, keeping every job.
+  public static let schemaVersion: Int32 = 10
 
   /// The database file's path.
   public let path: String
@@ -307,7 +307,18 @@ public final class SQLiteJobStore: JobStore {
             retryDates[settlement.id] = date(millis(now, adding: delay))
           }
         }
-        let paused = try db.scalar(SQL.isPaused, .text(queue)) != nil
+        var paused = false
+        var concurrency: Int64?
+        try db.query(SQL.claimFlags, .text(queue)) { row in
+          paused = row.int64(0) != 0
+          concurrency = row.isNull(1) ? nil : row.int64(1)
+        }
+        var limit = limit
+        if let concurrency, limit > 0, !paused {
+          // The write transaction holds the file's lock, so no other claim can count meanwhile.
+          let running = try db.scalar(SQL.runningCount, .text(queue)) ?? 0
+          limit = QueueLimits(concurrency: Int(concurrency)).claimable(limit, running: Int(running))
+        }
         guard limit > 0, !paused else {
           return ClaimBatch(claimed: [], staleSettlements: stale, paused: paused, retryDates: retryDates)
         }
@@ -581,14 +592,34 @@ public final class SQLiteJobStore: JobStore {
     try await connection.performInline { db in try db.scalar(SQL.isPaused, .text(queue)) != nil }
   }
 
+  /// The stored limits; see `JobStore.limits(queue:)`.
+  public func limits(queue: String) async throws -> QueueLimits {
+    try await connection.perform { db in
+      QueueLimits(concurrency: try db.scalar(SQL.concurrency, .text(queue)).map { Int($0) })
+    }
+  }
+
+  /// Stores limits; see `JobStore.setLimits(_:queue:)`.
+  public func setLimits(_ limits: QueueLimits, queue: String) async throws {
+    try limits.check()
+    _ = try await connection.perform { db in
+      try db.run(SQL.setConcurrency, .text(queue), limits.concurrency.map { .integer(Int64($0)) } ?? .null)
+    }
+  }
+
   /// When the queue next needs a worker: a ready job (or the earliest scheduled run date) and the
-  /// earliest lease expiry.
+  /// earliest lease expiry; no run date while the running jobs fill the concurrency limit.
   public func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
     try await connection.performInline { db in
       try db.transaction(immediate: false) {
         // A ready job is due now, whatever its date says (the wall clock may have stepped back).
         let ready = try db.scalar(SQL.anyReady, .text(queue)).map { min($0, millis(clock.now())) }
-        let run = try ready ?? db.scalar(SQL.nextScheduled, .text(queue))
+        var run = try ready ?? db.scalar(SQL.nextScheduled, .text(queue))
+        if run != nil, let concurrency = try db.scalar(SQL.concurrency, .text(queue)),
+          try db.scalar(SQL.runningCount, .text(queue)) ?? 0 >= concurrency
+        {
+          run = nil
+        }
         let expiry = try db.scalar(SQL.nextExpiry, .text(queue))
         let paused = try db.scalar(SQL.isPaused, .text(queue)) != nil
         let scheduleDue = try db.scalar(SQL.nextScheduleDue, .text(queue))
@@ -1009,6 +1040,9 @@ extension SQLiteJobStore {
           fallthrough
         case .version8:
           try migrateFromVersion8(db)
+          fallthrough
+        case .version9:
+          try db.execute(SQL.migrate9to10)
         case .current: break
         }
       }
@@ -1038,7 +1072,8 @@ extension SQLiteJobStore {
   }
 
   enum FileKind {
-    case empty, version1, version2, version3, version4, version5, version6, version7, version8, current
+    case empty, version1, version2, version3, version4, version5, version6, version7, version8, version9,
+      current
   }
 
   /// Rebuilds a version 8 database as version 9 inside the caller's transaction, keeping every
@@ -1132,6 +1167,7 @@ extension SQLiteJobStore {
     if version == 6 { return .version6 }
     if version == 7 { return .version7 }
     if version == 8 { return .version8 }
+    if version == 9 { return .version9 }
     guard version == Int64(Self.schemaVersion) else {
       throw SQLiteJobStoreError(
         code: .unsupportedSchema, path: path,

@@ -57,8 +57,9 @@ public final class InMemoryJobStore: JobStore {
           retryDates[settlement.id] = queueState.jobs[settlement.id]?.record.runAt
         }
       }
-      if !queueState.paused && limit > 0 {
-        claimed = queueState.claim(limit: limit, owner: lease.owner, expiry: expiry, now: now)
+      let places = queueState.limits.claimable(limit, running: queueState.running.count)
+      if !queueState.paused && places > 0 {
+        claimed = queueState.claim(limit: places, owner: lease.owner, expiry: expiry, now: now)
       }
       return queueState.paused
     }
@@ -256,6 +257,17 @@ public final class InMemoryJobStore: JobStore {
   /// Reads the pause flag; see ``JobStore/isPaused(queue:)``.
   public func isPaused(queue: String) async throws -> Bool {
     state.withLock { $0.queues[ExactText(queue)]?.paused ?? false }
+  }
+
+  /// The stored limits; see ``JobStore/limits(queue:)``.
+  public func limits(queue: String) async throws -> QueueLimits {
+    state.withLock { $0.queues[ExactText(queue)]?.limits ?? QueueLimits() }
+  }
+
+  /// Stores limits; see ``JobStore/setLimits(_:queue:)``.
+  public func setLimits(_ limits: QueueLimits, queue: String) async throws {
+    try limits.check()
+    state.withLock { $0.queues[ExactText(queue), default: QueueState()].limits = limits }
   }
 
   /// When a worker is next needed; see ``JobStore/nextWake(queue:clock:)``.
@@ -471,6 +483,7 @@ extension InMemoryJobStore {
     /// Every job of the queue, by ID.
     var jobs = JobTable<Slot>()
     var paused = false
+    var limits = QueueLimits()
     /// Pending jobs in claim order: priority descending, run date, ID.
     var ready = Heap<ClaimOrder>()
     /// Pending jobs not yet ready, by run date.
@@ -780,9 +793,12 @@ extension InMemoryJobStore {
       while let top = ready.peek?.entry, readiness(of: top) != true { ready.pop() }
       while let top = scheduled.peek?.entry, readiness(of: top) != false { scheduled.pop() }
       let leaseExpiry = running.compactMap { jobs[$0]?.record.leaseExpiresAt }.min()
-      let nextRun = [ready.peek.map { min($0.entry.runAt, now) }, scheduled.peek?.entry.runAt].compactMap {
-        $0
-      }.min()
+      // A queue whose running jobs fill its concurrency limit needs no worker for its waiting ones.
+      let full = limits.claimable(1, running: running.count) == 0
+      let nextRun =
+        full
+        ? nil
+        : [ready.peek.map { min($0.entry.runAt, now) }, scheduled.peek?.entry.runAt].compactMap { $0 }.min()
       return WakeHint(nextRun: nextRun, nextLeaseExpiry: leaseExpiry)
     }
   }

@@ -261,6 +261,27 @@ public final class JobQueue<Item: Queueable>: Sendable {
     wake.signal()
   }
 
+  /// The limits stored with this queue (empty when none were set); see ``QueueLimits``.
+  public func limits() async throws -> QueueLimits {
+    try await store.limits(queue: identifier)
+  }
+
+  /// Stores limits every worker of this queue obeys, in every process sharing the store, from
+  /// its next claim; replaces the limits stored before (pass `QueueLimits()` to remove them).
+  ///
+  /// ```swift
+  /// try await queue.setLimits(QueueLimits(concurrency: 2))  // two at once, across all processes
+  /// ```
+  ///
+  /// - Throws: ``JobQueueError/invalidLimits(_:)`` for limits out of range (nothing is changed),
+  ///   or the store's error.
+  public func setLimits(_ limits: QueueLimits) async throws {
+    try limits.check()
+    try await store.setLimits(limits, queue: identifier)
+    log(.info, "queue limits set", ["concurrency": limits.concurrency.map(String.init) ?? "none"])
+    wake.signal()  // a raised limit may free places at once
+  }
+
   /// Stops the queue: no new claims, running handlers get `gracePeriod` to finish, then their tasks
   /// are cancelled (at once if the calling task is cancelled). Returns when the queue has stopped,
   /// which means after every handler returned: a handler that ignores cancellation is waited for.

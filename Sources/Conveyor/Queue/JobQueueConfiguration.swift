@@ -236,6 +236,8 @@ public enum JobQueueError: Error, Hashable, CustomStringConvertible {
   /// An ordering key breaks ``OrderingKey``'s rules (empty, too long, or with NUL); nothing was
   /// stored. The text says what to pass.
   case invalidOrderingKey(String)
+  /// Limits out of range (``QueueLimits/problem``); the stored limits were left as they were.
+  case invalidLimits(String)
 
   /// Says what is wrong and what to do.
   public var description: String {
@@ -248,6 +250,7 @@ public enum JobQueueError: Error, Hashable, CustomStringConvertible {
     case .invalidTimeLimit(let message): "invalid time limit (nothing was stored): \(message)"
     case .invalidDeduplication(let message): "invalid deduplication (nothing was stored): \(message)"
     case .invalidOrderingKey(let message): "invalid ordering key (nothing was stored): \(message)"
+    case .invalidLimits(let message): "invalid limits (the stored limits were kept): \(message)"
     }
   }
 }

@@ -494,7 +494,9 @@ public protocol JobStore: Sendable {
   /// Each claimed job becomes running with its attempt count and ``JobRecord/claimToken`` raised
   /// by one and its lease ending `lease.duration` after the store's clock reading under its lock;
   /// its run date is kept. A paused queue applies the settlements but claims nothing and reports
-  /// ``ClaimBatch/paused``. `limit` may be 0.
+  /// ``ClaimBatch/paused``. Under a stored ``QueueLimits/concurrency`` it claims no more than
+  /// the places left (the limit less the queue's running jobs, counted after the settlements).
+  /// `limit` may be 0.
   func settleAndClaim(
     _ settlements: [JobSettlement], queue: String, limit: Int, lease: Lease, clock: any JobClock
   ) async throws -> ClaimBatch
@@ -585,9 +587,20 @@ public protocol JobStore: Sendable {
   /// Whether the queue is paused.
   func isPaused(queue: String) async throws -> Bool
 
+  /// The limits stored with the queue (empty when none were set).
+  func limits(queue: String) async throws -> QueueLimits
+
+  /// Replaces the queue's stored limits; every worker on the store obeys them from its next
+  /// claim. A store that keeps limits enforces them in ``settleAndClaim(_:queue:limit:lease:clock:)``:
+  /// a claim never takes the queue's running jobs past ``QueueLimits/concurrency``, counted inside
+  /// the claim's transaction. Limits with a ``QueueLimits/problem`` throw
+  /// ``JobQueueError/invalidLimits(_:)`` and leave the stored ones as they were.
+  func setLimits(_ limits: QueueLimits, queue: String) async throws
+
   /// When something in the queue will next need a worker: the earliest waiting run date and the
   /// earliest lease expiry, as dates of `clock` (both nil when the queue holds neither a waiting
-  /// nor a running job), and the stored pause flag.
+  /// nor a running job), and the stored pause flag. While the queue's running jobs fill its
+  /// ``QueueLimits/concurrency``, no waiting job needs a worker: the run date is nil.
   func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint
 
   /// The names of queues that hold jobs or a stored pause flag, sorted.
@@ -699,6 +712,15 @@ extension JobStore {
 
   /// Keeps nothing: none.
   public func activity(since: Date, limit: Int) async throws -> [QueueActivity] { [] }
+
+  /// Keeps no limits: none.
+  public func limits(queue: String) async throws -> QueueLimits { QueueLimits() }
+
+  /// Keeps no limits: throws ``JobQueueError/invalidLimits(_:)``.
+  public func setLimits(_ limits: QueueLimits, queue: String) async throws {
+    throw JobQueueError.invalidLimits(
+      "\(type(of: self)) keeps no limits; use a store that does (in-memory, SQLite, PostgreSQL)")
+  }
 
   /// Cannot tell: nil.
   public func oldestReadyRunDate(queue: String, clock: any JobClock) async throws -> Date? { nil }

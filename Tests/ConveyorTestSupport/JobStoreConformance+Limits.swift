@@ -1,0 +1,157 @@
+import Conveyor
+import Foundation
+import Synchronization
+
+extension JobStoreConformance {
+  /// Limits stored with a queue (``QueueLimits``), on every store.
+  static let limitChecks: [JobStoreCheck] = [
+    check("limits: none until set; set limits are stored per queue and replaced whole") { store in
+      let none = try await store.limits(queue: "q")
+      try expect(none == QueueLimits() && none.isEmpty, "no limits at first: \(none)")
+      try await store.setLimits(QueueLimits(concurrency: 3), queue: "q")
+      try await store.setLimits(QueueLimits(concurrency: 7), queue: "Q")
+      let q = try await store.limits(queue: "q")
+      let other = try await store.limits(queue: "Q")
+      try expect(q.concurrency == 3 && other.concurrency == 7, "each queue its own: \(q), \(other)")
+      try await store.setLimits(QueueLimits(), queue: "q")
+      let removed = try await store.limits(queue: "q")
+      try expect(removed.isEmpty, "removed: \(removed)")
+      try await store.setLimits(QueueLimits(concurrency: QueueLimits.maximumConcurrency), queue: "q")
+      let largest = try await store.limits(queue: "q").concurrency
+      try expect(
+        largest == QueueLimits.maximumConcurrency, "the largest limit is kept: \(String(describing: largest))"
+      )
+    },
+    check("limits: a limit out of range is refused and the stored one kept") { store in
+      try await store.setLimits(QueueLimits(concurrency: 2), queue: "q")
+      for bad in [0, -1, Int.min, QueueLimits.maximumConcurrency + 1, Int.max] {
+        do {
+          try await store.setLimits(QueueLimits(concurrency: bad), queue: "q")
+          throw ConformanceFailure(description: "a concurrency of \(bad) was accepted")
+        } catch JobQueueError.invalidLimits(let message) {
+          try expect(message.contains("from 1 to"), "the error says the range: \(message)")
+        }
+      }
+      let kept = try await store.limits(queue: "q")
+      try expect(kept.concurrency == 2, "the stored limit is kept: \(kept)")
+    },
+    check("limits: claims never take a queue's running jobs past its concurrency") { store in
+      _ = try await store.enqueue((1...6).map { job("j\($0)") }, queue: "q", clock: now(0))
+      _ = try await store.enqueue([job("other")], queue: "r", clock: now(0))
+      try await store.setLimits(QueueLimits(concurrency: 2), queue: "q")
+      let first = try await claim(store, limit: 10, now: 1)
+      try expect(texts(first) == ["j1", "j2"], "two of ten asked for: \(texts(first))")
+      let second = try await claim(store, limit: 10, owner: "w2", now: 1)
+      try expect(second.claimed.isEmpty && !second.paused, "no place left, not paused: \(texts(second))")
+      let elsewhere = try await claim(store, "r", limit: 10, now: 1)
+      try expect(texts(elsewhere) == ["other"], "another queue is not limited: \(texts(elsewhere))")
+      // A settlement in the same call frees its place before the claim counts.
+      let next = try await claim(store, limit: 10, settling: [settle(first.claimed[0], .complete)], now: 2)
+      try expect(texts(next) == ["j3"], "one place freed, one claimed: \(texts(next))")
+      // A retry, a release and a death free places too.
+      let after = try await claim(
+        store, limit: 10,
+        settling: [
+          settle(first.claimed[1], .retry(after: .seconds(60), error: "busy")),
+          settle(next.claimed[0], .kill(error: "bad")),
+        ], now: 3)
+      try expect(texts(after) == ["j4", "j5"], "two places freed: \(texts(after))")
+      let counts = try await store.counts(queue: "q", clock: now(3))
+      try expect(counts.running == 2, "two running: \(counts)")
+    },
+    check("limits: a full queue needs no worker for its waiting jobs until a place frees") { store in
+      _ = try await store.enqueue([job("a"), job("b")], queue: "q", clock: now(0))
+      try await store.setLimits(QueueLimits(concurrency: 1), queue: "q")
+      let running = try await claim(store, limit: 5, now: 1)
+      try expect(texts(running) == ["a"], "one running: \(texts(running))")
+      let full = try await store.nextWake(queue: "q", clock: now(2))
+      try expect(full.nextRun == nil && full.nextLeaseExpiry != nil, "no run date while full: \(full)")
+      try expect(!full.isFinished, "not finished while a job runs: \(full)")
+      _ = try await claim(store, limit: 0, settling: [settle(running.claimed[0], .complete)], now: 3)
+      let free = try await store.nextWake(queue: "q", clock: now(3))
+      try expect(free.nextRun != nil, "b needs a worker once a runs no more: \(free)")
+    },
+    check("limits: a limit lowered below the running jobs claims nothing until fewer run") { store in
+      _ = try await store.enqueue((1...5).map { job("j\($0)") }, queue: "q", clock: now(0))
+      let four = try await claim(store, limit: 4, now: 1)
+      try expect(four.claimed.count == 4, "four running without a limit: \(texts(four))")
+      try await store.setLimits(QueueLimits(concurrency: 2), queue: "q")
+      let none = try await claim(store, limit: 1, settling: [settle(four.claimed[0], .complete)], now: 2)
+      try expect(none.claimed.isEmpty, "three still run, above the limit: \(texts(none))")
+      let stillNone = try await claim(store, limit: 1, settling: [settle(four.claimed[1], .complete)], now: 3)
+      try expect(stillNone.claimed.isEmpty, "two still run, at the limit: \(texts(stillNone))")
+      let one = try await claim(store, limit: 5, settling: [settle(four.claimed[2], .complete)], now: 4)
+      try expect(texts(one) == ["j5"], "a place once one ran under the limit: \(texts(one))")
+      try await store.setLimits(QueueLimits(), queue: "q")
+      _ = try await store.enqueue([job("j6"), job("j7")], queue: "q", clock: now(5))
+      let free = try await claim(store, limit: 5, now: 6)
+      try expect(texts(free) == ["j6", "j7"], "no bound once removed: \(texts(free))")
+    },
+    check("limits: a lapsed lease keeps its place until the job is rescued") { store in
+      _ = try await store.enqueue([job("a"), job("b")], queue: "q", clock: now(0))
+      try await store.setLimits(QueueLimits(concurrency: 1), queue: "q")
+      let a = try expectOne(try await claim(store, limit: 5, now: 1, leaseFor: 10).claimed)
+      let lapsed = try await claim(store, limit: 5, owner: "w2", now: 20)
+      try expect(lapsed.claimed.isEmpty, "a lapsed job still counts until rescued: \(texts(lapsed))")
+      let rescued = try await store.rescueExpiredLeases(queue: "q", clock: now(21))
+      try expect(rescued == 1, "rescued: \(rescued)")
+      let again = try expectOne(try await claim(store, limit: 5, owner: "w2", now: 22).claimed)
+      try expect(text(again) == "a", "the rescued job first, alone: \(text(again)) of \(text(a))")
+    },
+    check("limits: a paused queue with a limit claims nothing and says so") { store in
+      _ = try await store.enqueue([job("a")], queue: "q", clock: now(0))
+      try await store.setLimits(QueueLimits(concurrency: 5), queue: "q")
+      try await store.setPaused(true, queue: "q")
+      let paused = try await claim(store, limit: 5, now: 1)
+      try expect(paused.claimed.isEmpty && paused.paused, "paused: \(texts(paused))")
+      try await store.setPaused(false, queue: "q")
+      let resumed = try await claim(store, limit: 5, now: 2)
+      try expect(texts(resumed) == ["a"], "resumed: \(texts(resumed))")
+      let kept = try await store.limits(queue: "q")
+      try expect(kept.concurrency == 5, "pausing kept the limit: \(kept)")
+    },
+    check("limits: eight workers draining a queue never hold more jobs than its concurrency") { store in
+      _ = try await store.enqueue((0..<60).map { job("j\($0)") }, queue: "q", clock: now(0))
+      try await store.setLimits(QueueLimits(concurrency: 3), queue: "q")
+      let watch = RunningWatch()
+      try await withThrowingTaskGroup(of: Void.self) { group in
+        for worker in 0..<8 {
+          group.addTask {
+            var settling: [JobSettlement] = []
+            var idle = 0
+            while idle < 50 {
+              // Marked done before the call that carries the completion: the store may count the
+              // place free only once it has it.
+              watch.state.withLock { $0.running -= settling.count }
+              let batch = try await store.settleAndClaim(
+                settling, queue: "q", limit: 2, lease: lease("w\(worker)"), clock: now(1))
+              watch.state.withLock {
+                $0.running += batch.claimed.count
+                $0.most = max($0.most, $0.running)
+                $0.done += settling.count
+              }
+              settling = batch.claimed.map { settle($0, .complete) }
+              idle = batch.claimed.isEmpty ? idle + 1 : 0
+              await Task.yield()
+            }
+            watch.state.withLock { $0.running -= settling.count }
+            _ = try await store.settleAndClaim(
+              settling, queue: "q", limit: 0, lease: lease("w\(worker)"), clock: now(1))
+            watch.state.withLock { $0.done += settling.count }
+          }
+        }
+        try await group.waitForAll()
+      }
+      let result = watch.state.withLock { $0 }
+      try expect(result.most <= 3, "at most 3 held at once, saw \(result.most)")
+      try expect(result.done == 60, "every job completed: \(result.done)")
+      let left = try await store.counts(queue: "q", clock: now(1))
+      try expect(left.total == 0, "nothing left: \(left)")
+    },
+  ]
+}
+
+/// Counts of jobs held by the workers of a check, shared by its tasks.
+final class RunningWatch: Sendable {
+  let state = Mutex((running: 0, most: 0, done: 0))
+}
