@@ -190,7 +190,11 @@ enum SQL {
     """
   /// Version 4: a queue's counter of places given to jobs retried straight into the ready state.
   static let retrySeqColumn = "retry_seq INTEGER NOT NULL DEFAULT 0"
-  /// Version 10: the queue's stored ``QueueLimits/concurrency`` (NULL: none).
+  /// The queues table of versions 4 to 9.
+  static let queuesTableVersion4 = """
+    CREATE TABLE queues (name TEXT PRIMARY KEY, paused INTEGER NOT NULL DEFAULT 0, \(retrySeqColumn)) WITHOUT ROWID;
+    """
+  /// Version 10: the queue's stored `QueueLimits.concurrency` (NULL: none).
   static let concurrencyColumn = "concurrency INTEGER"
   /// The queues table of version 10.
   static let queuesTable = """

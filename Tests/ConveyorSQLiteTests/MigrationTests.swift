@@ -306,7 +306,7 @@ struct MigrationTests {
   /// A version 6 database (the release of 2026-12-06, history) gains the index of keyed running
   /// and completed jobs, with every job kept; the wider deduplication scopes then see the jobs
   /// stored before. The file is made by this build and taken back to version 6's schema, which
-  /// differs from version 8's by that index and the schedules table.
+  /// differs from version 10's by that index, the schedules table and the queues' limits.
   @Test func aVersion6DatabaseGainsTheKeyedIndexWithEveryJobKept() async throws {
     let folder = try TemporaryFolder()
     let path = folder.path("v6.sqlite")
@@ -317,6 +317,7 @@ struct MigrationTests {
       """
       DROP INDEX jobs_keyed;
       DROP TABLE schedules;
+      ALTER TABLE queues DROP COLUMN concurrency;
       PRAGMA user_version = 6;
       INSERT INTO queues (name) VALUES ('mail');
       INSERT INTO jobs (queue, payload, status, attempts, run_at, created_at, dedup_key, lease_owner,
@@ -353,6 +354,7 @@ struct MigrationTests {
       path,
       """
       DROP TABLE schedules;
+      ALTER TABLE queues DROP COLUMN concurrency;
       PRAGMA user_version = 7;
       INSERT INTO queues (name) VALUES ('mail');
       INSERT INTO jobs (queue, payload, status, attempts, run_at, created_at, claim_token) VALUES
@@ -387,7 +389,7 @@ struct MigrationTests {
       """
       \(SQL.tablesVersion6)
       \(SQL.indexesVersion7)
-      \(SQL.queuesTable)
+      \(SQL.queuesTableVersion4)
       \(SQL.activityTable)
       \(SQL.schedulesTable)
       PRAGMA application_id = \(SQLiteJobStore.applicationID);
@@ -432,6 +434,48 @@ struct MigrationTests {
     let duplicate = try await reopened.enqueue(
       [NewJob(payload: Data("{}".utf8), deduplicationKey: "k")], queue: "mail", clock: now)
     #expect(duplicate.first == EnqueueResult(id: JobID(1), inserted: false), "keys still deduplicate")
+  }
+
+  /// A version 9 database (the release of 2026-12-07, ordering keys) gains the queues' stored
+  /// limits, none set, with every job and the pause flags kept; limits then work on it. The file is
+  /// made by this build and taken back to version 9's schema, which differs from version 10's by
+  /// the queues' concurrency column alone.
+  @Test func aVersion9DatabaseGainsQueueLimitsWithEveryJobAndPauseKept() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("v9.sqlite")
+    let t = 1_700_000_000_000
+    await (try SQLiteJobStore(path: path)).close()
+    try execute(
+      path,
+      """
+      ALTER TABLE queues DROP COLUMN concurrency;
+      PRAGMA user_version = 9;
+      INSERT INTO queues (name, paused) VALUES ('mail', 1), ('sms', 0);
+      INSERT INTO jobs (queue, payload, status, attempts, run_at, created_at, claim_token, ordering_key, line) VALUES
+      ('mail', x'7b7d', 'ready', 0, \(t), \(t), 0, 'k', 1),
+      ('mail', x'7b7d', 'held', 0, \(t), \(t), 0, 'k', 1),
+      ('sms', x'7b7d', 'ready', 0, \(t), \(t), 0, NULL, 0),
+      ('sms', x'7b7d', 'ready', 0, \(t), \(t), 0, NULL, 0);
+      """)
+    let before = try readRows(path)
+    let store = try SQLiteJobStore(path: path)
+    let version = try await store.connection.perform { db in
+      try db.scalar("SELECT user_version FROM pragma_user_version") ?? 0
+    }
+    #expect(version == SQLiteJobStore.schemaVersion)
+    await store.close()
+    #expect(try readRows(path) == before, "every column of every job as it was")
+    let reopened = try SQLiteJobStore(path: path)
+    #expect(try await reopened.isPaused(queue: "mail"), "the pause flag is kept")
+    let mailLimits = try await reopened.limits(queue: "mail")
+    let smsLimits = try await reopened.limits(queue: "sms")
+    #expect(mailLimits.isEmpty && smsLimits.isEmpty, "no limits set")
+    try await reopened.setLimits(QueueLimits(concurrency: 1), queue: "sms")
+    let now = FixedJobClock(Date(timeIntervalSince1970: 1_700_000_000))
+    let batch = try await reopened.settleAndClaim(
+      [], queue: "sms", limit: 5, lease: Lease(owner: "w", duration: .seconds(60)), clock: now)
+    #expect(batch.claimed.map(\.id) == [JobID(3)], "one of two under the limit set after the migration")
+    #expect(try await reopened.job(JobID(2))?.isHeld == true, "the held job is still held")
   }
 
   /// Every column of every job, as text, in ID order (read with the SQLite library alone).

@@ -152,6 +152,9 @@ extension JobStoreConformance {
 }
 
 /// Counts of jobs held by the workers of a check, shared by its tasks.
-final class RunningWatch: Sendable {
-  let state = Mutex((running: 0, most: 0, done: 0))
+package final class RunningWatch: Sendable {
+  /// Jobs held now, the most held at once, and jobs completed.
+  package let state = Mutex((running: 0, most: 0, done: 0))
+
+  package init() {}
 }

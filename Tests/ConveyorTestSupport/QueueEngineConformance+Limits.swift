@@ -1,0 +1,84 @@
+import Conveyor
+import Foundation
+import Synchronization
+
+extension QueueEngineConformance {
+  /// Queue limits (``QueueLimits``) through queues, on every store.
+  static let limitChecks: [JobStoreCheck] = [
+    check("two queues sharing a store never run more handlers at once than the stored concurrency") {
+      store in
+      let inFlight = RunningWatch()
+      var queues: [JobQueue<Named>] = []
+      for index in 0..<2 {
+        var configuration = configuration()
+        configuration.autoStart = false
+        configuration.concurrency = 4
+        configuration.prefetch = index  // one prefetches: a job claimed ahead takes a place too
+        queues.append(
+          try JobQueue<Named>(configuration: configuration, store: store) { _, _ in
+            inFlight.state.withLock {
+              $0.running += 1
+              $0.most = max($0.most, $0.running)
+            }
+            try await Task.sleep(for: .milliseconds(3))
+            inFlight.state.withLock {
+              $0.running -= 1
+              $0.done += 1
+            }
+            return .handled
+          })
+      }
+      try await queues[0].setLimits(QueueLimits(concurrency: 3))
+      let stored = try await queues[1].limits()
+      try expect(stored.concurrency == 3, "the other queue reads the stored limit: \(stored)")
+      _ = try await queues[0].add(contentsOf: (0..<60).map { Named(name: "j\($0)") })
+      for queue in queues { queue.start() }
+      try await waitFor("every job to run") { inFlight.state.withLock { $0.done } == 60 }
+      for queue in queues { await queue.waitUntilFinished() }
+      for queue in queues { await queue.shutdown() }
+      let result = inFlight.state.withLock { $0 }
+      try expect(result.most <= 3, "at most 3 handlers at once across both queues, saw \(result.most)")
+      try expect(result.most >= 2, "the queues ran jobs side by side: at most \(result.most) at once")
+    },
+    check("a queue refuses limits out of range and keeps the stored ones") { store in
+      let queue = try JobQueue<Named>(configuration: configuration(), store: store) { _, _ in .handled }
+      try await queue.setLimits(QueueLimits(concurrency: 4))
+      for bad in [0, -3, QueueLimits.maximumConcurrency + 1] {
+        do {
+          try await queue.setLimits(QueueLimits(concurrency: bad))
+          throw ConformanceFailure(description: "took a concurrency of \(bad)")
+        } catch JobQueueError.invalidLimits(let message) {
+          try expect(message.contains("\(bad)"), "the message names the value: \(message)")
+        }
+      }
+      let kept = try await queue.limits()
+      try expect(kept.concurrency == 4, "kept: \(kept)")
+      await queue.shutdown()
+    },
+    check("a queue at its stored limit starts the waiting jobs as places free, and raising it frees more") {
+      store in
+      var configuration = configuration()
+      configuration.autoStart = false
+      configuration.concurrency = 4
+      let gate = Mutex(false)
+      let runs = Runs()
+      let queue = try JobQueue<Named>(configuration: configuration, store: store) { item, _ in
+        runs.append(item.name)
+        while !gate.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(2)) }
+        return .handled
+      }
+      try await queue.setLimits(QueueLimits(concurrency: 1))
+      _ = try await queue.add(contentsOf: (0..<4).map { Named(name: "j\($0)") })
+      queue.start()
+      try await waitFor("one job to start") { runs.all.count == 1 }
+      try await Task.sleep(for: .milliseconds(150))
+      try expect(runs.all == ["j0"], "one at a time under a limit of 1: \(runs.all)")
+      try await queue.setLimits(QueueLimits(concurrency: 3))
+      try await waitFor("two more to start once the limit is raised") { runs.all.count == 3 }
+      gate.withLock { $0 = true }
+      await queue.waitUntilFinished()
+      try expect(runs.all.count == 4, "every job ran: \(runs.all)")
+      await queue.shutdown()
+    },
+  ]
+}
