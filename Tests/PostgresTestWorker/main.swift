@@ -13,7 +13,7 @@
 // store) before it exits.
 //
 // With --ordered-log FILE [--prefetch N] [--claims-ahead 1] [--retry-ms MS] it runs a JobQueue of
-// `OrderingProbe` items (`{"key": K, "index": I}`, K the ordering key or absent) instead, until it
+// `FlowControlProbe` items (`{"key": K, "index": I}`, K the ordering key or absent) instead, until it
 // is killed, appending to the shared FILE, one write(2) each: "start K I PID ATTEMPT MS" when the
 // handler starts, "fail K I PID ATTEMPT MS" when it fails the first attempt of an index that is
 // 3 modulo 7 (retried after --retry-ms), and "end K I PID ATTEMPT MS" when it has handled the job
@@ -56,7 +56,7 @@ struct TestJob: Queueable {
   var number: Int
 }
 
-/// The item of the ordered mode, as `OrderingProbe` enqueues it: `index` within its ordering
+/// The item of the ordered mode, as `FlowControlProbe` enqueues it: `index` within its ordering
 /// `key`, or among the jobs without one.
 struct OrderedJob: Queueable {
   var key: String?

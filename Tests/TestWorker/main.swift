@@ -20,7 +20,7 @@
 //                                     [--concurrency N] [--prefetch N] [--claims-ahead 1]
 //                                     [--lease-ms MS] [--handle-ms MS] [--retry-ms MS]
 //
-// Runs a JobQueue of `OrderingProbe` items (`{"key": K, "index": I}`, K the ordering key or
+// Runs a JobQueue of `FlowControlProbe` items (`{"key": K, "index": I}`, K the ordering key or
 // absent) until it is killed, appending to the shared --log, one write(2) each:
 // "start K I PID ATTEMPT MS" when the handler starts, "fail K I PID ATTEMPT MS" when it fails
 // the first attempt of an index that is 3 modulo 7 (retried after --retry-ms), and
@@ -160,7 +160,7 @@ func work(_ arguments: Arguments) async throws {
   guard counts.unfinished == 0 else { throw Failure("finished with \(counts) left") }
 }
 
-/// The item of `ordered-work`, as `OrderingProbe` enqueues it: `index` within its ordering
+/// The item of `ordered-work`, as `FlowControlProbe` enqueues it: `index` within its ordering
 /// `key`, or among the jobs without one.
 struct OrderedJob: Queueable {
   var key: String?

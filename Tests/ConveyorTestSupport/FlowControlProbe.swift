@@ -28,7 +28,7 @@ import Foundation
 /// the killed worker's handler is gone, and logs the kill before the lease can lapse; its 2 s
 /// leases are far longer than the few milliseconds a handler runs, so a stall that long inside a
 /// handler (which the rules would report as two in flight) is not expected.
-public enum OrderingProbe {
+public enum FlowControlProbe {
   /// How many ordering keys. (40 keys of 25 jobs and 12 jobs without a key a round made the
   /// drain take 90 s in a loaded whole-suite run, starving the tests beside it.)
   public static let keyCount = 16
@@ -109,13 +109,24 @@ public enum OrderingProbe {
   /// passes (about 10 s alone; the limit leaves room for a loaded machine running the whole suite,
   /// where this task's 100 ms sleeps were seen to take a second); then kills them all and checks
   /// the log and the store.
+  ///
+  /// With a `concurrencyLimit`, the queue's stored ``QueueLimits/concurrency`` is set to it before
+  /// the workers start (their 16 slots outnumber it) and the log must never show more handlers
+  /// in flight at once, among workers not yet killed; a kill then comes every `killTicks` 100 ms
+  /// ticks instead of every 3 to 5, since each kill's jobs keep their places until their 2 s
+  /// leases lapse.
   public static func run<Worker>(
     store: any JobStore, queue: String = "jobs", log: String, workers count: Int = 4,
-    drainLimit: Duration = .seconds(240), start: (_ slot: Int, _ generation: Int) throws -> Worker,
+    concurrencyLimit: Int? = nil, drainLimit: Duration = .seconds(240),
+    start: (_ slot: Int, _ generation: Int) throws -> Worker,
     pid: (Worker) -> Int32, kill: (Worker) async -> Int32
   ) async throws -> Outcome {
     var found: [String] = []
     let clock = SystemJobClock()
+    if let concurrencyLimit {
+      try await store.setLimits(QueueLimits(concurrency: concurrencyLimit), queue: queue)
+    }
+    let killTicks = concurrencyLimit == nil ? 3 : 10
     for round in 0..<roundsBeforeStart {
       _ = try await store.enqueue(try jobs(round: round), queue: queue, clock: clock)
     }
@@ -130,7 +141,7 @@ public enum OrderingProbe {
     var random = SeededRandom(seed: 61)
     var round = roundsBeforeStart
     var kills = 0
-    var nextKill = 3 + random.below(3)
+    var nextKill = killTicks + random.below(3)
     var tick = 0
     let began = ContinuousClock.now
     var drained = false
@@ -156,7 +167,7 @@ public enum OrderingProbe {
         try append("killed \(pid) \(milliseconds())", to: log)
         kills += 1
         workers[slot] = try start(slot, kills)
-        nextKill = tick + 3 + random.below(3)
+        nextKill = tick + killTicks + random.below(3)
       }
     }
     let drainTime = ContinuousClock.now - began
@@ -169,7 +180,7 @@ public enum OrderingProbe {
       found.append("not drained within \(drainLimit): \(counts)")
     }
     let text = try String(contentsOfFile: log, encoding: .utf8)
-    let (logProblems, statistics) = problems(inLog: text)
+    let (logProblems, statistics) = problems(inLog: text, concurrencyLimit: concurrencyLimit)
     found += logProblems
     found += try await storeProblems(store, queue: queue)
     let seconds = Double(drainTime.components.seconds) + Double(drainTime.components.attoseconds) / 1e18
@@ -209,11 +220,14 @@ public enum OrderingProbe {
     /// Starts of a job that had already ended (its worker was killed before the store recorded
     /// it: at least once).
     public var rerunsAfterEnd = 0
+    /// The most handlers in flight at once in workers not yet killed.
+    public var mostInFlight = 0
 
     /// The statistics in a sentence.
     public var description: String {
       "\(starts) starts, \(failures) planned failures, \(stranded) attempts cut short by a kill "
-        + "(\(strandedWithKey) with a key), \(rerunsAfterEnd) runs again after an end"
+        + "(\(strandedWithKey) with a key), \(rerunsAfterEnd) runs again after an end, "
+        + "at most \(mostInFlight) in flight"
     }
   }
 
@@ -227,8 +241,12 @@ public enum OrderingProbe {
   /// - **no going back**: no index starts after a later index of its key started;
   /// - **one at a time**: no job of the key starts while another attempt of the key is in flight
   ///   in a worker not yet killed;
-  /// - **none lost**: every job, with a key or without, has an end.
-  public static func problems(inLog text: String) -> ([String], Statistics) {
+  /// - **none lost**: every job, with a key or without, has an end;
+  /// - **within the limit**, given a `concurrencyLimit`: no start while that many attempts, of
+  ///   any key or none, are in flight in workers not yet killed (a worker logs an end before the
+  ///   store hears of it, and a start after its claim, so the log never shows fewer in flight than
+  ///   the store counted running).
+  public static func problems(inLog text: String, concurrencyLimit: Int? = nil) -> ([String], Statistics) {
     struct Attempt {
       var index: Int
       var pid: Int32
@@ -262,6 +280,11 @@ public enum OrderingProbe {
       switch fields[0] {
       case "start":
         statistics.starts += 1
+        let flying = inFlight.values.reduce(0) { $0 + $1.count }
+        statistics.mostInFlight = max(statistics.mostInFlight, flying + 1)
+        if let concurrencyLimit, flying >= concurrencyLimit {
+          problems.append("over the limit of \(concurrencyLimit): \(line) while \(flying) are in flight")
+        }
         if ended.contains(item) { statistics.rerunsAfterEnd += 1 }
         if key != "-" {
           if index > 0 && !ended.contains(Item(key: key, index: index - 1)) {
@@ -369,18 +392,18 @@ public enum OrderingProbe {
   /// Appends `line` to the file at `path` with one write(2).
   static func append(_ line: String, to path: String) throws {
     let descriptor = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
-    guard descriptor >= 0 else { throw OrderingProbeFailure("cannot open \(path): errno \(errno)") }
+    guard descriptor >= 0 else { throw FlowControlProbeFailure("cannot open \(path): errno \(errno)") }
     defer { close(descriptor) }
     let bytes = Array((line + "\n").utf8)
     let written = bytes.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
     guard written == bytes.count else {
-      throw OrderingProbeFailure("cannot write to \(path): errno \(errno)")
+      throw FlowControlProbeFailure("cannot write to \(path): errno \(errno)")
     }
   }
 }
 
 /// The probe could not write its log.
-public struct OrderingProbeFailure: Error, CustomStringConvertible {
+public struct FlowControlProbeFailure: Error, CustomStringConvertible {
   /// What failed.
   public var description: String
   init(_ description: String) { self.description = description }

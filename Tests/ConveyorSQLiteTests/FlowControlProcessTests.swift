@@ -5,25 +5,29 @@ import Testing
 
 @testable import ConveyorSQLite
 
-@Suite("Ordering keys across processes on SQLite")
-struct OrderingProcessTests {
+@Suite("Ordering keys and limits across processes on SQLite", .serialized)
+struct FlowControlProcessTests {
   /// Four worker processes share one file and drain 16 ordering keys of 15 jobs each (and 60
   /// jobs without a key), some failing once, while one of them is killed with SIGKILL and started
   /// again every 300 to 500 ms for the whole drain: each key's jobs start in the order they were
   /// added, one at a time, a later one only after the one before it ended; none is lost and the
-  /// store ends with every job completed once (see `OrderingProbe` for the rules, and for the
+  /// store ends with every job completed once (see `FlowControlProbe` for the rules, and for the
   /// one exception to "one at a time", a worker stopped past its lease, which SIGKILL is not).
-  @Test func fourWorkersKeepEachKeysOrderWhileBeingKilled() async throws {
+  /// With a `limit`, the queue's stored concurrency: the 16 slots of the four workers never run
+  /// more handlers at once than it allows, and a kill comes every 1 to 1.3 s (the killed worker's
+  /// jobs keep their places until their leases lapse).
+  @Test(arguments: [Int?.none, 4])
+  func fourWorkersKeepEachKeysOrderAndTheLimitWhileBeingKilled(limit: Int?) async throws {
     let folder = try TemporaryFolder()
     let database = folder.path("ordering.sqlite")
     let log = folder.path("ordering.log")
     let store = try SQLiteJobStore(path: database)
-    let outcome = try await OrderingProbe.run(
-      store: store, log: log,
+    let outcome = try await FlowControlProbe.run(
+      store: store, log: log, concurrencyLimit: limit,
       start: { slot, generation in
         try WorkerProcess(
           database: database, folder: folder, name: "w\(slot)-\(generation)", command: "ordered-work",
-          extra: OrderingProbe.workerOptions(slot: slot) + ["--log", log])
+          extra: FlowControlProbe.workerOptions(slot: slot) + ["--log", log])
       },
       pid: { $0.process.processIdentifier },
       kill: { worker in
@@ -32,7 +36,7 @@ struct OrderingProcessTests {
         return worker.process.processIdentifier
       })
     #expect(outcome.problems.isEmpty, "\(outcome.problems) (\(outcome.summary))")
-    print("OrderingProcessTests (SQLite): \(outcome.summary)")
+    print("FlowControlProcessTests (SQLite, limit \(limit.map(String.init) ?? "none")): \(outcome.summary)")
     await store.close()
   }
 }

@@ -4,27 +4,31 @@ import ConveyorTestSupport
 import Foundation
 import Testing
 
-@Suite("Ordering keys across processes on PostgreSQL")
-struct OrderingProcessTests {
+@Suite("Ordering keys and limits across processes on PostgreSQL", .serialized)
+struct FlowControlProcessTests {
   /// Four worker processes share one schema and drain 16 ordering keys of 15 jobs each (and 60
   /// jobs without a key), some failing once, while one of them is killed with SIGKILL and started
   /// again every 300 to 500 ms for the whole drain: each key's jobs start in the order they were
   /// added, one at a time, a later one only after the one before it ended; none is lost and the
-  /// store ends with every job completed once (see `OrderingProbe` for the rules, and for the
+  /// store ends with every job completed once (see `FlowControlProbe` for the rules, and for the
   /// one exception to "one at a time", a worker stopped past its lease, which SIGKILL is not).
-  @Test func fourWorkersKeepEachKeysOrderWhileBeingKilled() async throws {
+  /// With a `limit`, the queue's stored concurrency: the 16 slots of the four workers never run
+  /// more handlers at once than it allows, and a kill comes every 1 to 1.3 s (the killed worker's
+  /// jobs keep their places until their leases lapse).
+  @Test(arguments: [Int?.none, 4])
+  func fourWorkersKeepEachKeysOrderAndTheLimitWhileBeingKilled(limit: Int?) async throws {
     let server = try await PostgresServer.shared()
     let schema = uniqueSchema("ordering")
     let folder = try makeFolder()
     defer { try? FileManager.default.removeItem(atPath: folder) }
     let log = folder + "/ordering.log"
     let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
-    let outcome = try await OrderingProbe.run(
-      store: store, log: log,
+    let outcome = try await FlowControlProbe.run(
+      store: store, log: log, concurrencyLimit: limit,
       start: { slot, generation in
         try WorkerProcess(
           url: server.url, schema: schema, folder: folder, name: "w\(slot)-\(generation)",
-          extra: OrderingProbe.workerOptions(slot: slot) + ["--ordered-log", log, "--poll-ms", "20"])
+          extra: FlowControlProbe.workerOptions(slot: slot) + ["--ordered-log", log, "--poll-ms", "20"])
       },
       pid: { $0.pid },
       kill: { worker in
@@ -33,7 +37,8 @@ struct OrderingProcessTests {
         return worker.pid
       })
     #expect(outcome.problems.isEmpty, "\(outcome.problems) (\(outcome.summary))")
-    print("OrderingProcessTests (PostgreSQL): \(outcome.summary)")
+    print(
+      "FlowControlProcessTests (PostgreSQL, limit \(limit.map(String.init) ?? "none")): \(outcome.summary)")
     await store.close()
   }
 }
