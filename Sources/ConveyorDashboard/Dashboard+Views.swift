@@ -6,7 +6,7 @@ import Foundation
 ///   last hour (a range of the activity table's minute index: one row per queue and minute),
 ///   `queueNames()` (the `queues` table and one index seek per status and queue), then per queue
 ///   `counts` (a count over each status's partial index: about 0.15 s per million jobs of that
-///   queue), `isPaused` (one primary-key row) and `oldestReadyRunDate` (one seek of the ready
+///   queue), `isPaused` and `limits` (one primary-key row each) and `oldestReadyRunDate` (one seek of the ready
 ///   index per priority level, one of the scheduled index).
 /// - Jobs (`/jobs`): `jobs(queue:status:after:limit:)` pages in ID order from `after`: running and
 ///   dead jobs from their partial indexes, completed and cancelled ones in finishing order from
@@ -38,6 +38,9 @@ extension Dashboard {
     /// Cancelled jobs kept as history.
     var cancelled: Int
     var paused: Bool
+    /// The stored concurrency limit (``QueueLimits/concurrency``); `null` in the JSON when the
+    /// queue has none.
+    @NullWhenAbsent var concurrency: Int?
     /// Seconds since the oldest ready job's run date; nil when none is ready (or the store cannot
     /// tell).
     var oldestReadyAge: Double?
@@ -63,6 +66,7 @@ extension Dashboard {
     for name in Set(try await store.queueNames()).union(activity.keys).sorted() {
       let counts = try await store.counts(queue: name, clock: clock)
       let paused = try await store.isPaused(queue: name)
+      let limits = try await store.limits(queue: name)
       let age = try await store.oldestReadyRunDate(queue: name, clock: clock).map {
         max(0, now.timeIntervalSince($0))
       }
@@ -71,7 +75,7 @@ extension Dashboard {
           name: name, key: HTTPForm.encode(name), ready: counts.ready, scheduled: counts.scheduled,
           held: counts.held, running: counts.running,
           dead: counts.dead, completed: counts.completed, cancelled: counts.cancelled, paused: paused,
-          oldestReadyAge: age,
+          concurrency: limits.concurrency, oldestReadyAge: age,
           oldest: age.map { DashboardCharts.duration(milliseconds: $0 * 1000) } ?? "—"))
     }
     return summaries
@@ -262,8 +266,10 @@ extension Dashboard {
     var cursor = after
     var more = false
     var counts: JobCounts?
+    var limits = QueueLimits()
     if let queue {
       counts = try await store.counts(queue: queue, clock: clock)
+      limits = try await store.limits(queue: queue)
       let now = Date()
       var read = 0
       reading: while rows.count < Self.pageSize && read < Self.readLimit {
@@ -306,7 +312,8 @@ extension Dashboard {
       }
     }
     return pages.jobs(
-      rows, queues: Array(names.prefix(Self.listedQueues)), queue: queue, counts: counts, filter: filter,
+      rows, queues: Array(names.prefix(Self.listedQueues)), queue: queue, counts: counts, limits: limits,
+      filter: filter,
       text: text, after: after, next: more ? cursor : nil,
       notice: query["notice"], count: query["count"].flatMap { Int($0) }, formToken: formToken)
   }
@@ -652,5 +659,21 @@ extension Dashboard {
       return Self.redacted(url)
     }
     return value
+  }
+}
+
+/// An optional value a synthesized `Encodable` writes as `null` when it is nil, where it would
+/// leave the member out: `/api/queues` always has `"concurrency"`.
+@propertyWrapper
+struct NullWhenAbsent<Value: Encodable>: Encodable {
+  var wrappedValue: Value?
+
+  init(wrappedValue: Value?) {
+    self.wrappedValue = wrappedValue
+  }
+
+  func encode(to encoder: any Encoder) throws {
+    var container = encoder.singleValueContainer()
+    if let wrappedValue { try container.encode(wrappedValue) } else { try container.encodeNil() }
   }
 }

@@ -13,7 +13,7 @@ enum DashboardAssets {
   }
 
   /// Polls `api/queues` (under the mount path the page's `data-base` names) every 3 s and writes the counts into the table with `textContent` (never
-  /// as HTML); reloads when the queues or a pause flag changed, since their rows hold forms. Rows
+  /// as HTML); reloads when the queues, a pause flag or a concurrency limit changed, since their rows hold forms. Rows
   /// are matched by their percent-encoded `key`, never by the name an attribute holds: a browser
   /// changes a name's CR and NUL there, and the page would reload every 3 s.
   /// Every 10 s it fetches the "Last hour" section from `/api/activity` (server-rendered, every
@@ -37,6 +37,9 @@ enum DashboardAssets {
               if (row.dataset.key !== queue.key) { location.reload(); return; }
               var paused = row.querySelector(".badge.paused") !== null;
               if (paused !== queue.paused) { location.reload(); return; }
+              var limit = queue.concurrency === null ? "—" : String(queue.concurrency);
+              var limitCell = row.querySelector('[data-field="concurrency"]');
+              if (limitCell && limitCell.textContent !== limit) { location.reload(); return; }
               fields.forEach(function (field) {
                 var cell = row.querySelector('[data-field="' + field + '"] a');
                 if (cell && cell.textContent !== String(queue[field])) cell.textContent = String(queue[field]);

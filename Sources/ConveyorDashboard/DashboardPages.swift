@@ -155,6 +155,7 @@ struct DashboardPages: Sendable {
         <td class="count" data-field="scheduled"><a href="\(html(link))&amp;state=scheduled">\(queue.scheduled)</a></td>
         <td class="count" data-field="held"><a href="\(html(link))&amp;state=held">\(queue.held)</a></td>
         <td class="count" data-field="running"><a href="\(html(link))&amp;state=running">\(queue.running)</a></td>
+        <td class="count" data-field="concurrency" title="\(html(limitTitle(queue.concurrency)))">\(queue.concurrency.map(String.init) ?? "—")</td>
         <td class="count\(queue.dead > 0 ? " dead" : "")" data-field="dead"><a href="\(html(link))&amp;state=dead">\(queue.dead)</a></td>
         <td class="count" data-field="completed"><a href="\(html(link))&amp;state=completed">\(queue.completed)</a></td>
         <td class="count" data-field="cancelled"><a href="\(html(link))&amp;state=cancelled">\(queue.cancelled)</a></td>
@@ -171,7 +172,7 @@ struct DashboardPages: Sendable {
       : """
       <table class="queues">
       <thead><tr><th scope="col">Queue</th><th scope="col" class="count">Ready</th>
-      <th scope="col" class="count">Scheduled</th><th scope="col" class="count" title="\(html(Self.heldMeaning))">Held</th><th scope="col" class="count">Running</th>
+      <th scope="col" class="count">Scheduled</th><th scope="col" class="count" title="\(html(Self.heldMeaning))">Held</th><th scope="col" class="count">Running</th><th scope="col" class="count" title="The most jobs of the queue running at once, across every worker (conveyor limits set)">Limit</th>
       <th scope="col" class="count">Dead</th><th scope="col" class="count" title="Completed jobs kept as history">Completed</th>
       <th scope="col" class="count" title="Cancelled jobs kept as history">Cancelled</th><th scope="col" class="count" title="How long the oldest ready job has waited since its run date">Oldest ready</th><th scope="col">State</th><th scope="col">Actions</th></tr></thead>
       <tbody>
@@ -189,11 +190,30 @@ struct DashboardPages: Sendable {
       """)
   }
 
+  /// What a queue's "Limit" cell says when hovered.
+  func limitTitle(_ concurrency: Int?) -> String {
+    concurrency.map { "At most \($0) running at once, across every worker" }
+      ?? "No concurrency limit (set one with conveyor limits set --concurrency N)"
+  }
+
+  /// The line under a queue's counts on its jobs page naming its concurrency limit, and why
+  /// nothing more is claimed when the limit is reached with ready jobs waiting; nil without one.
+  func limitLine(_ limits: QueueLimits, _ counts: JobCounts) -> String? {
+    guard let concurrency = limits.concurrency else { return nil }
+    var text = "Concurrency limit: at most \(concurrency) running at once, across every worker."
+    if counts.running >= concurrency, counts.ready > 0 {
+      text +=
+        " Limit reached: \(counts.ready) ready job\(counts.ready == 1 ? "" : "s") "
+        + "wait\(counts.ready == 1 ? "s" : "") for a place."
+    }
+    return "<p class=\"limits\" data-field=\"limits\">\(html(text))</p>\n"
+  }
+
   // MARK: jobs
 
   func jobs(
     _ rows: [Dashboard.ListedRow], queues: [String], queue: String?, counts: JobCounts?,
-    filter: Dashboard.StateFilter, text: String,
+    limits: QueueLimits = QueueLimits(), filter: Dashboard.StateFilter, text: String,
     after: JobID?, next: JobID?, notice key: String?, count: Int?, formToken: String
   ) -> DashboardResponse {
     let queueOptions = queues.map {
@@ -226,6 +246,7 @@ struct DashboardPages: Sendable {
           + "<span class=\"count\">\(count)</span></a>"
       }
       body += "<p class=\"counts\">\(links.joined(separator: " · "))</p>\n"
+      if let line = limitLine(limits, counts) { body += line }
     }
     if let queue, filter == .dead || filter == .waiting {
       let encoded = html(HTTPForm.encode(queue))

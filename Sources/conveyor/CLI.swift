@@ -95,7 +95,7 @@ enum CLI {
     ] + historySpecs + [
       CommandSpec(name: "pause", operands: "", summary: "stop claiming jobs, for every worker", options: []),
       CommandSpec(name: "resume", operands: "", summary: "claim jobs again", options: []),
-    ] + ScheduleCommands.specs + [
+    ] + LimitsCommands.specs + ScheduleCommands.specs + [
       DashboardCommand.spec
     ] + Migrate.specs + [
       CommandSpec(
@@ -279,6 +279,18 @@ enum CLI {
       }
       command = "\(group) \(verb)"
     }
+    // `limits` alone shows the limits; `limits set` changes them.
+    if command == "limits", index < words.count, !words[index].hasPrefix("-") {
+      let verb = words[index]
+      index += 1
+      guard verb == "set" else {
+        throw UsageError(
+          description:
+            "unknown limits command \"\(printable(verb))\": use conveyor limits to show the queue's limits, "
+            + "or conveyor limits set --concurrency N|none to change them")
+      }
+      command = "limits set"
+    }
     guard let commandSpec = commands.first(where: { $0.name == command }) else {
       throw UsageError(description: "unknown command \"\(command)\"")
     }
@@ -324,6 +336,8 @@ enum CLI {
       if command == "pause" { try await queue.pause() } else { try await queue.resume() }
       output("queue \(context.queue) \(command == "pause" ? "paused" : "resumed")")
       return ExitCode.success.rawValue
+    case "limits": return try await LimitsCommands.show(&arguments, context)
+    case "limits set": return try await LimitsCommands.set(&arguments, context)
     case "schedule add": return try await ScheduleCommands.add(&arguments, job: scheduledJob, context)
     case "schedule remove", "schedule pause", "schedule resume":
       return try await ScheduleCommands.change(
@@ -755,6 +769,7 @@ enum CLI {
     let queue = try context.controlQueue()
     let counts = try await queue.count()
     let paused = try await store.isPaused(queue: context.queue)
+    let limits = try await store.limits(queue: context.queue)
     // Handlers reported stuck in the last hour, as the workers counted them (their activity).
     let stuck = try await store.activity(since: Date().addingTimeInterval(-3_600), limit: 100_000)
       .filter { $0.queue == context.queue }.reduce(Int64(0)) { $0 &+ $1.stuck }
@@ -765,14 +780,22 @@ enum CLI {
         var paused: Bool
         var counts: JobCounts
         var stuckInTheLastHour: Int64
+        /// The stored limits; absent when none is set.
+        var limits: QueueLimits?
+        /// Whether the concurrency limit keeps ready jobs waiting; absent without a limit.
+        var limitReached: Bool?
       }
       try printJSON(
         Status(
           database: context.databaseDescription, queue: context.queue, paused: paused, counts: counts,
-          stuckInTheLastHour: stuck))
+          stuckInTheLastHour: stuck, limits: limits.isEmpty ? nil : limits,
+          limitReached: limits.isEmpty ? nil : LimitsCommands.reachedText(limits, counts) != nil))
     } else {
       output("database  \(printable(context.databaseDescription))")
       output("queue     \(context.queue)\(paused ? " (paused)" : "")")
+      if let concurrency = limits.concurrency {
+        output("limit     at most \(concurrency) running at once")
+      }
       output("ready     \(counts.ready)")
       output("scheduled \(counts.scheduled)")
       output("held      \(counts.held)" + (counts.held > 0 ? " (\(heldExplanation))" : ""))
@@ -784,6 +807,9 @@ enum CLI {
         output(
           "note      a dead job holds the later jobs of its ordering key until it is re-queued "
             + "(conveyor retry), removed or purged")
+      }
+      if let reason = LimitsCommands.reachedText(limits, counts) {
+        output("waiting   \(reason)")
       }
       if stuck > 0 {
         output(

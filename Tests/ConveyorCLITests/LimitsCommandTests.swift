@@ -1,0 +1,231 @@
+import Conveyor
+import ConveyorSQLite
+import Foundation
+import Testing
+
+/// `limits` and `limits set`: a queue's stored concurrency limit, set and shown through real
+/// processes on a real SQLite file (and a PostgreSQL server when one is installed); values that
+/// cannot be stored are refused with exit 2 and change nothing; `status` and the dashboard show
+/// the limit, and why nothing more is claimed when it is reached.
+@Suite struct LimitsCommandTests {
+  /// The stored concurrency `limits --json` reports: nil for none (`null`, which must be there).
+  private func storedConcurrency(
+    _ sandbox: Sandbox, _ global: [String] = [], sourceLocation: SourceLocation = #_sourceLocation
+  ) async throws -> Int? {
+    let shown = try await sandbox.succeed(global + ["limits", "--json"], sourceLocation: sourceLocation)
+      .object()
+    #expect(shown.keys.contains("concurrency"), "\(shown)", sourceLocation: sourceLocation)
+    return shown["concurrency"] as? Int
+  }
+
+  /// Claims `count` ready jobs of `queue` in the sandbox's file through the library, as a worker
+  /// of another process would: they are running until their lease lapses.
+  private func claim(_ count: Int, queue: String = "outbox", in sandbox: Sandbox) async throws -> Int {
+    let store = try SQLiteJobStore(path: sandbox.database)
+    let lease = Lease(owner: "limits-test", duration: .seconds(600))
+    let batch = try await store.settleAndClaim(
+      [], queue: queue, limit: count, lease: lease, clock: SystemJobClock())
+    await store.close()
+    return batch.claimed.count
+  }
+
+  @Test func setShowAndRemoveRoundTrip() async throws {
+    let sandbox = try Sandbox()
+    #expect(try await sandbox.succeed(["limits"]).lines == ["queue outbox: no limits (0 running)"])
+    let none = try await sandbox.succeed(["limits", "--json"]).object()
+    #expect(none["concurrency"] is NSNull, "null, not left out: \(none)")
+    #expect(none["queue"] as? String == "outbox" && none["running"] as? Int == 0)
+
+    let set = try await sandbox.succeed(["limits", "set", "--concurrency", "3"])
+    #expect(set.lines == ["queue outbox: concurrency 3 (0 running)"], "prints what was stored: \(set)")
+    #expect(try await sandbox.succeed(["limits"]).lines == ["queue outbox: concurrency 3 (0 running)"])
+    #expect(try await storedConcurrency(sandbox) == 3)
+    // Per queue: another queue has none, and its own is kept apart.
+    #expect(try await storedConcurrency(sandbox, ["--queue", "mail"]) == nil)
+    let mail = try await sandbox.succeed([
+      "--queue", "mail", "limits", "set", "--concurrency=1000000", "--json",
+    ])
+    .object()
+    #expect(mail["queue"] as? String == "mail" && mail["concurrency"] as? Int == 1_000_000, "\(mail)")
+    #expect(try await storedConcurrency(sandbox) == 3)
+
+    let removed = try await sandbox.succeed(["limits", "set", "--concurrency", "none"])
+    #expect(removed.lines == ["queue outbox: no limits (0 running)"], "\(removed)")
+    #expect(try await storedConcurrency(sandbox) == nil)
+    #expect(try await storedConcurrency(sandbox, ["--queue", "mail"]) == 1_000_000)
+    // "+1" is a whole number as well.
+    try await sandbox.succeed(["limits", "set", "--concurrency", "+1"])
+    #expect(try await storedConcurrency(sandbox) == 1)
+
+    let help = try await sandbox.succeed(["help", "limits"]).stdout
+    #expect(help.contains("Usage: conveyor limits [options]") && help.contains("--concurrency N"), "\(help)")
+    #expect(try await sandbox.succeed(["--help"]).stdout.contains("\n  limits set "))
+  }
+
+  @Test func valuesThatCannotBeStoredExitTwoAndKeepTheStoredLimit() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.succeed(["limits", "set", "--concurrency", "3"])
+    let refused = [
+      "0", "-1", "abc", "99999999999999999999", "1000001", "", "NaN", "3.5", " 3", "3 ", "1e3", "0x10", "３",
+      "None", "-0",
+    ]
+    for value in refused {
+      for words in [["limits", "set", "--concurrency", value], ["limits", "set", "--concurrency=\(value)"]] {
+        let outcome = try await sandbox.run(words)
+        #expect(outcome.status == 2, "\(words): \(outcome)")
+        #expect(
+          outcome.stderr.contains(
+            "--concurrency must be a whole number from 1 to 1000000, or none to remove the limit")
+            && outcome.stderr.contains("the stored limits were not changed"), "\(words): \(outcome)")
+        #expect(outcome.stdout.isEmpty, "\(words): \(outcome)")
+      }
+    }
+    let zero = try await sandbox.run(["limits", "set", "--concurrency", "0"])
+    #expect(zero.stderr.contains("pause the queue (conveyor pause)"), "says what stops claims: \(zero)")
+    // Usage mistakes: no limit, no value, an unknown verb or option.
+    let mistakes: [([String], String)] = [
+      (["limits", "set"], "conveyor: limits set needs a limit: --concurrency N (1 to 1000000)"),
+      (["limits", "set", "3"], "needs a limit"),
+      (["limits", "set", "--concurrency"], "--concurrency needs a value"),
+      (["limits", "frob"], "unknown limits command \"frob\": use conveyor limits"),
+      (["limits", "--concurrency", "3"], "unknown option \"--concurrency\" for conveyor limits"),
+      (["limits", "set", "--concurrency", "4", "extra"], "unexpected argument \"extra\""),
+      (["limits", "set", "--concurrency", "4", "--queue", "x"], "--queue goes before the command"),
+    ]
+    for (words, message) in mistakes {
+      let outcome = try await sandbox.run(words)
+      #expect(outcome.status == 2 && outcome.stderr.contains(message), "\(words): \(outcome)")
+      #expect(outcome.stderr.contains("Run 'conveyor help' for usage."), "\(words): \(outcome)")
+    }
+    #expect(try await storedConcurrency(sandbox) == 3, "every refusal left the stored limit")
+  }
+
+  @Test func statusShowsTheLimitAndWhyNothingMoreIsClaimed() async throws {
+    let sandbox = try Sandbox()
+    for _ in 0..<4 { try await sandbox.add(["exec", "--", "true"]) }
+    var lines = try await sandbox.succeed(["status"]).lines
+    #expect(!lines.contains { $0.hasPrefix("limit ") || $0.contains("concurrency limit") }, "\(lines)")
+    var status = try await sandbox.succeed(["status", "--json"]).object()
+    #expect(status["limits"] == nil && status["limitReached"] == nil, "none without a limit: \(status)")
+
+    try await sandbox.succeed(["limits", "set", "--concurrency", "2"])
+    lines = try await sandbox.succeed(["status"]).lines
+    #expect(lines.contains("limit     at most 2 running at once"), "\(lines)")
+    #expect(!lines.contains { $0.contains("reached") }, "nothing runs yet: \(lines)")
+
+    // Two running (claimed by "another process"), two ready: the limit is what holds them.
+    #expect(try await claim(2, in: sandbox) == 2)
+    lines = try await sandbox.succeed(["status"]).lines
+    #expect(lines.contains("running   2") && lines.contains("ready     2"), "\(lines)")
+    #expect(
+      lines.contains("waiting   concurrency limit of 2 reached: 2 ready jobs wait for a place"), "\(lines)")
+    status = try await sandbox.succeed(["status", "--json"]).object()
+    #expect((status["limits"] as? [String: Any])?["concurrency"] as? Int == 2, "\(status)")
+    #expect(status["limitReached"] as? Bool == true, "\(status)")
+    #expect(
+      try await sandbox.succeed(["limits"]).lines == [
+        "queue outbox: concurrency 2 (2 running)",
+        "concurrency limit of 2 reached: 2 ready jobs wait for a place",
+      ])
+
+    // Lowered below the number running: nothing stops, and it says so.
+    let lowered = try await sandbox.succeed(["limits", "set", "--concurrency", "1"]).lines
+    #expect(
+      lowered == [
+        "queue outbox: concurrency 1 (2 running)",
+        "concurrency limit of 1 reached: 2 ready jobs wait for a place",
+        "2 running is more than the limit: none is stopped, and no job is claimed until fewer than 1 run",
+      ], "\(lowered)")
+    // Raised above them: room again, no reason given.
+    try await sandbox.succeed(["limits", "set", "--concurrency", "5"])
+    lines = try await sandbox.succeed(["status"]).lines
+    #expect(lines.contains("limit     at most 5 running at once"), "\(lines)")
+    #expect(!lines.contains { $0.contains("reached") }, "\(lines)")
+    status = try await sandbox.succeed(["status", "--json"]).object()
+    #expect(status["limitReached"] as? Bool == false, "\(status)")
+    // Removed: status no longer names one.
+    try await sandbox.succeed(["limits", "set", "--concurrency", "none"])
+    lines = try await sandbox.succeed(["status"]).lines
+    #expect(!lines.contains { $0.hasPrefix("limit ") }, "\(lines)")
+  }
+
+  /// A worker process obeys a limit set by another: with a limit of 1, `work --concurrency 4`
+  /// never runs two of the queue's commands at once.
+  @Test func aWorkerObeysTheStoredLimit() async throws {
+    let sandbox = try Sandbox()
+    let log = sandbox.path("runs.log")
+    for name in ["a", "b", "c"] {
+      try await sandbox.add([
+        "exec", "--", "sh", "-c", "echo \"start $1\" >> \"$2\"; sleep 0.3; echo \"end $1\" >> \"$2\"", "sh",
+        name,
+        log,
+      ])
+    }
+    try await sandbox.succeed(["limits", "set", "--concurrency", "1"])
+    let worked = try await sandbox.run(
+      ["work", "--concurrency", "4", "--until-empty"], timeout: .seconds(60))
+    #expect(worked.status == 0, "\(worked)")
+    let lines = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n")
+    #expect(lines.count == 6, "\(lines)")
+    // One at a time: every start is followed by its own end.
+    for pair in stride(from: 0, to: lines.count - 1, by: 2) {
+      #expect(
+        lines[pair].hasPrefix("start ") && lines[pair + 1] == "end " + lines[pair].dropFirst("start ".count),
+        "\(lines)")
+    }
+  }
+
+  @Test func theDashboardShowsTheLimit() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.add(["exec", "--", "true"])
+    for _ in 0..<3 { _ = try await sandbox.succeed(["--queue", "mail", "add", "exec", "--", "true"]) }
+    try await sandbox.succeed(["--queue", "mail", "limits", "set", "--concurrency", "1"])
+    #expect(try await claim(1, queue: "mail", in: sandbox) == 1)
+    let dashboard = try await DashboardProcess.start(sandbox)
+    defer { kill(dashboard.running.process.processIdentifier, SIGKILL) }
+
+    let api = try jsonObject(try await dashboard.get("/api/queues").body)
+    let queues = try #require(api["queues"] as? [[String: Any]])
+    let mail = try #require(queues.first { $0["name"] as? String == "mail" })
+    let outbox = try #require(queues.first { $0["name"] as? String == "outbox" })
+    #expect(mail["concurrency"] as? Int == 1, "\(mail)")
+    #expect(outbox["concurrency"] is NSNull, "null, not left out: \(outbox)")
+
+    let page = try await dashboard.get("/").body
+    #expect(page.contains(#">Limit</th>"#), "a Limit column")
+    let row = try #require(page.components(separatedBy: #"<tr data-queue="mail""#).dropFirst().first)
+    #expect(
+      row.contains(#"data-field="concurrency" title="At most 1 running at once, across every worker">1</td>"#)
+    )
+    let jobs = try await dashboard.get("/jobs?queue=mail").body
+    #expect(
+      jobs.contains(
+        "Concurrency limit: at most 1 running at once, across every worker. Limit reached: 2 ready jobs "
+          + "wait for a place."), "\(jobs)")
+  }
+
+  @Test(.enabled(if: LocalPostgres.binaries != nil, "the PostgreSQL server is not installed"))
+  func setShowAndStatusOnPostgreSQL() async throws {
+    let sandbox = try Sandbox()
+    let server = try await LocalPostgres.start(in: sandbox)
+    defer { server.stop() }
+    let database = ["--database", server.url]
+    func run(_ words: [String]) async throws -> Outcome {
+      try await sandbox.run(database + words, withDatabase: false)
+    }
+    var outcome = try await run(["limits"])
+    #expect(outcome.status == 0 && outcome.lines == ["queue outbox: no limits (0 running)"], "\(outcome)")
+    outcome = try await run(["limits", "set", "--concurrency", "4"])
+    #expect(outcome.status == 0 && outcome.lines == ["queue outbox: concurrency 4 (0 running)"], "\(outcome)")
+    outcome = try await run(["limits", "set", "--concurrency", "1000001"])
+    #expect(outcome.status == 2 && outcome.stderr.contains("from 1 to 1000000"), "\(outcome)")
+    outcome = try await run(["limits", "--json"])
+    #expect(outcome.status == 0, "\(outcome)")
+    #expect(try outcome.object()["concurrency"] as? Int == 4, "\(outcome)")
+    outcome = try await run(["status"])
+    #expect(
+      outcome.status == 0 && outcome.lines.contains("limit     at most 4 running at once"), "\(outcome)")
+    outcome = try await run(["limits", "set", "--concurrency", "none"])
+    #expect(outcome.status == 0 && outcome.lines == ["queue outbox: no limits (0 running)"], "\(outcome)")
+  }
+}
