@@ -35,6 +35,8 @@ final class SimOracle: Sendable {
     case firedWhenDue = "a schedule's job is added no earlier than its slot"
     case keyInOrder =
       "a job of an ordering key is claimed only once every job of its key added before it has finished"
+    case withinLimit =
+      "a claim never takes the queue's running jobs past its stored concurrency (a job whose lease lapsed counts until rescued)"
   }
 
   /// A broken rule, with what showed it.
@@ -87,6 +89,8 @@ final class SimOracle: Sendable {
   }
 
   private struct State {
+    /// The queue's concurrency limit, as the application last stored it.
+    var concurrencyLimit: Int?
     var schedules: [String: ScheduleFacts] = [:]
     /// Whether a process keeps finished jobs briefly (or not at all): then they may leave the store.
     var historyMayGo = false
@@ -310,6 +314,15 @@ final class SimOracle: Sendable {
     if let start = laterStart {
       checkFirstClaim(batch.claimed, process: process, processStart: start, now: wallNow)
     }
+    if !batch.claimed.isEmpty, let limit = state.withLock({ $0.concurrencyLimit }) {
+      let running = store.peekAll(queue: queue).filter { $0.status == .running }.count
+      if running > limit {
+        fail(
+          .withinLimit,
+          "p\(process) claimed \(batch.claimed.map(\.id)), leaving \(running) running under a limit of \(limit)"
+        )
+      }
+    }
     // A dead job pruned from the store no longer holds its key (its retention passed).
     if let broken = earlierOfKey.first(where: { $0.status != .dead || store.peek($0.earlier) != nil }) {
       fail(
@@ -422,6 +435,12 @@ final class SimOracle: Sendable {
 
   func paused(_ paused: Bool, queue: String) {
     note("queue \(paused ? "paused" : "resumed")")
+  }
+
+  /// The application stored these limits (the store has them from this moment).
+  func limitsSet(_ limits: QueueLimits) {
+    state.withLock { $0.concurrencyLimit = limits.concurrency }
+    note("concurrency limit \(limits.concurrency.map(String.init) ?? "none")")
   }
 
   // MARK: Schedules

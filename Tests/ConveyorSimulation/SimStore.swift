@@ -211,6 +211,17 @@ final class SimStore: JobStore {
     }
   }
 
+  func limits(queue: String) async throws -> QueueLimits {
+    try await world.call(process, .read) { try await self.base.limits(queue: queue) }
+  }
+
+  func setLimits(_ limits: QueueLimits, queue: String) async throws {
+    try await world.call(process, .change) {
+      if self.world.scenario.defect != .forgetsLimits { try await self.base.setLimits(limits, queue: queue) }
+      self.world.oracle.limitsSet(limits)
+    }
+  }
+
   func isPaused(queue: String) async throws -> Bool {
     try await world.call(process, .read) { try await self.base.isPaused(queue: queue) }
   }

@@ -386,6 +386,17 @@ final class SimWorld: Sendable {
         }
       }
     }
+    // The application stores the queue's concurrency limit as the history starts, and changes it
+    // now and then during the chaos.
+    if let limit = scenario.concurrencyLimit {
+      spawn(application) { [self] in await setLimits(QueueLimits(concurrency: limit), from: application) }
+    }
+    for at in times(scenario.limitChangesPerMinute, within: span) {
+      schedule(at: at) { [self] in
+        let limit = draw { $0.pick([1, 2, 4, nil] as [Int?]) }
+        spawn(application) { [self] in await setLimits(QueueLimits(concurrency: limit), from: application) }
+      }
+    }
     for at in times(scenario.pausesPerMinute, within: span) {
       schedule(at: at) { [self] in
         spawn(application) { [self] in await setPaused(true, from: application) }
@@ -461,6 +472,20 @@ final class SimWorld: Sendable {
       return NewJob(payload: payload, deduplicationKey: "latest-\(job % 2)", onConflict: .replace)
     default:
       return NewJob(payload: payload)
+    }
+  }
+
+  private func setLimits(_ limits: QueueLimits, from process: Process) async {
+    while true {
+      do {
+        try await process.store.setLimits(limits, queue: Self.queueName)
+        return
+      } catch SimFault.refused {
+        try? await clock.sleep(for: .milliseconds(50))
+      } catch {
+        // Lost after it was applied (chaos only): done.
+        return
+      }
     }
   }
 

@@ -40,6 +40,11 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
   /// A jump of the wall clock forward, once during the chaos, far past the schedules' grace (a
   /// host suspended and resumed): their slots meanwhile are missed and caught up. Nil: none.
   public var clockJump: Duration? = nil
+  /// The queue's stored concurrency limit, set by the application as the history starts, then
+  /// changed (to 1, 2, 4 or none) `limitChangesPerMinute` times a minute; nil: none set.
+  public var concurrencyLimit: Int? = nil
+  /// Changes of the stored concurrency limit per simulated minute.
+  public var limitChangesPerMinute: Double = 0
 
   /// A defect built into the simulated store on purpose, to show that the checks catch it (nil:
   /// the store keeps its contract).
@@ -60,6 +65,9 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
     scenario.scheduleEvery = random.pick([nil, .seconds(1), .seconds(2), .seconds(5)] as [Duration?])
     scenario.schedulePausesPerMinute = random.pick([0, 1, 3])
     scenario.clockJump = random.pick([nil, nil, nil, .seconds(90), .seconds(200)] as [Duration?])
+    // Drawn after the rest, so the other knobs are those each seed drew before limits.
+    scenario.concurrencyLimit = random.pick([nil, nil, 1, 2, 4] as [Int?])
+    scenario.limitChangesPerMinute = scenario.concurrencyLimit == nil ? 0 : random.pick([0, 2, 6])
     return scenario
   }
 
@@ -87,6 +95,11 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
     with { $0.schedulePausesPerMinute = 0 }
     with { $0.scheduleEvery = nil }
     with { $0.clockJump = nil }
+    with { $0.limitChangesPerMinute = 0 }
+    with {
+      $0.concurrencyLimit = nil
+      $0.limitChangesPerMinute = 0
+    }
     return options
   }
 
@@ -96,7 +109,8 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
       + "clock steps/min \(clockStepsPerMinute), shutdowns/min \(shutdownsPerMinute), pauses/min \(pausesPerMinute), "
       + "store failures \(storeFailure), lost answers \(lostAnswer), slow calls \(slowCall), handler trouble \(handlerTrouble), "
       + "schedule every \(scheduleEvery.map { "\($0)" } ?? "-"), schedule pauses/min \(schedulePausesPerMinute), "
-      + "clock jump \(clockJump.map { "\($0)" } ?? "-")"
+      + "clock jump \(clockJump.map { "\($0)" } ?? "-"), "
+      + "concurrency limit \(concurrencyLimit.map(String.init) ?? "-"), limit changes/min \(limitChangesPerMinute)"
       + (defect.map { ", defect \($0)" } ?? "")
   }
 }
@@ -140,6 +154,9 @@ public enum SimDefect: String, Sendable, Hashable {
   /// The store stores jobs without their ordering keys: jobs of a key run side by side and out
   /// of the order they were added.
   case ignoresOrderingKeys
+  /// The store answers a change of the queue's limits as done but keeps the limits it had (none
+  /// at first): claims take more jobs than the limit the application set.
+  case forgetsLimits
 }
 
 /// The outcome of one simulated history.

@@ -241,6 +241,18 @@ public final class InstrumentedJobStore: JobStore {
   }
 
   /// Counted, then forwarded to ``base``.
+  public func limits(queue: String) async throws -> QueueLimits {
+    try record("limits")
+    return try await base.limits(queue: queue)
+  }
+
+  /// Counted, then forwarded to ``base``.
+  public func setLimits(_ limits: QueueLimits, queue: String) async throws {
+    try record("setLimits")
+    try await base.setLimits(limits, queue: queue)
+  }
+
+  /// Counted, then forwarded to ``base``.
   public func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
     try record("nextWake")
     var hint = try await base.nextWake(queue: queue, clock: clock)

@@ -129,6 +129,17 @@ struct SimulationCheckTests {
       "\(caught?.violation ?? "")")
   }
 
+  /// A store that keeps no limit it is given lets claims take more jobs than the application's
+  /// concurrency limit.
+  @Test func theFixedSeedsCatchAStoreThatForgetsLimits() async {
+    let caught = await Self.earliestCatch(of: .forgetsLimits)
+    #expect(caught != nil, "no seed of \(SimulationTests.seeds) caught a store that forgets limits")
+    #expect(
+      caught?.violation?.hasPrefix("a claim never takes the queue's running jobs past its stored concurrency")
+        == true,
+      "\(caught?.violation ?? "")")
+  }
+
   /// More workers and more frequent faults than any seed draws (six wall-clock steps a minute,
   /// where the drawn scenarios have at most three). Worker p4 claims jobs 39–41 ahead at 8.867 s
   /// (lease 2 s); at 9.213 s the wall clock steps forward 2.345 s, so the store's leases lapse and

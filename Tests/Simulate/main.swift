@@ -8,7 +8,7 @@ import Foundation
 //                                          [--defect settlesStaleClaims|rescuesLiveLeases|renewsStaleClaims|
 //                                                   prunesEarly|prunesUnfinished|
 //                                                   ignoresRunningForUniqueness|runsStalePayload|
-//                                                   firesSlotTwice|skipsSlot|firesEarly|ignoresOrderingKeys]
+//                                                   firesSlotTwice|skipsSlot|firesEarly|ignoresOrderingKeys|forgetsLimits]
 //
 // With `--defect`, each seed's scenario has that defect built into the store: a search for seeds
 // that catch it (the simulation's own check tests name one).
@@ -29,7 +29,7 @@ if arguments.contains("--defect") && defect == nil {
   print(
     "conveyor-simulate: --defect takes settlesStaleClaims, rescuesLiveLeases, renewsStaleClaims, prunesEarly, "
       + "prunesUnfinished, ignoresRunningForUniqueness, runsStalePayload, firesSlotTwice, skipsSlot, "
-      + "firesEarly or ignoresOrderingKeys"
+      + "firesEarly, ignoresOrderingKeys or forgetsLimits"
   )
   exit(2)
 }
