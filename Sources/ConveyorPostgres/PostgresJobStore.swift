@@ -155,6 +155,10 @@ public final class PostgresJobStore: JobStore {
   let listener: Listener?
   /// Adds waiting to be committed together (see ``enqueue(_:queue:clock:)``).
   let adds = EnqueueGroups()
+  /// The queues whose last claim here found a concurrency limit stored: their next claim takes
+  /// the limit's lock and the limited claim in its first round trip (see `settleAndClaim`).
+  /// A guess only: a wrong one costs a lock or a second round trip, never a wrong claim.
+  let limitedQueues = Mutex<Set<String>>([])
 
   /// Connects, creates or migrates the schema, and returns the store. Blocks the calling thread
   /// while it connects; from an `async` context prefer ``open(url:options:onWait:)``.
@@ -868,18 +872,16 @@ public final class PostgresJobStore: JobStore {
         }
         if wakes { statements.append((sql.notify, [.text(queue)])) }
       }
+      // A queue that had a concurrency limit at its last claim here takes the limit's lock and
+      // the limited claim in this round trip; any other takes the plain claim, which claims
+      // nothing under a limit, and a second round trip follows when the flags show one.
+      let believedLimited = limit > 0 && self.limitedQueues.withLock { $0.contains(queue) }
+      let claimParameters: [PostgresValue] = [
+        .text(queue), .int64(Int64(limit)), .text(Self.storable(lease.owner)), .int64(leaseMilliseconds), now,
+      ]
       statements.append(limit > 0 ? (sql.promote, [.text(queue), now]) : (sql.isPaused, [.text(queue)]))
-      if limit > 0 {
-        statements.append(
-          (
-            sql.claim,
-            [
-              .text(queue), .int64(Int64(limit)), .text(Self.storable(lease.owner)),
-              .int64(leaseMilliseconds),
-              now,
-            ]
-          ))
-      }
+      if believedLimited { statements.append((SQL.limitLock, [.text(queue)])) }
+      if limit > 0 { statements.append((believedLimited ? sql.limitedClaim : sql.claim, claimParameters)) }
       let results = try db.pipeline(statements)
       var stale: [ClaimReference] = []
       var retryDates: [JobID: Date] = [:]
@@ -898,21 +900,22 @@ public final class PostgresJobStore: JobStore {
           }
         }
       }
-      let flagIndex = statements.count - (limit > 0 ? 2 : 1)
+      let flagIndex = statements.count - (limit > 0 ? (believedLimited ? 3 : 2) : 1)
       let flag = results[flagIndex]
       let pausedBefore = flag.count > 0 && flag.bool(0, 0)
       guard limit > 0 else {
         return ClaimBatch(claimed: [], staleSettlements: stale, paused: pausedBefore, retryDates: retryDates)
       }
       var rows = results[statements.count - 1]
-      if !pausedBefore, flag.count > 0, !flag.isNull(0, 1) {
-        // A concurrency limit: the claim above took nothing. Claims of the queue take turns under
-        // its lock and count the running jobs (a second transaction; the settlements are in).
-        let claim: [PostgresValue] = [
-          .text(queue), .int64(Int64(limit)), .text(Self.storable(lease.owner)), .int64(leaseMilliseconds),
-          now,
-        ]
-        rows = try db.pipeline([(SQL.limitLock, [.text(queue)]), (sql.limitedClaim, claim)])[1]
+      let limited = flag.count > 0 && !flag.isNull(0, 1)
+      if limited != believedLimited {
+        self.limitedQueues.withLock { if limited { $0.insert(queue) } else { $0.remove(queue) } }
+      }
+      if limited && !believedLimited && !pausedBefore {
+        // A limit this store did not know of: the plain claim took nothing. Claims of the queue
+        // take turns under its lock and count the running jobs (a second transaction; the
+        // settlements are in).
+        rows = try db.pipeline([(SQL.limitLock, [.text(queue)]), (sql.limitedClaim, claimParameters)])[1]
       }
       // In claim order: each record with its `seq`, the column after the record's.
       let sequenced = try (0..<rows.count).map {

@@ -1,6 +1,7 @@
 import Conveyor
 import ConveyorTestSupport
 import Foundation
+import Synchronization
 import Testing
 
 // The examples of the "Durable queues" guide (Sources/Conveyor/Conveyor.docc/DurableQueues.md),
@@ -35,6 +36,20 @@ private struct OrderEvent: Queueable {
   var orderID: String
   var action: String
   var orderingKey: String? { orderID }  // one order's events in turn
+}
+
+// ConcurrencyLimits.md: the type, and an export that notes how many run as it starts.
+private struct Export: Queueable {
+  var table: String
+  static let running = Mutex((now: 0, seen: [Int]()))
+  func run() async throws {
+    Self.running.withLock {
+      $0.now += 1
+      $0.seen.append($0.now)
+    }
+    try await Task.sleep(for: .milliseconds(5))
+    Self.running.withLock { $0.now -= 1 }
+  }
 }
 
 // Schedules.md: the type.
@@ -172,6 +187,26 @@ struct QueueGuideSnippetTests {
     let order = handled.all
     #expect(order.count == 3)
     #expect(order.firstIndex(of: "A-17 create")! < order.firstIndex(of: "A-17 cancel")!, "\(order)")
+  }
+
+  @Test func exportsRunAtMostTwoAtOnceAcrossProcesses() async throws {
+    let store = InMemoryJobStore()
+    // ConcurrencyLimits.md example begins
+    let exports = try JobQueue<Export>(
+      configuration: .init(identifier: "exports", concurrency: 8), store: store
+    ) { export, _ in
+      try await export.run()  // at most 2 exports run at once, in every process sharing the store
+      return .handled
+    }
+    try await exports.setLimits(QueueLimits(concurrency: 2))
+    // ConcurrencyLimits.md example ends
+    for table in ["orders", "invoices", "customers", "payments", "refunds"] {
+      try await exports.add(Export(table: table))
+    }
+    await exports.waitUntilFinished()
+    await exports.shutdown()
+    let seen = Export.running.withLock { $0.seen }
+    #expect(seen.count == 5 && seen.allSatisfy { $0 <= 2 }, "exports at once as each started: \(seen)")
   }
 
   @Test func theLandingPageExample() async throws {

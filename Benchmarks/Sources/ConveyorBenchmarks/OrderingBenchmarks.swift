@@ -92,10 +92,14 @@ func orderedStoreDrain(_ store: any JobStore, count: Int, keys: Int?) async thro
 
 /// Seconds for a `JobQueue` at concurrency 4 (no-op handler) to drain `count` new jobs of queue
 /// "bench" of `store`, job `i` with the ordering key `i % keys` (none when `keys` is nil).
-/// With `timingTheAdd`, the seconds include adding the jobs (1,000 per call).
-func orderedDrain(_ store: any JobStore, count: Int, keys: Int?, timingTheAdd: Bool = false) async throws
-  -> Double
-{
+/// With `timingTheAdd`, the seconds include adding the jobs (1,000 per call); with a
+/// `concurrencyLimit`, the queue's stored limit is set to it first.
+func orderedDrain(
+  _ store: any JobStore, count: Int, keys: Int?, timingTheAdd: Bool = false, concurrencyLimit: Int? = nil
+) async throws -> Double {
+  if let concurrencyLimit {
+    try await store.setLimits(QueueLimits(concurrency: concurrencyLimit), queue: "bench")
+  }
   let added = ContinuousClock.now
   try await addOrdered(store, count: count, keys: keys)
   let configuration = JobQueueConfiguration(identifier: "bench", concurrency: 4, autoStart: false)

@@ -14,5 +14,6 @@ if wants("queue") { try await runQueueBenchmarks() }
 if wants("history") { try await runHistoryBenchmarks() }
 if wants("schedules") { try await runScheduleBenchmarks() }
 if wants("ordering") { try await runOrderingBenchmarks() }
+if wants("limits") { try await runLimitBenchmarks() }
 // Needs a server: run through Benchmarks/with-postgres.sh (skipped without CONVEYOR_POSTGRES_URL).
 if wants("postgres") { try await runPostgresBenchmarks() }
