@@ -88,3 +88,155 @@ struct LimitConcurrencyTests {
     for store in stores { await store.close() }
   }
 }
+
+extension LimitConcurrencyTests {
+  /// Opens a store on a fresh schema, limits queue `q` to one, enqueues two jobs and claims the
+  /// first: the caller then settles it while another session holds the queue's limit lock.
+  private static func claimedFirstOfTwo(lockTimeout: Duration) async throws
+    -> (store: PostgresJobStore, schema: String, claimed: JobRecord, url: String)
+  {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("limitlock")
+    let store = try await PostgresJobStore.open(
+      url: server.url, options: PostgresJobStore.Options(schema: schema, lockTimeout: lockTimeout))
+    let clock = SystemJobClock()
+    _ = try await store.enqueue(
+      [NewJob(payload: Data("a".utf8)), NewJob(payload: Data("b".utf8))], queue: "q", clock: clock)
+    try await store.setLimits(QueueLimits(concurrency: 1), queue: "q")
+    let first = try await store.settleAndClaim(
+      [], queue: "q", limit: 1, lease: Lease(owner: "w", duration: .seconds(60)), clock: clock)
+    let claimed = try #require(first.claimed.first)
+    return (store, schema, claimed, server.url)
+  }
+
+  /// A limited claim takes the queue's lock in a second transaction, after the settlements
+  /// committed. When that lock is not granted within the lock timeout (another claim of the queue
+  /// holds it: here a session of the test), the call throws, though the completion it was asked
+  /// to record is already committed: `JobStore` promises that a call which throws changed nothing,
+  /// and the engine then keeps the outcome to record again (refused as stale the next time).
+  @Test func limitedClaimThatTimesOutOnTheLimitLockLeavesNoSettlementBehind() async throws {
+    let (store, _, claimed, url) = try await Self.claimedFirstOfTwo(lockTimeout: .milliseconds(200))
+    let admin = try AdminConnection(url)
+    try admin.query("SELECT pg_advisory_lock(hashtextextended('conveyor.limit:' || 'q', 0))")
+    let outcome: Result<ClaimBatch, any Error>
+    do {
+      outcome = .success(
+        try await store.settleAndClaim(
+          [JobSettlement(claim: claimed.claim, action: .complete, keepsHistory: true)], queue: "q",
+          limit: 1, lease: Lease(owner: "w", duration: .seconds(60)), clock: SystemJobClock()))
+    } catch {
+      outcome = .failure(error)
+    }
+    try admin.query("SELECT pg_advisory_unlock_all()")
+    let record = try await store.job(claimed.id)
+    switch outcome {
+    case .success(let batch):
+      #expect(batch.staleSettlements.isEmpty, "the completion committed, yet was reported stale")
+    case .failure(let error):
+      #expect(
+        record?.status != .completed,
+        "settleAndClaim threw (\(error)) though the completion it was asked to record committed")
+    }
+    await store.close()
+  }
+
+  /// The connection of a limited claim is lost while the claim waits for the queue's limit lock,
+  /// after its settlements committed in the first transaction. The store runs the whole call again
+  /// on a new connection, and the completion, already recorded, is then reported stale: the
+  /// engine would treat the job's outcome as refused (taken over elsewhere) though it was recorded.
+  @Test func limitedClaimWhoseConnectionDropsAfterItsSettlementsReportsThemApplied() async throws {
+    let (store, _, claimed, url) = try await Self.claimedFirstOfTwo(lockTimeout: .seconds(5))
+    let admin = try AdminConnection(url)
+    try admin.query("SELECT pg_advisory_lock(hashtextextended('conveyor.limit:' || 'q', 0))")
+    let call = Task {
+      try await store.settleAndClaim(
+        [JobSettlement(claim: claimed.claim, action: .complete, keepsHistory: true)], queue: "q",
+        limit: 1, lease: Lease(owner: "w", duration: .seconds(60)), clock: SystemJobClock())
+    }
+    // The claim's backend waits for the test's session: end it there.
+    let blocked = "SELECT pid FROM pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+    try await waitFor("the limited claim to wait for the lock") { try !admin.query(blocked).isEmpty }
+    try admin.query("SELECT pg_terminate_backend(pid) FROM (\(blocked)) AS b")
+    try await Task.sleep(for: .milliseconds(100))
+    try admin.query("SELECT pg_advisory_unlock_all()")
+    let outcome = await call.result
+    let record = try await store.job(claimed.id)
+    #expect(record?.status == .completed, "the completion was recorded: \(String(describing: record))")
+    switch outcome {
+    case .success(let batch):
+      #expect(
+        batch.staleSettlements.isEmpty,
+        "the completion committed in the first transaction, yet was reported stale: \(batch.staleSettlements)"
+      )
+    case .failure(let error):
+      Issue.record("settleAndClaim threw (\(error)) though the completion it was asked to record committed")
+    }
+    await store.close()
+  }
+}
+
+extension LimitConcurrencyTests {
+  /// Whether the limit toggler stops, and how many jobs the claims handed out.
+  final class Tally: Sendable {
+    let stop = Mutex(false)
+    let handedOut = Mutex(0)
+  }
+
+  /// A claim reads the limit with the pause flag (the promote statement), then claims in the next
+  /// statement, which skips a queue with a limit. When the limit is removed between the two, the
+  /// first claim takes jobs, then the limited claim runs too and its rows replace the first's: the
+  /// jobs of the first claim are left running under this worker's lease, handed to nobody, until
+  /// the lease lapses. Here workers claim while another store removes and restores the limit over
+  /// and over; once they have drained the queue nothing may be left running.
+  @Test func claimsWhileTheLimitIsRemovedHandOutEveryJobTheyTake() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("limittoggle")
+    let options = PostgresJobStore.Options(schema: schema)
+    var opened: [PostgresJobStore] = []
+    for _ in 0..<4 { opened.append(try await PostgresJobStore.open(url: server.url, options: options)) }
+    let stores = opened
+    let clock = SystemJobClock()
+    let jobs = 3_000
+    _ = try await stores[0].enqueue(
+      (0..<jobs).map { NewJob(payload: Data("j\($0)".utf8), runAt: Date(timeIntervalSince1970: 0)) },
+      queue: "q", clock: clock)
+    let tally = Tally()
+    try await withThrowingTaskGroup(of: Void.self) { group in
+      group.addTask {
+        var on = false
+        while !tally.stop.withLock({ $0 }) {
+          on.toggle()
+          try await stores[0].setLimits(QueueLimits(concurrency: on ? 1_000_000 : nil), queue: "q")
+        }
+      }
+      for index in 1..<stores.count {
+        let store = stores[index]
+        group.addTask {
+          let lease = Lease(owner: "w\(index)", duration: .seconds(600))
+          var settling: [JobSettlement] = []
+          var idle = 0
+          while idle < 30 {
+            let batch = try await store.settleAndClaim(
+              settling, queue: "q", limit: 3, lease: lease, clock: clock)
+            tally.handedOut.withLock { $0 += batch.claimed.count }
+            settling = batch.claimed.map {
+              JobSettlement(claim: $0.claim, action: .complete, keepsHistory: false)
+            }
+            idle = batch.claimed.isEmpty ? idle + 1 : 0
+            if batch.claimed.isEmpty { try await Task.sleep(for: .milliseconds(5)) }
+          }
+          _ = try await store.settleAndClaim(settling, queue: "q", limit: 0, lease: lease, clock: clock)
+        }
+      }
+      for _ in 1..<stores.count { try await group.next() }
+      tally.stop.withLock { $0 = true }
+      try await group.waitForAll()
+    }
+    let counts = try await stores[0].counts(queue: "q", clock: clock)
+    #expect(
+      counts.running == 0 && counts.ready == 0,
+      "claimed jobs handed to no worker stay running until their lease lapses: \(counts), \(tally.handedOut.withLock { $0 }) of \(jobs) handed out"
+    )
+    for store in stores { await store.close() }
+  }
+}

@@ -80,5 +80,45 @@ extension QueueEngineConformance {
       try expect(runs.all.count == 4, "every job ran: \(runs.all)")
       await queue.shutdown()
     },
+    check("a queue at its stored limit does not claim again for every job added while no place is free") {
+      store in
+      // Its own job holds the one place; jobs added meanwhile wake the loop, which may look, but
+      // a claim that cannot take anything (on SQLite a write transaction; on PostgreSQL one under
+      // the queue's limit lock) should not follow every add: about one per poll interval.
+      let gate = Mutex(false)
+      let started = Mutex(0)
+      let counted = InstrumentedJobStore(store)
+      var configuration = configuration(pollInterval: .milliseconds(250))
+      configuration.autoStart = false
+      configuration.concurrency = 4
+      let queue = try JobQueue<Named>(configuration: configuration, store: counted) { _, _ in
+        started.withLock { $0 += 1 }
+        while !gate.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(2)) }
+        return .handled
+      }
+      try await queue.setLimits(QueueLimits(concurrency: 1))
+      _ = try await queue.add(Named(name: "first"))
+      queue.start()
+      try await waitFor("the first job to start") { started.withLock { $0 } == 1 }
+      try await Task.sleep(for: .milliseconds(100))
+      counted.resetCalls()
+      let clock = ContinuousClock()
+      let began = clock.now
+      for index in 0..<50 {
+        _ = try await queue.add(Named(name: "j\(index)"))
+        try await Task.sleep(for: .milliseconds(10))
+      }
+      let took = clock.now - began
+      let calls = counted.calls
+      let claims = calls["settleAndClaim", default: 0]
+      let allowed = Int((took / .milliseconds(250)).rounded(.up)) * 2 + 4
+      try expect(started.withLock { $0 } == 1, "one job at a time under a limit of 1")
+      try expect(
+        claims <= allowed,
+        "50 adds over \(took) while full: at most \(allowed) claims expected, saw \(claims): \(calls)")
+      gate.withLock { $0 = true }
+      await queue.waitUntilFinished()
+      await queue.shutdown()
+    },
   ]
 }
