@@ -240,3 +240,37 @@ extension LimitConcurrencyTests {
     for store in stores { await store.close() }
   }
 }
+
+extension LimitConcurrencyTests {
+  /// With the caller's clock (`Options.clock` `.caller`), a claim dates its lease from the clock
+  /// reading taken before the call's first transaction; a limited claim then waits for the queue's
+  /// limit lock in its second transaction, and the wait comes off the lease. `JobStore` promises a
+  /// lease of `lease.duration` from the store's clock reading under its lock (as SQLite's claim
+  /// reads the clock once it holds the write lock). Here the lock is held for a second.
+  @Test func limitedClaimWaitingForTheLimitLockKeepsItsWholeLease() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("limitlease")
+    let store = try await PostgresJobStore.open(
+      url: server.url, options: PostgresJobStore.Options(schema: schema, clock: .caller))
+    let clock = SystemJobClock()
+    _ = try await store.enqueue([NewJob(payload: Data("a".utf8))], queue: "q", clock: clock)
+    try await store.setLimits(QueueLimits(concurrency: 1), queue: "q")
+    let admin = try AdminConnection(server.url)
+    try admin.query("SELECT pg_advisory_lock(hashtextextended('conveyor.limit:' || 'q', 0))")
+    let call = Task {
+      try await store.settleAndClaim(
+        [], queue: "q", limit: 1, lease: Lease(owner: "w", duration: .seconds(60)), clock: clock)
+    }
+    let blocked = "SELECT pid FROM pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+    try await waitFor("the limited claim to wait for the lock") { try !admin.query(blocked).isEmpty }
+    try await Task.sleep(for: .seconds(1))
+    let released = clock.now()
+    try admin.query("SELECT pg_advisory_unlock_all()")
+    let batch = try await call.value
+    let claimed = try #require(batch.claimed.first)
+    let expiry = try #require(claimed.leaseExpiresAt)
+    let lease = expiry.timeIntervalSince(released)
+    #expect(lease >= 59.9, "the lease runs \(lease) s from the claim under the lock, not 60 s")
+    await store.close()
+  }
+}
