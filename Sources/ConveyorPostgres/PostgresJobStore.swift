@@ -155,10 +155,6 @@ public final class PostgresJobStore: JobStore {
   let listener: Listener?
   /// Adds waiting to be committed together (see ``enqueue(_:queue:clock:)``).
   let adds = EnqueueGroups()
-  /// The queues whose last claim here found a concurrency limit stored: their next claim takes
-  /// the limit's lock and the limited claim in its first round trip (see `settleAndClaim`).
-  /// A guess only: a wrong one costs a lock or a second round trip, never a wrong claim.
-  let limitedQueues = Mutex<Set<String>>([])
 
   /// Connects, creates or migrates the schema, and returns the store. Blocks the calling thread
   /// while it connects; from an `async` context prefer ``open(url:options:onWait:)``.
@@ -872,16 +868,19 @@ public final class PostgresJobStore: JobStore {
         }
         if wakes { statements.append((sql.notify, [.text(queue)])) }
       }
-      // A queue that had a concurrency limit at its last claim here takes the limit's lock and
-      // the limited claim in this round trip; any other takes the plain claim, which claims
-      // nothing under a limit, and a second round trip follows when the flags show one.
-      let believedLimited = limit > 0 && self.limitedQueues.withLock { $0.contains(queue) }
-      let claimParameters: [PostgresValue] = [
-        .text(queue), .int64(Int64(limit)), .text(Self.storable(lease.owner)), .int64(leaseMilliseconds), now,
-      ]
       statements.append(limit > 0 ? (sql.promote, [.text(queue), now]) : (sql.isPaused, [.text(queue)]))
-      if believedLimited { statements.append((SQL.limitLock, [.text(queue)])) }
-      if limit > 0 { statements.append((believedLimited ? sql.limitedClaim : sql.claim, claimParameters)) }
+      if limit > 0 {
+        // One transaction: the limit's lock when the queue has a limit, then the claim that
+        // applies (the other claims nothing; see `SQL.limitLock`).
+        let claim: [PostgresValue] = [
+          .text(queue), .int64(Int64(limit)), .text(Self.storable(lease.owner)), .int64(leaseMilliseconds),
+          now,
+        ]
+        statements += [
+          (sql.limitLock, [.text(queue)]), (sql.claim, claim), (sql.limitedClaim, claim),
+          (sql.limitFull, [.text(queue)]),
+        ]
+      }
       let results = try db.pipeline(statements)
       var stale: [ClaimReference] = []
       var retryDates: [JobID: Date] = [:]
@@ -900,26 +899,18 @@ public final class PostgresJobStore: JobStore {
           }
         }
       }
-      let flagIndex = statements.count - (limit > 0 ? (believedLimited ? 3 : 2) : 1)
+      let flagIndex = statements.count - (limit > 0 ? 5 : 1)
       let flag = results[flagIndex]
       let pausedBefore = flag.count > 0 && flag.bool(0, 0)
       guard limit > 0 else {
         return ClaimBatch(claimed: [], staleSettlements: stale, paused: pausedBefore, retryDates: retryDates)
       }
-      var rows = results[statements.count - 1]
-      let limited = flag.count > 0 && !flag.isNull(0, 1)
-      if limited != believedLimited {
-        self.limitedQueues.withLock { if limited { $0.insert(queue) } else { $0.remove(queue) } }
-      }
-      if limited && !believedLimited && !pausedBefore {
-        // A limit this store did not know of: the plain claim took nothing. Claims of the queue
-        // take turns under its lock and count the running jobs (a second transaction; the
-        // settlements are in).
-        rows = try db.pipeline([(SQL.limitLock, [.text(queue)]), (sql.limitedClaim, claimParameters)])[1]
-      }
-      // In claim order: each record with its `seq`, the column after the record's.
-      let sequenced = try (0..<rows.count).map {
-        (record: try Self.record(rows, $0), seq: rows.int64($0, SQL.seqColumn))
+      let fullRow = results[statements.count - 1]
+      let full = fullRow.count > 0 && fullRow.bool(0, 0)
+      // In claim order: each record with its `seq`, the column after the record's (one of the
+      // two claims took nothing).
+      let sequenced = try [results[statements.count - 3], results[statements.count - 2]].flatMap { rows in
+        try (0..<rows.count).map { (record: try Self.record(rows, $0), seq: rows.int64($0, SQL.seqColumn)) }
       }
       let claimed = sequenced.sorted { a, b in
         if a.record.priority != b.record.priority { return a.record.priority > b.record.priority }
@@ -931,7 +922,7 @@ public final class PostgresJobStore: JobStore {
       // resumed in between, and a claim of nothing after an unpaused read says nothing new.
       return ClaimBatch(
         claimed: claimed, staleSettlements: stale, paused: pausedBefore && claimed.isEmpty,
-        retryDates: retryDates)
+        retryDates: retryDates, full: full)
     }
   }
 

@@ -56,6 +56,8 @@ struct SQL {
   let promote: String
   let claim: String
   let limitedClaim: String
+  let limitLock: String
+  let limitFull: String
   let heartbeat: String
   let rescue: String
   let nextWake: String
@@ -79,6 +81,8 @@ struct SQL {
     promote = Self.promote(schema)
     claim = Self.claim(schema)
     limitedClaim = Self.limitedClaim(schema)
+    limitLock = Self.limitLock(schema)
+    limitFull = Self.limitFull(schema)
     heartbeat = Self.heartbeat(schema)
     rescue = Self.rescue(schema)
     nextWake = Self.nextWake(schema)
@@ -880,43 +884,77 @@ struct SQL {
       lease_expires_at = least(\(Self.now(5)) + $4 * interval '1 millisecond', \(Self.latest))
     WHERE j.id = ANY(ARRAY(
       SELECT id FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
-        AND NOT EXISTS (
-          SELECT 1 FROM \(schema).queues q WHERE q.name = $1 AND (q.paused OR q.concurrency IS NOT NULL))
+        AND NOT EXISTS (SELECT 1 FROM \(schema).queues q WHERE q.name = $1 AND q.paused)
+        AND current_setting('\(Self.limitLocked)', true) IS DISTINCT FROM 'on'
       ORDER BY priority DESC, run_at, seq, id LIMIT $2 FOR UPDATE SKIP LOCKED))
     RETURNING \(Self.columns("j")), j.seq
     """
   }
 
-  /// Serializes the claims of a queue with a concurrency limit: each takes this lock, then counts
-  /// the running jobs in a later statement, whose snapshot sees every claim committed before
-  /// (a claim's transaction ends, releasing the lock, once its jobs are visible). Parameter:
-  /// queue.
-  static let limitLock = "SELECT pg_advisory_xact_lock(hashtextextended('conveyor.limit:' || $1, 0))"
+  /// After the claims, in the same transaction and only when ``limitLock`` took the lock: whether
+  /// the queue's running jobs (this claim's among them) fill its limit. No row otherwise.
+  /// Parameter: queue.
+  static func limitFull(_ schema: String) -> String {
+    """
+    SELECT q.concurrency <= (SELECT count(*) FROM \(schema).jobs r WHERE r.queue = $1 AND r.status = 'running')
+    FROM \(schema).queues q
+    WHERE q.name = $1 AND q.concurrency IS NOT NULL AND current_setting('\(limitLocked)', true) = 'on'
+    """
+  }
+
+  /// The transaction-local setting ``limitLock`` turns `on` when it took the lock: ``claim``
+  /// then claims nothing and ``limitedClaim`` claims; otherwise the reverse.
+  static let limitLocked = "conveyor.limit_locked"
+
+  /// Serializes the claims of a queue with a concurrency limit, in the claim's transaction: when
+  /// the queue has a limit, takes the queue's limit lock (waiting for the claim that holds it to
+  /// commit) and sets ``limitLocked``. The next statement, ``claim`` or ``limitedClaim``, runs
+  /// in a snapshot taken after the lock was granted, so it sees every claim committed before.
+  /// A limit stored after this statement read the queue's row does not bind this claim: the
+  /// claim counts as made before the limit was stored (as when a limit is lowered below the
+  /// running jobs). The lock's key holds the queue's name, not the schema's: queues of the same
+  /// name in two schemas of one database take turns needlessly, as ordering keys' locks do.
+  /// Parameter: queue.
+  static func limitLock(_ schema: String) -> String {
+    """
+    SELECT pg_advisory_xact_lock(hashtextextended('conveyor.limit:' || $1, 0)),
+      set_config('\(limitLocked)', 'on', true)
+    FROM \(schema).queues WHERE name = $1 AND concurrency IS NOT NULL
+    """
+  }
 
   /// ``claim`` for a queue with a concurrency limit, run after ``limitLock`` in the same
-  /// transaction: it takes no more than the limit less the running jobs (all of them when the
-  /// limit was removed meanwhile: `least` skips a NULL). The running jobs are counted from
+  /// transaction, and only when that took the lock (``limitLocked``; the claim of a queue without
+  /// a limit stops at its one-time filter): it takes no more than the limit less the running jobs
+  /// (as many as asked when the limit was removed meanwhile). The running jobs are counted from
   /// `jobs_status`, at most the limit's worth. The candidates are picked as ``claim`` picks them
   /// (`LIMIT $2`, which the planner reads as few rows: a `LIMIT` computed from the count was
   /// planned for many and made the drain a quarter slower), then cut to the places left; the
   /// candidates left over stay locked until the claim commits (this queue's other claims wait
   /// for its lock anyway; a cancel or removal of one of them waits for that commit). Parameters
-  /// as ``claim``'s.
+  /// as ``claim``'s. With the caller's clock (`$5`), the lease also gains the time the
+  /// transaction ran before this statement, which is mostly the wait for the limit's lock: the
+  /// lease runs from the claim under the lock, as ``claim``'s does from its statement.
   static func limitedClaim(_ schema: String) -> String {
     """
     UPDATE \(schema).jobs j SET status = 'running',
       attempts = CASE WHEN j.attempts < 9223372036854775807 THEN j.attempts + 1 ELSE j.attempts END,
       claim_token = j.claim_token + 1, lease_owner = $3,
-      lease_expires_at = least(\(Self.now(5)) + $4 * interval '1 millisecond', \(Self.latest))
+      lease_expires_at = least(
+        coalesce(
+          date_trunc('milliseconds', $5::timestamptz + (clock_timestamp() - transaction_timestamp())),
+          date_trunc('milliseconds', statement_timestamp()))
+          + $4 * interval '1 millisecond', \(Self.latest))
     WHERE j.id = ANY(ARRAY(
       SELECT id FROM (
         SELECT id, priority, run_at, seq FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
           AND NOT EXISTS (SELECT 1 FROM \(schema).queues q WHERE q.name = $1 AND q.paused)
+          AND current_setting('\(Self.limitLocked)', true) = 'on'
         ORDER BY priority DESC, run_at, seq, id LIMIT $2 FOR UPDATE SKIP LOCKED
       ) AS candidates
       ORDER BY priority DESC, run_at, seq, id
       LIMIT greatest(0, least($2,
-        (SELECT q.concurrency FROM \(schema).queues q WHERE q.name = $1)
+        coalesce((SELECT q.concurrency FROM \(schema).queues q WHERE q.name = $1), $2)
           - (SELECT count(*) FROM \(schema).jobs r WHERE r.queue = $1 AND r.status = 'running')))))
     RETURNING \(Self.columns("j")), j.seq
     """

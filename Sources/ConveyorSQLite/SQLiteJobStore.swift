@@ -314,13 +314,18 @@ public final class SQLiteJobStore: JobStore {
           concurrency = row.isNull(1) ? nil : row.int64(1)
         }
         var limit = limit
+        // The places the concurrency limit left before this claim (nil: no limit).
+        var places: Int?
         if let concurrency, limit > 0, !paused {
           // The write transaction holds the file's lock, so no other claim can count meanwhile.
-          let running = try db.scalar(SQL.runningCount, .text(queue)) ?? 0
-          limit = QueueLimits(concurrency: Int(concurrency)).claimable(limit, running: Int(running))
+          let running = Int(try db.scalar(SQL.runningCount, .text(queue)) ?? 0)
+          limit = QueueLimits(concurrency: Int(concurrency)).claimable(limit, running: running)
+          places = Int(concurrency) - running
         }
         guard limit > 0, !paused else {
-          return ClaimBatch(claimed: [], staleSettlements: stale, paused: paused, retryDates: retryDates)
+          return ClaimBatch(
+            claimed: [], staleSettlements: stale, paused: paused, retryDates: retryDates,
+            full: places.map { $0 <= 0 } ?? false)
         }
         try db.run(SQL.promote, .text(queue), .integer(now))
         let expires = millis(now, adding: lease.duration)
@@ -343,7 +348,9 @@ public final class SQLiteJobStore: JobStore {
           claimed[index].leaseOwner = lease.owner
           claimed[index].leaseExpiresAt = date(expires)
         }
-        return ClaimBatch(claimed: claimed, staleSettlements: stale, retryDates: retryDates)
+        return ClaimBatch(
+          claimed: claimed, staleSettlements: stale, retryDates: retryDates,
+          full: places.map { $0 - claimed.count <= 0 } ?? false)
       }
     }
     return try await small ? connection.performInline(body) : connection.perform(body)

@@ -41,10 +41,12 @@ extension JobStoreConformance {
       try await store.setLimits(QueueLimits(concurrency: 2), queue: "q")
       let first = try await claim(store, limit: 10, now: 1)
       try expect(texts(first) == ["j1", "j2"], "two of ten asked for: \(texts(first))")
+      try expect(first.full, "the claim says the limit is filled")
       let second = try await claim(store, limit: 10, owner: "w2", now: 1)
       try expect(second.claimed.isEmpty && !second.paused, "no place left, not paused: \(texts(second))")
       let elsewhere = try await claim(store, "r", limit: 10, now: 1)
       try expect(texts(elsewhere) == ["other"], "another queue is not limited: \(texts(elsewhere))")
+      try expect(!elsewhere.full, "a queue without a limit is never full")
       // A settlement in the same call frees its place before the claim counts.
       let next = try await claim(store, limit: 10, settling: [settle(first.claimed[0], .complete)], now: 2)
       try expect(texts(next) == ["j3"], "one place freed, one claimed: \(texts(next))")
@@ -61,6 +63,10 @@ extension JobStoreConformance {
     },
     check("limits: a full queue needs no worker for its waiting jobs until a place frees") { store in
       _ = try await store.enqueue([job("a"), job("b")], queue: "q", clock: now(0))
+      try await store.setLimits(QueueLimits(concurrency: 1), queue: "q")
+      try await store.setLimits(QueueLimits(concurrency: 2), queue: "q")
+      let belowLimit = try await claim(store, limit: 0, now: 1)
+      try expect(!belowLimit.full, "a call that asks for nothing says nothing of the limit")
       try await store.setLimits(QueueLimits(concurrency: 1), queue: "q")
       let running = try await claim(store, limit: 5, now: 1)
       try expect(texts(running) == ["a"], "one running: \(texts(running))")

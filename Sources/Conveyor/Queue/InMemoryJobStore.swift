@@ -43,6 +43,7 @@ public final class InMemoryJobStore: JobStore {
     var stale: [ClaimReference] = []
     var retryDates: [JobID: Date] = [:]
     var claimed: [JobRecord] = []
+    var full = false
     let paused = withQueue(queue) { queueState in
       // Read under the lock, as the store protocol asks: a call that waited for the lock must not
       // commit a lease or run date from before the wait.
@@ -61,9 +62,11 @@ public final class InMemoryJobStore: JobStore {
       if !queueState.paused && places > 0 {
         claimed = queueState.claim(limit: places, owner: lease.owner, expiry: expiry, now: now)
       }
+      full = limit > 0 && queueState.limits.claimable(1, running: queueState.running.count) == 0
       return queueState.paused
     }
-    return ClaimBatch(claimed: claimed, staleSettlements: stale, paused: paused, retryDates: retryDates)
+    return ClaimBatch(
+      claimed: claimed, staleSettlements: stale, paused: paused, retryDates: retryDates, full: full)
   }
 
   /// Extends leases; see ``JobStore/heartbeat(_:queue:lease:clock:)``.

@@ -254,7 +254,8 @@ extension JobQueue {
     // One clock read for all three: when the claimed jobs arrived, the end of the call, and the
     // time a job taken for the worker must still have on its lease (read even when nothing was
     // claimed: the job taken may have waited in the buffer since an earlier claim).
-    let reading = called != nil || !batch.claimed.isEmpty || takingNext ? ClockReading(clock) : .zero
+    let reading =
+      called != nil || !batch.claimed.isEmpty || takingNext || batch.full ? ClockReading(clock) : .zero
     let now = reading.uptime
     let took = called.map { now - $0 }
     let stale = batch.staleSettlements.isEmpty ? [] : Set(batch.staleSettlements)
@@ -263,6 +264,7 @@ extension JobQueue {
         batch.claimed, at: now, lease: sent.map { LeaseBound(sent: $0, lease: configuration.leaseDuration) })
       let changed = core.state.paused != batch.paused
       core.state.paused = batch.paused
+      if limit > 0 { core.state.fullUntil = batch.full ? now + configuration.pollInterval : nil }
       let next = takingNext ? core.state.nextForWorker(now: reading) : nil
       defer { core.state.handedBackLapsed = 0 }
       return (

@@ -278,6 +278,7 @@ public final class JobQueue<Item: Queueable>: Sendable {
   public func setLimits(_ limits: QueueLimits) async throws {
     try limits.check()
     try await store.setLimits(limits, queue: identifier)
+    core.withLock { $0.state.fullUntil = nil }
     log(.info, "queue limits set", ["concurrency": limits.concurrency.map(String.init) ?? "none"])
     wake.signal()  // a raised limit may free places at once
   }

@@ -351,18 +351,24 @@ public struct ClaimBatch: Sendable, Hashable {
   public var staleSettlements: [ClaimReference]
   /// Whether the queue's stored pause flag was set (in which case nothing was claimed).
   public var paused: Bool
+  /// Whether the queue's running jobs filled its ``QueueLimits/concurrency`` when the claim
+  /// ended: another claim would take nothing until a place frees, and a queue does not try
+  /// before its next poll unless one of its own jobs settles. False for a store that keeps no
+  /// limits, and when the call claimed nothing because it was asked for nothing.
+  public var full: Bool
   /// The run date the store gave each job it rescheduled with ``JobSettlement/Action/retry(after:error:)``.
   public var retryDates: [JobID: Date]
 
   /// Creates a batch.
   public init(
     claimed: [JobRecord], staleSettlements: [ClaimReference] = [], paused: Bool = false,
-    retryDates: [JobID: Date] = [:]
+    retryDates: [JobID: Date] = [:], full: Bool = false
   ) {
     self.claimed = claimed
     self.staleSettlements = staleSettlements
     self.paused = paused
     self.retryDates = retryDates
+    self.full = full
   }
 }
 

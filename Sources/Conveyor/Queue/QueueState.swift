@@ -387,8 +387,10 @@ struct QueueState: Sendable {
       }
       buffer.removeAll()
     }
-    // Claim only what can start now (plus prefetch), and only once the buffer is empty.
-    let canClaim = !stopping && canHandle && buffer.isEmpty && !paused
+    // Claim only what can start now (plus prefetch), and only once the buffer is empty; while
+    // the queue is full, only with outcomes of this queue's to record (they may free places).
+    let full = fullUntil.map { now < $0 } ?? false
+    let canClaim = !stopping && canHandle && buffer.isEmpty && !paused && (!full || !settlements.isEmpty)
     let limit = canClaim && freeSlots > 0 ? freeSlots + limits.prefetch : 0
     defer { settlements = [] }
     return LoopStep(
@@ -456,6 +458,10 @@ struct QueueState: Sendable {
   /// When the loop's sleep ends (the queue clock's uptime), noted under the lock as it reads
   /// what is due (``loopDue(canHandle:)``); nil while it is awake.
   var loopSleepsUntil: Duration?
+  /// Until when (uptime) the loop claims nothing but with outcomes of its own: the store said
+  /// the queue's running jobs filled its concurrency limit (``ClaimBatch/full``), so a claim
+  /// for each job added would take nothing. Nil: claims as usual.
+  var fullUntil: Duration?
 
   /// When the loop must act next for what is held here (the queue clock's uptime): hand back the
   /// jobs claimed ahead (``handBackDue(canHandle:)``), or record the outcomes a batch's worker
