@@ -120,5 +120,42 @@ extension QueueEngineConformance {
       await queue.waitUntilFinished()
       await queue.shutdown()
     },
+    check("a queue that found itself full waits for its poll when a place frees elsewhere, then claims") {
+      store in
+      let counted = InstrumentedJobStore(store)
+      var configuration = configuration(pollInterval: .seconds(1))
+      configuration.autoStart = false
+      configuration.concurrency = 2
+      let runs = Runs()
+      let queue = try JobQueue<Named>(configuration: configuration, store: counted) { item, _ in
+        runs.append(item.name)
+        return .handled
+      }
+      try await queue.setLimits(QueueLimits(concurrency: 1))
+      _ = try await queue.add(contentsOf: [Named(name: "elsewhere"), Named(name: "here")])
+      // Another process's worker holds the one place.
+      let other = try await store.settleAndClaim(
+        [], queue: configuration.identifier, limit: 1, lease: Lease(owner: "other", duration: .seconds(60)),
+        clock: SystemJobClock())
+      let held = try JobStoreConformance.expectOne(other.claimed)
+      queue.start()
+      try await waitFor("the queue to find itself full") { counted.calls["settleAndClaim", default: 0] >= 1 }
+      try await Task.sleep(for: .milliseconds(100))
+      counted.resetCalls()
+      // The place frees elsewhere: the store now has a ready job and a free place.
+      _ = try await store.settleAndClaim(
+        [JobSettlement(claim: held.claim, action: .complete)], queue: configuration.identifier, limit: 0,
+        lease: Lease(owner: "other", duration: .seconds(60)), clock: SystemJobClock())
+      // A job added here wakes the loop while it waits: it must not turn and turn again until
+      // its wait is over because the store now shows a ready job and a free place.
+      _ = try await queue.add(Named(name: "later"))
+      try await Task.sleep(for: .milliseconds(300))
+      let calls = counted.calls
+      try expect(
+        calls.values.reduce(0, +) <= 10,
+        "the queue waits for its poll, not turning without claiming: \(calls)")
+      try await waitFor("the waiting jobs to run after the poll") { runs.all == ["here", "later"] }
+      await queue.shutdown()
+    },
   ]
 }

@@ -186,7 +186,12 @@ extension JobQueue {
     var wait = configuration.pollInterval
     if let expiry = hint.nextLeaseExpiry { wait = min(wait, duration(from: now, to: expiry)) }
     if let due = scheduleDue { wait = min(wait, max(duration(from: now, to: due), .milliseconds(1))) }
-    if let run = hint.nextRun, core.withLock({ $0.state.canClaim(canHandle: canHandle) }) {
+    // A queue its last claim found full claims again after its wait (see `QueueState.fullUntil`):
+    // a place freed elsewhere meanwhile (a run date of now) must not make it turn without claiming.
+    let uptime = clock.uptime()
+    if let fullUntil = core.withLock({ $0.state.fullUntil }), fullUntil > uptime {
+      wait = min(wait, fullUntil - uptime)
+    } else if let run = hint.nextRun, core.withLock({ $0.state.canClaim(canHandle: canHandle) }) {
       let untilRun = duration(from: now, to: run)
       if untilRun <= .zero { return .some(nil) }
       wait = min(wait, untilRun)
