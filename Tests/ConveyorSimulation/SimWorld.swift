@@ -476,31 +476,25 @@ final class SimWorld: Sendable {
   }
 
   private func setLimits(_ limits: QueueLimits, from process: Process) async {
+    await untilApplied { try await process.store.setLimits(limits, queue: Self.queueName) }
+  }
+
+  /// Runs an operator's change until the store applied it: again after a refusal, and not after
+  /// an answer lost once it was applied (chaos only).
+  private func untilApplied(_ change: () async throws -> Void) async {
     while true {
       do {
-        try await process.store.setLimits(limits, queue: Self.queueName)
-        return
+        return try await change()
       } catch SimFault.refused {
         try? await clock.sleep(for: .milliseconds(50))
       } catch {
-        // Lost after it was applied (chaos only): done.
         return
       }
     }
   }
 
   private func setPaused(_ paused: Bool, from process: Process) async {
-    while true {
-      do {
-        try await process.store.setPaused(paused, queue: Self.queueName)
-        return
-      } catch SimFault.refused {
-        try? await clock.sleep(for: .milliseconds(50))
-      } catch {
-        // Lost after it was applied (chaos only): done.
-        return
-      }
-    }
+    await untilApplied { try await process.store.setPaused(paused, queue: Self.queueName) }
   }
 
   /// A worker declares the schedules as it starts, trying again while the store refuses the call.

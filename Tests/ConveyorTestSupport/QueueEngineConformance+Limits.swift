@@ -33,10 +33,12 @@ extension QueueEngineConformance {
       try expect(stored.concurrency == 3, "the other queue reads the stored limit: \(stored)")
       _ = try await queues[0].add(contentsOf: (0..<60).map { Named(name: "j\($0)") })
       for queue in queues { queue.start() }
-      try await waitFor("every job to run") { inFlight.state.withLock { $0.done } == 60 }
+      // Waits on the store's state, not on a deadline: this check is about the bound, and a
+      // whole-suite run on a loaded machine once starved it for a minute.
       for queue in queues { await queue.waitUntilFinished() }
       for queue in queues { await queue.shutdown() }
       let result = inFlight.state.withLock { $0 }
+      try expect(result.done == 60, "every job ran once: \(result.done)")
       try expect(result.most <= 3, "at most 3 handlers at once across both queues, saw \(result.most)")
       try expect(result.most >= 2, "the queues ran jobs side by side: at most \(result.most) at once")
     },
