@@ -152,9 +152,11 @@ extension QueueEngineConformance {
       // its wait is over because the store now shows a ready job and a free place.
       _ = try await queue.add(Named(name: "later"))
       try await Task.sleep(for: .milliseconds(300))
+      // Looks and claims (a turning loop made 1,209 in 300 ms); the queue's periodic checks of
+      // its claims and its pruning come on their own clocks.
       let calls = counted.calls
       try expect(
-        calls.values.reduce(0, +) <= 10,
+        calls["nextWake", default: 0] + calls["settleAndClaim", default: 0] <= 10,
         "the queue waits for its poll, not turning without claiming: \(calls)")
       try await waitFor("the waiting jobs to run after the poll") { runs.all == ["here", "later"] }
       await queue.shutdown()
