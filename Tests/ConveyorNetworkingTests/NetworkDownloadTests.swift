@@ -137,10 +137,10 @@ struct NetworkDownloadTests {
     operation.cancel()
 
     #expect(try await failure(of: operation) == .cancelled)
-    // Generous for a loaded machine (13.2 s measured once beside the other suites), far short of
-    // the minutes an uncancelled download takes; the `.cancelled` result above is the proof it
-    // stopped.
-    #expect(ContinuousClock.now - cancelledAt < .seconds(20), "well before the download would end")
+    // Generous for a loaded machine (13.2 s, then 28.9 s, measured beside the other suites), far
+    // short of the four minutes an uncancelled download takes; the `.cancelled` result above is
+    // the proof it stopped.
+    #expect(ContinuousClock.now - cancelledAt < .seconds(90), "well before the download would end")
     #expect(operation.isFinished)
     #expect(operation.result == nil)
     try await Task.sleep(for: .milliseconds(300))

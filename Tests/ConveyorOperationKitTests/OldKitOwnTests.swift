@@ -131,10 +131,15 @@ struct OldKitOwnTests {
     operation.successHandler = { _ in record.note("handler") }
     operation.failureHandler = { _ in record.note("handler") }
     operation.completionBlock = { record.note("completion") }
-    backgroundQueue().addOperation(operation)
+    // Held until the cancel: a queue left running may start the operation first (it did
+    // under load), and then the test would check a cancel while it runs.
+    let queue = backgroundQueue()
+    queue.isSuspended = true
+    queue.addOperation(operation)
     operation.cancel()
     #expect(!operation.isExecuting)
     #expect(operation.isCancelled)
+    queue.isSuspended = false
     #expect(await within { record["completion"] == 1 })
     #expect(operation.isFinished)
     #expect(record["executed"] == 0 && record["handler"] == 0)

@@ -189,7 +189,7 @@ struct SQLiteActivityTests {
       return .handled
     }
     let id = try await first.add(AheadItem(name: "job")).id
-    try await eventually("started", timeout: .seconds(30)) { blocked.value }
+    try await eventually("started") { blocked.value }
     await first.shutdown(gracePeriod: .milliseconds(200))
     let record = try await store.job(id)
     #expect(record?.attempts == 0)
@@ -201,9 +201,9 @@ struct SQLiteActivityTests {
       runs.append("\(item.name) attempt \(context.attempts)")
       return runs.all.count < 3 ? .discard(reason: "") : .handled
     }
-    try await eventually("dead", timeout: .seconds(30)) { try await store.job(id)?.status == .dead }
+    try await eventually("dead") { try await store.job(id)?.status == .dead }
     #expect(try await second.requeueDead() == 1)
-    try await eventually("done", timeout: .seconds(30)) { try await store.job(id)?.status == .completed }
+    try await eventually("done") { try await store.job(id)?.status == .completed }
     await second.shutdown(gracePeriod: .seconds(5))
     #expect(runs.all == ["job attempt 1", "job attempt 1", "job attempt 1"])
     let total = try await activityTotal(store, queue: "act")

@@ -88,7 +88,7 @@ struct MainActorDelegateTests {
     try await queue.add(Request(name: "busy"))
     queue.start()
     // Keep the main actor busy in short bursts; the delegate must still get its turns.
-    let deadline = Date().addingTimeInterval(30)
+    let deadline = Date().addingTimeInterval(120)
     while delegate.finished == 0, Date() < deadline {
       let busyUntil = Date().addingTimeInterval(0.05)
       while Date() < busyUntil {}
