@@ -59,7 +59,7 @@ extension Dashboard {
     return Dictionary(grouping: DashboardCharts.lastHour(rows, now: now), by: \.queue)
   }
 
-  /// Every queue with jobs, a pause flag or activity in the last hour, with its counts.
+  /// Every queue with jobs, a pause flag, a limit or activity in the last hour, with its counts.
   func summaries(activity: [String: [QueueActivity]]) async throws -> [QueueSummary] {
     var summaries: [QueueSummary] = []
     let now = clock.now()
@@ -113,7 +113,8 @@ extension Dashboard {
     return DashboardResponse(status: 200, headers: [("Content-Type", "application/json")], body: body)
   }
 
-  /// Prometheus text format 0.0.4: jobs by queue and state, and the pause flag.
+  /// Prometheus text format 0.0.4: jobs by queue and state, the pause flag, the concurrency limit,
+  /// the oldest ready job's age and the last hour's activity.
   func metrics() async throws -> DashboardResponse {
     let activity = try await recentActivity(now: Date())
     let summaries = try await summaries(activity: activity)
@@ -138,6 +139,16 @@ extension Dashboard {
     for queue in summaries {
       lines.append(
         "conveyor_queue_paused{queue=\"\(Self.prometheusLabel(queue.name))\"} \(queue.paused ? 1 : 0)")
+    }
+    lines += [
+      "# HELP conveyor_queue_concurrency_limit The most jobs of the queue that may run at once, across "
+        + "every worker (no sample for a queue without a limit).",
+      "# TYPE conveyor_queue_concurrency_limit gauge",
+    ]
+    for queue in summaries {
+      guard let concurrency = queue.concurrency else { continue }
+      lines.append(
+        "conveyor_queue_concurrency_limit{queue=\"\(Self.prometheusLabel(queue.name))\"} \(concurrency)")
     }
     lines += [
       "# HELP conveyor_queue_oldest_ready_age_seconds How long the queue's oldest ready job has waited "

@@ -1454,7 +1454,7 @@ public final class PostgresJobStore: JobStore {
     return hint
   }
 
-  /// The names of queues that hold jobs or a stored pause flag, sorted.
+  /// The names of queues that hold jobs, a stored pause flag or stored limits, sorted.
   public func queueNames() async throws -> [String] {
     let sql = self.sql
     return try await connection.perform(idempotent: true) { db in

@@ -1085,7 +1085,8 @@ struct SQL {
   }
 
   /// The queues that hold jobs, found in the jobs themselves (one probe of `jobs_status` per
-  /// queue: a loose index scan, walking from each queue name to the next), and the paused ones.
+  /// queue: a loose index scan, walking from each queue name to the next), and those with a
+  /// pause flag or a limit stored.
   /// Read from the jobs, not from the queues table, so a queue is listed however its jobs came
   /// (the store's adds do not register queues; see ``version3``) and whatever happened to its
   /// row there.
@@ -1100,7 +1101,7 @@ struct SQL {
     SELECT name FROM (
       SELECT name FROM present WHERE name IS NOT NULL
       UNION
-      SELECT name FROM \(schema).queues WHERE paused
+      SELECT name FROM \(schema).queues WHERE paused OR concurrency IS NOT NULL
     ) AS listed
     ORDER BY name COLLATE "C"
     """

@@ -615,7 +615,7 @@ enum SQL {
   static let nextExpiry = "SELECT min(lease_expires_at) FROM jobs WHERE queue = ? AND status = 'running'"
   /// One index seek per status and queue: each `EXISTS` reads a partial index.
   static let queueNames = """
-    SELECT name FROM queues WHERE paused = 1
+    SELECT name FROM queues WHERE paused = 1 OR concurrency IS NOT NULL
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'ready')
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'scheduled')
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'held')

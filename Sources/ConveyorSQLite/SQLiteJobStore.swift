@@ -637,7 +637,7 @@ public final class SQLiteJobStore: JobStore {
     }
   }
 
-  /// The names of queues that hold jobs or are paused, sorted; reads the `queues` table and one
+  /// The names of queues that hold jobs, are paused or have limits, sorted; reads the `queues` table and one
   /// index seek per queue.
   public func queueNames() async throws -> [String] {
     try await connection.perform { db in

@@ -202,6 +202,17 @@ import Testing
       jobs.contains(
         "Concurrency limit: at most 1 running at once, across every worker. Limit reached: 2 ready jobs "
           + "wait for a place."), "\(jobs)")
+
+    let metrics = try await dashboard.get("/metrics").body
+    #expect(metrics.contains("# TYPE conveyor_queue_concurrency_limit gauge\n"), "\(metrics)")
+    #expect(metrics.contains("conveyor_queue_concurrency_limit{queue=\"mail\"} 1\n"), "\(metrics)")
+    #expect(!metrics.contains("conveyor_queue_concurrency_limit{queue=\"outbox\"}"), "no limit, no sample")
+
+    // A limit stored before any job of its queue is listed with the others.
+    try await sandbox.succeed(["--queue", "reports", "limits", "set", "--concurrency", "5"])
+    let listed = try jsonObject(try await dashboard.get("/api/queues").body)["queues"] as? [[String: Any]]
+    let reports = try #require(listed?.first { $0["name"] as? String == "reports" }, "\(listed ?? [])")
+    #expect(reports["concurrency"] as? Int == 5 && reports["ready"] as? Int == 0, "\(reports)")
   }
 
   @Test(.enabled(if: LocalPostgres.binaries != nil, "the PostgreSQL server is not installed"))

@@ -22,6 +22,15 @@ extension JobStoreConformance {
         largest == QueueLimits.maximumConcurrency, "the largest limit is kept: \(String(describing: largest))"
       )
     },
+    check("limits: a queue with a stored limit and no jobs is listed, until the limit is removed") { store in
+      _ = try await store.enqueue([job("a")], queue: "b-queue", clock: now(0))
+      try await store.setLimits(QueueLimits(concurrency: 2), queue: "a-queue")
+      let listed = try await store.queueNames()
+      try expect(listed == ["a-queue", "b-queue"], "an operator sees the limit before any job: \(listed)")
+      try await store.setLimits(QueueLimits(), queue: "a-queue")
+      let after = try await store.queueNames()
+      try expect(after == ["b-queue"], "listed no longer once the limit is removed: \(after)")
+    },
     check("limits: a limit out of range is refused and the stored one kept") { store in
       try await store.setLimits(QueueLimits(concurrency: 2), queue: "q")
       for bad in [0, -1, Int.min, QueueLimits.maximumConcurrency + 1, Int.max] {

@@ -347,10 +347,12 @@ public final class InMemoryJobStore: JobStore {
     }
   }
 
-  /// Names of queues with jobs or a pause flag; see ``JobStore/queueNames()``.
+  /// Names of queues with jobs, a pause flag or limits; see ``JobStore/queueNames()``.
   public func queueNames() async throws -> [String] {
     state.withLock { state in
-      state.queues.filter { !$0.value.jobs.isEmpty || $0.value.paused }.keys.sorted().map(\.text)
+      state.queues.filter { !$0.value.jobs.isEmpty || $0.value.paused || !$0.value.limits.isEmpty }.keys
+        .sorted()
+        .map(\.text)
     }
   }
 }

@@ -609,7 +609,7 @@ public protocol JobStore: Sendable {
   /// ``QueueLimits/concurrency``, no waiting job needs a worker: the run date is nil.
   func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint
 
-  /// The names of queues that hold jobs or a stored pause flag, sorted.
+  /// The names of queues that hold jobs, a stored pause flag or stored ``QueueLimits``, sorted.
   func queueNames() async throws -> [String]
 
   /// The longest a call may wait for a lock held by another connection before it fails (SQLite's
