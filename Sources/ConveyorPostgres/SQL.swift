@@ -896,9 +896,20 @@ struct SQL {
   /// Parameter: queue.
   static func limitFull(_ schema: String) -> String {
     """
-    SELECT q.concurrency <= (SELECT count(*) FROM \(schema).jobs r WHERE r.queue = $1 AND r.status = 'running')
+    SELECT q.concurrency <= \(runningUpToLimit(schema))
     FROM \(schema).queues q
     WHERE q.name = $1 AND q.concurrency IS NOT NULL AND current_setting('\(limitLocked)', true) = 'on'
+    """
+  }
+
+  /// The queue's running jobs counted up to its concurrency limit, for a statement with the
+  /// queue's row as `q` (and the queue as `$1`): no more than the limit's worth of `jobs_status`
+  /// entries, however many run (a limit lowered far below them, or lapsed leases not yet
+  /// rescued). All of them when the queue has no limit.
+  static func runningUpToLimit(_ schema: String) -> String {
+    """
+    (SELECT count(*) FROM (
+      SELECT 1 FROM \(schema).jobs r WHERE r.queue = $1 AND r.status = 'running' LIMIT q.concurrency) AS running)
     """
   }
 
@@ -953,9 +964,8 @@ struct SQL {
         ORDER BY priority DESC, run_at, seq, id LIMIT $2 FOR UPDATE SKIP LOCKED
       ) AS candidates
       ORDER BY priority DESC, run_at, seq, id
-      LIMIT greatest(0, least($2,
-        coalesce((SELECT q.concurrency FROM \(schema).queues q WHERE q.name = $1), $2)
-          - (SELECT count(*) FROM \(schema).jobs r WHERE r.queue = $1 AND r.status = 'running')))))
+      LIMIT greatest(0, least($2, coalesce(
+        (SELECT q.concurrency - \(runningUpToLimit(schema)) FROM \(schema).queues q WHERE q.name = $1), $2)))))
     RETURNING \(Self.columns("j")), j.seq
     """
   }
@@ -1079,7 +1089,7 @@ struct SQL {
       coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false),
       (SELECT min(next_due) FROM \(schema).schedules WHERE queue = $1 AND active AND NOT paused)
     FROM (SELECT coalesce((
-      SELECT q.concurrency <= (SELECT count(*) FROM \(schema).jobs r WHERE r.queue = $1 AND r.status = 'running')
+      SELECT q.concurrency <= \(runningUpToLimit(schema))
       FROM \(schema).queues q WHERE q.name = $1), false) AS at_limit) AS lim
     """
   }

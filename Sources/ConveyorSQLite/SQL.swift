@@ -509,9 +509,13 @@ enum SQL {
   static let setConcurrency = """
     INSERT INTO queues (name, concurrency) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET concurrency = ?2
     """
-  /// The queue's running jobs, from `jobs_running` (those under a lease, or lapsed and not yet
-  /// rescued): a claim under a concurrency limit reads at most the limit's worth of entries.
-  static let runningCount = "SELECT count(*) FROM jobs WHERE queue = ? AND status = 'running'"
+  /// The queue's running jobs (those under a lease, or lapsed and not yet rescued), from
+  /// `jobs_running`, counted up to the queue's concurrency limit `?2`: a claim under a limit
+  /// reads at most the limit's worth of entries, however many run (a limit lowered far below
+  /// them).
+  static let runningCount = """
+    SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ?1 AND status = 'running' LIMIT ?2)
+    """
   static let pause = """
     INSERT INTO queues (name, paused) VALUES (?, 1) ON CONFLICT (name) DO UPDATE SET paused = 1
     """

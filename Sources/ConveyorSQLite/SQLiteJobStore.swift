@@ -318,7 +318,7 @@ public final class SQLiteJobStore: JobStore {
         var places: Int?
         if let concurrency, limit > 0, !paused {
           // The write transaction holds the file's lock, so no other claim can count meanwhile.
-          let running = Int(try db.scalar(SQL.runningCount, .text(queue)) ?? 0)
+          let running = try Self.runningCount(queue: queue, concurrency: concurrency, db: db)
           limit = QueueLimits(concurrency: Int(concurrency)).claimable(limit, running: running)
           places = Int(concurrency) - running
         }
@@ -622,13 +622,19 @@ public final class SQLiteJobStore: JobStore {
         // A ready job is due now, whatever its date says (the wall clock may have stepped back).
         let ready = try db.scalar(SQL.anyReady, .text(queue)).map { min($0, millis(clock.now())) }
         var run = try ready ?? db.scalar(SQL.nextScheduled, .text(queue))
-        if run != nil, let concurrency = try db.scalar(SQL.concurrency, .text(queue)),
-          try db.scalar(SQL.runningCount, .text(queue)) ?? 0 >= concurrency
+        // The pause flag and the limit in one read of the queue's row, as a claim reads them.
+        var paused = false
+        var concurrency: Int64?
+        try db.query(SQL.claimFlags, .text(queue)) { row in
+          paused = row.int64(0) != 0
+          concurrency = row.isNull(1) ? nil : row.int64(1)
+        }
+        if run != nil, let concurrency,
+          try Self.runningCount(queue: queue, concurrency: concurrency, db: db) >= concurrency
         {
           run = nil
         }
         let expiry = try db.scalar(SQL.nextExpiry, .text(queue))
-        let paused = try db.scalar(SQL.isPaused, .text(queue)) != nil
         let scheduleDue = try db.scalar(SQL.nextScheduleDue, .text(queue))
         return WakeHint(
           nextRun: run.map(date), nextLeaseExpiry: expiry.map(date), paused: paused,
@@ -637,8 +643,8 @@ public final class SQLiteJobStore: JobStore {
     }
   }
 
-  /// The names of queues that hold jobs, are paused or have limits, sorted; reads the `queues` table and one
-  /// index seek per queue.
+  /// The names of queues that hold jobs, are paused or have limits, sorted; reads the `queues`
+  /// table and one index seek per queue.
   public func queueNames() async throws -> [String] {
     try await connection.perform { db in
       var names: [String] = []
@@ -673,9 +679,28 @@ public final class SQLiteJobStore: JobStore {
     }
   }
 
+  /// The SQLite virtual-machine steps of a claim's count of the queue's running jobs under its
+  /// stored concurrency limit (0 without one), for tests: the count must read no more than the
+  /// limit's worth of entries, however many jobs run.
+  func runningCountSteps(queue: String) async throws -> Int {
+    try await connection.perform { db in
+      guard let concurrency = try db.scalar(SQL.concurrency, .text(queue)) else { return 0 }
+      let statement = try db.statement(SQL.runningCount).handle
+      _ = sqlite3_stmt_status(statement, SQLITE_STMTSTATUS_VM_STEP, 1)
+      _ = try Self.runningCount(queue: queue, concurrency: concurrency, db: db)
+      return Int(sqlite3_stmt_status(statement, SQLITE_STMTSTATUS_VM_STEP, 1))
+    }
+  }
+
   /// The number of prepared statements the connection holds (tests check they are reused).
   func cachedStatementCount() async throws -> Int {
     try await connection.perform { $0.cachedStatementCount }
+  }
+
+  /// How many of the queue's jobs run, counted up to `concurrency` (its stored limit): a claim
+  /// needs no more to know whether a place is left.
+  static func runningCount(queue: String, concurrency: Int64, db: Connection) throws -> Int {
+    Int(try db.scalar(SQL.runningCount, .text(queue), .integer(concurrency)) ?? 0)
   }
 
   // MARK: - Settling and decoding

@@ -342,4 +342,60 @@ struct ExplainTests {
     }
     await store.close()
   }
+
+  /// A limited claim, its check for a full queue and the next wake of a queue whose limit was
+  /// lowered far below its running jobs read the limit's worth of running jobs, not all of them.
+  @Test func aLimitLoweredFarBelowTheRunningJobsCostsTheLimitsWorth() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("plans")
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let sql = store.sql
+    let admin = try AdminConnection(server.url)
+    let now = "date_trunc('milliseconds', now())"
+    // 50,000 running under an hour's lease, then 1,000 ready.
+    try await admin.queryOffPool(
+      """
+      INSERT INTO \(schema).jobs (queue, payload, status, run_at, created_at, lease_owner, lease_expires_at)
+      SELECT 'big', '\\x7b7d'::bytea, CASE WHEN i <= 50000 THEN 'running' ELSE 'ready' END,
+        \(now) - interval '1 minute', \(now), CASE WHEN i <= 50000 THEN 'w' END,
+        CASE WHEN i <= 50000 THEN \(now) + interval '1 hour' END
+      FROM generate_series(1, 51000) AS i
+      """)
+    try await store.setLimits(QueueLimits(concurrency: 10), queue: "big")
+    try await admin.queryOffPool("VACUUM ANALYZE \(schema).jobs")
+    try admin.query("SET enable_seqscan = off; SET enable_mergejoin = off")
+    let statements = [
+      (
+        "limitedClaim", "(text, int8, text, int8, timestamptz) AS \(sql.limitedClaim)",
+        "('big', 100, 'w', 60000, NULL)"
+      ),
+      ("limitFull", "(text) AS \(sql.limitFull)", "('big')"),
+      ("nextWake", "(text, timestamptz) AS \(sql.nextWake)", "('big', NULL)"),
+    ]
+    for (number, (name, prepare, execute)) in statements.enumerated() {
+      try admin.query("PREPARE lowered_\(number) \(prepare)")
+      for mode in ["force_custom_plan", "force_generic_plan"] {
+        try admin.query("SET plan_cache_mode = \(mode)")
+        try admin.query("BEGIN")
+        // As after `limitLock` took the lock: the limited statements run only then.
+        _ = try admin.query("SELECT set_config('\(SQL.limitLocked)', 'on', true)")
+        let rows = try admin.query(
+          "EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) EXECUTE lowered_\(number) \(execute)")
+        try admin.query("ROLLBACK")
+        let plan = rows.compactMap { $0.first ?? nil }.joined(separator: "\n")
+        #expect(!plan.contains("Seq Scan on jobs"), "\(name) (\(mode)) scans the jobs table:\n\(plan)")
+        // The counts read `jobs_status` alone (the next wake's earliest lease reads the running
+        // rows themselves, a cost of its own not bounded by the limit).
+        let read = plan.split(separator: "\n").filter { $0.contains("Index Only Scan using jobs_status ") }
+          .compactMap { line -> Int? in
+            guard let range = line.range(of: "rows=", options: .backwards) else { return nil }
+            return Int(line[range.upperBound...].prefix { $0.isNumber })
+          }
+        #expect(!read.isEmpty, "\(name) (\(mode)) reads the running jobs from jobs_status:\n\(plan)")
+        #expect(
+          read.allSatisfy { $0 <= 10 }, "\(name) (\(mode)) read more running jobs than the limit:\n\(plan)")
+      }
+    }
+    await store.close()
+  }
 }

@@ -283,6 +283,28 @@ struct SQLiteJobStoreTests {
     #expect(large < small * 2 + 100, "steps: \(small) with one job, \(large) with 101,000 keys blocked")
   }
 
+  @Test func aLimitLoweredFarBelowTheRunningJobsCostsAClaimTheLimitsWorth() async throws {
+    // Counted in SQLite virtual-machine steps: with 20,000 jobs running and the limit lowered
+    // to 2, a claim's count of the running jobs reads about as much as with 2 running.
+    let folder = try TemporaryFolder()
+    let store = try makeStore(folder)
+    _ = try await store.enqueue(
+      (0..<2).map { NewJob(payload: payload("\($0)"), runAt: epoch) }, queue: "jobs", now: epoch)
+    _ = try await store.settleAndClaim([], queue: "jobs", limit: 2, lease: lease(), now: epoch)
+    try await store.setLimits(QueueLimits(concurrency: 2), queue: "jobs")
+    let small = try await store.runningCountSteps(queue: "jobs")
+    try await store.setLimits(QueueLimits(), queue: "jobs")
+    _ = try await store.enqueue(
+      (0..<20_000).map { NewJob(payload: payload("\($0)"), runAt: epoch) }, queue: "jobs", now: epoch)
+    _ = try await store.settleAndClaim([], queue: "jobs", limit: 20_000, lease: lease(), now: epoch)
+    try await store.setLimits(QueueLimits(concurrency: 2), queue: "jobs")
+    #expect(try await store.counts(queue: "jobs", now: epoch).running == 20_002)
+    let large = try await store.runningCountSteps(queue: "jobs")
+    #expect(small > 0 && large < small * 2 + 20, "steps: \(small) with 2 running, \(large) with 20,002")
+    let batch = try await store.settleAndClaim([], queue: "jobs", limit: 5, lease: lease(), now: epoch)
+    #expect(batch.claimed.isEmpty && batch.full, "nothing claimed past the limit: \(batch)")
+  }
+
   @Test func statementsArePreparedOnce() async throws {
     let folder = try TemporaryFolder()
     let store = try makeStore(folder)
