@@ -179,13 +179,13 @@ struct OneJobPerCallTests {
     // Calls that run on the store's thread, after the group block already submitted. At most the
     // group being committed when the call was submitted goes first; the count also takes in the
     // groups committed while the finished call waited for a thread of the pool to resume it
-    // (a few on a loaded machine), so the bound is loose. A call starved by the stream would see
-    // groups committed for as long as the stream ran.
+    // (22 to 32 measured with both cores kept busy by other processes), so the bound is loose. A
+    // call starved by the stream would see groups committed for as long as the stream ran.
     for _ in 0..<20 {
       let before = store.groups.groupsCommitted
       #expect(try await store.counts(queue: "jobs", now: epoch).ready > 0)
       let committed = store.groups.groupsCommitted - before
-      #expect(committed <= 20, "\(committed) groups were committed while a call waited for the thread")
+      #expect(committed <= 100, "\(committed) groups were committed while a call waited for the thread")
     }
     stop.add()
     for adder in adders { try await adder.value }
