@@ -25,11 +25,8 @@ struct ExplainTests {
   }
 
   @Test func hotStatementsUseTheirIndexesAndNeverScanTheJobsTable() async throws {
-    let server = try await PostgresServer.shared()
-    let schema = uniqueSchema("plans")
-    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let (schema, store, admin) = try await plansStore()
     let sql = store.sql
-    let admin = try AdminConnection(server.url)
     let now = "date_trunc('milliseconds', now())"
     // 270k in 'big': 250k ready, 10k scheduled an hour ahead, 5k running, 5k dead; 30k ready in
     // 'small'. A tenth of the jobs have a deduplication key.
@@ -159,11 +156,8 @@ struct ExplainTests {
   /// promotion, the next wake and the counts read no held row either. The lookup of a line's
   /// first job (a settlement's promotion) is one seek of `jobs_ordered`.
   @Test func blockedKeysCostAClaimNothing() async throws {
-    let server = try await PostgresServer.shared()
-    let schema = uniqueSchema("plans")
-    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let (schema, store, admin) = try await plansStore()
     let sql = store.sql
-    let admin = try AdminConnection(server.url)
     let now = "date_trunc('milliseconds', now())"
     // Keys 1…100,000: a dead head (even keys) or a running one (odd keys), then a held job each;
     // then 1,000 ready jobs without a key.
@@ -191,14 +185,7 @@ struct ExplainTests {
       ("nextWake", "(text, timestamptz) AS \(sql.nextWake)", "('big', NULL)"),
     ]
     for (number, (name, prepare, execute)) in statements.enumerated() {
-      try admin.query("PREPARE blocked_\(number) \(prepare)")
-      for mode in ["force_custom_plan", "force_generic_plan"] {
-        try admin.query("SET plan_cache_mode = \(mode)")
-        try admin.query("BEGIN")
-        let rows = try admin.query(
-          "EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) EXECUTE blocked_\(number) \(execute)")
-        try admin.query("ROLLBACK")
-        let plan = rows.compactMap { $0.first ?? nil }.joined(separator: "\n")
+      for (mode, plan) in try analyzedPlans(admin, "blocked_\(number)", prepare: prepare, execute: execute) {
         #expect(!plan.contains("Seq Scan on jobs"), "\(name) (\(mode)) scans the jobs table:\n\(plan)")
         // The next wake reads the running jobs' leases from `jobs_status` (status 'running').
         for index in ["jobs_ordered", "jobs_dedup"] + (name == "nextWake" ? [] : ["jobs_status"]) {
@@ -207,13 +194,7 @@ struct ExplainTests {
         if name == "claim" {
           #expect(plan.contains(" jobs_ready "), "the claim reads the ready index:\n\(plan)")
           // Every index or table row the claim read: the 100 it took (and nothing held).
-          let read = plan.split(separator: "\n").filter {
-            $0.contains("Index Scan") || $0.contains("Index Only Scan")
-          }
-          .compactMap { line -> Int? in
-            guard let range = line.range(of: "rows=", options: .backwards) else { return nil }
-            return Int(line[range.upperBound...].prefix { $0.isNumber })
-          }
+          let read = rowsRead(in: plan) { $0.contains("Index Scan") || $0.contains("Index Only Scan") }
           #expect(read.allSatisfy { $0 <= 100 }, "the claim read more than it took:\n\(plan)")
         }
       }
@@ -236,11 +217,8 @@ struct ExplainTests {
   // each settlement, and kept doing so as hundreds ran: a JobQueue with prefetch 96 spent 4 ms in
   // each settlement and ran at a fifth of its speed with the plan made for its values.
   @Test func settlementsAndHeartbeatsLookTheirJobsUpByIDWhateverTheStatisticsSay() async throws {
-    let server = try await PostgresServer.shared()
-    let schema = uniqueSchema("plans")
-    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let (schema, store, admin) = try await plansStore()
     let sql = store.sql
-    let admin = try AdminConnection(server.url)
     try await admin.queryOffPool(
       """
       INSERT INTO \(schema).jobs (queue, payload, status, run_at, created_at)
@@ -290,11 +268,8 @@ struct ExplainTests {
   // filter, 4 ms): the cost grew with the square of the batch. Then, with hash joins off, the
   // retries of a batch were joined with the settlements the same way (374,750 rows for 500).
   @Test func settlingAndHeartbeatingABatchCostsOneLookupPerJob() async throws {
-    let server = try await PostgresServer.shared()
-    let schema = uniqueSchema("plans")
-    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let (schema, store, admin) = try await plansStore()
     let sql = store.sql
-    let admin = try AdminConnection(server.url)
     try await admin.queryOffPool(
       """
       INSERT INTO \(schema).jobs (queue, payload, status, run_at, created_at, lease_owner, lease_expires_at)
@@ -346,11 +321,8 @@ struct ExplainTests {
   /// A limited claim, its check for a full queue and the next wake of a queue whose limit was
   /// lowered far below its running jobs read the limit's worth of running jobs, not all of them.
   @Test func aLimitLoweredFarBelowTheRunningJobsCostsTheLimitsWorth() async throws {
-    let server = try await PostgresServer.shared()
-    let schema = uniqueSchema("plans")
-    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let (schema, store, admin) = try await plansStore()
     let sql = store.sql
-    let admin = try AdminConnection(server.url)
     let now = "date_trunc('milliseconds', now())"
     // 50,000 running under an hour's lease, then 1,000 ready.
     try await admin.queryOffPool(
@@ -373,29 +345,54 @@ struct ExplainTests {
       ("nextWake", "(text, timestamptz) AS \(sql.nextWake)", "('big', NULL)"),
     ]
     for (number, (name, prepare, execute)) in statements.enumerated() {
-      try admin.query("PREPARE lowered_\(number) \(prepare)")
-      for mode in ["force_custom_plan", "force_generic_plan"] {
-        try admin.query("SET plan_cache_mode = \(mode)")
-        try admin.query("BEGIN")
-        // As after `limitLock` took the lock: the limited statements run only then.
-        _ = try admin.query("SELECT set_config('\(SQL.limitLocked)', 'on', true)")
-        let rows = try admin.query(
-          "EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) EXECUTE lowered_\(number) \(execute)")
-        try admin.query("ROLLBACK")
-        let plan = rows.compactMap { $0.first ?? nil }.joined(separator: "\n")
+      // As after `limitLock` took the lock: the limited statements run only then.
+      for (mode, plan) in try analyzedPlans(
+        admin, "lowered_\(number)", prepare: prepare, execute: execute,
+        first: "SELECT set_config('\(SQL.limitLocked)', 'on', true)")
+      {
         #expect(!plan.contains("Seq Scan on jobs"), "\(name) (\(mode)) scans the jobs table:\n\(plan)")
         // The counts read `jobs_status` alone (the next wake's earliest lease reads the running
         // rows themselves, a cost of its own not bounded by the limit).
-        let read = plan.split(separator: "\n").filter { $0.contains("Index Only Scan using jobs_status ") }
-          .compactMap { line -> Int? in
-            guard let range = line.range(of: "rows=", options: .backwards) else { return nil }
-            return Int(line[range.upperBound...].prefix { $0.isNumber })
-          }
+        let read = rowsRead(in: plan) { $0.contains("Index Only Scan using jobs_status ") }
         #expect(!read.isEmpty, "\(name) (\(mode)) reads the running jobs from jobs_status:\n\(plan)")
         #expect(
           read.allSatisfy { $0 <= 10 }, "\(name) (\(mode)) read more running jobs than the limit:\n\(plan)")
       }
     }
     await store.close()
+  }
+
+  /// `EXPLAIN ANALYZE` of `prepare` (prepared as `name`) executed with `execute`, under a custom
+  /// and then a generic plan, each in a transaction rolled back after it (`first`, if any, runs
+  /// in it before): each mode with its plan's text.
+  private func analyzedPlans(
+    _ admin: AdminConnection, _ name: String, prepare: String, execute: String, first: String? = nil
+  ) throws -> [(mode: String, plan: String)] {
+    try admin.query("PREPARE \(name) \(prepare)")
+    return try ["force_custom_plan", "force_generic_plan"].map { mode in
+      try admin.query("SET plan_cache_mode = \(mode)")
+      try admin.query("BEGIN")
+      if let first { _ = try admin.query(first) }
+      let rows = try admin.query("EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) EXECUTE \(name) \(execute)")
+      try admin.query("ROLLBACK")
+      return (mode, rows.compactMap { $0.first ?? nil }.joined(separator: "\n"))
+    }
+  }
+
+  /// The actual rows of each line of `plan` that `matches`.
+  private func rowsRead(in plan: String, where matches: (Substring) -> Bool) -> [Int] {
+    plan.split(separator: "\n").filter(matches).compactMap { line in
+      guard let range = line.range(of: "rows=", options: .backwards) else { return nil }
+      return Int(line[range.upperBound...].prefix { $0.isNumber })
+    }
+  }
+
+  /// A store in a schema of its own on the shared server, and an admin connection to the server.
+  private func plansStore() async throws -> (schema: String, store: PostgresJobStore, admin: AdminConnection)
+  {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("plans")
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    return (schema, store, try AdminConnection(server.url))
   }
 }
