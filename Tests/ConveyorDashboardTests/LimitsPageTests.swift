@@ -81,4 +81,55 @@ import Testing
         "Concurrency limit: at most 2 running at once, across every worker. Limit reached: 1 ready job waits "
           + "for a place."), "\(page)")
   }
+
+  /// `/metrics` and `/api/queues` list each stored queue once, by its bytes: two queues whose
+  /// names are canonically equivalent (the store keeps them apart) are two queues, each with its
+  /// own limit sample. The metrics are compared line by line as bytes (`String`'s `==` would take
+  /// the two names for one).
+  @Test func canonicallyEquivalentQueueNamesEachKeepTheirLimitSample() async throws {
+    let composed = "caf\u{E9}"
+    let decomposed = "cafe\u{301}"
+    _ = try await store.enqueue([NewJob(payload: Data("{}".utf8))], queue: decomposed, clock: clock)
+    try await store.setLimits(QueueLimits(concurrency: 3), queue: composed)
+    let stored = try await store.queueNames().map { $0.unicodeScalars.map { String($0.value, radix: 16) } }
+    #expect(
+      stored == [["63", "61", "66", "65", "301"], ["63", "61", "66", "e9"]], "the store lists both: \(stored)"
+    )
+
+    let metrics = await get("/metrics")
+    let lines = metrics.response.body.split(separator: UInt8(ascii: "\n")).map { Array($0) }
+    let limitLine = Array("conveyor_queue_concurrency_limit{queue=\"\(composed)\"} 3".utf8)
+    let sampled = lines.contains(limitLine)
+    #expect(sampled, "the composed queue's limit has its sample:\n\(metrics.body)")
+    for name in [composed, decomposed] {
+      let paused = Array("conveyor_queue_paused{queue=\"\(name)\"} 0".utf8)
+      let samples = lines.filter { $0 == paused }.count
+      #expect(
+        samples == 1,
+        "one paused sample for \(name.unicodeScalars.map { String($0.value, radix: 16) }):\n\(metrics.body)")
+    }
+
+    let api = await get("/api/queues")
+    let body = try #require(try JSONSerialization.jsonObject(with: api.response.body) as? [String: Any])
+    let queues = try #require(body["queues"] as? [[String: Any]])
+    let names = queues.compactMap {
+      ($0["name"] as? String)?.unicodeScalars.map { String($0.value, radix: 16) }
+    }
+    #expect(
+      names == [["63", "61", "66", "65", "301"], ["63", "61", "66", "e9"]], "both queues listed: \(queues)")
+  }
+
+  /// The limit's sample escapes the queue's name as the other samples do: a backslash, a quote
+  /// and a newline, each escaped once; other text (here a tab and an emoji) as it is.
+  @Test func theLimitSampleEscapesTheQueuesName() async throws {
+    let name = "a\\b\"c\nd\te😀"
+    try await store.setLimits(QueueLimits(concurrency: QueueLimits.maximumConcurrency), queue: name)
+    let metrics = await get("/metrics").body
+    let label = #"a\\b\"c\nd"# + "\te😀"
+    #expect(metrics.contains("conveyor_queue_concurrency_limit{queue=\"\(label)\"} 1000000\n"), "\(metrics)")
+    #expect(metrics.contains("conveyor_queue_paused{queue=\"\(label)\"} 0\n"), "\(metrics)")
+    try await store.setLimits(QueueLimits(), queue: name)
+    let after = await get("/metrics").body
+    #expect(!after.contains("a\\\\b"), "no longer listed once the limit is removed: \(after)")
+  }
 }

@@ -274,3 +274,57 @@ extension LimitConcurrencyTests {
     await store.close()
   }
 }
+
+extension LimitConcurrencyTests {
+  /// A claim that waits for the queue's limit lock while the limit is removed (or lowered) claims
+  /// by the limit stored when it gets the lock: as many as asked once the limit is gone, however
+  /// many run; no more than the places left under a lowered one, and says the queue is full.
+  @Test func aClaimWaitingForTheLimitLockClaimsByTheLimitStoredWhenItGetsIt() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("limitwait")
+    let store = try await PostgresJobStore.open(
+      url: server.url, options: PostgresJobStore.Options(schema: schema))
+    let other = try await PostgresJobStore.open(
+      url: server.url, options: PostgresJobStore.Options(schema: schema))
+    let clock = SystemJobClock()
+    let lease = Lease(owner: "w", duration: .seconds(600))
+    _ = try await store.enqueue(
+      (0..<20).map { NewJob(payload: Data("j\($0)".utf8), runAt: Date(timeIntervalSince1970: 0)) },
+      queue: "q",
+      clock: clock)
+    try await store.setLimits(QueueLimits(concurrency: 2), queue: "q")
+    let first = try await store.settleAndClaim([], queue: "q", limit: 5, lease: lease, clock: clock)
+    #expect(first.claimed.count == 2 && first.full, "two under the limit: \(first)")
+    let admin = try AdminConnection(server.url)
+    let blocked = "SELECT pid FROM pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+
+    // Removed while the claim waits: it takes the five asked for, with two running.
+    try admin.query("SELECT pg_advisory_lock(hashtextextended('conveyor.limit:' || 'q', 0))")
+    let removed = Task {
+      try await store.settleAndClaim([], queue: "q", limit: 5, lease: lease, clock: clock)
+    }
+    try await waitFor("the claim to wait for the lock") { try !admin.query(blocked).isEmpty }
+    try await other.setLimits(QueueLimits(), queue: "q")
+    try admin.query("SELECT pg_advisory_unlock_all()")
+    let free = try await removed.value
+    #expect(free.claimed.count == 5 && !free.full, "as many as asked once the limit is gone: \(free)")
+
+    // Lowered while the claim waits, to 8 with 7 running: one place, and the queue is then full.
+    try await store.setLimits(QueueLimits(concurrency: 1_000), queue: "q")
+    try admin.query("SELECT pg_advisory_lock(hashtextextended('conveyor.limit:' || 'q', 0))")
+    let lowered = Task {
+      try await store.settleAndClaim([], queue: "q", limit: 5, lease: lease, clock: clock)
+    }
+    try await waitFor("the claim to wait for the lock") { try !admin.query(blocked).isEmpty }
+    try await other.setLimits(QueueLimits(concurrency: 8), queue: "q")
+    try admin.query("SELECT pg_advisory_unlock_all()")
+    let one = try await lowered.value
+    #expect(one.claimed.count == 1 && one.full, "one place left under the lowered limit: \(one)")
+    let counts = try await store.counts(queue: "q", clock: clock)
+    #expect(counts.running == 8, "\(counts)")
+    let wake = try await store.nextWake(queue: "q", clock: clock)
+    #expect(wake.nextRun == nil, "no run date while the running jobs fill the limit: \(wake)")
+    await store.close()
+    await other.close()
+  }
+}

@@ -31,6 +31,41 @@ extension JobStoreConformance {
       let after = try await store.queueNames()
       try expect(after == ["b-queue"], "listed no longer once the limit is removed: \(after)")
     },
+    check("limits: a queue with a limit and a pause flag is listed until both are gone") { store in
+      try await store.setLimits(QueueLimits(concurrency: 1), queue: "q")
+      try await store.setPaused(true, queue: "q")
+      try await store.setLimits(QueueLimits(), queue: "q")
+      let paused = try await store.queueNames()
+      try expect(paused == ["q"], "still paused, still listed: \(paused)")
+      try await store.setLimits(QueueLimits(concurrency: 1), queue: "q")
+      try await store.setPaused(false, queue: "q")
+      let limited = try await store.queueNames()
+      try expect(limited == ["q"], "resumed with a limit, still listed: \(limited)")
+      try await store.setLimits(QueueLimits(), queue: "q")
+      let gone = try await store.queueNames()
+      try expect(gone.isEmpty, "neither left: \(gone)")
+    },
+    check("limits: lapsed leases under a limit lowered to them or below fill it, whatever its size") {
+      store in
+      _ = try await store.enqueue((1...6).map { job("j\($0)") }, queue: "q", clock: now(0))
+      let four = try await claim(store, limit: 4, now: 1, leaseFor: 10)
+      try expect(four.claimed.count == 4, "four running: \(texts(four))")
+      for limit in [1, 4] {
+        try await store.setLimits(QueueLimits(concurrency: limit), queue: "q")
+        let none = try await claim(store, limit: 5, owner: "w2", now: 20)
+        try expect(none.claimed.isEmpty && none.full, "\(limit): lapsed, not rescued, full: \(texts(none))")
+        let wake = try await store.nextWake(queue: "q", clock: now(20))
+        try expect(wake.nextRun == nil && wake.nextLeaseExpiry != nil, "\(limit): no run date: \(wake)")
+      }
+      try await store.setLimits(QueueLimits(concurrency: 5), queue: "q")
+      let wake = try await store.nextWake(queue: "q", clock: now(20))
+      try expect(wake.nextRun != nil, "a place under 5: \(wake)")
+      let one = try await claim(store, limit: 5, owner: "w2", now: 20)
+      try expect(texts(one) == ["j5"] && one.full, "one place: \(texts(one)), full \(one.full)")
+      try await store.setLimits(QueueLimits(concurrency: QueueLimits.maximumConcurrency), queue: "q")
+      let last = try await claim(store, limit: 5, owner: "w2", now: 20)
+      try expect(texts(last) == ["j6"] && !last.full, "far below the largest limit: \(texts(last))")
+    },
     check("limits: a limit out of range is refused and the stored one kept") { store in
       try await store.setLimits(QueueLimits(concurrency: 2), queue: "q")
       for bad in [0, -1, Int.min, QueueLimits.maximumConcurrency + 1, Int.max] {
