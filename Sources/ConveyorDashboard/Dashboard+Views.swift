@@ -54,16 +54,21 @@ extension Dashboard {
   /// Each queue's activity of the last hour (one range of the activity table's minute index),
   /// without minutes after the current one (workers key minutes by their own clocks): the hour
   /// the charts draw, which `/metrics` sums too.
-  func recentActivity(now: Date) async throws -> [String: [QueueActivity]] {
+  /// Keyed by the queue's bytes, as the stores keep queues apart: canonically equivalent names
+  /// (a precomposed and a decomposed "é") are two queues.
+  func recentActivity(now: Date) async throws -> [ExactText: [QueueActivity]] {
     let rows = try await store.activity(since: DashboardCharts.start(now), limit: Self.activityLimit)
-    return Dictionary(grouping: DashboardCharts.lastHour(rows, now: now), by: \.queue)
+    return Dictionary(grouping: DashboardCharts.lastHour(rows, now: now)) { ExactText($0.queue) }
   }
 
   /// Every queue with jobs, a pause flag, a limit or activity in the last hour, with its counts.
-  func summaries(activity: [String: [QueueActivity]]) async throws -> [QueueSummary] {
+  func summaries(activity: [ExactText: [QueueActivity]]) async throws -> [QueueSummary] {
     var summaries: [QueueSummary] = []
     let now = clock.now()
-    for name in Set(try await store.queueNames()).union(activity.keys).sorted() {
+    // By bytes, in byte order, as the stores list them (a `Set` of `String`s merged canonically
+    // equivalent names, and one of the two queues vanished from the page and `/metrics`).
+    let names = Set(try await store.queueNames().map(ExactText.init)).union(activity.keys).sorted()
+    for name in names.map(\.text) {
       let counts = try await store.counts(queue: name, clock: clock)
       let paused = try await store.isPaused(queue: name)
       let limits = try await store.limits(queue: name)
@@ -165,11 +170,11 @@ extension Dashboard {
         + "workers count them.",
       "# TYPE conveyor_jobs_finished_last_hour gauge",
     ]
-    var totals: [String: QueueActivity] = [:]
+    var totals: [ExactText: QueueActivity] = [:]
     for queue in summaries {
       var total = QueueActivity(queue: queue.name, minute: Date())
-      for minute in activity[queue.name] ?? [] { total.add(minute) }
-      totals[queue.name] = total
+      for minute in activity[ExactText(queue.name)] ?? [] { total.add(minute) }
+      totals[ExactText(queue.name)] = total
       let label = Self.prometheusLabel(queue.name)
       for (outcome, value) in [
         ("succeeded", total.succeeded), ("retried", total.retried), ("died", total.died),
@@ -183,7 +188,7 @@ extension Dashboard {
       "# TYPE conveyor_job_wait_seconds_last_hour gauge",
     ]
     for queue in summaries {
-      guard let total = totals[queue.name], let mean = total.meanWaitMilliseconds else { continue }
+      guard let total = totals[ExactText(queue.name)], let mean = total.meanWaitMilliseconds else { continue }
       let label = Self.prometheusLabel(queue.name)
       lines.append(
         "conveyor_job_wait_seconds_last_hour{queue=\"\(label)\",stat=\"mean\"} "

@@ -32,7 +32,7 @@ enum DashboardCharts {
 
   /// The "Last hour" section: each queue's throughput and wait charts, or a note when no queue is
   /// shown. The script swaps it for a fresh copy from `/api/activity`.
-  static func section(queues: [String], activity: [String: [QueueActivity]], now: Date) -> String {
+  static func section(queues: [String], activity: [ExactText: [QueueActivity]], now: Date) -> String {
     var body = """
       <section id="activity" class="activity" aria-labelledby="activity-title">
       <h2 id="activity-title">Last hour</h2>
@@ -41,7 +41,7 @@ enum DashboardCharts {
 
       """
     for queue in queues {
-      body += row(queue: queue, minutes: activity[queue] ?? [], now: now)
+      body += row(queue: queue, minutes: activity[ExactText(queue)] ?? [], now: now)
     }
     if queues.isEmpty { body += "<p class=\"empty\">No queues yet.</p>\n" }
     return body + "</section>\n"

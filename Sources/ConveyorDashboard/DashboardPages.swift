@@ -134,7 +134,8 @@ struct DashboardPages: Sendable {
   // MARK: queues
 
   func queues(
-    _ queues: [Dashboard.QueueSummary], activity: [String: [QueueActivity]], now: Date, notice key: String?,
+    _ queues: [Dashboard.QueueSummary], activity: [ExactText: [QueueActivity]], now: Date,
+    notice key: String?,
     formToken: String, database: String?
   ) -> DashboardResponse {
     var rows = ""

@@ -91,6 +91,11 @@ import Testing
     let decomposed = "cafe\u{301}"
     _ = try await store.enqueue([NewJob(payload: Data("{}".utf8))], queue: decomposed, clock: clock)
     try await store.setLimits(QueueLimits(concurrency: 3), queue: composed)
+    // Each queue's last hour is its own: 2 jobs succeeded in one, 5 in the other.
+    try await store.recordActivity([
+      QueueActivity(queue: composed, minute: Date(), succeeded: 2),
+      QueueActivity(queue: decomposed, minute: Date(), succeeded: 5),
+    ])
     let stored = try await store.queueNames().map { $0.unicodeScalars.map { String($0.value, radix: 16) } }
     #expect(
       stored == [["63", "61", "66", "65", "301"], ["63", "61", "66", "e9"]], "the store lists both: \(stored)"
@@ -107,6 +112,11 @@ import Testing
       #expect(
         samples == 1,
         "one paused sample for \(name.unicodeScalars.map { String($0.value, radix: 16) }):\n\(metrics.body)")
+    }
+    for (name, succeeded) in [(composed, 2), (decomposed, 5)] {
+      let line = Array(
+        "conveyor_jobs_finished_last_hour{queue=\"\(name)\",outcome=\"succeeded\"} \(succeeded)".utf8)
+      #expect(lines.contains(line), "\(succeeded) succeeded in its own last hour:\n\(metrics.body)")
     }
 
     let api = await get("/api/queues")
