@@ -270,6 +270,11 @@ final class SerializedConnection: @unchecked Sendable {
     }
   }
 
+  /// Whether a call holds the connection now (for tests, which wait for it to be free before a
+  /// call that must run on their own thread: a call finding it held waits only briefly, see
+  /// ``inlineWaitLimit``, then goes to the connection's thread).
+  var isOccupied: Bool { occupied.load(ordering: .acquiring) }
+
   /// Runs `body` holding the connection when nobody else holds it; nil otherwise.
   private func usingIfAvailable<R>(_ body: () -> R) -> R? {
     guard !occupied.load(ordering: .acquiring) else { return nil }

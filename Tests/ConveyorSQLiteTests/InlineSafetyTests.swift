@@ -204,6 +204,13 @@ struct InlineSafetyTests {
       guard all.count == 1 else { return nil }
       return all[0] != storeThread
     }
+    // Before a call that must run on the caller's thread: a call that finds the connection held
+    // (the store's thread ending a group's flush) waits only 500 µs for it, then goes to the
+    // store's thread; on a loaded machine the flush once held it longer, and the claim of 32
+    // went there.
+    func connectionFree() async throws {
+      try await eventually("the connection is free") { store.groups.isIdle && !store.connection.isOccupied }
+    }
     // 32 jobs: 31 × 2,000 bytes + keys, the last filling 64 KiB exactly.
     func jobs(count: Int, total: Int, tag: String) -> [NewJob] {
       var made: [NewJob] = []
@@ -216,6 +223,7 @@ struct InlineSafetyTests {
       }
       return made
     }
+    try await connectionFree()
     _ = try await store.enqueue(jobs(count: 32, total: 65_536, tag: "a"), queue: "jobs", now: epoch)
     #expect(ranInline() == true, "32 jobs of 64 KiB did not commit on the caller's thread")
     _ = try await store.enqueue(jobs(count: 32, total: 65_537, tag: "b"), queue: "jobs", now: epoch)
@@ -224,11 +232,11 @@ struct InlineSafetyTests {
     _ = try await store.enqueue(jobs(count: 33, total: 40_000, tag: "c"), queue: "jobs", now: epoch)
     #expect(ranInline() == false, "33 jobs committed on the caller's thread")
     // The group's next flush lingers on the connection for a moment after a grouped add.
-    try await eventually("the group flush ended") { store.groups.isIdle }
-
+    try await connectionFree()
     let claimed = try await store.settleAndClaim([], queue: "jobs", limit: 32, lease: lease(), now: epoch)
     #expect(claimed.claimed.count == 32)
     #expect(ranInline() == true, "a claim of 32 did not commit on the caller's thread")
+    try await connectionFree()
     _ = try await store.settleAndClaim(
       claimed.claimed.map { JobSettlement(claim: $0.claim, action: .complete) }, queue: "jobs", limit: 32,
       lease: lease(), now: epoch)
