@@ -9,6 +9,7 @@ enum PostgresValue {
   case text(String)
   case bytea(Data)
   case bool(Bool)
+  case double(Double)
   /// A `timestamptz`, or NULL.
   case timestamp(Date?)
   case int64Array([Int64?])
@@ -20,6 +21,7 @@ enum PostgresValue {
   static let boolOID: UInt32 = 16
   static let byteaOID: UInt32 = 17
   static let int8OID: UInt32 = 20
+  static let float8OID: UInt32 = 701
   static let int4OID: UInt32 = 23
   static let textOID: UInt32 = 25
   static let timestamptzOID: UInt32 = 1184
@@ -35,6 +37,7 @@ enum PostgresValue {
     case .text(let value): return (Self.textOID, Array(value.utf8))
     case .bytea(let value): return (Self.byteaOID, Array(value))
     case .bool(let value): return (Self.boolOID, [value ? 1 : 0])
+    case .double(let value): return (Self.float8OID, Self.bigEndian(value.bitPattern))
     case .timestamp(let date): return (Self.timestamptzOID, date.map(Self.timestampBytes))
     case .int64Array(let values):
       return (1016, Self.array(Self.int8OID, values.map { $0.map(Self.bigEndian) }))
@@ -124,6 +127,11 @@ final class QueryResult {
   /// An `int8` column (0 for NULL).
   func int64(_ row: Int, _ column: Int) -> Int64 {
     isNull(row, column) ? 0 : integer(row, column, as: Int64.self)
+  }
+
+  /// A `float8` column (0 for NULL).
+  func double(_ row: Int, _ column: Int) -> Double {
+    isNull(row, column) ? 0 : Double(bitPattern: integer(row, column, as: UInt64.self))
   }
 
   /// A `bool` column (false for NULL).

@@ -143,7 +143,7 @@ public final class PostgresJobStore: JobStore {
   /// place a retried job takes among ready ones; 5 a job's own time limit; 6 the history of
   /// finished jobs; 7 an index of the running and completed jobs with a deduplication key; 8 stored
   /// schedules; 9 ordering keys; 10 the queues' stored limits).
-  public static let schemaVersion = 10
+  public static let schemaVersion = 11
 
   /// The options the store was opened with.
   public let options: Options
@@ -878,7 +878,7 @@ public final class PostgresJobStore: JobStore {
         ]
         statements += [
           (sql.limitLock, [.text(queue)]), (sql.claim, claim), (sql.limitedClaim, claim),
-          (sql.limitFull, [.text(queue)]),
+          (sql.limitFull, [.text(queue), now]),
         ]
       }
       let results = try db.pipeline(statements)
@@ -907,6 +907,10 @@ public final class PostgresJobStore: JobStore {
       }
       let fullRow = results[statements.count - 1]
       let full = fullRow.count > 0 && fullRow.bool(0, 0)
+      // The rate's next start, as a wait from now: the database's clock may not be this one.
+      let nextStart =
+        fullRow.count > 0 && !fullRow.isNull(0, 1)
+        ? clock.now().addingTimeInterval(Double(fullRow.int64(0, 1)) / 1_000_000) : nil
       // In claim order: each record with its `seq`, the column after the record's (one of the
       // two claims took nothing).
       let sequenced = try [results[statements.count - 3], results[statements.count - 2]].flatMap { rows in
@@ -922,7 +926,7 @@ public final class PostgresJobStore: JobStore {
       // resumed in between, and a claim of nothing after an unpaused read says nothing new.
       return ClaimBatch(
         claimed: claimed, staleSettlements: stale, paused: pausedBefore && claimed.isEmpty,
-        retryDates: retryDates, full: full)
+        retryDates: retryDates, full: full, nextStart: nextStart)
     }
   }
 
@@ -1401,10 +1405,16 @@ public final class PostgresJobStore: JobStore {
   public func limits(queue: String) async throws -> QueueLimits {
     let sql = self.sql
     return try await connection.perform(idempotent: true) { db in
-      let row = try db.execute(sql.concurrency, [.text(queue)])
-      return QueueLimits(concurrency: row.count > 0 && !row.isNull(0, 0) ? Int(row.int64(0, 0)) : nil)
+      let row = try db.execute(sql.limits, [.text(queue)])
+      guard row.count > 0 else { return QueueLimits() }
+      return QueueLimits(
+        concurrency: row.isNull(0, 0) ? nil : Int(row.int64(0, 0)),
+        rate: row.isNull(0, 1) ? nil : RateLimit(perSecond: row.double(0, 1), burst: Int(row.int64(0, 2))))
     }
   }
+
+  /// Keeps and enforces rate limits: true.
+  public var keepsRateLimits: Bool { true }
 
   /// Stores limits and wakes the queue's listening workers (a raised limit frees places); see
   /// `JobStore.setLimits(_:queue:)`.
@@ -1414,8 +1424,12 @@ public final class PostgresJobStore: JobStore {
     try await connection.perform(idempotent: true) { db in
       try db.transaction {
         try db.execute(
-          sql.setConcurrency,
-          [.text(queue), limits.concurrency.map { .int64(Int64($0)) } ?? .null(oid: PostgresValue.int8OID)])
+          sql.setLimits,
+          [
+            .text(queue), limits.concurrency.map { .int64(Int64($0)) } ?? .null(oid: PostgresValue.int8OID),
+            limits.rate.map { .double($0.perSecond) } ?? .null(oid: PostgresValue.float8OID),
+            limits.rate.map { .int64(Int64($0.burst)) } ?? .null(oid: PostgresValue.int8OID),
+          ])
         try db.execute(sql.notify, [.text(queue)])
       }
     }
@@ -1436,15 +1450,20 @@ public final class PostgresJobStore: JobStore {
   public func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
     let sql = self.sql
     let now = now(clock)
-    let (serverNow, ready, scheduled, expiry, paused, scheduleDue) = try await connection.perform(
+    let (serverNow, ready, scheduled, expiry, paused, scheduleDue, nextStart) = try await connection.perform(
       idempotent: true
     ) {
       db in
       let row = try db.execute(sql.nextWake, [.text(queue), now])
-      return (row.date(0, 0), row.date(0, 1), row.date(0, 2), row.date(0, 3), row.bool(0, 4), row.date(0, 5))
+      return (
+        row.date(0, 0), row.date(0, 1), row.date(0, 2), row.date(0, 3), row.bool(0, 4), row.date(0, 5),
+        row.date(0, 6)
+      )
     }
     var hint = WakeHint(
       nextRun: ready ?? scheduled, nextLeaseExpiry: expiry, paused: paused, nextScheduleDue: scheduleDue)
+    // No waiting job needs a worker before the rate gives its next start.
+    if let run = hint.nextRun, let nextStart { hint.nextRun = max(run, nextStart) }
     if options.clock == .database, let serverNow {
       let offset = clock.now().timeIntervalSince(serverNow)
       hint.nextRun = hint.nextRun?.addingTimeInterval(offset)

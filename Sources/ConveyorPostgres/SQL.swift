@@ -95,7 +95,10 @@ struct SQL {
 
   /// The migrations, in order; version `n` is `migrations[n - 1]`.
   var migrations: [String] {
-    [version1, version2, version3, version4, version5, version6, version7, version8, version9, version10]
+    [
+      version1, version2, version3, version4, version5, version6, version7, version8, version9, version10,
+      version11,
+    ]
   }
 
   /// The time of a statement: parameter `n`, or the server's clock when it is NULL.
@@ -462,6 +465,16 @@ struct SQL {
   var version10: String {
     """
     ALTER TABLE \(schema).queues ADD COLUMN concurrency integer CHECK (concurrency > 0);
+    """
+  }
+
+  /// Version 11: a queue's stored rate limit (`QueueLimits.rate`: starts a second and burst;
+  /// NULL: none) and the rate's stored time (GCRA's theoretical arrival time, microseconds since
+  /// 1970; NULL: no start taken yet). Adding nullable columns rewrites no row.
+  var version11: String {
+    """
+    ALTER TABLE \(schema).queues ADD COLUMN rate float8 CHECK (rate > 0),
+      ADD COLUMN burst integer CHECK (burst > 0), ADD COLUMN rate_time int8;
     """
   }
 
@@ -892,13 +905,17 @@ struct SQL {
   }
 
   /// After the claims, in the same transaction and only when ``limitLock`` took the lock: whether
-  /// the queue's running jobs (this claim's among them) fill its limit. No row otherwise.
-  /// Parameter: queue.
+  /// the queue's running jobs (this claim's among them) fill its concurrency limit, and, when its
+  /// rate bucket is empty, the microseconds until its next start (NULL otherwise). No row when
+  /// the lock was not taken. Parameters: queue, now.
   static func limitFull(_ schema: String) -> String {
     """
-    SELECT q.concurrency <= \(runningUpToLimit(schema))
+    SELECT coalesce(q.concurrency <= \(runningUpToLimit(schema)), false),
+      (SELECT b.base - b.slack - b.now_us FROM (\(rateBucket(schema, now: Self.now(2)))) AS b
+        WHERE b.base - b.slack > b.now_us)
     FROM \(schema).queues q
-    WHERE q.name = $1 AND q.concurrency IS NOT NULL AND current_setting('\(limitLocked)', true) = 'on'
+    WHERE q.name = $1 AND (q.concurrency IS NOT NULL OR q.rate IS NOT NULL)
+      AND current_setting('\(limitLocked)', true) = 'on'
     """
   }
 
@@ -917,8 +934,8 @@ struct SQL {
   /// then claims nothing and ``limitedClaim`` claims; otherwise the reverse.
   static let limitLocked = "conveyor.limit_locked"
 
-  /// Serializes the claims of a queue with a concurrency limit, in the claim's transaction: when
-  /// the queue has a limit, takes the queue's limit lock (waiting for the claim that holds it to
+  /// Serializes the claims of a queue with a concurrency or rate limit, in the claim's transaction:
+  /// when the queue has a limit, takes the queue's limit lock (waiting for the claim that holds it to
   /// commit) and sets ``limitLocked``. The next statement, ``claim`` or ``limitedClaim``, runs
   /// in a snapshot taken after the lock was granted, so it sees every claim committed before.
   /// A limit stored after this statement read the queue's row does not bind this claim: the
@@ -930,7 +947,7 @@ struct SQL {
     """
     SELECT pg_advisory_xact_lock(hashtextextended('conveyor.limit:' || $1, 0)),
       set_config('\(limitLocked)', 'on', true)
-    FROM \(schema).queues WHERE name = $1 AND concurrency IS NOT NULL
+    FROM \(schema).queues WHERE name = $1 AND (concurrency IS NOT NULL OR rate IS NOT NULL)
     """
   }
 
@@ -946,27 +963,64 @@ struct SQL {
   /// as ``claim``'s. With the caller's clock (`$5`), the lease also gains the time the
   /// transaction ran before this statement, which is mostly the wait for the limit's lock: the
   /// lease runs from the claim under the lock, as ``claim``'s does from its statement.
+  ///
+  /// Under a rate limit it also takes no more than the starts the bucket holds (``rateBucket``),
+  /// and stores the bucket's time after the starts it took, in the same statement (also when it
+  /// took none but cut back a time a clock stepped back left too far ahead: see `RateLimit.take`).
   static func limitedClaim(_ schema: String) -> String {
+    let underLock = "$5::timestamptz + (clock_timestamp() - transaction_timestamp())"
+    return """
+      WITH bucket AS (\(rateBucket(schema, now: Self.now(5)))),
+      claimed AS (
+        UPDATE \(schema).jobs j SET status = 'running',
+          attempts = CASE WHEN j.attempts < 9223372036854775807 THEN j.attempts + 1 ELSE j.attempts END,
+          claim_token = j.claim_token + 1, lease_owner = $3,
+          lease_expires_at = least(
+            coalesce(date_trunc('milliseconds', \(underLock)), date_trunc('milliseconds', statement_timestamp()))
+              + $4 * interval '1 millisecond', \(Self.latest))
+        WHERE j.id = ANY(ARRAY(
+          SELECT id FROM (
+            SELECT id, priority, run_at, seq FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
+              AND NOT EXISTS (SELECT 1 FROM \(schema).queues q WHERE q.name = $1 AND q.paused)
+              AND current_setting('\(Self.limitLocked)', true) = 'on'
+            ORDER BY priority DESC, run_at, seq, id LIMIT $2 FOR UPDATE SKIP LOCKED
+          ) AS candidates
+          ORDER BY priority DESC, run_at, seq, id
+          LIMIT greatest(0, least($2,
+            coalesce(
+              (SELECT q.concurrency - \(runningUpToLimit(schema)) FROM \(schema).queues q WHERE q.name = $1), $2),
+            coalesce((SELECT starts FROM bucket), $2)))))
+        RETURNING \(Self.columns("j")), j.seq
+      ),
+      timed AS (
+        UPDATE \(schema).queues SET rate_time = (SELECT b.base + (SELECT count(*) FROM claimed) * b.step FROM bucket b)
+        WHERE name = $1 AND rate IS NOT NULL AND EXISTS (
+          SELECT 1 FROM bucket b
+          WHERE EXISTS (SELECT 1 FROM claimed) OR queues.rate_time > b.now_us + b.slack + b.step)
+      )
+      SELECT * FROM claimed
+      """
+  }
+
+  /// The queue's rate bucket at `now` (an SQL timestamp), one row when the queue `$1` has a rate:
+  /// `now_us` (microseconds since 1970), `step` (microseconds between starts), `slack` (`burst - 1`
+  /// steps), `base` (the stored time, cut back to a full bucket's worth ahead of `now` and no
+  /// earlier than `now`), and `starts`, how many starts it holds. The same arithmetic as
+  /// `RateLimit.take` (GCRA): a start is due when `base - slack <= now`.
+  static func rateBucket(_ schema: String, now: String) -> String {
     """
-    UPDATE \(schema).jobs j SET status = 'running',
-      attempts = CASE WHEN j.attempts < 9223372036854775807 THEN j.attempts + 1 ELSE j.attempts END,
-      claim_token = j.claim_token + 1, lease_owner = $3,
-      lease_expires_at = least(
-        coalesce(
-          date_trunc('milliseconds', $5::timestamptz + (clock_timestamp() - transaction_timestamp())),
-          date_trunc('milliseconds', statement_timestamp()))
-          + $4 * interval '1 millisecond', \(Self.latest))
-    WHERE j.id = ANY(ARRAY(
-      SELECT id FROM (
-        SELECT id, priority, run_at, seq FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
-          AND NOT EXISTS (SELECT 1 FROM \(schema).queues q WHERE q.name = $1 AND q.paused)
-          AND current_setting('\(Self.limitLocked)', true) = 'on'
-        ORDER BY priority DESC, run_at, seq, id LIMIT $2 FOR UPDATE SKIP LOCKED
-      ) AS candidates
-      ORDER BY priority DESC, run_at, seq, id
-      LIMIT greatest(0, least($2, coalesce(
-        (SELECT q.concurrency - \(runningUpToLimit(schema)) FROM \(schema).queues q WHERE q.name = $1), $2)))))
-    RETURNING \(Self.columns("j")), j.seq
+    SELECT CASE WHEN b.now_us + b.slack < b.base THEN 0 ELSE (b.now_us + b.slack - b.base) / b.step + 1 END AS starts,
+      b.base, b.step, b.slack, b.now_us
+    FROM (
+      SELECT s.now_us, s.step, s.slack,
+        greatest(least(coalesce(s.rate_time, s.now_us), s.now_us + s.slack + s.step), s.now_us) AS base
+      FROM (
+        SELECT q.rate_time, n.now_us, greatest(1, ceil(1000000 / q.rate))::int8 AS step,
+          (q.burst - 1)::int8 * greatest(1, ceil(1000000 / q.rate))::int8 AS slack
+        FROM \(schema).queues q, (SELECT (extract(epoch FROM \(now)) * 1000000)::int8 AS now_us) AS n
+        WHERE q.name = $1 AND q.rate IS NOT NULL
+      ) AS s
+    ) AS b
     """
   }
 
@@ -1077,8 +1131,8 @@ struct SQL {
   }
 
   /// The server's time, the next ready job's run date (in claim order, so from `jobs_ready`), the
-  /// earliest scheduled run date, the earliest lease expiry, the pause flag and the earliest due
-  /// schedule. Parameters: queue, now.
+  /// earliest scheduled run date, the earliest lease expiry, the pause flag, the earliest due
+  /// schedule, and the rate's next start while its bucket is empty. Parameters: queue, now.
   static func nextWake(_ schema: String) -> String {
     """
     SELECT \(Self.now(2)),
@@ -1087,7 +1141,9 @@ struct SQL {
       (SELECT min(run_at) FROM \(schema).jobs WHERE queue = $1 AND status = 'scheduled' AND NOT lim.at_limit),
       (SELECT min(lease_expires_at) FROM \(schema).jobs WHERE queue = $1 AND status = 'running'),
       coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false),
-      (SELECT min(next_due) FROM \(schema).schedules WHERE queue = $1 AND active AND NOT paused)
+      (SELECT min(next_due) FROM \(schema).schedules WHERE queue = $1 AND active AND NOT paused),
+      (SELECT \(Self.now(2)) + (b.base - b.slack - b.now_us) * interval '1 microsecond'
+        FROM (\(rateBucket(schema, now: Self.now(2)))) AS b WHERE b.base - b.slack > b.now_us)
     FROM (SELECT coalesce((
       SELECT q.concurrency <= \(runningUpToLimit(schema))
       FROM \(schema).queues q WHERE q.name = $1), false) AS at_limit) AS lim
@@ -1111,7 +1167,7 @@ struct SQL {
     SELECT name FROM (
       SELECT name FROM present WHERE name IS NOT NULL
       UNION
-      SELECT name FROM \(schema).queues WHERE paused OR concurrency IS NOT NULL
+      SELECT name FROM \(schema).queues WHERE paused OR concurrency IS NOT NULL OR rate IS NOT NULL
     ) AS listed
     ORDER BY name COLLATE "C"
     """
@@ -1221,13 +1277,16 @@ struct SQL {
   static func isPaused(_ schema: String) -> String {
     "SELECT coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false)"
   }
-  /// The stored concurrency limit. Parameter: queue.
-  var concurrency: String { "SELECT concurrency::int8 FROM \(schema).queues WHERE name = $1" }
-  /// Stores the concurrency limit (NULL: none). Parameters: queue, limit.
-  var setConcurrency: String {
+  /// The stored limits: concurrency, rate, burst. Parameter: queue.
+  var limits: String { "SELECT concurrency::int8, rate, burst::int8 FROM \(schema).queues WHERE name = $1" }
+  /// Stores the limits (NULL: none). Parameters: queue, concurrency, rate, burst. The rate's
+  /// stored time is kept while a rate is set, so changing the rate does not refill the bucket.
+  var setLimits: String {
     """
-    INSERT INTO \(schema).queues (name, concurrency) VALUES ($1, $2)
-    ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency
+    INSERT INTO \(schema).queues (name, concurrency, rate, burst) VALUES ($1, $2, $3, $4)
+    ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate,
+      burst = excluded.burst,
+      rate_time = CASE WHEN excluded.rate IS NULL THEN NULL ELSE queues.rate_time END
     """
   }
   var setPaused: String {

@@ -6,6 +6,7 @@ import Synchronization
 /// A value bound to a statement parameter.
 enum SQLiteValue {
   case integer(Int64)
+  case real(Double)
   case text(String)
   case blob(Data)
   case null
@@ -309,6 +310,8 @@ final class Statement {
     switch value {
     case .integer(let number):
       rc = sqlite3_bind_int64(handle, index, number)
+    case .real(let number):
+      rc = sqlite3_bind_double(handle, index, number)
     case .text(var text):
       // With its byte length, so a NUL inside is kept (a C string would end there), and as a
       // 64-bit length: SQLite answers SQLITE_TOOBIG for what it cannot store, never a trap.
@@ -357,6 +360,7 @@ final class Statement {
   func isNull(_ column: Int32) -> Bool { sqlite3_column_type(handle, column) == SQLITE_NULL }
   func int64(_ column: Int32) -> Int64 { sqlite3_column_int64(handle, column) }
   func int(_ column: Int32) -> Int { Int(sqlite3_column_int64(handle, column)) }
+  func double(_ column: Int32) -> Double { sqlite3_column_double(handle, column) }
 
   func text(_ column: Int32) -> String? {
     guard let pointer = sqlite3_column_text(handle, column) else { return nil }

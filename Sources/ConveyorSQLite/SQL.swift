@@ -196,10 +196,15 @@ enum SQL {
     """
   /// Version 10: the queue's stored `QueueLimits.concurrency` (NULL: none).
   static let concurrencyColumn = "concurrency INTEGER"
-  /// The queues table of version 10.
+  /// Version 11: the queue's stored `QueueLimits.rate` (starts a second and burst; NULL: none),
+  /// and the rate's stored time (GCRA's theoretical arrival time, microseconds since 1970; NULL:
+  /// no start taken yet).
+  static let rateColumns = ["rate REAL", "burst INTEGER", "rate_time INTEGER"]
+  /// The queues table of version 11.
   static let queuesTable = """
     CREATE TABLE queues (
-      name TEXT PRIMARY KEY, paused INTEGER NOT NULL DEFAULT 0, \(retrySeqColumn), \(concurrencyColumn)
+      name TEXT PRIMARY KEY, paused INTEGER NOT NULL DEFAULT 0, \(retrySeqColumn), \(concurrencyColumn),
+      \(rateColumns.joined(separator: ", "))
     ) WITHOUT ROWID;
     """
   /// Raises the queue's counter of retry places (``retry`` reads it); the row is made if missing.
@@ -381,6 +386,9 @@ enum SQL {
     ALTER TABLE queues ADD COLUMN \(concurrencyColumn);
     PRAGMA user_version = 10;
     """
+  /// Version 10 to 11: queues keep a rate limit (none set).
+  static let migrate10to11 =
+    rateColumns.map { "ALTER TABLE queues ADD COLUMN \($0);\n" }.joined() + "PRAGMA user_version = 11;"
   /// A schedule's columns, in the order `SQLiteJobStore.schedule(from:)` reads them.
   static let scheduleColumns = """
     queue, name, spacing, time_zone, catch_up, jitter_ms, payload, priority, time_limit_ms, origin, active,
@@ -503,12 +511,20 @@ enum SQL {
   static let noteQueue = "INSERT OR IGNORE INTO queues (name) VALUES (?)"
 
   static let isPaused = "SELECT 1 FROM queues WHERE name = ? AND paused = 1"
-  /// The pause flag and the concurrency limit, for a claim (no row: neither).
-  static let claimFlags = "SELECT paused, concurrency FROM queues WHERE name = ?"
+  /// The pause flag, the concurrency limit, and the rate limit with its stored time, for a claim
+  /// (no row: none of them).
+  static let claimFlags = "SELECT paused, concurrency, rate, burst, rate_time FROM queues WHERE name = ?"
   static let concurrency = "SELECT concurrency FROM queues WHERE name = ?"
-  static let setConcurrency = """
-    INSERT INTO queues (name, concurrency) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET concurrency = ?2
+  static let limits = "SELECT concurrency, rate, burst FROM queues WHERE name = ?"
+  /// Stores the limits (`?2` concurrency, `?3` rate, `?4` burst); the rate's stored time is
+  /// kept while a rate is set, so changing the rate does not refill the bucket.
+  static let setLimits = """
+    INSERT INTO queues (name, concurrency, rate, burst) VALUES (?1, ?2, ?3, ?4)
+    ON CONFLICT (name) DO UPDATE SET concurrency = ?2, rate = ?3, burst = ?4,
+      rate_time = CASE WHEN ?3 IS NULL THEN NULL ELSE rate_time END
     """
+  /// Stores the rate's time after a claim took starts.
+  static let setRateTime = "UPDATE queues SET rate_time = ?2 WHERE name = ?1"
   /// The queue's running jobs (those under a lease, or lapsed and not yet rescued), from
   /// `jobs_running`, counted up to the queue's concurrency limit `?2`: a claim under a limit
   /// reads at most the limit's worth of entries, however many run (a limit lowered far below
@@ -619,7 +635,7 @@ enum SQL {
   static let nextExpiry = "SELECT min(lease_expires_at) FROM jobs WHERE queue = ? AND status = 'running'"
   /// One index seek per status and queue: each `EXISTS` reads a partial index.
   static let queueNames = """
-    SELECT name FROM queues WHERE paused = 1 OR concurrency IS NOT NULL
+    SELECT name FROM queues WHERE paused = 1 OR concurrency IS NOT NULL OR rate IS NOT NULL
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'ready')
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'scheduled')
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'held')

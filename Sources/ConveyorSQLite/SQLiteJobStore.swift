@@ -71,7 +71,7 @@ public final class SQLiteJobStore: JobStore {
   /// running and completed jobs with a deduplication key; version 8 stored schedules; version 9
   /// ordering keys and the held state; version 10 the queues' stored limits. An older database is
   /// migrated when it is opened, in one transaction, keeping every job.
-  public static let schemaVersion: Int32 = 10
+  public static let schemaVersion: Int32 = 11
 
   /// The database file's path.
   public let path: String
@@ -307,25 +307,28 @@ public final class SQLiteJobStore: JobStore {
             retryDates[settlement.id] = date(millis(now, adding: delay))
           }
         }
-        var paused = false
-        var concurrency: Int64?
-        try db.query(SQL.claimFlags, .text(queue)) { row in
-          paused = row.int64(0) != 0
-          concurrency = row.isNull(1) ? nil : row.int64(1)
-        }
+        let flags = try ClaimFlags(queue: queue, db: db)
+        let paused = flags.paused
         var limit = limit
         // The places the concurrency limit left before this claim (nil: no limit).
         var places: Int?
-        if let concurrency, limit > 0, !paused {
+        if let concurrency = flags.concurrency, limit > 0, !paused {
           // The write transaction holds the file's lock, so no other claim can count meanwhile.
           let running = try Self.runningCount(queue: queue, concurrency: concurrency, db: db)
           limit = QueueLimits(concurrency: Int(concurrency)).claimable(limit, running: running)
           places = Int(concurrency) - running
         }
+        // The starts the rate limit gives, under the same lock; `nextStart` when it cut the claim.
+        let micros = RateLimit.microseconds(date(now))
+        let rate = limit > 0 && !paused ? flags.rate : nil
+        if let rate { limit = rate.take(limit, tat: flags.rateTime, now: micros).starts }
         guard limit > 0, !paused else {
           return ClaimBatch(
             claimed: [], staleSettlements: stale, paused: paused, retryDates: retryDates,
-            full: places.map { $0 <= 0 } ?? false)
+            full: places.map { $0 <= 0 } ?? false,
+            nextStart: try rate.flatMap {
+              try Self.takeStarts(0, rate: $0, flags: flags, now: micros, db: db)
+            })
         }
         try db.run(SQL.promote, .text(queue), .integer(now))
         let expires = millis(now, adding: lease.duration)
@@ -350,7 +353,10 @@ public final class SQLiteJobStore: JobStore {
         }
         return ClaimBatch(
           claimed: claimed, staleSettlements: stale, retryDates: retryDates,
-          full: places.map { $0 - claimed.count <= 0 } ?? false)
+          full: places.map { $0 - claimed.count <= 0 } ?? false,
+          nextStart: try rate.flatMap {
+            try Self.takeStarts(claimed.count, rate: $0, flags: flags, now: micros, db: db)
+          })
       }
     }
     return try await small ? connection.performInline(body) : connection.perform(body)
@@ -602,15 +608,26 @@ public final class SQLiteJobStore: JobStore {
   /// The stored limits; see `JobStore.limits(queue:)`.
   public func limits(queue: String) async throws -> QueueLimits {
     try await connection.perform { db in
-      QueueLimits(concurrency: try db.scalar(SQL.concurrency, .text(queue)).map { Int($0) })
+      var limits = QueueLimits()
+      try db.query(SQL.limits, .text(queue)) { row in
+        limits.concurrency = row.isNull(0) ? nil : row.int(0)
+        limits.rate = row.isNull(1) ? nil : RateLimit(perSecond: row.double(1), burst: row.int(2))
+      }
+      return limits
     }
   }
+
+  /// Keeps and enforces rate limits: true.
+  public var keepsRateLimits: Bool { true }
 
   /// Stores limits; see `JobStore.setLimits(_:queue:)`.
   public func setLimits(_ limits: QueueLimits, queue: String) async throws {
     try limits.check()
     _ = try await connection.perform { db in
-      try db.run(SQL.setConcurrency, .text(queue), limits.concurrency.map { .integer(Int64($0)) } ?? .null)
+      try db.run(
+        SQL.setLimits, .text(queue), limits.concurrency.map { .integer(Int64($0)) } ?? .null,
+        limits.rate.map { .real($0.perSecond) } ?? .null,
+        limits.rate.map { .integer(Int64($0.burst)) } ?? .null)
     }
   }
 
@@ -622,17 +639,19 @@ public final class SQLiteJobStore: JobStore {
         // A ready job is due now, whatever its date says (the wall clock may have stepped back).
         let ready = try db.scalar(SQL.anyReady, .text(queue)).map { min($0, millis(clock.now())) }
         var run = try ready ?? db.scalar(SQL.nextScheduled, .text(queue))
-        // The pause flag and the limit in one read of the queue's row, as a claim reads them.
-        var paused = false
-        var concurrency: Int64?
-        try db.query(SQL.claimFlags, .text(queue)) { row in
-          paused = row.int64(0) != 0
-          concurrency = row.isNull(1) ? nil : row.int64(1)
-        }
-        if run != nil, let concurrency,
+        // The pause flag and the limits in one read of the queue's row, as a claim reads them.
+        let flags = try ClaimFlags(queue: queue, db: db)
+        let paused = flags.paused
+        if run != nil, let concurrency = flags.concurrency,
           try Self.runningCount(queue: queue, concurrency: concurrency, db: db) >= concurrency
         {
           run = nil
+        }
+        // No waiting job needs a worker before the rate gives its next start.
+        if let due = run, let rate = flags.rate,
+          let start = rate.nextStart(tat: flags.rateTime, now: RateLimit.microseconds(clock.now()))
+        {
+          run = max(due, millis(RateLimit.date(start)))
         }
         let expiry = try db.scalar(SQL.nextExpiry, .text(queue))
         let scheduleDue = try db.scalar(SQL.nextScheduleDue, .text(queue))
@@ -689,6 +708,36 @@ public final class SQLiteJobStore: JobStore {
       _ = sqlite3_stmt_status(statement, SQLITE_STMTSTATUS_VM_STEP, 1)
       _ = try Self.runningCount(queue: queue, concurrency: concurrency, db: db)
       return Int(sqlite3_stmt_status(statement, SQLITE_STMTSTATUS_VM_STEP, 1))
+    }
+  }
+
+  /// Takes `count` starts from the queue's rate bucket (stores its time when it changed); returns
+  /// the next start when the bucket has none left.
+  private static func takeStarts(_ count: Int, rate: RateLimit, flags: ClaimFlags, now: Int64, db: Connection)
+    throws -> Date?
+  {
+    let taken = rate.take(count, tat: flags.rateTime, now: now)
+    if taken.mustStore { try db.run(SQL.setRateTime, .text(flags.queue), .integer(taken.tat)) }
+    return taken.next > now ? RateLimit.date(taken.next) : nil
+  }
+
+  /// A queue's row as a claim reads it (`SQL.claimFlags`): no row means no flag and no limits.
+  struct ClaimFlags {
+    var queue: String
+    var paused = false
+    var concurrency: Int64?
+    var rate: RateLimit?
+    /// The rate's stored time (microseconds since 1970), nil before the first start.
+    var rateTime: Int64?
+
+    init(queue: String, db: Connection) throws {
+      self.queue = queue
+      try db.query(SQL.claimFlags, .text(queue)) { row in
+        paused = row.int64(0) != 0
+        concurrency = row.isNull(1) ? nil : row.int64(1)
+        rate = row.isNull(2) ? nil : RateLimit(perSecond: row.double(2), burst: row.int(3))
+        rateTime = row.isNull(4) ? nil : row.int64(4)
+      }
     }
   }
 
@@ -1075,6 +1124,9 @@ extension SQLiteJobStore {
           fallthrough
         case .version9:
           try db.execute(SQL.migrate9to10)
+          fallthrough
+        case .version10:
+          try db.execute(SQL.migrate10to11)
         case .current: break
         }
       }
@@ -1105,7 +1157,7 @@ extension SQLiteJobStore {
 
   enum FileKind {
     case empty, version1, version2, version3, version4, version5, version6, version7, version8, version9,
-      current
+      version10, current
   }
 
   /// Rebuilds a version 8 database as version 9 inside the caller's transaction, keeping every
@@ -1200,6 +1252,7 @@ extension SQLiteJobStore {
     if version == 7 { return .version7 }
     if version == 8 { return .version8 }
     if version == 9 { return .version9 }
+    if version == 10 { return .version10 }
     guard version == Int64(Self.schemaVersion) else {
       throw SQLiteJobStoreError(
         code: .unsupportedSchema, path: path,

@@ -287,7 +287,7 @@ enum CLI {
         throw UsageError(
           description:
             "unknown limits command \"\(printable(verb))\": use conveyor limits to show the queue's limits, "
-            + "or conveyor limits set --concurrency N|none to change them")
+            + "or conveyor limits set --concurrency N|none --rate N/s|none to change them")
       }
       command = "limits set"
     }
@@ -795,6 +795,9 @@ enum CLI {
       output("queue     \(context.queue)\(paused ? " (paused)" : "")")
       if let concurrency = limits.concurrency {
         output("limit     at most \(concurrency) running at once")
+      }
+      if let rate = limits.rate {
+        output("rate      at most \(LimitsCommands.rateText(rate)) starting, across every worker")
       }
       output("ready     \(counts.ready)")
       output("scheduled \(counts.scheduled)")

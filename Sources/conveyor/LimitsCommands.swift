@@ -10,34 +10,46 @@ enum LimitsCommands {
       summary: "the queue's stored limits, and how many of its jobs run now",
       options: [OptionSpec(names: ["--json"], value: nil, help: "as one JSON object")],
       details: """
-        Prints the limits stored with the queue, e.g. "concurrency 3 (2 running)", or "no limits".
-        Change them with 'conveyor limits set'.
+        Prints the limits stored with the queue, e.g. "concurrency 3 (2 running), rate 10/s
+        (bursts of 5)", or "no limits". Change them with 'conveyor limits set'.
         """),
     CommandSpec(
-      name: "limits set", operands: "--concurrency N|none",
+      name: "limits set", operands: "[--concurrency N|none] [--rate N/s|N/min|N/h|none [--burst B]]",
       summary: "store the queue's limits, obeyed by every worker of every process",
       options: [
         OptionSpec(
           names: ["--concurrency"], value: "N",
           help: "at most N of the queue's jobs running at once, across every worker (1 to "
             + "\(QueueLimits.maximumConcurrency)); none removes the limit"),
+        OptionSpec(
+          names: ["--rate"], value: "N/s",
+          help: "at most N of the queue's jobs start a second (or N/min, N/h), across every worker; "
+            + "from one a day to \(Int(RateLimit.maximumPerSecond))/s; none removes the rate"),
+        OptionSpec(
+          names: ["--burst"], value: "B",
+          help: "at most B start at once after a quiet spell (1 to \(RateLimit.maximumBurst); default 1: "
+            + "starts evenly spaced)"),
         OptionSpec(names: ["--json"], value: nil, help: "print what was stored as one JSON object"),
       ],
       details: """
-        The limit is kept in the database beside the queue's jobs, so every 'conveyor work' of the
-        queue, on this machine or another sharing the database, obeys it from its next claim,
-        however many --concurrency each runs. Lowering it below the number running stops nothing:
-        no job is claimed until fewer than the limit run. Pause the queue to stop claims altogether
-        (a limit of 0 is refused). A value that cannot be stored exits 2 and changes nothing.
-        Prints the limits as stored.
+        The limits are kept in the database beside the queue's jobs, so every 'conveyor work' of the
+        queue, on this machine or another sharing the database, obeys them from its next claim,
+        however many --concurrency each runs. A limit not named keeps its stored value:
+        'limits set --rate 10/s' keeps the concurrency limit, and --burst alone changes the burst
+        of the stored rate. Lowering the concurrency below the number running stops nothing: no
+        job is claimed until fewer than the limit run. The rate counts starts (claims, retries
+        included): a retried job starts again. Pause the queue to stop claims altogether (a limit
+        of 0 is refused). A value that cannot be stored exits 2 and changes nothing. Prints the
+        limits as stored.
         """),
   ]
 
-  /// `limits --json`'s and `limits set --json`'s object. `concurrency` is null when there is no
-  /// limit.
+  /// `limits --json`'s and `limits set --json`'s object. `concurrency` and `rate` are null when
+  /// there is no such limit; `rate` is `{"perSecond": N, "burst": B}`.
   struct Shown: Encodable {
     var queue: String
     var concurrency: Int?
+    var rate: RateLimit?
     var running: Int
     var ready: Int
 
@@ -46,12 +58,13 @@ enum LimitsCommands {
       try container.encode(queue, forKey: .queue)
       // Written even when nil: a reader sees `"concurrency": null`, not a missing member.
       try container.encode(concurrency, forKey: .concurrency)
+      try container.encode(rate, forKey: .rate)
       try container.encode(running, forKey: .running)
       try container.encode(ready, forKey: .ready)
     }
 
     enum CodingKeys: String, CodingKey {
-      case queue, concurrency, running, ready
+      case queue, concurrency, rate, running, ready
     }
   }
 
@@ -67,15 +80,37 @@ enum LimitsCommands {
   /// `limits set`: stores the limits the options give, then prints them as stored.
   static func set(_ arguments: inout Arguments, _ context: CLI.Context) async throws -> Int32 {
     let json = arguments.flag("--json")
-    guard let text = arguments.option("--concurrency") else {
+    let concurrencyText = arguments.option("--concurrency")
+    let rateText = arguments.option("--rate")
+    let burstText = arguments.option("--burst")
+    guard concurrencyText != nil || rateText != nil || burstText != nil else {
       throw UsageError(
         description:
-          "limits set needs a limit: --concurrency N (1 to \(QueueLimits.maximumConcurrency)), "
-          + "or --concurrency none to remove it")
+          "limits set needs a limit: --concurrency N (1 to \(QueueLimits.maximumConcurrency)) or none, "
+          + "--rate N/s (or N/min, N/h) or none, --burst B")
     }
     try arguments.finish()
-    let limits = QueueLimits(concurrency: try concurrency(text))
+    // Every value is checked before the store is opened: a bad one changes nothing.
+    let newConcurrency = try concurrencyText.map(concurrency)
+    let newRate = try rateText.map(rate)
+    let newBurst = try burstText.map(burst)
+    if case .some(nil) = newRate, newBurst != nil {
+      throw UsageError(
+        description: "--burst goes with a rate, not with --rate none; the stored limits were not changed")
+    }
     let queue = try context.controlQueue()
+    var limits = try await queue.limits()
+    if let newConcurrency { limits.concurrency = newConcurrency }
+    if let newRate { limits.rate = newRate.map { RateLimit(perSecond: $0, burst: limits.rate?.burst ?? 1) } }
+    if let newBurst {
+      guard limits.rate != nil else {
+        throw UsageError(
+          description:
+            "--burst needs a rate: the queue has none stored; pass --rate N/s with it. The stored limits "
+            + "were not changed")
+      }
+      limits.rate?.burst = newBurst
+    }
     try await queue.setLimits(limits)
     try await report(try await queue.limits(), queue: queue, context, json: json)
     return ExitCode.success.rawValue
@@ -103,6 +138,58 @@ enum LimitsCommands {
         + "remove the limit, got \"\(printable(text))\"\(hint); the stored limits were not changed")
   }
 
+  /// A `--rate` value: `none` (nil), or a positive decimal number of ASCII digits (a fraction
+  /// allowed) followed by `/s`, `/min` or `/h`, from ``RateLimit/minimumPerSecond`` to
+  /// ``RateLimit/maximumPerSecond`` a second; anything else is a usage error naming what to pass.
+  static func rate(_ text: String) throws -> Double? {
+    if text == "none" { return nil }
+    let units: [(suffix: String, seconds: Double)] = [("/s", 1), ("/min", 60), ("/h", 3_600)]
+    if text.utf8.count <= 32, let unit = units.first(where: { text.hasSuffix($0.suffix) }) {
+      let number = text.dropLast(unit.suffix.count)
+      let parts = number.split(separator: ".", omittingEmptySubsequences: false)
+      let plain =
+        (1...2).contains(parts.count) && !parts[0].isEmpty && parts.last?.isEmpty == false
+        && parts.allSatisfy { $0.allSatisfy { $0.isASCII && $0.isNumber } }
+      if plain, let value = Double(number) {
+        let perSecond = value / unit.seconds
+        if RateLimit(perSecond: perSecond).problem == nil { return perSecond }
+      }
+    }
+    let hint =
+      text.hasPrefix("0") || text.hasPrefix("-") ? "; to stop claims altogether, pause the queue" : ""
+    throw UsageError(
+      description:
+        "--rate must be a number of starts per second, minute or hour, such as 10/s, 0.5/s, 30/min or "
+        + "2/h, from one a day to \(Int(RateLimit.maximumPerSecond))/s, or none to remove the rate, got "
+        + "\"\(printable(text))\"\(hint); the stored limits were not changed")
+  }
+
+  /// A `--burst` value: a whole number from 1 to ``RateLimit/maximumBurst``.
+  static func burst(_ text: String) throws -> Int {
+    let digits = text.hasPrefix("+") ? text.dropFirst() : Substring(text)
+    if !digits.isEmpty, digits.count <= 7, digits.allSatisfy({ $0.isASCII && $0.isNumber }),
+      let value = Int(digits), (1...RateLimit.maximumBurst).contains(value)
+    {
+      return value
+    }
+    throw UsageError(
+      description:
+        "--burst must be a whole number from 1 to \(RateLimit.maximumBurst), got \"\(printable(text))\"; "
+        + "the stored limits were not changed")
+  }
+
+  /// A rate as `limits` and `status` print it: "10/s", "0.5/s", "30/min", "2/h".
+  static func rateText(_ rate: RateLimit) -> String {
+    let (value, unit) =
+      rate.perSecond >= 1
+      ? (rate.perSecond, "s")
+      : rate.perSecond * 60 >= 1 ? (rate.perSecond * 60, "min") : (rate.perSecond * 3_600, "h")
+    let rounded = (value * 1_000).rounded() / 1_000
+    let number =
+      rounded == rounded.rounded() && abs(rounded) < 1e15 ? String(Int64(rounded)) : String(rounded)
+    return "\(number)/\(unit)" + (rate.burst > 1 ? " (bursts of \(rate.burst))" : "")
+  }
+
   /// Prints `limits` as `limits` shows them, with the queue's running and ready jobs.
   private static func report(
     _ limits: QueueLimits, queue: JobQueue<OutboxJob>, _ context: CLI.Context, json: Bool
@@ -111,13 +198,16 @@ enum LimitsCommands {
     if json {
       try printJSON(
         Shown(
-          queue: context.queue, concurrency: limits.concurrency, running: counts.running,
+          queue: context.queue, concurrency: limits.concurrency, rate: limits.rate, running: counts.running,
           ready: counts.ready))
       return
     }
     let name = printable(context.queue)
+    let rate = limits.rate.map { ", rate \(rateText($0))" } ?? ""
     if let concurrency = limits.concurrency {
-      output("queue \(name): concurrency \(concurrency) (\(counts.running) running)")
+      output("queue \(name): concurrency \(concurrency) (\(counts.running) running)\(rate)")
+    } else if limits.rate != nil {
+      output("queue \(name): no concurrency limit (\(counts.running) running)\(rate)")
     } else {
       output("queue \(name): no limits (\(counts.running) running)")
     }

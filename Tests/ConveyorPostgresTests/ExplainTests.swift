@@ -319,7 +319,8 @@ struct ExplainTests {
   }
 
   /// A limited claim, its check for a full queue and the next wake of a queue whose limit was
-  /// lowered far below its running jobs read the limit's worth of running jobs, not all of them.
+  /// lowered far below its running jobs read the limit's worth of running jobs, not all of them,
+  /// with a rate limit beside it.
   @Test func aLimitLoweredFarBelowTheRunningJobsCostsTheLimitsWorth() async throws {
     let (schema, store, admin) = try await plansStore()
     let sql = store.sql
@@ -333,7 +334,9 @@ struct ExplainTests {
         CASE WHEN i <= 50000 THEN \(now) + interval '1 hour' END
       FROM generate_series(1, 51000) AS i
       """)
-    try await store.setLimits(QueueLimits(concurrency: 10), queue: "big")
+    // With a rate too: its bucket reads the queue's row alone.
+    try await store.setLimits(
+      QueueLimits(concurrency: 10, rate: RateLimit(perSecond: 1000, burst: 100)), queue: "big")
     try await admin.queryOffPool("VACUUM ANALYZE \(schema).jobs")
     try admin.query("SET enable_seqscan = off; SET enable_mergejoin = off")
     let statements = [
@@ -341,7 +344,7 @@ struct ExplainTests {
         "limitedClaim", "(text, int8, text, int8, timestamptz) AS \(sql.limitedClaim)",
         "('big', 100, 'w', 60000, NULL)"
       ),
-      ("limitFull", "(text) AS \(sql.limitFull)", "('big')"),
+      ("limitFull", "(text, timestamptz) AS \(sql.limitFull)", "('big', NULL)"),
       ("nextWake", "(text, timestamptz) AS \(sql.nextWake)", "('big', NULL)"),
     ]
     for (number, (name, prepare, execute)) in statements.enumerated() {

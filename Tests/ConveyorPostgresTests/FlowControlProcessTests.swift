@@ -14,9 +14,12 @@ struct FlowControlProcessTests {
   /// one exception to "one at a time", a worker stopped past its lease, which SIGKILL is not).
   /// With a `limit`, the queue's stored concurrency: the 16 slots of the four workers never run
   /// more handlers at once than it allows, and a kill comes every 1 to 1.3 s (the killed worker's
-  /// jobs keep their places until their leases lapse).
-  @Test(arguments: [Int?.none, 4])
-  func fourWorkersKeepEachKeysOrderAndTheLimitWhileBeingKilled(limit: Int?) async throws {
+  /// jobs keep their places until their leases lapse). With a rate, the queue's stored rate: no
+  /// handler starts before the rate allows, counted from when it was stored.
+  @Test(arguments: [
+    QueueLimits(), QueueLimits(concurrency: 4), QueueLimits(rate: RateLimit(perSecond: 60, burst: 5)),
+  ])
+  func fourWorkersKeepEachKeysOrderAndTheLimitsWhileBeingKilled(limits: QueueLimits) async throws {
     let server = try await PostgresServer.shared()
     let schema = uniqueSchema("ordering")
     let folder = try makeFolder()
@@ -24,7 +27,7 @@ struct FlowControlProcessTests {
     let log = folder + "/ordering.log"
     let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
     let outcome = try await FlowControlProbe.run(
-      store: store, log: log, concurrencyLimit: limit,
+      store: store, log: log, concurrencyLimit: limits.concurrency, rate: limits.rate,
       start: { slot, generation in
         try WorkerProcess(
           url: server.url, schema: schema, folder: folder, name: "w\(slot)-\(generation)",
@@ -37,8 +40,7 @@ struct FlowControlProcessTests {
         return worker.pid
       })
     #expect(outcome.problems.isEmpty, "\(outcome.problems) (\(outcome.summary))")
-    print(
-      "FlowControlProcessTests (PostgreSQL, limit \(limit.map(String.init) ?? "none")): \(outcome.summary)")
+    print("FlowControlProcessTests (PostgreSQL, \(limits)): \(outcome.summary)")
     await store.close()
   }
 }

@@ -428,6 +428,42 @@ struct PostgresJobStoreTests {
     await store.close()
   }
 
+  /// A schema at version 10 (the release of 2026-12-07, concurrency limits) gains the queues'
+  /// stored rates when a store opens it, none set, with every job, pause flag and concurrency
+  /// limit kept; rates then work.
+  @Test func aVersion10SchemaGainsRateLimitsWithEveryJobPauseAndLimitKept() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("v10")
+    let admin = try AdminConnection(server.url)
+    try createSchema(SQL(schema: schema), atVersion: 10, with: admin)
+    try admin.query(
+      """
+      INSERT INTO \(schema).queues (name, paused, concurrency) VALUES ('mail', true, 3);
+      INSERT INTO \(schema).jobs (queue, payload, status, attempts, run_at, created_at, claim_token, ordering_key)
+      VALUES
+      ('sms', '\\x7b7d', 'ready', 0, now(), now(), 0, NULL),
+      ('sms', '\\x7b7d', 'ready', 0, now(), now(), 0, NULL),
+      ('sms', '\\x7b7d', 'ready', 0, now(), now(), 0, NULL),
+      ('mail', '\\x7b7d', 'ready', 0, now(), now(), 0, 'k'),
+      ('mail', '\\x7b7d', 'held', 0, now(), now(), 0, 'k')
+      """)
+    let before = try admin.query("SELECT * FROM \(schema).jobs ORDER BY id")
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let versions = try admin.query("SELECT version FROM \(schema).schema_migrations ORDER BY version")
+    #expect(versions == (1...PostgresJobStore.schemaVersion).map { [String($0)] })
+    #expect(try admin.query("SELECT * FROM \(schema).jobs ORDER BY id") == before, "every job as it was")
+    #expect(try await store.isPaused(queue: "mail"), "the pause flag is kept")
+    let mail = try await store.limits(queue: "mail")
+    #expect(mail == QueueLimits(concurrency: 3), "the concurrency is kept, no rate: \(mail)")
+    #expect(try await store.limits(queue: "sms").isEmpty)
+    try await store.setLimits(QueueLimits(rate: RateLimit(perSecond: 0.5, burst: 2)), queue: "sms")
+    let batch = try await store.settleAndClaim(
+      [], queue: "sms", limit: 5, lease: Lease(owner: "w", duration: .seconds(60)), clock: SystemJobClock())
+    #expect(batch.claimed.count == 2, "the burst of the rate set after the migration")
+    #expect(batch.nextStart != nil, "the bucket is empty")
+    await store.close()
+  }
+
   /// A version 5 schema's last errors were stored whole (nothing bounded them then): the list of
   /// errors a migrated job starts with keeps each within `JobHistory.maximumErrorBytes`, as every
   /// error recorded since.

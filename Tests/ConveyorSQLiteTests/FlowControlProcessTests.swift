@@ -15,15 +15,18 @@ struct FlowControlProcessTests {
   /// one exception to "one at a time", a worker stopped past its lease, which SIGKILL is not).
   /// With a `limit`, the queue's stored concurrency: the 16 slots of the four workers never run
   /// more handlers at once than it allows, and a kill comes every 1 to 1.3 s (the killed worker's
-  /// jobs keep their places until their leases lapse).
-  @Test(arguments: [Int?.none, 4])
-  func fourWorkersKeepEachKeysOrderAndTheLimitWhileBeingKilled(limit: Int?) async throws {
+  /// jobs keep their places until their leases lapse). With a rate, the queue's stored rate: no
+  /// handler starts before the rate allows, counted from when it was stored.
+  @Test(arguments: [
+    QueueLimits(), QueueLimits(concurrency: 4), QueueLimits(rate: RateLimit(perSecond: 60, burst: 5)),
+  ])
+  func fourWorkersKeepEachKeysOrderAndTheLimitsWhileBeingKilled(limits: QueueLimits) async throws {
     let folder = try TemporaryFolder()
     let database = folder.path("ordering.sqlite")
     let log = folder.path("ordering.log")
     let store = try SQLiteJobStore(path: database)
     let outcome = try await FlowControlProbe.run(
-      store: store, log: log, concurrencyLimit: limit,
+      store: store, log: log, concurrencyLimit: limits.concurrency, rate: limits.rate,
       start: { slot, generation in
         try WorkerProcess(
           database: database, folder: folder, name: "w\(slot)-\(generation)", command: "ordered-work",
@@ -36,7 +39,7 @@ struct FlowControlProcessTests {
         return worker.process.processIdentifier
       })
     #expect(outcome.problems.isEmpty, "\(outcome.problems) (\(outcome.summary))")
-    print("FlowControlProcessTests (SQLite, limit \(limit.map(String.init) ?? "none")): \(outcome.summary)")
+    print("FlowControlProcessTests (SQLite, \(limits)): \(outcome.summary)")
     await store.close()
   }
 }

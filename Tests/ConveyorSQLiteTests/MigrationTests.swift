@@ -318,6 +318,7 @@ struct MigrationTests {
       DROP INDEX jobs_keyed;
       DROP TABLE schedules;
       ALTER TABLE queues DROP COLUMN concurrency;
+      \(Self.dropRateColumns)
       PRAGMA user_version = 6;
       INSERT INTO queues (name) VALUES ('mail');
       INSERT INTO jobs (queue, payload, status, attempts, run_at, created_at, dedup_key, lease_owner,
@@ -355,6 +356,7 @@ struct MigrationTests {
       """
       DROP TABLE schedules;
       ALTER TABLE queues DROP COLUMN concurrency;
+      \(Self.dropRateColumns)
       PRAGMA user_version = 7;
       INSERT INTO queues (name) VALUES ('mail');
       INSERT INTO jobs (queue, payload, status, attempts, run_at, created_at, claim_token) VALUES
@@ -436,6 +438,55 @@ struct MigrationTests {
     #expect(duplicate.first == EnqueueResult(id: JobID(1), inserted: false), "keys still deduplicate")
   }
 
+  /// Takes a version 11 queues table back to version 10's.
+  static let dropRateColumns = """
+    ALTER TABLE queues DROP COLUMN rate; ALTER TABLE queues DROP COLUMN burst;
+    ALTER TABLE queues DROP COLUMN rate_time;
+    """
+
+  /// A version 10 database (the release of 2026-12-07, concurrency limits) gains the queues'
+  /// stored rates, none set, with every job, pause flag and concurrency limit kept; rates then
+  /// work on it. The file is made by this build and taken back to version 10's schema, which
+  /// differs from version 11's by the queues' three rate columns alone.
+  @Test func aVersion10DatabaseGainsRateLimitsWithEveryJobPauseAndLimitKept() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("v10.sqlite")
+    let t = 1_700_000_000_000
+    await (try SQLiteJobStore(path: path)).close()
+    try execute(
+      path,
+      """
+      \(Self.dropRateColumns)
+      PRAGMA user_version = 10;
+      INSERT INTO queues (name, paused, concurrency) VALUES ('mail', 1, 3), ('sms', 0, NULL);
+      INSERT INTO jobs (queue, payload, status, attempts, run_at, created_at, claim_token, ordering_key, line) VALUES
+      ('mail', x'7b7d', 'ready', 0, \(t), \(t), 0, 'k', 1),
+      ('mail', x'7b7d', 'held', 0, \(t), \(t), 0, 'k', 1),
+      ('sms', x'7b7d', 'ready', 0, \(t), \(t), 0, NULL, 0),
+      ('sms', x'7b7d', 'ready', 0, \(t), \(t), 0, NULL, 0),
+      ('sms', x'7b7d', 'ready', 0, \(t), \(t), 0, NULL, 0);
+      """)
+    let before = try readRows(path)
+    let store = try SQLiteJobStore(path: path)
+    let version = try await store.connection.perform { db in
+      try db.scalar("SELECT user_version FROM pragma_user_version") ?? 0
+    }
+    #expect(version == SQLiteJobStore.schemaVersion)
+    await store.close()
+    #expect(try readRows(path) == before, "every column of every job as it was")
+    let reopened = try SQLiteJobStore(path: path)
+    #expect(try await reopened.isPaused(queue: "mail"), "the pause flag is kept")
+    let mailLimits = try await reopened.limits(queue: "mail")
+    #expect(mailLimits == QueueLimits(concurrency: 3), "the concurrency is kept, no rate: \(mailLimits)")
+    #expect(try await reopened.limits(queue: "sms").isEmpty, "no limits set")
+    try await reopened.setLimits(QueueLimits(rate: RateLimit(perSecond: 1, burst: 2)), queue: "sms")
+    let now = FixedJobClock(Date(timeIntervalSince1970: 1_700_000_000))
+    let batch = try await reopened.settleAndClaim(
+      [], queue: "sms", limit: 5, lease: Lease(owner: "w", duration: .seconds(60)), clock: now)
+    #expect(batch.claimed.map(\.id) == [JobID(3), JobID(4)], "the burst of the rate set after the migration")
+    #expect(try await reopened.job(JobID(2))?.isHeld == true, "the held job is still held")
+  }
+
   /// A version 9 database (the release of 2026-12-07, ordering keys) gains the queues' stored
   /// limits, none set, with every job and the pause flags kept; limits then work on it. The file is
   /// made by this build and taken back to version 9's schema, which differs from version 10's by
@@ -449,6 +500,7 @@ struct MigrationTests {
       path,
       """
       ALTER TABLE queues DROP COLUMN concurrency;
+      \(Self.dropRateColumns)
       PRAGMA user_version = 9;
       INSERT INTO queues (name, paused) VALUES ('mail', 1), ('sms', 0);
       INSERT INTO jobs (queue, payload, status, attempts, run_at, created_at, claim_token, ordering_key, line) VALUES

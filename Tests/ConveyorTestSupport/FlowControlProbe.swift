@@ -115,16 +115,21 @@ public enum FlowControlProbe {
   /// in flight at once, among workers not yet killed; a kill then comes every `killTicks` 100 ms
   /// ticks instead of every 3 to 5, since each kill's jobs keep their places until their 2 s
   /// leases lapse.
+  ///
+  /// With a `rate`, the queue's stored ``QueueLimits/rate`` is set before the workers start, and
+  /// the log's starts must keep to it (see ``problems(inLog:concurrencyLimit:rate:since:)``).
   public static func run<Worker>(
     store: any JobStore, queue: String = "jobs", log: String, workers count: Int = 4,
-    concurrencyLimit: Int? = nil, drainLimit: Duration = .seconds(240),
+    concurrencyLimit: Int? = nil, rate: RateLimit? = nil, drainLimit: Duration = .seconds(240),
     start: (_ slot: Int, _ generation: Int) throws -> Worker,
     pid: (Worker) -> Int32, kill: (Worker) async -> Int32
   ) async throws -> Outcome {
     var found: [String] = []
     let clock = SystemJobClock()
-    if let concurrencyLimit {
-      try await store.setLimits(QueueLimits(concurrency: concurrencyLimit), queue: queue)
+    // The rate's bucket is full when it is stored: no start can come before this time.
+    let rateSince = milliseconds()
+    if concurrencyLimit != nil || rate != nil {
+      try await store.setLimits(QueueLimits(concurrency: concurrencyLimit, rate: rate), queue: queue)
     }
     let killTicks = concurrencyLimit == nil ? 3 : 10
     for round in 0..<roundsBeforeStart {
@@ -180,7 +185,8 @@ public enum FlowControlProbe {
       found.append("not drained within \(drainLimit): \(counts)")
     }
     let text = try String(contentsOfFile: log, encoding: .utf8)
-    let (logProblems, statistics) = problems(inLog: text, concurrencyLimit: concurrencyLimit)
+    let (logProblems, statistics) = problems(
+      inLog: text, concurrencyLimit: concurrencyLimit, rate: rate, since: rateSince)
     found += logProblems
     found += try await storeProblems(store, queue: queue)
     let seconds = Double(drainTime.components.seconds) + Double(drainTime.components.attoseconds) / 1e18
@@ -246,7 +252,14 @@ public enum FlowControlProbe {
   ///   any key or none, are in flight in workers not yet killed (a worker logs an end before the
   ///   store hears of it, and a start after its claim, so the log never shows fewer in flight than
   ///   the store counted running).
-  public static func problems(inLog text: String, concurrencyLimit: Int? = nil) -> ([String], Statistics) {
+  /// - **within the rate**, given a `rate` stored at `since` (milliseconds since 1970): the
+  ///   *k*-th start (of all, in time order) comes no earlier than `since + (k - burst) / rate`.
+  ///   A handler starts after its claim, and the store gives the *k*-th claim no earlier than
+  ///   that, however many processes claim; a start delayed after its claim (a job prefetched or
+  ///   claimed ahead, a loaded machine) only comes later, so the rule holds whatever the delays.
+  public static func problems(
+    inLog text: String, concurrencyLimit: Int? = nil, rate: RateLimit? = nil, since: Int64 = 0
+  ) -> ([String], Statistics) {
     struct Attempt {
       var index: Int
       var pid: Int32
@@ -258,6 +271,7 @@ public enum FlowControlProbe {
     var furthest: [String: (index: Int, line: String)] = [:]
     var inFlight: [String: [Attempt]] = [:]
     var killed = Set<Int32>()
+    var startTimes: [Int64] = []
     for line in text.split(separator: "\n").map(String.init) {
       let fields = line.split(separator: " ").map(String.init)
       if fields.count == 3, fields[0] == "killed", let pid = Int32(fields[1]) {
@@ -280,6 +294,7 @@ public enum FlowControlProbe {
       switch fields[0] {
       case "start":
         statistics.starts += 1
+        if let time = Int64(fields[5]) { startTimes.append(time) }
         let flying = inFlight.values.reduce(0) { $0 + $1.count }
         statistics.mostInFlight = max(statistics.mostInFlight, flying + 1)
         if let concurrencyLimit, flying >= concurrencyLimit {
@@ -329,6 +344,19 @@ public enum FlowControlProbe {
         "\(lost.count) jobs never ended: \(lost.prefix(10).map { "\($0.key ?? "-") \($0.index)" })")
     }
     if statistics.failures == 0 { problems.append("no planned failure ran: the retry path was not tested") }
+    if let rate {
+      // The log's times are whole milliseconds, cut down: 2 ms of slack.
+      for (offset, time) in startTimes.sorted().enumerated() where offset + 1 > rate.burst {
+        let earliest =
+          since + Int64((Double(offset + 1 - rate.burst) / rate.perSecond * 1_000).rounded(.down)) - 2
+        if time < earliest {
+          problems.append(
+            "over the rate of \(rate.perSecond)/s (bursts of \(rate.burst)): start \(offset + 1) came "
+              + "\(time - since) ms after the rate was stored, before \(earliest - since) ms")
+          break
+        }
+      }
+    }
     // Whether a kill cut a keyed job short is in the summary the tests print, not a problem: a
     // run alone cuts several, but on a machine loaded by the whole suite the handlers of the job
     // chosen had sometimes ended before the signal landed, and the rules above hold either way.

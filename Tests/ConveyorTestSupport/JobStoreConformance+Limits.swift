@@ -4,6 +4,12 @@ import Synchronization
 
 extension JobStoreConformance {
   /// Limits stored with a queue (``QueueLimits``), on every store.
+  /// Whether `date` is `seconds` after `t0`, to the millisecond (a store may compute it as a wait
+  /// added to the caller's time).
+  static func near(_ date: Date?, _ seconds: Double) -> Bool {
+    date.map { abs($0.timeIntervalSince(at(seconds))) < 0.001 } ?? false
+  }
+
   static let limitChecks: [JobStoreCheck] = [
     check("limits: none until set; set limits are stored per queue and replaced whole") { store in
       let none = try await store.limits(queue: "q")
@@ -21,6 +27,122 @@ extension JobStoreConformance {
       try expect(
         largest == QueueLimits.maximumConcurrency, "the largest limit is kept: \(String(describing: largest))"
       )
+    },
+    check("rate: stored with the queue, beside the concurrency, and removed whole") { store in
+      guard store.keepsRateLimits else { return }
+      let limits = QueueLimits(concurrency: 3, rate: RateLimit(perSecond: 2.5, burst: 4))
+      try await store.setLimits(limits, queue: "q")
+      let stored = try await store.limits(queue: "q")
+      try expect(stored == limits, "stored as given: \(stored)")
+      for rate in [RateLimit.minimumPerSecond, 1.0 / 3, RateLimit.maximumPerSecond] {
+        let given = QueueLimits(rate: RateLimit(perSecond: rate, burst: RateLimit.maximumBurst))
+        try await store.setLimits(given, queue: "q")
+        let kept = try await store.limits(queue: "q")
+        try expect(kept == given, "\(rate)/s kept exactly: \(kept)")
+      }
+      try await store.setLimits(QueueLimits(rate: RateLimit(perSecond: 1)), queue: "a-queue")
+      let listed = try await store.queueNames()
+      try expect(listed == ["a-queue", "q"], "a queue with only a rate is listed: \(listed)")
+      try await store.setLimits(QueueLimits(), queue: "a-queue")
+      let after = try await store.queueNames()
+      try expect(after == ["q"], "not once the rate is removed: \(after)")
+    },
+    check("rate: a rate out of range is refused and the stored one kept") { store in
+      guard store.keepsRateLimits else { return }
+      let good = QueueLimits(rate: RateLimit(perSecond: 5, burst: 2))
+      try await store.setLimits(good, queue: "q")
+      let bad: [RateLimit] = [
+        RateLimit(perSecond: .nan), RateLimit(perSecond: .infinity), RateLimit(perSecond: 0),
+        RateLimit(perSecond: -1), RateLimit(perSecond: RateLimit.minimumPerSecond / 2),
+        RateLimit(perSecond: RateLimit.maximumPerSecond * 2), RateLimit(perSecond: 1, burst: 0),
+        RateLimit(perSecond: 1, burst: -3), RateLimit(perSecond: 1, burst: RateLimit.maximumBurst + 1),
+      ]
+      for rate in bad {
+        do {
+          try await store.setLimits(QueueLimits(rate: rate), queue: "q")
+          throw ConformanceFailure(description: "\(rate) was accepted")
+        } catch JobQueueError.invalidLimits(let message) {
+          try expect(message.contains("from"), "the error says the range: \(message)")
+        }
+      }
+      let kept = try await store.limits(queue: "q")
+      try expect(kept == good, "the stored rate is kept: \(kept)")
+    },
+    check("rate: claims take no more starts than the bucket holds, and say when the next comes") { store in
+      guard store.keepsRateLimits else { return }
+      _ = try await store.enqueue((1...20).map { job("j\($0)") }, queue: "q", clock: now(0))
+      _ = try await store.enqueue([job("other")], queue: "r", clock: now(0))
+      // 2 a second, 3 at once: a start every 0.5 s once the burst is spent.
+      try await store.setLimits(QueueLimits(rate: RateLimit(perSecond: 2, burst: 3)), queue: "q")
+      let burst = try await claim(store, limit: 10, now: 10)
+      try expect(texts(burst) == ["j1", "j2", "j3"], "a full bucket gives its burst: \(texts(burst))")
+      try expect(
+        near(burst.nextStart, 10.5), "next start after one interval: \(String(describing: burst.nextStart))")
+      try expect(!burst.full, "a rate is not a concurrency limit")
+      let empty = try await claim(store, limit: 10, owner: "w2", now: 10.2)
+      try expect(empty.claimed.isEmpty, "no start left: \(texts(empty))")
+      try expect(near(empty.nextStart, 10.5), "still 10.5: \(String(describing: empty.nextStart))")
+      let wake = try await store.nextWake(queue: "q", clock: now(10.2))
+      try expect(near(wake.nextRun, 10.5), "ready jobs need a worker at the next start: \(wake)")
+      let elsewhere = try await claim(store, "r", limit: 10, now: 10.2)
+      try expect(texts(elsewhere) == ["other"] && elsewhere.nextStart == nil, "another queue is free")
+      let one = try await claim(store, limit: 10, now: 10.5)
+      try expect(texts(one) == ["j4"], "one start at 10.5: \(texts(one))")
+      let two = try await claim(store, limit: 10, now: 11.6)
+      try expect(texts(two) == ["j5", "j6"], "two starts by 11.6: \(texts(two))")
+      try expect(near(two.nextStart, 12), "the next at 12: \(String(describing: two.nextStart))")
+      // A quiet spell refills the bucket to its burst, no more.
+      let refilled = try await claim(store, limit: 10, now: 100)
+      try expect(refilled.claimed.count == 3, "three after a quiet spell: \(texts(refilled))")
+      // A settlement frees no start: a retry and a completion in the same call take none back.
+      let settled = try await claim(
+        store, limit: 10,
+        settling: [
+          settle(refilled.claimed[0], .complete), settle(refilled.claimed[1], .release(error: nil)),
+        ],
+        now: 100)
+      try expect(settled.claimed.isEmpty, "settling gives no start: \(texts(settled))")
+      // A claim that finds fewer jobs than starts keeps the rest.
+      try await store.setLimits(QueueLimits(rate: RateLimit(perSecond: 1, burst: 50)), queue: "r")
+      _ = try await store.enqueue([job("r1"), job("r2")], queue: "r", clock: now(200))
+      let few = try await claim(store, "r", limit: 10, now: 200)
+      try expect(
+        texts(few) == ["r1", "r2"] && few.nextStart == nil,
+        "starts left: \(String(describing: few.nextStart))")
+    },
+    check("rate: a clock stepped back stalls the queue one interval at most") { store in
+      guard store.keepsRateLimits else { return }
+      _ = try await store.enqueue((1...10).map { job("j\($0)", at: -5000) }, queue: "q", clock: now(-5000))
+      try await store.setLimits(QueueLimits(rate: RateLimit(perSecond: 1, burst: 2)), queue: "q")
+      let first = try await claim(store, limit: 10, now: 1000)
+      try expect(first.claimed.count == 2, "the burst: \(texts(first))")
+      // The clock goes back an hour: the stored time is an hour ahead.
+      let back = try await claim(store, limit: 10, now: -2600)
+      try expect(back.claimed.isEmpty, "none at once: \(texts(back))")
+      try expect(
+        back.nextStart.map { $0 <= at(-2598) } ?? false,
+        "within one interval (and the burst's): \(String(describing: back.nextStart))")
+      let wake = try await store.nextWake(queue: "q", clock: now(-2600))
+      try expect(wake.nextRun.map { $0 <= at(-2598) } ?? false, "no hour-long wait: \(wake)")
+      let later = try await claim(store, limit: 1, now: -2598)
+      try expect(later.claimed.count == 1, "a start after the interval: \(texts(later))")
+    },
+    check("rate: a paused or full queue's claim takes no start") { store in
+      guard store.keepsRateLimits else { return }
+      _ = try await store.enqueue((1...4).map { job("j\($0)") }, queue: "q", clock: now(0))
+      try await store.setLimits(
+        QueueLimits(concurrency: 1, rate: RateLimit(perSecond: 1, burst: 2)), queue: "q")
+      try await store.setPaused(true, queue: "q")
+      let paused = try await claim(store, limit: 4, now: 10)
+      try expect(paused.claimed.isEmpty && paused.nextStart == nil, "paused: \(texts(paused))")
+      try await store.setPaused(false, queue: "q")
+      let one = try await claim(store, limit: 4, now: 10)
+      try expect(texts(one) == ["j1"] && one.full && one.nextStart == nil, "one place, a start left")
+      let full = try await claim(store, limit: 4, now: 10)
+      try expect(full.claimed.isEmpty && full.full, "full: \(texts(full))")
+      // The start the full claims did not take is still there.
+      let next = try await claim(store, limit: 4, settling: [settle(one.claimed[0], .complete)], now: 10)
+      try expect(texts(next) == ["j2"] && near(next.nextStart, 11), "the burst's second: \(texts(next))")
     },
     check("limits: a queue with a stored limit and no jobs is listed, until the limit is removed") { store in
       _ = try await store.enqueue([job("a")], queue: "b-queue", clock: now(0))

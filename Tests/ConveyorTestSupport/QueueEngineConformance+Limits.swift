@@ -42,6 +42,72 @@ extension QueueEngineConformance {
       try expect(result.most <= 3, "at most 3 handlers at once across both queues, saw \(result.most)")
       try expect(result.most >= 2, "the queues ran jobs side by side: at most \(result.most) at once")
     },
+    check("queues under a stored rate start jobs spaced by it, waking for each start without polling") {
+      store in
+      guard store.keepsRateLimits else { return }
+      let starts = Mutex<[ContinuousClock.Instant]>([])
+      var queues: [JobQueue<Named>] = []
+      for index in 0..<2 {
+        // A poll far longer than the whole drain: a queue that waited for its poll would not finish.
+        var configuration = configuration(pollInterval: .seconds(120))
+        configuration.autoStart = false
+        configuration.concurrency = 4
+        configuration.prefetch = index
+        queues.append(
+          try JobQueue<Named>(configuration: configuration, store: store) { _, _ in
+            starts.withLock { $0.append(.now) }
+            return .handled
+          })
+      }
+      // 10 a second, one at a time: 8 jobs take at least 0.7 s to start.
+      try await queues[0].setLimits(QueueLimits(rate: RateLimit(perSecond: 10)))
+      let stored = try await queues[1].limits()
+      try expect(stored.rate == RateLimit(perSecond: 10), "the other queue reads the stored rate: \(stored)")
+      _ = try await queues[0].add(contentsOf: (0..<8).map { Named(name: "j\($0)") })
+      let began = ContinuousClock.now
+      for queue in queues { queue.start() }
+      try await waitFor("eight starts") { starts.withLock { $0.count } == 8 }
+      let took = ContinuousClock.now - began
+      for queue in queues { await queue.shutdown() }
+      let times = starts.withLock { $0 }.sorted()
+      // Handlers start a little after their claims, by varying amounts; half the spacing the rate
+      // sets is far beyond the jitter and far from the few milliseconds 8 unlimited jobs take.
+      let spread = times[times.count - 1] - times[0]
+      try expect(spread >= .milliseconds(350), "8 starts at 10 a second spread over \(spread)")
+      try expect(took < .seconds(60), "each start woke a queue, none waited for a poll: \(took)")
+    },
+    check("a queue refuses a rate out of range, or one its store cannot keep, and keeps the stored limits") {
+      store in
+      // A store written before rates (one that answers `keepsRateLimits` with the default) is
+      // never handed one it would drop.
+      let older = try JobQueue<Named>(configuration: configuration(), store: InstrumentedJobStore(store)) {
+        _, _ in .handled
+      }
+      do {
+        try await older.setLimits(QueueLimits(concurrency: 1, rate: RateLimit(perSecond: 1)))
+        throw ConformanceFailure(description: "a store that keeps no rate took one")
+      } catch JobQueueError.invalidLimits(let message) {
+        try expect(message.contains("keeps no rate limits"), "the message says why: \(message)")
+      }
+      await older.shutdown()
+      let nothing = try await store.limits(queue: "engine")
+      try expect(nothing.isEmpty, "nothing was stored: \(nothing)")
+      let queue = try JobQueue<Named>(configuration: configuration(), store: store) { _, _ in .handled }
+      guard store.keepsRateLimits else { return await queue.shutdown() }
+      let good = QueueLimits(concurrency: 2, rate: RateLimit(perSecond: 3, burst: 2))
+      try await queue.setLimits(good)
+      for bad in [RateLimit(perSecond: .nan), RateLimit(perSecond: 0), RateLimit(perSecond: 1, burst: 0)] {
+        do {
+          try await queue.setLimits(QueueLimits(rate: bad))
+          throw ConformanceFailure(description: "took \(bad)")
+        } catch JobQueueError.invalidLimits(let message) {
+          try expect(message.contains("rate"), "the message says what: \(message)")
+        }
+      }
+      let kept = try await queue.limits()
+      try expect(kept == good, "kept: \(kept)")
+      await queue.shutdown()
+    },
     check("a queue refuses limits out of range and keeps the stored ones") { store in
       let queue = try JobQueue<Named>(configuration: configuration(), store: store) { _, _ in .handled }
       try await queue.setLimits(QueueLimits(concurrency: 4))

@@ -44,6 +44,7 @@ public final class InMemoryJobStore: JobStore {
     var retryDates: [JobID: Date] = [:]
     var claimed: [JobRecord] = []
     var full = false
+    var nextStart: Date?
     let paused = withQueue(queue) { queueState in
       // Read under the lock, as the store protocol asks: a call that waited for the lock must not
       // commit a lease or run date from before the wait.
@@ -58,15 +59,24 @@ public final class InMemoryJobStore: JobStore {
           retryDates[settlement.id] = queueState.jobs[settlement.id]?.record.runAt
         }
       }
-      let places = queueState.limits.claimable(limit, running: queueState.running.count)
+      var places = queueState.limits.claimable(limit, running: queueState.running.count)
+      let rate = queueState.paused || places == 0 ? nil : queueState.limits.rate
+      let micros = RateLimit.microseconds(now)
+      if let rate { places = rate.take(places, tat: queueState.rateTime, now: micros).starts }
       if !queueState.paused && places > 0 {
         claimed = queueState.claim(limit: places, owner: lease.owner, expiry: expiry, now: now)
+      }
+      if let rate {
+        let taken = rate.take(claimed.count, tat: queueState.rateTime, now: micros)
+        if taken.mustStore { queueState.rateTime = taken.tat }
+        nextStart = rate.nextStart(tat: queueState.rateTime, now: micros).map(RateLimit.date)
       }
       full = limit > 0 && queueState.limits.claimable(1, running: queueState.running.count) == 0
       return queueState.paused
     }
     return ClaimBatch(
-      claimed: claimed, staleSettlements: stale, paused: paused, retryDates: retryDates, full: full)
+      claimed: claimed, staleSettlements: stale, paused: paused, retryDates: retryDates, full: full,
+      nextStart: nextStart)
   }
 
   /// Extends leases; see ``JobStore/heartbeat(_:queue:lease:clock:)``.
@@ -267,10 +277,16 @@ public final class InMemoryJobStore: JobStore {
     state.withLock { $0.queues[ExactText(queue)]?.limits ?? QueueLimits() }
   }
 
+  /// Keeps and enforces rate limits: true.
+  public var keepsRateLimits: Bool { true }
+
   /// Stores limits; see ``JobStore/setLimits(_:queue:)``.
   public func setLimits(_ limits: QueueLimits, queue: String) async throws {
     try limits.check()
-    state.withLock { $0.queues[ExactText(queue), default: QueueState()].limits = limits }
+    state.withLock { state in
+      state.queues[ExactText(queue), default: QueueState()].limits = limits
+      if limits.rate == nil { state.queues[ExactText(queue)]?.rateTime = nil }
+    }
   }
 
   /// When a worker is next needed; see ``JobStore/nextWake(queue:clock:)``.
@@ -489,6 +505,9 @@ extension InMemoryJobStore {
     var jobs = JobTable<Slot>()
     var paused = false
     var limits = QueueLimits()
+    /// The rate limit's stored time (GCRA's theoretical arrival time, microseconds since 1970),
+    /// or nil when no claim took a start yet.
+    var rateTime: Int64?
     /// Pending jobs in claim order: priority descending, run date, ID.
     var ready = Heap<ClaimOrder>()
     /// Pending jobs not yet ready, by run date.
@@ -800,10 +819,16 @@ extension InMemoryJobStore {
       let leaseExpiry = running.compactMap { jobs[$0]?.record.leaseExpiresAt }.min()
       // A queue whose running jobs fill its concurrency limit needs no worker for its waiting ones.
       let full = limits.claimable(1, running: running.count) == 0
-      let nextRun =
+      var nextRun =
         full
         ? nil
         : [ready.peek.map { min($0.entry.runAt, now) }, scheduled.peek?.entry.runAt].compactMap { $0 }.min()
+      // No waiting job needs a worker before the rate limit gives its next start.
+      if let run = nextRun, let rate = limits.rate,
+        let start = rate.nextStart(tat: rateTime, now: RateLimit.microseconds(now))
+      {
+        nextRun = max(run, RateLimit.date(start))
+      }
       return WakeHint(nextRun: nextRun, nextLeaseExpiry: leaseExpiry)
     }
   }

@@ -260,16 +260,23 @@ extension JobQueue {
     // time a job taken for the worker must still have on its lease (read even when nothing was
     // claimed: the job taken may have waited in the buffer since an earlier claim).
     let reading =
-      called != nil || !batch.claimed.isEmpty || takingNext || batch.full ? ClockReading(clock) : .zero
+      called != nil || !batch.claimed.isEmpty || takingNext || batch.full || batch.nextStart != nil
+      ? ClockReading(clock) : .zero
     let now = reading.uptime
     let took = called.map { now - $0 }
     let stale = batch.staleSettlements.isEmpty ? [] : Set(batch.staleSettlements)
+    // Full, or out of starts: claim again after the poll, or when the rate gives the next start.
+    let poll = configuration.pollInterval
+    let fullUntil = [
+      batch.full ? now + poll : nil,
+      batch.nextStart.map { now + min(poll, max(.milliseconds(1), duration(from: clock.now(), to: $0))) },
+    ].compactMap { $0 }.max()
     let (subscribers, pauseChanged, next, held, lapsed) = core.withLock { core in
       core.state.claimed(
         batch.claimed, at: now, lease: sent.map { LeaseBound(sent: $0, lease: configuration.leaseDuration) })
       let changed = core.state.paused != batch.paused
       core.state.paused = batch.paused
-      if limit > 0 { core.state.fullUntil = batch.full ? now + configuration.pollInterval : nil }
+      if limit > 0 { core.state.fullUntil = fullUntil }
       let next = takingNext ? core.state.nextForWorker(now: reading) : nil
       defer { core.state.handedBackLapsed = 0 }
       return (

@@ -277,9 +277,18 @@ public final class JobQueue<Item: Queueable>: Sendable {
   ///   or the store's error.
   public func setLimits(_ limits: QueueLimits) async throws {
     try limits.check()
+    if limits.rate != nil, !store.keepsRateLimits {
+      throw JobQueueError.invalidLimits(
+        "\(type(of: store)) keeps no rate limits; use a store that does (in-memory, SQLite, PostgreSQL)")
+    }
     try await store.setLimits(limits, queue: identifier)
     core.withLock { $0.state.fullUntil = nil }
-    log(.info, "queue limits set", ["concurrency": limits.concurrency.map(String.init) ?? "none"])
+    log(
+      .info, "queue limits set",
+      [
+        "concurrency": limits.concurrency.map(String.init) ?? "none",
+        "rate": limits.rate.map { "\($0.perSecond)/s burst \($0.burst)" } ?? "none",
+      ])
     wake.signal()  // a raised limit may free places at once
   }
 

@@ -358,17 +358,23 @@ public struct ClaimBatch: Sendable, Hashable {
   public var full: Bool
   /// The run date the store gave each job it rescheduled with ``JobSettlement/Action/retry(after:error:)``.
   public var retryDates: [JobID: Date]
+  /// When the queue's ``QueueLimits/rate`` gives its next start, when the claim left it none (it
+  /// took the last, or found none): a queue does not claim again before then (or its next poll),
+  /// unless one of its own jobs settles. Nil when a start is left, when the claim was asked for
+  /// nothing or stopped before the rate (paused, full), and for a store that keeps no rate.
+  public var nextStart: Date?
 
   /// Creates a batch.
   public init(
     claimed: [JobRecord], staleSettlements: [ClaimReference] = [], paused: Bool = false,
-    retryDates: [JobID: Date] = [:], full: Bool = false
+    retryDates: [JobID: Date] = [:], full: Bool = false, nextStart: Date? = nil
   ) {
     self.claimed = claimed
     self.staleSettlements = staleSettlements
     self.paused = paused
     self.retryDates = retryDates
     self.full = full
+    self.nextStart = nextStart
   }
 }
 
@@ -603,10 +609,16 @@ public protocol JobStore: Sendable {
   /// ``JobQueueError/invalidLimits(_:)`` and leave the stored ones as they were.
   func setLimits(_ limits: QueueLimits, queue: String) async throws
 
+  /// Whether the store keeps and enforces ``QueueLimits/rate``: its claims take no more starts
+  /// than the rate gives, and report ``ClaimBatch/nextStart``. ``JobQueue/setLimits(_:)`` refuses
+  /// a rate for a store that does not. Default false (a store written before rates existed).
+  var keepsRateLimits: Bool { get }
+
   /// When something in the queue will next need a worker: the earliest waiting run date and the
   /// earliest lease expiry, as dates of `clock` (both nil when the queue holds neither a waiting
   /// nor a running job), and the stored pause flag. While the queue's running jobs fill its
-  /// ``QueueLimits/concurrency``, no waiting job needs a worker: the run date is nil.
+  /// ``QueueLimits/concurrency``, no waiting job needs a worker: the run date is nil. While its
+  /// ``QueueLimits/rate`` gives no start, the run date is no earlier than the next start.
   func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint
 
   /// The names of queues that hold jobs, a stored pause flag or stored ``QueueLimits``, sorted.
@@ -721,6 +733,9 @@ extension JobStore {
 
   /// Keeps no limits: none.
   public func limits(queue: String) async throws -> QueueLimits { QueueLimits() }
+
+  /// Keeps no rate limits: false.
+  public var keepsRateLimits: Bool { false }
 
   /// Keeps no limits: throws ``JobQueueError/invalidLimits(_:)``.
   public func setLimits(_ limits: QueueLimits, queue: String) async throws {

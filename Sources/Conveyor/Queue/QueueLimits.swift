@@ -28,6 +28,13 @@ import Foundation
 /// Lowering the limit below the number running stops nothing: no job is claimed until fewer than
 /// the new limit run. A worker waiting for a free place claims when one of its own jobs finishes,
 /// and otherwise looks again at each ``JobQueueConfiguration/pollInterval``.
+///
+/// ## Rate
+///
+/// ``rate`` bounds how often the queue's jobs *start*: claims, across every worker, at most
+/// ``RateLimit/perSecond`` per second on average, and at most ``RateLimit/burst`` at once after a
+/// quiet spell. It is a token bucket (kept as GCRA's one stored time, inside the claim's
+/// transaction): see ``RateLimit``.
 public struct QueueLimits: Sendable, Hashable, Codable {
   /// The most jobs of the queue that may run at once across every worker, or nil for no bound
   /// (each queue then runs up to its own ``JobQueueConfiguration/concurrency``). From 1 to
@@ -37,15 +44,21 @@ public struct QueueLimits: Sendable, Hashable, Codable {
   /// The largest ``concurrency`` a store keeps.
   public static let maximumConcurrency = 1_000_000
 
+  /// How often the queue's jobs may start across every worker, or nil for no bound.
+  public var rate: RateLimit?
+
   /// Limits; nil leaves that limit off.
   ///
-  /// - Parameter concurrency: The most jobs of the queue running at once, across every worker.
-  public init(concurrency: Int? = nil) {
+  /// - Parameters:
+  ///   - concurrency: The most jobs of the queue running at once, across every worker.
+  ///   - rate: How often the queue's jobs may start, across every worker.
+  public init(concurrency: Int? = nil, rate: RateLimit? = nil) {
     self.concurrency = concurrency
+    self.rate = rate
   }
 
   /// Whether no limit is set.
-  public var isEmpty: Bool { concurrency == nil }
+  public var isEmpty: Bool { concurrency == nil && rate == nil }
 
   /// Why these limits cannot be stored, or nil when they can.
   public var problem: String? {
@@ -53,7 +66,7 @@ public struct QueueLimits: Sendable, Hashable, Codable {
       return "a concurrency limit must be from 1 to \(Self.maximumConcurrency), not \(concurrency); "
         + "pause the queue to stop claims, or pass nil to remove the limit"
     }
-    return nil
+    return rate?.problem
   }
 
   /// Throws ``JobQueueError/invalidLimits(_:)`` when ``problem`` names one.
@@ -66,5 +79,111 @@ public struct QueueLimits: Sendable, Hashable, Codable {
   package func claimable(_ wanted: Int, running: Int) -> Int {
     guard let concurrency else { return wanted }
     return max(0, min(wanted, concurrency - running))
+  }
+}
+
+/// A bound on how often a queue's jobs start, shared by every worker of every process: on average
+/// at most ``perSecond`` a second, and at most ``burst`` at once after a quiet spell.
+///
+/// ```swift
+/// // At most 10 calls a second to the partner's API, never more than 5 at once.
+/// try await queue.setLimits(QueueLimits(rate: RateLimit(perSecond: 10, burst: 5)))
+/// ```
+///
+/// ## What counts
+///
+/// A *start* is a claim: each job a worker claims takes one start, whether it is a first attempt,
+/// a retry, or a job handed on after a lapsed lease. A job a worker prefetched or claimed ahead
+/// (``JobQueueConfiguration/prefetch``) takes its start when it is claimed, so its handler may
+/// begin a little later than its start. Over any span of `t` seconds the queue's claims number at
+/// most `burst + perSecond × t`.
+///
+/// The store keeps the bucket as one time per queue (GCRA's theoretical arrival time), read and
+/// written inside the claim's transaction: SQLite under the file's write lock, PostgreSQL under
+/// the queue's limit lock, the in-memory store under its lock. A claim takes the starts the
+/// bucket holds and no more; when it holds none, ``ClaimBatch/nextStart`` says when it will, and
+/// ``JobStore/nextWake(queue:clock:)`` gives no run date before then, so workers sleep until the
+/// next start instead of polling.
+///
+/// ## Clocks
+///
+/// Times are the claim's: the caller's clock, or on PostgreSQL the server's unless the store uses
+/// the caller's. A clock stepped back cannot stall the queue for longer than one interval
+/// (`1 / perSecond`): a stored time further ahead than a full bucket's worth is cut back to it.
+/// A clock stepped forward fills the bucket, as a quiet spell would: at most ``burst`` start at once.
+public struct RateLimit: Sendable, Hashable, Codable {
+  /// Starts a second, on average: from ``minimumPerSecond`` (one a day) to ``maximumPerSecond``.
+  public var perSecond: Double
+  /// The most starts at once after a quiet spell: from 1 (starts evenly spaced) to ``maximumBurst``.
+  public var burst: Int
+
+  /// The slowest rate a store keeps: one start a day.
+  public static let minimumPerSecond: Double = 1.0 / 86_400
+  /// The fastest rate a store keeps.
+  public static let maximumPerSecond: Double = 1_000_000
+  /// The largest ``burst`` a store keeps.
+  public static let maximumBurst = 1_000_000
+
+  /// A rate of `perSecond` starts a second with bursts of up to `burst`.
+  public init(perSecond: Double, burst: Int = 1) {
+    self.perSecond = perSecond
+    self.burst = burst
+  }
+
+  /// Why this rate cannot be stored, or nil when it can.
+  public var problem: String? {
+    guard perSecond.isFinite, perSecond >= Self.minimumPerSecond, perSecond <= Self.maximumPerSecond else {
+      return "a rate limit must be from one start a day (\(Self.minimumPerSecond)/s) to "
+        + "\(Int(Self.maximumPerSecond))/s, not \(perSecond)/s; pause the queue to stop claims, or pass nil "
+        + "to remove the limit"
+    }
+    guard (1...Self.maximumBurst).contains(burst) else {
+      return "a rate limit's burst must be from 1 to \(Self.maximumBurst), not \(burst)"
+    }
+    return nil
+  }
+
+  /// The time between two starts, in microseconds (at least 1).
+  package var intervalMicroseconds: Int64 {
+    max(1, Int64((1_000_000 / perSecond).rounded(.up)))
+  }
+
+  /// The bucket at `now` (microseconds since 1970) with the stored time `tat` (nil: full):
+  /// how many of `wanted` starts it gives, the time to store after taking them, the earliest
+  /// time (microseconds) it gives the next one after them (`now` or earlier: at once), and whether
+  /// the time must be stored even when no start was taken (``take(_:tat:now:)`` cut it back).
+  package func take(_ wanted: Int, tat: Int64?, now: Int64) -> (
+    starts: Int, tat: Int64, next: Int64, mustStore: Bool
+  ) {
+    let interval = intervalMicroseconds
+    let slack = Int64(burst - 1) * interval
+    // Never further ahead than a full bucket's worth, which no claim at `now` or later can store:
+    // a clock stepped back stalls one interval. The cut time is stored, or the next claim would
+    // cut it again, one interval ahead of its own time, for as long as the clock is behind.
+    let ceiling = now + slack + interval
+    let cut = (tat ?? now) > ceiling
+    let base = max(min(tat ?? now, ceiling), now)
+    let available = now + slack < base ? 0 : Int((now + slack - base) / interval) + 1
+    let starts = max(0, min(wanted, available))
+    let stored = base + Int64(starts) * interval
+    return (starts, stored, stored - slack, cut || starts > 0)
+  }
+
+  /// When the bucket with the stored time `tat` gives its next start (microseconds), or nil when
+  /// it gives one at `now`.
+  package func nextStart(tat: Int64?, now: Int64) -> Int64? {
+    let next = take(0, tat: tat, now: now).next
+    return next > now ? next : nil
+  }
+
+  /// Microseconds since 1970 of `date`.
+  package static func microseconds(_ date: Date) -> Int64 {
+    let value = (date.timeIntervalSince1970 * 1_000_000).rounded(.down)
+    return Int64(max(min(value, 4e18), -4e18))
+  }
+
+  /// The date of `microseconds` since 1970.
+  package static func date(_ microseconds: Int64) -> Date {
+    Date(timeIntervalSince1970: Double(microseconds) / 1_000_000)
   }
 }

@@ -459,8 +459,9 @@ struct QueueState: Sendable {
   /// what is due (``loopDue(canHandle:)``); nil while it is awake.
   var loopSleepsUntil: Duration?
   /// Until when (uptime) the loop claims nothing but with outcomes of its own: the store said
-  /// the queue's running jobs filled its concurrency limit (``ClaimBatch/full``), so a claim
-  /// for each job added would take nothing. Nil: claims as usual.
+  /// the queue's running jobs filled its concurrency limit (``ClaimBatch/full``), or its rate
+  /// limit gives no start before ``ClaimBatch/nextStart``, so a claim for each job added would
+  /// take nothing. Nil: claims as usual.
   var fullUntil: Duration?
 
   /// When the loop must act next for what is held here (the queue clock's uptime): hand back the
