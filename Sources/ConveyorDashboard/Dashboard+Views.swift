@@ -41,6 +41,9 @@ extension Dashboard {
     /// The stored concurrency limit (``QueueLimits/concurrency``); `null` in the JSON when the
     /// queue has none.
     @NullWhenAbsent var concurrency: Int?
+    /// The stored rate limit (``QueueLimits/rate``: `perSecond` and `burst`); `null` in the JSON
+    /// when the queue has none.
+    @NullWhenAbsent var rate: RateLimit?
     /// Seconds since the oldest ready job's run date; nil when none is ready (or the store cannot
     /// tell).
     var oldestReadyAge: Double?
@@ -80,7 +83,7 @@ extension Dashboard {
           name: name, key: HTTPForm.encode(name), ready: counts.ready, scheduled: counts.scheduled,
           held: counts.held, running: counts.running,
           dead: counts.dead, completed: counts.completed, cancelled: counts.cancelled, paused: paused,
-          concurrency: limits.concurrency, oldestReadyAge: age,
+          concurrency: limits.concurrency, rate: limits.rate, oldestReadyAge: age,
           oldest: age.map { DashboardCharts.duration(milliseconds: $0 * 1000) } ?? "—"))
     }
     return summaries
@@ -154,6 +157,27 @@ extension Dashboard {
       guard let concurrency = queue.concurrency else { continue }
       lines.append(
         "conveyor_queue_concurrency_limit{queue=\"\(Self.prometheusLabel(queue.name))\"} \(concurrency)")
+    }
+    lines += [
+      "# HELP conveyor_queue_rate_limit_per_second The most starts a second of the queue's jobs, across "
+        + "every worker (no sample for a queue without a rate).",
+      "# TYPE conveyor_queue_rate_limit_per_second gauge",
+    ]
+    for queue in summaries {
+      guard let rate = queue.rate else { continue }
+      lines.append(
+        "conveyor_queue_rate_limit_per_second{queue=\"\(Self.prometheusLabel(queue.name))\"} \(rate.perSecond)"
+      )
+    }
+    lines += [
+      "# HELP conveyor_queue_rate_limit_burst The most of the queue's jobs that may start at once after a "
+        + "quiet spell (no sample for a queue without a rate).",
+      "# TYPE conveyor_queue_rate_limit_burst gauge",
+    ]
+    for queue in summaries {
+      guard let rate = queue.rate else { continue }
+      lines.append(
+        "conveyor_queue_rate_limit_burst{queue=\"\(Self.prometheusLabel(queue.name))\"} \(rate.burst)")
     }
     lines += [
       "# HELP conveyor_queue_oldest_ready_age_seconds How long the queue's oldest ready job has waited "

@@ -200,13 +200,21 @@ struct DashboardPages: Sendable {
   /// The line under a queue's counts on its jobs page naming its concurrency limit, and why
   /// nothing more is claimed when the limit is reached with ready jobs waiting; nil without one.
   func limitLine(_ limits: QueueLimits, _ counts: JobCounts) -> String? {
-    guard let concurrency = limits.concurrency else { return nil }
-    var text = "Concurrency limit: at most \(concurrency) running at once, across every worker."
-    if counts.running >= concurrency, counts.ready > 0 {
-      text +=
-        " Limit reached: \(counts.ready) ready job\(counts.ready == 1 ? "" : "s") "
-        + "wait\(counts.ready == 1 ? "s" : "") for a place."
+    var parts: [String] = []
+    if let concurrency = limits.concurrency {
+      var text = "Concurrency limit: at most \(concurrency) running at once, across every worker."
+      if counts.running >= concurrency, counts.ready > 0 {
+        text +=
+          " Limit reached: \(counts.ready) ready job\(counts.ready == 1 ? "" : "s") "
+          + "wait\(counts.ready == 1 ? "s" : "") for a place."
+      }
+      parts.append(text)
     }
+    if let rate = limits.rate {
+      parts.append("Rate limit: at most \(rate) starting, across every worker.")
+    }
+    guard !parts.isEmpty else { return nil }
+    let text = parts.joined(separator: " ")
     return "<p class=\"limits\" data-field=\"limits\">\(html(text))</p>\n"
   }
 

@@ -797,7 +797,7 @@ enum CLI {
         output("limit     at most \(concurrency) running at once")
       }
       if let rate = limits.rate {
-        output("rate      at most \(LimitsCommands.rateText(rate)) starting, across every worker")
+        output("rate      at most \(rate.description) starting, across every worker")
       }
       output("ready     \(counts.ready)")
       output("scheduled \(counts.scheduled)")

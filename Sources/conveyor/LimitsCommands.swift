@@ -178,18 +178,6 @@ enum LimitsCommands {
         + "the stored limits were not changed")
   }
 
-  /// A rate as `limits` and `status` print it: "10/s", "0.5/s", "30/min", "2/h".
-  static func rateText(_ rate: RateLimit) -> String {
-    let (value, unit) =
-      rate.perSecond >= 1
-      ? (rate.perSecond, "s")
-      : rate.perSecond * 60 >= 1 ? (rate.perSecond * 60, "min") : (rate.perSecond * 3_600, "h")
-    let rounded = (value * 1_000).rounded() / 1_000
-    let number =
-      rounded == rounded.rounded() && abs(rounded) < 1e15 ? String(Int64(rounded)) : String(rounded)
-    return "\(number)/\(unit)" + (rate.burst > 1 ? " (bursts of \(rate.burst))" : "")
-  }
-
   /// Prints `limits` as `limits` shows them, with the queue's running and ready jobs.
   private static func report(
     _ limits: QueueLimits, queue: JobQueue<OutboxJob>, _ context: CLI.Context, json: Bool
@@ -203,7 +191,7 @@ enum LimitsCommands {
       return
     }
     let name = printable(context.queue)
-    let rate = limits.rate.map { ", rate \(rateText($0))" } ?? ""
+    let rate = limits.rate.map { ", rate \($0.description)" } ?? ""
     if let concurrency = limits.concurrency {
       output("queue \(name): concurrency \(concurrency) (\(counts.running) running)\(rate)")
     } else if limits.rate != nil {

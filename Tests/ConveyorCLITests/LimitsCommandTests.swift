@@ -62,6 +62,101 @@ import Testing
     #expect(try await sandbox.succeed(["--help"]).stdout.contains("\n  limits set "))
   }
 
+  @Test func aRateIsSetShownAndKeptBesideTheConcurrency() async throws {
+    let sandbox = try Sandbox()
+    let set = try await sandbox.succeed(["limits", "set", "--rate", "10/s", "--burst", "3"])
+    #expect(
+      set.lines == ["queue outbox: no concurrency limit (0 running), rate 10/s (bursts of 3)"], "\(set)")
+    // A limit not named keeps its stored value.
+    let both = try await sandbox.succeed(["limits", "set", "--concurrency", "2"])
+    #expect(both.lines == ["queue outbox: concurrency 2 (0 running), rate 10/s (bursts of 3)"], "\(both)")
+    let burst = try await sandbox.succeed(["limits", "set", "--burst", "1"])
+    #expect(burst.lines == ["queue outbox: concurrency 2 (0 running), rate 10/s"], "\(burst)")
+    let slower = try await sandbox.succeed(["limits", "set", "--rate=30/min", "--json"]).object()
+    let rate = try #require(slower["rate"] as? [String: Any], "\(slower)")
+    #expect(rate["perSecond"] as? Double == 0.5 && rate["burst"] as? Int == 1, "\(slower)")
+    #expect(
+      try await sandbox.succeed(["limits"]).lines == ["queue outbox: concurrency 2 (0 running), rate 30/min"])
+    for (text, shown) in [
+      ("2.5/h", "2.5/h"), ("0.5/s", "30/min"), ("1000000/s", "1000000/s"), ("3/s", "3/s"),
+    ] {
+      let outcome = try await sandbox.succeed(["limits", "set", "--rate", text])
+      #expect(
+        outcome.lines == ["queue outbox: concurrency 2 (0 running), rate \(shown)"], "\(text): \(outcome)")
+    }
+    let lines = try await sandbox.succeed(["status"]).lines
+    #expect(lines.contains("rate      at most 3/s starting, across every worker"), "\(lines)")
+    let status = try await sandbox.succeed(["status", "--json"]).object()
+    let limits = try #require(status["limits"] as? [String: Any], "\(status)")
+    #expect((limits["rate"] as? [String: Any])?["perSecond"] as? Double == 3, "\(status)")
+
+    let removed = try await sandbox.succeed(["limits", "set", "--rate", "none", "--json"]).object()
+    #expect(
+      removed["rate"] is NSNull && removed["concurrency"] as? Int == 2, "null, not left out: \(removed)")
+    let help = try await sandbox.succeed(["help", "limits"]).stdout
+    #expect(help.contains("--rate N/s") && help.contains("--burst B"), "\(help)")
+  }
+
+  @Test func ratesThatCannotBeStoredExitTwoAndKeepTheStoredLimits() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.succeed(["limits", "set", "--concurrency", "3", "--rate", "5/s", "--burst", "2"])
+    let stored = try await sandbox.succeed(["limits", "--json"]).stdout
+    let refused = [
+      "0/s", "-1/s", "abc", "5", "5/sec", "5 /s", "/s", "1e3/s", "0x10/s", "３/s", "NaN/s", "inf/s", "1./s",
+      ".5/s", "2000000/s", "0.5/d", "1/h/s", String(repeating: "9", count: 400) + "/s", "5/S", "",
+      "0.00001/s", "+3/s",
+    ]
+    for value in refused {
+      let outcome = try await sandbox.run(["limits", "set", "--rate", value])
+      #expect(outcome.status == 2, "\(value): \(outcome)")
+      #expect(
+        outcome.stderr.contains("--rate must be a number of starts per second, minute or hour")
+          && outcome.stderr.contains("the stored limits were not changed"), "\(value): \(outcome)")
+      #expect(outcome.stdout.isEmpty, "\(value): \(outcome)")
+    }
+    for value in ["0", "-2", "1000001", "1.5", "x", ""] {
+      let outcome = try await sandbox.run(["limits", "set", "--burst", value])
+      #expect(
+        outcome.status == 2 && outcome.stderr.contains("--burst must be a whole number"),
+        "\(value): \(outcome)")
+    }
+    // A concurrency refused alongside a good rate stores neither.
+    let mixed = try await sandbox.run(["limits", "set", "--concurrency", "0", "--rate", "9/s"])
+    #expect(mixed.status == 2, "\(mixed)")
+    let noneAndBurst = try await sandbox.run(["limits", "set", "--rate", "none", "--burst", "4"])
+    #expect(
+      noneAndBurst.status == 2 && noneAndBurst.stderr.contains("--burst goes with a rate"), "\(noneAndBurst)")
+    #expect(
+      try await sandbox.succeed(["limits", "--json"]).stdout == stored, "every refusal left the limits")
+    try await sandbox.succeed(["limits", "set", "--rate", "none"])
+    let burstAlone = try await sandbox.run(["limits", "set", "--burst", "4"])
+    #expect(burstAlone.status == 2 && burstAlone.stderr.contains("--burst needs a rate"), "\(burstAlone)")
+  }
+
+  /// A worker process obeys a rate set by another: at 4 a second, one at a time, the sixth of
+  /// six commands cannot start before 1.25 s after the rate was stored (the bucket fills when it
+  /// is stored, and a command starts after its claim), and `--until-empty` still ends.
+  @Test func aWorkerObeysTheStoredRate() async throws {
+    let sandbox = try Sandbox()
+    let log = sandbox.path("starts.log")
+    for _ in 0..<6 {
+      try await sandbox.add(["exec", "--", "sh", "-c", "date +%s%N >> \"$1\"", "sh", log])
+    }
+    try await sandbox.succeed(["limits", "set", "--rate", "4/s"])
+    let stored = Date()
+    let worked = try await sandbox.run(
+      ["work", "--concurrency", "4", "--until-empty"], timeout: .seconds(60))
+    #expect(worked.status == 0, "\(worked)")
+    let starts = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n")
+      .compactMap { Double($0) }.map { $0 / 1e9 - stored.timeIntervalSince1970 }.sorted()
+    #expect(starts.count == 6, "\(starts)")
+    for (index, start) in starts.enumerated() {
+      #expect(
+        start >= Double(index) * 0.25 - 0.01,
+        "start \(index + 1) at \(start) s, before the rate allows: \(starts)")
+    }
+  }
+
   @Test func valuesThatCannotBeStoredExitTwoAndKeepTheStoredLimit() async throws {
     let sandbox = try Sandbox()
     try await sandbox.succeed(["limits", "set", "--concurrency", "3"])

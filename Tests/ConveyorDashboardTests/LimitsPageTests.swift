@@ -82,6 +82,35 @@ import Testing
           + "for a place."), "\(page)")
   }
 
+  /// A stored rate on the queue's jobs page, in `/api/queues` (`null` without one) and in
+  /// `/metrics` (no sample without one).
+  @Test func theJobsPageTheAPIAndTheMetricsShowTheRate() async throws {
+    for queue in ["mail", "sms"] {
+      _ = try await store.enqueue([NewJob(payload: Data("{}".utf8))], queue: queue, clock: clock)
+    }
+    try await store.setLimits(
+      QueueLimits(concurrency: 2, rate: RateLimit(perSecond: 0.5, burst: 4)), queue: "mail")
+    let page = await get("/jobs?queue=mail")
+    #expect(
+      page.body.contains(
+        "Concurrency limit: at most 2 running at once, across every worker. Rate limit: at most 30/min "
+          + "(bursts of 4) starting, across every worker.</p>"), "\(page)")
+    #expect(!(await get("/jobs?queue=sms")).body.contains("Rate limit"))
+
+    let api = await get("/api/queues")
+    let body = try #require(try JSONSerialization.jsonObject(with: api.response.body) as? [String: Any])
+    let queues = try #require(body["queues"] as? [[String: Any]])
+    let rates = Dictionary(uniqueKeysWithValues: queues.map { ($0["name"] as? String ?? "", $0["rate"]) })
+    let mail = try #require(rates["mail"] as? [String: Any], "\(queues)")
+    #expect(mail["perSecond"] as? Double == 0.5 && mail["burst"] as? Int == 4, "\(queues)")
+    #expect(rates["sms"].map { $0 is NSNull } == true, "present and null without a rate: \(queues)")
+
+    let metrics = await get("/metrics").body
+    #expect(metrics.contains("conveyor_queue_rate_limit_per_second{queue=\"mail\"} 0.5\n"), "\(metrics)")
+    #expect(metrics.contains("conveyor_queue_rate_limit_burst{queue=\"mail\"} 4\n"), "\(metrics)")
+    #expect(!metrics.contains("rate_limit_per_second{queue=\"sms\"}"), "\(metrics)")
+  }
+
   /// `/metrics` and `/api/queues` list each stored queue once, by its bytes: two queues whose
   /// names are canonically equivalent (the store keeps them apart) are two queues, each with its
   /// own limit sample. The metrics are compared line by line as bytes (`String`'s `==` would take

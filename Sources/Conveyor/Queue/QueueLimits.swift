@@ -111,7 +111,7 @@ public struct QueueLimits: Sendable, Hashable, Codable {
 /// the caller's. A clock stepped back cannot stall the queue for longer than one interval
 /// (`1 / perSecond`): a stored time further ahead than a full bucket's worth is cut back to it.
 /// A clock stepped forward fills the bucket, as a quiet spell would: at most ``burst`` start at once.
-public struct RateLimit: Sendable, Hashable, Codable {
+public struct RateLimit: Sendable, Hashable, Codable, CustomStringConvertible {
   /// Starts a second, on average: from ``minimumPerSecond`` (one a day) to ``maximumPerSecond``.
   public var perSecond: Double
   /// The most starts at once after a quiet spell: from 1 (starts evenly spaced) to ``maximumBurst``.
@@ -141,6 +141,18 @@ public struct RateLimit: Sendable, Hashable, Codable {
       return "a rate limit's burst must be from 1 to \(Self.maximumBurst), not \(burst)"
     }
     return nil
+  }
+
+  /// The rate as `conveyor limits` prints it: "10/s", "30/min" for 0.5 a second, "2/h", with
+  /// " (bursts of B)" when the burst is more than 1.
+  public var description: String {
+    let (value, unit) =
+      perSecond >= 1
+      ? (perSecond, "s") : perSecond * 60 >= 1 ? (perSecond * 60, "min") : (perSecond * 3_600, "h")
+    let rounded = (value * 1_000).rounded() / 1_000
+    let number =
+      rounded == rounded.rounded() && abs(rounded) < 1e15 ? String(Int64(rounded)) : String(rounded)
+    return "\(number)/\(unit)" + (burst > 1 ? " (bursts of \(burst))" : "")
   }
 
   /// The time between two starts, in microseconds (at least 1).
