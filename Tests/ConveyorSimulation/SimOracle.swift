@@ -37,6 +37,8 @@ final class SimOracle: Sendable {
       "a job of an ordering key is claimed only once every job of its key added before it has finished"
     case withinLimit =
       "a claim never takes the queue's running jobs past its stored concurrency (a job whose lease lapsed counts until rescued)"
+    case withinRate =
+      "the queue's claims keep to its stored rate: at most burst + perSecond × t in any t seconds of the store's clock"
   }
 
   /// A broken rule, with what showed it.
@@ -91,6 +93,13 @@ final class SimOracle: Sendable {
   private struct State {
     /// The queue's concurrency limit, as the application last stored it.
     var concurrencyLimit: Int?
+    /// The queue's rate, as the application last stored it.
+    var rate: RateLimit?
+    /// The store's clock (milliseconds, as it reads it) at each claim since the rate was stored,
+    /// the wall clock last stepped or a call claimed nothing for a while: the last 2,000.
+    var rateClaims: [Int64] = []
+    /// How many wall-clock steps there were when `rateClaims` began.
+    var rateSteps = 0
     var schedules: [String: ScheduleFacts] = [:]
     /// Whether a process keeps finished jobs briefly (or not at all): then they may leave the store.
     var historyMayGo = false
@@ -314,6 +323,7 @@ final class SimOracle: Sendable {
     if let start = laterStart {
       checkFirstClaim(batch.claimed, process: process, processStart: start, now: wallNow)
     }
+    if !batch.claimed.isEmpty { checkRate(claimed: batch.claimed.count, process: process) }
     if !batch.claimed.isEmpty, let limit = state.withLock({ $0.concurrencyLimit }) {
       let running = store.peekAll(queue: queue).filter { $0.status == .running }.count
       if running > limit {
@@ -437,9 +447,43 @@ final class SimOracle: Sendable {
     note("queue \(paused ? "paused" : "resumed")")
   }
 
+  /// Claims of `claimed` jobs at the store's clock now, against the stored rate: for every
+  /// earlier claim since the rate was stored (or the wall clock stepped: a step forward fills the
+  /// bucket as a quiet spell would, and one back makes the store stricter), the claims from it
+  /// through these number at most `burst + perSecond × t`, `t` the time between them. GCRA gives
+  /// that from any state of its bucket, so the window restarts at each change of the rate.
+  private func checkRate(claimed: Int, process: Int) {
+    let now = JobStoreTime.milliseconds(clock.now())
+    let broken = state.withLock { state -> String? in
+      guard let rate = state.rate else { return nil }
+      if state.steps.count != state.rateSteps {
+        state.rateClaims = []
+        state.rateSteps = state.steps.count
+      }
+      state.rateClaims += Array(repeating: now, count: claimed)
+      if state.rateClaims.count > 2_000 { state.rateClaims.removeFirst(state.rateClaims.count - 2_000) }
+      let claims = state.rateClaims
+      for (index, earlier) in claims.enumerated() {
+        let count = claims.count - index
+        let seconds = Double(now - earlier) / 1_000
+        if Double(count) > Double(rate.burst) + rate.perSecond * seconds + 1e-9 {
+          return "p\(process) claimed \(claimed) at \(now) ms: \(count) claims in \(seconds) s under \(rate)"
+        }
+      }
+      return nil
+    }
+    if let broken { fail(.withinRate, broken) }
+  }
+
   /// The application stored these limits (the store has them from this moment).
   func limitsSet(_ limits: QueueLimits) {
-    state.withLock { $0.concurrencyLimit = limits.concurrency }
+    state.withLock { state in
+      state.concurrencyLimit = limits.concurrency
+      if state.rate != limits.rate {
+        state.rate = limits.rate
+        state.rateClaims = []
+      }
+    }
     note("concurrency limit \(limits.concurrency.map(String.init) ?? "none")")
   }
 

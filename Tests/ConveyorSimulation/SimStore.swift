@@ -1,5 +1,6 @@
 import Conveyor
 import Foundation
+import Synchronization
 
 /// A simulated process's view of the shared store: every call goes through the world, which
 /// gives it time on its way there and back, may fail it before it reaches the store or lose its
@@ -8,6 +9,8 @@ final class SimStore: JobStore {
   let base: InMemoryJobStore
   let world: SimWorld
   let process: Int
+  /// This process's own rate bucket, for the `ratePerProcess` defect.
+  private let ownRateTime = Mutex<Int64?>(nil)
 
   init(base: InMemoryJobStore, world: SimWorld, process: Int) {
     self.base = base
@@ -45,8 +48,20 @@ final class SimStore: JobStore {
         }
       }
       let before = self.world.oracle.beforeSettling(settlements, queue: queue)
+      // The defect: a bucket per process, the shared store keeping no rate.
+      let ownRate = self.world.scenario.defect == .ratePerProcess ? self.world.scenario.rate : nil
+      let micros = RateLimit.microseconds(JobStoreTime.normalized(clock.now()))
+      let allowed =
+        ownRate.map { rate in self.ownRateTime.withLock { rate.take(limit, tat: $0, now: micros).starts } }
+        ?? limit
       var batch = try await self.base.settleAndClaim(
-        settlements, queue: queue, limit: limit, lease: lease, clock: clock)
+        settlements, queue: queue, limit: allowed, lease: lease, clock: clock)
+      if let ownRate {
+        self.ownRateTime.withLock { time in
+          let taken = ownRate.take(batch.claimed.count, tat: time, now: micros)
+          if taken.mustStore { time = taken.tat }
+        }
+      }
       if self.world.scenario.defect == .runsStalePayload {
         for index in batch.claimed.indices {
           if let first = self.world.oracle.firstPayload(of: batch.claimed[index].id) {
@@ -217,7 +232,12 @@ final class SimStore: JobStore {
 
   func setLimits(_ limits: QueueLimits, queue: String) async throws {
     try await world.call(process, .change) {
-      if self.world.scenario.defect != .forgetsLimits { try await self.base.setLimits(limits, queue: queue) }
+      switch self.world.scenario.defect {
+      case .forgetsLimits: break
+      case .ratePerProcess:
+        try await self.base.setLimits(QueueLimits(concurrency: limits.concurrency), queue: queue)
+      default: try await self.base.setLimits(limits, queue: queue)
+      }
       self.world.oracle.limitsSet(limits)
     }
   }

@@ -388,13 +388,15 @@ final class SimWorld: Sendable {
     }
     // The application stores the queue's concurrency limit as the history starts, and changes it
     // now and then during the chaos.
-    if let limit = scenario.concurrencyLimit {
-      spawn(application) { [self] in await setLimits(QueueLimits(concurrency: limit), from: application) }
+    if scenario.concurrencyLimit != nil || scenario.rate != nil {
+      let limits = QueueLimits(concurrency: scenario.concurrencyLimit, rate: scenario.rate)
+      spawn(application) { [self] in await setLimits(limits, from: application) }
     }
     for at in times(scenario.limitChangesPerMinute, within: span) {
       schedule(at: at) { [self] in
         let limit = draw { $0.pick([1, 2, 4, nil] as [Int?]) }
-        spawn(application) { [self] in await setLimits(QueueLimits(concurrency: limit), from: application) }
+        let limits = QueueLimits(concurrency: limit, rate: scenario.rate)
+        spawn(application) { [self] in await setLimits(limits, from: application) }
       }
     }
     for at in times(scenario.pausesPerMinute, within: span) {

@@ -45,6 +45,9 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
   public var concurrencyLimit: Int? = nil
   /// Changes of the stored concurrency limit per simulated minute.
   public var limitChangesPerMinute: Double = 0
+  /// The queue's stored rate, set with the concurrency limit and kept through its changes; nil:
+  /// none.
+  public var rate: RateLimit? = nil
 
   /// A defect built into the simulated store on purpose, to show that the checks catch it (nil:
   /// the store keeps its contract).
@@ -68,6 +71,8 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
     // Drawn after the rest, so the other knobs are those each seed drew before limits.
     scenario.concurrencyLimit = random.pick([nil, nil, 1, 2, 4] as [Int?])
     scenario.limitChangesPerMinute = scenario.concurrencyLimit == nil ? 0 : random.pick([0, 2, 6])
+    // Drawn after the rest, so the other knobs are those each seed drew before rates.
+    scenario.rate = random.pick([nil, nil, nil, RateLimit(perSecond: 8), RateLimit(perSecond: 40, burst: 6)])
     return scenario
   }
 
@@ -100,6 +105,7 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
       $0.concurrencyLimit = nil
       $0.limitChangesPerMinute = 0
     }
+    with { $0.rate = nil }
     return options
   }
 
@@ -110,7 +116,8 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
       + "store failures \(storeFailure), lost answers \(lostAnswer), slow calls \(slowCall), handler trouble \(handlerTrouble), "
       + "schedule every \(scheduleEvery.map { "\($0)" } ?? "-"), schedule pauses/min \(schedulePausesPerMinute), "
       + "clock jump \(clockJump.map { "\($0)" } ?? "-"), "
-      + "concurrency limit \(concurrencyLimit.map(String.init) ?? "-"), limit changes/min \(limitChangesPerMinute)"
+      + "concurrency limit \(concurrencyLimit.map(String.init) ?? "-"), limit changes/min \(limitChangesPerMinute), "
+      + "rate \(rate.map(\.description) ?? "-")"
       + (defect.map { ", defect \($0)" } ?? "")
   }
 }
@@ -157,6 +164,9 @@ public enum SimDefect: String, Sendable, Hashable {
   /// The store answers a change of the queue's limits as done but keeps the limits it had (none
   /// at first): claims take more jobs than the limit the application set.
   case forgetsLimits
+  /// The store keeps a rate's stored time per process, as if each process had a bucket of its
+  /// own: with several workers, claims start more often than the rate the application set.
+  case ratePerProcess
 }
 
 /// The outcome of one simulated history.

@@ -140,6 +140,16 @@ struct SimulationCheckTests {
       "\(caught?.violation ?? "")")
   }
 
+  /// A store that gives each process a rate bucket of its own lets several workers start jobs more
+  /// often than the application's rate.
+  @Test func theFixedSeedsCatchAStoreWithARateBucketPerProcess() async {
+    let caught = await Self.earliestCatch(of: .ratePerProcess)
+    #expect(caught != nil, "no seed of \(SimulationTests.seeds) caught a rate bucket per process")
+    #expect(
+      caught?.violation?.hasPrefix("the queue's claims keep to its stored rate") == true,
+      "\(caught?.violation ?? "")")
+  }
+
   /// More workers and more frequent faults than any seed draws (six wall-clock steps a minute,
   /// where the drawn scenarios have at most three). Worker p4 claims jobs 39–41 ahead at 8.867 s
   /// (lease 2 s); at 9.213 s the wall clock steps forward 2.345 s, so the store's leases lapse and

@@ -8,7 +8,8 @@ import Foundation
 //                                          [--defect settlesStaleClaims|rescuesLiveLeases|renewsStaleClaims|
 //                                                   prunesEarly|prunesUnfinished|
 //                                                   ignoresRunningForUniqueness|runsStalePayload|
-//                                                   firesSlotTwice|skipsSlot|firesEarly|ignoresOrderingKeys|forgetsLimits]
+//                                                   firesSlotTwice|skipsSlot|firesEarly|ignoresOrderingKeys|forgetsLimits|
+//                                                   ratePerProcess]
 //
 // With `--defect`, each seed's scenario has that defect built into the store: a search for seeds
 // that catch it (the simulation's own check tests name one).
@@ -29,7 +30,7 @@ if arguments.contains("--defect") && defect == nil {
   print(
     "conveyor-simulate: --defect takes settlesStaleClaims, rescuesLiveLeases, renewsStaleClaims, prunesEarly, "
       + "prunesUnfinished, ignoresRunningForUniqueness, runsStalePayload, firesSlotTwice, skipsSlot, "
-      + "firesEarly, ignoresOrderingKeys or forgetsLimits"
+      + "firesEarly, ignoresOrderingKeys, forgetsLimits or ratePerProcess"
   )
   exit(2)
 }
