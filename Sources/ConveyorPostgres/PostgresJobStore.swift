@@ -846,7 +846,11 @@ public final class PostgresJobStore: JobStore {
     // turns out stale, the wake-up is spurious, and harmless.)
     let wakes = settlements.contains(where: \.returnsJob)
     return try await connection.perform(idempotent: true) { db in
-      let now: PostgresValue = useCaller ? .timestamp(clock.now()) : .timestamp(nil)
+      let wall = clock.now()
+      let now: PostgresValue = useCaller ? .timestamp(wall) : .timestamp(nil)
+      // The rate reads the caller's clock to the microsecond (`.timestamp` keeps milliseconds).
+      let micros: PostgresValue =
+        useCaller ? .int64(RateLimit.microseconds(wall)) : .null(oid: PostgresValue.int8OID)
       var statements: [(sql: String, parameters: [PostgresValue])] = []
       if !settlements.isEmpty {
         let claims: [PostgresValue] = [
@@ -877,8 +881,8 @@ public final class PostgresJobStore: JobStore {
           now,
         ]
         statements += [
-          (sql.limitLock, [.text(queue)]), (sql.claim, claim), (sql.limitedClaim, claim),
-          (sql.limitFull, [.text(queue), now]),
+          (sql.limitLock, [.text(queue)]), (sql.claim, claim), (sql.limitedClaim, claim + [micros]),
+          (sql.limitFull, [.text(queue), micros]),
         ]
       }
       let results = try db.pipeline(statements)
@@ -907,10 +911,17 @@ public final class PostgresJobStore: JobStore {
       }
       let fullRow = results[statements.count - 1]
       let full = fullRow.count > 0 && fullRow.bool(0, 0)
-      // The rate's next start, as a wait from now: the database's clock may not be this one.
-      let nextStart =
-        fullRow.count > 0 && !fullRow.isNull(0, 1)
-        ? clock.now().addingTimeInterval(Double(fullRow.int64(0, 1)) / 1_000_000) : nil
+      // The rate's next start: the caller's clock's time, or with the database's clock a wait
+      // from now (the server's clock may not be this one). None when the claim stopped before
+      // the rate (paused, or the queue was full before it), as the other stores say.
+      let stoppedBefore =
+        (pausedBefore || full) && results[statements.count - 2].count == 0
+        && results[statements.count - 3].count == 0
+      let nextStart: Date? =
+        fullRow.count > 0 && !fullRow.isNull(0, 1) && !stoppedBefore
+        ? Self.rateDate(
+          next: fullRow.int64(0, 1), readAt: fullRow.int64(0, 2), clock: clock, caller: useCaller)
+        : nil
       // In claim order: each record with its `seq`, the column after the record's (one of the
       // two claims took nothing).
       let sequenced = try [results[statements.count - 3], results[statements.count - 2]].flatMap { rows in
@@ -928,6 +939,13 @@ public final class PostgresJobStore: JobStore {
         claimed: claimed, staleSettlements: stale, paused: pausedBefore && claimed.isEmpty,
         retryDates: retryDates, full: full, nextStart: nextStart)
     }
+  }
+
+  /// The date of a rate's next start `next` (microseconds since 1970) read at `readAt` by the
+  /// statement's clock: itself with the caller's clock, else this clock's now plus the wait.
+  private static func rateDate(next: Int64, readAt: Int64, clock: any JobClock, caller: Bool) -> Date {
+    caller
+      ? RateLimit.date(next) : clock.now().addingTimeInterval(Double(max(0, next - readAt)) / 1_000_000)
   }
 
   /// Which statement a batch of settlements takes.
@@ -1450,25 +1468,31 @@ public final class PostgresJobStore: JobStore {
   public func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
     let sql = self.sql
     let now = now(clock)
-    let (serverNow, ready, scheduled, expiry, paused, scheduleDue, nextStart) = try await connection.perform(
+    let useCaller = options.clock == .caller
+    let micros: PostgresValue =
+      useCaller ? .int64(RateLimit.microseconds(clock.now())) : .null(oid: PostgresValue.int8OID)
+    let (serverNow, ready, scheduled, expiry, paused, scheduleDue, rate) = try await connection.perform(
       idempotent: true
     ) {
       db in
-      let row = try db.execute(sql.nextWake, [.text(queue), now])
+      let row = try db.execute(sql.nextWake, [.text(queue), now, micros])
       return (
         row.date(0, 0), row.date(0, 1), row.date(0, 2), row.date(0, 3), row.bool(0, 4), row.date(0, 5),
-        row.date(0, 6)
+        row.isNull(0, 6) ? nil : (next: row.int64(0, 6), readAt: row.int64(0, 7))
       )
     }
     var hint = WakeHint(
       nextRun: ready ?? scheduled, nextLeaseExpiry: expiry, paused: paused, nextScheduleDue: scheduleDue)
-    // No waiting job needs a worker before the rate gives its next start.
-    if let run = hint.nextRun, let nextStart { hint.nextRun = max(run, nextStart) }
     if options.clock == .database, let serverNow {
       let offset = clock.now().timeIntervalSince(serverNow)
       hint.nextRun = hint.nextRun?.addingTimeInterval(offset)
       hint.nextLeaseExpiry = hint.nextLeaseExpiry?.addingTimeInterval(offset)
       hint.nextScheduleDue = hint.nextScheduleDue?.addingTimeInterval(offset)
+    }
+    // No waiting job needs a worker before the rate gives its next start.
+    if let run = hint.nextRun, let rate {
+      hint.nextRun = max(
+        run, Self.rateDate(next: rate.next, readAt: rate.readAt, clock: clock, caller: useCaller))
     }
     return hint
   }

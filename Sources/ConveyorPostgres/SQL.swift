@@ -473,8 +473,8 @@ struct SQL {
   /// 1970; NULL: no start taken yet). Adding nullable columns rewrites no row.
   var version11: String {
     """
-    ALTER TABLE \(schema).queues ADD COLUMN rate float8 CHECK (rate > 0),
-      ADD COLUMN burst integer CHECK (burst > 0), ADD COLUMN rate_time int8;
+    ALTER TABLE \(schema).queues ADD COLUMN rate float8 CHECK (rate > 0.00001 AND rate <= 1000000),
+      ADD COLUMN burst integer CHECK (burst BETWEEN 1 AND 1000000), ADD COLUMN rate_time int8;
     """
   }
 
@@ -906,14 +906,15 @@ struct SQL {
 
   /// After the claims, in the same transaction and only when ``limitLock`` took the lock: whether
   /// the queue's running jobs (this claim's among them) fill its concurrency limit, and, when its
-  /// rate bucket is empty, the microseconds until its next start (NULL otherwise). No row when
-  /// the lock was not taken. Parameters: queue, now.
+  /// rate bucket is empty, its next start and the time it was read at (microseconds since 1970;
+  /// NULL otherwise). No row when the lock was not taken. Parameters: queue, now (microseconds,
+  /// as ``limitedClaim``'s `$6`).
   static func limitFull(_ schema: String) -> String {
     """
-    SELECT coalesce(q.concurrency <= \(runningUpToLimit(schema)), false),
-      (SELECT b.base - b.slack - b.now_us FROM (\(rateBucket(schema, now: Self.now(2)))) AS b
-        WHERE b.base - b.slack > b.now_us)
+    SELECT CASE WHEN q.concurrency IS NULL THEN false ELSE q.concurrency <= \(runningUpToLimit(schema)) END,
+      b.base - b.slack, b.now_us
     FROM \(schema).queues q
+    LEFT JOIN (\(rateBucket(schema, now: Self.microsUnderLock(2)))) AS b ON b.base - b.slack > b.now_us
     WHERE q.name = $1 AND (q.concurrency IS NOT NULL OR q.rate IS NOT NULL)
       AND current_setting('\(limitLocked)', true) = 'on'
     """
@@ -930,6 +931,23 @@ struct SQL {
     """
   }
 
+  /// The key of the limit lock of the queue `queue` (an SQL expression) in `schema` (quoted): the
+  /// schema's name and the queue's, so queues of the same name in two schemas of one database do
+  /// not wait for each other (they did before schema 11, whose builds take this key).
+  static func limitLockKey(_ schema: String, queue: String) -> String {
+    let name = schema.filter { $0 != "\"" }
+    return "hashtextextended('conveyor.limit:\(name):' || \(queue), 0)"
+  }
+
+  /// The transaction-local setting where ``limitLock`` leaves how long it waited for the lock, in
+  /// microseconds: 0 when the lock was free (`pg_try_advisory_xact_lock`), else the time from just
+  /// before the waiting `pg_advisory_xact_lock` to just after it. A rate counts a claim's start from
+  /// when it got the lock (see ``microsUnderLock(_:)``), and a claim that never waited is counted
+  /// at the caller's time exactly, however loaded the server.
+  static let limitWaited = "conveyor.limit_waited_us"
+  /// The server's clock now (not the statement's start), in microseconds since 1970.
+  static let clockMicros = "(extract(epoch FROM clock_timestamp()) * 1000000)::int8"
+
   /// The transaction-local setting ``limitLock`` turns `on` when it took the lock: ``claim``
   /// then claims nothing and ``limitedClaim`` claims; otherwise the reverse.
   static let limitLocked = "conveyor.limit_locked"
@@ -940,12 +958,15 @@ struct SQL {
   /// in a snapshot taken after the lock was granted, so it sees every claim committed before.
   /// A limit stored after this statement read the queue's row does not bind this claim: the
   /// claim counts as made before the limit was stored (as when a limit is lowered below the
-  /// running jobs). The lock's key holds the queue's name, not the schema's: queues of the same
-  /// name in two schemas of one database take turns needlessly, as ordering keys' locks do.
+  /// running jobs). The lock's key holds the schema's name and the queue's (``limitLockKey``).
   /// Parameter: queue.
   static func limitLock(_ schema: String) -> String {
     """
-    SELECT pg_advisory_xact_lock(hashtextextended('conveyor.limit:' || $1, 0)),
+    SELECT set_config('\(limitWaited)',
+        CASE WHEN pg_try_advisory_xact_lock(\(limitLockKey(schema, queue: "$1"))) THEN '0'
+        ELSE (SELECT (\(clockMicros) - w.started)::text FROM (
+          SELECT \(clockMicros) AS started, pg_advisory_xact_lock(\(limitLockKey(schema, queue: "$1")))) AS w)
+        END, true),
       set_config('\(limitLocked)', 'on', true)
     FROM \(schema).queues WHERE name = $1 AND (concurrency IS NOT NULL OR rate IS NOT NULL)
     """
@@ -970,7 +991,7 @@ struct SQL {
   static func limitedClaim(_ schema: String) -> String {
     let underLock = "$5::timestamptz + (clock_timestamp() - transaction_timestamp())"
     return """
-      WITH bucket AS (\(rateBucket(schema, now: Self.now(5)))),
+      WITH bucket AS (\(rateBucket(schema, now: Self.microsUnderLock(6)))),
       claimed AS (
         UPDATE \(schema).jobs j SET status = 'running',
           attempts = CASE WHEN j.attempts < 9223372036854775807 THEN j.attempts + 1 ELSE j.attempts END,
@@ -988,7 +1009,8 @@ struct SQL {
           ORDER BY priority DESC, run_at, seq, id
           LIMIT greatest(0, least($2,
             coalesce(
-              (SELECT q.concurrency - \(runningUpToLimit(schema)) FROM \(schema).queues q WHERE q.name = $1), $2),
+              (SELECT q.concurrency - \(runningUpToLimit(schema)) FROM \(schema).queues q
+                WHERE q.name = $1 AND q.concurrency IS NOT NULL), $2),
             coalesce((SELECT starts FROM bucket), $2)))))
         RETURNING \(Self.columns("j")), j.seq
       ),
@@ -1002,7 +1024,19 @@ struct SQL {
       """
   }
 
-  /// The queue's rate bucket at `now` (an SQL timestamp), one row when the queue `$1` has a rate:
+  /// The time of a statement in microseconds since 1970, for a rate's bucket: parameter `n` (the
+  /// caller's clock to the microsecond) plus the time ``limitLock`` waited for the queue's limit
+  /// lock (``limitWaited``), so a claim that waited counts its start from when it got the lock;
+  /// or the server's clock when the parameter is NULL (read after any wait).
+  static func microsUnderLock(_ parameter: Int) -> String {
+    """
+    coalesce($\(parameter)::int8 + coalesce(nullif(current_setting('\(limitWaited)', true), '')::int8, 0),
+      (extract(epoch FROM statement_timestamp()) * 1000000)::int8)
+    """
+  }
+
+  /// The queue's rate bucket at `now` (microseconds since 1970, an SQL expression), one row when
+  /// the queue `$1` has a rate:
   /// `now_us` (microseconds since 1970), `step` (microseconds between starts), `slack` (`burst - 1`
   /// steps), `base` (the stored time, cut back to a full bucket's worth ahead of `now` and no
   /// earlier than `now`), and `starts`, how many starts it holds. The same arithmetic as
@@ -1017,7 +1051,7 @@ struct SQL {
       FROM (
         SELECT q.rate_time, n.now_us, greatest(1, ceil(1000000 / q.rate))::int8 AS step,
           (q.burst - 1)::int8 * greatest(1, ceil(1000000 / q.rate))::int8 AS slack
-        FROM \(schema).queues q, (SELECT (extract(epoch FROM \(now)) * 1000000)::int8 AS now_us) AS n
+        FROM \(schema).queues q, (SELECT \(now) AS now_us) AS n
         WHERE q.name = $1 AND q.rate IS NOT NULL
       ) AS s
     ) AS b
@@ -1132,7 +1166,8 @@ struct SQL {
 
   /// The server's time, the next ready job's run date (in claim order, so from `jobs_ready`), the
   /// earliest scheduled run date, the earliest lease expiry, the pause flag, the earliest due
-  /// schedule, and the rate's next start while its bucket is empty. Parameters: queue, now.
+  /// schedule, and the rate's next start while its bucket is empty with the time it was read at
+  /// (microseconds since 1970). Parameters: queue, now, now in microseconds (NULL: the server's).
   static func nextWake(_ schema: String) -> String {
     """
     SELECT \(Self.now(2)),
@@ -1142,11 +1177,11 @@ struct SQL {
       (SELECT min(lease_expires_at) FROM \(schema).jobs WHERE queue = $1 AND status = 'running'),
       coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false),
       (SELECT min(next_due) FROM \(schema).schedules WHERE queue = $1 AND active AND NOT paused),
-      (SELECT \(Self.now(2)) + (b.base - b.slack - b.now_us) * interval '1 microsecond'
-        FROM (\(rateBucket(schema, now: Self.now(2)))) AS b WHERE b.base - b.slack > b.now_us)
+      b.base - b.slack, b.now_us
     FROM (SELECT coalesce((
       SELECT q.concurrency <= \(runningUpToLimit(schema))
-      FROM \(schema).queues q WHERE q.name = $1), false) AS at_limit) AS lim
+      FROM \(schema).queues q WHERE q.name = $1 AND q.concurrency IS NOT NULL), false) AS at_limit) AS lim
+    LEFT JOIN (\(rateBucket(schema, now: Self.microsUnderLock(3)))) AS b ON b.base - b.slack > b.now_us
     """
   }
 

@@ -199,7 +199,12 @@ enum SQL {
   /// Version 11: the queue's stored `QueueLimits.rate` (starts a second and burst; NULL: none),
   /// and the rate's stored time (GCRA's theoretical arrival time, microseconds since 1970; NULL:
   /// no start taken yet).
-  static let rateColumns = ["rate REAL", "burst INTEGER", "rate_time INTEGER"]
+  /// The checks keep out what no `RateLimit` can be (the library checks the exact bounds).
+  static let rateColumns = [
+    "rate REAL CHECK (rate > 0.00001 AND rate <= 1000000)",
+    "burst INTEGER CHECK (burst BETWEEN 1 AND 1000000)",
+    "rate_time INTEGER",
+  ]
   /// The queues table of version 11.
   static let queuesTable = """
     CREATE TABLE queues (

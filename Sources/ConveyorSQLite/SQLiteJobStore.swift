@@ -295,7 +295,8 @@ public final class SQLiteJobStore: JobStore {
     let small = settlements.count <= Self.inlineRowLimit && limit <= Self.inlineRowLimit
     let body: @Sendable (Connection) throws -> ClaimBatch = { db in
       try db.transaction(immediate: true) {
-        let now = millis(clock.now())
+        let wall = clock.now()
+        let now = millis(wall)
         var stale: [ClaimReference] = []
         var retryDates: [JobID: Date] = [:]
         for settlement in settlements {
@@ -319,7 +320,8 @@ public final class SQLiteJobStore: JobStore {
           places = Int(concurrency) - running
         }
         // The starts the rate limit gives, under the same lock; `nextStart` when it cut the claim.
-        let micros = RateLimit.microseconds(date(now))
+        // To the microsecond, not the stored dates' millisecond (see `InMemoryJobStore`).
+        let micros = RateLimit.microseconds(wall)
         let rate = limit > 0 && !paused ? flags.rate : nil
         if let rate { limit = rate.take(limit, tat: flags.rateTime, now: micros).starts }
         guard limit > 0, !paused else {
@@ -647,16 +649,17 @@ public final class SQLiteJobStore: JobStore {
         {
           run = nil
         }
-        // No waiting job needs a worker before the rate gives its next start.
-        if let due = run, let rate = flags.rate,
+        // No waiting job needs a worker before the rate gives its next start (to the microsecond).
+        var nextRun = run.map(date)
+        if let due = nextRun, let rate = flags.rate,
           let start = rate.nextStart(tat: flags.rateTime, now: RateLimit.microseconds(clock.now()))
         {
-          run = max(due, millis(RateLimit.date(start)))
+          nextRun = max(due, RateLimit.date(start))
         }
         let expiry = try db.scalar(SQL.nextExpiry, .text(queue))
         let scheduleDue = try db.scalar(SQL.nextScheduleDue, .text(queue))
         return WakeHint(
-          nextRun: run.map(date), nextLeaseExpiry: expiry.map(date), paused: paused,
+          nextRun: nextRun, nextLeaseExpiry: expiry.map(date), paused: paused,
           nextScheduleDue: scheduleDue.map(date))
       }
     }

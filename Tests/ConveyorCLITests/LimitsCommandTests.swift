@@ -1,7 +1,8 @@
 import Conveyor
-import ConveyorSQLite
 import Foundation
 import Testing
+
+@testable import ConveyorSQLite
 
 /// `limits` and `limits set`: a queue's stored concurrency limit, set and shown through real
 /// processes on a real SQLite file (and a PostgreSQL server when one is installed); values that
@@ -131,6 +132,29 @@ import Testing
     try await sandbox.succeed(["limits", "set", "--rate", "none"])
     let burstAlone = try await sandbox.run(["limits", "set", "--burst", "4"])
     #expect(burstAlone.status == 2 && burstAlone.stderr.contains("--burst needs a rate"), "\(burstAlone)")
+  }
+
+  /// What no `RateLimit` can be is refused by the file itself (a hand edit, another tool): the
+  /// rate's columns check their range, and a worker still runs the queue.
+  @Test func theFileRefusesARateOutOfRange() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.succeed(["limits", "set", "--rate", "10/s", "--burst", "2"])
+    try await sandbox.add(["exec", "--", "true"])
+    let store = try SQLiteJobStore(path: sandbox.database)
+    for change in ["rate = 0", "rate = -1", "rate = 2000000", "burst = 0", "burst = 1000001"] {
+      await #expect(throws: (any Error).self, "\(change)") {
+        try await store.connection.perform { db in
+          try db.execute("UPDATE queues SET \(change) WHERE name = 'outbox'")
+        }
+      }
+    }
+    await store.close()
+    #expect(
+      try await sandbox.succeed(["limits"]).lines == [
+        "queue outbox: no concurrency limit (0 running), rate 10/s (bursts of 2)"
+      ])
+    let work = try await sandbox.run(["work", "--until-empty"], timeout: .seconds(60))
+    #expect(work.status == 0, "\(work)")
   }
 
   /// A worker process obeys a rate set by another: at 4 a second, one at a time, the sixth of

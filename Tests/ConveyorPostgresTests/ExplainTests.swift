@@ -92,7 +92,8 @@ struct ExplainTests {
         name: "counts", prepare: "(text, timestamptz) AS \(sql.counts)", execute: "('big', NULL)",
         indexes: ["jobs_ready", "jobs_scheduled", "jobs_status"]),
       Case(
-        name: "nextWake", prepare: "(text, timestamptz) AS \(sql.nextWake)", execute: "('big', NULL)",
+        name: "nextWake", prepare: "(text, timestamptz, int8) AS \(sql.nextWake)",
+        execute: "('big', NULL, NULL)",
         indexes: ["jobs_ready", "jobs_scheduled", "jobs_status"]),
       Case(
         name: "list all", prepare: "(text, int8, int8, text[]) AS \(sql.list)",
@@ -182,7 +183,7 @@ struct ExplainTests {
     let statements = [
       ("claim", "(text, int8, text, int8, timestamptz) AS \(sql.claim)", "('big', 100, 'w', 60000, NULL)"),
       ("promote", "(text, timestamptz) AS \(sql.promote)", "('big', NULL)"),
-      ("nextWake", "(text, timestamptz) AS \(sql.nextWake)", "('big', NULL)"),
+      ("nextWake", "(text, timestamptz, int8) AS \(sql.nextWake)", "('big', NULL, NULL)"),
     ]
     for (number, (name, prepare, execute)) in statements.enumerated() {
       for (mode, plan) in try analyzedPlans(admin, "blocked_\(number)", prepare: prepare, execute: execute) {
@@ -341,11 +342,11 @@ struct ExplainTests {
     try admin.query("SET enable_seqscan = off; SET enable_mergejoin = off")
     let statements = [
       (
-        "limitedClaim", "(text, int8, text, int8, timestamptz) AS \(sql.limitedClaim)",
-        "('big', 100, 'w', 60000, NULL)"
+        "limitedClaim", "(text, int8, text, int8, timestamptz, int8) AS \(sql.limitedClaim)",
+        "('big', 100, 'w', 60000, NULL, NULL)"
       ),
-      ("limitFull", "(text, timestamptz) AS \(sql.limitFull)", "('big', NULL)"),
-      ("nextWake", "(text, timestamptz) AS \(sql.nextWake)", "('big', NULL)"),
+      ("limitFull", "(text, int8) AS \(sql.limitFull)", "('big', NULL)"),
+      ("nextWake", "(text, timestamptz, int8) AS \(sql.nextWake)", "('big', NULL, NULL)"),
     ]
     for (number, (name, prepare, execute)) in statements.enumerated() {
       // As after `limitLock` took the lock: the limited statements run only then.
@@ -360,6 +361,42 @@ struct ExplainTests {
         #expect(!read.isEmpty, "\(name) (\(mode)) reads the running jobs from jobs_status:\n\(plan)")
         #expect(
           read.allSatisfy { $0 <= 10 }, "\(name) (\(mode)) read more running jobs than the limit:\n\(plan)")
+      }
+    }
+    await store.close()
+  }
+
+  /// A queue with a rate and no concurrency limit: its limited claim, its check for a full queue
+  /// and its next wake count none of its running jobs (there is no limit to count them against).
+  @Test func aRateWithoutAConcurrencyLimitCountsNoRunningJob() async throws {
+    let (schema, store, admin) = try await plansStore()
+    let sql = store.sql
+    let now = "date_trunc('milliseconds', now())"
+    try await admin.queryOffPool(
+      """
+      INSERT INTO \(schema).jobs (queue, payload, status, run_at, created_at, lease_owner, lease_expires_at)
+      SELECT 'big', '\\x7b7d'::bytea, CASE WHEN i <= 5000 THEN 'running' ELSE 'ready' END,
+        \(now) - interval '1 minute', \(now), CASE WHEN i <= 5000 THEN 'w' END,
+        CASE WHEN i <= 5000 THEN \(now) + interval '1 hour' END
+      FROM generate_series(1, 5100) AS i
+      """)
+    try await store.setLimits(QueueLimits(rate: RateLimit(perSecond: 1000, burst: 100)), queue: "big")
+    try await admin.queryOffPool("VACUUM ANALYZE \(schema).jobs")
+    let statements = [
+      (
+        "limitedClaim", "(text, int8, text, int8, timestamptz, int8) AS \(sql.limitedClaim)",
+        "('big', 100, 'w', 60000, NULL, NULL)"
+      ),
+      ("limitFull", "(text, int8) AS \(sql.limitFull)", "('big', NULL)"),
+      ("nextWake", "(text, timestamptz, int8) AS \(sql.nextWake)", "('big', NULL, NULL)"),
+    ]
+    for (number, (name, prepare, execute)) in statements.enumerated() {
+      for (mode, plan) in try analyzedPlans(
+        admin, "rate_only_\(number)", prepare: prepare, execute: execute,
+        first: "SELECT set_config('\(SQL.limitLocked)', 'on', true)")
+      {
+        let counted = rowsRead(in: plan) { $0.contains("Index Only Scan using jobs_status ") }
+        #expect(counted.allSatisfy { $0 <= 1 }, "\(name) (\(mode)) counted the running jobs:\n\(plan)")
       }
     }
     await store.close()

@@ -117,7 +117,7 @@ extension LimitConcurrencyTests {
   @Test func limitedClaimThatTimesOutOnTheLimitLockLeavesNoSettlementBehind() async throws {
     let (store, _, claimed, url) = try await Self.claimedFirstOfTwo(lockTimeout: .milliseconds(200))
     let admin = try AdminConnection(url)
-    try admin.query("SELECT pg_advisory_lock(hashtextextended('conveyor.limit:' || 'q', 0))")
+    try admin.query("SELECT pg_advisory_lock(\(SQL.limitLockKey(store.sql.schema, queue: "'q'")))")
     let outcome: Result<ClaimBatch, any Error>
     do {
       outcome = .success(
@@ -147,7 +147,7 @@ extension LimitConcurrencyTests {
   @Test func limitedClaimWhoseConnectionDropsAfterItsSettlementsReportsThemApplied() async throws {
     let (store, _, claimed, url) = try await Self.claimedFirstOfTwo(lockTimeout: .seconds(5))
     let admin = try AdminConnection(url)
-    try admin.query("SELECT pg_advisory_lock(hashtextextended('conveyor.limit:' || 'q', 0))")
+    try admin.query("SELECT pg_advisory_lock(\(SQL.limitLockKey(store.sql.schema, queue: "'q'")))")
     let call = Task {
       try await store.settleAndClaim(
         [JobSettlement(claim: claimed.claim, action: .complete, keepsHistory: true)], queue: "q",
@@ -256,7 +256,7 @@ extension LimitConcurrencyTests {
     _ = try await store.enqueue([NewJob(payload: Data("a".utf8))], queue: "q", clock: clock)
     try await store.setLimits(QueueLimits(concurrency: 1), queue: "q")
     let admin = try AdminConnection(server.url)
-    try admin.query("SELECT pg_advisory_lock(hashtextextended('conveyor.limit:' || 'q', 0))")
+    try admin.query("SELECT pg_advisory_lock(\(SQL.limitLockKey(store.sql.schema, queue: "'q'")))")
     let call = Task {
       try await store.settleAndClaim(
         [], queue: "q", limit: 1, lease: Lease(owner: "w", duration: .seconds(60)), clock: clock)
@@ -299,7 +299,7 @@ extension LimitConcurrencyTests {
     let blocked = "SELECT pid FROM pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
 
     // Removed while the claim waits: it takes the five asked for, with two running.
-    try admin.query("SELECT pg_advisory_lock(hashtextextended('conveyor.limit:' || 'q', 0))")
+    try admin.query("SELECT pg_advisory_lock(\(SQL.limitLockKey(store.sql.schema, queue: "'q'")))")
     let removed = Task {
       try await store.settleAndClaim([], queue: "q", limit: 5, lease: lease, clock: clock)
     }
@@ -311,7 +311,7 @@ extension LimitConcurrencyTests {
 
     // Lowered while the claim waits, to 8 with 7 running: one place, and the queue is then full.
     try await store.setLimits(QueueLimits(concurrency: 1_000), queue: "q")
-    try admin.query("SELECT pg_advisory_lock(hashtextextended('conveyor.limit:' || 'q', 0))")
+    try admin.query("SELECT pg_advisory_lock(\(SQL.limitLockKey(store.sql.schema, queue: "'q'")))")
     let lowered = Task {
       try await store.settleAndClaim([], queue: "q", limit: 5, lease: lease, clock: clock)
     }
@@ -326,5 +326,46 @@ extension LimitConcurrencyTests {
     #expect(wake.nextRun == nil, "no run date while the running jobs fill the limit: \(wake)")
     await store.close()
     await other.close()
+  }
+  /// A claim that waited for the queue's limit lock (another claim, a slow commit; here a test
+  /// session holding it for 2 s) counts its start from when it got the lock, with either clock:
+  /// at 1 a second, one at a time, the claim right after it on another connection takes nothing.
+  @Test(arguments: [PostgresJobStore.Clock.caller, .database])
+  func aClaimThatWaitedForTheLimitLockCountsItsStartFromTheLock(_ mode: PostgresJobStore.Clock) async throws {
+    let server = try await PostgresServer.shared()
+    let options = PostgresJobStore.Options(
+      schema: uniqueSchema("ratelock"), clock: mode, lockTimeout: .seconds(20))
+    let a = try await PostgresJobStore.open(url: server.url, options: options)
+    let b = try await PostgresJobStore.open(url: server.url, options: options)
+    let clock = SystemJobClock()
+    let lease = Lease(owner: "w", duration: .seconds(60))
+    _ = try await a.enqueue((1...4).map { _ in NewJob(payload: Data("x".utf8)) }, queue: "q", clock: clock)
+    try await a.setLimits(QueueLimits(rate: RateLimit(perSecond: 1, burst: 1)), queue: "q")
+    let first = try await a.settleAndClaim([], queue: "q", limit: 1, lease: lease, clock: clock)
+    #expect(first.claimed.count == 1)
+    try await Task.sleep(for: .milliseconds(1100))  // a start is due again
+    let admin = try AdminConnection(server.url)
+    try admin.query("SELECT pg_advisory_lock(\(SQL.limitLockKey(a.sql.schema, queue: "'q'")))")
+    let waiting = Task { try await b.settleAndClaim([], queue: "q", limit: 1, lease: lease, clock: clock) }
+    let blocked = "SELECT pid FROM pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+    let deadline = ContinuousClock.now + .seconds(60)
+    while try admin.query(blocked).isEmpty {
+      #expect(ContinuousClock.now < deadline, "the claim never waited for the limit lock")
+      if ContinuousClock.now >= deadline { break }
+      try await Task.sleep(for: .milliseconds(5))
+    }
+    try await Task.sleep(for: .seconds(2))
+    try admin.query("SELECT pg_advisory_unlock_all()")
+    let released = Date()
+    let second = try await waiting.value
+    let third = try await a.settleAndClaim([], queue: "q", limit: 1, lease: lease, clock: clock)
+    let span = Date().timeIntervalSince(released)
+    let starts = second.claimed.count + third.claimed.count
+    #expect(
+      Double(starts) <= 1 + span,
+      "\(mode): one at a time at 1 a second, yet \(starts) starts within \(Int(span * 1000)) ms of the lock's release"
+    )
+    await a.close()
+    await b.close()
   }
 }

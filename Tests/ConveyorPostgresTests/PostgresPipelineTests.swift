@@ -435,7 +435,7 @@ struct PostgresPipelineTests {
       ("claim", sql.claim, "('q', 2::int8, 'w', 600000::int8, NULL::timestamptz)"),
       ("promote", sql.promote, "('q', NULL::timestamptz)"),
       ("rescue", sql.rescue, "('q', NULL::timestamptz)"),
-      ("nextWake", sql.nextWake, "('q', NULL::timestamptz)"),
+      ("nextWake", sql.nextWake, "('q', NULL::timestamptz, NULL::int8)"),
       (
         "settle", sql.settle,
         "('{1,2}'::int8[], '{1,1}'::int8[], '{0,1}'::int4[], '{NULL,10}'::int8[], '{NULL,NULL}'::text[], "

@@ -10,6 +10,20 @@ extension JobStoreConformance {
     date.map { abs($0.timeIntervalSince(at(seconds))) < 0.001 } ?? false
   }
 
+  /// A claim of queue `q` at `date`.
+  static func claim(_ store: any JobStore, at date: Date, limit: Int = 1, owner: String = "w1") async throws
+    -> ClaimBatch
+  {
+    try await store.settleAndClaim(
+      [], queue: "q", limit: limit, lease: lease(owner), clock: FixedJobClock(date))
+  }
+
+  /// `value`, or a failure saying `message`.
+  static func requireValue<T>(_ value: T?, _ message: String) throws -> T {
+    guard let value else { throw ConformanceFailure(description: message) }
+    return value
+  }
+
   static let limitChecks: [JobStoreCheck] = [
     check("limits: none until set; set limits are stored per queue and replaced whole") { store in
       let none = try await store.limits(queue: "q")
@@ -109,6 +123,78 @@ extension JobStoreConformance {
       try expect(
         texts(few) == ["r1", "r2"] && few.nextStart == nil,
         "starts left: \(String(describing: few.nextStart))")
+    },
+    check("rate: a claim at the next start the store reported takes a start") { store in
+      guard store.keepsRateLimits else { return }
+      for (index, perSecond) in [3.0, 7, 1.0 / 3, 13, 0.7, 30].enumerated() {
+        try await store.setLimits(QueueLimits(), queue: "q")
+        _ = try await store.enqueue((1...8).map { job("j\(index)-\($0)") }, queue: "q", clock: now(0))
+        try await store.setLimits(QueueLimits(rate: RateLimit(perSecond: perSecond)), queue: "q")
+        var date = at(Double(index) * 1000 + 10)
+        for step in 0..<6 {
+          let batch = try await claim(store, at: date)
+          try expect(
+            batch.claimed.count == 1,
+            "\(perSecond)/s, step \(step): a claim at the next start reported (\(date.timeIntervalSince1970)) "
+              + "took nothing; it now says \(String(describing: batch.nextStart?.timeIntervalSince1970))")
+          date = try requireValue(batch.nextStart, "\(perSecond)/s: no next start after the last start")
+        }
+        // The rest drained, so the next rate starts from an empty queue.
+        try await store.setLimits(QueueLimits(), queue: "q")
+        let rest = try await claim(store, at: date, limit: 100)
+        for record in rest.claimed {
+          _ = try await store.settleAndClaim(
+            [settle(record, .complete)], queue: "q", limit: 0, lease: lease(), clock: FixedJobClock(date))
+        }
+      }
+    },
+    check("rate: the next wake is no earlier than the next start a claim reported") { store in
+      guard store.keepsRateLimits else { return }
+      _ = try await store.enqueue((1...4).map { job("j\($0)") }, queue: "q", clock: now(0))
+      try await store.setLimits(QueueLimits(rate: RateLimit(perSecond: 3)), queue: "q")
+      let first = try await claim(store, limit: 1, now: 10)
+      let nextStart = try requireValue(first.nextStart, "a next start after the only one")
+      let wake = try await store.nextWake(queue: "q", clock: now(10))
+      let run = try requireValue(wake.nextRun, "ready jobs: a run date")
+      try expect(
+        run >= nextStart,
+        "the run date \(run.timeIntervalSince1970) is before the next start \(nextStart.timeIntervalSince1970)"
+      )
+    },
+    check("rate: no next start when the claim stopped before the rate (paused, full)") { store in
+      guard store.keepsRateLimits else { return }
+      _ = try await store.enqueue((1...4).map { job("j\($0)") }, queue: "q", clock: now(0))
+      try await store.setLimits(QueueLimits(concurrency: 2, rate: RateLimit(perSecond: 1)), queue: "q")
+      let one = try await claim(store, limit: 1, now: 10)
+      try expect(one.claimed.count == 1 && near(one.nextStart, 11), "one start, the next at 11")
+      try await store.setPaused(true, queue: "q")
+      let paused = try await claim(store, limit: 4, now: 10.2)
+      try expect(
+        paused.claimed.isEmpty && paused.nextStart == nil,
+        "paused: \(String(describing: paused.nextStart?.timeIntervalSince(t0)))")
+      try await store.setPaused(false, queue: "q")
+      try await store.setLimits(QueueLimits(concurrency: 1, rate: RateLimit(perSecond: 1)), queue: "q")
+      let full = try await claim(store, limit: 4, now: 10.3)
+      try expect(
+        full.claimed.isEmpty && full.full && full.nextStart == nil,
+        "full: \(String(describing: full.nextStart?.timeIntervalSince(t0)))")
+    },
+    check("rate: starts are counted to the microsecond, not the stored dates' millisecond") { store in
+      guard store.keepsRateLimits else { return }
+      _ = try await store.enqueue((1...20).map { job("j\($0)") }, queue: "q", clock: now(0))
+      // 1,000 a second, one at a time: claims 0.2 ms apart take one start between them.
+      try await store.setLimits(QueueLimits(rate: RateLimit(perSecond: 1000)), queue: "q")
+      let first = try await claim(store, limit: 1, now: 10.0004)
+      let second = try await claim(store, limit: 1, now: 10.0006)
+      try expect(first.claimed.count == 1 && second.claimed.isEmpty, "0.2 ms apart: \(texts(second))")
+      // 100,000 a second: a start every 10 µs, so ten claims 12 µs apart take ten starts within
+      // two milliseconds.
+      try await store.setLimits(QueueLimits(rate: RateLimit(perSecond: 100_000)), queue: "q")
+      var starts = 0
+      for step in 0..<10 {
+        starts += try await claim(store, limit: 1, now: 20 + Double(step) * 0.000_012).claimed.count
+      }
+      try expect(starts == 10, "\(starts) of 10 starts at 100,000 a second")
     },
     check("rate: a clock stepped back stalls the queue one interval at most") { store in
       guard store.keepsRateLimits else { return }

@@ -48,7 +48,8 @@ public final class InMemoryJobStore: JobStore {
     let paused = withQueue(queue) { queueState in
       // Read under the lock, as the store protocol asks: a call that waited for the lock must not
       // commit a lease or run date from before the wait.
-      let now = JobStoreTime.normalized(clock.now())
+      let wall = clock.now()
+      let now = JobStoreTime.normalized(wall)
       let expiry = JobStoreTime.date(now, adding: lease.duration)
       for settlement in settlements {
         guard queueState.settle(settlement, now: now) else {
@@ -61,7 +62,10 @@ public final class InMemoryJobStore: JobStore {
       }
       var places = queueState.limits.claimable(limit, running: queueState.running.count)
       let rate = queueState.paused || places == 0 ? nil : queueState.limits.rate
-      let micros = RateLimit.microseconds(now)
+      // The rate reads the clock to the microsecond (the stored dates are whole milliseconds): a
+      // claim at the `nextStart` it reported takes a start, and a rate above 1,000 a second gives
+      // more than one a millisecond.
+      let micros = RateLimit.microseconds(wall)
       if let rate { places = rate.take(places, tat: queueState.rateTime, now: micros).starts }
       if !queueState.paused && places > 0 {
         claimed = queueState.claim(limit: places, owner: lease.owner, expiry: expiry, now: now)
@@ -292,8 +296,7 @@ public final class InMemoryJobStore: JobStore {
   /// When a worker is next needed; see ``JobStore/nextWake(queue:clock:)``.
   public func nextWake(queue: String, clock: any JobClock) async throws -> WakeHint {
     state.withLock { state in
-      var hint = state.queues[ExactText(queue), default: QueueState()].nextWake(
-        now: JobStoreTime.normalized(clock.now()))
+      var hint = state.queues[ExactText(queue), default: QueueState()].nextWake(now: clock.now())
       hint.paused = state.queues[ExactText(queue)]?.paused ?? false
       hint.nextScheduleDue = state.schedules[ExactText(queue)]?.values.compactMap(\.nextDue).min()
       return hint
@@ -813,7 +816,9 @@ extension InMemoryJobStore {
     }
 
     /// A ready job is due now, whatever its date says (the wall clock may have stepped back).
-    mutating func nextWake(now: Date) -> WakeHint {
+    /// `now` is the clock's reading as it is (the rate's next start is to the microsecond).
+    mutating func nextWake(now wall: Date) -> WakeHint {
+      let now = JobStoreTime.normalized(wall)
       while let top = ready.peek?.entry, readiness(of: top) != true { ready.pop() }
       while let top = scheduled.peek?.entry, readiness(of: top) != false { scheduled.pop() }
       let leaseExpiry = running.compactMap { jobs[$0]?.record.leaseExpiresAt }.min()
@@ -825,7 +830,7 @@ extension InMemoryJobStore {
         : [ready.peek.map { min($0.entry.runAt, now) }, scheduled.peek?.entry.runAt].compactMap { $0 }.min()
       // No waiting job needs a worker before the rate limit gives its next start.
       if let run = nextRun, let rate = limits.rate,
-        let start = rate.nextStart(tat: rateTime, now: RateLimit.microseconds(now))
+        let start = rate.nextStart(tat: rateTime, now: RateLimit.microseconds(wall))
       {
         nextRun = max(run, RateLimit.date(start))
       }

@@ -155,10 +155,16 @@ public struct RateLimit: Sendable, Hashable, Codable, CustomStringConvertible {
     return "\(number)/\(unit)" + (burst > 1 ? " (bursts of \(burst))" : "")
   }
 
-  /// The time between two starts, in microseconds (at least 1).
+  /// The time between two starts, in microseconds: from 1 to a day's, whatever ``perSecond``
+  /// holds (a value out of range never traps: a store reads what it stored).
   package var intervalMicroseconds: Int64 {
-    max(1, Int64((1_000_000 / perSecond).rounded(.up)))
+    let day = 86_400_000_000.0
+    let raw = (1_000_000 / perSecond).rounded(.up)
+    return Int64(raw.isNaN ? day : min(max(raw, 1), day))
   }
+
+  /// ``burst`` within 1 to ``maximumBurst``.
+  private var boundedBurst: Int64 { Int64(min(max(burst, 1), Self.maximumBurst)) }
 
   /// The bucket at `now` (microseconds since 1970) with the stored time `tat` (nil: full):
   /// how many of `wanted` starts it gives, the time to store after taking them, the earliest
@@ -168,7 +174,7 @@ public struct RateLimit: Sendable, Hashable, Codable, CustomStringConvertible {
     starts: Int, tat: Int64, next: Int64, mustStore: Bool
   ) {
     let interval = intervalMicroseconds
-    let slack = Int64(burst - 1) * interval
+    let slack = (boundedBurst - 1) * interval
     // Never further ahead than a full bucket's worth, which no claim at `now` or later can store:
     // a clock stepped back stalls one interval. The cut time is stored, or the next claim would
     // cut it again, one interval ahead of its own time, for as long as the clock is behind.
