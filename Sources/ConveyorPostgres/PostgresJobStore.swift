@@ -993,7 +993,8 @@ public final class PostgresJobStore: JobStore {
         delays.append(JobStoreTime.milliseconds(delay))
         errors.append(error.map { JobHistory.bounded(Self.storable($0)) })
       case .kill(let error):
-        kinds.append(keeps ? 2 : 5)
+        // 6: dead, leaving its ordering key (`DeadHeadPolicy.releasesKey`).
+        kinds.append(keeps ? (settlement.releasesOrderingKey ? 6 : 2) : 5)
         delays.append(nil)
         errors.append(JobHistory.bounded(Self.storable(error)))
       case .release(let error):

@@ -770,7 +770,8 @@ struct SQL {
   /// Applies a batch of settlements in one statement; returns the claims that applied (ID and
   /// token), each with the run date a retry set (NULL for the other kinds).
   /// Kinds: 0 complete, 1 retry (delay in ms), 2 kill, 3 release, 4 complete and delete, 5 kill
-  /// and delete (no history kept). Each applies only while its claim is current: running, with
+  /// and delete (no history kept), 6 kill leaving the job's ordering key (cleared; the next job of
+  /// the key is promoted, as for a completion). Each applies only while its claim is current: running, with
   /// the same claim token (``currentClaims(_:queueParameter:)`` finds and locks those, then the
   /// rows are deleted or changed by ID).
   /// Parameters: ids, tokens, kinds, delays, errors, now, queue, run times (ms), outputs.
@@ -798,13 +799,17 @@ struct SQL {
       DELETE FROM \(schema).jobs j WHERE j.id = ANY(ARRAY(SELECT id FROM c WHERE kind IN (4, 5)))
       RETURNING j.id, j.claim_token, NULL::timestamptz AS retry_at, j.queue AS q, j.ordering_key AS line
     ),
+    released AS MATERIALIZED (
+      SELECT j.id, j.ordering_key AS key FROM \(schema).jobs j WHERE j.id = ANY(ARRAY(SELECT id FROM c WHERE kind = 6))
+    ),
     changed AS (
       UPDATE \(schema).jobs j SET
-        status = CASE c.kind WHEN 0 THEN 'completed' WHEN 2 THEN 'dead' WHEN 3 THEN 'ready'
+        status = CASE c.kind WHEN 0 THEN 'completed' WHEN 2 THEN 'dead' WHEN 6 THEN 'dead' WHEN 3 THEN 'ready'
           ELSE CASE WHEN least(n.now + c.delay * interval '1 millisecond', \(Self.latest)) <= n.now
             THEN 'ready' ELSE 'scheduled' END END,
-        finished_at = CASE WHEN c.kind IN (0, 2) THEN n.now ELSE j.finished_at END,
-        errors = CASE WHEN c.kind IN (1, 2) THEN \(appendError("c.error")) ELSE j.errors END,
+        ordering_key = CASE WHEN c.kind = 6 THEN NULL ELSE j.ordering_key END,
+        finished_at = CASE WHEN c.kind IN (0, 2, 6) THEN n.now ELSE j.finished_at END,
+        errors = CASE WHEN c.kind IN (1, 2, 6) THEN \(appendError("c.error")) ELSE j.errors END,
         run_ms = coalesce(c.ran, j.run_ms),
         output = CASE WHEN c.kind = 0 THEN c.output ELSE j.output END,
         run_at = CASE WHEN c.kind = 1
@@ -812,12 +817,12 @@ struct SQL {
         seq = CASE WHEN c.kind <> 1 THEN j.seq WHEN r.place IS NULL THEN 0
           ELSE (SELECT retry_seq FROM bump) - (SELECT count(*) FROM r) + r.place END,
         attempts = CASE WHEN c.kind = 3 THEN greatest(j.attempts - 1, 0) ELSE j.attempts END,
-        last_error = CASE WHEN c.kind = 2 THEN c.error ELSE coalesce(c.error, j.last_error) END,
+        last_error = CASE WHEN c.kind IN (2, 6) THEN c.error ELSE coalesce(c.error, j.last_error) END,
         lease_owner = NULL, lease_expires_at = NULL
-      FROM c LEFT JOIN r ON r.id = c.id, n
-      WHERE j.id = ANY(ARRAY(SELECT id FROM c WHERE kind < 4)) AND c.id = j.id
+      FROM c LEFT JOIN r ON r.id = c.id LEFT JOIN released ON released.id = c.id, n
+      WHERE j.id = ANY(ARRAY(SELECT id FROM c WHERE kind < 4 OR kind = 6)) AND c.id = j.id
       RETURNING j.id, j.claim_token, CASE WHEN c.kind = 1 THEN j.run_at END AS retry_at, j.queue AS q,
-        CASE WHEN c.kind = 0 THEN j.ordering_key END AS line
+        CASE WHEN c.kind = 0 THEN j.ordering_key WHEN c.kind = 6 THEN released.key END AS line
     ),
     \(promoteLines(schema, after: "(SELECT q, line FROM done UNION ALL SELECT q, line FROM changed) AS left_lines"))
     SELECT id, claim_token, retry_at FROM done UNION ALL SELECT id, claim_token, retry_at FROM changed

@@ -612,6 +612,13 @@ enum SQL {
     run_ms = coalesce(?3, run_ms), lease_owner = NULL, lease_expires_at = NULL
     WHERE id = ?4 AND queue = ?5 AND status = 'running' AND claim_token = ?6
     """
+  /// ``kill`` for a job that leaves its ordering key as it dies (`DeadHeadPolicy.releasesKey`): its
+  /// key is cleared and it leaves the key's line.
+  static let killReleasingKey = """
+    UPDATE jobs SET status = 'dead', last_error = ?1, errors = \(appendError("?1")), finished_at = ?2,
+    run_ms = coalesce(?3, run_ms), lease_owner = NULL, lease_expires_at = NULL, ordering_key = NULL, line = NULL
+    WHERE id = ?4 AND queue = ?5 AND status = 'running' AND claim_token = ?6
+    """
   /// Back to ready in its old place (its run date was at or before the claim), the attempt
   /// its claim counted given back.
   static let release = """

@@ -802,7 +802,13 @@ public final class SQLiteJobStore: JobStore {
         SQL.retry, .integer(runAt), .integer(now), error.map { .text(JobHistory.bounded($0)) } ?? .null, id,
         token, queue, ran)
     case .kill(let error):
-      changed = try db.run(SQL.kill, .text(JobHistory.bounded(error)), .integer(now), ran, id, queue, token)
+      let error = SQLiteValue.text(JobHistory.bounded(error))
+      if settlement.releasesOrderingKey, let found = try db.scalarText(SQL.orderingKeyOf, id, queue) {
+        changed = try db.run(SQL.killReleasingKey, error, .integer(now), ran, id, queue, token)
+        if changed > 0 { key = found }
+      } else {
+        changed = try db.run(SQL.kill, error, .integer(now), ran, id, queue, token)
+      }
     case .release(let error):
       changed = try db.run(
         SQL.release, error.map { .text(JobHistory.bounded($0)) } ?? .null, id, queue, token)

@@ -60,6 +60,10 @@ enum CLI {
           OptionSpec(
             names: ["--max-attempts"], value: "N", help: "attempts before a job is dead (default 10)"),
           OptionSpec(
+            names: ["--dead-releases-key"], value: nil,
+            help: "a job of an ordering key that dies leaves its key, and the next job of the key runs "
+              + "(by default the key waits until the dead job is retried or removed)"),
+          OptionSpec(
             names: ["--lease"], value: "S", help: "seconds a claim lasts without a heartbeat (default 60)"),
           OptionSpec(
             names: ["--until-empty"], value: nil,
@@ -731,6 +735,7 @@ enum CLI {
   static func work(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
     let concurrency = try arguments.integer("--concurrency", in: 1...1000) ?? 1
     let maxAttempts = try arguments.integer("--max-attempts", in: 1...1_000_000) ?? 10
+    let deadReleasesKey = arguments.flag("--dead-releases-key")
     let lease = try arguments.seconds("--lease", allowingZero: false) ?? .seconds(60)
     let untilEmpty = arguments.flag("--until-empty")
     let untilIdle = arguments.flag("--until-idle")
@@ -744,7 +749,7 @@ enum CLI {
     let options = Worker.Options(
       concurrency: concurrency, maxAttempts: maxAttempts, leaseDuration: lease, untilEmpty: untilEmpty,
       untilIdle: untilIdle, output: json ? .json : (isatty(STDOUT_FILENO) == 1 ? .live : .lines),
-      retention: retention)
+      retention: retention, deadHeadPolicy: deadReleasesKey ? .releasesKey : .holdsKey)
     // One watcher from here to the end: a signal while the database is awaited ends the wait; one
     // after it stops the queue.
     let signals = SignalWatcher()

@@ -27,6 +27,8 @@ final class Worker: Sendable {
     var gracePeriod: Duration = .seconds(30)
     /// How long finished jobs are kept (`--keep-completed`, `--keep-cancelled`, `--keep-dead`).
     var retention = JobRetention.default
+    /// What a dead job of an ordering key does to its key (`--dead-releases-key`).
+    var deadHeadPolicy = DeadHeadPolicy.holdsKey
   }
 
   /// Outcomes counted during one `run`.
@@ -49,6 +51,7 @@ final class Worker: Sendable {
       identifier: name, retryPolicy: options.retryPolicy, maxAttempts: options.maxAttempts,
       concurrency: options.concurrency, autoStart: false, leaseDuration: options.leaseDuration,
       retention: options.retention)
+    configuration.deadHeadPolicy = options.deadHeadPolicy
     // Storage trouble (the worker retries it with backoff) and lost leases go to standard error;
     // a job's own outcome is already reported by the event lines.
     configuration.log = { record in

@@ -90,6 +90,35 @@ import Testing
     #expect(try await sandbox.allCounts() == allCounts(completed: 2))
   }
 
+  /// With `work --dead-releases-key`, a dead job leaves its key: the later jobs of the key run,
+  /// and re-queued, the dead one runs on its own (its key cleared).
+  @Test func aDeadJobReleasesItsKeyWhenTheWorkerIsToldTo() async throws {
+    let sandbox = try Sandbox()
+    let log = sandbox.path("runs.log")
+    let flag = sandbox.path("ok")
+    let head = try await sandbox.add([
+      "exec", "--ordering-key", "K", "--", "sh", "-c", "test -e \"$1\" && echo head >> \"$2\"", "sh", flag,
+      log,
+    ])
+    _ = try await sandbox.add([
+      "exec", "--ordering-key", "K", "--", "sh", "-c", "echo tail >> \"$1\"", "sh", log,
+    ])
+    let worked = try await sandbox.run([
+      "work", "--until-empty", "--max-attempts", "1", "--dead-releases-key",
+    ])
+    #expect(worked.status == 1, "a job died: \(worked)")
+    #expect(!worked.stderr.contains("held behind"), "\(worked)")
+    #expect(logLines(log) == ["tail"], "the later job ran")
+    #expect(try await sandbox.allCounts() == allCounts(dead: 1, completed: 1))
+    #expect(try await sandbox.succeed(["help", "work"]).stdout.contains("--dead-releases-key"))
+
+    #expect(FileManager.default.createFile(atPath: flag, contents: nil))
+    try await sandbox.succeed(["retry", String(head)])
+    try await sandbox.succeed(["work", "--until-empty"])
+    #expect(logLines(log) == ["tail", "head"])
+    #expect(try await sandbox.allCounts() == allCounts(completed: 2))
+  }
+
   /// Keys that break the rules exit 2 with what to pass, for both kinds of job, and store
   /// nothing: empty, and more than 512 UTF-8 bytes (counted in bytes, not characters). (A NUL
   /// cannot be passed in an argument.) 512 bytes is taken.

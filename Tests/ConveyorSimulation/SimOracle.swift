@@ -267,6 +267,8 @@ final class SimOracle: Sendable {
         case .kill:
           facts.status = .dead
           state.finished += 1
+          // Dead, out of its key (`DeadHeadPolicy.releasesKey`): the rest of the key may run.
+          if settlement.releasesOrderingKey { facts.orderingKey = nil }
         case .release:
           facts.releases += 1
           facts.status = .waiting

@@ -265,6 +265,7 @@ final class SimWorld: Sendable {
       concurrency: concurrency, prefetch: prefetch, claimsAhead: claimsAhead, leaseDuration: lease,
       pollInterval: poll, timeLimit: timeLimit, timeLimitGrace: grace, retention: retention, clock: clock)
     configuration.runtime = .simulated(executor: process.executor, clock: clock)
+    configuration.deadHeadPolicy = scenario.deadReleasesKey ? .releasesKey : .holdsKey
     let id = process.id
     oracle.started(process: id, wall: clock.now())
     let queue = try! JobQueue<SimItem>(configuration: configuration, store: process.store) {

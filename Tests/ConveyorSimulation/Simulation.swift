@@ -48,6 +48,8 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
   /// The queue's stored rate, set with the concurrency limit and kept through its changes; nil:
   /// none.
   public var rate: RateLimit? = nil
+  /// Whether the workers' dead jobs release their ordering keys (`DeadHeadPolicy.releasesKey`).
+  public var deadReleasesKey = false
 
   /// A defect built into the simulated store on purpose, to show that the checks catch it (nil:
   /// the store keeps its contract).
@@ -73,6 +75,7 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
     scenario.limitChangesPerMinute = scenario.concurrencyLimit == nil ? 0 : random.pick([0, 2, 6])
     // Drawn after the rest, so the other knobs are those each seed drew before rates.
     scenario.rate = random.pick([nil, nil, nil, RateLimit(perSecond: 8), RateLimit(perSecond: 40, burst: 6)])
+    scenario.deadReleasesKey = random.pick([false, false, true])
     return scenario
   }
 
@@ -106,6 +109,7 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
       $0.limitChangesPerMinute = 0
     }
     with { $0.rate = nil }
+    with { $0.deadReleasesKey = false }
     return options
   }
 
@@ -117,7 +121,7 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
       + "schedule every \(scheduleEvery.map { "\($0)" } ?? "-"), schedule pauses/min \(schedulePausesPerMinute), "
       + "clock jump \(clockJump.map { "\($0)" } ?? "-"), "
       + "concurrency limit \(concurrencyLimit.map(String.init) ?? "-"), limit changes/min \(limitChangesPerMinute), "
-      + "rate \(rate.map(\.description) ?? "-")"
+      + "rate \(rate.map(\.description) ?? "-"), dead releases key \(deadReleasesKey)"
       + (defect.map { ", defect \($0)" } ?? "")
   }
 }

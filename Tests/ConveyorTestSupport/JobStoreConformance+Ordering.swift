@@ -105,6 +105,51 @@ extension JobStoreConformance {
       batch = try await claim(store, limit: 10, settling: [settle(batch.claimed[0], .complete)], now: 8)
       try expect(texts(batch) == ["a3"], "then a3: \(texts(batch))")
     },
+    check(
+      "ordering key: a head that dies releasing its key lets the next job run; re-queued, it runs outside it"
+    ) {
+      store in
+      let added = try await store.enqueue(
+        [ordered("a1"), ordered("a2"), ordered("a3"), ordered("b1", "L"), ordered("b2", "L")], queue: "q",
+        clock: now(0))
+      let heads = try await claim(store, limit: 10, now: 1).claimed
+      try expect(Set(heads.map(text)) == ["a1", "b1"], "the heads: \(heads.map(text))")
+      let a1 = heads.first { text($0) == "a1" }!
+      let b1 = heads.first { text($0) == "b1" }!
+      var releasing = settle(a1, .kill(error: "gone for good"))
+      releasing.releasesOrderingKey = true
+      // b1 dies holding its key, as before: b2 stays held.
+      var batch = try await claim(
+        store, limit: 10, settling: [releasing, settle(b1, .kill(error: "broken"))], now: 2)
+      try expect(texts(batch) == ["a2"], "a2 runs once a1 died releasing the key; b2 waits: \(texts(batch))")
+      let dead = try await store.job(added[0].id)
+      try expect(
+        dead?.status == .dead && dead?.orderingKey == nil && dead?.lastError == "gone for good",
+        "a1 is dead, its key cleared: \(String(describing: dead))")
+      let b1Dead = try await store.job(added[3].id)
+      try expect(b1Dead?.orderingKey == "L", "b1 keeps its key: \(String(describing: b1Dead))")
+      let counts = try await store.counts(queue: "q", clock: now(2))
+      try expect(counts == JobCounts(running: 1, dead: 2, held: 2), "a2 running; a3, b2 held: \(counts)")
+      // Re-queued, a1 runs beside a2, outside the key's order; a3 still waits for a2.
+      let requeued = try await store.requeueDead([added[0].id], queue: "q", clock: now(3))
+      try expect(requeued == 1, "re-queued: \(requeued)")
+      try expect(try await store.job(added[0].id)?.isHeld == false, "not held: it is in no key")
+      batch = try await claim(store, limit: 10, owner: "w2", now: 4)
+      try expect(texts(batch) == ["a1"], "a1 runs at once: \(texts(batch))")
+      let a2 = try expectOne(
+        try await store.jobs(queue: "q", status: .running, after: nil, limit: 10).filter {
+          text($0) == "a2"
+        })
+      batch = try await claim(store, limit: 10, settling: [settle(a2, .complete)], now: 5)
+      try expect(texts(batch) == ["a3"], "then a3, after a2: \(texts(batch))")
+      // A release flag on anything but a kill changes nothing.
+      var retry = settle(batch.claimed[0], .retry(after: .seconds(60), error: "later"))
+      retry.releasesOrderingKey = true
+      _ = try await claim(store, limit: 0, settling: [retry], now: 6)
+      let a3 = try await store.job(added[2].id)
+      try expect(
+        a3?.orderingKey == "K" && a3?.status == .pending, "a retry keeps the key: \(String(describing: a3))")
+    },
     check("ordering key: re-queueing every dead job puts each dead head back first") { store in
       _ = try await store.enqueue(
         [ordered("a1"), ordered("a2"), ordered("b1", "L"), ordered("b2", "L")], queue: "q", clock: now(0))

@@ -23,6 +23,37 @@ extension QueueEngineConformance {
 
   /// Ordering keys through a queue, on every store.
   static let orderingChecks: [JobStoreCheck] = [
+    check("a queue whose dead heads release their key runs the rest of the key; by default the key waits") {
+      store in
+      for policy in DeadHeadPolicy.allCases {
+        var configuration = configuration("dead-\(policy.rawValue)")
+        configuration.autoStart = false
+        configuration.deadHeadPolicy = policy
+        let runs = Runs()
+        let queue = try JobQueue<Lined>(configuration: configuration, store: store) { item, _ in
+          runs.append(item.name)
+          return item.name == "first" ? .discard(reason: "gone for good") : .handled
+        }
+        let added = try await queue.add(
+          contentsOf: ["first", "second", "third"].map { Lined(name: $0, key: "k") })
+        queue.start()
+        await queue.waitUntilFinished()
+        await queue.shutdown()
+        let dead = try await store.job(added[0].id)
+        switch policy {
+        case .holdsKey:
+          try expect(runs.all == ["first"], "the key waits behind its dead head: \(runs.all)")
+          try expect(dead?.orderingKey == "k", "the dead head keeps its key: \(String(describing: dead))")
+          let counts = try await store.counts(queue: configuration.identifier, clock: SystemJobClock())
+          try expect(counts.held == 2 && counts.dead == 1, "two held behind it: \(counts)")
+        case .releasesKey:
+          try expect(runs.all == ["first", "second", "third"], "the key goes on, in order: \(runs.all)")
+          try expect(
+            dead?.status == .dead && dead?.orderingKey == nil,
+            "dead, out of its key: \(String(describing: dead))")
+        }
+      }
+    },
     check("a queue at concurrency 4 runs each key's jobs one at a time, in order, retries included") {
       store in
       var configuration = configuration()

@@ -667,6 +667,11 @@ extension InMemoryJobStore {
       case .kill(let error):
         if settlement.keepsHistory {
           finish(record.id, as: .dead, now: now, error: error, runDuration: settlement.runDuration)
+          // The dead job leaves its key (``DeadHeadPolicy/releasesKey``): the next job may run.
+          if settlement.releasesOrderingKey, let key = record.orderingKey {
+            jobs[record.id]?.record.orderingKey = nil
+            leaveLine(record.id, key: key)
+          }
         } else {
           delete(record.id)
         }

@@ -650,6 +650,9 @@ extension JobQueue {
       var settlement = JobSettlement(
         claim: record.claim, action: action, runDuration: ran, output: output, keepsHistory: keeps)
       settlement.ordered = record.orderingKey != nil
+      if case .kill = action, record.orderingKey != nil {
+        settlement.releasesOrderingKey = configuration.deadHeadPolicy == .releasesKey
+      }
       return PendingSettlement(settlement: settlement, event: event)
     }
     func release(_ why: String) -> PendingSettlement {

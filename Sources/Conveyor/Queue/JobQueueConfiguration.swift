@@ -104,6 +104,10 @@ public struct JobQueueConfiguration: Sendable {
   /// older ones (``JobRetention``). Default ``JobRetention/default``: completed 1 day, cancelled
   /// 7 days, dead 30 days.
   public var retention: JobRetention
+  /// What a job of an ordering key that dies does to the later jobs of its key (see
+  /// <doc:OrderingKeys>). Default ``DeadHeadPolicy/holdsKey``: they wait until an operator
+  /// re-queues or removes it.
+  public var deadHeadPolicy: DeadHeadPolicy = .holdsKey
   /// The time source. Default: ``SystemJobClock``.
   public var clock: any JobClock
   /// Receives the queue's log records. Payloads are never logged. Default: nil (silent).
@@ -215,6 +219,19 @@ public struct JobQueueConfiguration: Sendable {
       throw .invalidIdentifier(identifier)
     }
   }
+}
+
+/// What a job of an ordering key that dies (its attempts spent, its payload undecodable, or
+/// discarded by its handler) does to the later jobs of its key.
+public enum DeadHeadPolicy: String, Sendable, Hashable, Codable, CaseIterable {
+  /// The dead job keeps its key: the later jobs wait until an operator re-queues it (it runs first
+  /// again) or removes it. The default: a DELETE never overtakes a POST that failed for good.
+  case holdsKey
+  /// The dead job leaves its key, and the next job of the key runs. Its ordering key is cleared
+  /// (``JobRecord/orderingKey`` is nil from then on), so a re-queue runs it outside its key's
+  /// order, beside the key's other jobs. For keys whose jobs do not depend on each other's
+  /// success, only on not running at once.
+  case releasesKey
 }
 
 /// Errors a ``JobQueue`` reports before touching the store.

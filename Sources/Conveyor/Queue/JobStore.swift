@@ -323,6 +323,11 @@ public struct JobSettlement: Sendable, Hashable {
   /// Whether a job that finishes by this settlement (completed or dead) is kept as history;
   /// false deletes it (the queue's ``JobRetention`` keeps none of that status).
   public var keepsHistory: Bool
+  /// For ``Action/kill(error:)`` of a job in its ordering key's line: whether the dead job leaves
+  /// its key (its ``JobRecord/orderingKey`` is cleared) and the next job of the key may run, as
+  /// ``DeadHeadPolicy/releasesKey`` asks. False (the default) keeps the key held by the dead job.
+  /// Ignored for other actions. A store written before this flag keeps the key held.
+  public var releasesOrderingKey = false
   /// Whether the claimed record had an ordering key: a hint a store may use to pick the statement
   /// it tries first. A store's outcome never depends on it.
   package var ordered = false
