@@ -156,7 +156,7 @@ struct DashboardPages: Sendable {
         <td class="count" data-field="scheduled"><a href="\(html(link))&amp;state=scheduled">\(queue.scheduled)</a></td>
         <td class="count" data-field="held"><a href="\(html(link))&amp;state=held">\(queue.held)</a></td>
         <td class="count" data-field="running"><a href="\(html(link))&amp;state=running">\(queue.running)</a></td>
-        <td class="count" data-field="concurrency" title="\(html(limitTitle(queue.concurrency)))">\(queue.concurrency.map(String.init) ?? "—")</td>
+        <td class="count" data-field="concurrency" title="\(html(limitTitle(queue.concurrency, rate: queue.rate)))">\(queue.concurrency.map(String.init) ?? "—")</td>
         <td class="count\(queue.dead > 0 ? " dead" : "")" data-field="dead"><a href="\(html(link))&amp;state=dead">\(queue.dead)</a></td>
         <td class="count" data-field="completed"><a href="\(html(link))&amp;state=completed">\(queue.completed)</a></td>
         <td class="count" data-field="cancelled"><a href="\(html(link))&amp;state=cancelled">\(queue.cancelled)</a></td>
@@ -192,9 +192,11 @@ struct DashboardPages: Sendable {
   }
 
   /// What a queue's "Limit" cell says when hovered.
-  func limitTitle(_ concurrency: Int?) -> String {
-    concurrency.map { "At most \($0) running at once, across every worker" }
+  func limitTitle(_ concurrency: Int?, rate: RateLimit? = nil) -> String {
+    let limit =
+      concurrency.map { "At most \($0) running at once, across every worker" }
       ?? "No concurrency limit (set one with conveyor limits set --concurrency N)"
+    return limit + (rate.map { "; at most \($0) starting" } ?? "")
   }
 
   /// The line under a queue's counts on its jobs page naming its concurrency limit, and why

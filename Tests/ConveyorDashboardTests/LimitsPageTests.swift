@@ -96,6 +96,12 @@ import Testing
         "Concurrency limit: at most 2 running at once, across every worker. Rate limit: at most 30/min "
           + "(bursts of 4) starting, across every worker.</p>"), "\(page)")
     #expect(!(await get("/jobs?queue=sms")).body.contains("Rate limit"))
+    let queuesPage = await get("/").body
+    #expect(
+      queuesPage.contains(
+        #"title="At most 2 running at once, across every worker; at most 30/min (bursts of 4) starting">2</td>"#
+      ),
+      "the queues page names the rate where it names the limit: \(queuesPage)")
 
     let api = await get("/api/queues")
     let body = try #require(try JSONSerialization.jsonObject(with: api.response.body) as? [String: Any])
