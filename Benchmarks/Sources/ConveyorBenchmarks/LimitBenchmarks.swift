@@ -73,7 +73,9 @@ func runLimitBenchmarks() async throws {
 func runRateBenchmarks(
   postgres newStore: (() async throws -> PostgresJobStore)?, sqlite newPath: () -> String
 ) async throws {
-  section("Rate limits: JobQueue drain c4 under a stored rate of 1,000,000/s, bursts of 1,000 (best of 3, interleaved)")
+  section(
+    "Rate limits: JobQueue drain c4 under a stored rate of 1,000,000/s, bursts of 1,000 (best of 3, interleaved)"
+  )
   let rate = RateLimit(perSecond: 1_000_000, burst: 1_000)
   let count = 20_000
   let (sqliteRated, sqlitePlain) = try await interleaved(repeats: 3) {
