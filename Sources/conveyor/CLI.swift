@@ -775,6 +775,7 @@ enum CLI {
     let counts = try await queue.count()
     let paused = try await store.isPaused(queue: context.queue)
     let limits = try await store.limits(queue: context.queue)
+    let rateWait = try await LimitsCommands.rateWait(limits, counts, store: store, queue: context.queue)
     // Handlers reported stuck in the last hour, as the workers counted them (their activity).
     let stuck = try await store.activity(since: Date().addingTimeInterval(-3_600), limit: 100_000)
       .filter { $0.queue == context.queue }.reduce(Int64(0)) { $0 &+ $1.stuck }
@@ -789,12 +790,20 @@ enum CLI {
         var limits: QueueLimits?
         /// Whether the concurrency limit keeps ready jobs waiting; absent without a limit.
         var limitReached: Bool?
+        /// Whether the rate keeps ready jobs waiting for its next start; absent without a rate.
+        var rateReached: Bool?
+        /// Seconds until that next start; absent unless `rateReached`.
+        var nextStartIn: Double?
       }
       try printJSON(
         Status(
           database: context.databaseDescription, queue: context.queue, paused: paused, counts: counts,
           stuckInTheLastHour: stuck, limits: limits.isEmpty ? nil : limits,
-          limitReached: limits.isEmpty ? nil : LimitsCommands.reachedText(limits, counts) != nil))
+          limitReached: limits.isEmpty ? nil : LimitsCommands.reachedText(limits, counts) != nil,
+          rateReached: limits.rate == nil ? nil : rateWait != nil,
+          nextStartIn: rateWait.map {
+            Double($0.components.seconds) + Double($0.components.attoseconds) / 1e18
+          }))
     } else {
       output("database  \(printable(context.databaseDescription))")
       output("queue     \(context.queue)\(paused ? " (paused)" : "")")
@@ -818,6 +827,9 @@ enum CLI {
       }
       if let reason = LimitsCommands.reachedText(limits, counts) {
         output("waiting   \(reason)")
+      }
+      if let rateWait {
+        output("waiting   \(LimitsCommands.rateReachedText(limits, counts, wait: rateWait))")
       }
       if stuck > 0 {
         output(

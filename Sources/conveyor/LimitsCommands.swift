@@ -200,11 +200,43 @@ enum LimitsCommands {
       output("queue \(name): no limits (\(counts.running) running)")
     }
     if let reason = reachedText(limits, counts) { output(reason) }
+    let store = try context.openStore()
+    if let wait = try await rateWait(limits, counts, store: store, queue: context.queue) {
+      output(rateReachedText(limits, counts, wait: wait))
+    }
     if let concurrency = limits.concurrency, counts.running > concurrency {
       output(
         "\(counts.running) running is more than the limit: none is stopped, and no job is claimed "
           + "until fewer than \(concurrency) run")
     }
+  }
+
+  /// How long until the rate gives its next start, when that is what keeps ready jobs waiting:
+  /// the queue has a rate and ready jobs, and its next wake is later than now (ready jobs are due,
+  /// so only an empty bucket puts it later). Nil otherwise, and while the concurrency limit is
+  /// reached (the store then gives no run date at all).
+  static func rateWait(_ limits: QueueLimits, _ counts: JobCounts, store: any JobStore, queue: String)
+    async throws -> Duration?
+  {
+    guard limits.rate != nil, counts.ready > 0 else { return nil }
+    let clock = SystemJobClock()
+    guard let run = try await store.nextWake(queue: queue, clock: clock).nextRun else { return nil }
+    let seconds = run.timeIntervalSince(clock.now())
+    return seconds > 0.001 ? .milliseconds(Int64((seconds * 1000).rounded(.up))) : nil
+  }
+
+  /// What `status` and `limits` say when the rate keeps ready jobs waiting for `wait`.
+  static func rateReachedText(_ limits: QueueLimits, _ counts: JobCounts, wait: Duration) -> String {
+    let seconds = Double(wait.components.seconds) + Double(wait.components.attoseconds) / 1e18
+    let shown =
+      seconds < 60
+      ? String(format: "%.1f s", seconds)
+      : seconds < 3_600
+        ? "\(Int(seconds / 60)) min \(Int(seconds) % 60) s"
+        : "\(Int(seconds / 3_600)) h \(Int(seconds) % 3_600 / 60) min"
+    let rate = limits.rate.map(\.description) ?? "?"
+    return "rate limit of \(rate) reached: \(counts.ready) ready job\(counts.ready == 1 ? "" : "s") "
+      + "wait\(counts.ready == 1 ? "s" : "") for the next start, in \(shown)"
   }
 
   /// What `status` and `limits` say when the concurrency limit keeps ready jobs waiting; nil

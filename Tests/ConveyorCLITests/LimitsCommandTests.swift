@@ -134,6 +134,32 @@ import Testing
     #expect(burstAlone.status == 2 && burstAlone.stderr.contains("--burst needs a rate"), "\(burstAlone)")
   }
 
+  /// `status` and `limits` say when the rate is what keeps ready jobs waiting, and for how long.
+  @Test func statusSaysWhenTheRateKeepsReadyJobsWaiting() async throws {
+    let sandbox = try Sandbox()
+    for _ in 0..<3 { try await sandbox.add(["exec", "--", "true"]) }
+    try await sandbox.succeed(["limits", "set", "--rate", "1/h"])
+    var status = try await sandbox.succeed(["status", "--json"]).object()
+    #expect(
+      status["rateReached"] as? Bool == false && status["nextStartIn"] == nil, "a start is there: \(status)")
+    // Another process takes the hour's one start.
+    #expect(try await claim(1, in: sandbox) == 1)
+    let lines = try await sandbox.succeed(["status"]).lines
+    let waiting = lines.first {
+      $0.hasPrefix("waiting   rate limit of 1/h reached: 2 ready jobs wait for the next start, in ")
+    }
+    #expect(waiting?.contains(" min ") == true, "\(lines)")
+    status = try await sandbox.succeed(["status", "--json"]).object()
+    #expect(status["rateReached"] as? Bool == true, "\(status)")
+    let wait = status["nextStartIn"] as? Double ?? 0
+    #expect(wait > 3_000 && wait <= 3_600, "about an hour: \(status)")
+    let shown = try await sandbox.succeed(["limits"]).lines
+    #expect(shown.contains { $0.hasPrefix("rate limit of 1/h reached: 2 ready jobs wait") }, "\(shown)")
+    try await sandbox.succeed(["limits", "set", "--rate", "none"])
+    status = try await sandbox.succeed(["status", "--json"]).object()
+    #expect(status["rateReached"] == nil && status["nextStartIn"] == nil, "no rate, no word of it: \(status)")
+  }
+
   /// What no `RateLimit` can be is refused by the file itself (a hand edit, another tool): the
   /// rate's columns check their range, and a worker still runs the queue.
   @Test func theFileRefusesARateOutOfRange() async throws {
