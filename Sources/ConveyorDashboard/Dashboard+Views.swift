@@ -121,7 +121,7 @@ extension Dashboard {
     return DashboardResponse(status: 200, headers: [("Content-Type", "application/json")], body: body)
   }
 
-  /// Prometheus text format 0.0.4: jobs by queue and state, the pause flag, the concurrency limit,
+  /// Prometheus text format 0.0.4: jobs by queue and state, the pause flag, the stored limits,
   /// the oldest ready job's age and the last hour's activity.
   func metrics() async throws -> DashboardResponse {
     let activity = try await recentActivity(now: Date())
@@ -140,45 +140,30 @@ extension Dashboard {
         lines.append("conveyor_jobs{queue=\"\(label)\",state=\"\(state)\"} \(value)")
       }
     }
-    lines += [
-      "# HELP conveyor_queue_paused 1 when the queue's stored pause flag is set.",
-      "# TYPE conveyor_queue_paused gauge",
-    ]
-    for queue in summaries {
-      lines.append(
-        "conveyor_queue_paused{queue=\"\(Self.prometheusLabel(queue.name))\"} \(queue.paused ? 1 : 0)")
+    /// A gauge of one sample per queue that has a value (none for the others).
+    func gauge(_ name: String, _ help: String, _ value: (QueueSummary) -> String?) {
+      lines += ["# HELP \(name) \(help)", "# TYPE \(name) gauge"]
+      for queue in summaries {
+        guard let value = value(queue) else { continue }
+        lines.append("\(name){queue=\"\(Self.prometheusLabel(queue.name))\"} \(value)")
+      }
     }
-    lines += [
-      "# HELP conveyor_queue_concurrency_limit The most jobs of the queue that may run at once, across "
-        + "every worker (no sample for a queue without a limit).",
-      "# TYPE conveyor_queue_concurrency_limit gauge",
-    ]
-    for queue in summaries {
-      guard let concurrency = queue.concurrency else { continue }
-      lines.append(
-        "conveyor_queue_concurrency_limit{queue=\"\(Self.prometheusLabel(queue.name))\"} \(concurrency)")
-    }
-    lines += [
-      "# HELP conveyor_queue_rate_limit_per_second The most starts a second of the queue's jobs, across "
-        + "every worker (no sample for a queue without a rate).",
-      "# TYPE conveyor_queue_rate_limit_per_second gauge",
-    ]
-    for queue in summaries {
-      guard let rate = queue.rate else { continue }
-      lines.append(
-        "conveyor_queue_rate_limit_per_second{queue=\"\(Self.prometheusLabel(queue.name))\"} \(rate.perSecond)"
-      )
-    }
-    lines += [
-      "# HELP conveyor_queue_rate_limit_burst The most of the queue's jobs that may start at once after a "
-        + "quiet spell (no sample for a queue without a rate).",
-      "# TYPE conveyor_queue_rate_limit_burst gauge",
-    ]
-    for queue in summaries {
-      guard let rate = queue.rate else { continue }
-      lines.append(
-        "conveyor_queue_rate_limit_burst{queue=\"\(Self.prometheusLabel(queue.name))\"} \(rate.burst)")
-    }
+    gauge("conveyor_queue_paused", "1 when the queue's stored pause flag is set.") { $0.paused ? "1" : "0" }
+    gauge(
+      "conveyor_queue_concurrency_limit",
+      "The most jobs of the queue that may run at once, across every worker (no sample for a queue "
+        + "without a limit)."
+    ) { $0.concurrency.map(String.init) }
+    gauge(
+      "conveyor_queue_rate_limit_per_second",
+      "The most starts a second of the queue's jobs, across every worker (no sample for a queue without "
+        + "a rate)."
+    ) { $0.rate.map { "\($0.perSecond)" } }
+    gauge(
+      "conveyor_queue_rate_limit_burst",
+      "The most of the queue's jobs that may start at once after a quiet spell (no sample for a queue "
+        + "without a rate)."
+    ) { $0.rate.map { String($0.burst) } }
     lines += [
       "# HELP conveyor_queue_oldest_ready_age_seconds How long the queue's oldest ready job has waited "
         + "since its run date (0 when none is ready).",

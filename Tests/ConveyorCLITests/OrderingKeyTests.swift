@@ -60,10 +60,9 @@ import Testing
     #expect(ofK == ["start A", "end A", "start B", "end B"], "K's jobs in order, never at once: \(lines)")
   }
 
-  /// A dead job holds the later jobs of its key: `work --until-empty` stops and says so, and they
-  /// run once it is re-queued with `retry`.
-  @Test func aDeadJobHoldsItsKeyUntilItIsRetried() async throws {
-    let sandbox = try Sandbox()
+  /// Two jobs of key K: the head appends "head" to the log only once the flag file exists (it
+  /// fails until then), the tail appends "tail". Returns the head's ID, the log and the flag.
+  private func headAndTail(in sandbox: Sandbox) async throws -> (head: Int, log: String, flag: String) {
     let log = sandbox.path("runs.log")
     let flag = sandbox.path("ok")
     let head = try await sandbox.add([
@@ -73,6 +72,14 @@ import Testing
     _ = try await sandbox.add([
       "exec", "--ordering-key", "K", "--", "sh", "-c", "echo tail >> \"$1\"", "sh", log,
     ])
+    return (head, log, flag)
+  }
+
+  /// A dead job holds the later jobs of its key: `work --until-empty` stops and says so, and they
+  /// run once it is re-queued with `retry`.
+  @Test func aDeadJobHoldsItsKeyUntilItIsRetried() async throws {
+    let sandbox = try Sandbox()
+    let (head, log, flag) = try await headAndTail(in: sandbox)
     let failed = try await sandbox.run(["work", "--until-empty", "--max-attempts", "1"])
     #expect(failed.status == 1, "\(failed)")
     #expect(
@@ -94,15 +101,7 @@ import Testing
   /// and re-queued, the dead one runs on its own (its key cleared).
   @Test func aDeadJobReleasesItsKeyWhenTheWorkerIsToldTo() async throws {
     let sandbox = try Sandbox()
-    let log = sandbox.path("runs.log")
-    let flag = sandbox.path("ok")
-    let head = try await sandbox.add([
-      "exec", "--ordering-key", "K", "--", "sh", "-c", "test -e \"$1\" && echo head >> \"$2\"", "sh", flag,
-      log,
-    ])
-    _ = try await sandbox.add([
-      "exec", "--ordering-key", "K", "--", "sh", "-c", "echo tail >> \"$1\"", "sh", log,
-    ])
+    let (head, log, flag) = try await headAndTail(in: sandbox)
     let worked = try await sandbox.run([
       "work", "--until-empty", "--max-attempts", "1", "--dead-releases-key",
     ])

@@ -323,32 +323,13 @@ struct ExplainTests {
   /// lowered far below its running jobs read the limit's worth of running jobs, not all of them,
   /// with a rate limit beside it.
   @Test func aLimitLoweredFarBelowTheRunningJobsCostsTheLimitsWorth() async throws {
-    let (schema, store, admin) = try await plansStore()
-    let sql = store.sql
-    let now = "date_trunc('milliseconds', now())"
-    // 50,000 running under an hour's lease, then 1,000 ready.
-    try await admin.queryOffPool(
-      """
-      INSERT INTO \(schema).jobs (queue, payload, status, run_at, created_at, lease_owner, lease_expires_at)
-      SELECT 'big', '\\x7b7d'::bytea, CASE WHEN i <= 50000 THEN 'running' ELSE 'ready' END,
-        \(now) - interval '1 minute', \(now), CASE WHEN i <= 50000 THEN 'w' END,
-        CASE WHEN i <= 50000 THEN \(now) + interval '1 hour' END
-      FROM generate_series(1, 51000) AS i
-      """)
-    // With a rate too: its bucket reads the queue's row alone.
-    try await store.setLimits(
-      QueueLimits(concurrency: 10, rate: RateLimit(perSecond: 1000, burst: 100)), queue: "big")
-    try await admin.queryOffPool("VACUUM ANALYZE \(schema).jobs")
+    // 50,000 running under an hour's lease, then 1,000 ready; with a rate too: its bucket reads
+    // the queue's row alone.
+    let (store, admin) = try await limitedQueue(
+      running: 50_000, ready: 1_000,
+      limits: QueueLimits(concurrency: 10, rate: RateLimit(perSecond: 1000, burst: 100)))
     try admin.query("SET enable_seqscan = off; SET enable_mergejoin = off")
-    let statements = [
-      (
-        "limitedClaim", "(text, int8, text, int8, timestamptz, int8) AS \(sql.limitedClaim)",
-        "('big', 100, 'w', 60000, NULL, NULL)"
-      ),
-      ("limitFull", "(text, int8) AS \(sql.limitFull)", "('big', NULL)"),
-      ("nextWake", "(text, timestamptz, int8) AS \(sql.nextWake)", "('big', NULL, NULL)"),
-    ]
-    for (number, (name, prepare, execute)) in statements.enumerated() {
+    for (number, (name, prepare, execute)) in Self.limitStatements(store.sql).enumerated() {
       // As after `limitLock` took the lock: the limited statements run only then.
       for (mode, plan) in try analyzedPlans(
         admin, "lowered_\(number)", prepare: prepare, execute: execute,
@@ -369,28 +350,9 @@ struct ExplainTests {
   /// A queue with a rate and no concurrency limit: its limited claim, its check for a full queue
   /// and its next wake count none of its running jobs (there is no limit to count them against).
   @Test func aRateWithoutAConcurrencyLimitCountsNoRunningJob() async throws {
-    let (schema, store, admin) = try await plansStore()
-    let sql = store.sql
-    let now = "date_trunc('milliseconds', now())"
-    try await admin.queryOffPool(
-      """
-      INSERT INTO \(schema).jobs (queue, payload, status, run_at, created_at, lease_owner, lease_expires_at)
-      SELECT 'big', '\\x7b7d'::bytea, CASE WHEN i <= 5000 THEN 'running' ELSE 'ready' END,
-        \(now) - interval '1 minute', \(now), CASE WHEN i <= 5000 THEN 'w' END,
-        CASE WHEN i <= 5000 THEN \(now) + interval '1 hour' END
-      FROM generate_series(1, 5100) AS i
-      """)
-    try await store.setLimits(QueueLimits(rate: RateLimit(perSecond: 1000, burst: 100)), queue: "big")
-    try await admin.queryOffPool("VACUUM ANALYZE \(schema).jobs")
-    let statements = [
-      (
-        "limitedClaim", "(text, int8, text, int8, timestamptz, int8) AS \(sql.limitedClaim)",
-        "('big', 100, 'w', 60000, NULL, NULL)"
-      ),
-      ("limitFull", "(text, int8) AS \(sql.limitFull)", "('big', NULL)"),
-      ("nextWake", "(text, timestamptz, int8) AS \(sql.nextWake)", "('big', NULL, NULL)"),
-    ]
-    for (number, (name, prepare, execute)) in statements.enumerated() {
+    let (store, admin) = try await limitedQueue(
+      running: 5_000, ready: 100, limits: QueueLimits(rate: RateLimit(perSecond: 1000, burst: 100)))
+    for (number, (name, prepare, execute)) in Self.limitStatements(store.sql).enumerated() {
       for (mode, plan) in try analyzedPlans(
         admin, "rate_only_\(number)", prepare: prepare, execute: execute,
         first: "SELECT set_config('\(SQL.limitLocked)', 'on', true)")
@@ -400,6 +362,39 @@ struct ExplainTests {
       }
     }
     await store.close()
+  }
+
+  /// A store whose queue `big` holds `running` jobs under an hour's lease and `ready` more, under
+  /// `limits`, its statistics fresh.
+  private func limitedQueue(running: Int, ready: Int, limits: QueueLimits) async throws -> (
+    store: PostgresJobStore, admin: AdminConnection
+  ) {
+    let (schema, store, admin) = try await plansStore()
+    let now = "date_trunc('milliseconds', now())"
+    try await admin.queryOffPool(
+      """
+      INSERT INTO \(schema).jobs (queue, payload, status, run_at, created_at, lease_owner, lease_expires_at)
+      SELECT 'big', '\\x7b7d'::bytea, CASE WHEN i <= \(running) THEN 'running' ELSE 'ready' END,
+        \(now) - interval '1 minute', \(now), CASE WHEN i <= \(running) THEN 'w' END,
+        CASE WHEN i <= \(running) THEN \(now) + interval '1 hour' END
+      FROM generate_series(1, \(running + ready)) AS i
+      """)
+    try await store.setLimits(limits, queue: "big")
+    try await admin.queryOffPool("VACUUM ANALYZE \(schema).jobs")
+    return (store, admin)
+  }
+
+  /// The statements of a claim under limits, each with its name, its parameters' types (`PREPARE`)
+  /// and its arguments for queue `big` (`EXECUTE`).
+  private static func limitStatements(_ sql: SQL) -> [(name: String, prepare: String, execute: String)] {
+    [
+      (
+        "limitedClaim", "(text, int8, text, int8, timestamptz, int8) AS \(sql.limitedClaim)",
+        "('big', 100, 'w', 60000, NULL, NULL)"
+      ),
+      ("limitFull", "(text, int8) AS \(sql.limitFull)", "('big', NULL)"),
+      ("nextWake", "(text, timestamptz, int8) AS \(sql.nextWake)", "('big', NULL, NULL)"),
+    ]
   }
 
   /// `EXPLAIN ANALYZE` of `prepare` (prepared as `name`) executed with `execute`, under a custom

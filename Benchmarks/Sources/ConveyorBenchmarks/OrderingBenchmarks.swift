@@ -95,12 +95,8 @@ func orderedStoreDrain(_ store: any JobStore, count: Int, keys: Int?) async thro
 /// With `timingTheAdd`, the seconds include adding the jobs (1,000 per call); with a
 /// `concurrencyLimit`, the queue's stored limit is set to it first.
 func orderedDrain(
-  _ store: any JobStore, count: Int, keys: Int?, timingTheAdd: Bool = false, concurrencyLimit: Int? = nil,
-  rate: RateLimit? = nil
+  _ store: any JobStore, count: Int, keys: Int?, timingTheAdd: Bool = false
 ) async throws -> Double {
-  if concurrencyLimit != nil || rate != nil {
-    try await store.setLimits(QueueLimits(concurrency: concurrencyLimit, rate: rate), queue: "bench")
-  }
   let added = ContinuousClock.now
   try await addOrdered(store, count: count, keys: keys)
   let configuration = JobQueueConfiguration(identifier: "bench", concurrency: 4, autoStart: false)
