@@ -131,7 +131,8 @@ extension PostgresJobStore {
   /// The time schedules are judged by: the server's (`Clock.database`) or the caller's, to the
   /// millisecond.
   private static func scheduleNow(_ db: Connection, clock: any JobClock, server: Bool) throws -> Date {
-    guard server else { return JobStoreTime.normalized(clock.now()) }
+    // Never past the clock: a slot is not fired before its time (see `normalizedDown`).
+    guard server else { return JobStoreTime.normalizedDown(clock.now()) }
     guard let now = try db.execute(SQL.serverNow).date(0, 0) else {
       throw PostgresError(code: .protocolViolation, message: "the server did not say what time it is")
     }

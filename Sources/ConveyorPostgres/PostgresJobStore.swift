@@ -67,6 +67,13 @@ public final class PostgresJobStore: JobStore {
     public var schema: String
     /// Whose clock dates leases and run dates. Default ``Clock/database``.
     public var clock: Clock
+    /// With the caller's clock, the shortest time a claim's transaction may have run before it
+    /// reached its queue's limit lock (a settlement that waited for an ordering key's lock, a slow
+    /// statement) for a rate to count the claim's start from then, not from the caller's reading
+    /// before it was sent; the wait for the limit lock itself always counts. Shorter runs are the
+    /// usual cost of the statements before, which a caller's clock should not drift by. Nil: never
+    /// (tests on a fixed clock). Default 10 ms.
+    package var claimDelayCounted: Duration? = .milliseconds(10)
     /// How long a call keeps trying to open a broken connection again before it fails. Default
     /// 60 seconds; not negative. A call always makes one whole attempt to connect (bounded by the
     /// URL's `connect_timeout`, 30 s without one), even when this is zero.
@@ -838,6 +845,9 @@ public final class PostgresJobStore: JobStore {
   ) async throws -> ClaimBatch {
     let sql = self.sql
     let useCaller = options.clock == .caller
+    let delayCounted: PostgresValue =
+      options.claimDelayCounted.map { .int64(JobStoreTime.milliseconds($0) * 1000) }
+      ?? .null(oid: PostgresValue.int8OID)
     let leaseMilliseconds = JobStoreTime.milliseconds(lease.duration)
     // Completions alone (a worker's usual batch) take a smaller statement.
     let completions = Self.completions(settlements)
@@ -881,7 +891,13 @@ public final class PostgresJobStore: JobStore {
           now,
         ]
         statements += [
-          (sql.limitLock, [.text(queue)]), (sql.claim, claim), (sql.limitedClaim, claim + [micros]),
+          (
+            sql.limitLock,
+            [
+              .text(queue),
+              delayCounted,
+            ]
+          ), (sql.claim, claim), (sql.limitedClaim, claim + [micros]),
           (sql.limitFull, [.text(queue), micros]),
         ]
       }

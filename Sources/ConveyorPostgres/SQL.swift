@@ -944,11 +944,13 @@ struct SQL {
     return "hashtextextended('conveyor.limit:\(name):' || \(queue), 0)"
   }
 
-  /// The transaction-local setting where ``limitLock`` leaves how long it waited for the lock, in
-  /// microseconds: 0 when the lock was free (`pg_try_advisory_xact_lock`), else the time from just
-  /// before the waiting `pg_advisory_xact_lock` to just after it. A rate counts a claim's start from
-  /// when it got the lock (see ``microsUnderLock(_:)``), and a claim that never waited is counted
-  /// at the caller's time exactly, however loaded the server.
+  /// The transaction-local setting where ``limitLock`` leaves how long the claim was delayed, in
+  /// microseconds: the time its transaction ran before the statement when that was at least `$2`
+  /// microseconds (NULL: never counted), plus the wait for the lock: 0 when it was free
+  /// (`pg_try_advisory_xact_lock`), else the time from just before the waiting
+  /// `pg_advisory_xact_lock` to just after it. A rate counts a claim's start from then (see
+  /// ``microsUnderLock(_:)``), and a claim that was not delayed is counted at the caller's time
+  /// exactly, however loaded the server.
   static let limitWaited = "conveyor.limit_waited_us"
   /// The server's clock now (not the statement's start), in microseconds since 1970.
   static let clockMicros = "(extract(epoch FROM clock_timestamp()) * 1000000)::int8"
@@ -964,14 +966,16 @@ struct SQL {
   /// A limit stored after this statement read the queue's row does not bind this claim: the
   /// claim counts as made before the limit was stored (as when a limit is lowered below the
   /// running jobs). The lock's key holds the schema's name and the queue's (``limitLockKey``).
-  /// Parameter: queue.
+  /// Parameters: queue, the shortest delay before the lock counted (microseconds; NULL: never).
   static func limitLock(_ schema: String) -> String {
     """
-    SELECT set_config('\(limitWaited)',
-        CASE WHEN pg_try_advisory_xact_lock(\(limitLockKey(schema, queue: "$1"))) THEN '0'
-        ELSE (SELECT (\(clockMicros) - w.started)::text FROM (
-          SELECT \(clockMicros) AS started, pg_advisory_xact_lock(\(limitLockKey(schema, queue: "$1")))) AS w)
-        END, true),
+    SELECT set_config('\(limitWaited)', (
+        (SELECT CASE WHEN d.before >= $2 THEN d.before ELSE 0 END
+          FROM (SELECT \(clockMicros) - (extract(epoch FROM transaction_timestamp()) * 1000000)::int8 AS before) AS d)
+        + CASE WHEN pg_try_advisory_xact_lock(\(limitLockKey(schema, queue: "$1"))) THEN 0
+          ELSE (SELECT \(clockMicros) - w.started FROM (
+            SELECT \(clockMicros) AS started, pg_advisory_xact_lock(\(limitLockKey(schema, queue: "$1")))) AS w)
+          END)::text, true),
       set_config('\(limitLocked)', 'on', true)
     FROM \(schema).queues WHERE name = $1 AND (concurrency IS NOT NULL OR rate IS NOT NULL)
     """

@@ -74,7 +74,8 @@ extension SQLiteJobStore {
   public func fireDueSchedules(queue: String, clock: any JobClock) async throws -> ScheduleFiring {
     try await connection.perform { db in
       try db.transaction(immediate: true) {
-        let now = JobStoreTime.normalized(clock.now())
+        // Never past the clock: a slot is not fired before its time (see `normalizedDown`).
+        let now = JobStoreTime.normalizedDown(clock.now())
         var added: [JobID] = []
         for (name, row) in try Self.readNamedSchedules(
           db, SQL.dueSchedules, [.text(queue), .integer(millis(now))])

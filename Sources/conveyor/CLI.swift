@@ -667,6 +667,20 @@ enum CLI {
   /// What `status` says of held jobs.
   static let heldExplanation = "waiting behind an earlier job of their ordering key"
 
+  /// Whether a dead job of `queue` keeps its ordering key (so it may hold the key's later jobs):
+  /// a dead job that left its key (`DeadHeadPolicy.releasesKey`) has none. Reads at most 10,000
+  /// dead jobs; nil when it read that many without finding one (it cannot tell).
+  static func aDeadJobKeepsItsKey(_ store: any JobStore, queue: String) async throws -> Bool? {
+    var cursor: JobID?
+    for _ in 0..<10 {
+      let page = try await store.jobs(queue: queue, status: .dead, after: cursor, limit: 1_000)
+      if page.contains(where: { $0.orderingKey != nil }) { return true }
+      guard page.count == 1_000, let last = page.last else { return false }
+      cursor = last.id
+    }
+    return nil
+  }
+
   /// `job` as `add` stores it: its JSON with each object's members smallest first, so that
   /// listings find its summary in the payload's first bytes.
   static func storedPayload(_ job: OutboxJob) throws -> Data {
@@ -820,7 +834,9 @@ enum CLI {
       output("dead      \(counts.dead)")
       output("completed \(counts.completed)")
       output("cancelled \(counts.cancelled)")
-      if counts.held > 0, counts.dead > 0 {
+      if counts.held > 0, counts.dead > 0,
+        try await aDeadJobKeepsItsKey(store, queue: context.queue) != false
+      {
         output(
           "note      a dead job holds the later jobs of its ordering key until it is re-queued "
             + "(conveyor retry), removed or purged")

@@ -146,9 +146,13 @@ final class Worker: Sendable {
   /// earlier job of their ordering key (a dead one holds them until an operator acts).
   private func reportHeld() async {
     guard let counts = try? await queue.count(), counts.held > 0 else { return }
+    var deadHolds = false
+    if counts.dead > 0 {
+      deadHolds = (try? await CLI.aDeadJobKeepsItsKey(store, queue: queue.configuration.identifier)) != false
+    }
     printError(
       "conveyor: \(counts.held) job(s) left held behind an earlier job of their ordering key"
-        + (counts.dead > 0
+        + (deadHolds
           ? "; a dead job holds its key's later jobs until it is re-queued (conveyor retry), removed or purged"
           : ""))
   }

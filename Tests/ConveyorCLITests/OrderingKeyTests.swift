@@ -118,6 +118,22 @@ import Testing
     #expect(try await sandbox.allCounts() == allCounts(completed: 2))
   }
 
+  /// A dead job that released its key holds nothing: `status` does not say it holds a key when
+  /// another key's job is held behind a ready head.
+  @Test func statusBlamesNoDeadJobThatReleasedItsKey() async throws {
+    let sandbox = try Sandbox()
+    _ = try await sandbox.add(["exec", "--ordering-key", "K", "--", "false"])
+    let worked = try await sandbox.run([
+      "work", "--until-empty", "--max-attempts", "1", "--dead-releases-key",
+    ])
+    #expect(worked.status == 1, "\(worked)")
+    _ = try await sandbox.add(["exec", "--ordering-key", "L", "--", "true"])
+    _ = try await sandbox.add(["exec", "--ordering-key", "L", "--", "true"])
+    #expect(try await sandbox.counts() == counts(ready: 1, held: 1, dead: 1))
+    let status = try await sandbox.succeed(["status"]).lines
+    #expect(!status.contains { $0.hasPrefix("note      a dead job holds") }, "\(status)")
+  }
+
   /// Keys that break the rules exit 2 with what to pass, for both kinds of job, and store
   /// nothing: empty, and more than 512 UTF-8 bytes (counted in bytes, not characters). (A NUL
   /// cannot be passed in an argument.) 512 bytes is taken.

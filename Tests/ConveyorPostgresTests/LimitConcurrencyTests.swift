@@ -368,4 +368,44 @@ extension LimitConcurrencyTests {
     await a.close()
     await b.close()
   }
+  /// A claim whose settlements waited before its limit lock (here for the line lock of an
+  /// ordering key, which another session holds for 1.5 s) counts its start from after the wait,
+  /// with either clock: at 1 a second, one at a time, a claim right after it takes nothing.
+  @Test(arguments: [PostgresJobStore.Clock.caller, .database])
+  func aClaimWhoseSettlementsWaitedCountsItsStartFromAfterTheWait(_ mode: PostgresJobStore.Clock) async throws
+  {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("ratedelay")
+    let a = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema, clock: mode))
+    let b = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema, clock: mode))
+    let clock = SystemJobClock()
+    let lease = Lease(owner: "w", duration: .seconds(60))
+    _ = try await a.enqueue(
+      [NewJob(payload: Data("h".utf8), orderingKey: "K"), NewJob(payload: Data("h2".utf8), orderingKey: "K")]
+        + (1...3).map { NewJob(payload: Data("f\($0)".utf8)) }, queue: "q", clock: clock)
+    let head = try #require(
+      try await a.settleAndClaim([], queue: "q", limit: 1, lease: lease, clock: clock).claimed.first)
+    #expect(head.orderingKey == "K")
+    try await a.setLimits(QueueLimits(rate: RateLimit(perSecond: 1, burst: 1)), queue: "q")
+    let admin = try AdminConnection(server.url)
+    try admin.query("BEGIN")
+    try admin.query("SELECT pg_advisory_xact_lock(\(schema).order_lock_key('q', 'K'))")
+    let waiting = Task {
+      try await a.settleAndClaim(
+        [JobSettlement(claim: head.claim, action: .complete)], queue: "q", limit: 1, lease: lease,
+        clock: clock)
+    }
+    try await Task.sleep(for: .milliseconds(1500))
+    try admin.query("COMMIT")
+    let first = try await waiting.value
+    let firstAt = Date()
+    let second = try await b.settleAndClaim([], queue: "q", limit: 1, lease: lease, clock: clock)
+    let gap = Date().timeIntervalSince(firstAt)
+    await a.close()
+    await b.close()
+    #expect(
+      Double(first.claimed.count + second.claimed.count) <= 1 + gap,
+      "\(mode): \(first.claimed.count) + \(second.claimed.count) starts within \(gap) s at 1/s, one at a time"
+    )
+  }
 }

@@ -30,6 +30,16 @@ extension JobStoreConformance {
   /// `t0` is 1,700,000,000 s since 1970, a multiple of 100 (and of 20, 50): slots of intervals
   /// dividing it fall on whole offsets from it.
   static let scheduleChecks: [JobStoreCheck] = [
+    check("a slot is not fired a fraction of a millisecond before its time") { store in
+      _ = try await store.saveSchedules([try every(100)], queue: "q", origin: .declared, clock: now(1))
+      // 0.4 ms before the slot: dates are kept to the millisecond, and rounding took this for it.
+      let early = try await store.fireDueSchedules(queue: "q", clock: now(99.9996))
+      try expect(early.added.isEmpty, "fired 0.4 ms early: \(early)")
+      let due = try await store.fireDueSchedules(queue: "q", clock: now(100))
+      try expect(due.added.count == 1, "fired at its slot: \(due)")
+      let created = try await store.jobs(queue: "q", status: nil, after: nil, limit: 10).map(\.createdAt)
+      try expect(created == [at(100)], "dated at its slot: \(created)")
+    },
     check("a saved schedule round-trips and is due at its first slot after now") { store in
       let berlin = try ScheduleDefinition(
         name: "digest",

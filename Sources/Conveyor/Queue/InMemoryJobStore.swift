@@ -351,7 +351,7 @@ public final class InMemoryJobStore: JobStore {
   /// Fires due schedules; see ``JobStore/fireDueSchedules(queue:clock:)``.
   public func fireDueSchedules(queue: String, clock: any JobClock) async throws -> ScheduleFiring {
     state.withLock { state in
-      let now = JobStoreTime.normalized(clock.now())
+      let now = JobStoreTime.normalizedDown(clock.now())
       let due = (state.schedules[ExactText(queue)] ?? [:]).values.filter {
         ($0.nextDue ?? .distantFuture) <= now
       }

@@ -858,6 +858,14 @@ public enum JobStoreTime {
     Self.date(milliseconds: milliseconds(date))
   }
 
+  /// ``normalized(_:)``, but never later than `date`: the whole millisecond at or before it. A
+  /// schedule's firing judges its slots by it, so a slot (a whole millisecond) is never fired up to
+  /// half a millisecond before its time, as rounding did.
+  public static func normalizedDown(_ date: Date) -> Date {
+    let rounded = normalized(date)
+    return rounded > date ? Self.date(milliseconds: milliseconds(rounded) - 1) : rounded
+  }
+
   /// A duration in whole milliseconds, clamped to 0...``longestDelay``.
   public static func milliseconds(_ duration: Duration) -> Int64 {
     let clamped = min(max(duration, .zero), longestDelay)
