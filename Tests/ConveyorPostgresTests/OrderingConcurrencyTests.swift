@@ -250,4 +250,48 @@ struct OrderingConcurrencyTests {
     guard elements.count == 1, let only = elements.first else { throw HarnessError("not one: \(elements)") }
     return only
   }
+
+  /// A head killed releasing its key on one store, racing adds of the same key on another store
+  /// over the same schema: no add is left held with no head before it.
+  @Test func aHeadDyingReleasingItsKeyWhileAnotherStoreAddsToItLeavesNoAddWithoutAHead() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema()
+    let a = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let b = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let clock = SystemJobClock()
+    let lease = Lease(owner: "w", duration: .seconds(60))
+    var problems: [String] = []
+    for round in 0..<150 {
+      let key = "k\(round % 3)"
+      _ = try await a.enqueue(
+        [NewJob(payload: Data("h\(round)".utf8), orderingKey: key)], queue: "q", clock: clock)
+      let heads = try await a.settleAndClaim([], queue: "q", limit: 10, lease: lease, clock: clock).claimed
+      guard let head = heads.first(where: { $0.orderingKey == key }) else {
+        problems.append("round \(round): no head claimed")
+        continue
+      }
+      var kill = JobSettlement(claim: head.claim, action: .kill(error: "x"))
+      kill.releasesOrderingKey = true
+      async let killed = a.settleAndClaim([kill], queue: "q", limit: 0, lease: lease, clock: clock)
+      async let added = b.enqueue(
+        [NewJob(payload: Data("n\(round)".utf8), orderingKey: key)], queue: "q", clock: clock)
+      _ = try await killed
+      let next = try await added[0]
+      let record = try await a.job(next.id)
+      if record?.isHeld == true { problems.append("round \(round): \(next.id) held with no head") }
+      // Drain: complete whatever runs.
+      while true {
+        let batch = try await a.settleAndClaim([], queue: "q", limit: 10, lease: lease, clock: clock)
+        if batch.claimed.isEmpty { break }
+        _ = try await a.settleAndClaim(
+          batch.claimed.map { JobSettlement(claim: $0.claim, action: .complete) }, queue: "q", limit: 0,
+          lease: lease, clock: clock)
+      }
+      let counts = try await a.counts(queue: "q", clock: clock)
+      if counts.held > 0 { problems.append("round \(round): \(counts.held) held left: \(counts)") }
+    }
+    await a.close()
+    await b.close()
+    #expect(problems.isEmpty, "\(problems.prefix(5))")
+  }
 }

@@ -773,7 +773,7 @@ public enum JobStoreConformance {
         let left = try await store.counts(queue: "q", clock: now(0))
         try expect(left.total == 0, "every job completed: \(left)")
       },
-    ] + historyChecks + deduplicationChecks + scheduleChecks + orderingChecks + limitChecks
+    ] + historyChecks + deduplicationChecks + scheduleChecks + orderingChecks + deadHeadChecks + limitChecks
 
   static func expectOne<Element>(_ elements: [Element], line: UInt = #line) throws -> Element {
     try expect(elements.count == 1, "exactly one, got \(elements.count)", line: line)
