@@ -17,7 +17,7 @@ extension SQLiteJobStore {
         let rows = try Self.readNamedSchedules(db, SQL.schedulesOfQueue, [.text(queue)])
         let existing = rows.compactMap { try? $0.row.get() }
         let unreadable = Set(rows.filter { (try? $0.row.get()) == nil }.map(\.name))
-        let now = JobStoreTime.normalized(clock.now())
+        let now = JobStoreTime.normalizedDown(clock.now())
         var (writes, jobs, summary) = try ScheduleBook.save(
           schedules, queue: queue, origin: origin, existing: existing, unreadable: unreadable, now: now)
         if !jobs.isEmpty {
@@ -52,7 +52,7 @@ extension SQLiteJobStore {
         guard let row = try Self.readSchedules(db, SQL.scheduleNamed, .text(queue), .text(name)).first else {
           return nil
         }
-        let now = JobStoreTime.normalized(clock.now())
+        let now = JobStoreTime.normalizedDown(clock.now())
         let (jobs, after) = try row.get().pausing(paused, now: now)
         var added: [JobID] = []
         if !jobs.isEmpty {

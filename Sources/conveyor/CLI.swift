@@ -667,18 +667,31 @@ enum CLI {
   /// What `status` says of held jobs.
   static let heldExplanation = "waiting behind an earlier job of their ordering key"
 
-  /// Whether a dead job of `queue` keeps its ordering key (so it may hold the key's later jobs):
-  /// a dead job that left its key (`DeadHeadPolicy.releasesKey`) has none. Reads at most 10,000
-  /// dead jobs; nil when it read that many without finding one (it cannot tell).
-  static func aDeadJobKeepsItsKey(_ store: any JobStore, queue: String) async throws -> Bool? {
-    var cursor: JobID?
-    for _ in 0..<10 {
-      let page = try await store.jobs(queue: queue, status: .dead, after: cursor, limit: 1_000)
-      if page.contains(where: { $0.orderingKey != nil }) { return true }
-      guard page.count == 1_000, let last = page.last else { return false }
-      cursor = last.id
+  /// Whether a dead job of `queue` holds a held job: it kept its ordering key (one that left it,
+  /// `DeadHeadPolicy.releasesKey`, has none) and a held job has that key. Reads at most 10,000
+  /// dead and 10,000 waiting jobs; nil when that was not enough to tell.
+  static func aDeadJobHoldsAHeldJob(_ store: any JobStore, queue: String) async throws -> Bool? {
+    /// The jobs of `status` that `keep` keeps, and whether every such job was read.
+    func read(_ status: JobStatus, _ keep: (JobRecord) -> Bool) async throws -> (jobs: [JobRecord], all: Bool)
+    {
+      var kept: [JobRecord] = []
+      var cursor: JobID?
+      for _ in 0..<10 {
+        let page = try await store.jobs(queue: queue, status: status, after: cursor, limit: 1_000)
+        kept += page.filter(keep)
+        guard page.count == 1_000, let last = page.last else { return (kept, true) }
+        cursor = last.id
+      }
+      return (kept, false)
     }
-    return nil
+    let dead = try await read(.dead) { $0.orderingKey != nil }
+    if dead.jobs.isEmpty { return dead.all ? false : nil }
+    let keys = Set(dead.jobs.compactMap(\.orderingKey).map(ExactText.init))
+    let held = try await read(.pending) { $0.isHeld }
+    if held.jobs.contains(where: { $0.orderingKey.map { keys.contains(ExactText($0)) } ?? false }) {
+      return true
+    }
+    return dead.all && held.all ? false : nil
   }
 
   /// `job` as `add` stores it: its JSON with each object's members smallest first, so that
@@ -835,7 +848,7 @@ enum CLI {
       output("completed \(counts.completed)")
       output("cancelled \(counts.cancelled)")
       if counts.held > 0, counts.dead > 0,
-        try await aDeadJobKeepsItsKey(store, queue: context.queue) != false
+        try await aDeadJobHoldsAHeldJob(store, queue: context.queue) != false
       {
         output(
           "note      a dead job holds the later jobs of its ordering key until it is re-queued "

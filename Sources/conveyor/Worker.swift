@@ -148,7 +148,8 @@ final class Worker: Sendable {
     guard let counts = try? await queue.count(), counts.held > 0 else { return }
     var deadHolds = false
     if counts.dead > 0 {
-      deadHolds = (try? await CLI.aDeadJobKeepsItsKey(store, queue: queue.configuration.identifier)) != false
+      deadHolds =
+        (try? await CLI.aDeadJobHoldsAHeldJob(store, queue: queue.configuration.identifier)) != false
     }
     printError(
       "conveyor: \(counts.held) job(s) left held behind an earlier job of their ordering key"

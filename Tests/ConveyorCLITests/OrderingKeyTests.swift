@@ -134,6 +134,24 @@ import Testing
     #expect(!status.contains { $0.hasPrefix("note      a dead job holds") }, "\(status)")
   }
 
+  /// A dead job that kept its key but has nothing behind it holds nothing: `status` does not
+  /// blame it for a job of another key held behind a ready head.
+  @Test func statusBlamesNoDeadJobWithNothingBehindIt() async throws {
+    let sandbox = try Sandbox()
+    _ = try await sandbox.add(["exec", "--ordering-key", "K", "--", "false"])
+    let worked = try await sandbox.run(["work", "--until-empty", "--max-attempts", "1"])
+    #expect(worked.status == 1, "\(worked)")
+    _ = try await sandbox.add(["exec", "--ordering-key", "L", "--", "true"])
+    _ = try await sandbox.add(["exec", "--ordering-key", "L", "--", "true"])
+    #expect(try await sandbox.counts() == counts(ready: 1, held: 1, dead: 1))
+    var status = try await sandbox.succeed(["status"]).lines
+    #expect(!status.contains { $0.hasPrefix("note      a dead job holds") }, "\(status)")
+    // A job of K now waits behind the dead one: the note is right.
+    _ = try await sandbox.add(["exec", "--ordering-key", "K", "--", "true"])
+    status = try await sandbox.succeed(["status"]).lines
+    #expect(status.contains { $0.hasPrefix("note      a dead job holds") }, "\(status)")
+  }
+
   /// Keys that break the rules exit 2 with what to pass, for both kinds of job, and store
   /// nothing: empty, and more than 512 UTF-8 bytes (counted in bytes, not characters). (A NUL
   /// cannot be passed in an argument.) 512 bytes is taken.

@@ -40,6 +40,27 @@ extension JobStoreConformance {
       let created = try await store.jobs(queue: "q", status: nil, after: nil, limit: 10).map(\.createdAt)
       try expect(created == [at(100)], "dated at its slot: \(created)")
     },
+    check("a pause a fraction of a millisecond before a slot does not fire it early") { store in
+      _ = try await store.saveSchedules([try every(100)], queue: "q", origin: .declared, clock: now(1))
+      let added = try await store.changeSchedulePause(true, name: "s", queue: "q", clock: now(99.9996))
+      try expect(added == [], "the pause fired the slot at 100 0.4 ms early: \(String(describing: added))")
+    },
+    check("a resume a fraction of a millisecond before a slot does not skip it") { store in
+      _ = try await store.saveSchedules([try every(100)], queue: "q", origin: .declared, clock: now(1))
+      _ = try await store.changeSchedulePause(true, name: "s", queue: "q", clock: now(50))
+      _ = try await store.changeSchedulePause(false, name: "s", queue: "q", clock: now(99.9996))
+      let resumed = try await stored(store)
+      let fired = try await store.fireDueSchedules(queue: "q", clock: now(100.0004))
+      try expect(
+        fired.added.count == 1,
+        "slot 100, still to come at the resume, is skipped: \(fired); stored \(resumed)")
+    },
+    check("a schedule saved a fraction of a millisecond before a slot fires that slot") { store in
+      _ = try await store.saveSchedules([try every(100)], queue: "q", origin: .declared, clock: now(99.9996))
+      let saved = try await stored(store)
+      let fired = try await store.fireDueSchedules(queue: "q", clock: now(100.0004))
+      try expect(fired.added.count == 1, "slot 100, after the save, never fires: \(fired); stored \(saved)")
+    },
     check("a saved schedule round-trips and is due at its first slot after now") { store in
       let berlin = try ScheduleDefinition(
         name: "digest",

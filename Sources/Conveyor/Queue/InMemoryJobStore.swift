@@ -309,7 +309,7 @@ public final class InMemoryJobStore: JobStore {
   ) async throws -> ScheduleSaveSummary {
     try state.withLock { state throws(ScheduleError) in
       let existing = Array((state.schedules[ExactText(queue)] ?? [:]).values)
-      let now = JobStoreTime.normalized(clock.now())
+      let now = JobStoreTime.normalizedDown(clock.now())
       var (writes, jobs, summary) = try ScheduleBook.save(
         schedules, queue: queue, origin: origin, existing: existing, now: now)
       if !jobs.isEmpty {
@@ -335,7 +335,7 @@ public final class InMemoryJobStore: JobStore {
   {
     state.withLock { state in
       guard let stored = state.schedules[ExactText(queue)]?[ExactText(name)] else { return nil }
-      let now = JobStoreTime.normalized(clock.now())
+      let now = JobStoreTime.normalizedDown(clock.now())
       let (jobs, after) = stored.pausing(paused, now: now)
       let added = jobs.isEmpty ? [] : state.enqueue(jobs, queue: queue, now: now).filter(\.inserted).map(\.id)
       state.schedules[ExactText(queue)]?[ExactText(name)] = after

@@ -858,9 +858,10 @@ public enum JobStoreTime {
     Self.date(milliseconds: milliseconds(date))
   }
 
-  /// ``normalized(_:)``, but never later than `date`: the whole millisecond at or before it. A
-  /// schedule's firing judges its slots by it, so a slot (a whole millisecond) is never fired up to
-  /// half a millisecond before its time, as rounding did.
+  /// ``normalized(_:)``, but never later than `date`: the whole millisecond at or before it.
+  /// Every store judges a schedule's slots by it (saving, pausing, resuming and firing), so a slot
+  /// (a whole millisecond) is never fired up to half a millisecond before its time, nor taken as
+  /// passed at a save or a resume just before it, as rounding did.
   public static func normalizedDown(_ date: Date) -> Date {
     let rounded = normalized(date)
     return rounded > date ? Self.date(milliseconds: milliseconds(rounded) - 1) : rounded
