@@ -45,6 +45,9 @@ struct ReadmeQueueTests {
   func jobsLife() async throws {
     let folder = try TemporaryFolder()
     let store = try SQLiteJobStore(path: folder.path("jobs.sqlite"))
+    // The example cancels a job that has not run: paused, no worker can take it first (on a loaded
+    // machine the job once completed before the cancel came).
+    try await store.setPaused(true, queue: "emails")
 
     // --- README code starts ---
     var configuration = JobQueueConfiguration(identifier: "emails")
@@ -59,6 +62,7 @@ struct ReadmeQueueTests {
     // --- README code ends ---
 
     #expect(job?.status == .cancelled && job?.finishedAt != nil)
+    try await emails.resume()
 
     // --- README schedule code starts ---
     let digest = try ScheduleTiming(cron: "0 8 * * MON-FRI", timeZone: "Europe/Berlin", catchUp: .latest)
