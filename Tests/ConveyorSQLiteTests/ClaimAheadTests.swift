@@ -93,6 +93,12 @@ struct ClaimAheadTests {
     try await eventually("the second worker runs it while the slow job still runs", timeout: .seconds(30)) {
       runs.all.contains("second next attempt 1")
     }
+    // Recorded before the slow job ends: the first queue's last look at the store must find
+    // nothing of the second's running, or it would wait for its next poll, which this clock never
+    // reaches (twice a whole-suite run hung here for the test's 10 minutes).
+    try await eventually("the second worker recorded it", timeout: .seconds(30)) {
+      try await firstStore.job(ids[2])?.status == .completed
+    }
     release.open()
     await first.waitUntilFinished()
     await first.shutdown(gracePeriod: .seconds(5))
