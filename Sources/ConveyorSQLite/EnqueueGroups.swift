@@ -553,6 +553,7 @@ extension SQLiteJobStore {
         try current.bind(job.timeLimitMilliseconds.map(SQLiteValue.integer) ?? .null, at: first + 7)
         try current.bind(.null, at: first + 8)
         try current.bind(.null, at: first + 9)
+        try current.bind(job.limitKey.map(SQLiteValue.text) ?? .null, at: first + 10)
         bound += 1
         guard bound == chunk else { continue }
         statement = nil
@@ -626,7 +627,8 @@ extension SQLiteJobStore {
         .integer(Int64(job.priority)), .integer(runAt), .integer(now),
         job.deduplicationKey.map(SQLiteValue.text) ?? .null,
         job.timeLimitMilliseconds.map(SQLiteValue.integer) ?? .null,
-        job.orderingKey.map(SQLiteValue.text) ?? .null, job.orderingKey == nil ? .null : .integer(1))
+        job.orderingKey.map(SQLiteValue.text) ?? .null, job.orderingKey == nil ? .null : .integer(1),
+        job.limitKey.map(SQLiteValue.text) ?? .null)
       // A trigger may drop the row without an error (RAISE(IGNORE)): the last row ID is then
       // another job's. The call fails, and nothing of it is added.
       guard stored == 1 else {

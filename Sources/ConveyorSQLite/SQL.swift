@@ -274,6 +274,7 @@ enum SQL {
     \(queuesTable)
     \(activityTable)
     \(schedulesTable)
+    \(version12)
     PRAGMA application_id = \(SQLiteJobStore.applicationID);
     PRAGMA user_version = \(SQLiteJobStore.schemaVersion);
     """
@@ -394,6 +395,74 @@ enum SQL {
   /// Version 10 to 11: queues keep a rate limit (none set).
   static let migrate10to11 =
     rateColumns.map { "ALTER TABLE queues ADD COLUMN \($0);\n" }.joined() + "PRAGMA user_version = 11;"
+  /// Version 11 to 12: limits per key (none set, no job with a limit key).
+  static let migrate11to12 = "\(version12)\nPRAGMA user_version = 12;"
+
+  /// What version 12 adds to version 11: limits per key.
+  /// - `jobs.limit_key`: the job's `NewJob.limitKey`.
+  /// - `jobs.parked`: 1 while the job is `held` because a claim found its key at its limit (a
+  ///   trigger clears it whenever the status leaves `held`, so `parked = 1` implies `held`).
+  /// - `queues.key_concurrency`: `QueueLimits.keyConcurrency`; `key_limits`: its overrides.
+  /// - `jobs_key_running`: a key's running jobs, counted by a claim up to the key's limit.
+  /// - `jobs_parked`: a key's parked jobs in claim order, for the triggers that make the first
+  ///   claimable again when a job of the key stops running, however it stops (settled, cancelled,
+  ///   removed, rescued): one place for every path, in the same transaction.
+  static let version12 = """
+    ALTER TABLE jobs ADD COLUMN limit_key TEXT;
+    ALTER TABLE jobs ADD COLUMN parked INTEGER;
+    ALTER TABLE queues ADD COLUMN key_concurrency INTEGER CHECK (key_concurrency BETWEEN 1 AND 1000000);
+    CREATE TABLE key_limits (
+      queue TEXT NOT NULL,
+      key TEXT NOT NULL,
+      concurrency INTEGER NOT NULL CHECK (concurrency BETWEEN 1 AND 1000000),
+      PRIMARY KEY (queue, key)
+    ) WITHOUT ROWID;
+    CREATE INDEX jobs_key_running ON jobs (queue, limit_key) WHERE status = 'running' AND limit_key IS NOT NULL;
+    CREATE INDEX jobs_parked ON jobs (queue, limit_key, priority DESC, run_at, seq, id)
+      WHERE status = 'held' AND parked = 1;
+    CREATE TRIGGER jobs_key_stopped AFTER UPDATE OF status ON jobs
+    WHEN OLD.status = 'running' AND NEW.status <> 'running' AND OLD.limit_key IS NOT NULL
+    BEGIN
+      \(unparkFirst)
+    END;
+    CREATE TRIGGER jobs_key_deleted AFTER DELETE ON jobs
+    WHEN OLD.status = 'running' AND OLD.limit_key IS NOT NULL
+    BEGIN
+      \(unparkFirst)
+    END;
+    CREATE TRIGGER jobs_unparked AFTER UPDATE OF status ON jobs
+    WHEN OLD.parked = 1 AND NEW.status <> 'held'
+    BEGIN
+      UPDATE jobs SET parked = NULL WHERE id = NEW.id;
+    END;
+    """
+  /// In a trigger on a job of a limit key that stopped running (`OLD`): the first job a claim held
+  /// for that key's limit, in claim order, is ready again (in its old place).
+  private static let unparkFirst = """
+    UPDATE jobs SET status = 'ready', parked = NULL WHERE id = (
+        SELECT id FROM jobs INDEXED BY jobs_parked
+        WHERE queue = OLD.queue AND limit_key = OLD.limit_key AND status = 'held' AND parked = 1
+        ORDER BY priority DESC, run_at, seq, id LIMIT 1);
+    """
+  /// A claim found the job's key at its limit: held until a job of the key stops running.
+  static let park = "UPDATE jobs SET status = 'held', parked = 1 WHERE id = ? AND status = 'ready'"
+  /// Every job of the queue held for its key's limit is ready again (the limits changed).
+  static let unparkAll =
+    "UPDATE jobs SET status = 'ready', parked = NULL WHERE queue = ? AND status = 'held' AND parked = 1"
+  /// The running jobs of limit key `?2`, counted up to its limit `?3` (`jobs_key_running`).
+  static let keyRunningCount = """
+    SELECT count(*) FROM (
+      SELECT 1 FROM jobs INDEXED BY jobs_key_running
+      WHERE queue = ?1 AND limit_key = ?2 AND status = 'running' AND limit_key IS NOT NULL LIMIT ?3)
+    """
+  /// The limit of key `?2`: its override, else the queue's limit per key (no row or NULL: none).
+  static let keyLimit = """
+    SELECT coalesce((SELECT concurrency FROM key_limits WHERE queue = ?1 AND key = ?2), q.key_concurrency)
+    FROM queues q WHERE q.name = ?1
+    """
+  static let keyOverrides = "SELECT key, concurrency FROM key_limits WHERE queue = ? ORDER BY key"
+  static let deleteKeyOverrides = "DELETE FROM key_limits WHERE queue = ?"
+  static let insertKeyOverride = "INSERT INTO key_limits (queue, key, concurrency) VALUES (?, ?, ?)"
   /// A schedule's columns, in the order `SQLiteJobStore.schedule(from:)` reads them.
   static let scheduleColumns = """
     queue, name, spacing, time_zone, catch_up, jitter_ms, payload, priority, time_limit_ms, origin, active,
@@ -447,7 +516,8 @@ enum SQL {
   /// The columns ``SQLiteJobStore`` decodes a `JobRecord` from, in order.
   static let columns = """
     id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key, \
-    lease_owner, lease_expires_at, claim_token, time_limit_ms, finished_at, errors, run_ms, output, ordering_key
+    lease_owner, lease_expires_at, claim_token, time_limit_ms, finished_at, errors, run_ms, output, ordering_key, \
+    limit_key, parked
     """
 
   /// The oldest waiting job with the key. Running jobs do not count: one that is running may
@@ -465,10 +535,11 @@ enum SQL {
     """
   /// Gives the waiting job `?6` a new payload, priority, run date, state and time limit
   /// (`DeduplicationConflict.replace`); its place (`seq`), attempts, errors and ordering key stay,
-  /// and a held job stays held.
+  /// and a job held behind its ordering key stays held (one held for its key's limit no longer
+  /// is: the next claim holds it again if its key is still at its limit).
   static let replaceWaiting = """
     UPDATE jobs SET payload = ?1, priority = ?2, run_at = ?3,
-      status = CASE status WHEN 'held' THEN 'held' ELSE ?4 END, time_limit_ms = ?5
+      status = CASE WHEN status = 'held' AND parked IS NULL THEN 'held' ELSE ?4 END, time_limit_ms = ?5
     WHERE id = ?6 AND status IN ('ready', 'scheduled', 'held')
     """
   /// Whether the line of the ordering key `?2` holds a job: a new job of the key is then held.
@@ -498,16 +569,17 @@ enum SQL {
   /// The status is a parameter here: an insert maintains the partial indexes row by row.
   static let insert = """
     INSERT INTO jobs (queue, payload, status, priority, run_at, created_at, dedup_key, time_limit_ms, ordering_key,
-      line)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+      line, limit_key)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     """
   /// The parameters of each row of ``insert``.
-  static let insertColumns = 10
+  static let insertColumns = 11
   /// ``insert`` for `rows` rows (1 to ``SQLiteJobStore/rowsPerInsert``) at once, returning each
   /// new row's ID (see ``SQLiteJobStore/insertTogether(_:rows:db:)``).
   static func insert(rows: Int) -> String { insertRows[rows] }
   private static let insertRows = (0...SQLiteJobStore.rowsPerInsert).map { rows in
-    insert + String(repeating: ", (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", count: max(rows - 1, 0)) + " RETURNING id"
+    insert + String(repeating: ", (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", count: max(rows - 1, 0))
+      + " RETURNING id"
   }
   /// Whether the SQLite library knows `RETURNING` (3.35 and later); ``insert(rows:)`` needs it.
   static let hasReturning = sqlite3_libversion_number() >= 3_035_000
@@ -518,14 +590,18 @@ enum SQL {
   static let isPaused = "SELECT 1 FROM queues WHERE name = ? AND paused = 1"
   /// The pause flag, the concurrency limit, and the rate limit with its stored time, for a claim
   /// (no row: none of them).
-  static let claimFlags = "SELECT paused, concurrency, rate, burst, rate_time FROM queues WHERE name = ?"
+  static let claimFlags = """
+    SELECT paused, concurrency, rate, burst, rate_time,
+      key_concurrency IS NOT NULL OR EXISTS (SELECT 1 FROM key_limits k WHERE k.queue = name)
+    FROM queues WHERE name = ?
+    """
   static let concurrency = "SELECT concurrency FROM queues WHERE name = ?"
-  static let limits = "SELECT concurrency, rate, burst FROM queues WHERE name = ?"
-  /// Stores the limits (`?2` concurrency, `?3` rate, `?4` burst); the rate's stored time is
+  static let limits = "SELECT concurrency, rate, burst, key_concurrency FROM queues WHERE name = ?"
+  /// Stores the limits (`?2` concurrency, `?3` rate, `?4` burst, `?5` limit per key); the rate's stored time is
   /// kept while a rate is set, so changing the rate does not refill the bucket.
   static let setLimits = """
-    INSERT INTO queues (name, concurrency, rate, burst) VALUES (?1, ?2, ?3, ?4)
-    ON CONFLICT (name) DO UPDATE SET concurrency = ?2, rate = ?3, burst = ?4,
+    INSERT INTO queues (name, concurrency, rate, burst, key_concurrency) VALUES (?1, ?2, ?3, ?4, ?5)
+    ON CONFLICT (name) DO UPDATE SET concurrency = ?2, rate = ?3, burst = ?4, key_concurrency = ?5,
       rate_time = CASE WHEN ?3 IS NULL THEN NULL ELSE rate_time END
     """
   /// Stores the rate's time after a claim took starts.
@@ -648,6 +724,7 @@ enum SQL {
   /// One index seek per status and queue: each `EXISTS` reads a partial index.
   static let queueNames = """
     SELECT name FROM queues WHERE paused = 1 OR concurrency IS NOT NULL OR rate IS NOT NULL
+    OR key_concurrency IS NOT NULL OR EXISTS (SELECT 1 FROM key_limits k WHERE k.queue = queues.name)
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'ready')
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'scheduled')
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'held')

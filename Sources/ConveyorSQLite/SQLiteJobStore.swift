@@ -71,7 +71,7 @@ public final class SQLiteJobStore: JobStore {
   /// running and completed jobs with a deduplication key; version 8 stored schedules; version 9
   /// ordering keys and the held state; version 10 the queues' stored limits. An older database is
   /// migrated when it is opened, in one transaction, keeping every job.
-  public static let schemaVersion: Int32 = 11
+  public static let schemaVersion: Int32 = 12
 
   /// The database file's path.
   public let path: String
@@ -338,8 +338,12 @@ public final class SQLiteJobStore: JobStore {
         // `UPDATE … WHERE id IN (SELECT …)`: both were several times slower).
         var claimed: [JobRecord] = []
         claimed.reserveCapacity(min(limit, 1_024))
-        try db.query(SQL.selectReady, .text(queue), .integer(Int64(limit))) {
-          claimed.append(try Self.record($0))
+        if flags.keyLimits {
+          claimed = try Self.selectWithinKeyLimits(queue: queue, limit: limit, db: db)
+        } else {
+          try db.query(SQL.selectReady, .text(queue), .integer(Int64(limit))) {
+            claimed.append(try Self.record($0))
+          }
         }
         for index in claimed.indices {
           let id = claimed[index].id.rawValue
@@ -611,9 +615,15 @@ public final class SQLiteJobStore: JobStore {
   public func limits(queue: String) async throws -> QueueLimits {
     try await connection.perform { db in
       var limits = QueueLimits()
-      try db.query(SQL.limits, .text(queue)) { row in
-        limits.concurrency = row.isNull(0) ? nil : row.int(0)
-        limits.rate = row.isNull(1) ? nil : RateLimit(perSecond: row.double(1), burst: row.int(2))
+      try db.transaction(immediate: false) {
+        try db.query(SQL.limits, .text(queue)) { row in
+          limits.concurrency = row.isNull(0) ? nil : row.int(0)
+          limits.rate = row.isNull(1) ? nil : RateLimit(perSecond: row.double(1), burst: row.int(2))
+          limits.keyConcurrency = row.isNull(3) ? nil : row.int(3)
+        }
+        try db.query(SQL.keyOverrides, .text(queue)) { row in
+          limits.keyConcurrencyOverrides[row.text(0) ?? ""] = row.int(1)
+        }
       }
       return limits
     }
@@ -622,14 +632,27 @@ public final class SQLiteJobStore: JobStore {
   /// Keeps and enforces rate limits: true.
   public var keepsRateLimits: Bool { true }
 
-  /// Stores limits; see `JobStore.setLimits(_:queue:)`.
+  /// Keeps and enforces limits per key: true.
+  public var keepsKeyLimits: Bool { true }
+
+  /// Stores limits; see `JobStore.setLimits(_:queue:)`. In one transaction; every job held for
+  /// its key's limit becomes ready again (the next claims hold those whose key is still at its
+  /// limit).
   public func setLimits(_ limits: QueueLimits, queue: String) async throws {
     try limits.check()
     _ = try await connection.perform { db in
-      try db.run(
-        SQL.setLimits, .text(queue), limits.concurrency.map { .integer(Int64($0)) } ?? .null,
-        limits.rate.map { .real($0.perSecond) } ?? .null,
-        limits.rate.map { .integer(Int64($0.burst)) } ?? .null)
+      try db.transaction(immediate: true) {
+        try db.run(
+          SQL.setLimits, .text(queue), limits.concurrency.map { .integer(Int64($0)) } ?? .null,
+          limits.rate.map { .real($0.perSecond) } ?? .null,
+          limits.rate.map { .integer(Int64($0.burst)) } ?? .null,
+          limits.keyConcurrency.map { .integer(Int64($0)) } ?? .null)
+        try db.run(SQL.deleteKeyOverrides, .text(queue))
+        for (key, limit) in limits.keyConcurrencyOverrides {
+          try db.run(SQL.insertKeyOverride, .text(queue), .text(key), .integer(Int64(limit)))
+        }
+        try db.run(SQL.unparkAll, .text(queue))
+      }
     }
   }
 
@@ -732,6 +755,8 @@ public final class SQLiteJobStore: JobStore {
     var rate: RateLimit?
     /// The rate's stored time (microseconds since 1970), nil before the first start.
     var rateTime: Int64?
+    /// Whether a limit per key is set (the queue's or an override).
+    var keyLimits = false
 
     init(queue: String, db: Connection) throws {
       self.queue = queue
@@ -740,7 +765,58 @@ public final class SQLiteJobStore: JobStore {
         concurrency = row.isNull(1) ? nil : row.int64(1)
         rate = row.isNull(2) ? nil : RateLimit(perSecond: row.double(2), burst: row.int(3))
         rateTime = row.isNull(4) ? nil : row.int64(4)
+        keyLimits = row.int64(5) != 0
       }
+    }
+  }
+
+  /// The ready jobs a claim of `limit` takes under the queue's limits per key, in claim order,
+  /// inside the claim's write transaction: a job whose key already runs its limit's worth (this
+  /// claim's among them) is held instead (`SQL.park`), and the claim reads on past it. Each held
+  /// job leaves the ready index, so a key at its limit costs the claims after it nothing until a
+  /// job of the key stops running (`SQL.version12`'s triggers make the first held one ready).
+  private static func selectWithinKeyLimits(queue: String, limit: Int, db: Connection) throws -> [JobRecord] {
+    var taken: [JobRecord] = []
+    var takenIDs: Set<JobID> = []
+    // Per key: its limit (nil: none) and the jobs of it running, this claim's among them.
+    var keys: [String: (limit: Int64?, running: Int64)] = [:]
+    // The jobs taken stay ready until the caller claims them, so each read starts with them; it
+    // reads past them by a window, so a claim that holds many jobs reads few times.
+    let window = limit + 256
+    while true {
+      var batch: [JobRecord] = []
+      try db.query(SQL.selectReady, .text(queue), .integer(Int64(window))) {
+        batch.append(try Self.record($0))
+      }
+      for record in batch where !takenIDs.contains(record.id) {
+        guard let key = record.limitKey else {
+          taken.append(record)
+          takenIDs.insert(record.id)
+          if taken.count == limit { return taken }
+          continue
+        }
+        var state: (limit: Int64?, running: Int64)
+        if let known = keys[key] {
+          state = known
+        } else {
+          let bound = try db.scalar(SQL.keyLimit, .text(queue), .text(key))
+          let running =
+            try bound.map { try db.scalar(SQL.keyRunningCount, .text(queue), .text(key), .integer($0)) ?? 0 }
+            ?? 0
+          state = (bound, running)
+        }
+        if let bound = state.limit, state.running >= bound {
+          try db.run(SQL.park, .integer(record.id.rawValue))
+        } else {
+          state.running += 1
+          taken.append(record)
+          takenIDs.insert(record.id)
+        }
+        keys[key] = state
+        if taken.count == limit { return taken }
+      }
+      // A short read was every ready job there was.
+      if batch.count < window { return taken }
     }
   }
 
@@ -839,7 +915,8 @@ public final class SQLiteJobStore: JobStore {
       timeLimit: JobStoreTime.timeLimit(milliseconds: row.isNull(13) ? nil : row.int64(13)),
       finishedAt: row.isNull(14) ? nil : date(row.int64(14)), errors: try errors(row, 15),
       runDuration: row.isNull(16) ? nil : .milliseconds(row.int64(16)),
-      output: row.isNull(17) ? nil : row.data(17), orderingKey: row.text(18), isHeld: statusText == "held")
+      output: row.isNull(17) ? nil : row.data(17), orderingKey: row.text(18), isHeld: statusText == "held",
+      limitKey: row.text(19), isHeldByLimit: statusText == "held" && row.int64(20) == 1)
   }
 
   // MARK: - Ordering keys
@@ -1136,6 +1213,9 @@ extension SQLiteJobStore {
           fallthrough
         case .version10:
           try db.execute(SQL.migrate10to11)
+          fallthrough
+        case .version11:
+          try db.execute(SQL.migrate11to12)
         case .current: break
         }
       }
@@ -1166,7 +1246,7 @@ extension SQLiteJobStore {
 
   enum FileKind {
     case empty, version1, version2, version3, version4, version5, version6, version7, version8, version9,
-      version10, current
+      version10, version11, current
   }
 
   /// Rebuilds a version 8 database as version 9 inside the caller's transaction, keeping every
@@ -1262,6 +1342,7 @@ extension SQLiteJobStore {
     if version == 8 { return .version8 }
     if version == 9 { return .version9 }
     if version == 10 { return .version10 }
+    if version == 11 { return .version11 }
     guard version == Int64(Self.schemaVersion) else {
       throw SQLiteJobStoreError(
         code: .unsupportedSchema, path: path,

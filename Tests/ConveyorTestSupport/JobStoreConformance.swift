@@ -774,6 +774,7 @@ public enum JobStoreConformance {
         try expect(left.total == 0, "every job completed: \(left)")
       },
     ] + historyChecks + deduplicationChecks + scheduleChecks + orderingChecks + deadHeadChecks + limitChecks
+    + keyLimitChecks
 
   static func expectOne<Element>(_ elements: [Element], line: UInt = #line) throws -> Element {
     try expect(elements.count == 1, "exactly one, got \(elements.count)", line: line)

@@ -284,12 +284,17 @@ public final class InMemoryJobStore: JobStore {
   /// Keeps and enforces rate limits: true.
   public var keepsRateLimits: Bool { true }
 
-  /// Stores limits; see ``JobStore/setLimits(_:queue:)``.
+  /// Keeps and enforces limits per key: true.
+  public var keepsKeyLimits: Bool { true }
+
+  /// Stores limits; see ``JobStore/setLimits(_:queue:)``. Every job held by its key's limit
+  /// becomes claimable again (the next claims hold those whose key is still at its limit).
   public func setLimits(_ limits: QueueLimits, queue: String) async throws {
     try limits.check()
     state.withLock { state in
       state.queues[ExactText(queue), default: QueueState()].limits = limits
       if limits.rate == nil { state.queues[ExactText(queue)]?.rateTime = nil }
+      state.queues[ExactText(queue)]?.unparkAll()
     }
   }
 
@@ -434,7 +439,8 @@ extension InMemoryJobStore {
           priority: job.priority, attempts: 0, runAt: InMemoryJobStore.runDate(job.runTime, now: now),
           createdAt: now,
           deduplicationKey: job.deduplicationKey,
-          timeLimit: job.timeLimitMilliseconds.map { .milliseconds($0) }, orderingKey: job.orderingKey)
+          timeLimit: job.timeLimitMilliseconds.map { .milliseconds($0) }, orderingKey: job.orderingKey,
+          limitKey: job.limitKey)
         queues[ExactText(queue), default: QueueState()].insertNew(record, now: now)
         results.append(EnqueueResult(id: record.id, inserted: true))
       }
@@ -530,6 +536,53 @@ extension InMemoryJobStore {
     /// By ordering key, the jobs of the key that are waiting (held or not), running or dead,
     /// in ID order: only the first may be other than held.
     var lines: [ExactText: OrderLine] = [:]
+    /// By limit key, how many of the key's jobs run (lapsed leases not yet rescued among them).
+    var runningByKey: [ExactText: Int] = [:]
+    /// By limit key, the jobs a claim held because the key was at its limit, in claim order
+    /// (entries of jobs since changed are skipped when met, as in ``ready``).
+    var parked: [ExactText: Heap<ClaimOrder>] = [:]
+
+    /// The job `id` started running.
+    mutating func startRunning(_ id: JobID, limitKey: String?) {
+      running.insert(id)
+      if let limitKey { runningByKey[ExactText(limitKey), default: 0] += 1 }
+    }
+
+    /// The job `id` (still stored) stopped running, whatever it became: a job of its limit key
+    /// that a claim held for the key's limit may be claimed again.
+    mutating func stopRunning(_ id: JobID) {
+      guard running.remove(id) != nil, let limitKey = jobs[id]?.record.limitKey else { return }
+      let key = ExactText(limitKey)
+      let left = (runningByKey[key] ?? 1) - 1
+      runningByKey[key] = left > 0 ? left : nil
+      unpark(key)
+    }
+
+    /// Makes the first job held for the limit of `key` that is still held so claimable again.
+    mutating func unpark(_ key: ExactText) {
+      while let entry = parked[key]?.pop()?.entry {
+        let unparked =
+          jobs.update(entry.id) { slot -> Bool in
+            guard Self.isCurrent(entry, slot), slot.record.isHeldByLimit else { return false }
+            slot.record.isHeld = false
+            slot.record.isHeldByLimit = false
+            slot.ready = true
+            return true
+          } ?? false
+        if parked[key]?.peek == nil { parked[key] = nil }
+        if unparked {
+          ready.push(ClaimOrder(entry))
+          return
+        }
+      }
+    }
+
+    /// Makes every job held for its key's limit claimable again (the limits changed).
+    mutating func unparkAll() {
+      for key in Array(parked.keys) {
+        while parked[key] != nil { unpark(key) }
+      }
+    }
 
     /// Whether `slot` holds the job of `entry` as the entry saw it: waiting, with the entry's run
     /// date and priority.
@@ -597,9 +650,20 @@ extension InMemoryJobStore {
       promote(now: now)
       var claimed: [JobRecord] = []
       while claimed.count < limit, let entry = ready.pop()?.entry {
-        // The entry is current (see `isCurrent(_:_:)`) and the job ready: claimed in place.
+        // The entry is current (see `isCurrent(_:_:)`) and the job ready: claimed in place, or
+        // held when its limit key is at its limit.
+        var parkedKey: ExactText?
         let record = jobs.update(entry.id) { slot -> JobRecord? in
           guard Self.isCurrent(entry, slot), slot.ready else { return nil }
+          if let limitKey = slot.record.limitKey, let bound = limits.concurrency(forKey: limitKey),
+            runningByKey[ExactText(limitKey), default: 0] >= bound
+          {
+            slot.ready = false
+            slot.record.isHeld = true
+            slot.record.isHeldByLimit = true
+            parkedKey = ExactText(limitKey)
+            return nil
+          }
           slot.ready = false
           slot.record.status = .running
           slot.record.attempts = slot.record.attempts == Int.max ? Int.max : slot.record.attempts + 1
@@ -608,10 +672,11 @@ extension InMemoryJobStore {
           slot.record.leaseExpiresAt = expiry
           return slot.record
         }
+        if let parkedKey { parked[parkedKey, default: Heap()].push(ClaimOrder(entry)) }
         guard let record = record ?? nil else { continue }
         if let key = record.deduplicationKey { dropDeduplication(key, entry.id) }
         claimed.append(record)
-        running.insert(entry.id)
+        startRunning(entry.id, limitKey: record.limitKey)
       }
       return claimed
     }
@@ -634,7 +699,7 @@ extension InMemoryJobStore {
           return true
         }
         guard completed == true else { return false }
-        running.remove(settlement.id)
+        stopRunning(settlement.id)
         let key = jobs[settlement.id]?.record.orderingKey
         if keeps {
           finished[.completed, default: Heap()].push(FinishOrder(id: settlement.id, finishedAt: now))
@@ -693,7 +758,7 @@ extension InMemoryJobStore {
     ) {
       guard var record = jobs[id]?.record else { return }
       if record.status == .pending { stopWaiting(record) }
-      running.remove(id)
+      stopRunning(id)
       record.status = status
       record.finishedAt = now
       if let error {
@@ -706,6 +771,7 @@ extension InMemoryJobStore {
       record.leaseOwner = nil
       record.leaseExpiresAt = nil
       record.isHeld = false
+      record.isHeldByLimit = false
       jobs[id] = Slot(record: record, ready: false, seq: 0)
       finished[status, default: Heap()].push(FinishOrder(id: id, finishedAt: now))
       // A dead job keeps its place at the head of its key's line: it blocks the key.
@@ -732,7 +798,7 @@ extension InMemoryJobStore {
 
     mutating func makeWaiting(_ id: JobID, runAt: Date, error: String?, ready isReady: Bool, seq: Int64) {
       guard var record = jobs[id]?.record else { return }
-      running.remove(id)
+      stopRunning(id)
       record.status = .pending
       record.finishedAt = nil
       record.runAt = runAt
@@ -742,6 +808,7 @@ extension InMemoryJobStore {
       // A job that waits again (retried, released, rescued, re-queued) is held unless it heads
       // its key's line.
       record.isHeld = record.orderingKey.map { lines[ExactText($0)]?.first != id } ?? false
+      record.isHeldByLimit = false
       insertWaiting(record, ready: isReady, seq: seq)
     }
 
@@ -767,6 +834,12 @@ extension InMemoryJobStore {
     mutating func replace(_ id: JobID, with job: NewJob, now: Date) {
       guard let slot = jobs[id], slot.record.status == .pending else { return }
       var record = slot.record
+      // A job held for its key's limit is claimable again (its held entry no longer matches it):
+      // the next claim holds it again if the key is still at its limit.
+      if record.isHeldByLimit {
+        record.isHeld = false
+        record.isHeldByLimit = false
+      }
       record.payload = job.payload
       record.priority = job.priority
       record.runAt = InMemoryJobStore.runDate(job.runTime, now: now)
@@ -799,8 +872,8 @@ extension InMemoryJobStore {
       guard let record = jobs[id]?.record else { return false }
       if record.status == .pending { stopWaiting(record) }
       forgetKey(of: record)
+      stopRunning(id)
       jobs[id] = nil
-      running.remove(id)
       if let key = record.orderingKey { leaveLine(id, key: key) }
       return true
     }
@@ -814,7 +887,9 @@ extension InMemoryJobStore {
         lines[key] = nil
         return
       }
-      guard var record = jobs[next]?.record, record.status == .pending, record.isHeld else { return }
+      // A head held by its limit key's limit stays so: its key's next stop makes it claimable.
+      guard var record = jobs[next]?.record, record.status == .pending, record.isHeld, !record.isHeldByLimit
+      else { return }
       record.isHeld = false
       // Ready when it was due when added, so a clock stepped back since does not delay it.
       insertWaiting(record, ready: record.runAt <= record.createdAt, seq: 0)

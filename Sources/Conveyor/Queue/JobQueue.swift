@@ -172,10 +172,19 @@ public final class JobQueue<Item: Queueable>: Sendable {
       if let orderingKey, let problem = OrderingKey.problem(orderingKey) {
         throw JobQueueError.invalidOrderingKey(problem)
       }
+      let limitKey = item.limitKey
+      if let limitKey {
+        if let problem = LimitKey.problem(limitKey) { throw JobQueueError.invalidLimitKey(problem) }
+        if !store.keepsKeyLimits {
+          throw JobQueueError.invalidLimitKey(
+            "\(type(of: store)) keeps no limit keys; use a store that does (in-memory, SQLite, PostgreSQL)")
+        }
+      }
       return NewJob(
         payload: try encode(item), priority: priority, runTime: runTime, deduplicationKey: key,
-        deduplicationScope: scope, onConflict: item.onConflict, timeLimit: timeLimit, orderingKey: orderingKey
-      )
+        deduplicationScope: scope, onConflict: item.onConflict, timeLimit: timeLimit,
+        orderingKey: orderingKey,
+        limitKey: limitKey)
     }
   }
 
@@ -281,6 +290,10 @@ public final class JobQueue<Item: Queueable>: Sendable {
       throw JobQueueError.invalidLimits(
         "\(type(of: store)) keeps no rate limits; use a store that does (in-memory, SQLite, PostgreSQL)")
     }
+    if limits.hasKeyLimits, !store.keepsKeyLimits {
+      throw JobQueueError.invalidLimits(
+        "\(type(of: store)) keeps no limits per key; use a store that does (in-memory, SQLite, PostgreSQL)")
+    }
     try await store.setLimits(limits, queue: identifier)
     core.withLock { $0.state.fullUntil = nil }
     log(
@@ -288,6 +301,8 @@ public final class JobQueue<Item: Queueable>: Sendable {
       [
         "concurrency": limits.concurrency.map(String.init) ?? "none",
         "rate": limits.rate.map { "\($0.perSecond)/s burst \($0.burst)" } ?? "none",
+        "keyConcurrency": limits.keyConcurrency.map(String.init) ?? "none",
+        "keyOverrides": String(limits.keyConcurrencyOverrides.count),
       ])
     wake.signal()  // a raised limit may free places at once
   }

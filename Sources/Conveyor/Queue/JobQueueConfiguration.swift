@@ -253,6 +253,9 @@ public enum JobQueueError: Error, Hashable, CustomStringConvertible {
   /// An ordering key breaks ``OrderingKey``'s rules (empty, too long, or with NUL); nothing was
   /// stored. The text says what to pass.
   case invalidOrderingKey(String)
+  /// A limit key breaks ``LimitKey``'s rules (empty, too long, or with NUL), or the store keeps
+  /// no limits per key; nothing was stored. The text says what to pass.
+  case invalidLimitKey(String)
   /// Limits out of range (``QueueLimits/problem``); the stored limits were left as they were.
   case invalidLimits(String)
 
@@ -267,6 +270,7 @@ public enum JobQueueError: Error, Hashable, CustomStringConvertible {
     case .invalidTimeLimit(let message): "invalid time limit (nothing was stored): \(message)"
     case .invalidDeduplication(let message): "invalid deduplication (nothing was stored): \(message)"
     case .invalidOrderingKey(let message): "invalid ordering key (nothing was stored): \(message)"
+    case .invalidLimitKey(let message): "invalid limit key (nothing was stored): \(message)"
     case .invalidLimits(let message): "invalid limits (the stored limits were kept): \(message)"
     }
   }

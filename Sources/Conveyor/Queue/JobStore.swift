@@ -102,13 +102,21 @@ public struct NewJob: Sendable, Hashable {
   /// ``OrderingKey/maximumBytes`` UTF-8 bytes without NUL, compared byte for byte; stores refuse
   /// other keys with ``JobQueueError/invalidOrderingKey(_:)``.
   public var orderingKey: String?
+  /// The key whose concurrency limit binds this job (``QueueLimits/keyConcurrency``, and
+  /// ``QueueLimits/keyConcurrencyOverrides``): while as many jobs of the key run as its limit
+  /// allows, a claim that reaches this job holds it (``JobRecord/isHeldByLimit``) until one of
+  /// them stops running (see <doc:ConcurrencyLimits>). Nil: only the queue's limits bind it. A
+  /// key follows ``LimitKey``'s rules; stores refuse others with
+  /// ``JobQueueError/invalidLimitKey(_:)``.
+  public var limitKey: String?
 
   /// Describes a job to insert.
   public init(
     payload: Data, priority: Int = 0, runTime: RunTime = .now, deduplicationKey: String? = nil,
     deduplicationScope: DeduplicationScope = .waiting, onConflict: DeduplicationConflict = .useExisting,
-    timeLimit: Duration? = nil, orderingKey: String? = nil
+    timeLimit: Duration? = nil, orderingKey: String? = nil, limitKey: String? = nil
   ) {
+    self.limitKey = limitKey
     self.payload = payload
     self.priority = priority
     self.runTime = runTime
@@ -129,11 +137,11 @@ public struct NewJob: Sendable, Hashable {
   public init(
     payload: Data, priority: Int = 0, runAt: Date, deduplicationKey: String? = nil,
     timeLimit: Duration? = nil,
-    orderingKey: String? = nil
+    orderingKey: String? = nil, limitKey: String? = nil
   ) {
     self.init(
       payload: payload, priority: priority, runTime: .at(runAt), deduplicationKey: deduplicationKey,
-      timeLimit: timeLimit, orderingKey: orderingKey)
+      timeLimit: timeLimit, orderingKey: orderingKey, limitKey: limitKey)
   }
 
   /// ``timeLimit`` as the stores keep it: whole milliseconds, at least 1; nil when unset.
@@ -214,6 +222,12 @@ public struct JobRecord: Sendable, Hashable, Identifiable {
   /// Whether the job waits behind an earlier unfinished (or dead) job of its ordering key: its
   /// status is ``JobStatus/pending`` but no worker may claim it until the jobs before it finish.
   public var isHeld: Bool
+  /// The job's limit key (``NewJob/limitKey``), if any.
+  public var limitKey: String?
+  /// Whether the job is held because its limit key's concurrency limit was reached when a claim
+  /// reached it (``isHeld`` is then true too): it becomes claimable again when a running job of
+  /// its key stops running, or when the queue's limits are set again.
+  public var isHeldByLimit: Bool
 
   /// Creates a record.
   public init(
@@ -221,8 +235,10 @@ public struct JobRecord: Sendable, Hashable, Identifiable {
     runAt: Date, createdAt: Date, lastError: String? = nil, deduplicationKey: String? = nil,
     leaseOwner: String? = nil, leaseExpiresAt: Date? = nil, claimToken: Int64 = 0, timeLimit: Duration? = nil,
     finishedAt: Date? = nil, errors: [String] = [], runDuration: Duration? = nil, output: Data? = nil,
-    orderingKey: String? = nil, isHeld: Bool = false
+    orderingKey: String? = nil, isHeld: Bool = false, limitKey: String? = nil, isHeldByLimit: Bool = false
   ) {
+    self.limitKey = limitKey
+    self.isHeldByLimit = isHeldByLimit
     self.id = id
     self.queue = queue
     self.payload = payload
@@ -619,6 +635,14 @@ public protocol JobStore: Sendable {
   /// a rate for a store that does not. Default false (a store written before rates existed).
   var keepsRateLimits: Bool { get }
 
+  /// Whether the store keeps and enforces limits per key (``QueueLimits/keyConcurrency``,
+  /// ``QueueLimits/keyConcurrencyOverrides``) and stores each job's ``NewJob/limitKey``: a claim
+  /// never takes the running jobs of a limit key past its limit, counted inside the claim's
+  /// transaction, and holds the jobs it reaches of a key at its limit (``JobRecord/isHeldByLimit``)
+  /// until a job of the key stops running or the limits are set again. ``JobQueue`` refuses limit
+  /// keys and limits per key for a store that does not. Default false.
+  var keepsKeyLimits: Bool { get }
+
   /// When something in the queue will next need a worker: the earliest waiting run date and the
   /// earliest lease expiry, as dates of `clock` (both nil when the queue holds neither a waiting
   /// nor a running job), and the stored pause flag. While the queue's running jobs fill its
@@ -741,6 +765,9 @@ extension JobStore {
 
   /// Keeps no rate limits: false.
   public var keepsRateLimits: Bool { false }
+
+  /// Keeps no limits per key: false.
+  public var keepsKeyLimits: Bool { false }
 
   /// Keeps no limits: throws ``JobQueueError/invalidLimits(_:)``.
   public func setLimits(_ limits: QueueLimits, queue: String) async throws {

@@ -47,24 +47,85 @@ public struct QueueLimits: Sendable, Hashable, Codable {
   /// How often the queue's jobs may start across every worker, or nil for no bound.
   public var rate: RateLimit?
 
+  /// The most jobs of any one limit key (``NewJob/limitKey``) that may run at once across every
+  /// worker, or nil for no bound per key (a key named in ``keyConcurrencyOverrides`` still has
+  /// its own). From 1 to ``maximumConcurrency``. Jobs without a limit key are not bound by it.
+  public var keyConcurrency: Int?
+
+  /// Limits of single limit keys, in place of ``keyConcurrency``: "at most 5 for
+  /// `api.example.com`". Each from 1 to ``maximumConcurrency``; at most
+  /// ``maximumKeyOverrides`` keys, each a valid limit key (``LimitKey``).
+  public var keyConcurrencyOverrides: [String: Int]
+
+  /// The most keys ``keyConcurrencyOverrides`` may name.
+  public static let maximumKeyOverrides = 10_000
+
   /// Limits; nil leaves that limit off.
   ///
   /// - Parameters:
   ///   - concurrency: The most jobs of the queue running at once, across every worker.
   ///   - rate: How often the queue's jobs may start, across every worker.
-  public init(concurrency: Int? = nil, rate: RateLimit? = nil) {
+  ///   - keyConcurrency: The most jobs of any one limit key running at once, across every worker.
+  ///   - keyConcurrencyOverrides: Limits of single keys, in place of `keyConcurrency`.
+  public init(
+    concurrency: Int? = nil, rate: RateLimit? = nil, keyConcurrency: Int? = nil,
+    keyConcurrencyOverrides: [String: Int] = [:]
+  ) {
     self.concurrency = concurrency
     self.rate = rate
+    self.keyConcurrency = keyConcurrency
+    self.keyConcurrencyOverrides = keyConcurrencyOverrides
+  }
+
+  private enum CodingKeys: String, CodingKey {
+    case concurrency, rate, keyConcurrency, keyConcurrencyOverrides
+  }
+
+  /// Decodes limits; members a JSON document written before they existed lacks are left off.
+  public init(from decoder: any Decoder) throws {
+    let container = try decoder.container(keyedBy: CodingKeys.self)
+    concurrency = try container.decodeIfPresent(Int.self, forKey: .concurrency)
+    rate = try container.decodeIfPresent(RateLimit.self, forKey: .rate)
+    keyConcurrency = try container.decodeIfPresent(Int.self, forKey: .keyConcurrency)
+    keyConcurrencyOverrides =
+      try container.decodeIfPresent([String: Int].self, forKey: .keyConcurrencyOverrides) ?? [:]
   }
 
   /// Whether no limit is set.
-  public var isEmpty: Bool { concurrency == nil && rate == nil }
+  public var isEmpty: Bool { concurrency == nil && rate == nil && !hasKeyLimits }
+
+  /// Whether a limit per key is set (``keyConcurrency`` or an override).
+  public var hasKeyLimits: Bool { keyConcurrency != nil || !keyConcurrencyOverrides.isEmpty }
+
+  /// The most jobs of limit key `key` that may run at once: its override, else
+  /// ``keyConcurrency``; nil when the key is not bound.
+  public func concurrency(forKey key: String) -> Int? {
+    keyConcurrencyOverrides.isEmpty ? keyConcurrency : keyConcurrencyOverrides[key] ?? keyConcurrency
+  }
 
   /// Why these limits cannot be stored, or nil when they can.
   public var problem: String? {
     if let concurrency, !(1...Self.maximumConcurrency).contains(concurrency) {
       return "a concurrency limit must be from 1 to \(Self.maximumConcurrency), not \(concurrency); "
         + "pause the queue to stop claims, or pass nil to remove the limit"
+    }
+    if let keyConcurrency, !(1...Self.maximumConcurrency).contains(keyConcurrency) {
+      return
+        "a concurrency limit per key must be from 1 to \(Self.maximumConcurrency), not \(keyConcurrency); "
+        + "pass nil to remove it"
+    }
+    if keyConcurrencyOverrides.count > Self.maximumKeyOverrides {
+      return "at most \(Self.maximumKeyOverrides) keys may have their own concurrency limit, not "
+        + "\(keyConcurrencyOverrides.count); give the others the limit per key"
+    }
+    for (key, limit) in keyConcurrencyOverrides.sorted(by: {
+      $0.key.utf8.lexicographicallyPrecedes($1.key.utf8)
+    }) {
+      if let problem = LimitKey.problem(key) { return problem }
+      if !(1...Self.maximumConcurrency).contains(limit) {
+        return "the concurrency limit of key \"\(LimitKey.printable(key))\" must be from 1 to "
+          + "\(Self.maximumConcurrency), not \(limit); remove the key to give it the limit per key"
+      }
     }
     return rate?.problem
   }

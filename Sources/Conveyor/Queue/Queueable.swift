@@ -34,6 +34,11 @@ public protocol Queueable: Codable, Sendable {
   /// for a retry, and while an earlier one is dead (see <doc:OrderingKeys>). Nil (the default):
   /// no order. At most ``OrderingKey/maximumBytes`` UTF-8 bytes, not empty, no NUL.
   var orderingKey: String? { get }
+  /// The key whose concurrency limit binds the job (``QueueLimits/keyConcurrency``), e.g. the host
+  /// an outbox job calls: at most that many jobs of one key run at once across every process
+  /// sharing the store (see <doc:ConcurrencyLimits>). Nil (the default): only the queue's limits.
+  /// At most ``LimitKey/maximumBytes`` UTF-8 bytes, not empty, no NUL.
+  var limitKey: String? { get }
 }
 
 extension Queueable {
@@ -45,6 +50,8 @@ extension Queueable {
   public var onConflict: DeduplicationConflict { .useExisting }
   /// No order.
   public var orderingKey: String? { nil }
+  /// No limit key.
+  public var limitKey: String? { nil }
 }
 
 /// What a handler knows about the job it is handling.

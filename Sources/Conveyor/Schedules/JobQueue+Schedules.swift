@@ -38,6 +38,12 @@ extension JobQueue {
         "a schedule cannot carry an ordering key yet (the item's orderingKey is \"\(item.orderingKey!)\"); "
           + "schedule an item without one, and have its handler add the ordered jobs")
     }
+    // Nor a limit key: its jobs would run outside the key's limit.
+    if let limitKey = item.limitKey {
+      throw ScheduleError.unsupported(
+        "a schedule cannot carry a limit key yet (the item's limitKey is \"\(LimitKey.printable(limitKey))\"); "
+          + "schedule an item without one, and have its handler add the limited jobs")
+    }
     return try ScheduleDefinition(
       name: name, timing: timing, payload: payload, priority: priority, timeLimit: timeLimit,
       deduplicationKey: key, deduplicationScope: scope, onConflict: item.onConflict)
