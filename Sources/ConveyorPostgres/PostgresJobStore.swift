@@ -150,7 +150,7 @@ public final class PostgresJobStore: JobStore {
   /// place a retried job takes among ready ones; 5 a job's own time limit; 6 the history of
   /// finished jobs; 7 an index of the running and completed jobs with a deduplication key; 8 stored
   /// schedules; 9 ordering keys; 10 the queues' stored limits).
-  public static let schemaVersion = 11
+  public static let schemaVersion = 12
 
   /// The options the store was opened with.
   public let options: Options
@@ -508,6 +508,7 @@ public final class PostgresJobStore: JobStore {
     var bytes: Int {
       jobs.reduce(0) {
         $0 + $1.payload.count + ($1.deduplicationKey?.utf8.count ?? 0) + ($1.orderingKey?.utf8.count ?? 0)
+          + ($1.limitKey?.utf8.count ?? 0)
       }
     }
   }
@@ -738,8 +739,9 @@ public final class PostgresJobStore: JobStore {
   {
     let jobs = call.jobs
     let queue = call.queue
-    // A job with an ordering key takes the batch statement, the one that finds its line.
-    let ordered = inserting.contains { jobs[$0].orderingKey != nil }
+    // A job with an ordering key takes the batch statement, the one that finds its line; so does
+    // one with a limit key (the statement that stores it).
+    let ordered = inserting.contains { jobs[$0].orderingKey != nil || jobs[$0].limitKey != nil }
     if inserting.count == 1, !checked, !ordered, let index = inserting.first {
       let job = jobs[index]
       return (
@@ -756,7 +758,8 @@ public final class PostgresJobStore: JobStore {
     let first = jobs[inserting[0]]
     let uniform = inserting.allSatisfy { index in
       let job = jobs[index]
-      return job.deduplicationKey == nil && job.orderingKey == nil && job.priority == first.priority
+      return job.deduplicationKey == nil && job.orderingKey == nil && job.limitKey == nil
+        && job.priority == first.priority
         && job.runTime == first.runTime
         && job.timeLimitMilliseconds == first.timeLimitMilliseconds
     }
@@ -779,7 +782,7 @@ public final class PostgresJobStore: JobStore {
         .timestampArray(inserting.map { date(jobs[$0].runTime) }),
         .byteaArray(inserting.map { jobs[$0].deduplicationKey.map { Data($0.utf8) } }), call.now,
         .int64Array(inserting.map { jobs[$0].timeLimitMilliseconds }),
-        .textArray(inserting.map { jobs[$0].orderingKey }),
+        .textArray(inserting.map { jobs[$0].orderingKey }), .textArray(inserting.map { jobs[$0].limitKey }),
       ]
     )
   }
@@ -898,6 +901,7 @@ public final class PostgresJobStore: JobStore {
               delayCounted,
             ]
           ), (sql.claim, claim), (sql.limitedClaim, claim + [micros]),
+          (sql.keyLimitedClaim, claim + [micros]),
           (sql.limitFull, [.text(queue), micros]),
         ]
       }
@@ -919,7 +923,7 @@ public final class PostgresJobStore: JobStore {
           }
         }
       }
-      let flagIndex = statements.count - (limit > 0 ? 5 : 1)
+      let flagIndex = statements.count - (limit > 0 ? 6 : 1)
       let flag = results[flagIndex]
       let pausedBefore = flag.count > 0 && flag.bool(0, 0)
       guard limit > 0 else {
@@ -930,17 +934,18 @@ public final class PostgresJobStore: JobStore {
       // The rate's next start: the caller's clock's time, or with the database's clock a wait
       // from now (the server's clock may not be this one). None when the claim stopped before
       // the rate (paused, or the queue was full before it), as the other stores say.
-      let stoppedBefore =
-        (pausedBefore || full) && results[statements.count - 2].count == 0
-        && results[statements.count - 3].count == 0
+      let claims = [
+        results[statements.count - 4], results[statements.count - 3], results[statements.count - 2],
+      ]
+      let stoppedBefore = (pausedBefore || full) && claims.allSatisfy { $0.count == 0 }
       let nextStart: Date? =
         fullRow.count > 0 && !fullRow.isNull(0, 1) && !stoppedBefore
         ? Self.rateDate(
           next: fullRow.int64(0, 1), readAt: fullRow.int64(0, 2), clock: clock, caller: useCaller)
         : nil
-      // In claim order: each record with its `seq`, the column after the record's (one of the
-      // two claims took nothing).
-      let sequenced = try [results[statements.count - 3], results[statements.count - 2]].flatMap { rows in
+      // In claim order: each record with its `seq`, the column after the record's (one claim at
+      // most took something).
+      let sequenced = try claims.flatMap { rows in
         try (0..<rows.count).map { (record: try Self.record(rows, $0), seq: rows.int64($0, SQL.seqColumn)) }
       }
       let claimed = sequenced.sorted { a, b in
@@ -1440,16 +1445,29 @@ public final class PostgresJobStore: JobStore {
   public func limits(queue: String) async throws -> QueueLimits {
     let sql = self.sql
     return try await connection.perform(idempotent: true) { db in
-      let row = try db.execute(sql.limits, [.text(queue)])
-      guard row.count > 0 else { return QueueLimits() }
-      return QueueLimits(
-        concurrency: row.isNull(0, 0) ? nil : Int(row.int64(0, 0)),
-        rate: row.isNull(0, 1) ? nil : RateLimit(perSecond: row.double(0, 1), burst: Int(row.int64(0, 2))))
+      try db.transaction {
+        let row = try db.execute(sql.limits, [.text(queue)])
+        let overrides = try db.execute(sql.keyOverrides, [.text(queue)])
+        var limits = QueueLimits()
+        if row.count > 0 {
+          limits.concurrency = row.isNull(0, 0) ? nil : Int(row.int64(0, 0))
+          limits.rate =
+            row.isNull(0, 1) ? nil : RateLimit(perSecond: row.double(0, 1), burst: Int(row.int64(0, 2)))
+          limits.keyConcurrency = row.isNull(0, 3) ? nil : Int(row.int64(0, 3))
+        }
+        for index in 0..<overrides.count {
+          limits.keyConcurrencyOverrides[overrides.text(index, 0) ?? ""] = Int(overrides.int64(index, 1))
+        }
+        return limits
+      }
     }
   }
 
   /// Keeps and enforces rate limits: true.
   public var keepsRateLimits: Bool { true }
+
+  /// Keeps and enforces limits per key: true.
+  public var keepsKeyLimits: Bool { true }
 
   /// Stores limits and wakes the queue's listening workers (a raised limit frees places); see
   /// `JobStore.setLimits(_:queue:)`.
@@ -1464,7 +1482,20 @@ public final class PostgresJobStore: JobStore {
             .text(queue), limits.concurrency.map { .int64(Int64($0)) } ?? .null(oid: PostgresValue.int8OID),
             limits.rate.map { .double($0.perSecond) } ?? .null(oid: PostgresValue.float8OID),
             limits.rate.map { .int64(Int64($0.burst)) } ?? .null(oid: PostgresValue.int8OID),
+            limits.keyConcurrency.map { .int64(Int64($0)) } ?? .null(oid: PostgresValue.int8OID),
           ])
+        try db.execute(sql.deleteKeyOverrides, [.text(queue)])
+        if !limits.keyConcurrencyOverrides.isEmpty {
+          let overrides = limits.keyConcurrencyOverrides.sorted {
+            $0.key.utf8.lexicographicallyPrecedes($1.key.utf8)
+          }
+          try db.execute(
+            sql.insertKeyOverrides,
+            [.text(queue), .textArray(overrides.map(\.key)), .int64Array(overrides.map { Int64($0.value) })])
+        }
+        // Jobs held for their key's limit are claimable again; the next claims hold those whose
+        // key is still at its limit.
+        try db.execute(sql.unparkAll, [.text(queue)])
         try db.execute(sql.notify, [.text(queue)])
       }
     }
@@ -1586,7 +1617,9 @@ public final class PostgresJobStore: JobStore {
       timeLimit: JobStoreTime.timeLimit(milliseconds: rows.isNull(row, 13) ? nil : rows.int64(row, 13)),
       finishedAt: rows.date(row, 14), errors: try errors(rows, row, 15),
       runDuration: rows.isNull(row, 16) ? nil : .milliseconds(rows.int64(row, 16)),
-      output: rows.optionalData(row, 17), orderingKey: rows.text(row, 18), isHeld: statusText == "held")
+      output: rows.optionalData(row, 17), orderingKey: rows.text(row, 18), isHeld: statusText == "held",
+      limitKey: rows.text(row, 19),
+      isHeldByLimit: statusText == "held" && !rows.isNull(row, 20) && rows.bool(row, 20))
   }
 
   /// A JSON array of strings (`SQL.appendError`) as a list; NULL as none.

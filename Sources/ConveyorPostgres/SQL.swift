@@ -56,6 +56,7 @@ struct SQL {
   let promote: String
   let claim: String
   let limitedClaim: String
+  let keyLimitedClaim: String
   let limitLock: String
   let limitFull: String
   let heartbeat: String
@@ -81,6 +82,7 @@ struct SQL {
     promote = Self.promote(schema)
     claim = Self.claim(schema)
     limitedClaim = Self.limitedClaim(schema)
+    keyLimitedClaim = Self.keyLimitedClaim(schema)
     limitLock = Self.limitLock(schema)
     limitFull = Self.limitFull(schema)
     heartbeat = Self.heartbeat(schema)
@@ -97,7 +99,7 @@ struct SQL {
   var migrations: [String] {
     [
       version1, version2, version3, version4, version5, version6, version7, version8, version9, version10,
-      version11,
+      version11, version12,
     ]
   }
 
@@ -478,6 +480,66 @@ struct SQL {
     """
   }
 
+  /// Version 12: limits per key.
+  /// - `jobs.limit_key`: the job's `NewJob.limitKey`; `jobs.parked`: true while the job is `held`
+  ///   because a claim found its key at its limit (``keyLimitedClaim``). A trigger clears it
+  ///   whenever the status leaves `held`, so `parked` implies `held`.
+  /// - `queues.key_concurrency`: `QueueLimits.keyConcurrency`; `key_limits`: its overrides.
+  /// - `jobs_key_running`: a key's running jobs, counted by a claim up to the key's limit;
+  ///   `jobs_parked`: a key's parked jobs in claim order.
+  /// - `key_stopped`: when a job of a limit key stops running, however it stops (settled,
+  ///   cancelled, removed, rescued), the first parked job of its key becomes ready again, in its
+  ///   old place. It first takes the queue's limit lock (``limitLock``), as the claims of a queue
+  ///   with limits per key do, so a claim that parks a job and a settlement that frees its key
+  ///   never miss each other: the one that takes the lock second sees what the first committed
+  ///   (the update is a new statement, so a new snapshot). A parked job another transaction has
+  ///   locked is skipped (that transaction is cancelling, removing or replacing it).
+  ///
+  /// Adding nullable columns rewrites no row.
+  var version12: String {
+    """
+    ALTER TABLE \(schema).jobs ADD COLUMN limit_key text, ADD COLUMN parked boolean;
+    ALTER TABLE \(schema).queues ADD COLUMN key_concurrency integer CHECK (key_concurrency BETWEEN 1 AND 1000000);
+    CREATE TABLE \(schema).key_limits (
+      queue text NOT NULL,
+      key text NOT NULL,
+      concurrency integer NOT NULL CHECK (concurrency BETWEEN 1 AND 1000000),
+      PRIMARY KEY (queue, key)
+    );
+    CREATE INDEX jobs_key_running ON \(schema).jobs (queue, limit_key)
+      WHERE status = 'running' AND limit_key IS NOT NULL;
+    CREATE INDEX jobs_parked ON \(schema).jobs (queue, limit_key, priority DESC, run_at, seq, id)
+      WHERE status = 'held' AND parked;
+
+    CREATE FUNCTION \(schema).key_stopped() RETURNS trigger LANGUAGE plpgsql AS $body$
+    BEGIN
+      PERFORM pg_advisory_xact_lock(\(Self.limitLockKey(schema, queue: "OLD.queue")));
+      UPDATE \(schema).jobs SET status = 'ready', parked = NULL WHERE id = (
+        SELECT p.id FROM \(schema).jobs p
+        WHERE p.queue = OLD.queue AND p.limit_key = OLD.limit_key AND p.status = 'held' AND p.parked
+        ORDER BY p.priority DESC, p.run_at, p.seq, p.id LIMIT 1 FOR UPDATE SKIP LOCKED);
+      RETURN NULL;
+    END
+    $body$;
+    CREATE TRIGGER jobs_key_stopped AFTER UPDATE OF status ON \(schema).jobs FOR EACH ROW
+      WHEN (OLD.status = 'running' AND NEW.status <> 'running' AND OLD.limit_key IS NOT NULL)
+      EXECUTE FUNCTION \(schema).key_stopped();
+    CREATE TRIGGER jobs_key_deleted AFTER DELETE ON \(schema).jobs FOR EACH ROW
+      WHEN (OLD.status = 'running' AND OLD.limit_key IS NOT NULL)
+      EXECUTE FUNCTION \(schema).key_stopped();
+
+    CREATE FUNCTION \(schema).unparked() RETURNS trigger LANGUAGE plpgsql AS $body$
+    BEGIN
+      NEW.parked := NULL;
+      RETURN NEW;
+    END
+    $body$;
+    CREATE TRIGGER jobs_unparked BEFORE UPDATE OF status ON \(schema).jobs FOR EACH ROW
+      WHEN (OLD.parked AND NEW.status <> 'held')
+      EXECUTE FUNCTION \(schema).unparked();
+    """
+  }
+
   /// A schedule's columns, in the order `PostgresJobStore.schedule(_:row:)` reads them.
   static let scheduleColumns = """
     queue, name, spacing, time_zone, catch_up, jitter_ms, payload, priority, time_limit_ms, origin, active, \
@@ -540,10 +602,11 @@ struct SQL {
   /// The columns ``PostgresJobStore`` decodes a `JobRecord` from, in order.
   static let columns = """
     id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key, \
-    lease_owner, lease_expires_at, claim_token, time_limit_ms, finished_at, errors, run_ms, output, ordering_key
+    lease_owner, lease_expires_at, claim_token, time_limit_ms, finished_at, errors, run_ms, output, ordering_key, \
+    limit_key, parked
     """
   /// Where the claim's `seq` follows the record's columns.
-  static let seqColumn = 19
+  static let seqColumn = 21
 
   /// `errors` (of the row `j`) with the text `error` appended as a JSON string, unless it is
   /// NULL, keeping the latest `JobHistory.maximumErrors`.
@@ -618,7 +681,8 @@ struct SQL {
       SELECT id FROM \(schema).jobs WHERE id = $1 AND status IN ('ready', 'scheduled', 'held') FOR UPDATE
     ), replaced AS (
       UPDATE \(schema).jobs AS j SET payload = $2, priority = $3, run_at = r.run_at,
-        status = CASE WHEN j.status = 'held' THEN 'held' WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END,
+        status = CASE WHEN j.status = 'held' AND j.parked IS NOT TRUE THEN 'held'
+          WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END,
         time_limit_ms = $7::int8
       FROM target AS t, (SELECT \(Self.now(6)) AS now) AS n,
         LATERAL (SELECT CASE WHEN $5::timestamptz IS NOT NULL THEN $5::timestamptz
@@ -650,22 +714,23 @@ struct SQL {
   /// stored `held` when its line (``lineStatuses``) already holds a job or an earlier job of the
   /// batch has its key: the caller holds the lines' locks (``lockKeys(_:)``), taken in an earlier
   /// statement, so this one sees every job an earlier enqueuer committed. Parameters: queue,
-  /// payloads, priorities, delays (ms), dates, keys, now, time limits, ordering keys.
+  /// payloads, priorities, delays (ms), dates, keys, now, time limits, ordering keys, limit keys.
   static func insert(_ schema: String, channel: String) -> String {
     """
     WITH inserted AS (
       INSERT INTO \(schema).jobs (queue, payload, status, priority, run_at, created_at, dedup_key, time_limit_ms,
-        ordering_key)
+        ordering_key, limit_key)
       SELECT $1, j.payload,
         CASE WHEN j.line IS NOT NULL AND (j.place > 1 OR EXISTS (
             SELECT 1 FROM \(schema).jobs l
             WHERE l.queue = $1 AND l.ordering_key = j.line AND l.status IN (\(lineStatuses))))
           THEN 'held' WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END,
-        j.priority, r.run_at, n.now, j.key, j.time_limit, j.line
+        j.priority, r.run_at, n.now, j.key, j.time_limit, j.line, j.limit_key
       FROM (SELECT \(Self.now(7)) AS now) AS n,
         (SELECT u.*, row_number() OVER (PARTITION BY u.line ORDER BY u.ordinal) AS place
-          FROM unnest($2::bytea[], $3::int8[], $4::int8[], $5::timestamptz[], $6::bytea[], $8::int8[], $9::text[])
-            WITH ORDINALITY AS u(payload, priority, delay, at, key, time_limit, line, ordinal)) AS j,
+          FROM unnest(
+            $2::bytea[], $3::int8[], $4::int8[], $5::timestamptz[], $6::bytea[], $8::int8[], $9::text[], $10::text[])
+            WITH ORDINALITY AS u(payload, priority, delay, at, key, time_limit, line, limit_key, ordinal)) AS j,
         LATERAL (SELECT CASE WHEN j.at IS NOT NULL THEN j.at
           WHEN j.delay IS NOT NULL THEN least(n.now + j.delay * interval '1 millisecond', \(Self.latest))
           ELSE n.now END AS run_at) AS r
@@ -920,7 +985,7 @@ struct SQL {
       b.base - b.slack, b.now_us
     FROM \(schema).queues q
     LEFT JOIN (\(rateBucket(schema, now: Self.microsUnderLock(2)))) AS b ON b.base - b.slack > b.now_us
-    WHERE q.name = $1 AND (q.concurrency IS NOT NULL OR q.rate IS NOT NULL)
+    WHERE q.name = $1 AND (q.concurrency IS NOT NULL OR q.rate IS NOT NULL OR \(hasKeyLimits(schema, row: "q")))
       AND current_setting('\(limitLocked)', true) = 'on'
     """
   }
@@ -958,6 +1023,14 @@ struct SQL {
   /// The transaction-local setting ``limitLock`` turns `on` when it took the lock: ``claim``
   /// then claims nothing and ``limitedClaim`` claims; otherwise the reverse.
   static let limitLocked = "conveyor.limit_locked"
+  /// The transaction-local setting ``limitLock`` turns `on` when the queue has limits per key:
+  /// ``keyLimitedClaim`` then claims, and ``limitedClaim`` claims nothing.
+  static let keyLimited = "conveyor.key_limited"
+  /// Whether the queue `$1` (its row in the statement as `q`, or the table `queues`) has limits per
+  /// key.
+  static func hasKeyLimits(_ schema: String, row: String) -> String {
+    "(\(row).key_concurrency IS NOT NULL OR EXISTS (SELECT 1 FROM \(schema).key_limits k WHERE k.queue = \(row).name))"
+  }
 
   /// Serializes the claims of a queue with a concurrency or rate limit, in the claim's transaction:
   /// when the queue has a limit, takes the queue's limit lock (waiting for the claim that holds it to
@@ -976,8 +1049,10 @@ struct SQL {
           ELSE (SELECT \(clockMicros) - w.started FROM (
             SELECT \(clockMicros) AS started, pg_advisory_xact_lock(\(limitLockKey(schema, queue: "$1")))) AS w)
           END)::text, true),
-      set_config('\(limitLocked)', 'on', true)
-    FROM \(schema).queues WHERE name = $1 AND (concurrency IS NOT NULL OR rate IS NOT NULL)
+      set_config('\(limitLocked)', 'on', true),
+      set_config('\(keyLimited)', CASE WHEN \(hasKeyLimits(schema, row: "queues")) THEN 'on' ELSE 'off' END, true)
+    FROM \(schema).queues WHERE name = $1
+      AND (concurrency IS NOT NULL OR rate IS NOT NULL OR \(hasKeyLimits(schema, row: "queues")))
     """
   }
 
@@ -1013,6 +1088,7 @@ struct SQL {
             SELECT id, priority, run_at, seq FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
               AND NOT EXISTS (SELECT 1 FROM \(schema).queues q WHERE q.name = $1 AND q.paused)
               AND current_setting('\(Self.limitLocked)', true) = 'on'
+              AND current_setting('\(Self.keyLimited)', true) IS DISTINCT FROM 'on'
             ORDER BY priority DESC, run_at, seq, id LIMIT $2 FOR UPDATE SKIP LOCKED
           ) AS candidates
           ORDER BY priority DESC, run_at, seq, id
@@ -1021,6 +1097,83 @@ struct SQL {
               (SELECT q.concurrency - \(runningUpToLimit(schema)) FROM \(schema).queues q
                 WHERE q.name = $1 AND q.concurrency IS NOT NULL), $2),
             coalesce((SELECT starts FROM bucket), $2)))))
+        RETURNING \(Self.columns("j")), j.seq
+      ),
+      timed AS (
+        UPDATE \(schema).queues SET rate_time = (SELECT b.base + (SELECT count(*) FROM claimed) * b.step FROM bucket b)
+        WHERE name = $1 AND rate IS NOT NULL AND EXISTS (
+          SELECT 1 FROM bucket b
+          WHERE EXISTS (SELECT 1 FROM claimed) OR queues.rate_time > b.now_us + b.slack + b.step)
+      )
+      SELECT * FROM claimed
+      """
+  }
+
+  /// How far past the jobs it may take a claim under limits per key reads (and parks) ready jobs.
+  static let keyWindow = 256
+
+  /// ``limitedClaim`` for a queue with limits per key (``version12``), run after ``limitLock``
+  /// and only when that found limits per key (``keyLimited``): of the first `$2 +`
+  /// ``keyWindow`` ready jobs (locked), it takes at most as many of each limit key as the key's
+  /// limit less its running jobs (counted from `jobs_key_running`, at most the limit's worth),
+  /// within the queue's own limits (concurrency, rate) and `$2`. Once a key's places are all
+  /// taken (or there were none), its other jobs read here are parked: `held` and `parked`, out of
+  /// the claim index, until a job of the key stops running (``version12``'s `key_stopped`) or the
+  /// limits are set again. A key whose places were not all taken (the claim was cut by `$2` or the
+  /// queue's limits first) parks nothing, so a parked job's key always has running jobs whose end
+  /// makes it ready. Parameters as ``limitedClaim``'s.
+  static func keyLimitedClaim(_ schema: String) -> String {
+    let underLock = "$5::timestamptz + (clock_timestamp() - transaction_timestamp())"
+    return """
+      WITH bucket AS (\(rateBucket(schema, now: Self.microsUnderLock(6)))),
+      candidates AS MATERIALIZED (
+        SELECT id, priority, run_at, seq, limit_key FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
+          AND NOT EXISTS (SELECT 1 FROM \(schema).queues q WHERE q.name = $1 AND q.paused)
+          AND current_setting('\(Self.keyLimited)', true) = 'on'
+        ORDER BY priority DESC, run_at, seq, id LIMIT $2 + \(keyWindow) FOR UPDATE SKIP LOCKED
+      ),
+      bounds AS MATERIALIZED (
+        SELECT b.limit_key, b.bound - (
+            SELECT count(*) FROM (
+              SELECT 1 FROM \(schema).jobs r
+              WHERE r.queue = $1 AND r.limit_key = b.limit_key AND r.status = 'running' AND r.limit_key IS NOT NULL
+              LIMIT b.bound) AS running) AS free
+        FROM (
+          SELECT d.limit_key, coalesce(
+              (SELECT o.concurrency FROM \(schema).key_limits o WHERE o.queue = $1 AND o.key = d.limit_key),
+              (SELECT q.key_concurrency FROM \(schema).queues q WHERE q.name = $1)) AS bound
+          FROM (SELECT DISTINCT limit_key FROM candidates WHERE limit_key IS NOT NULL) AS d
+        ) AS b
+        WHERE b.bound IS NOT NULL
+      ),
+      ranked AS MATERIALIZED (
+        SELECT c.id, c.priority, c.run_at, c.seq, c.limit_key, b.free,
+          row_number() OVER (PARTITION BY c.limit_key ORDER BY c.priority DESC, c.run_at, c.seq, c.id) AS nth
+        FROM candidates c LEFT JOIN bounds b ON b.limit_key = c.limit_key
+      ),
+      taken AS MATERIALIZED (
+        SELECT id, limit_key FROM ranked WHERE free IS NULL OR nth <= free
+        ORDER BY priority DESC, run_at, seq, id
+        LIMIT greatest(0, least($2,
+          coalesce(
+            (SELECT q.concurrency - \(runningUpToLimit(schema)) FROM \(schema).queues q
+              WHERE q.name = $1 AND q.concurrency IS NOT NULL), $2),
+          coalesce((SELECT starts FROM bucket), $2)))
+      ),
+      parked AS (
+        UPDATE \(schema).jobs j SET status = 'held', parked = true
+        FROM ranked r
+        WHERE j.id = r.id AND r.free IS NOT NULL AND r.nth > r.free
+          AND (SELECT count(*) FROM taken t WHERE t.limit_key = r.limit_key) >= r.free
+      ),
+      claimed AS (
+        UPDATE \(schema).jobs j SET status = 'running',
+          attempts = CASE WHEN j.attempts < 9223372036854775807 THEN j.attempts + 1 ELSE j.attempts END,
+          claim_token = j.claim_token + 1, lease_owner = $3,
+          lease_expires_at = least(
+            coalesce(date_trunc('milliseconds', \(underLock)), date_trunc('milliseconds', statement_timestamp()))
+              + $4 * interval '1 millisecond', \(Self.latest))
+        WHERE j.id = ANY(ARRAY(SELECT id FROM taken))
         RETURNING \(Self.columns("j")), j.seq
       ),
       timed AS (
@@ -1212,6 +1365,9 @@ struct SQL {
       SELECT name FROM present WHERE name IS NOT NULL
       UNION
       SELECT name FROM \(schema).queues WHERE paused OR concurrency IS NOT NULL OR rate IS NOT NULL
+        OR key_concurrency IS NOT NULL
+      UNION
+      SELECT queue FROM \(schema).key_limits
     ) AS listed
     ORDER BY name COLLATE "C"
     """
@@ -1322,14 +1478,34 @@ struct SQL {
     "SELECT coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false)"
   }
   /// The stored limits: concurrency, rate, burst. Parameter: queue.
-  var limits: String { "SELECT concurrency::int8, rate, burst::int8 FROM \(schema).queues WHERE name = $1" }
-  /// Stores the limits (NULL: none). Parameters: queue, concurrency, rate, burst. The rate's
+  var limits: String {
+    "SELECT concurrency::int8, rate, burst::int8, key_concurrency::int8 FROM \(schema).queues WHERE name = $1"
+  }
+  /// The queue's overrides of its limit per key. Parameter: queue.
+  var keyOverrides: String {
+    "SELECT key, concurrency::int8 FROM \(schema).key_limits WHERE queue = $1 ORDER BY key COLLATE \"C\""
+  }
+  /// Removes the queue's overrides. Parameter: queue.
+  var deleteKeyOverrides: String { "DELETE FROM \(schema).key_limits WHERE queue = $1" }
+  /// Stores overrides. Parameters: queue, keys, limits (pairwise).
+  var insertKeyOverrides: String {
+    """
+    INSERT INTO \(schema).key_limits (queue, key, concurrency)
+    SELECT $1, o.key, o.concurrency FROM unnest($2::text[], $3::int8[]) AS o(key, concurrency)
+    """
+  }
+  /// Every job of the queue held for its key's limit is ready again (the limits changed).
+  /// Parameter: queue.
+  var unparkAll: String {
+    "UPDATE \(schema).jobs SET status = 'ready', parked = NULL WHERE queue = $1 AND status = 'held' AND parked"
+  }
+  /// Stores the limits (NULL: none). Parameters: queue, concurrency, rate, burst, limit per key. The rate's
   /// stored time is kept while a rate is set, so changing the rate does not refill the bucket.
   var setLimits: String {
     """
-    INSERT INTO \(schema).queues (name, concurrency, rate, burst) VALUES ($1, $2, $3, $4)
+    INSERT INTO \(schema).queues (name, concurrency, rate, burst, key_concurrency) VALUES ($1, $2, $3, $4, $5)
     ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate,
-      burst = excluded.burst,
+      burst = excluded.burst, key_concurrency = excluded.key_concurrency,
       rate_time = CASE WHEN excluded.rate IS NULL THEN NULL ELSE queues.rate_time END
     """
   }
