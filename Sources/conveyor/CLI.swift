@@ -123,6 +123,10 @@ enum CLI {
     OptionSpec(
       names: ["--ordering-key"], value: "KEY",
       help: "run after every earlier job of the queue with this key, one at a time (1-512 bytes)"),
+    OptionSpec(
+      names: ["--limit-key"], value: "KEY",
+      help: "count against this key's limit of jobs running at once (conveyor limits set "
+        + "--key-concurrency); add http's default: the URL's host"),
   ]
 
   /// What `add --help` says of `--ordering-key`.
@@ -132,6 +136,12 @@ enum CLI {
     while an earlier one waits, runs, waits for a retry, or is dead (a dead job holds its key's
     later jobs until it is re-queued with 'conveyor retry', removed, or purged). 'conveyor status'
     counts held jobs; 'conveyor show ID' says which key holds one. Schedules take no ordering key.
+
+    With a limit per key stored ('conveyor limits set --key-concurrency N', or --key K
+    --concurrency N for one key), at most that many jobs of one --limit-key run at once, across
+    every worker; the others are held until one of them stops running. 'add http' gives every job
+    the URL's host as its limit key unless --limit-key names another; a key without a stored limit
+    limits nothing.
     """
 
   /// The priorities `--priority` takes.
@@ -499,11 +509,25 @@ enum CLI {
   static let maximumBodySize = 64 << 20
 
   static func addHTTP(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
-    try await add(try httpJob(&arguments), arguments, context)
+    var job = try httpJob(&arguments)
+    job.limitKey = try limitKey(arguments) ?? job.defaultLimitKey
+    return try await add(job, arguments, context)
   }
 
   static func addExec(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
-    try await add(try execJob(&arguments), arguments, context)
+    var job = try execJob(&arguments)
+    job.limitKey = try limitKey(arguments)
+    return try await add(job, arguments, context)
+  }
+
+  /// The `--limit-key`, if given, refused (exit 2, nothing stored) by ``LimitKey``'s rules.
+  static func limitKey(_ arguments: Arguments) throws -> String? {
+    guard let key = arguments.option("--limit-key") else { return nil }
+    guard let problem = LimitKey.problem(key) else { return key }
+    throw UsageError(
+      description: key.isEmpty
+        ? "--limit-key cannot be empty: give a key such as a host or a tenant, or leave the option out"
+        : "--limit-key: \(problem)")
   }
 
   /// The HTTP job `add http`'s words describe (and `schedule add … http`'s, whose words hold no
@@ -626,7 +650,7 @@ enum CLI {
         NewJob(
           payload: payload, priority: priority, runTime: delay > .zero ? .after(delay) : .now,
           deduplicationKey: job.deduplicationKey, deduplicationScope: scope, onConflict: onConflict,
-          orderingKey: job.orderingKey)
+          orderingKey: job.orderingKey, limitKey: job.limitKey)
       ], queue: context.queue, clock: SystemJobClock())[0]
     let id = result.id
     switch result.outcome {
@@ -664,8 +688,13 @@ enum CLI {
     "held by ordering key \"\(printable(key))\""
   }
 
+  /// `held by the limit of key "KEY"`, the key escaped (``printable(_:)``).
+  static func limitHeldText(_ key: String) -> String {
+    "held by the limit of key \"\(printable(key))\""
+  }
+
   /// What `status` says of held jobs.
-  static let heldExplanation = "waiting behind an earlier job of their ordering key"
+  static let heldExplanation = "waiting behind an earlier job of their ordering key, or for their key's limit"
 
   /// Whether a dead job of `queue` holds a held job: it kept its ordering key (one that left it,
   /// `DeadHeadPolicy.releasesKey`, has none) and a held job has that key. Reads at most 10,000
@@ -803,6 +832,9 @@ enum CLI {
     let paused = try await store.isPaused(queue: context.queue)
     let limits = try await store.limits(queue: context.queue)
     let rateWait = try await LimitsCommands.rateWait(limits, counts, store: store, queue: context.queue)
+    let keyUsage =
+      limits.hasKeyLimits && counts.held > 0
+      ? try await LimitsCommands.keyUsage(store, queue: context.queue) : nil
     // Handlers reported stuck in the last hour, as the workers counted them (their activity).
     let stuck = try await store.activity(since: Date().addingTimeInterval(-3_600), limit: 100_000)
       .filter { $0.queue == context.queue }.reduce(Int64(0)) { $0 &+ $1.stuck }
@@ -821,6 +853,8 @@ enum CLI {
         var rateReached: Bool?
         /// Seconds until that next start; absent unless `rateReached`.
         var nextStartIn: Double?
+        /// The keys whose limit holds jobs, most held first; absent without limits per key.
+        var heldByKeyLimit: [LimitsCommands.KeyUsage]?
       }
       try printJSON(
         Status(
@@ -830,7 +864,7 @@ enum CLI {
           rateReached: limits.rate == nil ? nil : rateWait != nil,
           nextStartIn: rateWait.map {
             Double($0.components.seconds) + Double($0.components.attoseconds) / 1e18
-          }))
+          }, heldByKeyLimit: limits.hasKeyLimits ? (keyUsage?.keys ?? []) : nil))
     } else {
       output("database  \(printable(context.databaseDescription))")
       output("queue     \(context.queue)\(paused ? " (paused)" : "")")
@@ -839,6 +873,13 @@ enum CLI {
       }
       if let rate = limits.rate {
         output("rate      at most \(rate.description) starting, across every worker")
+      }
+      if let perKey = limits.keyConcurrency {
+        output("key limit at most \(perKey) running at once for each --limit-key")
+      }
+      if !limits.keyConcurrencyOverrides.isEmpty {
+        let count = limits.keyConcurrencyOverrides.count
+        output("key limit \(count) key\(count == 1 ? " has its" : "s have their") own (conveyor limits)")
       }
       output("ready     \(counts.ready)")
       output("scheduled \(counts.scheduled)")
@@ -859,6 +900,9 @@ enum CLI {
       }
       if let rateWait {
         output("waiting   \(LimitsCommands.rateReachedText(limits, counts, wait: rateWait))")
+      }
+      if let keys = keyUsage, !keys.keys.isEmpty || !keys.complete {
+        output("waiting   \(LimitsCommands.keyUsageText(keys))")
       }
       if stuck > 0 {
         output(
@@ -944,7 +988,11 @@ enum CLI {
             let ran = record.runDuration.map { " after running \(JobStoreTime.secondsText($0))" } ?? ""
             output(String(repeating: " ", count: 8) + "finished \(timestamp(finished))\(ran)")
           }
-          if let key = record.orderingKey {
+          if record.isHeldByLimit, let key = record.limitKey {
+            output(
+              String(repeating: " ", count: 8)
+                + "\(limitHeldText(key)) (waits for a running job of its key to stop)")
+          } else if let key = record.orderingKey {
             output(
               String(repeating: " ", count: 8)
                 + (record.isHeld
@@ -1087,14 +1135,21 @@ struct ListedJob: Encodable {
   var runMilliseconds: Int64?
   /// The job's `--ordering-key`; absent without one.
   var orderingKey: String?
-  /// Whether the job (pending) waits behind an earlier job of its ordering key.
+  /// Whether the job (pending) waits behind an earlier job of its ordering key, or for its limit
+  /// key's limit (``heldByLimit``).
   var held: Bool
+  /// The job's `--limit-key`; absent without one.
+  var limitKey: String?
+  /// Whether the job (pending) is held for its limit key's limit.
+  var heldByLimit: Bool
 
   init(_ record: JobRecord, summary: String) {
     id = record.id.rawValue
     status = record.status.rawValue
     orderingKey = record.orderingKey
     held = record.isHeld
+    limitKey = record.limitKey
+    heldByLimit = record.isHeldByLimit
     attempts = record.attempts
     runAt = timestamp(record.runAt)
     createdAt = timestamp(record.createdAt)

@@ -75,9 +75,11 @@ extension CLI {
     output("queue     \(printable(shown.queue))")
     output(
       "status    \(shown.status)"
-        + (record.isHeld
-          ? " (\(heldText(record.orderingKey ?? "")): it waits for the earlier jobs of its key to finish)"
-          : ""))
+        + (record.isHeldByLimit
+          ? " (\(limitHeldText(record.limitKey ?? "")): it waits for a running job of its key to stop)"
+          : record.isHeld
+            ? " (\(heldText(record.orderingKey ?? "")): it waits for the earlier jobs of its key to finish)"
+            : ""))
     output("job       \(printable(summary))")
     output("attempts  \(shown.attempts)")
     output("created   \(shown.createdAt)")
@@ -87,6 +89,7 @@ extension CLI {
     if let limit = record.timeLimit { output("limit     \(JobStoreTime.secondsText(limit))") }
     if let key = shown.deduplicationKey { output("key       \(printable(key))") }
     if let key = shown.orderingKey { output("ordering key \(printable(key))") }
+    if let key = shown.limitKey { output("limit key \(printable(key))") }
     if let owner = shown.leaseOwner {
       output("lease     \(printable(owner)) until \(shown.leaseExpiresAt ?? "?")")
     }
@@ -146,8 +149,13 @@ struct ShownJob: Encodable {
   var deduplicationKey: String?
   /// The job's `--ordering-key`; absent without one.
   var orderingKey: String?
-  /// Whether the job (pending) waits behind an earlier job of its ordering key.
+  /// Whether the job (pending) waits behind an earlier job of its ordering key, or for its limit
+  /// key's limit (``heldByLimit``).
   var held: Bool
+  /// The job's `--limit-key`; absent without one.
+  var limitKey: String?
+  /// Whether the job (pending) is held for its limit key's limit.
+  var heldByLimit: Bool
   var leaseOwner: String?
   var leaseExpiresAt: String?
   var lastError: String?
@@ -170,6 +178,8 @@ struct ShownJob: Encodable {
     deduplicationKey = record.deduplicationKey
     orderingKey = record.orderingKey
     held = record.isHeld
+    limitKey = record.limitKey
+    heldByLimit = record.isHeldByLimit
     leaseOwner = record.leaseOwner
     leaseExpiresAt = record.leaseExpiresAt.map(timestamp)
     lastError = record.lastError

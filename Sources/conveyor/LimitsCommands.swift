@@ -11,10 +11,14 @@ enum LimitsCommands {
       options: [OptionSpec(names: ["--json"], value: nil, help: "as one JSON object")],
       details: """
         Prints the limits stored with the queue, e.g. "concurrency 3 (2 running), rate 10/s
-        (bursts of 5)", or "no limits". Change them with 'conveyor limits set'.
+        (bursts of 5)", or "no limits", then the limit per key and the keys with their own limit
+        (the first 20; --json lists them all). Change them with 'conveyor limits set'.
         """),
     CommandSpec(
-      name: "limits set", operands: "[--concurrency N|none] [--rate N/s|N/min|N/h|none [--burst B]]",
+      name: "limits set",
+      operands:
+        "[--concurrency N|none] [--rate N/s|N/min|N/h|none [--burst B]] [--key-concurrency N|none] "
+        + "[--key K --concurrency N|none]",
       summary: "store the queue's limits, obeyed by every worker of every process",
       options: [
         OptionSpec(
@@ -29,6 +33,13 @@ enum LimitsCommands {
           names: ["--burst"], value: "B",
           help: "at most B start at once after a quiet spell (1 to \(RateLimit.maximumBurst); default 1: "
             + "starts evenly spaced)"),
+        OptionSpec(
+          names: ["--key-concurrency"], value: "N",
+          help: "at most N jobs of any one --limit-key running at once, across every worker; none removes it"),
+        OptionSpec(
+          names: ["--key"], value: "K",
+          help: "with --concurrency N: key K's own limit, in place of --key-concurrency; with "
+            + "--concurrency none: K takes the limit per key again"),
         OptionSpec(names: ["--json"], value: nil, help: "print what was stored as one JSON object"),
       ],
       details: """
@@ -41,17 +52,27 @@ enum LimitsCommands {
         included): a retried job starts again. Pause the queue to stop claims altogether (a limit
         of 0 is refused). A value that cannot be stored exits 2 and changes nothing. Prints the
         limits as stored.
+
+        A job added with --limit-key K ('add http' takes the URL's host) counts against K's limit:
+        its own (--key K --concurrency N) or else the limit per key (--key-concurrency N). When
+        K's running jobs reach it, a claim holds K's other jobs it reaches (status counts them as
+        held) until one of K's jobs stops running; other keys run meanwhile. Setting limits again
+        makes every held job claimable (the next claims hold those still over their key's limit).
         """),
   ]
 
-  /// `limits --json`'s and `limits set --json`'s object. `concurrency` and `rate` are null when
-  /// there is no such limit; `rate` is `{"perSecond": N, "burst": B}`.
+  /// `limits --json`'s and `limits set --json`'s object. `concurrency`, `rate` and
+  /// `keyConcurrency` are null when there is no such limit; `rate` is
+  /// `{"perSecond": N, "burst": B}`; `keyConcurrencyOverrides` maps each key with its own limit
+  /// to it (`{}` when none).
   struct Shown: Encodable {
     var queue: String
     var concurrency: Int?
     var rate: RateLimit?
     var running: Int
     var ready: Int
+    var keyConcurrency: Int?
+    var keyConcurrencyOverrides: [String: Int]
 
     func encode(to encoder: any Encoder) throws {
       var container = encoder.container(keyedBy: CodingKeys.self)
@@ -61,10 +82,12 @@ enum LimitsCommands {
       try container.encode(rate, forKey: .rate)
       try container.encode(running, forKey: .running)
       try container.encode(ready, forKey: .ready)
+      try container.encode(keyConcurrency, forKey: .keyConcurrency)
+      try container.encode(keyConcurrencyOverrides, forKey: .keyConcurrencyOverrides)
     }
 
     enum CodingKeys: String, CodingKey {
-      case queue, concurrency, rate, running, ready
+      case queue, concurrency, rate, running, ready, keyConcurrency, keyConcurrencyOverrides
     }
   }
 
@@ -83,15 +106,32 @@ enum LimitsCommands {
     let concurrencyText = arguments.option("--concurrency")
     let rateText = arguments.option("--rate")
     let burstText = arguments.option("--burst")
-    guard concurrencyText != nil || rateText != nil || burstText != nil else {
+    let keyConcurrencyText = arguments.option("--key-concurrency")
+    let key = arguments.option("--key")
+    guard
+      concurrencyText != nil || rateText != nil || burstText != nil || keyConcurrencyText != nil || key != nil
+    else {
       throw UsageError(
         description:
           "limits set needs a limit: --concurrency N (1 to \(QueueLimits.maximumConcurrency)) or none, "
-          + "--rate N/s (or N/min, N/h) or none, --burst B")
+          + "--rate N/s (or N/min, N/h) or none, --burst B, --key-concurrency N or none, or --key K "
+          + "--concurrency N or none")
     }
     try arguments.finish()
     // Every value is checked before the store is opened: a bad one changes nothing.
-    let newConcurrency = try concurrencyText.map(concurrency)
+    if let key {
+      if let problem = LimitKey.problem(key) {
+        throw UsageError(description: "--key: \(problem); the stored limits were not changed")
+      }
+      guard concurrencyText != nil, rateText == nil, burstText == nil else {
+        throw UsageError(
+          description:
+            "--key K takes --concurrency N or none (the key's own limit of jobs running at once); a "
+            + "rate per key is not kept yet. The stored limits were not changed")
+      }
+    }
+    let newKeyConcurrency = try keyConcurrencyText.map { try concurrency($0, option: "--key-concurrency") }
+    let newConcurrency = try concurrencyText.map { try concurrency($0) }
     let newRate = try rateText.map(rate)
     let newBurst = try burstText.map(burst)
     if case .some(nil) = newRate, newBurst != nil {
@@ -100,7 +140,12 @@ enum LimitsCommands {
     }
     let queue = try context.controlQueue()
     var limits = try await queue.limits()
-    if let newConcurrency { limits.concurrency = newConcurrency }
+    if let key, let newConcurrency {
+      limits.keyConcurrencyOverrides[key] = newConcurrency
+    } else if let newConcurrency {
+      limits.concurrency = newConcurrency
+    }
+    if let newKeyConcurrency { limits.keyConcurrency = newKeyConcurrency }
     if let newRate { limits.rate = newRate.map { RateLimit(perSecond: $0, burst: limits.rate?.burst ?? 1) } }
     if let newBurst {
       guard limits.rate != nil else {
@@ -118,7 +163,7 @@ enum LimitsCommands {
 
   /// A `--concurrency` value: `none` (nil) or a whole number from 1 to
   /// ``QueueLimits/maximumConcurrency``; anything else is a usage error naming what to pass.
-  static func concurrency(_ text: String) throws -> Int? {
+  static func concurrency(_ text: String, option: String = "--concurrency") throws -> Int? {
     if text == "none" { return nil }
     let range = 1...QueueLimits.maximumConcurrency
     // ASCII digits only, at most 7 of them after an optional "+" (so no overflow, no spaces,
@@ -134,7 +179,7 @@ enum LimitsCommands {
       ? "; to stop claims altogether, pause the queue (conveyor pause)" : ""
     throw UsageError(
       description:
-        "--concurrency must be a whole number from 1 to \(QueueLimits.maximumConcurrency), or none to "
+        "\(option) must be a whole number from 1 to \(QueueLimits.maximumConcurrency), or none to "
         + "remove the limit, got \"\(printable(text))\"\(hint); the stored limits were not changed")
   }
 
@@ -187,18 +232,20 @@ enum LimitsCommands {
       try printJSON(
         Shown(
           queue: context.queue, concurrency: limits.concurrency, rate: limits.rate, running: counts.running,
-          ready: counts.ready))
+          ready: counts.ready, keyConcurrency: limits.keyConcurrency,
+          keyConcurrencyOverrides: limits.keyConcurrencyOverrides))
       return
     }
     let name = printable(context.queue)
     let rate = limits.rate.map { ", rate \($0.description)" } ?? ""
     if let concurrency = limits.concurrency {
       output("queue \(name): concurrency \(concurrency) (\(counts.running) running)\(rate)")
-    } else if limits.rate != nil {
+    } else if limits.rate != nil || limits.hasKeyLimits {
       output("queue \(name): no concurrency limit (\(counts.running) running)\(rate)")
     } else {
       output("queue \(name): no limits (\(counts.running) running)")
     }
+    for line in keyLimitLines(limits) { output(line) }
     if let reason = reachedText(limits, counts) { output(reason) }
     let store = try context.openStore()
     if let wait = try await rateWait(limits, counts, store: store, queue: context.queue) {
@@ -209,6 +256,76 @@ enum LimitsCommands {
         "\(counts.running) running is more than the limit: none is stopped, and no job is claimed "
           + "until fewer than \(concurrency) run")
     }
+  }
+
+  /// The lines `limits` shows for the limits per key: the limit per key, then the keys with their
+  /// own (in byte order, the first 20, then how many more).
+  static func keyLimitLines(_ limits: QueueLimits) -> [String] {
+    guard limits.hasKeyLimits else { return [] }
+    var lines = [
+      limits.keyConcurrency.map { "limit per key: \($0) running at once for each --limit-key" }
+        ?? "no limit per key (only the keys below are limited)"
+    ]
+    let shown = 20
+    let keys = limits.keyConcurrencyOverrides.sorted { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
+    for (key, limit) in keys.prefix(shown) { lines.append("key \(printable(key)): \(limit) running at once") }
+    if keys.count > shown {
+      lines.append("and \(keys.count - shown) more keys with their own limit (--json lists them)")
+    }
+    return lines
+  }
+
+  /// A limit key whose limit holds jobs: how many it holds, and how many of its jobs run.
+  struct KeyUsage: Encodable {
+    var key: String
+    var held: Int
+    var running: Int
+  }
+
+  /// The keys whose limit holds jobs, most held first, read from at most 10,000 held and 10,000
+  /// running jobs (`complete` false when there were more).
+  static func keyUsage(_ store: any JobStore, queue: String) async throws -> (
+    keys: [KeyUsage], complete: Bool
+  ) {
+    var held: [String: Int] = [:]
+    var running: [String: Int] = [:]
+    var complete = true
+    for (status, parked) in [(JobStatus.pending, true), (JobStatus.running, false)] {
+      var cursor: JobID?
+      var pages = 0
+      while true {
+        let page = try await store.jobs(queue: queue, status: status, after: cursor, limit: 1_000)
+        for record in page {
+          guard let key = record.limitKey else { continue }
+          if parked, record.isHeldByLimit { held[key, default: 0] += 1 }
+          if !parked { running[key, default: 0] += 1 }
+        }
+        pages += 1
+        guard page.count == 1_000, let last = page.last else { break }
+        if pages == 10 {
+          complete = false
+          break
+        }
+        cursor = last.id
+      }
+    }
+    let keys = held.map { KeyUsage(key: $0.key, held: $0.value, running: running[$0.key] ?? 0) }
+      .sorted { $0.held != $1.held ? $0.held > $1.held : $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
+    return (keys, complete)
+  }
+
+  /// What `status` says of the keys whose limit holds jobs (the first five).
+  static func keyUsageText(_ usage: (keys: [KeyUsage], complete: Bool)) -> String {
+    guard !usage.keys.isEmpty else {
+      return usage.complete
+        ? "no job is held for its key's limit" : "too many jobs to tell which keys hold jobs"
+    }
+    let shown = usage.keys.prefix(5).map {
+      "\"\(printable($0.key))\" (\($0.running) running, \($0.held) held)"
+    }
+    let more = usage.keys.count > 5 ? ", and \(usage.keys.count - 5) more keys" : ""
+    return "key limit reached for \(shown.joined(separator: ", "))\(more)"
+      + (usage.complete ? "" : " (of the first 10,000 held jobs)")
   }
 
   /// How long until the rate gives its next start, when that is what keeps ready jobs waiting:

@@ -15,6 +15,18 @@ struct OutboxJob: Queueable, Hashable {
   /// Set with `--ordering-key`: jobs of the queue with the same ordering key run one at a time, in
   /// the order they were added. Absent from payloads stored before it existed (decoded as nil).
   var orderingKey: String? = nil
+  /// Set with `--limit-key` (for `add http`, the URL's host by default): at most the queue's limit
+  /// per key of jobs with this key run at once. Absent from payloads stored before it existed.
+  var limitKey: String? = nil
+
+  /// `add http`'s limit key when `--limit-key` names none: the URL's host, lowercased (nil for a
+  /// command, or a host no limit key can be).
+  var defaultLimitKey: String? {
+    guard case .http(let request) = kind, let host = request.url.host?.lowercased(),
+      LimitKey.problem(host) == nil
+    else { return nil }
+    return host
+  }
 
   var deduplicationKey: String? { key }
 

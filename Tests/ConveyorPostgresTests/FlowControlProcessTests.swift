@@ -18,6 +18,7 @@ struct FlowControlProcessTests {
   /// handler starts before the rate allows, counted from when it was stored.
   @Test(arguments: [
     QueueLimits(), QueueLimits(concurrency: 4), QueueLimits(rate: RateLimit(perSecond: 60, burst: 5)),
+    QueueLimits(keyConcurrency: 2, keyConcurrencyOverrides: ["host-0": 1]),
   ])
   func fourWorkersKeepEachKeysOrderAndTheLimitsWhileBeingKilled(limits: QueueLimits) async throws {
     let server = try await PostgresServer.shared()
@@ -27,7 +28,7 @@ struct FlowControlProcessTests {
     let log = folder + "/ordering.log"
     let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
     let outcome = try await FlowControlProbe.run(
-      store: store, log: log, concurrencyLimit: limits.concurrency, rate: limits.rate,
+      store: store, log: log, limits: limits,
       start: { slot, generation in
         try WorkerProcess(
           url: server.url, schema: schema, folder: folder, name: "w\(slot)-\(generation)",

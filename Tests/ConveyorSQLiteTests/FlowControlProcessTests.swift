@@ -19,6 +19,7 @@ struct FlowControlProcessTests {
   /// handler starts before the rate allows, counted from when it was stored.
   @Test(arguments: [
     QueueLimits(), QueueLimits(concurrency: 4), QueueLimits(rate: RateLimit(perSecond: 60, burst: 5)),
+    QueueLimits(keyConcurrency: 2, keyConcurrencyOverrides: ["host-0": 1]),
   ])
   func fourWorkersKeepEachKeysOrderAndTheLimitsWhileBeingKilled(limits: QueueLimits) async throws {
     let folder = try TemporaryFolder()
@@ -26,7 +27,7 @@ struct FlowControlProcessTests {
     let log = folder.path("ordering.log")
     let store = try SQLiteJobStore(path: database)
     let outcome = try await FlowControlProbe.run(
-      store: store, log: log, concurrencyLimit: limits.concurrency, rate: limits.rate,
+      store: store, log: log, limits: limits,
       start: { slot, generation in
         try WorkerProcess(
           database: database, folder: folder, name: "w\(slot)-\(generation)", command: "ordered-work",
@@ -41,5 +42,23 @@ struct FlowControlProcessTests {
     #expect(outcome.problems.isEmpty, "\(outcome.problems) (\(outcome.summary))")
     print("FlowControlProcessTests (SQLite, \(limits)): \(outcome.summary)")
     await store.close()
+  }
+
+  /// The probe's rule for limits per key can fail: a log with two jobs of `host-0` in flight at
+  /// once breaks a limit of 1, and the same log keeps a limit of 2.
+  @Test func theProbeReportsAStartOverItsKeysLimit() {
+    // key-0 index 0 and key-4 index 0 share host-0 (four ordering keys a limit key).
+    let log = """
+      start key-0 0 100 1 1
+      start key-4 0 101 1 2
+      end key-0 0 100 1 3
+      end key-4 0 101 1 4
+      """
+    let one = FlowControlProbe.problems(
+      inLog: log, limits: QueueLimits(keyConcurrencyOverrides: ["host-0": 1])
+    ).0
+    #expect(one.contains { $0.hasPrefix("over the limit of key host-0 (1)") }, "\(one)")
+    let two = FlowControlProbe.problems(inLog: log, limits: QueueLimits(keyConcurrency: 2)).0
+    #expect(!two.contains { $0.contains("over the limit of key") }, "\(two)")
   }
 }

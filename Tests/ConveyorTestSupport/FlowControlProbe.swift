@@ -62,22 +62,36 @@ public enum FlowControlProbe {
     number % 10 == 9 ? "clé-\(number)" : "key-\(number)"
   }
 
+  /// How many limit keys the jobs share (``limitKey(of:)``).
+  public static let limitKeyCount = 4
+
+  /// The limit key of a job: `host-0` to `host-3`, each shared by four ordering keys and by a
+  /// quarter of the jobs without one, so a limit per key binds jobs of several ordering keys.
+  public static func limitKey(of item: Item) -> String {
+    guard let key = item.key else { return "host-\(item.index % limitKeyCount)" }
+    let number = Int(key.split(separator: "-").last ?? "0") ?? 0
+    return "host-\(number % limitKeyCount)"
+  }
+
   /// Round `round`'s jobs, in the order they are added: index `round` of every key, with a job
-  /// without a key after every third key.
+  /// without a key after every third key. Every job has its limit key (``limitKey(of:)``).
   public static func jobs(round: Int) throws -> [NewJob] {
     var jobs: [NewJob] = []
     var unkeyed = 0
     for number in 0..<keyCount {
       let key = key(number)
+      let item = Item(key: key, index: round)
       jobs.append(
-        NewJob(payload: try JSONEncoder().encode(Item(key: key, index: round)), orderingKey: key))
+        NewJob(payload: try JSONEncoder().encode(item), orderingKey: key, limitKey: limitKey(of: item)))
       if number % 3 == 2 && unkeyed < unkeyedPerRound {
-        jobs.append(NewJob(payload: try JSONEncoder().encode(Item(key: nil, index: round * 100 + unkeyed))))
+        let free = Item(key: nil, index: round * 100 + unkeyed)
+        jobs.append(NewJob(payload: try JSONEncoder().encode(free), limitKey: limitKey(of: free)))
         unkeyed += 1
       }
     }
     for index in unkeyed..<unkeyedPerRound {
-      jobs.append(NewJob(payload: try JSONEncoder().encode(Item(key: nil, index: round * 100 + index))))
+      let free = Item(key: nil, index: round * 100 + index)
+      jobs.append(NewJob(payload: try JSONEncoder().encode(free), limitKey: limitKey(of: free)))
     }
     return jobs
   }
@@ -117,10 +131,14 @@ public enum FlowControlProbe {
   /// leases lapse.
   ///
   /// With a `rate`, the queue's stored ``QueueLimits/rate`` is set before the workers start, and
-  /// the log's starts must keep to it (see ``problems(inLog:concurrencyLimit:rate:since:)``).
+  /// the log's starts must keep to it (see ``problems(inLog:limits:since:)``).
+  ///
+  /// With limits per key (``QueueLimits/keyConcurrency`` and overrides), they are stored before
+  /// the workers start, and the log must never show more handlers of one limit key in flight at
+  /// once than its limit, among workers not yet killed; kills come as with a concurrency limit.
   public static func run<Worker>(
     store: any JobStore, queue: String = "jobs", log: String, workers count: Int = 4,
-    concurrencyLimit: Int? = nil, rate: RateLimit? = nil, drainLimit: Duration = .seconds(240),
+    limits: QueueLimits = QueueLimits(), drainLimit: Duration = .seconds(240),
     start: (_ slot: Int, _ generation: Int) throws -> Worker,
     pid: (Worker) -> Int32, kill: (Worker) async -> Int32
   ) async throws -> Outcome {
@@ -128,10 +146,8 @@ public enum FlowControlProbe {
     let clock = SystemJobClock()
     // The rate's bucket is full when it is stored: no start can come before this time.
     let rateSince = milliseconds()
-    if concurrencyLimit != nil || rate != nil {
-      try await store.setLimits(QueueLimits(concurrency: concurrencyLimit, rate: rate), queue: queue)
-    }
-    let killTicks = concurrencyLimit == nil ? 3 : 10
+    if !limits.isEmpty { try await store.setLimits(limits, queue: queue) }
+    let killTicks = limits.concurrency == nil && !limits.hasKeyLimits ? 3 : 10
     for round in 0..<roundsBeforeStart {
       _ = try await store.enqueue(try jobs(round: round), queue: queue, clock: clock)
     }
@@ -185,8 +201,7 @@ public enum FlowControlProbe {
       found.append("not drained within \(drainLimit): \(counts)")
     }
     let text = try String(contentsOfFile: log, encoding: .utf8)
-    let (logProblems, statistics) = problems(
-      inLog: text, concurrencyLimit: concurrencyLimit, rate: rate, since: rateSince)
+    let (logProblems, statistics) = problems(inLog: text, limits: limits, since: rateSince)
     found += logProblems
     found += try await storeProblems(store, queue: queue)
     let seconds = Double(drainTime.components.seconds) + Double(drainTime.components.attoseconds) / 1e18
@@ -252,14 +267,19 @@ public enum FlowControlProbe {
   ///   any key or none, are in flight in workers not yet killed (a worker logs an end before the
   ///   store hears of it, and a start after its claim, so the log never shows fewer in flight than
   ///   the store counted running).
+  /// - **within each key's limit**, given limits per key: no start of a job while its limit key
+  ///   (``limitKey(of:)``) has its limit's worth of attempts in flight in workers not yet killed
+  ///   (the same reasoning);
   /// - **within the rate**, given a `rate` stored at `since` (milliseconds since 1970): the
   ///   *k*-th start (of all, in time order) comes no earlier than `since + (k - burst) / rate`.
   ///   A handler starts after its claim, and the store gives the *k*-th claim no earlier than
   ///   that, however many processes claim; a start delayed after its claim (a job prefetched or
   ///   claimed ahead, a loaded machine) only comes later, so the rule holds whatever the delays.
   public static func problems(
-    inLog text: String, concurrencyLimit: Int? = nil, rate: RateLimit? = nil, since: Int64 = 0
+    inLog text: String, limits: QueueLimits = QueueLimits(), since: Int64 = 0
   ) -> ([String], Statistics) {
+    let concurrencyLimit = limits.concurrency
+    let rate = limits.rate
     struct Attempt {
       var index: Int
       var pid: Int32
@@ -299,6 +319,20 @@ public enum FlowControlProbe {
         statistics.mostInFlight = max(statistics.mostInFlight, flying + 1)
         if let concurrencyLimit, flying >= concurrencyLimit {
           problems.append("over the limit of \(concurrencyLimit): \(line) while \(flying) are in flight")
+        }
+        let limitKey = limitKey(of: item)
+        if let bound = limits.concurrency(forKey: limitKey) {
+          let sameKey = inFlight.reduce(0) { count, entry in
+            count
+              + entry.value.filter {
+                Self.limitKey(of: Item(key: entry.key == "-" ? nil : entry.key, index: $0.index)) == limitKey
+              }.count
+          }
+          if sameKey >= bound {
+            problems.append(
+              "over the limit of key \(limitKey) (\(bound)): \(line) while \(sameKey) of the key are in flight"
+            )
+          }
         }
         if ended.contains(item) { statistics.rerunsAfterEnd += 1 }
         if key != "-" {
@@ -391,6 +425,9 @@ public enum FlowControlProbe {
         }
         if record.orderingKey != item.key {
           problems.append("\(item) has the ordering key \(record.orderingKey ?? "nil")")
+        }
+        if record.limitKey != limitKey(of: item) {
+          problems.append("\(item) has the limit key \(record.limitKey ?? "nil")")
         }
       }
       cursor = last.id
