@@ -343,13 +343,17 @@ struct DashboardPages: Sendable {
       row("Lease expires", record.leaseExpiresAt.map(timestamp)),
       row("Key", record.deduplicationKey),
       row("Ordering key", record.orderingKey),
+      row("Limit key", record.limitKey),
     ].joined(separator: "\n")
     let held =
-      record.isHeld
-      ? "<p class=\"notice held\" role=\"status\">Held by ordering key <code>\(html(record.orderingKey ?? ""))</code> "
-        + "(waits for the earlier job of its key): it runs once every earlier job of the queue with this key "
-        + "has finished. A dead one holds it until that one is retried or removed.</p>"
-      : ""
+      record.isHeldByLimit
+      ? "<p class=\"notice held\" role=\"status\">Held by the limit of key <code>\(html(record.limitKey ?? ""))</code>: "
+        + "as many jobs of this key run as its limit allows; it is claimable again when one of them stops running.</p>"
+      : record.isHeld
+        ? "<p class=\"notice held\" role=\"status\">Held by ordering key <code>\(html(record.orderingKey ?? ""))</code> "
+          + "(waits for the earlier job of its key): it runs once every earlier job of the queue with this key "
+          + "has finished. A dead one holds it until that one is retried or removed.</p>"
+        : ""
     var what: String
     switch details {
     case .http(let method, let url, let headers, let body, let bodySize):
@@ -414,11 +418,15 @@ struct DashboardPages: Sendable {
   }
 
   /// What "held" means, for the titles of the held counts.
-  static let heldMeaning = "Waiting behind an earlier job of their ordering key"
+  static let heldMeaning = "Waiting behind an earlier job of their ordering key, or for their key's limit"
 
   /// A held row's mark under its summary: the key that holds it, escaped.
   func heldBy(_ record: JobRecord) -> String {
     guard record.isHeld else { return "" }
+    if record.isHeldByLimit {
+      return
+        "<span class=\"held-by\">held by the limit of key <code>\(html(record.limitKey ?? ""))</code></span>"
+    }
     return
       "<span class=\"held-by\">held by ordering key <code>\(html(record.orderingKey ?? ""))</code></span>"
   }

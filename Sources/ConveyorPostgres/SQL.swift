@@ -493,7 +493,8 @@ struct SQL {
   ///   with limits per key do, so a claim that parks a job and a settlement that frees its key
   ///   never miss each other: the one that takes the lock second sees what the first committed
   ///   (the update is a new statement, so a new snapshot). A parked job another transaction has
-  ///   locked is skipped (that transaction is cancelling, removing or replacing it).
+  ///   locked is skipped (that transaction is cancelling, removing or replacing it). The job made
+  ///   ready wakes the queue's workers (a `NOTIFY` at commit), as an add does.
   ///
   /// Adding nullable columns rewrites no row.
   var version12: String {
@@ -518,6 +519,9 @@ struct SQL {
         SELECT p.id FROM \(schema).jobs p
         WHERE p.queue = OLD.queue AND p.limit_key = OLD.limit_key AND p.status = 'held' AND p.parked
         ORDER BY p.priority DESC, p.run_at, p.seq, p.id LIMIT 1 FOR UPDATE SKIP LOCKED);
+      IF FOUND THEN
+        PERFORM pg_notify('\(channel)', OLD.queue);
+      END IF;
       RETURN NULL;
     END
     $body$;

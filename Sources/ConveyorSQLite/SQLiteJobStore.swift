@@ -708,7 +708,7 @@ public final class SQLiteJobStore: JobStore {
   /// changing anything: tests check that a claim's cost does not grow with the backlog.
   func claimSteps(queue: String, now: Date) async throws -> Int {
     try await connection.perform { db in
-      let statements = [SQL.promote, SQL.selectReady]
+      let statements = [SQL.promote, SQL.selectReady, SQL.keyLimit, SQL.keyRunningCount, SQL.park]
       for sql in statements {
         _ = sqlite3_stmt_status(try db.statement(sql).handle, SQLITE_STMTSTATUS_VM_STEP, 1)
       }
@@ -717,7 +717,11 @@ public final class SQLiteJobStore: JobStore {
       // here could only leave due jobs promoted, which the next claim does anyway).
       defer { try? db.execute("ROLLBACK TO measure; RELEASE measure") }
       try db.run(SQL.promote, .text(queue), .integer(millis(now)))
-      try db.query(SQL.selectReady, .text(queue), .integer(1)) { _ in }
+      if try ClaimFlags(queue: queue, db: db).keyLimits {
+        _ = try Self.selectWithinKeyLimits(queue: queue, limit: 1, db: db)
+      } else {
+        try db.query(SQL.selectReady, .text(queue), .integer(1)) { _ in }
+      }
       return try statements.reduce(0) {
         $0 + Int(sqlite3_stmt_status(try db.statement($1).handle, SQLITE_STMTSTATUS_VM_STEP, 1))
       }

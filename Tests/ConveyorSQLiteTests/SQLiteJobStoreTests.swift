@@ -283,6 +283,36 @@ struct SQLiteJobStoreTests {
     #expect(large < small * 2 + 100, "steps: \(small) with one job, \(large) with 101,000 keys blocked")
   }
 
+  @Test func aHundredThousandKeysAtTheirLimitCostAClaimNothing() async throws {
+    // Counted in SQLite virtual-machine steps (not time): 100,000 limit keys at their limit of
+    // 1, each with a job running and one held behind it, cost a claim no more than a queue of one
+    // ready job under the same limits. Held jobs are in no index a claim reads.
+    let folder = try TemporaryFolder()
+    let store = try makeStore(folder)
+    try await store.setLimits(QueueLimits(keyConcurrency: 1), queue: "jobs")
+    _ = try await store.enqueue(
+      [NewJob(payload: payload("now"), runAt: epoch, limitKey: "free")], queue: "jobs", now: epoch)
+    let small = try await store.claimSteps(queue: "jobs", now: epoch)
+    _ = try await store.settleAndClaim([], queue: "jobs", limit: 1, lease: lease(), now: epoch)
+    for batch in stride(from: 0, to: 100_000, by: 5_000) {
+      _ = try await store.enqueue(
+        (batch..<batch + 5_000).flatMap { key in
+          [
+            NewJob(payload: payload("runs"), runAt: epoch, limitKey: "k\(key)"),
+            NewJob(payload: payload("held"), runAt: epoch, limitKey: "k\(key)"),
+          ]
+        }, queue: "jobs", now: epoch)
+      _ = try await store.settleAndClaim([], queue: "jobs", limit: 10_000, lease: lease(), now: epoch)
+    }
+    _ = try await store.enqueue(
+      [NewJob(payload: payload("now"), runAt: epoch, limitKey: "other")], queue: "jobs", now: epoch)
+    let counts = try await store.counts(queue: "jobs", clock: FixedJobClock(epoch))
+    #expect(counts.held == 100_000 && counts.running == 100_001 && counts.ready == 1, "\(counts)")
+    let large = try await store.claimSteps(queue: "jobs", now: epoch)
+    #expect(
+      large < small * 2 + 100, "steps: \(small) with one job, \(large) with 100,000 keys at their limit")
+  }
+
   @Test func aLimitLoweredFarBelowTheRunningJobsCostsAClaimTheLimitsWorth() async throws {
     // Counted in SQLite virtual-machine steps: with 20,000 jobs running and the limit lowered
     // to 2, a claim's count of the running jobs reads about as much as with 2 running.

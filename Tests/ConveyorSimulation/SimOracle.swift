@@ -39,6 +39,8 @@ final class SimOracle: Sendable {
       "a claim never takes the queue's running jobs past its stored concurrency (a job whose lease lapsed counts until rescued)"
     case withinRate =
       "the queue's claims keep to its stored rate: at most burst + perSecond × t in any t seconds of the store's clock"
+    case withinKeyLimit =
+      "a claim never takes a limit key's running jobs past the key's stored limit (a job whose lease lapsed counts until rescued)"
   }
 
   /// A broken rule, with what showed it.
@@ -95,6 +97,8 @@ final class SimOracle: Sendable {
     var concurrencyLimit: Int?
     /// The queue's rate, as the application last stored it.
     var rate: RateLimit?
+    /// The queue's limits, as the application last stored them (for the limits per key).
+    var limits = QueueLimits()
     /// The store's clock (milliseconds, as it reads it) at each claim since the rate was stored,
     /// the wall clock last stepped or a call claimed nothing for a while: the last 2,000.
     var rateClaims: [Int64] = []
@@ -326,6 +330,22 @@ final class SimOracle: Sendable {
       checkFirstClaim(batch.claimed, process: process, processStart: start, now: wallNow)
     }
     if !batch.claimed.isEmpty { checkRate(claimed: batch.claimed.count, process: process) }
+    if !batch.claimed.isEmpty {
+      let limits = state.withLock { $0.limits }
+      let keys = Set(batch.claimed.compactMap(\.limitKey)).filter { limits.concurrency(forKey: $0) != nil }
+      if !keys.isEmpty {
+        let running = store.peekAll(queue: queue).filter { $0.status == .running }
+        for key in keys.sorted() {
+          let count = running.filter { $0.limitKey == key }.count
+          if let limit = limits.concurrency(forKey: key), count > limit {
+            fail(
+              .withinKeyLimit,
+              "p\(process) claimed \(batch.claimed.map(\.id)), leaving \(count) of key \(key) running under its limit of \(limit)"
+            )
+          }
+        }
+      }
+    }
     if !batch.claimed.isEmpty, let limit = state.withLock({ $0.concurrencyLimit }) {
       let running = store.peekAll(queue: queue).filter { $0.status == .running }.count
       if running > limit {
@@ -481,6 +501,7 @@ final class SimOracle: Sendable {
   func limitsSet(_ limits: QueueLimits) {
     state.withLock { state in
       state.concurrencyLimit = limits.concurrency
+      state.limits = limits
       if state.rate != limits.rate {
         state.rate = limits.rate
         state.rateClaims = []

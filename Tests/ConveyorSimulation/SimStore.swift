@@ -230,12 +230,17 @@ final class SimStore: JobStore {
     try await world.call(process, .read) { try await self.base.limits(queue: queue) }
   }
 
+  var keepsKeyLimits: Bool { base.keepsKeyLimits }
+
   func setLimits(_ limits: QueueLimits, queue: String) async throws {
     try await world.call(process, .change) {
       switch self.world.scenario.defect {
       case .forgetsLimits: break
       case .ratePerProcess:
         try await self.base.setLimits(QueueLimits(concurrency: limits.concurrency), queue: queue)
+      case .ignoresKeyLimits:
+        try await self.base.setLimits(
+          QueueLimits(concurrency: limits.concurrency, rate: limits.rate), queue: queue)
       default: try await self.base.setLimits(limits, queue: queue)
       }
       self.world.oracle.limitsSet(limits)

@@ -389,14 +389,18 @@ final class SimWorld: Sendable {
     }
     // The application stores the queue's concurrency limit as the history starts, and changes it
     // now and then during the chaos.
-    if scenario.concurrencyLimit != nil || scenario.rate != nil {
-      let limits = QueueLimits(concurrency: scenario.concurrencyLimit, rate: scenario.rate)
+    if scenario.concurrencyLimit != nil || scenario.rate != nil || scenario.keyConcurrency != nil {
+      let limits = QueueLimits(
+        concurrency: scenario.concurrencyLimit, rate: scenario.rate, keyConcurrency: scenario.keyConcurrency,
+        keyConcurrencyOverrides: Self.keyOverrides(scenario))
       spawn(application) { [self] in await setLimits(limits, from: application) }
     }
     for at in times(scenario.limitChangesPerMinute, within: span) {
       schedule(at: at) { [self] in
         let limit = draw { $0.pick([1, 2, 4, nil] as [Int?]) }
-        let limits = QueueLimits(concurrency: limit, rate: scenario.rate)
+        let limits = QueueLimits(
+          concurrency: limit, rate: scenario.rate, keyConcurrency: scenario.keyConcurrency,
+          keyConcurrencyOverrides: Self.keyOverrides(scenario))
         spawn(application) { [self] in await setLimits(limits, from: application) }
       }
     }
@@ -444,7 +448,8 @@ final class SimWorld: Sendable {
   /// The application adds job `job`, trying again while the store refuses the call (a lost
   /// answer may have committed it: it is not added again, as an application could not tell).
   private func add(_ job: Int, from process: Process) async {
-    let new = Self.newJob(job)
+    var new = Self.newJob(job)
+    if scenario.keyConcurrency != nil { new.limitKey = "host-\(job % 3)" }
     while true {
       do {
         _ = try await process.store.enqueue([new], queue: Self.queueName, clock: clock)
@@ -476,6 +481,11 @@ final class SimWorld: Sendable {
     default:
       return NewJob(payload: payload)
     }
+  }
+
+  /// The overrides stored with a limit per key: `host-0` may run one job at a time.
+  static func keyOverrides(_ scenario: SimScenario) -> [String: Int] {
+    scenario.keyConcurrency == nil ? [:] : ["host-0": 1]
   }
 
   private func setLimits(_ limits: QueueLimits, from process: Process) async {

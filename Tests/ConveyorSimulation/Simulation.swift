@@ -50,6 +50,10 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
   public var rate: RateLimit? = nil
   /// Whether the workers' dead jobs release their ordering keys (`DeadHeadPolicy.releasesKey`).
   public var deadReleasesKey = false
+  /// The queue's stored limit per key (`QueueLimits.keyConcurrency`), set with the other limits
+  /// and kept through their changes, with key `host-0`'s own limit of 1; every job then has one
+  /// of three limit keys. Nil: no limit key, no limit per key.
+  public var keyConcurrency: Int? = nil
 
   /// A defect built into the simulated store on purpose, to show that the checks catch it (nil:
   /// the store keeps its contract).
@@ -76,6 +80,8 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
     // Drawn after the rest, so the other knobs are those each seed drew before rates.
     scenario.rate = random.pick([nil, nil, nil, RateLimit(perSecond: 8), RateLimit(perSecond: 40, burst: 6)])
     scenario.deadReleasesKey = random.pick([false, false, true])
+    // Drawn after the rest, so the other knobs are those each seed drew before limits per key.
+    scenario.keyConcurrency = random.pick([nil, nil, 1, 3] as [Int?])
     return scenario
   }
 
@@ -110,6 +116,7 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
     }
     with { $0.rate = nil }
     with { $0.deadReleasesKey = false }
+    with { $0.keyConcurrency = nil }
     return options
   }
 
@@ -121,7 +128,8 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
       + "schedule every \(scheduleEvery.map { "\($0)" } ?? "-"), schedule pauses/min \(schedulePausesPerMinute), "
       + "clock jump \(clockJump.map { "\($0)" } ?? "-"), "
       + "concurrency limit \(concurrencyLimit.map(String.init) ?? "-"), limit changes/min \(limitChangesPerMinute), "
-      + "rate \(rate.map(\.description) ?? "-"), dead releases key \(deadReleasesKey)"
+      + "rate \(rate.map(\.description) ?? "-"), dead releases key \(deadReleasesKey), "
+      + "key concurrency \(keyConcurrency.map(String.init) ?? "-")"
       + (defect.map { ", defect \($0)" } ?? "")
   }
 }
@@ -171,6 +179,9 @@ public enum SimDefect: String, Sendable, Hashable {
   /// The store keeps a rate's stored time per process, as if each process had a bucket of its
   /// own: with several workers, claims start more often than the rate the application set.
   case ratePerProcess
+  /// The store keeps the queue's concurrency and rate but drops its limits per key: claims take
+  /// more jobs of a key than its limit.
+  case ignoresKeyLimits
 }
 
 /// The outcome of one simulated history.

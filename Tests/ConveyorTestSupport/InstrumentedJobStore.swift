@@ -247,6 +247,9 @@ public final class InstrumentedJobStore: JobStore {
   }
 
   /// Counted, then forwarded to ``base``.
+  /// The base store's answer.
+  public var keepsKeyLimits: Bool { base.keepsKeyLimits }
+
   public func setLimits(_ limits: QueueLimits, queue: String) async throws {
     try record("setLimits")
     try await base.setLimits(limits, queue: queue)

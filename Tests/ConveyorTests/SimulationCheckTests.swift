@@ -150,6 +150,15 @@ struct SimulationCheckTests {
       "\(caught?.violation ?? "")")
   }
 
+  /// A store that drops the limits per key lets claims take more jobs of a key than its limit.
+  @Test func theFixedSeedsCatchAStoreThatIgnoresLimitsPerKey() async {
+    let caught = await Self.earliestCatch(of: .ignoresKeyLimits)
+    #expect(caught != nil, "no seed of \(SimulationTests.seeds) caught a store ignoring limits per key")
+    #expect(
+      caught?.violation?.hasPrefix("a claim never takes a limit key's running jobs past") == true,
+      "\(caught?.violation ?? "")")
+  }
+
   /// More workers and more frequent faults than any seed draws (six wall-clock steps a minute,
   /// where the drawn scenarios have at most three). Worker p4 claims jobs 39–41 ahead at 8.867 s
   /// (lease 2 s); at 9.213 s the wall clock steps forward 2.345 s, so the store's leases lapse and

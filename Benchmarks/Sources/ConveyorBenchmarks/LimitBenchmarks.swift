@@ -9,7 +9,10 @@ import Foundation
 // - a concurrency limit of 4: counting the running jobs in each claim, and on PostgreSQL the
 //   claim's lock;
 // - a rate of 1,000,000 a second with bursts of 1,000, far above the drain's pace: keeping the
-//   rate's bucket in each claim.
+//   rate's bucket in each claim;
+// - a limit of 2 per key over 100 limit keys (jobs added round-robin over them): counting each
+//   claimed key's running jobs in each claim, and on PostgreSQL the claim's lock and the trigger
+//   of each job that stops running. Against the same drain of jobs without limit keys.
 // With CONVEYOR_POSTGRES_URL (Benchmarks/with-postgres.sh), on PostgreSQL too.
 
 func runLimitBenchmarks() async throws {
@@ -37,7 +40,12 @@ func runLimitBenchmarks() async throws {
       "Rate limits: JobQueue drain c4 under a stored rate of 1,000,000/s, bursts of 1,000",
       QueueLimits(rate: RateLimit(perSecond: 1_000_000, burst: 1_000)), "rate stored", "without a rate"
     ),
+    (
+      "Limits per key: JobQueue drain c4 over 100 limit keys, at most 2 running per key",
+      QueueLimits(keyConcurrency: 2), "limit 2 per key, 100 keys", "without limit keys"
+    ),
   ] {
+    let goal: Double? = limits.hasKeyLimits ? 0.7 : nil
     section("\(title) (best of 3, interleaved)")
     let count = 20_000
     for (name, makeStore) in [
@@ -51,7 +59,7 @@ func runLimitBenchmarks() async throws {
       }
       Comparison(
         name: "\(name) drain c4, \(stored)", count: count, seconds: limited,
-        baselineName: "the same drain \(without)", baselineSeconds: plain, goal: nil
+        baselineName: "the same drain \(without)", baselineSeconds: plain, goal: goal
       ).print()
     }
     guard let url else {
@@ -72,13 +80,14 @@ func runLimitBenchmarks() async throws {
     }
     Comparison(
       name: "PostgreSQL drain c4, \(stored)", count: postgresCount, seconds: limited,
-      baselineName: "the same drain \(without)", baselineSeconds: plain, goal: nil
+      baselineName: "the same drain \(without)", baselineSeconds: plain, goal: goal
     ).print()
   }
 }
 
-/// ``orderedDrain`` without ordering keys, under `limits` (none stored when empty).
+/// ``orderedDrain`` without ordering keys, under `limits` (none stored when empty); with limits per
+/// key, the jobs have 100 limit keys.
 private func limitedDrain(_ store: any JobStore, count: Int, limits: QueueLimits) async throws -> Double {
   if !limits.isEmpty { try await store.setLimits(limits, queue: "bench") }
-  return try await orderedDrain(store, count: count, keys: nil)
+  return try await orderedDrain(store, count: count, keys: nil, limitKeys: limits.hasKeyLimits ? 100 : nil)
 }
