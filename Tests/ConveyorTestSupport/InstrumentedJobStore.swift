@@ -246,10 +246,10 @@ public final class InstrumentedJobStore: JobStore {
     return try await base.limits(queue: queue)
   }
 
-  /// Counted, then forwarded to ``base``.
   /// The base store's answer.
   public var keepsKeyLimits: Bool { base.keepsKeyLimits }
 
+  /// Counted, then forwarded to ``base``.
   public func setLimits(_ limits: QueueLimits, queue: String) async throws {
     try record("setLimits")
     try await base.setLimits(limits, queue: queue)
