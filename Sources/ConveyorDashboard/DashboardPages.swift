@@ -199,8 +199,9 @@ struct DashboardPages: Sendable {
     return limit + (rate.map { "; at most \($0) starting" } ?? "")
   }
 
-  /// The line under a queue's counts on its jobs page naming its concurrency limit, and why
-  /// nothing more is claimed when the limit is reached with ready jobs waiting; nil without one.
+  /// The line under a queue's counts on its jobs page naming its limits (concurrency, rate, per
+  /// key), and why nothing more is claimed when the concurrency limit is reached with ready jobs
+  /// waiting; nil without one.
   func limitLine(_ limits: QueueLimits, _ counts: JobCounts) -> String? {
     var parts: [String] = []
     if let concurrency = limits.concurrency {
@@ -214,6 +215,15 @@ struct DashboardPages: Sendable {
     }
     if let rate = limits.rate {
       parts.append("Rate limit: at most \(rate) starting, across every worker.")
+    }
+    if let perKey = limits.keyConcurrency {
+      parts.append("Limit per key: at most \(perKey) running at once for each limit key.")
+    }
+    if !limits.keyConcurrencyOverrides.isEmpty {
+      let count = limits.keyConcurrencyOverrides.count
+      parts.append(
+        "\(count) key\(count == 1 ? " has its" : "s have their") own limit; jobs held for their key's limit "
+          + "say so (held by the limit of key …).")
     }
     guard !parts.isEmpty else { return nil }
     let text = parts.joined(separator: " ")

@@ -1476,6 +1476,10 @@ public final class PostgresJobStore: JobStore {
     let sql = self.sql
     try await connection.perform(idempotent: true) { db in
       try db.transaction {
+        // Under the limit lock, as the claims: a claim that read the old limits and held jobs has
+        // committed before the statements below take their snapshots, so they make those jobs
+        // claimable; a claim after them reads the new limits.
+        try db.execute(sql.takeLimitLock, [.text(queue)])
         try db.execute(
           sql.setLimits,
           [

@@ -488,8 +488,9 @@ struct SQL {
   /// - `jobs_key_running`: a key's running jobs, counted by a claim up to the key's limit;
   ///   `jobs_parked`: a key's parked jobs in claim order.
   /// - `key_stopped`: when a job of a limit key stops running, however it stops (settled,
-  ///   cancelled, removed, rescued), the first parked job of its key becomes ready again, in its
-  ///   old place. It first takes the queue's limit lock (``limitLock``), as the claims of a queue
+  ///   cancelled, removed, rescued), or leaves the ready state other than by a claim (cancelled,
+  ///   removed, replaced with a later run date: the job a stop made ready may go so), the first
+  ///   parked job of its key becomes ready again, in its old place. It first takes the queue's limit lock (``limitLock``), as the claims of a queue
   ///   with limits per key do, so a claim that parks a job and a settlement that frees its key
   ///   never miss each other: the one that takes the lock second sees what the first committed
   ///   (the update is a new statement, so a new snapshot). A parked job another transaction has
@@ -526,10 +527,12 @@ struct SQL {
     END
     $body$;
     CREATE TRIGGER jobs_key_stopped AFTER UPDATE OF status ON \(schema).jobs FOR EACH ROW
-      WHEN (OLD.status = 'running' AND NEW.status <> 'running' AND OLD.limit_key IS NOT NULL)
+      WHEN (OLD.limit_key IS NOT NULL AND (
+        (OLD.status = 'running' AND NEW.status <> 'running')
+        OR (OLD.status = 'ready' AND NEW.status NOT IN ('running', 'held'))))
       EXECUTE FUNCTION \(schema).key_stopped();
     CREATE TRIGGER jobs_key_deleted AFTER DELETE ON \(schema).jobs FOR EACH ROW
-      WHEN (OLD.status = 'running' AND OLD.limit_key IS NOT NULL)
+      WHEN (OLD.status IN ('running', 'ready') AND OLD.limit_key IS NOT NULL)
       EXECUTE FUNCTION \(schema).key_stopped();
 
     CREATE FUNCTION \(schema).unparked() RETURNS trigger LANGUAGE plpgsql AS $body$
@@ -1498,6 +1501,9 @@ struct SQL {
     SELECT $1, o.key, o.concurrency FROM unnest($2::text[], $3::int8[]) AS o(key, concurrency)
     """
   }
+  /// Takes the queue's limit lock (``limitLock``'s) for the rest of the transaction, waiting for a
+  /// claim that holds it. Parameter: queue.
+  var takeLimitLock: String { "SELECT pg_advisory_xact_lock(\(Self.limitLockKey(schema, queue: "$1")))" }
   /// Every job of the queue held for its key's limit is ready again (the limits changed).
   /// Parameter: queue.
   var unparkAll: String {

@@ -406,7 +406,11 @@ enum SQL {
   /// - `jobs_key_running`: a key's running jobs, counted by a claim up to the key's limit.
   /// - `jobs_parked`: a key's parked jobs in claim order, for the triggers that make the first
   ///   claimable again when a job of the key stops running, however it stops (settled, cancelled,
-  ///   removed, rescued): one place for every path, in the same transaction.
+  ///   removed, rescued), and when a ready job of the key leaves the ready state other than by a
+  ///   claim (cancelled, removed, replaced with a later run date): the job a stop made claimable
+  ///   may go so, and its key's other held jobs would then wait for a stop that never comes. One
+  ///   place for every path, in the same transaction. A claim's park (ready to held) and claim
+  ///   (ready to running) make nothing claimable.
   static let version12 = """
     ALTER TABLE jobs ADD COLUMN limit_key TEXT;
     ALTER TABLE jobs ADD COLUMN parked INTEGER;
@@ -421,12 +425,14 @@ enum SQL {
     CREATE INDEX jobs_parked ON jobs (queue, limit_key, priority DESC, run_at, seq, id)
       WHERE status = 'held' AND parked = 1;
     CREATE TRIGGER jobs_key_stopped AFTER UPDATE OF status ON jobs
-    WHEN OLD.status = 'running' AND NEW.status <> 'running' AND OLD.limit_key IS NOT NULL
+    WHEN OLD.limit_key IS NOT NULL AND (
+      (OLD.status = 'running' AND NEW.status <> 'running')
+      OR (OLD.status = 'ready' AND NEW.status NOT IN ('running', 'held')))
     BEGIN
       \(unparkFirst)
     END;
     CREATE TRIGGER jobs_key_deleted AFTER DELETE ON jobs
-    WHEN OLD.status = 'running' AND OLD.limit_key IS NOT NULL
+    WHEN OLD.status IN ('running', 'ready') AND OLD.limit_key IS NOT NULL
     BEGIN
       \(unparkFirst)
     END;
@@ -436,8 +442,8 @@ enum SQL {
       UPDATE jobs SET parked = NULL WHERE id = NEW.id;
     END;
     """
-  /// In a trigger on a job of a limit key that stopped running (`OLD`): the first job a claim held
-  /// for that key's limit, in claim order, is ready again (in its old place).
+  /// In a trigger on a job of a limit key that stopped running or left the ready state (`OLD`): the
+  /// first job a claim held for that key's limit, in claim order, is ready again (in its old place).
   private static let unparkFirst = """
     UPDATE jobs SET status = 'ready', parked = NULL WHERE id = (
         SELECT id FROM jobs INDEXED BY jobs_parked

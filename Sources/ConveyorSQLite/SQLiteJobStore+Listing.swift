@@ -92,10 +92,12 @@ enum ListingSQL {
   }
 
   /// The queue's jobs among the next `window` rows of the table in ID order (the caller sorts
-  /// the few rows, so SQLite needs no sorter). Parameters: queue, after, window, limit.
+  /// the few rows, so SQLite needs no sorter). The window names the columns it keeps: SQLite reads
+  /// every column of a subquery's rows, and `*` read those no record holds. Parameters: queue,
+  /// after, window, limit.
   static func windowed(_ status: JobStatus?) -> String {
     """
-    SELECT \(SQL.columns) FROM (SELECT * FROM jobs WHERE id > ?2 ORDER BY id LIMIT ?3)
+    SELECT \(SQL.columns) FROM (SELECT \(SQL.columns) FROM jobs WHERE id > ?2 ORDER BY id LIMIT ?3)
     WHERE queue = ?1 \(filter(status)) LIMIT ?4
     """
   }

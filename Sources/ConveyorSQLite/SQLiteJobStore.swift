@@ -782,8 +782,10 @@ public final class SQLiteJobStore: JobStore {
   private static func selectWithinKeyLimits(queue: String, limit: Int, db: Connection) throws -> [JobRecord] {
     var taken: [JobRecord] = []
     var takenIDs: Set<JobID> = []
-    // Per key: its limit (nil: none) and the jobs of it running, this claim's among them.
-    var keys: [String: (limit: Int64?, running: Int64)] = [:]
+    // Per key, by its bytes (as SQLite compares them; `String` takes canonically equivalent
+    // spellings for one key): its limit (nil: none) and the jobs of it running, this claim's among
+    // them.
+    var keys: [ExactText: (limit: Int64?, running: Int64)] = [:]
     // The jobs taken stay ready until the caller claims them, so each read starts with them; it
     // reads past them by a window, so a claim that holds many jobs reads few times.
     let window = limit + 256
@@ -800,7 +802,7 @@ public final class SQLiteJobStore: JobStore {
           continue
         }
         var state: (limit: Int64?, running: Int64)
-        if let known = keys[key] {
+        if let known = keys[ExactText(key)] {
           state = known
         } else {
           let bound = try db.scalar(SQL.keyLimit, .text(queue), .text(key))
@@ -816,7 +818,7 @@ public final class SQLiteJobStore: JobStore {
           taken.append(record)
           takenIDs.insert(record.id)
         }
-        keys[key] = state
+        keys[ExactText(key)] = state
         if taken.count == limit { return taken }
       }
       // A short read was every ready job there was.

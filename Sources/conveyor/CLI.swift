@@ -694,7 +694,11 @@ enum CLI {
   }
 
   /// What `status` says of held jobs.
-  static let heldExplanation = "waiting behind an earlier job of their ordering key, or for their key's limit"
+  static func heldExplanation(_ limits: QueueLimits) -> String {
+    limits.hasKeyLimits
+      ? "waiting behind an earlier job of their ordering key, or for their key's limit"
+      : "waiting behind an earlier job of their ordering key"
+  }
 
   /// Whether a dead job of `queue` holds a held job: it kept its ordering key (one that left it,
   /// `DeadHeadPolicy.releasesKey`, has none) and a held job has that key. Reads at most 10,000
@@ -883,7 +887,7 @@ enum CLI {
       }
       output("ready     \(counts.ready)")
       output("scheduled \(counts.scheduled)")
-      output("held      \(counts.held)" + (counts.held > 0 ? " (\(heldExplanation))" : ""))
+      output("held      \(counts.held)" + (counts.held > 0 ? " (\(heldExplanation(limits)))" : ""))
       output("running   \(counts.running)")
       output("dead      \(counts.dead)")
       output("completed \(counts.completed)")

@@ -127,7 +127,7 @@ enum LimitsCommands {
         throw UsageError(
           description:
             "--key K takes --concurrency N or none (the key's own limit of jobs running at once); a "
-            + "rate per key is not kept yet. The stored limits were not changed")
+            + "rate per key is not kept yet; the stored limits were not changed")
       }
     }
     let newKeyConcurrency = try keyConcurrencyText.map { try concurrency($0, option: "--key-concurrency") }
@@ -287,8 +287,9 @@ enum LimitsCommands {
   static func keyUsage(_ store: any JobStore, queue: String) async throws -> (
     keys: [KeyUsage], complete: Bool
   ) {
-    var held: [String: Int] = [:]
-    var running: [String: Int] = [:]
+    // By the keys' bytes, as the stores compare them.
+    var held: [ExactText: Int] = [:]
+    var running: [ExactText: Int] = [:]
     var complete = true
     for (status, parked) in [(JobStatus.pending, true), (JobStatus.running, false)] {
       var cursor: JobID?
@@ -297,8 +298,8 @@ enum LimitsCommands {
         let page = try await store.jobs(queue: queue, status: status, after: cursor, limit: 1_000)
         for record in page {
           guard let key = record.limitKey else { continue }
-          if parked, record.isHeldByLimit { held[key, default: 0] += 1 }
-          if !parked { running[key, default: 0] += 1 }
+          if parked, record.isHeldByLimit { held[ExactText(key), default: 0] += 1 }
+          if !parked { running[ExactText(key), default: 0] += 1 }
         }
         pages += 1
         guard page.count == 1_000, let last = page.last else { break }
@@ -309,7 +310,7 @@ enum LimitsCommands {
         cursor = last.id
       }
     }
-    let keys = held.map { KeyUsage(key: $0.key, held: $0.value, running: running[$0.key] ?? 0) }
+    let keys = held.map { KeyUsage(key: $0.key.text, held: $0.value, running: running[$0.key] ?? 0) }
       .sorted { $0.held != $1.held ? $0.held > $1.held : $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
     return (keys, complete)
   }

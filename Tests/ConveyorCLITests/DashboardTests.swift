@@ -867,8 +867,14 @@ struct SeededJobs {
       ("", ["ready", "scheduled", "held", "running", "dead"]),
       ("AND +status IN ('ready', 'scheduled', 'held')", ["ready", "scheduled", "held"]),
     ] {
+      // The store's window (ListingSQL.windowed): the columns of a record, not `*`.
+      let columns =
+        "id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key, lease_owner, "
+        + "lease_expires_at, claim_token, time_limit_ms, finished_at, errors, run_ms, output, ordering_key, limit_key, "
+        + "parked"
       let window =
-        "SELECT * FROM (SELECT * FROM jobs WHERE id > 0 ORDER BY id LIMIT 256) WHERE queue = 'emails' \(filter) LIMIT 100;"
+        "SELECT \(columns) FROM (SELECT \(columns) FROM jobs WHERE id > 0 ORDER BY id LIMIT 256) "
+        + "WHERE queue = 'emails' \(filter) LIMIT 100;"
       let end = "SELECT count(*), max(id) FROM (SELECT id FROM jobs WHERE id > 0 ORDER BY id LIMIT 256);"
       let ids =
         statuses.map { "SELECT id FROM jobs WHERE queue = 'emails' AND status = '\($0)' AND id > 256" }

@@ -296,6 +296,105 @@ import Testing
 
   /// A worker process obeys a limit set by another: with a limit of 1, `work --concurrency 4`
   /// never runs two of the queue's commands at once.
+  /// `limits set --key-concurrency` and `--key K --concurrency`: stored, merged with the other
+  /// limits, shown, removed; bad values and keys exit 2 and change nothing.
+  @Test func limitsPerKeyAreSetShownAndRemoved() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.succeed(["limits", "set", "--concurrency", "5"])
+    let set = try await sandbox.succeed(["limits", "set", "--key-concurrency", "2"])
+    #expect(
+      set.lines == [
+        "queue outbox: concurrency 5 (0 running)", "limit per key: 2 running at once for each --limit-key",
+      ],
+      "\(set)")
+    try await sandbox.succeed(["limits", "set", "--key", "api.example.com", "--concurrency", "7"])
+    let shown = try await sandbox.succeed(["limits", "--json"]).object()
+    #expect(shown["concurrency"] as? Int == 5 && shown["keyConcurrency"] as? Int == 2, "\(shown)")
+    #expect((shown["keyConcurrencyOverrides"] as? [String: Int]) == ["api.example.com": 7], "\(shown)")
+    let lines = try await sandbox.succeed(["limits"]).lines
+    #expect(lines.contains("key api.example.com: 7 running at once"), "\(lines)")
+    let stored = try await sandbox.succeed(["limits", "--json"]).stdout
+    for arguments in [
+      ["--key-concurrency", "0"], ["--key-concurrency", "-1"], ["--key-concurrency", "x"],
+      ["--key", "", "--concurrency", "1"], ["--key", "k", "--rate", "3/s"], ["--key", "k"],
+      ["--key", String(repeating: "k", count: 513), "--concurrency", "1"],
+    ] {
+      let outcome = try await sandbox.run(["limits", "set"] + arguments)
+      #expect(outcome.status == 2 && outcome.stdout.isEmpty, "\(arguments): \(outcome)")
+      #expect(outcome.stderr.contains("the stored limits were not changed"), "\(arguments): \(outcome)")
+    }
+    #expect(
+      try await sandbox.succeed(["limits", "--json"]).stdout == stored, "every refusal kept the limits")
+    try await sandbox.succeed(["limits", "set", "--key", "api.example.com", "--concurrency", "none"])
+    try await sandbox.succeed(["limits", "set", "--key-concurrency", "none"])
+    let removed = try await sandbox.succeed(["limits", "--json"]).object()
+    #expect(removed["keyConcurrency"] is NSNull, "\(removed)")
+    #expect((removed["keyConcurrencyOverrides"] as? [String: Int]) == [:], "\(removed)")
+    #expect(removed["concurrency"] as? Int == 5, "the queue's own limit is kept: \(removed)")
+  }
+
+  /// `add http` gives a job its URL's host as its limit key unless `--limit-key` names another;
+  /// `add exec` has none unless given; a bad key exits 2 and stores nothing.
+  @Test func addGivesJobsTheirLimitKey() async throws {
+    let sandbox = try Sandbox()
+    let http = try await sandbox.add(["http", "POST", "https://API.Example.com:8443/v1/orders"])
+    let named = try await sandbox.add(["http", "GET", "https://api.example.com/", "--limit-key", "tenant-7"])
+    let command = try await sandbox.add(["exec", "--", "true"])
+    let keyed = try await sandbox.add(["exec", "--limit-key", "db", "--", "true"])
+    let store = try SQLiteJobStore(path: sandbox.database)
+    #expect(try await store.job(JobID(Int64(http)))?.limitKey == "api.example.com")
+    #expect(try await store.job(JobID(Int64(named)))?.limitKey == "tenant-7")
+    #expect(try await store.job(JobID(Int64(command)))?.limitKey == nil)
+    #expect(try await store.job(JobID(Int64(keyed)))?.limitKey == "db")
+    await store.close()
+    for key in ["", "a\u{1}b" + String(repeating: "x", count: 600)] {
+      let outcome = try await sandbox.run(["add", "exec", "--limit-key", key, "--", "true"])
+      #expect(outcome.status == 2 && outcome.stderr.contains("--limit-key"), "\(outcome)")
+    }
+    let counts = try await sandbox.succeed(["status", "--json"]).object()
+    #expect((counts["counts"] as? [String: Any])?["ready"] as? Int == 4, "nothing more stored: \(counts)")
+  }
+
+  /// Four jobs of one limit key and a free one, two workers of four slots each, a limit of one per
+  /// key: the key's jobs run one at a time across both processes while the free job runs beside
+  /// them; `status` meanwhile says which key holds jobs.
+  @Test func workersObeyTheLimitPerKeyAndStatusSaysWhichKeyHoldsJobs() async throws {
+    let sandbox = try Sandbox()
+    let log = sandbox.path("runs.log")
+    try await sandbox.succeed(["limits", "set", "--key-concurrency", "1"])
+    for name in ["a", "b", "c", "d"] {
+      try await sandbox.add([
+        "exec", "--limit-key", "slow.example", "--", "sh", "-c",
+        "echo \"start $1\" >> \"$2\"; sleep 0.4; echo \"end $1\" >> \"$2\"", "sh", name, log,
+      ])
+    }
+    try await sandbox.add(["exec", "--", "sh", "-c", "echo \"free\" >> \"$1\"", "sh", log])
+    let first = try sandbox.start(["work", "--concurrency", "4"])
+    let second = try sandbox.start(["work", "--concurrency", "4"])
+    var sawHeld = false
+    for _ in 0..<200 {
+      let status = try await sandbox.succeed(["status"]).lines
+      if status.contains(where: { $0.contains("key limit reached for \"slow.example\" (1 running,") }) {
+        sawHeld = true
+      }
+      let done = (try? String(contentsOfFile: log, encoding: .utf8))?.split(separator: "\n").count ?? 0
+      if done == 9 { break }
+      try await Task.sleep(for: .milliseconds(50))
+    }
+    await first.terminate()
+    await second.terminate()
+    let lines = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n").filter {
+      $0 != "free"
+    }
+    #expect(lines.count == 8, "\(lines)")
+    for pair in stride(from: 0, to: lines.count - 1, by: 2) {
+      #expect(
+        lines[pair].hasPrefix("start ") && lines[pair + 1] == "end " + lines[pair].dropFirst("start ".count),
+        "one at a time: \(lines)")
+    }
+    #expect(sawHeld, "status never named the key that holds jobs")
+  }
+
   @Test func aWorkerObeysTheStoredLimit() async throws {
     let sandbox = try Sandbox()
     let log = sandbox.path("runs.log")

@@ -117,6 +117,31 @@ import Testing
     #expect(!metrics.contains("rate_limit_per_second{queue=\"sms\"}"), "\(metrics)")
   }
 
+  /// Limits per key on the queue's jobs page, and a job held for its key's limit marked as such in
+  /// the list and on its own page.
+  @Test func theJobsPageShowsLimitsPerKeyAndWhyAJobIsHeld() async throws {
+    try await store.setLimits(
+      QueueLimits(keyConcurrency: 1, keyConcurrencyOverrides: ["b": 2]), queue: "mail")
+    _ = try await store.enqueue(
+      [NewJob(payload: Data("{}".utf8), limitKey: "a"), NewJob(payload: Data("{}".utf8), limitKey: "a")],
+      queue: "mail", clock: clock)
+    let lease = Lease(owner: "test", duration: .seconds(600))
+    let claimed = try await store.settleAndClaim([], queue: "mail", limit: 5, lease: lease, clock: clock)
+    #expect(claimed.claimed.count == 1, "one of key a")
+    let page = await get("/jobs?queue=mail")
+    #expect(
+      page.body.contains(
+        "Limit per key: at most 1 running at once for each limit key. 1 key has its own limit; jobs held for "
+          + "their key&#39;s limit say so (held by the limit of key …).</p>")
+        || page.body.contains(
+          "Limit per key: at most 1 running at once for each limit key. 1 key has its own limit; jobs held for "
+            + "their key's limit say so (held by the limit of key …).</p>"),
+      "\(page)")
+    #expect(page.body.contains("held by the limit of key <code>a</code>"), "\(page)")
+    let job = await get("/jobs/2")
+    #expect(job.body.contains("Held by the limit of key <code>a</code>"), "\(job)")
+  }
+
   /// `/metrics` and `/api/queues` list each stored queue once, by its bytes: two queues whose
   /// names are canonically equivalent (the store keeps them apart) are two queues, each with its
   /// own limit sample. The metrics are compared line by line as bytes (`String`'s `==` would take

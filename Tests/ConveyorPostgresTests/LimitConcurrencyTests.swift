@@ -409,3 +409,41 @@ extension LimitConcurrencyTests {
     )
   }
 }
+
+extension LimitConcurrencyTests {
+  /// Limits per key set while a claim of the queue runs on another connection: every job the
+  /// claim held under the old limit is claimable once both have committed, whichever went first.
+  /// Failed before `setLimits` took the queue's limit lock: a claim that read the old limit held
+  /// jobs after the new limits' unhold took its snapshot, and they stayed held under a limit of
+  /// 100 with one job of their key running (about one round in three).
+  @Test func limitsSetDuringAClaimLeaveNoJobHeldUnderTheNewLimit() async throws {
+    let server = try await PostgresServer.shared()
+    var options = PostgresJobStore.Options(schema: uniqueSchema("keyrace"), clock: .caller)
+    options.claimDelayCounted = nil
+    let one = try await PostgresJobStore.open(url: server.url, options: options)
+    let two = try await PostgresJobStore.open(url: server.url, options: options)
+    let clock = SystemJobClock()
+    let lease = Lease(owner: "w", duration: .seconds(600))
+    var stuck: [String] = []
+    for round in 0..<60 {
+      let queue = "q\(round)"
+      try await one.setLimits(QueueLimits(keyConcurrency: 1), queue: queue)
+      _ = try await one.enqueue(
+        (0..<20).map { NewJob(payload: Data("\($0)".utf8), limitKey: "A") }, queue: queue, clock: clock)
+      let first = try await one.settleAndClaim([], queue: queue, limit: 1, lease: lease, clock: clock)
+      #expect(first.claimed.count == 1)
+      // The others are held; set the limits again (every held job claimable), then race a claim,
+      // which holds them again under a limit of 1, with a raise to 100.
+      try await one.setLimits(QueueLimits(keyConcurrency: 1), queue: queue)
+      async let claimed = one.settleAndClaim([], queue: queue, limit: 1, lease: lease, clock: clock)
+      async let raised: Void = two.setLimits(QueueLimits(keyConcurrency: 100), queue: queue)
+      _ = try await (claimed, raised)
+      let held = try await one.jobs(queue: queue, status: .pending, after: nil, limit: 100).filter(
+        \.isHeldByLimit)
+      if !held.isEmpty { stuck.append("round \(round): \(held.count) held under a limit of 100") }
+    }
+    #expect(stuck.isEmpty, "\(stuck.count) rounds: \(stuck.prefix(5))")
+    await one.close()
+    await two.close()
+  }
+}

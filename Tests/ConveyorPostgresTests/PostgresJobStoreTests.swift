@@ -413,11 +413,13 @@ struct PostgresJobStoreTests {
       ('mail', '\\x7b7d', 'ready', 0, now(), now(), 0, 'k'),
       ('mail', '\\x7b7d', 'held', 0, now(), now(), 0, 'k')
       """)
-    let before = try admin.query("SELECT * FROM \(schema).jobs ORDER BY id")
+    let before = try admin.query("SELECT \(Self.version9Columns) FROM \(schema).jobs ORDER BY id")
     let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
     let versions = try admin.query("SELECT version FROM \(schema).schema_migrations ORDER BY version")
     #expect(versions == (1...PostgresJobStore.schemaVersion).map { [String($0)] })
-    #expect(try admin.query("SELECT * FROM \(schema).jobs ORDER BY id") == before, "every job as it was")
+    #expect(
+      try admin.query("SELECT \(Self.version9Columns) FROM \(schema).jobs ORDER BY id") == before,
+      "every job as it was")
     #expect(try await store.isPaused(queue: "mail"), "the pause flag is kept")
     let none = try await store.limits(queue: "sms")
     #expect(none.isEmpty)
@@ -447,11 +449,13 @@ struct PostgresJobStoreTests {
       ('mail', '\\x7b7d', 'ready', 0, now(), now(), 0, 'k'),
       ('mail', '\\x7b7d', 'held', 0, now(), now(), 0, 'k')
       """)
-    let before = try admin.query("SELECT * FROM \(schema).jobs ORDER BY id")
+    let before = try admin.query("SELECT \(Self.version9Columns) FROM \(schema).jobs ORDER BY id")
     let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
     let versions = try admin.query("SELECT version FROM \(schema).schema_migrations ORDER BY version")
     #expect(versions == (1...PostgresJobStore.schemaVersion).map { [String($0)] })
-    #expect(try admin.query("SELECT * FROM \(schema).jobs ORDER BY id") == before, "every job as it was")
+    #expect(
+      try admin.query("SELECT \(Self.version9Columns) FROM \(schema).jobs ORDER BY id") == before,
+      "every job as it was")
     #expect(try await store.isPaused(queue: "mail"), "the pause flag is kept")
     let mail = try await store.limits(queue: "mail")
     #expect(mail == QueueLimits(concurrency: 3), "the concurrency is kept, no rate: \(mail)")
@@ -461,6 +465,51 @@ struct PostgresJobStoreTests {
       [], queue: "sms", limit: 5, lease: Lease(owner: "w", duration: .seconds(60)), clock: SystemJobClock())
     #expect(batch.claimed.count == 2, "the burst of the rate set after the migration")
     #expect(batch.nextStart != nil, "the bucket is empty")
+    await store.close()
+  }
+
+  /// The columns of a version 9 to 11 job, for comparing a job before and after a migration.
+  static let version9Columns = """
+    id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key, lease_owner,
+    lease_expires_at, claim_token, seq, time_limit_ms, finished_at, errors, run_ms, output, ordering_key
+    """
+
+  /// A schema at version 11 (the release of 2026-12-07, rate limits) gains limits per key when a
+  /// store opens it, none set, with every job, pause flag and limit kept; limits per key then
+  /// work, and the jobs stored before have no limit key.
+  @Test func aVersion11SchemaGainsLimitsPerKeyWithEveryJobPauseAndLimitKept() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("v11")
+    let admin = try AdminConnection(server.url)
+    try createSchema(SQL(schema: schema), atVersion: 11, with: admin)
+    try admin.query(
+      """
+      INSERT INTO \(schema).queues (name, paused, concurrency, rate, burst) VALUES ('mail', true, 3, 2.5, 4);
+      INSERT INTO \(schema).jobs (queue, payload, status, attempts, run_at, created_at, claim_token, ordering_key)
+      VALUES
+      ('sms', '\\x7b7d', 'ready', 0, now(), now(), 0, NULL),
+      ('mail', '\\x7b7d', 'ready', 0, now(), now(), 0, 'k'),
+      ('mail', '\\x7b7d', 'held', 0, now(), now(), 0, 'k')
+      """)
+    let before = try admin.query("SELECT \(Self.version9Columns) FROM \(schema).jobs ORDER BY id")
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let versions = try admin.query("SELECT version FROM \(schema).schema_migrations ORDER BY version")
+    #expect(versions == (1...PostgresJobStore.schemaVersion).map { [String($0)] })
+    #expect(
+      try admin.query("SELECT \(Self.version9Columns) FROM \(schema).jobs ORDER BY id") == before,
+      "every job as it was")
+    #expect(try await store.isPaused(queue: "mail"), "the pause flag is kept")
+    let mail = try await store.limits(queue: "mail")
+    #expect(mail == QueueLimits(concurrency: 3, rate: RateLimit(perSecond: 2.5, burst: 4)), "kept: \(mail)")
+    #expect(try await store.job(JobID(1))?.limitKey == nil, "a job stored before has no limit key")
+    try await store.setLimits(QueueLimits(keyConcurrency: 1), queue: "sms")
+    let added = try await store.enqueue(
+      [NewJob(payload: Data("{}".utf8), limitKey: "h"), NewJob(payload: Data("{}".utf8), limitKey: "h")],
+      queue: "sms", clock: SystemJobClock())
+    let batch = try await store.settleAndClaim(
+      [], queue: "sms", limit: 5, lease: Lease(owner: "w", duration: .seconds(60)), clock: SystemJobClock())
+    #expect(batch.claimed.map(\.id) == [JobID(1), added[0].id], "the old job and one of key h")
+    #expect(try await store.job(added[1].id)?.isHeldByLimit == true, "the second of key h is held")
     await store.close()
   }
 

@@ -318,6 +318,7 @@ struct MigrationTests {
       DROP INDEX jobs_keyed;
       DROP TABLE schedules;
       ALTER TABLE queues DROP COLUMN concurrency;
+      \(Self.dropVersion12)
       \(Self.dropRateColumns)
       PRAGMA user_version = 6;
       INSERT INTO queues (name) VALUES ('mail');
@@ -356,6 +357,7 @@ struct MigrationTests {
       """
       DROP TABLE schedules;
       ALTER TABLE queues DROP COLUMN concurrency;
+      \(Self.dropVersion12)
       \(Self.dropRateColumns)
       PRAGMA user_version = 7;
       INSERT INTO queues (name) VALUES ('mail');
@@ -438,6 +440,65 @@ struct MigrationTests {
     #expect(duplicate.first == EnqueueResult(id: JobID(1), inserted: false), "keys still deduplicate")
   }
 
+  /// Takes a version 12 database back to version 11's: no limits per key.
+  static let dropVersion12 = """
+    DROP TRIGGER jobs_key_stopped; DROP TRIGGER jobs_key_deleted; DROP TRIGGER jobs_unparked;
+    DROP INDEX jobs_key_running; DROP INDEX jobs_parked; DROP TABLE key_limits;
+    ALTER TABLE jobs DROP COLUMN limit_key; ALTER TABLE jobs DROP COLUMN parked;
+    ALTER TABLE queues DROP COLUMN key_concurrency;
+    """
+
+  /// A version 11 database (the release of 2026-12-07, rate limits) gains limits per key, none
+  /// set, with every job, pause flag and limit kept; limits per key then work on it, and the jobs
+  /// stored before have no limit key. The file is made by this build and taken back to version
+  /// 11's schema, which differs from version 12's by what ``dropVersion12`` drops.
+  @Test func aVersion11DatabaseGainsLimitsPerKeyWithEveryJobPauseAndLimitKept() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("v11.sqlite")
+    let t = 1_700_000_000_000
+    await (try SQLiteJobStore(path: path)).close()
+    try execute(
+      path,
+      """
+      \(Self.dropVersion12)
+      PRAGMA user_version = 11;
+      INSERT INTO queues (name, paused, concurrency, rate, burst) VALUES ('mail', 1, 3, 2.5, 4), ('sms', 0, NULL, NULL, NULL);
+      INSERT INTO jobs (queue, payload, status, attempts, run_at, created_at, claim_token, ordering_key, line) VALUES
+      ('mail', x'7b7d', 'ready', 0, \(t), \(t), 0, 'k', 1),
+      ('mail', x'7b7d', 'held', 0, \(t), \(t), 0, 'k', 1),
+      ('sms', x'7b7d', 'running', 1, \(t), \(t), 1, NULL, 0),
+      ('sms', x'7b7d', 'ready', 0, \(t), \(t), 0, NULL, 0);
+      """)
+    let before = try readRows(path)
+    let store = try SQLiteJobStore(path: path)
+    let version = try await store.connection.perform { db in
+      try db.scalar("SELECT user_version FROM pragma_user_version") ?? 0
+    }
+    #expect(version == SQLiteJobStore.schemaVersion)
+    await store.close()
+    #expect(try readRows(path) == before, "every column of every job as it was")
+    let reopened = try SQLiteJobStore(path: path)
+    #expect(try await reopened.isPaused(queue: "mail"), "the pause flag is kept")
+    let mailLimits = try await reopened.limits(queue: "mail")
+    #expect(
+      mailLimits == QueueLimits(concurrency: 3, rate: RateLimit(perSecond: 2.5, burst: 4)),
+      "the limits are kept, none per key: \(mailLimits)")
+    #expect(try await reopened.job(JobID(3))?.limitKey == nil, "a job stored before has no limit key")
+    try await reopened.setLimits(QueueLimits(keyConcurrency: 1), queue: "sms")
+    let now = FixedJobClock(Date(timeIntervalSince1970: 1_700_000_000))
+    _ = try await reopened.enqueue(
+      [NewJob(payload: Data("{}".utf8), limitKey: "h"), NewJob(payload: Data("{}".utf8), limitKey: "h")],
+      queue: "sms", clock: now)
+    let batch = try await reopened.settleAndClaim(
+      [], queue: "sms", limit: 5, lease: Lease(owner: "w", duration: .seconds(60)), clock: now)
+    #expect(
+      batch.claimed.map(\.id) == [JobID(4), JobID(5)],
+      "the old job and one of key h: \(batch.claimed.map(\.id))")
+    #expect(try await reopened.job(JobID(6))?.isHeldByLimit == true, "the second of key h is held")
+    #expect(
+      try await reopened.job(JobID(2))?.isHeld == true, "the held job of the ordering key is still held")
+  }
+
   /// Takes a version 11 queues table back to version 10's.
   static let dropRateColumns = """
     ALTER TABLE queues DROP COLUMN rate; ALTER TABLE queues DROP COLUMN burst;
@@ -456,6 +517,7 @@ struct MigrationTests {
     try execute(
       path,
       """
+      \(Self.dropVersion12)
       \(Self.dropRateColumns)
       PRAGMA user_version = 10;
       INSERT INTO queues (name, paused, concurrency) VALUES ('mail', 1, 3), ('sms', 0, NULL);
@@ -500,6 +562,7 @@ struct MigrationTests {
       path,
       """
       ALTER TABLE queues DROP COLUMN concurrency;
+      \(Self.dropVersion12)
       \(Self.dropRateColumns)
       PRAGMA user_version = 9;
       INSERT INTO queues (name, paused) VALUES ('mail', 1), ('sms', 0);

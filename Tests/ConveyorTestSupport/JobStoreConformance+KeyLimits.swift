@@ -198,5 +198,124 @@ extension JobStoreConformance {
       let last = try await claim(store, limit: 10, settling: [settle(end.claimed[0], .complete)], now: 5)
       try expect(texts(last) == ["o2"], "then its successor: \(texts(last))")
     },
+    check(
+      "key limits: a job a stop made claimable that is cancelled or removed before it runs passes its place on"
+    ) { store in
+      guard store.keepsKeyLimits else { return }
+      try await store.setLimits(QueueLimits(keyConcurrency: 1), queue: "q")
+      for (index, way) in ["cancel", "remove"].enumerated() {
+        let key = "K\(index)"
+        let base = Double(index * 100)
+        let added = try await store.enqueue(
+          [
+            limited("\(way)-1", key, at: base), limited("\(way)-2", key, at: base),
+            limited("\(way)-3", key, at: base),
+          ],
+          queue: "q", clock: now(base))
+        let first = try await claim(store, limit: 10, now: base + 1)
+        try expect(texts(first) == ["\(way)-1"], "\(way): one runs: \(texts(first))")
+        // It completes without a claim after it: the second is claimable again.
+        _ = try await claim(store, limit: 0, settling: [settle(first.claimed[0], .complete)], now: base + 2)
+        let afterStop = try await heldByLimit(store)
+        try expect(afterStop == ["\(way)-3"], "\(way): the second made claimable: \(afterStop)")
+        if way == "cancel" {
+          _ = try await store.cancel([added[1].id], queue: "q", clock: now(base + 3))
+        } else {
+          _ = try await store.remove([added[1].id], queue: "q")
+        }
+        // Nothing of the key runs: the third must not wait for a stop that never comes.
+        let next = try await claim(store, limit: 10, now: base + 4)
+        try expect(texts(next) == ["\(way)-3"], "\(way): the third runs: \(texts(next))")
+        _ = try await claim(store, limit: 0, settling: [settle(next.claimed[0], .complete)], now: base + 5)
+      }
+    },
+    check("key limits: keys are compared byte for byte, overrides too") { store in
+      guard store.keepsKeyLimits else { return }
+      // The precomposed "é" has a limit of 1; the decomposed spelling is another key, with none.
+      try await store.setLimits(QueueLimits(keyConcurrencyOverrides: ["\u{E9}": 1]), queue: "q")
+      _ = try await store.enqueue(
+        [
+          limited("d1", "e\u{301}"), limited("d2", "e\u{301}"), limited("p1", "\u{E9}"),
+          limited("p2", "\u{E9}"),
+        ],
+        queue: "q", clock: now(0))
+      let first = try await claim(store, limit: 10, now: 1)
+      try expect(texts(first) == ["d1", "d2", "p1"], "the decomposed key is not bound: \(texts(first))")
+    },
+    check("key limits: every kind of add stores the job's limit key") { store in
+      guard store.keepsKeyLimits else { return }
+      var batches: [[NewJob]] = [
+        [NewJob(payload: Data("one".utf8), limitKey: "L1")],
+        [NewJob(payload: Data("dedup".utf8), deduplicationKey: "d1", limitKey: "L2")],
+        [
+          NewJob(
+            payload: Data("scope".utf8), deduplicationKey: "d2",
+            deduplicationScope: .completedWithin(.seconds(60)),
+            limitKey: "L3")
+        ],
+        [NewJob(payload: Data("replace".utf8), deduplicationKey: "d3", onConflict: .replace, limitKey: "L4")],
+        [NewJob(payload: Data("later".utf8), runTime: .after(.seconds(5)), limitKey: "L5")],
+        [NewJob(payload: Data("u1".utf8), limitKey: "L6"), NewJob(payload: Data("u2".utf8), limitKey: "L6")],
+        [NewJob(payload: Data("mixed1".utf8)), NewJob(payload: Data("mixed2".utf8), limitKey: "L7")],
+        [NewJob(payload: Data("ordered".utf8), orderingKey: "O", limitKey: "L8")],
+      ]
+      batches.append((0..<300).map { NewJob(payload: Data("big\($0)".utf8), limitKey: "L9") })
+      for batch in batches {
+        let results = try await store.enqueue(batch, queue: "q", clock: now(0))
+        for (job, result) in zip(batch, results) {
+          let record = try await store.job(result.id)
+          try expect(
+            record?.limitKey == job.limitKey,
+            "\(String(decoding: job.payload, as: UTF8.self)): stored \(String(describing: record?.limitKey))")
+        }
+      }
+    },
+    check("key limits: clearing running jobs, and cancelling without naming the queue, free the key's place")
+    {
+      store in
+      guard store.keepsKeyLimits else { return }
+      try await store.setLimits(QueueLimits(keyConcurrency: 1), queue: "q")
+      for (index, way) in ["clear", "cancel-any", "tallied"].enumerated() {
+        let key = "K\(index)"
+        let base = Double(index * 100)
+        _ = try await store.enqueue(
+          [limited("\(way)-1", key, at: base), limited("\(way)-2", key, at: base)], queue: "q",
+          clock: now(base))
+        let running = try await claim(store, limit: 10, now: base + 1)
+        try expect(texts(running) == ["\(way)-1"], "\(way): one runs: \(texts(running))")
+        switch way {
+        case "clear": _ = try await store.clear(queue: "q", statuses: [.running])
+        case "cancel-any":
+          _ = try await store.cancel([running.claimed[0].id], queue: nil, clock: now(base + 2))
+        default:
+          let tally = try await store.tally(queue: "q", statuses: [.running])
+          _ = try await store.clear(
+            queue: "q", statuses: [.running], through: tally.highestID ?? running.claimed[0].id,
+            expecting: tally.count)
+        }
+        let after = try await claim(store, limit: 10, now: base + 3)
+        try expect(texts(after) == ["\(way)-2"], "\(way): the held job runs: \(texts(after))")
+        _ = try await claim(store, limit: 0, settling: [settle(after.claimed[0], .complete)], now: base + 4)
+      }
+    },
+    check("key limits: each queue has its own; a stop in one queue frees nothing in another") { store in
+      guard store.keepsKeyLimits else { return }
+      try await store.setLimits(QueueLimits(keyConcurrency: 1), queue: "q")
+      try await store.setLimits(QueueLimits(keyConcurrency: 1), queue: "r")
+      _ = try await store.enqueue([limited("q1"), limited("q2")], queue: "q", clock: now(0))
+      _ = try await store.enqueue([limited("r1"), limited("r2"), limited("r3")], queue: "r", clock: now(0))
+      let q = try await claim(store, "q", limit: 10, now: 1)
+      let r = try await claim(store, "r", limit: 10, now: 1)
+      try expect(texts(q) == ["q1"] && texts(r) == ["r1"], "one per queue: \(texts(q)) \(texts(r))")
+      let q2 = try await claim(store, "q", limit: 10, settling: [settle(q.claimed[0], .complete)], now: 2)
+      try expect(texts(q2) == ["q2"], "q2: \(texts(q2))")
+      let rNone = try await claim(store, "r", limit: 10, now: 3)
+      try expect(rNone.claimed.isEmpty, "r's key still runs r1: \(texts(rNone))")
+      try await store.setLimits(QueueLimits(keyConcurrency: 3), queue: "q")
+      let rStill = try await claim(store, "r", limit: 10, now: 4)
+      try expect(rStill.claimed.isEmpty, "setting q's limits leaves r's held jobs: \(texts(rStill))")
+      let rNext = try await claim(store, "r", limit: 10, settling: [settle(r.claimed[0], .complete)], now: 5)
+      try expect(texts(rNext) == ["r2"], "r2: \(texts(rNext))")
+    },
   ]
 }

@@ -513,7 +513,20 @@ extension InMemoryJobStore {
     /// Every job of the queue, by ID.
     var jobs = JobTable<Slot>()
     var paused = false
-    var limits = QueueLimits()
+    var limits = QueueLimits() {
+      didSet {
+        keyOverrides = Dictionary(
+          limits.keyConcurrencyOverrides.map { (ExactText($0.key), $0.value) }, uniquingKeysWith: min)
+      }
+    }
+    /// ``QueueLimits/keyConcurrencyOverrides`` by the keys' bytes, as the other stores compare keys
+    /// (a Swift `String` key takes canonically equivalent spellings for one).
+    var keyOverrides: [ExactText: Int] = [:]
+
+    /// The limit of limit key `key`: its override (byte for byte), else the limit per key.
+    func keyLimit(_ key: String) -> Int? {
+      keyOverrides.isEmpty ? limits.keyConcurrency : keyOverrides[ExactText(key)] ?? limits.keyConcurrency
+    }
     /// The rate limit's stored time (GCRA's theoretical arrival time, microseconds since 1970),
     /// or nil when no claim took a start yet.
     var rateTime: Int64?
@@ -556,6 +569,15 @@ extension InMemoryJobStore {
       let left = (runningByKey[key] ?? 1) - 1
       runningByKey[key] = left > 0 ? left : nil
       unpark(key)
+    }
+
+    /// A waiting job that was claimable (not held) leaves that state other than by a claim
+    /// (cancelled, removed, replaced): the job its key's last stop made claimable may be this one,
+    /// and the key's held jobs would wait for a stop that never comes, so the first is claimable
+    /// again (the next claim holds it again if its key is still at its limit).
+    mutating func leftClaimable(_ record: JobRecord) {
+      guard record.status == .pending, !record.isHeld, let key = record.limitKey else { return }
+      unpark(ExactText(key))
     }
 
     /// Makes the first job held for the limit of `key` that is still held so claimable again.
@@ -653,11 +675,14 @@ extension InMemoryJobStore {
         // The entry is current (see `isCurrent(_:_:)`) and the job ready: claimed in place, or
         // held when its limit key is at its limit.
         var parkedKey: ExactText?
+        // Whether the job's limit key is at its limit (read before the update, which holds `jobs`).
+        let full =
+          jobs[entry.id]?.record.limitKey.map { key in
+            keyLimit(key).map { runningByKey[ExactText(key), default: 0] >= $0 } ?? false
+          } ?? false
         let record = jobs.update(entry.id) { slot -> JobRecord? in
           guard Self.isCurrent(entry, slot), slot.ready else { return nil }
-          if let limitKey = slot.record.limitKey, let bound = limits.concurrency(forKey: limitKey),
-            runningByKey[ExactText(limitKey), default: 0] >= bound
-          {
+          if full, let limitKey = slot.record.limitKey {
             slot.ready = false
             slot.record.isHeld = true
             slot.record.isHeldByLimit = true
@@ -759,6 +784,7 @@ extension InMemoryJobStore {
       guard var record = jobs[id]?.record else { return }
       if record.status == .pending { stopWaiting(record) }
       stopRunning(id)
+      leftClaimable(record)
       record.status = status
       record.finishedAt = now
       if let error {
@@ -833,6 +859,7 @@ extension InMemoryJobStore {
     /// keeping its place among jobs of the same priority and run date.
     mutating func replace(_ id: JobID, with job: NewJob, now: Date) {
       guard let slot = jobs[id], slot.record.status == .pending else { return }
+      leftClaimable(slot.record)
       var record = slot.record
       // A job held for its key's limit is claimable again (its held entry no longer matches it):
       // the next claim holds it again if the key is still at its limit.
@@ -874,6 +901,7 @@ extension InMemoryJobStore {
       forgetKey(of: record)
       stopRunning(id)
       jobs[id] = nil
+      leftClaimable(record)
       if let key = record.orderingKey { leaveLine(id, key: key) }
       return true
     }

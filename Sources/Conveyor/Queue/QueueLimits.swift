@@ -54,7 +54,10 @@ public struct QueueLimits: Sendable, Hashable, Codable {
 
   /// Limits of single limit keys, in place of ``keyConcurrency``: "at most 5 for
   /// `api.example.com`". Each from 1 to ``maximumConcurrency``; at most
-  /// ``maximumKeyOverrides`` keys, each a valid limit key (``LimitKey``).
+  /// ``maximumKeyOverrides`` keys, each a valid limit key (``LimitKey``). Stores compare keys byte
+  /// for byte: an override binds the jobs whose key has its exact bytes. (A Swift dictionary takes
+  /// two canonically equivalent spellings, a precomposed and a decomposed "é", for one key, so only
+  /// one of them can have an override here.)
   public var keyConcurrencyOverrides: [String: Int]
 
   /// The most keys ``keyConcurrencyOverrides`` may name.
@@ -98,7 +101,8 @@ public struct QueueLimits: Sendable, Hashable, Codable {
   public var hasKeyLimits: Bool { keyConcurrency != nil || !keyConcurrencyOverrides.isEmpty }
 
   /// The most jobs of limit key `key` that may run at once: its override, else
-  /// ``keyConcurrency``; nil when the key is not bound.
+  /// ``keyConcurrency``; nil when the key is not bound. The override is looked up as a Swift
+  /// dictionary looks up (canonically equivalent spellings match); the stores match bytes.
   public func concurrency(forKey key: String) -> Int? {
     keyConcurrencyOverrides.isEmpty ? keyConcurrency : keyConcurrencyOverrides[key] ?? keyConcurrency
   }
