@@ -276,9 +276,10 @@ extension LimitConcurrencyTests {
 }
 
 extension LimitConcurrencyTests {
-  /// A claim that waits for the queue's limit lock while the limit is removed (or lowered) claims
-  /// by the limit stored when it gets the lock: as many as asked once the limit is gone, however
-  /// many run; no more than the places left under a lowered one, and says the queue is full.
+  /// Limits set while a claim waits for the queue's limit lock: `setLimits` takes that lock too,
+  /// so the claim that queued behind it claims by the limits it stored: as many as asked once the
+  /// limit is gone, however many run; no more than the places left under a lowered one, and says
+  /// the queue is full.
   @Test func aClaimWaitingForTheLimitLockClaimsByTheLimitStoredWhenItGetsIt() async throws {
     let server = try await PostgresServer.shared()
     let schema = uniqueSchema("limitwait")
@@ -297,27 +298,33 @@ extension LimitConcurrencyTests {
     #expect(first.claimed.count == 2 && first.full, "two under the limit: \(first)")
     let admin = try AdminConnection(server.url)
     let blocked = "SELECT pid FROM pg_stat_activity WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+    let lock = "SELECT pg_advisory_lock(\(SQL.limitLockKey(store.sql.schema, queue: "'q'")))"
 
-    // Removed while the claim waits: it takes the five asked for, with two running.
-    try admin.query("SELECT pg_advisory_lock(\(SQL.limitLockKey(store.sql.schema, queue: "'q'")))")
+    // Removed while the claim waits (the removal first in the lock's queue): it takes the five
+    // asked for, with two running.
+    try admin.query(lock)
+    let removal = Task { try await other.setLimits(QueueLimits(), queue: "q") }
+    try await waitFor("the removal to wait for the lock") { try admin.query(blocked).count == 1 }
     let removed = Task {
       try await store.settleAndClaim([], queue: "q", limit: 5, lease: lease, clock: clock)
     }
-    try await waitFor("the claim to wait for the lock") { try !admin.query(blocked).isEmpty }
-    try await other.setLimits(QueueLimits(), queue: "q")
+    try await waitFor("the claim to wait for the lock") { try admin.query(blocked).count == 2 }
     try admin.query("SELECT pg_advisory_unlock_all()")
+    try await removal.value
     let free = try await removed.value
     #expect(free.claimed.count == 5 && !free.full, "as many as asked once the limit is gone: \(free)")
 
     // Lowered while the claim waits, to 8 with 7 running: one place, and the queue is then full.
     try await store.setLimits(QueueLimits(concurrency: 1_000), queue: "q")
-    try admin.query("SELECT pg_advisory_lock(\(SQL.limitLockKey(store.sql.schema, queue: "'q'")))")
+    try admin.query(lock)
+    let lowering = Task { try await other.setLimits(QueueLimits(concurrency: 8), queue: "q") }
+    try await waitFor("the change to wait for the lock") { try admin.query(blocked).count == 1 }
     let lowered = Task {
       try await store.settleAndClaim([], queue: "q", limit: 5, lease: lease, clock: clock)
     }
-    try await waitFor("the claim to wait for the lock") { try !admin.query(blocked).isEmpty }
-    try await other.setLimits(QueueLimits(concurrency: 8), queue: "q")
+    try await waitFor("the claim to wait for the lock") { try admin.query(blocked).count == 2 }
     try admin.query("SELECT pg_advisory_unlock_all()")
+    try await lowering.value
     let one = try await lowered.value
     #expect(one.claimed.count == 1 && one.full, "one place left under the lowered limit: \(one)")
     let counts = try await store.counts(queue: "q", clock: clock)
