@@ -786,10 +786,13 @@ public final class SQLiteJobStore: JobStore {
     // spellings for one key): its limit (nil: none) and the jobs of it running, this claim's among
     // them.
     var keys: [ExactText: (limit: Int64?, running: Int64)] = [:]
-    // The jobs taken stay ready until the caller claims them, so each read starts with them; it
-    // reads past them by a window, so a claim that holds many jobs reads few times.
-    let window = limit + 256
+    // The jobs taken stay ready until the caller claims them, so each read starts with them. The
+    // first reads what the claim wants, as a claim without limits per key does; once it held jobs,
+    // each read goes past the jobs taken by a window twice the last (at most 256), so a claim that
+    // holds many jobs reads few times, and one that holds none reads no more than usual.
+    var extra = 0
     while true {
+      let window = limit + extra
       var batch: [JobRecord] = []
       try db.query(SQL.selectReady, .text(queue), .integer(Int64(window))) {
         batch.append(try Self.record($0))
@@ -823,6 +826,7 @@ public final class SQLiteJobStore: JobStore {
       }
       // A short read was every ready job there was.
       if batch.count < window { return taken }
+      extra = min(max(extra * 2, 8), 256)
     }
   }
 
