@@ -274,6 +274,8 @@ extension Dashboard {
   static let shownKey = 1_000
   /// The most queue names the jobs page's queue menu lists.
   static let listedQueues = 1_000
+  /// The most limit keys a queue's jobs page lists (`conveyor status --json` lists more).
+  static let listedKeys = 20
   /// The most bytes of each payload the jobs page reads for its summary.
   static let listedPayload = 16 * 1024
   /// The most bytes of a payload the job page reads; a larger payload is described from them.
@@ -292,9 +294,14 @@ extension Dashboard {
     var more = false
     var counts: JobCounts?
     var limits = QueueLimits()
+    var keys: (keys: [(usage: LimitKeyUsage, limit: Int)], complete: Bool)?
     if let queue {
       counts = try await store.counts(queue: queue, clock: clock)
       limits = try await store.limits(queue: queue)
+      if limits.hasKeyLimits {
+        let read = try await store.limitKeyUsage(queue: queue, limit: Self.listedKeys + 1)
+        keys = limits.keysWithLimits(read, listing: Self.listedKeys)
+      }
       let now = Date()
       var read = 0
       reading: while rows.count < Self.pageSize && read < Self.readLimit {
@@ -339,7 +346,7 @@ extension Dashboard {
     }
     return pages.jobs(
       rows, queues: Array(names.prefix(Self.listedQueues)), queue: queue, counts: counts, limits: limits,
-      filter: filter,
+      keys: keys, filter: filter,
       text: text, after: after, next: more ? cursor : nil,
       notice: query["notice"], count: query["count"].flatMap { Int($0) }, formToken: formToken)
   }

@@ -230,11 +230,37 @@ struct DashboardPages: Sendable {
     return "<p class=\"limits\" data-field=\"limits\">\(html(text))</p>\n"
   }
 
+  /// The table of a queue's keys with a limit: each key's running jobs, its limit and its jobs held
+  /// for it, the keys holding most first (see `QueueLimits.keysWithLimits`).
+  func keyTable(_ keys: (keys: [(usage: LimitKeyUsage, limit: Int)], complete: Bool)) -> String {
+    guard !keys.keys.isEmpty || !keys.complete else { return "" }
+    let rows = keys.keys.map { key, limit in
+      "<tr><td class=\"key\">\(html(key.key))</td><td class=\"count\">\(key.running)</td>"
+        + "<td class=\"count\">\(limit)</td><td class=\"count\">\(key.held)</td></tr>"
+    }.joined(separator: "\n")
+    let more =
+      keys.complete
+      ? ""
+      : "<p class=\"more\">More keys have a limit than are listed: conveyor status --json lists them.</p>\n"
+    return """
+      <table class="keys" data-field="keys">
+      <thead><tr><th scope="col">Limit key</th><th scope="col" class="count">Running</th><th scope="col" class="count">Limit</th>
+      <th scope="col" class="count" title="Jobs a claim held because their key was at its limit">Held</th></tr></thead>
+      <tbody>
+      \(rows)
+      </tbody>
+      </table>
+      \(more)
+      """
+  }
+
   // MARK: jobs
 
   func jobs(
     _ rows: [Dashboard.ListedRow], queues: [String], queue: String?, counts: JobCounts?,
-    limits: QueueLimits = QueueLimits(), filter: Dashboard.StateFilter, text: String,
+    limits: QueueLimits = QueueLimits(),
+    keys: (keys: [(usage: LimitKeyUsage, limit: Int)], complete: Bool)? = nil,
+    filter: Dashboard.StateFilter, text: String,
     after: JobID?, next: JobID?, notice key: String?, count: Int?, formToken: String
   ) -> DashboardResponse {
     let queueOptions = queues.map {
@@ -268,6 +294,7 @@ struct DashboardPages: Sendable {
       }
       body += "<p class=\"counts\">\(links.joined(separator: " · "))</p>\n"
       if let line = limitLine(limits, counts) { body += line }
+      if let keys { body += keyTable(keys) }
     }
     if let queue, filter == .dead || filter == .waiting {
       let encoded = html(HTTPForm.encode(queue))

@@ -1469,6 +1469,19 @@ public final class PostgresJobStore: JobStore {
   /// Keeps and enforces limits per key: true.
   public var keepsKeyLimits: Bool { true }
 
+  /// The keys with running or held jobs; see `JobStore.limitKeyUsage(queue:limit:)`.
+  public func limitKeyUsage(queue: String, limit: Int) async throws -> [LimitKeyUsage] {
+    guard limit > 0 else { return [] }
+    let sql = self.sql
+    return try await connection.perform(idempotent: true) { db in
+      let rows = try db.execute(sql.limitKeyUsage, [.text(queue), .int64(Int64(limit))])
+      return (0..<rows.count).map {
+        LimitKeyUsage(
+          key: rows.text($0, 0) ?? "", running: Int(rows.int64($0, 1)), held: Int(rows.int64($0, 2)))
+      }
+    }
+  }
+
   /// Stores limits and wakes the queue's listening workers (a raised limit frees places); see
   /// `JobStore.setLimits(_:queue:)`.
   public func setLimits(_ limits: QueueLimits, queue: String) async throws {

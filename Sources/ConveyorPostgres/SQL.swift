@@ -1491,6 +1491,19 @@ struct SQL {
   var limits: String {
     "SELECT concurrency::int8, rate, burst::int8, key_concurrency::int8 FROM \(schema).queues WHERE name = $1"
   }
+  /// The queue's limit keys with running or held jobs (`jobs_key_running`, `jobs_parked`): key,
+  /// running, held; most held first, then most running, then by bytes. Parameters: queue, the most
+  /// keys.
+  var limitKeyUsage: String {
+    """
+    SELECT limit_key, sum(running)::int8, sum(held)::int8 FROM (
+      SELECT limit_key, 1 AS running, 0 AS held FROM \(schema).jobs
+      WHERE queue = $1 AND status = 'running' AND limit_key IS NOT NULL
+      UNION ALL
+      SELECT limit_key, 0, 1 FROM \(schema).jobs WHERE queue = $1 AND status = 'held' AND parked) AS u
+    GROUP BY limit_key ORDER BY 3 DESC, 2 DESC, limit_key COLLATE "C" LIMIT $2
+    """
+  }
   /// The queue's overrides of its limit per key. Parameter: queue.
   var keyOverrides: String {
     "SELECT key, concurrency::int8 FROM \(schema).key_limits WHERE queue = $1 ORDER BY key COLLATE \"C\""

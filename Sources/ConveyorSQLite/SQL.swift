@@ -466,6 +466,16 @@ enum SQL {
     SELECT coalesce((SELECT concurrency FROM key_limits WHERE queue = ?1 AND key = ?2), q.key_concurrency)
     FROM queues q WHERE q.name = ?1
     """
+  /// The queue `?1`'s limit keys with running or held jobs (`jobs_key_running`, `jobs_parked`):
+  /// key, running, held; most held first, then most running, then by bytes (`BINARY`); at most `?2`.
+  static let limitKeyUsage = """
+    SELECT limit_key, sum(running), sum(held) FROM (
+      SELECT limit_key, 1 AS running, 0 AS held FROM jobs INDEXED BY jobs_key_running
+      WHERE queue = ?1 AND status = 'running' AND limit_key IS NOT NULL
+      UNION ALL
+      SELECT limit_key, 0, 1 FROM jobs INDEXED BY jobs_parked WHERE queue = ?1 AND status = 'held' AND parked = 1)
+    GROUP BY limit_key ORDER BY 3 DESC, 2 DESC, limit_key LIMIT ?2
+    """
   static let keyOverrides = "SELECT key, concurrency FROM key_limits WHERE queue = ? ORDER BY key"
   static let deleteKeyOverrides = "DELETE FROM key_limits WHERE queue = ?"
   static let insertKeyOverride = "INSERT INTO key_limits (queue, key, concurrency) VALUES (?, ?, ?)"

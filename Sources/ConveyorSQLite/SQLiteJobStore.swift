@@ -635,6 +635,18 @@ public final class SQLiteJobStore: JobStore {
   /// Keeps and enforces limits per key: true.
   public var keepsKeyLimits: Bool { true }
 
+  /// The keys with running or held jobs; see `JobStore.limitKeyUsage(queue:limit:)`.
+  public func limitKeyUsage(queue: String, limit: Int) async throws -> [LimitKeyUsage] {
+    guard limit > 0 else { return [] }
+    return try await connection.perform { db in
+      var rows: [LimitKeyUsage] = []
+      try db.query(SQL.limitKeyUsage, .text(queue), .integer(Int64(limit))) { row in
+        rows.append(LimitKeyUsage(key: row.text(0) ?? "", running: row.int(1), held: row.int(2)))
+      }
+      return rows
+    }
+  }
+
   /// Stores limits; see `JobStore.setLimits(_:queue:)`. In one transaction; every job held for
   /// its key's limit becomes ready again (the next claims hold those whose key is still at its
   /// limit).

@@ -837,8 +837,8 @@ enum CLI {
     let limits = try await store.limits(queue: context.queue)
     let rateWait = try await LimitsCommands.rateWait(limits, counts, store: store, queue: context.queue)
     let keyUsage =
-      limits.hasKeyLimits && counts.held > 0
-      ? try await LimitsCommands.keyUsage(store, queue: context.queue) : nil
+      limits.hasKeyLimits
+      ? try await LimitsCommands.keyUsage(store, queue: context.queue, limits: limits) : nil
     // Handlers reported stuck in the last hour, as the workers counted them (their activity).
     let stuck = try await store.activity(since: Date().addingTimeInterval(-3_600), limit: 100_000)
       .filter { $0.queue == context.queue }.reduce(Int64(0)) { $0 &+ $1.stuck }
@@ -859,6 +859,12 @@ enum CLI {
         var nextStartIn: Double?
         /// The keys whose limit holds jobs, most held first; absent without limits per key.
         var heldByKeyLimit: [LimitsCommands.KeyUsage]?
+        /// Every key with a limit and running or held jobs, most held first, then most running,
+        /// then the keys with a limit of their own and neither (at most 1,000); absent without
+        /// limits per key.
+        var keys: [LimitsCommands.KeyUsage]?
+        /// Whether ``keys`` lists every such key; absent without limits per key.
+        var keysComplete: Bool?
       }
       try printJSON(
         Status(
@@ -868,7 +874,8 @@ enum CLI {
           rateReached: limits.rate == nil ? nil : rateWait != nil,
           nextStartIn: rateWait.map {
             Double($0.components.seconds) + Double($0.components.attoseconds) / 1e18
-          }, heldByKeyLimit: limits.hasKeyLimits ? (keyUsage?.keys ?? []) : nil))
+          }, heldByKeyLimit: keyUsage.map { $0.keys.filter { $0.held > 0 } }, keys: keyUsage?.keys,
+          keysComplete: keyUsage?.complete))
     } else {
       output("database  \(printable(context.databaseDescription))")
       output("queue     \(context.queue)\(paused ? " (paused)" : "")")
@@ -885,6 +892,7 @@ enum CLI {
         let count = limits.keyConcurrencyOverrides.count
         output("key limit \(count) key\(count == 1 ? " has its" : "s have their") own (conveyor limits)")
       }
+      for line in keyUsage.map(LimitsCommands.keyUsageLines) ?? [] { output("key       \(line)") }
       output("ready     \(counts.ready)")
       output("scheduled \(counts.scheduled)")
       output("held      \(counts.held)" + (counts.held > 0 ? " (\(heldExplanation(limits)))" : ""))
@@ -905,9 +913,7 @@ enum CLI {
       if let rateWait {
         output("waiting   \(LimitsCommands.rateReachedText(limits, counts, wait: rateWait))")
       }
-      if let keys = keyUsage, !keys.keys.isEmpty || !keys.complete {
-        output("waiting   \(LimitsCommands.keyUsageText(keys))")
-      }
+      if let text = keyUsage.flatMap(LimitsCommands.keyUsageText) { output("waiting   \(text)") }
       if stuck > 0 {
         output(
           "stuck     \(stuck) in the last hour: handlers past their time limit that ignore cancellation, "

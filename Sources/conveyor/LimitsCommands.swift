@@ -275,58 +275,57 @@ enum LimitsCommands {
     return lines
   }
 
-  /// A limit key whose limit holds jobs: how many it holds, and how many of its jobs run.
+  /// A limit key with a limit: how many of its jobs run and how many its limit holds.
   struct KeyUsage: Encodable {
     var key: String
-    var held: Int
+    /// The key's limit: its own, else the limit per key.
+    var limit: Int
     var running: Int
+    var held: Int
   }
 
-  /// The keys whose limit holds jobs, most held first, read from at most 10,000 held and 10,000
-  /// running jobs (`complete` false when there were more).
-  static func keyUsage(_ store: any JobStore, queue: String) async throws -> (
+  /// The most keys `status` reads from the store (`--json` lists them; the text the first five).
+  static let listedKeys = 1_000
+
+  /// The keys with a limit and their use, from the store's counts (``JobStore/limitKeyUsage``;
+  /// see `QueueLimits.keysWithLimits`): at most ``listedKeys`` (`complete` false when there were
+  /// more).
+  static func keyUsage(_ store: any JobStore, queue: String, limits: QueueLimits) async throws -> (
     keys: [KeyUsage], complete: Bool
   ) {
-    // By the keys' bytes, as the stores compare them.
-    var held: [ExactText: Int] = [:]
-    var running: [ExactText: Int] = [:]
-    var complete = true
-    for (status, parked) in [(JobStatus.pending, true), (JobStatus.running, false)] {
-      var cursor: JobID?
-      var pages = 0
-      while true {
-        let page = try await store.jobs(queue: queue, status: status, after: cursor, limit: 1_000)
-        for record in page {
-          guard let key = record.limitKey else { continue }
-          if parked, record.isHeldByLimit { held[ExactText(key), default: 0] += 1 }
-          if !parked { running[ExactText(key), default: 0] += 1 }
-        }
-        pages += 1
-        guard page.count == 1_000, let last = page.last else { break }
-        if pages == 10 {
-          complete = false
-          break
-        }
-        cursor = last.id
-      }
-    }
-    let keys = held.map { KeyUsage(key: $0.key.text, held: $0.value, running: running[$0.key] ?? 0) }
-      .sorted { $0.held != $1.held ? $0.held > $1.held : $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
-    return (keys, complete)
+    let read = try await store.limitKeyUsage(queue: queue, limit: listedKeys + 1)
+    let listed = limits.keysWithLimits(read, listing: listedKeys)
+    return (
+      listed.keys.map {
+        KeyUsage(key: $0.usage.key, limit: $0.limit, running: $0.usage.running, held: $0.usage.held)
+      },
+      listed.complete
+    )
   }
 
-  /// What `status` says of the keys whose limit holds jobs (the first five).
-  static func keyUsageText(_ usage: (keys: [KeyUsage], complete: Bool)) -> String {
-    guard !usage.keys.isEmpty else {
-      return usage.complete
-        ? "no job is held for its key's limit" : "too many jobs to tell which keys hold jobs"
+  /// The lines `status` shows for the keys with a limit (the first five), and how many more.
+  static func keyUsageLines(_ usage: (keys: [KeyUsage], complete: Bool)) -> [String] {
+    var lines = usage.keys.prefix(5).map {
+      "\"\(printable($0.key))\": \($0.running) running of \($0.limit)"
+        + ($0.held > 0 ? ", \($0.held) held" : "")
     }
-    let shown = usage.keys.prefix(5).map {
+    if usage.keys.count > 5 || !usage.complete {
+      lines.append(
+        "and \(usage.complete ? "\(usage.keys.count - 5)" : "more than \(usage.keys.count - 5)") more keys "
+          + "(conveyor status --json lists \(usage.complete ? "them" : "the first \(listedKeys)"))")
+    }
+    return lines
+  }
+
+  /// What `status` says of the keys whose limit holds jobs (the first five), or nil when none does.
+  static func keyUsageText(_ usage: (keys: [KeyUsage], complete: Bool)) -> String? {
+    let holding = usage.keys.filter { $0.held > 0 }
+    guard !holding.isEmpty else { return nil }
+    let shown = holding.prefix(5).map {
       "\"\(printable($0.key))\" (\($0.running) running, \($0.held) held)"
     }
-    let more = usage.keys.count > 5 ? ", and \(usage.keys.count - 5) more keys" : ""
+    let more = holding.count > 5 ? ", and \(holding.count - 5) more keys" : ""
     return "key limit reached for \(shown.joined(separator: ", "))\(more)"
-      + (usage.complete ? "" : " (of the first 10,000 held jobs)")
   }
 
   /// How long until the rate gives its next start, when that is what keeps ready jobs waiting:

@@ -333,6 +333,44 @@ import Testing
     #expect(removed["concurrency"] as? Int == 5, "the queue's own limit is kept: \(removed)")
   }
 
+  /// `status` lists every key with a limit: how many of its jobs run of its limit and how many it
+  /// holds, the keys holding jobs first, then those with a limit of their own and no job; `--json`
+  /// lists them all. Keys without a limit are not listed.
+  @Test func statusListsEveryKeyWithALimit() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.succeed(["limits", "set", "--key-concurrency", "1"])
+    try await sandbox.succeed(["limits", "set", "--key", "wide.example", "--concurrency", "3"])
+    try await sandbox.succeed(["limits", "set", "--key", "idle.example", "--concurrency", "4"])
+    for key in ["a.example", "a.example", "a.example", "wide.example", "b.example"] {
+      try await sandbox.add(["exec", "--limit-key", key, "--", "true"])
+    }
+    #expect(try await claim(10, in: sandbox) == 3, "one of a.example, wide.example and b.example")
+    let lines = try await sandbox.succeed(["status"]).lines
+    let keys = lines.filter { $0.hasPrefix("key       ") }
+    #expect(
+      keys == [
+        "key       \"a.example\": 1 running of 1, 2 held", "key       \"b.example\": 1 running of 1",
+        "key       \"wide.example\": 1 running of 3", "key       \"idle.example\": 0 running of 4",
+      ], "\(lines)")
+    #expect(lines.contains("waiting   key limit reached for \"a.example\" (1 running, 2 held)"), "\(lines)")
+    let json = try await sandbox.succeed(["status", "--json"]).object()
+    let listed = (json["keys"] as? [[String: Any]])?.map {
+      "\($0["key"] ?? "") \($0["running"] ?? "")/\($0["limit"] ?? "") \($0["held"] ?? "")"
+    }
+    #expect(
+      listed == ["a.example 1/1 2", "b.example 1/1 0", "wide.example 1/3 0", "idle.example 0/4 0"], "\(json)")
+    #expect(json["keysComplete"] as? Bool == true, "\(json)")
+    #expect((json["heldByKeyLimit"] as? [[String: Any]])?.count == 1, "\(json)")
+    // With only keys of their own limited, a key without one is not listed.
+    try await sandbox.succeed(["limits", "set", "--key-concurrency", "none"])
+    let overridesOnly = try await sandbox.succeed(["status"]).lines.filter { $0.hasPrefix("key       ") }
+    #expect(
+      overridesOnly == [
+        "key       \"wide.example\": 1 running of 3", "key       \"idle.example\": 0 running of 4",
+      ],
+      "\(overridesOnly)")
+  }
+
   /// `add http` gives a job its URL's host as its limit key unless `--limit-key` names another;
   /// `add exec` has none unless given; a bad key exits 2 and stores nothing.
   @Test func addGivesJobsTheirLimitKey() async throws {

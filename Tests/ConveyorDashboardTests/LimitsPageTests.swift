@@ -142,6 +142,38 @@ import Testing
     #expect(job.body.contains("Held by the limit of key <code>a</code>"), "\(job)")
   }
 
+  /// The queue's jobs page lists its keys with a limit: each key's running jobs, limit and held
+  /// jobs, the keys holding most first, then those with a limit of their own and no job, escaped;
+  /// past 20 keys it says more have a limit.
+  @Test func theJobsPageListsEachKeyWithALimit() async throws {
+    try await store.setLimits(
+      QueueLimits(keyConcurrency: 1, keyConcurrencyOverrides: ["<b>idle</b>": 3]), queue: "mail")
+    _ = try await store.enqueue(
+      ["a", "a", "a", "b"].map { NewJob(payload: Data("{}".utf8), limitKey: $0) }, queue: "mail", clock: clock
+    )
+    let lease = Lease(owner: "test", duration: .seconds(600))
+    _ = try await store.settleAndClaim([], queue: "mail", limit: 5, lease: lease, clock: clock)
+    let page = await get("/jobs?queue=mail")
+    let rows = page.body.components(separatedBy: "<tr><td class=\"key\">").dropFirst().map {
+      $0.components(separatedBy: "</tr>")[0]
+    }
+    #expect(
+      rows == [
+        "a</td><td class=\"count\">1</td><td class=\"count\">1</td><td class=\"count\">2</td>",
+        "b</td><td class=\"count\">1</td><td class=\"count\">1</td><td class=\"count\">0</td>",
+        "&lt;b&gt;idle&lt;/b&gt;</td><td class=\"count\">0</td><td class=\"count\">3</td><td class=\"count\">0</td>",
+      ], "\(page)")
+    #expect(!page.body.contains("More keys have a limit"), "\(page)")
+    _ = try await store.enqueue(
+      (0..<25).map { NewJob(payload: Data("{}".utf8), limitKey: "k\($0)") }, queue: "mail", clock: clock)
+    _ = try await store.settleAndClaim([], queue: "mail", limit: 30, lease: lease, clock: clock)
+    let many = await get("/jobs?queue=mail")
+    #expect(many.body.components(separatedBy: "<tr><td class=\"key\">").count == 21, "20 keys listed")
+    #expect(many.body.contains("More keys have a limit than are listed"), "\(many)")
+    let other = await get("/jobs?queue=none")
+    #expect(!other.body.contains("class=\"keys\""), "no table without limits per key")
+  }
+
   /// `/metrics` and `/api/queues` list each stored queue once, by its bytes: two queues whose
   /// names are canonically equivalent (the store keeps them apart) are two queues, each with its
   /// own limit sample. The metrics are compared line by line as bytes (`String`'s `==` would take

@@ -232,6 +232,10 @@ final class SimStore: JobStore {
 
   var keepsKeyLimits: Bool { base.keepsKeyLimits }
 
+  func limitKeyUsage(queue: String, limit: Int) async throws -> [LimitKeyUsage] {
+    try await world.call(process, .read) { try await self.base.limitKeyUsage(queue: queue, limit: limit) }
+  }
+
   func setLimits(_ limits: QueueLimits, queue: String) async throws {
     try await world.call(process, .change) {
       switch self.world.scenario.defect {

@@ -250,6 +250,12 @@ public final class InstrumentedJobStore: JobStore {
   public var keepsKeyLimits: Bool { base.keepsKeyLimits }
 
   /// Counted, then forwarded to ``base``.
+  public func limitKeyUsage(queue: String, limit: Int) async throws -> [LimitKeyUsage] {
+    try record("limitKeyUsage")
+    return try await base.limitKeyUsage(queue: queue, limit: limit)
+  }
+
+  /// Counted, then forwarded to ``base``.
   public func setLimits(_ limits: QueueLimits, queue: String) async throws {
     try record("setLimits")
     try await base.setLimits(limits, queue: queue)

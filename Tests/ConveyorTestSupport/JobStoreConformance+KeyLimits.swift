@@ -108,6 +108,38 @@ extension JobStoreConformance {
       let stillHeld = try await heldByLimit(store)
       try expect(stillHeld == ["b2", "a4"], "a4 still held: \(stillHeld)")
     },
+    check("key limits: the usage per key counts running and held jobs, most held first, bytes apart") {
+      store in
+      guard store.keepsKeyLimits else { return }
+      let usageBefore = try await store.limitKeyUsage(queue: "q", limit: 10)
+      try expect(usageBefore.isEmpty, "no key before any job: \(usageBefore)")
+      // "é" precomposed and decomposed are two keys; "Z" and a job without a key run unbounded.
+      let composed = "\u{E9}"
+      let decomposed = "e\u{301}"
+      try await store.setLimits(
+        QueueLimits(keyConcurrency: 1, keyConcurrencyOverrides: ["A": 2, "Z": 5]), queue: "q")
+      _ = try await store.enqueue(
+        [
+          limited("a1"), limited("a2"), limited("a3"), limited("a4"), limited("a5"),
+          limited("c1", composed), limited("c2", composed), limited("d1", decomposed),
+          limited("z1", "Z"), job("free"),
+        ], queue: "q", clock: now(0))
+      _ = try await claim(store, limit: 20, now: 1)
+      _ = try await store.enqueue([limited("other", "q2")], queue: "q2", clock: now(1))
+      let usage = try await store.limitKeyUsage(queue: "q", limit: 10)
+      try expect(
+        usage == [
+          LimitKeyUsage(key: "A", running: 2, held: 3), LimitKeyUsage(key: composed, running: 1, held: 1),
+          LimitKeyUsage(key: "Z", running: 1, held: 0), LimitKeyUsage(key: decomposed, running: 1, held: 0),
+        ], "by held, then running, then bytes (\"Z\" is 0x5A, \"e\" 0x65): \(usage)")
+      let first = try await store.limitKeyUsage(queue: "q", limit: 2)
+      try expect(first == Array(usage.prefix(2)), "the first two: \(first)")
+      let none = try await store.limitKeyUsage(queue: "q", limit: 0)
+      try expect(none.isEmpty, "a limit of 0 reads nothing: \(none)")
+      let elsewhere = try await store.limitKeyUsage(queue: "q2", limit: 10)
+      try expect(
+        elsewhere.isEmpty, "a waiting job of another queue is neither running nor held: \(elsewhere)")
+    },
     check("key limits: every way a job stops running gives its key's place to a held job") { store in
       guard store.keepsKeyLimits else { return }
       try await store.setLimits(QueueLimits(keyConcurrency: 1), queue: "q")

@@ -287,6 +287,25 @@ public final class InMemoryJobStore: JobStore {
   /// Keeps and enforces limits per key: true.
   public var keepsKeyLimits: Bool { true }
 
+  /// The keys with running or held jobs; see ``JobStore/limitKeyUsage(queue:limit:)``.
+  public func limitKeyUsage(queue: String, limit: Int) async throws -> [LimitKeyUsage] {
+    guard limit > 0 else { return [] }
+    let rows = state.withLock { state -> [LimitKeyUsage] in
+      guard let queueState = state.queues[ExactText(queue)] else { return [] }
+      var usage: [ExactText: (running: Int, held: Int)] = [:]
+      for (key, running) in queueState.runningByKey { usage[key, default: (0, 0)].running = running }
+      for (key, entries) in queueState.parked {
+        // Entries of jobs since changed stay in the heap until met; count the jobs still held.
+        let held = Set(entries.elements.map(\.entry.id)).filter {
+          queueState.jobs[$0].map { $0.record.status == .pending && $0.record.isHeldByLimit } ?? false
+        }.count
+        if held > 0 { usage[key, default: (0, 0)].held = held }
+      }
+      return usage.map { LimitKeyUsage(key: $0.key.text, running: $0.value.running, held: $0.value.held) }
+    }
+    return Array(rows.sorted(by: LimitKeyUsage.precedes).prefix(limit))
+  }
+
   /// Stores limits; see ``JobStore/setLimits(_:queue:)``. Every job held by its key's limit
   /// becomes claimable again (the next claims hold those whose key is still at its limit).
   public func setLimits(_ limits: QueueLimits, queue: String) async throws {
@@ -513,20 +532,7 @@ extension InMemoryJobStore {
     /// Every job of the queue, by ID.
     var jobs = JobTable<Slot>()
     var paused = false
-    var limits = QueueLimits() {
-      didSet {
-        keyOverrides = Dictionary(
-          limits.keyConcurrencyOverrides.map { (ExactText($0.key), $0.value) }, uniquingKeysWith: min)
-      }
-    }
-    /// ``QueueLimits/keyConcurrencyOverrides`` by the keys' bytes, as the other stores compare keys
-    /// (a Swift `String` key takes canonically equivalent spellings for one).
-    var keyOverrides: [ExactText: Int] = [:]
-
-    /// The limit of limit key `key`: its override (byte for byte), else the limit per key.
-    func keyLimit(_ key: String) -> Int? {
-      keyOverrides.isEmpty ? limits.keyConcurrency : keyOverrides[ExactText(key)] ?? limits.keyConcurrency
-    }
+    var limits = QueueLimits()
     /// The rate limit's stored time (GCRA's theoretical arrival time, microseconds since 1970),
     /// or nil when no claim took a start yet.
     var rateTime: Int64?
@@ -678,7 +684,7 @@ extension InMemoryJobStore {
         // Whether the job's limit key is at its limit (read before the update, which holds `jobs`).
         let full =
           jobs[entry.id]?.record.limitKey.map { key in
-            keyLimit(key).map { runningByKey[ExactText(key), default: 0] >= $0 } ?? false
+            limits.concurrency(forKey: key).map { runningByKey[ExactText(key), default: 0] >= $0 } ?? false
           } ?? false
         let record = jobs.update(entry.id) { slot -> JobRecord? in
           guard Self.isCurrent(entry, slot), slot.ready else { return nil }

@@ -399,6 +399,32 @@ public struct ClaimBatch: Sendable, Hashable {
   }
 }
 
+/// How many jobs of one limit key (``NewJob/limitKey``) run, and how many a claim held because the
+/// key was at its limit (``JobRecord/isHeldByLimit``): a row of ``JobStore/limitKeyUsage(queue:limit:)``.
+public struct LimitKeyUsage: Sendable, Hashable, Codable {
+  /// The limit key.
+  public var key: String
+  /// The key's running jobs (lapsed leases not yet rescued among them).
+  public var running: Int
+  /// The key's jobs held for its limit.
+  public var held: Int
+
+  /// Creates a row.
+  public init(key: String, running: Int, held: Int) {
+    self.key = key
+    self.running = running
+    self.held = held
+  }
+
+  /// The order of ``JobStore/limitKeyUsage(queue:limit:)``: most held first, then most running,
+  /// then the keys' bytes.
+  package static func precedes(_ a: Self, _ b: Self) -> Bool {
+    if a.held != b.held { return a.held > b.held }
+    if a.running != b.running { return a.running > b.running }
+    return a.key.utf8.lexicographicallyPrecedes(b.key.utf8)
+  }
+}
+
 /// How many jobs a queue holds, by status.
 public struct JobCounts: Sendable, Hashable, Codable {
   /// Waiting jobs whose run date has come.
@@ -643,6 +669,14 @@ public protocol JobStore: Sendable {
   /// keys and limits per key for a store that does not. Default false.
   var keepsKeyLimits: Bool { get }
 
+  /// The queue's limit keys that have running jobs or jobs held for their key's limit, with those
+  /// counts: most held first, then most running, then by the keys' bytes; at most `limit` keys.
+  /// Keys are told apart byte for byte, as claims tell them. It reads every running job with a
+  /// limit key and every held one (two index ranges on SQLite and PostgreSQL): about as long as
+  /// ``counts(queue:clock:)`` takes for as many jobs. Default: none (a store that keeps no limits per
+  /// key holds no job for one).
+  func limitKeyUsage(queue: String, limit: Int) async throws -> [LimitKeyUsage]
+
   /// When something in the queue will next need a worker: the earliest waiting run date and the
   /// earliest lease expiry, as dates of `clock` (both nil when the queue holds neither a waiting
   /// nor a running job), and the stored pause flag. While the queue's running jobs fill its
@@ -768,6 +802,9 @@ extension JobStore {
 
   /// Keeps no limits per key: false.
   public var keepsKeyLimits: Bool { false }
+
+  /// Keeps no limits per key: none.
+  public func limitKeyUsage(queue: String, limit: Int) async throws -> [LimitKeyUsage] { [] }
 
   /// Keeps no limits: throws ``JobQueueError/invalidLimits(_:)``.
   public func setLimits(_ limits: QueueLimits, queue: String) async throws {

@@ -101,10 +101,33 @@ public struct QueueLimits: Sendable, Hashable, Codable {
   public var hasKeyLimits: Bool { keyConcurrency != nil || !keyConcurrencyOverrides.isEmpty }
 
   /// The most jobs of limit key `key` that may run at once: its override, else
-  /// ``keyConcurrency``; nil when the key is not bound. The override is looked up as a Swift
-  /// dictionary looks up (canonically equivalent spellings match); the stores match bytes.
+  /// ``keyConcurrency``; nil when the key is not bound. Keys match byte for byte, as the stores
+  /// match them: an override of the precomposed "é" does not bind the decomposed one.
   public func concurrency(forKey key: String) -> Int? {
-    keyConcurrencyOverrides.isEmpty ? keyConcurrency : keyConcurrencyOverrides[key] ?? keyConcurrency
+    // A Swift dictionary finds canonically equivalent keys; it holds at most one of them, so the
+    // one it finds is the only candidate.
+    guard let index = keyConcurrencyOverrides.index(forKey: key) else { return keyConcurrency }
+    let (stored, limit) = keyConcurrencyOverrides[index]
+    return stored.utf8.elementsEqual(key.utf8) ? limit : keyConcurrency
+  }
+
+  /// The keys with a limit, for a listing of at most `listing` keys: of `read` (the store's
+  /// ``JobStore/limitKeyUsage(queue:limit:)`` asked for `listing + 1`), those with a limit, then the
+  /// keys with a limit of their own and no job running or held, by bytes, as room allows. Each with
+  /// its limit; `complete` false when keys were left out.
+  package func keysWithLimits(_ read: [LimitKeyUsage], listing: Int) -> (
+    keys: [(usage: LimitKeyUsage, limit: Int)], complete: Bool
+  ) {
+    var keys = read.prefix(listing).compactMap { row in concurrency(forKey: row.key).map { (row, $0) } }
+    guard read.count <= listing else { return (keys, false) }
+    let seen = Set(read.map { Array($0.key.utf8) })
+    let idle = keyConcurrencyOverrides.filter { !seen.contains(Array($0.key.utf8)) }
+      .sorted { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
+    let room = max(0, listing - keys.count)
+    for (key, limit) in idle.prefix(room) {
+      keys.append((LimitKeyUsage(key: key, running: 0, held: 0), limit))
+    }
+    return (keys, idle.count <= room)
   }
 
   /// Why these limits cannot be stored, or nil when they can.

@@ -19,6 +19,9 @@ package struct Heap<Element: Comparable & Sendable>: Sendable {
   /// How many elements the heap holds.
   package var count: Int { storage.count + run.count - runStart }
 
+  /// Every element, in no particular order.
+  package var elements: [Element] { storage + run[runStart...] }
+
   package var peek: Element? {
     guard runStart < run.count else { return storage.first }
     guard let top = storage.first, top < run[runStart] else { return run[runStart] }
