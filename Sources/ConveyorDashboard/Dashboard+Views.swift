@@ -294,7 +294,7 @@ extension Dashboard {
     var more = false
     var counts: JobCounts?
     var limits = QueueLimits()
-    var keys: (keys: [(usage: LimitKeyUsage, limit: Int)], complete: Bool)?
+    var keys: (keys: [KeyWithLimits], complete: Bool)?
     if let queue {
       counts = try await store.counts(queue: queue, clock: clock)
       limits = try await store.limits(queue: queue)

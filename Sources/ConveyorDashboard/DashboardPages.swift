@@ -232,11 +232,12 @@ struct DashboardPages: Sendable {
 
   /// The table of a queue's keys with a limit: each key's running jobs, its limit and its jobs held
   /// for it, the keys holding most first (see `QueueLimits.keysWithLimits`).
-  func keyTable(_ keys: (keys: [(usage: LimitKeyUsage, limit: Int)], complete: Bool)) -> String {
+  func keyTable(_ keys: (keys: [KeyWithLimits], complete: Bool)) -> String {
     guard !keys.keys.isEmpty || !keys.complete else { return "" }
-    let rows = keys.keys.map { key, limit in
-      "<tr><td class=\"key\">\(html(key.key))</td><td class=\"count\">\(key.running)</td>"
-        + "<td class=\"count\">\(limit)</td><td class=\"count\">\(key.held)</td></tr>"
+    let rows = keys.keys.map { key in
+      "<tr><td class=\"key\">\(html(key.usage.key))</td><td class=\"count\">\(key.usage.running)</td>"
+        + "<td class=\"count\">\(key.limit.map(String.init) ?? "—")</td><td>\(key.rate.map { html($0.description) } ?? "—")</td>"
+        + "<td class=\"count\">\(key.usage.held)</td></tr>"
     }.joined(separator: "\n")
     let more =
       keys.complete
@@ -245,7 +246,7 @@ struct DashboardPages: Sendable {
     return """
       <table class="keys" data-field="keys">
       <thead><tr><th scope="col">Limit key</th><th scope="col" class="count">Running</th><th scope="col" class="count">Limit</th>
-      <th scope="col" class="count" title="Jobs a claim held because their key was at its limit">Held</th></tr></thead>
+      <th scope="col">Rate</th><th scope="col" class="count" title="Jobs a claim held for their key's limit or rate">Held</th></tr></thead>
       <tbody>
       \(rows)
       </tbody>
@@ -259,7 +260,7 @@ struct DashboardPages: Sendable {
   func jobs(
     _ rows: [Dashboard.ListedRow], queues: [String], queue: String?, counts: JobCounts?,
     limits: QueueLimits = QueueLimits(),
-    keys: (keys: [(usage: LimitKeyUsage, limit: Int)], complete: Bool)? = nil,
+    keys: (keys: [KeyWithLimits], complete: Bool)? = nil,
     filter: Dashboard.StateFilter, text: String,
     after: JobID?, next: JobID?, notice key: String?, count: Int?, formToken: String
   ) -> DashboardResponse {

@@ -14,6 +14,7 @@ enum PostgresValue {
   case timestamp(Date?)
   case int64Array([Int64?])
   case int32Array([Int32])
+  case doubleArray([Double])
   case textArray([String?])
   case byteaArray([Data?])
   case timestampArray([Date?])
@@ -42,6 +43,8 @@ enum PostgresValue {
     case .int64Array(let values):
       return (1016, Self.array(Self.int8OID, values.map { $0.map(Self.bigEndian) }))
     case .int32Array(let values): return (1007, Self.array(Self.int4OID, values.map { Self.bigEndian($0) }))
+    case .doubleArray(let values):
+      return (1022, Self.array(Self.float8OID, values.map { Self.bigEndian($0.bitPattern) }))
     case .textArray(let values):
       return (1009, Self.array(Self.textOID, values.map { $0.map { Array($0.utf8) } }))
     case .byteaArray(let values):

@@ -149,8 +149,9 @@ public final class PostgresJobStore: JobStore {
   /// store's own inserts to send their wake-up themselves, without the insert trigger; 4 the
   /// place a retried job takes among ready ones; 5 a job's own time limit; 6 the history of
   /// finished jobs; 7 an index of the running and completed jobs with a deduplication key; 8 stored
-  /// schedules; 9 ordering keys; 10 the queues' stored limits).
-  public static let schemaVersion = 12
+  /// schedules; 9 ordering keys; 10 the queues' stored limits; 11 their rates; 12 limits per key; 13
+  /// rates per key).
+  public static let schemaVersion = 13
 
   /// The options the store was opened with.
   public let options: Options
@@ -900,7 +901,8 @@ public final class PostgresJobStore: JobStore {
               .text(queue),
               delayCounted,
             ]
-          ), (sql.claim, claim), (sql.limitedClaim, claim + [micros]),
+          ), (sql.releaseDueKeys, [.text(queue), micros]), (sql.claim, claim),
+          (sql.limitedClaim, claim + [micros]),
           (sql.keyLimitedClaim, claim + [micros]),
           (sql.limitFull, [.text(queue), micros]),
         ]
@@ -923,7 +925,7 @@ public final class PostgresJobStore: JobStore {
           }
         }
       }
-      let flagIndex = statements.count - (limit > 0 ? 6 : 1)
+      let flagIndex = statements.count - (limit > 0 ? 7 : 1)
       let flag = results[flagIndex]
       let pausedBefore = flag.count > 0 && flag.bool(0, 0)
       guard limit > 0 else {
@@ -1448,12 +1450,19 @@ public final class PostgresJobStore: JobStore {
       try db.transaction {
         let row = try db.execute(sql.limits, [.text(queue)])
         let overrides = try db.execute(sql.keyOverrides, [.text(queue)])
+        let rateOverrides = try db.execute(sql.keyRateOverrides, [.text(queue)])
         var limits = QueueLimits()
         if row.count > 0 {
           limits.concurrency = row.isNull(0, 0) ? nil : Int(row.int64(0, 0))
           limits.rate =
             row.isNull(0, 1) ? nil : RateLimit(perSecond: row.double(0, 1), burst: Int(row.int64(0, 2)))
           limits.keyConcurrency = row.isNull(0, 3) ? nil : Int(row.int64(0, 3))
+          limits.keyRate =
+            row.isNull(0, 4) ? nil : RateLimit(perSecond: row.double(0, 4), burst: Int(row.int64(0, 5)))
+        }
+        for index in 0..<rateOverrides.count {
+          limits.keyRateOverrides[rateOverrides.text(index, 0) ?? ""] = RateLimit(
+            perSecond: rateOverrides.double(index, 1), burst: Int(rateOverrides.int64(index, 2)))
         }
         for index in 0..<overrides.count {
           limits.keyConcurrencyOverrides[overrides.text(index, 0) ?? ""] = Int(overrides.int64(index, 1))
@@ -1500,6 +1509,8 @@ public final class PostgresJobStore: JobStore {
             limits.rate.map { .double($0.perSecond) } ?? .null(oid: PostgresValue.float8OID),
             limits.rate.map { .int64(Int64($0.burst)) } ?? .null(oid: PostgresValue.int8OID),
             limits.keyConcurrency.map { .int64(Int64($0)) } ?? .null(oid: PostgresValue.int8OID),
+            limits.keyRate.map { .double($0.perSecond) } ?? .null(oid: PostgresValue.float8OID),
+            limits.keyRate.map { .int64(Int64($0.burst)) } ?? .null(oid: PostgresValue.int8OID),
           ])
         try db.execute(sql.deleteKeyOverrides, [.text(queue)])
         if !limits.keyConcurrencyOverrides.isEmpty {
@@ -1510,6 +1521,20 @@ public final class PostgresJobStore: JobStore {
             sql.insertKeyOverrides,
             [.text(queue), .textArray(overrides.map(\.key)), .int64Array(overrides.map { Int64($0.value) })])
         }
+        try db.execute(sql.deleteKeyRateOverrides, [.text(queue)])
+        if !limits.keyRateOverrides.isEmpty {
+          let overrides = limits.keyRateOverrides.sorted {
+            $0.key.utf8.lexicographicallyPrecedes($1.key.utf8)
+          }
+          try db.execute(
+            sql.insertKeyRateOverrides,
+            [
+              .text(queue), .textArray(overrides.map(\.key)), .doubleArray(overrides.map(\.value.perSecond)),
+              .int64Array(overrides.map { Int64($0.value.burst) }),
+            ])
+        }
+        // Buckets are kept while the queue has a rate per key (setting limits does not refill them).
+        if !limits.hasKeyRates { try db.execute(sql.deleteKeyBuckets, [.text(queue)]) }
         // Jobs held for their key's limit are claimable again; the next claims hold those whose
         // key is still at its limit.
         try db.execute(sql.unparkAll, [.text(queue)])
@@ -1536,16 +1561,18 @@ public final class PostgresJobStore: JobStore {
     let useCaller = options.clock == .caller
     let micros: PostgresValue =
       useCaller ? .int64(RateLimit.microseconds(clock.now())) : .null(oid: PostgresValue.int8OID)
-    let (serverNow, ready, scheduled, expiry, paused, scheduleDue, rate) = try await connection.perform(
-      idempotent: true
-    ) {
-      db in
-      let row = try db.execute(sql.nextWake, [.text(queue), now, micros])
-      return (
-        row.date(0, 0), row.date(0, 1), row.date(0, 2), row.date(0, 3), row.bool(0, 4), row.date(0, 5),
-        row.isNull(0, 6) ? nil : (next: row.int64(0, 6), readAt: row.int64(0, 7))
-      )
-    }
+    let (serverNow, ready, scheduled, expiry, paused, scheduleDue, rate, keyDue) =
+      try await connection.perform(
+        idempotent: true
+      ) {
+        db in
+        let row = try db.execute(sql.nextWake, [.text(queue), now, micros])
+        return (
+          row.date(0, 0), row.date(0, 1), row.date(0, 2), row.date(0, 3), row.bool(0, 4), row.date(0, 5),
+          row.isNull(0, 6) ? nil : (next: row.int64(0, 6), readAt: row.int64(0, 7)),
+          row.isNull(0, 8) ? nil : (next: row.int64(0, 8), readAt: row.int64(0, 9))
+        )
+      }
     var hint = WakeHint(
       nextRun: ready ?? scheduled, nextLeaseExpiry: expiry, paused: paused, nextScheduleDue: scheduleDue)
     if options.clock == .database, let serverNow {
@@ -1553,6 +1580,11 @@ public final class PostgresJobStore: JobStore {
       hint.nextRun = hint.nextRun?.addingTimeInterval(offset)
       hint.nextLeaseExpiry = hint.nextLeaseExpiry?.addingTimeInterval(offset)
       hint.nextScheduleDue = hint.nextScheduleDue?.addingTimeInterval(offset)
+    }
+    // A key whose rate holds jobs needs a worker when its bucket gives its next start.
+    if let keyDue {
+      let due = Self.rateDate(next: keyDue.next, readAt: keyDue.readAt, clock: clock, caller: useCaller)
+      hint.nextRun = min(hint.nextRun ?? due, due)
     }
     // No waiting job needs a worker before the rate gives its next start.
     if let run = hint.nextRun, let rate {

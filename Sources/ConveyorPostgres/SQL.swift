@@ -57,6 +57,7 @@ struct SQL {
   let claim: String
   let limitedClaim: String
   let keyLimitedClaim: String
+  let releaseDueKeys: String
   let limitLock: String
   let limitFull: String
   let heartbeat: String
@@ -83,6 +84,7 @@ struct SQL {
     claim = Self.claim(schema)
     limitedClaim = Self.limitedClaim(schema)
     keyLimitedClaim = Self.keyLimitedClaim(schema)
+    releaseDueKeys = Self.releaseDueKeys(schema)
     limitLock = Self.limitLock(schema)
     limitFull = Self.limitFull(schema)
     heartbeat = Self.heartbeat(schema)
@@ -99,7 +101,7 @@ struct SQL {
   var migrations: [String] {
     [
       version1, version2, version3, version4, version5, version6, version7, version8, version9, version10,
-      version11, version12,
+      version11, version12, version13,
     ]
   }
 
@@ -544,6 +546,37 @@ struct SQL {
     CREATE TRIGGER jobs_unparked BEFORE UPDATE OF status ON \(schema).jobs FOR EACH ROW
       WHEN (OLD.parked AND NEW.status <> 'held')
       EXECUTE FUNCTION \(schema).unparked();
+    """
+  }
+
+  /// Version 13: rates per limit key.
+  /// - `queues.key_rate`, `queues.key_burst`: `QueueLimits.keyRate`; `key_rates`: its overrides.
+  /// - `key_buckets`: per limit key with a rate, its bucket's stored time (`tat`, GCRA's,
+  ///   microseconds since 1970; no row: a full bucket) and, while the rate holds jobs of the key
+  ///   (parked, as for a key's concurrency limit), `due`: when the bucket gives them a start.
+  ///   The first claim of the queue from then makes that many of them ready (``releaseDueKeys``,
+  ///   `key_buckets_due`). Rows of full buckets holding nothing are deleted as claims meet them
+  ///   (`key_buckets_full`). Written only by claims and `setLimits`, under the queue's limit lock.
+  var version13: String {
+    """
+    ALTER TABLE \(schema).queues ADD COLUMN key_rate float8 CHECK (key_rate > 0.00001 AND key_rate <= 1000000),
+      ADD COLUMN key_burst integer CHECK (key_burst BETWEEN 1 AND 1000000);
+    CREATE TABLE \(schema).key_rates (
+      queue text NOT NULL,
+      key text NOT NULL,
+      rate float8 NOT NULL CHECK (rate > 0.00001 AND rate <= 1000000),
+      burst integer NOT NULL CHECK (burst BETWEEN 1 AND 1000000),
+      PRIMARY KEY (queue, key)
+    );
+    CREATE TABLE \(schema).key_buckets (
+      queue text NOT NULL,
+      key text NOT NULL,
+      tat int8 NOT NULL,
+      due int8,
+      PRIMARY KEY (queue, key)
+    );
+    CREATE INDEX key_buckets_due ON \(schema).key_buckets (queue, due) WHERE due IS NOT NULL;
+    CREATE INDEX key_buckets_full ON \(schema).key_buckets (queue, tat) WHERE due IS NULL;
     """
   }
 
@@ -1036,8 +1069,16 @@ struct SQL {
   /// Whether the queue `$1` (its row in the statement as `q`, or the table `queues`) has limits per
   /// key.
   static func hasKeyLimits(_ schema: String, row: String) -> String {
-    "(\(row).key_concurrency IS NOT NULL OR EXISTS (SELECT 1 FROM \(schema).key_limits k WHERE k.queue = \(row).name))"
+    "(\(row).key_concurrency IS NOT NULL OR EXISTS (SELECT 1 FROM \(schema).key_limits k WHERE k.queue = \(row).name) "
+      + "OR \(hasKeyRates(schema, row: row)))"
   }
+  /// Whether the queue (its row `row`) has rates per key.
+  static func hasKeyRates(_ schema: String, row: String) -> String {
+    "(\(row).key_rate IS NOT NULL OR EXISTS (SELECT 1 FROM \(schema).key_rates r WHERE r.queue = \(row).name))"
+  }
+  /// The transaction-local setting ``limitLock`` turns `on` when the queue has rates per key:
+  /// ``releaseDueKeys`` then runs.
+  static let keyRated = "conveyor.key_rated"
 
   /// Serializes the claims of a queue with a concurrency or rate limit, in the claim's transaction:
   /// when the queue has a limit, takes the queue's limit lock (waiting for the claim that holds it to
@@ -1057,7 +1098,8 @@ struct SQL {
             SELECT \(clockMicros) AS started, pg_advisory_xact_lock(\(limitLockKey(schema, queue: "$1")))) AS w)
           END)::text, true),
       set_config('\(limitLocked)', 'on', true),
-      set_config('\(keyLimited)', CASE WHEN \(hasKeyLimits(schema, row: "queues")) THEN 'on' ELSE 'off' END, true)
+      set_config('\(keyLimited)', CASE WHEN \(hasKeyLimits(schema, row: "queues")) THEN 'on' ELSE 'off' END, true),
+      set_config('\(keyRated)', CASE WHEN \(hasKeyRates(schema, row: "queues")) THEN 'on' ELSE 'off' END, true)
     FROM \(schema).queues WHERE name = $1
       AND (concurrency IS NOT NULL OR rate IS NOT NULL OR \(hasKeyLimits(schema, row: "queues")))
     """
@@ -1142,19 +1184,29 @@ struct SQL {
           AND current_setting('\(Self.keyLimited)', true) = 'on'
         ORDER BY priority DESC, run_at, seq, id LIMIT $2 + \(keyWindow) FOR UPDATE SKIP LOCKED
       ),
+      keys AS MATERIALIZED (
+        SELECT d.limit_key, coalesce(o.concurrency, q.key_concurrency) AS bound,
+          coalesce(kr.rate, q.key_rate) AS rate, CASE WHEN kr.rate IS NOT NULL THEN kr.burst ELSE q.key_burst END AS burst,
+          kb.tat
+        FROM (SELECT DISTINCT limit_key FROM candidates WHERE limit_key IS NOT NULL) AS d
+        CROSS JOIN (SELECT key_concurrency, key_rate, key_burst FROM \(schema).queues WHERE name = $1) AS q
+        LEFT JOIN \(schema).key_limits o ON o.queue = $1 AND o.key = d.limit_key
+        LEFT JOIN \(schema).key_rates kr ON kr.queue = $1 AND kr.key = d.limit_key
+        LEFT JOIN \(schema).key_buckets kb ON kb.queue = $1 AND kb.key = d.limit_key
+      ),
+      key_bucket AS MATERIALIZED (
+        \(keyBuckets(from: "keys", key: "limit_key", now: Self.microsUnderLock(6)))
+      ),
       bounds AS MATERIALIZED (
-        SELECT b.limit_key, b.bound - (
-            SELECT count(*) FROM (
-              SELECT 1 FROM \(schema).jobs r
-              WHERE r.queue = $1 AND r.limit_key = b.limit_key AND r.status = 'running' AND r.limit_key IS NOT NULL
-              LIMIT b.bound) AS running) AS free
-        FROM (
-          SELECT d.limit_key, coalesce(o.concurrency, q.key_concurrency) AS bound
-          FROM (SELECT DISTINCT limit_key FROM candidates WHERE limit_key IS NOT NULL) AS d
-          CROSS JOIN (SELECT key_concurrency FROM \(schema).queues WHERE name = $1) AS q
-          LEFT JOIN \(schema).key_limits o ON o.queue = $1 AND o.key = d.limit_key
-        ) AS b
-        WHERE b.bound IS NOT NULL
+        SELECT k.limit_key, least(
+            CASE WHEN k.bound IS NOT NULL THEN k.bound - (
+              SELECT count(*) FROM (
+                SELECT 1 FROM \(schema).jobs r
+                WHERE r.queue = $1 AND r.limit_key = k.limit_key AND r.status = 'running' AND r.limit_key IS NOT NULL
+                LIMIT k.bound) AS running) END,
+            kb.starts) AS free
+        FROM keys k LEFT JOIN key_bucket kb ON kb.limit_key = k.limit_key
+        WHERE k.bound IS NOT NULL OR kb.starts IS NOT NULL
       ),
       ranked AS MATERIALIZED (
         SELECT c.id, c.priority, c.run_at, c.seq, c.limit_key, b.free,
@@ -1170,11 +1222,26 @@ struct SQL {
               WHERE q.name = $1 AND q.concurrency IS NOT NULL), $2),
           coalesce((SELECT starts FROM bucket), $2)))
       ),
-      parked AS (
-        UPDATE \(schema).jobs j SET status = 'held', parked = true
-        FROM ranked r
-        WHERE j.id = r.id AND r.free IS NOT NULL AND r.nth > r.free
+      to_park AS MATERIALIZED (
+        SELECT r.id, r.limit_key FROM ranked r
+        WHERE r.free IS NOT NULL AND r.nth > r.free
           AND (SELECT count(*) FROM taken t WHERE t.limit_key = r.limit_key) >= r.free
+      ),
+      parked AS (
+        UPDATE \(schema).jobs j SET status = 'held', parked = true FROM to_park p WHERE j.id = p.id
+      ),
+      key_timed AS (
+        INSERT INTO \(schema).key_buckets AS b (queue, key, tat, due)
+        SELECT $1, kb.limit_key, kb.base + c.n * kb.step,
+          CASE WHEN c.n >= kb.starts AND EXISTS (SELECT 1 FROM to_park p WHERE p.limit_key = kb.limit_key)
+            THEN kb.base + c.n * kb.step - kb.slack END
+        FROM key_bucket kb
+        CROSS JOIN LATERAL (SELECT count(*) AS n FROM taken t WHERE t.limit_key = kb.limit_key) AS c
+        WHERE c.n > 0 OR kb.tat > kb.now_us + kb.slack + kb.step
+          OR EXISTS (SELECT 1 FROM to_park p WHERE p.limit_key = kb.limit_key)
+        ON CONFLICT (queue, key) DO UPDATE SET tat = excluded.tat,
+          due = CASE WHEN excluded.due IS NULL THEN b.due WHEN b.due IS NULL OR excluded.due < b.due THEN excluded.due
+            ELSE b.due END
       ),
       claimed AS (
         UPDATE \(schema).jobs j SET status = 'running',
@@ -1193,6 +1260,80 @@ struct SQL {
           WHERE EXISTS (SELECT 1 FROM claimed) OR queues.rate_time > b.now_us + b.slack + b.step)
       )
       SELECT * FROM claimed
+      """
+  }
+
+  /// The buckets of the limit keys in `from` (a CTE with columns `key`, `rate`, `burst`, `tat`)
+  /// that have a rate, at `now` (microseconds since 1970): `key`, `tat` (stored), `now_us`,
+  /// `step`, `slack`, `base` and `starts`, as ``rateBucket`` computes a queue's (the arithmetic of
+  /// `RateLimit.take`).
+  static func keyBuckets(from: String, key: String, now: String) -> String {
+    """
+    SELECT x.\(key), x.tat, x.now_us, x.step, x.slack, x.base,
+      CASE WHEN x.now_us + x.slack < x.base THEN 0 ELSE (x.now_us + x.slack - x.base) / x.step + 1 END AS starts
+    FROM (
+      SELECT f.\(key), f.tat, n.now_us, s.step, s.slack,
+        greatest(least(coalesce(f.tat, n.now_us), n.now_us + s.slack + s.step), n.now_us) AS base
+      FROM \(from) f
+      CROSS JOIN (SELECT \(now) AS now_us) AS n
+      CROSS JOIN LATERAL (
+        SELECT greatest(1, ceil(1000000 / f.rate))::int8 AS step,
+          (f.burst - 1)::int8 * greatest(1, ceil(1000000 / f.rate))::int8 AS slack) AS s
+      WHERE f.rate IS NOT NULL
+    ) AS x
+    """
+  }
+
+  /// In a claim of a queue with rates per key, after ``limitLock`` and before ``keyLimitedClaim``
+  /// (only when the queue has rates per key, ``keyRated``): makes ready the jobs held by keys
+  /// whose rate gives starts again by now, as many of each key's, in claim order, as its bucket
+  /// gives (at least one; the claim holds again any still over a limit). A key with more held is
+  /// due again when its bucket gives the start after those. At most 64 keys a claim (the earliest
+  /// due); a key left is still due, so the queue's next wake is now. Up to 16 buckets full by now
+  /// and holding nothing are deleted (as good as no row). Parameters: queue, now in microseconds
+  /// (NULL: the server's).
+  static func releaseDueKeys(_ schema: String) -> String {
+    let now = Self.microsUnderLock(2)
+    return """
+      WITH due AS MATERIALIZED (
+        SELECT b.key, b.tat, coalesce(kr.rate, q.key_rate) AS rate,
+          CASE WHEN kr.rate IS NOT NULL THEN kr.burst ELSE q.key_burst END AS burst
+        FROM \(schema).key_buckets b
+        JOIN \(schema).queues q ON q.name = $1
+        LEFT JOIN \(schema).key_rates kr ON kr.queue = $1 AND kr.key = b.key
+        WHERE b.queue = $1 AND b.due IS NOT NULL AND b.due <= \(now)
+          AND current_setting('\(keyRated)', true) = 'on'
+        ORDER BY b.due LIMIT 64
+      ),
+      bucket AS MATERIALIZED (\(keyBuckets(from: "due", key: "key", now: now))),
+      counted AS MATERIALIZED (
+        SELECT d.key, greatest(1, coalesce(k.starts, 1)) AS n, k.base, k.step, k.slack, k.now_us
+        FROM due d LEFT JOIN bucket k ON k.key = d.key
+      ),
+      unparked AS (
+        UPDATE \(schema).jobs SET status = 'ready', parked = NULL WHERE id = ANY(ARRAY(
+          SELECT p.id FROM counted c CROSS JOIN LATERAL (
+            SELECT id FROM \(schema).jobs
+            WHERE queue = $1 AND limit_key = c.key AND status = 'held' AND parked
+            ORDER BY priority DESC, run_at, seq, id LIMIT c.n FOR UPDATE SKIP LOCKED) AS p))
+        RETURNING id
+      ),
+      rescheduled AS (
+        UPDATE \(schema).key_buckets b SET due = CASE
+            WHEN c.base IS NOT NULL AND (
+              SELECT count(*) FROM (
+                SELECT 1 FROM \(schema).jobs
+                WHERE queue = $1 AND limit_key = c.key AND status = 'held' AND parked LIMIT c.n + 1) AS m) > c.n
+            THEN greatest(c.now_us + 1, c.base + c.n * c.step - c.slack) END
+        FROM counted c WHERE b.queue = $1 AND b.key = c.key
+      ),
+      emptied AS (
+        DELETE FROM \(schema).key_buckets WHERE queue = $1 AND key IN (
+          SELECT key FROM \(schema).key_buckets
+          WHERE queue = $1 AND due IS NULL AND tat <= \(now) AND current_setting('\(keyRated)', true) = 'on'
+          LIMIT 16)
+      )
+      SELECT count(*) FROM unparked
       """
   }
 
@@ -1349,7 +1490,9 @@ struct SQL {
       (SELECT min(lease_expires_at) FROM \(schema).jobs WHERE queue = $1 AND status = 'running'),
       coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false),
       (SELECT min(next_due) FROM \(schema).schedules WHERE queue = $1 AND active AND NOT paused),
-      b.base - b.slack, b.now_us
+      b.base - b.slack, b.now_us,
+      CASE WHEN NOT lim.at_limit THEN (SELECT min(due) FROM \(schema).key_buckets WHERE queue = $1 AND due IS NOT NULL) END,
+      \(Self.microsUnderLock(3))
     FROM (SELECT coalesce((
       SELECT q.concurrency <= \(runningUpToLimit(schema))
       FROM \(schema).queues q WHERE q.name = $1 AND q.concurrency IS NOT NULL), false) AS at_limit) AS lim
@@ -1375,9 +1518,11 @@ struct SQL {
       SELECT name FROM present WHERE name IS NOT NULL
       UNION
       SELECT name FROM \(schema).queues WHERE paused OR concurrency IS NOT NULL OR rate IS NOT NULL
-        OR key_concurrency IS NOT NULL
+        OR key_concurrency IS NOT NULL OR key_rate IS NOT NULL
       UNION
       SELECT queue FROM \(schema).key_limits
+      UNION
+      SELECT queue FROM \(schema).key_rates
     ) AS listed
     ORDER BY name COLLATE "C"
     """
@@ -1489,7 +1634,10 @@ struct SQL {
   }
   /// The stored limits: concurrency, rate, burst. Parameter: queue.
   var limits: String {
-    "SELECT concurrency::int8, rate, burst::int8, key_concurrency::int8 FROM \(schema).queues WHERE name = $1"
+    """
+    SELECT concurrency::int8, rate, burst::int8, key_concurrency::int8, key_rate, key_burst::int8
+    FROM \(schema).queues WHERE name = $1
+    """
   }
   /// The queue's limit keys with running or held jobs (`jobs_key_running`, `jobs_parked`): key,
   /// running, held; most held first, then most running, then by bytes. Parameters: queue, the most
@@ -1510,6 +1658,21 @@ struct SQL {
   }
   /// Removes the queue's overrides. Parameter: queue.
   var deleteKeyOverrides: String { "DELETE FROM \(schema).key_limits WHERE queue = $1" }
+  /// The queue's rates of single keys. Parameter: queue.
+  var keyRateOverrides: String {
+    "SELECT key, rate, burst::int8 FROM \(schema).key_rates WHERE queue = $1 ORDER BY key COLLATE \"C\""
+  }
+  /// Removes the queue's rates of single keys. Parameter: queue.
+  var deleteKeyRateOverrides: String { "DELETE FROM \(schema).key_rates WHERE queue = $1" }
+  /// Stores rates of single keys. Parameters: queue, keys, rates, bursts.
+  var insertKeyRateOverrides: String {
+    """
+    INSERT INTO \(schema).key_rates (queue, key, rate, burst)
+    SELECT $1, o.key, o.rate, o.burst FROM unnest($2::text[], $3::float8[], $4::int8[]) AS o(key, rate, burst)
+    """
+  }
+  /// Forgets the queue's key buckets (it has no rate per key). Parameter: queue.
+  var deleteKeyBuckets: String { "DELETE FROM \(schema).key_buckets WHERE queue = $1" }
   /// Stores overrides. Parameters: queue, keys, limits (pairwise).
   var insertKeyOverrides: String {
     """
@@ -1529,9 +1692,11 @@ struct SQL {
   /// stored time is kept while a rate is set, so changing the rate does not refill the bucket.
   var setLimits: String {
     """
-    INSERT INTO \(schema).queues (name, concurrency, rate, burst, key_concurrency) VALUES ($1, $2, $3, $4, $5)
+    INSERT INTO \(schema).queues (name, concurrency, rate, burst, key_concurrency, key_rate, key_burst)
+    VALUES ($1, $2, $3, $4, $5, $6, $7)
     ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate,
-      burst = excluded.burst, key_concurrency = excluded.key_concurrency,
+      burst = excluded.burst, key_concurrency = excluded.key_concurrency, key_rate = excluded.key_rate,
+      key_burst = excluded.key_burst,
       rate_time = CASE WHEN excluded.rate IS NULL THEN NULL ELSE queues.rate_time END
     """
   }

@@ -275,6 +275,7 @@ enum SQL {
     \(activityTable)
     \(schedulesTable)
     \(version12)
+    \(version13)
     PRAGMA application_id = \(SQLiteJobStore.applicationID);
     PRAGMA user_version = \(SQLiteJobStore.schemaVersion);
     """
@@ -397,6 +398,81 @@ enum SQL {
     rateColumns.map { "ALTER TABLE queues ADD COLUMN \($0);\n" }.joined() + "PRAGMA user_version = 11;"
   /// Version 11 to 12: limits per key (none set, no job with a limit key).
   static let migrate11to12 = "\(version12)\nPRAGMA user_version = 12;"
+  /// Version 12 to 13: rates per key (none set).
+  static let migrate12to13 = "\(version13)\nPRAGMA user_version = 13;"
+
+  /// What version 13 adds to version 12: rates per limit key.
+  /// - `queues.key_rate`, `queues.key_burst`: `QueueLimits.keyRate`; `key_rates`: its overrides.
+  /// - `key_buckets`: per limit key with a rate, its bucket's stored time (`tat`, GCRA's,
+  ///   microseconds since 1970; no row: a full bucket) and, while the rate holds jobs of the key
+  ///   (parked, as for a key's concurrency limit), `due`: when the bucket gives them a start. The
+  ///   first claim of the queue from then makes that many of them ready (`key_buckets_due`). Rows
+  ///   of full buckets holding nothing are deleted as claims meet them (`key_buckets_full`).
+  static let version13 = """
+    ALTER TABLE queues ADD COLUMN key_rate REAL;
+    ALTER TABLE queues ADD COLUMN key_burst INTEGER;
+    CREATE TABLE key_rates (
+      queue TEXT NOT NULL,
+      key TEXT NOT NULL,
+      rate REAL NOT NULL,
+      burst INTEGER NOT NULL,
+      PRIMARY KEY (queue, key)
+    ) WITHOUT ROWID;
+    CREATE TABLE key_buckets (
+      queue TEXT NOT NULL,
+      key TEXT NOT NULL,
+      tat INTEGER NOT NULL,
+      due INTEGER,
+      PRIMARY KEY (queue, key)
+    ) WITHOUT ROWID;
+    CREATE INDEX key_buckets_due ON key_buckets (queue, due) WHERE due IS NOT NULL;
+    CREATE INDEX key_buckets_full ON key_buckets (queue, tat) WHERE due IS NULL;
+    """
+  /// The rate of key `?2`: its override, else the queue's rate per key (rate, burst; no row or NULLs: none).
+  static let keyRate = """
+    SELECT coalesce(o.rate, q.key_rate), CASE WHEN o.rate IS NOT NULL THEN o.burst ELSE q.key_burst END
+    FROM queues q LEFT JOIN key_rates o ON o.queue = q.name AND o.key = ?2 WHERE q.name = ?1
+    """
+  /// A key's bucket: its stored time.
+  static let keyBucket = "SELECT tat FROM key_buckets WHERE queue = ?1 AND key = ?2"
+  /// Stores a key's bucket time (`?3`) after a claim took starts, and when the rate held a job
+  /// the time `?4` its held jobs are due (the earlier of a stored one and it).
+  static let storeKeyBucket = """
+    INSERT INTO key_buckets (queue, key, tat, due) VALUES (?1, ?2, ?3, ?4)
+    ON CONFLICT (queue, key) DO UPDATE SET tat = ?3,
+      due = CASE WHEN ?4 IS NULL THEN due WHEN due IS NULL OR ?4 < due THEN ?4 ELSE due END
+    """
+  /// The keys whose held jobs are due by `?2` (`key_buckets_due`): key, bucket time.
+  static let dueKeys = """
+    SELECT key, tat FROM key_buckets INDEXED BY key_buckets_due WHERE queue = ?1 AND due IS NOT NULL AND due <= ?2
+    ORDER BY due LIMIT 64
+    """
+  /// Sets (or clears, `?3` NULL) the time a key's held jobs are due.
+  static let setKeyDue = "UPDATE key_buckets SET due = ?3 WHERE queue = ?1 AND key = ?2"
+  /// The first `?3` jobs a claim held for key `?2`, in claim order, are ready again.
+  static let unparkKey = """
+    UPDATE jobs SET status = 'ready', parked = NULL WHERE id IN (
+      SELECT id FROM jobs INDEXED BY jobs_parked
+      WHERE queue = ?1 AND limit_key = ?2 AND status = 'held' AND parked = 1
+      ORDER BY priority DESC, run_at, seq, id LIMIT ?3)
+    """
+  /// Whether key `?2` still has jobs held.
+  static let keyHasParked = """
+    SELECT 1 FROM jobs INDEXED BY jobs_parked WHERE queue = ?1 AND limit_key = ?2 AND status = 'held' AND parked = 1
+    LIMIT 1
+    """
+  /// The earliest time a key's held jobs are due (NULL: none).
+  static let earliestKeyDue = "SELECT min(due) FROM key_buckets WHERE queue = ?1 AND due IS NOT NULL"
+  /// Deletes up to 16 buckets that are full by `?2` and hold nothing (as good as no row).
+  static let deleteFullBuckets = """
+    DELETE FROM key_buckets WHERE queue = ?1 AND key IN (
+      SELECT key FROM key_buckets INDEXED BY key_buckets_full WHERE queue = ?1 AND due IS NULL AND tat <= ?2 LIMIT 16)
+    """
+  /// Forgets the queue's buckets (it has no rate per key).
+  static let deleteKeyBuckets = "DELETE FROM key_buckets WHERE queue = ?"
+  static let keyRateOverrides = "SELECT key, rate, burst FROM key_rates WHERE queue = ? ORDER BY key"
+  static let deleteKeyRateOverrides = "DELETE FROM key_rates WHERE queue = ?"
+  static let insertKeyRateOverride = "INSERT INTO key_rates (queue, key, rate, burst) VALUES (?, ?, ?, ?)"
 
   /// What version 12 adds to version 11: limits per key.
   /// - `jobs.limit_key`: the job's `NewJob.limitKey`.
@@ -608,17 +684,21 @@ enum SQL {
   /// (no row: none of them).
   static let claimFlags = """
     SELECT paused, concurrency, rate, burst, rate_time,
-      key_concurrency IS NOT NULL OR EXISTS (SELECT 1 FROM key_limits k WHERE k.queue = name)
+      key_concurrency IS NOT NULL OR EXISTS (SELECT 1 FROM key_limits k WHERE k.queue = name),
+      key_rate IS NOT NULL OR EXISTS (SELECT 1 FROM key_rates r WHERE r.queue = name)
     FROM queues WHERE name = ?
     """
   static let concurrency = "SELECT concurrency FROM queues WHERE name = ?"
-  static let limits = "SELECT concurrency, rate, burst, key_concurrency FROM queues WHERE name = ?"
-  /// Stores the limits (`?2` concurrency, `?3` rate, `?4` burst, `?5` limit per key); the rate's stored time is
-  /// kept while a rate is set, so changing the rate does not refill the bucket.
+  static let limits =
+    "SELECT concurrency, rate, burst, key_concurrency, key_rate, key_burst FROM queues WHERE name = ?"
+  /// Stores the limits (`?2` concurrency, `?3` rate, `?4` burst, `?5` limit per key, `?6` rate per
+  /// key, `?7` its burst); the rate's stored time is kept while a rate is set, so changing the rate
+  /// does not refill the bucket.
   static let setLimits = """
-    INSERT INTO queues (name, concurrency, rate, burst, key_concurrency) VALUES (?1, ?2, ?3, ?4, ?5)
+    INSERT INTO queues (name, concurrency, rate, burst, key_concurrency, key_rate, key_burst)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
     ON CONFLICT (name) DO UPDATE SET concurrency = ?2, rate = ?3, burst = ?4, key_concurrency = ?5,
-      rate_time = CASE WHEN ?3 IS NULL THEN NULL ELSE rate_time END
+      key_rate = ?6, key_burst = ?7, rate_time = CASE WHEN ?3 IS NULL THEN NULL ELSE rate_time END
     """
   /// Stores the rate's time after a claim took starts.
   static let setRateTime = "UPDATE queues SET rate_time = ?2 WHERE name = ?1"
@@ -741,6 +821,7 @@ enum SQL {
   static let queueNames = """
     SELECT name FROM queues WHERE paused = 1 OR concurrency IS NOT NULL OR rate IS NOT NULL
     OR key_concurrency IS NOT NULL OR EXISTS (SELECT 1 FROM key_limits k WHERE k.queue = queues.name)
+    OR key_rate IS NOT NULL OR EXISTS (SELECT 1 FROM key_rates r WHERE r.queue = queues.name)
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'ready')
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'scheduled')
     OR EXISTS (SELECT 1 FROM jobs WHERE jobs.queue = queues.name AND status = 'held')

@@ -69,9 +69,10 @@ public final class SQLiteJobStore: JobStore {
   /// (``recordActivity(_:)``); version 4 the place a retried job takes among ready ones; version
   /// 5 a job's own time limit; version 6 the history of finished jobs; version 7 an index of the
   /// running and completed jobs with a deduplication key; version 8 stored schedules; version 9
-  /// ordering keys and the held state; version 10 the queues' stored limits. An older database is
+  /// ordering keys and the held state; version 10 the queues' stored limits; version 11 their
+  /// rates; version 12 limits per key; version 13 rates per key. An older database is
   /// migrated when it is opened, in one transaction, keeping every job.
-  public static let schemaVersion: Int32 = 12
+  public static let schemaVersion: Int32 = 13
 
   /// The database file's path.
   public let path: String
@@ -339,7 +340,9 @@ public final class SQLiteJobStore: JobStore {
         var claimed: [JobRecord] = []
         claimed.reserveCapacity(min(limit, 1_024))
         if flags.keyLimits {
-          claimed = try Self.selectWithinKeyLimits(queue: queue, limit: limit, db: db)
+          if flags.keyRates { try Self.releaseDueKeys(queue: queue, now: micros, db: db) }
+          claimed = try Self.selectWithinKeyLimits(
+            queue: queue, limit: limit, rates: flags.keyRates, now: micros, db: db)
         } else {
           try db.query(SQL.selectReady, .text(queue), .integer(Int64(limit))) {
             claimed.append(try Self.record($0))
@@ -620,9 +623,13 @@ public final class SQLiteJobStore: JobStore {
           limits.concurrency = row.isNull(0) ? nil : row.int(0)
           limits.rate = row.isNull(1) ? nil : RateLimit(perSecond: row.double(1), burst: row.int(2))
           limits.keyConcurrency = row.isNull(3) ? nil : row.int(3)
+          limits.keyRate = row.isNull(4) ? nil : RateLimit(perSecond: row.double(4), burst: row.int(5))
         }
         try db.query(SQL.keyOverrides, .text(queue)) { row in
           limits.keyConcurrencyOverrides[row.text(0) ?? ""] = row.int(1)
+        }
+        try db.query(SQL.keyRateOverrides, .text(queue)) { row in
+          limits.keyRateOverrides[row.text(0) ?? ""] = RateLimit(perSecond: row.double(1), burst: row.int(2))
         }
       }
       return limits
@@ -658,12 +665,22 @@ public final class SQLiteJobStore: JobStore {
           SQL.setLimits, .text(queue), limits.concurrency.map { .integer(Int64($0)) } ?? .null,
           limits.rate.map { .real($0.perSecond) } ?? .null,
           limits.rate.map { .integer(Int64($0.burst)) } ?? .null,
-          limits.keyConcurrency.map { .integer(Int64($0)) } ?? .null)
+          limits.keyConcurrency.map { .integer(Int64($0)) } ?? .null,
+          limits.keyRate.map { .real($0.perSecond) } ?? .null,
+          limits.keyRate.map { .integer(Int64($0.burst)) } ?? .null)
         try db.run(SQL.deleteKeyOverrides, .text(queue))
         for (key, limit) in limits.keyConcurrencyOverrides {
           try db.run(SQL.insertKeyOverride, .text(queue), .text(key), .integer(Int64(limit)))
         }
+        try db.run(SQL.deleteKeyRateOverrides, .text(queue))
+        for (key, rate) in limits.keyRateOverrides {
+          try db.run(
+            SQL.insertKeyRateOverride, .text(queue), .text(key), .real(rate.perSecond),
+            .integer(Int64(rate.burst)))
+        }
         try db.run(SQL.unparkAll, .text(queue))
+        // Buckets are kept while the queue has a rate per key (setting limits does not refill them).
+        if !limits.hasKeyRates { try db.run(SQL.deleteKeyBuckets, .text(queue)) }
       }
     }
   }
@@ -675,17 +692,20 @@ public final class SQLiteJobStore: JobStore {
       try db.transaction(immediate: false) {
         // A ready job is due now, whatever its date says (the wall clock may have stepped back).
         let ready = try db.scalar(SQL.anyReady, .text(queue)).map { min($0, millis(clock.now())) }
-        var run = try ready ?? db.scalar(SQL.nextScheduled, .text(queue))
+        let run = try ready ?? db.scalar(SQL.nextScheduled, .text(queue))
         // The pause flag and the limits in one read of the queue's row, as a claim reads them.
         let flags = try ClaimFlags(queue: queue, db: db)
         let paused = flags.paused
-        if run != nil, let concurrency = flags.concurrency,
+        // A key whose rate holds jobs needs a worker when its bucket gives its next start.
+        let keyDue =
+          flags.keyRates ? try db.scalar(SQL.earliestKeyDue, .text(queue)).map(RateLimit.date) : nil
+        var nextRun = [run.map(date), keyDue].compactMap { $0 }.min()
+        if nextRun != nil, let concurrency = flags.concurrency,
           try Self.runningCount(queue: queue, concurrency: concurrency, db: db) >= concurrency
         {
-          run = nil
+          nextRun = nil
         }
         // No waiting job needs a worker before the rate gives its next start (to the microsecond).
-        var nextRun = run.map(date)
         if let due = nextRun, let rate = flags.rate,
           let start = rate.nextStart(tat: flags.rateTime, now: RateLimit.microseconds(clock.now()))
         {
@@ -729,8 +749,10 @@ public final class SQLiteJobStore: JobStore {
       // here could only leave due jobs promoted, which the next claim does anyway).
       defer { try? db.execute("ROLLBACK TO measure; RELEASE measure") }
       try db.run(SQL.promote, .text(queue), .integer(millis(now)))
-      if try ClaimFlags(queue: queue, db: db).keyLimits {
-        _ = try Self.selectWithinKeyLimits(queue: queue, limit: 1, db: db)
+      let flags = try ClaimFlags(queue: queue, db: db)
+      if flags.keyLimits {
+        _ = try Self.selectWithinKeyLimits(
+          queue: queue, limit: 1, rates: flags.keyRates, now: RateLimit.microseconds(now), db: db)
       } else {
         try db.query(SQL.selectReady, .text(queue), .integer(1)) { _ in }
       }
@@ -771,8 +793,10 @@ public final class SQLiteJobStore: JobStore {
     var rate: RateLimit?
     /// The rate's stored time (microseconds since 1970), nil before the first start.
     var rateTime: Int64?
-    /// Whether a limit per key is set (the queue's or an override).
+    /// Whether a limit per key is set (the queue's or an override; a concurrency or a rate).
     var keyLimits = false
+    /// Whether a rate per key is set (the queue's or an override).
+    var keyRates = false
 
     init(queue: String, db: Connection) throws {
       self.queue = queue
@@ -781,65 +805,143 @@ public final class SQLiteJobStore: JobStore {
         concurrency = row.isNull(1) ? nil : row.int64(1)
         rate = row.isNull(2) ? nil : RateLimit(perSecond: row.double(2), burst: row.int(3))
         rateTime = row.isNull(4) ? nil : row.int64(4)
-        keyLimits = row.int64(5) != 0
+        keyRates = row.int64(6) != 0
+        keyLimits = row.int64(5) != 0 || keyRates
       }
     }
   }
 
   /// The ready jobs a claim of `limit` takes under the queue's limits per key, in claim order,
   /// inside the claim's write transaction: a job whose key already runs its limit's worth (this
-  /// claim's among them) is held instead (`SQL.park`), and the claim reads on past it. Each held
-  /// job leaves the ready index, so a key at its limit costs the claims after it nothing until a
-  /// job of the key stops running (`SQL.version12`'s triggers make the first held one ready).
-  private static func selectWithinKeyLimits(queue: String, limit: Int, db: Connection) throws -> [JobRecord] {
+  /// claim's among them), or whose key's rate gives no start at `now` (microseconds), is held
+  /// instead (`SQL.park`), and the claim reads on past it. Each held job leaves the ready index,
+  /// so a key at its limit costs the claims after it nothing until a job of the key stops running
+  /// (`SQL.version12`'s triggers make the first held one ready) or its rate's next start comes
+  /// (`releaseDueKeys`). The starts taken are stored in the keys' buckets (`key_buckets`) with,
+  /// for a key whose rate held a job, when its next start is due.
+  private static func selectWithinKeyLimits(
+    queue: String, limit: Int, rates: Bool, now: Int64, db: Connection
+  ) throws -> [JobRecord] {
     var taken: [JobRecord] = []
     var takenIDs: Set<JobID> = []
     // Per key, by its bytes (as SQLite compares them; `String` takes canonically equivalent
     // spellings for one key): its limit (nil: none) and the jobs of it running, this claim's among
-    // them.
-    var keys: [ExactText: (limit: Int64?, running: Int64)] = [:]
-    // The jobs taken stay ready until the caller claims them, so each read starts with them. The
-    // first reads what the claim wants, as a claim without limits per key does; once it held jobs,
-    // each read goes past the jobs taken by a window twice the last (at most 256), so a claim that
-    // holds many jobs reads few times, and one that holds none reads no more than usual.
-    var extra = 0
-    while true {
-      let window = limit + extra
-      var batch: [JobRecord] = []
-      try db.query(SQL.selectReady, .text(queue), .integer(Int64(window))) {
-        batch.append(try Self.record($0))
+    // them; its rate (nil: none), its bucket's time, whether that changed, and when the rate holds
+    // a job, when its next start is due.
+    var keys: [ExactText: KeyState] = [:]
+    func select() throws {
+      // The jobs taken stay ready until the caller claims them, so each read starts with them. The
+      // first reads what the claim wants, as a claim without limits per key does; once it held
+      // jobs, each read goes past the jobs taken by a window twice the last (at most 256), so a
+      // claim that holds many jobs reads few times, and one that holds none reads no more than usual.
+      var extra = 0
+      while true {
+        let window = limit + extra
+        var batch: [JobRecord] = []
+        try db.query(SQL.selectReady, .text(queue), .integer(Int64(window))) {
+          batch.append(try Self.record($0))
+        }
+        for record in batch where !takenIDs.contains(record.id) {
+          guard let key = record.limitKey else {
+            taken.append(record)
+            takenIDs.insert(record.id)
+            if taken.count == limit { return }
+            continue
+          }
+          var state = try keys[ExactText(key)] ?? KeyState(queue: queue, key: key, rates: rates, db: db)
+          if state.takes(now: now) {
+            taken.append(record)
+            takenIDs.insert(record.id)
+          } else {
+            try db.run(SQL.park, .integer(record.id.rawValue))
+          }
+          keys[ExactText(key)] = state
+          if taken.count == limit { return }
+        }
+        // A short read was every ready job there was.
+        if batch.count < window { return }
+        extra = min(max(extra * 2, 8), 256)
       }
-      for record in batch where !takenIDs.contains(record.id) {
-        guard let key = record.limitKey else {
-          taken.append(record)
-          takenIDs.insert(record.id)
-          if taken.count == limit { return taken }
-          continue
-        }
-        var state: (limit: Int64?, running: Int64)
-        if let known = keys[ExactText(key)] {
-          state = known
-        } else {
-          let bound = try db.scalar(SQL.keyLimit, .text(queue), .text(key))
-          let running =
-            try bound.map { try db.scalar(SQL.keyRunningCount, .text(queue), .text(key), .integer($0)) ?? 0 }
-            ?? 0
-          state = (bound, running)
-        }
-        if let bound = state.limit, state.running >= bound {
-          try db.run(SQL.park, .integer(record.id.rawValue))
-        } else {
-          state.running += 1
-          taken.append(record)
-          takenIDs.insert(record.id)
-        }
-        keys[ExactText(key)] = state
-        if taken.count == limit { return taken }
-      }
-      // A short read was every ready job there was.
-      if batch.count < window { return taken }
-      extra = min(max(extra * 2, 8), 256)
     }
+    try select()
+    for (key, state) in keys where state.changed || state.due != nil {
+      try db.run(
+        SQL.storeKeyBucket, .text(queue), .text(key.text), .integer(state.tat ?? now),
+        state.due.map { .integer($0) } ?? .null)
+    }
+    return taken
+  }
+
+  /// A limit key as a claim under limits per key sees it.
+  private struct KeyState {
+    /// The key's concurrency limit (nil: none) and its running jobs, this claim's among them.
+    var limit: Int64?
+    var running: Int64 = 0
+    /// The key's rate (nil: none) and its bucket's stored time (nil: full).
+    var rate: RateLimit?
+    var tat: Int64?
+    /// Whether ``tat`` changed, and when the rate held a job, when its next start is due.
+    var changed = false
+    var due: Int64?
+
+    init(queue: String, key: String, rates: Bool, db: Connection) throws {
+      limit = try db.scalar(SQL.keyLimit, .text(queue), .text(key))
+      running =
+        try limit.map { try db.scalar(SQL.keyRunningCount, .text(queue), .text(key), .integer($0)) ?? 0 } ?? 0
+      if rates {
+        rate = try SQLiteJobStore.keyRate(queue: queue, key: key, db: db)
+        if rate != nil { tat = try db.scalar(SQL.keyBucket, .text(queue), .text(key)) }
+      }
+    }
+
+    /// Whether the claim may take a job of the key at `now` (microseconds): under its limit and
+    /// given a start by its rate, both then counted; when the rate gives none, ``due`` notes its
+    /// next start.
+    mutating func takes(now: Int64) -> Bool {
+      if let limit, running >= limit { return false }
+      if let rate {
+        let start = rate.take(1, tat: tat, now: now)
+        if start.mustStore {
+          tat = start.tat
+          changed = true
+        }
+        guard start.starts > 0 else {
+          due = min(due ?? start.next, start.next)
+          return false
+        }
+      }
+      running += 1
+      return true
+    }
+  }
+
+  /// The rate of limit key `key`: its override, else the queue's rate per key; nil for none.
+  static func keyRate(queue: String, key: String, db: Connection) throws -> RateLimit? {
+    var rate: RateLimit?
+    try db.query(SQL.keyRate, .text(queue), .text(key)) { row in
+      if !row.isNull(0) { rate = RateLimit(perSecond: row.double(0), burst: row.int(1)) }
+    }
+    return rate
+  }
+
+  /// Makes ready the jobs held by keys whose rate gives starts again by `now` (microseconds), in
+  /// the claim's transaction before it reads the ready jobs: as many of each key's, in claim order,
+  /// as its bucket gives (at least one; the claim holds again any still over a limit). A key with
+  /// more held is due again when its bucket gives the start after those. At most 64 keys a claim
+  /// (the earliest due); a key left is still due, so the queue's next wake is now. Then up to 16
+  /// buckets full by `now` and holding nothing are deleted (as good as no row).
+  private static func releaseDueKeys(queue: String, now: Int64, db: Connection) throws {
+    var due: [(key: String, tat: Int64)] = []
+    try db.query(SQL.dueKeys, .text(queue), .integer(now)) { due.append(($0.text(0) ?? "", $0.int64(1))) }
+    for (key, tat) in due {
+      let rate = try keyRate(queue: queue, key: key, db: db)
+      let starts = rate.map { max(1, $0.take(RateLimit.maximumBurst, tat: tat, now: now).starts) } ?? 1
+      try db.run(SQL.unparkKey, .text(queue), .text(key), .integer(Int64(starts)))
+      let more = try db.scalar(SQL.keyHasParked, .text(queue), .text(key)) != nil
+      let next = more ? rate.map { max(now + 1, $0.take(starts, tat: tat, now: now).next) } : nil
+      try db.run(SQL.setKeyDue, .text(queue), .text(key), next.map { .integer($0) } ?? .null)
+    }
+    try db.run(SQL.deleteFullBuckets, .text(queue), .integer(now))
   }
 
   /// The number of prepared statements the connection holds (tests check they are reused).
@@ -1238,6 +1340,9 @@ extension SQLiteJobStore {
           fallthrough
         case .version11:
           try db.execute(SQL.migrate11to12)
+          fallthrough
+        case .version12:
+          try db.execute(SQL.migrate12to13)
         case .current: break
         }
       }
@@ -1268,7 +1373,7 @@ extension SQLiteJobStore {
 
   enum FileKind {
     case empty, version1, version2, version3, version4, version5, version6, version7, version8, version9,
-      version10, version11, current
+      version10, version11, version12, current
   }
 
   /// Rebuilds a version 8 database as version 9 inside the caller's transaction, keeping every
@@ -1365,6 +1470,7 @@ extension SQLiteJobStore {
     if version == 9 { return .version9 }
     if version == 10 { return .version10 }
     if version == 11 { return .version11 }
+    if version == 12 { return .version12 }
     guard version == Int64(Self.schemaVersion) else {
       throw SQLiteJobStoreError(
         code: .unsupportedSchema, path: path,

@@ -275,13 +275,27 @@ enum LimitsCommands {
     return lines
   }
 
-  /// A limit key with a limit: how many of its jobs run and how many its limit holds.
+  /// A limit key with a limit: how many of its jobs run and how many its limits hold.
   struct KeyUsage: Encodable {
     var key: String
-    /// The key's limit: its own, else the limit per key.
-    var limit: Int
+    /// The key's concurrency limit (its own, else the limit per key); nil for none.
+    var limit: Int?
+    /// The key's rate (its own, else the rate per key); nil for none.
+    var rate: RateLimit?
     var running: Int
     var held: Int
+
+    private enum CodingKeys: String, CodingKey { case key, limit, rate, running, held }
+
+    /// Writes `limit` and `rate` as `null` when there is none, so every row has every field.
+    func encode(to encoder: any Encoder) throws {
+      var container = encoder.container(keyedBy: CodingKeys.self)
+      try container.encode(key, forKey: .key)
+      try container.encode(limit, forKey: .limit)
+      try container.encode(rate, forKey: .rate)
+      try container.encode(running, forKey: .running)
+      try container.encode(held, forKey: .held)
+    }
   }
 
   /// The most keys `status` reads from the store (`--json` lists them; the text the first five).
@@ -297,7 +311,8 @@ enum LimitsCommands {
     let listed = limits.keysWithLimits(read, listing: listedKeys)
     return (
       listed.keys.map {
-        KeyUsage(key: $0.usage.key, limit: $0.limit, running: $0.usage.running, held: $0.usage.held)
+        KeyUsage(
+          key: $0.usage.key, limit: $0.limit, rate: $0.rate, running: $0.usage.running, held: $0.usage.held)
       },
       listed.complete
     )
@@ -306,7 +321,8 @@ enum LimitsCommands {
   /// The lines `status` shows for the keys with a limit (the first five), and how many more.
   static func keyUsageLines(_ usage: (keys: [KeyUsage], complete: Bool)) -> [String] {
     var lines = usage.keys.prefix(5).map {
-      "\"\(printable($0.key))\": \($0.running) running of \($0.limit)"
+      "\"\(printable($0.key))\": \($0.running) running" + ($0.limit.map { " of \($0)" } ?? "")
+        + ($0.rate.map { ", at most \($0.description) starting" } ?? "")
         + ($0.held > 0 ? ", \($0.held) held" : "")
     }
     if usage.keys.count > 5 || !usage.complete {

@@ -15,10 +15,13 @@ struct FlowControlProcessTests {
   /// With a `limit`, the queue's stored concurrency: the 16 slots of the four workers never run
   /// more handlers at once than it allows, and a kill comes every 1 to 1.3 s (the killed worker's
   /// jobs keep their places until their leases lapse). With a rate, the queue's stored rate: no
-  /// handler starts before the rate allows, counted from when it was stored.
+  /// handler starts before the rate allows, counted from when it was stored; with rates per key,
+  /// no handler of a limit key starts before its key's rate allows.
   @Test(arguments: [
     QueueLimits(), QueueLimits(concurrency: 4), QueueLimits(rate: RateLimit(perSecond: 60, burst: 5)),
     QueueLimits(keyConcurrency: 2, keyConcurrencyOverrides: ["host-0": 1]),
+    QueueLimits(
+      keyRate: RateLimit(perSecond: 30, burst: 2), keyRateOverrides: ["host-0": RateLimit(perSecond: 15)]),
   ])
   func fourWorkersKeepEachKeysOrderAndTheLimitsWhileBeingKilled(limits: QueueLimits) async throws {
     let server = try await PostgresServer.shared()

@@ -513,6 +513,47 @@ struct PostgresJobStoreTests {
     await store.close()
   }
 
+  /// A schema at version 12 (the release of 2026-12-07, limits per key) gains rates per key when a
+  /// store opens it, none set, with every job (held ones too), pause flag and limit kept; rates per
+  /// key then work on it.
+  @Test func aVersion12SchemaGainsRatesPerKeyWithEveryJobAndLimitKept() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("v12")
+    let admin = try AdminConnection(server.url)
+    try createSchema(SQL(schema: schema), atVersion: 12, with: admin)
+    try admin.query(
+      """
+      INSERT INTO \(schema).queues (name, paused, concurrency, key_concurrency) VALUES ('mail', true, 3, 1);
+      INSERT INTO \(schema).key_limits (queue, key, concurrency) VALUES ('mail', 'wide', 5);
+      INSERT INTO \(schema).jobs (queue, payload, status, attempts, run_at, created_at, claim_token, limit_key, parked,
+        lease_owner, lease_expires_at)
+      VALUES
+      ('mail', '\\x7b7d', 'running', 1, now(), now(), 1, 'h', NULL, 'w', now() + interval '1 hour'),
+      ('mail', '\\x7b7d', 'held', 0, now(), now(), 0, 'h', true, NULL, NULL),
+      ('sms', '\\x7b7d', 'ready', 0, now(), now(), 0, 'h', NULL, NULL, NULL)
+      """)
+    let columns = "\(Self.version9Columns), limit_key, parked"
+    let before = try admin.query("SELECT \(columns) FROM \(schema).jobs ORDER BY id")
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let versions = try admin.query("SELECT version FROM \(schema).schema_migrations ORDER BY version")
+    #expect(versions == (1...PostgresJobStore.schemaVersion).map { [String($0)] })
+    #expect(
+      try admin.query("SELECT \(columns) FROM \(schema).jobs ORDER BY id") == before, "every job as it was")
+    #expect(try await store.isPaused(queue: "mail"), "the pause flag is kept")
+    let mail = try await store.limits(queue: "mail")
+    #expect(
+      mail == QueueLimits(concurrency: 3, keyConcurrency: 1, keyConcurrencyOverrides: ["wide": 5]),
+      "kept: \(mail)")
+    try await store.setLimits(QueueLimits(keyRate: RateLimit(perSecond: 0.001)), queue: "sms")
+    let added = try await store.enqueue(
+      [NewJob(payload: Data("{}".utf8), limitKey: "h")], queue: "sms", clock: SystemJobClock())
+    let batch = try await store.settleAndClaim(
+      [], queue: "sms", limit: 5, lease: Lease(owner: "w", duration: .seconds(60)), clock: SystemJobClock())
+    #expect(batch.claimed.map(\.id) == [JobID(3)], "the old job takes key h's one start")
+    #expect(try await store.job(added[0].id)?.isHeldByLimit == true, "the new one is held by the rate")
+    await store.close()
+  }
+
   /// A version 5 schema's last errors were stored whole (nothing bounded them then): the list of
   /// errors a migrated job starts with keeps each within `JobHistory.maximumErrorBytes`, as every
   /// error recorded since.

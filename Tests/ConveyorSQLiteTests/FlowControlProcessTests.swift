@@ -16,10 +16,13 @@ struct FlowControlProcessTests {
   /// With a `limit`, the queue's stored concurrency: the 16 slots of the four workers never run
   /// more handlers at once than it allows, and a kill comes every 1 to 1.3 s (the killed worker's
   /// jobs keep their places until their leases lapse). With a rate, the queue's stored rate: no
-  /// handler starts before the rate allows, counted from when it was stored.
+  /// handler starts before the rate allows, counted from when it was stored; with rates per key,
+  /// no handler of a limit key starts before its key's rate allows.
   @Test(arguments: [
     QueueLimits(), QueueLimits(concurrency: 4), QueueLimits(rate: RateLimit(perSecond: 60, burst: 5)),
     QueueLimits(keyConcurrency: 2, keyConcurrencyOverrides: ["host-0": 1]),
+    QueueLimits(
+      keyRate: RateLimit(perSecond: 30, burst: 2), keyRateOverrides: ["host-0": RateLimit(perSecond: 15)]),
   ])
   func fourWorkersKeepEachKeysOrderAndTheLimitsWhileBeingKilled(limits: QueueLimits) async throws {
     let folder = try TemporaryFolder()
@@ -42,6 +45,29 @@ struct FlowControlProcessTests {
     #expect(outcome.problems.isEmpty, "\(outcome.problems) (\(outcome.summary))")
     print("FlowControlProcessTests (SQLite, \(limits)): \(outcome.summary)")
     await store.close()
+  }
+
+  /// The probe's rule for rates per key can fail: three starts of `host-0` within 100 ms break a
+  /// rate of 10 a second with bursts of 2, and keep one of 30 a second.
+  @Test func theProbeReportsStartsOverItsKeysRate() {
+    // key-0 and key-4 share host-0; the rate was stored at 1000 ms.
+    let log = """
+      start key-0 0 100 1 1000
+      end key-0 0 100 1 1001
+      start key-4 0 101 1 1010
+      end key-4 0 101 1 1011
+      start key-0 1 100 1 1050
+      end key-0 1 100 1 1051
+      """
+    let slow = FlowControlProbe.problems(
+      inLog: log, limits: QueueLimits(keyRateOverrides: ["host-0": RateLimit(perSecond: 10, burst: 2)]),
+      since: 1000
+    ).0
+    #expect(slow.contains { $0.hasPrefix("over the rate of key host-0") }, "\(slow)")
+    let fast = FlowControlProbe.problems(
+      inLog: log, limits: QueueLimits(keyRate: RateLimit(perSecond: 30, burst: 2)), since: 1000
+    ).0
+    #expect(!fast.contains { $0.contains("over the rate") }, "\(fast)")
   }
 
   /// The probe's rule for limits per key can fail: a log with two jobs of `host-0` in flight at

@@ -440,8 +440,66 @@ struct MigrationTests {
     #expect(duplicate.first == EnqueueResult(id: JobID(1), inserted: false), "keys still deduplicate")
   }
 
-  /// Takes a version 12 database back to version 11's: no limits per key.
+  /// Takes a version 13 database back to version 12's: no rates per key.
+  static let dropVersion13 = """
+    DROP TABLE key_rates; DROP TABLE key_buckets;
+    ALTER TABLE queues DROP COLUMN key_rate; ALTER TABLE queues DROP COLUMN key_burst;
+    """
+
+  /// A version 12 database (the release of 2026-12-07, limits per key) gains rates per key, none
+  /// set, with every job, held job, pause flag and limit kept; rates per key then work on it. The
+  /// file is made by this build and taken back to version 12's schema, which differs from version
+  /// 13's by what ``dropVersion13`` drops.
+  @Test func aVersion12DatabaseGainsRatesPerKeyWithEveryJobAndLimitKept() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("v12.sqlite")
+    let t = 1_700_000_000_000
+    await (try SQLiteJobStore(path: path)).close()
+    try execute(
+      path,
+      """
+      \(Self.dropVersion13)
+      PRAGMA user_version = 12;
+      INSERT INTO queues (name, paused, concurrency, rate, burst, key_concurrency) VALUES ('mail', 1, 3, 2.5, 4, 1);
+      INSERT INTO key_limits (queue, key, concurrency) VALUES ('mail', 'wide', 5);
+      INSERT INTO jobs (queue, payload, status, attempts, run_at, created_at, claim_token, limit_key, parked,
+        lease_owner, lease_expires_at) VALUES
+      ('mail', x'7b7d', 'running', 1, \(t), \(t), 1, 'h', NULL, 'w', \(t + 60_000)),
+      ('mail', x'7b7d', 'held', 0, \(t), \(t), 0, 'h', 1, NULL, NULL),
+      ('sms', x'7b7d', 'ready', 0, \(t), \(t), 0, 'h', NULL, NULL, NULL);
+      """)
+    let before = try readRows(path)
+    let store = try SQLiteJobStore(path: path)
+    let version = try await store.connection.perform { db in
+      try db.scalar("SELECT user_version FROM pragma_user_version") ?? 0
+    }
+    #expect(version == SQLiteJobStore.schemaVersion)
+    await store.close()
+    #expect(try readRows(path) == before, "every column of every job as it was")
+    let reopened = try SQLiteJobStore(path: path)
+    #expect(try await reopened.isPaused(queue: "mail"), "the pause flag is kept")
+    let mailLimits = try await reopened.limits(queue: "mail")
+    #expect(
+      mailLimits
+        == QueueLimits(
+          concurrency: 3, rate: RateLimit(perSecond: 2.5, burst: 4), keyConcurrency: 1,
+          keyConcurrencyOverrides: ["wide": 5]), "the limits are kept, no rate per key: \(mailLimits)")
+    #expect(try await reopened.job(JobID(2))?.isHeldByLimit == true, "the held job is still held")
+    try await reopened.setLimits(QueueLimits(keyRate: RateLimit(perSecond: 0.001)), queue: "sms")
+    let now = FixedJobClock(Date(timeIntervalSince1970: 1_700_000_000))
+    _ = try await reopened.enqueue(
+      [NewJob(payload: Data("{}".utf8), limitKey: "h")], queue: "sms", clock: now)
+    let batch = try await reopened.settleAndClaim(
+      [], queue: "sms", limit: 5, lease: Lease(owner: "w", duration: .seconds(60)), clock: now)
+    #expect(
+      batch.claimed.map(\.id) == [JobID(3)], "the old job takes key h's one start: \(batch.claimed.map(\.id))"
+    )
+    #expect(try await reopened.job(JobID(4))?.isHeldByLimit == true, "the new one is held by the rate")
+  }
+
+  /// Takes a version 13 database back to version 11's: no limits per key.
   static let dropVersion12 = """
+    \(dropVersion13)
     DROP TRIGGER jobs_key_stopped; DROP TRIGGER jobs_key_deleted; DROP TRIGGER jobs_unparked;
     DROP INDEX jobs_key_running; DROP INDEX jobs_parked; DROP TABLE key_limits;
     ALTER TABLE jobs DROP COLUMN limit_key; ALTER TABLE jobs DROP COLUMN parked;

@@ -275,6 +275,24 @@ public enum FlowControlProbe {
   ///   A handler starts after its claim, and the store gives the *k*-th claim no earlier than
   ///   that, however many processes claim; a start delayed after its claim (a job prefetched or
   ///   claimed ahead, a loaded machine) only comes later, so the rule holds whatever the delays.
+  /// - **within each key's rate**, given rates per key: the same rule for the starts of each limit
+  ///   key with a rate, counted from `since`.
+  /// The first start of `times` (milliseconds since 1970) that came before `rate`, stored at
+  /// `since`, allowed it: the *k*-th start no earlier than `since + (k - burst) / rate`.
+  static func rateProblem(_ times: [Int64], rate: RateLimit, since: Int64, of what: String) -> String? {
+    // The log's times are whole milliseconds, cut down: 2 ms of slack.
+    for (offset, time) in times.sorted().enumerated() where offset + 1 > rate.burst {
+      let earliest =
+        since + Int64((Double(offset + 1 - rate.burst) / rate.perSecond * 1_000).rounded(.down)) - 2
+      if time < earliest {
+        return
+          "over the rate of \(what), \(rate.perSecond)/s (bursts of \(rate.burst)): start \(offset + 1) came "
+          + "\(time - since) ms after the rate was stored, before \(earliest - since) ms"
+      }
+    }
+    return nil
+  }
+
   public static func problems(
     inLog text: String, limits: QueueLimits = QueueLimits(), since: Int64 = 0
   ) -> ([String], Statistics) {
@@ -292,6 +310,7 @@ public enum FlowControlProbe {
     var inFlight: [String: [Attempt]] = [:]
     var killed = Set<Int32>()
     var startTimes: [Int64] = []
+    var keyStartTimes: [String: [Int64]] = [:]
     for line in text.split(separator: "\n").map(String.init) {
       let fields = line.split(separator: " ").map(String.init)
       if fields.count == 3, fields[0] == "killed", let pid = Int32(fields[1]) {
@@ -321,6 +340,9 @@ public enum FlowControlProbe {
           problems.append("over the limit of \(concurrencyLimit): \(line) while \(flying) are in flight")
         }
         let limitKey = limitKey(of: item)
+        if limits.rate(forKey: limitKey) != nil, let time = Int64(fields[5]) {
+          keyStartTimes[limitKey, default: []].append(time)
+        }
         if let bound = limits.concurrency(forKey: limitKey) {
           let sameKey = inFlight.reduce(0) { count, entry in
             count
@@ -378,17 +400,13 @@ public enum FlowControlProbe {
         "\(lost.count) jobs never ended: \(lost.prefix(10).map { "\($0.key ?? "-") \($0.index)" })")
     }
     if statistics.failures == 0 { problems.append("no planned failure ran: the retry path was not tested") }
-    if let rate {
-      // The log's times are whole milliseconds, cut down: 2 ms of slack.
-      for (offset, time) in startTimes.sorted().enumerated() where offset + 1 > rate.burst {
-        let earliest =
-          since + Int64((Double(offset + 1 - rate.burst) / rate.perSecond * 1_000).rounded(.down)) - 2
-        if time < earliest {
-          problems.append(
-            "over the rate of \(rate.perSecond)/s (bursts of \(rate.burst)): start \(offset + 1) came "
-              + "\(time - since) ms after the rate was stored, before \(earliest - since) ms")
-          break
-        }
+    if let rate, let problem = rateProblem(startTimes, rate: rate, since: since, of: "the queue") {
+      problems.append(problem)
+    }
+    for (key, times) in keyStartTimes.sorted(by: { $0.key < $1.key }) {
+      guard let rate = limits.rate(forKey: key) else { continue }
+      if let problem = rateProblem(times, rate: rate, since: since, of: "key \(key)") {
+        problems.append(problem)
       }
     }
     // Whether a kill cut a keyed job short is in the summary the tests print, not a problem: a

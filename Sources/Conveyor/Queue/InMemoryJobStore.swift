@@ -68,7 +68,8 @@ public final class InMemoryJobStore: JobStore {
       let micros = RateLimit.microseconds(wall)
       if let rate { places = rate.take(places, tat: queueState.rateTime, now: micros).starts }
       if !queueState.paused && places > 0 {
-        claimed = queueState.claim(limit: places, owner: lease.owner, expiry: expiry, now: now)
+        claimed = queueState.claim(
+          limit: places, owner: lease.owner, expiry: expiry, now: now, micros: micros)
       }
       if let rate {
         let taken = rate.take(claimed.count, tat: queueState.rateTime, now: micros)
@@ -314,6 +315,7 @@ public final class InMemoryJobStore: JobStore {
       state.queues[ExactText(queue), default: QueueState()].limits = limits
       if limits.rate == nil { state.queues[ExactText(queue)]?.rateTime = nil }
       state.queues[ExactText(queue)]?.unparkAll()
+      if !limits.hasKeyRates { state.queues[ExactText(queue)]?.clearKeyBuckets() }
     }
   }
 
@@ -505,6 +507,14 @@ extension InMemoryJobStore {
     static func == (a: RunDateOrder, b: RunDateOrder) -> Bool { !(a < b) && !(b < a) }
   }
 
+  /// When a limit key's rate gives its held jobs their next start (microseconds since 1970).
+  fileprivate struct KeyDue: Comparable, Sendable {
+    var due: Int64
+    var key: ExactText
+
+    static func < (a: KeyDue, b: KeyDue) -> Bool { a.due != b.due ? a.due < b.due : a.key < b.key }
+  }
+
   /// A finished job's place in pruning order: finish date, then ID.
   fileprivate struct FinishOrder: Comparable, Sendable {
     var id: JobID
@@ -560,6 +570,62 @@ extension InMemoryJobStore {
     /// By limit key, the jobs a claim held because the key was at its limit, in claim order
     /// (entries of jobs since changed are skipped when met, as in ``ready``).
     var parked: [ExactText: Heap<ClaimOrder>] = [:]
+    /// By limit key with a rate, its bucket's stored time (GCRA's, microseconds since 1970); a key
+    /// without one has a full bucket.
+    var keyBuckets: [ExactText: Int64] = [:]
+    /// ``keyBuckets``'s size at which the next claim drops the full buckets.
+    var keyBucketsPruneAt = 1_024
+    /// By limit key whose rate held jobs, when its bucket gives the next start: the first claim
+    /// from then makes held jobs of the key claimable, as many as the bucket gives.
+    var keyDue: [ExactText: Int64] = [:]
+    /// ``keyDue`` by time (entries no longer in ``keyDue`` are skipped when met).
+    var dueKeys = Heap<KeyDue>()
+
+    /// Forgets every key's bucket and due time (no rate per key is set).
+    mutating func clearKeyBuckets() {
+      keyBuckets = [:]
+      keyDue = [:]
+      dueKeys = Heap()
+    }
+
+    /// The rate of `key` held a job: its held jobs may be claimable again at `due`.
+    mutating func setDue(_ key: ExactText, _ due: Int64) {
+      if let known = keyDue[key], known <= due { return }
+      keyDue[key] = due
+      dueKeys.push(KeyDue(due: due, key: key))
+    }
+
+    /// The earliest time a key's rate gives its held jobs a start, if any key's rate holds jobs.
+    mutating func earliestDue() -> Int64? {
+      while let top = dueKeys.peek, keyDue[top.key] != top.due { dueKeys.pop() }
+      return dueKeys.peek?.due
+    }
+
+    /// Makes claimable the jobs held by keys whose rate gives starts again by `now`
+    /// (microseconds): as many of each key's as its bucket gives (at least one; a claim holds
+    /// again any still over a limit). A key with more held is due again when its bucket gives the
+    /// start after those.
+    mutating func releaseDueKeys(now: Int64) {
+      while let top = dueKeys.peek, top.due <= now {
+        dueKeys.pop()
+        guard keyDue[top.key] == top.due else { continue }
+        keyDue[top.key] = nil
+        let rate = limits.rate(forKey: top.key.text)
+        let starts =
+          rate.map { max(1, $0.take(RateLimit.maximumBurst, tat: keyBuckets[top.key], now: now).starts) } ?? 1
+        for _ in 0..<starts {
+          guard parked[top.key] != nil else { break }
+          unpark(top.key)
+        }
+        if parked[top.key] != nil, let rate {
+          setDue(top.key, max(now + 1, rate.take(starts, tat: keyBuckets[top.key], now: now).next))
+        }
+      }
+      if keyBuckets.count >= keyBucketsPruneAt {
+        keyBuckets = keyBuckets.filter { $0.value > now || keyDue[$0.key] != nil }
+        keyBucketsPruneAt = max(1_024, keyBuckets.count * 2)
+      }
+    }
 
     /// The job `id` started running.
     mutating func startRunning(_ id: JobID, limitKey: String?) {
@@ -674,18 +740,30 @@ extension InMemoryJobStore {
       }
     }
 
-    mutating func claim(limit: Int, owner: String, expiry: Date, now: Date) -> [JobRecord] {
+    /// Claims up to `limit` ready jobs; `now` is the stored dates' millisecond, `micros` the
+    /// clock to the microsecond (for the rates of limit keys).
+    mutating func claim(limit: Int, owner: String, expiry: Date, now: Date, micros: Int64) -> [JobRecord] {
       promote(now: now)
+      if !keyDue.isEmpty { releaseDueKeys(now: micros) }
       var claimed: [JobRecord] = []
       while claimed.count < limit, let entry = ready.pop()?.entry {
         // The entry is current (see `isCurrent(_:_:)`) and the job ready: claimed in place, or
-        // held when its limit key is at its limit.
+        // held when its limit key is at its limit or its rate gives no start.
         var parkedKey: ExactText?
-        // Whether the job's limit key is at its limit (read before the update, which holds `jobs`).
-        let full =
-          jobs[entry.id]?.record.limitKey.map { key in
-            limits.concurrency(forKey: key).map { runningByKey[ExactText(key), default: 0] >= $0 } ?? false
-          } ?? false
+        // Whether the job's limit key is at its limit (read before the update, which holds `jobs`);
+        // when it is not and the key has a rate, the bucket's time after this start, or when the
+        // rate gives none, its next start.
+        var full = false
+        var bucket: (tat: Int64?, next: Int64?)
+        if let key = jobs[entry.id]?.record.limitKey {
+          let exact = ExactText(key)
+          full = limits.concurrency(forKey: key).map { runningByKey[exact, default: 0] >= $0 } ?? false
+          if !full, let rate = limits.rate(forKey: key) {
+            let taken = rate.take(1, tat: keyBuckets[exact], now: micros)
+            full = taken.starts == 0
+            bucket = full ? (taken.mustStore ? taken.tat : nil, taken.next) : (taken.tat, nil)
+          }
+        }
         let record = jobs.update(entry.id) { slot -> JobRecord? in
           guard Self.isCurrent(entry, slot), slot.ready else { return nil }
           if full, let limitKey = slot.record.limitKey {
@@ -703,8 +781,13 @@ extension InMemoryJobStore {
           slot.record.leaseExpiresAt = expiry
           return slot.record
         }
-        if let parkedKey { parked[parkedKey, default: Heap()].push(ClaimOrder(entry)) }
+        if let parkedKey {
+          parked[parkedKey, default: Heap()].push(ClaimOrder(entry))
+          if let tat = bucket.tat { keyBuckets[parkedKey] = tat }
+          if let next = bucket.next { setDue(parkedKey, next) }
+        }
         guard let record = record ?? nil else { continue }
+        if let tat = bucket.tat, let key = record.limitKey { keyBuckets[ExactText(key)] = tat }
         if let key = record.deduplicationKey { dropDeduplication(key, entry.id) }
         claimed.append(record)
         startRunning(entry.id, limitKey: record.limitKey)
@@ -938,10 +1021,13 @@ extension InMemoryJobStore {
       let leaseExpiry = running.compactMap { jobs[$0]?.record.leaseExpiresAt }.min()
       // A queue whose running jobs fill its concurrency limit needs no worker for its waiting ones.
       let full = limits.claimable(1, running: running.count) == 0
+      // A key whose rate holds jobs needs a worker when its bucket gives its next start.
+      let due = earliestDue().map(RateLimit.date)
       var nextRun =
         full
         ? nil
-        : [ready.peek.map { min($0.entry.runAt, now) }, scheduled.peek?.entry.runAt].compactMap { $0 }.min()
+        : [ready.peek.map { min($0.entry.runAt, now) }, scheduled.peek?.entry.runAt, due].compactMap { $0 }
+          .min()
       // No waiting job needs a worker before the rate limit gives its next start.
       if let run = nextRun, let rate = limits.rate,
         let start = rate.nextStart(tat: rateTime, now: RateLimit.microseconds(wall))

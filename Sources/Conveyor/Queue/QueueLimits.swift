@@ -60,8 +60,19 @@ public struct QueueLimits: Sendable, Hashable, Codable {
   /// one of them can have an override here.)
   public var keyConcurrencyOverrides: [String: Int]
 
-  /// The most keys ``keyConcurrencyOverrides`` may name.
+  /// The most keys ``keyConcurrencyOverrides`` may name, and the most ``keyRateOverrides`` may.
   public static let maximumKeyOverrides = 10_000
+
+  /// How often the jobs of any one limit key (``NewJob/limitKey``) may start across every worker,
+  /// or nil for no bound per key (a key named in ``keyRateOverrides`` still has its own): "at most
+  /// 10 a second to each host". Each key has a bucket of its own. Jobs without a limit key are not
+  /// bound by it.
+  public var keyRate: RateLimit?
+
+  /// Rates of single limit keys, in place of ``keyRate``: "at most 2 a second to
+  /// `api.example.com`". At most ``maximumKeyOverrides`` keys, each a valid limit key
+  /// (``LimitKey``), matched byte for byte as in ``keyConcurrencyOverrides``.
+  public var keyRateOverrides: [String: RateLimit]
 
   /// Limits; nil leaves that limit off.
   ///
@@ -70,18 +81,23 @@ public struct QueueLimits: Sendable, Hashable, Codable {
   ///   - rate: How often the queue's jobs may start, across every worker.
   ///   - keyConcurrency: The most jobs of any one limit key running at once, across every worker.
   ///   - keyConcurrencyOverrides: Limits of single keys, in place of `keyConcurrency`.
+  ///   - keyRate: How often the jobs of any one limit key may start, across every worker.
+  ///   - keyRateOverrides: Rates of single keys, in place of `keyRate`.
   public init(
     concurrency: Int? = nil, rate: RateLimit? = nil, keyConcurrency: Int? = nil,
-    keyConcurrencyOverrides: [String: Int] = [:]
+    keyConcurrencyOverrides: [String: Int] = [:], keyRate: RateLimit? = nil,
+    keyRateOverrides: [String: RateLimit] = [:]
   ) {
     self.concurrency = concurrency
     self.rate = rate
     self.keyConcurrency = keyConcurrency
     self.keyConcurrencyOverrides = keyConcurrencyOverrides
+    self.keyRate = keyRate
+    self.keyRateOverrides = keyRateOverrides
   }
 
   private enum CodingKeys: String, CodingKey {
-    case concurrency, rate, keyConcurrency, keyConcurrencyOverrides
+    case concurrency, rate, keyConcurrency, keyConcurrencyOverrides, keyRate, keyRateOverrides
   }
 
   /// Decodes limits; members a JSON document written before they existed lacks are left off.
@@ -92,13 +108,19 @@ public struct QueueLimits: Sendable, Hashable, Codable {
     keyConcurrency = try container.decodeIfPresent(Int.self, forKey: .keyConcurrency)
     keyConcurrencyOverrides =
       try container.decodeIfPresent([String: Int].self, forKey: .keyConcurrencyOverrides) ?? [:]
+    keyRate = try container.decodeIfPresent(RateLimit.self, forKey: .keyRate)
+    keyRateOverrides =
+      try container.decodeIfPresent([String: RateLimit].self, forKey: .keyRateOverrides) ?? [:]
   }
 
   /// Whether no limit is set.
   public var isEmpty: Bool { concurrency == nil && rate == nil && !hasKeyLimits }
 
-  /// Whether a limit per key is set (``keyConcurrency`` or an override).
-  public var hasKeyLimits: Bool { keyConcurrency != nil || !keyConcurrencyOverrides.isEmpty }
+  /// Whether a limit per key is set (``keyConcurrency``, ``keyRate`` or an override of either).
+  public var hasKeyLimits: Bool { keyConcurrency != nil || !keyConcurrencyOverrides.isEmpty || hasKeyRates }
+
+  /// Whether a rate per key is set (``keyRate`` or an override).
+  public var hasKeyRates: Bool { keyRate != nil || !keyRateOverrides.isEmpty }
 
   /// The most jobs of limit key `key` that may run at once: its override, else
   /// ``keyConcurrency``; nil when the key is not bound. Keys match byte for byte, as the stores
@@ -111,21 +133,40 @@ public struct QueueLimits: Sendable, Hashable, Codable {
     return stored.utf8.elementsEqual(key.utf8) ? limit : keyConcurrency
   }
 
-  /// The keys with a limit, for a listing of at most `listing` keys: of `read` (the store's
-  /// ``JobStore/limitKeyUsage(queue:limit:)`` asked for `listing + 1`), those with a limit, then the
-  /// keys with a limit of their own and no job running or held, by bytes, as room allows. Each with
-  /// its limit; `complete` false when keys were left out.
+  /// How often jobs of limit key `key` may start: its override, else ``keyRate``; nil when the
+  /// key's starts are not bound. Keys match byte for byte, as in ``concurrency(forKey:)``.
+  public func rate(forKey key: String) -> RateLimit? {
+    guard let index = keyRateOverrides.index(forKey: key) else { return keyRate }
+    let (stored, rate) = keyRateOverrides[index]
+    return stored.utf8.elementsEqual(key.utf8) ? rate : keyRate
+  }
+
+  /// The keys with a limit (of concurrency or rate), for a listing of at most `listing` keys: of
+  /// `read` (the store's ``JobStore/limitKeyUsage(queue:limit:)`` asked for `listing + 1`), those
+  /// with a limit, then the keys with a limit of their own and no job running or held, by bytes, as
+  /// room allows. Each with its limits; `complete` false when keys were left out.
   package func keysWithLimits(_ read: [LimitKeyUsage], listing: Int) -> (
-    keys: [(usage: LimitKeyUsage, limit: Int)], complete: Bool
+    keys: [KeyWithLimits], complete: Bool
   ) {
-    var keys = read.prefix(listing).compactMap { row in concurrency(forKey: row.key).map { (row, $0) } }
+    var keys = read.prefix(listing).compactMap { row -> KeyWithLimits? in
+      let limit = concurrency(forKey: row.key)
+      let rate = rate(forKey: row.key)
+      return limit == nil && rate == nil ? nil : KeyWithLimits(usage: row, limit: limit, rate: rate)
+    }
     guard read.count <= listing else { return (keys, false) }
-    let seen = Set(read.map { Array($0.key.utf8) })
-    let idle = keyConcurrencyOverrides.filter { !seen.contains(Array($0.key.utf8)) }
-      .sorted { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
+    var seen = Set(read.map { Array($0.key.utf8) })
+    var idle: [String] = []
+    for key in Array(keyConcurrencyOverrides.keys) + Array(keyRateOverrides.keys)
+    where seen.insert(Array(key.utf8)).inserted {
+      idle.append(key)
+    }
+    idle.sort { $0.utf8.lexicographicallyPrecedes($1.utf8) }
     let room = max(0, listing - keys.count)
-    for (key, limit) in idle.prefix(room) {
-      keys.append((LimitKeyUsage(key: key, running: 0, held: 0), limit))
+    for key in idle.prefix(room) {
+      keys.append(
+        KeyWithLimits(
+          usage: LimitKeyUsage(key: key, running: 0, held: 0), limit: concurrency(forKey: key),
+          rate: rate(forKey: key)))
     }
     return (keys, idle.count <= room)
   }
@@ -154,7 +195,17 @@ public struct QueueLimits: Sendable, Hashable, Codable {
           + "\(Self.maximumConcurrency), not \(limit); remove the key to give it the limit per key"
       }
     }
-    return rate?.problem
+    if let problem = rate?.problem { return problem }
+    if let problem = keyRate?.problem { return "the rate per key: " + problem }
+    if keyRateOverrides.count > Self.maximumKeyOverrides {
+      return "at most \(Self.maximumKeyOverrides) keys may have their own rate, not "
+        + "\(keyRateOverrides.count); give the others the rate per key"
+    }
+    for (key, rate) in keyRateOverrides.sorted(by: { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }) {
+      if let problem = LimitKey.problem(key) { return problem }
+      if let problem = rate.problem { return "the rate of key \"\(LimitKey.printable(key))\": " + problem }
+    }
+    return nil
   }
 
   /// Throws ``JobQueueError/invalidLimits(_:)`` when ``problem`` names one.
@@ -168,6 +219,15 @@ public struct QueueLimits: Sendable, Hashable, Codable {
     guard let concurrency else { return wanted }
     return max(0, min(wanted, concurrency - running))
   }
+}
+
+/// A limit key's use and limits, as `conveyor status` and the dashboard list them.
+package struct KeyWithLimits: Sendable {
+  package var usage: LimitKeyUsage
+  /// The key's concurrency limit, if any.
+  package var limit: Int?
+  /// The key's rate, if any.
+  package var rate: RateLimit?
 }
 
 /// A bound on how often a queue's jobs start, shared by every worker of every process: on average
