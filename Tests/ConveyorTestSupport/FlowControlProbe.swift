@@ -252,6 +252,22 @@ public enum FlowControlProbe {
     }
   }
 
+  /// The first start of `times` (milliseconds since 1970) that came before `rate`, stored at
+  /// `since`, allowed it: the *k*-th start no earlier than `since + (k - burst) / rate`.
+  static func rateProblem(_ times: [Int64], rate: RateLimit, since: Int64, of what: String) -> String? {
+    // The log's times are whole milliseconds, cut down: 2 ms of slack.
+    for (offset, time) in times.sorted().enumerated() where offset + 1 > rate.burst {
+      let earliest =
+        since + Int64((Double(offset + 1 - rate.burst) / rate.perSecond * 1_000).rounded(.down)) - 2
+      if time < earliest {
+        return
+          "over the rate of \(what), \(rate.perSecond)/s (bursts of \(rate.burst)): start \(offset + 1) came "
+          + "\(time - since) ms after the rate was stored, before \(earliest - since) ms"
+      }
+    }
+    return nil
+  }
+
   /// What is wrong in a shared log, and what happened. Its lines, in the order they were
   /// appended: `start K I PID ATTEMPT MS`, `fail K I PID ATTEMPT MS`, `end K I PID ATTEMPT MS`
   /// from the workers (K `-` for a job without a key) and `killed PID MS` from the probe, once
@@ -277,22 +293,6 @@ public enum FlowControlProbe {
   ///   claimed ahead, a loaded machine) only comes later, so the rule holds whatever the delays.
   /// - **within each key's rate**, given rates per key: the same rule for the starts of each limit
   ///   key with a rate, counted from `since`.
-  /// The first start of `times` (milliseconds since 1970) that came before `rate`, stored at
-  /// `since`, allowed it: the *k*-th start no earlier than `since + (k - burst) / rate`.
-  static func rateProblem(_ times: [Int64], rate: RateLimit, since: Int64, of what: String) -> String? {
-    // The log's times are whole milliseconds, cut down: 2 ms of slack.
-    for (offset, time) in times.sorted().enumerated() where offset + 1 > rate.burst {
-      let earliest =
-        since + Int64((Double(offset + 1 - rate.burst) / rate.perSecond * 1_000).rounded(.down)) - 2
-      if time < earliest {
-        return
-          "over the rate of \(what), \(rate.perSecond)/s (bursts of \(rate.burst)): start \(offset + 1) came "
-          + "\(time - since) ms after the rate was stored, before \(earliest - since) ms"
-      }
-    }
-    return nil
-  }
-
   public static func problems(
     inLog text: String, limits: QueueLimits = QueueLimits(), since: Int64 = 0
   ) -> ([String], Statistics) {
