@@ -364,6 +364,115 @@ struct ExplainTests {
     await store.close()
   }
 
+  /// Limits per key cost a claim the same however many keys are full: with 100,000 keys at their
+  /// limit (200,000 running jobs, 700,000 parked behind them) and a key whose limit was lowered
+  /// far below its 5,000 running jobs, the claim under limits per key (planned for its values and
+  /// once for every value, and run) reads the first `100 + SQL.keyWindow` ready jobs, at most a
+  /// key's limit of each key's running jobs, and never a parked job. The listing of the keys'
+  /// usage reads the running keyed and parked jobs from their own indexes alone.
+  @Test func fullKeysCostAKeyLimitedClaimNothing() async throws {
+    let (schema, store, admin) = try await plansStore()
+    let sql = store.sql
+    let now = "date_trunc('milliseconds', now())"
+    // Before the parked jobs go in: storing limits makes every parked job ready again.
+    try await store.setLimits(
+      QueueLimits(keyConcurrency: 2, keyConcurrencyOverrides: ["hot": 3]), queue: "big")
+    let running = "'running', 'w', \(now) + interval '1 hour'"
+    // Keys 1…100,000: two running jobs each; 'hot': 5,000 (its limit was 3 when they started).
+    try await admin.queryOffPool(
+      """
+      INSERT INTO \(schema).jobs (queue, payload, status, lease_owner, lease_expires_at, run_at, created_at,
+        limit_key)
+      SELECT 'big', '\\x7b7d'::bytea, \(running), \(now) - interval '1 minute', \(now),
+        CASE WHEN i <= 200000 THEN 'key-' || ((i - 1) % 100000 + 1) ELSE 'hot' END
+      FROM generate_series(1, 205000) AS i
+      """)
+    // Seven parked jobs behind each key's running ones.
+    try await admin.queryOffPool(
+      """
+      INSERT INTO \(schema).jobs (queue, payload, status, parked, run_at, created_at, limit_key)
+      SELECT 'big', '\\x7b7d'::bytea, 'held', true, \(now) - interval '1 minute', \(now),
+        'key-' || ((i - 1) % 100000 + 1)
+      FROM generate_series(1, 700000) AS i
+      """)
+    // 100,000 ready jobs. The first 1,000 in claim order have no key (odd) or a key with no
+    // running job (even), but for a job of 'hot' and three of full keys in the claim's window;
+    // the other 99,000 are of full keys.
+    try await admin.queryOffPool(
+      """
+      INSERT INTO \(schema).jobs (queue, payload, status, run_at, created_at, limit_key)
+      SELECT 'big', '\\x7b7d'::bytea, 'ready', \(now) - interval '1 minute', \(now),
+        CASE WHEN i = 5 THEN 'hot' WHEN i IN (10, 20, 30) OR i > 1000 THEN 'key-' || ((i - 1) % 100000 + 1)
+          WHEN i % 2 = 1 THEN NULL ELSE 'fresh-' || i END
+      FROM generate_series(1, 100000) AS i
+      """)
+    try await admin.queryOffPool("VACUUM ANALYZE \(schema).jobs")
+    // The store's session settings (see `PostgresJobStore.init`).
+    try admin.query("SET enable_seqscan = off; SET enable_mergejoin = off")
+    // Each index or table scan of a plan with the rows it read in a loop: those it returned and
+    // those its filter rejected.
+    func scans(in plan: String) -> [(line: Substring, rows: Int)] {
+      var scans: [(line: Substring, rows: Int)] = []
+      var inScan = false
+      for line in plan.split(separator: "\n") {
+        let detail = line.trimmingCharacters(in: .whitespaces)
+        if line.contains("Scan using") || line.contains("Scan on jobs") {
+          scans.append((line, rowsRead(in: String(line)) { _ in true }.first ?? 0))
+          inScan = true
+        } else if detail.hasPrefix("->") || !detail.contains(":") {
+          inScan = false
+        } else if inScan, let range = detail.range(of: "Rows Removed by ") {
+          let count = detail[range.upperBound...].split(separator: ":").last
+          scans[scans.count - 1].rows += Int(count?.trimmingCharacters(in: .whitespaces) ?? "") ?? 0
+        }
+      }
+      return scans
+    }
+    // As after `limitLock` found limits per key: the claim runs only then.
+    for (mode, plan) in try analyzedPlans(
+      admin, "full_keys_claim",
+      prepare: "(text, int8, text, int8, timestamptz, int8) AS \(sql.keyLimitedClaim)",
+      execute: "('big', 100, 'w', 60000, NULL, NULL)",
+      first:
+        "SELECT set_config('\(SQL.limitLocked)', 'on', true), set_config('\(SQL.keyLimited)', 'on', true)")
+    {
+      #expect(
+        plan.hasPrefix("CTE Scan on claimed (actual rows=100 "), "the claim (\(mode)) took 100 jobs:\n\(plan)"
+      )
+      #expect(!plan.contains("Seq Scan on jobs"), "the claim (\(mode)) scans the jobs table:\n\(plan)")
+      // The index of the queue's running jobs is in the plan (for a queue's own limit), never run.
+      let indexes = Set(plan.matches(of: /jobs_[a-z][a-z_]*/).map { String($0.output) })
+      #expect(
+        indexes == ["jobs_ready", "jobs_key_running", "jobs_pkey", "jobs_status"],
+        "the claim (\(mode)) reads other indexes (a parked job?):\n\(plan)")
+      // Every index or table row read (a loop's worth), a filter's rejects too: the window of
+      // ready jobs, the jobs taken or parked in it.
+      let read = scans(in: plan)
+      #expect(
+        read.allSatisfy { $0.rows <= 100 + SQL.keyWindow },
+        "the claim (\(mode)) read past its window:\n\(plan)")
+      // Each key's running jobs, up to its limit: 'hot' reads 3 of its 5,000, a full key 2, a new
+      // key none (the plan shows a loop's average, one loop a key of the window: 9 rows in 55
+      // loops; without the limit, 'hot' alone makes it 91).
+      let counted = read.filter { $0.line.contains(" jobs_key_running ") }
+      #expect(
+        !counted.isEmpty && counted.allSatisfy { $0.rows <= 3 },
+        "the claim (\(mode)) counted more running jobs of a key than its limit:\n\(plan)")
+    }
+    // The keys' usage: by design, every running keyed and parked job, but from their own indexes
+    // alone, not the queue's other jobs.
+    for (mode, plan) in try analyzedPlans(
+      admin, "full_keys_usage", prepare: "(text, int8) AS \(sql.limitKeyUsage)", execute: "('big', 100)")
+    {
+      #expect(plan.hasPrefix("Limit (actual rows=100 "), "the usage (\(mode)) lists 100 keys:\n\(plan)")
+      #expect(!plan.contains("Seq Scan on jobs"), "the usage (\(mode)) scans the jobs table:\n\(plan)")
+      let indexes = Set(plan.matches(of: /jobs_[a-z][a-z_]*/).map { String($0.output) })
+      #expect(
+        indexes == ["jobs_key_running", "jobs_parked"], "the usage (\(mode)) reads other indexes:\n\(plan)")
+    }
+    await store.close()
+  }
+
   /// A store whose queue `big` holds `running` jobs under an hour's lease and `ready` more, under
   /// `limits`, its statistics fresh.
   private func limitedQueue(running: Int, ready: Int, limits: QueueLimits) async throws -> (
