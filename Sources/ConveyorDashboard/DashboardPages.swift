@@ -219,8 +219,13 @@ struct DashboardPages: Sendable {
     if let perKey = limits.keyConcurrency {
       parts.append("Limit per key: at most \(perKey) running at once for each limit key.")
     }
-    if !limits.keyConcurrencyOverrides.isEmpty {
-      let count = limits.keyConcurrencyOverrides.count
+    if let rate = limits.keyRate {
+      parts.append("Rate per key: at most \(rate) starting for each limit key.")
+    }
+    let own = Set(limits.keyConcurrencyOverrides.keys.map { Array($0.utf8) })
+      .union(limits.keyRateOverrides.keys.map { Array($0.utf8) })
+    if !own.isEmpty {
+      let count = own.count
       parts.append(
         "\(count) key\(count == 1 ? " has its" : "s have their") own limit; jobs held for their key's limit "
           + "say so (held by the limit of key …).")

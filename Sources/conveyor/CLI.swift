@@ -888,9 +888,12 @@ enum CLI {
       if let perKey = limits.keyConcurrency {
         output("key limit at most \(perKey) running at once for each --limit-key")
       }
-      if !limits.keyConcurrencyOverrides.isEmpty {
-        let count = limits.keyConcurrencyOverrides.count
-        output("key limit \(count) key\(count == 1 ? " has its" : "s have their") own (conveyor limits)")
+      if let rate = limits.keyRate {
+        output("key rate  at most \(rate.description) starting for each --limit-key")
+      }
+      let own = LimitsCommands.ownLimitKeys(limits).count
+      if own > 0 {
+        output("key limit \(own) key\(own == 1 ? " has its" : "s have their") own (conveyor limits)")
       }
       for line in keyUsage.map(LimitsCommands.keyUsageLines) ?? [] { output("key       \(line)") }
       output("ready     \(counts.ready)")

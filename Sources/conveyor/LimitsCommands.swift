@@ -18,7 +18,7 @@ enum LimitsCommands {
       name: "limits set",
       operands:
         "[--concurrency N|none] [--rate N/s|N/min|N/h|none [--burst B]] [--key-concurrency N|none] "
-        + "[--key K --concurrency N|none]",
+        + "[--key-rate N/s|none [--key-burst B]] [--key K [--concurrency N|none] [--rate N/s|none [--burst B]]]",
       summary: "store the queue's limits, obeyed by every worker of every process",
       options: [
         OptionSpec(
@@ -37,9 +37,16 @@ enum LimitsCommands {
           names: ["--key-concurrency"], value: "N",
           help: "at most N jobs of any one --limit-key running at once, across every worker; none removes it"),
         OptionSpec(
+          names: ["--key-rate"], value: "N/s",
+          help: "at most N jobs of any one --limit-key start a second (or N/min, N/h), across every "
+            + "worker, each key with a bucket of its own; none removes it"),
+        OptionSpec(
+          names: ["--key-burst"], value: "B",
+          help: "the burst of the rate per key (1 to \(RateLimit.maximumBurst); default 1)"),
+        OptionSpec(
           names: ["--key"], value: "K",
-          help: "with --concurrency N: key K's own limit, in place of --key-concurrency; with "
-            + "--concurrency none: K takes the limit per key again"),
+          help: "the options --concurrency, --rate and --burst then set key K's own limits, in place of "
+            + "--key-concurrency and --key-rate; none gives K the limit per key again"),
         OptionSpec(names: ["--json"], value: nil, help: "print what was stored as one JSON object"),
       ],
       details: """
@@ -56,15 +63,17 @@ enum LimitsCommands {
         A job added with --limit-key K ('add http' takes the URL's host) counts against K's limit:
         its own (--key K --concurrency N) or else the limit per key (--key-concurrency N). When
         K's running jobs reach it, a claim holds K's other jobs it reaches (status counts them as
-        held) until one of K's jobs stops running; other keys run meanwhile. Setting limits again
-        makes every held job claimable (the next claims hold those still over their key's limit).
+        held) until one of K's jobs stops running; other keys run meanwhile. Likewise K's rate (its
+        own, --key K --rate R, or else --key-rate R): when K's bucket gives no start, a claim holds
+        K's jobs it reaches until the bucket gives the next. Setting limits again makes every held
+        job claimable (the next claims hold those still over their key's limits).
         """),
   ]
 
-  /// `limits --json`'s and `limits set --json`'s object. `concurrency`, `rate` and
-  /// `keyConcurrency` are null when there is no such limit; `rate` is
-  /// `{"perSecond": N, "burst": B}`; `keyConcurrencyOverrides` maps each key with its own limit
-  /// to it (`{}` when none).
+  /// `limits --json`'s and `limits set --json`'s object. `concurrency`, `rate`, `keyConcurrency`
+  /// and `keyRate` are null when there is no such limit; a rate is
+  /// `{"perSecond": N, "burst": B}`; `keyConcurrencyOverrides` and `keyRateOverrides` map each key
+  /// with its own limit to it (`{}` when none).
   struct Shown: Encodable {
     var queue: String
     var concurrency: Int?
@@ -73,6 +82,8 @@ enum LimitsCommands {
     var ready: Int
     var keyConcurrency: Int?
     var keyConcurrencyOverrides: [String: Int]
+    var keyRate: RateLimit?
+    var keyRateOverrides: [String: RateLimit]
 
     func encode(to encoder: any Encoder) throws {
       var container = encoder.container(keyedBy: CodingKeys.self)
@@ -84,10 +95,13 @@ enum LimitsCommands {
       try container.encode(ready, forKey: .ready)
       try container.encode(keyConcurrency, forKey: .keyConcurrency)
       try container.encode(keyConcurrencyOverrides, forKey: .keyConcurrencyOverrides)
+      try container.encode(keyRate, forKey: .keyRate)
+      try container.encode(keyRateOverrides, forKey: .keyRateOverrides)
     }
 
     enum CodingKeys: String, CodingKey {
-      case queue, concurrency, rate, running, ready, keyConcurrency, keyConcurrencyOverrides
+      case queue, concurrency, rate, running, ready, keyConcurrency, keyConcurrencyOverrides, keyRate
+      case keyRateOverrides
     }
   }
 
@@ -107,15 +121,18 @@ enum LimitsCommands {
     let rateText = arguments.option("--rate")
     let burstText = arguments.option("--burst")
     let keyConcurrencyText = arguments.option("--key-concurrency")
+    let keyRateText = arguments.option("--key-rate")
+    let keyBurstText = arguments.option("--key-burst")
     let key = arguments.option("--key")
     guard
-      concurrencyText != nil || rateText != nil || burstText != nil || keyConcurrencyText != nil || key != nil
+      [concurrencyText, rateText, burstText, keyConcurrencyText, keyRateText, keyBurstText, key]
+        .contains(where: { $0 != nil })
     else {
       throw UsageError(
         description:
           "limits set needs a limit: --concurrency N (1 to \(QueueLimits.maximumConcurrency)) or none, "
-          + "--rate N/s (or N/min, N/h) or none, --burst B, --key-concurrency N or none, or --key K "
-          + "--concurrency N or none")
+          + "--rate N/s (or N/min, N/h) or none, --burst B, --key-concurrency N or none, --key-rate N/s or "
+          + "none, --key-burst B, or --key K with --concurrency, --rate or --burst")
     }
     try arguments.finish()
     // Every value is checked before the store is opened: a bad one changes nothing.
@@ -123,39 +140,61 @@ enum LimitsCommands {
       if let problem = LimitKey.problem(key) {
         throw UsageError(description: "--key: \(problem); the stored limits were not changed")
       }
-      guard concurrencyText != nil, rateText == nil, burstText == nil else {
+      guard concurrencyText != nil || rateText != nil || burstText != nil else {
         throw UsageError(
           description:
-            "--key K takes --concurrency N or none (the key's own limit of jobs running at once); a "
-            + "rate per key is not kept yet; the stored limits were not changed")
+            "--key K takes --concurrency N or none (the key's own limit of jobs running at once), --rate "
+            + "N/s or none, or --burst B (the key's own rate); the stored limits were not changed")
       }
     }
     let newKeyConcurrency = try keyConcurrencyText.map { try concurrency($0, option: "--key-concurrency") }
     let newConcurrency = try concurrencyText.map { try concurrency($0) }
-    let newRate = try rateText.map(rate)
-    let newBurst = try burstText.map(burst)
-    if case .some(nil) = newRate, newBurst != nil {
-      throw UsageError(
-        description: "--burst goes with a rate, not with --rate none; the stored limits were not changed")
+    let newRate = try rateText.map { try rate($0) }
+    let newBurst = try burstText.map { try burst($0) }
+    let newKeyRate = try keyRateText.map { try rate($0, option: "--key-rate") }
+    let newKeyBurst = try keyBurstText.map { try burst($0, option: "--key-burst") }
+    for (rate, burst, names) in [
+      (newRate, newBurst, ("--burst", "--rate")), (newKeyRate, newKeyBurst, ("--key-burst", "--key-rate")),
+    ] {
+      if case .some(nil) = rate, burst != nil {
+        throw UsageError(
+          description:
+            "\(names.0) goes with a rate, not with \(names.1) none; the stored limits were not changed")
+      }
     }
     let queue = try context.controlQueue()
     var limits = try await queue.limits()
-    if let key, let newConcurrency {
-      limits.keyConcurrencyOverrides[key] = newConcurrency
-    } else if let newConcurrency {
-      limits.concurrency = newConcurrency
+    /// The rate `old` changed by `rate` (nil: unchanged; .some(nil): removed) and `burst`.
+    func changed(_ old: RateLimit?, rate: Double??, burst: Int?, option: String, what: String) throws
+      -> RateLimit?
+    {
+      var new = old
+      if let rate { new = rate.map { RateLimit(perSecond: $0, burst: old?.burst ?? 1) } }
+      if let burst {
+        guard new != nil else {
+          throw UsageError(
+            description:
+              "\(option) needs a rate: \(what) has none stored; pass the rate with it; the stored limits "
+              + "were not changed")
+        }
+        new?.burst = burst
+      }
+      return new
+    }
+    if let key {
+      if let newConcurrency { limits.keyConcurrencyOverrides[key] = newConcurrency }
+      let own = try changed(
+        limits.keyRateOverrides[key], rate: newRate, burst: newBurst, option: "--burst",
+        what: "key \"\(printable(key))\"")
+      limits.keyRateOverrides[key] = own
+    } else {
+      if let newConcurrency { limits.concurrency = newConcurrency }
+      limits.rate = try changed(
+        limits.rate, rate: newRate, burst: newBurst, option: "--burst", what: "the queue")
     }
     if let newKeyConcurrency { limits.keyConcurrency = newKeyConcurrency }
-    if let newRate { limits.rate = newRate.map { RateLimit(perSecond: $0, burst: limits.rate?.burst ?? 1) } }
-    if let newBurst {
-      guard limits.rate != nil else {
-        throw UsageError(
-          description:
-            "--burst needs a rate: the queue has none stored; pass --rate N/s with it. The stored limits "
-            + "were not changed")
-      }
-      limits.rate?.burst = newBurst
-    }
+    limits.keyRate = try changed(
+      limits.keyRate, rate: newKeyRate, burst: newKeyBurst, option: "--key-burst", what: "the rate per key")
     try await queue.setLimits(limits)
     try await report(try await queue.limits(), queue: queue, context, json: json)
     return ExitCode.success.rawValue
@@ -186,7 +225,7 @@ enum LimitsCommands {
   /// A `--rate` value: `none` (nil), or a positive decimal number of ASCII digits (a fraction
   /// allowed) followed by `/s`, `/min` or `/h`, from ``RateLimit/minimumPerSecond`` to
   /// ``RateLimit/maximumPerSecond`` a second; anything else is a usage error naming what to pass.
-  static func rate(_ text: String) throws -> Double? {
+  static func rate(_ text: String, option: String = "--rate") throws -> Double? {
     if text == "none" { return nil }
     let units: [(suffix: String, seconds: Double)] = [("/s", 1), ("/min", 60), ("/h", 3_600)]
     if text.utf8.count <= 32, let unit = units.first(where: { text.hasSuffix($0.suffix) }) {
@@ -204,13 +243,13 @@ enum LimitsCommands {
       text.hasPrefix("0") || text.hasPrefix("-") ? "; to stop claims altogether, pause the queue" : ""
     throw UsageError(
       description:
-        "--rate must be a number of starts per second, minute or hour, such as 10/s, 0.5/s, 30/min or "
+        "\(option) must be a number of starts per second, minute or hour, such as 10/s, 0.5/s, 30/min or "
         + "2/h, from one a day to \(Int(RateLimit.maximumPerSecond))/s, or none to remove the rate, got "
         + "\"\(printable(text))\"\(hint); the stored limits were not changed")
   }
 
   /// A `--burst` value: a whole number from 1 to ``RateLimit/maximumBurst``.
-  static func burst(_ text: String) throws -> Int {
+  static func burst(_ text: String, option: String = "--burst") throws -> Int {
     let digits = text.hasPrefix("+") ? text.dropFirst() : Substring(text)
     if !digits.isEmpty, digits.count <= 7, digits.allSatisfy({ $0.isASCII && $0.isNumber }),
       let value = Int(digits), (1...RateLimit.maximumBurst).contains(value)
@@ -219,7 +258,7 @@ enum LimitsCommands {
     }
     throw UsageError(
       description:
-        "--burst must be a whole number from 1 to \(RateLimit.maximumBurst), got \"\(printable(text))\"; "
+        "\(option) must be a whole number from 1 to \(RateLimit.maximumBurst), got \"\(printable(text))\"; "
         + "the stored limits were not changed")
   }
 
@@ -233,7 +272,8 @@ enum LimitsCommands {
         Shown(
           queue: context.queue, concurrency: limits.concurrency, rate: limits.rate, running: counts.running,
           ready: counts.ready, keyConcurrency: limits.keyConcurrency,
-          keyConcurrencyOverrides: limits.keyConcurrencyOverrides))
+          keyConcurrencyOverrides: limits.keyConcurrencyOverrides, keyRate: limits.keyRate,
+          keyRateOverrides: limits.keyRateOverrides))
       return
     }
     let name = printable(context.queue)
@@ -258,21 +298,39 @@ enum LimitsCommands {
     }
   }
 
-  /// The lines `limits` shows for the limits per key: the limit per key, then the keys with their
-  /// own (in byte order, the first 20, then how many more).
+  /// The lines `limits` shows for the limits per key: the limit and rate per key, then the keys
+  /// with their own (in byte order, the first 20, then how many more).
   static func keyLimitLines(_ limits: QueueLimits) -> [String] {
     guard limits.hasKeyLimits else { return [] }
-    var lines = [
-      limits.keyConcurrency.map { "limit per key: \($0) running at once for each --limit-key" }
-        ?? "no limit per key (only the keys below are limited)"
-    ]
+    var lines: [String] = []
+    if let perKey = limits.keyConcurrency {
+      lines.append("limit per key: \(perKey) running at once for each --limit-key")
+    }
+    if let rate = limits.keyRate {
+      lines.append("rate per key: at most \(rate) starting for each --limit-key")
+    }
+    if lines.isEmpty { lines.append("no limit per key (only the keys below are limited)") }
     let shown = 20
-    let keys = limits.keyConcurrencyOverrides.sorted { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
-    for (key, limit) in keys.prefix(shown) { lines.append("key \(printable(key)): \(limit) running at once") }
+    let keys = ownLimitKeys(limits)
+    for key in keys.prefix(shown) {
+      let parts = [
+        QueueLimits.own(limits.keyConcurrencyOverrides, key).map { "\($0) running at once" },
+        QueueLimits.own(limits.keyRateOverrides, key).map { "at most \($0) starting" },
+      ].compactMap { $0 }
+      lines.append("key \(printable(key)): \(parts.joined(separator: ", "))")
+    }
     if keys.count > shown {
       lines.append("and \(keys.count - shown) more keys with their own limit (--json lists them)")
     }
     return lines
+  }
+
+  /// The keys with a limit or a rate of their own, in byte order.
+  static func ownLimitKeys(_ limits: QueueLimits) -> [String] {
+    var seen = Set<[UInt8]>()
+    return (Array(limits.keyConcurrencyOverrides.keys) + Array(limits.keyRateOverrides.keys))
+      .filter { seen.insert(Array($0.utf8)).inserted }
+      .sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
   }
 
   /// A limit key with a limit: how many of its jobs run and how many its limits hold.

@@ -316,7 +316,7 @@ import Testing
     let stored = try await sandbox.succeed(["limits", "--json"]).stdout
     for arguments in [
       ["--key-concurrency", "0"], ["--key-concurrency", "-1"], ["--key-concurrency", "x"],
-      ["--key", "", "--concurrency", "1"], ["--key", "k", "--rate", "3/s"], ["--key", "k"],
+      ["--key", "", "--concurrency", "1"], ["--key", "k", "--burst", "3"], ["--key", "k"],
       ["--key", String(repeating: "k", count: 513), "--concurrency", "1"],
     ] {
       let outcome = try await sandbox.run(["limits", "set"] + arguments)
@@ -331,6 +331,59 @@ import Testing
     #expect(removed["keyConcurrency"] is NSNull, "\(removed)")
     #expect((removed["keyConcurrencyOverrides"] as? [String: Int]) == [:], "\(removed)")
     #expect(removed["concurrency"] as? Int == 5, "the queue's own limit is kept: \(removed)")
+  }
+
+  /// Rates per key through the command line: the rate per key and a key's own rate, with their
+  /// bursts, stored, shown (text and JSON) and removed; bad values exit 2 and change nothing.
+  @Test func ratesPerKeyAreSetShownAndRemoved() async throws {
+    let sandbox = try Sandbox()
+    let set = try await sandbox.succeed(["limits", "set", "--key-rate", "10/s", "--key-burst", "3"])
+    #expect(
+      set.lines == [
+        "queue outbox: no concurrency limit (0 running)",
+        "rate per key: at most 10/s (bursts of 3) starting for each --limit-key",
+      ], "\(set)")
+    let own = try await sandbox.succeed(["limits", "set", "--key", "api.example.com", "--rate", "30/min"])
+    #expect(own.lines.contains("key api.example.com: at most 30/min starting"), "\(own)")
+    try await sandbox.succeed([
+      "limits", "set", "--key", "api.example.com", "--concurrency", "2", "--burst", "4",
+    ])
+    let both = try await sandbox.succeed(["limits"]).lines
+    #expect(
+      both.contains("key api.example.com: 2 running at once, at most 30/min (bursts of 4) starting"),
+      "\(both)")
+    let json = try await sandbox.succeed(["limits", "--json"]).object()
+    #expect(
+      (json["keyRate"] as? [String: Any])?["perSecond"] as? Double == 10
+        && (json["keyRate"] as? [String: Any])?["burst"] as? Int == 3, "\(json)")
+    let overrides = json["keyRateOverrides"] as? [String: [String: Any]]
+    #expect(overrides?["api.example.com"]?["perSecond"] as? Double == 0.5, "\(json)")
+    #expect(overrides?["api.example.com"]?["burst"] as? Int == 4, "\(json)")
+    let status = try await sandbox.succeed(["status"]).lines
+    #expect(
+      status.contains("key rate  at most 10/s (bursts of 3) starting for each --limit-key"), "\(status)")
+    #expect(
+      status.contains("key       \"api.example.com\": 0 running of 2, at most 30/min (bursts of 4) starting"),
+      "\(status)")
+    let stored = try await sandbox.succeed(["limits", "--json"]).stdout
+    for arguments in [
+      ["--key-rate", "0/s"], ["--key-rate", "NaN/s"], ["--key-rate", "10"], ["--key-burst", "0"],
+      ["--key-rate", "none", "--key-burst", "2"], ["--key", "other", "--burst", "2"],
+      ["--key", String(repeating: "k", count: 513), "--rate", "1/s"], ["--key", "k", "--rate", "-1/s"],
+    ] {
+      let outcome = try await sandbox.run(["limits", "set"] + arguments)
+      #expect(outcome.status == 2 && outcome.stdout.isEmpty, "\(arguments): \(outcome)")
+      #expect(outcome.stderr.contains("the stored limits were not changed"), "\(arguments): \(outcome)")
+    }
+    #expect(
+      try await sandbox.succeed(["limits", "--json"]).stdout == stored, "every refusal kept the limits")
+    try await sandbox.succeed(["limits", "set", "--key", "api.example.com", "--rate", "none"])
+    try await sandbox.succeed(["limits", "set", "--key-rate", "none"])
+    let removed = try await sandbox.succeed(["limits", "--json"]).object()
+    #expect(removed["keyRate"] is NSNull, "\(removed)")
+    #expect((removed["keyRateOverrides"] as? [String: Any])?.isEmpty == true, "\(removed)")
+    #expect(
+      (removed["keyConcurrencyOverrides"] as? [String: Int]) == ["api.example.com": 2], "kept: \(removed)")
   }
 
   /// `status` lists every key with a limit: how many of its jobs run of its limit and how many it

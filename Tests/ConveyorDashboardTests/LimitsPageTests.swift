@@ -147,7 +147,9 @@ import Testing
   /// past 20 keys it says more have a limit.
   @Test func theJobsPageListsEachKeyWithALimit() async throws {
     try await store.setLimits(
-      QueueLimits(keyConcurrency: 1, keyConcurrencyOverrides: ["<b>idle</b>": 3]), queue: "mail")
+      QueueLimits(
+        keyConcurrency: 1, keyConcurrencyOverrides: ["<b>idle</b>": 3],
+        keyRateOverrides: ["slow": RateLimit(perSecond: 1.0 / 30)]), queue: "mail")
     _ = try await store.enqueue(
       ["a", "a", "a", "b"].map { NewJob(payload: Data("{}".utf8), limitKey: $0) }, queue: "mail", clock: clock
     )
@@ -159,9 +161,10 @@ import Testing
     }
     #expect(
       rows == [
-        "a</td><td class=\"count\">1</td><td class=\"count\">1</td><td class=\"count\">2</td>",
-        "b</td><td class=\"count\">1</td><td class=\"count\">1</td><td class=\"count\">0</td>",
-        "&lt;b&gt;idle&lt;/b&gt;</td><td class=\"count\">0</td><td class=\"count\">3</td><td class=\"count\">0</td>",
+        "a</td><td class=\"count\">1</td><td class=\"count\">1</td><td>—</td><td class=\"count\">2</td>",
+        "b</td><td class=\"count\">1</td><td class=\"count\">1</td><td>—</td><td class=\"count\">0</td>",
+        "&lt;b&gt;idle&lt;/b&gt;</td><td class=\"count\">0</td><td class=\"count\">3</td><td>—</td><td class=\"count\">0</td>",
+        "slow</td><td class=\"count\">0</td><td class=\"count\">1</td><td>2/min</td><td class=\"count\">0</td>",
       ], "\(page)")
     #expect(!page.body.contains("More keys have a limit"), "\(page)")
     _ = try await store.enqueue(

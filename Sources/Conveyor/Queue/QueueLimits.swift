@@ -126,19 +126,22 @@ public struct QueueLimits: Sendable, Hashable, Codable {
   /// ``keyConcurrency``; nil when the key is not bound. Keys match byte for byte, as the stores
   /// match them: an override of the precomposed "é" does not bind the decomposed one.
   public func concurrency(forKey key: String) -> Int? {
+    Self.own(keyConcurrencyOverrides, key) ?? keyConcurrency
+  }
+
+  /// The value `overrides` holds for `key`'s exact bytes, if any.
+  package static func own<Value>(_ overrides: [String: Value], _ key: String) -> Value? {
     // A Swift dictionary finds canonically equivalent keys; it holds at most one of them, so the
     // one it finds is the only candidate.
-    guard let index = keyConcurrencyOverrides.index(forKey: key) else { return keyConcurrency }
-    let (stored, limit) = keyConcurrencyOverrides[index]
-    return stored.utf8.elementsEqual(key.utf8) ? limit : keyConcurrency
+    guard let index = overrides.index(forKey: key) else { return nil }
+    let (stored, value) = overrides[index]
+    return stored.utf8.elementsEqual(key.utf8) ? value : nil
   }
 
   /// How often jobs of limit key `key` may start: its override, else ``keyRate``; nil when the
   /// key's starts are not bound. Keys match byte for byte, as in ``concurrency(forKey:)``.
   public func rate(forKey key: String) -> RateLimit? {
-    guard let index = keyRateOverrides.index(forKey: key) else { return keyRate }
-    let (stored, rate) = keyRateOverrides[index]
-    return stored.utf8.elementsEqual(key.utf8) ? rate : keyRate
+    Self.own(keyRateOverrides, key) ?? keyRate
   }
 
   /// The keys with a limit (of concurrency or rate), for a listing of at most `listing` keys: of
