@@ -41,6 +41,8 @@ final class SimOracle: Sendable {
       "the queue's claims keep to its stored rate: at most burst + perSecond × t in any t seconds of the store's clock"
     case withinKeyLimit =
       "a claim never takes a limit key's running jobs past the key's stored limit (a job whose lease lapsed counts until rescued)"
+    case withinKeyRate =
+      "each limit key's claims keep to its stored rate: at most burst + perSecond × t in any t seconds of the store's clock"
   }
 
   /// A broken rule, with what showed it.
@@ -104,6 +106,11 @@ final class SimOracle: Sendable {
     var rateClaims: [Int64] = []
     /// How many wall-clock steps there were when `rateClaims` began.
     var rateSteps = 0
+    /// As `rateClaims`, for each limit key with a rate: its claims since the rates per key were
+    /// stored or the wall clock last stepped (the last 2,000 of each).
+    var keyRateClaims: [String: [Int64]] = [:]
+    /// How many wall-clock steps there were when `keyRateClaims` began.
+    var keyRateSteps = 0
     var schedules: [String: ScheduleFacts] = [:]
     /// Whether a process keeps finished jobs briefly (or not at all): then they may leave the store.
     var historyMayGo = false
@@ -330,6 +337,7 @@ final class SimOracle: Sendable {
       checkFirstClaim(batch.claimed, process: process, processStart: start, now: wallNow)
     }
     if !batch.claimed.isEmpty { checkRate(claimed: batch.claimed.count, process: process) }
+    if !batch.claimed.isEmpty { checkKeyRates(claimed: batch.claimed, process: process) }
     if !batch.claimed.isEmpty {
       let limits = state.withLock { $0.limits }
       let keys = Set(batch.claimed.compactMap(\.limitKey)).filter { limits.concurrency(forKey: $0) != nil }
@@ -497,10 +505,42 @@ final class SimOracle: Sendable {
     if let broken { fail(.withinRate, broken) }
   }
 
+  /// Each limit key's claims keep to its rate (as ``checkRate(claimed:process:)`` for the queue's).
+  private func checkKeyRates(claimed: [JobRecord], process: Int) {
+    let now = JobStoreTime.milliseconds(clock.now())
+    let broken = state.withLock { state -> String? in
+      guard state.limits.hasKeyRates else { return nil }
+      if state.steps.count != state.keyRateSteps {
+        state.keyRateClaims = [:]
+        state.keyRateSteps = state.steps.count
+      }
+      for key in Set(claimed.compactMap(\.limitKey)).sorted() {
+        guard let rate = state.limits.rate(forKey: key) else { continue }
+        let count = claimed.filter { $0.limitKey == key }.count
+        var claims = state.keyRateClaims[key, default: []] + Array(repeating: now, count: count)
+        if claims.count > 2_000 { claims.removeFirst(claims.count - 2_000) }
+        state.keyRateClaims[key] = claims
+        for (index, earlier) in claims.enumerated() {
+          let within = claims.count - index
+          let seconds = Double(now - earlier) / 1_000
+          if Double(within) > Double(rate.burst) + rate.perSecond * seconds + 1e-9 {
+            return
+              "p\(process) claimed \(count) of key \(key) at \(now) ms: \(within) claims in \(seconds) s under \(rate)"
+          }
+        }
+      }
+      return nil
+    }
+    if let broken { fail(.withinKeyRate, broken) }
+  }
+
   /// The application stored these limits (the store has them from this moment).
   func limitsSet(_ limits: QueueLimits) {
     state.withLock { state in
       state.concurrencyLimit = limits.concurrency
+      if state.limits.keyRate != limits.keyRate || state.limits.keyRateOverrides != limits.keyRateOverrides {
+        state.keyRateClaims = [:]
+      }
       state.limits = limits
       if state.rate != limits.rate {
         state.rate = limits.rate

@@ -243,8 +243,15 @@ final class SimStore: JobStore {
       case .ratePerProcess:
         try await self.base.setLimits(QueueLimits(concurrency: limits.concurrency), queue: queue)
       case .ignoresKeyLimits:
-        try await self.base.setLimits(
-          QueueLimits(concurrency: limits.concurrency, rate: limits.rate), queue: queue)
+        var kept = limits
+        kept.keyConcurrency = nil
+        kept.keyConcurrencyOverrides = [:]
+        try await self.base.setLimits(kept, queue: queue)
+      case .ignoresKeyRates:
+        var kept = limits
+        kept.keyRate = nil
+        kept.keyRateOverrides = [:]
+        try await self.base.setLimits(kept, queue: queue)
       default: try await self.base.setLimits(limits, queue: queue)
       }
       self.world.oracle.limitsSet(limits)

@@ -389,18 +389,16 @@ final class SimWorld: Sendable {
     }
     // The application stores the queue's concurrency limit as the history starts, and changes it
     // now and then during the chaos.
-    if scenario.concurrencyLimit != nil || scenario.rate != nil || scenario.keyConcurrency != nil {
-      let limits = QueueLimits(
-        concurrency: scenario.concurrencyLimit, rate: scenario.rate, keyConcurrency: scenario.keyConcurrency,
-        keyConcurrencyOverrides: Self.keyOverrides(scenario))
+    if scenario.concurrencyLimit != nil || scenario.rate != nil || scenario.keyConcurrency != nil
+      || scenario.keyRate != nil
+    {
+      let limits = Self.limits(scenario, concurrency: scenario.concurrencyLimit)
       spawn(application) { [self] in await setLimits(limits, from: application) }
     }
     for at in times(scenario.limitChangesPerMinute, within: span) {
       schedule(at: at) { [self] in
         let limit = draw { $0.pick([1, 2, 4, nil] as [Int?]) }
-        let limits = QueueLimits(
-          concurrency: limit, rate: scenario.rate, keyConcurrency: scenario.keyConcurrency,
-          keyConcurrencyOverrides: Self.keyOverrides(scenario))
+        let limits = Self.limits(scenario, concurrency: limit)
         spawn(application) { [self] in await setLimits(limits, from: application) }
       }
     }
@@ -449,7 +447,7 @@ final class SimWorld: Sendable {
   /// answer may have committed it: it is not added again, as an application could not tell).
   private func add(_ job: Int, from process: Process) async {
     var new = Self.newJob(job)
-    if scenario.keyConcurrency != nil { new.limitKey = "host-\(job % 3)" }
+    if scenario.keyConcurrency != nil || scenario.keyRate != nil { new.limitKey = "host-\(job % 3)" }
     while true {
       do {
         _ = try await process.store.enqueue([new], queue: Self.queueName, clock: clock)
@@ -483,9 +481,15 @@ final class SimWorld: Sendable {
     }
   }
 
-  /// The overrides stored with a limit per key: `host-0` may run one job at a time.
-  static func keyOverrides(_ scenario: SimScenario) -> [String: Int] {
-    scenario.keyConcurrency == nil ? [:] : ["host-0": 1]
+  /// The limits the application stores, with concurrency `concurrency`: the scenario's rate, its
+  /// limit per key with `host-0`'s own limit of 1, its rate per key with `host-1`'s own rate of 2
+  /// a second.
+  static func limits(_ scenario: SimScenario, concurrency: Int?) -> QueueLimits {
+    QueueLimits(
+      concurrency: concurrency, rate: scenario.rate, keyConcurrency: scenario.keyConcurrency,
+      keyConcurrencyOverrides: scenario.keyConcurrency == nil ? [:] : ["host-0": 1],
+      keyRate: scenario.keyRate,
+      keyRateOverrides: scenario.keyRate == nil ? [:] : ["host-1": RateLimit(perSecond: 2)])
   }
 
   private func setLimits(_ limits: QueueLimits, from process: Process) async {

@@ -54,6 +54,10 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
   /// and kept through their changes, with key `host-0`'s own limit of 1; every job then has one
   /// of three limit keys. Nil: no limit key, no limit per key.
   public var keyConcurrency: Int? = nil
+  /// The queue's stored rate per key (`QueueLimits.keyRate`), set with the other limits and kept
+  /// through their changes, with key `host-1`'s own rate of 2 a second; every job then has one of
+  /// three limit keys. Nil: none.
+  public var keyRate: RateLimit? = nil
 
   /// A defect built into the simulated store on purpose, to show that the checks catch it (nil:
   /// the store keeps its contract).
@@ -82,6 +86,10 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
     scenario.deadReleasesKey = random.pick([false, false, true])
     // Drawn after the rest, so the other knobs are those each seed drew before limits per key.
     scenario.keyConcurrency = random.pick([nil, nil, 1, 3] as [Int?])
+    // Drawn after the rest, so the other knobs are those each seed drew before rates per key.
+    scenario.keyRate = random.pick([
+      nil, nil, nil, RateLimit(perSecond: 5), RateLimit(perSecond: 20, burst: 3),
+    ])
     return scenario
   }
 
@@ -117,6 +125,7 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
     with { $0.rate = nil }
     with { $0.deadReleasesKey = false }
     with { $0.keyConcurrency = nil }
+    with { $0.keyRate = nil }
     return options
   }
 
@@ -129,7 +138,7 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
       + "clock jump \(clockJump.map { "\($0)" } ?? "-"), "
       + "concurrency limit \(concurrencyLimit.map(String.init) ?? "-"), limit changes/min \(limitChangesPerMinute), "
       + "rate \(rate.map(\.description) ?? "-"), dead releases key \(deadReleasesKey), "
-      + "key concurrency \(keyConcurrency.map(String.init) ?? "-")"
+      + "key concurrency \(keyConcurrency.map(String.init) ?? "-"), key rate \(keyRate.map(\.description) ?? "-")"
       + (defect.map { ", defect \($0)" } ?? "")
   }
 }
@@ -182,6 +191,9 @@ public enum SimDefect: String, Sendable, Hashable {
   /// The store keeps the queue's concurrency and rate but drops its limits per key: claims take
   /// more jobs of a key than its limit.
   case ignoresKeyLimits
+  /// The store keeps the queue's other limits but drops its rates per key: claims start a key's
+  /// jobs more often than its rate.
+  case ignoresKeyRates
 }
 
 /// The outcome of one simulated history.

@@ -159,6 +159,15 @@ struct SimulationCheckTests {
       "\(caught?.violation ?? "")")
   }
 
+  /// A store that drops the rates per key lets claims start a key's jobs more often than its rate.
+  @Test func theFixedSeedsCatchAStoreThatIgnoresRatesPerKey() async {
+    let caught = await Self.earliestCatch(of: .ignoresKeyRates)
+    #expect(caught != nil, "no seed of \(SimulationTests.seeds) caught a store ignoring rates per key")
+    #expect(
+      caught?.violation?.hasPrefix("each limit key's claims keep to its stored rate") == true,
+      "\(caught?.violation ?? "")")
+  }
+
   /// More workers and more frequent faults than any seed draws (six wall-clock steps a minute,
   /// where the drawn scenarios have at most three). Worker p4 claims jobs 39–41 ahead at 8.867 s
   /// (lease 2 s); at 9.213 s the wall clock steps forward 2.345 s, so the store's leases lapse and
