@@ -736,11 +736,14 @@ public final class SQLiteJobStore: JobStore {
   /// `SQLiteJobStore.Options.busyTimeout`.
   public var maximumLockWaitSetting: String { "SQLiteJobStore.Options.busyTimeout" }
 
-  /// The SQLite virtual-machine steps a claim of one job reads (promotion and selection), without
-  /// changing anything: tests check that a claim's cost does not grow with the backlog.
+  /// The SQLite virtual-machine steps a claim of one job reads (promotion, the keys due under rates
+  /// per key, and selection), without changing anything: tests check that a claim's cost does not grow with the backlog.
   func claimSteps(queue: String, now: Date) async throws -> Int {
     try await connection.perform { db in
-      let statements = [SQL.promote, SQL.selectReady, SQL.keyLimit, SQL.keyRunningCount, SQL.park]
+      let statements = [
+        SQL.promote, SQL.selectReady, SQL.keyLimit, SQL.keyRunningCount, SQL.park, SQL.dueKeys, SQL.unparkKey,
+        SQL.keyHasParked, SQL.setKeyDue, SQL.deleteFullBuckets, SQL.keyRate, SQL.keyBucket,
+      ]
       for sql in statements {
         _ = sqlite3_stmt_status(try db.statement(sql).handle, SQLITE_STMTSTATUS_VM_STEP, 1)
       }
@@ -750,6 +753,7 @@ public final class SQLiteJobStore: JobStore {
       defer { try? db.execute("ROLLBACK TO measure; RELEASE measure") }
       try db.run(SQL.promote, .text(queue), .integer(millis(now)))
       let flags = try ClaimFlags(queue: queue, db: db)
+      if flags.keyRates { try Self.releaseDueKeys(queue: queue, now: RateLimit.microseconds(now), db: db) }
       if flags.keyLimits {
         _ = try Self.selectWithinKeyLimits(
           queue: queue, limit: 1, rates: flags.keyRates, now: RateLimit.microseconds(now), db: db)

@@ -313,6 +313,38 @@ struct SQLiteJobStoreTests {
       large < small * 2 + 100, "steps: \(small) with one job, \(large) with 100,000 keys at their limit")
   }
 
+  @Test func aHundredThousandKeysHeldByTheirRateCostAClaimNothing() async throws {
+    // Counted in SQLite virtual-machine steps (not time): 100,000 limit keys whose rate of one
+    // start a day gave its start, each with a job running and one held by the rate (due in a
+    // day), cost a claim no more than a queue of one ready job under the same rate. The claim
+    // looks for keys due in an index of due times, and held jobs are in no index it reads.
+    let folder = try TemporaryFolder()
+    let store = try makeStore(folder)
+    try await store.setLimits(
+      QueueLimits(keyRate: RateLimit(perSecond: RateLimit.minimumPerSecond)), queue: "jobs")
+    _ = try await store.enqueue(
+      [NewJob(payload: payload("now"), runAt: epoch, limitKey: "free")], queue: "jobs", now: epoch)
+    let small = try await store.claimSteps(queue: "jobs", now: epoch)
+    _ = try await store.settleAndClaim([], queue: "jobs", limit: 1, lease: lease(), now: epoch)
+    for batch in stride(from: 0, to: 100_000, by: 5_000) {
+      _ = try await store.enqueue(
+        (batch..<batch + 5_000).flatMap { key in
+          [
+            NewJob(payload: payload("runs"), runAt: epoch, limitKey: "k\(key)"),
+            NewJob(payload: payload("held"), runAt: epoch, limitKey: "k\(key)"),
+          ]
+        }, queue: "jobs", now: epoch)
+      _ = try await store.settleAndClaim([], queue: "jobs", limit: 10_000, lease: lease(), now: epoch)
+    }
+    _ = try await store.enqueue(
+      [NewJob(payload: payload("now"), runAt: epoch, limitKey: "other")], queue: "jobs", now: epoch)
+    let counts = try await store.counts(queue: "jobs", clock: FixedJobClock(epoch))
+    #expect(counts.held == 100_000 && counts.running == 100_001 && counts.ready == 1, "\(counts)")
+    let large = try await store.claimSteps(queue: "jobs", now: epoch)
+    #expect(
+      large < small * 2 + 100, "steps: \(small) with one job, \(large) with 100,000 keys held by their rate")
+  }
+
   @Test func aLimitLoweredFarBelowTheRunningJobsCostsAClaimTheLimitsWorth() async throws {
     // Counted in SQLite virtual-machine steps: with 20,000 jobs running and the limit lowered
     // to 2, a claim's count of the running jobs reads about as much as with 2 running.

@@ -12,7 +12,9 @@ import Foundation
 //   rate's bucket in each claim;
 // - a limit of 2 per key over 100 limit keys (jobs added round-robin over them): counting each
 //   claimed key's running jobs in each claim, and on PostgreSQL the claim's lock and the trigger
-//   of each job that stops running. Against the same drain of jobs without limit keys.
+//   of each job that stops running. Against the same drain of jobs without limit keys;
+// - a rate of 1,000,000 a second per key with bursts of 1,000 over the same 100 keys: keeping each
+//   claimed key's bucket in each claim (and on SQLite and PostgreSQL looking for keys due).
 // With CONVEYOR_POSTGRES_URL (Benchmarks/with-postgres.sh), on PostgreSQL too.
 
 func runLimitBenchmarks() async throws {
@@ -43,6 +45,11 @@ func runLimitBenchmarks() async throws {
     (
       "Limits per key: JobQueue drain c4 over 100 limit keys, at most 2 running per key",
       QueueLimits(keyConcurrency: 2), "limit 2 per key, 100 keys", "without limit keys"
+    ),
+    (
+      "Rates per key: JobQueue drain c4 over 100 limit keys, a rate of 1,000,000/s per key, bursts of 1,000",
+      QueueLimits(keyRate: RateLimit(perSecond: 1_000_000, burst: 1_000)), "rate per key, 100 keys",
+      "without limit keys"
     ),
   ] {
     let goal: Double? = limits.hasKeyLimits ? 0.7 : nil
