@@ -553,10 +553,12 @@ struct SQL {
   /// - `queues.key_rate`, `queues.key_burst`: `QueueLimits.keyRate`; `key_rates`: its overrides.
   /// - `key_buckets`: per limit key with a rate, its bucket's stored time (`tat`, GCRA's,
   ///   microseconds since 1970; no row: a full bucket) and, while the rate holds jobs of the key
-  ///   (parked, as for a key's concurrency limit), `due`: when the bucket gives them a start.
-  ///   The first claim of the queue from then makes that many of them ready (``releaseDueKeys``,
-  ///   `key_buckets_due`). Rows of full buckets holding nothing are deleted as claims meet them
-  ///   (`key_buckets_full`). Written only by claims and `setLimits`, under the queue's limit lock.
+  ///   (parked, as for a key's concurrency limit), `due`: when the bucket gives them a start, and
+  ///   `due_set`: the claim's time when it noted it. The first claim of the queue from `due`, or
+  ///   with its clock before `due_set` (stepped back since), makes that many of them ready
+  ///   (``releaseDueKeys``, `key_buckets_due`, `key_buckets_due_set`). Rows of buckets full for a
+  ///   day and holding nothing are deleted as claims meet them (`key_buckets_full`). Written only
+  ///   by claims and `setLimits`, under the queue's limit lock.
   var version13: String {
     """
     ALTER TABLE \(schema).queues ADD COLUMN key_rate float8 CHECK (key_rate > 0.00001 AND key_rate <= 1000000),
@@ -573,9 +575,11 @@ struct SQL {
       key text NOT NULL,
       tat int8 NOT NULL,
       due int8,
+      due_set int8,
       PRIMARY KEY (queue, key)
     );
     CREATE INDEX key_buckets_due ON \(schema).key_buckets (queue, due) WHERE due IS NOT NULL;
+    CREATE INDEX key_buckets_due_set ON \(schema).key_buckets (queue, due_set) WHERE due IS NOT NULL;
     CREATE INDEX key_buckets_full ON \(schema).key_buckets (queue, tat) WHERE due IS NULL;
     """
   }
@@ -1231,16 +1235,21 @@ struct SQL {
         UPDATE \(schema).jobs j SET status = 'held', parked = true FROM to_park p WHERE j.id = p.id
       ),
       key_timed AS (
-        INSERT INTO \(schema).key_buckets AS b (queue, key, tat, due)
-        SELECT $1, kb.limit_key, kb.base + c.n * kb.step,
-          CASE WHEN c.n >= kb.starts AND EXISTS (SELECT 1 FROM to_park p WHERE p.limit_key = kb.limit_key)
-            THEN kb.base + c.n * kb.step - kb.slack END
+        INSERT INTO \(schema).key_buckets AS b (queue, key, tat, due, due_set)
+        SELECT $1, kb.limit_key, kb.base + c.n * kb.step, d.due, CASE WHEN d.due IS NOT NULL THEN kb.now_us END
         FROM key_bucket kb
         CROSS JOIN LATERAL (SELECT count(*) AS n FROM taken t WHERE t.limit_key = kb.limit_key) AS c
+        CROSS JOIN LATERAL (
+          SELECT CASE WHEN c.n >= kb.starts AND EXISTS (SELECT 1 FROM to_park p WHERE p.limit_key = kb.limit_key)
+            THEN kb.base + c.n * kb.step - kb.slack END AS due) AS d
         WHERE c.n > 0 OR kb.tat > kb.now_us + kb.slack + kb.step
           OR EXISTS (SELECT 1 FROM to_park p WHERE p.limit_key = kb.limit_key)
         ON CONFLICT (queue, key) DO UPDATE SET tat = excluded.tat,
-          due = CASE WHEN excluded.due IS NULL THEN b.due WHEN b.due IS NULL OR excluded.due < b.due THEN excluded.due
+          due_set = CASE WHEN excluded.due IS NULL THEN b.due_set
+            WHEN b.due IS NULL OR excluded.due < b.due OR b.due_set > excluded.due_set THEN excluded.due_set
+            ELSE b.due_set END,
+          due = CASE WHEN excluded.due IS NULL THEN b.due
+            WHEN b.due IS NULL OR excluded.due < b.due OR b.due_set > excluded.due_set THEN excluded.due
             ELSE b.due END
       ),
       claimed AS (
@@ -1287,11 +1296,15 @@ struct SQL {
   /// In a claim of a queue with rates per key, after ``limitLock`` and before ``keyLimitedClaim``
   /// (only when the queue has rates per key, ``keyRated``): makes ready the jobs held by keys
   /// whose rate gives starts again by now, as many of each key's, in claim order, as its bucket
-  /// gives (at least one; the claim holds again any still over a limit). A key with more held is
-  /// due again when its bucket gives the start after those. At most 64 keys a claim (the earliest
-  /// due); a key left is still due, so the queue's next wake is now. Up to 16 buckets full by now
-  /// and holding nothing are deleted (as good as no row). Parameters: queue, now in microseconds
-  /// (NULL: the server's).
+  /// gives (at least one; the claim holds again any still over a limit), and those of keys whose
+  /// due time a later clock noted (the clock stepped back since). A key with more held (a held job
+  /// another transaction has locked among them) is due again when its bucket gives the start after
+  /// those. At most ``maximumKeysReleased`` keys a claim; a key left is still due, so the queue's
+  /// next wake is now. Up to 16 buckets full for a day and holding nothing are deleted (as good as
+  /// no row). Parameters: queue, now in microseconds (NULL: the server's).
+  /// The most keys whose held jobs one claim makes ready (`QueueLimits` documents it).
+  static let maximumKeysReleased = 1_000
+
   static func releaseDueKeys(_ schema: String) -> String {
     let now = Self.microsUnderLock(2)
     return """
@@ -1301,9 +1314,9 @@ struct SQL {
         FROM \(schema).key_buckets b
         JOIN \(schema).queues q ON q.name = $1
         LEFT JOIN \(schema).key_rates kr ON kr.queue = $1 AND kr.key = b.key
-        WHERE b.queue = $1 AND b.due IS NOT NULL AND b.due <= \(now)
+        WHERE b.queue = $1 AND b.due IS NOT NULL AND (b.due <= \(now) OR b.due_set > \(now))
           AND current_setting('\(keyRated)', true) = 'on'
-        ORDER BY b.due LIMIT 64
+        LIMIT \(maximumKeysReleased)
       ),
       bucket AS MATERIALIZED (\(keyBuckets(from: "due", key: "key", now: now))),
       counted AS MATERIALIZED (
@@ -1316,21 +1329,25 @@ struct SQL {
             SELECT id FROM \(schema).jobs
             WHERE queue = $1 AND limit_key = c.key AND status = 'held' AND parked
             ORDER BY priority DESC, run_at, seq, id LIMIT c.n FOR UPDATE SKIP LOCKED) AS p))
-        RETURNING id
+        RETURNING limit_key
       ),
       rescheduled AS (
-        UPDATE \(schema).key_buckets b SET due = CASE
+        UPDATE \(schema).key_buckets b SET due = r.due, due_set = CASE WHEN r.due IS NOT NULL THEN c.now_us END
+        FROM counted c CROSS JOIN LATERAL (
+          SELECT CASE
             WHEN c.base IS NOT NULL AND (
               SELECT count(*) FROM (
                 SELECT 1 FROM \(schema).jobs
-                WHERE queue = $1 AND limit_key = c.key AND status = 'held' AND parked LIMIT c.n + 1) AS m) > c.n
-            THEN greatest(c.now_us + 1, c.base + c.n * c.step - c.slack) END
-        FROM counted c WHERE b.queue = $1 AND b.key = c.key
+                WHERE queue = $1 AND limit_key = c.key AND status = 'held' AND parked LIMIT c.n + 1) AS m)
+              > (SELECT count(*) FROM unparked u WHERE u.limit_key = c.key)
+            THEN greatest(c.now_us + 1, c.base + c.n * c.step - c.slack) END AS due) AS r
+        WHERE b.queue = $1 AND b.key = c.key
       ),
       emptied AS (
         DELETE FROM \(schema).key_buckets WHERE queue = $1 AND key IN (
           SELECT key FROM \(schema).key_buckets
-          WHERE queue = $1 AND due IS NULL AND tat <= \(now) AND current_setting('\(keyRated)', true) = 'on'
+          WHERE queue = $1 AND due IS NULL AND tat <= \(now) - 86400000000
+            AND current_setting('\(keyRated)', true) = 'on'
           LIMIT 16)
       )
       SELECT count(*) FROM unparked
@@ -1491,7 +1508,11 @@ struct SQL {
       coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false),
       (SELECT min(next_due) FROM \(schema).schedules WHERE queue = $1 AND active AND NOT paused),
       b.base - b.slack, b.now_us,
-      CASE WHEN NOT lim.at_limit THEN (SELECT min(due) FROM \(schema).key_buckets WHERE queue = $1 AND due IS NOT NULL) END,
+      CASE WHEN NOT lim.at_limit THEN least(
+        (SELECT min(due) FROM \(schema).key_buckets WHERE queue = $1 AND due IS NOT NULL),
+        (SELECT \(Self.microsUnderLock(3)) WHERE EXISTS (
+          SELECT 1 FROM \(schema).key_buckets
+          WHERE queue = $1 AND due IS NOT NULL AND due_set > \(Self.microsUnderLock(3))))) END,
       \(Self.microsUnderLock(3))
     FROM (SELECT coalesce((
       SELECT q.concurrency <= \(runningUpToLimit(schema))

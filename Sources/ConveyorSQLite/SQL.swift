@@ -405,9 +405,11 @@ enum SQL {
   /// - `queues.key_rate`, `queues.key_burst`: `QueueLimits.keyRate`; `key_rates`: its overrides.
   /// - `key_buckets`: per limit key with a rate, its bucket's stored time (`tat`, GCRA's,
   ///   microseconds since 1970; no row: a full bucket) and, while the rate holds jobs of the key
-  ///   (parked, as for a key's concurrency limit), `due`: when the bucket gives them a start. The
-  ///   first claim of the queue from then makes that many of them ready (`key_buckets_due`). Rows
-  ///   of full buckets holding nothing are deleted as claims meet them (`key_buckets_full`).
+  ///   (parked, as for a key's concurrency limit), `due`: when the bucket gives them a start, and
+  ///   `due_set`: the claim's time when it noted it. The first claim of the queue from `due`, or
+  ///   with its clock before `due_set` (stepped back), makes that many of them ready
+  ///   (`key_buckets_due`, `key_buckets_due_set`). Rows of buckets full for a day and holding
+  ///   nothing are deleted as claims meet them (`key_buckets_full`).
   static let version13 = """
     ALTER TABLE queues ADD COLUMN key_rate REAL;
     ALTER TABLE queues ADD COLUMN key_burst INTEGER;
@@ -423,9 +425,11 @@ enum SQL {
       key TEXT NOT NULL,
       tat INTEGER NOT NULL,
       due INTEGER,
+      due_set INTEGER,
       PRIMARY KEY (queue, key)
     ) WITHOUT ROWID;
     CREATE INDEX key_buckets_due ON key_buckets (queue, due) WHERE due IS NOT NULL;
+    CREATE INDEX key_buckets_due_set ON key_buckets (queue, due_set) WHERE due IS NOT NULL;
     CREATE INDEX key_buckets_full ON key_buckets (queue, tat) WHERE due IS NULL;
     """
   /// The rate of key `?2`: its override, else the queue's rate per key (rate, burst; no row or NULLs: none).
@@ -435,20 +439,30 @@ enum SQL {
     """
   /// A key's bucket: its stored time.
   static let keyBucket = "SELECT tat FROM key_buckets WHERE queue = ?1 AND key = ?2"
-  /// Stores a key's bucket time (`?3`) after a claim took starts, and when the rate held a job
-  /// the time `?4` its held jobs are due (the earlier of a stored one and it).
+  /// Stores a key's bucket time (`?3`) after a claim at `?5` took starts, and when the rate held a
+  /// job the time `?4` its held jobs are due (the earlier of a stored one and it, with the time it
+  /// was noted).
   static let storeKeyBucket = """
-    INSERT INTO key_buckets (queue, key, tat, due) VALUES (?1, ?2, ?3, ?4)
+    INSERT INTO key_buckets (queue, key, tat, due, due_set) VALUES (?1, ?2, ?3, ?4, CASE WHEN ?4 IS NOT NULL THEN ?5 END)
     ON CONFLICT (queue, key) DO UPDATE SET tat = ?3,
-      due = CASE WHEN ?4 IS NULL THEN due WHEN due IS NULL OR ?4 < due THEN ?4 ELSE due END
+      due_set = CASE WHEN ?4 IS NULL THEN due_set WHEN due IS NULL OR ?4 < due OR due_set > ?5 THEN ?5 ELSE due_set END,
+      due = CASE WHEN ?4 IS NULL THEN due WHEN due IS NULL OR ?4 < due OR due_set > ?5 THEN ?4 ELSE due END
     """
-  /// The keys whose held jobs are due by `?2` (`key_buckets_due`): key, bucket time.
+  /// The keys whose held jobs are due at `?2` (`key_buckets_due`), or whose due time was noted by a
+  /// clock later than `?2` (`key_buckets_due_set`: the clock stepped back since): key, bucket
+  /// time; at most ``maximumKeysReleased``.
   static let dueKeys = """
     SELECT key, tat FROM key_buckets INDEXED BY key_buckets_due WHERE queue = ?1 AND due IS NOT NULL AND due <= ?2
-    ORDER BY due LIMIT 64
+    UNION
+    SELECT key, tat FROM key_buckets INDEXED BY key_buckets_due_set
+    WHERE queue = ?1 AND due IS NOT NULL AND due_set > ?2
+    LIMIT \(maximumKeysReleased)
     """
-  /// Sets (or clears, `?3` NULL) the time a key's held jobs are due.
-  static let setKeyDue = "UPDATE key_buckets SET due = ?3 WHERE queue = ?1 AND key = ?2"
+  /// The most keys whose held jobs one claim makes ready (`QueueLimits` documents it).
+  static let maximumKeysReleased = 1_000
+  /// Sets (or clears, `?3` NULL) the time a key's held jobs are due, noted at `?4`.
+  static let setKeyDue =
+    "UPDATE key_buckets SET due = ?3, due_set = CASE WHEN ?3 IS NOT NULL THEN ?4 END WHERE queue = ?1 AND key = ?2"
   /// The first `?3` jobs a claim held for key `?2`, in claim order, are ready again.
   static let unparkKey = """
     UPDATE jobs SET status = 'ready', parked = NULL WHERE id IN (
@@ -461,12 +475,20 @@ enum SQL {
     SELECT 1 FROM jobs INDEXED BY jobs_parked WHERE queue = ?1 AND limit_key = ?2 AND status = 'held' AND parked = 1
     LIMIT 1
     """
-  /// The earliest time a key's held jobs are due (NULL: none).
-  static let earliestKeyDue = "SELECT min(due) FROM key_buckets WHERE queue = ?1 AND due IS NOT NULL"
-  /// Deletes up to 16 buckets that are full by `?2` and hold nothing (as good as no row).
+  /// The earliest time a key's held jobs are due (NULL: none), `?2` (now) when a due time was noted
+  /// by a clock later than now.
+  static let earliestKeyDue = """
+    SELECT CASE WHEN EXISTS (
+        SELECT 1 FROM key_buckets INDEXED BY key_buckets_due_set WHERE queue = ?1 AND due IS NOT NULL AND due_set > ?2)
+      THEN ?2 ELSE (SELECT min(due) FROM key_buckets INDEXED BY key_buckets_due WHERE queue = ?1 AND due IS NOT NULL) END
+    """
+  /// Deletes up to 16 buckets full for a day by `?2` and holding nothing (as good as no row; a day
+  /// of margin, so a claim whose clock is ahead of the others' deletes no bucket that still binds
+  /// them).
   static let deleteFullBuckets = """
     DELETE FROM key_buckets WHERE queue = ?1 AND key IN (
-      SELECT key FROM key_buckets INDEXED BY key_buckets_full WHERE queue = ?1 AND due IS NULL AND tat <= ?2 LIMIT 16)
+      SELECT key FROM key_buckets INDEXED BY key_buckets_full
+      WHERE queue = ?1 AND due IS NULL AND tat <= ?2 - 86400000000 LIMIT 16)
     """
   /// Forgets the queue's buckets (it has no rate per key).
   static let deleteKeyBuckets = "DELETE FROM key_buckets WHERE queue = ?"

@@ -698,7 +698,9 @@ public final class SQLiteJobStore: JobStore {
         let paused = flags.paused
         // A key whose rate holds jobs needs a worker when its bucket gives its next start.
         let keyDue =
-          flags.keyRates ? try db.scalar(SQL.earliestKeyDue, .text(queue)).map(RateLimit.date) : nil
+          flags.keyRates
+          ? try db.scalar(SQL.earliestKeyDue, .text(queue), .integer(RateLimit.microseconds(clock.now())))
+            .map(RateLimit.date) : nil
         var nextRun = [run.map(date), keyDue].compactMap { $0 }.min()
         if nextRun != nil, let concurrency = flags.concurrency,
           try Self.runningCount(queue: queue, concurrency: concurrency, db: db) >= concurrency
@@ -871,7 +873,7 @@ public final class SQLiteJobStore: JobStore {
     for (key, state) in keys where state.changed || state.due != nil {
       try db.run(
         SQL.storeKeyBucket, .text(queue), .text(key.text), .integer(state.tat ?? now),
-        state.due.map { .integer($0) } ?? .null)
+        state.due.map { .integer($0) } ?? .null, .integer(now))
     }
     return taken
   }
@@ -928,12 +930,13 @@ public final class SQLiteJobStore: JobStore {
     return rate
   }
 
-  /// Makes ready the jobs held by keys whose rate gives starts again by `now` (microseconds), in
-  /// the claim's transaction before it reads the ready jobs: as many of each key's, in claim order,
-  /// as its bucket gives (at least one; the claim holds again any still over a limit). A key with
-  /// more held is due again when its bucket gives the start after those. At most 64 keys a claim
-  /// (the earliest due); a key left is still due, so the queue's next wake is now. Then up to 16
-  /// buckets full by `now` and holding nothing are deleted (as good as no row).
+  /// Makes ready the jobs held by keys whose rate gives starts again by `now` (microseconds), or
+  /// whose due time a later clock noted (the clock stepped back since), in the claim's transaction
+  /// before it reads the ready jobs: as many of each key's, in claim order, as its bucket gives (at
+  /// least one; the claim holds again any still over a limit). A key with more held is due again
+  /// when its bucket gives the start after those. At most `SQL.maximumKeysReleased` keys a claim; a
+  /// key left is still due, so the queue's next wake is now. Then up to 16 buckets full for a day
+  /// and holding nothing are deleted (as good as no row).
   private static func releaseDueKeys(queue: String, now: Int64, db: Connection) throws {
     var due: [(key: String, tat: Int64)] = []
     try db.query(SQL.dueKeys, .text(queue), .integer(now)) { due.append(($0.text(0) ?? "", $0.int64(1))) }
@@ -943,7 +946,7 @@ public final class SQLiteJobStore: JobStore {
       try db.run(SQL.unparkKey, .text(queue), .text(key), .integer(Int64(starts)))
       let more = try db.scalar(SQL.keyHasParked, .text(queue), .text(key)) != nil
       let next = more ? rate.map { max(now + 1, $0.take(starts, tat: tat, now: now).next) } : nil
-      try db.run(SQL.setKeyDue, .text(queue), .text(key), next.map { .integer($0) } ?? .null)
+      try db.run(SQL.setKeyDue, .text(queue), .text(key), next.map { .integer($0) } ?? .null, .integer(now))
     }
     try db.run(SQL.deleteFullBuckets, .text(queue), .integer(now))
   }

@@ -182,11 +182,16 @@ enum LimitsCommands {
       return new
     }
     if let key {
-      if let newConcurrency { limits.keyConcurrencyOverrides[key] = newConcurrency }
-      let own = try changed(
-        limits.keyRateOverrides[key], rate: newRate, burst: newBurst, option: "--burst",
-        what: "key \"\(printable(key))\"")
-      limits.keyRateOverrides[key] = own
+      if let newConcurrency {
+        try refuseOtherSpelling(of: key, in: limits.keyConcurrencyOverrides)
+        limits.keyConcurrencyOverrides[key] = newConcurrency
+      }
+      if newRate != nil || newBurst != nil {
+        try refuseOtherSpelling(of: key, in: limits.keyRateOverrides)
+        limits.keyRateOverrides[key] = try changed(
+          limits.keyRateOverrides[key], rate: newRate, burst: newBurst, option: "--burst",
+          what: "key \"\(printable(key))\"")
+      }
     } else {
       if let newConcurrency { limits.concurrency = newConcurrency }
       limits.rate = try changed(
@@ -198,6 +203,22 @@ enum LimitsCommands {
     try await queue.setLimits(limits)
     try await report(try await queue.limits(), queue: queue, context, json: json)
     return ExitCode.success.rawValue
+  }
+
+  /// Refuses `--key K` when the stored limits have a key that a Swift dictionary takes for K but
+  /// whose bytes differ (a canonically equivalent spelling, such as a decomposed "é" for a
+  /// precomposed one): the stores keep the two apart, and ``QueueLimits`` can hold only one of
+  /// them, so changing K would change or remove the other.
+  static func refuseOtherSpelling<Value>(of key: String, in overrides: [String: Value]) throws {
+    guard let index = overrides.index(forKey: key), !overrides[index].key.utf8.elementsEqual(key.utf8) else {
+      return
+    }
+    throw UsageError(
+      description:
+        "--key \"\(printable(key))\": the queue has limits of key \"\(printable(overrides[index].key))\", "
+        + "another spelling of the same text (its bytes differ), and a key's limits can be set for only one "
+        + "of them; remove that key's limits first (--key with its exact bytes and none); the stored limits "
+        + "were not changed")
   }
 
   /// A `--concurrency` value: `none` (nil) or a whole number from 1 to

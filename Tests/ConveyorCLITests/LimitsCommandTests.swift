@@ -386,6 +386,31 @@ import Testing
       (removed["keyConcurrencyOverrides"] as? [String: Int]) == ["api.example.com": 2], "kept: \(removed)")
   }
 
+  /// `--key K` with another spelling of a key that has limits of its own (a decomposed "é" for a
+  /// precomposed one: the same text, other bytes, so another key to the stores) is refused with
+  /// exit 2, and neither key's limits change: `QueueLimits` can hold limits for only one of them.
+  @Test func aKeyOfAnotherSpellingThanAKeyWithItsOwnLimitsIsRefused() async throws {
+    let sandbox = try Sandbox()
+    let composed = "caf\u{E9}"
+    let decomposed = "cafe\u{301}"
+    try await sandbox.succeed(["limits", "set", "--key", composed, "--rate", "1/s", "--concurrency", "2"])
+    let stored = try await sandbox.succeed(["limits", "--json"]).stdout
+    for arguments in [
+      ["--rate", "none"], ["--rate", "5/s"], ["--concurrency", "7"], ["--concurrency", "none"],
+    ] {
+      let outcome = try await sandbox.run(["limits", "set", "--key", decomposed] + arguments)
+      #expect(outcome.status == 2 && outcome.stderr.contains("another spelling"), "\(arguments): \(outcome)")
+      #expect(outcome.stderr.contains("the stored limits were not changed"), "\(arguments): \(outcome)")
+    }
+    #expect(
+      try await sandbox.succeed(["limits", "--json"]).stdout == stored, "the composed key's limits kept")
+    let store = try SQLiteJobStore(path: sandbox.database)
+    let limits = try await store.limits(queue: "outbox")
+    await store.close()
+    #expect(limits.keyRateOverrides.keys.map { Array($0.utf8) } == [Array(composed.utf8)], "\(limits)")
+    #expect(limits.keyConcurrencyOverrides.keys.map { Array($0.utf8) } == [Array(composed.utf8)], "\(limits)")
+  }
+
   /// `status` lists every key with a limit: how many of its jobs run of its limit and how many it
   /// holds, the keys holding jobs first, then those with a limit of their own and no job; `--json`
   /// lists them all. Keys without a limit are not listed.

@@ -575,54 +575,81 @@ extension InMemoryJobStore {
     var keyBuckets: [ExactText: Int64] = [:]
     /// ``keyBuckets``'s size at which the next claim drops the full buckets.
     var keyBucketsPruneAt = 1_024
-    /// By limit key whose rate held jobs, when its bucket gives the next start: the first claim
-    /// from then makes held jobs of the key claimable, as many as the bucket gives.
-    var keyDue: [ExactText: Int64] = [:]
+    /// By limit key whose rate held jobs, when its bucket gives the next start, and the claim's
+    /// time when it noted it: the first claim from `due`, or with its clock before `setAt` (stepped
+    /// back since), makes held jobs of the key claimable, as many as the bucket gives.
+    var keyDue: [ExactText: (due: Int64, setAt: Int64)] = [:]
     /// ``keyDue`` by time (entries no longer in ``keyDue`` are skipped when met).
     var dueKeys = Heap<KeyDue>()
+    /// No ``keyDue`` entry was noted later than this (the latest noted, or later).
+    var latestDueSet = Int64.min
+
+    /// The most keys whose held jobs one claim makes claimable (`QueueLimits` documents it).
+    static let maximumKeysReleased = 1_000
 
     /// Forgets every key's bucket and due time (no rate per key is set).
     mutating func clearKeyBuckets() {
       keyBuckets = [:]
       keyDue = [:]
       dueKeys = Heap()
+      latestDueSet = .min
     }
 
-    /// The rate of `key` held a job: its held jobs may be claimable again at `due`.
-    mutating func setDue(_ key: ExactText, _ due: Int64) {
-      if let known = keyDue[key], known <= due { return }
-      keyDue[key] = due
+    /// The rate of `key` held a job at `now`: its held jobs may be claimable again at `due`.
+    mutating func setDue(_ key: ExactText, _ due: Int64, now: Int64) {
+      if let known = keyDue[key], known.due <= due, known.setAt <= now { return }
+      keyDue[key] = (due, now)
+      latestDueSet = max(latestDueSet, now)
       dueKeys.push(KeyDue(due: due, key: key))
     }
 
-    /// The earliest time a key's rate gives its held jobs a start, if any key's rate holds jobs.
-    mutating func earliestDue() -> Int64? {
-      while let top = dueKeys.peek, keyDue[top.key] != top.due { dueKeys.pop() }
-      return dueKeys.peek?.due
+    /// The earliest time a key's rate gives its held jobs a start, if any key's rate holds jobs:
+    /// `now` when a due time was noted by a later clock (the clock stepped back since).
+    mutating func earliestDue(now: Int64) -> Int64? {
+      while let top = dueKeys.peek, keyDue[top.key]?.due != top.due { dueKeys.pop() }
+      guard let earliest = dueKeys.peek?.due else { return nil }
+      if now < latestDueSet, keyDue.values.contains(where: { $0.setAt > now }) { return now }
+      return earliest
     }
 
     /// Makes claimable the jobs held by keys whose rate gives starts again by `now`
-    /// (microseconds): as many of each key's as its bucket gives (at least one; a claim holds
-    /// again any still over a limit). A key with more held is due again when its bucket gives the
-    /// start after those.
+    /// (microseconds), or whose due time a later clock noted: as many of each key's as its bucket
+    /// gives (at least one; a claim holds again any still over a limit). A key with more held is
+    /// due again when its bucket gives the start after those. At most ``maximumKeysReleased`` keys
+    /// a call (a key left is still due).
     mutating func releaseDueKeys(now: Int64) {
-      while let top = dueKeys.peek, top.due <= now {
+      var due: [ExactText] = []
+      var noted = Set<ExactText>()
+      while due.count < Self.maximumKeysReleased, let top = dueKeys.peek, top.due <= now {
         dueKeys.pop()
-        guard keyDue[top.key] == top.due else { continue }
-        keyDue[top.key] = nil
-        let rate = limits.rate(forKey: top.key.text)
-        let starts =
-          rate.map { max(1, $0.take(RateLimit.maximumBurst, tat: keyBuckets[top.key], now: now).starts) } ?? 1
-        for _ in 0..<starts {
-          guard parked[top.key] != nil else { break }
-          unpark(top.key)
+        if keyDue[top.key]?.due == top.due, noted.insert(top.key).inserted { due.append(top.key) }
+      }
+      if now < latestDueSet {
+        // The clock stepped back since some due times were noted: those are due now.
+        for (key, entry) in keyDue where entry.setAt > now && !noted.contains(key) {
+          if due.count == Self.maximumKeysReleased { break }
+          due.append(key)
+          noted.insert(key)
         }
-        if parked[top.key] != nil, let rate {
-          setDue(top.key, max(now + 1, rate.take(starts, tat: keyBuckets[top.key], now: now).next))
+        latestDueSet = keyDue.filter { !noted.contains($0.key) }.values.map(\.setAt).max() ?? .min
+      }
+      for key in due {
+        keyDue[key] = nil
+        let rate = limits.rate(forKey: key.text)
+        let starts =
+          rate.map { max(1, $0.take(RateLimit.maximumBurst, tat: keyBuckets[key], now: now).starts) } ?? 1
+        for _ in 0..<starts {
+          guard parked[key] != nil else { break }
+          unpark(key)
+        }
+        if parked[key] != nil, let rate {
+          setDue(key, max(now + 1, rate.take(starts, tat: keyBuckets[key], now: now).next), now: now)
         }
       }
       if keyBuckets.count >= keyBucketsPruneAt {
-        keyBuckets = keyBuckets.filter { $0.value > now || keyDue[$0.key] != nil }
+        // Full for a day: a claim whose clock is ahead of the others' drops no bucket that still
+        // binds them.
+        keyBuckets = keyBuckets.filter { $0.value > now - 86_400_000_000 || keyDue[$0.key] != nil }
         keyBucketsPruneAt = max(1_024, keyBuckets.count * 2)
       }
     }
@@ -784,7 +811,7 @@ extension InMemoryJobStore {
         if let parkedKey {
           parked[parkedKey, default: Heap()].push(ClaimOrder(entry))
           if let tat = bucket.tat { keyBuckets[parkedKey] = tat }
-          if let next = bucket.next { setDue(parkedKey, next) }
+          if let next = bucket.next { setDue(parkedKey, next, now: micros) }
         }
         guard let record = record ?? nil else { continue }
         if let tat = bucket.tat, let key = record.limitKey { keyBuckets[ExactText(key)] = tat }
@@ -1022,7 +1049,7 @@ extension InMemoryJobStore {
       // A queue whose running jobs fill its concurrency limit needs no worker for its waiting ones.
       let full = limits.claimable(1, running: running.count) == 0
       // A key whose rate holds jobs needs a worker when its bucket gives its next start.
-      let due = earliestDue().map(RateLimit.date)
+      let due = earliestDue(now: RateLimit.microseconds(wall)).map(RateLimit.date)
       var nextRun =
         full
         ? nil
