@@ -65,8 +65,11 @@ public struct QueueLimits: Sendable, Hashable, Codable {
 
   /// How often the jobs of any one limit key (``NewJob/limitKey``) may start across every worker,
   /// or nil for no bound per key (a key named in ``keyRateOverrides`` still has its own): "at most
-  /// 10 a second to each host". Each key has a bucket of its own. Jobs without a limit key are not
-  /// bound by it.
+  /// 10 a second to each host". Each key has a bucket of its own, as ``rate`` is the queue's: over
+  /// any `t` seconds at most `burst + perSecond × t` claims of the key. A claim that reaches a job
+  /// of a key whose bucket is empty holds it (``JobRecord/isHeldByLimit``) until the bucket gives
+  /// its next start; ``JobStore/nextWake(queue:clock:)`` gives that time. Jobs without a limit key
+  /// are not bound by it.
   public var keyRate: RateLimit?
 
   /// Rates of single limit keys, in place of ``keyRate``: "at most 2 a second to
