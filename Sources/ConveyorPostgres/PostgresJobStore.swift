@@ -163,6 +163,12 @@ public final class PostgresJobStore: JobStore {
   let listener: Listener?
   /// Adds waiting to be committed together (see ``enqueue(_:queue:clock:)``).
   let adds = EnqueueGroups()
+  /// The queues whose last claim here found rates per key (`SQL.limitLock`'s `keyRated`), or whose
+  /// limits this store set with one: only their claims send `SQL.releaseDueKeys`, a statement that
+  /// cost a claim of a queue without rates per key a tenth of its speed. A queue that gained rates
+  /// per key elsewhere is learned from its next claim here; jobs its rates hold are released by the
+  /// claim after (its next wake is due), so the cache costs at most one claim's delay.
+  let keyRatedQueues = Mutex<Set<ExactText>>([])
 
   /// Connects, creates or migrates the schema, and returns the store. Blocks the calling thread
   /// while it connects; from an `async` context prefer ``open(url:options:onWait:)``.
@@ -859,6 +865,7 @@ public final class PostgresJobStore: JobStore {
     // workers elsewhere expect: wake them, at commit, as an enqueue does. (When such a settlement
     // turns out stale, the wake-up is spurious, and harmless.)
     let wakes = settlements.contains(where: \.returnsJob)
+    let releases = limit > 0 && keyRatedQueues.withLock { $0.contains(ExactText(queue)) }
     return try await connection.perform(idempotent: true) { db in
       let wall = clock.now()
       let now: PostgresValue = useCaller ? .timestamp(wall) : .timestamp(nil)
@@ -901,7 +908,11 @@ public final class PostgresJobStore: JobStore {
               .text(queue),
               delayCounted,
             ]
-          ), (sql.releaseDueKeys, [.text(queue), micros]), (sql.claim, claim),
+          )
+        ]
+        if releases { statements.append((sql.releaseDueKeys, [.text(queue), micros])) }
+        statements += [
+          (sql.claim, claim),
           (sql.limitedClaim, claim + [micros]),
           (sql.keyLimitedClaim, claim + [micros]),
           (sql.limitFull, [.text(queue), micros]),
@@ -925,8 +936,18 @@ public final class PostgresJobStore: JobStore {
           }
         }
       }
-      let flagIndex = statements.count - (limit > 0 ? 7 : 1)
+      let flagIndex = statements.count - (limit > 0 ? (releases ? 7 : 6) : 1)
       let flag = results[flagIndex]
+      if limit > 0 {
+        // `limitLock`'s row (none without limits): whether the queue has rates per key.
+        let lock = results[flagIndex + 1]
+        let rated = lock.count > 0 && lock.text(0, 3) == "on"
+        if rated != releases {
+          self.keyRatedQueues.withLock { queues in
+            if rated { queues.insert(ExactText(queue)) } else { queues.remove(ExactText(queue)) }
+          }
+        }
+      }
       let pausedBefore = flag.count > 0 && flag.bool(0, 0)
       guard limit > 0 else {
         return ClaimBatch(claimed: [], staleSettlements: stale, paused: pausedBefore, retryDates: retryDates)
@@ -1535,6 +1556,7 @@ public final class PostgresJobStore: JobStore {
         }
         // Buckets are kept while the queue has a rate per key (setting limits does not refill them).
         if !limits.hasKeyRates { try db.execute(sql.deleteKeyBuckets, [.text(queue)]) }
+        if limits.hasKeyRates { self.keyRatedQueues.withLock { _ = $0.insert(ExactText(queue)) } }
         // Jobs held for their key's limit are claimable again; the next claims hold those whose
         // key is still at its limit.
         try db.execute(sql.unparkAll, [.text(queue)])

@@ -513,6 +513,44 @@ struct PostgresJobStoreTests {
     await store.close()
   }
 
+  /// A store sends a claim's release of keys due (`SQL.releaseDueKeys`) only for queues it knows
+  /// to have rates per key. Another process's store learns it from its first claim of the queue,
+  /// and releases the held jobs by its next: its next wake is due at the key's next start, and two
+  /// claims then take the held job. Without rates per key, its claims send no release.
+  @Test func aStoreLearnsOfRatesPerKeySetElsewhereFromItsFirstClaim() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("rated")
+    let setter = try await PostgresJobStore.open(
+      url: server.url, options: .init(schema: schema, clock: .caller))
+    let other = try await PostgresJobStore.open(
+      url: server.url, options: .init(schema: schema, clock: .caller))
+    let lease = Lease(owner: "w", duration: .seconds(60))
+    let t0 = Date(timeIntervalSince1970: 1_700_000_000)
+    func at(_ seconds: Double) -> FixedJobClock { FixedJobClock(t0.addingTimeInterval(seconds)) }
+    _ = try await other.settleAndClaim([], queue: "q", limit: 1, lease: lease, clock: at(0))
+    #expect(other.keyRatedQueues.withLock { $0.isEmpty }, "no rate per key: no release sent")
+    try await setter.setLimits(QueueLimits(keyRate: RateLimit(perSecond: 1)), queue: "q")
+    _ = try await setter.enqueue(
+      [
+        NewJob(payload: Data("1".utf8), runAt: t0, limitKey: "k"),
+        NewJob(payload: Data("2".utf8), runAt: t0, limitKey: "k"),
+      ],
+      queue: "q", clock: at(0))
+    let first = try await setter.settleAndClaim([], queue: "q", limit: 5, lease: lease, clock: at(1))
+    #expect(first.claimed.count == 1, "one start; the other held")
+    let wake = try await other.nextWake(queue: "q", clock: at(1.5))
+    #expect(wake.nextRun == t0.addingTimeInterval(2), "due at the key's next start: \(wake)")
+    var taken = 0
+    for _ in 0..<2 where taken == 0 {
+      taken = try await other.settleAndClaim([], queue: "q", limit: 5, lease: lease, clock: at(2)).claimed
+        .count
+    }
+    #expect(taken == 1, "the held job runs by the other store's second claim")
+    #expect(other.keyRatedQueues.withLock { $0.contains(ExactText("q")) }, "learned from its claim")
+    await setter.close()
+    await other.close()
+  }
+
   /// A schema at version 12 (the release of 2026-12-07, limits per key) gains rates per key when a
   /// store opens it, none set, with every job (held ones too), pause flag and limit kept; rates per
   /// key then work on it.
