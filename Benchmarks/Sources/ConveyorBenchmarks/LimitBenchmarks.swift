@@ -52,7 +52,8 @@ func runLimitBenchmarks() async throws {
       "without limit keys"
     ),
   ] {
-    let goal: Double? = limits.hasKeyLimits ? 0.7 : nil
+    // Issue 36's goal is for limits per key; rates per key have none yet (measured, not judged).
+    let goal: Double? = limits.keyConcurrency != nil ? 0.7 : nil
     section("\(title) (best of 3, interleaved)")
     let count = 20_000
     for (name, makeStore) in [
