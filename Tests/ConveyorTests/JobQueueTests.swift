@@ -547,6 +547,10 @@ struct JobQueueTests {
     let id = try await queueA.add(Request(name: "slow")).id
     try await eventually("A started it") { seenA.count == 1 }
     queueB.start()
+    // Every loop of both queues asleep on the clock (A's heartbeat among them): each step below
+    // waits for as many again before it advances, so a loop slow to sleep again on a loaded
+    // machine never misses a step (its deadline would be counted from a later time).
+    let asleep = try await mostAsleep(on: clock)
     // Move time past two leases in steps: A heartbeats every 10 s, so its lease never has less
     // than 20 s left, and B (which rescues expired leases) never gets the job.
     for _ in 0..<12 {
@@ -556,6 +560,7 @@ struct JobQueueTests {
         guard let expiry = running.first?.leaseExpiresAt else { return false }
         return expiry.timeIntervalSince(clock.now()) >= 20
       }
+      try await waitUntilAsleep(asleep, on: clock)
     }
     #expect(seenB.count == 0, "a job whose lease is heartbeated is not handed out again")
     gate.open()
