@@ -231,6 +231,7 @@ final class SimStore: JobStore {
   }
 
   var keepsKeyLimits: Bool { base.keepsKeyLimits }
+  var keepsFairShares: Bool { base.keepsFairShares }
 
   func limitKeyUsage(queue: String, limit: Int) async throws -> [LimitKeyUsage] {
     try await world.call(process, .read) { try await self.base.limitKeyUsage(queue: queue, limit: limit) }

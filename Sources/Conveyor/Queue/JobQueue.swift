@@ -180,11 +180,20 @@ public final class JobQueue<Item: Queueable>: Sendable {
             "\(type(of: store)) keeps no limit keys; use a store that does (in-memory, SQLite, PostgreSQL)")
         }
       }
+      let fairnessKey = item.fairnessKey
+      if let fairnessKey {
+        if let problem = FairnessKey.problem(fairnessKey, orderingKey: orderingKey) {
+          throw JobQueueError.invalidFairnessKey(problem)
+        }
+        if !store.keepsFairShares {
+          throw JobQueueError.invalidFairnessKey(
+            "\(type(of: store)) keeps no fair shares; use a store that does (in-memory, SQLite, PostgreSQL)")
+        }
+      }
       return NewJob(
         payload: try encode(item), priority: priority, runTime: runTime, deduplicationKey: key,
         deduplicationScope: scope, onConflict: item.onConflict, timeLimit: timeLimit,
-        orderingKey: orderingKey,
-        limitKey: limitKey)
+        orderingKey: orderingKey, limitKey: limitKey, fairnessKey: fairnessKey)
     }
   }
 

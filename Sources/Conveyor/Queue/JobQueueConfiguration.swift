@@ -256,6 +256,10 @@ public enum JobQueueError: Error, Hashable, CustomStringConvertible {
   /// A limit key breaks ``LimitKey``'s rules (empty, too long, or with NUL), or the store keeps
   /// no limits per key; nothing was stored. The text says what to pass.
   case invalidLimitKey(String)
+  /// A fairness key breaks ``FairnessKey``'s rules (empty, too long, or with NUL), its job also
+  /// has an ordering key, or the store keeps no fair shares; nothing was stored. The text says
+  /// what to pass.
+  case invalidFairnessKey(String)
   /// Limits out of range (``QueueLimits/problem``); the stored limits were left as they were.
   case invalidLimits(String)
 
@@ -271,6 +275,7 @@ public enum JobQueueError: Error, Hashable, CustomStringConvertible {
     case .invalidDeduplication(let message): "invalid deduplication (nothing was stored): \(message)"
     case .invalidOrderingKey(let message): "invalid ordering key (nothing was stored): \(message)"
     case .invalidLimitKey(let message): "invalid limit key (nothing was stored): \(message)"
+    case .invalidFairnessKey(let message): "invalid fairness key (nothing was stored): \(message)"
     case .invalidLimits(let message): "invalid limits (the stored limits were kept): \(message)"
     }
   }

@@ -109,14 +109,22 @@ public struct NewJob: Sendable, Hashable {
   /// key follows ``LimitKey``'s rules; stores refuse others with
   /// ``JobQueueError/invalidLimitKey(_:)``.
   public var limitKey: String?
+  /// The key whose turn the job takes among the queue's ready jobs of its priority (fair shares,
+  /// see <doc:ConcurrencyLimits>): each key's jobs take turns with the other keys', so one key's
+  /// backlog delays the others' jobs by at most one job of the key in turn. Nil: the job keeps
+  /// its place by run date. A key follows ``FairnessKey``'s rules; stores refuse others, and a job
+  /// that also has an ordering key, with ``JobQueueError/invalidFairnessKey(_:)``.
+  public var fairnessKey: String?
 
   /// Describes a job to insert.
   public init(
     payload: Data, priority: Int = 0, runTime: RunTime = .now, deduplicationKey: String? = nil,
     deduplicationScope: DeduplicationScope = .waiting, onConflict: DeduplicationConflict = .useExisting,
-    timeLimit: Duration? = nil, orderingKey: String? = nil, limitKey: String? = nil
+    timeLimit: Duration? = nil, orderingKey: String? = nil, limitKey: String? = nil,
+    fairnessKey: String? = nil
   ) {
     self.limitKey = limitKey
+    self.fairnessKey = fairnessKey
     self.payload = payload
     self.priority = priority
     self.runTime = runTime
@@ -137,11 +145,11 @@ public struct NewJob: Sendable, Hashable {
   public init(
     payload: Data, priority: Int = 0, runAt: Date, deduplicationKey: String? = nil,
     timeLimit: Duration? = nil,
-    orderingKey: String? = nil, limitKey: String? = nil
+    orderingKey: String? = nil, limitKey: String? = nil, fairnessKey: String? = nil
   ) {
     self.init(
       payload: payload, priority: priority, runTime: .at(runAt), deduplicationKey: deduplicationKey,
-      timeLimit: timeLimit, orderingKey: orderingKey, limitKey: limitKey)
+      timeLimit: timeLimit, orderingKey: orderingKey, limitKey: limitKey, fairnessKey: fairnessKey)
   }
 
   /// ``timeLimit`` as the stores keep it: whole milliseconds, at least 1; nil when unset.
@@ -228,6 +236,8 @@ public struct JobRecord: Sendable, Hashable, Identifiable {
   /// reached it (``isHeld`` is then true too): it becomes claimable again when a running job of
   /// its key stops running, or when the queue's limits are set again.
   public var isHeldByLimit: Bool
+  /// The job's fairness key (``NewJob/fairnessKey``), if any.
+  public var fairnessKey: String?
 
   /// Creates a record.
   public init(
@@ -235,9 +245,11 @@ public struct JobRecord: Sendable, Hashable, Identifiable {
     runAt: Date, createdAt: Date, lastError: String? = nil, deduplicationKey: String? = nil,
     leaseOwner: String? = nil, leaseExpiresAt: Date? = nil, claimToken: Int64 = 0, timeLimit: Duration? = nil,
     finishedAt: Date? = nil, errors: [String] = [], runDuration: Duration? = nil, output: Data? = nil,
-    orderingKey: String? = nil, isHeld: Bool = false, limitKey: String? = nil, isHeldByLimit: Bool = false
+    orderingKey: String? = nil, isHeld: Bool = false, limitKey: String? = nil, isHeldByLimit: Bool = false,
+    fairnessKey: String? = nil
   ) {
     self.limitKey = limitKey
+    self.fairnessKey = fairnessKey
     self.isHeldByLimit = isHeldByLimit
     self.id = id
     self.queue = queue
@@ -669,6 +681,14 @@ public protocol JobStore: Sendable {
   /// keys and limits per key for a store that does not. Default false.
   var keepsKeyLimits: Bool { get }
 
+  /// Whether the store keeps each job's ``NewJob/fairnessKey`` and claims by fair shares: within
+  /// a priority, a job with a fairness key takes its key's next turn when it becomes ready (added,
+  /// retried or promoted), the later of one millisecond after its key's previous turn and the place
+  /// of the first ready job of its priority (with none ready: the later of the job's run date and
+  /// the latest turn any key of the queue took); a job without one keeps its run date as its place.
+  /// ``JobQueue`` refuses fairness keys for a store that does not. Default false.
+  var keepsFairShares: Bool { get }
+
   /// The queue's limit keys that have running jobs or jobs held for their key's limit, with those
   /// counts: most held first, then most running, then by the keys' bytes; at most `limit` keys.
   /// Keys are told apart byte for byte, as claims tell them. It reads every running job with a
@@ -802,6 +822,9 @@ extension JobStore {
 
   /// Keeps no limits per key: false.
   public var keepsKeyLimits: Bool { false }
+
+  /// Keeps no fairness keys.
+  public var keepsFairShares: Bool { false }
 
   /// Keeps no limits per key: none.
   public func limitKeyUsage(queue: String, limit: Int) async throws -> [LimitKeyUsage] { [] }

@@ -22,6 +22,9 @@ public enum OrderingKey {
       if let key = job.limitKey, let problem = LimitKey.problem(key) {
         throw JobQueueError.invalidLimitKey(problem)
       }
+      if let key = job.fairnessKey, let problem = FairnessKey.problem(key, orderingKey: job.orderingKey) {
+        throw JobQueueError.invalidFairnessKey(problem)
+      }
     }
   }
 }
@@ -46,6 +49,34 @@ public enum LimitKey {
     }
     let joined = escaped.joined()
     return joined.count > 100 ? String(joined.prefix(100)) + "…" : joined
+  }
+}
+
+/// The rules a fairness key (``NewJob/fairnessKey``, ``Queueable/fairnessKey``) follows: those of
+/// an ``OrderingKey``, and a job with one has no ordering key.
+///
+/// A key is 1 to ``maximumBytes`` UTF-8 bytes with no NUL character, compared byte for byte
+/// within one queue. Every store refuses any other key of a job with
+/// ``JobQueueError/invalidFairnessKey(_:)`` and stores nothing of the call.
+public enum FairnessKey {
+  /// The longest key, in UTF-8 bytes: room for a tenant's name or ID.
+  public static let maximumBytes = OrderingKey.maximumBytes
+
+  /// Why `key` cannot be a fairness key, or nil when it can.
+  public static func problem(_ key: String) -> String? { KeyRules.problem(key, kind: "a fairness key") }
+
+  /// Why a job cannot carry the fairness key `key` with the ordering key `orderingKey`, or nil.
+  ///
+  /// An ordering key already runs its jobs one at a time, each taking the key's place when the
+  /// one before it finishes; a turn among fairness keys would be taken then, outside the claims
+  /// that keep turns, so the two are not combined yet.
+  package static func problem(_ key: String, orderingKey: String?) -> String? {
+    if let problem = problem(key) { return problem }
+    if orderingKey != nil {
+      return "a job cannot carry both an ordering key and a fairness key yet; drop one (an ordering "
+        + "key's jobs already run one at a time)"
+    }
+    return nil
   }
 }
 

@@ -39,6 +39,12 @@ public protocol Queueable: Codable, Sendable {
   /// sharing the store (see <doc:ConcurrencyLimits>). Nil (the default): only the queue's limits.
   /// At most ``LimitKey/maximumBytes`` UTF-8 bytes, not empty, no NUL.
   var limitKey: String? { get }
+  /// The key whose turn the job takes among the queue's ready jobs (fair shares), e.g. a tenant:
+  /// each key's jobs take turns with the other keys', so one key's backlog delays the others' by
+  /// at most one job in turn (see <doc:ConcurrencyLimits>). Nil (the default): the job keeps its
+  /// place by run date. At most ``FairnessKey/maximumBytes`` UTF-8 bytes, not empty, no NUL, and
+  /// not with an ``orderingKey``.
+  var fairnessKey: String? { get }
 }
 
 extension Queueable {
@@ -52,6 +58,8 @@ extension Queueable {
   public var orderingKey: String? { nil }
   /// No limit key.
   public var limitKey: String? { nil }
+  /// No fairness key.
+  public var fairnessKey: String? { nil }
 }
 
 /// What a handler knows about the job it is handling.

@@ -44,6 +44,12 @@ extension JobQueue {
         "a schedule cannot carry a limit key yet (the item's limitKey is \"\(LimitKey.printable(limitKey))\"); "
           + "schedule an item without one, and have its handler add the limited jobs")
     }
+    // Nor a fairness key: its jobs would take no turn.
+    if let fairnessKey = item.fairnessKey {
+      throw ScheduleError.unsupported(
+        "a schedule cannot carry a fairness key yet (the item's fairnessKey is \"\(LimitKey.printable(fairnessKey))\"); "
+          + "schedule an item without one, and have its handler add the jobs with their keys")
+    }
     return try ScheduleDefinition(
       name: name, timing: timing, payload: payload, priority: priority, timeLimit: timeLimit,
       deduplicationKey: key, deduplicationScope: scope, onConflict: item.onConflict)

@@ -1,0 +1,70 @@
+/// Fair shares' turns (``NewJob/fairnessKey``, ``JobStore/keepsFairShares``), the one rule every
+/// store applies when jobs become ready.
+///
+/// Claims take a priority's ready jobs by *place*: a job with a fairness key has its key's turn as
+/// its place, a job without one its run date (both in milliseconds since 1970). A job of key `K`
+/// at priority `p` that becomes ready (added ready, retried straight into the ready state, or
+/// promoted when its run date comes, or given a new payload by ``DeduplicationConflict/replace``)
+/// takes the turn
+///
+///     max(head(p), previous(K, p) + 1)
+///
+/// where `head(p)` is the place of the first ready job of priority `p`, or, with none ready at
+/// that priority, the later of the job's run date and the latest turn any key took at `p`; and
+/// `previous(K, p)` is the key's latest turn at `p` (none: no lower bound). Each turn a key takes
+/// is one millisecond after its last, and a key without a backlog starts at the head: after one
+/// job of each other key at most, its job is next. That is start-time fair queuing with the head
+/// of the queue as its virtual time; without the latest turn, a key whose turns ran ahead of the
+/// clock would wait behind everyone after the queue ran empty. Turns are kept per priority.
+///
+/// A store reads the state of the priorities and keys of a call's jobs before the call and feeds
+/// the jobs in order; each sees the ones before it.
+package struct FairTurns: Sendable {
+  /// A key at a priority.
+  package struct Key: Hashable, Sendable {
+    package var priority: Int
+    package var key: ExactText
+    package init(priority: Int, key: String) {
+      self.priority = priority
+      self.key = ExactText(key)
+    }
+  }
+
+  /// The place of the first ready job at each priority that has one.
+  package var heads: [Int: Int64]
+  /// The latest turn any key took at each priority where one did.
+  package var latest: [Int: Int64]
+  /// Each key's latest turn at each priority (keys compared byte for byte).
+  package var previous: [Key: Int64]
+
+  package init(heads: [Int: Int64] = [:], latest: [Int: Int64] = [:], previous: [Key: Int64] = [:]) {
+    self.heads = heads
+    self.latest = latest
+    self.previous = previous
+  }
+
+  /// The turn of a job of `key` at `priority`, run date `runAt`, as it becomes ready; notes it.
+  package mutating func take(key: String, priority: Int, runAt: Int64) -> Int64 {
+    let exact = Key(priority: priority, key: key)
+    let floor = heads[priority] ?? max(runAt, latest[priority] ?? .min)
+    let turn = previous[exact].map { max(floor, $0 == .max ? .max : $0 + 1) } ?? floor
+    previous[exact] = turn
+    latest[priority] = max(latest[priority] ?? .min, turn)
+    if heads[priority] == nil { heads[priority] = turn }
+    return turn
+  }
+
+  /// Notes a job without a fairness key that became ready at `priority` with its run date
+  /// `runAt` as its place: it may be the first ready job of its priority.
+  package mutating func noteReady(priority: Int, runAt: Int64) {
+    heads[priority] = min(heads[priority] ?? .max, runAt)
+  }
+
+  /// The keys whose turn changed since `before`, with their latest turn: what a store writes back.
+  package func changed(since before: [Key: Int64]) -> [(priority: Int, key: String, turn: Int64)] {
+    previous.compactMap { entry in
+      before[entry.key] == entry.value ? nil : (entry.key.priority, entry.key.key.text, entry.value)
+    }
+    .sorted { ($0.priority, ExactText($0.key)) < ($1.priority, ExactText($1.key)) }
+  }
+}
