@@ -111,7 +111,8 @@ public final class InMemoryJobStore: JobStore {
       for id in expired {
         guard let slot = queueState.jobs[id] else { continue }
         queueState.makeWaiting(
-          id, runAt: slot.record.runAt, error: slot.record.lastError, ready: true, seq: slot.seq)
+          id, runAt: slot.record.runAt, error: slot.record.lastError, ready: true, seq: slot.seq,
+          turn: .keep(slot.turn))
       }
       return expired.count
     }
@@ -260,7 +261,7 @@ public final class InMemoryJobStore: JobStore {
         guard let record = queueState.jobs[id]?.record, record.status == .dead else { continue }
         if let key = record.deduplicationKey, queueState.dedup[ExactText(key)]?.isEmpty == false { continue }
         queueState.jobs[id]?.record.attempts = 0
-        queueState.makeWaiting(id, runAt: now, error: record.lastError, ready: true, seq: 0)
+        queueState.makeWaiting(id, runAt: now, error: record.lastError, ready: true, seq: 0, turn: .take)
         count += 1
       }
       return count
@@ -287,6 +288,8 @@ public final class InMemoryJobStore: JobStore {
 
   /// Keeps and enforces limits per key: true.
   public var keepsKeyLimits: Bool { true }
+  /// Keeps fairness keys and claims by fair shares.
+  public var keepsFairShares: Bool { true }
 
   /// The keys with running or held jobs; see ``JobStore/limitKeyUsage(queue:limit:)``.
   public func limitKeyUsage(queue: String, limit: Int) async throws -> [LimitKeyUsage] {
@@ -461,7 +464,7 @@ extension InMemoryJobStore {
           createdAt: now,
           deduplicationKey: job.deduplicationKey,
           timeLimit: job.timeLimitMilliseconds.map { .milliseconds($0) }, orderingKey: job.orderingKey,
-          limitKey: job.limitKey)
+          limitKey: job.limitKey, fairnessKey: job.fairnessKey)
         queues[ExactText(queue), default: QueueState()].insertNew(record, now: now)
         results.append(EnqueueResult(id: record.id, inserted: true))
       }
@@ -477,17 +480,31 @@ extension InMemoryJobStore {
     var runAt: Date
     /// The job's place among ready jobs of its priority and run date (``Slot/seq``).
     var seq: Int64
+    /// The job's fair-shares turn (``Slot/turn``).
+    var turn: Int64?
+    /// The job's place in claim order within its priority: its turn, else its run date
+    /// (milliseconds since 1970; see ``FairTurns``).
+    var place: Int64
+
+    init(id: JobID, priority: Int, runAt: Date, seq: Int64, turn: Int64?) {
+      self.id = id
+      self.priority = priority
+      self.runAt = runAt
+      self.seq = seq
+      self.turn = turn
+      self.place = turn ?? JobStoreTime.milliseconds(runAt)
+    }
   }
 
-  /// Orders entries for claiming: priority descending, then run date, then place (``Slot/seq``),
-  /// then ID.
+  /// Orders entries for claiming: priority descending, then place (turn or run date), then
+  /// ``Slot/seq``, then ID.
   fileprivate struct ClaimOrder: Comparable, Sendable {
     var entry: Entry
     init(_ entry: Entry) { self.entry = entry }
 
     static func < (a: ClaimOrder, b: ClaimOrder) -> Bool {
       if a.entry.priority != b.entry.priority { return a.entry.priority > b.entry.priority }
-      if a.entry.runAt != b.entry.runAt { return a.entry.runAt < b.entry.runAt }
+      if a.entry.place != b.entry.place { return a.entry.place < b.entry.place }
       if a.entry.seq != b.entry.seq { return a.entry.seq < b.entry.seq }
       return a.entry.id < b.entry.id
     }
@@ -536,6 +553,9 @@ extension InMemoryJobStore {
     /// place behind every job then ready (``QueueState/lastRetrySeq``); a release or rescue keeps
     /// it.
     var seq: Int64 = 0
+    /// The job's fair-shares turn while it is ready with a fairness key (``FairTurns``): taken when
+    /// it became ready, kept while a limit holds it or a lapsed lease hands it out again.
+    var turn: Int64? = nil
   }
 
   fileprivate struct QueueState: Sendable {
@@ -546,8 +566,17 @@ extension InMemoryJobStore {
     /// The rate limit's stored time (GCRA's theoretical arrival time, microseconds since 1970),
     /// or nil when no claim took a start yet.
     var rateTime: Int64?
-    /// Pending jobs in claim order: priority descending, run date, ID.
+    /// Pending jobs in claim order: priority descending, place, ID.
     var ready = Heap<ClaimOrder>()
+    /// The entries of ``ready`` by priority, kept once the queue had a job with a fairness key, for
+    /// the first ready job of a priority (``head(_:)``); nil before.
+    var readyByPriority: [Int: Heap<ClaimOrder>]?
+    /// How many entries ``readyByPriority`` holds, stale ones included.
+    var readyByPriorityCount = 0
+    /// Each fairness key's latest turn at each priority (``FairTurns/previous``).
+    var fairPrevious: [FairTurns.Key: Int64] = [:]
+    /// The latest turn any key took at each priority (``FairTurns/latest``).
+    var fairLatest: [Int: Int64] = [:]
     /// Pending jobs not yet ready, by run date.
     var scheduled = Heap<RunDateOrder>()
     var running: Set<JobID> = []
@@ -692,7 +721,7 @@ extension InMemoryJobStore {
           } ?? false
         if parked[key]?.peek == nil { parked[key] = nil }
         if unparked {
-          ready.push(ClaimOrder(entry))
+          pushReady(entry)
           return
         }
       }
@@ -709,7 +738,55 @@ extension InMemoryJobStore {
     /// date and priority.
     static func isCurrent(_ entry: Entry, _ slot: Slot) -> Bool {
       slot.record.status == .pending && slot.record.runAt == entry.runAt
-        && slot.record.priority == entry.priority && slot.seq == entry.seq
+        && slot.record.priority == entry.priority && slot.seq == entry.seq && slot.turn == entry.turn
+    }
+
+    /// Adds a ready entry to the claim heap (and to ``readyByPriority`` when kept).
+    mutating func pushReady(_ entry: Entry) {
+      ready.push(ClaimOrder(entry))
+      guard readyByPriority != nil else { return }
+      readyByPriority![entry.priority, default: Heap()].push(ClaimOrder(entry))
+      readyByPriorityCount += 1
+      // Claims leave their entries here; rebuilt from the live ones when they outnumber them.
+      if readyByPriorityCount > 2 * ready.count + 1_024 { buildReadyByPriority() }
+    }
+
+    /// Builds ``readyByPriority`` from the current ready entries.
+    mutating func buildReadyByPriority() {
+      var byPriority: [Int: Heap<ClaimOrder>] = [:]
+      var count = 0
+      for order in ready.elements where readiness(of: order.entry) == true {
+        byPriority[order.entry.priority, default: Heap()].push(order)
+        count += 1
+      }
+      readyByPriority = byPriority
+      readyByPriorityCount = count
+    }
+
+    /// The place of the first ready job of `priority`, nil when none is ready.
+    mutating func head(_ priority: Int) -> Int64? {
+      if readyByPriority == nil { buildReadyByPriority() }
+      while let top = readyByPriority?[priority]?.peek {
+        if readiness(of: top.entry) == true { return top.entry.place }
+        readyByPriority![priority]!.pop()
+        readyByPriorityCount -= 1
+      }
+      return nil
+    }
+
+    /// The turn `record` takes as it becomes ready (``FairTurns``), nil without a fairness key.
+    mutating func takeTurn(_ record: JobRecord) -> Int64? {
+      guard let key = record.fairnessKey else { return nil }
+      let priority = record.priority
+      let exact = FairTurns.Key(priority: priority, key: key)
+      var turns = FairTurns(
+        heads: head(priority).map { [priority: $0] } ?? [:],
+        latest: fairLatest[priority].map { [priority: $0] } ?? [:],
+        previous: fairPrevious[exact].map { [exact: $0] } ?? [:])
+      let turn = turns.take(key: key, priority: priority, runAt: JobStoreTime.milliseconds(record.runAt))
+      fairPrevious[exact] = turn
+      fairLatest[priority] = turns.latest[priority]
+      return turn
     }
 
     /// Whether the job of `entry` is still ready under it: current (``isCurrent(_:_:)``) and marked
@@ -734,36 +811,40 @@ extension InMemoryJobStore {
         record.isHeld = !(lines[key]?.isEmpty ?? true)
         lines[key, default: OrderLine()].append(record.id)
       }
-      insertWaiting(record, ready: record.runAt <= now)
+      let isReady = record.runAt <= now
+      insertWaiting(record, ready: isReady, turn: isReady && !record.isHeld ? takeTurn(record) : nil)
     }
 
-    /// Stores a waiting job; a held one (``JobRecord/isHeld``) goes in no claim heap.
-    mutating func insertWaiting(_ record: JobRecord, ready isReady: Bool, seq: Int64 = 0) {
-      jobs[record.id] = Slot(record: record, ready: isReady && !record.isHeld, seq: seq)
+    /// Stores a waiting job; a held one (``JobRecord/isHeld``) goes in no claim heap. `turn`: its
+    /// fair-shares turn when it is ready (``Slot/turn``).
+    mutating func insertWaiting(_ record: JobRecord, ready isReady: Bool, seq: Int64 = 0, turn: Int64? = nil) {
+      let turn = isReady && !record.isHeld ? turn : nil
+      jobs[record.id] = Slot(record: record, ready: isReady && !record.isHeld, seq: seq, turn: turn)
       if let key = record.deduplicationKey {
         dedup[ExactText(key), default: []].insert(record.id)
         keyed[ExactText(key), default: []].insert(record.id)
       }
       if record.isHeld { return }
-      let entry = Entry(id: record.id, priority: record.priority, runAt: record.runAt, seq: seq)
+      let entry = Entry(id: record.id, priority: record.priority, runAt: record.runAt, seq: seq, turn: turn)
       if isReady {
-        ready.push(ClaimOrder(entry))
+        pushReady(entry)
       } else {
         scheduled.push(RunDateOrder(entry))
       }
     }
 
-    /// Moves scheduled entries whose date has come into the ready heap.
+    /// Moves scheduled entries whose date has come into the ready heap, in run date order; a job
+    /// with a fairness key takes its turn then.
     mutating func promote(now: Date) {
       while let top = scheduled.peek?.entry, top.runAt <= now {
         scheduled.pop()
-        let promoted =
-          jobs.update(top.id) { slot in
-            guard Self.isCurrent(top, slot), !slot.ready else { return false }
-            slot.ready = true
-            return true
-          } ?? false
-        if promoted { ready.push(ClaimOrder(top)) }
+        guard let slot = jobs[top.id], Self.isCurrent(top, slot), !slot.ready else { continue }
+        let turn = takeTurn(slot.record)
+        jobs.update(top.id) { slot in
+          slot.ready = true
+          slot.turn = turn
+        }
+        pushReady(Entry(id: top.id, priority: top.priority, runAt: top.runAt, seq: top.seq, turn: turn))
       }
     }
 
@@ -869,7 +950,7 @@ extension InMemoryJobStore {
         if let ran = settlement.runDuration { jobs[record.id]?.record.runDuration = ran }
         makeWaiting(
           record.id, runAt: runAt, error: error.map(JobHistory.bounded) ?? record.lastError, ready: ready,
-          seq: ready ? lastRetrySeq : 0)
+          seq: ready ? lastRetrySeq : 0, turn: .take)
       case .kill(let error):
         if settlement.keepsHistory {
           finish(record.id, as: .dead, now: now, error: error, runDuration: settlement.runDuration)
@@ -886,7 +967,7 @@ extension InMemoryJobStore {
         makeWaiting(
           record.id, runAt: record.runAt, error: error.map(JobHistory.bounded) ?? record.lastError,
           ready: true,
-          seq: slot.seq)
+          seq: slot.seq, turn: .keep(slot.turn))
       }
       return true
     }
@@ -938,7 +1019,16 @@ extension InMemoryJobStore {
       return doomed.count
     }
 
-    mutating func makeWaiting(_ id: JobID, runAt: Date, error: String?, ready isReady: Bool, seq: Int64) {
+    /// A fair-shares turn for a job that waits again: its own (a release or rescue keeps its
+    /// place) or a new one if it is ready.
+    enum TurnChoice {
+      case keep(Int64?)
+      case take
+    }
+
+    mutating func makeWaiting(
+      _ id: JobID, runAt: Date, error: String?, ready isReady: Bool, seq: Int64, turn choice: TurnChoice
+    ) {
       guard var record = jobs[id]?.record else { return }
       stopRunning(id)
       record.status = .pending
@@ -951,7 +1041,12 @@ extension InMemoryJobStore {
       // its key's line.
       record.isHeld = record.orderingKey.map { lines[ExactText($0)]?.first != id } ?? false
       record.isHeldByLimit = false
-      insertWaiting(record, ready: isReady, seq: seq)
+      let turn: Int64? =
+        switch choice {
+        case .keep(let turn): turn
+        case .take: isReady && !record.isHeld ? takeTurn(record) : nil
+        }
+      insertWaiting(record, ready: isReady, seq: seq, turn: turn)
     }
 
     /// The oldest job of `key` within `scope` at `now`, and whether it waits: a waiting one
@@ -987,8 +1082,13 @@ extension InMemoryJobStore {
       record.priority = job.priority
       record.runAt = InMemoryJobStore.runDate(job.runTime, now: now)
       record.timeLimit = job.timeLimitMilliseconds.map { .milliseconds($0) }
+      record.fairnessKey = job.fairnessKey
+      // Not ready while it takes a new turn: it is not the head of its priority.
+      jobs.update(id) { $0.ready = false }
+      let isReady = record.runAt <= now
       // The old heap entries no longer match the record (``isCurrent(_:_:)``): they are skipped.
-      insertWaiting(record, ready: record.runAt <= now, seq: slot.seq)
+      insertWaiting(
+        record, ready: isReady, seq: slot.seq, turn: isReady && !record.isHeld ? takeTurn(record) : nil)
     }
 
     /// Forgets a deleted job's key.
