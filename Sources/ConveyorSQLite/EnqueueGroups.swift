@@ -554,6 +554,7 @@ extension SQLiteJobStore {
         try current.bind(.null, at: first + 8)
         try current.bind(.null, at: first + 9)
         try current.bind(job.limitKey.map(SQLiteValue.text) ?? .null, at: first + 10)
+        try current.bind(job.fairnessKey.map(SQLiteValue.text) ?? .null, at: first + 11)
         bound += 1
         guard bound == chunk else { continue }
         statement = nil
@@ -607,7 +608,8 @@ extension SQLiteJobStore {
           let replaced = try db.run(
             SQL.replaceWaiting, .blob(job.payload), .integer(Int64(job.priority)), .integer(runAt),
             .text(runAt <= now ? "ready" : "scheduled"),
-            job.timeLimitMilliseconds.map(SQLiteValue.integer) ?? .null, .integer(found.id))
+            job.timeLimitMilliseconds.map(SQLiteValue.integer) ?? .null, .integer(found.id),
+            job.fairnessKey.map(SQLiteValue.text) ?? .null)
           // In this write transaction the job found waiting cannot have moved on.
           guard replaced == 1 else {
             throw SQLiteError(
@@ -628,7 +630,7 @@ extension SQLiteJobStore {
         job.deduplicationKey.map(SQLiteValue.text) ?? .null,
         job.timeLimitMilliseconds.map(SQLiteValue.integer) ?? .null,
         job.orderingKey.map(SQLiteValue.text) ?? .null, job.orderingKey == nil ? .null : .integer(1),
-        job.limitKey.map(SQLiteValue.text) ?? .null)
+        job.limitKey.map(SQLiteValue.text) ?? .null, job.fairnessKey.map(SQLiteValue.text) ?? .null)
       // A trigger may drop the row without an error (RAISE(IGNORE)): the last row ID is then
       // another job's. The call fails, and nothing of it is added.
       guard stored == 1 else {

@@ -276,6 +276,7 @@ enum SQL {
     \(schedulesTable)
     \(version12)
     \(version13)
+    \(version14)
     PRAGMA application_id = \(SQLiteJobStore.applicationID);
     PRAGMA user_version = \(SQLiteJobStore.schemaVersion);
     """
@@ -400,6 +401,87 @@ enum SQL {
   static let migrate11to12 = "\(version12)\nPRAGMA user_version = 12;"
   /// Version 12 to 13: rates per key (none set).
   static let migrate12to13 = "\(version13)\nPRAGMA user_version = 13;"
+  /// Version 13 to 14: fair shares (no job with a fairness key; the claim order's indexes rebuilt).
+  static let migrate13to14 = "\(version14)\nPRAGMA user_version = 14;"
+
+  /// What version 14 adds to version 13: fair shares (`FairTurns` states the rule).
+  /// - `jobs.fairness_key`: the job's `NewJob.fairnessKey`.
+  /// - `jobs.turn`: a ready job's turn among its priority's ready jobs (milliseconds, as run
+  ///   dates), taken by ``takeTurn`` when a job with a fairness key becomes ready; NULL for jobs
+  ///   without one, and for scheduled jobs (a retry, a re-queue and a replacement clear it).
+  /// - `fair_keys`: each key's latest turn at each priority; `fair_keys_latest`: the latest turn of
+  ///   any key at a priority, for a job that finds no ready job of its priority.
+  /// - `jobs_ready` and `jobs_parked` order by *place*, `coalesce(turn, run_at)`: a job without a
+  ///   fairness key keeps its run date as its place. The limit-key triggers that make a held job
+  ///   ready again are recreated in that order.
+  /// - Two triggers give a job its turn as it becomes ready, whatever the path: inserted ready,
+  ///   promoted, retried, re-queued, made ready by an operator, replaced. A job that keeps its
+  ///   turn (released, rescued, held by a limit and made ready again) keeps its `turn`, and the
+  ///   triggers leave it alone.
+  static let version14 = """
+    ALTER TABLE jobs ADD COLUMN fairness_key TEXT;
+    ALTER TABLE jobs ADD COLUMN turn INTEGER;
+    CREATE TABLE fair_keys (
+      queue TEXT NOT NULL,
+      priority INTEGER NOT NULL,
+      key TEXT NOT NULL,
+      turn INTEGER NOT NULL,
+      PRIMARY KEY (queue, priority, key)
+    ) WITHOUT ROWID;
+    CREATE INDEX fair_keys_latest ON fair_keys (queue, priority, turn);
+    DROP INDEX jobs_ready;
+    CREATE INDEX jobs_ready ON jobs (queue, priority DESC, coalesce(turn, run_at), seq, id) WHERE status = 'ready';
+    DROP INDEX jobs_parked;
+    CREATE INDEX jobs_parked ON jobs (queue, limit_key, priority DESC, coalesce(turn, run_at), seq, id)
+      WHERE status = 'held' AND parked = 1;
+    DROP TRIGGER jobs_key_stopped;
+    CREATE TRIGGER jobs_key_stopped AFTER UPDATE OF status ON jobs
+    WHEN OLD.limit_key IS NOT NULL AND (
+      (OLD.status = 'running' AND NEW.status <> 'running')
+      OR (OLD.status = 'ready' AND NEW.status NOT IN ('running', 'held')))
+    BEGIN
+      \(unparkFirst)
+    END;
+    DROP TRIGGER jobs_key_deleted;
+    CREATE TRIGGER jobs_key_deleted AFTER DELETE ON jobs
+    WHEN OLD.status IN ('running', 'ready') AND OLD.limit_key IS NOT NULL
+    BEGIN
+      \(unparkFirst)
+    END;
+    CREATE TRIGGER jobs_fair_inserted AFTER INSERT ON jobs
+    WHEN NEW.status = 'ready' AND NEW.fairness_key IS NOT NULL AND NEW.turn IS NULL
+    BEGIN
+      \(takeTurn)
+    END;
+    CREATE TRIGGER jobs_fair_ready AFTER UPDATE OF status ON jobs
+    WHEN NEW.status = 'ready' AND NEW.fairness_key IS NOT NULL AND NEW.turn IS NULL
+    BEGIN
+      \(takeTurn)
+    END;
+    """
+  /// In a trigger on a job with a fairness key that became ready without a turn (`NEW`): it takes
+  /// `max(head, previous + 1)` (`FairTurns`), where `head` is the place of the first other ready
+  /// job of its priority (`jobs_ready`), or with none the later of its run date and the latest
+  /// turn any key took at its priority (`fair_keys_latest`), and `previous` its key's latest turn
+  /// at its priority; the key's turn is then raised to it.
+  private static let takeTurn = """
+    UPDATE jobs SET turn = max(
+        coalesce(
+          (SELECT coalesce(h.turn, h.run_at) FROM jobs AS h INDEXED BY jobs_ready
+            WHERE h.queue = NEW.queue AND h.status = 'ready' AND h.priority = NEW.priority AND h.id <> NEW.id
+            ORDER BY coalesce(h.turn, h.run_at), h.seq, h.id LIMIT 1),
+          max(NEW.run_at, coalesce(
+            (SELECT max(f.turn) FROM fair_keys AS f WHERE f.queue = NEW.queue AND f.priority = NEW.priority),
+            NEW.run_at))),
+        coalesce(
+          (SELECT CASE WHEN f.turn < 9223372036854775807 THEN f.turn + 1 ELSE f.turn END FROM fair_keys AS f
+            WHERE f.queue = NEW.queue AND f.priority = NEW.priority AND f.key = NEW.fairness_key),
+          -9223372036854775808))
+      WHERE id = NEW.id;
+    INSERT INTO fair_keys (queue, priority, key, turn)
+      SELECT NEW.queue, NEW.priority, NEW.fairness_key, turn FROM jobs WHERE id = NEW.id
+      ON CONFLICT (queue, priority, key) DO UPDATE SET turn = max(turn, excluded.turn);
+    """
 
   /// What version 13 adds to version 12: rates per limit key.
   /// - `queues.key_rate`, `queues.key_burst`: `QueueLimits.keyRate`; `key_rates`: its overrides.
@@ -468,7 +550,7 @@ enum SQL {
     UPDATE jobs SET status = 'ready', parked = NULL WHERE id IN (
       SELECT id FROM jobs INDEXED BY jobs_parked
       WHERE queue = ?1 AND limit_key = ?2 AND status = 'held' AND parked = 1
-      ORDER BY priority DESC, run_at, seq, id LIMIT ?3)
+      ORDER BY priority DESC, coalesce(turn, run_at), seq, id LIMIT ?3)
     """
   /// Whether key `?2` still has jobs held.
   static let keyHasParked = """
@@ -527,12 +609,12 @@ enum SQL {
       (OLD.status = 'running' AND NEW.status <> 'running')
       OR (OLD.status = 'ready' AND NEW.status NOT IN ('running', 'held')))
     BEGIN
-      \(unparkFirst)
+      \(unparkFirstVersion12)
     END;
     CREATE TRIGGER jobs_key_deleted AFTER DELETE ON jobs
     WHEN OLD.status IN ('running', 'ready') AND OLD.limit_key IS NOT NULL
     BEGIN
-      \(unparkFirst)
+      \(unparkFirstVersion12)
     END;
     CREATE TRIGGER jobs_unparked AFTER UPDATE OF status ON jobs
     WHEN OLD.parked = 1 AND NEW.status <> 'held'
@@ -543,6 +625,13 @@ enum SQL {
   /// In a trigger on a job of a limit key that stopped running or left the ready state (`OLD`): the
   /// first job a claim held for that key's limit, in claim order, is ready again (in its old place).
   private static let unparkFirst = """
+    UPDATE jobs SET status = 'ready', parked = NULL WHERE id = (
+        SELECT id FROM jobs INDEXED BY jobs_parked
+        WHERE queue = OLD.queue AND limit_key = OLD.limit_key AND status = 'held' AND parked = 1
+        ORDER BY priority DESC, coalesce(turn, run_at), seq, id LIMIT 1);
+    """
+  /// ``unparkFirst`` as version 12 created it (by run date, before turns); version 14 replaces it.
+  private static let unparkFirstVersion12 = """
     UPDATE jobs SET status = 'ready', parked = NULL WHERE id = (
         SELECT id FROM jobs INDEXED BY jobs_parked
         WHERE queue = OLD.queue AND limit_key = OLD.limit_key AND status = 'held' AND parked = 1
@@ -631,7 +720,7 @@ enum SQL {
   static let columns = """
     id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key, \
     lease_owner, lease_expires_at, claim_token, time_limit_ms, finished_at, errors, run_ms, output, ordering_key, \
-    limit_key, parked
+    limit_key, parked, fairness_key
     """
 
   /// The oldest waiting job with the key. Running jobs do not count: one that is running may
@@ -648,12 +737,14 @@ enum SQL {
       AND (status = 'running' OR finished_at >= ?3)
     """
   /// Gives the waiting job `?6` a new payload, priority, run date, state and time limit
-  /// (`DeduplicationConflict.replace`); its place (`seq`), attempts, errors and ordering key stay,
+  /// (`DeduplicationConflict.replace`) and fairness key `?7`; its place (`seq`), attempts, errors
+  /// and ordering key stay (a job with a fairness key takes a new turn if it is ready),
   /// and a job held behind its ordering key stays held (one held for its key's limit no longer
   /// is: the next claim holds it again if its key is still at its limit).
   static let replaceWaiting = """
     UPDATE jobs SET payload = ?1, priority = ?2, run_at = ?3,
-      status = CASE WHEN status = 'held' AND parked IS NULL THEN 'held' ELSE ?4 END, time_limit_ms = ?5
+      status = CASE WHEN status = 'held' AND parked IS NULL THEN 'held' ELSE ?4 END, time_limit_ms = ?5,
+      fairness_key = ?7, turn = NULL
     WHERE id = ?6 AND status IN ('ready', 'scheduled', 'held')
     """
   /// Whether the line of the ordering key `?2` holds a job: a new job of the key is then held.
@@ -683,16 +774,16 @@ enum SQL {
   /// The status is a parameter here: an insert maintains the partial indexes row by row.
   static let insert = """
     INSERT INTO jobs (queue, payload, status, priority, run_at, created_at, dedup_key, time_limit_ms, ordering_key,
-      line, limit_key)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+      line, limit_key, fairness_key)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     """
   /// The parameters of each row of ``insert``.
-  static let insertColumns = 11
+  static let insertColumns = 12
   /// ``insert`` for `rows` rows (1 to ``SQLiteJobStore/rowsPerInsert``) at once, returning each
   /// new row's ID (see ``SQLiteJobStore/insertTogether(_:rows:db:)``).
   static func insert(rows: Int) -> String { insertRows[rows] }
   private static let insertRows = (0...SQLiteJobStore.rowsPerInsert).map { rows in
-    insert + String(repeating: ", (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", count: max(rows - 1, 0))
+    insert + String(repeating: ", (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", count: max(rows - 1, 0))
       + " RETURNING id"
   }
   /// Whether the SQLite library knows `RETURNING` (3.35 and later); ``insert(rows:)`` needs it.
@@ -742,7 +833,7 @@ enum SQL {
     """
   static let selectReady = """
     SELECT \(columns) FROM jobs WHERE queue = ? AND status = 'ready'
-    ORDER BY priority DESC, run_at, seq, id LIMIT ?
+    ORDER BY priority DESC, coalesce(turn, run_at), seq, id LIMIT ?
     """
   /// No `RETURNING`: SQLite buffers returned rows in an ephemeral table whose page cache is
   /// allocated and freed per statement, which dominated the claim's cost. The run date is kept,
@@ -794,7 +885,7 @@ enum SQL {
   /// ``appendError(_:)`` records the error in the job's history; parameter 7: the run time
   /// (NULL: kept).
   static let retry = """
-    UPDATE jobs SET status = CASE WHEN ?1 <= ?2 THEN 'ready' ELSE 'scheduled' END, run_at = ?1,
+    UPDATE jobs SET status = CASE WHEN ?1 <= ?2 THEN 'ready' ELSE 'scheduled' END, run_at = ?1, turn = NULL,
     seq = CASE WHEN ?1 <= ?2 THEN (SELECT retry_seq FROM queues WHERE name = ?6) ELSE 0 END,
     last_error = coalesce(?3, last_error), errors = \(appendError("?3")), run_ms = coalesce(?7, run_ms),
     lease_owner = NULL, lease_expires_at = NULL
@@ -953,7 +1044,7 @@ enum SQL {
         SELECT 1 FROM jobs AS first INDEXED BY jobs_line WHERE first.queue = jobs.queue
         AND first.ordering_key = jobs.ordering_key AND first.line = 1 AND first.id < jobs.id)
       THEN 'held' ELSE 'ready' END,
-    run_at = ?, seq = 0, attempts = 0, lease_owner = NULL, lease_expires_at = NULL, finished_at = NULL
+    run_at = ?, seq = 0, turn = NULL, attempts = 0, lease_owner = NULL, lease_expires_at = NULL, finished_at = NULL
     """
   /// Re-queues every dead job without a deduplication key (the keyed ones go one at a time).
   static let requeueAllWithoutKey = """

@@ -113,11 +113,11 @@ enum ActivitySQL {
   /// The first entry of `jobs_ready`: the highest priority level's oldest run date.
   static let firstReady = """
     SELECT priority, run_at FROM jobs WHERE queue = ? AND status = 'ready'
-    ORDER BY priority DESC, run_at LIMIT 1
+    ORDER BY priority DESC, coalesce(turn, run_at) LIMIT 1
     """
   /// The first entry of the next lower priority level.
   static let firstReadyBelow = """
     SELECT priority, run_at FROM jobs WHERE queue = ? AND status = 'ready' AND priority < ?
-    ORDER BY priority DESC, run_at LIMIT 1
+    ORDER BY priority DESC, coalesce(turn, run_at) LIMIT 1
     """
 }

@@ -140,7 +140,7 @@ enum SummarySQL {
   }
 
   /// Where the payload's length is.
-  static let sizeColumn: Int32 = 21
+  static let sizeColumn: Int32 = 22
 
   /// `statement` (one selecting ``SQL/columns`` from `jobs`) selecting ``columns(errorPrefix:)``
   /// instead.

@@ -72,7 +72,7 @@ public final class SQLiteJobStore: JobStore {
   /// ordering keys and the held state; version 10 the queues' stored limits; version 11 their
   /// rates; version 12 limits per key; version 13 rates per key. An older database is
   /// migrated when it is opened, in one transaction, keeping every job.
-  public static let schemaVersion: Int32 = 13
+  public static let schemaVersion: Int32 = 14
 
   /// The database file's path.
   public let path: String
@@ -641,6 +641,8 @@ public final class SQLiteJobStore: JobStore {
 
   /// Keeps and enforces limits per key: true.
   public var keepsKeyLimits: Bool { true }
+  /// Keeps fairness keys and claims by fair shares (schema 14: `jobs.turn`, taken by triggers).
+  public var keepsFairShares: Bool { true }
 
   /// The keys with running or held jobs; see `JobStore.limitKeyUsage(queue:limit:)`.
   public func limitKeyUsage(queue: String, limit: Int) async throws -> [LimitKeyUsage] {
@@ -1047,7 +1049,8 @@ public final class SQLiteJobStore: JobStore {
       finishedAt: row.isNull(14) ? nil : date(row.int64(14)), errors: try errors(row, 15),
       runDuration: row.isNull(16) ? nil : .milliseconds(row.int64(16)),
       output: row.isNull(17) ? nil : row.data(17), orderingKey: row.text(18), isHeld: statusText == "held",
-      limitKey: row.text(19), isHeldByLimit: statusText == "held" && row.int64(20) == 1)
+      limitKey: row.text(19), isHeldByLimit: statusText == "held" && row.int64(20) == 1,
+      fairnessKey: row.text(21))
   }
 
   // MARK: - Ordering keys
@@ -1350,6 +1353,9 @@ extension SQLiteJobStore {
           fallthrough
         case .version12:
           try db.execute(SQL.migrate12to13)
+          fallthrough
+        case .version13:
+          try db.execute(SQL.migrate13to14)
         case .current: break
         }
       }
@@ -1380,7 +1386,7 @@ extension SQLiteJobStore {
 
   enum FileKind {
     case empty, version1, version2, version3, version4, version5, version6, version7, version8, version9,
-      version10, version11, version12, current
+      version10, version11, version12, version13, current
   }
 
   /// Rebuilds a version 8 database as version 9 inside the caller's transaction, keeping every
@@ -1478,6 +1484,7 @@ extension SQLiteJobStore {
     if version == 10 { return .version10 }
     if version == 11 { return .version11 }
     if version == 12 { return .version12 }
+    if version == 13 { return .version13 }
     guard version == Int64(Self.schemaVersion) else {
       throw SQLiteJobStoreError(
         code: .unsupportedSchema, path: path,

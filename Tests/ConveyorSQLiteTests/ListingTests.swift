@@ -91,8 +91,9 @@ struct SQLiteListingTests {
           $0 + sqlite3_stmt_status(try db.statement($1).handle, SQLITE_STMTSTATUS_VM_STEP, 0)
         }
       }
+      // About 40 steps for each of the window's 256 rows (22 columns); the table is 200,000 rows.
       #expect(
-        steps < 10_000,
+        steps < 12_000,
         "a page of 2 jobs took \(steps) steps beside 200,000 rows (\(String(describing: status)))")
     }
   }

@@ -311,7 +311,7 @@ struct MigrationTests {
     let folder = try TemporaryFolder()
     let path = folder.path("v6.sqlite")
     let t = 1_700_000_000_000
-    await (try SQLiteJobStore(path: path)).close()
+    try createVersion13(path)
     try execute(
       path,
       """
@@ -351,7 +351,7 @@ struct MigrationTests {
     let folder = try TemporaryFolder()
     let path = folder.path("v7.sqlite")
     let t = 1_700_000_000_000
-    await (try SQLiteJobStore(path: path)).close()
+    try createVersion13(path)
     try execute(
       path,
       """
@@ -440,6 +440,65 @@ struct MigrationTests {
     #expect(duplicate.first == EnqueueResult(id: JobID(1), inserted: false), "keys still deduplicate")
   }
 
+  /// Writes a version 13 database at `path`: this build's schema without what version 14 adds.
+  func createVersion13(_ path: String) throws {
+    let schema = SQL.schema.replacingOccurrences(of: SQL.version14, with: "")
+      .replacingOccurrences(
+        of: "PRAGMA user_version = \(SQLiteJobStore.schemaVersion);", with: "PRAGMA user_version = 13;")
+    try execute(path, "PRAGMA journal_mode = WAL;\n" + schema)
+  }
+
+  /// A version 13 database (the release of 2026-12-07, rates per key) gains fair shares with every
+  /// job, its place, and the jobs a key's limit holds kept; no job has a fairness key, so the claim
+  /// order is the run date's as before, and fair shares then work on it.
+  @Test func aVersion13DatabaseGainsFairSharesWithEveryJobAndPlaceKept() async throws {
+    let folder = try TemporaryFolder()
+    let path = folder.path("v13.sqlite")
+    let t = 1_700_000_000_000
+    try createVersion13(path)
+    try execute(
+      path,
+      """
+      INSERT INTO queues (name, paused, key_concurrency) VALUES ('mail', 0, 1);
+      INSERT INTO jobs (queue, payload, status, attempts, run_at, created_at, claim_token, limit_key, parked,
+        lease_owner, lease_expires_at, seq) VALUES
+      ('mail', x'7b7d', 'running', 1, \(t), \(t), 1, 'h', NULL, 'w', \(t + 60_000), 0),
+      ('mail', x'7b7d', 'held', 0, \(t), \(t), 0, 'h', 1, NULL, NULL, 0),
+      ('mail', x'7b7d', 'ready', 0, \(t + 5), \(t), 0, NULL, NULL, NULL, NULL, 0),
+      ('mail', x'7b7d', 'ready', 0, \(t + 1), \(t), 0, NULL, NULL, NULL, NULL, 3),
+      ('mail', x'7b7d', 'ready', 0, \(t + 1), \(t), 0, NULL, NULL, NULL, NULL, 1);
+      """)
+    let before = try readRows(path)
+    let store = try SQLiteJobStore(path: path)
+    let version = try await store.connection.perform { db in
+      try db.scalar("SELECT user_version FROM pragma_user_version") ?? 0
+    }
+    #expect(version == SQLiteJobStore.schemaVersion)
+    await store.close()
+    #expect(try readRows(path) == before, "every column of every job as it was")
+    let reopened = try SQLiteJobStore(path: path)
+    #expect(try await reopened.job(JobID(2))?.isHeldByLimit == true, "the held job is still held")
+    #expect(try await reopened.job(JobID(3))?.fairnessKey == nil, "a job stored before has no fairness key")
+    let now = FixedJobClock(Date(timeIntervalSince1970: 1_700_000_000))
+    let lease = Lease(owner: "w", duration: .seconds(60))
+    let first = try await reopened.settleAndClaim([], queue: "mail", limit: 5, lease: lease, clock: now)
+    #expect(first.claimed.map(\.id) == [JobID(5), JobID(4), JobID(3)], "by run date and place, as before")
+    _ = try await reopened.enqueue(
+      [
+        NewJob(payload: Data("a".utf8), fairnessKey: "A"), NewJob(payload: Data("a".utf8), fairnessKey: "A"),
+        NewJob(payload: Data("b".utf8), fairnessKey: "B"),
+      ], queue: "mail", clock: now)
+    let fair = try await reopened.settleAndClaim([], queue: "mail", limit: 5, lease: lease, clock: now)
+    #expect(
+      fair.claimed.map(\.id) == [JobID(6), JobID(8), JobID(7)], "then by turns: \(fair.claimed.map(\.id))")
+    // The held job of key h still waits for h's running job, and then runs.
+    let running = try #require(try await reopened.job(JobID(1)))
+    let next = try await reopened.settleAndClaim(
+      [JobSettlement(claim: running.claim, action: .complete)], queue: "mail", limit: 5, lease: lease,
+      clock: now)
+    #expect(next.claimed.map(\.id) == [JobID(2)], "h's held job runs when h's running one ends")
+  }
+
   /// Takes a version 13 database back to version 12's: no rates per key.
   static let dropVersion13 = """
     DROP TABLE key_rates; DROP TABLE key_buckets;
@@ -454,7 +513,7 @@ struct MigrationTests {
     let folder = try TemporaryFolder()
     let path = folder.path("v12.sqlite")
     let t = 1_700_000_000_000
-    await (try SQLiteJobStore(path: path)).close()
+    try createVersion13(path)
     try execute(
       path,
       """
@@ -514,7 +573,7 @@ struct MigrationTests {
     let folder = try TemporaryFolder()
     let path = folder.path("v11.sqlite")
     let t = 1_700_000_000_000
-    await (try SQLiteJobStore(path: path)).close()
+    try createVersion13(path)
     try execute(
       path,
       """
@@ -571,7 +630,7 @@ struct MigrationTests {
     let folder = try TemporaryFolder()
     let path = folder.path("v10.sqlite")
     let t = 1_700_000_000_000
-    await (try SQLiteJobStore(path: path)).close()
+    try createVersion13(path)
     try execute(
       path,
       """
@@ -615,7 +674,7 @@ struct MigrationTests {
     let folder = try TemporaryFolder()
     let path = folder.path("v9.sqlite")
     let t = 1_700_000_000_000
-    await (try SQLiteJobStore(path: path)).close()
+    try createVersion13(path)
     try execute(
       path,
       """
