@@ -155,5 +155,75 @@ extension JobStoreConformance {
       let later = try await claim(store, limit: 20, now: 6)
       try expect(texts(later) == ["a3", "a4", "b3'"], "due at 5 s, it takes a turn then: \(texts(later))")
     },
+    check("fair shares: a random run claims what the in-memory store claims") { store in
+      guard store.keepsFairShares else { return }
+      for round in 0..<4 {
+        let reference = InMemoryJobStore()
+        let queue = "f\(round)"
+        var seed: UInt64 = 0xD1B5_4A32_D192_ED03 &+ UInt64(round) &* 104_729
+        func next(_ bound: Int) -> Int {
+          seed = seed &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+          return Int((seed >> 33) % UInt64(bound))
+        }
+        let targets: [any JobStore] = [store, reference]
+        if store.keepsKeyLimits {
+          for target in targets { try await target.setLimits(QueueLimits(keyConcurrency: 2), queue: queue) }
+        }
+        var ids: [[String: JobID]] = [[:], [:]]
+        var running: [[String: JobRecord]] = [[:], [:]]
+        var counter = 0
+        var time = 1.0
+        for step in 0..<150 {
+          let op = next(10)
+          if op < 4 {
+            var jobs: [NewJob] = []
+            for _ in 0..<(1 + next(4)) {
+              counter += 1
+              let text = "j\(counter)"
+              let key = ["T1", "T2", "T3", "T4", nil][next(5)]
+              let runAt = [time - 1, time - 1, time - 1, time + 0.5, time + 2][next(5)]
+              let limitKey = store.keepsKeyLimits && next(4) == 0 ? "h" : nil
+              let dedup = next(6) == 0 ? "d\(next(3))" : nil
+              jobs.append(
+                NewJob(
+                  payload: Data(text.utf8), priority: next(2), runTime: .at(at(runAt)),
+                  deduplicationKey: dedup,
+                  onConflict: next(2) == 0 ? .replace : .useExisting, limitKey: limitKey, fairnessKey: key))
+            }
+            for (index, target) in targets.enumerated() {
+              let added = try await target.enqueue(jobs, queue: queue, clock: now(time))
+              for (job, result) in zip(jobs, added) where result.outcome == .inserted {
+                ids[index][String(decoding: job.payload, as: UTF8.self)] = result.id
+              }
+            }
+          } else if op == 4, counter > 0 {
+            let text = "j\(1 + next(counter))"
+            for (index, target) in targets.enumerated() {
+              if let id = ids[index][text] {
+                _ = try await target.cancel([id], queue: queue, clock: now(time))
+              }
+            }
+          } else {
+            let chosen = running[0].keys.sorted().filter { _ in next(2) == 0 }
+            let action: JobSettlement.Action = [
+              .complete, .retry(after: .zero, error: nil), .retry(after: .seconds(1), error: nil),
+            ][next(3)]
+            var answers: [[String]] = []
+            for (index, target) in targets.enumerated() {
+              let settling = chosen.compactMap { running[index][$0] }.map { settle($0, action) }
+              for text in chosen { running[index][text] = nil }
+              let batch = try await target.settleAndClaim(
+                settling, queue: queue, limit: 1 + step % 3, lease: lease(), clock: now(time))
+              for record in batch.claimed { running[index][text(record)] = record }
+              answers.append(texts(batch))
+            }
+            try expect(
+              answers[0] == answers[1],
+              "round \(round) step \(step) at \(time) s: \(answers[0]) vs in-memory \(answers[1])")
+          }
+          time += [0.001, 0.1, 0.25, 0.5, 1, 3][next(6)]
+        }
+      }
+    },
   ]
 }

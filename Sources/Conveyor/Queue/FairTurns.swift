@@ -17,8 +17,9 @@
 /// of the queue as its virtual time; without the latest turn, a key whose turns ran ahead of the
 /// clock would wait behind everyone after the queue ran empty. Turns are kept per priority.
 ///
-/// A store reads the state of the priorities and keys of a call's jobs before the call and feeds
-/// the jobs in order; each sees the ones before it.
+/// Jobs take their turns one at a time, each seeing the ones before it: a call's jobs in their
+/// order; jobs whose run dates come by one claim in ID order (the order they were added); a
+/// retried job before the held job its limit key then lets go.
 package struct FairTurns: Sendable {
   /// A key at a priority.
   package struct Key: Hashable, Sendable {

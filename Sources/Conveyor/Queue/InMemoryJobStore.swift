@@ -817,7 +817,8 @@ extension InMemoryJobStore {
 
     /// Stores a waiting job; a held one (``JobRecord/isHeld``) goes in no claim heap. `turn`: its
     /// fair-shares turn when it is ready (``Slot/turn``).
-    mutating func insertWaiting(_ record: JobRecord, ready isReady: Bool, seq: Int64 = 0, turn: Int64? = nil) {
+    mutating func insertWaiting(_ record: JobRecord, ready isReady: Bool, seq: Int64 = 0, turn: Int64? = nil)
+    {
       let turn = isReady && !record.isHeld ? turn : nil
       jobs[record.id] = Slot(record: record, ready: isReady && !record.isHeld, seq: seq, turn: turn)
       if let key = record.deduplicationKey {
@@ -833,18 +834,26 @@ extension InMemoryJobStore {
       }
     }
 
-    /// Moves scheduled entries whose date has come into the ready heap, in run date order; a job
-    /// with a fairness key takes its turn then.
+    /// Moves scheduled entries whose date has come into the ready heap; jobs with a fairness key
+    /// take their turns then, in ID order (the order SQLite's promotion gives its triggers).
     mutating func promote(now: Date) {
+      var due: [Entry] = []
       while let top = scheduled.peek?.entry, top.runAt <= now {
         scheduled.pop()
         guard let slot = jobs[top.id], Self.isCurrent(top, slot), !slot.ready else { continue }
+        due.append(top)
+      }
+      if due.count > 1 { due.sort { $0.id < $1.id } }
+      for entry in due {
+        // An entry pushed twice for one job (scheduled again in between) is promoted once.
+        guard let slot = jobs[entry.id], Self.isCurrent(entry, slot), !slot.ready else { continue }
         let turn = takeTurn(slot.record)
-        jobs.update(top.id) { slot in
+        jobs.update(entry.id) { slot in
           slot.ready = true
           slot.turn = turn
         }
-        pushReady(Entry(id: top.id, priority: top.priority, runAt: top.runAt, seq: top.seq, turn: turn))
+        pushReady(
+          Entry(id: entry.id, priority: entry.priority, runAt: entry.runAt, seq: entry.seq, turn: turn))
       }
     }
 
@@ -1030,6 +1039,18 @@ extension InMemoryJobStore {
       _ id: JobID, runAt: Date, error: String?, ready isReady: Bool, seq: Int64, turn choice: TurnChoice
     ) {
       guard var record = jobs[id]?.record else { return }
+      // The turn first, then the job's limit key lets its next held job go (as SQLite's triggers
+      // fire: the newest, the turn's, first).
+      var turn: Int64? = nil
+      switch choice {
+      case .keep(let kept): turn = kept
+      case .take:
+        if isReady, record.orderingKey == nil {
+          var becoming = record
+          becoming.runAt = runAt
+          turn = takeTurn(becoming)
+        }
+      }
       stopRunning(id)
       record.status = .pending
       record.finishedAt = nil
@@ -1041,11 +1062,6 @@ extension InMemoryJobStore {
       // its key's line.
       record.isHeld = record.orderingKey.map { lines[ExactText($0)]?.first != id } ?? false
       record.isHeldByLimit = false
-      let turn: Int64? =
-        switch choice {
-        case .keep(let turn): turn
-        case .take: isReady && !record.isHeld ? takeTurn(record) : nil
-        }
       insertWaiting(record, ready: isReady, seq: seq, turn: turn)
     }
 
@@ -1070,7 +1086,6 @@ extension InMemoryJobStore {
     /// keeping its place among jobs of the same priority and run date.
     mutating func replace(_ id: JobID, with job: NewJob, now: Date) {
       guard let slot = jobs[id], slot.record.status == .pending else { return }
-      leftClaimable(slot.record)
       var record = slot.record
       // A job held for its key's limit is claimable again (its held entry no longer matches it):
       // the next claim holds it again if the key is still at its limit.
@@ -1086,9 +1101,11 @@ extension InMemoryJobStore {
       // Not ready while it takes a new turn: it is not the head of its priority.
       jobs.update(id) { $0.ready = false }
       let isReady = record.runAt <= now
+      // The turn first, then the job's limit key lets its next held job go (see `makeWaiting`).
+      let turn = isReady && !record.isHeld ? takeTurn(record) : nil
+      leftClaimable(slot.record)
       // The old heap entries no longer match the record (``isCurrent(_:_:)``): they are skipped.
-      insertWaiting(
-        record, ready: isReady, seq: slot.seq, turn: isReady && !record.isHeld ? takeTurn(record) : nil)
+      insertWaiting(record, ready: isReady, seq: slot.seq, turn: turn)
     }
 
     /// Forgets a deleted job's key.
