@@ -127,6 +127,10 @@ enum CLI {
       names: ["--limit-key"], value: "KEY",
       help: "count against this key's limit of jobs running at once (conveyor limits set "
         + "--key-concurrency); add http's default: the URL's host"),
+    OptionSpec(
+      names: ["--fairness-key"], value: "KEY",
+      help: "take turns with the queue's other keys, e.g. a tenant: one key's backlog delays "
+        + "another's job by one job of each key in turn (1-512 bytes; not with --ordering-key)"),
   ]
 
   /// What `add --help` says of `--ordering-key`.
@@ -142,6 +146,10 @@ enum CLI {
     every worker; the others are held until one of them stops running. 'add http' gives every job
     the URL's host as its limit key unless --limit-key names another; a key without a stored limit
     limits nothing.
+
+    Jobs with a --fairness-key (a tenant, a customer) take turns with the other keys of their
+    priority: workers take one job of each key in turn, so one key's backlog of thousands delays
+    another key's new job by one job of each key. Jobs without one keep their place by run date.
     """
 
   /// The priorities `--priority` takes.
@@ -511,13 +519,32 @@ enum CLI {
   static func addHTTP(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
     var job = try httpJob(&arguments)
     job.limitKey = try limitKey(arguments) ?? job.defaultLimitKey
+    job.fairnessKey = try fairnessKey(arguments, orderingKey: job.orderingKey)
     return try await add(job, arguments, context)
   }
 
   static func addExec(_ arguments: inout Arguments, _ context: Context) async throws -> Int32 {
     var job = try execJob(&arguments)
     job.limitKey = try limitKey(arguments)
+    job.fairnessKey = try fairnessKey(arguments, orderingKey: job.orderingKey)
     return try await add(job, arguments, context)
+  }
+
+  /// The `--fairness-key`, if given, refused (exit 2, nothing stored) by ``FairnessKey``'s rules
+  /// and beside an `--ordering-key`.
+  static func fairnessKey(_ arguments: Arguments, orderingKey: String?) throws -> String? {
+    guard let key = arguments.option("--fairness-key") else { return nil }
+    if key.isEmpty {
+      throw UsageError(
+        description: "--fairness-key cannot be empty: give a key such as a tenant, or leave the option out")
+    }
+    if let problem = FairnessKey.problem(key) { throw UsageError(description: "--fairness-key: \(problem)") }
+    if orderingKey != nil {
+      throw UsageError(
+        description: "--fairness-key and --ordering-key cannot go together yet: an ordering key's jobs "
+          + "already run one at a time; drop one")
+    }
+    return key
   }
 
   /// The `--limit-key`, if given, refused (exit 2, nothing stored) by ``LimitKey``'s rules.
@@ -650,7 +677,7 @@ enum CLI {
         NewJob(
           payload: payload, priority: priority, runTime: delay > .zero ? .after(delay) : .now,
           deduplicationKey: job.deduplicationKey, deduplicationScope: scope, onConflict: onConflict,
-          orderingKey: job.orderingKey, limitKey: job.limitKey)
+          orderingKey: job.orderingKey, limitKey: job.limitKey, fairnessKey: job.fairnessKey)
       ], queue: context.queue, clock: SystemJobClock())[0]
     let id = result.id
     switch result.outcome {
@@ -1155,6 +1182,8 @@ struct ListedJob: Encodable {
   var limitKey: String?
   /// Whether the job (pending) is held for its limit key's limit.
   var heldByLimit: Bool
+  /// The job's `--fairness-key`; absent without one.
+  var fairnessKey: String?
 
   init(_ record: JobRecord, summary: String) {
     id = record.id.rawValue
@@ -1163,6 +1192,7 @@ struct ListedJob: Encodable {
     held = record.isHeld
     limitKey = record.limitKey
     heldByLimit = record.isHeldByLimit
+    fairnessKey = record.fairnessKey
     attempts = record.attempts
     runAt = timestamp(record.runAt)
     createdAt = timestamp(record.createdAt)

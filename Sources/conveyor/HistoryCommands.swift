@@ -90,6 +90,7 @@ extension CLI {
     if let key = shown.deduplicationKey { output("key       \(printable(key))") }
     if let key = shown.orderingKey { output("ordering key \(printable(key))") }
     if let key = shown.limitKey { output("limit key \(printable(key))") }
+    if let key = shown.fairnessKey { output("fairness key \(printable(key))") }
     if let owner = shown.leaseOwner {
       output("lease     \(printable(owner)) until \(shown.leaseExpiresAt ?? "?")")
     }
@@ -156,6 +157,8 @@ struct ShownJob: Encodable {
   var limitKey: String?
   /// Whether the job (pending) is held for its limit key's limit.
   var heldByLimit: Bool
+  /// The job's `--fairness-key`; absent without one.
+  var fairnessKey: String?
   var leaseOwner: String?
   var leaseExpiresAt: String?
   var lastError: String?
@@ -180,6 +183,7 @@ struct ShownJob: Encodable {
     held = record.isHeld
     limitKey = record.limitKey
     heldByLimit = record.isHeldByLimit
+    fairnessKey = record.fairnessKey
     leaseOwner = record.leaseOwner
     leaseExpiresAt = record.leaseExpiresAt.map(timestamp)
     lastError = record.lastError

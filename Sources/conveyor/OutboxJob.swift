@@ -18,6 +18,9 @@ struct OutboxJob: Queueable, Hashable {
   /// Set with `--limit-key` (for `add http`, the URL's host by default): at most the queue's limit
   /// per key of jobs with this key run at once. Absent from payloads stored before it existed.
   var limitKey: String? = nil
+  /// Set with `--fairness-key`: the job takes turns with the queue's other keys (fair shares).
+  /// Absent from payloads stored before it existed.
+  var fairnessKey: String? = nil
 
   /// `add http`'s limit key when `--limit-key` names none: the URL's host, lowercased (nil for a
   /// command, or a host no limit key can be).
