@@ -20,10 +20,12 @@ import Testing
     let log = sandbox.path("runs.log")
     var ids: [Int] = []
     for index in 1...5 {
-      ids.append(try await sandbox.add(["exec", "--fairness-key", "A", "--"] + logging("a\(index)", to: log)))
+      ids.append(
+        try await sandbox.add(["exec", "--fairness-key", "A", "--"] + logging("a\(index)", to: log)))
     }
     for index in 1...2 {
-      ids.append(try await sandbox.add(["exec", "--fairness-key", "B", "--"] + logging("b\(index)", to: log)))
+      ids.append(
+        try await sandbox.add(["exec", "--fairness-key", "B", "--"] + logging("b\(index)", to: log)))
     }
     ids.append(try await sandbox.add(["exec", "--fairness-key", "C", "--"] + logging("c1", to: log)))
     let shown = try await sandbox.succeed(["show", String(ids[5])]).lines

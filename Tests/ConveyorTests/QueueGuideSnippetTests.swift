@@ -52,6 +52,12 @@ private struct Export: Queueable {
   }
 }
 
+// ConcurrencyLimits.md, fair shares: the type.
+private struct Report: Queueable {
+  var tenant: String
+  var fairnessKey: String? { tenant }
+}
+
 // Schedules.md: the type.
 private struct SendDigest: Queueable {
   var edition: String
@@ -207,6 +213,26 @@ struct QueueGuideSnippetTests {
     await exports.shutdown()
     let seen = Export.running.withLock { $0.seen }
     #expect(seen.count == 5 && seen.allSatisfy { $0 <= 2 }, "exports at once as each started: \(seen)")
+  }
+
+  @Test func fairSharesTakeEachTenantsReportsInTurn() async throws {
+    let ran = Mutex([String]())
+    let reports = try JobQueue<Report>(
+      configuration: .init(identifier: "reports", concurrency: 1, autoStart: false), store: InMemoryJobStore()
+    ) { report, _ in
+      ran.withLock { $0.append(report.tenant) }
+      return .handled
+    }
+    for _ in 1...3 { try await reports.add(Report(tenant: "acme")) }
+    // ConcurrencyLimits.md fair shares example begins
+    try await reports.add(Report(tenant: "acme"))
+    // ConcurrencyLimits.md fair shares example ends
+    try await reports.add(Report(tenant: "globex"))
+    reports.start()
+    await reports.waitUntilFinished()
+    await reports.shutdown()
+    let order = ran.withLock { $0 }
+    #expect(order == ["acme", "globex", "acme", "acme", "acme"], "globex's report second: \(order)")
   }
 
   @Test func theLandingPageExample() async throws {
