@@ -433,6 +433,12 @@ public final class PostgresJobStore: JobStore {
   /// that case throws ``PostgresError/Code/commitUnknown`` (to every call of the group).
   public func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
     try OrderingKey.check(jobs)
+    // No fair shares here yet (``JobStore/keepsFairShares`` is false): a key would be dropped.
+    if let fair = jobs.first(where: { $0.fairnessKey != nil }), let key = fair.fairnessKey {
+      throw JobQueueError.invalidFairnessKey(
+        "the PostgreSQL store keeps no fair shares yet, so the key \"\(LimitKey.printable(key))\" would be "
+          + "lost; add the jobs without a fairness key, or use the SQLite or in-memory store")
+    }
     if jobs.isEmpty { return [] }
     let call = EnqueueCall(jobs: jobs, queue: queue, now: now(clock))
     let sql = self.sql

@@ -608,8 +608,7 @@ extension SQLiteJobStore {
           let replaced = try db.run(
             SQL.replaceWaiting, .blob(job.payload), .integer(Int64(job.priority)), .integer(runAt),
             .text(runAt <= now ? "ready" : "scheduled"),
-            job.timeLimitMilliseconds.map(SQLiteValue.integer) ?? .null, .integer(found.id),
-            job.fairnessKey.map(SQLiteValue.text) ?? .null)
+            job.timeLimitMilliseconds.map(SQLiteValue.integer) ?? .null, .integer(found.id))
           // In this write transaction the job found waiting cannot have moved on.
           guard replaced == 1 else {
             throw SQLiteError(

@@ -737,14 +737,14 @@ enum SQL {
       AND (status = 'running' OR finished_at >= ?3)
     """
   /// Gives the waiting job `?6` a new payload, priority, run date, state and time limit
-  /// (`DeduplicationConflict.replace`) and fairness key `?7`; its place (`seq`), attempts, errors
-  /// and ordering key stay (a job with a fairness key takes a new turn if it is ready),
+  /// (`DeduplicationConflict.replace`); its place (`seq`), attempts, errors, ordering key and
+  /// fairness key stay (a job with a fairness key takes a new turn if it is ready),
   /// and a job held behind its ordering key stays held (one held for its key's limit no longer
   /// is: the next claim holds it again if its key is still at its limit).
   static let replaceWaiting = """
     UPDATE jobs SET payload = ?1, priority = ?2, run_at = ?3,
       status = CASE WHEN status = 'held' AND parked IS NULL THEN 'held' ELSE ?4 END, time_limit_ms = ?5,
-      fairness_key = ?7, turn = NULL
+      turn = NULL
     WHERE id = ?6 AND status IN ('ready', 'scheduled', 'held')
     """
   /// Whether the line of the ordering key `?2` holds a job: a new job of the key is then held.

@@ -43,6 +43,8 @@ final class SimOracle: Sendable {
       "a claim never takes a limit key's running jobs past the key's stored limit (a job whose lease lapsed counts until rescued)"
     case withinKeyRate =
       "each limit key's claims keep to its stored rate: at most burst + perSecond × t in any t seconds of the store's clock"
+    case fairnessKeyKept =
+      "a claimed job carries the fairness key it was added with, through retries, replaces, rescues and crashes"
   }
 
   /// A broken rule, with what showed it.
@@ -79,6 +81,8 @@ final class SimOracle: Sendable {
     var firstPayload = Data()
     /// Its ordering key, as the application asked.
     var orderingKey: String? = nil
+    /// Its fairness key, as the application asked (the last replace's).
+    var fairnessKey: String? = nil
   }
 
   /// What the oracle knows of one schedule: its jobs by slot, and the stored schedule as the last
@@ -220,7 +224,8 @@ final class SimOracle: Sendable {
           state.commits += 1
           state.jobs[result.id] = Facts(
             committed: state.commits, key: job.deduplicationKey, scope: job.deduplicationScope,
-            payloadJob: payloadJob, firstPayload: job.payload, orderingKey: job.orderingKey)
+            payloadJob: payloadJob, firstPayload: job.payload, orderingKey: job.orderingKey,
+            fairnessKey: job.fairnessKey)
         case .replaced:
           state.jobs[result.id]?.payloadJob = payloadJob
         case .existing:
@@ -338,6 +343,19 @@ final class SimOracle: Sendable {
     }
     if !batch.claimed.isEmpty { checkRate(claimed: batch.claimed.count, process: process) }
     if !batch.claimed.isEmpty { checkKeyRates(claimed: batch.claimed, process: process) }
+    if !batch.claimed.isEmpty {
+      let wrong = state.withLock { state in
+        batch.claimed.first { record in
+          state.jobs[record.id].map { $0.fairnessKey != record.fairnessKey } ?? false
+        }.map { ($0, state.jobs[$0.id]?.fairnessKey) }
+      }
+      if let (record, expected) = wrong {
+        fail(
+          .fairnessKeyKept,
+          "p\(process) claimed job \(record.id) with fairness key \(record.fairnessKey ?? "none"), added with \(expected ?? "none")"
+        )
+      }
+    }
     if !batch.claimed.isEmpty {
       let limits = state.withLock { $0.limits }
       let keys = Set(batch.claimed.compactMap(\.limitKey)).filter { limits.concurrency(forKey: $0) != nil }

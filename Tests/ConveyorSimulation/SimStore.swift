@@ -27,6 +27,9 @@ final class SimStore: JobStore {
       if self.world.scenario.defect == .ignoresOrderingKeys {
         for index in stored.indices { stored[index].orderingKey = nil }
       }
+      if self.world.scenario.defect == .dropsFairnessKeys {
+        for index in stored.indices { stored[index].fairnessKey = nil }
+      }
       let results = try await self.base.enqueue(stored, queue: queue, clock: clock)
       self.world.oracle.enqueued(results, jobs, process: self.process)
       return results

@@ -448,6 +448,7 @@ final class SimWorld: Sendable {
   private func add(_ job: Int, from process: Process) async {
     var new = Self.newJob(job)
     if scenario.keyConcurrency != nil || scenario.keyRate != nil { new.limitKey = "host-\(job % 3)" }
+    if scenario.fairShares, new.orderingKey == nil { new.fairnessKey = "tenant-\(job % 4)" }
     while true {
       do {
         _ = try await process.store.enqueue([new], queue: Self.queueName, clock: clock)

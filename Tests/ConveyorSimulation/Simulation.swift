@@ -58,6 +58,9 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
   /// through their changes, with key `host-1`'s own rate of 2 a second; every job then has one of
   /// three limit keys. Nil: none.
   public var keyRate: RateLimit? = nil
+  /// Whether the application's jobs (but those with an ordering key) carry one of four fairness
+  /// keys (fair shares).
+  public var fairShares = false
 
   /// A defect built into the simulated store on purpose, to show that the checks catch it (nil:
   /// the store keeps its contract).
@@ -90,6 +93,8 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
     scenario.keyRate = random.pick([
       nil, nil, nil, RateLimit(perSecond: 5), RateLimit(perSecond: 20, burst: 3),
     ])
+    // Drawn after the rest, so the other knobs are those each seed drew before fair shares.
+    scenario.fairShares = random.pick([false, false, true])
     return scenario
   }
 
@@ -126,6 +131,7 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
     with { $0.deadReleasesKey = false }
     with { $0.keyConcurrency = nil }
     with { $0.keyRate = nil }
+    with { $0.fairShares = false }
     return options
   }
 
@@ -138,7 +144,8 @@ public struct SimScenario: Sendable, Hashable, CustomStringConvertible {
       + "clock jump \(clockJump.map { "\($0)" } ?? "-"), "
       + "concurrency limit \(concurrencyLimit.map(String.init) ?? "-"), limit changes/min \(limitChangesPerMinute), "
       + "rate \(rate.map(\.description) ?? "-"), dead releases key \(deadReleasesKey), "
-      + "key concurrency \(keyConcurrency.map(String.init) ?? "-"), key rate \(keyRate.map(\.description) ?? "-")"
+      + "key concurrency \(keyConcurrency.map(String.init) ?? "-"), key rate \(keyRate.map(\.description) ?? "-"), "
+      + "fair shares \(fairShares)"
       + (defect.map { ", defect \($0)" } ?? "")
   }
 }
@@ -194,6 +201,9 @@ public enum SimDefect: String, Sendable, Hashable {
   /// The store keeps the queue's other limits but drops its rates per key: claims start a key's
   /// jobs more often than its rate.
   case ignoresKeyRates
+  /// The store stores jobs without their fairness keys: they take no turns, and a claimed job
+  /// comes back without the key it was added with.
+  case dropsFairnessKeys
 }
 
 /// The outcome of one simulated history.

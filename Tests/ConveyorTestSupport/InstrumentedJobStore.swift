@@ -248,6 +248,7 @@ public final class InstrumentedJobStore: JobStore {
 
   /// The base store's answer.
   public var keepsKeyLimits: Bool { base.keepsKeyLimits }
+  /// The base store's answer.
   public var keepsFairShares: Bool { base.keepsFairShares }
 
   /// Counted, then forwarded to ``base``.

@@ -19,6 +19,18 @@ extension JobStoreConformance {
 
   /// Fair shares (``NewJob/fairnessKey``), on every store that keeps them.
   static let fairShareChecks: [JobStoreCheck] = [
+    check("fair shares: a store that keeps none refuses a fairness key and stores nothing of the call") {
+      store in
+      guard !store.keepsFairShares else { return }
+      do {
+        _ = try await store.enqueue([job("plain"), fair("a1")], queue: "q", clock: now(0))
+        throw ConformanceFailure(description: "a fairness key was accepted by a store that keeps none")
+      } catch JobQueueError.invalidFairnessKey(let message) {
+        try expect(message.contains("fairness key"), "the error says what: \(message)")
+      }
+      let left = try await store.jobs(queue: "q", status: nil, after: nil, limit: 10)
+      try expect(left.isEmpty, "nothing stored: \(left.map(text))")
+    },
     check("fair shares: keys take turns, whenever each added its jobs; the key is stored") { store in
       guard store.keepsFairShares else { return }
       _ = try await store.enqueue((1...6).map { fair("a\($0)") }, queue: "q", clock: now(0))

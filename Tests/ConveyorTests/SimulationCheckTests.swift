@@ -168,6 +168,15 @@ struct SimulationCheckTests {
       "\(caught?.violation ?? "")")
   }
 
+  /// A store that drops fairness keys hands out jobs without the key they were added with.
+  @Test func theFixedSeedsCatchAStoreThatDropsFairnessKeys() async {
+    let caught = await Self.earliestCatch(of: .dropsFairnessKeys)
+    #expect(caught != nil, "no seed of \(SimulationTests.seeds) caught a store dropping fairness keys")
+    #expect(
+      caught?.violation?.hasPrefix("a claimed job carries the fairness key") == true,
+      "\(caught?.violation ?? "")")
+  }
+
   /// More workers and more frequent faults than any seed draws (six wall-clock steps a minute,
   /// where the drawn scenarios have at most three). Worker p4 claims jobs 39–41 ahead at 8.867 s
   /// (lease 2 s); at 9.213 s the wall clock steps forward 2.345 s, so the store's leases lapse and

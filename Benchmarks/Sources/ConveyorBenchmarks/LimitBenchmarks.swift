@@ -91,6 +91,63 @@ func runLimitBenchmarks() async throws {
       baselineName: "the same drain \(without)", baselineSeconds: plain, goal: goal
     ).print()
   }
+  try await runFairShareBenchmarks(url: url, newPath: newPath, newStore: newStore)
+}
+
+/// Fair shares (in the section `limits`): the jobs of a drain at concurrency 4 carry 100 fairness
+/// keys (added round-robin over them), against the same drain of jobs without keys, the add timed
+/// too (a job takes its turn as it is added: on SQLite the insert's trigger, three index lookups
+/// and an upsert; on PostgreSQL the same, in the add's statement).
+func runFairShareBenchmarks(
+  url: String?, newPath: @escaping () -> String, newStore: (String) async throws -> PostgresJobStore
+)
+  async throws
+{
+  section("Fair shares: JobQueue add + drain c4 over 100 fairness keys (best of 3, interleaved)")
+  let count = 20_000
+  for (name, makeStore) in [
+    ("SQLite", { () async throws -> any JobStore in try SQLiteJobStore(path: newPath()) }),
+    ("in-memory", { () async throws -> any JobStore in InMemoryJobStore() }),
+  ] {
+    let (fair, plain) = try await interleaved(repeats: 3) {
+      try await orderedDrain(
+        try await makeStore(), count: count, keys: nil, fairnessKeys: 100, timingTheAdd: true)
+    } baseline: {
+      try await orderedDrain(try await makeStore(), count: count, keys: nil, timingTheAdd: true)
+    }
+    Comparison(
+      name: "\(name) add + drain c4, 100 fairness keys", count: count, seconds: fair,
+      baselineName: "the same without fairness keys", baselineSeconds: plain, goal: nil
+    ).print()
+  }
+  guard let url else {
+    print("(PostgreSQL rows skipped: no CONVEYOR_POSTGRES_URL; run through Benchmarks/with-postgres.sh)")
+    return
+  }
+  let probe = try await newStore(url)
+  let keeps = probe.keepsFairShares
+  await probe.close()
+  guard keeps else {
+    print("(PostgreSQL rows skipped: this build's PostgreSQL store keeps no fair shares)")
+    return
+  }
+  let postgresCount = 5_000
+  let (fair, plain) = try await interleaved(repeats: 3) {
+    let store = try await newStore(url)
+    let seconds = try await orderedDrain(
+      store, count: postgresCount, keys: nil, fairnessKeys: 100, timingTheAdd: true)
+    await store.close()
+    return seconds
+  } baseline: {
+    let store = try await newStore(url)
+    let seconds = try await orderedDrain(store, count: postgresCount, keys: nil, timingTheAdd: true)
+    await store.close()
+    return seconds
+  }
+  Comparison(
+    name: "PostgreSQL add + drain c4, 100 fairness keys", count: postgresCount, seconds: fair,
+    baselineName: "the same without fairness keys", baselineSeconds: plain, goal: nil
+  ).print()
 }
 
 /// ``orderedDrain`` without ordering keys, under `limits` (none stored when empty); with limits per

@@ -60,13 +60,16 @@ func runOrderingBenchmarks() async throws {
 
 /// Adds `count` jobs to queue "bench" of `store`, job `i` with the ordering key `i % keys`
 /// (none when `keys` is nil).
-func addOrdered(_ store: any JobStore, count: Int, keys: Int?, limitKeys: Int? = nil) async throws {
+func addOrdered(
+  _ store: any JobStore, count: Int, keys: Int?, limitKeys: Int? = nil, fairnessKeys: Int? = nil
+) async throws {
   let payload = try JSONEncoder().encode(BenchItem(url: "https://example.com/o", attempt: 1, body: "hi"))
   for batch in stride(from: 0, to: count, by: 1_000) {
     let jobs = (batch..<batch + 1_000).map { index in
       NewJob(
         payload: payload, runAt: benchEpoch, orderingKey: keys.map { "key-\(index % $0)" },
-        limitKey: limitKeys.map { "host-\(index % $0)" })
+        limitKey: limitKeys.map { "host-\(index % $0)" },
+        fairnessKey: fairnessKeys.map { "tenant-\(index % $0)" })
     }
     _ = try await store.enqueue(jobs, queue: "bench", clock: benchClock)
   }
@@ -97,10 +100,11 @@ func orderedStoreDrain(_ store: any JobStore, count: Int, keys: Int?) async thro
 /// With `timingTheAdd`, the seconds include adding the jobs (1,000 per call); with a
 /// `concurrencyLimit`, the queue's stored limit is set to it first.
 func orderedDrain(
-  _ store: any JobStore, count: Int, keys: Int?, limitKeys: Int? = nil, timingTheAdd: Bool = false
+  _ store: any JobStore, count: Int, keys: Int?, limitKeys: Int? = nil, fairnessKeys: Int? = nil,
+  timingTheAdd: Bool = false
 ) async throws -> Double {
   let added = ContinuousClock.now
-  try await addOrdered(store, count: count, keys: keys, limitKeys: limitKeys)
+  try await addOrdered(store, count: count, keys: keys, limitKeys: limitKeys, fairnessKeys: fairnessKeys)
   let configuration = JobQueueConfiguration(identifier: "bench", concurrency: 4, autoStart: false)
   let queue = try JobQueue<BenchItem>(configuration: configuration, store: store) { _, _ in .handled }
   let start = ContinuousClock.now

@@ -254,8 +254,17 @@ public final class InMemoryJobStore: JobStore {
   public func requeueDead(_ ids: [JobID]?, queue: String, clock: any JobClock) async throws -> Int {
     withQueue(queue) { queueState in
       let now = JobStoreTime.normalized(clock.now())
-      // Oldest first, so of dead jobs sharing a deduplication key the oldest is the one re-queued.
-      let candidates = (ids.map { Array(Set($0)) } ?? Array(queueState.jobs.keys)).sorted()
+      // Oldest first, so of dead jobs sharing a deduplication key the oldest is the one re-queued;
+      // re-queueing every dead job takes those without a key first, as SQLite does (they take
+      // their fair-shares turns in that order).
+      let candidates =
+        ids.map { Array(Set($0)).sorted() }
+        ?? queueState.jobs.keys.sorted {
+          let (a, b) = (
+            queueState.jobs[$0]?.record.deduplicationKey, queueState.jobs[$1]?.record.deduplicationKey
+          )
+          return (a == nil) != (b == nil) ? a == nil : $0 < $1
+        }
       var count = 0
       for id in candidates {
         guard let record = queueState.jobs[id]?.record, record.status == .dead else { continue }
@@ -703,8 +712,10 @@ extension InMemoryJobStore {
     /// (cancelled, removed, replaced): the job its key's last stop made claimable may be this one,
     /// and the key's held jobs would wait for a stop that never comes, so the first is claimable
     /// again (the next claim holds it again if its key is still at its limit).
-    mutating func leftClaimable(_ record: JobRecord) {
-      guard record.status == .pending, !record.isHeld, let key = record.limitKey else { return }
+    /// Only a ready job counts (`ready`: the slot's mark), as SQLite's trigger fires only for one
+    /// that was `ready`: a scheduled job cannot be the one a stop made claimable.
+    mutating func leftClaimable(_ record: JobRecord, ready: Bool) {
+      guard ready, record.status == .pending, !record.isHeld, let key = record.limitKey else { return }
       unpark(ExactText(key))
     }
 
@@ -988,9 +999,10 @@ extension InMemoryJobStore {
       output: Data? = nil
     ) {
       guard var record = jobs[id]?.record else { return }
+      let wasReady = jobs[id]?.ready ?? false
       if record.status == .pending { stopWaiting(record) }
       stopRunning(id)
-      leftClaimable(record)
+      leftClaimable(record, ready: wasReady)
       record.status = status
       record.finishedAt = now
       if let error {
@@ -1097,13 +1109,12 @@ extension InMemoryJobStore {
       record.priority = job.priority
       record.runAt = InMemoryJobStore.runDate(job.runTime, now: now)
       record.timeLimit = job.timeLimitMilliseconds.map { .milliseconds($0) }
-      record.fairnessKey = job.fairnessKey
       // Not ready while it takes a new turn: it is not the head of its priority.
       jobs.update(id) { $0.ready = false }
       let isReady = record.runAt <= now
       // The turn first, then the job's limit key lets its next held job go (see `makeWaiting`).
       let turn = isReady && !record.isHeld ? takeTurn(record) : nil
-      leftClaimable(slot.record)
+      leftClaimable(slot.record, ready: slot.ready)
       // The old heap entries no longer match the record (``isCurrent(_:_:)``): they are skipped.
       insertWaiting(record, ready: isReady, seq: slot.seq, turn: turn)
     }
@@ -1130,11 +1141,12 @@ extension InMemoryJobStore {
     @discardableResult
     mutating func delete(_ id: JobID) -> Bool {
       guard let record = jobs[id]?.record else { return false }
+      let wasReady = jobs[id]?.ready ?? false
       if record.status == .pending { stopWaiting(record) }
       forgetKey(of: record)
       stopRunning(id)
       jobs[id] = nil
-      leftClaimable(record)
+      leftClaimable(record, ready: wasReady)
       if let key = record.orderingKey { leaveLine(id, key: key) }
       return true
     }

@@ -113,7 +113,9 @@ public struct NewJob: Sendable, Hashable {
   /// see <doc:ConcurrencyLimits>): each key's jobs take turns with the other keys', so one key's
   /// backlog delays the others' jobs by at most one job of the key in turn. Nil: the job keeps
   /// its place by run date. A key follows ``FairnessKey``'s rules; stores refuse others, and a job
-  /// that also has an ordering key, with ``JobQueueError/invalidFairnessKey(_:)``.
+  /// that also has an ordering key, with ``JobQueueError/invalidFairnessKey(_:)``. A job replaced
+  /// by a duplicate (``DeduplicationConflict/replace``) keeps its fairness key, as its ordering
+  /// key.
   public var fairnessKey: String?
 
   /// Describes a job to insert.
