@@ -21,7 +21,7 @@ extension PostgresJobStore {
     let useServerClock = options.clock == .database
     return try await connection.perform(idempotent: true) { db in
       try db.transaction {
-        try db.execute(SQL.lockSchedulesOfQueue, [.text(queue)])
+        try db.execute(sql.lockSchedulesOfQueue, [.text(queue)])
         let now = try Self.scheduleNow(db, clock: clock, server: useServerClock)
         let rows = Self.readSchedules(try db.execute(sql.schedulesOfQueueLocked, [.text(queue)]))
         let existing = rows.compactMap { try? $0.row.get() }

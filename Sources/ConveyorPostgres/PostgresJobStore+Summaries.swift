@@ -78,7 +78,7 @@ enum SummarySQL {
   }
 
   /// Where the payload's size is.
-  static let sizeColumn = 21
+  static let sizeColumn = 22
 
   /// `SQL.list` with summaries. Parameters: queue, after, limit, statuses, payload prefix, error
   /// prefix.

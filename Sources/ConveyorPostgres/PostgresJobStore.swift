@@ -433,12 +433,6 @@ public final class PostgresJobStore: JobStore {
   /// that case throws ``PostgresError/Code/commitUnknown`` (to every call of the group).
   public func enqueue(_ jobs: [NewJob], queue: String, clock: any JobClock) async throws -> [EnqueueResult] {
     try OrderingKey.check(jobs)
-    // No fair shares here yet (``JobStore/keepsFairShares`` is false): a key would be dropped.
-    if let fair = jobs.first(where: { $0.fairnessKey != nil }), let key = fair.fairnessKey {
-      throw JobQueueError.invalidFairnessKey(
-        "the PostgreSQL store keeps no fair shares yet, so the key \"\(LimitKey.printable(key))\" would be "
-          + "lost; add the jobs without a fairness key, or use the SQLite or in-memory store")
-    }
     if jobs.isEmpty { return [] }
     let call = EnqueueCall(jobs: jobs, queue: queue, now: now(clock))
     let sql = self.sql
@@ -754,7 +748,9 @@ public final class PostgresJobStore: JobStore {
     let queue = call.queue
     // A job with an ordering key takes the batch statement, the one that finds its line; so does
     // one with a limit key (the statement that stores it).
-    let ordered = inserting.contains { jobs[$0].orderingKey != nil || jobs[$0].limitKey != nil }
+    let ordered = inserting.contains {
+      jobs[$0].orderingKey != nil || jobs[$0].limitKey != nil || jobs[$0].fairnessKey != nil
+    }
     if inserting.count == 1, !checked, !ordered, let index = inserting.first {
       let job = jobs[index]
       return (
@@ -772,6 +768,7 @@ public final class PostgresJobStore: JobStore {
     let uniform = inserting.allSatisfy { index in
       let job = jobs[index]
       return job.deduplicationKey == nil && job.orderingKey == nil && job.limitKey == nil
+        && job.fairnessKey == nil
         && job.priority == first.priority
         && job.runTime == first.runTime
         && job.timeLimitMilliseconds == first.timeLimitMilliseconds
@@ -796,6 +793,7 @@ public final class PostgresJobStore: JobStore {
         .byteaArray(inserting.map { jobs[$0].deduplicationKey.map { Data($0.utf8) } }), call.now,
         .int64Array(inserting.map { jobs[$0].timeLimitMilliseconds }),
         .textArray(inserting.map { jobs[$0].orderingKey }), .textArray(inserting.map { jobs[$0].limitKey }),
+        .textArray(inserting.map { jobs[$0].fairnessKey }),
       ]
     )
   }
@@ -972,14 +970,19 @@ public final class PostgresJobStore: JobStore {
         ? Self.rateDate(
           next: fullRow.int64(0, 1), readAt: fullRow.int64(0, 2), clock: clock, caller: useCaller)
         : nil
-      // In claim order: each record with its `seq`, the column after the record's (one claim at
-      // most took something).
+      // In claim order: each record with its `seq` and place, the columns after the record's
+      // (one claim at most took something).
       let sequenced = try claims.flatMap { rows in
-        try (0..<rows.count).map { (record: try Self.record(rows, $0), seq: rows.int64($0, SQL.seqColumn)) }
+        try (0..<rows.count).map {
+          (
+            record: try Self.record(rows, $0), seq: rows.int64($0, SQL.seqColumn),
+            place: rows.date($0, SQL.seqColumn + 1) ?? .distantPast
+          )
+        }
       }
       let claimed = sequenced.sorted { a, b in
         if a.record.priority != b.record.priority { return a.record.priority > b.record.priority }
-        if a.record.runAt != b.record.runAt { return a.record.runAt < b.record.runAt }
+        if a.place != b.place { return a.place < b.place }
         if a.seq != b.seq { return a.seq < b.seq }
         return a.record.id < b.record.id
       }.map(\.record)
@@ -1426,6 +1429,7 @@ public final class PostgresJobStore: JobStore {
           prepared: false)
         var unkeyed: [Int64] = []
         var keyed: [Int64] = []
+        var fair = false
         var keys = Set<Data>()
         var lines = Set<String>()
         for row in 0..<dead.count {
@@ -1436,6 +1440,7 @@ public final class PostgresJobStore: JobStore {
             unkeyed.append(dead.int64(row, 0))
           }
           if let line = dead.text(row, 2) { lines.insert(line) }
+          fair = fair || dead.bool(row, 3)
         }
         if !keys.isEmpty || !lines.isEmpty {
           try db.execute(
@@ -1443,7 +1448,14 @@ public final class PostgresJobStore: JobStore {
             [.text(queue), .byteaArray(Array(keys)), .textArray(Array(lines))], prepared: false)
         }
         var total = 0
-        if !unkeyed.isEmpty {
+        if fair {
+          // One at a time, in ID order: each job with a fairness key takes its turn seeing the
+          // jobs before it ready, as the other stores give them (one statement's order is the
+          // plan's).
+          for id in unkeyed {
+            total += try db.execute(sql.requeueOne, [.text(queue), now, .int64(id)], prepared: false).changed
+          }
+        } else if !unkeyed.isEmpty {
           total = try db.execute(
             sql.requeueWithoutKey, [.text(queue), now, .int64Array(unkeyed)], prepared: false
           ).changed
@@ -1504,6 +1516,8 @@ public final class PostgresJobStore: JobStore {
 
   /// Keeps and enforces limits per key: true.
   public var keepsKeyLimits: Bool { true }
+  /// True: fair shares (``NewJob/fairnessKey``) are kept (schema version 14).
+  public var keepsFairShares: Bool { true }
 
   /// The keys with running or held jobs; see `JobStore.limitKeyUsage(queue:limit:)`.
   public func limitKeyUsage(queue: String, limit: Int) async throws -> [LimitKeyUsage] {
@@ -1696,7 +1710,8 @@ public final class PostgresJobStore: JobStore {
       runDuration: rows.isNull(row, 16) ? nil : .milliseconds(rows.int64(row, 16)),
       output: rows.optionalData(row, 17), orderingKey: rows.text(row, 18), isHeld: statusText == "held",
       limitKey: rows.text(row, 19),
-      isHeldByLimit: statusText == "held" && !rows.isNull(row, 20) && rows.bool(row, 20))
+      isHeldByLimit: statusText == "held" && !rows.isNull(row, 20) && rows.bool(row, 20),
+      fairnessKey: rows.text(row, 21))
   }
 
   /// A JSON array of strings (`SQL.appendError`) as a list; NULL as none.

@@ -101,7 +101,7 @@ struct SQL {
   var migrations: [String] {
     [
       version1, version2, version3, version4, version5, version6, version7, version8, version9, version10,
-      version11, version12, version13,
+      version11, version12, version13, version14,
     ]
   }
 
@@ -584,6 +584,163 @@ struct SQL {
     """
   }
 
+  /// A ready job's place in its priority's claim order: its turn (fair shares, ``version14``)
+  /// or, without one, its run date. The indexes of the claim order are built on it, so every
+  /// statement that orders ready or parked jobs writes it this way.
+  static let place = "coalesce(turn, run_at)"
+
+  /// Version 14: fair shares (`FairTurns` states the rule the other stores keep too).
+  /// - `jobs.fairness_key`: the job's `NewJob.fairnessKey`.
+  /// - `jobs.turn`: the turn the job took last (a ready job's place, ``place``) and
+  ///   `jobs.turn_priority` the priority it took it at. A job keeps them when it stops being ready,
+  ///   so a key's latest turn is the latest among its jobs (`jobs_key_turns`) and a priority's the
+  ///   latest among all (`jobs_turns`): no row is written for a key, so two transactions taking
+  ///   turns never wait for each other. A job deleted (completed with no history kept, pruned,
+  ///   removed) takes its turn with it: a key whose jobs are all gone starts at the head again.
+  ///   A job that takes a turn at another priority (a replacement changed it) leaves its old turn
+  ///   in `turns_left`, so its key keeps its place at the old priority (rare: one row per key and
+  ///   priority left).
+  /// - `take_turn`, a trigger before a job with a fairness key is stored `ready`: it takes
+  ///   `max(head, previous + 1 ms)` when the job was inserted, promoted (`scheduled`), re-queued
+  ///   (`dead`) or given `turn = NULL` by the statement (a retry into the ready state, a
+  ///   replacement); a job that keeps its place (released, rescued, let go by its limit key) keeps
+  ///   its turn. `head` is the place of the first other job of its priority that is ready or held
+  ///   by its limit key (`jobs_parked_place`: which jobs a claim has held yet is each store's own
+  ///   choice, so the rule counts both), or with none the later of its run date and the
+  ///   priority's latest turn. Its queries see the rows the
+  ///   statement changed before this one, so the jobs of one statement take turns one at a time.
+  ///   Two transactions may read the same latest turn of a key and give two jobs one turn (a tie,
+  ///   broken as run dates are): under concurrent adds a key can get a job more in a round.
+  /// - `jobs_ready` and `jobs_parked` are rebuilt on ``place``, and `key_stopped` lets parked jobs
+  ///   go in that order.
+  ///
+  /// It also puts the schema's name in the advisory locks of deduplication keys and ordering keys
+  /// (`dedup_lock_key`, `order_lock_key`), as the limit lock's already was: two schemas of one
+  /// database with a queue of the same name no longer wait for each other's adds (each process
+  /// calls the functions, so all take the new locks from the migration's commit on).
+  var version14: String {
+    let name = schema.filter { $0 != "\"" }
+    return """
+      CREATE OR REPLACE FUNCTION \(schema).dedup_lock_key(queue text, key bytea) RETURNS bigint
+        LANGUAGE sql IMMUTABLE PARALLEL SAFE
+        AS $body$ SELECT hashtextextended('conveyor.dedup:\(name):' || queue || ':' || encode(key, 'hex'), 0) $body$;
+      CREATE OR REPLACE FUNCTION \(schema).order_lock_key(queue text, key text) RETURNS bigint
+        LANGUAGE sql IMMUTABLE PARALLEL SAFE
+        AS $body$ SELECT hashtextextended('conveyor.order:\(name):' || queue || ':' || key, 0) $body$;
+      ALTER TABLE \(schema).jobs ADD COLUMN fairness_key text, ADD COLUMN turn timestamptz,
+        ADD COLUMN turn_priority integer;
+      DROP INDEX \(schema).jobs_ready;
+      CREATE INDEX jobs_ready ON \(schema).jobs (queue, priority DESC, (\(Self.place)), seq, id)
+        WHERE status = 'ready';
+      DROP INDEX \(schema).jobs_parked;
+      CREATE INDEX jobs_parked ON \(schema).jobs (queue, limit_key, priority DESC, (\(Self.place)), seq, id)
+        WHERE status = 'held' AND parked;
+      CREATE INDEX jobs_parked_place ON \(schema).jobs (queue, priority, (\(Self.place))) WHERE status = 'held' AND parked;
+      CREATE INDEX jobs_key_turns ON \(schema).jobs (queue, fairness_key, turn_priority, turn) WHERE turn IS NOT NULL;
+      CREATE INDEX jobs_turns ON \(schema).jobs (queue, turn_priority, turn) WHERE turn IS NOT NULL;
+      CREATE TABLE \(schema).turns_left (
+        queue text NOT NULL,
+        priority integer NOT NULL,
+        key text NOT NULL,
+        turn timestamptz NOT NULL,
+        PRIMARY KEY (queue, priority, key)
+      );
+
+      CREATE OR REPLACE FUNCTION \(schema).key_stopped() RETURNS trigger LANGUAGE plpgsql AS $body$
+      BEGIN
+        PERFORM pg_advisory_xact_lock(\(Self.limitLockKey(schema, queue: "OLD.queue")));
+        UPDATE \(schema).jobs SET status = 'ready', parked = NULL WHERE id = (
+          SELECT p.id FROM \(schema).jobs p
+          WHERE p.queue = OLD.queue AND p.limit_key = OLD.limit_key AND p.status = 'held' AND p.parked
+          ORDER BY p.priority DESC, coalesce(p.turn, p.run_at), p.seq, p.id LIMIT 1 FOR UPDATE SKIP LOCKED);
+        IF FOUND THEN
+          PERFORM pg_notify('\(channel)', OLD.queue);
+        END IF;
+        RETURN NULL;
+      END
+      $body$;
+
+      CREATE FUNCTION \(schema).take_turn() RETURNS trigger LANGUAGE plpgsql AS $body$
+      DECLARE
+        head timestamptz;
+        previous timestamptz;
+      BEGIN
+        IF NEW.turn IS NOT NULL AND (TG_OP = 'INSERT' OR OLD.status NOT IN ('scheduled', 'dead')) THEN
+          RETURN NEW;
+        END IF;
+        IF TG_OP = 'UPDATE' AND OLD.turn IS NOT NULL AND OLD.turn_priority IS DISTINCT FROM NEW.priority THEN
+          INSERT INTO \(schema).turns_left AS l (queue, priority, key, turn)
+          VALUES (OLD.queue, OLD.turn_priority, OLD.fairness_key, OLD.turn)
+          ON CONFLICT (queue, priority, key) DO UPDATE SET turn = greatest(l.turn, excluded.turn);
+        END IF;
+        \(Self.turnHead(schema, queue: "NEW.queue", priority: "NEW.priority", id: "NEW.id")) INTO head;
+        IF head IS NULL THEN
+          \(Self.turnLatest(schema, queue: "NEW.queue", priority: "NEW.priority", runAt: "NEW.run_at")) INTO head;
+        END IF;
+        \(Self.turnPrevious(schema, queue: "NEW.queue", priority: "NEW.priority", key: "NEW.fairness_key"))
+          INTO previous;
+        NEW.turn := greatest(head, previous);
+        NEW.turn_priority := NEW.priority;
+        RETURN NEW;
+      END
+      $body$;
+      CREATE FUNCTION \(schema).promote_in_order(ids bigint[]) RETURNS void LANGUAGE plpgsql AS $body$
+      DECLARE
+        job bigint;
+      BEGIN
+        FOREACH job IN ARRAY ids LOOP
+          UPDATE \(schema).jobs SET status = 'ready' WHERE id = job AND status = 'scheduled';
+        END LOOP;
+      END
+      $body$;
+      CREATE TRIGGER jobs_take_turn BEFORE INSERT OR UPDATE OF status, turn ON \(schema).jobs FOR EACH ROW
+        WHEN (NEW.status = 'ready' AND NEW.fairness_key IS NOT NULL)
+        EXECUTE FUNCTION \(schema).take_turn();
+      """
+  }
+
+  /// The queries of ``version14``'s `take_turn`, for a job of `queue` at `priority` (SQL
+  /// expressions), written once for the trigger and for the tests that explain them.
+  ///
+  /// The head: the place of the first job of the priority, other than `id`, that is ready
+  /// (`jobs_ready`) or held by its limit key (`jobs_parked_place`); NULL with none.
+  static func turnHead(_ schema: String, queue: String, priority: String, id: String) -> String {
+    """
+    SELECT least((
+        SELECT coalesce(h.turn, h.run_at) FROM \(schema).jobs h
+        WHERE h.queue = \(queue) AND h.status = 'ready' AND h.priority = \(priority) AND h.id <> \(id)
+        ORDER BY h.priority DESC, coalesce(h.turn, h.run_at), h.seq, h.id LIMIT 1), (
+        SELECT coalesce(h.turn, h.run_at) FROM \(schema).jobs h
+        WHERE h.queue = \(queue) AND h.status = 'held' AND h.parked AND h.priority = \(priority) AND h.id <> \(id)
+        ORDER BY coalesce(h.turn, h.run_at) LIMIT 1))
+    """
+  }
+  /// With no head: the later of the run date `runAt` and the latest turn taken at the priority
+  /// (`jobs_turns`, `turns_left`).
+  static func turnLatest(_ schema: String, queue: String, priority: String, runAt: String) -> String {
+    """
+    SELECT greatest(\(runAt), (
+        SELECT t.turn FROM \(schema).jobs t
+        WHERE t.queue = \(queue) AND t.turn_priority = \(priority) AND t.turn IS NOT NULL
+        ORDER BY t.turn DESC LIMIT 1), (
+        SELECT max(l.turn) FROM \(schema).turns_left l WHERE l.queue = \(queue) AND l.priority = \(priority)))
+    """
+  }
+  /// A millisecond after the latest turn of the fairness key `key` at the priority
+  /// (`jobs_key_turns`, `turns_left`); NULL when it took none.
+  static func turnPrevious(_ schema: String, queue: String, priority: String, key: String) -> String {
+    """
+    SELECT greatest((
+        SELECT t.turn FROM \(schema).jobs t
+        WHERE t.queue = \(queue) AND t.fairness_key = \(key) AND t.turn_priority = \(priority)
+          AND t.turn IS NOT NULL
+        ORDER BY t.turn DESC LIMIT 1), (
+        SELECT l.turn FROM \(schema).turns_left l
+        WHERE l.queue = \(queue) AND l.priority = \(priority) AND l.key = \(key)))
+      + interval '1 millisecond'
+    """
+  }
+
   /// A schedule's columns, in the order `PostgresJobStore.schedule(_:row:)` reads them.
   static let scheduleColumns = """
     queue, name, spacing, time_zone, catch_up, jitter_ms, payload, priority, time_limit_ms, origin, active, \
@@ -622,10 +779,12 @@ struct SQL {
     """
   }
   /// Serialises the saves of a queue's schedules: a save reads every row of the queue and writes
-  /// some, and two saves must not both find a schedule missing (the schemas of one database
-  /// share it: a wait, never a wrong answer). Parameter: queue.
-  static let lockSchedulesOfQueue =
-    "SELECT pg_advisory_xact_lock(hashtextextended('conveyor.schedules:' || $1, 0))"
+  /// some, and two saves must not both find a schedule missing. The lock's key holds the schema's
+  /// name, so other schemas' queues of the same name never wait for it. Parameter: queue.
+  var lockSchedulesOfQueue: String {
+    let name = schema.filter { $0 != "\"" }
+    return "SELECT pg_advisory_xact_lock(hashtextextended('conveyor.schedules:\(name):' || $1, 0))"
+  }
   /// A fired schedule's new last slot and due time. Parameters: queue, name, last slot, next due.
   var advanceSchedule: String {
     "UPDATE \(schema).schedules SET last_slot = $3, next_due = $4 WHERE queue = $1 AND name = $2"
@@ -647,10 +806,10 @@ struct SQL {
   static let columns = """
     id, queue, payload, status, priority, attempts, run_at, created_at, last_error, dedup_key, \
     lease_owner, lease_expires_at, claim_token, time_limit_ms, finished_at, errors, run_ms, output, ordering_key, \
-    limit_key, parked
+    limit_key, parked, fairness_key
     """
-  /// Where the claim's `seq` follows the record's columns.
-  static let seqColumn = 21
+  /// Where the claim's `seq` follows the record's columns, and its place (``place``) `seq`.
+  static let seqColumn = 22
 
   /// `errors` (of the row `j`) with the text `error` appended as a JSON string, unless it is
   /// NULL, keeping the latest `JobHistory.maximumErrors`.
@@ -727,6 +886,7 @@ struct SQL {
       UPDATE \(schema).jobs AS j SET payload = $2, priority = $3, run_at = r.run_at,
         status = CASE WHEN j.status = 'held' AND j.parked IS NOT TRUE THEN 'held'
           WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END,
+        turn = CASE WHEN j.status = 'held' AND j.parked IS NOT TRUE OR r.run_at > n.now THEN j.turn END,
         time_limit_ms = $7::int8
       FROM target AS t, (SELECT \(Self.now(6)) AS now) AS n,
         LATERAL (SELECT CASE WHEN $5::timestamptz IS NOT NULL THEN $5::timestamptz
@@ -763,18 +923,20 @@ struct SQL {
     """
     WITH inserted AS (
       INSERT INTO \(schema).jobs (queue, payload, status, priority, run_at, created_at, dedup_key, time_limit_ms,
-        ordering_key, limit_key)
+        ordering_key, limit_key, fairness_key)
       SELECT $1, j.payload,
         CASE WHEN j.line IS NOT NULL AND (j.place > 1 OR EXISTS (
             SELECT 1 FROM \(schema).jobs l
             WHERE l.queue = $1 AND l.ordering_key = j.line AND l.status IN (\(lineStatuses))))
           THEN 'held' WHEN r.run_at <= n.now THEN 'ready' ELSE 'scheduled' END,
-        j.priority, r.run_at, n.now, j.key, j.time_limit, j.line, j.limit_key
+        j.priority, r.run_at, n.now, j.key, j.time_limit, j.line, j.limit_key, j.fairness_key
       FROM (SELECT \(Self.now(7)) AS now) AS n,
         (SELECT u.*, row_number() OVER (PARTITION BY u.line ORDER BY u.ordinal) AS place
           FROM unnest(
-            $2::bytea[], $3::int8[], $4::int8[], $5::timestamptz[], $6::bytea[], $8::int8[], $9::text[], $10::text[])
-            WITH ORDINALITY AS u(payload, priority, delay, at, key, time_limit, line, limit_key, ordinal)) AS j,
+            $2::bytea[], $3::int8[], $4::int8[], $5::timestamptz[], $6::bytea[], $8::int8[], $9::text[], $10::text[],
+            $11::text[])
+            WITH ORDINALITY AS u(payload, priority, delay, at, key, time_limit, line, limit_key, fairness_key, ordinal))
+          AS j,
         LATERAL (SELECT CASE WHEN j.at IS NOT NULL THEN j.at
           WHEN j.delay IS NOT NULL THEN least(n.now + j.delay * interval '1 millisecond', \(Self.latest))
           ELSE n.now END AS run_at) AS r
@@ -917,6 +1079,7 @@ struct SQL {
           ELSE CASE WHEN least(n.now + c.delay * interval '1 millisecond', \(Self.latest)) <= n.now
             THEN 'ready' ELSE 'scheduled' END END,
         ordering_key = CASE WHEN c.kind = 6 THEN NULL ELSE j.ordering_key END,
+        turn = CASE WHEN r.place IS NOT NULL THEN NULL ELSE j.turn END,
         finished_at = CASE WHEN c.kind IN (0, 2, 6) THEN n.now ELSE j.finished_at END,
         errors = CASE WHEN c.kind IN (1, 2, 6) THEN \(appendError("c.error")) ELSE j.errors END,
         run_ms = coalesce(c.ran, j.run_ms),
@@ -981,16 +1144,28 @@ struct SQL {
   /// know how many jobs are due (the time is a parameter or the statement's clock), and with
   /// `id IN (…)` it guessed thousands and joined them against a sequential scan of the table; an
   /// array is always looked up by the primary key. The rescue is written the same way.
+  ///
+  /// Jobs with a fairness key take their turns as they become ready, each seeing the ones before
+  /// (``version14``), and one `UPDATE` reaches its rows in an order of the plan's choosing: when
+  /// a job with a fairness key is among the due, `promote_in_order` makes them ready one at a
+  /// time in ID order, the order the other stores take.
   static func promote(_ schema: String) -> String {
     """
-    WITH promoted AS (
-      UPDATE \(schema).jobs SET status = 'ready' WHERE id = ANY(ARRAY(
-        SELECT id FROM \(schema).jobs
-        WHERE queue = $1 AND status = 'scheduled' AND run_at <= \(Self.now(2))
-        FOR UPDATE SKIP LOCKED))
+    WITH due AS MATERIALIZED (
+      SELECT id, fairness_key IS NOT NULL AS fair FROM \(schema).jobs
+      WHERE queue = $1 AND status = 'scheduled' AND run_at <= \(Self.now(2))
+      FOR UPDATE SKIP LOCKED
+    ),
+    promoted AS (
+      UPDATE \(schema).jobs SET status = 'ready' WHERE id = ANY(ARRAY(SELECT id FROM due))
+        AND NOT EXISTS (SELECT 1 FROM due WHERE fair)
+    ),
+    in_order AS (
+      SELECT \(schema).promote_in_order(ARRAY(SELECT id FROM due ORDER BY id)) AS done
+      WHERE EXISTS (SELECT 1 FROM due WHERE fair)
     )
     SELECT coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false),
-      (SELECT concurrency FROM \(schema).queues WHERE name = $1)
+      (SELECT concurrency FROM \(schema).queues WHERE name = $1), (SELECT count(*) FROM in_order)
     """
   }
 
@@ -1013,8 +1188,8 @@ struct SQL {
       SELECT id FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
         AND NOT EXISTS (SELECT 1 FROM \(schema).queues q WHERE q.name = $1 AND q.paused)
         AND current_setting('\(Self.limitLocked)', true) IS DISTINCT FROM 'on'
-      ORDER BY priority DESC, run_at, seq, id LIMIT $2 FOR UPDATE SKIP LOCKED))
-    RETURNING \(Self.columns("j")), j.seq
+      ORDER BY priority DESC, \(Self.place), seq, id LIMIT $2 FOR UPDATE SKIP LOCKED))
+    RETURNING \(Self.columns("j")), j.seq, coalesce(j.turn, j.run_at)
     """
   }
 
@@ -1138,19 +1313,19 @@ struct SQL {
               + $4 * interval '1 millisecond', \(Self.latest))
         WHERE j.id = ANY(ARRAY(
           SELECT id FROM (
-            SELECT id, priority, run_at, seq FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
+            SELECT id, priority, \(Self.place) AS place, seq FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
               AND NOT EXISTS (SELECT 1 FROM \(schema).queues q WHERE q.name = $1 AND q.paused)
               AND current_setting('\(Self.limitLocked)', true) = 'on'
               AND current_setting('\(Self.keyLimited)', true) IS DISTINCT FROM 'on'
-            ORDER BY priority DESC, run_at, seq, id LIMIT $2 FOR UPDATE SKIP LOCKED
+            ORDER BY priority DESC, \(Self.place), seq, id LIMIT $2 FOR UPDATE SKIP LOCKED
           ) AS candidates
-          ORDER BY priority DESC, run_at, seq, id
+          ORDER BY priority DESC, place, seq, id
           LIMIT greatest(0, least($2,
             coalesce(
               (SELECT q.concurrency - \(runningUpToLimit(schema)) FROM \(schema).queues q
                 WHERE q.name = $1 AND q.concurrency IS NOT NULL), $2),
             coalesce((SELECT starts FROM bucket), $2)))))
-        RETURNING \(Self.columns("j")), j.seq
+        RETURNING \(Self.columns("j")), j.seq, coalesce(j.turn, j.run_at)
       ),
       timed AS (
         UPDATE \(schema).queues SET rate_time = (SELECT b.base + (SELECT count(*) FROM claimed) * b.step FROM bucket b)
@@ -1183,10 +1358,10 @@ struct SQL {
     return """
       WITH bucket AS (\(rateBucket(schema, now: Self.microsUnderLock(6)))),
       candidates AS MATERIALIZED (
-        SELECT id, priority, run_at, seq, limit_key FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
+        SELECT id, priority, \(Self.place) AS place, seq, limit_key FROM \(schema).jobs WHERE queue = $1 AND status = 'ready'
           AND NOT EXISTS (SELECT 1 FROM \(schema).queues q WHERE q.name = $1 AND q.paused)
           AND current_setting('\(Self.keyLimited)', true) = 'on'
-        ORDER BY priority DESC, run_at, seq, id LIMIT $2 + \(keyWindow) FOR UPDATE SKIP LOCKED
+        ORDER BY priority DESC, \(Self.place), seq, id LIMIT $2 + \(keyWindow) FOR UPDATE SKIP LOCKED
       ),
       keys AS MATERIALIZED (
         SELECT d.limit_key, coalesce(o.concurrency, q.key_concurrency) AS bound,
@@ -1213,13 +1388,13 @@ struct SQL {
         WHERE k.bound IS NOT NULL OR kb.starts IS NOT NULL
       ),
       ranked AS MATERIALIZED (
-        SELECT c.id, c.priority, c.run_at, c.seq, c.limit_key, b.free,
-          row_number() OVER (PARTITION BY c.limit_key ORDER BY c.priority DESC, c.run_at, c.seq, c.id) AS nth
+        SELECT c.id, c.priority, c.place, c.seq, c.limit_key, b.free,
+          row_number() OVER (PARTITION BY c.limit_key ORDER BY c.priority DESC, c.place, c.seq, c.id) AS nth
         FROM candidates c LEFT JOIN bounds b ON b.limit_key = c.limit_key
       ),
       taken AS MATERIALIZED (
         SELECT id, limit_key FROM ranked WHERE free IS NULL OR nth <= free
-        ORDER BY priority DESC, run_at, seq, id
+        ORDER BY priority DESC, place, seq, id
         LIMIT greatest(0, least($2,
           coalesce(
             (SELECT q.concurrency - \(runningUpToLimit(schema)) FROM \(schema).queues q
@@ -1260,7 +1435,7 @@ struct SQL {
             coalesce(date_trunc('milliseconds', \(underLock)), date_trunc('milliseconds', statement_timestamp()))
               + $4 * interval '1 millisecond', \(Self.latest))
         WHERE j.id = ANY(ARRAY(SELECT id FROM taken))
-        RETURNING \(Self.columns("j")), j.seq
+        RETURNING \(Self.columns("j")), j.seq, coalesce(j.turn, j.run_at)
       ),
       timed AS (
         UPDATE \(schema).queues SET rate_time = (SELECT b.base + (SELECT count(*) FROM claimed) * b.step FROM bucket b)
@@ -1328,7 +1503,7 @@ struct SQL {
           SELECT p.id FROM counted c CROSS JOIN LATERAL (
             SELECT id FROM \(schema).jobs
             WHERE queue = $1 AND limit_key = c.key AND status = 'held' AND parked
-            ORDER BY priority DESC, run_at, seq, id LIMIT c.n FOR UPDATE SKIP LOCKED) AS p))
+            ORDER BY priority DESC, \(Self.place), seq, id LIMIT c.n FOR UPDATE SKIP LOCKED) AS p))
         RETURNING limit_key
       ),
       rescheduled AS (
@@ -1426,7 +1601,7 @@ struct SQL {
     return """
       SELECT
         (SELECT count(*) FROM (
-          SELECT FROM \(schema).jobs WHERE queue = $1 AND status = 'ready' ORDER BY priority DESC, run_at, seq, id
+          SELECT FROM \(schema).jobs WHERE queue = $1 AND status = 'ready' ORDER BY priority DESC, \(Self.place), seq, id
         ) AS ready)
           + (SELECT count(*) FROM \(schema).jobs WHERE queue = $1 AND status = 'scheduled' AND run_at <= \(now)),
         (SELECT count(*) FROM \(schema).jobs WHERE queue = $1 AND status = 'scheduled' AND run_at > \(now)),
@@ -1502,7 +1677,7 @@ struct SQL {
     """
     SELECT \(Self.now(2)),
       (SELECT run_at FROM \(schema).jobs WHERE queue = $1 AND status = 'ready' AND NOT lim.at_limit
-        ORDER BY priority DESC, run_at, seq, id LIMIT 1),
+        ORDER BY priority DESC, \(Self.place), seq, id LIMIT 1),
       (SELECT min(run_at) FROM \(schema).jobs WHERE queue = $1 AND status = 'scheduled' AND NOT lim.at_limit),
       (SELECT min(lease_expires_at) FROM \(schema).jobs WHERE queue = $1 AND status = 'running'),
       coalesce((SELECT paused FROM \(schema).queues WHERE name = $1), false),
@@ -1742,10 +1917,11 @@ struct SQL {
       lease_owner = NULL, lease_expires_at = NULL, finished_at = NULL
     """
   }
-  /// The queue's dead jobs among the IDs `$2` (all when NULL), oldest first, with their keys.
+  /// The queue's dead jobs among the IDs `$2` (all when NULL), oldest first, with their keys and
+  /// whether each has a fairness key.
   var deadJobs: String {
     """
-    SELECT id, dedup_key, ordering_key FROM \(schema).jobs
+    SELECT id, dedup_key, ordering_key, fairness_key IS NOT NULL FROM \(schema).jobs
     WHERE queue = $1 AND status = 'dead' AND ($2::int8[] IS NULL OR id = ANY($2::int8[])) ORDER BY id
     """
   }

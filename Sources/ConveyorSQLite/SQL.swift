@@ -410,10 +410,11 @@ enum SQL {
   ///   dates), taken by ``takeTurn`` when a job with a fairness key becomes ready; NULL for jobs
   ///   without one, and for scheduled jobs (a retry, a re-queue and a replacement clear it).
   /// - `fair_keys`: each key's latest turn at each priority; `fair_keys_latest`: the latest turn of
-  ///   any key at a priority, for a job that finds no ready job of its priority.
+  ///   any key at a priority, for a job that finds no job of its priority waiting in its place.
   /// - `jobs_ready` and `jobs_parked` order by *place*, `coalesce(turn, run_at)`: a job without a
   ///   fairness key keeps its run date as its place. The limit-key triggers that make a held job
-  ///   ready again are recreated in that order.
+  ///   ready again are recreated in that order. `jobs_parked_place`: the jobs held by their limit
+  ///   key by priority and place, for the head of a priority (``takeTurn``).
   /// - Two triggers give a job its turn as it becomes ready, whatever the path: inserted ready,
   ///   promoted, retried, re-queued, made ready by an operator, replaced. A job that keeps its
   ///   turn (released, rescued, held by a limit and made ready again) keeps its `turn`, and the
@@ -434,6 +435,7 @@ enum SQL {
     DROP INDEX jobs_parked;
     CREATE INDEX jobs_parked ON jobs (queue, limit_key, priority DESC, coalesce(turn, run_at), seq, id)
       WHERE status = 'held' AND parked = 1;
+    CREATE INDEX jobs_parked_place ON jobs (queue, priority, coalesce(turn, run_at)) WHERE status = 'held' AND parked = 1;
     DROP TRIGGER jobs_key_stopped;
     CREATE TRIGGER jobs_key_stopped AFTER UPDATE OF status ON jobs
     WHEN OLD.limit_key IS NOT NULL AND (
@@ -460,16 +462,22 @@ enum SQL {
     END;
     """
   /// In a trigger on a job with a fairness key that became ready without a turn (`NEW`): it takes
-  /// `max(head, previous + 1)` (`FairTurns`), where `head` is the place of the first other ready
-  /// job of its priority (`jobs_ready`), or with none the later of its run date and the latest
+  /// `max(head, previous + 1)` (`FairTurns`), where `head` is the place of the first other job of
+  /// its priority that is ready (`jobs_ready`) or held by its limit key (`jobs_parked_place`),
+  /// or with none the later of its run date and the latest
   /// turn any key took at its priority (`fair_keys_latest`), and `previous` its key's latest turn
   /// at its priority; the key's turn is then raised to it.
   private static let takeTurn = """
     UPDATE jobs SET turn = max(
         coalesce(
-          (SELECT coalesce(h.turn, h.run_at) FROM jobs AS h INDEXED BY jobs_ready
-            WHERE h.queue = NEW.queue AND h.status = 'ready' AND h.priority = NEW.priority AND h.id <> NEW.id
-            ORDER BY coalesce(h.turn, h.run_at), h.seq, h.id LIMIT 1),
+          (SELECT min(coalesce(r.place, p.place), coalesce(p.place, r.place)) FROM
+            (SELECT (SELECT coalesce(h.turn, h.run_at) FROM jobs AS h INDEXED BY jobs_ready
+              WHERE h.queue = NEW.queue AND h.status = 'ready' AND h.priority = NEW.priority AND h.id <> NEW.id
+              ORDER BY coalesce(h.turn, h.run_at), h.seq, h.id LIMIT 1) AS place) AS r,
+            (SELECT (SELECT coalesce(h.turn, h.run_at) FROM jobs AS h INDEXED BY jobs_parked_place
+              WHERE h.queue = NEW.queue AND h.status = 'held' AND h.parked = 1 AND h.priority = NEW.priority
+                AND h.id <> NEW.id
+              ORDER BY coalesce(h.turn, h.run_at) LIMIT 1) AS place) AS p),
           max(NEW.run_at, coalesce(
             (SELECT max(f.turn) FROM fair_keys AS f WHERE f.queue = NEW.queue AND f.priority = NEW.priority),
             NEW.run_at))),

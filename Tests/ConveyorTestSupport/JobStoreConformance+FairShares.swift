@@ -12,6 +12,14 @@ extension JobStoreConformance {
       onConflict: onConflict, limitKey: limitKey, fairnessKey: key)
   }
 
+  /// A job as a random run's trace shows it: text, fairness key, priority, run time, limit key,
+  /// deduplication key and conflict rule.
+  static func describe(_ job: NewJob) -> String {
+    let text = String(decoding: job.payload, as: UTF8.self)
+    return "\(text)/\(job.fairnessKey ?? "-")/p\(job.priority)/\(job.runTime)/\(job.limitKey ?? "-")/"
+      + "\(job.deduplicationKey ?? "-")/\(job.onConflict)"
+  }
+
   /// Adds `jobs` to queue `q` one call each, at `seconds`.
   static func addEach(_ store: any JobStore, _ jobs: [NewJob], now seconds: Double = 0) async throws {
     for job in jobs { _ = try await store.enqueue([job], queue: "q", clock: now(seconds)) }
@@ -185,6 +193,7 @@ extension JobStoreConformance {
         var running: [[String: JobRecord]] = [[:], [:]]
         var counter = 0
         var time = 1.0
+        var trace: [String] = []
         for step in 0..<150 {
           let op = next(10)
           if op < 4 {
@@ -202,25 +211,32 @@ extension JobStoreConformance {
                   deduplicationKey: dedup,
                   onConflict: next(2) == 0 ? .replace : .useExisting, limitKey: limitKey, fairnessKey: key))
             }
+            trace.append("\(step) at \(time) s: add \(jobs.map(describe))")
             for (index, target) in targets.enumerated() {
               let added = try await target.enqueue(jobs, queue: queue, clock: now(time))
+              if index == 0 { trace.append("  \(added.map(\.outcome))") }
               for (job, result) in zip(jobs, added) where result.outcome == .inserted {
                 ids[index][String(decoding: job.payload, as: UTF8.self)] = result.id
               }
             }
           } else if op == 4, counter > 0 {
             let text = "j\(1 + next(counter))"
+            trace.append("\(step) at \(time) s: cancel \(text)")
             for (index, target) in targets.enumerated() {
               if let id = ids[index][text] {
                 _ = try await target.cancel([id], queue: queue, clock: now(time))
               }
             }
           } else {
-            let chosen = running[0].keys.sorted().filter { _ in next(2) == 0 }
+            // One job a call: the order in which several jobs settled by one call take their
+            // turns is each store's own (see `FairTurns`); `FairSharesTests` checks SQLite's
+            // batches against the in-memory store's.
+            let chosen = Array(running[0].keys.sorted().filter { _ in next(2) == 0 }.prefix(1))
             let action: JobSettlement.Action = [
               .complete, .retry(after: .zero, error: nil), .retry(after: .seconds(1), error: nil),
             ][next(3)]
             var answers: [[String]] = []
+            trace.append("\(step) at \(time) s: settle \(chosen) \(action), claim \(1 + step % 3)")
             for (index, target) in targets.enumerated() {
               let settling = chosen.compactMap { running[index][$0] }.map { settle($0, action) }
               for text in chosen { running[index][text] = nil }
@@ -229,9 +245,11 @@ extension JobStoreConformance {
               for record in batch.claimed { running[index][text(record)] = record }
               answers.append(texts(batch))
             }
+            trace.append("  \(answers[0]) / \(answers[1])")
             try expect(
               answers[0] == answers[1],
-              "round \(round) step \(step) at \(time) s: \(answers[0]) vs in-memory \(answers[1])")
+              "round \(round) step \(step) at \(time) s: \(answers[0]) vs in-memory \(answers[1]); the run:\n"
+                + trace.joined(separator: "\n"))
           }
           time += [0.001, 0.1, 0.25, 0.5, 1, 3][next(6)]
         }

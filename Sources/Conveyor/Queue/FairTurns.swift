@@ -9,17 +9,22 @@
 ///
 ///     max(head(p), previous(K, p) + 1)
 ///
-/// where `head(p)` is the place of the first ready job of priority `p`, or, with none ready at
-/// that priority, the later of the job's run date and the latest turn any key took at `p`; and
+/// where `head(p)` is the place of the first job of priority `p` that waits in its place (ready, or
+/// held by its limit key's limit or rate: which of those a claim has held yet is each store's own
+/// choice, so the rule counts both), or, with none at that priority, the later of the job's run
+/// date and the latest turn any key took at `p`; and
 /// `previous(K, p)` is the key's latest turn at `p` (none: no lower bound). Each turn a key takes
 /// is one millisecond after its last, and a key without a backlog starts at the head: after one
 /// job of each other key at most, its job is next. That is start-time fair queuing with the head
 /// of the queue as its virtual time; without the latest turn, a key whose turns ran ahead of the
 /// clock would wait behind everyone after the queue ran empty. Turns are kept per priority.
 ///
-/// Jobs take their turns one at a time, each seeing the ones before it: a call's jobs in their
-/// order; jobs whose run dates come by one claim in ID order (the order they were added); a
-/// retried job before the held job its limit key then lets go.
+/// Jobs take their turns one at a time, each seeing the ones before it: an add's jobs in their
+/// order; jobs whose run dates come by one claim in ID order (the order they were added); jobs
+/// re-queued by one call as the re-queue takes them (those without a deduplication key by ID, then
+/// the others by ID); a retried job before the held job its limit key then lets go. The
+/// jobs one settlement call retries into the ready state take their turns in the call's order on
+/// the in-memory and SQLite stores, and in the order its statement reaches them on PostgreSQL.
 package struct FairTurns: Sendable {
   /// A key at a priority.
   package struct Key: Hashable, Sendable {
@@ -31,7 +36,7 @@ package struct FairTurns: Sendable {
     }
   }
 
-  /// The place of the first ready job at each priority that has one.
+  /// The place of the first job waiting in its place at each priority that has one.
   package var heads: [Int: Int64]
   /// The latest turn any key took at each priority where one did.
   package var latest: [Int: Int64]
@@ -53,19 +58,5 @@ package struct FairTurns: Sendable {
     latest[priority] = max(latest[priority] ?? .min, turn)
     if heads[priority] == nil { heads[priority] = turn }
     return turn
-  }
-
-  /// Notes a job without a fairness key that became ready at `priority` with its run date
-  /// `runAt` as its place: it may be the first ready job of its priority.
-  package mutating func noteReady(priority: Int, runAt: Int64) {
-    heads[priority] = min(heads[priority] ?? .max, runAt)
-  }
-
-  /// The keys whose turn changed since `before`, with their latest turn: what a store writes back.
-  package func changed(since before: [Key: Int64]) -> [(priority: Int, key: String, turn: Int64)] {
-    previous.compactMap { entry in
-      before[entry.key] == entry.value ? nil : (entry.key.priority, entry.key.key.text, entry.value)
-    }
-    .sorted { ($0.priority, ExactText($0.key)) < ($1.priority, ExactText($1.key)) }
   }
 }

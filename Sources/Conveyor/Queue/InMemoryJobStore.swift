@@ -577,8 +577,8 @@ extension InMemoryJobStore {
     var rateTime: Int64?
     /// Pending jobs in claim order: priority descending, place, ID.
     var ready = Heap<ClaimOrder>()
-    /// The entries of ``ready`` by priority, kept once the queue had a job with a fairness key, for
-    /// the first ready job of a priority (``head(_:)``); nil before.
+    /// The entries of ``ready`` and ``parked`` by priority, kept once the queue had a job with a
+    /// fairness key, for the first waiting job of a priority (``head(_:)``); nil before.
     var readyByPriority: [Int: Heap<ClaimOrder>]?
     /// How many entries ``readyByPriority`` holds, stale ones included.
     var readyByPriorityCount = 0
@@ -766,7 +766,8 @@ extension InMemoryJobStore {
     mutating func buildReadyByPriority() {
       var byPriority: [Int: Heap<ClaimOrder>] = [:]
       var count = 0
-      for order in ready.elements where readiness(of: order.entry) == true {
+      let waiting = ready.elements + parked.values.flatMap(\.elements)
+      for order in waiting where waitsInPlace(order.entry) == true {
         byPriority[order.entry.priority, default: Heap()].push(order)
         count += 1
       }
@@ -774,11 +775,12 @@ extension InMemoryJobStore {
       readyByPriorityCount = count
     }
 
-    /// The place of the first ready job of `priority`, nil when none is ready.
+    /// The place of the first job of `priority` that is ready or held by its limit key
+    /// (``FairTurns``), nil when there is none.
     mutating func head(_ priority: Int) -> Int64? {
       if readyByPriority == nil { buildReadyByPriority() }
       while let top = readyByPriority?[priority]?.peek {
-        if readiness(of: top.entry) == true { return top.entry.place }
+        if waitsInPlace(top.entry) == true { return top.entry.place }
         readyByPriority![priority]!.pop()
         readyByPriorityCount -= 1
       }
@@ -798,6 +800,14 @@ extension InMemoryJobStore {
       fairPrevious[exact] = turn
       fairLatest[priority] = turns.latest[priority]
       return turn
+    }
+
+    /// Whether the job of `entry` still waits in its place under it: current
+    /// (``isCurrent(_:_:)``) and ready or held by its limit key. Nil when the entry is stale.
+    mutating func waitsInPlace(_ entry: Entry) -> Bool? {
+      jobs.update(entry.id) { slot in
+        Self.isCurrent(entry, slot) ? slot.ready || slot.record.isHeldByLimit : nil
+      } ?? nil
     }
 
     /// Whether the job of `entry` is still ready under it: current (``isCurrent(_:_:)``) and marked
