@@ -150,8 +150,8 @@ public final class PostgresJobStore: JobStore {
   /// place a retried job takes among ready ones; 5 a job's own time limit; 6 the history of
   /// finished jobs; 7 an index of the running and completed jobs with a deduplication key; 8 stored
   /// schedules; 9 ordering keys; 10 the queues' stored limits; 11 their rates; 12 limits per key; 13
-  /// rates per key).
-  public static let schemaVersion = 13
+  /// rates per key; 14 fair shares).
+  public static let schemaVersion = 14
 
   /// The options the store was opened with.
   public let options: Options

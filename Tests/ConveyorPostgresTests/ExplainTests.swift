@@ -213,6 +213,73 @@ struct ExplainTests {
     await store.close()
   }
 
+  /// Fair shares cost a claim and a turn nothing, however many keys have backlogs: with 100,000
+  /// fairness keys of three ready jobs each, 10,000 jobs held by their limit key and 1,000 ready
+  /// jobs without a key, the claim reads the ready index's first 100 entries, and each query a
+  /// job's turn takes (``SQL/turnHead(_:queue:priority:id:)``, ``SQL/turnLatest(_:queue:priority:runAt:)``,
+  /// ``SQL/turnPrevious(_:queue:priority:key:)``, as `take_turn` runs them) reads an entry or two
+  /// of its index.
+  @Test func fairnessKeysWithBacklogsCostAClaimAndATurnNothing() async throws {
+    let (schema, store, admin) = try await plansStore()
+    let sql = store.sql
+    let now = "date_trunc('milliseconds', now())"
+    // Key k's three jobs have turns k, k + 100,000 and k + 200,000 ms after an hour ago.
+    try await admin.queryOffPool(
+      """
+      INSERT INTO \(schema).jobs (queue, payload, status, run_at, created_at, fairness_key, turn, turn_priority)
+      SELECT 'big', '\\x7b7d'::bytea, 'ready', \(now) - interval '1 hour', \(now),
+        'key-' || ((i - 1) % 100000 + 1), \(now) - interval '1 hour' + i * interval '1 millisecond', 0
+      FROM generate_series(1, 300000) AS i
+      """)
+    try await admin.queryOffPool(
+      """
+      INSERT INTO \(schema).jobs (queue, payload, status, parked, run_at, created_at, limit_key)
+      SELECT 'big', '\\x7b7d'::bytea, CASE WHEN i <= 10000 THEN 'held' ELSE 'ready' END,
+        CASE WHEN i <= 10000 THEN true END, \(now) - interval '2 hours', \(now),
+        CASE WHEN i <= 10000 THEN 'host-' || (i % 100) END
+      FROM generate_series(1, 11000) AS i
+      """)
+    try await admin.queryOffPool("VACUUM ANALYZE \(schema).jobs")
+    // The store's session settings (see `PostgresJobStore.init`).
+    try admin.query("SET enable_seqscan = off; SET enable_mergejoin = off")
+    for (mode, plan) in try analyzedPlans(
+      admin, "fair_claim", prepare: "(text, int8, text, int8, timestamptz) AS \(sql.claim)",
+      execute: "('big', 100, 'w', 60000, NULL)")
+    {
+      #expect(!plan.contains("Seq Scan on jobs"), "the claim (\(mode)) scans the jobs table:\n\(plan)")
+      #expect(plan.contains(" jobs_ready "), "the claim (\(mode)) reads the ready index:\n\(plan)")
+      let read = rowsRead(in: plan) { $0.contains("Index Scan") || $0.contains("Index Only Scan") }
+      #expect(read.allSatisfy { $0 <= 100 }, "the claim (\(mode)) read more than it took:\n\(plan)")
+    }
+    let turns = [
+      (
+        "head", SQL.turnHead(schema, queue: "'big'", priority: "0", id: "0"),
+        ["jobs_ready", "jobs_parked_place"]
+      ),
+      ("latest", SQL.turnLatest(schema, queue: "'big'", priority: "0", runAt: "now()"), ["jobs_turns"]),
+      (
+        "previous", SQL.turnPrevious(schema, queue: "'big'", priority: "0", key: "'key-77'"),
+        ["jobs_key_turns"]
+      ),
+      (
+        "previous of a new key", SQL.turnPrevious(schema, queue: "'big'", priority: "0", key: "'new'"),
+        ["jobs_key_turns"]
+      ),
+    ]
+    try admin.query("SET plan_cache_mode = force_custom_plan")
+    for (name, query, indexes) in turns {
+      let plan = try admin.query("EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) \(query)")
+        .compactMap { $0.first ?? nil }.joined(separator: "\n")
+      #expect(!plan.contains("Seq Scan on jobs"), "the turn's \(name) scans the jobs table:\n\(plan)")
+      for index in indexes {
+        #expect(plan.contains(" \(index) "), "the turn's \(name) does not use \(index):\n\(plan)")
+      }
+      let read = rowsRead(in: plan) { $0.contains("Scan") }
+      #expect(read.allSatisfy { $0 <= 1 }, "the turn's \(name) reads more than an entry:\n\(plan)")
+    }
+    await store.close()
+  }
+
   // Failed before the fix: a prepared settlement's plan made while the statistics said no job was
   // running (a table analyzed before workers claimed) walked every running job of the queue for
   // each settlement, and kept doing so as hundreds ran: a JobQueue with prefetch 96 spent 4 ms in

@@ -47,4 +47,43 @@ struct FlowControlProcessTests {
     print("FlowControlProcessTests (PostgreSQL, \(limits)): \(outcome.summary)")
     await store.close()
   }
+
+  /// Fair shares across processes: tenant A's 400 jobs are added first, then one job each of ten
+  /// other tenants; four worker processes (four handlers each) share the queue and log each
+  /// handler's start to one file. The ten tenants' turns come right after A's first job, so each
+  /// starts among the first 11 jobs claimed, give or take the 16 handlers claiming at once (in
+  /// the order the jobs were added, they would start after A's 400). Every job runs once.
+  @Test func fourWorkersTakeEachTenantsJobsInTurn() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("fair")
+    let folder = try makeFolder()
+    defer { try? FileManager.default.removeItem(atPath: folder) }
+    let store = try await PostgresJobStore.open(url: server.url, options: .init(schema: schema))
+    let backlog = try (0..<400).map {
+      NewJob(payload: try JSONEncoder().encode(TestJob(number: $0)), fairnessKey: "A")
+    }
+    var ids = Set(try await store.enqueue(backlog, queue: "jobs", clock: SystemJobClock()).map(\.id.rawValue))
+    var tenants: Set<Int64> = []
+    for tenant in 0..<10 {
+      let job = NewJob(
+        payload: try JSONEncoder().encode(TestJob(number: 400 + tenant)), fairnessKey: "T\(tenant)")
+      let added = try await store.enqueue([job], queue: "jobs", clock: SystemJobClock())
+      tenants.insert(added[0].id.rawValue)
+    }
+    ids.formUnion(tenants)
+    let starts = folder + "/starts.log"
+    let workers = try (0..<4).map {
+      try WorkerProcess(
+        url: server.url, schema: schema, folder: folder, name: "w\($0)",
+        extra: ["--handle-ms", "5", "--concurrency", "4", "--progress", starts])
+    }
+    for worker in workers { #expect(await worker.exitStatus() == 0, "\(worker.logText)") }
+    let started = try readIDs(starts)
+    #expect(started.count == ids.count && Set(started) == ids, "each job ran once: \(started.count) starts")
+    let places = tenants.compactMap { started.firstIndex(of: $0) }.sorted()
+    #expect(
+      places.count == tenants.count && places.allSatisfy { $0 < 11 + 16 }, "the tenants' starts: \(places)")
+    #expect(try await store.counts(queue: "jobs", clock: SystemJobClock()).total == 0)
+    await store.close()
+  }
 }

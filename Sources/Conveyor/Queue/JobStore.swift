@@ -686,9 +686,10 @@ public protocol JobStore: Sendable {
   /// Whether the store keeps each job's ``NewJob/fairnessKey`` and claims by fair shares: within
   /// a priority, a job with a fairness key takes its key's next turn when it becomes ready (added,
   /// retried or promoted), the later of one millisecond after its key's previous turn and the place
-  /// of the first ready job of its priority (with none ready: the later of the job's run date and
-  /// the latest turn any key of the queue took); a job without one keeps its run date as its place.
-  /// ``JobQueue`` refuses fairness keys for a store that does not. Default false.
+  /// of the first job of its priority that is ready or held by its limit key (with none: the later
+  /// of the job's run date and the latest turn any key of the queue took); a job without one keeps
+  /// its run date as its place. `FairTurns` states the rule in full. ``JobQueue`` refuses fairness
+  /// keys for a store that does not. Default false.
   var keepsFairShares: Bool { get }
 
   /// The queue's limit keys that have running jobs or jobs held for their key's limit, with those
