@@ -331,6 +331,7 @@ extension Dashboard {
           record.lastError = record.lastError.map { cut($0, to: Self.shownError) }
           record.orderingKey = record.orderingKey.map { cut($0, to: Self.shownKey) }
           record.limitKey = record.limitKey.map { cut($0, to: Self.shownKey) }
+          record.fairnessKey = record.fairnessKey.map { cut($0, to: Self.shownKey) }
           let row = ListedRow(
             record: record, state: Self.state(of: record, now: now),
             summary: cut(summary, to: Self.shownSummary))
@@ -377,6 +378,7 @@ extension Dashboard {
     record.deduplicationKey = record.deduplicationKey.map { cut($0, to: Self.shownKey) }
     record.orderingKey = record.orderingKey.map { cut($0, to: Self.shownKey) }
     record.limitKey = record.limitKey.map { cut($0, to: Self.shownKey) }
+    record.fairnessKey = record.fairnessKey.map { cut($0, to: Self.shownKey) }
     // A summary leaves the history out (every attempt's error, the output): a job that ran or
     // finished is read whole for it, one more primary-key lookup (its payload too, at most what
     // the store took). What the page shows of it is bounded.

@@ -387,6 +387,7 @@ struct DashboardPages: Sendable {
       row("Key", record.deduplicationKey),
       row("Ordering key", record.orderingKey),
       row("Limit key", record.limitKey),
+      row("Fairness key", record.fairnessKey),
     ].joined(separator: "\n")
     let held =
       record.isHeldByLimit

@@ -439,7 +439,10 @@ enum LimitsCommands {
 
   /// What `status` and `limits` say when the rate keeps ready jobs waiting for `wait`.
   static func rateReachedText(_ limits: QueueLimits, _ counts: JobCounts, wait: Duration) -> String {
-    let seconds = Double(wait.components.seconds) + Double(wait.components.attoseconds) / 1e18
+    // Between none and a million hours: a clock stepped back gives a negative wait, and the
+    // conversions below trap past `Int`'s range.
+    let seconds = min(
+      max(0, Double(wait.components.seconds) + Double(wait.components.attoseconds) / 1e18), 3_600e6)
     let shown =
       seconds < 60
       ? String(format: "%.1f s", seconds)

@@ -21,6 +21,19 @@ import Testing
     #expect(cut("", to: 0) == "" && cut("x", to: 0) == "…")
   }
 
+  /// The wait for a rate's next start is shown for any duration, the longest and a negative one
+  /// included (a clock stepped back), without a trap: `Int(seconds)` of `Duration`'s largest value
+  /// trapped.
+  @Test func aRatesWaitIsShownWhateverItsLength() {
+    let limits = QueueLimits(rate: RateLimit(perSecond: 1))
+    let counts = JobCounts(ready: 2)
+    #expect(LimitsCommands.rateReachedText(limits, counts, wait: .milliseconds(1_500)).hasSuffix("in 1.5 s"))
+    #expect(LimitsCommands.rateReachedText(limits, counts, wait: .seconds(3_725)).hasSuffix("in 1 h 2 min"))
+    #expect(LimitsCommands.rateReachedText(limits, counts, wait: .seconds(-5)).hasSuffix("in 0.0 s"))
+    let longest = LimitsCommands.rateReachedText(limits, counts, wait: .seconds(Int64.max))
+    #expect(longest.hasSuffix(" h 0 min") && longest.utf8.count < 200, "\(longest)")
+  }
+
   /// A job's pretty JSON is cut at a byte bound (counted as escaped for HTML), with a note, and
   /// its indentation stops growing: 200 arrays deep around 60,000 numbers made 24 MB.
   @Test func prettyJSONIsBoundedWhateverItsShape() throws {

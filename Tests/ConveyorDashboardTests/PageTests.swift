@@ -367,6 +367,27 @@ import Testing
   }
 }
 
+/// Fair shares on the pages: a job's page names its fairness key, escaped, whole at the longest a
+/// key may be.
+@Suite struct FairnessKeyPageTests {
+  @Test func aJobsPageNamesItsFairnessKeyEscaped() async throws {
+    let harness = try DashboardHarness()
+    let key = "<b>acme</b>" + String(repeating: "k", count: FairnessKey.maximumBytes - 11)
+    let added = try await harness.store.enqueue(
+      [NewJob(payload: Data("{}".utf8), fairnessKey: key)], queue: "mail", clock: harness.clock)
+    let page = await harness.get("/jobs/\(added[0].id.rawValue)")
+    #expect(page.status == 200, "\(page)")
+    let shown = "&lt;b&gt;acme&lt;/b&gt;" + String(repeating: "k", count: FairnessKey.maximumBytes - 11)
+    #expect(page.body.contains("<th scope=\"row\">Fairness key</th><td>\(shown)</td>"), "\(page)")
+    #expect(!page.body.contains("<b>acme"))
+    let plain = try await harness.store.enqueue(
+      [NewJob(payload: Data("{}".utf8))], queue: "mail", clock: harness.clock)
+    let plainPage = await harness.get("/jobs/\(plain[0].id.rawValue)")
+    #expect(
+      plainPage.body.contains("<th scope=\"row\">Fairness key</th><td><span class=\"none\">"), "\(plainPage)")
+  }
+}
+
 /// Ordering keys on the pages: a held job's page says which key holds it, rows and counts mark
 /// held jobs, and a key is escaped wherever it is shown.
 @Suite struct OrderingKeyPageTests {
