@@ -1448,19 +1448,16 @@ public final class PostgresJobStore: JobStore {
             [.text(queue), .byteaArray(Array(keys)), .textArray(Array(lines))], prepared: false)
         }
         var total = 0
-        if fair {
-          // One at a time, in ID order: each job with a fairness key takes its turn seeing the
-          // jobs before it ready, as the other stores give them (one statement's order is the
-          // plan's).
-          for id in unkeyed {
-            total += try db.execute(sql.requeueOne, [.text(queue), now, .int64(id)], prepared: false).changed
-          }
-        } else if !unkeyed.isEmpty {
+        // With a job with a fairness key among them, one at a time, so each takes its turn seeing
+        // the jobs before it ready (one statement's order is the plan's), in the order the other
+        // stores take them: all of them, those without a deduplication key first; given IDs, by ID.
+        let oneByOne = fair ? (ids == nil ? unkeyed + keyed : (unkeyed + keyed).sorted()) : keyed
+        if !fair, !unkeyed.isEmpty {
           total = try db.execute(
             sql.requeueWithoutKey, [.text(queue), now, .int64Array(unkeyed)], prepared: false
           ).changed
         }
-        for id in keyed {
+        for id in oneByOne {
           total += try db.execute(sql.requeueOne, [.text(queue), now, .int64(id)], prepared: false).changed
         }
         // Idle workers wake for re-queued jobs, by ID or all.

@@ -515,19 +515,7 @@ struct SQL {
     CREATE INDEX jobs_parked ON \(schema).jobs (queue, limit_key, priority DESC, run_at, seq, id)
       WHERE status = 'held' AND parked;
 
-    CREATE FUNCTION \(schema).key_stopped() RETURNS trigger LANGUAGE plpgsql AS $body$
-    BEGIN
-      PERFORM pg_advisory_xact_lock(\(Self.limitLockKey(schema, queue: "OLD.queue")));
-      UPDATE \(schema).jobs SET status = 'ready', parked = NULL WHERE id = (
-        SELECT p.id FROM \(schema).jobs p
-        WHERE p.queue = OLD.queue AND p.limit_key = OLD.limit_key AND p.status = 'held' AND p.parked
-        ORDER BY p.priority DESC, p.run_at, p.seq, p.id LIMIT 1 FOR UPDATE SKIP LOCKED);
-      IF FOUND THEN
-        PERFORM pg_notify('\(channel)', OLD.queue);
-      END IF;
-      RETURN NULL;
-    END
-    $body$;
+    \(keyStopped(create: "CREATE", place: "p.run_at"))
     CREATE TRIGGER jobs_key_stopped AFTER UPDATE OF status ON \(schema).jobs FOR EACH ROW
       WHEN (OLD.limit_key IS NOT NULL AND (
         (OLD.status = 'running' AND NEW.status <> 'running')
@@ -546,6 +534,27 @@ struct SQL {
     CREATE TRIGGER jobs_unparked BEFORE UPDATE OF status ON \(schema).jobs FOR EACH ROW
       WHEN (OLD.parked AND NEW.status <> 'held')
       EXECUTE FUNCTION \(schema).unparked();
+    """
+  }
+
+  /// ``version12``'s `key_stopped` (`create`: the statement's verb), which makes the first parked
+  /// job of the key ready, parked jobs ordered by `place` (an expression of the row `p`): the run
+  /// date in version 12, the place of fair shares from version 14 on.
+  private func keyStopped(create: String, place: String) -> String {
+    """
+    \(create) FUNCTION \(schema).key_stopped() RETURNS trigger LANGUAGE plpgsql AS $body$
+    BEGIN
+      PERFORM pg_advisory_xact_lock(\(Self.limitLockKey(schema, queue: "OLD.queue")));
+      UPDATE \(schema).jobs SET status = 'ready', parked = NULL WHERE id = (
+        SELECT p.id FROM \(schema).jobs p
+        WHERE p.queue = OLD.queue AND p.limit_key = OLD.limit_key AND p.status = 'held' AND p.parked
+        ORDER BY p.priority DESC, \(place), p.seq, p.id LIMIT 1 FOR UPDATE SKIP LOCKED);
+      IF FOUND THEN
+        PERFORM pg_notify('\(channel)', OLD.queue);
+      END IF;
+      RETURN NULL;
+    END
+    $body$;
     """
   }
 
@@ -598,8 +607,9 @@ struct SQL {
   ///   turns never wait for each other. A job deleted (completed with no history kept, pruned,
   ///   removed) takes its turn with it: a key whose jobs are all gone starts at the head again.
   ///   A job that takes a turn at another priority (a replacement changed it) leaves its old turn
-  ///   in `turns_left`, so its key keeps its place at the old priority (rare: one row per key and
-  ///   priority left).
+  ///   in `turns_left`, so its key keeps its place at the old priority: a row each time, only
+  ///   ever inserted, so two such replacements never wait for each other (an upsert of one row
+  ///   per key and priority deadlocked two adds that moved jobs of one key in opposite ways).
   /// - `take_turn`, a trigger before a job with a fairness key is stored `ready`: it takes
   ///   `max(head, previous + 1 ms)` when the job was inserted, promoted (`scheduled`), re-queued
   ///   (`dead`) or given `turn = NULL` by the statement (a retry into the ready state, a
@@ -617,7 +627,9 @@ struct SQL {
   /// It also puts the schema's name in the advisory locks of deduplication keys and ordering keys
   /// (`dedup_lock_key`, `order_lock_key`), as the limit lock's already was: two schemas of one
   /// database with a queue of the same name no longer wait for each other's adds (each process
-  /// calls the functions, so all take the new locks from the migration's commit on).
+  /// calls the functions, so all take the new locks from the migration's commit on). The lock of
+  /// schedule saves (``lockSchedulesOfQueue``) is written by each build, so a process of an older
+  /// build keeps the old key until it stops (the PostgreSQL guide says so for upgrades).
   var version14: String {
     let name = schema.filter { $0 != "\"" }
     return """
@@ -642,23 +654,12 @@ struct SQL {
         queue text NOT NULL,
         priority integer NOT NULL,
         key text NOT NULL,
-        turn timestamptz NOT NULL,
-        PRIMARY KEY (queue, priority, key)
+        turn timestamptz NOT NULL
       );
+      CREATE INDEX turns_left_key ON \(schema).turns_left (queue, priority, key, turn);
+      CREATE INDEX turns_left_latest ON \(schema).turns_left (queue, priority, turn);
 
-      CREATE OR REPLACE FUNCTION \(schema).key_stopped() RETURNS trigger LANGUAGE plpgsql AS $body$
-      BEGIN
-        PERFORM pg_advisory_xact_lock(\(Self.limitLockKey(schema, queue: "OLD.queue")));
-        UPDATE \(schema).jobs SET status = 'ready', parked = NULL WHERE id = (
-          SELECT p.id FROM \(schema).jobs p
-          WHERE p.queue = OLD.queue AND p.limit_key = OLD.limit_key AND p.status = 'held' AND p.parked
-          ORDER BY p.priority DESC, coalesce(p.turn, p.run_at), p.seq, p.id LIMIT 1 FOR UPDATE SKIP LOCKED);
-        IF FOUND THEN
-          PERFORM pg_notify('\(channel)', OLD.queue);
-        END IF;
-        RETURN NULL;
-      END
-      $body$;
+      \(keyStopped(create: "CREATE OR REPLACE", place: "coalesce(p.turn, p.run_at)"))
 
       CREATE FUNCTION \(schema).take_turn() RETURNS trigger LANGUAGE plpgsql AS $body$
       DECLARE
@@ -669,9 +670,8 @@ struct SQL {
           RETURN NEW;
         END IF;
         IF TG_OP = 'UPDATE' AND OLD.turn IS NOT NULL AND OLD.turn_priority IS DISTINCT FROM NEW.priority THEN
-          INSERT INTO \(schema).turns_left AS l (queue, priority, key, turn)
-          VALUES (OLD.queue, OLD.turn_priority, OLD.fairness_key, OLD.turn)
-          ON CONFLICT (queue, priority, key) DO UPDATE SET turn = greatest(l.turn, excluded.turn);
+          INSERT INTO \(schema).turns_left (queue, priority, key, turn)
+          VALUES (OLD.queue, OLD.turn_priority, OLD.fairness_key, OLD.turn);
         END IF;
         \(Self.turnHead(schema, queue: "NEW.queue", priority: "NEW.priority", id: "NEW.id")) INTO head;
         IF head IS NULL THEN
@@ -735,7 +735,7 @@ struct SQL {
         WHERE t.queue = \(queue) AND t.fairness_key = \(key) AND t.turn_priority = \(priority)
           AND t.turn IS NOT NULL
         ORDER BY t.turn DESC LIMIT 1), (
-        SELECT l.turn FROM \(schema).turns_left l
+        SELECT max(l.turn) FROM \(schema).turns_left l
         WHERE l.queue = \(queue) AND l.priority = \(priority) AND l.key = \(key)))
       + interval '1 millisecond'
     """

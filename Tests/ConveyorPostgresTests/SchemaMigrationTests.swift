@@ -254,4 +254,30 @@ struct SchemaMigrationTests {
       #expect(throws: PostgresError.self) { _ = try PostgresJobStore.migrationSQL(schema: schema, from: 0) }
     }
   }
+
+  /// `migrationSQL(from: 13)`, run by hand, brings a schema at 13 to the version the store
+  /// writes: the fair-shares columns exist, and the store then has nothing to apply.
+  @Test func theMigrationSQLFromVersion13AddsFairShares() async throws {
+    let server = try await PostgresServer.shared()
+    let schema = uniqueSchema("sqlfrom13")
+    let admin = try AdminConnection(server.url)
+    try createSchema(SQL(schema: schema), atVersion: 13, with: admin)
+    let script = try PostgresJobStore.migrationSQL(schema: schema, from: 13)
+    #expect(!script.isEmpty, "the script from 13 is empty")
+    if !script.isEmpty { try admin.query(script) }
+    let column = try admin.scalar(
+      "SELECT count(*) FROM information_schema.columns WHERE table_schema = '\(schema)' AND column_name = 'fairness_key'"
+    )
+    #expect(column == "1", "jobs.fairness_key after the script")
+  }
+
+  /// A schema a store of this build opened (and migrated) is not newer than this build.
+  @Test func aSchemaThisBuildMigratedIsNotNewerThanIt() async throws {
+    let server = try await PostgresServer.shared()
+    let options = PostgresJobStore.Options(schema: uniqueSchema("status14"))
+    let store = try await PostgresJobStore.open(url: server.url, options: options)
+    await store.close()
+    let status = try await PostgresJobStore.schemaStatus(url: server.url, options: options)
+    #expect(!status.isNewerThanBuild && status.pending.isEmpty, "\(status)")
+  }
 }

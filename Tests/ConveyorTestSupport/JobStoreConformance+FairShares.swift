@@ -175,6 +175,145 @@ extension JobStoreConformance {
       let later = try await claim(store, limit: 20, now: 6)
       try expect(texts(later) == ["a3", "a4", "b3'"], "due at 5 s, it takes a turn then: \(texts(later))")
     },
+    check("fair shares: dead jobs re-queued by ID take their turns in ID order") { store in
+      guard store.keepsFairShares else { return }
+      // FairTurns: re-queued "by one call as the re-queue takes them"; the in-memory and SQLite
+      // stores take the IDs given in ID order, with or without a deduplication key.
+      let added = try await store.enqueue(
+        [fair("a1", dedup: "d"), fair("a2"), fair("a3", dedup: "e"), fair("a4")], queue: "q", clock: now(0))
+      let running = try await claim(store, limit: 4, now: 0)
+      try expect(texts(running) == ["a1", "a2", "a3", "a4"], "all four: \(texts(running))")
+      _ = try await claim(
+        store, limit: 0, settling: running.claimed.map { settle($0, .kill(error: "x")) }, now: 1)
+      let count = try await store.requeueDead(added.map(\.id), queue: "q", clock: now(2))
+      try expect(count == 4, "four re-queued: \(count)")
+      let claimed = try await claim(store, limit: 20, now: 3)
+      try expect(texts(claimed) == ["a1", "a2", "a3", "a4"], "in ID order: \(texts(claimed))")
+    },
+    check("fair shares: a random run with give-backs, lapsed leases, kills, re-queues and clock steps agrees")
+    {
+      store in
+      guard store.keepsFairShares else { return }
+      for round in 0..<12 {
+        let reference = InMemoryJobStore()
+        let queue = "g\(round)"
+        var seed: UInt64 = 0x9E37_79B9_7F4A_7C15 &+ UInt64(round) &* 1_000_003
+        func next(_ bound: Int) -> Int {
+          seed = seed &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+          return Int((seed >> 33) % UInt64(bound))
+        }
+        let targets: [any JobStore] = [store, reference]
+        if store.keepsKeyLimits {
+          for target in targets { try await target.setLimits(QueueLimits(keyConcurrency: 1), queue: queue) }
+        }
+        var ids: [[String: JobID]] = [[:], [:]]
+        var running: [[String: JobRecord]] = [[:], [:]]
+        var counter = 0
+        var time = 1.0
+        var trace: [String] = []
+        for step in 0..<120 {
+          let op = next(14)
+          if op < 5 {
+            var jobs: [NewJob] = []
+            for _ in 0..<(1 + next(3)) {
+              counter += 1
+              let text = "j\(counter)"
+              let key = ["T1", "T2", "T3", nil][next(4)]
+              let runAt = [time - 1, time, time - 0.002, time + 0.3, time + 1][next(5)]
+              let limitKey = store.keepsKeyLimits && next(3) == 0 ? ["h", "i"][next(2)] : nil
+              let dedup = next(5) == 0 ? "d\(next(3))" : nil
+              jobs.append(
+                NewJob(
+                  payload: Data(text.utf8), priority: next(3), runTime: .at(at(runAt)),
+                  deduplicationKey: dedup,
+                  onConflict: next(2) == 0 ? .replace : .useExisting, limitKey: limitKey, fairnessKey: key))
+            }
+            trace.append("\(step) at \(time) s: add \(jobs.map(describe))")
+            for (index, target) in targets.enumerated() {
+              let added = try await target.enqueue(jobs, queue: queue, clock: now(time))
+              if index == 0 { trace.append("  \(added.map(\.outcome))") }
+              for (job, result) in zip(jobs, added) where result.outcome == .inserted {
+                ids[index][String(decoding: job.payload, as: UTF8.self)] = result.id
+              }
+            }
+          } else if op == 5, counter > 0 {
+            let text = "j\(1 + next(counter))"
+            trace.append("\(step) at \(time) s: cancel \(text)")
+            for (index, target) in targets.enumerated() {
+              if let id = ids[index][text] {
+                _ = try await target.cancel([id], queue: queue, clock: now(time))
+                running[index][text] = nil
+              }
+            }
+          } else if op == 6 {
+            trace.append("\(step) at \(time) s: re-queue every dead job")
+            var counts: [Int] = []
+            for target in targets {
+              counts.append(try await target.requeueDead(nil, queue: queue, clock: now(time)))
+            }
+            trace.append("  \(counts)")
+          } else if op == 7 {
+            // Leases lapse: every running job is handed out again (60-s leases).
+            time += 61
+            trace.append("\(step) at \(time) s: rescue")
+            var counts: [Int] = []
+            for (index, target) in targets.enumerated() {
+              counts.append(try await target.rescueExpiredLeases(queue: queue, clock: now(time)))
+              running[index] = [:]
+            }
+            trace.append("  \(counts)")
+          } else {
+            let chosen = Array(running[0].keys.sorted().filter { _ in next(2) == 0 }.prefix(1))
+            let action: JobSettlement.Action = [
+              .complete, .retry(after: .zero, error: nil), .retry(after: .seconds(1), error: nil),
+              .release(error: nil), .kill(error: "dead"),
+            ][next(5)]
+            var answers: [[String]] = []
+            trace.append("\(step) at \(time) s: settle \(chosen) \(action), claim \(1 + step % 3)")
+            for (index, target) in targets.enumerated() {
+              let settling = chosen.compactMap { running[index][$0] }.map { settle($0, action) }
+              for text in chosen { running[index][text] = nil }
+              let batch = try await target.settleAndClaim(
+                settling, queue: queue, limit: 1 + step % 3, lease: lease(), clock: now(time))
+              for record in batch.claimed { running[index][text(record)] = record }
+              answers.append(texts(batch))
+            }
+            trace.append("  \(answers[0]) / \(answers[1])")
+            try expect(
+              answers[0] == answers[1],
+              "round \(round) step \(step) at \(time) s: \(answers[0]) vs in-memory \(answers[1]); the run:\n"
+                + trace.joined(separator: "\n"))
+          }
+          // Now and then the clock steps back a little.
+          time += [0.001, 0.002, 0.1, 0.5, 1, -0.05][next(6)]
+        }
+      }
+    },
+    check(
+      "fair shares: a replaced job held by its limit key takes its turn after the other jobs' head, not its own"
+    ) {
+      store in
+      guard store.keepsFairShares, store.keepsKeyLimits else { return }
+      try await store.setLimits(QueueLimits(keyConcurrency: 1), queue: "q")
+      _ = try await store.enqueue(
+        [NewJob(payload: Data("r".utf8), runTime: .at(at(0)), limitKey: "h")], queue: "q", clock: now(0))
+      let running = try await claim(store, limit: 1, now: 0)
+      try expect(texts(running) == ["r"], "r runs, h at its limit: \(texts(running))")
+      // a1 takes turn 0 and is held by h's limit.
+      _ = try await store.enqueue([fair("a1", limitKey: "h", dedup: "d")], queue: "q", clock: now(0))
+      let none = try await claim(store, limit: 1, now: 0)
+      try expect(none.claimed.isEmpty, "a1 held: \(texts(none))")
+      try await addEach(store, [job("y", at: 0.005), job("x", at: 0.010)], now: 0.010)
+      // Replaced, a1 takes a new turn: the head is the first *other* waiting job (y, 5 ms).
+      let replaced = try await store.enqueue(
+        [fair("a1'", at: 0.010, limitKey: "h", dedup: "d", onConflict: .replace)], queue: "q",
+        clock: now(0.010))
+      try expect(replaced.first?.outcome == .replaced, "replaced: \(replaced)")
+      // B joins at the head, 5 ms, behind y (added first).
+      try await addEach(store, [fair("b1", "B", at: 0.010)], now: 0.010)
+      let claimed = try await claim(store, limit: 3, now: 0.010)
+      try expect(texts(claimed) == ["y", "b1", "x"], "b1 at the head, a1' held again: \(texts(claimed))")
+    },
     check("fair shares: a random run claims what the in-memory store claims") { store in
       guard store.keepsFairShares else { return }
       for round in 0..<4 {

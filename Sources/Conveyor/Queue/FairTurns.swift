@@ -21,8 +21,8 @@
 ///
 /// Jobs take their turns one at a time, each seeing the ones before it: an add's jobs in their
 /// order; jobs whose run dates come by one claim in ID order (the order they were added); jobs
-/// re-queued by one call as the re-queue takes them (those without a deduplication key by ID, then
-/// the others by ID); a retried job before the held job its limit key then lets go. The
+/// re-queued by one call as the re-queue takes them (given jobs by ID; every dead job, those
+/// without a deduplication key first, each group by ID); a retried job before the held job its limit key then lets go. The
 /// jobs one settlement call retries into the ready state take their turns in the call's order on
 /// the in-memory and SQLite stores, and in the order its statement reaches them on PostgreSQL.
 package struct FairTurns: Sendable {

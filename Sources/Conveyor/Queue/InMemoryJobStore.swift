@@ -1119,8 +1119,11 @@ extension InMemoryJobStore {
       record.priority = job.priority
       record.runAt = InMemoryJobStore.runDate(job.runTime, now: now)
       record.timeLimit = job.timeLimitMilliseconds.map { .milliseconds($0) }
-      // Not ready while it takes a new turn: it is not the head of its priority.
-      jobs.update(id) { $0.ready = false }
+      // Neither ready nor held while it takes a new turn: it is not the head of its priority.
+      jobs.update(id) {
+        $0.ready = false
+        $0.record.isHeldByLimit = false
+      }
       let isReady = record.runAt <= now
       // The turn first, then the job's limit key lets its next held job go (see `makeWaiting`).
       let turn = isReady && !record.isHeld ? takeTurn(record) : nil
