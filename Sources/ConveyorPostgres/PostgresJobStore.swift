@@ -1513,7 +1513,7 @@ public final class PostgresJobStore: JobStore {
 
   /// Keeps and enforces limits per key: true.
   public var keepsKeyLimits: Bool { true }
-  /// True: fair shares (``NewJob/fairnessKey``) are kept (schema version 14).
+  /// True: fair shares (`NewJob.fairnessKey`) are kept (schema version 14).
   public var keepsFairShares: Bool { true }
 
   /// The keys with running or held jobs; see `JobStore.limitKeyUsage(queue:limit:)`.

@@ -412,15 +412,21 @@ enum LimitsCommands {
     return lines
   }
 
-  /// What `status` says of the keys whose limit holds jobs (the first five), or nil when none does.
+  /// What `status` says of the keys whose limits hold jobs (the first five), each with what holds
+  /// them: `limit of key "K" reached` while its running jobs fill its concurrency limit, else
+  /// `rate of "K"` when it has a rate (the jobs wait for their starts); nil when no key holds any.
   static func keyUsageText(_ usage: (keys: [KeyUsage], complete: Bool)) -> String? {
     let holding = usage.keys.filter { $0.held > 0 }
     guard !holding.isEmpty else { return nil }
-    let shown = holding.prefix(5).map {
-      "\"\(printable($0.key))\" (\($0.running) running, \($0.held) held)"
+    let shown = holding.prefix(5).map { key in
+      let full = key.limit.map { key.running >= $0 } ?? false
+      if !full, let rate = key.rate {
+        return "rate of \"\(printable(key.key))\" (at most \(rate.description) starting, \(key.held) held)"
+      }
+      return "limit of key \"\(printable(key.key))\" reached (\(key.running) running, \(key.held) held)"
     }
-    let more = holding.count > 5 ? ", and \(holding.count - 5) more keys" : ""
-    return "key limit reached for \(shown.joined(separator: ", "))\(more)"
+    let more = holding.count > 5 ? "; and \(holding.count - 5) more keys" : ""
+    return shown.joined(separator: "; ") + more
   }
 
   /// How long until the rate gives its next start, when that is what keeps ready jobs waiting:

@@ -365,6 +365,35 @@ import Testing
     #expect(
       status.contains("key       \"api.example.com\": 0 running of 2, at most 30/min (bursts of 4) starting"),
       "\(status)")
+    // At 1/h with bursts of 4, claims take the key's 4 starts two at a time (its limit of 2 holds
+    // the rest meanwhile), then the rate holds the other two, and `status` says which holds them.
+    try await sandbox.succeed(["limits", "set", "--key", "api.example.com", "--rate", "1/h", "--burst", "4"])
+    for _ in 0..<6 { try await sandbox.add(["exec", "--limit-key", "api.example.com", "--", "true"]) }
+    #expect(try await claim(10, in: sandbox) == 2, "two of the key's limit")
+    let running = try SQLiteJobStore(path: sandbox.database)
+    for job in try await running.jobs(queue: "outbox", status: .running, after: nil, limit: 10) {
+      _ = try await running.settleAndClaim(
+        [JobSettlement(claim: job.claim, action: .complete)], queue: "outbox", limit: 0,
+        lease: Lease(owner: "limits-test", duration: .seconds(600)), clock: SystemJobClock())
+    }
+    await running.close()
+    #expect(try await claim(10, in: sandbox) == 2, "the burst's other two")
+    let held = try await sandbox.succeed(["status"]).lines
+    #expect(
+      held.contains { $0.hasPrefix("waiting   limit of key \"api.example.com\" reached (2 running, ") },
+      "\(held)")
+    let ended = try SQLiteJobStore(path: sandbox.database)
+    for job in try await ended.jobs(queue: "outbox", status: .running, after: nil, limit: 10) {
+      _ = try await ended.settleAndClaim(
+        [JobSettlement(claim: job.claim, action: .complete)], queue: "outbox", limit: 0,
+        lease: Lease(owner: "limits-test", duration: .seconds(600)), clock: SystemJobClock())
+    }
+    await ended.close()
+    #expect(try await claim(10, in: sandbox) == 0, "the bucket is empty")
+    let rated = try await sandbox.succeed(["status"]).lines
+    #expect(
+      rated.contains("waiting   rate of \"api.example.com\" (at most 1/h (bursts of 4) starting, 2 held)"),
+      "\(rated)")
     let stored = try await sandbox.succeed(["limits", "--json"]).stdout
     for arguments in [
       ["--key-rate", "0/s"], ["--key-rate", "NaN/s"], ["--key-rate", "10"], ["--key-burst", "0"],
@@ -430,7 +459,7 @@ import Testing
         "key       \"a.example\": 1 running of 1, 2 held", "key       \"b.example\": 1 running of 1",
         "key       \"wide.example\": 1 running of 3", "key       \"idle.example\": 0 running of 4",
       ], "\(lines)")
-    #expect(lines.contains("waiting   key limit reached for \"a.example\" (1 running, 2 held)"), "\(lines)")
+    #expect(lines.contains("waiting   limit of key \"a.example\" reached (1 running, 2 held)"), "\(lines)")
     let json = try await sandbox.succeed(["status", "--json"]).object()
     let listed = (json["keys"] as? [[String: Any]])?.map {
       "\($0["key"] ?? "") \($0["running"] ?? "")/\($0["limit"] ?? "") \($0["held"] ?? "")"
@@ -490,7 +519,7 @@ import Testing
     var sawHeld = false
     for _ in 0..<200 {
       let status = try await sandbox.succeed(["status"]).lines
-      if status.contains(where: { $0.contains("key limit reached for \"slow.example\" (1 running,") }) {
+      if status.contains(where: { $0.contains("limit of key \"slow.example\" reached (1 running,") }) {
         sawHeld = true
       }
       let done = (try? String(contentsOfFile: log, encoding: .utf8))?.split(separator: "\n").count ?? 0
