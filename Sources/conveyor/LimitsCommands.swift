@@ -425,7 +425,12 @@ enum LimitsCommands {
       }
       return "limit of key \"\(printable(key.key))\" reached (\(key.running) running, \(key.held) held)"
     }
-    let more = holding.count > 5 ? "; and \(holding.count - 5) more keys" : ""
+    // The keys read stop at ``listedKeys``: past them, how many more hold jobs is unknown.
+    let extra = max(0, holding.count - 5)
+    let more =
+      !usage.complete
+      ? (extra > 0 ? "; and more than \(extra) more keys" : "; and perhaps more keys")
+      : extra > 0 ? "; and \(extra) more keys" : ""
     return shown.joined(separator: "; ") + more
   }
 

@@ -415,6 +415,27 @@ import Testing
       (removed["keyConcurrencyOverrides"] as? [String: Int]) == ["api.example.com": 2], "kept: \(removed)")
   }
 
+  /// With more keys holding jobs than `status` reads (1,000), its waiting line says how many more
+  /// it could not count, as the key lines do, instead of a count short by the keys past them.
+  @Test func statusCountsTheKeysHoldingJobsPastTheFirstThousand() async throws {
+    let sandbox = try Sandbox()
+    try await sandbox.succeed(["limits", "set", "--key-concurrency", "1"])
+    let store = try SQLiteJobStore(path: sandbox.database)
+    let keys = (0..<1_002).map { "k\($0)" }
+    let jobs = keys.flatMap { key in
+      (0..<2).map { _ in NewJob(payload: Data("{}".utf8), limitKey: key) }
+    }
+    _ = try await store.enqueue(jobs, queue: "outbox", clock: SystemJobClock())
+    await store.close()
+    #expect(try await claim(3_000, in: sandbox) == 1_002, "one job of each key")
+    let lines = try await sandbox.succeed(["status"]).lines
+    let waiting = lines.first { $0.hasPrefix("waiting   limit of key") } ?? ""
+    #expect(lines.contains { $0.contains("and more than 995 more keys") }, "\(lines.suffix(12))")
+    #expect(
+      waiting.hasSuffix("; and 997 more keys") || waiting.contains("more than 995"),
+      "1,002 keys hold jobs, 5 named: \(waiting)")
+  }
+
   /// `--key K` with another spelling of a key that has limits of its own (a decomposed "é" for a
   /// precomposed one: the same text, other bytes, so another key to the stores) is refused with
   /// exit 2, and neither key's limits change: `QueueLimits` can hold limits for only one of them.

@@ -197,7 +197,7 @@ struct MultiRowInsertTests {
     #expect(try expanded(sql, connection) == "INSERT INTO t VALUES (NULL, NULL)")
 
     let store = try SQLiteJobStore(path: path)
-    _ = await onStoreThread(store) { sqlite3_limit($0.handle, SQLITE_LIMIT_LENGTH, 1_000) }
+    _ = await onStoreThread(store) { sqlite3_limit($0.handle, SQLITE_LIMIT_LENGTH, 1_900) }
     await #expect(throws: SQLiteError.self) {
       _ = try await store.enqueue(
         [NewJob(payload: payload("kept"), runAt: epoch), NewJob(payload: Data(count: 2_000), runAt: epoch)],
@@ -410,7 +410,7 @@ struct MultiRowInsertTests {
     let folder = try TemporaryFolder()
     let path = folder.path("b.sqlite")
     let store = try SQLiteJobStore(path: path)
-    _ = await onStoreThread(store) { sqlite3_limit($0.handle, SQLITE_LIMIT_LENGTH, 1_000) }
+    _ = await onStoreThread(store) { sqlite3_limit($0.handle, SQLITE_LIMIT_LENGTH, 1_900) }
     var calls: [(queue: String, jobs: [NewJob])] = []
     calls.append(("a", (0..<30).map { NewJob(payload: payload("a\($0)"), runAt: epoch) }))
     calls.append(
