@@ -270,7 +270,11 @@ extension LimitConcurrencyTests {
     let claimed = try #require(batch.claimed.first)
     let expiry = try #require(claimed.leaseExpiresAt)
     let lease = expiry.timeIntervalSince(released)
-    #expect(lease >= 59.9, "the lease runs \(lease) s from the claim under the lock, not 60 s")
+    // Counted from before the wait, the lease would run 59 s or less from the release. A loaded
+    // machine may delay the call between its clock reading and the server's start of the
+    // transaction, which nothing measures (0.22 s was seen in a whole-suite run), so the bound
+    // leaves half a second for it.
+    #expect(lease >= 59.5, "the lease runs \(lease) s from the claim under the lock, not 60 s")
     await store.close()
   }
 }
