@@ -1090,6 +1090,17 @@ public final class PostgresJobStore: JobStore {
     return claims.filter(held.contains)
   }
 
+  /// Replaces a running job's payload under its claim; see ``JobStore/checkpoint(_:payload:queue:)``.
+  public func checkpoint(_ claim: ClaimReference, payload: Data, queue: String) async throws -> Bool {
+    let sql = self.sql
+    // Idempotent: writing the same payload twice under the same claim leaves the same row.
+    return try await connection.perform(idempotent: true) { db in
+      try db.execute(
+        sql.checkpoint, [.bytea(payload), .int64(claim.id.rawValue), .int64(claim.token), .text(queue)]
+      ).changed > 0
+    }
+  }
+
   /// Makes running jobs whose lease ran out (by the store's clock) ready again; returns how many.
   public func rescueExpiredLeases(queue: String, clock: any JobClock) async throws -> Int {
     let sql = self.sql

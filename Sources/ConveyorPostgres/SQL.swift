@@ -61,6 +61,7 @@ struct SQL {
   let limitLock: String
   let limitFull: String
   let heartbeat: String
+  let checkpoint: String
   let rescue: String
   let nextWake: String
   let isPaused: String
@@ -88,6 +89,7 @@ struct SQL {
     limitLock = Self.limitLock(schema)
     limitFull = Self.limitFull(schema)
     heartbeat = Self.heartbeat(schema)
+    checkpoint = Self.checkpoint(schema)
     rescue = Self.rescue(schema)
     nextWake = Self.nextWake(schema)
     isPaused = Self.isPaused(schema)
@@ -1571,6 +1573,15 @@ struct SQL {
     WHERE j.id = ANY(ARRAY(
       SELECT s.id FROM unnest($1::int8[], $2::int8[]) AS s(id, token) \(Self.currentClaims(schema, queueParameter: 5))))
     RETURNING j.id, j.claim_token
+    """
+  }
+
+  /// A running job's new payload under its claim (``PostgresJobStore/checkpoint(_:payload:queue:)``).
+  /// Parameters: payload, id, token, queue.
+  static func checkpoint(_ schema: String) -> String {
+    """
+    UPDATE \(schema).jobs SET payload = $1
+    WHERE id = $2 AND claim_token = $3 AND status || '' = 'running' AND queue || '' = $4
     """
   }
 

@@ -919,6 +919,8 @@ enum SQL {
     last_error = coalesce(?, last_error), lease_owner = NULL, lease_expires_at = NULL WHERE \(held)
     """
   static let heartbeat = "UPDATE jobs SET lease_expires_at = ? WHERE \(held)"
+  /// A running job's new payload under its claim. Parameters: payload, then the claim.
+  static let checkpoint = "UPDATE jobs SET payload = ? WHERE \(held)"
   /// Running jobs are few (those under a lease), read from `jobs_running`.
   static let rescue = """
     UPDATE jobs SET status = 'ready', lease_owner = NULL, lease_expires_at = NULL

@@ -387,6 +387,14 @@ public final class SQLiteJobStore: JobStore {
     }
   }
 
+  /// Replaces a running job's payload under its claim; see ``JobStore/checkpoint(_:payload:queue:)``.
+  public func checkpoint(_ claim: ClaimReference, payload: Data, queue: String) async throws -> Bool {
+    try await connection.perform { db in
+      try db.run(
+        SQL.checkpoint, .blob(payload), .integer(claim.id.rawValue), .text(queue), .integer(claim.token)) > 0
+    }
+  }
+
   /// Makes running jobs whose lease ran out ready again, in their old place; returns how many.
   public func rescueExpiredLeases(queue: String, clock: any JobClock) async throws -> Int {
     try await connection.perform { db in

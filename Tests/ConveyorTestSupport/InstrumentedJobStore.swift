@@ -132,6 +132,11 @@ public final class InstrumentedJobStore: JobStore {
   }
 
   /// Counted, then forwarded to ``base``.
+  public func checkpoint(_ claim: ClaimReference, payload: Data, queue: String) async throws -> Bool {
+    try record("checkpoint")
+    return try await base.checkpoint(claim, payload: payload, queue: queue)
+  }
+
   public func heartbeat(_ claims: [ClaimReference], queue: String, lease: Lease, clock: any JobClock)
     async throws -> [ClaimReference]
   {

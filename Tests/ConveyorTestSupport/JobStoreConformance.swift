@@ -776,7 +776,7 @@ public enum JobStoreConformance {
     ] + historyChecks + deduplicationChecks + scheduleChecks + orderingChecks + deadHeadChecks + limitChecks
     + keyLimitChecks
     + keyRateChecks
-    + fairShareChecks
+    + fairShareChecks + checkpointChecks
 
   static func expectOne<Element>(_ elements: [Element], line: UInt = #line) throws -> Element {
     try expect(elements.count == 1, "exactly one, got \(elements.count)", line: line)

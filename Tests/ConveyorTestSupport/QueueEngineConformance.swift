@@ -202,5 +202,5 @@ public enum QueueEngineConformance {
           logs.all.contains { $0.contains("handed back 1 claimed job(s) unstarted") }, "said so: \(logs.all)")
       },
     ] + timeLimitChecks + cancelChecks + historyChecks + deduplicationChecks + scheduleChecks + orderingChecks
-    + deadHeadChecks + limitChecks
+    + deadHeadChecks + limitChecks + workflowChecks
 }

@@ -100,6 +100,15 @@ public final class InMemoryJobStore: JobStore {
     }
   }
 
+  /// Replaces a running job's payload; see ``JobStore/checkpoint(_:payload:queue:)``.
+  public func checkpoint(_ claim: ClaimReference, payload: Data, queue: String) async throws -> Bool {
+    withQueue(queue) { queueState in
+      guard queueState.isCurrent(claim) else { return false }
+      queueState.jobs[claim.id]?.record.payload = payload
+      return true
+    }
+  }
+
   /// Returns expired leases to ready; see ``JobStore/rescueExpiredLeases(queue:clock:)``.
   public func rescueExpiredLeases(queue: String, clock: any JobClock) async throws -> Int {
     withQueue(queue) { queueState in

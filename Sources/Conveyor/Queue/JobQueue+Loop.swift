@@ -453,7 +453,7 @@ extension JobQueue {
     }
     let context = JobContext(
       id: record.id, queue: identifier, attempts: record.attempts, createdAt: record.createdAt,
-      lastError: record.lastError)
+      lastError: record.lastError, claimToken: record.claimToken)
     guard handlerAvailable else { return Handled(settlement(for: record, outcome: .noHandler)) }
     let limit = record.timeLimit ?? configuration.timeLimit
     // Armed on every job (with the task only when the handler runs in it), so the claims noted
@@ -702,6 +702,11 @@ extension JobQueue {
       case .discard(let reason):
         log(.warning, "job discarded", ["job": record.id.description])
         return done(.kill(error: reason), .died(record.id, reason: reason))
+      case .sleep(let delay):
+        if interruptedByShutdown { return release("interrupted by shutdown") }
+        let date = JobStoreTime.date(clock.now(), adding: delay)
+        log(.debug, "workflow run waits", ["job": record.id.description, "until": date.description])
+        return done(.retry(after: delay, error: nil), .retryScheduled(record.id, at: date, error: nil))
       }
     }
   }

@@ -262,6 +262,9 @@ public enum JobQueueError: Error, Hashable, CustomStringConvertible {
   case invalidFairnessKey(String)
   /// Limits out of range (``QueueLimits/problem``); the stored limits were left as they were.
   case invalidLimits(String)
+  /// The store keeps no checkpoints (``JobStore/checkpoint(_:payload:queue:)``), which durable
+  /// workflows need: use `InMemoryJobStore`, `SQLiteJobStore` or `PostgresJobStore`.
+  case checkpointsUnsupported
 
   /// Says what is wrong and what to do.
   public var description: String {
@@ -277,6 +280,9 @@ public enum JobQueueError: Error, Hashable, CustomStringConvertible {
     case .invalidLimitKey(let message): "invalid limit key (nothing was stored): \(message)"
     case .invalidFairnessKey(let message): "invalid fairness key (nothing was stored): \(message)"
     case .invalidLimits(let message): "invalid limits (the stored limits were kept): \(message)"
+    case .checkpointsUnsupported:
+      "this store keeps no checkpoints, which workflows need: use InMemoryJobStore, SQLiteJobStore or "
+        + "PostgresJobStore"
     }
   }
 }

@@ -579,6 +579,16 @@ public protocol JobStore: Sendable {
   func heartbeat(_ claims: [ClaimReference], queue: String, lease: Lease, clock: any JobClock)
     async throws -> [ClaimReference]
 
+  /// Replaces the payload of a job running under `claim`: a checkpoint its handler resumes from
+  /// when the job runs again (after a crash, a lapsed lease, a retry or a release). Returns false,
+  /// writing nothing, when the claim is no longer current (the job was settled, claimed again,
+  /// cancelled or removed): a worker whose lease lapsed cannot overwrite the next claim's
+  /// progress. A lapsed lease nobody rescued yet is still the claim's, as for ``heartbeat(_:queue:lease:clock:)``.
+  ///
+  /// The payload must still decode as the queue's item type. Durable workflows store their
+  /// history this way (see <doc:Workflows>).
+  func checkpoint(_ claim: ClaimReference, payload: Data, queue: String) async throws -> Bool
+
   /// Makes running jobs whose lease ran out (expiry at or before now) ready again, in their old
   /// place; returns how many. Their attempt count stays: the attempt was made by a worker that
   /// vanished.
@@ -828,6 +838,11 @@ extension JobStore {
 
   /// Keeps no fairness keys.
   public var keepsFairShares: Bool { false }
+
+  /// Keeps no checkpoints: throws ``JobQueueError/checkpointsUnsupported``.
+  public func checkpoint(_ claim: ClaimReference, payload: Data, queue: String) async throws -> Bool {
+    throw JobQueueError.checkpointsUnsupported
+  }
 
   /// Keeps no limits per key: none.
   public func limitKeyUsage(queue: String, limit: Int) async throws -> [LimitKeyUsage] { [] }

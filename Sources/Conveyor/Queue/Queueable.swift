@@ -74,15 +74,25 @@ public struct JobContext: Sendable, Hashable {
   public var createdAt: Date
   /// The error recorded by the previous attempt, if any.
   public var lastError: String?
+  /// The fencing token of this claim (``JobRecord/claimToken``): each claim of the job gets a
+  /// greater one. Pass it to a system the handler writes to, so it can refuse a write from an
+  /// older claim whose lease lapsed; ``JobStore/checkpoint(_:payload:queue:)`` takes it with ``id``.
+  public var claimToken: Int64
 
   /// Creates a context.
-  public init(id: JobID, queue: String, attempts: Int, createdAt: Date, lastError: String? = nil) {
+  public init(
+    id: JobID, queue: String, attempts: Int, createdAt: Date, lastError: String? = nil, claimToken: Int64 = 0
+  ) {
     self.id = id
     self.queue = queue
     self.attempts = attempts
     self.createdAt = createdAt
     self.lastError = lastError
+    self.claimToken = claimToken
   }
+
+  /// The claim this context describes: the job and its ``claimToken``.
+  public var claim: ClaimReference { ClaimReference(id: id, token: claimToken) }
 }
 
 /// What a handler tells the queue about a job.
@@ -94,6 +104,8 @@ public struct JobResult: Sendable, Hashable, CustomStringConvertible {
     case handled(output: Result<Data, OutputError>?)
     case retry(after: Duration?, reason: String?)
     case discard(reason: String)
+    /// A workflow run waits, without an error and without a handler, until the delay has passed.
+    case sleep(after: Duration)
   }
 
   let kind: Kind
@@ -154,6 +166,12 @@ public struct JobResult: Sendable, Hashable, CustomStringConvertible {
     JobResult(kind: .discard(reason: reason))
   }
 
+  /// The run waits `delay`, recording no error: a workflow's durable sleep, or its step's retry
+  /// (whose error the run's history keeps).
+  static func sleep(after delay: Duration) -> JobResult {
+    JobResult(kind: .sleep(after: delay))
+  }
+
   /// A short text for logs.
   public var description: String {
     switch kind {
@@ -163,6 +181,7 @@ public struct JobResult: Sendable, Hashable, CustomStringConvertible {
     case .retry(let delay, let reason):
       "retry" + (delay.map { " after \($0)" } ?? "") + (reason.map { ": \($0)" } ?? "")
     case .discard(let reason): "discard: \(reason)"
+    case .sleep(let delay): "sleep for \(delay)"
     }
   }
 }

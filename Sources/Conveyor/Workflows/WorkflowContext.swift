@@ -1,0 +1,357 @@
+import Foundation
+import Synchronization
+
+/// What a workflow's code uses to take durable steps and sleeps: given to
+/// ``Workflow/run(_:context:)`` each time the run starts or resumes.
+///
+/// Call its methods one at a time, never from inside a step (fan-out is not supported yet). When
+/// the run must stop for now (a sleep that has not ended, a step waiting for its next attempt, a
+/// lost claim) a method throws an error the workflow's code should let through: if the code
+/// catches it anyway, every later call throws it again and the run stops all the same.
+public final class WorkflowContext: Sendable {
+  /// The run's ID: its job's ID in the store.
+  public let run: JobID
+  /// The workflow's name.
+  public let workflow: String
+  /// Which claim of the run's job this is (1 the first time a worker runs it): each start,
+  /// resumption after a sleep or retry, and takeover after a crash counts one.
+  public let resumption: Int
+
+  let claim: ClaimReference
+  let store: any JobStore
+  let queueName: String
+  let clock: any JobClock
+  private let state: Mutex<State>
+
+  struct State: Sendable {
+    var run: WorkflowRun
+    var position = 0
+    /// Claims since the latest checkpoint that ended without one: charged as failed attempts to
+    /// the next step that runs (the one they were running).
+    var crashes: Int
+    /// The entry under way.
+    var busy: String?
+    /// Why the run stops for now, once it must.
+    var suspension: Suspension?
+    /// Why the run stops for good, once it must.
+    var failure: WorkflowError?
+  }
+
+  /// Why a run stops before its code returns.
+  enum Suspension: Sendable, Equatable {
+    /// It waits this long, recording no error (a sleep).
+    case sleep(Duration)
+    /// It waits this long, recording why (a step's failed attempt, a history that could not be saved).
+    case retry(after: Duration, reason: String)
+    /// The claim is no longer the job's: another worker has it, or it was cancelled or removed.
+    case lost
+  }
+
+  init(run: WorkflowRun, job: JobContext, store: any JobStore, clock: any JobClock) {
+    self.run = job.id
+    self.workflow = run.workflow
+    self.resumption = job.attempts
+    self.claim = job.claim
+    self.store = store
+    self.queueName = job.queue
+    self.clock = clock
+    let crashes = max(0, job.attempts - run.checkpointAttempt - (run.suspended ? 1 : 0))
+    state = Mutex(State(run: run, crashes: crashes))
+  }
+
+  /// Runs `body` once for the run: the first time the code reaches this step its result is
+  /// stored (as JSON, at most ``JobHistory/maximumOutputBytes``) before the call returns; when
+  /// the run resumes, the call returns the stored result without running `body` again.
+  ///
+  /// A failed attempt is retried by `policy` while the run waits (holding no worker); after the
+  /// last the call throws ``WorkflowStepFailure``, now and on every resumption. A worker that
+  /// crashes while `body` runs leaves no result, so `body` runs again on the next worker (it runs
+  /// at least once, and exactly once as far as the workflow sees): make it idempotent, or pass
+  /// ``resumption`` to the system it calls.
+  ///
+  /// - Parameters:
+  ///   - name: The step's name, checked against the history when the run resumes: keep names
+  ///     stable across deploys.
+  ///   - policy: Attempts, retry delays and time limit.
+  ///   - body: The step's work.
+  /// - Returns: The step's result, from `body` or from the history.
+  public func step<Result: Codable & Sendable>(
+    _ name: String, policy: WorkflowStepPolicy = .standard,
+    _ body: @escaping @Sendable () async throws -> Result
+  ) async throws -> Result {
+    let entry = try begin(.step, name)
+    defer { end() }
+    switch entry {
+    case .stored(let event):
+      guard let data = event.result else {
+        throw WorkflowStepFailure(step: name, attempts: event.failedAttempts, message: event.error ?? "")
+      }
+      do {
+        return try JSONDecoder().decode(Result.self, from: data)
+      } catch {
+        throw stop(.undecodableResult(run: run, step: name, message: String(describing: error)))
+      }
+    case .due(let position, let failed):
+      let attempts = max(1, policy.maxAttempts)
+      if failed >= attempts {
+        let message =
+          "the worker stopped (crashed, was killed or lost its lease) during \(failed) attempt(s) of the step"
+        try await finish(position, error: message, attempts: failed)
+        throw WorkflowStepFailure(step: name, attempts: failed, message: message)
+      }
+      let started = clock.now()
+      record(position) { $0.startedAt = started }
+      switch await Self.attempt(body, limit: policy.timeLimit) {
+      case .success(let value):
+        let data: Data
+        do { data = try JSONEncoder().encode(value) } catch {
+          let message = "its result does not encode as JSON: \(error)"
+          try await finish(position, error: message, attempts: failed + 1)
+          throw WorkflowStepFailure(step: name, attempts: failed + 1, message: message)
+        }
+        guard data.count <= JobHistory.maximumOutputBytes else {
+          let message =
+            "its result takes \(data.count) bytes as JSON, more than the \(JobHistory.maximumOutputBytes) a step "
+            + "may keep; store large results elsewhere and return their location"
+          try await finish(position, error: message, attempts: failed + 1)
+          throw WorkflowStepFailure(step: name, attempts: failed + 1, message: message)
+        }
+        let finished = clock.now()
+        record(position) {
+          $0.finished = true
+          $0.result = data
+          $0.finishedAt = finished
+        }
+        try await save(suspending: false)
+        return value
+      case .failure(let error):
+        // A shutdown or a cancelled run: not the step's failure; nothing is recorded.
+        if Task.isCancelled { throw error }
+        let message = String(describing: error)
+        let failedNow = failed + 1
+        if failedNow >= attempts {
+          try await finish(position, error: message, attempts: failedNow)
+          throw WorkflowStepFailure(step: name, attempts: failedNow, message: message)
+        }
+        record(position) {
+          $0.failedAttempts = failedNow
+          $0.error = message
+        }
+        try await save(suspending: true)
+        throw suspend(
+          .retry(
+            after: policy.retryPolicy.delay(afterAttempt: failedNow),
+            reason: "step \"\(name)\" attempt \(failedNow) of \(attempts) failed: \(message)"))
+      }
+    }
+  }
+
+  /// Waits `duration` without holding a worker: the run is stored with its wake date and resumes
+  /// on any worker once it has passed. The wake date is computed once, by the queue's clock, and
+  /// kept in the history, so a resumed run does not sleep again.
+  ///
+  /// - Parameters:
+  ///   - duration: How long to wait; zero or less does not wait.
+  ///   - name: The sleep's name in the history.
+  public func sleep(for duration: Duration, name: String = "sleep") async throws {
+    try await sleep(name) { now in JobStoreTime.date(now, adding: max(.zero, duration)) }
+  }
+
+  /// Waits until `date` without holding a worker (see ``sleep(for:name:)``); a date past does not wait.
+  public func sleep(until date: Date, name: String = "sleep") async throws {
+    guard date.timeIntervalSince1970.isFinite else {
+      throw JobQueueError.invalidSchedule("a workflow's sleep needs a finite date")
+    }
+    try await sleep(name) { _ in date }
+  }
+
+  private func sleep(_ name: String, wake: (Date) -> Date) async throws {
+    let entry = try begin(.sleep, name)
+    defer { end() }
+    let now = clock.now()
+    switch entry {
+    case .stored(let event):
+      if let wakeAt = event.finishedAt, wakeAt > now {
+        throw suspend(.sleep(Self.delay(from: now, to: wakeAt)))
+      }
+    case .due(let position, _):
+      let wakeAt = wake(now)
+      record(position) {
+        $0.finished = true
+        $0.finishedAt = wakeAt
+      }
+      // A sleep already over is saved with the next checkpoint.
+      guard wakeAt > now else { return }
+      try await save(suspending: true)
+      throw suspend(.sleep(Self.delay(from: now, to: wakeAt)))
+    }
+  }
+
+  static func delay(from now: Date, to date: Date) -> Duration {
+    let seconds = min(date.timeIntervalSince(now), JobStoreTime.longestDelay.seconds)
+    return .milliseconds(Int64(max(0, seconds * 1000).rounded(.up)))
+  }
+
+  // MARK: The run's state
+
+  enum Entry {
+    /// A finished entry of the history.
+    case stored(WorkflowEvent)
+    /// An entry to run (or finish) at this position, after this many failed attempts.
+    case due(Int, failed: Int)
+  }
+
+  /// Takes the next position of the history for a step or sleep.
+  private func begin(_ kind: WorkflowEvent.Kind, _ name: String) throws -> Entry {
+    try state.withLock { state in
+      if let failure = state.failure { throw failure }
+      if state.suspension != nil { throw WorkflowSuspended() }
+      let label = WorkflowEvent(kind: kind, name: name).label
+      if let busy = state.busy {
+        let error = WorkflowError.overlappingSteps(run: run, step: label, running: busy)
+        state.failure = error
+        throw error
+      }
+      let position = state.position
+      if position < state.run.history.count {
+        let event = state.run.history[position]
+        guard event.kind == kind, event.name == name else {
+          let error = WorkflowError.historyMismatch(
+            run: run, position: position, stored: event.label, requested: label)
+          state.failure = error
+          throw error
+        }
+        state.busy = label
+        state.position += 1
+        if event.finished { return .stored(event) }
+        defer { state.crashes = 0 }
+        return .due(position, failed: event.failedAttempts + state.crashes)
+      }
+      state.run.history.append(WorkflowEvent(kind: kind, name: name))
+      state.busy = label
+      state.position += 1
+      guard kind == .step else { return .due(position, failed: 0) }
+      defer { state.crashes = 0 }
+      return .due(position, failed: state.crashes)
+    }
+  }
+
+  private func end() {
+    state.withLock { $0.busy = nil }
+  }
+
+  private func record(_ position: Int, _ change: (inout WorkflowEvent) -> Void) {
+    state.withLock { change(&$0.run.history[position]) }
+  }
+
+  /// Records a step finished for good with an error, and saves the history.
+  private func finish(_ position: Int, error: String, attempts: Int) async throws {
+    let now = clock.now()
+    record(position) {
+      $0.finished = true
+      $0.result = nil
+      $0.error = error
+      $0.failedAttempts = attempts
+      $0.finishedAt = now
+    }
+    try await save(suspending: false)
+  }
+
+  /// Writes the run's state under the claim; a failed write stops the run for now.
+  private func save(suspending: Bool) async throws {
+    let payload = try state.withLock { state -> Data in
+      state.run.checkpointAttempt = resumption
+      state.run.suspended = suspending
+      return try JSONEncoder().encode(state.run)
+    }
+    let saved: Bool
+    do {
+      saved = try await store.checkpoint(claim, payload: payload, queue: queueName)
+    } catch {
+      if Task.isCancelled { throw error }
+      throw suspend(
+        .retry(
+          after: .seconds(1),
+          reason: "could not save the run's history (\(error)); it resumes from the last step saved"))
+    }
+    if !saved { throw suspend(.lost) }
+  }
+
+  /// Marks the run as stopping for now; returns the error that unwinds its code.
+  private func suspend(_ suspension: Suspension) -> WorkflowSuspended {
+    state.withLock { state in
+      if state.suspension == nil { state.suspension = suspension }
+    }
+    return WorkflowSuspended()
+  }
+
+  /// Marks the run as stopping for good; returns the error.
+  private func stop(_ error: WorkflowError) -> WorkflowError {
+    state.withLock { state in
+      if state.failure == nil { state.failure = error }
+    }
+    return error
+  }
+
+  /// Why the run stops for now, if it must.
+  var suspension: Suspension? { state.withLock { $0.suspension } }
+  /// Why the run stops for good, if it must.
+  var failure: WorkflowError? { state.withLock { $0.failure } }
+
+  // MARK: Attempts
+
+  private enum Race<Value: Sendable>: Sendable {
+    case body(Swift.Result<Value, any Error>)
+    case timer(expired: Bool)
+  }
+
+  /// Runs one attempt, cancelled when `limit` passes (and then waited for).
+  static func attempt<Value: Sendable>(
+    _ body: @escaping @Sendable () async throws -> Value, limit: Duration?
+  ) async -> Swift.Result<Value, any Error> {
+    guard let limit else {
+      do { return .success(try await body()) } catch { return .failure(error) }
+    }
+    return await withTaskGroup(of: Race<Value>.self) { group in
+      group.addTask {
+        do { return .body(.success(try await body())) } catch { return .body(.failure(error)) }
+      }
+      group.addTask {
+        do {
+          try await Task.sleep(for: limit)
+          return .timer(expired: true)
+        } catch {
+          return .timer(expired: false)
+        }
+      }
+      var expired = false
+      while let next = await group.next() {
+        switch next {
+        case .body(let result):
+          group.cancelAll()
+          return expired ? .failure(StepTimedOut(limit: limit)) : result
+        case .timer(let didExpire):
+          if didExpire {
+            expired = true
+            group.cancelAll()
+          }
+        }
+      }
+      return .failure(StepTimedOut(limit: limit))
+    }
+  }
+}
+
+/// Unwinds a workflow's code when its run stops for now (a sleep, a step's retry, a lost claim).
+struct WorkflowSuspended: Error, CustomStringConvertible {
+  var description: String {
+    "the workflow run stops here for now (it sleeps, waits for a step's retry, or lost its claim); "
+      + "let this error through"
+  }
+}
+
+/// A step attempt ran past its policy's time limit.
+struct StepTimedOut: Error, CustomStringConvertible {
+  var limit: Duration
+  var description: String { "timed out after \(JobStoreTime.secondsText(limit))" }
+}
