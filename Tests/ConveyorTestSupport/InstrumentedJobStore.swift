@@ -137,6 +137,7 @@ public final class InstrumentedJobStore: JobStore {
     return try await base.checkpoint(claim, payload: payload, queue: queue)
   }
 
+  /// Counted, then forwarded to ``base``.
   public func heartbeat(_ claims: [ClaimReference], queue: String, lease: Lease, clock: any JobClock)
     async throws -> [ClaimReference]
   {
