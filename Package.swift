@@ -63,7 +63,7 @@ let package = Package(
     .target(name: "ConveyorTestSupport", dependencies: ["Conveyor"], path: "Tests/ConveyorTestSupport"),
     .executableTarget(
       name: "conveyor-test-worker",
-      dependencies: ["Conveyor", "ConveyorSQLite"],
+      dependencies: ["Conveyor", "ConveyorSQLite", "ConveyorTestSupport"],
       path: "Tests/TestWorker"
     ),
     // Deterministic simulation of the queue engine (real `JobQueue`s on a seeded scheduler and a
@@ -77,7 +77,7 @@ let package = Package(
     // The worker process of the PostgreSQL multi-process, crash and restart tests.
     .executableTarget(
       name: "conveyor-postgres-test-worker",
-      dependencies: ["Conveyor", "ConveyorPostgres"],
+      dependencies: ["Conveyor", "ConveyorPostgres", "ConveyorTestSupport"],
       path: "Tests/PostgresTestWorker"
     ),
 

@@ -1090,7 +1090,8 @@ public final class PostgresJobStore: JobStore {
     return claims.filter(held.contains)
   }
 
-  /// Replaces a running job's payload under its claim; see ``JobStore/checkpoint(_:payload:queue:)``.
+  /// Replaces a running job's payload under its claim, the checkpoint a handler resumes from (a
+  /// durable workflow's history); false, writing nothing, when the claim is no longer current.
   public func checkpoint(_ claim: ClaimReference, payload: Data, queue: String) async throws -> Bool {
     let sql = self.sql
     // Idempotent: writing the same payload twice under the same claim leaves the same row.

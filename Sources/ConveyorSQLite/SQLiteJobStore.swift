@@ -387,7 +387,8 @@ public final class SQLiteJobStore: JobStore {
     }
   }
 
-  /// Replaces a running job's payload under its claim; see ``JobStore/checkpoint(_:payload:queue:)``.
+  /// Replaces a running job's payload under its claim, the checkpoint a handler resumes from (a
+  /// durable workflow's history); false, writing nothing, when the claim is no longer current.
   public func checkpoint(_ claim: ClaimReference, payload: Data, queue: String) async throws -> Bool {
     try await connection.perform { db in
       try db.run(

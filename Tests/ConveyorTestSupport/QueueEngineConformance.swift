@@ -40,7 +40,7 @@ public enum QueueEngineConformance {
 
   /// Waits (a minute at most, a hang guard) until `condition` holds; throws saying `what` did not
   /// happen.
-  static func waitFor(
+  public static func waitFor(
     _ what: String, line: UInt = #line, _ condition: @Sendable () async throws -> Bool
   ) async throws {
     let deadline = ContinuousClock.now + .seconds(60)

@@ -19,8 +19,12 @@
 // 3 modulo 7 (retried after --retry-ms), and "end K I PID ATTEMPT MS" when it has handled the job
 // (after sleeping 1 to --handle-ms ms). K is "-" for a job without a key; MS the wall clock in
 // milliseconds.
+//
+// With --workflow-log FILE it runs `WorkflowProbe`'s workflow runs of --queue instead, until it is
+// killed, their steps logging to the shared FILE.
 import Conveyor
 import ConveyorPostgres
+import ConveyorTestSupport
 import Foundation
 import Synchronization
 
@@ -121,6 +125,10 @@ func main() async throws {
         storeErrors.add(1, ordering: .relaxed)
       }
     })
+  if let path = values["--workflow-log"] {
+    try await WorkflowProbe.work(store: store, queue: queueName, log: path)
+    return
+  }
   if let path = values["--ordered-log"] {
     try await orderedWork(store: store, configuration: configuration, path: path, values: values)
     return

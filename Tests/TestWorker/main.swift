@@ -27,6 +27,10 @@
 // "end K I PID ATTEMPT MS" when it has handled the job (after sleeping 1 to --handle-ms ms). K is
 // "-" for a job without a key; MS the wall clock in milliseconds.
 //
+//   conveyor-test-worker workflow-work --database PATH --queue NAME --output FILE --log FILE
+//
+// Runs `WorkflowProbe`'s workflow runs until it is killed, its steps logging to the shared --log.
+//
 //   conveyor-test-worker trickle --count N --payload-bytes B [--database PATH]
 //
 // Trickles N jobs with B-byte payloads through a JobQueue one at a time (add, wait until finished,
@@ -54,6 +58,7 @@
 // warning the queues logged. In a process of its own so the spinning does not starve other tests.
 import Conveyor
 import ConveyorSQLite
+import ConveyorTestSupport
 import Foundation
 import Synchronization
 
@@ -99,8 +104,9 @@ struct Arguments {
       default: throw Failure("unknown option \(flag)")
       }
     }
-    guard ["work", "prune", "ordered-work"].contains(command), !database.isEmpty, !output.isEmpty,
-      command != "ordered-work" || !log.isEmpty
+    guard ["work", "prune", "ordered-work", "workflow-work"].contains(command), !database.isEmpty,
+      !output.isEmpty,
+      !["ordered-work", "workflow-work"].contains(command) || !log.isEmpty
     else {
       throw Failure(
         "usage: conveyor-test-worker work|prune|ordered-work --database PATH --output FILE [options]")
@@ -434,6 +440,11 @@ do {
   case "timeouts": try await timeouts(arguments.dropFirst())
   case "prune": try await prune(Arguments(arguments))
   case "ordered-work": try await orderedWork(Arguments(arguments))
+  case "workflow-work":
+    let arguments = try Arguments(arguments)
+    let store = try await SQLiteJobStore.open(
+      path: arguments.database, options: .init(busyTimeout: .seconds(1)))
+    try await WorkflowProbe.work(store: store, queue: arguments.queue, log: arguments.log)
   default: try await work(Arguments(arguments))
   }
 } catch {
