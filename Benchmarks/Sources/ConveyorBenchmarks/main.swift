@@ -15,5 +15,6 @@ if wants("history") { try await runHistoryBenchmarks() }
 if wants("schedules") { try await runScheduleBenchmarks() }
 if wants("ordering") { try await runOrderingBenchmarks() }
 if wants("limits") { try await runLimitBenchmarks() }
+if wants("workflows") { try await runWorkflowBenchmarks() }
 // Needs a server: run through Benchmarks/with-postgres.sh (skipped without CONVEYOR_POSTGRES_URL).
 if wants("postgres") { try await runPostgresBenchmarks() }
