@@ -96,7 +96,7 @@ let package = Package(
     ),
     .testTarget(
       name: "ConveyorCLITests",
-      dependencies: ["conveyor", "ConveyorDashboard", "ConveyorTestSupport", "LoopbackHTTPServer"]
+      dependencies: ["conveyor", "ConveyorDashboard", "ConveyorSQLite", "ConveyorTestSupport", "LoopbackHTTPServer"]
     ),
     .testTarget(
       name: "ConveyorDashboardTests",

@@ -511,6 +511,8 @@ extension Dashboard {
   enum Details {
     case http(method: String, url: String, headers: [(String, String)], body: String?, bodySize: Int)
     case exec(arguments: [String], directory: String?, timeout: Double?)
+    /// A durable workflow's run: its history is shown step by step.
+    case workflow(WorkflowRun)
     case unknown(String)
   }
 
@@ -518,6 +520,7 @@ extension Dashboard {
   /// secret header values, a URL's password and credential-like query values.
   func describe(_ payload: Data) -> Details {
     guard let details = configuration.describe(payload) else {
+      if let run = WorkflowRun(payload: payload) { return .workflow(run) }
       return .unknown("A job of this application; its payload is shown below.")
     }
     switch details {

@@ -417,6 +417,8 @@ struct DashboardPages: Sendable {
         <ol class="argv">\(items)</ol>
         <p>Working directory: \(directory.map { "<code>\(html($0))</code>" } ?? "the worker's")\(timeout.map { " · timeout \($0) s" } ?? "")</p>
         """
+    case .workflow(let run):
+      what = workflowSection(run, now: Date())
     case .unknown(let text):
       what = "<p class=\"none\">\(html(text))</p>"
     }
@@ -459,6 +461,50 @@ struct DashboardPages: Sendable {
       <pre class="payload">\(html(payload))</pre>
       <p><a href="\(htmlBase)/jobs?queue=\(html(HTTPForm.encode(record.queue)))">All jobs in \(html(record.queue))</a></p>
       """)
+  }
+
+  /// The most entries of a run's history the job page lists.
+  static let shownWorkflowEntries = 500
+  /// The most bytes of a run's input or a step's result the job page shows.
+  static let shownWorkflowValue = 300
+
+  /// A workflow run's name, input and history, one row per step or sleep, every value escaped and
+  /// cut.
+  func workflowSection(_ run: WorkflowRun, now: Date) -> String {
+    func value(_ data: Data) -> String {
+      let text = String(decoding: data.prefix(Self.shownWorkflowValue), as: UTF8.self)
+      return html(data.count > Self.shownWorkflowValue ? text + "…" : text)
+    }
+    let rows = run.history.prefix(Self.shownWorkflowEntries).enumerated().map { index, event in
+      let state = event.state(at: now)
+      let detail = event.result.map { "<code>\(value($0))</code>" } ?? event.error.map { html($0) } ?? ""
+      return """
+        <tr><td>\(index + 1)</td><td>\(html(event.kind.rawValue)) <code>\(html(event.name))</code></td>\
+        <td><span class="badge \(state)">\(state)</span></td><td>\(event.failedAttempts)</td>\
+        <td>\(event.startedAt.map { html(timestamp($0)) } ?? "")</td>\
+        <td>\(event.finishedAt.map { html(timestamp($0)) } ?? "")</td><td>\(detail)</td></tr>
+        """
+    }.joined(separator: "\n")
+    let omitted =
+      run.history.count > Self.shownWorkflowEntries
+      ? "<p class=\"meta\">\(run.history.count - Self.shownWorkflowEntries) later entries not shown.</p>" : ""
+    let table =
+      run.history.isEmpty
+      ? "<p class=\"none\">No step taken yet.</p>"
+      : """
+      <table class="steps"><thead><tr><th scope="col">#</th><th scope="col">Entry</th><th scope="col">State</th>\
+      <th scope="col">Failed attempts</th><th scope="col">Started</th><th scope="col">Finished, or sleeps until</th>\
+      <th scope="col">Result or error</th></tr></thead>
+      <tbody>
+      \(rows)
+      </tbody></table>
+      \(omitted)
+      """
+    return """
+      <h2>Workflow run</h2>
+      <p>Workflow <code>\(html(run.workflow))</code>, input <code>\(value(run.input))</code></p>
+      \(table)
+      """
   }
 
   /// What "held" means, for the titles of the held counts.

@@ -85,6 +85,7 @@ extension Dashboard {
     switch describe(payload) {
     case .http(let method, let url, _, _, _): "http \(method) \(url)"
     case .exec(let arguments, _, _): "exec " + arguments.joined(separator: " ")
+    case .workflow(let run): "a run of workflow \(run.workflow)"
     case .unknown: "\(payload.count) bytes of payload"
     }
   }

@@ -65,8 +65,13 @@ extension CLI {
       return ExitCode.failure.rawValue
     }
     let listed = JobSummary(cutting: record, to: PayloadPrefix.listedBytes)
-    let summary = OutboxJob.summary(of: listed) ?? "(undecodable payload)"
-    let shown = ShownJob(record, summary: summary)
+    let run = WorkflowRun(payload: record.payload)
+    let summary =
+      OutboxJob.summary(of: listed)
+      ?? run.map { "a run of workflow \"\($0.workflow)\" (\($0.history.count) in its history)" }
+      ?? "(undecodable payload)"
+    let now = Date()
+    let shown = ShownJob(record, summary: summary, run: run, now: now)
     if json {
       try printJSON(shown)
       return ExitCode.success.rawValue
@@ -101,6 +106,13 @@ extension CLI {
       output("last error \(printable(error))")
     }
     if let text = shown.output { output("output    \(printable(text))") }
+    if let workflow = shown.workflow {
+      output("input     \(printable(workflow.input))")
+      output(workflow.history.isEmpty ? "history   (no step taken yet)" : "history   (oldest first)")
+      for (index, entry) in workflow.history.enumerated() {
+        output("  \(index + 1). \(printable(entry.text))")
+      }
+    }
     return ExitCode.success.rawValue
   }
 
@@ -165,8 +177,11 @@ struct ShownJob: Encodable {
   var errors: [String]
   /// The output as text (JSON as the handler encoded it); undecodable bytes are replaced.
   var output: String?
+  /// For a workflow run: its workflow, input and history.
+  var workflow: ShownWorkflow?
 
-  init(_ record: JobRecord, summary: String) {
+  init(_ record: JobRecord, summary: String, run: WorkflowRun? = nil, now: Date = Date()) {
+    workflow = run.map { ShownWorkflow($0, now: now) }
     id = record.id.rawValue
     queue = record.queue
     status = record.status.rawValue
@@ -189,5 +204,58 @@ struct ShownJob: Encodable {
     lastError = record.lastError
     errors = record.errors
     output = record.output.map { String(decoding: $0, as: UTF8.self) }
+  }
+}
+
+/// `show --json`'s `workflow` object: a workflow run's name, input and history, each JSON value
+/// as text cut to ``ShownWorkflow/shownBytes``.
+struct ShownWorkflow: Encodable {
+  /// The most bytes of an input or a step result shown.
+  static let shownBytes = 200
+
+  struct Entry: Encodable {
+    var kind: String
+    var name: String
+    var state: String
+    var failedAttempts: Int
+    var startedAt: String?
+    var finishedAt: String?
+    var result: String?
+    var error: String?
+    /// The line `show` prints.
+    var text: String {
+      let label = "\(kind) \"\(name)\""
+      switch state {
+      case "completed":
+        return
+          "\(label) completed (\(failedAttempts + 1) attempt(s)\(finishedAt.map { ", at \($0)" } ?? "")): "
+          + (result ?? "")
+      case "failed": return "\(label) failed after \(failedAttempts) attempt(s): \(error ?? "")"
+      case "retrying":
+        return "\(label) retrying, \(failedAttempts) attempt(s) failed, the last: \(error ?? "")"
+      default: return "\(label) \(state) until \(finishedAt ?? "?")"
+      }
+    }
+  }
+
+  var name: String
+  var input: String
+  var history: [Entry]
+
+  init(_ run: WorkflowRun, now: Date) {
+    name = run.workflow
+    input = Self.text(run.input)
+    history = run.history.map { event in
+      Entry(
+        kind: event.kind.rawValue, name: event.name, state: event.state(at: now),
+        failedAttempts: event.failedAttempts, startedAt: event.startedAt.map(timestamp),
+        finishedAt: event.finishedAt.map(timestamp), result: event.result.map(Self.text), error: event.error)
+    }
+  }
+
+  /// JSON bytes as text, cut to ``shownBytes`` with "…" after a cut.
+  static func text(_ data: Data) -> String {
+    guard data.count > shownBytes else { return String(decoding: data, as: UTF8.self) }
+    return String(decoding: data.prefix(shownBytes), as: UTF8.self) + "…"
   }
 }

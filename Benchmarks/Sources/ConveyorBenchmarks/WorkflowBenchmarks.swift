@@ -156,7 +156,8 @@ private func resumeDelay(_ store: any JobStore) async throws -> Double {
   let queue = try WorkflowQueue(configuration: configuration, store: store, workflows: [workflow])
   try await queue.add(workflow, input: 1)
   let lost = try await store.settleAndClaim(
-    [], queue: "bench", limit: 1, lease: Lease(owner: "vanished", duration: .seconds(1)), clock: SystemJobClock())
+    [], queue: "bench", limit: 1, lease: Lease(owner: "vanished", duration: .seconds(1)),
+    clock: SystemJobClock())
   let leaseEnd = ContinuousClock.now + .seconds(1)
   guard lost.claimed.count == 1 else { throw BenchmarkFailure("the vanishing worker claimed nothing") }
   queue.jobs.start()

@@ -75,6 +75,7 @@ public final class WorkflowContext: Sendable {
   ///   - policy: Attempts, retry delays and time limit.
   ///   - body: The step's work.
   /// - Returns: The step's result, from `body` or from the history.
+  @discardableResult
   public func step<Result: Codable & Sendable>(
     _ name: String, policy: WorkflowStepPolicy = .standard,
     _ body: @escaping @Sendable () async throws -> Result

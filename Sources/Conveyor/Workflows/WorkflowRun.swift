@@ -32,6 +32,13 @@ public struct WorkflowRun: Queueable, Hashable {
     self.suspended = true
   }
 
+  /// The run a job's payload holds, or nil when the payload is not a workflow run's (a tool that
+  /// shows any job, such as `conveyor show` and the dashboard, tells runs apart with it).
+  public init?(payload: Data) {
+    guard let run = try? JSONDecoder().decode(WorkflowRun.self, from: payload) else { return nil }
+    self = run
+  }
+
   /// One run per key among waiting and running runs.
   public var deduplicationKey: String? { key }
   /// A running run counts too: two runs with one key never overlap.
@@ -67,6 +74,16 @@ public struct WorkflowEvent: Codable, Sendable, Hashable {
   public var startedAt: Date?
   /// When the step finished, or when the sleep ends.
   public var finishedAt: Date?
+
+  /// Where the entry stands at `now`: `completed` (a step with its result), `failed` (a step that
+  /// failed for good), `retrying` (a step that failed an attempt and waits for the next),
+  /// `sleeping` (a sleep not over at `now`) or `slept`.
+  public func state(at now: Date) -> String {
+    switch kind {
+    case .step: finished ? (result != nil ? "completed" : "failed") : "retrying"
+    case .sleep: (finishedAt.map { $0 > now } ?? false) ? "sleeping" : "slept"
+    }
+  }
 
   /// A description like `step "charge"` or `sleep "sleep"`, as errors name entries.
   public var label: String { "\(kind.rawValue) \"\(name)\"" }
