@@ -96,7 +96,9 @@ let package = Package(
     ),
     .testTarget(
       name: "ConveyorCLITests",
-      dependencies: ["conveyor", "ConveyorDashboard", "ConveyorSQLite", "ConveyorTestSupport", "LoopbackHTTPServer"]
+      dependencies: [
+        "conveyor", "ConveyorDashboard", "ConveyorSQLite", "ConveyorTestSupport", "LoopbackHTTPServer",
+      ]
     ),
     .testTarget(
       name: "ConveyorDashboardTests",

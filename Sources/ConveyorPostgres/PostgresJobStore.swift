@@ -1090,6 +1090,9 @@ public final class PostgresJobStore: JobStore {
     return claims.filter(held.contains)
   }
 
+  /// Keeps checkpoints: true.
+  public var keepsCheckpoints: Bool { true }
+
   /// Replaces a running job's payload under its claim, the checkpoint a handler resumes from (a
   /// durable workflow's history); false, writing nothing, when the claim is no longer current.
   public func checkpoint(_ claim: ClaimReference, payload: Data, queue: String) async throws -> Bool {

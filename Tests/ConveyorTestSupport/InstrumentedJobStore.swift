@@ -17,6 +17,7 @@ public final class InstrumentedJobStore: JobStore {
     var claimAnswerHolds: [Gate] = []
     var afterHeartbeat: (@Sendable () -> Void)?
     var hidesLostClaims = false
+    var hidesCheckpoints = false
     var settlementsSent: [[JobSettlement]] = []
   }
   private let state = Mutex(State())
@@ -48,6 +49,11 @@ public final class InstrumentedJobStore: JobStore {
   /// `cancel`.
   public func hideLostClaims() {
     state.withLock { $0.hidesLostClaims = true }
+  }
+
+  /// Makes the store say it keeps no checkpoints, as a store written before them would.
+  public func hideCheckpoints() {
+    state.withLock { $0.hidesCheckpoints = true }
   }
 
   /// Forgets the calls counted so far.
@@ -130,6 +136,9 @@ public final class InstrumentedJobStore: JobStore {
     }
     return batch
   }
+
+  /// The base store's, unless ``hideCheckpoints()`` was called.
+  public var keepsCheckpoints: Bool { !state.withLock { $0.hidesCheckpoints } && base.keepsCheckpoints }
 
   /// Counted, then forwarded to ``base``.
   public func checkpoint(_ claim: ClaimReference, payload: Data, queue: String) async throws -> Bool {

@@ -209,7 +209,7 @@ extension QueueEngineConformance {
       let step = Scripted(name: "once") { input, context in
         try await context.step("work", policy: .init(maxAttempts: 2, retryPolicy: .fixed(.zero))) {
           runs.ran("work")
-          return input + context.resumption
+          return input + Int(context.resumption)
         }
       }
       let strict = Scripted(name: "strict") { input, context in
@@ -384,6 +384,263 @@ extension QueueEngineConformance {
       let second = try await queue.add(workflow, input: 2, key: "order-1")
       try expect(first.inserted && second.outcome == .existing && second.id == first.id, "\(first) \(second)")
       try expect(try await queue.jobs.count().total == 1, "one run")
+    },
+    check("workflow: claims by workers that do not know the workflow are not crashes of its next step") {
+      store in
+      let runs = StepRuns()
+      let strict = Scripted(name: "strict") { input, context in
+        try await context.step("work", policy: .once) {
+          runs.ran("work")
+          return input
+        }
+      }
+      var stopped = workflowConfiguration()
+      stopped.autoStart = false
+      let added = try await WorkflowQueue(configuration: stopped, store: store, workflows: [strict])
+        .add(strict, input: 1)
+      // Workers of an older deploy, not given "strict", claim the run three times, each waiting no time.
+      let older = try WorkflowQueue(
+        configuration: workflowConfiguration(), store: store, workflows: [Arithmetic(runs: runs)],
+        unknownWorkflowDelay: .zero)
+      try await waitFor("three claims by the old deploy") {
+        try await older.jobs.job(added.id)?.attempts ?? 0 >= 3
+      }
+      await older.jobs.shutdown()
+      let queue = try WorkflowQueue(configuration: workflowConfiguration(), store: store, workflows: [strict])
+      let status = try await finished(queue, added.id, Scripted.self)
+      await queue.jobs.shutdown()
+      try expect(status == .completed(1), "the step ran, its one attempt unspent: \(status)")
+      try expect(runs.count("work") == 1, "once: \(runs.all)")
+    },
+    check(
+      "workflow: a step whose result could not be saved (a store error) runs again, not failed as a crash"
+    ) {
+      base in
+      let store = InstrumentedJobStore(base)
+      let runs = StepRuns()
+      let strict = Scripted(name: "strict") { input, context in
+        try await context.step("work", policy: .once) {
+          runs.ran("work")
+          return input
+        }
+      }
+      let queue = try WorkflowQueue(configuration: workflowConfiguration(), store: store, workflows: [strict])
+      store.fail("checkpoint", times: 1)
+      let run = try await queue.add(strict, input: 1)
+      let status = try await finished(queue, run.id, Scripted.self)
+      await queue.jobs.shutdown()
+      try expect(status == .completed(1), "the step succeeded; its save failed once: \(status)")
+      try expect(runs.count("work") == 2, "it ran again, its result not stored the first time: \(runs.all)")
+    },
+    check(
+      "workflow: a CancellationError the code throws of its own, the run not cancelled, ends the run dead"
+    ) {
+      store in
+      let thrower = Scripted(name: "thrower") { input, context in
+        _ = try await context.step("first") { input }
+        throw CancellationError()
+      }
+      let queue = try WorkflowQueue(
+        configuration: workflowConfiguration(), store: store, workflows: [thrower])
+      let run = try await queue.add(thrower, input: 1)
+      let status = try await finished(queue, run.id, Scripted.self)
+      await queue.jobs.shutdown()
+      try expect(status == .dead("the workflow's code threw: CancellationError()"), "dead: \(status)")
+    },
+    check("workflow: after a cancel, code that catches the step's error cannot start another step") { store in
+      let runs = StepRuns()
+      let started = Gate()
+      let blocking = Scripted(name: "blocking") { input, context in
+        do {
+          _ = try await context.step("wait") { () -> Int in
+            runs.ran("wait")
+            started.open()
+            try await Task.sleep(for: .seconds(60))
+            return 0
+          }
+        } catch {
+          _ = try await context.step("compensate") { () -> Int in
+            runs.ran("compensate")
+            return 0
+          }
+        }
+        return input
+      }
+      let queue = try WorkflowQueue(
+        configuration: workflowConfiguration(), store: store, workflows: [blocking])
+      let run = try await queue.add(blocking, input: 1)
+      await started.wait()
+      try expect(try await queue.jobs.cancel(run.id) == .cancelledRunning, "cancelled while running")
+      let status = try await finished(queue, run.id, Scripted.self)
+      try await Task.sleep(for: .milliseconds(200))
+      await queue.jobs.shutdown()
+      try expect(status == .cancelled, "cancelled: \(status)")
+      try expect(runs.count("compensate") == 0, "no later step after cancel: \(runs.all)")
+    },
+    check("workflow: after a re-queue of a dead run, a vanished worker's claim still counts against the step")
+    {
+      store in
+      let runs = StepRuns()
+      let phase = StepRuns()
+      let workflow = Scripted(name: "w") { input, context in
+        _ = try await context.step("first", policy: .init(maxAttempts: 3, retryPolicy: .fixed(.zero))) {
+          runs.ran("first")
+          if runs.count("first") <= 2 { throw StepError(text: "flaky") }
+          return 1
+        }
+        if phase.count("fixed") == 0 { throw StepError(text: "bug") }
+        return try await context.step("crashy", policy: .once) {
+          runs.ran("crashy")
+          return input
+        }
+      }
+      let first = try WorkflowQueue(
+        configuration: workflowConfiguration(), store: store, workflows: [workflow])
+      let run = try await first.add(workflow, input: 7)
+      let dead = try await finished(first, run.id, Scripted.self)
+      await first.jobs.shutdown()
+      try expect(dead == .dead("the workflow's code threw: bug"), "dead: \(dead)")
+      phase.ran("fixed")
+      var configuration = workflowConfiguration()
+      configuration.autoStart = false
+      let fixed = try WorkflowQueue(configuration: configuration, store: store, workflows: [workflow])
+      try expect(try await fixed.jobs.requeueDead([run.id]) == 1, "re-queued")
+      let lost = try await store.settleAndClaim(
+        [], queue: "engine", limit: 1, lease: Lease(owner: "vanished", duration: .milliseconds(50)),
+        clock: SystemJobClock())
+      try expect(lost.claimed.count == 1, "claimed by the vanished worker")
+      try await Task.sleep(for: .milliseconds(120))
+      fixed.jobs.start()
+      let status = try await finished(fixed, run.id, Scripted.self)
+      await fixed.jobs.shutdown()
+      try expect(
+        status
+          == .dead(
+            "step \"crashy\" failed after 1 attempt(s): the worker stopped (crashed, was killed or lost its "
+              + "lease) during 1 attempt(s) of the step"),
+        "the interrupted attempt was not counted: \(status)")
+      try expect(runs.count("crashy") == 0, "the step with one attempt ran again: \(runs.all)")
+    },
+    check(
+      "workflow: after a shutdown cut a run short, a vanished worker's claim counts against the next step"
+    ) {
+      store in
+      let runs = StepRuns()
+      let entered = Gate()
+      let letGo = Gate()
+      let workflow = Scripted(name: "f") { input, context in
+        _ = try await context.step("slow") { () -> Int in
+          runs.ran("slow")
+          entered.open()
+          if runs.count("slow") == 1 { await letGo.wait() }  // ignores cancellation, as much real work does
+          return 1
+        }
+        try await context.sleep(for: .milliseconds(50))
+        return try await context.step("crashy", policy: .once) {
+          runs.ran("crashy")
+          return input
+        }
+      }
+      let first = try WorkflowQueue(
+        configuration: workflowConfiguration(), store: store, workflows: [workflow])
+      let run = try await first.add(workflow, input: 9)
+      await entered.wait()
+      let stopping = Task { await first.jobs.shutdown(gracePeriod: .zero) }
+      try await Task.sleep(for: .milliseconds(100))
+      letGo.open()
+      await stopping.value
+      // Whether the step's result was saved depends on the store: a store whose calls end when
+      // their task is cancelled does not save it (the step runs again), the in-memory store does.
+      let saved = try await first.run(run.id)?.history.map(\.label) ?? []
+      let lost = try await store.settleAndClaim(
+        [], queue: "engine", limit: 1, lease: Lease(owner: "vanished", duration: .milliseconds(50)),
+        clock: SystemJobClock())
+      try expect(lost.claimed.count == 1, "claimed by the vanished worker")
+      try await Task.sleep(for: .milliseconds(120))
+      let second = try WorkflowQueue(
+        configuration: workflowConfiguration(), store: store, workflows: [workflow])
+      let status = try await finished(second, run.id, Scripted.self)
+      await second.jobs.shutdown()
+      if saved == ["step \"slow\""] {
+        try expect(
+          status
+            == .dead(
+              "step \"crashy\" failed after 1 attempt(s): the worker stopped (crashed, was killed or lost its "
+                + "lease) during 1 attempt(s) of the step"), "the vanished claim was not counted: \(status)")
+      } else {
+        try expect(saved.isEmpty, "nothing or the step saved: \(saved)")
+        try expect(status == .completed(9), "completed: \(status)")
+        let slow = try await second.run(run.id)?.history.first
+        try expect(
+          slow?.failedAttempts == 1, "the vanished claim counted against slow: \(String(describing: slow))")
+      }
+    },
+    check("workflow: resumption grows with every claim, a claim given back by a shutdown included") { store in
+      let seen = Mutex<[Int64]>([])
+      let entered = Gate()
+      let workflow = Scripted(name: "g") { input, context in
+        try await context.step("work") { () -> Int in
+          seen.withLock { $0.append(context.resumption) }
+          entered.open()
+          if seen.withLock({ $0.count }) == 1 { try await Task.sleep(for: .seconds(60)) }
+          return input
+        }
+      }
+      let first = try WorkflowQueue(
+        configuration: workflowConfiguration(), store: store, workflows: [workflow])
+      let run = try await first.add(workflow, input: 3)
+      await entered.wait()
+      await first.jobs.shutdown(gracePeriod: .zero)
+      let second = try WorkflowQueue(
+        configuration: workflowConfiguration(), store: store, workflows: [workflow])
+      let status = try await finished(second, run.id, Scripted.self)
+      await second.jobs.shutdown()
+      let values = seen.withLock { $0 }
+      try expect(status == .completed(3), "completed: \(status)")
+      try expect(values.count == 2 && values[1] > values[0], "resumption seen by each claim: \(values)")
+    },
+    check(
+      "workflow: a shutdown is not a step failure: code that catches the step's error does not compensate"
+    ) {
+      store in
+      let runs = StepRuns()
+      let entered = Gate()
+      let workflow = Scripted(name: "h") { input, context in
+        do {
+          _ = try await context.step("wait") { () -> Int in
+            runs.ran("wait")
+            entered.open()
+            if runs.count("wait") == 1 { try await Task.sleep(for: .seconds(60)) }
+            return 0
+          }
+        } catch {
+          _ = try await context.step("compensate") { () -> Int in
+            runs.ran("compensate")
+            return 0
+          }
+          return -1
+        }
+        return input
+      }
+      let first = try WorkflowQueue(
+        configuration: workflowConfiguration(), store: store, workflows: [workflow])
+      let run = try await first.add(workflow, input: 5)
+      await entered.wait()
+      await first.jobs.shutdown(gracePeriod: .zero)
+      let second = try WorkflowQueue(
+        configuration: workflowConfiguration(), store: store, workflows: [workflow])
+      let status = try await finished(second, run.id, Scripted.self)
+      await second.jobs.shutdown()
+      try expect(status == .completed(5), "completed: \(status)")
+      try expect(runs.count("compensate") == 0, "no compensation: \(runs.all)")
+    },
+    check("workflow: a store that keeps no checkpoints is refused") { store in
+      let older = InstrumentedJobStore(store)
+      older.hideCheckpoints()
+      do {
+        _ = try WorkflowQueue(configuration: workflowConfiguration(), store: older, workflows: [])
+        throw ConformanceFailure(description: "accepted")
+      } catch JobQueueError.checkpointsUnsupported {}
     },
   ]
 }

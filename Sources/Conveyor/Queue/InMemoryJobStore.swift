@@ -100,6 +100,9 @@ public final class InMemoryJobStore: JobStore {
     }
   }
 
+  /// Keeps checkpoints: true.
+  public var keepsCheckpoints: Bool { true }
+
   /// Replaces a running job's payload; see ``JobStore/checkpoint(_:payload:queue:)``.
   public func checkpoint(_ claim: ClaimReference, payload: Data, queue: String) async throws -> Bool {
     withQueue(queue) { queueState in

@@ -702,11 +702,14 @@ extension JobQueue {
       case .discard(let reason):
         log(.warning, "job discarded", ["job": record.id.description])
         return done(.kill(error: reason), .died(record.id, reason: reason))
-      case .sleep(let delay):
-        if interruptedByShutdown { return release("interrupted by shutdown") }
+      case .wait(let delay, let reason):
+        // Not given back at a shutdown: the run's history already holds the sleep or the retry,
+        // and a run given back would count one claim fewer than the history expects.
         let date = JobStoreTime.date(clock.now(), adding: delay)
         log(.debug, "workflow run waits", ["job": record.id.description, "until": date.description])
-        return done(.retry(after: delay, error: nil), .retryScheduled(record.id, at: date, error: nil))
+        return done(.retry(after: delay, error: reason), .retryScheduled(record.id, at: date, error: reason))
+      case .giveBack(let reason):
+        return release(reason)
       }
     }
   }

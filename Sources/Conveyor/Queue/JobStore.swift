@@ -589,6 +589,10 @@ public protocol JobStore: Sendable {
   /// history this way (see <doc:Workflows>).
   func checkpoint(_ claim: ClaimReference, payload: Data, queue: String) async throws -> Bool
 
+  /// Whether ``checkpoint(_:payload:queue:)`` keeps checkpoints (a ``WorkflowQueue`` refuses a
+  /// store that does not).
+  var keepsCheckpoints: Bool { get }
+
   /// Makes running jobs whose lease ran out (expiry at or before now) ready again, in their old
   /// place; returns how many. Their attempt count stays: the attempt was made by a worker that
   /// vanished.
@@ -838,6 +842,9 @@ extension JobStore {
 
   /// Keeps no fairness keys.
   public var keepsFairShares: Bool { false }
+
+  /// Keeps no checkpoints: false.
+  public var keepsCheckpoints: Bool { false }
 
   /// Keeps no checkpoints: throws ``JobQueueError/checkpointsUnsupported``.
   public func checkpoint(_ claim: ClaimReference, payload: Data, queue: String) async throws -> Bool {

@@ -104,8 +104,12 @@ public struct JobResult: Sendable, Hashable, CustomStringConvertible {
     case handled(output: Result<Data, OutputError>?)
     case retry(after: Duration?, reason: String?)
     case discard(reason: String)
-    /// A workflow run waits, without an error and without a handler, until the delay has passed.
-    case sleep(after: Duration)
+    /// A workflow run waits until the delay has passed (a sleep, or a step's retry whose error
+    /// `reason` is), the attempt kept. Decided and stored by the run's history, so a shutdown
+    /// settles it too, rather than give the run back.
+    case wait(after: Duration, reason: String?)
+    /// A workflow run is given back, its attempt returned: a store error kept it from saving.
+    case giveBack(reason: String)
   }
 
   let kind: Kind
@@ -166,10 +170,15 @@ public struct JobResult: Sendable, Hashable, CustomStringConvertible {
     JobResult(kind: .discard(reason: reason))
   }
 
-  /// The run waits `delay`, recording no error: a workflow's durable sleep, or its step's retry
-  /// (whose error the run's history keeps).
-  static func sleep(after delay: Duration) -> JobResult {
-    JobResult(kind: .sleep(after: delay))
+  /// The run waits `delay`, recording `reason` if any: a workflow's durable sleep, or its step's
+  /// retry. Settled even when a shutdown cut the handler short: the run's history holds it.
+  static func wait(after delay: Duration, reason: String? = nil) -> JobResult {
+    JobResult(kind: .wait(after: delay, reason: reason))
+  }
+
+  /// The run is given back ready, its attempt returned, recording `reason`.
+  static func giveBack(reason: String) -> JobResult {
+    JobResult(kind: .giveBack(reason: reason))
   }
 
   /// A short text for logs.
@@ -181,7 +190,8 @@ public struct JobResult: Sendable, Hashable, CustomStringConvertible {
     case .retry(let delay, let reason):
       "retry" + (delay.map { " after \($0)" } ?? "") + (reason.map { ": \($0)" } ?? "")
     case .discard(let reason): "discard: \(reason)"
-    case .sleep(let delay): "sleep for \(delay)"
+    case .wait(let delay, let reason): "wait for \(delay)" + (reason.map { ": \($0)" } ?? "")
+    case .giveBack(let reason): "give back: \(reason)"
     }
   }
 }

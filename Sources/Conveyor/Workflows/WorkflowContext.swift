@@ -13,9 +13,13 @@ public final class WorkflowContext: Sendable {
   public let run: JobID
   /// The workflow's name.
   public let workflow: String
-  /// Which claim of the run's job this is (1 the first time a worker runs it): each start,
-  /// resumption after a sleep or retry, and takeover after a crash counts one.
-  public let resumption: Int
+  /// Which claim of the run's job this is (its claim token, ``JobContext/claimToken``: 1 the
+  /// first time a worker takes it): each start, resumption after a sleep or retry, takeover after
+  /// a crash and claim given back by a shutdown counts one, so it grows with every claim and can
+  /// serve, with ``run``, as an idempotency key of a step's attempt.
+  public let resumption: Int64
+  /// The job attempt of this claim (``JobContext/attempts``), which the crash count uses.
+  let attempt: Int
 
   let claim: ClaimReference
   let store: any JobStore
@@ -41,8 +45,10 @@ public final class WorkflowContext: Sendable {
   enum Suspension: Sendable, Equatable {
     /// It waits this long, recording no error (a sleep).
     case sleep(Duration)
-    /// It waits this long, recording why (a step's failed attempt, a history that could not be saved).
+    /// It waits this long, recording why (a step's failed attempt).
     case retry(after: Duration, reason: String)
+    /// It is given back at once, its attempt returned (a history that could not be saved).
+    case giveBack(reason: String)
     /// The claim is no longer the job's: another worker has it, or it was cancelled or removed.
     case lost
   }
@@ -50,13 +56,25 @@ public final class WorkflowContext: Sendable {
   init(run: WorkflowRun, job: JobContext, store: any JobStore, clock: any JobClock) {
     self.run = job.id
     self.workflow = run.workflow
-    self.resumption = job.attempts
+    self.resumption = job.claimToken
+    self.attempt = job.attempts
     self.claim = job.claim
     self.store = store
     self.queueName = job.queue
     self.clock = clock
-    let crashes = max(0, job.attempts - run.checkpointAttempt - (run.suspended ? 1 : 0))
-    state = Mutex(State(run: run, crashes: crashes))
+    state = Mutex(State(run: run, crashes: Self.crashes(attempts: job.attempts, run: run)))
+  }
+
+  /// How many claims of the run since its latest checkpoint ended without one (their worker
+  /// crashed, was killed, or lost its lease), from the job's attempt count: every claim counts an
+  /// attempt, a claim given back (a shutdown, a store error) returns it, and the latest checkpoint
+  /// noted the count and whether a claim was to follow on purpose (a sleep, a retry). A dead run
+  /// re-queued starts its count again from zero: its death noted zero (and, should that write
+  /// have failed, the claims since the re-queue are its attempts).
+  static func crashes(attempts: Int, run: WorkflowRun) -> Int {
+    let planned = run.suspended ? 1 : 0
+    guard attempts >= run.checkpointAttempt else { return max(0, attempts - 1) }
+    return max(0, attempts - run.checkpointAttempt - planned)
   }
 
   /// Runs `body` once for the run: the first time the code reaches this step its result is
@@ -121,6 +139,7 @@ public final class WorkflowContext: Sendable {
         record(position) {
           $0.finished = true
           $0.result = data
+          $0.failedAttempts = failed
           $0.finishedAt = finished
         }
         try await save(suspending: false)
@@ -172,9 +191,11 @@ public final class WorkflowContext: Sendable {
     let now = clock.now()
     switch entry {
     case .stored(let event):
-      if let wakeAt = event.finishedAt, wakeAt > now {
-        throw suspend(.sleep(Self.delay(from: now, to: wakeAt)))
-      }
+      guard let wakeAt = event.finishedAt, wakeAt > now else { return }
+      // Woken early (the store's clock ahead of this one): noted, so that the claim after this
+      // one is not taken for a crash.
+      try await save(suspending: true)
+      throw suspend(.sleep(Self.delay(from: now, to: wakeAt)))
     case .due(let position, _):
       let wakeAt = wake(now)
       record(position) {
@@ -204,7 +225,9 @@ public final class WorkflowContext: Sendable {
 
   /// Takes the next position of the history for a step or sleep.
   private func begin(_ kind: WorkflowEvent.Kind, _ name: String) throws -> Entry {
-    try state.withLock { state in
+    // A cancelled run (or a shutdown) starts nothing more, whatever its code caught.
+    if Task.isCancelled { throw CancellationError() }
+    return try state.withLock { state in
       if let failure = state.failure { throw failure }
       if state.suspension != nil { throw WorkflowSuspended() }
       let label = WorkflowEvent(kind: kind, name: name).label
@@ -260,8 +283,21 @@ public final class WorkflowContext: Sendable {
 
   /// Writes the run's state under the claim; a failed write stops the run for now.
   private func save(suspending: Bool) async throws {
+    try await save(checkpointAttempt: nil, suspending: suspending)
+  }
+
+  /// Notes, as the run dies, that a re-queue starts its attempts again from zero (so the claim
+  /// after it is not taken for a crash); a failed write is left to the fallback of
+  /// ``crashes(attempts:run:)``.
+  func saveBeforeDeath() async {
+    try? await save(checkpointAttempt: 0, suspending: true)
+  }
+
+  /// `checkpointAttempt` nil: this claim's attempt, less the crashes no step took yet (a sleep
+  /// saved before the step they interrupted runs again), so that the next claim still counts them.
+  private func save(checkpointAttempt: Int?, suspending: Bool) async throws {
     let payload = try state.withLock { state -> Data in
-      state.run.checkpointAttempt = resumption
+      state.run.checkpointAttempt = checkpointAttempt ?? (attempt - state.crashes)
       state.run.suspended = suspending
       return try JSONEncoder().encode(state.run)
     }
@@ -271,9 +307,7 @@ public final class WorkflowContext: Sendable {
     } catch {
       if Task.isCancelled { throw error }
       throw suspend(
-        .retry(
-          after: .seconds(1),
-          reason: "could not save the run's history (\(error)); it resumes from the last step saved"))
+        .giveBack(reason: "could not save the run's history (\(error)); it resumes from the last step saved"))
     }
     if !saved { throw suspend(.lost) }
   }

@@ -26,7 +26,7 @@ import Foundation
 /// ``JobQueue/requeueDead(_:)`` resumes it after a fix; it is cancelled by
 /// ``JobQueue/cancel(_:)-(JobID)`` (a running step's task is cancelled, and no later step runs). A
 /// run whose workflow this process does not know (code removed, or a worker of an older deploy)
-/// waits and is tried again every minute, the reason as its last error.
+/// waits and is tried again every minute (`unknownWorkflowDelay`), the reason as its last error.
 public final class WorkflowQueue: Sendable {
   /// The queue whose jobs are the runs.
   public let jobs: JobQueue<WorkflowRun>
@@ -40,10 +40,21 @@ public final class WorkflowQueue: Sendable {
   /// Creates a queue running the given workflows (started as the configuration's
   /// ``JobQueueConfiguration/autoStart`` says, or by `jobs.start()`).
   ///
+  /// - Parameters:
+  ///   - configuration: The queue's settings (``JobQueueConfiguration/maxAttempts`` nil).
+  ///   - store: Where the runs live.
+  ///   - workflows: The workflows this process runs, each with its own name.
   /// - Throws: ``WorkflowError/invalidName(_:)`` when two workflows share a name or a name is
   ///   empty or longer than ``maximumNameBytes``; ``JobQueueError/invalidConfiguration(_:)`` for a
-  ///   configuration with ``JobQueueConfiguration/maxAttempts`` set, and as ``JobQueue`` does.
-  public init(configuration: JobQueueConfiguration, store: any JobStore, workflows: [any Workflow]) throws {
+  ///   configuration with ``JobQueueConfiguration/maxAttempts`` set, and as ``JobQueue`` does;
+  ///   ``JobQueueError/checkpointsUnsupported`` for a store that keeps no checkpoints.
+  ///   - unknownWorkflowDelay: How long a run of a workflow this queue was not given waits before
+  ///     it is tried again (by whichever worker claims it then). Default one minute.
+  public init(
+    configuration: JobQueueConfiguration, store: any JobStore, workflows: [any Workflow],
+    unknownWorkflowDelay: Duration = .seconds(60)
+  ) throws {
+    guard store.keepsCheckpoints else { throw JobQueueError.checkpointsUnsupported }
     guard configuration.maxAttempts == nil else {
       throw JobQueueError.invalidConfiguration(
         "a workflow queue's maxAttempts must be nil: each step counts its own attempts "
@@ -65,7 +76,9 @@ public final class WorkflowQueue: Sendable {
     let clock = configuration.clock
     let registry = entries
     jobs = try JobQueue(configuration: configuration, store: store) { run, job in
-      try await Self.resume(run, job: job, entry: registry[run.workflow], store: store, clock: clock)
+      try await Self.resume(
+        run, job: job, entry: registry[run.workflow], store: store, clock: clock,
+        unknown: unknownWorkflowDelay)
     }
   }
 
@@ -130,32 +143,54 @@ public final class WorkflowQueue: Sendable {
 
   /// Runs (or resumes) one run's code under its claim; what the job's outcome is.
   private static func resume(
-    _ run: WorkflowRun, job: JobContext, entry: Entry?, store: any JobStore, clock: any JobClock
+    _ run: WorkflowRun, job: JobContext, entry: Entry?, store: any JobStore, clock: any JobClock,
+    unknown delay: Duration
   ) async throws -> JobResult {
-    guard let entry else {
-      return .retry(after: .seconds(60), reason: WorkflowError.unknownWorkflow(run.workflow).description)
-    }
+    guard let entry else { return try await waitForCode(run, job: job, store: store, delay: delay) }
     let context = WorkflowContext(run: run, job: job, store: store, clock: clock)
     let returned: Result<JobResult, any Error>
     do { returned = .success(try await entry(run.input, context)) } catch { returned = .failure(error) }
     // What the context saw comes first: the code may have caught the error that said it.
-    if let failure = context.failure { return .discard(reason: failure.description) }
+    if let failure = context.failure { return await die(failure.description, context) }
     switch context.suspension {
-    case .sleep(let delay): return .sleep(after: delay)
-    case .retry(let delay, let reason): return .retry(after: delay, reason: reason)
-    case .lost: return .sleep(after: .zero)  // the claim is gone: the store ignores this outcome
+    case .sleep(let delay): return .wait(after: delay)
+    case .retry(let delay, let reason): return .wait(after: delay, reason: reason)
+    case .giveBack(let reason): return .giveBack(reason: reason)
+    case .lost: return .wait(after: .zero)  // the claim is gone: the store ignores this outcome
     case nil: break
     }
     switch returned {
     case .success(let result): return result
     case .failure(let error):
       // A shutdown or a cancelled run: the queue gives the job back, or the store already
-      // cancelled it.
-      if Task.isCancelled || error is CancellationError { throw error }
-      if let error = error as? WorkflowError { return .discard(reason: error.description) }
-      if let error = error as? WorkflowStepFailure { return .discard(reason: error.description) }
-      return .discard(reason: "the workflow's code threw: \(error)")
+      // cancelled it. (A `CancellationError` the code throws of its own is an error like another.)
+      if Task.isCancelled { throw error }
+      if let error = error as? WorkflowError { return await die(error.description, context) }
+      if let error = error as? WorkflowStepFailure { return await die(error.description, context) }
+      return await die("the workflow's code threw: \(error)", context)
     }
+  }
+
+  /// The run dies with `reason`, noting first that a re-queue starts its attempts again.
+  private static func die(_ reason: String, _ context: WorkflowContext) async -> JobResult {
+    await context.saveBeforeDeath()
+    return .discard(reason: reason)
+  }
+
+  /// A run of a workflow this process was not given waits a minute. Its checkpoint notes the
+  /// claim, so that a worker that knows the workflow does not take the claims of workers that do
+  /// not for crashes. The note is made in the stored JSON itself, which a newer deploy may have
+  /// written with fields this one does not know.
+  private static func waitForCode(
+    _ run: WorkflowRun, job: JobContext, store: any JobStore, delay: Duration
+  ) async throws -> JobResult {
+    let reason = WorkflowError.unknownWorkflow(run.workflow).description
+    if let record = try await store.job(job.id), record.claimToken == job.claimToken,
+      let noted = WorkflowRun.noting(attempt: job.attempts, in: record.payload)
+    {
+      _ = try await store.checkpoint(job.claim, payload: noted, queue: job.queue)
+    }
+    return .wait(after: delay, reason: reason)
   }
 }
 

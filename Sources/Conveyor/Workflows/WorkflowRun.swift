@@ -39,6 +39,17 @@ public struct WorkflowRun: Queueable, Hashable {
     self = run
   }
 
+  /// `payload` with its checkpoint noting `attempt` and a claim to follow on purpose, every other
+  /// member kept as it is (a newer deploy's included); nil when it is not a run's JSON object.
+  static func noting(attempt: Int, in payload: Data) -> Data? {
+    guard var object = (try? JSONSerialization.jsonObject(with: payload)) as? [String: Any],
+      object["workflow"] is String, object["history"] is [Any]
+    else { return nil }
+    object["checkpointAttempt"] = attempt
+    object["suspended"] = true
+    return try? JSONSerialization.data(withJSONObject: object)
+  }
+
   /// One run per key among waiting and running runs.
   public var deduplicationKey: String? { key }
   /// A running run counts too: two runs with one key never overlap.
