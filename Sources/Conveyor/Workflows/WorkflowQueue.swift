@@ -44,12 +44,12 @@ public final class WorkflowQueue: Sendable {
   ///   - configuration: The queue's settings (``JobQueueConfiguration/maxAttempts`` nil).
   ///   - store: Where the runs live.
   ///   - workflows: The workflows this process runs, each with its own name.
+  ///   - unknownWorkflowDelay: How long a run of a workflow this queue was not given waits before
+  ///     it is tried again (by whichever worker claims it then). Default one minute.
   /// - Throws: ``WorkflowError/invalidName(_:)`` when two workflows share a name or a name is
   ///   empty or longer than ``maximumNameBytes``; ``JobQueueError/invalidConfiguration(_:)`` for a
   ///   configuration with ``JobQueueConfiguration/maxAttempts`` set, and as ``JobQueue`` does;
   ///   ``JobQueueError/checkpointsUnsupported`` for a store that keeps no checkpoints.
-  ///   - unknownWorkflowDelay: How long a run of a workflow this queue was not given waits before
-  ///     it is tried again (by whichever worker claims it then). Default one minute.
   public init(
     configuration: JobQueueConfiguration, store: any JobStore, workflows: [any Workflow],
     unknownWorkflowDelay: Duration = .seconds(60)
