@@ -467,6 +467,10 @@ struct DashboardPages: Sendable {
   static let shownWorkflowEntries = 500
   /// The most bytes of a run's input or a step's result the job page shows.
   static let shownWorkflowValue = 300
+  /// The most bytes of a step's name the job page shows.
+  static let shownWorkflowName = 200
+  /// The most bytes of a step's error the job page shows.
+  static let shownWorkflowError = 1_000
 
   /// A workflow run's name, input and history, one row per step or sleep, every value escaped and
   /// cut.
@@ -475,11 +479,16 @@ struct DashboardPages: Sendable {
       let text = String(decoding: data.prefix(Self.shownWorkflowValue), as: UTF8.self)
       return html(data.count > Self.shownWorkflowValue ? text + "…" : text)
     }
+    func cut(_ text: String, _ bytes: Int) -> String {
+      text.utf8.count > bytes ? String(decoding: text.utf8.prefix(bytes), as: UTF8.self) + "…" : text
+    }
     let rows = run.history.prefix(Self.shownWorkflowEntries).enumerated().map { index, event in
       let state = event.state(at: now)
-      let detail = event.result.map { "<code>\(value($0))</code>" } ?? event.error.map { html($0) } ?? ""
+      let detail =
+        event.result.map { "<code>\(value($0))</code>" }
+        ?? event.error.map { html(cut($0, Self.shownWorkflowError)) } ?? ""
       return """
-        <tr><td>\(index + 1)</td><td>\(html(event.kind.rawValue)) <code>\(html(event.name))</code></td>\
+        <tr><td>\(index + 1)</td><td>\(html(event.kind.rawValue)) <code>\(html(cut(event.name, Self.shownWorkflowName)))</code></td>\
         <td><span class="badge \(state)">\(state)</span></td><td>\(event.failedAttempts)</td>\
         <td>\(event.startedAt.map { html(timestamp($0)) } ?? "")</td>\
         <td>\(event.finishedAt.map { html(timestamp($0)) } ?? "")</td><td>\(detail)</td></tr>
@@ -502,7 +511,7 @@ struct DashboardPages: Sendable {
       """
     return """
       <h2>Workflow run</h2>
-      <p>Workflow <code>\(html(run.workflow))</code>, input <code>\(value(run.input))</code></p>
+      <p>Workflow <code>\(html(cut(run.workflow, Self.shownWorkflowName)))</code>, input <code>\(value(run.input))</code></p>
       \(table)
       """
   }

@@ -243,13 +243,14 @@ struct ShownWorkflow: Encodable {
   var history: [Entry]
 
   init(_ run: WorkflowRun, now: Date) {
-    name = run.workflow
+    name = Self.cut(run.workflow)
     input = Self.text(run.input)
     history = run.history.map { event in
       Entry(
-        kind: event.kind.rawValue, name: event.name, state: event.state(at: now),
+        kind: event.kind.rawValue, name: Self.cut(event.name), state: event.state(at: now),
         failedAttempts: event.failedAttempts, startedAt: event.startedAt.map(timestamp),
-        finishedAt: event.finishedAt.map(timestamp), result: event.result.map(Self.text), error: event.error)
+        finishedAt: event.finishedAt.map(timestamp), result: event.result.map(Self.text),
+        error: event.error.map(JobHistory.bounded))
     }
   }
 
@@ -258,4 +259,7 @@ struct ShownWorkflow: Encodable {
     guard data.count > shownBytes else { return String(decoding: data, as: UTF8.self) }
     return String(decoding: data.prefix(shownBytes), as: UTF8.self) + "…"
   }
+
+  /// A name cut to ``shownBytes``.
+  static func cut(_ name: String) -> String { text(Data(name.utf8)) }
 }

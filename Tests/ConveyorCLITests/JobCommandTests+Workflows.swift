@@ -34,3 +34,16 @@ extension JobCommandTests {
     #expect(history[2]["error"] as? String == "mail <server> down", "\(history[2])")
   }
 }
+
+extension JobCommandTests {
+  /// A step's long error is shown cut as the job's errors are (the history keeps 4,096 bytes).
+  @Test func showCutsALongStepErrorLikeTheJobsErrors() async throws {
+    let sandbox = try Sandbox()
+    let store = try SQLiteJobStore(path: sandbox.database)
+    let run = try await WorkflowFixture.retryingRun(in: store, error: String(repeating: "e", count: 100_000))
+    await store.close()
+    let lines = try await sandbox.succeed(["show", String(run.rawValue)]).lines
+    let entry = try #require(lines.first { $0.hasPrefix("  3. step \"notify\" retrying") }, "\(lines)")
+    #expect(entry.utf8.count <= JobHistory.maximumErrorBytes + 200, "\(entry.utf8.count) bytes")
+  }
+}

@@ -30,3 +30,20 @@ import Testing
     #expect(body.contains("mail &lt;server&gt; down"), "the error, escaped")
   }
 }
+
+extension WorkflowPageTests {
+  /// A run whose retrying step has the longest name and a long error (kept to 4,096 bytes): the
+  /// page's workflow section cuts the error to 1,000 bytes, so it stays small.
+  @Test func aRunsSectionCutsLongErrors() async throws {
+    let harness = try DashboardHarness()
+    let run = try await WorkflowFixture.retryingRun(
+      in: harness.store.base, stepName: String(repeating: "n", count: 200),
+      error: String(repeating: "<e>", count: 20_000))
+    let body = await harness.get("/jobs/\(run.rawValue)").body
+    let start = try #require(body.range(of: "<h2>Workflow run</h2>"), "no workflow section")
+    let end = try #require(body.range(of: "<h2>Payload</h2>"))
+    let section = body[start.lowerBound..<end.lowerBound]
+    #expect(section.utf8.count < 8_000, "the workflow section takes \(section.utf8.count) bytes")
+    #expect(section.contains(String(repeating: "n", count: 200)), "the whole name")
+  }
+}

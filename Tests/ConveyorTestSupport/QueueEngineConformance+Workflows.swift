@@ -69,6 +69,59 @@ extension QueueEngineConformance {
     return try await queue.status(of: run, as: type)
   }
 
+  /// A worker claims `count` runs of queue `engine` and vanishes: returns once their 50 ms leases
+  /// have lapsed.
+  static func vanishingClaim(_ store: any JobStore, count: Int = 1, line: UInt = #line) async throws {
+    let lost = try await store.settleAndClaim(
+      [], queue: "engine", limit: count, lease: Lease(owner: "vanished", duration: .milliseconds(50)),
+      clock: SystemJobClock())
+    try expect(
+      lost.claimed.count == count, "claimed by the vanished worker: \(lost.claimed.count)", line: line)
+    try await Task.sleep(for: .milliseconds(120))
+  }
+
+  /// How a run ends whose one-attempt step `step` found a crash already counted against it.
+  static func deadOfOneCrash(_ step: String) -> WorkflowRunStatus<Int> {
+    .dead(
+      "step \"\(step)\" failed after 1 attempt(s): the worker stopped (crashed, was killed or lost its lease) "
+        + "during 1 of its 1 attempt(s)")
+  }
+
+  /// A run of "strict" (one step with one attempt) is added; a queue of an older deploy, not given
+  /// "strict", over `older` (failing as `inject` says) claims it once; a queue that knows "strict"
+  /// then runs it: the step's one attempt must be unspent.
+  static func olderClaimWithStoreError(
+    _ base: any JobStore, inject: @Sendable (InstrumentedJobStore) -> Void
+  ) async throws {
+    let runs = StepRuns()
+    let strict = Scripted(name: "strict") { input, context in
+      try await context.step("work", policy: .once) {
+        runs.ran("work")
+        return input
+      }
+    }
+    var stopped = workflowConfiguration()
+    stopped.autoStart = false
+    let reader = try WorkflowQueue(configuration: stopped, store: base, workflows: [strict])
+    let added = try await reader.add(strict, input: 1)
+    let older = InstrumentedJobStore(base)
+    inject(older)
+    let olderQueue = try WorkflowQueue(
+      configuration: workflowConfiguration(), store: older, workflows: [Arithmetic(runs: runs)],
+      unknownWorkflowDelay: .milliseconds(600))
+    try await waitFor("a claim by the old deploy noted") {
+      let record = try await reader.jobs.job(added.id)
+      return record?.status == .pending && record?.lastError?.contains("no workflow named") == true
+    }
+    await olderQueue.jobs.shutdown()
+    let queue = try WorkflowQueue(configuration: workflowConfiguration(), store: base, workflows: [strict])
+    let status = try await finished(queue, added.id, Scripted.self)
+    await queue.jobs.shutdown()
+    try expect(
+      status == .completed(1), "a store error of an old deploy's claim was charged as a crash: \(status)")
+    try expect(runs.count("work") == 1, "once: \(runs.all)")
+  }
+
   static let workflowChecks: [JobStoreCheck] = [
     check("workflow: each step runs once, a sleep holds no worker, and the run completes with its output") {
       store in
@@ -224,12 +277,7 @@ extension QueueEngineConformance {
       let forgiving = try await queue.add(step, input: 100)
       let unforgiving = try await queue.add(strict, input: 1)
       // A worker claims both runs and vanishes: its leases lapse.
-      let clock = SystemJobClock()
-      let lost = try await store.settleAndClaim(
-        [], queue: "engine", limit: 2, lease: Lease(owner: "vanished", duration: .milliseconds(50)),
-        clock: clock)
-      try expect(lost.claimed.count == 2, "claimed by the vanished worker")
-      try await Task.sleep(for: .milliseconds(120))
+      try await vanishingClaim(store, count: 2)
       queue.jobs.start()
       let first = try await finished(queue, forgiving.id, Scripted.self)
       let second = try await finished(queue, unforgiving.id, Scripted.self)
@@ -237,9 +285,7 @@ extension QueueEngineConformance {
       try expect(first == .completed(102), "ran as the second claim: \(first)")
       try expect(
         second
-          == .dead(
-            "step \"work\" failed after 1 attempt(s): the worker stopped (crashed, was killed or lost its "
-              + "lease) during 1 attempt(s) of the step"), "no attempt left: \(second)")
+          == deadOfOneCrash("work"), "no attempt left: \(second)")
       try expect(runs.count("strict") == 0, "the step with one attempt did not run again")
     },
     check("workflow: a cancelled run's running step is cancelled and no later step runs") { store in
@@ -342,6 +388,14 @@ extension QueueEngineConformance {
     },
     check("workflow: bad queues and runs are refused before anything is stored") { store in
       let runs = StepRuns()
+      var limited = workflowConfiguration()
+      limited.timeLimit = .seconds(1)
+      do {
+        _ = try WorkflowQueue(configuration: limited, store: store, workflows: [Arithmetic(runs: runs)])
+        throw ConformanceFailure(description: "a time limit accepted")
+      } catch JobQueueError.invalidConfiguration(let message) {
+        try expect(message.contains("timeLimit must be nil"), message)
+      }
       var counted = workflowConfiguration()
       counted.maxAttempts = 3
       do {
@@ -411,6 +465,96 @@ extension QueueEngineConformance {
       await queue.jobs.shutdown()
       try expect(status == .completed(1), "the step ran, its one attempt unspent: \(status)")
       try expect(runs.count("work") == 1, "once: \(runs.all)")
+    },
+    check("workflow: an older deploy's claim whose read of the run fails is not a crash of its next step") {
+      store in
+      try await olderClaimWithStoreError(store) { $0.fail("job", times: 1) }
+    },
+    check("workflow: an older deploy's claim whose note fails to save is not a crash of its next step") {
+      store in
+      try await olderClaimWithStoreError(store) { $0.fail("checkpoint", times: 1) }
+    },
+    check("workflow: a vanished worker's claim still counts after an older deploy's worker claimed the run") {
+      store in
+      let runs = StepRuns()
+      let strict = Scripted(name: "strict") { input, context in
+        try await context.step("work", policy: .once) {
+          runs.ran("work")
+          return input
+        }
+      }
+      var stopped = workflowConfiguration()
+      stopped.autoStart = false
+      let added = try await WorkflowQueue(configuration: stopped, store: store, workflows: [strict])
+        .add(strict, input: 1)
+      try await vanishingClaim(store)
+      let older = try WorkflowQueue(
+        configuration: workflowConfiguration(), store: store, workflows: [Arithmetic(runs: runs)],
+        unknownWorkflowDelay: .milliseconds(600))
+      try await waitFor("a claim by the old deploy, settled") {
+        let record = try await older.jobs.job(added.id)
+        return record?.attempts == 2 && record?.status == .pending
+      }
+      await older.jobs.shutdown()
+      let queue = try WorkflowQueue(configuration: workflowConfiguration(), store: store, workflows: [strict])
+      let status = try await finished(queue, added.id, Scripted.self)
+      await queue.jobs.shutdown()
+      try expect(status == deadOfOneCrash("work"), "the vanished claim was forgotten: \(status)")
+      try expect(runs.count("work") == 0, "the step with its one attempt spent ran: \(runs.all)")
+    },
+    check("workflow: a step that failed with an error and then crashed says so, with the error") { store in
+      let flaky = Scripted(name: "flaky") { _, context in
+        try await context.step(
+          "work", policy: .init(maxAttempts: 2, retryPolicy: .fixed(.milliseconds(1_500)))
+        ) {
+          () -> Int in
+          throw StepError(text: "boom")
+        }
+      }
+      let first = try WorkflowQueue(configuration: workflowConfiguration(), store: store, workflows: [flaky])
+      let run = try await first.add(flaky, input: 1)
+      // The retry is 1.5 s away: the queue stops well before it (a loaded machine took more than
+      // 300 ms), and a worker that vanishes takes the run when it is due.
+      try await waitFor("the first attempt to fail") {
+        guard let record = try await first.jobs.job(run.id), record.status == .pending else { return false }
+        return try await first.run(run.id)?.history.first?.failedAttempts == 1
+      }
+      let failedAt = ContinuousClock.now
+      await first.jobs.shutdown()
+      try await Task.sleep(until: failedAt + .milliseconds(1_600))
+      try await vanishingClaim(store)
+      let second = try WorkflowQueue(configuration: workflowConfiguration(), store: store, workflows: [flaky])
+      let status = try await finished(second, run.id, Scripted.self)
+      await second.jobs.shutdown()
+      try expect(
+        status
+          == .dead(
+            "step \"work\" failed after 2 attempt(s): the worker stopped (crashed, was killed or lost its lease) "
+              + "during 1 of its 2 attempt(s); the last error: boom"), "\(status)")
+    },
+    check("workflow: a step's error is kept to the bound of a job's errors, and a name to 200 bytes") {
+      store in
+      let huge = Scripted(name: "huge") { _, context in
+        try await context.step("boom", policy: .once) { () -> Int in
+          throw StepError(text: String(repeating: "e", count: 200_000))
+        }
+      }
+      let named = Scripted(name: "named") { input, context in
+        try await context.step(String(repeating: "n", count: 201)) { input }
+      }
+      let queue = try WorkflowQueue(
+        configuration: workflowConfiguration(), store: store, workflows: [huge, named])
+      let run = try await queue.add(huge, input: 1)
+      let long = try await queue.add(named, input: 1)
+      _ = try await finished(queue, run.id, Scripted.self)
+      let longStatus = try await finished(queue, long.id, Scripted.self)
+      await queue.jobs.shutdown()
+      let kept = try await queue.run(run.id)?.history.first?.error?.utf8.count ?? -1
+      try expect(kept <= JobHistory.maximumErrorBytes, "the history keeps \(kept) bytes of error")
+      guard case .dead(let reason) = longStatus else {
+        throw ConformanceFailure(description: "\(longStatus)")
+      }
+      try expect(reason.contains("a step name takes 201 bytes"), reason)
     },
     check(
       "workflow: a step whose result could not be saved (a store error) runs again, not failed as a crash"
@@ -505,19 +649,13 @@ extension QueueEngineConformance {
       configuration.autoStart = false
       let fixed = try WorkflowQueue(configuration: configuration, store: store, workflows: [workflow])
       try expect(try await fixed.jobs.requeueDead([run.id]) == 1, "re-queued")
-      let lost = try await store.settleAndClaim(
-        [], queue: "engine", limit: 1, lease: Lease(owner: "vanished", duration: .milliseconds(50)),
-        clock: SystemJobClock())
-      try expect(lost.claimed.count == 1, "claimed by the vanished worker")
-      try await Task.sleep(for: .milliseconds(120))
+      try await vanishingClaim(store)
       fixed.jobs.start()
       let status = try await finished(fixed, run.id, Scripted.self)
       await fixed.jobs.shutdown()
       try expect(
         status
-          == .dead(
-            "step \"crashy\" failed after 1 attempt(s): the worker stopped (crashed, was killed or lost its "
-              + "lease) during 1 attempt(s) of the step"),
+          == deadOfOneCrash("crashy"),
         "the interrupted attempt was not counted: \(status)")
       try expect(runs.count("crashy") == 0, "the step with one attempt ran again: \(runs.all)")
     },
@@ -552,11 +690,7 @@ extension QueueEngineConformance {
       // Whether the step's result was saved depends on the store: a store whose calls end when
       // their task is cancelled does not save it (the step runs again), the in-memory store does.
       let saved = try await first.run(run.id)?.history.map(\.label) ?? []
-      let lost = try await store.settleAndClaim(
-        [], queue: "engine", limit: 1, lease: Lease(owner: "vanished", duration: .milliseconds(50)),
-        clock: SystemJobClock())
-      try expect(lost.claimed.count == 1, "claimed by the vanished worker")
-      try await Task.sleep(for: .milliseconds(120))
+      try await vanishingClaim(store)
       let second = try WorkflowQueue(
         configuration: workflowConfiguration(), store: store, workflows: [workflow])
       let status = try await finished(second, run.id, Scripted.self)
@@ -564,9 +698,7 @@ extension QueueEngineConformance {
       if saved == ["step \"slow\""] {
         try expect(
           status
-            == .dead(
-              "step \"crashy\" failed after 1 attempt(s): the worker stopped (crashed, was killed or lost its "
-                + "lease) during 1 attempt(s) of the step"), "the vanished claim was not counted: \(status)")
+            == deadOfOneCrash("crashy"), "the vanished claim was not counted: \(status)")
       } else {
         try expect(saved.isEmpty, "nothing or the step saved: \(saved)")
         try expect(status == .completed(9), "completed: \(status)")

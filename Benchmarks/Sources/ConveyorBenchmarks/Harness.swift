@@ -1,3 +1,4 @@
+import ConveyorPostgres
 import Foundation
 
 /// Times `body` once and returns seconds elapsed (monotonic clock).
@@ -62,4 +63,39 @@ func interleaved(
     best.subject = min(best.subject, try await subject())
   }
   return best
+}
+
+/// A temporary folder of SQLite files for one section, deleted with the value.
+final class BenchmarkFolder {
+  let url: URL
+  private var next = 0
+
+  /// Creates `conveyor-NAME-UUID` in the temporary folder.
+  init(_ name: String) throws {
+    url = FileManager.default.temporaryDirectory.appendingPathComponent("conveyor-\(name)-\(UUID())")
+    try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+  }
+
+  deinit { try? FileManager.default.removeItem(at: url) }
+
+  /// The path of a new database file in the folder.
+  func newPath() -> String {
+    next += 1
+    return url.appendingPathComponent("\(next).sqlite").path
+  }
+}
+
+/// PostgreSQL stores of one section, each on a schema of its own (`NAME_PID_N`).
+final class BenchmarkSchemas {
+  private let name: String
+  private var next = 0
+
+  init(_ name: String) { self.name = name }
+
+  /// A store on a new schema of the server at `url`.
+  func newStore(_ url: String) async throws -> PostgresJobStore {
+    next += 1
+    let schema = "\(name)_\(ProcessInfo.processInfo.processIdentifier)_\(next)"
+    return try await PostgresJobStore.open(url: url, options: .init(schema: schema))
+  }
 }

@@ -7,14 +7,9 @@ import Foundation
 // worker claims (each claim's latency, p50 and p99, against the same claims without pruning).
 
 func runHistoryBenchmarks() async throws {
-  let folder = FileManager.default.temporaryDirectory.appendingPathComponent("conveyor-history-\(UUID())")
-  try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
-  defer { try? FileManager.default.removeItem(at: folder) }
-  var next = 0
-  func newPath() -> String {
-    next += 1
-    return folder.appendingPathComponent("h\(next).sqlite").path
-  }
+  let files = try BenchmarkFolder("history")
+  defer { withExtendedLifetime(files) {} }  // the files stay until the section ends
+  let newPath = files.newPath
   section("SQLite store with 1,000,000 completed jobs kept as history")
   let kept = 1_000_000
   let historyPath = newPath()

@@ -18,21 +18,12 @@ import Foundation
 // With CONVEYOR_POSTGRES_URL (Benchmarks/with-postgres.sh), on PostgreSQL too.
 
 func runLimitBenchmarks() async throws {
-  let folder = FileManager.default.temporaryDirectory.appendingPathComponent("conveyor-limits-\(UUID())")
-  try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
-  defer { try? FileManager.default.removeItem(at: folder) }
-  var next = 0
-  func newPath() -> String {
-    next += 1
-    return folder.appendingPathComponent("l\(next).sqlite").path
-  }
+  let files = try BenchmarkFolder("limits")
+  defer { withExtendedLifetime(files) {} }  // the files stay until the section ends
+  let newPath = files.newPath
   let url = ProcessInfo.processInfo.environment["CONVEYOR_POSTGRES_URL"]
-  var schemaNumber = 0
-  func newStore(_ url: String) async throws -> PostgresJobStore {
-    schemaNumber += 1
-    let schema = "limits_\(ProcessInfo.processInfo.processIdentifier)_\(schemaNumber)"
-    return try await PostgresJobStore.open(url: url, options: .init(schema: schema))
-  }
+  let schemas = BenchmarkSchemas("limits")
+  let newStore = schemas.newStore
   for (title, limits, stored, without) in [
     (
       "Concurrency limits: JobQueue drain c4 under a stored limit of 4", QueueLimits(concurrency: 4),

@@ -7,14 +7,9 @@ import Foundation
 // drain of jobs without keys, on SQLite and in memory.
 
 func runOrderingBenchmarks() async throws {
-  let folder = FileManager.default.temporaryDirectory.appendingPathComponent("conveyor-ordering-\(UUID())")
-  try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
-  defer { try? FileManager.default.removeItem(at: folder) }
-  var next = 0
-  func newPath() -> String {
-    next += 1
-    return folder.appendingPathComponent("o\(next).sqlite").path
-  }
+  let files = try BenchmarkFolder("ordering")
+  defer { withExtendedLifetime(files) {} }  // the files stay until the section ends
+  let newPath = files.newPath
   section("Ordering keys: JobQueue drain c4, 20,000 jobs on 1,000 keys (best of 3, interleaved)")
   let count = 20_000
   let keys = 1_000

@@ -33,21 +33,12 @@ private struct ChainLink: Queueable {
 }
 
 func runWorkflowBenchmarks() async throws {
-  let folder = FileManager.default.temporaryDirectory.appendingPathComponent("conveyor-workflows-\(UUID())")
-  try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
-  defer { try? FileManager.default.removeItem(at: folder) }
-  var next = 0
-  func newPath() -> String {
-    next += 1
-    return folder.appendingPathComponent("w\(next).sqlite").path
-  }
+  let files = try BenchmarkFolder("workflows")
+  defer { withExtendedLifetime(files) {} }  // the files stay until the section ends
+  let newPath = files.newPath
   let url = ProcessInfo.processInfo.environment["CONVEYOR_POSTGRES_URL"]
-  var schemaNumber = 0
-  func newStore(_ url: String) async throws -> PostgresJobStore {
-    schemaNumber += 1
-    let schema = "workflows_\(ProcessInfo.processInfo.processIdentifier)_\(schemaNumber)"
-    return try await PostgresJobStore.open(url: url, options: .init(schema: schema))
-  }
+  let schemas = BenchmarkSchemas("workflows")
+  let newStore = schemas.newStore
   var stores: [(String, Int, () async throws -> any JobStore)] = [
     ("SQLite", 2_000, { try SQLiteJobStore(path: newPath()) }),
     ("in-memory", 2_000, { InMemoryJobStore() }),

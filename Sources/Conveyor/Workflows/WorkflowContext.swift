@@ -15,8 +15,9 @@ public final class WorkflowContext: Sendable {
   public let workflow: String
   /// Which claim of the run's job this is (its claim token, ``JobContext/claimToken``: 1 the
   /// first time a worker takes it): each start, resumption after a sleep or retry, takeover after
-  /// a crash and claim given back by a shutdown counts one, so it grows with every claim and can
-  /// serve, with ``run``, as an idempotency key of a step's attempt.
+  /// a crash and claim given back by a shutdown counts one, so it grows with every claim. With
+  /// ``run`` and a step's name, it tells one attempt of the step from another (all the steps of one
+  /// claim share it).
   public let resumption: Int64
   /// The job attempt of this claim (``JobContext/attempts``), which the crash count uses.
   let attempt: Int
@@ -110,13 +111,13 @@ public final class WorkflowContext: Sendable {
       } catch {
         throw stop(.undecodableResult(run: run, step: name, message: String(describing: error)))
       }
-    case .due(let position, let failed):
+    case .due(let position, let failed, let crashes, let lastError):
       let attempts = max(1, policy.maxAttempts)
       if failed >= attempts {
-        let message =
-          "the worker stopped (crashed, was killed or lost its lease) during \(failed) attempt(s) of the step"
-        try await finish(position, error: message, attempts: failed)
-        throw WorkflowStepFailure(step: name, attempts: failed, message: message)
+        throw try await fail(
+          name, at: position, attempts: failed,
+          "the worker stopped (crashed, was killed or lost its lease) during \(crashes) of its \(failed) "
+            + "attempt(s)" + (lastError.map { "; the last error: \($0)" } ?? ""))
       }
       let started = clock.now()
       record(position) { $0.startedAt = started }
@@ -124,35 +125,23 @@ public final class WorkflowContext: Sendable {
       case .success(let value):
         let data: Data
         do { data = try JSONEncoder().encode(value) } catch {
-          let message = "its result does not encode as JSON: \(error)"
-          try await finish(position, error: message, attempts: failed + 1)
-          throw WorkflowStepFailure(step: name, attempts: failed + 1, message: message)
+          throw try await fail(
+            name, at: position, attempts: failed + 1, "its result does not encode as JSON: \(error)")
         }
         guard data.count <= JobHistory.maximumOutputBytes else {
-          let message =
+          throw try await fail(
+            name, at: position, attempts: failed + 1,
             "its result takes \(data.count) bytes as JSON, more than the \(JobHistory.maximumOutputBytes) a step "
-            + "may keep; store large results elsewhere and return their location"
-          try await finish(position, error: message, attempts: failed + 1)
-          throw WorkflowStepFailure(step: name, attempts: failed + 1, message: message)
+              + "may keep; store large results elsewhere and return their location")
         }
-        let finished = clock.now()
-        record(position) {
-          $0.finished = true
-          $0.result = data
-          $0.failedAttempts = failed
-          $0.finishedAt = finished
-        }
-        try await save(suspending: false)
+        try await finish(position, result: data, error: nil, failedAttempts: failed)
         return value
       case .failure(let error):
         // A shutdown or a cancelled run: not the step's failure; nothing is recorded.
         if Task.isCancelled { throw error }
-        let message = String(describing: error)
+        let message = JobHistory.bounded(String(describing: error))
         let failedNow = failed + 1
-        if failedNow >= attempts {
-          try await finish(position, error: message, attempts: failedNow)
-          throw WorkflowStepFailure(step: name, attempts: failedNow, message: message)
-        }
+        if failedNow >= attempts { throw try await fail(name, at: position, attempts: failedNow, message) }
         record(position) {
           $0.failedAttempts = failedNow
           $0.error = message
@@ -196,7 +185,7 @@ public final class WorkflowContext: Sendable {
       // one is not taken for a crash.
       try await save(suspending: true)
       throw suspend(.sleep(Self.delay(from: now, to: wakeAt)))
-    case .due(let position, _):
+    case .due(let position, _, _, _):
       let wakeAt = wake(now)
       record(position) {
         $0.finished = true
@@ -219,8 +208,9 @@ public final class WorkflowContext: Sendable {
   enum Entry {
     /// A finished entry of the history.
     case stored(WorkflowEvent)
-    /// An entry to run (or finish) at this position, after this many failed attempts.
-    case due(Int, failed: Int)
+    /// An entry to run (or finish) at this position, after this many failed attempts, of which
+    /// `crashes` were interrupted (the others failed with errors, the last `lastError`).
+    case due(Int, failed: Int, crashes: Int, lastError: String?)
   }
 
   /// Takes the next position of the history for a step or sleep.
@@ -231,6 +221,13 @@ public final class WorkflowContext: Sendable {
       if let failure = state.failure { throw failure }
       if state.suspension != nil { throw WorkflowSuspended() }
       let label = WorkflowEvent(kind: kind, name: name).label
+      guard !name.isEmpty, name.utf8.count <= WorkflowQueue.maximumNameBytes else {
+        let error = WorkflowError.invalidName(
+          "a \(kind.rawValue) name takes \(name.utf8.count) bytes (\"\(name.prefix(40))…\"); use 1 to "
+            + "\(WorkflowQueue.maximumNameBytes)")
+        state.failure = error
+        throw error
+      }
       if let busy = state.busy {
         let error = WorkflowError.overlappingSteps(run: run, step: label, running: busy)
         state.failure = error
@@ -249,14 +246,16 @@ public final class WorkflowContext: Sendable {
         state.position += 1
         if event.finished { return .stored(event) }
         defer { state.crashes = 0 }
-        return .due(position, failed: event.failedAttempts + state.crashes)
+        return .due(
+          position, failed: event.failedAttempts + state.crashes, crashes: state.crashes,
+          lastError: event.error)
       }
       state.run.history.append(WorkflowEvent(kind: kind, name: name))
       state.busy = label
       state.position += 1
-      guard kind == .step else { return .due(position, failed: 0) }
+      guard kind == .step else { return .due(position, failed: 0, crashes: 0, lastError: nil) }
       defer { state.crashes = 0 }
-      return .due(position, failed: state.crashes)
+      return .due(position, failed: state.crashes, crashes: state.crashes, lastError: nil)
     }
   }
 
@@ -268,17 +267,27 @@ public final class WorkflowContext: Sendable {
     state.withLock { change(&$0.run.history[position]) }
   }
 
-  /// Records a step finished for good with an error, and saves the history.
-  private func finish(_ position: Int, error: String, attempts: Int) async throws {
+  /// Records a step finished, with its result or for good with an error, and saves the history.
+  private func finish(_ position: Int, result: Data?, error: String?, failedAttempts: Int) async throws {
     let now = clock.now()
     record(position) {
       $0.finished = true
-      $0.result = nil
+      $0.result = result
       $0.error = error
-      $0.failedAttempts = attempts
+      $0.failedAttempts = failedAttempts
       $0.finishedAt = now
     }
     try await save(suspending: false)
+  }
+
+  /// Records step `name` failed for good after `attempts` with `message`, saves the history, and
+  /// returns the error the step throws.
+  private func fail(_ name: String, at position: Int, attempts: Int, _ message: String) async throws
+    -> WorkflowStepFailure
+  {
+    let message = JobHistory.bounded(message)
+    try await finish(position, result: nil, error: message, failedAttempts: attempts)
+    return WorkflowStepFailure(step: name, attempts: attempts, message: message)
   }
 
   /// Writes the run's state under the claim; a failed write stops the run for now.

@@ -17,8 +17,8 @@ import Foundation
 /// The queue's workers are a ``JobQueue`` of ``WorkflowRun`` items (``jobs``): start, pause,
 /// count, cancel and shut it down there. Its configuration's ``JobQueueConfiguration/maxAttempts``
 /// must be nil: each step counts its own attempts (``WorkflowStepPolicy``), and a run's job is
-/// claimed again after each sleep and retry. The configuration's time limit, if any, bounds one
-/// resumption of a run (all the steps it runs before it sleeps, waits or ends).
+/// claimed again after each sleep and retry. So must its ``JobQueueConfiguration/timeLimit``: each
+/// step has its own (``WorkflowStepPolicy/timeLimit``).
 ///
 /// How a run ends: it completes with the workflow's output (``WorkflowRunStatus/completed(_:)``);
 /// it is dead when its code throws (a ``WorkflowStepFailure`` it lets through, any other error) or
@@ -48,13 +48,19 @@ public final class WorkflowQueue: Sendable {
   ///     it is tried again (by whichever worker claims it then). Default one minute.
   /// - Throws: ``WorkflowError/invalidName(_:)`` when two workflows share a name or a name is
   ///   empty or longer than ``maximumNameBytes``; ``JobQueueError/invalidConfiguration(_:)`` for a
-  ///   configuration with ``JobQueueConfiguration/maxAttempts`` set, and as ``JobQueue`` does;
+  ///   configuration with ``JobQueueConfiguration/maxAttempts`` or ``JobQueueConfiguration/timeLimit``
+  ///   set, and as ``JobQueue`` does;
   ///   ``JobQueueError/checkpointsUnsupported`` for a store that keeps no checkpoints.
   public init(
     configuration: JobQueueConfiguration, store: any JobStore, workflows: [any Workflow],
     unknownWorkflowDelay: Duration = .seconds(60)
   ) throws {
     guard store.keepsCheckpoints else { throw JobQueueError.checkpointsUnsupported }
+    guard configuration.timeLimit == nil else {
+      throw JobQueueError.invalidConfiguration(
+        "a workflow queue's timeLimit must be nil: give each step its own (WorkflowStepPolicy.timeLimit); a "
+          + "limit on a whole resumption would cut it between steps, where nothing tells a cut from a crash")
+    }
     guard configuration.maxAttempts == nil else {
       throw JobQueueError.invalidConfiguration(
         "a workflow queue's maxAttempts must be nil: each step counts its own attempts "
@@ -185,10 +191,20 @@ public final class WorkflowQueue: Sendable {
     _ run: WorkflowRun, job: JobContext, store: any JobStore, delay: Duration
   ) async throws -> JobResult {
     let reason = WorkflowError.unknownWorkflow(run.workflow).description
-    if let record = try await store.job(job.id), record.claimToken == job.claimToken,
-      let noted = WorkflowRun.noting(attempt: job.attempts, in: record.payload)
-    {
-      _ = try await store.checkpoint(job.claim, payload: noted, queue: job.queue)
+    // The crashes before this claim stay counted.
+    let noted = job.attempts - WorkflowContext.crashes(attempts: job.attempts, run: run)
+    do {
+      if let record = try await store.job(job.id), record.claimToken == job.claimToken,
+        let payload = WorkflowRun.noting(attempt: noted, in: record.payload)
+      {
+        guard try await store.checkpoint(job.claim, payload: payload, queue: job.queue) else {
+          return .wait(after: .zero)  // the claim is gone: the store ignores this outcome
+        }
+      }
+    } catch {
+      if Task.isCancelled { throw error }
+      // Not noted: given back with its attempt, so that it is not taken for a crash either.
+      return .giveBack(reason: "\(reason) (and its claim could not be noted: \(error))")
     }
     return .wait(after: delay, reason: reason)
   }
