@@ -87,6 +87,16 @@ extension QueueEngineConformance {
         + "during 1 of its 1 attempt(s)")
   }
 
+  /// "strict": one step, "work", with one attempt, counted in `runs`, returning the input.
+  static func strictWorkflow(_ runs: StepRuns) -> Scripted {
+    Scripted(name: "strict") { input, context in
+      try await context.step("work", policy: .once) {
+        runs.ran("work")
+        return input
+      }
+    }
+  }
+
   /// A run of "strict" (one step with one attempt) is added; a queue of an older deploy, not given
   /// "strict", over `older` (failing as `inject` says) claims it once; a queue that knows "strict"
   /// then runs it: the step's one attempt must be unspent.
@@ -94,12 +104,7 @@ extension QueueEngineConformance {
     _ base: any JobStore, inject: @Sendable (InstrumentedJobStore) -> Void
   ) async throws {
     let runs = StepRuns()
-    let strict = Scripted(name: "strict") { input, context in
-      try await context.step("work", policy: .once) {
-        runs.ran("work")
-        return input
-      }
-    }
+    let strict = strictWorkflow(runs)
     var stopped = workflowConfiguration()
     stopped.autoStart = false
     let reader = try WorkflowQueue(configuration: stopped, store: base, workflows: [strict])
@@ -442,12 +447,7 @@ extension QueueEngineConformance {
     check("workflow: claims by workers that do not know the workflow are not crashes of its next step") {
       store in
       let runs = StepRuns()
-      let strict = Scripted(name: "strict") { input, context in
-        try await context.step("work", policy: .once) {
-          runs.ran("work")
-          return input
-        }
-      }
+      let strict = strictWorkflow(runs)
       var stopped = workflowConfiguration()
       stopped.autoStart = false
       let added = try await WorkflowQueue(configuration: stopped, store: store, workflows: [strict])
@@ -477,12 +477,7 @@ extension QueueEngineConformance {
     check("workflow: a vanished worker's claim still counts after an older deploy's worker claimed the run") {
       store in
       let runs = StepRuns()
-      let strict = Scripted(name: "strict") { input, context in
-        try await context.step("work", policy: .once) {
-          runs.ran("work")
-          return input
-        }
-      }
+      let strict = strictWorkflow(runs)
       var stopped = workflowConfiguration()
       stopped.autoStart = false
       let added = try await WorkflowQueue(configuration: stopped, store: store, workflows: [strict])
@@ -562,12 +557,7 @@ extension QueueEngineConformance {
       base in
       let store = InstrumentedJobStore(base)
       let runs = StepRuns()
-      let strict = Scripted(name: "strict") { input, context in
-        try await context.step("work", policy: .once) {
-          runs.ran("work")
-          return input
-        }
-      }
+      let strict = strictWorkflow(runs)
       let queue = try WorkflowQueue(configuration: workflowConfiguration(), store: store, workflows: [strict])
       store.fail("checkpoint", times: 1)
       let run = try await queue.add(strict, input: 1)
